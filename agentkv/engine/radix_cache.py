@@ -1,0 +1,253 @@
+"""Token-granular radix tree over the KV pool: longest-prefix reuse, locks, pins and LRU eviction.
+
+Each node holds a run of token ids (its key) and the KV slots of those tokens (its value). Three
+reference counts decide what may be evicted:
+
+- `lock_ref`: running requests using the node. Locking a node locks all its ancestors.
+- `pin_ref`: pins (an agent's system prompt and tools). Like locks, they cover the ancestors; unlike
+  locks they are bounded by a budget (a share of the pool), so pins can never starve the engine.
+- a node with both counts at zero is evictable once it is a leaf; eviction frees leaves in LRU order.
+
+Accounting is exact at every step: `evictable_size + protected_size == total_size`, where protected
+means locked or pinned; `pinned_size` counts pinned tokens (they are also protected). Pins and locks
+are reference counts on nodes, never part of the key: a pinned prefix is matched like any other.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from agentkv.errors import CacheError, PinBudgetError
+
+
+class TreeNode:
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "pin_ref", "last_access", "id")
+    _ids = itertools.count()
+
+    def __init__(self, key: list[int], value: torch.Tensor, parent: TreeNode | None):
+        self.children: dict[int, TreeNode] = {}
+        self.parent = parent
+        self.key = key
+        self.value = value  # [len(key)] int64 slots
+        self.lock_ref = 0
+        self.pin_ref = 0
+        self.last_access = 0
+        self.id = next(TreeNode._ids)
+
+    @property
+    def protected(self) -> bool:
+        return self.lock_ref > 0 or self.pin_ref > 0
+
+    def __lt__(self, other: TreeNode) -> bool:  # heap order: least recently used first
+        return (self.last_access, self.id) < (other.last_access, other.id)
+
+
+@dataclass(frozen=True)
+class PinHandle:
+    """Returned by `pin`; pass it to `unpin`. `num_tokens` is the pinned prefix length."""
+
+    id: int
+    num_tokens: int
+
+
+def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class RadixCache:
+    def __init__(self, free_slots: Callable[[torch.Tensor], None], pin_budget: int):
+        self._free_slots = free_slots
+        self.pin_budget = pin_budget
+        self._clock = itertools.count(1)
+        self._pins: dict[int, TreeNode] = {}
+        self._pin_ids = itertools.count(1)
+        self.reset()
+
+    def reset(self) -> None:
+        self.root = TreeNode([], torch.empty(0, dtype=torch.int64), None)
+        self.root.lock_ref = 1  # the root is never evicted
+        self.total_size = 0
+        self.evictable_size = 0
+        self.protected_size = 0
+        self.pinned_size = 0
+        self.num_evicted_tokens = 0
+        self._pins.clear()
+
+    # ---- lookup and insertion -------------------------------------------------------------
+
+    def match_prefix(self, tokens: Sequence[int]) -> tuple[torch.Tensor, TreeNode]:
+        """Slots of the longest cached prefix of `tokens`, and the node where it ends.
+
+        A match ending inside a node splits it, so the returned node covers the prefix exactly
+        (and can be locked or pinned without covering more).
+        """
+        node, pieces, i = self.root, [], 0
+        now = next(self._clock)
+        node.last_access = now
+        while i < len(tokens) and tokens[i] in node.children:
+            child = node.children[tokens[i]]
+            n = _common_len(child.key, tokens[i : i + len(child.key)])
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            pieces.append(child.value)
+            node, i = child, i + n
+        slots = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.int64)
+        return slots, node
+
+    def insert(self, tokens: Sequence[int], slots: torch.Tensor) -> int:
+        """Add `tokens` with their `slots`; returns how many leading tokens were already cached.
+
+        The caller still owns slots[:returned] (duplicates of cached KV) and must free those it no
+        longer uses; the rest now belong to the tree.
+        """
+        assert len(tokens) == len(slots)
+        node, i = self.root, 0
+        now = next(self._clock)
+        while i < len(tokens) and tokens[i] in node.children:
+            child = node.children[tokens[i]]
+            n = _common_len(child.key, tokens[i : i + len(child.key)])
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            node, i = child, i + n
+        if i < len(tokens):
+            new = TreeNode(list(tokens[i:]), slots[i:].clone(), node)
+            new.last_access = now
+            node.children[new.key[0]] = new
+            self.total_size += len(new.key)
+            self.evictable_size += len(new.key)
+        return i
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Cut `child` after `n` tokens; returns the new upper node (same refs, so no accounting change)."""
+        upper = TreeNode(child.key[:n], child.value[:n], child.parent)
+        upper.lock_ref, upper.pin_ref, upper.last_access = child.lock_ref, child.pin_ref, child.last_access
+        child.parent.children[upper.key[0]] = upper
+        child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
+        upper.children[child.key[0]] = child
+        return upper
+
+    # ---- locks (running requests) ---------------------------------------------------------
+
+    def lock(self, node: TreeNode) -> None:
+        while node is not self.root:
+            if not node.protected:
+                self.evictable_size -= len(node.key)
+                self.protected_size += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: TreeNode) -> None:
+        while node is not self.root:
+            assert node.lock_ref > 0, "unlock without lock"
+            node.lock_ref -= 1
+            if not node.protected:
+                self.protected_size -= len(node.key)
+                self.evictable_size += len(node.key)
+            node = node.parent
+
+    # ---- pins (resident prefixes, bounded by a budget) ------------------------------------
+
+    def pin(self, tokens: Sequence[int]) -> PinHandle:
+        """Pin the cached prefix `tokens` (it must be fully cached) and its ancestors."""
+        slots, node = self.match_prefix(tokens)
+        if len(slots) < len(tokens):
+            raise CacheError(f"only {len(slots)} of {len(tokens)} tokens are cached; prefill them before pinning")
+        new_tokens, n = 0, node
+        while n is not self.root:
+            if n.pin_ref == 0:
+                new_tokens += len(n.key)
+            n = n.parent
+        if self.pinned_size + new_tokens > self.pin_budget:
+            raise PinBudgetError(
+                f"pinning {len(tokens)} tokens needs {new_tokens} more pinned tokens, but {self.pinned_size} of the "
+                f"budget of {self.pin_budget} are pinned; unpin something or raise pin_budget_fraction"
+            )
+        n = node
+        while n is not self.root:
+            if not n.protected:
+                self.evictable_size -= len(n.key)
+                self.protected_size += len(n.key)
+            if n.pin_ref == 0:
+                self.pinned_size += len(n.key)
+            n.pin_ref += 1
+            n = n.parent
+        handle = PinHandle(next(self._pin_ids), len(tokens))
+        self._pins[handle.id] = node
+        return handle
+
+    def unpin(self, handle: PinHandle) -> None:
+        node = self._pins.pop(handle.id, None)
+        if node is None:
+            raise CacheError(f"pin {handle.id} is not active (already unpinned, or from another engine)")
+        while node is not self.root:
+            node.pin_ref -= 1
+            if node.pin_ref == 0:
+                self.pinned_size -= len(node.key)
+            if not node.protected:
+                self.protected_size -= len(node.key)
+                self.evictable_size += len(node.key)
+            node = node.parent
+
+    @property
+    def pins(self) -> list[PinHandle]:
+        return [PinHandle(i, self._depth(n)) for i, n in self._pins.items()]
+
+    def _depth(self, node: TreeNode) -> int:
+        d = 0
+        while node is not self.root:
+            d, node = d + len(node.key), node.parent
+        return d
+
+    # ---- eviction ---------------------------------------------------------------------------
+
+    def evict(self, num_tokens: int) -> int:
+        """Free at least `num_tokens` slots from unprotected leaves, least recently used first.
+
+        Returns the number freed (less when not enough is evictable).
+        """
+        if num_tokens <= 0:
+            return 0
+        heap = [n for n in self._leaves() if not n.protected]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            leaf = heapq.heappop(heap)
+            self._free_slots(leaf.value)
+            freed += len(leaf.key)
+            self.total_size -= len(leaf.key)
+            self.evictable_size -= len(leaf.key)
+            parent = leaf.parent
+            del parent.children[leaf.key[0]]
+            if parent is not self.root and not parent.children and not parent.protected:
+                heapq.heappush(heap, parent)
+        self.num_evicted_tokens += freed
+        return freed
+
+    def _leaves(self) -> list[TreeNode]:
+        out, stack = [], [self.root]
+        while stack:
+            n = stack.pop()
+            if not n.children and n is not self.root:
+                out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def nodes(self) -> list[TreeNode]:
+        """Every node but the root (for tests and stats)."""
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out

@@ -1,0 +1,70 @@
+"""Rotary position embeddings with the scaling variants Llama and Qwen configs use."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from agentkv.engine.config import ModelConfig
+
+
+def inv_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
+    """Per-pair inverse frequencies [head_dim // 2] and the attention (cos/sin) scale, as HF computes them."""
+    dim, base, rs = cfg.head_dim, cfg.rope_theta, cfg.rope_scaling
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if rs.rope_type == "default":
+        return inv_freq, 1.0
+    if rs.rope_type == "linear":
+        return inv_freq / rs.factor, 1.0
+    original = rs.original_max_position_embeddings or cfg.max_position_embeddings
+    if rs.rope_type == "llama3":
+        low_wavelen = original / rs.low_freq_factor
+        high_wavelen = original / rs.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
+        smooth = (original / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled), 1.0
+    if rs.rope_type == "yarn":
+        attention_factor = rs.attention_factor
+        if attention_factor is None:
+            attention_factor = 0.1 * math.log(rs.factor) + 1.0 if rs.factor > 1 else 1.0
+
+        def correction_dim(rotations: float) -> float:
+            return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low = max(math.floor(correction_dim(rs.beta_fast)), 0)
+        high = min(math.ceil(correction_dim(rs.beta_slow)), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        extrapolation_factor = 1 - ramp
+        pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+        inv = (1.0 / (rs.factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
+        return inv, float(attention_factor)
+    raise AssertionError(f"unhandled rope type {rs.rope_type}")  # ModelConfig validated it
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """cos/sin tables for every position, applied with the half-split (NeoX/HF) convention."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        inv_freq, scale = inv_frequencies(cfg)
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
+        self.register_buffer("cos", emb.cos() * scale, persistent=False)
+        self.register_buffer("sin", emb.sin() * scale, persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # q: [T, H, D], k: [T, KVH, D]; positions: [T]
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,0 +1,79 @@
+"""Turn a batch of logits into one token per request.
+
+Each request owns a `torch.Generator` seeded from its seed, and draws exactly one vector of
+exponential noise per sampled token (the exponential race: argmax(p / E) is a sample from p). Its
+draws therefore never depend on what else is in the batch, so a seed reproduces an output across
+batch compositions.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from agentkv.engine.outputs import TokenLogprob
+from agentkv.engine.request import Request
+
+
+def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
+    """In place: repetition (prompt and output), frequency and presence (output) penalties."""
+    for i, r in enumerate(reqs):
+        p = r.params
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(r.all_ids)), dtype=torch.int64)
+            vals = logits[i, seen]
+            logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if (p.frequency_penalty or p.presence_penalty) and r.output_ids:
+            counts = torch.bincount(torch.tensor(r.output_ids, dtype=torch.int64), minlength=logits.shape[1]).to(logits.dtype)
+            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """Logits [V] with -inf outside the top-k / nucleus / min-p set (of the tempered distribution)."""
+    if top_k and top_k < logits.shape[0]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass before it already reaches top_p (the top token always stays)
+        drop = (probs.cumsum(-1) - probs) >= top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter_(0, order, drop), float("-inf"))
+    if min_p > 0.0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+    return logits
+
+
+def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer) -> list[int]:
+    """One token per row of `logits` [B, V] (fp32); fills each request's logprobs when asked."""
+    want_logprobs = [r.params.logprobs for r in reqs]
+    raw_logprobs = logits.log_softmax(-1) if any(want_logprobs) else None
+    if any(r.params.repetition_penalty != 1.0 or r.params.frequency_penalty or r.params.presence_penalty for r in reqs):
+        logits = logits.clone()
+        apply_penalties(logits, reqs)
+    greedy = logits.argmax(-1).tolist()
+    tokens: list[int] = []
+    for i, r in enumerate(reqs):
+        p = r.params
+        if p.greedy:
+            tokens.append(greedy[i])
+            continue
+        row = _filter(logits[i] / p.temperature, p.top_k, p.top_p, p.min_p)
+        probs = row.softmax(-1)
+        noise = torch.empty_like(probs).exponential_(generator=r.generator)
+        tokens.append(int((probs / noise).argmax()))
+    if raw_logprobs is not None:
+        for i, r in enumerate(reqs):
+            if want_logprobs[i]:
+                r.logprobs.append(_token_logprob(raw_logprobs[i], tokens[i], r.params.top_logprobs, tokenizer))
+    return tokens
+
+
+def _token_logprob(logprobs: torch.Tensor, token: int, k: int, tokenizer) -> TokenLogprob:
+    top = []
+    if k:
+        vals, ids = torch.topk(logprobs, k)
+        top = [(int(t), tokenizer.decode([int(t)], skip_special_tokens=False), float(v)) for v, t in zip(vals, ids)]
+    return TokenLogprob(token, tokenizer.decode([token], skip_special_tokens=False), float(logprobs[token]), top)

@@ -1,0 +1,77 @@
+"""What a caller asks of one generation: how to sample, when to stop, what to return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from agentkv.errors import RequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int | None = 128  # None: until EOS or the context is full
+    temperature: float = 1.0  # 0 is greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    min_p: float = 0.0
+    seed: int | None = None  # same seed, same output, whatever else is in the batch
+    repetition_penalty: float = 1.0  # >1 discourages tokens already in prompt or output (CTRL-style)
+    frequency_penalty: float = 0.0  # OpenAI semantics: minus penalty * count of the token in the output
+    presence_penalty: float = 0.0  # minus penalty once a token has appeared in the output
+    stop: tuple[str, ...] = ()  # stop strings; the matched text is not returned
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per position, with logprobs=True
+    n: int = 1  # completions per prompt; they share the prompt's KV
+    skip_special_tokens: bool = True
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        # accept a single stop string and lists for convenience
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif self.stop is None:
+            object.__setattr__(self, "stop", ())
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(name: str, why: str) -> RequestError:
+            return RequestError(f"SamplingParams.{name}={getattr(self, name)!r} is invalid: {why}")
+
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise bad("max_tokens", "it must be a positive integer or None")
+        if not self.temperature >= 0:
+            raise bad("temperature", "it must be >= 0 (0 is greedy)")
+        if not 0 < self.top_p <= 1:
+            raise bad("top_p", "it must be in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", "it must be an integer >= 0 (0 disables it)")
+        if not 0 <= self.min_p <= 1:
+            raise bad("min_p", "it must be in [0, 1]")
+        if not self.repetition_penalty > 0:
+            raise bad("repetition_penalty", "it must be > 0 (1 disables it)")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise bad(name, "it must be in [-2, 2]")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop", "stop strings must be non-empty strings")
+        if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= 20:
+            raise bad("top_logprobs", "it must be an integer in [0, 20]")
+        if not isinstance(self.n, int) or not 1 <= self.n <= 64:
+            raise bad("n", "it must be an integer in [1, 64]")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise bad("seed", "it must be an integer or None")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def with_(self, **changes) -> SamplingParams:
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise RequestError(f"unknown sampling parameter(s) {sorted(unknown)}; known: {[f.name for f in fields(self)]}")
+        return replace(self, **changes)

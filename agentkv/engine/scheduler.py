@@ -1,0 +1,270 @@
+"""Decides what each forward pass computes; owns the queues and the KV bookkeeping.
+
+One step's batch holds a decode token for every running request that has finished its prefill,
+then prefill chunks (extends) under a per-step token budget: first the one request whose prefill is
+mid-way, then waiting requests in longest-prefix-match order. A request is admitted only when its
+uncached tokens plus a reservation for its future tokens fit in free + evictable memory; when decode
+memory runs out anyway, a request is retracted (its KV goes to the radix tree, it waits again, and
+resumes later from whatever of it is still cached).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from agentkv.engine.config import SchedulerConfig
+from agentkv.engine.memory import KVPool, ReqToTokenPool
+from agentkv.engine.radix_cache import RadixCache, _common_len
+from agentkv.engine.request import Request
+
+
+@dataclass
+class ScheduledBatch:
+    reqs: list[Request]  # decodes first, then extends
+    extend_lens: list[int]
+    num_decodes: int
+    out_cache_loc: torch.Tensor  # [sum(extend_lens)] slots for the new tokens
+
+    @property
+    def sampling(self) -> list[bool]:
+        """Whether each request gets a sampled token from this pass (its last prompt chunk, or a decode)."""
+        return [r.kv_len + e == r.seq_len and not r.prefill_only for r, e in zip(self.reqs, self.extend_lens)]
+
+
+@dataclass
+class SchedulerStats:
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    prefill_tokens_computed: int = 0
+    decode_tokens: int = 0
+    forward_passes: int = 0
+    retractions: int = 0
+    deferred_by_dedup: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        cfg: SchedulerConfig,
+        pool: KVPool,
+        req_pool: ReqToTokenPool,
+        tree: RadixCache | None,
+    ):
+        self.cfg = cfg
+        self.pool, self.req_pool, self.tree = pool, req_pool, tree
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.chunked: Request | None = None  # at most one request is mid-prefill across steps
+        self.new_token_ratio = cfg.new_token_ratio
+        self.stats = SchedulerStats()
+
+    # ---- queue ---------------------------------------------------------------------------------
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, req: Request, reason: str = "abort") -> None:
+        """Remove `req` wherever it is and free its memory. Safe to call twice."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+        if self.chunked is req:
+            self.chunked = None
+        self._release(req)
+        if req.finish_reason is None:
+            req.finish_reason = reason
+
+    # ---- building a batch ----------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch | None:
+        self.new_token_ratio = max(self.cfg.min_new_token_ratio, self.new_token_ratio - self.cfg.new_token_ratio_decay)
+        decodes = [r for r in self.running if r is not self.chunked and r.kv_len == r.seq_len - 1]
+        decodes = self._make_room_for_decodes(decodes)
+        reqs: list[Request] = list(decodes)
+        ext_lens = [1] * len(decodes)
+        locs = [self._alloc(len(decodes))] if decodes else []
+        for r, loc in zip(decodes, locs[0] if locs else []):
+            self.req_pool.table[r.row, r.kv_len] = loc
+        budget = self.cfg.max_step_tokens - len(decodes)
+
+        if self.chunked is not None and budget > 0:
+            r = self.chunked
+            n = min(r.seq_len - r.kv_len, budget)
+            locs.append(self._place(r, n))
+            reqs.append(r)
+            ext_lens.append(n)
+            budget -= n
+            if r.kv_len + n == r.seq_len:
+                self.chunked = None
+        if self.chunked is None and budget > 0 and self.waiting:
+            self._admit(budget, len(decodes), reqs, ext_lens, locs)
+
+        if not reqs:
+            return None
+        for r, n in zip(reqs, ext_lens):
+            r.pending = n
+        out = torch.cat(locs) if len(locs) > 1 else locs[0]
+        return ScheduledBatch(reqs, ext_lens, len(decodes), out)
+
+    def _admit(self, budget: int, num_decodes: int, reqs: list[Request], ext_lens: list[int], locs: list[torch.Tensor]) -> None:
+        clip = self.cfg.max_tokens_clip
+        reserved = sum(min(r.remaining_tokens, clip) for r in self.running) * self.new_token_ratio
+        evictable = self.tree.evictable_size if self.tree else 0
+        room = self.pool.num_free + evictable - reserved
+        in_progress = reqs[num_decodes:]  # requests prefilling in this batch
+        for r in self._ordered_waiting():
+            if budget <= 0 or self.req_pool.num_free == 0:
+                break
+            prefix_slots, node = self._match(r)
+            prefix = len(prefix_slots)
+            if any(_common_len(r.all_ids, o.all_ids) - prefix >= self.cfg.dedup_min_tokens for o in in_progress):
+                # another request in this batch is computing the same long prefix: wait a step, then reuse it
+                self.stats.deferred_by_dedup += 1
+                continue
+            uncached = r.seq_len - prefix
+            need = uncached + min(r.remaining_tokens, clip) * self.new_token_ratio
+            if need > room:
+                break  # keep the order: nothing behind a request that does not fit jumps it
+            self.waiting.remove(r)
+            self._start(r, prefix_slots, node)
+            n = min(uncached, budget)
+            locs.append(self._place(r, n))
+            reqs.append(r)
+            ext_lens.append(n)
+            self.running.append(r)
+            in_progress.append(r)
+            budget -= n
+            room -= need
+            if n < uncached:
+                self.chunked = r
+                break
+
+    def _ordered_waiting(self) -> list[Request]:
+        waiting = list(self.waiting)
+        if self.tree is None or len(waiting) > self.cfg.lpm_max_queue:
+            return waiting  # FCFS: matching every request costs more than it saves on long queues
+        matched = {r.rid: len(self._match(r)[0]) for r in waiting}
+        return sorted(waiting, key=lambda r: -matched[r.rid])  # stable: FCFS among equals
+
+    def _match(self, r: Request):
+        if self.tree is None:
+            return torch.empty(0, dtype=torch.int64), None
+        # keep at least one token to compute: its logits give the next token
+        return self.tree.match_prefix(r.all_ids[: r.seq_len - 1])
+
+    def _start(self, r: Request, prefix_slots: torch.Tensor, node) -> None:
+        r.row = self.req_pool.alloc()
+        assert r.row is not None
+        if node is not None:
+            self.tree.lock(node)
+        r.last_node = node
+        r.prefix_len = r.kv_len = len(prefix_slots)
+        self.req_pool.table[r.row, : len(prefix_slots)] = prefix_slots
+        if not r.admitted_once:
+            r.admitted_once = True
+            r.usage.cached_tokens = min(len(prefix_slots), len(r.prompt_ids))
+            self.stats.prompt_tokens += len(r.prompt_ids)
+            self.stats.cached_prompt_tokens += r.usage.cached_tokens
+
+    def _place(self, r: Request, n: int) -> torch.Tensor:
+        slots = self._alloc(n)
+        self.req_pool.table[r.row, r.kv_len : r.kv_len + n] = slots
+        return slots
+
+    def _alloc(self, n: int) -> torch.Tensor:
+        slots = self.pool.alloc(n)
+        if slots is None and self.tree is not None:
+            self.tree.evict(n - self.pool.num_free)
+            slots = self.pool.alloc(n)
+        assert slots is not None, "admission let in more than memory holds"
+        return slots
+
+    def _make_room_for_decodes(self, decodes: list[Request]) -> list[Request]:
+        """Evict, then retract the latest-admitted requests, until every decode has a slot."""
+        while decodes:
+            short = len(decodes) - self.pool.num_free
+            if short > 0 and self.tree is not None:
+                self.tree.evict(short)
+                short = len(decodes) - self.pool.num_free
+            if short <= 0:
+                break
+            victim = decodes.pop()  # the most recently admitted: least work lost
+            self.retract(victim)
+        return decodes
+
+    def retract(self, r: Request) -> None:
+        self.stats.retractions += 1
+        self.running.remove(r)
+        self._release(r)
+        self.waiting.appendleft(r)
+        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+
+    # ---- after the forward pass -------------------------------------------------------------------
+
+    def process(self, batch: ScheduledBatch, tokens: list[int], tokenizer) -> list[Request]:
+        """Advance each request by its computed tokens and sampled token; returns the finished ones."""
+        self.stats.forward_passes += 1
+        finished, it = [], iter(tokens)
+        for i, (r, n, samples) in enumerate(zip(batch.reqs, batch.extend_lens, batch.sampling)):
+            r.kv_len += n
+            r.pending = 0
+            r.usage.forward_passes += 1
+            was_prefill = i >= batch.num_decodes
+            if was_prefill:
+                self.stats.prefill_tokens_computed += n
+            else:
+                self.stats.decode_tokens += 1
+            if r.kv_len < r.seq_len:
+                continue  # mid-prefill: the next chunk comes in a later step
+            if r.prefill_only:
+                r.finish_reason = "stop"
+            elif samples:
+                r.append_token(next(it), tokenizer)
+            if r.finished:
+                self.running.remove(r)
+                self._release(r)
+                finished.append(r)
+            elif was_prefill:
+                self._cache_prefix(r)  # share the prompt with requests that arrive from now on
+        return finished
+
+    # ---- KV ownership ------------------------------------------------------------------------------
+
+    def _cache_prefix(self, r: Request) -> None:
+        """Insert r's computed tokens into the tree and switch r onto the tree's slots."""
+        if self.tree is None:
+            return
+        ids = r.all_ids[: r.kv_len]
+        kv = self.req_pool.table[r.row, : r.kv_len].clone()
+        existing = self.tree.insert(ids, kv)
+        self.pool.free(kv[r.prefix_len : existing])  # ours duplicated what another request inserted meanwhile
+        slots, node = self.tree.match_prefix(ids)
+        self.req_pool.table[r.row, : r.kv_len] = slots
+        self.tree.lock(node)
+        self.tree.unlock(r.last_node)
+        r.last_node, r.prefix_len = node, r.kv_len
+
+    def _release(self, r: Request) -> None:
+        """Give r's KV to the tree (or the pool) and free its row; r keeps its tokens."""
+        if r.row is None:
+            return
+        table = self.req_pool.table[r.row]
+        if r.pending:  # slots of a pass that never completed
+            self.pool.free(table[r.kv_len : r.kv_len + r.pending].clone())
+            r.pending = 0
+        kv = table[: r.kv_len].clone()
+        if self.tree is not None:
+            existing = self.tree.insert(r.all_ids[: r.kv_len], kv)
+            self.pool.free(kv[r.prefix_len : existing])
+            self.tree.unlock(r.last_node)
+        else:
+            self.pool.free(kv)
+        self.req_pool.free(r.row)
+        r.row, r.last_node, r.kv_len, r.prefix_len = None, None, 0, 0

@@ -1,0 +1,194 @@
+"""Tokenizer and chat template: from an HF directory, or built from GGUF metadata.
+
+Encoding and decoding use the `tokenizers` library; the chat template is rendered with a sandboxed
+Jinja environment as transformers does, so the prompt tokens match what the model was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Sequence
+
+from agentkv.errors import ModelLoadError, RequestError
+
+# GGUF `tokenizer.ggml.pre` -> the pre-tokenizer regex llama.cpp uses for it (None: GPT-2's ByteLevel).
+_LLAMA3_PAT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_PAT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_PRE_TOKENIZERS = {
+    "default": ("bytelevel", None),
+    "gpt-2": ("bytelevel", None),
+    "smollm": ("digits", None),
+    "starcoder": ("digits", None),
+    "refact": ("digits", None),
+    "llama-bpe": ("regex", _LLAMA3_PAT),
+    "llama3": ("regex", _LLAMA3_PAT),
+    "smaug-bpe": ("regex", _LLAMA3_PAT),
+    "qwen2": ("regex", _QWEN2_PAT),
+}
+TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 3, 4
+
+
+class Tokenizer:
+    """Text <-> token ids, special tokens, and the chat template of one model."""
+
+    def __init__(self, directory: Path):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        tok_file = directory / "tokenizer.json"
+        if not tok_file.exists():
+            raise ModelLoadError(f"{directory} has no tokenizer.json; agentkv needs a fast (tokenizers) tokenizer file")
+        try:
+            self._tok = HFTokenizer.from_file(str(tok_file))
+        except Exception as e:
+            raise ModelLoadError(f"{tok_file} could not be read: {e}") from None
+        cfg = _read_json(directory / "tokenizer_config.json")
+        gen = _read_json(directory / "generation_config.json")
+        self.chat_template: str | None = cfg.get("chat_template")
+        jinja = directory / "chat_template.jinja"
+        if self.chat_template is None and jinja.exists():
+            self.chat_template = jinja.read_text()
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        self.bos_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        self.add_bos = bool(cfg.get("add_bos_token", False)) and self.bos_id is not None
+        eos: set[int] = set()
+        if self.eos_token and self._tok.token_to_id(self.eos_token) is not None:
+            eos.add(self._tok.token_to_id(self.eos_token))
+        gen_eos = gen.get("eos_token_id")
+        eos.update([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
+        self.eos_ids: frozenset[int] = frozenset(eos)
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self._chat_env = None
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            if not ids or ids[0] != self.bos_id:
+                ids = [self.bos_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+        **extra: Any,
+    ) -> str:
+        if not self.chat_template:
+            raise RequestError("this model has no chat template; call generate() with a plain prompt instead of chat()")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m:
+                raise RequestError(f"messages[{i}] must be a dict with a 'role' (and usually 'content'), got {m!r}")
+        template = self._environment().from_string(self.chat_template)
+        return template.render(
+            messages=list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            **extra,
+        )
+
+    def _environment(self):
+        if self._chat_env is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message: str) -> None:
+                raise RequestError(f"the chat template refused the messages: {message}")
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+            env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
+            env.globals["raise_exception"] = raise_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            self._chat_env = env
+        return self._chat_env
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+
+
+def _token_text(tok: Any) -> str | None:
+    if isinstance(tok, dict):  # AddedToken serialized as a dict
+        return tok.get("content")
+    return tok
+
+
+def tokenizer_files_from_gguf(meta: dict[str, Any], gguf_path: Path, out: Path) -> None:
+    """Write tokenizer.json and tokenizer_config.json for a GGUF file's embedded tokenizer."""
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    kind = meta.get("tokenizer.ggml.model")
+    tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
+    if kind != "gpt2" or not tokens:
+        raise ModelLoadError(
+            f"{gguf_path.name}: tokenizer model {kind!r} is not supported; agentkv reads byte-level BPE ('gpt2') "
+            "GGUF tokenizers (Llama 3, Qwen, SmolLM). Use the model's HF directory instead."
+        )
+    pre = meta.get("tokenizer.ggml.pre") or "default"
+    if pre not in _PRE_TOKENIZERS:
+        raise ModelLoadError(
+            f"{gguf_path.name}: pre-tokenizer {pre!r} is not supported; agentkv knows {sorted(_PRE_TOKENIZERS)}. "
+            "Use the model's HF directory (with tokenizer.json) instead."
+        )
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    style, pattern = _PRE_TOKENIZERS[pre]
+    if style == "bytelevel":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif style == "digits":
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    tok.decoder = decoders.ByteLevel()
+    types = list(meta.get("tokenizer.ggml.token_type") or [])
+    added = [
+        AddedToken(tokens[i], special=types[i] == TOKEN_TYPE_CONTROL, normalized=False)
+        for i in range(len(types))
+        if types[i] in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
+    ]
+    tok.add_special_tokens([a for a in added if a.special])
+    tok.add_tokens([a for a in added if not a.special])
+    tok.save(str(out / "tokenizer.json"))
+
+    def token(key: str) -> str | None:
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+    cfg = {
+        "bos_token": token("bos"),
+        "eos_token": token("eos"),
+        "pad_token": token("padding"),
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "chat_template": meta.get("tokenizer.chat_template"),
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1, ensure_ascii=False))

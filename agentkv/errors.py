@@ -1,0 +1,35 @@
+"""One error hierarchy for everything agentkv raises at its edges.
+
+Each message says what was wrong and what to change. Internal invariants use `assert`; anything a
+user can cause raises one of these.
+"""
+
+from __future__ import annotations
+
+
+class AgentKVError(Exception):
+    """Base of every error agentkv raises on purpose."""
+
+
+class ModelLoadError(AgentKVError):
+    """A model path, file or architecture that cannot be loaded."""
+
+
+class RequestError(AgentKVError, ValueError):
+    """A request whose parameters or prompt cannot be served as given."""
+
+
+class CacheError(AgentKVError):
+    """The KV cache refused an operation (a pin over budget, an unknown pin handle)."""
+
+
+class PinBudgetError(CacheError):
+    """A pin that would exceed the pinned-token budget."""
+
+
+class EngineError(AgentKVError):
+    """The engine failed while serving a request; the engine itself keeps serving others."""
+
+
+class EngineClosedError(EngineError):
+    """The engine was shut down before the request finished."""

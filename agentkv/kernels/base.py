@@ -1,0 +1,88 @@
+"""The attention backend contract and the registry that picks one by name.
+
+A forward pass holds a flat run of tokens from several requests: first `num_decodes` requests with
+one new token each, then extends (new tokens after a cached prefix). Every request's K/V lives in a
+paged pool of token slots; `req_to_token[row, :seq_len]` lists the slots of its whole sequence, the
+new tokens' slots last. Backends take tensors only, never requests.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from agentkv.errors import RequestError
+
+
+@dataclass
+class AttentionMetadata:
+    req_to_token: torch.Tensor  # [max_requests, max_context] int64 slot table
+    req_rows: torch.Tensor  # [B] int64 row of each request in req_to_token
+    seq_lens: list[int]  # [B] tokens in the KV after this pass (prefix + new)
+    extend_lens: list[int]  # [B] new tokens of each request in this pass
+    num_decodes: int  # the first num_decodes requests are decodes (extend_len == 1)
+    out_cache_loc: torch.Tensor  # [T] int64 slot where each new token's K/V is written
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.out_cache_loc.shape[0])
+
+    @property
+    def prefix_lens(self) -> list[int]:
+        return [s - e for s, e in zip(self.seq_lens, self.extend_lens)]
+
+
+class AttentionBackend(ABC):
+    """Computes attention for one layer, reading and writing K/V through the slot table.
+
+    `prepare` is called once per forward pass (build index tensors shared by all layers);
+    `forward` once per layer. `forward` writes the new tokens' K/V into `k_cache`/`v_cache` at
+    `meta.out_cache_loc` before attending, and returns [T, num_heads * head_dim].
+    """
+
+    name: str
+
+    @abstractmethod
+    def prepare(self, meta: AttentionMetadata) -> None: ...
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, H, D]
+        k: torch.Tensor,  # [T, KVH, D]
+        v: torch.Tensor,  # [T, KVH, D]
+        k_cache: torch.Tensor,  # [num_slots, KVH, D]
+        v_cache: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+
+_REGISTRY: dict[str, Callable[[], AttentionBackend]] = {}
+
+
+def register(name: str, factory: Callable[[], AttentionBackend]) -> None:
+    _REGISTRY[name] = factory
+
+
+def available_backends() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def get_backend(name: str) -> AttentionBackend:
+    _load_builtin()
+    if name == "auto":
+        name = "torch"  # the only backend until the GPU kernels land
+    if name not in _REGISTRY:
+        raise RequestError(f"unknown attention backend {name!r}; choose one of {available_backends()} or 'auto'")
+    return _REGISTRY[name]()
+
+
+def _load_builtin() -> None:
+    if "torch" not in _REGISTRY:
+        from agentkv.kernels.torch_backend import TorchAttentionBackend
+
+        register("torch", TorchAttentionBackend)

@@ -1,0 +1,1 @@
+"""The `agentkv` command line, a thin typer app over the library."""
