@@ -1,0 +1,114 @@
+"""Our model code against HF transformers: logits (with and without cached prefixes) and greedy outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import agentkv as ak
+from tests.conftest import requires_embedded
+from tests.reference import engine_logits, rel_error
+from tests.tiny import make_tiny_model
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
+
+
+def _hf(path, dtype=torch.float32):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+@pytest.mark.parametrize(
+    "family,kwargs",
+    [
+        ("llama", {}),
+        ("llama", {"tie": False, "kv_heads": 1}),
+        ("qwen2", {"tie": False}),
+        ("qwen3", {"kv_heads": 4}),
+        ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+        ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+        ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}}),
+    ],
+)
+def test_tiny_families_match_hf(tmp_path, family, kwargs):
+    path = make_tiny_model(tmp_path / family, family, **kwargs)
+    hf = _hf(path)
+    with ak.Engine(str(path), num_slots=2048) as engine:
+        ids = engine.tokenizer.encode(TEXT)
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0]
+        ours, cached = engine_logits(engine, ids)
+        assert cached == 0 and rel_error(ours, ref) < 1e-4
+        out = engine.generate(ids, max_tokens=12, temperature=0.0, ignore_eos=True)
+    with ak.Engine(str(path), num_slots=2048) as engine:  # fresh cache: the prefix comes from one request
+        ours, cached = engine_logits(engine, ids, cached_prefix=30)
+        assert cached == 30 and rel_error(ours, ref[30:]) < 1e-4
+        x = torch.tensor([ids])
+        expected = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False, eos_token_id=None)[0, len(ids) :]
+        assert out.token_ids == expected.tolist()
+
+
+def test_bf16_close_to_hf_bf16(tmp_path):
+    path = make_tiny_model(tmp_path / "bf", "qwen3")
+    hf = _hf(path, torch.bfloat16)
+    with ak.Engine(str(path), dtype="bfloat16", num_slots=1024) as engine:
+        ids = engine.tokenizer.encode(TEXT)
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0]
+        ours, _ = engine_logits(engine, ids)
+        assert rel_error(ours, ref) < 2e-2  # bf16 rounding; same op order keeps it small
+
+
+# ---- the embedded SmolLM2-135M-Instruct ---------------------------------------------------------
+
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn leaves.",
+    "Explain what a hash map is in two sentences.",
+    "List three fruits that are red.",
+    "How many legs does a spider have?",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    engine = ak.Engine(num_slots=8192)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def hf_smollm():
+    from agentkv.engine.loader import embedded_model_path
+
+    path = embedded_model_path()
+    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+
+def hf_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+@requires_embedded
+@pytest.mark.slow
+def test_embedded_logits_match_hf(smollm, hf_smollm):
+    plain = smollm.tokenizer.encode("Zebras graze quietly while " + TEXT)
+    ours, cached = engine_logits(smollm, plain)
+    assert cached == 0 and rel_error(ours, hf_logits(hf_smollm, plain)) < 1e-4
+    chat = smollm.tokenizer.encode(smollm.render([{"role": "user", "content": CHAT_PROMPTS[0]}]))
+    ours, cached = engine_logits(smollm, chat, cached_prefix=20)
+    assert cached == 20 and rel_error(ours, hf_logits(hf_smollm, chat)[20:]) < 1e-4
+
+
+@requires_embedded
+@pytest.mark.slow
+def test_embedded_greedy_matches_hf_generate(smollm, hf_smollm):
+    prompts = [smollm.tokenizer.encode(smollm.render([{"role": "user", "content": p}])) for p in CHAT_PROMPTS]
+    outs = smollm.generate(prompts, max_tokens=32, temperature=0.0, ignore_eos=True)  # one batch
+    for ids, out in zip(prompts, outs):
+        x = torch.tensor([ids])
+        # an explicit mask: otherwise HF masks every <|im_end|> in the prompt, since it is also the pad token
+        expected = hf_smollm.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32, do_sample=False, eos_token_id=None)
+        assert out.token_ids == expected[0, len(ids) :].tolist()
