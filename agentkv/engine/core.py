@@ -88,7 +88,11 @@ class EngineCore:
             for command in commands:
                 command()
             if self.scheduler.has_work():
-                self.step()
+                try:
+                    self.step()
+                except Exception as e:  # a scheduler bug: fail what is in flight rather than hang callers
+                    traceback.print_exc()
+                    self._fail_all(EngineError(f"engine step failed: {type(e).__name__}: {e}"))
         self._fail_all(EngineClosedError("the engine was closed before this request finished"))
 
     def step(self) -> None:

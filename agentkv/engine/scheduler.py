@@ -115,9 +115,8 @@ class Scheduler:
 
     def _admit(self, budget: int, num_decodes: int, reqs: list[Request], ext_lens: list[int], locs: list[torch.Tensor]) -> None:
         clip = self.cfg.max_tokens_clip
+        # future tokens already promised: running requests' remaining output (scaled by the adaptive ratio)
         reserved = sum(min(r.remaining_tokens, clip) for r in self.running) * self.new_token_ratio
-        evictable = self.tree.evictable_size if self.tree else 0
-        room = self.pool.num_free + evictable - reserved
         in_progress = reqs[num_decodes:]  # requests prefilling in this batch
         for r in self._ordered_waiting():
             if budget <= 0 or self.req_pool.num_free == 0:
@@ -128,9 +127,14 @@ class Scheduler:
                 # another request in this batch is computing the same long prefix: wait a step, then reuse it
                 self.stats.deferred_by_dedup += 1
                 continue
+            if node is not None:
+                self.tree.lock(node)  # lock first: its own prefix must not count as evictable room
             uncached = r.seq_len - prefix
-            need = uncached + min(r.remaining_tokens, clip) * self.new_token_ratio
-            if need > room:
+            future = min(r.remaining_tokens, clip) * self.new_token_ratio
+            room = self.pool.num_free + (self.tree.evictable_size if self.tree else 0) - reserved
+            if uncached + future > room:
+                if node is not None:
+                    self.tree.unlock(node)
                 break  # keep the order: nothing behind a request that does not fit jumps it
             self.waiting.remove(r)
             self._start(r, prefix_slots, node)
@@ -141,7 +145,7 @@ class Scheduler:
             self.running.append(r)
             in_progress.append(r)
             budget -= n
-            room -= need
+            reserved += (uncached - n) + future
             if n < uncached:
                 self.chunked = r
                 break
@@ -162,9 +166,7 @@ class Scheduler:
     def _start(self, r: Request, prefix_slots: torch.Tensor, node) -> None:
         r.row = self.req_pool.alloc()
         assert r.row is not None
-        if node is not None:
-            self.tree.lock(node)
-        r.last_node = node
+        r.last_node = node  # locked by the caller
         r.prefix_len = r.kv_len = len(prefix_slots)
         self.req_pool.table[r.row, : len(prefix_slots)] = prefix_slots
         if not r.admitted_once:
