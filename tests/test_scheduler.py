@@ -1,0 +1,115 @@
+"""Scheduler decisions without a model: ordering, in-batch dedup, chunking, admission, retraction."""
+
+from __future__ import annotations
+
+import torch
+
+import agentkv as ak
+from agentkv.engine.config import ModelConfig, SchedulerConfig
+from agentkv.engine.memory import KVPool, ReqToTokenPool
+from agentkv.engine.radix_cache import RadixCache
+from agentkv.engine.request import Request
+from agentkv.engine.scheduler import Scheduler
+
+CFG = ModelConfig(
+    family="llama", vocab_size=64, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2,
+    num_kv_heads=1, head_dim=4, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=512,
+    tie_word_embeddings=True, attention_bias=False, qk_norm=False,
+)
+
+
+class FakeTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(65 + i % 26) for i in ids)
+
+
+def make(num_slots=1000, **cfg):
+    pool = KVPool(CFG, num_slots, torch.float32)
+    tree = RadixCache(pool.free, pin_budget=100)
+    return Scheduler(SchedulerConfig(**cfg), pool, ReqToTokenPool(16, 512), tree)
+
+
+def req(ids, max_tokens=8):
+    return Request(list(ids), ak.SamplingParams(max_tokens=max_tokens, temperature=0.0), 0, frozenset(), max_tokens)
+
+
+def run_step(s: Scheduler, token: int = 5):
+    batch = s.schedule()
+    if batch is not None:
+        s.process(batch, [token] * sum(batch.sampling), FakeTokenizer())
+    return batch
+
+
+def finish_all(s: Scheduler):
+    while s.has_work():
+        run_step(s)
+
+
+def test_longest_prefix_first_then_fcfs():
+    s = make()
+    s.add(req([1, 2, 3, 4, 5, 6, 7, 8], max_tokens=1))
+    finish_all(s)  # [1..8] is now cached
+    cold, warm, warmer = req([9, 9, 9, 9]), req([1, 2, 3, 9]), req([1, 2, 3, 4, 5, 6, 9])
+    for r in (cold, warm, warmer):
+        s.add(r)
+    assert run_step(s).reqs == [warmer, warm, cold]
+
+
+def test_fcfs_past_queue_limit():
+    s = make(lpm_max_queue=2)
+    s.add(req([1, 2, 3, 4, 5, 6, 7, 8], max_tokens=1))
+    finish_all(s)
+    cold, warm, warmer = req([9, 9, 9, 9]), req([1, 2, 3, 9]), req([1, 2, 3, 4, 5, 6, 9])
+    for r in (cold, warm, warmer):
+        s.add(r)
+    assert run_step(s).reqs == [cold, warm, warmer]
+
+
+def test_in_batch_dedup_defers_shared_uncached_prefix():
+    s = make(dedup_min_tokens=8)
+    shared = list(range(10, 50))
+    a, b, c = req(shared + [1]), req(shared + [2]), req([7] * 12)
+    for r in (a, b, c):
+        s.add(r)
+    first = run_step(s)
+    assert first.reqs == [a, c] and s.stats.deferred_by_dedup == 1
+    second = run_step(s)
+    assert b in second.reqs and b.usage.cached_tokens == len(shared)  # a's prompt was cached after its prefill
+    assert second.extend_lens[second.reqs.index(b)] == 1
+
+
+def test_chunked_prefill_respects_step_budget():
+    s = make(max_step_tokens=10)
+    long, short = req(list(range(1, 26))), req([60, 61, 62])
+    s.add(long)
+    s.add(short)
+    b1 = run_step(s)
+    assert b1.reqs == [long] and b1.extend_lens == [10] and s.chunked is long
+    b2 = run_step(s)
+    assert b2.reqs == [long] and b2.extend_lens == [10]
+    b3 = run_step(s)  # last 5 of long, then short fills the rest of the budget
+    assert b3.reqs == [long, short] and b3.extend_lens == [5, 3] and s.chunked is None
+    b4 = run_step(s)
+    assert b4.num_decodes == 2 and b4.extend_lens == [1, 1]
+
+
+def test_admission_waits_for_memory():
+    s = make(num_slots=60, new_token_ratio=1.0, min_new_token_ratio=1.0)
+    a, b = req(list(range(1, 31)), max_tokens=10), req(list(range(31, 61)), max_tokens=10)
+    s.add(a)
+    s.add(b)
+    batch = run_step(s)
+    assert batch.reqs == [a] and list(s.waiting) == [b]  # 30 + 10 reserved leaves no room for b's 40
+    finish_all(s)
+    assert a.finish_reason == "length" and b.finish_reason == "length"
+
+
+def test_retraction_when_decode_memory_runs_out():
+    s = make(num_slots=40, new_token_ratio=0.1, min_new_token_ratio=0.1)
+    a, b = req(list(range(1, 16)), max_tokens=20), req(list(range(20, 35)), max_tokens=20)
+    s.add(a)
+    s.add(b)
+    finish_all(s)
+    assert s.stats.retractions > 0
+    assert a.output_ids == [5] * 20 and b.output_ids == [5] * 20
+    assert s.pool.num_free + s.tree.total_size == s.pool.capacity and s.tree.protected_size == 0
