@@ -1,0 +1,179 @@
+"""Model loading: GGUF conversion (quantized tensors, q/k permutation, tokenizer), the disk cache, errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import agentkv as ak
+from agentkv.engine import gguf_convert
+from tests.conftest import requires_embedded
+from tests.reference import engine_logits, rel_error
+from tests.tiny import SPECIALS, make_tiny_model
+
+gguf = pytest.importorskip("gguf")
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    # what llama.cpp's converter does to q/k rows (the inverse of our _unpermute_qk)
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(src_dir, out_path, quant=gguf.GGMLQuantizationType.Q8_0):
+    """Write the tiny HF checkpoint in `src_dir` as a llama GGUF; returns the dequantized HF tensors."""
+    from safetensors.numpy import load_file
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    cfg = json.loads((src_dir / "config.json").read_text())
+    hf = load_file(str(src_dir / "model.safetensors"))
+    w = gguf.GGUFWriter(str(out_path), "llama")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    tokens = SPECIALS + sorted(ByteLevel.alphabet())
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+    w.add_token_merges([])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    names = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
+    dequantized = {}
+    for name, t in hf.items():
+        if name in names:
+            gname = names[name]
+        else:
+            i, rest = name[len("model.layers.") :].split(".", 1)
+            gname = f"blk.{i}." + {v: k for k, v in gguf_convert._LAYER_NAMES.items()}[rest]
+        data = t.astype(np.float32)
+        if gname.endswith("attn_q.weight"):
+            data = _permute(data, cfg["num_attention_heads"])
+        elif gname.endswith("attn_k.weight"):
+            data = _permute(data, cfg["num_key_value_heads"])
+        if data.ndim == 2:
+            q = gguf.quants.quantize(data, quant)
+            w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=quant)
+            deq = gguf.quants.dequantize(q, quant).reshape(t.shape)
+        else:
+            w.add_tensor(gname, data)
+            deq = data
+        if gname.endswith("attn_q.weight"):
+            deq = gguf_convert._unpermute_qk(deq, cfg["num_attention_heads"])
+        elif gname.endswith("attn_k.weight"):
+            deq = gguf_convert._unpermute_qk(deq, cfg["num_key_value_heads"])
+        dequantized[name] = np.ascontiguousarray(deq)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dequantized
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "F16", "Q4_0"])
+def test_gguf_equals_hf_dir_with_the_same_weights(tmp_path, monkeypatch, quant):
+    from safetensors.numpy import save_file
+
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_tiny_model(tmp_path / "src", "llama", hidden=64, heads=4, kv_heads=2)
+    deq = write_gguf(src, tmp_path / "tiny.gguf", getattr(gguf.GGMLQuantizationType, quant))
+    # the HF directory holding exactly the dequantized weights is the reference
+    save_file(deq, str(src / "model.safetensors"))
+    with ak.Engine(str(src), num_slots=512) as ref, ak.Engine(str(tmp_path / "tiny.gguf"), num_slots=512) as ours:
+        text = "Hello GGUF world, quantized and permuted!"
+        ids = ours.tokenizer.encode(text)
+        assert ids == ref.tokenizer.encode(text)
+        assert ours.tokenizer.eos_ids == {2}
+        assert rel_error(engine_logits(ours, ids)[0], engine_logits(ref, ids)[0]) < 1e-5
+        chat = [{"role": "user", "content": "hi"}]
+        assert ours.render(chat, add_generation_prompt=False) == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_conversion_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_tiny_model(tmp_path / "src", "llama")
+    write_gguf(src, tmp_path / "m.gguf")
+    first = gguf_convert.converted_dir(tmp_path / "m.gguf")
+
+    def boom(*a, **k):
+        raise AssertionError("converted twice")
+
+    monkeypatch.setattr(gguf_convert, "_convert", boom)
+    assert gguf_convert.converted_dir(tmp_path / "m.gguf") == first
+
+
+def test_load_errors_name_the_problem(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    bad = tmp_path / "garbage.gguf"
+    bad.write_bytes(b"not a gguf file at all" * 10)
+    with pytest.raises(ak.ModelLoadError, match="not a readable GGUF"):
+        ak.Engine(str(bad))
+    (tmp_path / "weights.bin").write_text("x")
+    with pytest.raises(ak.ModelLoadError, match="not a .gguf"):
+        ak.Engine(str(tmp_path / "weights.bin"))
+
+    d = make_tiny_model(tmp_path / "arch", "llama")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    with pytest.raises(ak.ModelLoadError, match="unsupported architecture.*LlamaForCausalLM"):
+        ak.Engine(str(d))
+
+    d = make_tiny_model(tmp_path / "corrupt", "llama")
+    blob = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(ak.ModelLoadError, match="corrupt or truncated"):
+        ak.Engine(str(d))
+
+    d = make_tiny_model(tmp_path / "missing", "llama")
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(str(d / "model.safetensors"))
+    del w["model.layers.1.mlp.up_proj.weight"]
+    save_file(w, str(d / "model.safetensors"))
+    with pytest.raises(ak.ModelLoadError, match="up_proj"):
+        ak.Engine(str(d))
+
+    d = make_tiny_model(tmp_path / "nan", "llama")
+    w = load_file(str(d / "model.safetensors"))
+    w["model.norm.weight"][3] = float("nan")
+    save_file(w, str(d / "model.safetensors"))
+    with pytest.raises(ak.ModelLoadError, match="NaN"):
+        ak.Engine(str(d))
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ak.ModelLoadError, match="no config.json"):
+        ak.Engine(str(tmp_path / "empty"))
+
+
+@requires_embedded
+@pytest.mark.slow
+def test_embedded_tokenizer_matches_hf_conversion():
+    transformers = pytest.importorskip("transformers")
+    from agentkv.engine.loader import embedded_model_path, resolve_model_dir
+    from agentkv.engine.tokenizer import Tokenizer
+
+    path = embedded_model_path()
+    ours = Tokenizer(resolve_model_dir(None))
+    hf = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    texts = [
+        "Hello world, how are you?",
+        "  leading spaces\n\n\ttabs and newlines  ",
+        "Numbers 12345 and 3.14159, dates 2026-11-29.",
+        "Ünïcödé — “quotes” and emoji 🙂 and 漢字",
+        "<|im_start|>user\nWhat's up?<|im_end|>\n<|im_start|>assistant\n",
+        "def f(x):\n    return x ** 2  # comment",
+    ]
+    for t in texts:
+        assert ours.encode(t) == hf.encode(t, add_special_tokens=False), t
+        assert ours.decode(ours.encode(t), skip_special_tokens=False) == t
+    messages = [{"role": "user", "content": "Hi there"}]
+    assert ours.apply_chat_template(messages) == hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
