@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import traceback
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from agentkv.engine.memory import KVPool, ReqToTokenPool
@@ -20,15 +21,42 @@ from agentkv.engine.scheduler import Scheduler
 from agentkv.errors import EngineClosedError, EngineError, RequestError
 
 
+@dataclass
+class Components:
+    """Everything the engine thread owns, built on that thread."""
+
+    scheduler: Scheduler
+    runner: ModelRunner
+    tokenizer: Any
+    pool: KVPool
+    req_pool: ReqToTokenPool
+    tree: RadixCache | None
+    model_config: Any
+    context_length: int
+
+
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, tokenizer, pool: KVPool, req_pool: ReqToTokenPool, tree: RadixCache | None):
-        self.scheduler, self.runner, self.tokenizer = scheduler, runner, tokenizer
-        self.pool, self.req_pool, self.tree = pool, req_pool, tree
+    def __init__(self, build: Callable[[], Components]):
+        """Start the engine thread, build the components on it, and return once they are ready
+        (re-raising whatever the build raised, e.g. ModelLoadError)."""
         self._inbox: list[Callable[[], None]] = []
         self._cv = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="agentkv-engine", daemon=True)
+        ready: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(build, ready), name="agentkv-engine", daemon=True)
         self._thread.start()
+        self.parts: Components = ready.result()
+
+    def _run(self, build: Callable[[], Components], ready: Future) -> None:
+        try:
+            p = build()
+        except BaseException as e:
+            ready.set_exception(e)
+            return
+        self.scheduler, self.runner, self.tokenizer = p.scheduler, p.runner, p.tokenizer
+        self.pool, self.req_pool, self.tree = p.pool, p.req_pool, p.tree
+        ready.set_result(p)
+        self._loop()
 
     # ---- called from any thread ------------------------------------------------------------------
 

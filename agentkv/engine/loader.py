@@ -85,6 +85,7 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     net = net.to(device=device, dtype=DTYPES[dtype])
     net.rope.cos, net.rope.sin = net.rope.cos.float(), net.rope.sin.float()
     net.eval().requires_grad_(False)
+    net.finalize()
     return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, path=directory)
 
 
@@ -140,6 +141,8 @@ def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path) 
         t = state.get(name)
         if t is None:
             raise ModelLoadError(f"weights in {directory} give no value for {name}")
+        if name.endswith("proj.weight"):
+            t = t.t()  # to our input-major layout
         if tuple(t.shape) != tuple(param.shape):
             raise ModelLoadError(
                 f"tensor for {name} in {directory} has shape {tuple(t.shape)}, the config implies {tuple(param.shape)}; "
@@ -147,3 +150,4 @@ def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path) 
             )
         with torch.no_grad():
             param.copy_(t)
+

@@ -3,6 +3,10 @@
 Tokens of all requests in a step are one flat run [T]; attention reads and writes the paged KV pool
 through the backend, so the model never sees requests or the scheduler. q/k/v and gate/up are fused
 into single matmuls: on CPU, per-op overhead dominates a small model's decode step.
+
+Linear weights are stored input-major ([in, out], the transpose of HF's layout): at batch 1 the
+matmul then streams the weights with every core, where MKL's gemv on [out, in] uses one. Measured
+here: 1.35x faster projections and 1.8x faster lm_head at decode, the same speed for prefill.
 """
 
 from __future__ import annotations
@@ -25,6 +29,41 @@ class ForwardContext:
     positions: torch.Tensor  # [T] int64
     backend: AttentionBackend  # already prepared for this pass
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: [num_slots, KVH, D] each
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [T, 1, D], set once per pass
+
+
+class Linear(nn.Module):
+    """y = x @ weight (+ bias), weight [in_features, out_features]."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.weight
+        return y if self.bias is None else y + self.bias
+
+
+class PackedLinear(nn.Module):
+    """The vocabulary projection through MKL's packed sgemm (fp32 on CPU), else a plain matmul.
+
+    Measured here for [T, 576] x [576, 49152]: 4.2 ms at T=1 and 17 ms at T=16 packed, against
+    4.4 / 27 ms input-major and 8.0 / 21 ms output-major. `weight` is [out, in] (the embedding
+    table itself when tied, so the pack is the only extra copy).
+    """
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight = weight
+        self.packed = None
+        if weight.dtype == torch.float32 and weight.device.type == "cpu" and torch.backends.mkl.is_available():
+            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and x.dtype == torch.float32:
+            return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, None, 16)
+        return F.linear(x, self.weight)
 
 
 class RMSNorm(nn.Module):
@@ -34,7 +73,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # computed in fp32 and cast back, as HF does, so bf16 outputs match the reference
+        if x.dtype == torch.float32:  # one fused op; same math as below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # normalized in fp32 and cast back before the weight, as HF does, so bf16 outputs match it
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -47,8 +88,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim**-0.5
@@ -61,7 +102,7 @@ class Attention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(ctx.positions, q, k)
+        q, k = rope.apply(ctx.rope, q, k)
         k_cache, v_cache = ctx.kv_caches[self.layer_id]
         return self.o_proj(ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale))
 
@@ -70,8 +111,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -100,12 +141,17 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg, max_positions)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.logits_proj: PackedLinear | None = None  # built by finalize() once weights are loaded
+
+    def finalize(self) -> None:
+        """Build derived weights (the packed vocabulary projection) after loading and dtype casts."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self.logits_proj = PackedLinear(weight)
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext, logits_indices: torch.Tensor) -> torch.Tensor:
         """Logits [len(logits_indices), vocab] (fp32) for the selected token positions of the flat run."""
         x = self.embed_tokens(input_ids)
+        ctx.rope = self.rope.cos_sin(ctx.positions, x.dtype)
         for layer in self.layers:
             x = layer(x, ctx, self.rope)
-        x = self.norm(x[logits_indices])
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, weight).float()
+        return self.logits_proj(self.norm(x[logits_indices])).float()
