@@ -1,7 +1,13 @@
 """The reference attention backend in plain torch: correct everywhere, the CPU path.
 
-Decodes are batched: each request's slots are gathered into a padded [B, L] index and masked past
-its length. Extends run one request at a time with a causal mask offset by the cached prefix.
+Decodes take one of two routes, chosen per pass:
+
+- padded: each request's slots gathered into a padded [B, L] index, masked past its length;
+- shared: when the decoding requests share KV (agents on one system prompt, `n` forks), the union
+  of their slots is gathered once and every query attends to it through a membership mask. The
+  shared prefix is then read once per layer instead of once per request.
+
+Extends run one request at a time with a causal mask offset by the cached prefix.
 """
 
 from __future__ import annotations
@@ -11,6 +17,9 @@ import torch.nn.functional as F
 
 from agentkv.kernels.base import AttentionBackend, AttentionMetadata
 
+# take the shared route when the union holds at most this share of the padded slot count
+SHARED_MAX_RATIO = 0.5
+
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
@@ -18,15 +27,25 @@ class TorchAttentionBackend(AttentionBackend):
     def prepare(self, meta: AttentionMetadata) -> None:
         self.meta = meta
         nd = meta.num_decodes
+        self.shared_slots = None
         if nd:
             lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.int64)
             max_len = int(lens.max())
-            self.decode_slots = meta.req_to_token[meta.req_rows[:nd], :max_len]  # [nd, L]
-            # additive mask: 0 where the slot belongs to the request, -inf past its length
+            slots = meta.req_to_token[meta.req_rows[:nd], :max_len]  # [nd, L]
             pad = torch.arange(max_len)[None, :] >= lens[:, None]
-            self.decode_mask = torch.zeros(nd, 1, 1, max_len).masked_fill_(pad[:, None, None, :], float("-inf"))
-            if not pad.any():
-                self.decode_mask = None
+            if nd > 1:
+                unique, inverse = torch.unique(slots.masked_fill(pad, 0), return_inverse=True)
+                if unique.numel() <= SHARED_MAX_RATIO * nd * max_len:
+                    # mask [nd, U]: 0 where the union's slot belongs to the request, -inf elsewhere
+                    mask = torch.full((nd, unique.numel()), float("-inf"))
+                    mask.scatter_(1, inverse, 0.0)
+                    self._mask_padding_slot(unique, mask)
+                    self.shared_slots, self.shared_mask = unique, mask
+            self.decode_slots = slots
+            # additive mask: 0 where the slot belongs to the request, -inf past its length
+            self.decode_mask = None
+            if pad.any():
+                self.decode_mask = torch.zeros(nd, 1, 1, max_len).masked_fill_(pad[:, None, None, :], float("-inf"))
         self.extends = []  # (token offset, slots [S], extend_len, causal mask or None)
         offset = nd
         for i in range(nd, len(meta.seq_lens)):
@@ -39,6 +58,13 @@ class TorchAttentionBackend(AttentionBackend):
             self.extends.append((offset, slots, ext, mask))
             offset += ext
 
+    @staticmethod
+    def _mask_padding_slot(unique: torch.Tensor, mask: torch.Tensor) -> None:
+        # Padding positions were mapped to slot 0 and may have unmasked its column; slot 0 is never a
+        # real slot (the pool reserves it), so mask its column for every request.
+        if unique.numel() and int(unique[0]) == 0:
+            mask[:, 0] = float("-inf")
+
     def forward(self, q, k, v, k_cache, v_cache, scale):
         meta = self.meta
         k_cache[meta.out_cache_loc] = k.to(k_cache.dtype)
@@ -46,7 +72,9 @@ class TorchAttentionBackend(AttentionBackend):
         T, H, D = q.shape
         out = torch.empty(T, H, D, dtype=q.dtype)
         nd = meta.num_decodes
-        if nd:
+        if nd and self.shared_slots is not None:
+            out[:nd] = self._decode_shared(q[:nd], k_cache, v_cache, scale)
+        elif nd:
             nd_, L = self.decode_slots.shape
             flat = self.decode_slots.reshape(-1)  # index_select: ~2.5x faster than advanced indexing here
             kd = k_cache.index_select(0, flat).view(nd_, L, *k_cache.shape[1:]).transpose(1, 2)  # [nd, KVH, L, D]
@@ -62,3 +90,16 @@ class TorchAttentionBackend(AttentionBackend):
             o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask, scale=scale, enable_gqa=True)
             out[offset : offset + ext] = o[0].transpose(0, 1)
         return out.reshape(T, H * D)
+
+    def _decode_shared(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+        B, H, D = q.shape
+        kvh = k_cache.shape[1]
+        g = H // kvh
+        ku = k_cache.index_select(0, self.shared_slots).to(q.dtype).permute(1, 2, 0)  # [KVH, D, U]
+        vu = v_cache.index_select(0, self.shared_slots).to(q.dtype).transpose(0, 1)  # [KVH, U, D]
+        qg = q.view(B, kvh, g, D).permute(1, 0, 2, 3).reshape(kvh, B * g, D)  # [KVH, B*G, D]
+        scores = torch.bmm(qg, ku).mul_(scale).view(kvh, B, g, -1)  # [KVH, B, G, U]
+        scores += self.shared_mask.to(q.dtype)[None, :, None, :]
+        probs = scores.softmax(-1).view(kvh, B * g, -1)
+        o = torch.bmm(probs, vu)  # [KVH, B*G, D]
+        return o.view(kvh, B, g, D).permute(1, 0, 2, 3).reshape(B, H, D)

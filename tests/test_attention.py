@@ -1,0 +1,73 @@
+"""The torch attention backend against a dense per-request reference, on both decode routes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentkv.kernels import available_backends, get_backend
+from agentkv.kernels import torch_backend
+from agentkv.kernels.base import AttentionMetadata
+from agentkv.errors import RequestError
+
+
+def reference(q, k_all, v_all, scale, prefix_len):
+    """Dense causal attention of q [ext, H, D] over k_all/v_all [S, KVH, D], queries at prefix_len.."""
+    ext, H, D = q.shape
+    g = H // k_all.shape[1]
+    k = k_all.repeat_interleave(g, dim=1).transpose(0, 1)  # [H, S, D]
+    v = v_all.repeat_interleave(g, dim=1).transpose(0, 1)
+    scores = torch.einsum("thd,hsd->hts", q, k) * scale
+    S = k_all.shape[0]
+    pos = torch.arange(prefix_len, prefix_len + ext)[:, None]
+    scores = scores.masked_fill(torch.arange(S)[None, :] > pos, float("-inf"))
+    return torch.einsum("hts,hsd->thd", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("route", ["padded", "shared"])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1)])
+def test_mixed_batch_matches_reference(monkeypatch, route, heads, kv_heads):
+    monkeypatch.setattr(torch_backend, "SHARED_MAX_RATIO", 0.0 if route == "padded" else 1.0)
+    g = torch.Generator().manual_seed(heads * 10 + kv_heads)
+    D, num_slots = 16, 400
+    k_cache = torch.randn(num_slots, kv_heads, D, generator=g)
+    v_cache = torch.randn(num_slots, kv_heads, D, generator=g)
+    free = torch.randperm(num_slots - 1, generator=g) + 1
+    shared = free[:40].tolist()  # a common prefix held by the first three decodes
+    free = free[40:].tolist()
+    # (prefix slots, new tokens): 3 decodes sharing a prefix, 1 unrelated decode, 2 extends (one with a prefix hit)
+    plans = [(shared + free[:5], 1), (shared + free[5:17], 1), (shared[:25], 1), (free[17:40], 1), ([], 9), (shared[:30], 6)]
+    free = free[40:]
+    table = torch.zeros(8, 128, dtype=torch.int64)
+    seq_lens, ext_lens, out_loc = [], [], []
+    for row, (prefix, ext) in enumerate(plans):
+        new = [free.pop() for _ in range(ext)]
+        slots = prefix + new
+        table[row, : len(slots)] = torch.tensor(slots)
+        seq_lens.append(len(slots))
+        ext_lens.append(ext)
+        out_loc += new
+    T = sum(ext_lens)
+    q = torch.randn(T, heads, D, generator=g)
+    k_new = torch.randn(T, kv_heads, D, generator=g)
+    v_new = torch.randn(T, kv_heads, D, generator=g)
+    meta = AttentionMetadata(table, torch.arange(len(plans)), seq_lens, ext_lens, 4, torch.tensor(out_loc))
+    backend = get_backend("torch")
+    backend.prepare(meta)
+    assert (backend.shared_slots is not None) == (route == "shared")
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out = backend.forward(q, k_new, v_new, kc, vc, D**-0.5).view(T, heads, D)
+    offset = 0
+    for row, (s, e) in enumerate(zip(seq_lens, ext_lens)):
+        slots = table[row, :s]
+        expected = reference(q[offset : offset + e], kc[slots], vc[slots], D**-0.5, s - e)
+        torch.testing.assert_close(out[offset : offset + e], expected, rtol=1e-5, atol=1e-5)
+        offset += e
+    assert torch.equal(kc[torch.tensor(out_loc)], k_new)  # new K/V written to their slots
+
+
+def test_backend_registry():
+    assert "torch" in available_backends()
+    assert get_backend("auto").name == "torch"
+    with pytest.raises(RequestError, match="unknown attention backend"):
+        get_backend("cuda-magic")
