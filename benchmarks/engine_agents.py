@@ -31,6 +31,7 @@ TOOLS = [
     ("send_email", "Send an email to one or more recipients.", {"to": "array", "subject": "string", "body": "string"}),
     ("lookup_contact", "Find a contact's email and phone by name.", {"name": "string"}),
     ("convert_currency", "Convert an amount between two currencies at today's rate.", {"amount": "number", "from": "string", "to": "string"}),
+    ("book_flight", "Search and hold a flight between two airports.", {"origin": "string", "destination": "string", "date": "string"}),
     ("translate_text", "Translate text into a target language.", {"text": "string", "target_language": "string"}),
 ]
 TASKS = [
@@ -66,7 +67,7 @@ def system_prompt() -> str:
         "You are a capable assistant that plans and acts on behalf of the user. Think step by step, keep "
         "answers short, and call a tool when it helps by writing <tool_call>{\"name\": ..., \"arguments\": ...}"
         "</tool_call>. Never invent tool results. You can use these tools:\n"
-        + json.dumps(tools, indent=1)
+        + json.dumps(tools)
     )
 
 
