@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Peer, hf_generate, table  # noqa: E402
+from common import Peer, hf_generate, table
 
-import agentkv as ak  # noqa: E402
+import agentkv as ak
 
 TOOLS = [
     ("get_weather", "Current weather and a 3-day forecast for a city.", {"city": "string", "unit": ["C", "F"]}),

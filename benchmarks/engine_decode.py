@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Peer, hf_generate, table  # noqa: E402
+from common import Peer, hf_generate, table
 
-import agentkv as ak  # noqa: E402
+import agentkv as ak
 
 PROMPTS = [
     "Write a short story about a robot learning to paint.",

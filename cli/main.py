@@ -3,18 +3,18 @@ with a one-line reason."""
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 app = typer.Typer(help="agentkv: structured output and agents on an LLM engine that remembers.", no_args_is_help=True)
 
-ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")]
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")]
 MaxTokens = Annotated[int, typer.Option(help="most tokens to generate per reply")]
 Temperature = Annotated[float, typer.Option(help="sampling temperature; 0 is greedy")]
 
 
-def _engine(model: Optional[str]):
+def _engine(model: str | None):
     import agentkv as ak
 
     try:
@@ -47,15 +47,16 @@ def generate(
 @app.command()
 def chat(
     model: ModelOpt = None,
-    system: Annotated[Optional[str], typer.Option(help="system prompt")] = None,
+    system: Annotated[str | None, typer.Option(help="system prompt")] = None,
     max_tokens: MaxTokens = 256,
     temperature: Temperature = 0.7,
 ) -> None:
     """Chat with a model in the terminal; earlier turns are served from the radix cache."""
     import asyncio
 
-    import agentkv as ak
     from rich.console import Console
+
+    import agentkv as ak
 
     console = Console()
     engine = _engine(model)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentkv.kernels import available_backends, get_backend
-from agentkv.kernels import torch_backend
-from agentkv.kernels.base import AttentionMetadata
 from agentkv.errors import RequestError
+from agentkv.kernels import available_backends, get_backend, torch_backend
+from agentkv.kernels.base import AttentionMetadata
 
 
 def reference(q, k_all, v_all, scale, prefix_len):

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 import agentkv as ak
 from agentkv.engine import gguf_convert

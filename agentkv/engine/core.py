@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import threading
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.radix_cache import RadixCache

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import random
 import threading
 import weakref
-import atexit
-from typing import Any, AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future
+from typing import Any
 
 import torch
 
@@ -22,7 +24,7 @@ from agentkv.engine.request import Request
 from agentkv.engine.runner import ModelRunner
 from agentkv.engine.sampling_params import SamplingParams
 from agentkv.engine.scheduler import Scheduler
-from agentkv.errors import EngineError, PinBudgetError, RequestError
+from agentkv.errors import PinBudgetError, RequestError
 from agentkv.kernels import get_backend
 
 Prompt = str | Sequence[int]
@@ -39,7 +41,7 @@ def build_config(model: str | None, device: str, dtype: str, overrides: dict[str
     unknown = set(overrides) - set().union(*groups.values())
     if unknown:
         raise RequestError(f"unknown Engine option(s) {sorted(unknown)}; known: {sorted(set().union(*groups.values()))}")
-    pick = lambda g: {k: v for k, v in overrides.items() if k in groups[g]}  # noqa: E731
+    pick = lambda g: {k: v for k, v in overrides.items() if k in groups[g]}
     return EngineConfig(
         model=model, device=device, dtype=dtype,
         cache=CacheConfig(**pick("cache")), scheduler=SchedulerConfig(**pick("scheduler")), **pick("engine"),
@@ -179,14 +181,24 @@ class Engine:
         if len(ids) > budget:
             raise PinBudgetError(f"the prefix has {len(ids)} tokens, over the pin budget of {budget}; raise pin_budget_fraction")
         req = Request(ids, SamplingParams(max_tokens=1, temperature=0.0), 0, frozenset(), 1, prefill_only=True)
-        done = threading.Event()
-        req.on_update = lambda r: done.set() if r.finished else None
+        result: Future = Future()
+
+        def on_update(r: Request) -> None:
+            # on the engine thread, right after the prefill put the prefix into the tree: pin it
+            # before any later step could evict it
+            if not r.finished:
+                return
+            if r.error is not None:
+                result.set_exception(r.error)
+                return
+            try:
+                result.set_result(self._tree.pin(ids))
+            except Exception as e:
+                result.set_exception(e)
+
+        req.on_update = on_update
         self._core.submit([req])
-        done.wait()
-        if req.error is not None:
-            raise req.error
-        # the prefix is now cached and unlocked; pin it before the next step can evict it
-        return self._core.call(lambda: self._tree.pin(ids)).result()
+        return result.result()
 
     def unpin(self, handle: PinHandle) -> None:
         if self._tree is None:
@@ -224,7 +236,7 @@ class Engine:
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- helpers ----------------------------------------------------------------------------------

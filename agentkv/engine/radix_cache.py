@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 
@@ -26,7 +26,7 @@ from agentkv.errors import CacheError, PinBudgetError
 
 
 class TreeNode:
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "pin_ref", "last_access", "id")
+    __slots__ = ("children", "id", "key", "last_access", "lock_ref", "parent", "pin_ref", "value")
     _ids = itertools.count()
 
     def __init__(self, key: list[int], value: torch.Tensor, parent: TreeNode | None):

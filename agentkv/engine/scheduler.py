@@ -11,7 +11,7 @@ resumes later from whatever of it is still cached).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 

@@ -7,9 +7,10 @@ Jinja environment as transformers does, so the prompt tokens match what the mode
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agentkv.errors import ModelLoadError, RequestError
 

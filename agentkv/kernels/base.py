@@ -9,8 +9,8 @@ new tokens' slots last. Backends take tensors only, never requests.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
