@@ -113,3 +113,15 @@ def test_retraction_when_decode_memory_runs_out():
     assert s.stats.retractions > 0
     assert a.output_ids == [5] * 20 and b.output_ids == [5] * 20
     assert s.pool.num_free + s.tree.total_size == s.pool.capacity and s.tree.protected_size == 0
+
+
+def test_no_dedup_without_a_cache():
+    pool = KVPool(CFG, 1000, torch.float32)
+    s = Scheduler(SchedulerConfig(dedup_min_tokens=8), pool, ReqToTokenPool(16, 512), None)
+    shared = list(range(10, 50))
+    a, b = req(shared + [1]), req(shared + [2])
+    s.add(a)
+    s.add(b)
+    assert run_step(s).reqs == [a, b]  # deferring would gain nothing: b could never hit a cache
+    finish_all(s)
+    assert s.pool.num_free == s.pool.capacity

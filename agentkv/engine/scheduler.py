@@ -123,7 +123,9 @@ class Scheduler:
                 break
             prefix_slots, node = self._match(r)
             prefix = len(prefix_slots)
-            if any(_common_len(r.all_ids, o.all_ids) - prefix >= self.cfg.dedup_min_tokens for o in in_progress):
+            if self.tree is not None and any(
+                _common_len(r.all_ids, o.all_ids) - prefix >= self.cfg.dedup_min_tokens for o in in_progress
+            ):
                 # another request in this batch is computing the same long prefix: wait a step, then reuse it
                 self.stats.deferred_by_dedup += 1
                 continue
