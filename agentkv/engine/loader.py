@@ -76,12 +76,10 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
         raise ModelLoadError(f"{directory / 'config.json'} is not valid JSON: {e}") from None
     cfg = ModelConfig.from_hf(raw)
     tokenizer = Tokenizer(directory)
-    with torch.device("meta"):
-        net = CausalLM(cfg, max_positions or cfg.max_position_embeddings)
     state = _fused_state_dict(directory, cfg)
-    net.to_empty(device="cpu")
+    # built directly on CPU: a meta-device build pulls in torch._dynamo (2 s of imports here)
+    net = CausalLM(cfg, max_positions or cfg.max_position_embeddings)
     _load_state(net, state, directory)
-    net.rope.__init__(cfg, max_positions or cfg.max_position_embeddings)  # buffers were on meta
     net = net.to(device=device, dtype=DTYPES[dtype])
     net.rope.cos, net.rope.sin = net.rope.cos.float(), net.rope.sin.float()
     net.eval().requires_grad_(False)

@@ -17,10 +17,15 @@ class KVPool:
     def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype, device: str = "cpu"):
         self.num_slots = num_slots
         shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
+        # Uninitialized: a slot is always written before it is read, and pages never touched cost no
+        # memory. Slot 0 (the padding target) is read under a -inf mask, so it must hold finite values.
         self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            (torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
             for _ in range(cfg.num_layers)
         ]
+        for k, v in self.kv_caches:
+            k[0].zero_()
+            v[0].zero_()
         self._free = torch.arange(1, num_slots, dtype=torch.int64)
 
     @property

@@ -60,7 +60,7 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
 
     def pack(self) -> None:
-        if _can_pack(self.weight):
+        if self.packed is None and _can_pack(self.weight):
             self.packed = _pack(self.weight.data.t())
             self.weight = None  # the packed copy is the only one kept
 
@@ -157,7 +157,8 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # uninitialized (`_weight`): the checkpoint overwrites it, and a random init of a large table is slow
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg, max_positions)
