@@ -90,18 +90,8 @@ class RadixCache:
         A match ending inside a node splits it, so the returned node covers the prefix exactly
         (and can be locked or pinned without covering more).
         """
-        node, pieces, i = self.root, [], 0
-        now = next(self._clock)
-        node.last_access = now
-        while i < len(tokens) and tokens[i] in node.children:
-            child = node.children[tokens[i]]
-            n = _common_len(child.key, tokens[i : i + len(child.key)])
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = now
-            pieces.append(child.value)
-            node, i = child, i + n
-        slots = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.int64)
+        node, path, _ = self._walk(tokens)
+        slots = torch.cat([n.value for n in path]) if path else torch.empty(0, dtype=torch.int64)
         return slots, node
 
     def insert(self, tokens: Sequence[int], slots: torch.Tensor) -> int:
@@ -111,22 +101,30 @@ class RadixCache:
         longer uses; the rest now belong to the tree.
         """
         assert len(tokens) == len(slots)
-        node, i = self.root, 0
+        node, _, i = self._walk(tokens)
+        if i < len(tokens):
+            new = TreeNode(list(tokens[i:]), slots[i:].clone(), node)
+            new.last_access = node.last_access
+            node.children[new.key[0]] = new
+            self.total_size += len(new.key)
+            self.evictable_size += len(new.key)
+        return i
+
+    def _walk(self, tokens: Sequence[int]) -> tuple[TreeNode, list[TreeNode], int]:
+        """Follow `tokens` down the tree, splitting where the match ends inside a node and touching
+        every node passed (LRU). Returns the last node, the path below the root, and the matched length."""
+        node, path, i = self.root, [], 0
         now = next(self._clock)
+        node.last_access = now
         while i < len(tokens) and tokens[i] in node.children:
             child = node.children[tokens[i]]
             n = _common_len(child.key, tokens[i : i + len(child.key)])
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = now
+            path.append(child)
             node, i = child, i + n
-        if i < len(tokens):
-            new = TreeNode(list(tokens[i:]), slots[i:].clone(), node)
-            new.last_access = now
-            node.children[new.key[0]] = new
-            self.total_size += len(new.key)
-            self.evictable_size += len(new.key)
-        return i
+        return node, path, i
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child` after `n` tokens; returns the new upper node (same refs, so no accounting change)."""
