@@ -68,30 +68,39 @@ class Request:
         return max(self.max_new_tokens - len(self.output_ids), 0)
 
     def append_token(self, token_id: int, tokenizer: Tokenizer) -> None:
-        """Record a sampled token and decide whether the request is finished."""
+        """Record a sampled token and decide whether the request is finished.
+
+        `text` is updated before `finish_reason`: a streaming reader on another thread that sees the
+        request finished must also see its final text.
+        """
         self.output_ids.append(token_id)
         self.usage.completion_tokens = len(self.output_ids)
         p = self.params
+        reason = None
         if token_id in p.stop_token_ids or (not p.ignore_eos and token_id in self.eos_ids):
-            self.finish_reason = "stop"
-        if p.stop or self.stream or self.finished or len(self.output_ids) >= self.max_new_tokens:
-            self._update_text(tokenizer)
-        if self.finish_reason is None and len(self.output_ids) >= self.max_new_tokens:
-            self.finish_reason = "length"
+            reason = "stop"
+        elif len(self.output_ids) >= self.max_new_tokens:
+            reason = "length"
+        if p.stop or self.stream or reason is not None:
+            reason = self._update_text(tokenizer, reason) or reason
+        self.finish_reason = reason
 
-    def _update_text(self, tokenizer: Tokenizer) -> None:
+    def _update_text(self, tokenizer: Tokenizer, reason: str | None) -> str | None:
+        """Decode the output into `text`; returns "stop" when a stop string ended it."""
         ids = self.output_ids
-        if self.finish_reason == "stop" and ids and (ids[-1] in self.eos_ids or ids[-1] in self.params.stop_token_ids):
+        if reason == "stop" and ids and (ids[-1] in self.eos_ids or ids[-1] in self.params.stop_token_ids):
             ids = ids[:-1]  # the stop token is not part of the text
         text = tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
-        if self.params.stop and self.finish_reason is None:
+        stopped = None
+        if self.params.stop and reason != "stop":
             # search only where a new match can be: a stop string may span the last few tokens
             start = max(len(self.text) - max(len(s) for s in self.params.stop), 0)
             hits = [(i, s) for s in self.params.stop if (i := text.find(s, start)) >= 0]
             if hits:
                 text = text[: min(hits)[0]]
-                self.finish_reason = "stop"
+                stopped = "stop"
         self.text = text
+        return stopped
 
     def stable_text(self) -> str:
         """Text that can be streamed now: held back while it could still turn into a stop string
