@@ -117,13 +117,17 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope.apply(ctx.rope, q, k)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:
+            # q and k are adjacent in the fused output: rotate them as one run of heads (half the ops)
+            qk = qkv[:, : self.q_size + self.kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim)
+            qk = rope.apply_one(ctx.rope, qk)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        else:
+            q = self.q_norm(qkv[:, : self.q_size].view(T, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim))
+            q, k = rope.apply_one(ctx.rope, q), rope.apply_one(ctx.rope, k)
         k_cache, v_cache = ctx.kv_caches[self.layer_id]
         return self.o_proj(ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale))
 
