@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import agentkv as ak
@@ -45,24 +46,15 @@ def finish_all(s: Scheduler):
         run_step(s)
 
 
-def test_longest_prefix_first_then_fcfs():
-    s = make()
+@pytest.mark.parametrize("lpm_max_queue,expected", [(128, ["warmer", "warm", "cold"]), (2, ["cold", "warm", "warmer"])])
+def test_longest_prefix_first_then_fcfs_past_queue_limit(lpm_max_queue, expected):
+    s = make(lpm_max_queue=lpm_max_queue)
     s.add(req([1, 2, 3, 4, 5, 6, 7, 8], max_tokens=1))
     finish_all(s)  # [1..8] is now cached
-    cold, warm, warmer = req([9, 9, 9, 9]), req([1, 2, 3, 9]), req([1, 2, 3, 4, 5, 6, 9])
-    for r in (cold, warm, warmer):
+    waiting = {"cold": req([9, 9, 9, 9]), "warm": req([1, 2, 3, 9]), "warmer": req([1, 2, 3, 4, 5, 6, 9])}
+    for r in waiting.values():  # arrival order: cold, warm, warmer
         s.add(r)
-    assert run_step(s).reqs == [warmer, warm, cold]
-
-
-def test_fcfs_past_queue_limit():
-    s = make(lpm_max_queue=2)
-    s.add(req([1, 2, 3, 4, 5, 6, 7, 8], max_tokens=1))
-    finish_all(s)
-    cold, warm, warmer = req([9, 9, 9, 9]), req([1, 2, 3, 9]), req([1, 2, 3, 4, 5, 6, 9])
-    for r in (cold, warm, warmer):
-        s.add(r)
-    assert run_step(s).reqs == [cold, warm, warmer]
+    assert run_step(s).reqs == [waiting[name] for name in expected]
 
 
 def test_in_batch_dedup_defers_shared_uncached_prefix():
