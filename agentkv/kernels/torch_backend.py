@@ -41,11 +41,12 @@ class TorchAttentionBackend(AttentionBackend):
                     mask.scatter_(1, inverse, 0.0)
                     self._mask_padding_slot(unique, mask)
                     self.shared_slots, self.shared_mask = unique, mask
-            self.decode_slots = slots
-            # additive mask: 0 where the slot belongs to the request, -inf past its length
-            self.decode_mask = None
-            if pad.any():
-                self.decode_mask = torch.zeros(nd, 1, 1, max_len).masked_fill_(pad[:, None, None, :], float("-inf"))
+            if self.shared_slots is None:  # the padded route
+                self.decode_slots = slots
+                # additive mask: 0 where the slot belongs to the request, -inf past its length
+                self.decode_mask = None
+                if pad.any():
+                    self.decode_mask = torch.zeros(nd, 1, 1, max_len).masked_fill_(pad[:, None, None, :], float("-inf"))
         self.extends = []  # (token offset, slots [S], extend_len, causal mask or None)
         offset = nd
         for i in range(nd, len(meta.seq_lens)):
