@@ -148,4 +148,3 @@ def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path) 
             )
         with torch.no_grad():
             param.copy_(t)
-

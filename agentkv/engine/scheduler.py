@@ -121,6 +121,8 @@ class Scheduler:
         for r in self._ordered_waiting():
             if budget <= 0 or self.req_pool.num_free == 0:
                 break
+            # matched again after ordering: admitting the requests before this one may have evicted
+            # part of the prefix the ordering saw
             prefix_slots, node = self._match(r)
             prefix = len(prefix_slots)
             if self.tree is not None and any(
