@@ -1,21 +1,34 @@
 """agentkv: structured output and agents on an LLM engine that remembers.
 
 `import agentkv as ak` is the whole user surface: `ak.Engine`, `ak.SamplingParams`, and the errors.
+The engine names load on first use, so `agentkv.grammar` (pure Python and numpy) never imports torch.
 """
 
-from agentkv.engine import Completion, Engine, PinHandle, RequestOutput, SamplingParams, StreamDelta, Usage
 from agentkv.errors import (
     AgentKVError,
     CacheError,
     EngineClosedError,
     EngineError,
+    GrammarError,
     ModelLoadError,
     PinBudgetError,
     RequestError,
 )
 
+_ENGINE_NAMES = {"Completion", "Engine", "PinHandle", "RequestOutput", "SamplingParams", "StreamDelta", "Usage"}
+
+
+def __getattr__(name: str):
+    if name in _ENGINE_NAMES:
+        from agentkv import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'agentkv' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
 __all__ = [
-    "AgentKVError", "CacheError", "Completion", "Engine", "EngineClosedError", "EngineError", "ModelLoadError",
+    "AgentKVError", "CacheError", "Completion", "Engine", "EngineClosedError", "EngineError", "GrammarError",
+    "ModelLoadError",
     "PinBudgetError", "PinHandle", "RequestError", "RequestOutput", "SamplingParams", "StreamDelta", "Usage",
 ]

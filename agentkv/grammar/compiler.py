@@ -1,0 +1,100 @@
+"""GrammarCompiler: schemas, regexes, choices and Lark text -> CompiledGrammar, cached per source.
+
+One compiler per tokenizer, shared by all requests; compiled grammars are cached by their source
+and options (LRU), so an agent's tool schema is compiled once. Compilation is bounded by a timeout
+and fails with a `GrammarError`, never by hanging a request.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+
+from agentkv.errors import GrammarError
+from agentkv.grammar.automaton import link
+from agentkv.grammar.compiled import CompiledGrammar
+from agentkv.grammar.expr import alt, lit
+from agentkv.grammar.json_schema import JsonSchemaConverter
+from agentkv.grammar.regex import match_expr
+from agentkv.grammar.vocab import TokenizerInfo
+
+
+class GrammarCompiler:
+    def __init__(self, info: TokenizerInfo, cache_size: int = 256, timeout_s: float = 10.0):
+        if not isinstance(info, TokenizerInfo):
+            raise GrammarError("GrammarCompiler needs a TokenizerInfo (TokenizerInfo.from_huggingface(tokenizer))")
+        self.info = info
+        self.timeout_s = timeout_s
+        self._cache: OrderedDict = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    def _cached(self, key, build) -> CompiledGrammar:
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        g = build(time.monotonic() + self.timeout_s)
+        with self._lock:
+            self._cache[key] = g
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return g
+
+    def _from_rules(self, rules: dict, root: str, description: str, deadline: float) -> CompiledGrammar:
+        try:
+            auto = link(rules, root, deadline)
+        except RecursionError:
+            raise GrammarError("grammar nested too deeply to compile") from None
+        if time.monotonic() > deadline:
+            raise GrammarError(f"compiling {description} took longer than {self.timeout_s} s; simplify it "
+                               "or raise GrammarCompiler(timeout_s=...)")
+        return CompiledGrammar(auto, self.info, description)
+
+    def compile_json_schema(self, schema, *, strict: bool = False, whitespace: bool = False,
+                            max_whitespace: int = 16) -> CompiledGrammar:
+        """A JSON Schema as a dict, a JSON string, or a Pydantic model class."""
+        schema = _schema_dict(schema)
+        key = ("json", json.dumps(schema, sort_keys=True), strict, whitespace, max_whitespace)
+
+        def build(deadline):
+            rules = JsonSchemaConverter(schema, strict=strict, whitespace=whitespace,
+                                        max_whitespace=max_whitespace, deadline=deadline).convert()
+            return self._from_rules(rules, "root", "json schema", deadline)
+
+        return self._cached(key, build)
+
+    def compile_builtin_json(self, whitespace: bool = False) -> CompiledGrammar:
+        """Any JSON value."""
+        return self.compile_json_schema(True, whitespace=whitespace)
+
+    def compile_regex(self, pattern: str) -> CompiledGrammar:
+        """Strings matching `pattern` in full."""
+        return self._cached(("regex", pattern), lambda d: self._from_rules(
+            {"root": match_expr(pattern)}, "root", f"regex {pattern!r}", d))
+
+    def compile_choices(self, choices: list[str]) -> CompiledGrammar:
+        """Exactly one of the given strings."""
+        if not choices or not all(isinstance(c, str) for c in choices):
+            raise GrammarError("choices must be a non-empty list of strings")
+        return self._cached(("choices", tuple(choices)), lambda d: self._from_rules(
+            {"root": alt(*[lit(c) for c in choices])}, "root", "choices", d))
+
+    def cache_size(self) -> int:
+        return len(self._cache)
+
+
+def _schema_dict(schema):
+    if isinstance(schema, str):
+        try:
+            return json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise GrammarError(f"the schema string is not valid JSON: {e}") from None
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    if isinstance(schema, (dict, bool)):
+        return schema
+    raise GrammarError(f"a schema must be a dict, a JSON string or a Pydantic model class, not {type(schema).__name__}")

@@ -1,0 +1,716 @@
+"""JSON Schema (draft 2020-12 and draft-07) -> grammar rules, exactly or not at all.
+
+Output is compact JSON by default (flexible whitespace, capped per run, as an option). Object
+properties come in schema order (`properties`), each optional one skippable, then additional
+properties (keys other than the declared ones) where `additionalProperties` allows them (it defaults
+to true, as the spec says; `strict=True` makes it false). `$ref` targets become rules, so recursion
+is exact; `allOf` is merged keyword by keyword; `anyOf` becomes alternation; `oneOf` too, but only
+where its branches provably exclude each other. A validation keyword this compiler cannot enforce is
+a `GrammarError` naming the keyword and its JSON pointer. Keywords outside the JSON Schema
+vocabularies are annotations (the spec says to ignore them) and are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from urllib.parse import unquote
+
+from agentkv.errors import GrammarError
+from agentkv.grammar.automaton import is_empty, language_matches
+from agentkv.grammar.expr import (
+    EMPTY,
+    NOTHING,
+    Chars,
+    Diff,
+    Intersect,
+    Ref,
+    Repeat,
+    alt,
+    chars,
+    complement,
+    lit,
+    opt,
+    seq,
+    star,
+)
+from agentkv.grammar.json_values import (
+    INTEGER,
+    NUMBER,
+    escaped,
+    format_expr,
+    integer_range,
+    length_bounded,
+    number_range,
+    string_body,
+)
+from agentkv.grammar.regex import search_expr
+
+ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "default", "examples", "example",
+               "deprecated", "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$defs", "definitions",
+               "contentEncoding", "contentMediaType", "contentSchema", "$vocabulary", "discriminator"}
+UNSUPPORTED = {"not", "if", "dependentRequired", "dependentSchemas", "dependencies", "contains",
+               "unevaluatedProperties", "unevaluatedItems", "multipleOf", "$dynamicRef", "$recursiveRef",
+               "uniqueItems"}
+# Keywords that only mean something next to another one (then/else without if; minContains without contains).
+DEPENDENT = {"then": "if", "else": "if", "minContains": "contains", "maxContains": "contains"}
+OBJECT_KEYS = {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
+               "patternProperties", "propertyNames"}
+ARRAY_KEYS = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}
+STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
+NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+ALL_TYPES = ("object", "array", "string", "number", "boolean", "null")
+MAX_BRANCHES = 256
+MAX_INLINE_DEPTH = 60
+SHARED_TAIL_AFTER = 4  # objects with more properties than this share their member tails as rules
+ANY = Ref("json:any")
+
+
+def dumps(value) -> str:
+    """The compact serialization the grammar generates (and tests compare against)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class JsonSchemaConverter:
+    def __init__(self, schema, *, strict: bool = False, whitespace: bool = False, max_whitespace: int = 16,
+                 deadline: float | None = None):
+        if not isinstance(schema, (dict, bool)):
+            raise GrammarError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
+        self.root = schema
+        self.strict = strict
+        self.ws = Repeat(chars(" ", "\t", "\n", "\r"), 0, max_whitespace) if whitespace else EMPTY
+        self.rules: dict[str, object] = {}
+        self.anchors: dict[str, str] = {}
+        self.depth = 0
+        self.deadline = deadline if deadline is not None else time.monotonic() + 10.0
+        if isinstance(schema, dict):
+            self._collect_anchors(schema, "#")
+
+    # -- entry ------------------------------------------------------------------------------------
+
+    def convert(self) -> dict[str, object]:
+        self.rules["root"] = seq(self.ws, self.value(self.root, "#"), self.ws) if self.ws != EMPTY \
+            else self.value(self.root, "#")
+        return self.rules
+
+    def punct(self, text: str):
+        return seq(self.ws, lit(text), self.ws) if self.ws != EMPTY else lit(text)
+
+    # -- references -------------------------------------------------------------------------------
+
+    def _collect_anchors(self, node, ptr: str) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("$anchor"), str):
+                self.anchors[node["$anchor"]] = ptr
+            for k, v in node.items():
+                if k not in ("enum", "const", "default", "examples"):
+                    self._collect_anchors(v, f"{ptr}/{_escape(k)}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                self._collect_anchors(v, f"{ptr}/{i}")
+
+    def resolve(self, ref: str, where: str) -> tuple[object, str]:
+        base = (self.root.get("$id") or self.root.get("id") or "") if isinstance(self.root, dict) else ""
+        base = base if isinstance(base, str) else ""
+        frag = ref
+        if "#" in ref:
+            doc, frag = ref.split("#", 1)
+            frag = "#" + frag
+            if doc and doc != base.split("#")[0]:
+                raise GrammarError(f"$ref '{ref}' points to another document; inline it into this schema", where)
+        elif ref != base:
+            raise GrammarError(f"$ref '{ref}' points to another document; inline it into this schema", where)
+        else:
+            frag = "#"
+        if frag.startswith("#") and not frag.startswith("#/") and frag != "#":
+            name = unquote(frag[1:])
+            if name not in self.anchors:
+                raise GrammarError(f"$ref '{ref}': no $anchor '{name}' in this schema", where)
+            frag = self.anchors[name]
+        node = self.root
+        for part in frag[2:].split("/") if frag != "#" else []:
+            key = unquote(part).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+                node = node[int(key)]
+            elif isinstance(node, dict) and key in node:
+                node = node[key]
+            else:
+                raise GrammarError(f"$ref '{ref}' does not resolve in this schema", where)
+        return node, frag
+
+    def ref_rule(self, ref: str, where: str) -> Ref:
+        target, ptr = self.resolve(ref, where)
+        name = f"ref:{ptr}"
+        if name not in self.rules:
+            self.rules[name] = NOTHING  # placeholder: recursion reaches the name, not the body
+            self.rules[name] = self.value(target, ptr)
+        return Ref(name)
+
+    # -- schemas ----------------------------------------------------------------------------------
+
+    def value(self, schema, ptr: str):
+        self.depth += 1
+        try:
+            if self.depth > MAX_INLINE_DEPTH:
+                raise GrammarError("schema nesting too deep: a recursive $ref is merged with sibling keywords "
+                                   "(allOf/anyOf), which would have to be inlined forever; move the siblings "
+                                   "into the referenced definition", ptr)
+            return self._value(schema, ptr)
+        finally:
+            self.depth -= 1
+
+    def _value(self, schema, ptr: str):
+        if schema is True:
+            return self.any_value()
+        if schema is False:
+            return NOTHING
+        if not isinstance(schema, dict):
+            raise GrammarError(f"a schema must be an object or a boolean, not {type(schema).__name__}", ptr)
+        self._check_keywords(schema, ptr)
+        if "$ref" in schema:
+            rest = {k: v for k, v in schema.items() if k != "$ref"}
+            if not _validating(rest):
+                return self.ref_rule(schema["$ref"], f"{ptr}/$ref")
+            target, _ = self.resolve(schema["$ref"], f"{ptr}/$ref")
+            return self.value(self.merge(target, rest, ptr), ptr)
+        if "allOf" in schema:
+            merged = {k: v for k, v in schema.items() if k != "allOf"}
+            for i, part in enumerate(_list(schema["allOf"], f"{ptr}/allOf")):
+                merged = self.merge(merged, self.inline_ref(part, f"{ptr}/allOf/{i}"), f"{ptr}/allOf/{i}")
+            return self.value(merged, ptr)
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                rest = {k: v for k, v in schema.items() if k != key}
+                branches = _list(schema[key], f"{ptr}/{key}")
+                if key == "oneOf" and not self.disjoint(branches):
+                    raise GrammarError("oneOf branches that may overlap cannot be enforced as 'exactly one'; "
+                                       "make them exclusive (distinct types or const/enum values) or use anyOf",
+                                       f"{ptr}/oneOf")
+                if not _validating(rest):
+                    return alt(*[self.value(b, f"{ptr}/{key}/{i}") for i, b in enumerate(branches)])
+                return alt(*[self.value(self.merge(rest, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}"),
+                                        f"{ptr}/{key}/{i}") for i, b in enumerate(branches)])
+        if "const" in schema or "enum" in schema:
+            return self.enum(schema, ptr)
+        types = schema.get("type", list(ALL_TYPES))
+        types = [types] if isinstance(types, str) else list(types)
+        if schema.get("nullable") is True and "null" not in types:
+            types.append("null")
+        for t in types:
+            if t not in ALL_TYPES + ("integer",):
+                raise GrammarError(f"unknown type '{t}'", f"{ptr}/type")
+        parts = []
+        if "number" in types:
+            types = [t for t in types if t != "integer"]
+        for t in types:
+            parts.append(getattr(self, f"t_{t}")(schema, ptr))
+        return alt(*parts)
+
+    def _check_keywords(self, schema: dict, ptr: str) -> None:
+        for k, v in schema.items():
+            if k in UNSUPPORTED:
+                if k == "uniqueItems" and v is False:
+                    continue
+                raise GrammarError(f"keyword '{k}' is not supported: agentkv cannot enforce it exactly; "
+                                   "remove it or express it with supported keywords", f"{ptr}/{k}")
+            if k in DEPENDENT and DEPENDENT[k] in schema:
+                raise GrammarError(f"keyword '{k}' is not supported", f"{ptr}/{k}")
+
+    def inline_ref(self, schema, ptr: str, depth: int = 0):
+        """`schema` with a top-level $ref replaced by its target merged with the siblings (for allOf/anyOf merges)."""
+        while isinstance(schema, dict) and "$ref" in schema:
+            if depth > 32:
+                raise GrammarError("$ref chain too deep or circular inside allOf/anyOf", ptr)
+            target, _ = self.resolve(schema["$ref"], f"{ptr}/$ref")
+            rest = {k: v for k, v in schema.items() if k != "$ref"}
+            schema = self.merge(self.inline_ref(target, ptr, depth + 1), rest, ptr) if rest else target
+            depth += 1
+        return schema
+
+    # -- allOf merge --------------------------------------------------------------------------------
+
+    def merge(self, a, b, ptr: str):
+        """One schema accepting exactly what both accept (raises where that cannot be written)."""
+        if a is True or (isinstance(a, dict) and not _validating(a)):
+            return b if b is not True else {}
+        if b is True or (isinstance(b, dict) and not _validating(b)):
+            return a
+        if a is False or b is False:
+            return False
+        a, b = self.inline_ref(a, ptr), self.inline_ref(b, ptr)
+        if "allOf" in a or "allOf" in b:
+            out = {k: v for k, v in a.items() if k != "allOf"}
+            for part in [*a.get("allOf", []), {k: v for k, v in b.items() if k != "allOf"}, *b.get("allOf", [])]:
+                out = self.merge(out, self.inline_ref(part, ptr), ptr)
+            return out
+        out = dict(a)
+        for k, v in b.items():
+            if k in ANNOTATIONS or k not in out:
+                out[k] = v
+                continue
+            u = out[k]
+            if u == v:
+                continue
+            if k == "type":
+                ta = {u} if isinstance(u, str) else set(u)
+                tb = {v} if isinstance(v, str) else set(v)
+                both = (ta & tb) | ({"integer"} if ("integer" in ta and "number" in tb) or
+                                    ("number" in ta and "integer" in tb) else set())
+                out[k] = sorted(both)
+            elif k in ("minimum", "minLength", "minItems", "minProperties", "exclusiveMinimum"):
+                out[k] = max(u, v)
+            elif k in ("maximum", "maxLength", "maxItems", "maxProperties", "exclusiveMaximum"):
+                out[k] = min(u, v)
+            elif k == "required":
+                out[k] = list(dict.fromkeys([*u, *v]))
+            elif k == "enum":
+                out[k] = [x for x in u if any(_json_equal(x, y) for y in v)]
+            elif k == "const":
+                out["enum"] = [u] if _json_equal(u, v) else []
+                del out["const"]
+            elif k == "properties":
+                continue  # below, with additionalProperties
+            elif k in ("items", "prefixItems", "additionalItems"):
+                continue  # below, position by position
+            elif k == "additionalProperties":
+                out[k] = {"allOf": [u, v]}
+            elif k in ("anyOf", "oneOf"):
+                if len(u) * len(v) > MAX_BRANCHES:
+                    raise GrammarError(f"merging {k} lists gives {len(u) * len(v)} branches "
+                                       f"(limit {MAX_BRANCHES})", ptr)
+                if k == "oneOf" and not (self.disjoint(u) and self.disjoint(v)):
+                    raise GrammarError("oneOf branches that may overlap cannot be enforced", f"{ptr}/oneOf")
+                out["anyOf"] = [{"allOf": [x, y]} for x in u for y in v]
+                out.pop("oneOf", None)
+            elif k == "pattern":
+                out["allOf"] = [*out.get("allOf", []), {"pattern": v}]
+            else:
+                raise GrammarError(f"allOf: the two values of '{k}' ({u!r} and {v!r}) cannot be merged", ptr)
+        if "properties" in a or "properties" in b or "additionalProperties" in a or "additionalProperties" in b:
+            pa, pb = a.get("properties", {}), b.get("properties", {})
+            xa, xb = a.get("additionalProperties", True), b.get("additionalProperties", True)
+            props = {}
+            for name in dict.fromkeys([*pa, *pb]):
+                sa = pa.get(name, xa)
+                sb = pb.get(name, xb)
+                props[name] = sa if sb is True else sb if sa is True else {"allOf": [sa, sb]}
+            if props:
+                out["properties"] = props
+            if xa is not True or xb is not True:
+                out["additionalProperties"] = xa if xb is True else xb if xa is True else {"allOf": [xa, xb]}
+        if any(k in a or k in b for k in ("items", "prefixItems", "additionalItems")):
+            _merge_arrays(a, b, out)
+        if "allOf" in out:
+            parts = out.pop("allOf")
+            for p in parts:
+                out = self.merge(out, p, ptr) if "pattern" not in p else _add_pattern(out, p["pattern"])
+        return out
+
+    def disjoint(self, branches) -> bool:
+        """Can no instance match two branches? (sound, not complete: distinct types or distinct constants)."""
+        kinds = []
+        for b in branches:
+            b = self.inline_ref(b, "#")
+            if not isinstance(b, dict):
+                return False
+            kinds.append(b)
+        for i in range(len(kinds)):
+            for j in range(i + 1, len(kinds)):
+                if not _exclusive(kinds[i], kinds[j]):
+                    return False
+        return True
+
+    # -- values -------------------------------------------------------------------------------------
+
+    def any_value(self):
+        if "json:any" not in self.rules:
+            self.rules["json:any"] = NOTHING
+            kv = seq(self.string_expr(string_body()), self.punct(":"), ANY)
+            obj = seq(self.punct("{"), opt(seq(kv, star(seq(self.punct(","), kv)))), self.punct("}"))
+            arr = seq(self.punct("["), opt(seq(ANY, star(seq(self.punct(","), ANY)))), self.punct("]"))
+            self.rules["json:any"] = alt(obj, arr, self.string_expr(string_body()), NUMBER,
+                                         lit("true"), lit("false"), lit("null"))
+        return ANY
+
+    def string_expr(self, body):
+        return seq(lit('"'), body, lit('"'))
+
+    def enum(self, schema: dict, ptr: str):
+        values = [schema["const"]] if "const" in schema else _list(schema["enum"], f"{ptr}/enum")
+        if "const" in schema and "enum" in schema:
+            values = [v for v in values if any(_json_equal(v, e) for e in schema["enum"])]
+        extra = [k for k in schema if _validating({k: schema[k]}) and k not in ("enum", "const", "type", "nullable")]
+        if extra:
+            raise GrammarError(f"enum/const together with '{extra[0]}' is not supported; "
+                               "list only the allowed values", f"{ptr}/{extra[0]}")
+        types = schema.get("type")
+        if types is not None:
+            types = {types} if isinstance(types, str) else set(types)
+            if schema.get("nullable") is True:
+                types.add("null")
+            values = [v for v in values if _type_of(v) in types or (_type_of(v) == "integer" and "number" in types)]
+        return alt(*[lit(dumps(v)) for v in values])
+
+    def t_null(self, schema, ptr):
+        return lit("null")
+
+    def t_boolean(self, schema, ptr):
+        return alt(lit("true"), lit("false"))
+
+    def _bounds(self, schema, ptr):
+        lo, lo_x = schema.get("minimum"), False
+        hi, hi_x = schema.get("maximum"), False
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):
+            v = schema.get(key)
+            if isinstance(v, bool):  # draft-04 form: a flag on minimum/maximum
+                if key == "exclusiveMinimum":
+                    lo_x = v
+                else:
+                    hi_x = v
+            elif v is not None:
+                if not isinstance(v, (int, float)):
+                    raise GrammarError(f"{key} must be a number", f"{ptr}/{key}")
+                if key == "exclusiveMinimum" and (lo is None or v >= lo):
+                    lo, lo_x = v, True
+                if key == "exclusiveMaximum" and (hi is None or v <= hi):
+                    hi, hi_x = v, True
+        for name, v in (("minimum", lo), ("maximum", hi)):
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)):
+                raise GrammarError(f"{name} must be a finite number", f"{ptr}/{name}")
+        return lo, lo_x, hi, hi_x
+
+    def t_integer(self, schema, ptr):
+        lo, lo_x, hi, hi_x = self._bounds(schema, ptr)
+        if lo is None and hi is None:
+            return INTEGER
+        ilo = None if lo is None else (math.floor(lo) + 1 if lo_x else math.ceil(lo))
+        ihi = None if hi is None else (math.ceil(hi) - 1 if hi_x else math.floor(hi))
+        return integer_range(ilo, ihi)
+
+    def t_number(self, schema, ptr):
+        lo, lo_x, hi, hi_x = self._bounds(schema, ptr)
+        return number_range(lo, lo_x, hi, hi_x, ptr)
+
+    def string_language(self, schema: dict, ptr: str):
+        """The decoded strings a string schema allows, as a character-level expression (None: any)."""
+        lo = _count(schema, "minLength", ptr) or 0
+        hi = _count(schema, "maxLength", ptr)
+        patterns = schema.get("pattern")
+        patterns = [] if patterns is None else [patterns] if isinstance(patterns, str) else list(patterns)
+        fmt = schema.get("format")
+        constraints = [search_expr(p, f"{ptr}/pattern") for p in patterns]
+        if fmt is not None:
+            constraints.append(format_expr(fmt, f"{ptr}/format"))
+        if lo or hi is not None:
+            constraints.append(length_bounded(lo, hi, ptr))
+        if not constraints:
+            return None
+        body = constraints[0]
+        for c in constraints[1:]:
+            body = Intersect(body, c)
+        return body
+
+    def t_string(self, schema, ptr):
+        if "pattern" not in schema and "format" not in schema:
+            lo, hi = _count(schema, "minLength", ptr) or 0, _count(schema, "maxLength", ptr)
+            return self.string_expr(string_body(lo, hi, ptr))
+        return self.string_expr(_escape_all(self.string_language(schema, ptr)))
+
+    def t_array(self, schema, ptr):
+        prefix = schema.get("prefixItems")
+        items = schema.get("items", True)
+        if isinstance(items, list):  # draft-07 tuple form
+            prefix, items = items, schema.get("additionalItems", True)
+        prefix = prefix or []
+        lo = _count(schema, "minItems", ptr) or 0
+        hi = _count(schema, "maxItems", ptr)
+        if items is False:
+            hi = len(prefix) if hi is None else min(hi, len(prefix))
+        if hi is not None and hi < lo:
+            return NOTHING
+        if hi is not None and hi > 1000:
+            raise GrammarError(f"maxItems {hi} is above the 1000 agentkv enforces exactly", f"{ptr}/maxItems")
+        elems = [self.rule_for(p, f"{ptr}/prefixItems/{i}") for i, p in enumerate(prefix)]
+        item = self.rule_for(items, f"{ptr}/items") if items is not False else NOTHING
+        comma = self.punct(",")
+
+        def tail(i: int):
+            if i >= len(elems):
+                need = max(lo - i, 0)
+                more = None if hi is None else hi - i
+                if more is not None and more <= 0:
+                    return EMPTY
+                if i == 0:
+                    first = seq(item, Repeat(seq(comma, item), max(need - 1, 0), None if more is None else more - 1))
+                    return first if need else opt(first)
+                return Repeat(seq(comma, item), need, more)
+            if hi is not None and i >= hi:
+                return EMPTY
+            head = seq(comma if i else EMPTY, elems[i], tail(i + 1))
+            return head if i < lo else opt(head)
+
+        return seq(self.punct("["), tail(0), self.punct("]"))
+
+    def rule_for(self, schema, ptr: str):
+        """A sub-schema as a rule of its own (a call), so repeated or shared use does not copy it."""
+        if isinstance(schema, dict) and set(schema) == {"$ref"}:
+            return self.ref_rule(schema["$ref"], f"{ptr}/$ref")
+        if schema is True or (isinstance(schema, dict) and not _validating(schema)):
+            return self.any_value()
+        name = f"at:{ptr}"
+        if name not in self.rules:
+            self.rules[name] = NOTHING
+            self.rules[name] = self.value(schema, ptr)
+        return Ref(name)
+
+    def property_names(self, schema, ptr: str):
+        """`propertyNames` as a character-level language (None: any name)."""
+        if schema is None or schema is True or (isinstance(schema, dict) and not _validating(schema)):
+            return None
+        if schema is False:
+            return NOTHING
+        schema = self.inline_ref(schema, ptr)
+        allowed = {"type", "pattern", "minLength", "maxLength", "format", "enum", "const"}
+        bad = [k for k in schema if _validating({k: schema[k]}) and k not in allowed]
+        if bad or schema.get("type", "string") != "string":
+            raise GrammarError(f"propertyNames with '{(bad or ['type'])[0]}' is not supported (names are strings: "
+                               "use pattern, minLength, maxLength, format, enum or const)", ptr)
+        if "enum" in schema or "const" in schema:
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            return alt(*[lit(v) for v in values if isinstance(v, str)])
+        return self.string_language(schema, ptr)
+
+    def t_object(self, schema, ptr):
+        props = schema.get("properties", {})
+        required = schema.get("required", [])
+        if not isinstance(props, dict):
+            raise GrammarError("properties must be an object", f"{ptr}/properties")
+        props = dict(props)
+        extra = schema.get("additionalProperties", not self.strict)
+        names = self.property_names(schema.get("propertyNames"), f"{ptr}/propertyNames")
+        patterns = schema.get("patternProperties", {})
+        pats = [(search_expr(p, f"{ptr}/patternProperties"), sub, f"{ptr}/patternProperties/{_escape(p)}")
+                for p, sub in patterns.items()]
+        for i in range(len(pats)):
+            for j in range(i + 1, len(pats)):
+                if not is_empty(Intersect(pats[i][0], pats[j][0]), self.deadline):
+                    raise GrammarError("patternProperties whose patterns can match the same name are not supported; "
+                                       "make the patterns exclusive", f"{ptr}/patternProperties")
+
+        def schema_for(name: str, declared):
+            """Everything a member called `name` must satisfy: its property, the patterns it matches."""
+            subs = [] if declared is None else [declared]
+            subs += [sub for lang, sub, _ in pats if language_matches(lang, name, self.deadline)]
+            if declared is None and not subs:
+                subs = [extra]
+            if names is not None and not language_matches(names, name, self.deadline):
+                return False
+            if any(x is False for x in subs):
+                return False
+            subs = [x for x in subs if x is not True]
+            return True if not subs else subs[0] if len(subs) == 1 else {"allOf": subs}
+
+        members = {n: schema_for(n, sub) for n, sub in props.items()}
+        for n in required:
+            if n not in members:
+                members[n] = schema_for(n, None)
+        entries = []
+        for name, sub in members.items():
+            if sub is False:
+                if name in required:
+                    return NOTHING
+                continue
+            kv = seq(lit(dumps(name)), self.punct(":"), self.rule_for(sub, f"{ptr}/properties/{_escape(name)}"))
+            entries.append((kv, name in required))
+        # Members after the declared ones: names matching a pattern, then any other name if allowed.
+        declared = alt(*[lit(n) for n in members]) if members else None
+        any_name = Repeat(Chars(complement([])), 0, None)
+        others = []
+        for lang, sub, where in pats:
+            key = _restrict(lang, names, declared)
+            if sub is not False and not is_empty(key, self.deadline):
+                others.append(seq(self.string_expr(_escape_all(key)), self.punct(":"), self.rule_for(sub, where)))
+        if extra is not False:
+            key = _restrict(any_name, names, alt(*([declared] if declared else []), *[lang for lang, _, _ in pats]))
+            if not is_empty(key, self.deadline):
+                others.append(seq(self.string_expr(_escape_all(key)), self.punct(":"),
+                                  self.rule_for(extra, f"{ptr}/additionalProperties")))
+        extra_kv = None
+        if others:
+            name = f"extra:{ptr}"  # a rule: referenced from every way the object can end
+            self.rules[name] = alt(*others)
+            extra_kv = Ref(name)
+        lo = _count(schema, "minProperties", ptr) or 0
+        hi = _count(schema, "maxProperties", ptr)
+        n_req = sum(1 for _, r in entries if r)
+        if lo > n_req or (hi is not None and (extra_kv is not None or hi < len(entries))):
+            raise GrammarError("minProperties/maxProperties beyond what the required and declared properties "
+                               "already imply is not supported", ptr)
+        comma = self.punct(",")
+        memo: dict = {}
+
+        def rest(i: int, any_before: bool):
+            key = (i, any_before)
+            if key in memo:
+                return memo[key]
+            if i == len(entries):
+                if extra_kv is None:
+                    out = EMPTY
+                elif any_before:
+                    out = star(seq(comma, extra_kv))
+                else:
+                    out = opt(seq(extra_kv, star(seq(comma, extra_kv))))
+            else:
+                kv, req = entries[i]
+                if any_before:  # factored, so the expression stays linear in the number of properties
+                    member = seq(comma, kv)
+                    out = seq(member if req else opt(member), rest(i + 1, True))
+                    if len(entries) - i > 1 and len(entries) > SHARED_TAIL_AFTER:
+                        # Each "first member" alternative continues with this tail: one rule, not copies.
+                        name = f"tail:{ptr}:{i}"
+                        self.rules[name] = out
+                        out = Ref(name)
+                else:
+                    with_it = seq(kv, rest(i + 1, True))
+                    out = with_it if req else alt(with_it, rest(i + 1, False))
+            memo[key] = out
+            return out
+
+        return seq(self.punct("{"), rest(0, False), self.punct("}"))
+
+
+def _escape_all(e):
+    """JSON-escape a character-level language (escaping is a per-character bijection, so it distributes)."""
+    if isinstance(e, (Intersect, Diff)):
+        return type(e)(_escape_all(e.left), _escape_all(e.right))
+    return escaped(e)
+
+
+def _restrict(lang, names, excluded):
+    """Names in `lang`, allowed by propertyNames (`names`), and not in `excluded`."""
+    if names is not None:
+        lang = Intersect(lang, names)
+    return Diff(lang, excluded) if excluded is not None else lang
+
+
+def _add_pattern(schema: dict, pattern: str) -> dict:
+    out = dict(schema)
+    cur = out.get("pattern")
+    out["pattern"] = [pattern] if cur is None else ([cur] if isinstance(cur, str) else list(cur)) + [pattern]
+    return out
+
+
+def _count(schema: dict, key: str, ptr: str) -> int | None:
+    v = schema.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or float(v) != int(v):
+        raise GrammarError(f"{key} must be a non-negative integer, not {v!r}", f"{ptr}/{key}")
+    return int(v)
+
+
+def _array_parts(s: dict) -> tuple[list, object]:
+    """(prefix schemas, schema of the items after them) in either draft's spelling."""
+    items = s.get("items", True)
+    if isinstance(items, list):
+        return list(items), s.get("additionalItems", True)
+    return list(s.get("prefixItems", [])), items
+
+
+def _merge_arrays(a: dict, b: dict, out: dict) -> None:
+    """Position-wise allOf of two array schemas: position i must satisfy both sides' schema for i."""
+    pa, ia = _array_parts(a)
+    pb, ib = _array_parts(b)
+    for k in ("items", "prefixItems", "additionalItems"):
+        out.pop(k, None)
+    n = max(len(pa), len(pb))
+    both = lambda x, y: x if y is True else y if x is True else {"allOf": [x, y]}
+    prefix = [both(pa[i] if i < len(pa) else ia, pb[i] if i < len(pb) else ib) for i in range(n)]
+    if prefix:
+        out["prefixItems"] = prefix
+    if ia is not True or ib is not True:
+        out["items"] = both(ia, ib)
+
+
+def _validating(schema: dict) -> bool:
+    """Does the schema constrain anything (beyond annotations and unknown keywords)?"""
+    known = OBJECT_KEYS | ARRAY_KEYS | STRING_KEYS | NUMBER_KEYS | UNSUPPORTED | {
+        "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable"}
+    return any(k in known for k in schema)
+
+
+def _list(v, ptr: str) -> list:
+    if not isinstance(v, list) or not v and "enum" not in ptr:
+        raise GrammarError("expected a non-empty array", ptr)
+    return v
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _type_of(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
+
+
+def _json_equal(a, b) -> bool:
+    """JSON equality: 1 == 1.0, but true != 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b or (_type_of(a) in ("integer", "number") and
+                                             _type_of(b) in ("integer", "number") and a == b)
+
+
+def _types(s: dict) -> set[str] | None:
+    if "const" in s:
+        return {_type_of(s["const"])}
+    if "enum" in s:
+        return {_type_of(v) for v in s["enum"]}
+    t = s.get("type")
+    if t is None:
+        return None
+    out = {t} if isinstance(t, str) else set(t)
+    if "number" in out:
+        out.add("integer")
+    if s.get("nullable") is True:
+        out.add("null")
+    return out
+
+
+def _exclusive(a: dict, b: dict) -> bool:
+    ta, tb = _types(a), _types(b)
+    if ta is not None and tb is not None and not (ta & tb):
+        return True
+    va = [a["const"]] if "const" in a else a.get("enum")
+    vb = [b["const"]] if "const" in b else b.get("enum")
+    if va is not None and vb is not None:
+        return not any(_json_equal(x, y) for x in va for y in vb)
+    # Objects told apart by a required property whose constant values differ (a discriminator).
+    pa, pb = a.get("properties", {}), b.get("properties", {})
+    for name in set(a.get("required", [])) & set(b.get("required", [])):
+        if isinstance(pa.get(name), dict) and isinstance(pb.get(name), dict):
+            if _exclusive(pa[name], pb[name]):
+                return True
+    # A required property of one that the other forbids.
+    for x, y in ((a, b), (b, a)):
+        for name in x.get("required", []):
+            if y.get("additionalProperties") is False and name not in y.get("properties", {}):
+                return True
+            if y.get("properties", {}).get(name) is False:
+                return True
+    return False

@@ -1,0 +1,128 @@
+"""Matcher: masks equal a brute-force reference, accept/rollback/copy, EOS, errors, batched fill."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentkv.errors import GrammarError
+from agentkv.grammar import (
+    GrammarCompiler,
+    Matcher,
+    TokenizerInfo,
+    fill_next_token_bitmasks,
+)
+from agentkv.grammar.compiled import DEAD
+
+ALPHABET = b'{}[]":,ab01 '
+GRAMMARS = [
+    ("schema", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array",
+                "items": {"type": "string", "maxLength": 2}}}, "required": ["a"]}),
+    ("schema", {"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}, "maxItems": 2}},
+                "$ref": "#/$defs/t"}),
+    ("schema", {"anyOf": [{"type": "boolean"}, {"type": "object", "additionalProperties": {"type": "null"}}]}),
+    ("schema", True),
+    ("regex", r"(ab|a)*b{1,3}"),
+    ("regex", r'"[ab]*"(,"[01]+")?'),
+]
+
+
+def compile_one(compiler, kind, source):
+    return compiler.compile_json_schema(source) if kind == "schema" else compiler.compile_regex(source)
+
+
+def brute_force(matcher: Matcher) -> set[int]:
+    """Token t is allowed iff its bytes lead somewhere live (EOS iff the text may end)."""
+    g, info = matcher.grammar, matcher.grammar.info
+    out = {t for t, b in enumerate(info.vocab) if b is not None and g.advance(matcher._cfg, b) != DEAD}
+    if matcher.can_terminate():
+        out |= set(info.eos_ids)
+    return out
+
+
+@st.composite
+def vocabularies(draw):
+    words = draw(st.lists(st.binary(min_size=1, max_size=5).map(
+        lambda b: bytes(ALPHABET[x % len(ALPHABET)] for x in b)), min_size=5, max_size=60, unique=True))
+    singles = [bytes([c]) for c in ALPHABET]  # every text stays writable
+    vocab = list(dict.fromkeys(singles + words)) + [None]
+    return TokenizerInfo(vocab, eos_ids=[len(vocab) - 1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(vocabularies(), st.sampled_from(range(len(GRAMMARS))), st.randoms(use_true_random=False))
+def test_masks_equal_brute_force(info, which, rnd):
+    g = compile_one(GrammarCompiler(info), *GRAMMARS[which])
+    m = Matcher(g)
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    for _ in range(25):
+        m.fill_next_token_bitmask(bitmask)
+        bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[:info.vocab_size]
+        expected = brute_force(m)
+        assert set(np.nonzero(bits)[0].tolist()) == expected
+        if not expected:
+            break
+        choice = rnd.choice(sorted(expected))
+        assert m.accept_token(choice)
+        if m.is_terminated():
+            break
+
+
+def test_accept_rollback_copy_and_eos():
+    info = TokenizerInfo([bytes([c]) for c in ALPHABET] + [b"ab", None], eos_ids=[len(ALPHABET) + 1])
+    eos = len(ALPHABET) + 1
+    g = GrammarCompiler(info).compile_regex(r"(ab)+")
+    m = Matcher(g)
+    tok = {info.vocab[i]: i for i in range(len(ALPHABET) + 1)}
+    assert not m.accept_token(eos) and not m.accept_token(tok[b"b"])
+    assert m.accept_token(tok[b"ab"]) and m.can_terminate()
+    fork = m.copy()
+    assert m.accept_token(tok[b"a"]) and not m.can_terminate()
+    assert fork.can_terminate()  # the copy did not move
+    m.rollback(1)
+    assert m.can_terminate() and m.accept_token(eos) and m.is_terminated()
+    assert not m.accept_token(tok[b"a"])
+    m.rollback(2)
+    assert not m.is_terminated() and m.accept_token(tok[b"a"])
+    with pytest.raises(GrammarError, match="roll back"):
+        m.rollback(5)
+    assert not m.accept_tokens([tok[b"b"], tok[b"x"]] if b"x" in tok else [tok[b"b"], tok[b"{"]])
+    assert m.accept_tokens([tok[b"b"], tok[b"ab"]])
+
+
+def test_batched_fill_and_terminated_rows():
+    info = TokenizerInfo([b"a", b"b", None], eos_ids=[2])
+    g = GrammarCompiler(info).compile_regex("ab")
+    m1, m2 = Matcher(g), Matcher(g)
+    m2.accept_token(0)
+    bitmask = np.full((3, info.words), -1, dtype=np.int32)
+    fill_next_token_bitmasks([m1, m2, None], bitmask)
+    assert bitmask[0, 0] == 0b001 and bitmask[1, 0] == 0b010 and bitmask[2, 0] == -1
+    m2.accept_token(1)
+    m2.accept_token(2)
+    m2.fill_next_token_bitmask(bitmask, 1)
+    assert bitmask[1, 0] == 0
+    with pytest.raises(GrammarError, match="int32"):
+        m1.fill_next_token_bitmask(np.zeros((1, 1), dtype=np.int64))
+
+
+def test_special_tokens_never_match_text():
+    info = TokenizerInfo([b"a", None, b"<|im_end|>"], eos_ids=[1])
+    m = Matcher(GrammarCompiler(info).compile_regex(r"[a<|>_imend]*"))
+    allowed = set(m.allowed_token_ids().tolist())
+    assert 0 in allowed and 1 in allowed  # EOS: the empty string is complete
+    assert 2 in allowed  # a plain-text token spelling a special name is text, not special
+
+
+def test_deep_recursion_is_exact():
+    info = TokenizerInfo([b"[", b"]", b"[]", b"[[", None], eos_ids=[4])
+    g = GrammarCompiler(info).compile_json_schema(
+        {"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}}}, "$ref": "#/$defs/t"})
+    m = Matcher(g)
+    depth = 60  # far past any unrolling depth
+    assert all(m.accept_token(3) for _ in range(depth // 2))
+    assert not m.can_terminate()
+    assert all(m.accept_token(1) for _ in range(depth - 1))
+    assert not m.can_terminate() and not m.accept_token(4)
+    assert m.accept_token(1) and m.can_terminate()
+    assert not m.accept_token(1)

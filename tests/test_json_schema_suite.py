@@ -1,0 +1,56 @@
+"""The official JSON Schema test suite (draft 2020-12) as a ratcheted baseline.
+
+Every case whose schema compiles is checked by walking the instance through the compiled grammar
+(in whichever key order the grammar writes). A case passes when valid instances are accepted and
+invalid ones refused. `tests/data/json_schema_suite_passing.txt` lists the passing cases: losing
+one fails this test; gaining some is reported, and `AGENTKV_UPDATE_RATCHET=1` rewrites the file.
+An invalid instance accepted is never tolerated, recorded or not.
+"""
+
+import json
+import os
+from pathlib import Path
+
+from agentkv.grammar import GrammarError
+from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization
+from tests.conftest import shared_data
+from tests.grammar_helpers import BYTE_COMPILER
+
+RATCHET = Path(__file__).parent / "data" / "json_schema_suite_passing.txt"
+
+
+def run_suite(root: Path) -> tuple[set[str], list[str], int]:
+    passing, bad, total = set(), [], 0
+    for path in sorted(root.glob("*.json")):
+        for group in json.loads(path.read_text()):
+            try:
+                g = BYTE_COMPILER.compile_json_schema(group["schema"])
+            except GrammarError:
+                total += len(group["tests"])
+                continue
+            for case in group["tests"]:
+                total += 1
+                name = f"{path.stem} :: {group['description']} :: {case['description']}"
+                try:
+                    accepted = find_serialization(g, case["data"], budget=200_000) is not None
+                except SearchBudgetExceeded:
+                    continue
+                if accepted and not case["valid"]:
+                    bad.append(name)
+                elif accepted == case["valid"]:
+                    passing.add(name)
+    return passing, bad, total
+
+
+def test_json_schema_suite_ratchet():
+    passing, bad, total = run_suite(shared_data("json-schema-test-suite/draft2020-12"))
+    assert not bad, f"invalid instances accepted: {bad}"
+    recorded = set(RATCHET.read_text().splitlines()) if RATCHET.exists() else set()
+    if os.environ.get("AGENTKV_UPDATE_RATCHET") == "1":
+        RATCHET.write_text("".join(f"{n}\n" for n in sorted(passing)))
+        recorded = passing
+    lost = sorted(recorded - passing)
+    assert not lost, f"{len(lost)} cases that passed before now fail, e.g. {lost[:5]}"
+    gained = passing - recorded
+    print(f"\nJSON Schema suite: {len(passing)}/{total} cases pass; {len(gained)} newly "
+          "(run with AGENTKV_UPDATE_RATCHET=1 to record them)")
