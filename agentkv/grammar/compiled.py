@@ -18,6 +18,7 @@ from agentkv.grammar.automaton import Automaton
 from agentkv.grammar.masks import token_walk
 from agentkv.grammar.vocab import TokenizerInfo
 
+NONUNIFORM, ALL_DEAD = -1, -2
 MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
 MAX_FORCED_BYTES = 4096
 DEAD = -1
@@ -45,6 +46,9 @@ class CompiledGrammar:
         self._steps: dict[tuple[int, int], int] = {}
         self._masks: dict[int, np.ndarray] = {}
         self._forced: dict[int, bytes] = {}
+        self._plain_next: dict[int, int] = {}
+        self._plain_run: dict[int, tuple[int, str]] = {}
+        self._runs = np.full(len(automaton.accept), -1, dtype=np.int32)
         self.initial = self._intern([(a.starts[0],)])
 
     def __repr__(self) -> str:
@@ -123,6 +127,55 @@ class CompiledGrammar:
                 return DEAD
         return cid
 
+    # -- plain-text runs (see masks.py) ---------------------------------------------------------------
+
+    def plain_next(self, q: int) -> int:
+        """Where every plain character leads from `q`: a state, NONUNIFORM, or ALL_DEAD."""
+        hit = self._plain_next.get(q)
+        if hit is None:
+            hit = self._plain_next[q] = _uniform_char_step(self.automaton.trans, self.fork_states, q)
+        return hit
+
+    def plain_run(self, q: int) -> tuple[int, str]:
+        """(n, rest): plain tokens of 1..n characters are allowed from `q` without walking them;
+        longer plain tokens die ("dead") or need the byte walk ("walk"). Cached per state."""
+        hit = self._plain_run.get(q)
+        if hit is not None:
+            return hit
+        limit = len(self.info.plain_bounds) - 2
+        chain, seen, rest = [q], {q: 0}, "dead"
+        while len(chain) <= limit:
+            nxt = self.plain_next(chain[-1])
+            if nxt == ALL_DEAD:
+                break
+            if nxt == NONUNIFORM:
+                rest = "walk"
+                break
+            if nxt in seen or self.fork_states[nxt]:
+                # A cycle keeps every longer token alive; a fork state (a call or return) ends the
+                # shortcut there: tokens ending on it are fine, longer ones take the byte walk.
+                if nxt in seen:
+                    chain = chain + [nxt] * (limit + 1 - len(chain))
+                    break
+                chain.append(nxt)
+                rest = "walk"
+                break
+            seen[nxt] = len(chain)
+            chain.append(nxt)
+        result = (min(len(chain) - 1, limit), rest)
+        self._plain_run[q] = result
+        return result
+
+    def run_lengths(self, states: np.ndarray) -> np.ndarray:
+        """`plain_run(q)[0]` for an array of states (0 where the chain shortcut does not apply)."""
+        runs = self._runs[states]
+        unknown = runs < 0
+        if unknown.any():
+            for q in np.unique(states[unknown]).tolist():
+                self._runs[q] = self.plain_run(q)[0]
+            runs = self._runs[states]
+        return runs
+
     # -- derived per configuration ------------------------------------------------------------------
 
     def mask(self, cid: int) -> np.ndarray:
@@ -163,3 +216,66 @@ class CompiledGrammar:
 
     def cache_info(self) -> dict[str, int]:
         return {"configs": len(self._configs), "masks": len(self._masks), "steps": len(self._steps)}
+
+
+def _plain_char_automaton() -> np.ndarray:
+    """Dense DFA of one plain character (UTF-8, not a quote, backslash or control): row 0 starts, -2 = done."""
+    from agentkv.grammar.automaton import utf8_sequences
+    from agentkv.grammar.expr import complement
+    from agentkv.grammar.json_values import NEEDS_ESCAPE
+
+    rows = [np.full(256, -1, dtype=np.int64)]
+    index: dict[tuple, int] = {(): 0}
+    for lo, hi in complement(NEEDS_ESCAPE):
+        for seq in utf8_sequences(lo, hi):
+            for k, (blo, bhi) in enumerate(seq):
+                key = tuple(seq[:k])
+                if k == len(seq) - 1:
+                    rows[index[key]][blo:bhi + 1] = -2
+                else:
+                    nxt_key = tuple(seq[:k + 1])
+                    if nxt_key not in index:
+                        index[nxt_key] = len(rows)
+                        rows.append(np.full(256, -1, dtype=np.int64))
+                    rows[index[key]][blo:bhi + 1] = index[nxt_key]
+    return np.stack(rows)
+
+
+_PLAIN = None
+
+
+def _uniform_char_step(trans: np.ndarray, fork: np.ndarray, q: int) -> int:
+    """Simulate the one-character automaton from `q`: the single state all plain characters reach."""
+    global _PLAIN
+    if _PLAIN is None:
+        _PLAIN = _plain_char_automaton()
+    targets: set[int] = set()
+    todo, seen = [(q, 0)], set()
+    while todo:
+        s, r = todo.pop()
+        if (s, r) in seen:
+            continue
+        seen.add((s, r))
+        rrow = _PLAIN[r]
+        live = rrow != -1
+        srow = trans[s]
+        nxt = srow[live]
+        rnext = rrow[live]
+        done = rnext == -2
+        targets.update(np.unique(nxt[done]).tolist())
+        mid = ~done
+        if mid.any():
+            if (nxt[mid] < 0).any():
+                targets.add(-1)
+            ok = mid & (nxt >= 0)
+            for s2, r2 in set(zip(nxt[ok].tolist(), rnext[ok].tolist())):
+                if fork[s2]:
+                    return NONUNIFORM  # a call or return inside a character: leave it to the byte walk
+                todo.append((s2, r2))
+        if len(targets) > 2:
+            return NONUNIFORM
+    if targets == {-1}:
+        return ALL_DEAD
+    if len(targets) == 1:
+        return targets.pop()
+    return NONUNIFORM

@@ -28,18 +28,31 @@ def first_byte_groups(info) -> list[np.ndarray]:
 def token_walk(grammar, stack: tuple, allowed: np.ndarray) -> None:
     """Set `allowed[t]` for every token t that `stack` (an expanded stack) can read in full."""
     info = grammar.info
-    trans = grammar.automaton.trans
     top = stack[-1]
-    row = trans[top]
-    starts = np.nonzero(row >= 0)[0]
-    if not len(starts):
-        return
-    groups = first_byte_groups(info)
-    idx = np.concatenate([groups[b] for b in starts])
-    if not len(idx):
-        return
-    states = row[info.token_bytes[idx, 0]].astype(np.int64)
-    _continue(grammar, stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64), allowed)
+    upto, rest = grammar.plain_run(top)
+    # Plain tokens of up to `upto` characters end on the top rule's character chain: allowed as a block.
+    allowed[info.plain_sorted[:info.plain_bounds[upto + 1]]] = True
+    if rest == "walk":
+        candidates = np.concatenate([info.non_plain_ids, info.plain_sorted[info.plain_bounds[upto + 1]:]])
+    else:  # longer plain tokens die on the chain's last state
+        candidates = info.non_plain_ids
+    _walk_from(grammar, stack, candidates, allowed)
+
+
+def _walk_from(grammar, stack: tuple, candidates: np.ndarray, allowed: np.ndarray) -> None:
+    info = grammar.info
+    row = grammar.automaton.trans[stack[-1]]
+    if len(candidates) == info.vocab_size or len(candidates) > len(info.text_ids) // 2:
+        starts = np.nonzero(row >= 0)[0]
+        groups = first_byte_groups(info)
+        idx = np.concatenate([groups[b] for b in starts]) if len(starts) else np.zeros(0, dtype=np.int64)
+        states = row[info.token_bytes[idx, 0]].astype(np.int64) if len(idx) else idx
+    else:
+        states = row[info.token_bytes[candidates, 0]].astype(np.int64)
+        keep = states >= 0
+        idx, states = candidates[keep], states[keep]
+    if len(idx):
+        _continue(grammar, stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64), allowed)
 
 
 def _continue(grammar, lower: tuple, states, idx, off, allowed) -> None:
@@ -50,8 +63,14 @@ def _continue(grammar, lower: tuple, states, idx, off, allowed) -> None:
     lengths = info.lengths
     flat_trans = grammar.automaton.trans.reshape(-1)
     fork = grammar.fork_states
+    suffix = info.plain_suffix.reshape(-1)
+    swidth = info.plain_suffix.shape[1]
     while True:
         done = off == lengths[idx]
+        # A plain-text rest of the token that the state's character chain takes whole: done too.
+        runs = grammar.run_lengths(states)
+        rest_chars = suffix[idx * swidth + off]
+        done |= (rest_chars > 0) & (rest_chars <= runs)
         if done.any():
             allowed[idx[done]] = True
             keep = ~done

@@ -61,6 +61,24 @@ class TokenizerInfo:
         self.sorted_ids = sorted(self.text_ids.tolist(), key=lambda i: self.vocab[i])
         self.sorted_bytes = [self.vocab[i] for i in self.sorted_ids]
         self.words = (self.vocab_size + 31) // 32
+        # "Plain" tokens: whole UTF-8 characters, none of them a quote, backslash or control character,
+        # i.e. text that a JSON string body takes as is. Token masks move them by character count.
+        plain = np.full(self.vocab_size, -1, dtype=np.int32)
+        for i, b in enumerate(self.vocab):
+            if b:
+                try:
+                    text = b.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+                if not any(c in '"\\' or ord(c) < 0x20 for c in text):
+                    plain[i] = len(text)
+        self.plain_chars = plain
+        order = np.argsort(plain, kind="stable")
+        order = order[plain[order] > 0]
+        self.plain_sorted = order.astype(np.int64)  # plain token ids by character count
+        self.plain_bounds = np.searchsorted(plain[order], np.arange(int(plain.max(initial=0)) + 2))
+        self.non_plain_ids = self.text_ids[plain[self.text_ids] < 0]
+        self._plain_suffix: np.ndarray | None = None
 
     # -- construction -------------------------------------------------------------------------------
 
@@ -121,6 +139,29 @@ class TokenizerInfo:
             vocab[r] = b
         eos = [special_tokens[t] for t in eos_tokens if t in special_tokens]
         return cls(vocab, eos, _rank_bpe_encoder(ranks, pattern))
+
+    @property
+    def plain_suffix(self) -> np.ndarray:
+        """[vocab, width + 1] int16: characters in the token's bytes from each offset if they are plain
+        text starting on a character boundary, else -1 (built on first use, once per tokenizer)."""
+        if self._plain_suffix is None:
+            out = np.full((self.vocab_size, self.token_bytes.shape[1] + 1), -1, dtype=np.int16)
+            for i in self.text_ids.tolist():
+                b = self.vocab[i]
+                n = 0
+                for off in range(len(b) - 1, -1, -1):
+                    c = b[off]
+                    if c < 0x20 or c in (0x22, 0x5C):
+                        break
+                    if c & 0xC0 == 0x80:  # a continuation byte: not a boundary, keep going
+                        continue
+                    try:
+                        n = len(b[off:].decode("utf-8"))
+                    except UnicodeDecodeError:
+                        break
+                    out[i, off] = n
+            self._plain_suffix = out
+        return self._plain_suffix
 
     # -- queries --------------------------------------------------------------------------------------
 
