@@ -15,6 +15,7 @@ from agentkv.errors import GrammarError
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
 
 MAX_BACKOFF_TOKENS = 4
+MAX_EXTENSION_CHECKS = 64
 
 
 class Matcher:
@@ -148,13 +149,15 @@ class Matcher:
             return []
         if info.decode(toks) != forced or any(t in info.eos_ids for t in toks):
             return []
-        starts = np.cumsum([0] + [len(info.vocab[t]) for t in toks])
+        starts = np.cumsum([0] + [len(info.vocab[t]) for t in toks]).tolist()
         keep = len(toks)
-        for j in range(len(toks) - 1, max(-1, len(toks) - 1 - MAX_BACKOFF_TOKENS), -1):
-            suffix = forced[starts[j]:]
-            at = g.advance(self._cfg, forced[:starts[j]])
-            if _longer_allowed_token(g, at, suffix):
-                keep = j
+        first = max(0, len(toks) - MAX_BACKOFF_TOKENS)
+        # From every byte of the last tokens: could an allowed token starting there run past the end?
+        # Then the tokenizer may split that text differently once the model writes what follows.
+        for p in range(len(forced) - 1, starts[first] - 1, -1):
+            at = g.advance(self._cfg, forced[:p])
+            if _longer_allowed_token(g, at, forced[p:]):
+                keep = min(keep, next(j for j in range(len(toks)) if starts[j] <= p < starts[j + 1]))
         return toks[:keep]
 
 
@@ -173,14 +176,14 @@ def _longer_allowed_token(g: CompiledGrammar, cid: int, suffix: bytes) -> bool:
     """Is some token allowed at `cid` that starts with `suffix` and goes past it?"""
     info = g.info
     lo, hi = info.extending(suffix)
-    if hi - lo <= 1 and (hi == lo or info.sorted_bytes[lo] == suffix):
+    ids = [t for t in info.sorted_ids[lo:hi] if info.lengths[t] > len(suffix)]
+    if not ids:
         return False
-    ids = np.asarray(info.sorted_ids[lo:hi])
-    ids = ids[info.lengths[ids] > len(suffix)]
-    if not len(ids):
-        return False
-    mask = g.mask(cid)
-    return bool(((mask[ids >> 5] >> (ids & 31)) & 1).any())
+    if len(ids) > MAX_EXTENSION_CHECKS:  # many candidates: the mask answers at once
+        mask = g.mask(cid)
+        arr = np.asarray(ids)
+        return bool(((mask[arr >> 5] >> (arr & 31)) & 1).any())
+    return any(g.advance(cid, info.vocab[t]) != DEAD for t in ids)
 
 
 def fill_next_token_bitmasks(matchers: Sequence[Matcher | None], bitmask) -> None:

@@ -1,0 +1,116 @@
+"""SchemaStore: real schemas, their valid and invalid instances, the embedded model's tokenizer.
+
+For every schema that compiles: each valid instance, in the compact text the grammar writes, is
+accepted token by token (as the tokenizer encodes it) and may end there; each invalid instance is
+refused. The share that compiles is printed, and `tests/data/schemastore_compiled.txt` ratchets it.
+On a sample, every token of the walk must also be set in the matcher's mask, and jump-forward
+tokens must equal the tokenizer's own encoding of the same text.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from agentkv.grammar import GrammarCompiler, GrammarError, Matcher
+from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization
+from tests.conftest import shared_data
+
+RATCHET = Path(__file__).parent / "data" / "schemastore_compiled.txt"
+MASK_SAMPLE_TOKENS = 24
+
+
+def test_schemastore_instances_token_by_token(smollm_info):
+    root = shared_data("schemastore")
+    compiler = GrammarCompiler(smollm_info)
+    encode = smollm_info.encode_bytes
+    compiled, total, undetermined = set(), 0, 0
+    bad_accepted, good_rejected, unmasked = [], [], []
+    bitmask = np.zeros((1, smollm_info.words), dtype=np.int32)
+    for path in sorted(root.glob("*.json")):
+        total += 1
+        doc = json.loads(path.read_text())
+        try:
+            g = compiler.compile_json_schema(doc["schema"])
+        except GrammarError:
+            continue
+        compiled.add(path.stem)
+        for k, case in enumerate(doc["tests"]):
+            try:
+                text = find_serialization(g, case["data"], budget=300_000)
+            except SearchBudgetExceeded:
+                undetermined += 1
+                continue
+            if not case["valid"]:
+                if text is not None:
+                    bad_accepted.append(f"{path.stem}[{k}]")
+                continue
+            if text is None:
+                good_rejected.append(f"{path.stem}[{k}]")
+                continue
+            m = Matcher(g)
+            for i, tok in enumerate(encode(text.encode())):
+                if i < MASK_SAMPLE_TOKENS and k == 0:
+                    m.fill_next_token_bitmask(bitmask)
+                    if not (bitmask[0, tok >> 5] >> (tok & 31)) & 1:
+                        unmasked.append(f"{path.stem}[{k}] token {i}")
+                if not m.accept_token(tok):
+                    good_rejected.append(f"{path.stem}[{k}] at token {i}")
+                    break
+            else:
+                if not m.can_terminate():
+                    good_rejected.append(f"{path.stem}[{k}] (cannot end)")
+    assert not bad_accepted, f"invalid instances accepted: {bad_accepted}"
+    assert not good_rejected, f"valid instances refused: {good_rejected}"
+    assert not unmasked, f"tokens of valid instances missing from the mask: {unmasked[:10]}"
+    recorded = set(RATCHET.read_text().split()) if RATCHET.exists() else set()
+    if os.environ.get("AGENTKV_UPDATE_RATCHET") == "1":
+        RATCHET.write_text("".join(f"{n}\n" for n in sorted(compiled)))
+        recorded = compiled
+    lost = sorted(recorded - compiled)
+    assert not lost, f"schemas that compiled before fail now: {lost}"
+    print(f"\nSchemaStore: {len(compiled)}/{total} schemas compile ({100 * len(compiled) / total:.1f}%); "
+          f"{undetermined} instances undetermined within the key-order search budget")
+
+
+def test_jump_forward_tokens_are_canonical(smollm_info):
+    """Walk canonical encodings; wherever text is forced, the jump tokens are the next canonical tokens."""
+    root = shared_data("schemastore")
+    compiler = GrammarCompiler(smollm_info)
+    encode = smollm_info.encode_bytes
+    forced = noncanonical = steps = 0
+    for path in sorted(root.glob("*.json"))[::6]:
+        doc = json.loads(path.read_text())
+        try:
+            g = compiler.compile_json_schema(doc["schema"])
+        except GrammarError:
+            continue
+        case = next((c for c in doc["tests"] if c["valid"]), None)
+        try:
+            text = case and find_serialization(g, case["data"], budget=100_000)
+        except SearchBudgetExceeded:
+            continue
+        if not text:
+            continue
+        toks = encode(text.encode())
+        m = Matcher(g)
+        i = 0
+        while i < min(len(toks), 200):
+            jump = m.jump_forward_tokens()
+            if jump:
+                assert encode(smollm_info.decode(jump)) == jump
+                assert smollm_info.decode(jump) == m.jump_forward_bytes()[:len(smollm_info.decode(jump))]
+                if jump != toks[i:i + len(jump)]:
+                    noncanonical += len(jump)
+                    break
+                forced += len(jump)
+                assert m.accept_tokens(jump)
+                i += len(jump)
+                continue
+            assert m.accept_token(toks[i])
+            steps += 1
+            i += 1
+    print(f"\njump-forward on SchemaStore samples: {forced} forced of {forced + steps} tokens "
+          f"({100 * forced / max(1, forced + steps):.1f}%), {noncanonical} non-canonical")
+    assert noncanonical == 0
