@@ -98,10 +98,10 @@ def run_ours(info: TokenizerInfo, docs, st: Stats) -> None:
             if text is None or walked:
                 continue
             walked = True
-            toks = info.encode_bytes(text.encode())[:MAX_WALK_TOKENS]
+            toks = info.encode_bytes(text.encode())  # whole: a jump near the cut is compared in full
             m = Matcher(g)
             i = 0
-            while i < len(toks):
+            while i < min(len(toks), MAX_WALK_TOKENS):
                 t = time.perf_counter()
                 m.fill_next_token_bitmask(bitmask)
                 st.mask_s.append(time.perf_counter() - t)
@@ -167,9 +167,9 @@ def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
                 continue
             walked = True
             m = m0.deep_copy()
-            toks = accepted[:MAX_WALK_TOKENS]
+            toks = accepted
             i = 0
-            while i < len(toks):
+            while i < min(len(toks), MAX_WALK_TOKENS):
                 t = time.perf_counter()
                 lnp.fill_next_token_bitmask(m, bitmask, 0)
                 st.mask_s.append(time.perf_counter() - t)

@@ -15,8 +15,9 @@ from collections import OrderedDict
 from agentkv.errors import GrammarError
 from agentkv.grammar.automaton import link
 from agentkv.grammar.compiled import CompiledGrammar
-from agentkv.grammar.expr import alt, lit
+from agentkv.grammar.expr import Ref, alt, lit
 from agentkv.grammar.json_schema import JsonSchemaConverter
+from agentkv.grammar.lark import lark_rules
 from agentkv.grammar.regex import match_expr
 from agentkv.grammar.vocab import TokenizerInfo
 
@@ -70,6 +71,21 @@ class GrammarCompiler:
     def compile_builtin_json(self, whitespace: bool = False) -> CompiledGrammar:
         """Any JSON value."""
         return self.compile_json_schema(True, whitespace=whitespace)
+
+    def compile_lark(self, text: str) -> CompiledGrammar:
+        """A Lark grammar (llguidance's dialect: see lark.py); the start rule is `start`."""
+        if not isinstance(text, str):
+            raise GrammarError("a Lark grammar must be given as text")
+
+        def build(deadline):
+            def json_rules(schema, name):
+                rules = JsonSchemaConverter(schema, deadline=deadline, prefix=name + "/").convert()
+                rules[name] = Ref(name + "/root")
+                return rules
+
+            return self._from_rules(lark_rules(text, json_rules), "r:start", "lark grammar", deadline)
+
+        return self._cached(("lark", text), build)
 
     def compile_regex(self, pattern: str) -> CompiledGrammar:
         """Strings matching `pattern` in full."""

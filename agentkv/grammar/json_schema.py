@@ -64,7 +64,6 @@ ALL_TYPES = ("object", "array", "string", "number", "boolean", "null")
 MAX_BRANCHES = 256
 MAX_INLINE_DEPTH = 60
 SHARED_TAIL_AFTER = 4  # objects with more properties than this share their member tails as rules
-ANY = Ref("json:any")
 
 
 def dumps(value) -> str:
@@ -74,7 +73,7 @@ def dumps(value) -> str:
 
 class JsonSchemaConverter:
     def __init__(self, schema, *, strict: bool = False, whitespace: bool = False, max_whitespace: int = 16,
-                 deadline: float | None = None):
+                 deadline: float | None = None, prefix: str = ""):
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
         self.root = schema
@@ -83,6 +82,7 @@ class JsonSchemaConverter:
         self.rules: dict[str, object] = {}
         self.anchors: dict[str, str] = {}
         self.depth = 0
+        self.prefix = prefix  # rule names are prefixed (a Lark grammar may hold several schemas)
         self.deadline = deadline if deadline is not None else time.monotonic() + 10.0
         if isinstance(schema, dict):
             self._collect_anchors(schema, "#")
@@ -90,8 +90,8 @@ class JsonSchemaConverter:
     # -- entry ------------------------------------------------------------------------------------
 
     def convert(self) -> dict[str, object]:
-        self.rules["root"] = seq(self.ws, self.value(self.root, "#"), self.ws) if self.ws != EMPTY \
-            else self.value(self.root, "#")
+        self.rules[self.prefix + "root"] = seq(self.ws, self.value(self.root, "#"), self.ws) \
+            if self.ws != EMPTY else self.value(self.root, "#")
         return self.rules
 
     def punct(self, text: str):
@@ -141,7 +141,7 @@ class JsonSchemaConverter:
 
     def ref_rule(self, ref: str, where: str) -> Ref:
         target, ptr = self.resolve(ref, where)
-        name = f"ref:{ptr}"
+        name = f"{self.prefix}ref:{ptr}"
         if name not in self.rules:
             self.rules[name] = NOTHING  # placeholder: recursion reaches the name, not the body
             self.rules[name] = self.value(target, ptr)
@@ -324,14 +324,16 @@ class JsonSchemaConverter:
     # -- values -------------------------------------------------------------------------------------
 
     def any_value(self):
-        if "json:any" not in self.rules:
-            self.rules["json:any"] = NOTHING
+        name = self.prefix + "json:any"
+        if name not in self.rules:
+            self.rules[name] = NOTHING
+            ANY = Ref(name)  # noqa: N806
             kv = seq(self.string_expr(string_body()), self.punct(":"), ANY)
             obj = seq(self.punct("{"), opt(seq(kv, star(seq(self.punct(","), kv)))), self.punct("}"))
             arr = seq(self.punct("["), opt(seq(ANY, star(seq(self.punct(","), ANY)))), self.punct("]"))
-            self.rules["json:any"] = alt(obj, arr, self.string_expr(string_body()), NUMBER,
-                                         lit("true"), lit("false"), lit("null"))
-        return ANY
+            self.rules[name] = alt(obj, arr, self.string_expr(string_body()), NUMBER,
+                                   lit("true"), lit("false"), lit("null"))
+        return Ref(name)
 
     def string_expr(self, body):
         return seq(lit('"'), body, lit('"'))
@@ -458,7 +460,7 @@ class JsonSchemaConverter:
             return self.ref_rule(schema["$ref"], f"{ptr}/$ref")
         if schema is True or (isinstance(schema, dict) and not _validating(schema)):
             return self.any_value()
-        name = f"at:{ptr}"
+        name = f"{self.prefix}at:{ptr}"
         if name not in self.rules:
             self.rules[name] = NOTHING
             self.rules[name] = self.value(schema, ptr)
@@ -538,7 +540,7 @@ class JsonSchemaConverter:
                                   self.rule_for(extra, f"{ptr}/additionalProperties")))
         extra_kv = None
         if others:
-            name = f"extra:{ptr}"  # a rule: referenced from every way the object can end
+            name = f"{self.prefix}extra:{ptr}"  # a rule: referenced from every way the object can end
             self.rules[name] = alt(*others)
             extra_kv = Ref(name)
         lo = _count(schema, "minProperties", ptr) or 0
@@ -568,7 +570,7 @@ class JsonSchemaConverter:
                     out = seq(member if req else opt(member), rest(i + 1, True))
                     if len(entries) - i > 1 and len(entries) > SHARED_TAIL_AFTER:
                         # Each "first member" alternative continues with this tail: one rule, not copies.
-                        name = f"tail:{ptr}:{i}"
+                        name = f"{self.prefix}tail:{ptr}:{i}"
                         self.rules[name] = out
                         out = Ref(name)
                 else:
