@@ -73,6 +73,28 @@ class Stats:
                 f"{share:.1f}% ({self.noncanonical})"]
 
 
+def walk(toks: list[int], fill, jump, accept_many, accept_one, st: Stats) -> None:
+    """Follow a canonical encoding (whole, so a jump near the cut compares in full): time each mask,
+    take forced tokens where the engine offers them, and count those that differ from the encoding."""
+    i = 0
+    while i < min(len(toks), MAX_WALK_TOKENS):
+        t = time.perf_counter()
+        fill()
+        st.mask_s.append(time.perf_counter() - t)
+        forced = jump()
+        if forced:
+            if forced != toks[i:i + len(forced)]:
+                st.noncanonical += len(forced)
+                return
+            accept_many(forced)
+            st.forced += len(forced)
+        else:
+            accept_one(toks[i])
+        n = len(forced) or 1
+        st.walked += n
+        i += n
+
+
 def run_ours(info: TokenizerInfo, docs, st: Stats) -> None:
     compiler = GrammarCompiler(info)
     bitmask = np.zeros((1, info.words), dtype=np.int32)
@@ -98,26 +120,9 @@ def run_ours(info: TokenizerInfo, docs, st: Stats) -> None:
             if text is None or walked:
                 continue
             walked = True
-            toks = info.encode_bytes(text.encode())  # whole: a jump near the cut is compared in full
             m = Matcher(g)
-            i = 0
-            while i < min(len(toks), MAX_WALK_TOKENS):
-                t = time.perf_counter()
-                m.fill_next_token_bitmask(bitmask)
-                st.mask_s.append(time.perf_counter() - t)
-                jump = m.jump_forward_tokens()
-                if jump:
-                    if jump != toks[i:i + len(jump)]:
-                        st.noncanonical += len(jump)
-                        break
-                    m.accept_tokens(jump)
-                    st.forced += len(jump)
-                    st.walked += len(jump)
-                    i += len(jump)
-                    continue
-                m.accept_token(toks[i])
-                st.walked += 1
-                i += 1
+            walk(info.encode_bytes(text.encode()), lambda m=m: m.fill_next_token_bitmask(bitmask),
+                 m.jump_forward_tokens, m.accept_tokens, m.accept_token, st)
 
 
 def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
@@ -167,25 +172,8 @@ def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
                 continue
             walked = True
             m = m0.deep_copy()
-            toks = accepted
-            i = 0
-            while i < min(len(toks), MAX_WALK_TOKENS):
-                t = time.perf_counter()
-                lnp.fill_next_token_bitmask(m, bitmask, 0)
-                st.mask_s.append(time.perf_counter() - t)
-                jump = m.compute_ff_tokens()
-                if jump:
-                    if jump != toks[i:i + len(jump)]:
-                        st.noncanonical += len(jump)
-                        break
-                    m.consume_tokens(jump)
-                    st.forced += len(jump)
-                    st.walked += len(jump)
-                    i += len(jump)
-                    continue
-                m.consume_token(toks[i])
-                st.walked += 1
-                i += 1
+            walk(accepted, lambda m=m: lnp.fill_next_token_bitmask(m, bitmask, 0), m.compute_ff_tokens,
+                 m.consume_tokens, m.consume_token, st)
 
 
 def main() -> None:

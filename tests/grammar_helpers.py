@@ -18,3 +18,19 @@ def accepts(g: CompiledGrammar, text: str | bytes) -> bool:
 def is_prefix(g: CompiledGrammar, text: str | bytes) -> bool:
     data = text.encode() if isinstance(text, str) else text
     return g.advance(g.initial, data) != DEAD
+
+
+def check_ratchet(path, current: set[str], what: str) -> int:
+    """Fail if a name recorded in `path` is missing from `current`; return how many are new.
+
+    `AGENTKV_UPDATE_RATCHET=1` rewrites the file with `current` (after an improvement).
+    """
+    import os
+
+    recorded = set(path.read_text().splitlines()) if path.exists() else set()
+    if os.environ.get("AGENTKV_UPDATE_RATCHET") == "1":
+        path.write_text("".join(f"{n}\n" for n in sorted(current)))
+        recorded = set(current)
+    lost = sorted(recorded - current)
+    assert not lost, f"{len(lost)} {what} before now fail, e.g. {lost[:5]}"
+    return len(current - recorded)

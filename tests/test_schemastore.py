@@ -8,7 +8,6 @@ tokens must equal the tokenizer's own encoding of the same text.
 """
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import numpy as np
 from agentkv.grammar import GrammarCompiler, GrammarError, Matcher
 from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization
 from tests.conftest import shared_data
+from tests.grammar_helpers import check_ratchet
 
 RATCHET = Path(__file__).parent / "data" / "schemastore_compiled.txt"
 MASK_SAMPLE_TOKENS = 24
@@ -64,12 +64,7 @@ def test_schemastore_instances_token_by_token(smollm_info):
     assert not bad_accepted, f"invalid instances accepted: {bad_accepted}"
     assert not good_rejected, f"valid instances refused: {good_rejected}"
     assert not unmasked, f"tokens of valid instances missing from the mask: {unmasked[:10]}"
-    recorded = set(RATCHET.read_text().split()) if RATCHET.exists() else set()
-    if os.environ.get("AGENTKV_UPDATE_RATCHET") == "1":
-        RATCHET.write_text("".join(f"{n}\n" for n in sorted(compiled)))
-        recorded = compiled
-    lost = sorted(recorded - compiled)
-    assert not lost, f"schemas that compiled before fail now: {lost}"
+    check_ratchet(RATCHET, compiled, "schemas that compiled")
     print(f"\nSchemaStore: {len(compiled)}/{total} schemas compile ({100 * len(compiled) / total:.1f}%); "
           f"{undetermined} instances undetermined within the key-order search budget")
 
