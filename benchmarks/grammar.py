@@ -67,10 +67,11 @@ class Stats:
         c = np.array(self.compile_s or [0]) * 1e3
         m = np.array(self.mask_s or [0]) * 1e6
         share = 100 * self.forced / max(1, self.walked)
+        forced = f"{share:.1f}% ({self.noncanonical})" if self.walked else "n/a"
         return [name, f"{self.compiled}/{total}", self.bad, self.rejected,
                 f"{np.percentile(c, 50):.1f} / {np.percentile(c, 95):.1f}",
                 f"{np.percentile(m, 50):.0f} / {np.percentile(m, 99):.0f} / {np.percentile(m, 99.9):.0f}",
-                f"{share:.1f}% ({self.noncanonical})"]
+                forced]
 
 
 def walk(toks: list[int], fill, jump, accept_many, accept_one, st: Stats) -> None:
@@ -176,17 +177,120 @@ def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
                  m.consume_tokens, m.consume_token, st)
 
 
+# -- outlines-core: in a worker process, since its index build cannot be interrupted in-process ----
+
+_OC_VOCAB = None
+
+
+def _oc_init(vocab: list, eos: int) -> None:
+    global _OC_VOCAB
+    from outlines_core import Vocabulary
+
+    groups: dict[bytes, list[int]] = {}
+    for i, b in enumerate(vocab):
+        if b is not None and i != eos:
+            groups.setdefault(b, []).append(i)
+    _OC_VOCAB = Vocabulary(eos, groups)
+
+
+def _oc_schema(schema, cases: list[tuple[bool, list[int] | None, list[int]]], n_words: int) -> dict:
+    """Compile, judge each (valid, tokens of agentkv's text or None, tokens of the plain dump), walk one."""
+    from outlines_core import Guide, Index
+    from outlines_core.json_schema import build_regex_from_schema
+
+    t = time.perf_counter()
+    try:
+        index = Index(build_regex_from_schema(json.dumps(schema)), _OC_VOCAB)
+    except Exception:  # noqa: BLE001 - any refusal counts as "does not compile"
+        return {"compiled": False}
+    out = {"compiled": True, "compile_s": time.perf_counter() - t, "bad": 0, "rejected": 0, "mask_s": []}
+
+    def accepts(toks):
+        g = Guide(index)
+        try:
+            for tok in toks:
+                g.advance(tok)
+        except Exception:  # noqa: BLE001 - a refused token
+            return False
+        return g.is_finished() or _OC_VOCAB.get_eos_token_id() in g.get_tokens()
+
+    bitmask = np.zeros(n_words, dtype=np.int32)
+    walked = False
+    for valid, ours, plain in cases:
+        ok = next((toks for toks in (ours, plain) if toks is not None and accepts(toks)), None)
+        if (ok is not None) != valid:
+            out["rejected" if ok is None else "bad"] += 1
+        if ok is not None and not walked:
+            walked = True
+            g = Guide(index)
+            for tok in ok[:MAX_WALK_TOKENS]:
+                t = time.perf_counter()
+                g.write_mask_into(bitmask.ctypes.data, bitmask.size, 4)
+                out["mask_s"].append(time.perf_counter() - t)
+                g.advance(tok)
+    return out
+
+
+def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    our = GrammarCompiler(info)
+    ctx = mp.get_context("spawn")
+    pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_oc_init, initargs=(info.vocab, info.eos_ids[0]))
+    for doc in docs:
+        try:
+            g = our.compile_json_schema(doc["schema"])
+        except GrammarError:
+            g = None
+        cases = []
+        for case in doc["tests"]:
+            text = None
+            if g is not None:
+                try:
+                    text = find_serialization(g, case["data"], budget=300_000)
+                except SearchBudgetExceeded:
+                    pass
+            plain = json.dumps(case["data"], separators=(",", ":"), ensure_ascii=False)
+            cases.append((case["valid"], info.encode_bytes(text.encode()) if text else None,
+                          info.encode_bytes(plain.encode())))
+        fut = pool.submit(_oc_schema, doc["schema"], cases, info.words)
+        try:
+            r = fut.result(timeout=timeout_s)
+        except FutureTimeout:
+            for p in pool._processes.values():  # the build cannot be cancelled: end the worker
+                p.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+            pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_oc_init,
+                                       initargs=(info.vocab, info.eos_ids[0]))
+            continue
+        if not r["compiled"]:
+            continue
+        st.compiled += 1
+        st.compile_s.append(r["compile_s"])
+        st.bad += r["bad"]
+        st.rejected += r["rejected"]
+        st.mask_s.extend(r["mask_s"])
+    pool.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--every", type=int, default=3, help="take every n-th SchemaStore schema")
+    ap.add_argument("--outlines-timeout", type=float, default=20.0,
+                    help="seconds per schema for outlines-core (compile + checks); 0 leaves it out")
     args = ap.parse_args()
     if not DATA.exists():
         sys.exit(f"{DATA} is absent: this benchmark needs ../shared/data/schemastore beside the clone")
     docs = [json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))[::args.every]]
     rows = []
     for name, info, lltok in tokenizers():
-        for engine, fn in (("agentkv", lambda st: run_ours(info, docs, st)),
-                           ("llguidance", lambda st: run_llguidance(lltok, docs, st, info))):
+        engines = [("agentkv", lambda st: run_ours(info, docs, st)),
+                   ("llguidance", lambda st: run_llguidance(lltok, docs, st, info))]
+        if args.outlines_timeout > 0 and importlib.util.find_spec("outlines_core") is not None:
+            engines.append(("outlines-core", lambda st: run_outlines(info, docs, st, args.outlines_timeout)))
+        for engine, fn in engines:
             st = Stats()
             t = time.time()
             fn(st)
