@@ -126,3 +126,18 @@ def test_deep_recursion_is_exact():
     assert not m.can_terminate() and not m.accept_token(4)
     assert m.accept_token(1) and m.can_terminate()
     assert not m.accept_token(1)
+
+
+def test_mask_cache_is_bounded(monkeypatch):
+    import agentkv.grammar.compiled as compiled
+
+    monkeypatch.setattr(compiled, "MAX_CACHED_MASKS", 2)
+    info = TokenizerInfo([b"a", b"b", None], eos_ids=[2])
+    g = GrammarCompiler(info).compile_regex("abab")
+    m = Matcher(g)
+    for tok in (0, 1, 0, 1):
+        first = m.allowed_token_ids().tolist()
+        assert first == m.allowed_token_ids().tolist() == [tok]
+        assert g.cache_info()["masks"] <= 2
+        m.accept_token(tok)
+    assert m.allowed_token_ids().tolist() == [2]

@@ -21,6 +21,7 @@ from agentkv.grammar.vocab import TokenizerInfo
 NONUNIFORM, ALL_DEAD = -1, -2
 MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
 MAX_FORCED_BYTES = 4096
+MAX_CACHED_MASKS = 4096     # per grammar: 4096 x 19 KB at a 151k vocabulary
 DEAD = -1
 
 
@@ -190,6 +191,8 @@ class CompiledGrammar:
                     allowed[list(self.info.eos_ids)] = True
                 m = np.packbits(allowed, bitorder="little").view("<i4")
                 m.flags.writeable = False
+                if len(self._masks) >= MAX_CACHED_MASKS:  # bounded memory: drop the oldest mask
+                    del self._masks[next(iter(self._masks))]
                 self._masks[cid] = m
         return m
 
