@@ -141,3 +141,12 @@ def test_mask_cache_is_bounded(monkeypatch):
         assert g.cache_info()["masks"] <= 2
         m.accept_token(tok)
     assert m.allowed_token_ids().tolist() == [2]
+
+
+def test_accept_tokens_longer_than_rollback_window_is_all_or_nothing():
+    info = TokenizerInfo([b"a", b"b", None], eos_ids=[2])
+    m = Matcher(GrammarCompiler(info).compile_regex("a*"), max_rollback=4)
+    assert m.accept_token(0)
+    assert not m.accept_tokens([0] * 10 + [1])
+    assert m.can_terminate() and m.accept_tokens([0] * 10)
+    m.rollback(4)

@@ -21,11 +21,8 @@ from dataclasses import dataclass
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.expr import (
-    EMPTY,
-    Alt,
     Ref,
     Repeat,
-    Seq,
     alt,
     chars,
     lit,
@@ -72,10 +69,11 @@ class _Tok:
 class _Grammar:
     def __init__(self, text: str):
         self.text = text
-        self.rules: dict[str, object] = {}     # lowercase: expressions that may hold Ref
-        self.terminals: dict[str, object] = {}  # UPPERCASE: raw expansions, resolved lazily
-        self.term_ast: dict[str, tuple] = {}
-        self.ignore: list = []
+        self.rules: dict[str, object] = {}      # lowercase name -> expansion tree
+        self.terminals: dict[str, object] = {}  # UPPERCASE name -> expansion tree, inlined where used
+        self.ignore: list = []                  # %ignore expansion trees
+        self.ignore_expr = None                 # their union, repeated (set by build)
+        self.json_rules: dict[str, object] = {}  # rules of the %json schemas
         self.json_count = 0
 
     def error(self, pos: int, what: str) -> GrammarError:
@@ -137,8 +135,6 @@ class _Grammar:
                 if name in target:
                     raise self.error(head.pos, f"'{name}' is defined twice")
                 target[name] = body
-                if target is self.terminals:
-                    self.term_ast[name] = (body, head.pos)
             else:
                 raise self.error(head.pos, "expected a definition `name: ...` or a %directive")
 
@@ -411,7 +407,6 @@ def lark_rules(text: str, json_compile) -> dict[str, object]:
     """Parse Lark `text`; `json_compile(schema, prefix)` turns each %json schema into rules."""
     g = _Grammar(text)
     g.parse()
-    g.json_rules = {}
     # %json nodes: compile their schemas to rules under their own name prefix.
     for node in _json_nodes(g):
         _, name, _, schema = node
@@ -434,4 +429,4 @@ def _json_nodes(g: _Grammar):
             stack.append(n[1])
 
 
-__all__ = ["EMPTY", "Alt", "Seq", "lark_rules"]
+__all__ = ["lark_rules"]

@@ -73,12 +73,13 @@ class Matcher:
 
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:
         """All or nothing: on a refusal the matcher is left where it was."""
-        done = 0
+        saved = (self._cfg, self._terminated, list(self._history))
         for t in token_ids:
             if not self.accept_token(t):
-                self.rollback(done)
+                self._cfg, self._terminated = saved[0], saved[1]
+                self._history.clear()
+                self._history.extend(saved[2])
                 return False
-            done += 1
         return True
 
     def accept_bytes(self, data: bytes) -> bool:

@@ -19,7 +19,6 @@ from agentkv.grammar.expr import (
     Repeat,
     Seq,
     alt,
-    chars,
     complement,
     normalize_ranges,
     seq,
@@ -288,4 +287,4 @@ def match_expr(pattern: str, where: str | None = None) -> Expr:
     return alt(*out)
 
 
-__all__ = ["chars", "match_expr", "parse_regex", "search_expr"]
+__all__ = ["match_expr", "parse_regex", "search_expr"]
