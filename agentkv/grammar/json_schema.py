@@ -82,6 +82,7 @@ class JsonSchemaConverter:
         self.rules: dict[str, object] = {}
         self.anchors: dict[str, str] = {}
         self.depth = 0
+        self._by_content: dict[str, str] = {}
         self.prefix = prefix  # rule names are prefixed (a Lark grammar may hold several schemas)
         self.deadline = deadline if deadline is not None else time.monotonic() + 10.0
         if isinstance(schema, dict):
@@ -460,8 +461,12 @@ class JsonSchemaConverter:
             return self.ref_rule(schema["$ref"], f"{ptr}/$ref")
         if schema is True or (isinstance(schema, dict) and not _validating(schema)):
             return self.any_value()
-        name = f"{self.prefix}at:{ptr}"
-        if name not in self.rules:
+        # Equal sub-schemas (config files repeat one shape under many names) share one rule:
+        # $refs resolve within this document, so equal text means an equal language.
+        key = json.dumps(schema, sort_keys=True)
+        name = self._by_content.get(key)
+        if name is None:
+            name = self._by_content[key] = f"{self.prefix}at:{ptr}"
             self.rules[name] = NOTHING
             self.rules[name] = self.value(schema, ptr)
         return Ref(name)
