@@ -33,6 +33,17 @@ from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization  
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "schemastore"
 MAX_WALK_TOKENS = 400
+SEARCH_BUDGET = 300_000
+
+
+def agentkv_text(g, value) -> str | None:
+    """The text agentkv's grammar writes `value` as (None: refused, undetermined, or no grammar)."""
+    if g is None:
+        return None
+    try:
+        return find_serialization(g, value, budget=SEARCH_BUDGET)
+    except SearchBudgetExceeded:
+        return None
 
 
 def tokenizers():
@@ -65,6 +76,12 @@ class Stats:
         self.compiled = self.bad = self.rejected = self.forced = self.walked = self.noncanonical = 0
         self.compile_s: list[float] = []
         self.mask_s: list[float] = []
+
+    def judge(self, accepted: bool, valid: bool) -> None:
+        if accepted and not valid:
+            self.bad += 1
+        elif valid and not accepted:
+            self.rejected += 1
 
     def row(self, name: str, total: int) -> list:
         c = np.array(self.compile_s or [0]) * 1e3
@@ -113,14 +130,10 @@ def run_ours(info: TokenizerInfo, docs, st: Stats) -> None:
         walked = False
         for case in doc["tests"]:
             try:
-                text = find_serialization(g, case["data"], budget=300_000)
+                text = find_serialization(g, case["data"], budget=SEARCH_BUDGET)
             except SearchBudgetExceeded:
                 continue
-            if (text is not None) != case["valid"]:
-                if text is None:
-                    st.rejected += 1
-                else:
-                    st.bad += 1
+            st.judge(text is not None, case["valid"])
             if text is None or walked:
                 continue
             walked = True
@@ -153,13 +166,9 @@ def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
         walked = False
         for case in doc["tests"]:
             texts = [json.dumps(case["data"], separators=(",", ":"), ensure_ascii=False)]
-            if ours is not None:  # also the key order agentkv found (both write declared properties in order)
-                try:
-                    found = find_serialization(ours, case["data"], budget=300_000)
-                except SearchBudgetExceeded:
-                    found = None
-                if found and found not in texts:
-                    texts.insert(0, found)
+            found = agentkv_text(ours, case["data"])
+            if found and found not in texts:  # the key order agentkv writes (declared properties in order)
+                texts.insert(0, found)
             accepted = None
             for text in texts:
                 m = m0.deep_copy()
@@ -167,11 +176,7 @@ def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
                 if m.try_consume_tokens(toks) == len(toks) and m.is_accepting():
                     accepted = toks
                     break
-            if (accepted is not None) != case["valid"]:
-                if accepted is None:
-                    st.rejected += 1
-                else:
-                    st.bad += 1
+            st.judge(accepted is not None, case["valid"])
             if accepted is None or walked:
                 continue
             walked = True
@@ -249,12 +254,7 @@ def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None
             g = None
         cases = []
         for case in doc["tests"]:
-            text = None
-            if g is not None:
-                try:
-                    text = find_serialization(g, case["data"], budget=300_000)
-                except SearchBudgetExceeded:
-                    pass
+            text = agentkv_text(g, case["data"])
             plain = json.dumps(case["data"], separators=(",", ":"), ensure_ascii=False)
             cases.append((case["valid"], info.encode_bytes(text.encode()) if text else None,
                           info.encode_bytes(plain.encode())))

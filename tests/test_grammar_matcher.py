@@ -86,7 +86,7 @@ def test_accept_rollback_copy_and_eos():
     assert not m.is_terminated() and m.accept_token(tok[b"a"])
     with pytest.raises(GrammarError, match="roll back"):
         m.rollback(5)
-    assert not m.accept_tokens([tok[b"b"], tok[b"x"]] if b"x" in tok else [tok[b"b"], tok[b"{"]])
+    assert not m.accept_tokens([tok[b"b"], tok[b"{"]])
     assert m.accept_tokens([tok[b"b"], tok[b"ab"]])
 
 

@@ -68,12 +68,15 @@ def escaped(e):
     return e
 
 
+def _check_length_bounds(min_len: int, max_len: int | None, where: str | None) -> None:
+    for name, v in (("maxLength", max_len), ("minLength", min_len)):
+        if v is not None and v > MAX_LENGTH_BOUND:
+            raise GrammarError(f"{name} {v} is above the {MAX_LENGTH_BOUND} agentkv enforces exactly; "
+                               "lower it or drop it", where)
+
+
 def string_body(min_len: int = 0, max_len: int | None = None, where: str | None = None):
-    if max_len is not None and max_len > MAX_LENGTH_BOUND:
-        raise GrammarError(f"maxLength {max_len} is above the {MAX_LENGTH_BOUND} agentkv enforces exactly; "
-                           "lower it or drop it", where)
-    if min_len > MAX_LENGTH_BOUND:
-        raise GrammarError(f"minLength {min_len} is above the {MAX_LENGTH_BOUND} agentkv enforces exactly", where)
+    _check_length_bounds(min_len, max_len, where)
     if max_len is not None and max_len < min_len:
         return Alt(())
     return Repeat(STRING_CHAR, min_len, max_len)
@@ -81,8 +84,7 @@ def string_body(min_len: int = 0, max_len: int | None = None, where: str | None 
 
 def length_bounded(min_len: int, max_len: int | None, where: str | None):
     """Any characters (before escaping), with a length bound; used to intersect with a pattern or format."""
-    if max_len is not None and max_len > MAX_LENGTH_BOUND:
-        raise GrammarError(f"maxLength {max_len} is above the {MAX_LENGTH_BOUND} agentkv enforces exactly", where)
+    _check_length_bounds(min_len, max_len, where)
     return Repeat(Chars(complement([])), min_len, max_len)
 
 

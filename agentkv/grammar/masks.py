@@ -12,19 +12,6 @@ from __future__ import annotations
 import numpy as np
 
 
-def first_byte_groups(info) -> list[np.ndarray]:
-    """Per first byte, the token ids that start with it (built once per tokenizer)."""
-    groups = getattr(info, "_first_byte_groups", None)
-    if groups is None:
-        ids = info.text_ids
-        first = info.token_bytes[ids, 0]
-        order = np.argsort(first, kind="stable")
-        bounds = np.searchsorted(first[order], np.arange(257))
-        groups = [ids[order[bounds[b]:bounds[b + 1]]] for b in range(256)]
-        info._first_byte_groups = groups
-    return groups
-
-
 def token_walk(grammar, stack: tuple, allowed: np.ndarray) -> None:
     """Set `allowed[t]` for every token t that `stack` (an expanded stack) can read in full."""
     info = grammar.info
@@ -44,7 +31,7 @@ def _walk_from(grammar, stack: tuple, candidates: np.ndarray, allowed: np.ndarra
     row = grammar.automaton.trans[stack[-1]]
     if len(candidates) == info.vocab_size or len(candidates) > len(info.text_ids) // 2:
         starts = np.nonzero(row >= 0)[0]
-        groups = first_byte_groups(info)
+        groups = info.first_byte_groups
         idx = np.concatenate([groups[b] for b in starts]) if len(starts) else np.zeros(0, dtype=np.int64)
         states = row[info.token_bytes[idx, 0]].astype(np.int64) if len(idx) else idx
     else:

@@ -79,6 +79,7 @@ class TokenizerInfo:
         self.plain_bounds = np.searchsorted(plain[order], np.arange(int(plain.max(initial=0)) + 2))
         self.non_plain_ids = self.text_ids[plain[self.text_ids] < 0]
         self._plain_suffix: np.ndarray | None = None
+        self._first_byte_groups: list[np.ndarray] | None = None
 
     # -- construction -------------------------------------------------------------------------------
 
@@ -139,6 +140,17 @@ class TokenizerInfo:
             vocab[r] = b
         eos = [special_tokens[t] for t in eos_tokens if t in special_tokens]
         return cls(vocab, eos, _rank_bpe_encoder(ranks, pattern))
+
+    @property
+    def first_byte_groups(self) -> list[np.ndarray]:
+        """Per first byte, the text token ids that start with it (built on first use)."""
+        if self._first_byte_groups is None:
+            ids = self.text_ids
+            first = self.token_bytes[ids, 0]
+            order = np.argsort(first, kind="stable")
+            bounds = np.searchsorted(first[order], np.arange(257))
+            self._first_byte_groups = [ids[order[bounds[b]:bounds[b + 1]]] for b in range(256)]
+        return self._first_byte_groups
 
     @property
     def plain_suffix(self) -> np.ndarray:
