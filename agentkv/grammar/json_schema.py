@@ -4,8 +4,8 @@ Output is compact JSON by default (flexible whitespace, capped per run, as an op
 properties come in schema order (`properties`), each optional one skippable, then additional
 properties (keys other than the declared ones) where `additionalProperties` allows them (it defaults
 to true, as the spec says; `strict=True` makes it false). `$ref` targets become rules, so recursion
-is exact; `allOf` is merged keyword by keyword; `anyOf` becomes alternation; `oneOf` too, but only
-where its branches provably exclude each other. A validation keyword this compiler cannot enforce is
+is exact; `allOf` is merged keyword by keyword (json_merge.py); `anyOf` becomes alternation;
+`oneOf` too, but only where its branches provably exclude each other. A validation keyword this compiler cannot enforce is
 a `GrammarError` naming the keyword and its JSON pointer. Keywords outside the JSON Schema
 vocabularies are annotations (the spec says to ignore them) and are ignored.
 """
@@ -35,6 +35,14 @@ from agentkv.grammar.expr import (
     seq,
     star,
 )
+from agentkv.grammar.json_merge import (
+    DEPENDENT,
+    UNSUPPORTED,
+    SchemaMerger,
+    json_equal,
+    type_of,
+    validating,
+)
 from agentkv.grammar.json_values import (
     INTEGER,
     NUMBER,
@@ -47,21 +55,7 @@ from agentkv.grammar.json_values import (
 )
 from agentkv.grammar.regex import search_expr
 
-ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "default", "examples", "example",
-               "deprecated", "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$defs", "definitions",
-               "contentEncoding", "contentMediaType", "contentSchema", "$vocabulary", "discriminator"}
-UNSUPPORTED = {"not", "if", "dependentRequired", "dependentSchemas", "dependencies", "contains",
-               "unevaluatedProperties", "unevaluatedItems", "multipleOf", "$dynamicRef", "$recursiveRef",
-               "uniqueItems"}
-# Keywords that only mean something next to another one (then/else without if; minContains without contains).
-DEPENDENT = {"then": "if", "else": "if", "minContains": "contains", "maxContains": "contains"}
-OBJECT_KEYS = {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
-               "patternProperties", "propertyNames"}
-ARRAY_KEYS = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}
-STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
-NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
 ALL_TYPES = ("object", "array", "string", "number", "boolean", "null")
-MAX_BRANCHES = 256
 MAX_INLINE_DEPTH = 60
 SHARED_TAIL_AFTER = 4  # objects with more properties than this share their member tails as rules
 
@@ -71,7 +65,7 @@ def dumps(value) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-class JsonSchemaConverter:
+class JsonSchemaConverter(SchemaMerger):
     def __init__(self, schema, *, strict: bool = False, whitespace: bool = False, max_whitespace: int = 16,
                  deadline: float | None = None, prefix: str = ""):
         if not isinstance(schema, (dict, bool)):
@@ -171,7 +165,7 @@ class JsonSchemaConverter:
         self._check_keywords(schema, ptr)
         if "$ref" in schema:
             rest = {k: v for k, v in schema.items() if k != "$ref"}
-            if not _validating(rest):
+            if not validating(rest):
                 return self.ref_rule(schema["$ref"], f"{ptr}/$ref")
             target, _ = self.resolve(schema["$ref"], f"{ptr}/$ref")
             return self.value(self.merge(target, rest, ptr), ptr)
@@ -188,7 +182,7 @@ class JsonSchemaConverter:
                     raise GrammarError("oneOf branches that may overlap cannot be enforced as 'exactly one'; "
                                        "make them exclusive (distinct types or const/enum values) or use anyOf",
                                        f"{ptr}/oneOf")
-                if not _validating(rest):
+                if not validating(rest):
                     return alt(*[self.value(b, f"{ptr}/{key}/{i}") for i, b in enumerate(branches)])
                 return alt(*[self.value(self.merge(rest, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}"),
                                         f"{ptr}/{key}/{i}") for i, b in enumerate(branches)])
@@ -218,110 +212,6 @@ class JsonSchemaConverter:
             if k in DEPENDENT and DEPENDENT[k] in schema:
                 raise GrammarError(f"keyword '{k}' is not supported", f"{ptr}/{k}")
 
-    def inline_ref(self, schema, ptr: str, depth: int = 0):
-        """`schema` with a top-level $ref replaced by its target merged with the siblings (for allOf/anyOf merges)."""
-        while isinstance(schema, dict) and "$ref" in schema:
-            if depth > 32:
-                raise GrammarError("$ref chain too deep or circular inside allOf/anyOf", ptr)
-            target, _ = self.resolve(schema["$ref"], f"{ptr}/$ref")
-            rest = {k: v for k, v in schema.items() if k != "$ref"}
-            schema = self.merge(self.inline_ref(target, ptr, depth + 1), rest, ptr) if rest else target
-            depth += 1
-        return schema
-
-    # -- allOf merge --------------------------------------------------------------------------------
-
-    def merge(self, a, b, ptr: str):
-        """One schema accepting exactly what both accept (raises where that cannot be written)."""
-        if a is True or (isinstance(a, dict) and not _validating(a)):
-            return b if b is not True else {}
-        if b is True or (isinstance(b, dict) and not _validating(b)):
-            return a
-        if a is False or b is False:
-            return False
-        a, b = self.inline_ref(a, ptr), self.inline_ref(b, ptr)
-        if "allOf" in a or "allOf" in b:
-            out = {k: v for k, v in a.items() if k != "allOf"}
-            for part in [*a.get("allOf", []), {k: v for k, v in b.items() if k != "allOf"}, *b.get("allOf", [])]:
-                out = self.merge(out, self.inline_ref(part, ptr), ptr)
-            return out
-        out = dict(a)
-        for k, v in b.items():
-            if k in ANNOTATIONS or k not in out:
-                out[k] = v
-                continue
-            u = out[k]
-            if u == v:
-                continue
-            if k == "type":
-                ta = {u} if isinstance(u, str) else set(u)
-                tb = {v} if isinstance(v, str) else set(v)
-                both = (ta & tb) | ({"integer"} if ("integer" in ta and "number" in tb) or
-                                    ("number" in ta and "integer" in tb) else set())
-                out[k] = sorted(both)
-            elif k in ("minimum", "minLength", "minItems", "minProperties", "exclusiveMinimum"):
-                out[k] = max(u, v)
-            elif k in ("maximum", "maxLength", "maxItems", "maxProperties", "exclusiveMaximum"):
-                out[k] = min(u, v)
-            elif k == "required":
-                out[k] = list(dict.fromkeys([*u, *v]))
-            elif k == "enum":
-                out[k] = [x for x in u if any(_json_equal(x, y) for y in v)]
-            elif k == "const":
-                out["enum"] = [u] if _json_equal(u, v) else []
-                del out["const"]
-            elif k == "properties":
-                continue  # below, with additionalProperties
-            elif k in ("items", "prefixItems", "additionalItems"):
-                continue  # below, position by position
-            elif k == "additionalProperties":
-                out[k] = {"allOf": [u, v]}
-            elif k in ("anyOf", "oneOf"):
-                if len(u) * len(v) > MAX_BRANCHES:
-                    raise GrammarError(f"merging {k} lists gives {len(u) * len(v)} branches "
-                                       f"(limit {MAX_BRANCHES})", ptr)
-                if k == "oneOf" and not (self.disjoint(u) and self.disjoint(v)):
-                    raise GrammarError("oneOf branches that may overlap cannot be enforced", f"{ptr}/oneOf")
-                out["anyOf"] = [{"allOf": [x, y]} for x in u for y in v]
-                out.pop("oneOf", None)
-            elif k == "pattern":
-                out["allOf"] = [*out.get("allOf", []), {"pattern": v}]
-            else:
-                raise GrammarError(f"allOf: the two values of '{k}' ({u!r} and {v!r}) cannot be merged", ptr)
-        if "properties" in a or "properties" in b or "additionalProperties" in a or "additionalProperties" in b:
-            pa, pb = a.get("properties", {}), b.get("properties", {})
-            xa, xb = a.get("additionalProperties", True), b.get("additionalProperties", True)
-            props = {}
-            for name in dict.fromkeys([*pa, *pb]):
-                sa = pa.get(name, xa)
-                sb = pb.get(name, xb)
-                props[name] = sa if sb is True else sb if sa is True else {"allOf": [sa, sb]}
-            if props:
-                out["properties"] = props
-            if xa is not True or xb is not True:
-                out["additionalProperties"] = xa if xb is True else xb if xa is True else {"allOf": [xa, xb]}
-        if any(k in a or k in b for k in ("items", "prefixItems", "additionalItems")):
-            _merge_arrays(a, b, out)
-        if "allOf" in out:
-            parts = out.pop("allOf")
-            for p in parts:
-                out = self.merge(out, p, ptr) if "pattern" not in p else _add_pattern(out, p["pattern"])
-        return out
-
-    def disjoint(self, branches) -> bool:
-        """Can no instance match two branches? (sound, not complete: distinct types or distinct constants)."""
-        kinds = []
-        for b in branches:
-            b = self.inline_ref(b, "#")
-            if not isinstance(b, dict):
-                return False
-            kinds.append(b)
-        for i in range(len(kinds)):
-            for j in range(i + 1, len(kinds)):
-                if not _exclusive(kinds[i], kinds[j]):
-                    return False
-        return True
-
     # -- values -------------------------------------------------------------------------------------
 
     def any_value(self):
@@ -342,8 +232,8 @@ class JsonSchemaConverter:
     def enum(self, schema: dict, ptr: str):
         values = [schema["const"]] if "const" in schema else _list(schema["enum"], f"{ptr}/enum")
         if "const" in schema and "enum" in schema:
-            values = [v for v in values if any(_json_equal(v, e) for e in schema["enum"])]
-        extra = [k for k in schema if _validating({k: schema[k]}) and k not in ("enum", "const", "type", "nullable")]
+            values = [v for v in values if any(json_equal(v, e) for e in schema["enum"])]
+        extra = [k for k in schema if validating({k: schema[k]}) and k not in ("enum", "const", "type", "nullable")]
         if extra:
             raise GrammarError(f"enum/const together with '{extra[0]}' is not supported; "
                                "list only the allowed values", f"{ptr}/{extra[0]}")
@@ -352,7 +242,7 @@ class JsonSchemaConverter:
             types = {types} if isinstance(types, str) else set(types)
             if schema.get("nullable") is True:
                 types.add("null")
-            values = [v for v in values if _type_of(v) in types or (_type_of(v) == "integer" and "number" in types)]
+            values = [v for v in values if type_of(v) in types or (type_of(v) == "integer" and "number" in types)]
         return alt(*[lit(dumps(v)) for v in values])
 
     def t_null(self, schema, ptr):
@@ -459,7 +349,7 @@ class JsonSchemaConverter:
         """A sub-schema as a rule of its own (a call), so repeated or shared use does not copy it."""
         if isinstance(schema, dict) and set(schema) == {"$ref"}:
             return self.ref_rule(schema["$ref"], f"{ptr}/$ref")
-        if schema is True or (isinstance(schema, dict) and not _validating(schema)):
+        if schema is True or (isinstance(schema, dict) and not validating(schema)):
             return self.any_value()
         # Equal sub-schemas (config files repeat one shape under many names) share one rule:
         # $refs resolve within this document, so equal text means an equal language.
@@ -473,13 +363,13 @@ class JsonSchemaConverter:
 
     def property_names(self, schema, ptr: str):
         """`propertyNames` as a character-level language (None: any name)."""
-        if schema is None or schema is True or (isinstance(schema, dict) and not _validating(schema)):
+        if schema is None or schema is True or (isinstance(schema, dict) and not validating(schema)):
             return None
         if schema is False:
             return NOTHING
         schema = self.inline_ref(schema, ptr)
         allowed = {"type", "pattern", "minLength", "maxLength", "format", "enum", "const"}
-        bad = [k for k in schema if _validating({k: schema[k]}) and k not in allowed]
+        bad = [k for k in schema if validating({k: schema[k]}) and k not in allowed]
         if bad or schema.get("type", "string") != "string":
             raise GrammarError(f"propertyNames with '{(bad or ['type'])[0]}' is not supported (names are strings: "
                                "use pattern, minLength, maxLength, format, enum or const)", ptr)
@@ -601,13 +491,6 @@ def _restrict(lang, names, excluded):
     return Diff(lang, excluded) if excluded is not None else lang
 
 
-def _add_pattern(schema: dict, pattern: str) -> dict:
-    out = dict(schema)
-    cur = out.get("pattern")
-    out["pattern"] = [pattern] if cur is None else ([cur] if isinstance(cur, str) else list(cur)) + [pattern]
-    return out
-
-
 def _count(schema: dict, key: str, ptr: str) -> int | None:
     v = schema.get(key)
     if v is None:
@@ -615,36 +498,6 @@ def _count(schema: dict, key: str, ptr: str) -> int | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or float(v) != int(v):
         raise GrammarError(f"{key} must be a non-negative integer, not {v!r}", f"{ptr}/{key}")
     return int(v)
-
-
-def _array_parts(s: dict) -> tuple[list, object]:
-    """(prefix schemas, schema of the items after them) in either draft's spelling."""
-    items = s.get("items", True)
-    if isinstance(items, list):
-        return list(items), s.get("additionalItems", True)
-    return list(s.get("prefixItems", [])), items
-
-
-def _merge_arrays(a: dict, b: dict, out: dict) -> None:
-    """Position-wise allOf of two array schemas: position i must satisfy both sides' schema for i."""
-    pa, ia = _array_parts(a)
-    pb, ib = _array_parts(b)
-    for k in ("items", "prefixItems", "additionalItems"):
-        out.pop(k, None)
-    n = max(len(pa), len(pb))
-    both = lambda x, y: x if y is True else y if x is True else {"allOf": [x, y]}
-    prefix = [both(pa[i] if i < len(pa) else ia, pb[i] if i < len(pb) else ib) for i in range(n)]
-    if prefix:
-        out["prefixItems"] = prefix
-    if ia is not True or ib is not True:
-        out["items"] = both(ia, ib)
-
-
-def _validating(schema: dict) -> bool:
-    """Does the schema constrain anything (beyond annotations and unknown keywords)?"""
-    known = OBJECT_KEYS | ARRAY_KEYS | STRING_KEYS | NUMBER_KEYS | UNSUPPORTED | {
-        "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable"}
-    return any(k in known for k in schema)
 
 
 def _list(v, ptr: str) -> list:
@@ -655,69 +508,3 @@ def _list(v, ptr: str) -> list:
 
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
-
-
-def _type_of(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
-        return "integer"
-    if isinstance(v, float):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    return "array" if isinstance(v, list) else "object"
-
-
-def _json_equal(a, b) -> bool:
-    """JSON equality: 1 == 1.0, but true != 1."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b or (_type_of(a) in ("integer", "number") and
-                                             _type_of(b) in ("integer", "number") and a == b)
-
-
-def _types(s: dict) -> set[str] | None:
-    if "const" in s:
-        return {_type_of(s["const"])}
-    if "enum" in s:
-        return {_type_of(v) for v in s["enum"]}
-    t = s.get("type")
-    if t is None:
-        return None
-    out = {t} if isinstance(t, str) else set(t)
-    if "number" in out:
-        out.add("integer")
-    if s.get("nullable") is True:
-        out.add("null")
-    return out
-
-
-def _exclusive(a: dict, b: dict) -> bool:
-    ta, tb = _types(a), _types(b)
-    if ta is not None and tb is not None and not (ta & tb):
-        return True
-    va = [a["const"]] if "const" in a else a.get("enum")
-    vb = [b["const"]] if "const" in b else b.get("enum")
-    if va is not None and vb is not None:
-        return not any(_json_equal(x, y) for x in va for y in vb)
-    # Objects told apart by a required property whose constant values differ (a discriminator).
-    pa, pb = a.get("properties", {}), b.get("properties", {})
-    for name in set(a.get("required", [])) & set(b.get("required", [])):
-        if isinstance(pa.get(name), dict) and isinstance(pb.get(name), dict):
-            if _exclusive(pa[name], pb[name]):
-                return True
-    # A required property of one that the other forbids.
-    for x, y in ((a, b), (b, a)):
-        for name in x.get("required", []):
-            if y.get("additionalProperties") is False and name not in y.get("properties", {}):
-                return True
-            if y.get("properties", {}).get(name) is False:
-                return True
-    return False

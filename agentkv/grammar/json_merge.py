@@ -1,0 +1,236 @@
+"""allOf arithmetic on JSON schemas: merging two schemas into one, and telling oneOf branches apart.
+
+`SchemaMerger.merge(a, b)` writes one schema that accepts exactly what both accept (types intersect,
+bounds tighten, properties merge with each side's additionalProperties applied to the other's
+names, arrays merge position by position), raising `GrammarError` where that cannot be written.
+`disjoint(branches)` is a sound (not complete) test that no instance matches two oneOf branches.
+The converter (json_schema.py) inherits these; it supplies `resolve` for `$ref`.
+"""
+
+from __future__ import annotations
+
+from agentkv.errors import GrammarError
+
+ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "default", "examples", "example",
+               "deprecated", "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$defs", "definitions",
+               "contentEncoding", "contentMediaType", "contentSchema", "$vocabulary", "discriminator"}
+UNSUPPORTED = {"not", "if", "dependentRequired", "dependentSchemas", "dependencies", "contains",
+               "unevaluatedProperties", "unevaluatedItems", "multipleOf", "$dynamicRef", "$recursiveRef",
+               "uniqueItems"}
+# Keywords that only mean something next to another one (then/else without if; minContains without contains).
+DEPENDENT = {"then": "if", "else": "if", "minContains": "contains", "maxContains": "contains"}
+OBJECT_KEYS = {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
+               "patternProperties", "propertyNames"}
+ARRAY_KEYS = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}
+STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
+NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+MAX_BRANCHES = 256
+
+
+class SchemaMerger:
+    """Mixed into the converter, which provides `resolve(ref, where) -> (schema, pointer)`."""
+
+    def inline_ref(self, schema, ptr: str, depth: int = 0):
+        """`schema` with a top-level $ref replaced by its target merged with the siblings (for allOf/anyOf merges)."""
+        while isinstance(schema, dict) and "$ref" in schema:
+            if depth > 32:
+                raise GrammarError("$ref chain too deep or circular inside allOf/anyOf", ptr)
+            target, _ = self.resolve(schema["$ref"], f"{ptr}/$ref")
+            rest = {k: v for k, v in schema.items() if k != "$ref"}
+            schema = self.merge(self.inline_ref(target, ptr, depth + 1), rest, ptr) if rest else target
+            depth += 1
+        return schema
+
+    def merge(self, a, b, ptr: str):
+        """One schema accepting exactly what both accept (raises where that cannot be written)."""
+        if a is True or (isinstance(a, dict) and not validating(a)):
+            return b if b is not True else {}
+        if b is True or (isinstance(b, dict) and not validating(b)):
+            return a
+        if a is False or b is False:
+            return False
+        a, b = self.inline_ref(a, ptr), self.inline_ref(b, ptr)
+        if "allOf" in a or "allOf" in b:
+            out = {k: v for k, v in a.items() if k != "allOf"}
+            for part in [*a.get("allOf", []), {k: v for k, v in b.items() if k != "allOf"}, *b.get("allOf", [])]:
+                out = self.merge(out, self.inline_ref(part, ptr), ptr)
+            return out
+        out = dict(a)
+        for k, v in b.items():
+            if k in ANNOTATIONS or k not in out:
+                out[k] = v
+                continue
+            u = out[k]
+            if u == v:
+                continue
+            if k == "type":
+                ta = {u} if isinstance(u, str) else set(u)
+                tb = {v} if isinstance(v, str) else set(v)
+                both = (ta & tb) | ({"integer"} if ("integer" in ta and "number" in tb) or
+                                    ("number" in ta and "integer" in tb) else set())
+                out[k] = sorted(both)
+            elif k in ("minimum", "minLength", "minItems", "minProperties", "exclusiveMinimum"):
+                out[k] = max(u, v)
+            elif k in ("maximum", "maxLength", "maxItems", "maxProperties", "exclusiveMaximum"):
+                out[k] = min(u, v)
+            elif k == "required":
+                out[k] = list(dict.fromkeys([*u, *v]))
+            elif k == "enum":
+                out[k] = [x for x in u if any(json_equal(x, y) for y in v)]
+            elif k == "const":
+                out["enum"] = [u] if json_equal(u, v) else []
+                del out["const"]
+            elif k == "properties":
+                continue  # below, with additionalProperties
+            elif k in ("items", "prefixItems", "additionalItems"):
+                continue  # below, position by position
+            elif k == "additionalProperties":
+                out[k] = {"allOf": [u, v]}
+            elif k in ("anyOf", "oneOf"):
+                if len(u) * len(v) > MAX_BRANCHES:
+                    raise GrammarError(f"merging {k} lists gives {len(u) * len(v)} branches "
+                                       f"(limit {MAX_BRANCHES})", ptr)
+                if k == "oneOf" and not (self.disjoint(u) and self.disjoint(v)):
+                    raise GrammarError("oneOf branches that may overlap cannot be enforced", f"{ptr}/oneOf")
+                out["anyOf"] = [{"allOf": [x, y]} for x in u for y in v]
+                out.pop("oneOf", None)
+            elif k == "pattern":
+                out["allOf"] = [*out.get("allOf", []), {"pattern": v}]
+            else:
+                raise GrammarError(f"allOf: the two values of '{k}' ({u!r} and {v!r}) cannot be merged", ptr)
+        if "properties" in a or "properties" in b or "additionalProperties" in a or "additionalProperties" in b:
+            pa, pb = a.get("properties", {}), b.get("properties", {})
+            xa, xb = a.get("additionalProperties", True), b.get("additionalProperties", True)
+            props = {}
+            for name in dict.fromkeys([*pa, *pb]):
+                sa = pa.get(name, xa)
+                sb = pb.get(name, xb)
+                props[name] = sa if sb is True else sb if sa is True else {"allOf": [sa, sb]}
+            if props:
+                out["properties"] = props
+            if xa is not True or xb is not True:
+                out["additionalProperties"] = xa if xb is True else xb if xa is True else {"allOf": [xa, xb]}
+        if any(k in a or k in b for k in ("items", "prefixItems", "additionalItems")):
+            _merge_arrays(a, b, out)
+        if "allOf" in out:
+            parts = out.pop("allOf")
+            for p in parts:
+                out = self.merge(out, p, ptr) if "pattern" not in p else _add_pattern(out, p["pattern"])
+        return out
+
+    def disjoint(self, branches) -> bool:
+        """Can no instance match two branches? (sound, not complete: distinct types or distinct constants)."""
+        kinds = []
+        for b in branches:
+            b = self.inline_ref(b, "#")
+            if not isinstance(b, dict):
+                return False
+            kinds.append(b)
+        for i in range(len(kinds)):
+            for j in range(i + 1, len(kinds)):
+                if not _exclusive(kinds[i], kinds[j]):
+                    return False
+        return True
+
+
+def _add_pattern(schema: dict, pattern: str) -> dict:
+    out = dict(schema)
+    cur = out.get("pattern")
+    out["pattern"] = [pattern] if cur is None else ([cur] if isinstance(cur, str) else list(cur)) + [pattern]
+    return out
+
+
+def _array_parts(s: dict) -> tuple[list, object]:
+    """(prefix schemas, schema of the items after them) in either draft's spelling."""
+    items = s.get("items", True)
+    if isinstance(items, list):
+        return list(items), s.get("additionalItems", True)
+    return list(s.get("prefixItems", [])), items
+
+
+def _merge_arrays(a: dict, b: dict, out: dict) -> None:
+    """Position-wise allOf of two array schemas: position i must satisfy both sides' schema for i."""
+    pa, ia = _array_parts(a)
+    pb, ib = _array_parts(b)
+    for k in ("items", "prefixItems", "additionalItems"):
+        out.pop(k, None)
+    n = max(len(pa), len(pb))
+    both = lambda x, y: x if y is True else y if x is True else {"allOf": [x, y]}
+    prefix = [both(pa[i] if i < len(pa) else ia, pb[i] if i < len(pb) else ib) for i in range(n)]
+    if prefix:
+        out["prefixItems"] = prefix
+    if ia is not True or ib is not True:
+        out["items"] = both(ia, ib)
+
+
+def validating(schema: dict) -> bool:
+    """Does the schema constrain anything (beyond annotations and unknown keywords)?"""
+    known = OBJECT_KEYS | ARRAY_KEYS | STRING_KEYS | NUMBER_KEYS | UNSUPPORTED | {
+        "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable"}
+    return any(k in known for k in schema)
+
+
+def type_of(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
+
+
+def json_equal(a, b) -> bool:
+    """JSON equality: 1 == 1.0, but true != 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b or (type_of(a) in ("integer", "number") and
+                                             type_of(b) in ("integer", "number") and a == b)
+
+
+def _types(s: dict) -> set[str] | None:
+    if "const" in s:
+        return {type_of(s["const"])}
+    if "enum" in s:
+        return {type_of(v) for v in s["enum"]}
+    t = s.get("type")
+    if t is None:
+        return None
+    out = {t} if isinstance(t, str) else set(t)
+    if "number" in out:
+        out.add("integer")
+    if s.get("nullable") is True:
+        out.add("null")
+    return out
+
+
+def _exclusive(a: dict, b: dict) -> bool:
+    ta, tb = _types(a), _types(b)
+    if ta is not None and tb is not None and not (ta & tb):
+        return True
+    va = [a["const"]] if "const" in a else a.get("enum")
+    vb = [b["const"]] if "const" in b else b.get("enum")
+    if va is not None and vb is not None:
+        return not any(json_equal(x, y) for x in va for y in vb)
+    # Objects told apart by a required property whose constant values differ (a discriminator).
+    pa, pb = a.get("properties", {}), b.get("properties", {})
+    for name in set(a.get("required", [])) & set(b.get("required", [])):
+        if isinstance(pa.get(name), dict) and isinstance(pb.get(name), dict):
+            if _exclusive(pa[name], pb[name]):
+                return True
+    # A required property of one that the other forbids.
+    for x, y in ((a, b), (b, a)):
+        for name in x.get("required", []):
+            if y.get("additionalProperties") is False and name not in y.get("properties", {}):
+                return True
+            if y.get("properties", {}).get(name) is False:
+                return True
+    return False
