@@ -1,6 +1,7 @@
 """agentkv: structured output and agents on an LLM engine that remembers.
 
-`import agentkv as ak` is the whole user surface: `ak.Engine`, `ak.SamplingParams`, and the errors.
+`import agentkv as ak` is the whole user surface: `ak.Engine`, `ak.SamplingParams`, typed generation
+(`ak.generate`, `ak.stream`), and the errors.
 The engine names load on first use, so `agentkv.grammar` (pure Python and numpy) never imports torch.
 """
 
@@ -10,10 +11,14 @@ from agentkv.errors import (
     EngineClosedError,
     EngineError,
     GrammarError,
+    IncompleteOutputError,
     ModelLoadError,
+    OutputError,
+    OutputValidationError,
     PinBudgetError,
     RequestError,
 )
+from agentkv.typed import astream, default_engine, generate, set_default_engine, stream
 
 _ENGINE_NAMES = {"Completion", "Engine", "PinHandle", "RequestOutput", "SamplingParams", "StreamDelta", "Usage"}
 
@@ -29,6 +34,7 @@ def __getattr__(name: str):
 __version__ = "0.1.0"
 __all__ = [
     "AgentKVError", "CacheError", "Completion", "Engine", "EngineClosedError", "EngineError", "GrammarError",
-    "ModelLoadError",
+    "IncompleteOutputError", "ModelLoadError", "OutputError", "OutputValidationError",
     "PinBudgetError", "PinHandle", "RequestError", "RequestOutput", "SamplingParams", "StreamDelta", "Usage",
+    "astream", "default_engine", "generate", "set_default_engine", "stream",
 ]

@@ -44,3 +44,22 @@ class GrammarError(AgentKVError, ValueError):
     def __init__(self, message: str, pointer: str | None = None):
         super().__init__(f"{message} (at {pointer or '#'})" if pointer is not None else message)
         self.pointer = pointer
+
+
+class OutputError(AgentKVError):
+    """A structured generation whose text cannot be returned as a valid object.
+
+    `text` is the text generated; `finish_reason` why generation ended.
+    """
+
+    def __init__(self, message: str, text: str, finish_reason: str | None):
+        super().__init__(message)
+        self.text, self.finish_reason = text, finish_reason
+
+
+class IncompleteOutputError(OutputError):
+    """The output ended before the grammar was complete (max_tokens, a stop string, a dead end, an abort)."""
+
+
+class OutputValidationError(OutputError):
+    """The output is complete JSON for the schema but the model's own validators refused it."""

@@ -13,12 +13,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from agentkv.engine.constrained import MaskWorker
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import Request
 from agentkv.engine.runner import ModelRunner
 from agentkv.engine.sampler import sample
-from agentkv.engine.scheduler import Scheduler
+from agentkv.engine.scheduler import ScheduledBatch, Scheduler
 from agentkv.errors import EngineClosedError, EngineError, RequestError
 
 
@@ -56,6 +59,7 @@ class EngineCore:
             return
         self.scheduler, self.runner, self.tokenizer = p.scheduler, p.runner, p.tokenizer
         self.pool, self.req_pool, self.tree = p.pool, p.req_pool, p.tree
+        self.masks = MaskWorker(p.model_config.vocab_size)
         ready.set_result(p)
         self._loop()
 
@@ -77,7 +81,15 @@ class EngineCore:
     def submit(self, reqs: list[Request]) -> None:
         def add() -> None:
             for r in reqs:
-                self.scheduler.add(r)
+                try:
+                    r.start_grammar(self.tokenizer)
+                except Exception as e:
+                    r.error = EngineError(f"starting the request's grammar failed: {type(e).__name__}: {e}")
+                    r.finish_reason = "error"
+                if r.finished:  # failed, or the grammar forced the whole output: no pass needed
+                    self._notify(r)
+                else:
+                    self.scheduler.add(r)
 
         self._post(add)
 
@@ -123,6 +135,7 @@ class EngineCore:
                     traceback.print_exc()
                     self._fail_all(EngineError(f"engine step failed: {type(e).__name__}: {e}"))
         self._fail_all(EngineClosedError("the engine was closed before this request finished"))
+        self.masks.close()
 
     def step(self) -> None:
         batch = self.scheduler.schedule()
@@ -130,9 +143,14 @@ class EngineCore:
             self._fail_unservable()
             return
         try:
-            logits = self.runner.run(batch)
             sampling = [r for r, s in zip(batch.reqs, batch.sampling) if s]
-            tokens = sample(logits, sampling, self.tokenizer)
+            masks = self.masks.start(sampling)  # grammar masks are built while the model runs
+            try:
+                logits = self.runner.run(batch)
+            finally:
+                bitmask = masks.result() if masks is not None else None
+            _keep_scores(batch, logits[len(sampling) :])
+            tokens = sample(logits[: len(sampling)], sampling, self.tokenizer, bitmask)
             self.scheduler.process(batch, tokens, self.tokenizer)
         except Exception as e:
             # A failed pass must not take the engine down: fail its requests, free their memory.
@@ -174,3 +192,15 @@ class EngineCore:
             r.error = err
             s.abort(r, "error")
             self._notify(r)
+
+
+def _keep_scores(batch: ScheduledBatch, logits: torch.Tensor) -> None:
+    """Scoring requests: the logprob of each scored token, from the logits of the position before it."""
+    positions = batch.score_positions()
+    if not positions:
+        return
+    logprobs = logits.log_softmax(-1)
+    targets = torch.tensor([r.all_ids[p + 1] for r, p in positions], dtype=torch.int64)
+    picked = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+    for (r, _), lp in zip(positions, picked):
+        r.token_scores.append(lp)

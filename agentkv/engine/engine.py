@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from agentkv.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from agentkv.engine.constrained import GrammarSupport, output_parser
 from agentkv.engine.core import Components, EngineCore
 from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.memory import KVPool, ReqToTokenPool
@@ -79,59 +80,70 @@ class Engine:
         parts = self._core.parts
         self.tokenizer, self.model_config, self.context_length = parts.tokenizer, parts.model_config, parts.context_length
         self._pool, self._tree = parts.pool, parts.tree
+        self._grammars = GrammarSupport(self.tokenizer)
         self._rng = random.Random(cfg.seed) if options.get("seed") is not None else random.SystemRandom()
         _live_engines.add(self)
 
     # ---- generation -----------------------------------------------------------------------------
 
-    def generate(self, prompt: Prompt | Sequence[Prompt], params: SamplingParams | None = None, **sampling: Any):
-        """Complete a prompt (text or token ids), or a list of prompts (batched; list in, list out)."""
+    def generate(self, prompt: Prompt | Sequence[Prompt], params: SamplingParams | None = None, *, schema: Any = None, **sampling: Any):
+        """Complete a prompt (text or token ids), or a list of prompts (batched; list in, list out).
+
+        `schema=` (a Pydantic model class, a JSON Schema dict or text) is `json_schema=`: the output then
+        matches it, and `out.parsed` is the validated object."""
         batch = _is_batch(prompt)
         prompts = list(prompt) if batch else [prompt]
-        params = self._params(params, sampling)
+        params = self._params(params, sampling, schema)
         groups = [self._make_requests(self._encode(p), params) for p in prompts]
-        done = threading.Event()
-        remaining = [sum(len(g) for g in groups)]
-        lock = threading.Lock()
-
-        def on_update(r: Request) -> None:
-            if r.finished:
-                with lock:
-                    remaining[0] -= 1
-                    if remaining[0] == 0:
-                        done.set()
-
-        for g in groups:
-            for r in g:
-                r.on_update = on_update
-        self._core.submit([r for g in groups for r in g])
-        try:
-            done.wait()
-        except KeyboardInterrupt:
-            self._core.abort([r for g in groups for r in g])
-            raise
+        self._run_to_end([r for g in groups for r in g])
         outs = [self._output(g) for g in groups]
         return outs if batch else outs[0]
 
-    def chat(self, messages: Messages, params: SamplingParams | None = None, *, tools: Sequence[dict] | None = None, **sampling: Any) -> RequestOutput:
+    def chat(self, messages: Messages, params: SamplingParams | None = None, *, tools: Sequence[dict] | None = None,
+             schema: Any = None, **sampling: Any) -> RequestOutput:
         """Generate the assistant's reply to `messages` rendered with the model's chat template."""
-        return self.generate(self.render(messages, tools=tools), params, **sampling)
+        return self.generate(self.render(messages, tools=tools), params, schema=schema, **sampling)
 
-    async def agenerate(self, prompt: Prompt | Messages, params: SamplingParams | None = None, **sampling: Any) -> RequestOutput:
+    async def agenerate(self, prompt: Prompt | Messages, params: SamplingParams | None = None, *, schema: Any = None,
+                        **sampling: Any) -> RequestOutput:
         result: list[RequestOutput] = []
-        async for _ in self._run_async(prompt, params, sampling, False, result):
+        async for _ in self._run_async(prompt, self._params(params, sampling, schema), False, result):
             pass
         return result[0]
 
-    async def stream(self, prompt: Prompt | Messages, params: SamplingParams | None = None, **sampling: Any) -> AsyncIterator[StreamDelta]:
+    async def stream(self, prompt: Prompt | Messages, params: SamplingParams | None = None, *, schema: Any = None,
+                     **sampling: Any) -> AsyncIterator[StreamDelta]:
         """Yield text deltas as they become stable (stop strings and partial characters held back)."""
-        async for delta in self._run_async(prompt, params, sampling, True, []):
+        async for delta in self._run_async(prompt, self._params(params, sampling, schema), True, []):
             yield delta
 
-    async def _run_async(self, prompt, params, sampling, want_deltas: bool, result: list) -> AsyncIterator[StreamDelta]:
+    def score(self, prompt: Prompt | Messages, continuations: Sequence[str | Sequence[int]]) -> list[list[float]]:
+        """The model's logprob of each token of each continuation after `prompt` (one prefill each,
+        all sharing the prompt's KV through the radix cache). Continuations are tokenized on their
+        own and appended to the prompt's tokens: the prompt's tokens are never changed."""
         if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
             prompt = self.render(prompt)
-        params = self._params(params, sampling)
+        ids = self._encode(prompt)
+        conts = [self._encode(c) for c in continuations]
+        longest = max((len(c) for c in conts), default=0)
+        if len(ids) + longest >= min(self.context_length, self._pool.capacity):
+            raise RequestError(f"prompt plus continuation is {len(ids) + longest} tokens, over the context; shorten them")
+        reqs = [Request(ids + c, SamplingParams(max_tokens=1), 0, frozenset(), 1, prefill_only=True, score_from=len(ids))
+                for c in conts]
+        self._run_to_end(reqs)
+        for r in reqs:
+            if r.error is not None:
+                raise r.error
+        return [r.token_scores for r in reqs]
+
+    @property
+    def grammar_compiler(self):
+        """The engine's `GrammarCompiler` (built from its tokenizer on first use; caches grammars)."""
+        return self._grammars.compiler
+
+    async def _run_async(self, prompt, params: SamplingParams, want_deltas: bool, result: list) -> AsyncIterator[StreamDelta]:
+        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+            prompt = self.render(prompt)
         group = self._make_requests(self._encode(prompt), params, stream=want_deltas)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Request] = asyncio.Queue()
@@ -163,6 +175,30 @@ class Engine:
             self._core.abort([r for r in group if not r.finished])  # a disconnecting client frees its KV
             raise
         result.append(self._output(group))
+
+    def _run_to_end(self, reqs: list[Request]) -> None:
+        """Submit `reqs` and wait until every one has finished (Ctrl-C aborts them)."""
+        if not reqs:
+            return
+        done = threading.Event()
+        remaining = [len(reqs)]
+        lock = threading.Lock()
+
+        def on_update(r: Request) -> None:
+            if r.finished:
+                with lock:
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        done.set()
+
+        for r in reqs:
+            r.on_update = on_update
+        self._core.submit(reqs)
+        try:
+            done.wait()
+        except KeyboardInterrupt:
+            self._core.abort(reqs)
+            raise
 
     # ---- pins -----------------------------------------------------------------------------------
 
@@ -241,8 +277,10 @@ class Engine:
 
     # ---- helpers ----------------------------------------------------------------------------------
 
-    def _params(self, params: SamplingParams | None, overrides: dict[str, Any]) -> SamplingParams:
+    def _params(self, params: SamplingParams | None, overrides: dict[str, Any], schema: Any = None) -> SamplingParams:
         params = params or SamplingParams()
+        if schema is not None:
+            overrides = {**overrides, "json_schema": schema}
         return params.with_(**overrides) if overrides else params
 
     def _encode(self, prompt: Prompt) -> list[int]:
@@ -270,10 +308,11 @@ class Engine:
         limit = min(self.context_length, self._pool.capacity) - len(ids)
         max_new = limit if params.max_tokens is None else min(params.max_tokens, limit)
         eos = self.tokenizer.eos_ids
+        grammar = self._grammars.compile(params)  # GrammarError here, before anything is queued
         out = []
         for i in range(params.n):
             seed = params.seed + i if params.seed is not None else self._rng.getrandbits(63)
-            out.append(Request(ids, params, seed, eos, max_new, stream=stream))
+            out.append(Request(ids, params, seed, eos, max_new, stream=stream, grammar=grammar))
         return out
 
     def _output(self, group: list[Request]) -> RequestOutput:
@@ -287,7 +326,12 @@ class Engine:
             forward_passes=max(r.usage.forward_passes for r in group),
             jump_forward_tokens=sum(r.usage.jump_forward_tokens for r in group),
         )
-        comps = [Completion(r.text, list(r.output_ids), r.finish_reason or "abort", r.logprobs if r.params.logprobs else None) for r in group]
+        parser = output_parser(group[0].params)
+        comps = [
+            Completion(r.text, list(r.output_ids), r.finish_reason or "abort", r.logprobs if r.params.logprobs else None,
+                       parser, r.grammar_complete)
+            for r in group
+        ]
         return RequestOutput(list(group[0].prompt_ids), comps, usage)
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from agentkv.errors import IncompleteOutputError
 
 
 @dataclass
@@ -33,8 +37,24 @@ class TokenLogprob:
 class Completion:
     text: str
     token_ids: list[int]
-    finish_reason: str  # "stop" | "length" | "abort" | "error"
+    finish_reason: str  # "stop" | "length" | "abort" | "error" | "grammar_dead_end"
     logprobs: list[TokenLogprob] | None = None
+    parser: Callable[[str], Any] | None = field(default=None, repr=False, compare=False)
+    complete: bool = False  # a structured output that its grammar accepts as whole
+
+
+    @property
+    def parsed(self) -> Any:
+        """With a schema: the validated object (a Pydantic instance for a model, a dict checked with
+        jsonschema for a dict schema); with a regex or grammar: the text; otherwise None.
+        Raises IncompleteOutputError when the output stopped before the grammar was complete."""
+        if self.parser is None:
+            return None
+        if not self.complete:
+            raise IncompleteOutputError(
+                f"the output ended before it was complete (finish_reason={self.finish_reason!r}); raise "
+                "max_tokens, or remove stop strings that can occur inside it", self.text, self.finish_reason)
+        return self.parser(self.text)
 
 
 @dataclass
@@ -61,6 +81,11 @@ class RequestOutput:
     @property
     def logprobs(self) -> list[TokenLogprob] | None:
         return self.completions[0].logprobs
+
+    @property
+    def parsed(self) -> Any:
+        """The first completion's validated object (see Completion.parsed)."""
+        return self.completions[0].parsed
 
 
 @dataclass

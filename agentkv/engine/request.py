@@ -11,6 +11,7 @@ import torch
 
 from agentkv.engine.outputs import TokenLogprob, Usage
 from agentkv.engine.sampling_params import SamplingParams
+from agentkv.grammar import CompiledGrammar, Matcher
 
 if TYPE_CHECKING:
     from agentkv.engine.radix_cache import TreeNode
@@ -29,6 +30,8 @@ class Request:
     prefill_only: bool = False  # compute the prompt's KV and finish (pins)
     stream: bool = False  # keep `text` current after every token
     on_update: Callable[[Request], None] | None = None  # called by the engine thread after each step
+    grammar: CompiledGrammar | None = None  # compiled on the caller's thread; the output must match it
+    score_from: int | None = None  # a scoring request: the logprob of each of all_ids[score_from:] is kept
     rid: int = field(default_factory=lambda: next(_ids))
 
     output_ids: list[int] = field(default_factory=list)
@@ -46,6 +49,9 @@ class Request:
     finish_reason: str | None = None
     error: BaseException | None = None
     generator: torch.Generator | None = None
+    matcher: Matcher | None = None  # made on the engine thread by start_grammar
+    token_scores: list[float] = field(default_factory=list)  # logprobs of all_ids[score_from:]
+    cut_by_stop_string: bool = False
 
     def __post_init__(self) -> None:
         self.usage.prompt_tokens = len(self.prompt_ids)
@@ -67,18 +73,59 @@ class Request:
     def remaining_tokens(self) -> int:
         return max(self.max_new_tokens - len(self.output_ids), 0)
 
-    def append_token(self, token_id: int, tokenizer: Tokenizer) -> None:
-        """Record a sampled token and decide whether the request is finished.
+    @property
+    def grammar_complete(self) -> bool:
+        """The output is whole for its grammar (read once the request has finished)."""
+        m = self.matcher
+        return m is not None and not self.cut_by_stop_string and (m.is_terminated() or m.can_terminate())
 
-        `text` is updated before `finish_reason`: a streaming reader on another thread that sees the
-        request finished must also see its final text.
-        """
-        self.output_ids.append(token_id)
-        self.usage.completion_tokens = len(self.output_ids)
+    def start_grammar(self, tokenizer: Tokenizer) -> None:
+        """On the engine thread before the first pass: the matcher, and the text the grammar forces
+        at the very start (prefilled together with the prompt)."""
+        if self.grammar is not None:
+            self.matcher = Matcher(self.grammar)
+            self.jump_forward(tokenizer)
+
+    def append_token(self, token_id: int, tokenizer: Tokenizer) -> None:
+        """Record a sampled token and decide whether the request is finished."""
+        if self.matcher is not None and not self.matcher.accept_token(token_id):
+            raise AssertionError(f"token {token_id} was sampled outside the grammar's mask")
+        self._append([token_id], tokenizer)
+
+    def jump_forward(self, tokenizer: Tokenizer) -> int:
+        """Append the tokens the grammar forces next (canonical, see Matcher.jump_forward_tokens);
+        they are computed in the next pass's extend. Returns how many were appended."""
+        if self.matcher is None or not self.params.jump_forward or self.finished:
+            return 0
+        toks = self.matcher.jump_forward_tokens()[: self.remaining_tokens]
+        if not toks:
+            return 0
+        if not self.matcher.accept_tokens(toks):
+            raise AssertionError(f"the grammar refused its own forced tokens {toks}")
+        self.usage.jump_forward_tokens += len(toks)
+        self._append(toks, tokenizer)
+        return len(toks)
+
+    def end_at_dead_end(self, tokenizer: Tokenizer) -> None:
+        """The grammar allows no token here (and cannot end): stop with a finish reason that says so."""
+        self._update_text(tokenizer, None)
+        self.finish_reason = "grammar_dead_end"
+
+    def _append(self, ids: list[int], tokenizer: Tokenizer) -> None:
+        """`text` is updated before `finish_reason`: a streaming reader on another thread that sees the
+        request finished must also see its final text."""
         p = self.params
-        reason = None
-        if token_id in p.stop_token_ids or (not p.ignore_eos and token_id in self.eos_ids):
+        cut = next((i for i, t in enumerate(ids) if t in p.stop_token_ids), None)
+        if cut is not None:
+            ids = ids[: cut + 1]
+        self.output_ids.extend(ids)
+        self.usage.completion_tokens = len(self.output_ids)
+        last, reason = ids[-1], None
+        # with a grammar, EOS ends the output even under ignore_eos: nothing may follow it
+        if cut is not None or (last in self.eos_ids and (not p.ignore_eos or self.matcher is not None)):
             reason = "stop"
+        elif self.matcher is not None and self.matcher.must_terminate():
+            reason = "stop"  # the grammar is complete and allows nothing more: no pass spent on EOS
         elif len(self.output_ids) >= self.max_new_tokens:
             reason = "length"
         if p.stop or self.stream or reason is not None:
@@ -99,6 +146,7 @@ class Request:
             if hits:
                 text = text[: min(hits)[0]]
                 stopped = "stop"
+                self.cut_by_stop_string = True
         self.text = text
         return stopped
 

@@ -16,12 +16,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, all_logits: bool = False) -> torch.Tensor:
-        """Logits [num_sampling, V] (fp32) for the requests that sample from this pass,
-        or for every new token with `all_logits` (tests compare them to a reference)."""
+        """Logits (fp32) of the requests that sample from this pass, one row each, then of the
+        batch's `score_positions()`; or of every new token with `all_logits` (tests compare them
+        to a reference)."""
         ids: list[int] = []
         positions: list[int] = []
         last: list[int] = []
+        starts: dict[int, int] = {}  # request id -> its first row in the flat run
         for r, n, samples in zip(batch.reqs, batch.extend_lens, batch.sampling):
+            starts[r.rid] = len(ids) - r.kv_len
             ids.extend(r.all_ids[r.kv_len : r.kv_len + n])
             positions.extend(range(r.kv_len, r.kv_len + n))
             if samples:
@@ -40,5 +43,6 @@ class ModelRunner:
             backend=self.backend,
             kv_caches=self.pool.kv_caches,
         )
+        last += [starts[r.rid] + p for r, p in batch.score_positions()]
         select = torch.arange(len(ids)) if all_logits else torch.tensor(last, dtype=torch.int64)
         return self.model(torch.tensor(ids, dtype=torch.int64, device=self.device), ctx, select)

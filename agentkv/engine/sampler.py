@@ -14,6 +14,7 @@ import torch
 
 from agentkv.engine.outputs import TokenLogprob
 from agentkv.engine.request import Request
+from agentkv.kernels.token_mask import apply_token_bitmask
 
 
 def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
@@ -46,17 +47,28 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> tor
     return logits
 
 
-def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer) -> list[int]:
-    """One token per row of `logits` [B, V] (fp32); fills each request's logprobs when asked."""
+def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer, bitmask: torch.Tensor | None = None) -> list[int]:
+    """One token per row of `logits` [B, V] (fp32); fills each request's logprobs when asked.
+
+    `bitmask` [B, ceil(V / 32)] int32 holds the grammar's allowed tokens per row (all bits set for
+    free text); a row that allows no token gets -1. Logprobs are the model's, before the mask.
+    """
     want_logprobs = [r.params.logprobs for r in reqs]
     raw_logprobs = logits.log_softmax(-1) if any(want_logprobs) else None
     if any(r.params.repetition_penalty != 1.0 or r.params.frequency_penalty or r.params.presence_penalty for r in reqs):
         logits = logits.clone()
         apply_penalties(logits, reqs)
+    alive = [True] * len(reqs)
+    if bitmask is not None:
+        logits, rows_alive = apply_token_bitmask(logits, bitmask)
+        alive = rows_alive.tolist()
     greedy = logits.argmax(-1).tolist()
     tokens: list[int] = []
     for i, r in enumerate(reqs):
         p = r.params
+        if not alive[i]:
+            tokens.append(-1)
+            continue
         if p.greedy:
             tokens.append(greedy[i])
             continue
@@ -66,7 +78,7 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer) -> list[int
         tokens.append(int((probs / noise).argmax()))
     if raw_logprobs is not None:
         for i, r in enumerate(reqs):
-            if want_logprobs[i]:
+            if want_logprobs[i] and tokens[i] >= 0:
                 r.logprobs.append(_token_logprob(raw_logprobs[i], tokens[i], r.params.top_logprobs, tokenizer))
     return tokens
 

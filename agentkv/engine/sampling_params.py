@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from agentkv.errors import RequestError
 
@@ -25,6 +26,11 @@ class SamplingParams:
     top_logprobs: int = 0  # alternatives per position, with logprobs=True
     n: int = 1  # completions per prompt; they share the prompt's KV
     skip_special_tokens: bool = True
+    # Structured output: at most one of these. The output then always matches it (see docs/structured.md).
+    json_schema: Any = field(default=None, hash=False)  # a dict, JSON text, or a Pydantic model class
+    regex: str | None = None  # the whole output matches this pattern
+    grammar: str | None = None  # a Lark grammar (llguidance dialect)
+    jump_forward: bool = True  # append the tokens a grammar forces without a forward pass
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +71,16 @@ class SamplingParams:
             raise bad("n", "it must be an integer in [1, 64]")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", "it must be an integer or None")
+        if sum(x is not None for x in (self.json_schema, self.regex, self.grammar)) > 1:
+            raise RequestError("give at most one of SamplingParams.json_schema, regex and grammar")
+        for name in ("regex", "grammar"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise bad(name, "it must be a string")
+
+    @property
+    def structured(self) -> bool:
+        """True when the output is constrained by a schema, regex or grammar."""
+        return self.json_schema is not None or self.regex is not None or self.grammar is not None
 
     @property
     def greedy(self) -> bool:

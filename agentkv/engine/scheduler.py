@@ -27,11 +27,21 @@ class ScheduledBatch:
     extend_lens: list[int]
     num_decodes: int
     out_cache_loc: torch.Tensor  # [sum(extend_lens)] slots for the new tokens
+    num_jumps: int = 0  # after the decodes: running requests extending their jump-forward tokens
 
     @property
     def sampling(self) -> list[bool]:
         """Whether each request gets a sampled token from this pass (its last prompt chunk, or a decode)."""
         return [r.kv_len + e == r.seq_len and not r.prefill_only for r, e in zip(self.reqs, self.extend_lens)]
+
+    def score_positions(self) -> list[tuple[Request, int]]:
+        """(request, position) pairs whose logits score the token after them, for scoring requests
+        (prefill-only requests with `score_from`), in batch order."""
+        out = []
+        for r, n in zip(self.reqs, self.extend_lens):
+            if r.score_from is not None:
+                out += [(r, p) for p in range(max(r.kv_len, r.score_from - 1), min(r.kv_len + n, r.seq_len - 1))]
+        return out
 
 
 @dataclass
@@ -43,6 +53,7 @@ class SchedulerStats:
     forward_passes: int = 0
     retractions: int = 0
     deferred_by_dedup: int = 0
+    jump_forward_tokens_computed: int = 0  # forced tokens computed in extends instead of decode steps
 
 
 class Scheduler:
@@ -85,14 +96,23 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch | None:
         self.new_token_ratio = max(self.cfg.min_new_token_ratio, self.new_token_ratio - self.cfg.new_token_ratio_decay)
-        decodes = [r for r in self.running if r is not self.chunked and r.kv_len == r.seq_len - 1]
-        decodes = self._make_room_for_decodes(decodes)
+        # running requests past their prefill: one decode token each, or the jump-forward tokens
+        # appended since their last pass plus the sampled one (an extend)
+        active = self._make_room([r for r in self.running if r is not self.chunked and r.kv_len < r.seq_len])
+        decodes = [r for r in active if r.kv_len == r.seq_len - 1]
+        jumps = [r for r in active if r.kv_len < r.seq_len - 1]
         reqs: list[Request] = list(decodes)
         ext_lens = [1] * len(decodes)
         locs = [self._alloc(len(decodes))] if decodes else []
         for r, loc in zip(decodes, locs[0] if locs else []):
             self.req_pool.table[r.row, r.kv_len] = loc
         budget = self.cfg.max_step_tokens - len(decodes)
+        for r in jumps:  # short runs, always whole: splitting them would cost a pass each
+            n = r.seq_len - r.kv_len
+            locs.append(self._place(r, n))
+            reqs.append(r)
+            ext_lens.append(n)
+            budget -= n
 
         if self.chunked is not None and budget > 0:
             r = self.chunked
@@ -111,7 +131,7 @@ class Scheduler:
         for r, n in zip(reqs, ext_lens):
             r.pending = n
         out = torch.cat(locs) if len(locs) > 1 else locs[0]
-        return ScheduledBatch(reqs, ext_lens, len(decodes), out)
+        return ScheduledBatch(reqs, ext_lens, len(decodes), out, len(jumps))
 
     def _admit(self, budget: int, num_decodes: int, reqs: list[Request], ext_lens: list[int], locs: list[torch.Tensor]) -> None:
         clip = self.cfg.max_tokens_clip
@@ -164,8 +184,10 @@ class Scheduler:
     def _match(self, r: Request):
         if self.tree is None:
             return torch.empty(0, dtype=torch.int64), None
-        # keep at least one token to compute: its logits give the next token
-        return self.tree.match_prefix(r.all_ids[: r.seq_len - 1])
+        # keep at least one token to compute: its logits give the next token (a scoring request
+        # computes the logits of every token before the scored ones)
+        end = r.seq_len - 1 if r.score_from is None else min(r.seq_len - 1, r.score_from - 1)
+        return self.tree.match_prefix(r.all_ids[:end])
 
     def _start(self, r: Request, prefix_slots: torch.Tensor, node) -> None:
         r.row = self.req_pool.alloc()
@@ -192,18 +214,18 @@ class Scheduler:
         assert slots is not None, "admission let in more than memory holds"
         return slots
 
-    def _make_room_for_decodes(self, decodes: list[Request]) -> list[Request]:
-        """Evict, then retract the latest-admitted requests, until every decode has a slot."""
-        while decodes:
-            short = len(decodes) - self.pool.num_free
+    def _make_room(self, active: list[Request]) -> list[Request]:
+        """Evict, then retract the latest-admitted requests, until every running request has slots
+        for the tokens it computes next."""
+        while active:
+            short = sum(r.seq_len - r.kv_len for r in active) - self.pool.num_free
             if short > 0 and self.tree is not None:
                 self.tree.evict(short)
-                short = len(decodes) - self.pool.num_free
+                short = sum(r.seq_len - r.kv_len for r in active) - self.pool.num_free
             if short <= 0:
                 break
-            victim = decodes.pop()  # the most recently admitted: least work lost
-            self.retract(victim)
-        return decodes
+            self.retract(active.pop())  # the most recently admitted: least work lost
+        return active
 
     def retract(self, r: Request) -> None:
         self.stats.retractions += 1
@@ -215,29 +237,38 @@ class Scheduler:
     # ---- after the forward pass -------------------------------------------------------------------
 
     def process(self, batch: ScheduledBatch, tokens: list[int], tokenizer) -> list[Request]:
-        """Advance each request by its computed tokens and sampled token; returns the finished ones."""
+        """Advance each request by its computed tokens and sampled token (-1: the grammar allowed
+        none), then append what its grammar forces next; returns the finished requests."""
         self.stats.forward_passes += 1
         finished, it = [], iter(tokens)
+        jumps_end = batch.num_decodes + batch.num_jumps
         for i, (r, n, samples) in enumerate(zip(batch.reqs, batch.extend_lens, batch.sampling)):
             r.kv_len += n
             r.pending = 0
             r.usage.forward_passes += 1
-            was_prefill = i >= batch.num_decodes
-            if was_prefill:
-                self.stats.prefill_tokens_computed += n
-            else:
+            if i < batch.num_decodes:
                 self.stats.decode_tokens += 1
+            elif i < jumps_end:
+                self.stats.jump_forward_tokens_computed += n - 1
+                self.stats.decode_tokens += 1
+            else:
+                self.stats.prefill_tokens_computed += n
             if r.kv_len < r.seq_len:
                 continue  # mid-prefill: the next chunk comes in a later step
             if r.prefill_only:
                 r.finish_reason = "stop"
             elif samples:
-                r.append_token(next(it), tokenizer)
+                token = next(it)
+                if token < 0:
+                    r.end_at_dead_end(tokenizer)
+                else:
+                    r.append_token(token, tokenizer)
+                    r.jump_forward(tokenizer)
             if r.finished:
                 self.running.remove(r)
                 self._release(r)
                 finished.append(r)
-            elif was_prefill:
+            elif i >= jumps_end:
                 self._cache_prefix(r)  # share the prompt with requests that arrive from now on
         return finished
 

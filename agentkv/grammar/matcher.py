@@ -39,6 +39,10 @@ class Matcher:
         """True where the text so far is complete (EOS is allowed)."""
         return not self._terminated and self.grammar.can_end(self._cfg)
 
+    def must_terminate(self) -> bool:
+        """True where the text so far is complete and nothing may follow it (only EOS is allowed)."""
+        return self._terminated or (self.grammar.can_end(self._cfg) and not self.grammar.stacks(self._cfg))
+
     def copy(self) -> Matcher:
         m = Matcher.__new__(Matcher)
         m.grammar, m._cfg, m._terminated = self.grammar, self._cfg, self._terminated

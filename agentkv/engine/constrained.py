@@ -1,0 +1,115 @@
+"""Grammar-constrained decoding in the engine: compile a request's grammar, build the batch's token
+bitmask while the forward pass runs, and turn finished text into the caller's object.
+
+Compilation runs on the caller's thread (a bad schema raises `GrammarError` before anything is
+queued); matchers live on the engine thread; masks are filled on one worker thread during the
+forward pass, when no other code touches the matchers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentkv.engine.request import Request
+from agentkv.engine.sampling_params import SamplingParams
+from agentkv.errors import IncompleteOutputError, OutputValidationError, RequestError
+from agentkv.grammar import CompiledGrammar, GrammarCompiler, TokenizerInfo
+
+
+class GrammarSupport:
+    """One engine's grammar compiler, built on first use from the engine's tokenizer."""
+
+    def __init__(self, tokenizer: Any):
+        self._tokenizer = tokenizer
+        self._compiler: GrammarCompiler | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def compiler(self) -> GrammarCompiler:
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = GrammarCompiler(TokenizerInfo.from_huggingface(self._tokenizer))
+            return self._compiler
+
+    def compile(self, params: SamplingParams) -> CompiledGrammar | None:
+        """The request's grammar (cached by source), or None for free text. Raises GrammarError."""
+        if params.json_schema is not None:
+            return self.compiler.compile_json_schema(params.json_schema)
+        if params.regex is not None:
+            return self.compiler.compile_regex(params.regex)
+        if params.grammar is not None:
+            return self.compiler.compile_lark(params.grammar)
+        return None
+
+
+def output_parser(params: SamplingParams) -> Callable[[str], Any] | None:
+    """text -> the caller's object: a Pydantic instance, a dict checked with jsonschema, or the text."""
+    schema = params.json_schema
+    if schema is None:
+        return (lambda text: text) if params.structured else None
+    if hasattr(schema, "model_validate_json"):  # a Pydantic model class
+        def parse_model(text: str) -> Any:
+            _json(text)
+            try:
+                return schema.model_validate_json(text)
+            except ValueError as e:  # pydantic's ValidationError: a validator beyond the schema refused it
+                raise OutputValidationError(f"the output does not validate as {schema.__name__}: {e}", text, "stop") from e
+
+        return parse_model
+    try:
+        import jsonschema
+    except ImportError as e:  # pragma: no cover - a dependency of agentkv
+        raise RequestError("validating outputs against a dict schema needs `pip install jsonschema`") from e
+    schema_dict = json.loads(schema) if isinstance(schema, str) else schema
+
+    def parse_json(text: str) -> Any:
+        value = _json(text)
+        try:
+            jsonschema.validate(value, schema_dict)
+        except jsonschema.ValidationError as e:
+            raise OutputValidationError(f"the output does not validate against the schema: {e.message}", text, "stop") from e
+        return value
+
+    return parse_json
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:  # cut short, e.g. by a stop string
+        raise IncompleteOutputError(f"the output is not complete JSON ({e}); remove stop strings that can "
+                                    "occur inside it, or raise max_tokens", text, None) from e
+
+
+class MaskWorker:
+    """Fills the token bitmask of a batch's sampling rows on a worker thread."""
+
+    def __init__(self, vocab_size: int):
+        self.words = (vocab_size + 31) // 32
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, reqs: Sequence[Request]) -> Future | None:
+        """Begin filling masks for `reqs` (one row each); None when no request has a grammar."""
+        if not any(r.matcher is not None for r in reqs):
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentkv-masks")
+        return self._pool.submit(self._fill, list(reqs))
+
+    def _fill(self, reqs: list[Request]) -> torch.Tensor:
+        bitmask = np.full((len(reqs), self.words), -1, dtype=np.int32)  # -1: every token allowed
+        for row, r in enumerate(reqs):
+            if r.matcher is not None:
+                r.matcher.fill_next_token_bitmask(bitmask, row)
+        return torch.from_numpy(bitmask)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
