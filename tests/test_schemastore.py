@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentkv.grammar import GrammarCompiler, GrammarError, Matcher
+from agentkv.grammar import GrammarError, Matcher
 from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization
 from tests.conftest import shared_data
 from tests.grammar_helpers import check_ratchet
@@ -21,10 +21,9 @@ RATCHET = Path(__file__).parent / "data" / "schemastore_compiled.txt"
 MASK_SAMPLE_TOKENS = 24
 
 
-def test_schemastore_instances_token_by_token(smollm_info):
+def test_schemastore_instances_token_by_token(smollm_info, smollm_compiler):
     root = shared_data("schemastore")
-    # A generous timeout: this ratchets what compiles, not how fast (benchmarks/grammar.py measures that).
-    compiler = GrammarCompiler(smollm_info, timeout_s=120)
+    compiler = smollm_compiler
     encode = smollm_info.encode_bytes
     compiled, total, undetermined = set(), 0, 0
     bad_accepted, good_rejected, unmasked = [], [], []
@@ -70,10 +69,10 @@ def test_schemastore_instances_token_by_token(smollm_info):
           f"{undetermined} instances undetermined within the key-order search budget")
 
 
-def test_jump_forward_tokens_are_canonical(smollm_info):
+def test_jump_forward_tokens_are_canonical(smollm_info, smollm_compiler):
     """Walk canonical encodings; wherever text is forced, the jump tokens are the next canonical tokens."""
     root = shared_data("schemastore")
-    compiler = GrammarCompiler(smollm_info)
+    compiler = smollm_compiler
     encode = smollm_info.encode_bytes
     forced = noncanonical = steps = 0
     for path in sorted(root.glob("*.json"))[::6]:

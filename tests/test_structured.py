@@ -136,13 +136,13 @@ def test_cut_output_raises_typed_error_with_partial_text(tiny_engine):
     out = tiny_engine.generate("x", schema=PERSON, temperature=1.0, seed=0, max_tokens=12)
     assert out.finish_reason == "length" and len(out.token_ids) == 12
     with pytest.raises(ak.IncompleteOutputError) as err:
-        out.parsed
+        _ = out.parsed
     assert err.value.text == out.text and err.value.finish_reason == "length"
     with pytest.raises(ak.IncompleteOutputError):
         ak.generate("x", schema=PERSON, engine=tiny_engine, max_tokens=12)
     stopped = tiny_engine.generate("x", schema=PERSON, temperature=0.0, max_tokens=300, stop='"age"')
     with pytest.raises(ak.IncompleteOutputError):
-        stopped.parsed
+        _ = stopped.parsed
 
 
 def test_dead_end_ends_request_and_engine_keeps_serving(tiny_engine, monkeypatch):
@@ -158,7 +158,7 @@ def test_dead_end_ends_request_and_engine_keeps_serving(tiny_engine, monkeypatch
     out = tiny_engine.generate("x", regex="ab+c", max_tokens=20)
     assert out.finish_reason == "grammar_dead_end" and out.text == "ab"  # "ab" was forced, then nothing fits
     with pytest.raises(ak.IncompleteOutputError):
-        out.parsed
+        _ = out.parsed
     monkeypatch.undo()
     assert tiny_engine.generate("x", regex="ab+c", max_tokens=20, temperature=0.0).finish_reason == "stop"
     assert tiny_engine.stats()["running"] == 0

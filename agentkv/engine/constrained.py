@@ -38,6 +38,14 @@ class GrammarSupport:
                 self._compiler = GrammarCompiler(TokenizerInfo.from_huggingface(self._tokenizer))
             return self._compiler
 
+    def use(self, compiler: GrammarCompiler) -> None:
+        vocab = self._tokenizer.backend.get_vocab_size(with_added_tokens=True)
+        if not isinstance(compiler, GrammarCompiler) or compiler.info.vocab_size != vocab:
+            raise RequestError(f"this engine needs a GrammarCompiler for its own tokenizer ({vocab} tokens); "
+                               "build one with GrammarCompiler(TokenizerInfo.from_huggingface(engine.tokenizer))")
+        with self._lock:
+            self._compiler = compiler
+
     def compile(self, params: SamplingParams) -> CompiledGrammar | None:
         """The request's grammar (cached by source), or None for free text. Raises GrammarError."""
         if params.json_schema is not None:

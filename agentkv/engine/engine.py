@@ -141,6 +141,11 @@ class Engine:
         """The engine's `GrammarCompiler` (built from its tokenizer on first use; caches grammars)."""
         return self._grammars.compiler
 
+    @grammar_compiler.setter
+    def grammar_compiler(self, compiler) -> None:
+        """Share one compiler (and its cache) between engines that use the same tokenizer."""
+        self._grammars.use(compiler)
+
     async def _run_async(self, prompt, params: SamplingParams, want_deltas: bool, result: list) -> AsyncIterator[StreamDelta]:
         if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
             prompt = self.render(prompt)

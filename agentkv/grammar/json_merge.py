@@ -220,6 +220,10 @@ def _exclusive(a: dict, b: dict) -> bool:
     vb = [b["const"]] if "const" in b else b.get("enum")
     if va is not None and vb is not None:
         return not any(json_equal(x, y) for x in va for y in vb)
+    # The tests below tell objects apart; they prove the branches disjoint only where one of them
+    # admits objects alone (without a `type`, both admit every string, number, ... alike).
+    if ta != {"object"} and tb != {"object"}:
+        return False
     # Objects told apart by a required property whose constant values differ (a discriminator).
     pa, pb = a.get("properties", {}), b.get("properties", {})
     for name in set(a.get("required", [])) & set(b.get("required", [])):

@@ -178,14 +178,14 @@ class JsonSchemaConverter(SchemaMerger):
             if key in schema:
                 rest = {k: v for k, v in schema.items() if k != key}
                 branches = _list(schema[key], f"{ptr}/{key}")
+                if validating(rest):  # siblings apply to every branch (and may make them exclusive)
+                    branches = [self.merge(rest, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}")
+                                for i, b in enumerate(branches)]
                 if key == "oneOf" and not self.disjoint(branches):
                     raise GrammarError("oneOf branches that may overlap cannot be enforced as 'exactly one'; "
                                        "make them exclusive (distinct types or const/enum values) or use anyOf",
                                        f"{ptr}/oneOf")
-                if not validating(rest):
-                    return alt(*[self.value(b, f"{ptr}/{key}/{i}") for i, b in enumerate(branches)])
-                return alt(*[self.value(self.merge(rest, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}"),
-                                        f"{ptr}/{key}/{i}") for i, b in enumerate(branches)])
+                return alt(*[self.value(b, f"{ptr}/{key}/{i}") for i, b in enumerate(branches)])
         if "const" in schema or "enum" in schema:
             return self.enum(schema, ptr)
         types = schema.get("type", list(ALL_TYPES))
