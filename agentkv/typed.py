@@ -120,7 +120,8 @@ def _params(schema, regex, grammar, sampling: dict):
     base = sampling.pop("params", None) or SamplingParams()
     if "max_tokens" not in sampling and base.max_tokens == SamplingParams().max_tokens:
         sampling["max_tokens"] = DEFAULT_MAX_TOKENS
-    return base.with_(json_schema=schema, regex=regex, grammar=grammar, **sampling)
+    given = {"json_schema": schema, "regex": regex, "grammar": grammar}
+    return base.with_(**{k: v for k, v in given.items() if v is not None}, **sampling)
 
 
 def _is_messages(prompt: Any) -> bool:

@@ -3,14 +3,16 @@
 Two workloads, greedy, one request at a time (the latency an agent sees per call):
 - tool calls: `{"name": ..., "arguments": {...}}` for eight realistic tools, each asked from a chat
   prompt that states the task;
-- extraction: a Pydantic-style record from a short passage, plus small SchemaStore schemas.
+- extraction: a record (person, invoice, event) from a short passage;
+- schemastore: three small real schemas (SchemaStore), no passage to copy from.
 
 agentkv runs both arms on one engine (prompts and grammars warmed by one untimed round, as a
 deployed agent's would be); the peer is HF transformers `generate` on the same model, in a worker
 process of this run (see common.py), with a logits processor that applies llguidance's token mask.
-Every output is validated with jsonschema. Prints forward passes, wall time, validity and the ratios.
+Every output is validated with jsonschema ("finished": ended before max_tokens; "valid": finished
+and valid). Prints forward passes, wall time, validity and the ratios.
 
-    python benchmarks/structured.py [--rounds 2] [--max-tokens 192] [--skip-hf]
+    python benchmarks/structured.py [--rounds 2] [--max-tokens 320] [--skip-hf]
 """
 
 from __future__ import annotations
@@ -54,11 +56,24 @@ PERSON = {"type": "object", "properties": {
     "email": {"type": "string", "format": "email"}, "city": {"type": "string", "maxLength": 30},
     "skills": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4}},
     "required": ["name", "age", "email", "city", "skills"], "additionalProperties": False}
+INVOICE = {"type": "object", "properties": {
+    "vendor": {"type": "string", "maxLength": 40}, "number": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{4}$"},
+    "date": {"type": "string", "format": "date"}, "currency": {"enum": ["EUR", "USD", "GBP"]},
+    "total": {"type": "number", "minimum": 0, "maximum": 1000000}, "paid": {"type": "boolean"}},
+    "required": ["vendor", "number", "date", "currency", "total", "paid"], "additionalProperties": False}
+EVENT = {"type": "object", "properties": {
+    "title": {"type": "string", "maxLength": 60}, "date": {"type": "string", "format": "date"},
+    "start": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"}, "location": {"type": "string", "maxLength": 40},
+    "online": {"type": "boolean"}}, "required": ["title", "date", "start", "location", "online"], "additionalProperties": False}
 EXTRACT = [
     ("Maria Lopez, 34, lives in Madrid. Reach her at maria@lopez.es. She knows Python and SQL.", PERSON),
     ("Contact: Ken Ito (ken.ito@example.jp), age 51, based in Osaka; skills: welding, CAD.", PERSON),
+    ("Invoice AB-1234 from Acme GmbH, dated 2025-02-14: total 1,250.00 EUR, not yet paid.", INVOICE),
+    ("Northwind Ltd billed us USD 89.90 on 2025-01-03 (invoice NW-0042); it was paid by card.", INVOICE),
+    ("The team offsite is on 2025-06-12 at 09:30 in the Lisbon office, in person.", EVENT),
+    ("Webinar: Intro to Rust, 2025-05-20, starts 17:00, on Zoom.", EVENT),
 ]
-SCHEMASTORE = ["abc-inventory-module-data-1.0.0", "abc-clinical-demand-forecast-1.0.0"]
+SCHEMASTORE = ["chart-lock", "imgbotconfig", "cdk"]
 
 
 def tool_schema(name: str) -> dict:
@@ -71,14 +86,18 @@ def tool_schema(name: str) -> dict:
 def workloads() -> dict[str, list[tuple[list[dict], dict]]]:
     tools = [([{"role": "user", "content": f"Call the tool {n} with JSON arguments for: {task}"}], tool_schema(n))
              for n, (task, _) in TOOLS.items()]
-    extract = [([{"role": "user", "content": f"Extract the person as JSON: {text}"}], s) for text, s in EXTRACT]
+    extract = [([{"role": "user", "content": f"Extract the record as JSON: {text}"}], s) for text, s in EXTRACT]
+    out = {"tool calls": tools, "extraction": extract}
     root = Path(__file__).resolve().parents[2] / "shared" / "data" / "schemastore"
+    store = []
     for name in SCHEMASTORE:
         path = root / f"{name}.json"
         if path.exists():
             s = json.loads(path.read_text())["schema"]
-            extract.append(([{"role": "user", "content": "Write a JSON document for this schema: " + json.dumps(s)[:300]}], s))
-    return {"tool calls": tools, "extraction": extract}
+            store.append(([{"role": "user", "content": f"Write an example {name} JSON file."}], s))
+    if store:
+        out["schemastore"] = store
+    return out
 
 
 def valid(text: str, schema: dict) -> bool:
@@ -92,15 +111,17 @@ def valid(text: str, schema: dict) -> bool:
 
 
 def run_agentkv(engine: ak.Engine, jobs, jump_forward: bool, max_tokens: int) -> dict:
-    passes = tokens = jumped = ok = 0
+    passes = tokens = jumped = ok = done = 0
     start = time.perf_counter()
     for msgs, schema in jobs:
         out = engine.chat(msgs, schema=schema, temperature=0.0, max_tokens=max_tokens, jump_forward=jump_forward)
         passes += out.usage.forward_passes
         tokens += out.usage.completion_tokens
         jumped += out.usage.jump_forward_tokens
+        done += out.finish_reason == "stop"
         ok += out.finish_reason == "stop" and valid(out.text, schema)
-    return {"wall": time.perf_counter() - start, "passes": passes, "tokens": tokens, "jumped": jumped, "valid": ok}
+    return {"wall": time.perf_counter() - start, "passes": passes, "tokens": tokens, "jumped": jumped, "valid": ok,
+            "finished": done}
 
 
 # -- the peer: HF generate + llguidance, in the worker process -------------------------------------------
@@ -152,7 +173,7 @@ def _hf_structured(prompts: list[list[int]], schemas: list[dict], max_tokens: in
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds (after one untimed warm round)")
-    ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--max-tokens", type=int, default=320)
     ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args()
 
@@ -171,7 +192,7 @@ def main() -> None:
         off = best["off"]
         for arm, label in (("on", "agentkv jump-forward on"), ("off", "agentkv jump-forward off")):
             b = best[arm]
-            rows.append([group, label, len(jobs), b["valid"], b["passes"], b["tokens"], b["jumped"], b["wall"],
+            rows.append([group, label, len(jobs), b["finished"], b["valid"], b["passes"], b["tokens"], b["jumped"], b["wall"],
                          1 - b["passes"] / off["passes"], off["wall"] / b["wall"]])
         if peer is not None:
             eos = sorted(engine.tokenizer.eos_ids)[0]
@@ -182,10 +203,11 @@ def main() -> None:
                              key=lambda x: x[0])
             texts = [engine.tokenizer.decode([t for t in o if t != eos]) for o in outs]
             passes = sum(len(o) for o in outs)
-            rows.append([group, "HF generate + llguidance", len(jobs), sum(valid(t, s) for t, s in zip(texts, schemas)),
+            rows.append([group, "HF generate + llguidance", len(jobs), sum(len(o) < args.max_tokens for o in outs),
+                         sum(valid(t, s) for t, s in zip(texts, schemas)),
                          passes, sum(len([t for t in o if t != eos]) for o in outs), 0, wall,
                          1 - passes / off["passes"], off["wall"] / wall])
-    print(table(rows, ["workload", "engine", "requests", "valid", "forward passes", "completion tokens",
+    print(table(rows, ["workload", "engine", "requests", "finished", "valid", "forward passes", "completion tokens",
                        "jump-forward tokens", "wall s", "passes saved vs off", "speed vs off"]))
     if peer is not None:
         peer.close()

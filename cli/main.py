@@ -30,18 +30,34 @@ def generate(
     model: ModelOpt = None,
     max_tokens: MaxTokens = 128,
     temperature: Temperature = 0.0,
+    schema: Annotated[str | None, typer.Option(help="a JSON Schema file (or inline JSON) the output must match")] = None,
+    regex: Annotated[str | None, typer.Option(help="a regex the whole output must match")] = None,
+    grammar: Annotated[str | None, typer.Option(help="a Lark grammar file the output must match")] = None,
 ) -> None:
-    """Complete a plain-text prompt and print the completion."""
+    """Complete a plain-text prompt and print the completion (constrained by --schema, --regex or --grammar)."""
+    import json
+    from pathlib import Path
+
     import agentkv as ak
 
+    def read(value: str | None) -> str | None:
+        return Path(value).read_text() if value is not None and Path(value).is_file() else value
+
+    try:
+        structured = {"json_schema": json.loads(read(schema)) if schema else None, "regex": regex, "grammar": read(grammar)}
+    except (json.JSONDecodeError, OSError) as e:
+        typer.echo(f"error: --schema is neither a readable file nor JSON: {e}", err=True)
+        raise typer.Exit(1) from None
     engine = _engine(model)
     try:
-        out = engine.generate(prompt, max_tokens=max_tokens, temperature=temperature)
+        out = engine.generate(prompt, max_tokens=max_tokens, temperature=temperature, **structured)
+        _ = out.parsed  # with a schema, regex or grammar: IncompleteOutputError for an output cut short
     except ak.AgentKVError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
+    finally:
+        engine.close()
     typer.echo(out.text)
-    engine.close()
 
 
 @app.command()

@@ -18,6 +18,11 @@ from tests.conftest import shared_data
 from tests.grammar_helpers import check_ratchet
 
 RATCHET = Path(__file__).parent / "data" / "schemastore_compiled.txt"
+# Instances the data calls valid only because its validator treats `format` as an annotation; the
+# grammar asserts formats (docs/grammar.md), as a generator should.
+FORMAT_ASSERTED = {
+    "webjob-publish-settings[2]": "endTime 2018-12-14T10:00:00 is not an RFC 3339 date-time (no UTC offset)",
+}
 MASK_SAMPLE_TOKENS = 24
 
 
@@ -47,7 +52,8 @@ def test_schemastore_instances_token_by_token(smollm_info, smollm_compiler):
                     bad_accepted.append(f"{path.stem}[{k}]")
                 continue
             if text is None:
-                good_rejected.append(f"{path.stem}[{k}]")
+                if f"{path.stem}[{k}]" not in FORMAT_ASSERTED:
+                    good_rejected.append(f"{path.stem}[{k}]")
                 continue
             m = Matcher(g)
             for i, tok in enumerate(encode(text.encode())):

@@ -200,3 +200,22 @@ def test_complete_fields():
     assert complete_fields('{"a":{"b":2},"c":true}') == {"a": {"b": 2}, "c": True}
     assert complete_fields(' { "a" : 1.5 }') == {"a": 1.5}
     assert complete_fields('[1,2]') == {}
+
+
+def test_pydantic_models_are_closed_unless_they_allow_extra(tiny_engine):
+    from pydantic import BaseModel, ConfigDict
+
+    class Closed(BaseModel):
+        a: bool
+
+    class Open(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        a: bool
+
+    from agentkv.grammar.json_walk import find_serialization
+
+    compiler = tiny_engine.grammar_compiler
+    assert find_serialization(compiler.compile_json_schema(Closed), {"a": True, "b": 1}) is None
+    assert find_serialization(compiler.compile_json_schema(Open), {"a": True, "b": 1}) == '{"a":true,"b":1}'
+    out = tiny_engine.generate("x", schema=Closed, temperature=1.0, seed=3, max_tokens=40)
+    assert out.text in ('{"a":true}', '{"a":false}') and isinstance(out.parsed, Closed)

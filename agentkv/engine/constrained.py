@@ -104,19 +104,20 @@ class MaskWorker:
         self._pool: ThreadPoolExecutor | None = None
 
     def start(self, reqs: Sequence[Request]) -> Future | None:
-        """Begin filling masks for `reqs` (one row each); None when no request has a grammar."""
-        if not any(r.matcher is not None for r in reqs):
+        """Begin filling masks for the requests of `reqs` that have a grammar; the future gives
+        (their row indices in `reqs`, bitmask [len(rows), words]). None when no request has one."""
+        rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
+        if not rows:
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentkv-masks")
-        return self._pool.submit(self._fill, list(reqs))
+        return self._pool.submit(self._fill, rows, [reqs[i].matcher for i in rows])
 
-    def _fill(self, reqs: list[Request]) -> torch.Tensor:
-        bitmask = np.full((len(reqs), self.words), -1, dtype=np.int32)  # -1: every token allowed
-        for row, r in enumerate(reqs):
-            if r.matcher is not None:
-                r.matcher.fill_next_token_bitmask(bitmask, row)
-        return torch.from_numpy(bitmask)
+    def _fill(self, rows: list[int], matchers: list) -> tuple[list[int], torch.Tensor]:
+        bitmask = np.empty((len(matchers), self.words), dtype=np.int32)
+        for k, m in enumerate(matchers):
+            m.fill_next_token_bitmask(bitmask, k)
+        return rows, torch.from_numpy(bitmask)
 
     def close(self) -> None:
         if self._pool is not None:

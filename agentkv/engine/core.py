@@ -148,9 +148,9 @@ class EngineCore:
             try:
                 logits = self.runner.run(batch)
             finally:
-                bitmask = masks.result() if masks is not None else None
+                allowed = masks.result() if masks is not None else None
             _keep_scores(batch, logits[len(sampling) :])
-            tokens = sample(logits[: len(sampling)], sampling, self.tokenizer, bitmask)
+            tokens = sample(logits[: len(sampling)], sampling, self.tokenizer, allowed)
             self.scheduler.process(batch, tokens, self.tokenizer)
         except Exception as e:
             # A failed pass must not take the engine down: fail its requests, free their memory.

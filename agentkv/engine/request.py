@@ -75,9 +75,11 @@ class Request:
 
     @property
     def grammar_complete(self) -> bool:
-        """The output is whole for its grammar (read once the request has finished)."""
+        """The output ended because its grammar was complete (read once the request has finished).
+        An output cut by max_tokens is never complete, even where its grammar could end there."""
         m = self.matcher
-        return m is not None and not self.cut_by_stop_string and (m.is_terminated() or m.can_terminate())
+        return (m is not None and self.finish_reason == "stop" and not self.cut_by_stop_string
+                and (m.is_terminated() or m.can_terminate()))
 
     def start_grammar(self, tokenizer: Tokenizer) -> None:
         """On the engine thread before the first pass: the matcher, and the text the grammar forces

@@ -47,11 +47,12 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> tor
     return logits
 
 
-def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer, bitmask: torch.Tensor | None = None) -> list[int]:
+def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
+           masks: tuple[list[int], torch.Tensor] | None = None) -> list[int]:
     """One token per row of `logits` [B, V] (fp32); fills each request's logprobs when asked.
 
-    `bitmask` [B, ceil(V / 32)] int32 holds the grammar's allowed tokens per row (all bits set for
-    free text); a row that allows no token gets -1. Logprobs are the model's, before the mask.
+    `masks` = (rows, bitmask [len(rows), ceil(V / 32)] int32): the grammar's allowed tokens for those
+    rows; a row that allows no token gets -1. Logprobs are the model's, before the mask.
     """
     want_logprobs = [r.params.logprobs for r in reqs]
     raw_logprobs = logits.log_softmax(-1) if any(want_logprobs) else None
@@ -59,9 +60,13 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer, bitmask: to
         logits = logits.clone()
         apply_penalties(logits, reqs)
     alive = [True] * len(reqs)
-    if bitmask is not None:
-        logits, rows_alive = apply_token_bitmask(logits, bitmask)
-        alive = rows_alive.tolist()
+    if masks is not None:
+        rows, bitmask = masks
+        index = torch.tensor(rows, dtype=torch.int64)
+        masked, rows_alive = apply_token_bitmask(logits[index], bitmask)
+        logits = logits.index_put((index,), masked)  # out of place: the logits may be an inference tensor
+        for i, ok in zip(rows, rows_alive.tolist()):
+            alive[i] = ok
     greedy = logits.argmax(-1).tolist()
     tokens: list[int] = []
     for i, r in enumerate(reqs):

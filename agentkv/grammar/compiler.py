@@ -57,7 +57,13 @@ class GrammarCompiler:
 
     def compile_json_schema(self, schema, *, strict: bool = False, whitespace: bool = False,
                             max_whitespace: int = 16) -> CompiledGrammar:
-        """A JSON Schema as a dict, a JSON string, or a Pydantic model class."""
+        """A JSON Schema as a dict, a JSON string, or a Pydantic model class.
+
+        A Pydantic model's objects are closed (`strict`) unless it allows extra fields: its schema
+        omits `additionalProperties`, yet Pydantic ignores or refuses extra keys, so writing them
+        would only spend tokens."""
+        if _is_closed_model(schema):
+            strict = True
         schema = _schema_dict(schema)
         key = ("json", json.dumps(schema, sort_keys=True), strict, whitespace, max_whitespace)
 
@@ -101,6 +107,11 @@ class GrammarCompiler:
 
     def cache_size(self) -> int:
         return len(self._cache)
+
+
+def _is_closed_model(schema) -> bool:
+    config = getattr(schema, "model_config", None)
+    return isinstance(schema, type) and hasattr(schema, "model_json_schema") and (config or {}).get("extra") != "allow"
 
 
 def _schema_dict(schema):
