@@ -51,7 +51,7 @@ class Request:
     generator: torch.Generator | None = None
     matcher: Matcher | None = None  # made on the engine thread by start_grammar
     token_scores: list[float] = field(default_factory=list)  # logprobs of all_ids[score_from:]
-    cut_by_stop_string: bool = False
+    cut_short: bool = False  # a stop string or stop token id ended the text before its grammar did
 
     def __post_init__(self) -> None:
         self.usage.prompt_tokens = len(self.prompt_ids)
@@ -78,7 +78,7 @@ class Request:
         """The output ended because its grammar was complete (read once the request has finished).
         An output cut by max_tokens is never complete, even where its grammar could end there."""
         m = self.matcher
-        return (m is not None and self.finish_reason == "stop" and not self.cut_by_stop_string
+        return (m is not None and self.finish_reason == "stop" and not self.cut_short
                 and (m.is_terminated() or m.can_terminate()))
 
     def start_grammar(self, tokenizer: Tokenizer) -> None:
@@ -120,6 +120,7 @@ class Request:
         cut = next((i for i, t in enumerate(ids) if t in p.stop_token_ids), None)
         if cut is not None:
             ids = ids[: cut + 1]
+            self.cut_short = ids[-1] not in self.eos_ids
         self.output_ids.extend(ids)
         self.usage.completion_tokens = len(self.output_ids)
         last, reason = ids[-1], None
@@ -148,7 +149,7 @@ class Request:
             if hits:
                 text = text[: min(hits)[0]]
                 stopped = "stop"
-                self.cut_by_stop_string = True
+                self.cut_short = True
         self.text = text
         return stopped
 
