@@ -99,7 +99,9 @@ async def astream(prompt: str | Sequence[dict], schema: Any = None, *, regex: st
             yield _partial(params.json_schema, fields)
     if done is None:
         return
-    if params.json_schema is None and not params.structured:
+    if not params.structured:  # free text: its last piece
+        if done.text:
+            yield text
         return
     # the whole output, validated (raises IncompleteOutputError when it was cut)
     if done.finish_reason != "stop":

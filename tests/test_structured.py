@@ -219,3 +219,12 @@ def test_pydantic_models_are_closed_unless_they_allow_extra(tiny_engine):
     assert find_serialization(compiler.compile_json_schema(Open), {"a": True, "b": 1}) == '{"a":true,"b":1}'
     out = tiny_engine.generate("x", schema=Closed, temperature=1.0, seed=3, max_tokens=40)
     assert out.text in ('{"a":true}', '{"a":false}') and isinstance(out.parsed, Closed)
+
+
+def test_stream_of_text_and_regex_ends_with_the_whole_output(tiny_engine):
+    kw = {"engine": tiny_engine, "temperature": 0.0, "max_tokens": 20}
+    plain = list(ak.stream("Once", **kw))
+    assert plain and plain[-1] == tiny_engine.generate("Once", temperature=0.0, max_tokens=20).text
+    assert all(b.startswith(a) for a, b in zip(plain, plain[1:]))
+    shaped = list(ak.stream("Once", regex=r"[a-z]{4}-[0-9]{2}", **kw))
+    assert shaped[-1] == ak.generate("Once", regex=r"[a-z]{4}-[0-9]{2}", **kw)
