@@ -17,7 +17,10 @@ from agentkv.errors import (
     OutputValidationError,
     PinBudgetError,
     RequestError,
+    ToolArgumentsError,
+    ToolDefinitionError,
 )
+from agentkv.tools import Tool, tool
 from agentkv.typed import astream, default_engine, generate, set_default_engine, stream
 
 _ENGINE_NAMES = {"Completion", "Engine", "PinHandle", "RequestOutput", "SamplingParams", "StreamDelta", "Usage"}
@@ -36,5 +39,6 @@ __all__ = [
     "AgentKVError", "CacheError", "Completion", "Engine", "EngineClosedError", "EngineError", "GrammarError",
     "IncompleteOutputError", "ModelLoadError", "OutputError", "OutputValidationError",
     "PinBudgetError", "PinHandle", "RequestError", "RequestOutput", "SamplingParams", "StreamDelta", "Usage",
-    "astream", "default_engine", "generate", "set_default_engine", "stream",
+    "Tool", "ToolArgumentsError", "ToolDefinitionError",
+    "astream", "default_engine", "generate", "set_default_engine", "stream", "tool",
 ]

@@ -63,3 +63,15 @@ class IncompleteOutputError(OutputError):
 
 class OutputValidationError(OutputError):
     """The output is complete JSON for the schema but the model's own validators refused it."""
+
+
+class ToolDefinitionError(AgentKVError, TypeError):
+    """A function that cannot be made a tool (an unannotated parameter, *args, a type with no JSON schema)."""
+
+
+class ToolArgumentsError(AgentKVError, ValueError):
+    """A model's arguments for a tool that do not validate; `tool` names it, the message says what is wrong."""
+
+    def __init__(self, tool: str, problems: str):
+        super().__init__(f"invalid arguments for tool {tool!r}: {problems}")
+        self.tool, self.problems = tool, problems

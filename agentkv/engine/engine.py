@@ -208,6 +208,8 @@ class Engine:
     # ---- pins -----------------------------------------------------------------------------------
 
     def render(self, messages: Messages, *, tools: Sequence[dict] | None = None, add_generation_prompt: bool = True) -> str:
+        if tools is not None:  # `ak.tool` objects carry their OpenAI-style definition
+            tools = [getattr(t, "definition", t) for t in tools]
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
     def pin(self, prefix: str | Messages | Sequence[int], *, tools: Sequence[dict] | None = None) -> PinHandle:
