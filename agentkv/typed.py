@@ -18,7 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from agentkv.errors import IncompleteOutputError, RequestError
+from agentkv.errors import RequestError
 
 DEFAULT_MAX_TOKENS = 1024  # typed outputs end when their grammar does; this only bounds a runaway string
 
@@ -84,7 +84,7 @@ async def astream(prompt: str | Sequence[dict], schema: Any = None, *, regex: st
     engine = engine or default_engine()
     params = _params(schema, regex, grammar, sampling)
     text, last, done = "", None, None
-    async for delta in engine.stream(engine.render(prompt) if _is_messages(prompt) else prompt, params):
+    async for delta in engine.stream(prompt, params):  # renders a list of messages
         text += delta.text
         if delta.finish_reason is not None:
             done = delta
@@ -103,14 +103,7 @@ async def astream(prompt: str | Sequence[dict], schema: Any = None, *, regex: st
         if done.text:
             yield text
         return
-    # the whole output, validated (raises IncompleteOutputError when it was cut)
-    if done.finish_reason != "stop":
-        raise IncompleteOutputError(
-            f"the output ended before it was complete (finish_reason={done.finish_reason!r}); raise max_tokens",
-            text, done.finish_reason)
-    from agentkv.engine.constrained import output_parser
-
-    yield output_parser(params)(text)
+    yield done.completion.parsed  # the whole output, validated (IncompleteOutputError when it was cut)
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
@@ -127,7 +120,9 @@ def _params(schema, regex, grammar, sampling: dict):
 
 
 def _is_messages(prompt: Any) -> bool:
-    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], dict)
+    from agentkv.engine.engine import is_messages  # not at import: `import agentkv` must not load torch
+
+    return is_messages(prompt)
 
 
 def _choose(engine, prompt, choices: Sequence[str]) -> str:
@@ -136,7 +131,7 @@ def _choose(engine, prompt, choices: Sequence[str]) -> str:
     choices = list(choices)
     if not choices or not all(isinstance(c, str) and c for c in choices):
         raise RequestError("`choices` must be a non-empty list of non-empty strings")
-    scores = engine.score(engine.render(prompt) if _is_messages(prompt) else prompt, choices)
+    scores = engine.score(prompt, choices)  # renders a list of messages
     means = [sum(s) / len(s) if s else -math.inf for s in scores]
     return choices[max(range(len(choices)), key=means.__getitem__)]
 

@@ -228,3 +228,12 @@ def test_stream_of_text_and_regex_ends_with_the_whole_output(tiny_engine):
     assert all(b.startswith(a) for a, b in zip(plain, plain[1:]))
     shaped = list(ak.stream("Once", regex=r"[a-z]{4}-[0-9]{2}", **kw))
     assert shaped[-1] == ak.generate("Once", regex=r"[a-z]{4}-[0-9]{2}", **kw)
+
+
+def test_stream_cut_by_a_stop_string_is_incomplete(tiny_engine):
+    kw = {"engine": tiny_engine, "temperature": 0.0, "max_tokens": 40}
+    text = ak.generate("Once", regex=r"[a-z]{6}", **kw)
+    stop = text[3:5]
+    with pytest.raises(ak.IncompleteOutputError) as err:
+        list(ak.stream("Once", regex=r"[a-z]{6}", stop=stop, **kw))
+    assert err.value.text == text[: text.index(stop)]

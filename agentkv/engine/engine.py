@@ -121,7 +121,7 @@ class Engine:
         """The model's logprob of each token of each continuation after `prompt` (one prefill each,
         all sharing the prompt's KV through the radix cache). Continuations are tokenized on their
         own and appended to the prompt's tokens: the prompt's tokens are never changed."""
-        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        if is_messages(prompt):
             prompt = self.render(prompt)
         ids = self._encode(prompt)
         conts = [self._encode(c) for c in continuations]
@@ -147,7 +147,7 @@ class Engine:
         self._grammars.use(compiler)
 
     async def _run_async(self, prompt, params: SamplingParams, want_deltas: bool, result: list) -> AsyncIterator[StreamDelta]:
-        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        if is_messages(prompt):
             prompt = self.render(prompt)
         group = self._make_requests(self._encode(prompt), params, stream=want_deltas)
         loop = asyncio.get_running_loop()
@@ -171,6 +171,7 @@ class Engine:
                         delta = StreamDelta(
                             group.index(r), text[sent_text[r.rid] :], r.output_ids[sent_tokens[r.rid] :],
                             r.finish_reason, r.usage if r.finished else None,
+                            _completion(r, output_parser(params)) if r.finished else None,
                         )
                         sent_text[r.rid], sent_tokens[r.rid] = len(text), len(r.output_ids)
                         yield delta
@@ -217,7 +218,7 @@ class Engine:
         and keep it resident until `unpin`. Raises PinBudgetError over the pin budget."""
         if self._tree is None:
             raise RequestError("pins need the radix cache; create the Engine with enable_radix_cache=True")
-        if isinstance(prefix, (list, tuple)) and prefix and isinstance(prefix[0], dict):
+        if is_messages(prefix):
             prefix = self.render(prefix, tools=tools, add_generation_prompt=False)
         ids = self._encode(prefix)
         budget = self._tree.pin_budget
@@ -334,12 +335,17 @@ class Engine:
             jump_forward_tokens=sum(r.usage.jump_forward_tokens for r in group),
         )
         parser = output_parser(group[0].params)
-        comps = [
-            Completion(r.text, list(r.output_ids), r.finish_reason or "abort", r.logprobs if r.params.logprobs else None,
-                       parser, r.grammar_complete)
-            for r in group
-        ]
-        return RequestOutput(list(group[0].prompt_ids), comps, usage)
+        return RequestOutput(list(group[0].prompt_ids), [_completion(r, parser) for r in group], usage)
+
+
+def _completion(r: Request, parser) -> Completion:
+    return Completion(r.text, list(r.output_ids), r.finish_reason or "abort", r.logprobs if r.params.logprobs else None,
+                      parser, r.grammar_complete)
+
+
+def is_messages(prompt: Any) -> bool:
+    """A chat (a list of message dicts) rather than text or token ids."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], dict)
 
 
 def _default_slots(mc, dtype: torch.dtype, context: int) -> int:

@@ -90,10 +90,12 @@ class RequestOutput:
 
 @dataclass
 class StreamDelta:
-    """A piece of streamed output: new text (and tokens) of completion `index`; `finish_reason` on its last delta."""
+    """A piece of streamed output: new text (and tokens) of completion `index`; its last delta has
+    `finish_reason`, `usage` and the whole `completion` (whose `.parsed` validates a structured output)."""
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
     usage: Usage | None = None
+    completion: Completion | None = None
