@@ -15,6 +15,14 @@ def accepts(g: CompiledGrammar, text: str | bytes) -> bool:
     return cid != DEAD and g.can_end(cid)
 
 
+def assert_language(g: CompiledGrammar, good, bad, source: str) -> None:
+    """Every string of `good` is accepted whole, none of `bad` is."""
+    for s in good:
+        assert accepts(g, s), (source, s)
+    for s in bad:
+        assert not accepts(g, s), (source, s)
+
+
 def is_prefix(g: CompiledGrammar, text: str | bytes) -> bool:
     data = text.encode() if isinstance(text, str) else text
     return g.advance(g.initial, data) != DEAD

@@ -3,7 +3,7 @@
 import pytest
 
 from agentkv.errors import GrammarError
-from tests.grammar_helpers import BYTE_COMPILER, accepts
+from tests.grammar_helpers import BYTE_COMPILER, assert_language
 
 CALC = r"""
 ?start: sum
@@ -36,11 +36,7 @@ TABLE = [
 
 @pytest.mark.parametrize("grammar,good,bad", TABLE)
 def test_lark_table(grammar, good, bad):
-    g = BYTE_COMPILER.compile_lark(grammar)
-    for s in good:
-        assert accepts(g, s), (grammar, s)
-    for s in bad:
-        assert not accepts(g, s), (grammar, s)
+    assert_language(BYTE_COMPILER.compile_lark(grammar), good, bad, grammar)
 
 
 @pytest.mark.parametrize("grammar,line,what", [
