@@ -1,12 +1,18 @@
 """agentkv: structured output and agents on an LLM engine that remembers.
 
 `import agentkv as ak` is the whole user surface: `ak.Engine`, `ak.SamplingParams`, typed generation
-(`ak.generate`, `ak.stream`), and the errors.
+(`ak.generate`, `ak.stream`), tools and agents (`@ak.tool`, `ak.Agent`), and the errors.
 The engine names load on first use, so `agentkv.grammar` (pure Python and numpy) never imports torch.
 """
 
+from agentkv.agent import Agent
+from agentkv.agent_result import (
+    AgentResult, AgentUsage, RunEnd, Step, StepEnd, StepStart, TextDelta, ToolCallEvent, ToolResult, ToolResultEvent,
+)
 from agentkv.errors import (
+    AgentError,
     AgentKVError,
+    AgentRetriesError,
     CacheError,
     EngineClosedError,
     EngineError,
@@ -20,6 +26,7 @@ from agentkv.errors import (
     ToolArgumentsError,
     ToolDefinitionError,
 )
+from agentkv.tool_calls import ToolCall
 from agentkv.tools import Tool, tool
 from agentkv.typed import astream, default_engine, generate, set_default_engine, stream
 
@@ -36,6 +43,8 @@ def __getattr__(name: str):
 
 __version__ = "0.1.0"
 __all__ = [
+    "Agent", "AgentError", "AgentResult", "AgentRetriesError", "AgentUsage", "RunEnd", "Step", "StepEnd", "StepStart",
+    "TextDelta", "ToolCall", "ToolCallEvent", "ToolResult", "ToolResultEvent",
     "AgentKVError", "CacheError", "Completion", "Engine", "EngineClosedError", "EngineError", "GrammarError",
     "IncompleteOutputError", "ModelLoadError", "OutputError", "OutputValidationError",
     "PinBudgetError", "PinHandle", "RequestError", "RequestOutput", "SamplingParams", "StreamDelta", "Usage",

@@ -75,3 +75,17 @@ class ToolArgumentsError(AgentKVError, ValueError):
     def __init__(self, tool: str, problems: str):
         super().__init__(f"invalid arguments for tool {tool!r}: {problems}")
         self.tool, self.problems = tool, problems
+
+
+class AgentError(AgentKVError):
+    """An agent run that could not produce its output."""
+
+
+class AgentRetriesError(AgentError):
+    """The model kept producing output that failed validation (or tool arguments its tools refused)
+    after `retries` corrections. `last_output` is the last failed object (text, or the tool call),
+    `errors` the message of each failure, in order."""
+
+    def __init__(self, message: str, last_output: object, errors: list[str]):
+        super().__init__(message)
+        self.last_output, self.errors = last_output, errors

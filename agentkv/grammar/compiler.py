@@ -114,6 +114,41 @@ def _is_closed_model(schema) -> bool:
     return isinstance(schema, type) and hasattr(schema, "model_json_schema") and (config or {}).get("extra") != "allow"
 
 
+def closed_schema(schema):
+    """A schema's dict with every object closed (`additionalProperties: false` where it is not
+    given): what `strict=True` compiles, as a dict to embed in a Lark `%json` block."""
+    schema = _schema_dict(schema)
+
+    def close(node):
+        if isinstance(node, list):
+            return [close(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for k, v in node.items():
+            if k in _DATA_KEYWORDS:  # values, not schemas
+                out[k] = v
+            elif k in _SCHEMA_MAPS and isinstance(v, dict):
+                out[k] = {name: close(sub) for name, sub in v.items()}
+            else:
+                out[k] = close(v)
+        if ("properties" in node or node.get("type") == "object") and "additionalProperties" not in node:
+            out["additionalProperties"] = False
+        return out
+
+    return close(schema)
+
+
+_DATA_KEYWORDS = {"const", "enum", "default", "examples", "required", "description", "title"}
+_SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+
+
+def output_grammar_schema(schema):
+    """The dict to embed for an output schema: closed for a Pydantic model that forbids or ignores
+    extra fields (as `compile_json_schema` compiles it), as given otherwise."""
+    return closed_schema(schema) if _is_closed_model(schema) else _schema_dict(schema)
+
+
 def _schema_dict(schema):
     if isinstance(schema, str):
         try:

@@ -1,0 +1,227 @@
+"""The agent loop on a tiny random model: whatever the model samples, every tool call is well-formed
+and validates; tool_choice, errors, retries, max_steps, pins, streams and batches behave."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Literal
+
+import jsonschema
+import pytest
+from pydantic import BaseModel, Field, field_validator
+
+import agentkv as ak
+from tests.tiny import make_tiny_model
+
+Short = Annotated[str, Field(max_length=6)]
+Small = Annotated[int, Field(ge=0, le=99)]
+
+
+@ak.tool
+def get_weather(city: Short, unit: Literal["C", "F"] = "C") -> str:
+    """Weather for a city."""
+    return f"sunny in {city}, 18 {unit}"
+
+
+@ak.tool
+def add(a: Small, b: Small) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@ak.tool
+def broken(x: Small) -> str:
+    """Always fails."""
+    raise ValueError(f"the service is down for {x}")
+
+
+class Answer(BaseModel):
+    value: Small
+    ok: bool
+
+
+class Refused(BaseModel):
+    value: Small
+
+    @field_validator("value")
+    @classmethod
+    def never(cls, v):
+        raise ValueError("no value is ever right")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    # the tool definitions go into the system prompt, one byte token per character: a longer context
+    path = make_tiny_model(tmp_path_factory.mktemp("agent") / "llama", max_positions=4096)
+    with ak.Engine(str(path), num_slots=16384) as e:
+        yield e
+
+
+def agent(engine, **kw) -> ak.Agent:
+    kw.setdefault("tools", [get_weather, add])
+    kw.setdefault("max_tokens", 96)
+    return ak.Agent("You are terse.", engine=engine, temperature=1.0, **kw)
+
+
+def check_calls(result: ak.AgentResult, tools) -> int:
+    """Every call names an offered tool with arguments that validate; returns how many there were."""
+    by_name = {t.name: t for t in tools}
+    n = 0
+    for step in result.steps:
+        assert len(step.tool_results) == len(step.tool_calls)
+        for call, res in zip(step.tool_calls, step.tool_results):
+            jsonschema.validate(call.arguments, by_name[call.name].parameters)
+            assert res.call == call
+            n += 1
+    return n
+
+
+def test_required_calls_validate_and_choice_returns_to_auto(engine):
+    with agent(engine, tool_choice="required", max_steps=3) as a:
+        results = [a.run(f"task {i}") for i in range(4)]
+    for r in results:
+        first = r.steps[0]
+        assert first.tool_choice == "required" and first.tool_calls, first.text
+        assert all(s.tool_choice in ("auto", "none") for s in r.steps[1:])
+        assert len(r.steps) <= 3 and r.steps[-1].tool_calls == []
+        assert r.usage.tool_calls == check_calls(r, [get_weather, add]) >= 1
+        for call, res in zip(first.tool_calls, first.tool_results):
+            expected = get_weather.call(call.arguments) if call.name == "get_weather" else str(add.call(call.arguments))
+            assert res.content == expected and res.error is None
+        assert isinstance(r.output, str)
+        # a reply cut inside a later call keeps the complete calls only
+        assert r.messages[2]["role"] == "assistant" and r.messages[2]["content"].endswith("</tool_call>")
+
+
+def test_call_cut_before_it_completes_is_retried(engine):
+    with agent(engine, tool_choice="required", max_steps=4, max_tokens=20, retries=1) as a:
+        with pytest.raises(ak.AgentRetriesError, match="cut at max_tokens") as info:
+            a.run("go")
+    assert len(info.value.errors) == 2 and info.value.last_output.startswith("<tool_call>")
+
+
+def test_named_tool_choice(engine):
+    with agent(engine, tool_choice="add", max_steps=2) as a:
+        r = a.run("add things")
+    assert r.steps[0].tool_calls and all(c.name == "add" for c in r.steps[0].tool_calls)
+    with agent(engine, tool_choice="add", max_steps=2, parallel_tool_calls=False) as a:
+        assert len(a.run("once").steps[0].tool_calls) == 1
+    assert r.steps[1].tool_choice == "none"  # the last step answers
+    check_calls(r, [add])
+
+
+def test_auto_calls_are_well_formed(engine):
+    # the random model writes text (it rarely samples "<tool_call>" byte by byte); whatever it writes,
+    # a step without calls has no call's opening tag in it (test_tool_calls.py checks the language)
+    with agent(engine, tool_choice="auto", max_steps=3) as a:
+        results = a.run_batch([f"question {i}" for i in range(8)])
+    for r in results:
+        check_calls(r, [get_weather, add])
+        for step in r.steps:
+            if not step.tool_calls:
+                assert "<tool_call>" not in step.text
+
+
+def test_tool_errors_go_back_to_the_model(engine):
+    with agent(engine, tools=[broken], tool_choice="broken", max_steps=2) as a:
+        r = a.run("try it")
+    res = r.steps[0].tool_results[0]
+    assert res.error.startswith("ValueError: the service is down") and not res.refused
+    assert res.content == f"error: {res.error}"
+    assert res.content in r.messages[-2]["content"]  # the results message, before the final reply
+    assert r.usage.retries == 0
+
+
+def test_refused_output_is_retried_then_raised(engine):
+    with agent(engine, output_type=Refused, tool_choice="none", retries=2, max_steps=5) as a:
+        with pytest.raises(ak.AgentRetriesError) as info:
+            a.run("give a value")
+    err = info.value
+    assert len(err.errors) == 3 and all("no value is ever right" in e for e in err.errors)
+    assert isinstance(err.last_output, str) and err.last_output.startswith('{"value":')
+
+
+def test_structured_output_with_tools(engine):
+    with agent(engine, output_type=Answer, tool_choice="auto", max_steps=3, max_tokens=128) as a:
+        results = a.run_batch([f"q{i}" for i in range(4)])
+    for r in results:
+        assert isinstance(r.output, Answer)
+        check_calls(r, [get_weather, add])
+
+
+def test_max_steps_ends_with_an_output(engine):
+    with agent(engine, tool_choice="required", max_steps=2) as a:
+        r = a.run("go")
+    assert [s.tool_choice for s in r.steps] == ["required", "none"]
+    assert r.usage.steps == 2
+
+
+def test_pin_is_held_then_released_and_reused(engine):
+    before = engine.stats()["pins"]
+    a = agent(engine, tool_choice="none", max_tokens=8)
+    assert a.pinned_tokens == 0  # pinned on first use
+    first = a.run("hello")
+    assert engine.stats()["pins"] == before + 1 and a.pinned_tokens > 100
+    second = a.run("hello again")
+    # the pinned system prompt (with the tool definitions) is served from the cache
+    assert second.steps[0].usage.cached_tokens >= a.pinned_tokens
+    assert first.steps[0].usage.cached_tokens >= a.pinned_tokens  # pinned before the first step
+    a.close()
+    assert engine.stats()["pins"] == before and a.pinned_tokens == 0
+    with pytest.raises(ak.AgentError):
+        a.run("closed")
+    with agent(engine, pin=False, tool_choice="none", max_tokens=4) as b:
+        b.run("x")
+        assert b.pinned_tokens == 0 and engine.stats()["pins"] == before
+
+
+def test_stream_events_in_order(engine):
+    with agent(engine, tool_choice="required", max_steps=2) as a:
+        events = list(a.stream("weather?"))
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[0] == "StepStart" and kinds[-1] == "RunEnd" and kinds.count("StepEnd") == 2
+    result = events[-1].result
+    text = "".join(e.text for e in events if isinstance(e, ak.TextDelta) and e.step == 1)
+    assert text == result.steps[0].text
+    calls = [e.call for e in events if isinstance(e, ak.ToolCallEvent)]
+    assert calls == result.steps[0].tool_calls
+    assert kinds.index("ToolResultEvent") > kinds.index("ToolCallEvent")
+
+
+def test_history_continues_a_conversation(engine):
+    with agent(engine, tool_choice="none", max_tokens=8) as a:
+        first = a.run("one")
+        second = a.run("two", history=first.messages)
+    assert second.messages[: len(first.messages)] == first.messages
+    assert second.messages[len(first.messages)] == {"role": "user", "content": "two"}
+    # the whole first conversation is cached
+    assert second.steps[0].usage.cached_tokens >= len(engine.tokenizer.encode(engine.render(first.messages[:-1])))
+
+
+def test_arun_inside_an_event_loop(engine):
+    async def main():
+        with agent(engine, tool_choice="none", max_tokens=4) as a:
+            return await a.arun("x"), a.run("y")  # run() works inside a running loop too
+
+    r1, r2 = asyncio.run(main())
+    assert isinstance(r1.output, str) and isinstance(r2.output, str)
+
+
+def test_bad_agent_arguments():
+    with pytest.raises(ak.RequestError, match="tool_choice"):
+        ak.Agent(tools=[add], tool_choice="nope")
+    with pytest.raises(ak.RequestError, match="needs tools"):
+        ak.Agent(tool_choice="required")
+    with pytest.raises(ak.RequestError, match="max_steps >= 2"):
+        ak.Agent(tools=[add], tool_choice="required", max_steps=1)
+    with pytest.raises(ak.RequestError, match="two tools"):
+        ak.Agent(tools=[add, add.func])
+    with pytest.raises(ak.RequestError, match="output_type"):
+        ak.Agent(json_schema={"type": "object"})
+    with pytest.raises(ak.RequestError, match="temperature"):
+        ak.Agent(temperature=-1)
+
+
+def test_bad_input(engine):
+    with agent(engine) as a, pytest.raises(ak.RequestError, match="input"):
+        a.run(42)

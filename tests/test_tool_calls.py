@@ -1,0 +1,136 @@
+"""The tool-call format: the grammar of each step (language checks), parsing, prompts."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from typing import Literal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import agentkv as ak
+from agentkv.grammar.compiler import closed_schema
+from agentkv.tool_calls import ToolCall, ToolCallFormat, text_without
+from tests.grammar_helpers import BYTE_COMPILER, accepts, assert_language
+
+
+@ak.tool
+def get_weather(city: str, unit: Literal["C", "F"] = "C") -> str:
+    """Weather for a city."""
+    return city
+
+
+@ak.tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def call_text(name: str, arguments: dict) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments}, separators=(',', ':'))}\n</tool_call>"
+
+
+WEATHER = call_text("get_weather", {"city": "Paris", "unit": "C"})
+ADD = call_text("add", {"a": 1, "b": 2})
+
+
+def test_text_without_is_exact_on_a_short_word():
+    pattern = re.compile(text_without("<ab>"))
+    for n in range(9):  # every string over its letters and one other, up to 8 long
+        for chars in itertools.product("<ab>x", repeat=n):
+            s = "".join(chars)
+            assert bool(pattern.fullmatch(s)) == ("<ab>" not in s), s
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(["<", "<<", "t", "tool", "_call", ">", "<tool_call>", "<tool_cal", "<too", "x y"]),
+                max_size=12))
+def test_text_without_is_exact_on_tool_call(parts):
+    s = "".join(parts)
+    assert bool(re.fullmatch(text_without("<tool_call>"), s)) == ("<tool_call>" not in s)
+
+
+def test_text_without_refuses_recurring_first_character():
+    with pytest.raises(ValueError):
+        text_without("abab")
+
+
+def test_required_grammar_language():
+    g = BYTE_COMPILER.compile_lark(ToolCallFormat(False).grammar([get_weather, add], "required", None))
+    assert_language(
+        g,
+        good=[WEATHER, ADD, WEATHER + "\n" + ADD, call_text("get_weather", {"city": "Oslo"})],
+        bad=["", "hello", call_text("nope", {}), call_text("add", {"a": 1}),  # unknown tool, missing argument
+             call_text("add", {"a": 1, "b": 2, "c": 3}), call_text("get_weather", {"city": "X", "unit": "K"}),
+             "text " + ADD, WEATHER + "\n"],
+        source="required",
+    )
+
+
+def test_auto_grammar_language():
+    g = BYTE_COMPILER.compile_lark(ToolCallFormat(False).grammar([get_weather, add], "auto", None))
+    assert_language(
+        g,
+        good=["", "The answer is 3.", "a < b and <tool", "Let me check.\n" + WEATHER, ADD + "\n" + WEATHER],
+        # text may not contain a tool call's opening tag outside a well-formed call
+        bad=["see <tool_call> here", "<tool_call>\n{}\n</tool_call>", ADD + " and more text"],
+        source="auto",
+    )
+
+
+def test_auto_grammar_with_output_schema():
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    g = BYTE_COMPILER.compile_lark(ToolCallFormat(False).grammar([add], "auto", closed_schema(schema)))
+    assert_language(g, good=['{"answer":3}', ADD], bad=["3", '{"answer":3,"x":1}', "text"], source="auto+output")
+    none = ToolCallFormat(False).grammar([add], "none", schema)
+    assert accepts(BYTE_COMPILER.compile_lark(none), '{"answer":3,"x":1}')  # as given: open
+    assert ToolCallFormat(False).grammar([add], "none", None) is None
+    assert ToolCallFormat(False).grammar([], "auto", None) is None
+
+
+def test_parse():
+    fmt = ToolCallFormat(False)
+    assert fmt.parse("just text") == ("just text", [], 0)
+    text = "Checking.\n" + WEATHER + "\n" + ADD
+    content, calls, end = fmt.parse(text)
+    assert content == "Checking." and end == len(text)
+    assert calls == [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("add", {"a": 1, "b": 2})]
+    # a call cut short by max_tokens is left out; `end` is where the complete ones end
+    assert fmt.parse(WEATHER + "\n" + ADD[:20]) == ("", calls[:1], len(WEATHER))
+    # an argument may contain the closing tag
+    tricky = call_text("get_weather", {"city": "</tool_call>"})
+    assert fmt.parse(tricky)[1] == [ToolCall("get_weather", {"city": "</tool_call>"})]
+
+
+def test_prompts_native_and_injected():
+    qwen_like = "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools><tool_call>{% endif %}"
+    native = ToolCallFormat.for_template(qwen_like)
+    assert native.native and not ToolCallFormat.for_template("{{ messages }}").native
+    assert not ToolCallFormat.for_template(None).native
+    defs = [get_weather.definition]
+    assert native.system_message("Be brief.", defs) == {"role": "system", "content": "Be brief."}
+    assert native.template_tools(defs) == defs
+    call = ToolCall("add", {"a": 1, "b": 2}, "call_1_0")
+    assert native.results_messages([(call, "3")]) == [{"role": "tool", "name": "add", "tool_call_id": "call_1_0", "content": "3"}]
+    injected = ToolCallFormat(False)
+    system = injected.system_message("Be brief.", defs)["content"]
+    assert system.startswith("Be brief.") and json.dumps(defs[0]) in system and "<tool_call>" in system
+    assert injected.template_tools(defs) is None
+    assert injected.results_messages([(call, "3"), (call, "4")]) == [
+        {"role": "user", "content": "<tool_response>\n3\n</tool_response>\n<tool_response>\n4\n</tool_response>"}]
+
+
+def test_closed_schema_leaves_values_alone():
+    schema = {"type": "object", "properties": {"properties": {"type": "object", "default": {"type": "object"}},
+                                               "c": {"const": {"properties": {}}}},
+              "$defs": {"D": {"properties": {"x": {}}, "additionalProperties": True}}}
+    closed = closed_schema(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["properties"]["additionalProperties"] is False
+    assert closed["properties"]["properties"]["default"] == {"type": "object"}
+    assert closed["properties"]["c"] == {"const": {"properties": {}}}
+    assert closed["$defs"]["D"]["additionalProperties"] is True
+    assert "additionalProperties" not in closed["properties"]  # the name mapping is not a schema
