@@ -23,7 +23,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/chat.py
+	$(BIN)/agentkv run examples/agent.py --input "What is the weather in Lisbon, and how much is 200 EUR in USD?"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -1,5 +1,5 @@
-"""`agentkv generate` and `agentkv chat`. Options come from typed signatures; errors exit non-zero
-with a one-line reason."""
+"""`agentkv run`, `agentkv generate` and `agentkv chat`. Options come from typed signatures; errors
+exit non-zero with a one-line reason."""
 
 from __future__ import annotations
 
@@ -14,14 +14,101 @@ MaxTokens = Annotated[int, typer.Option(help="most tokens to generate per reply"
 Temperature = Annotated[float, typer.Option(help="sampling temperature; 0 is greedy")]
 
 
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(1)
+
+
+@app.command()
+def run(
+    file: Annotated[str, typer.Argument(help="a Python file defining `agent` (an ak.Agent) or a `main` function")],
+    input: Annotated[str | None, typer.Option("--input", "-i", help="the agent's input (default: read stdin)")] = None,
+    arg: Annotated[list[str] | None, typer.Option("--arg", "-a", help="key=value for `main` (repeatable)")] = None,
+    model: ModelOpt = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print the output only, no live view")] = False,
+) -> None:
+    """Run FILE's module-level `agent` (an ak.Agent) on --input with a live view of its steps, or,
+    without --input, call its `main(**args)`; print the output. --model becomes the engine of
+    everything in FILE that names none."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from rich.console import Console
+
+    import agentkv as ak
+    from cli.live import format_output
+
+    path = Path(file)
+    if not path.is_file():
+        raise _fail(f"{file} not found")
+    if model is not None:
+        ak.set_default_engine(_engine(model))
+    sys.path.insert(0, str(path.resolve().parent))  # the file's own imports, as `python FILE` has them
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ak.AgentKVError as e:
+        raise _fail(f"{file}: {e}") from None
+    except Exception as e:
+        raise _fail(f"{file} failed to load: {type(e).__name__}: {e}") from None
+    agent, main = getattr(module, "agent", None), getattr(module, "main", None)
+    console = Console()
+    try:
+        if isinstance(agent, ak.Agent) and (input is not None or not callable(main)):
+            if input is None:
+                if sys.stdin.isatty():
+                    raise _fail("give the agent's input with --input TEXT (or on stdin)")
+                input = sys.stdin.read()
+            output = _run_agent(agent, input, console, quiet)
+        elif callable(main):
+            if input is not None:
+                raise _fail(f"{file} has no `agent` (an ak.Agent) to give --input to; pass `main` --arg key=value")
+            kwargs = {}
+            for item in arg or []:
+                key, sep, value = item.partition("=")
+                if not sep or not key:
+                    raise _fail(f"--arg {item!r} is not key=value")
+                kwargs[key] = value
+            output = main.run(**kwargs) if hasattr(main, "run") else main(**kwargs)
+        else:
+            raise _fail(f"{file} defines neither `agent` (an ak.Agent) nor a `main` function")
+    except ak.AgentKVError as e:
+        raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if not quiet:
+        console.print()
+    console.print(format_output(output), highlight=False, markup=False, soft_wrap=True)
+
+
+def _run_agent(agent, input: str, console, quiet: bool):
+    """The agent's output, with the live view of its steps unless quiet."""
+    from rich.live import Live
+
+    import agentkv as ak
+    from cli.live import AgentView
+
+    if quiet:
+        return agent.run(input).output
+    view = AgentView()
+    with Live(view.render(), console=console, refresh_per_second=8) as live:
+        for event in agent.stream(input):
+            view.update(event)
+            live.update(view.render())
+            if isinstance(event, ak.RunEnd):
+                return event.result.output
+    raise AssertionError("an agent's stream ends with RunEnd")  # pragma: no cover
+
+
 def _engine(model: str | None):
     import agentkv as ak
 
     try:
         return ak.Engine(model)
     except ak.AgentKVError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise _fail(str(e)) from None
 
 
 @app.command()

@@ -2,7 +2,7 @@
 writes the JSON punctuation and keys itself (jump-forward), so the model spends forward passes only
 on the values: compare `forward_passes` with `completion_tokens`.
 
-    .venv/bin/python examples/extract.py
+    python examples/extract.py     (or: agentkv run examples/extract.py)
 """
 
 from typing import Literal
@@ -20,19 +20,27 @@ class Invoice(BaseModel):
     paid: bool
 
 
-engine = ak.Engine()  # the embedded SmolLM2-135M-Instruct, on CPU
-texts = [
+TEXTS = [
     "Invoice AB-1234 from Acme GmbH: total 1,250.00 EUR, not yet paid.",
     "Northwind Ltd billed us USD 89.90 (invoice NW-0042); it was paid by card.",
 ]
-for text in texts:
-    messages = [{"role": "user", "content": f"Extract the invoice as JSON: {text}"}]
-    out = engine.chat(messages, schema=Invoice, temperature=0.0)
-    invoice = out.parsed  # an Invoice; IncompleteOutputError if max_tokens had cut it
-    u = out.usage
-    print(repr(invoice))
-    print("   ", out.text)
-    print(f"    {u.completion_tokens} tokens, {u.jump_forward_tokens} forced by the grammar, {u.forward_passes} forward passes")
 
-print(ak.generate("Is an unpaid invoice overdue after 90 days? Answer:", choices=[" yes", " no"], engine=engine))
-engine.close()
+
+def main() -> list[Invoice]:
+    engine = ak.default_engine()  # the embedded SmolLM2-135M-Instruct on CPU, or `agentkv run --model`
+    invoices = []
+    for text in TEXTS:
+        messages = [{"role": "user", "content": f"Extract the invoice as JSON: {text}"}]
+        out = engine.chat(messages, schema=Invoice, temperature=0.0)
+        invoices.append(out.parsed)  # an Invoice; IncompleteOutputError if max_tokens had cut it
+        u = out.usage
+        print(repr(invoices[-1]))
+        print("   ", out.text)
+        print(f"    {u.completion_tokens} tokens, {u.jump_forward_tokens} forced by the grammar, "
+              f"{u.forward_passes} forward passes")
+    print(ak.generate("Is an unpaid invoice overdue after 90 days? Answer:", choices=[" yes", " no"], engine=engine))
+    return invoices
+
+
+if __name__ == "__main__":
+    main()

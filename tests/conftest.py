@@ -17,6 +17,13 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_long_dir(tmp_path_factory) -> Path:
+    """A tiny model with a 4096-token context: agent prompts (tool definitions in the system prompt,
+    one byte token per character) do not fit in 512."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_long") / "llama", max_positions=4096)
+
+
+@pytest.fixture(scope="session")
 def tiny_engine(tiny_dir):
     import agentkv as ak
 

@@ -11,7 +11,6 @@ import pytest
 from pydantic import BaseModel, Field, field_validator
 
 import agentkv as ak
-from tests.tiny import make_tiny_model
 
 Short = Annotated[str, Field(max_length=6)]
 Small = Annotated[int, Field(ge=0, le=99)]
@@ -50,10 +49,8 @@ class Refused(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    # the tool definitions go into the system prompt, one byte token per character: a longer context
-    path = make_tiny_model(tmp_path_factory.mktemp("agent") / "llama", max_positions=4096)
-    with ak.Engine(str(path), num_slots=16384) as e:
+def engine(tiny_long_dir):
+    with ak.Engine(str(tiny_long_dir), num_slots=16384) as e:
         yield e
 
 

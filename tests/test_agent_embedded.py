@@ -1,0 +1,115 @@
+"""Agents on the embedded SmolLM2-135M-Instruct: the small model may choose poorly, but every tool
+call it makes parses and validates; pins are reused across runs and released."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jsonschema
+import pytest
+from pydantic import BaseModel
+
+import agentkv as ak
+from tests.conftest import requires_embedded
+
+pytestmark = [pytest.mark.slow, requires_embedded]
+
+calls_made: list[tuple[str, dict]] = []
+
+
+@ak.tool
+def get_weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> str:
+    """Current weather for a city.
+
+    Args:
+        city: The city's name, e.g. "Paris".
+        unit: The temperature unit.
+    """
+    calls_made.append(("get_weather", {"city": city, "unit": unit}))
+    return f"18 degrees {unit}, sunny, in {city}"
+
+
+@ak.tool
+def convert_currency(amount: float, source: str, target: str) -> float:
+    """Convert an amount of money between two currencies (ISO codes such as EUR, USD)."""
+    calls_made.append(("convert_currency", {"amount": amount, "source": source, "target": target}))
+    if source == target:
+        raise ValueError("source and target are the same currency")
+    return round(amount * 1.1, 2)
+
+
+class Trip(BaseModel):
+    city: str
+    pack_umbrella: bool
+
+
+TOOLS = [get_weather, convert_currency]
+QUESTIONS = ["What is the weather in Paris?", "Convert 100 EUR to USD.", "Is it raining in Oslo right now?",
+             "How much is 20 USD in EUR?"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with ak.Engine(max_running_requests=64) as e:
+        yield e
+
+
+def valid_calls(results) -> int:
+    by_name = {t.name: t for t in TOOLS}
+    n = 0
+    for r in results:
+        for step in r.steps:
+            for call, res in zip(step.tool_calls, step.tool_results, strict=True):
+                jsonschema.validate(call.arguments, by_name[call.name].parameters)
+                assert res.error is None or not res.refused, res.error
+                n += 1
+    return n
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", "get_weather"])
+def test_every_call_validates(engine, choice):
+    with ak.Agent("You are a helpful assistant. Use the tools when they help.", tools=TOOLS, engine=engine,
+                  tool_choice=choice, max_steps=3, max_tokens=160, temperature=0.8, seed=7) as agent:
+        results = agent.run_batch(QUESTIONS)
+    n = valid_calls(results)
+    if choice != "auto":
+        assert all(r.steps[0].tool_calls for r in results)
+        assert n >= len(QUESTIONS)
+    if choice == "get_weather":
+        assert all(c.name == "get_weather" for r in results for c in r.steps[0].tool_calls)
+    for r in results:
+        assert isinstance(r.output, str) and len(r.steps) <= 3
+        assert r.usage.jump_forward_tokens > 0 or choice == "auto"
+
+
+def test_tool_error_reaches_the_model(engine):
+    with ak.Agent("Convert currencies with the tool.", tools=[convert_currency], engine=engine,
+                  tool_choice="convert_currency", max_steps=2, max_tokens=96) as agent:
+        r = agent.run("Convert 5 EUR to EUR.")
+    results = r.steps[0].tool_results
+    for res in results:
+        if res.call.arguments["source"] == res.call.arguments["target"]:
+            assert res.error == "ValueError: source and target are the same currency"
+        assert res.content in r.messages[3]["content"]
+
+
+def test_output_type_after_a_tool(engine):
+    with ak.Agent("You plan trips. Check the weather, then answer as JSON.", tools=[get_weather], engine=engine,
+                  tool_choice="required", output_type=Trip, max_steps=3, max_tokens=128) as agent:
+        r = agent.run("I am going to London tomorrow. Do I need an umbrella?")
+    assert r.steps[0].tool_calls
+    assert isinstance(r.output, Trip)
+
+
+def test_second_run_reads_the_pinned_prompt_from_cache(engine):
+    before = engine.stats()["pins"]
+    agent = ak.Agent("You are a helpful assistant.", tools=TOOLS, engine=engine, tool_choice="none", max_tokens=16)
+    agent.run("Hi!")
+    pinned = agent.pinned_tokens
+    system = engine.tokenizer.encode(engine.render([agent.system_message], add_generation_prompt=False))
+    assert pinned >= len(system) - 1 > 200  # the whole system prompt with the tool definitions
+    assert engine.stats()["pins"] == before + 1
+    r = agent.run("Hello again!")
+    assert r.steps[0].usage.cached_tokens >= pinned
+    agent.close()
+    assert engine.stats()["pins"] == before
