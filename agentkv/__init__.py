@@ -1,7 +1,8 @@
 """agentkv: structured output and agents on an LLM engine that remembers.
 
 `import agentkv as ak` is the whole user surface: `ak.Engine`, `ak.SamplingParams`, typed generation
-(`ak.generate`, `ak.stream`), tools and agents (`@ak.tool`, `ak.Agent`), and the errors.
+(`ak.generate`, `ak.stream`), tools and agents (`@ak.tool`, `ak.Agent`), the DSL (`@ak.function`, `ak.gen`, ...),
+and the errors.
 The engine names load on first use, so `agentkv.grammar` (pure Python and numpy) never imports torch.
 """
 
@@ -9,6 +10,7 @@ from agentkv.agent import Agent
 from agentkv.agent_result import (
     AgentResult, AgentUsage, RunEnd, Step, StepEnd, StepStart, TextDelta, ToolCallEvent, ToolResult, ToolResultEvent,
 )
+from agentkv.dsl import Fork, ProgramState, assistant, function, gen, select, system, user
 from agentkv.errors import (
     AgentError,
     AgentKVError,
@@ -49,5 +51,6 @@ __all__ = [
     "IncompleteOutputError", "ModelLoadError", "OutputError", "OutputValidationError",
     "PinBudgetError", "PinHandle", "RequestError", "RequestOutput", "SamplingParams", "StreamDelta", "Usage",
     "Tool", "ToolArgumentsError", "ToolDefinitionError",
+    "Fork", "ProgramState", "assistant", "function", "gen", "select", "system", "user",
     "astream", "default_engine", "generate", "set_default_engine", "stream", "tool",
 ]

@@ -113,3 +113,25 @@ def test_second_run_reads_the_pinned_prompt_from_cache(engine):
     assert r.steps[0].usage.cached_tokens >= pinned
     agent.close()
     assert engine.stats()["pins"] == before
+
+
+def test_dsl_fork_branches_read_the_prompt_from_cache(engine):
+    @ak.function
+    def drafts(s, topic):
+        s += ak.system("You are a poet who writes one-line poems.")
+        s += ak.user(f"Write a one-line poem about {topic}.")
+        branches = s.fork(3)
+        for i, branch in enumerate(branches):
+            branch += ak.assistant(ak.gen("poem", max_tokens=24, temperature=0.9, seed=i, stop="\n"))
+        s.branches = branches.join()
+        s += ak.user("Is the first poem about the sea?")
+        s += ak.assistant(ak.select("answer", ["yes", "no"]))
+
+    state = drafts.run(topic="the sea", engine=engine)
+    parent = [{"role": "system", "content": "You are a poet who writes one-line poems."},
+              {"role": "user", "content": "Write a one-line poem about the sea."}]
+    prefix = len(engine.tokenizer.encode(engine.render(parent, add_generation_prompt=False)))
+    for branch in state.branches:
+        assert branch.usage[0].cached_tokens >= prefix
+        assert branch["poem"]
+    assert state["answer"] in ("yes", "no")

@@ -96,6 +96,7 @@ def test_help_everywhere():
     ("extract.py", []),
     ("batch_agents.py", []),
     ("chat.py", []),
+    ("fork_compare.py", ["--arg", "topic=a rainy day"]),
 ])
 def test_examples_exit_zero(example, args):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -213,36 +213,54 @@ class Engine:
             tools = [getattr(t, "definition", t) for t in tools]
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
+    def prefill(self, prefix: str | Messages | Sequence[int]) -> int:
+        """Compute the KV of `prefix` into the radix cache (not pinned: it may be evicted), so that
+        requests starting with it skip its prefill, e.g. the branches of a fork. Returns its length
+        in tokens. A list of messages is rendered without a generation prompt."""
+        if self._tree is None:
+            raise RequestError("prefill warms the radix cache; create the Engine with enable_radix_cache=True")
+        ids = self._prefix_ids(prefix, None)
+        self._prefill(ids, lambda r: None).result()
+        return len(ids)
+
     def pin(self, prefix: str | Messages | Sequence[int], *, tools: Sequence[dict] | None = None) -> PinHandle:
         """Compute the KV of `prefix` (text, token ids, or messages rendered without a generation prompt)
         and keep it resident until `unpin`. Raises PinBudgetError over the pin budget."""
         if self._tree is None:
             raise RequestError("pins need the radix cache; create the Engine with enable_radix_cache=True")
-        if is_messages(prefix):
-            prefix = self.render(prefix, tools=tools, add_generation_prompt=False)
-        ids = self._encode(prefix)
+        ids = self._prefix_ids(prefix, tools)
         budget = self._tree.pin_budget
         if len(ids) > budget:
             raise PinBudgetError(f"the prefix has {len(ids)} tokens, over the pin budget of {budget}; raise pin_budget_fraction")
+        # on the engine thread, right after the prefill put the prefix into the tree: pin it before
+        # any later step could evict it
+        return self._prefill(ids, lambda r: self._tree.pin(ids)).result()
+
+    def _prefix_ids(self, prefix, tools) -> list[int]:
+        if is_messages(prefix):
+            prefix = self.render(prefix, tools=tools, add_generation_prompt=False)
+        return self._encode(prefix)
+
+    def _prefill(self, ids: list[int], then) -> Future:
+        """Prefill `ids` as a request of its own; the future gets `then(request)`, called on the
+        engine thread as soon as the prefill is done."""
         req = Request(ids, SamplingParams(max_tokens=1, temperature=0.0), 0, frozenset(), 1, prefill_only=True)
         result: Future = Future()
 
         def on_update(r: Request) -> None:
-            # on the engine thread, right after the prefill put the prefix into the tree: pin it
-            # before any later step could evict it
             if not r.finished:
                 return
             if r.error is not None:
                 result.set_exception(r.error)
                 return
             try:
-                result.set_result(self._tree.pin(ids))
+                result.set_result(then(r))
             except Exception as e:
                 result.set_exception(e)
 
         req.on_update = on_update
         self._core.submit([req])
-        return result.result()
+        return result
 
     def unpin(self, handle: PinHandle) -> None:
         if self._tree is None:
