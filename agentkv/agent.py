@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures
 import json
 import threading
 import time
@@ -28,6 +27,7 @@ from agentkv.agent_result import (
     ToolResult, ToolResultEvent,
 )
 from agentkv.errors import AgentError, AgentRetriesError, EngineClosedError, OutputError, RequestError, ToolArgumentsError
+from agentkv.syncio import iterate_sync, run_sync
 from agentkv.tool_calls import OPEN, ToolCall, ToolCallFormat
 from agentkv.tools import Tool, tool
 
@@ -73,6 +73,10 @@ class Agent:
         if not isinstance(retries, int) or retries < 0:
             raise RequestError(f"retries={retries!r} must be an integer >= 0")
         self.output_type = None if output_type is str else output_type
+        if self.output_type is not None:
+            from agentkv.grammar.compiler import output_grammar_schema
+
+            output_grammar_schema(self.output_type)  # GrammarError now for something that is not a schema
         self.tool_choice, self.max_steps, self.retries = tool_choice, max_steps, retries
         self.parallel_tool_calls = parallel_tool_calls
         self.params = SamplingParams(temperature=temperature, max_tokens=max_tokens, **sampling)
@@ -92,7 +96,7 @@ class Agent:
     def run(self, input: str | Sequence[dict], *, history: Sequence[dict] | None = None) -> AgentResult:
         """Run to the output. `input` is the user's message (or messages); `history` a previous
         result's `messages` to continue that conversation."""
-        return _run_sync(self.arun(input, history=history))
+        return run_sync(self.arun(input, history=history))
 
     async def arun(self, input: str | Sequence[dict], *, history: Sequence[dict] | None = None) -> AgentResult:
         async for event in self.astream(input, history=history):
@@ -105,22 +109,12 @@ class Agent:
         async def all_runs():
             return await asyncio.gather(*(self.arun(i) for i in inputs))
 
-        return _run_sync(all_runs())
+        return run_sync(all_runs())
 
     def stream(self, input: str | Sequence[dict], *, history: Sequence[dict] | None = None) -> Iterator[AgentEvent]:
         """The run's events as they happen (StepStart, TextDelta, ToolCallEvent, ToolResultEvent,
         StepEnd, and RunEnd with the result), from synchronous code."""
-        agen = self.astream(input, history=history)
-        loop = asyncio.new_event_loop()
-        try:
-            while True:
-                try:
-                    yield loop.run_until_complete(agen.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            loop.run_until_complete(agen.aclose())
-            loop.close()
+        yield from iterate_sync(self.astream(input, history=history))
 
     async def astream(self, input: str | Sequence[dict], *, history: Sequence[dict] | None = None) -> AsyncIterator[AgentEvent]:
         """The async form of `stream`."""
@@ -263,11 +257,20 @@ class Agent:
             if self._format is None:
                 self._format = ToolCallFormat.for_template(engine.tokenizer.chat_template)
                 defs = [t.definition for t in self.tools.values()]
-                self._system = self._format.system_message(self.instructions, defs)
+                self._system = self._format.system_message(self._instructions_with_output(), defs)
                 self._defs = defs
             if self._want_pin and self._pin is None and engine.config.cache.enable_radix_cache:
                 self._pin, self._pinned_on = engine.pin(self._pinned_ids(engine)), engine
         return engine
+
+    def _instructions_with_output(self) -> str:
+        """The instructions, and with an output_type, what the final answer must look like: the
+        grammar enforces it, but the model writes better values when it knows the fields."""
+        if self.output_type is None:
+            return self.instructions
+        schema = json.dumps(self._output_schema(), ensure_ascii=False)
+        return (self.instructions + "\n\nGive your final answer as a JSON object matching this schema:\n"
+                + schema).lstrip()
 
     def _pinned_ids(self, engine) -> list[int]:
         """The tokens of the rendered system prompt that every conversation starts with."""
@@ -330,16 +333,6 @@ def _as_text(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
         return str(value)
-
-
-def _run_sync(coro):
-    """Run a coroutine from synchronous code, also where an event loop is running (a notebook)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 _live_agents: weakref.WeakSet[Agent] = weakref.WeakSet()

@@ -11,7 +11,6 @@ text. Without `engine=`, a default engine (the embedded model on CPU) is created
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import threading
@@ -19,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from agentkv.errors import RequestError
+from agentkv.syncio import iterate_sync
 
 DEFAULT_MAX_TOKENS = 1024  # typed outputs end when their grammar does; this only bounds a runaway string
 
@@ -65,17 +65,7 @@ def stream(prompt: str | Sequence[dict], schema: Any = None, *, regex: str | Non
     """Like `generate`, yielding as the output grows: with a schema, partial objects holding only the
     top-level fields whose values are complete (then the validated whole); otherwise the text so far.
     Call from synchronous code; in async code use `astream`."""
-    agen = astream(prompt, schema, regex=regex, grammar=grammar, engine=engine, **sampling)
-    loop = asyncio.new_event_loop()
-    try:
-        while True:
-            try:
-                yield loop.run_until_complete(agen.__anext__())
-            except StopAsyncIteration:
-                return
-    finally:
-        loop.run_until_complete(agen.aclose())
-        loop.close()
+    yield from iterate_sync(astream(prompt, schema, regex=regex, grammar=grammar, engine=engine, **sampling))
 
 
 async def astream(prompt: str | Sequence[dict], schema: Any = None, *, regex: str | None = None,

@@ -141,6 +141,8 @@ def test_refused_output_is_retried_then_raised(engine):
 def test_structured_output_with_tools(engine):
     with agent(engine, output_type=Answer, tool_choice="auto", max_steps=3, max_tokens=128) as a:
         results = a.run_batch([f"q{i}" for i in range(4)])
+        # the model is told the output's fields (the grammar enforces them either way)
+        assert '"value"' in a.system_message["content"] and "JSON object" in a.system_message["content"]
     for r in results:
         assert isinstance(r.output, Answer)
         check_calls(r, [get_weather, add])
@@ -217,6 +219,8 @@ def test_bad_agent_arguments():
         ak.Agent(json_schema={"type": "object"})
     with pytest.raises(ak.RequestError, match="temperature"):
         ak.Agent(temperature=-1)
+    with pytest.raises(ak.GrammarError, match="schema"):
+        ak.Agent(output_type=42)
 
 
 def test_bad_input(engine):
