@@ -200,11 +200,14 @@ class Agent:
         return step, text
 
     def _step_params(self, mode: str):
-        if mode == "none":
-            return self.params.with_(json_schema=self.output_type) if self.output_type is not None else self.params
-        tools = [self.tools[mode]] if mode in self.tools else list(self.tools.values())
-        grammar = self._format.grammar(tools, "auto" if mode == "auto" else "required", self._output_schema(),
-                                       self.parallel_tool_calls)
+        """The sampling parameters of a step: the agent's, with the grammar of the step's mode."""
+        if mode == "none" and self.output_type is not None:
+            return self.params.with_(json_schema=self.output_type)  # parsed and validated as ak.generate does
+        if mode in self.tools:  # a named tool: calls of it only
+            tools, mode = [self.tools[mode]], "required"
+        else:
+            tools = list(self.tools.values())
+        grammar = self._format.grammar(tools, mode, self._output_schema(), self.parallel_tool_calls)
         return self.params.with_(grammar=grammar) if grammar is not None else self.params
 
     def _output_schema(self) -> dict | None:

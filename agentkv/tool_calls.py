@@ -84,15 +84,18 @@ class ToolCallFormat:
         mode: "auto" (text, or the output, or tool calls), "required" (calls of `tools`), "none" (the
         output only: text, or JSON under `output_schema`). `parallel`: several calls in one step.
         """
+        if output_schema is None and not tools:
+            return None
         if mode == "none" or not tools:
-            return None if output_schema is None else f"start: {_json(output_schema)}\n"
+            # the output; as text, it may not look like a call that will never run
+            return f"start: {_json(output_schema)}\n" if output_schema is not None else _TEXT_ONLY
         more = ' ("\\n" call)*' if parallel else ""
         call = f'call: "{_esc(OPEN)}\\n" {_json(_calls_schema(tools))} "\\n{_esc(CLOSE)}"\ncalls: call{more}\n'
         if mode == "required":
             return "start: calls\n" + call
         if output_schema is not None:
             return f"start: {_json(output_schema)} | calls\n" + call
-        return f"start: TEXT | TEXT? calls\nTEXT: /{text_without(OPEN)}/\n" + call
+        return "start: TEXT | TEXT? calls\n" + _TEXT + call
 
     def parse(self, text: str) -> tuple[str, list[ToolCall], int]:
         """(the text before the first call, the complete calls, where the last complete call ends) of
@@ -162,3 +165,8 @@ def _re(text: str) -> str:
 
 def _cls(c: str) -> str:
     return "\\" + c if c in r"\]^-[/" else c
+
+
+# free text that cannot contain a call's opening tag (the grammars above name it)
+_TEXT = f"TEXT: /{text_without(OPEN)}/\n"
+_TEXT_ONLY = "start: TEXT\n" + _TEXT

@@ -153,6 +153,7 @@ def test_max_steps_ends_with_an_output(engine):
         r = a.run("go")
     assert [s.tool_choice for s in r.steps] == ["required", "none"]
     assert r.usage.steps == 2
+    assert "<tool_call>" not in r.output  # the answer cannot pose as a call that never runs
 
 
 def test_pin_is_held_then_released_and_reused(engine):

@@ -87,8 +87,10 @@ def test_auto_grammar_with_output_schema():
     assert_language(g, good=['{"answer":3}', ADD], bad=["3", '{"answer":3,"x":1}', "text"], source="auto+output")
     none = ToolCallFormat(False).grammar([add], "none", schema)
     assert accepts(BYTE_COMPILER.compile_lark(none), '{"answer":3,"x":1}')  # as given: open
-    assert ToolCallFormat(False).grammar([add], "none", None) is None
-    assert ToolCallFormat(False).grammar([], "auto", None) is None
+    assert ToolCallFormat(False).grammar([], "auto", None) is None  # no tools, text output: unconstrained
+    # a text answer of an agent with tools may not write a call that would never run
+    text_only = BYTE_COMPILER.compile_lark(ToolCallFormat(False).grammar([add], "none", None))
+    assert_language(text_only, good=["", "It is 3.", "a <b>"], bad=[ADD, "x <tool_call>"], source="none")
 
 
 def test_parse():
