@@ -1,10 +1,11 @@
 """Agents with tools on the embedded model: pins on vs off vs the radix cache off vs HF `generate`.
 
-16 agents x up to 3 steps: one ak.Agent (a 600-token system prompt with four tool definitions), 16
-user tasks run with `run_batch`; the first step must call a tool (greedy), the second may call
-another or answer, the third answers. Then other traffic (unrelated long prompts) passes through a
-KV pool too small to keep everything, and a second wave of 16 new tasks runs: that is when a pin
-matters, since an unpinned system prompt is evicted like any other leaf.
+16 agents x 3 steps: one ak.Agent (a 600-token system prompt with four tool definitions) runs 16
+user tasks with `run_batch`: step 1 must call a tool (greedy), step 2 answers from the result (or
+calls another tool); step 3 answers the user's follow-up question, continuing the conversation
+(`history=`) with tools offered but not required. Then other traffic (unrelated long prompts)
+passes through a KV pool too small to keep everything, and a second wave of 16 new tasks runs: that
+is when a pin matters, since an unpinned system prompt is evicted like any other leaf.
 
 The peer replays the same loop through HF transformers `generate`, in a worker process of this run
 (see common.py): each step's prompts, exactly as our agents rendered them (tool results included),
@@ -17,6 +18,7 @@ at that step (HF has no grammar, so every forced token of a tool call is a forwa
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from pathlib import Path
@@ -77,30 +79,50 @@ def other_traffic(n: int) -> list[str]:
             for k in range(n)]
 
 
-def make_agent(engine, pin: bool) -> ak.Agent:
-    return ak.Agent(INSTRUCTIONS, tools=TOOLS, engine=engine, tool_choice="required", max_steps=3, max_tokens=96,
+FOLLOW_UP = "Thanks. In one sentence: what should I pack?"
+
+
+def make_agent(engine, pin: bool, tool_choice: str = "required") -> ak.Agent:
+    return ak.Agent(INSTRUCTIONS, tools=TOOLS, engine=engine, tool_choice=tool_choice, max_steps=3, max_tokens=96,
                     parallel_tool_calls=False, pin=pin)
+
+
+def wave(first: ak.Agent, follow: ak.Agent, tasks: list[str]) -> list[ak.AgentResult]:
+    """Each task, then a follow-up turn on its conversation; returns the runs, both turns merged."""
+    runs = first.run_batch(tasks)
+
+    async def follow_ups():
+        return await asyncio.gather(*(follow.arun(FOLLOW_UP, history=r.messages) for r in runs))
+
+    return [_merge(a, b) for a, b in zip(runs, asyncio.run(follow_ups()))]
+
+
+def _merge(a: ak.AgentResult, b: ak.AgentResult) -> ak.AgentResult:
+    usage = ak.AgentUsage(**{k: getattr(a.usage, k) + getattr(b.usage, k) for k in vars(a.usage)})
+    return ak.AgentResult(b.output, a.steps + b.steps, usage, b.messages)
 
 
 def run_config(label: str, compiler, args, pin: bool = True, **engine_options) -> dict:
     with ak.Engine(num_slots=args.num_slots, **engine_options) as engine:
         engine.grammar_compiler = compiler  # grammars compiled before the timed runs
         engine.generate("warm up", max_tokens=2)
-        agent = make_agent(engine, pin)
+        agent, follow = make_agent(engine, pin), make_agent(engine, pin, tool_choice="auto")
         start = time.perf_counter()
-        waves = [agent.run_batch([task(i) for i in range(args.agents)])]
+        waves = [wave(agent, follow, [task(i) for i in range(args.agents)])]
         wall = time.perf_counter() - start
         engine.generate(other_traffic(args.traffic), max_tokens=1)  # not timed
         start = time.perf_counter()
-        waves.append(agent.run_batch([task(i) for i in range(args.agents, 2 * args.agents)]))
+        waves.append(wave(agent, follow, [task(i) for i in range(args.agents, 2 * args.agents)]))
         wall += time.perf_counter() - start
         agent.close()
+        follow.close()
         st = engine.stats()
     runs = [r for w in waves for r in w]
     prompt = sum(r.usage.prompt_tokens for r in runs)
     cached = sum(r.usage.cached_tokens for r in runs)
     wave2 = waves[1]
     return {"label": label, "wall": wall, "steps": sum(r.usage.steps for r in runs),
+            "jumped": sum(r.usage.jump_forward_tokens for r in runs),
             "calls": sum(r.usage.tool_calls for r in runs), "hit": cached / prompt,
             "hit2": sum(r.usage.cached_tokens for r in wave2) / sum(r.usage.prompt_tokens for r in wave2),
             "prefill": st["prefill_tokens_computed"], "passes": sum(r.usage.forward_passes for r in runs),
@@ -110,10 +132,10 @@ def run_config(label: str, compiler, args, pin: bool = True, **engine_options) -
 def replay_hf(peer: Peer, engine, waves, pad: int) -> tuple[float, int]:
     """The same steps through HF generate: per wave and step index, one batch of the prompts."""
     wall = computed = 0
-    for wave in waves:
-        for k in range(3):
+    for runs in waves:
+        for k in range(max(len(r.steps) for r in runs)):
             prompts, longest = [], 0
-            for r in wave:
+            for r in runs:
                 if k < len(r.steps):
                     prompts.append(engine.tokenizer.encode(engine.render(_messages_before(r, k))))
                     longest = max(longest, r.steps[k].usage.completion_tokens)
@@ -153,7 +175,7 @@ def main() -> None:
                run_config("agentkv, no pin", compiler, args, pin=False),
                run_config("agentkv, radix cache off", compiler, args, pin=False, enable_radix_cache=False)]
     ours = results[0]["wall"]
-    rows = [[r["label"], r["wall"], r["steps"], r["calls"], r["tokens"], r["passes"], r["prefill"], f"{r['hit']:.1%}",
+    rows = [[r["label"], r["wall"], r["steps"], r["calls"], r["tokens"], r["jumped"], r["passes"], r["prefill"], f"{r['hit']:.1%}",
              f"{r['hit2']:.1%}", r["wall"] / ours] for r in results]
     if not args.skip_hf:
         peer = Peer()
@@ -161,13 +183,13 @@ def main() -> None:
         peer.call(hf_generate, [[1, 2, 3]], 2, pad)  # warm up
         wall, computed = replay_hf(peer, results[0]["engine"], results[0]["waves"], pad)
         peer.close()
-        rows.append(["HF generate, batch per step", wall, results[0]["steps"], "-", "-", "-", computed, "0.0%", "0.0%",
+        rows.append(["HF generate, batch per step", wall, results[0]["steps"], "-", "-", "-", "-", computed, "0.0%", "0.0%",
                      wall / ours])
     print("wall s: the two waves of agents (the traffic between them is not timed)")
-    print(f"{args.agents} agents x 2 waves, up to 3 steps each (first step must call a tool), system prompt "
+    print(f"{args.agents} agents x 2 waves, 3+ steps each (a tool call, its answer, a follow-up turn), system prompt "
           f"{system_tokens} tokens with {len(TOOLS)} tools, {args.traffic} unrelated prompts between the waves, "
           f"KV pool {args.num_slots} tokens, greedy, fp32")
-    print(table(rows, ["system", "wall s", "steps", "tool calls", "completion tokens", "forward passes",
+    print(table(rows, ["system", "wall s", "steps", "tool calls", "completion tokens", "jump-forward tokens", "forward passes",
                        "prefill tokens computed", "cache hit", "cache hit, wave 2", "time / pinned"]))
 
 

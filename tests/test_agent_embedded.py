@@ -82,15 +82,22 @@ def test_every_call_validates(engine, choice):
         assert r.usage.jump_forward_tokens > 0 or choice == "auto"
 
 
+@ak.tool
+def exchange_rate(source: str, target: str) -> float:
+    """Today's exchange rate between two currencies."""
+    raise ConnectionError("the rates service is down")
+
+
 def test_tool_error_reaches_the_model(engine):
-    with ak.Agent("Convert currencies with the tool.", tools=[convert_currency], engine=engine,
-                  tool_choice="convert_currency", max_steps=2, max_tokens=96) as agent:
-        r = agent.run("Convert 5 EUR to EUR.")
+    with ak.Agent("Convert currencies with the tool.", tools=[exchange_rate], engine=engine,
+                  tool_choice="exchange_rate", max_steps=2, max_tokens=96) as agent:
+        r = agent.run("What is the EUR to USD rate?")
     results = r.steps[0].tool_results
-    for res in results:
-        if res.call.arguments["source"] == res.call.arguments["target"]:
-            assert res.error == "ValueError: source and target are the same currency"
-        assert res.content in r.messages[3]["content"]
+    assert results and all(res.error == "ConnectionError: the rates service is down" for res in results)
+    assert not any(res.refused for res in results) and r.usage.retries == 0
+    # the error is in the conversation the model answered from
+    assert r.messages[3]["content"].count("error: ConnectionError: the rates service is down") == len(results)
+    assert isinstance(r.output, str)
 
 
 def test_output_type_after_a_tool(engine):
