@@ -7,7 +7,7 @@ from typing import Literal
 
 import jsonschema
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 import agentkv as ak
 from tests.conftest import requires_embedded
@@ -142,3 +142,26 @@ def test_dsl_fork_branches_read_the_prompt_from_cache(engine):
         assert branch.usage[0].cached_tokens >= prefix
         assert branch["poem"]
     assert state["answer"] in ("yes", "no")
+
+
+class Refused(BaseModel):
+    city: str
+
+    @field_validator("city")
+    @classmethod
+    def never(cls, v):
+        raise ValueError("no city is ever right")
+
+
+def test_max_steps_and_retries(engine):
+    with ak.Agent("Use the weather tool.", tools=[get_weather], engine=engine, tool_choice="required",
+                  max_steps=2, max_tokens=96) as agent:
+        r = agent.run("Weather in Rome?")
+    assert [s.tool_choice for s in r.steps] == ["required", "none"] and r.steps[0].tool_calls
+    assert "<tool_call>" not in r.output
+    with ak.Agent("Name a city as JSON.", engine=engine, output_type=Refused, retries=2, max_steps=6,
+                  max_tokens=48) as agent:
+        with pytest.raises(ak.AgentRetriesError) as info:
+            agent.run("Which city?")
+    assert len(info.value.errors) == 3 and all("no city is ever right" in e for e in info.value.errors)
+    assert info.value.last_output.startswith('{"city":')
