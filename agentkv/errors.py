@@ -19,6 +19,10 @@ class RequestError(AgentKVError, ValueError):
     """A request whose parameters or prompt cannot be served as given."""
 
 
+class PromptTooLongError(RequestError):
+    """A prompt longer than the model's context or the KV pool (HTTP 413 in the server)."""
+
+
 class CacheError(AgentKVError):
     """The KV cache refused an operation (a pin over budget, an unknown pin handle)."""
 

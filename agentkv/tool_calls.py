@@ -47,6 +47,25 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class FunctionSpec:
+    """A tool as the format needs it: what `ak.tool` objects and OpenAI tool definitions both give."""
+
+    name: str
+    parameters: dict
+
+    @property
+    def definition(self) -> dict:
+        return {"type": "function", "function": {"name": self.name, "parameters": self.parameters}}
+
+
+def call_text(call: ToolCall) -> str:
+    """A call written as the grammar writes it (compact JSON), so a conversation that sends our
+    calls back re-reads them from the radix cache."""
+    body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False, separators=(",", ":"))
+    return f"{OPEN}\n{body}\n{CLOSE}"
+
+
+@dataclass(frozen=True)
 class ToolCallFormat:
     """How one model's chat template offers tools and takes their results."""
 

@@ -1,4 +1,4 @@
-"""`agentkv run`, `agentkv generate` and `agentkv chat`. Options come from typed signatures; errors
+"""`agentkv run`, `agentkv serve`, `agentkv generate` and `agentkv chat`. Options come from typed signatures; errors
 exit non-zero with a one-line reason."""
 
 from __future__ import annotations
@@ -81,6 +81,30 @@ def run(
     if not quiet:
         console.print()
     console.print(format_output(output), highlight=False, markup=False, soft_wrap=True)
+
+
+@app.command()
+def serve(
+    model: ModelOpt = None,
+    host: Annotated[str, typer.Option(help="address to bind; loopback unless you mean to expose it")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    api_key: Annotated[str | None, typer.Option(help="require `Authorization: Bearer KEY` on /v1 routes")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="the model id clients send (default: from the path)")] = None,
+) -> None:
+    """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health) on one engine."""
+    from pathlib import Path
+
+    import uvicorn
+
+    from agentkv.server import create_app
+
+    name = served_model_name or (Path(model).stem if model else "SmolLM2-135M-Instruct")
+    engine = _engine(model)
+    typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1", err=True)
+    try:
+        uvicorn.run(create_app(engine, name, api_key), host=host, port=port, log_level="warning")
+    finally:
+        engine.close()
 
 
 def _run_agent(agent, input: str, console, quiet: bool):

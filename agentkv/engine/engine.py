@@ -25,7 +25,7 @@ from agentkv.engine.request import Request
 from agentkv.engine.runner import ModelRunner
 from agentkv.engine.sampling_params import SamplingParams
 from agentkv.engine.scheduler import Scheduler
-from agentkv.errors import PinBudgetError, RequestError
+from agentkv.errors import PinBudgetError, PromptTooLongError, RequestError
 from agentkv.kernels import get_backend
 
 Prompt = str | Sequence[int]
@@ -127,7 +127,7 @@ class Engine:
         conts = [self._encode(c) for c in continuations]
         longest = max((len(c) for c in conts), default=0)
         if len(ids) + longest >= min(self.context_length, self._pool.capacity):
-            raise RequestError(f"prompt plus continuation is {len(ids) + longest} tokens, over the context; shorten them")
+            raise PromptTooLongError(f"prompt plus continuation is {len(ids) + longest} tokens, over the context; shorten them")
         reqs = [Request(ids + c, SamplingParams(max_tokens=1), 0, frozenset(), 1, prefill_only=True, score_from=len(ids))
                 for c in conts]
         self._run_to_end(reqs)
@@ -322,12 +322,12 @@ class Engine:
         if not ids:
             raise RequestError("the prompt is empty; give at least one token of text")
         if len(ids) >= self.context_length:
-            raise RequestError(
+            raise PromptTooLongError(
                 f"the prompt has {len(ids)} tokens but the context holds {self.context_length}; shorten it "
                 "(or raise context_length up to the model's limit)"
             )
         if len(ids) + 1 > self._pool.capacity:
-            raise RequestError(f"the prompt has {len(ids)} tokens but the KV pool holds {self._pool.capacity}; raise num_slots")
+            raise PromptTooLongError(f"the prompt has {len(ids)} tokens but the KV pool holds {self._pool.capacity}; raise num_slots")
         return ids
 
     def _make_requests(self, ids: list[int], params: SamplingParams, stream: bool = False) -> list[Request]:

@@ -1,0 +1,237 @@
+"""/v1/chat/completions and /v1/completions over one engine: responses and SSE streams."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from agentkv.errors import RequestError
+from agentkv.server.protocol import (
+    APIError, ChatRequest, CompletionRequest, bad_request, chat_tools, finish_reason, logprobs_json, response_schema,
+    template_messages, tool_calls_json,
+)
+from agentkv.tool_calls import OPEN, ToolCallFormat
+
+
+class ChatPlan:
+    """One chat request made ready to run: its prompt, parameters, and how to read its outputs."""
+
+    def __init__(self, engine, req: ChatRequest):
+        from agentkv.engine import SamplingParams
+
+        self.engine, self.req = engine, req
+        self.fmt = ToolCallFormat.for_template(engine.tokenizer.chat_template)
+        specs, defs, mode = chat_tools(req)
+        schema = response_schema(req)
+        messages = template_messages(req, self.fmt)
+        if defs and not self.fmt.native:
+            first = messages[0] if messages and messages[0]["role"] == "system" else None
+            system = self.fmt.system_message(first["content"] if first else "", defs)
+            system["content"] = system["content"].lstrip()
+            messages = [system] + (messages[1:] if first else messages)
+        self.prompt = engine.render(messages, tools=self.fmt.template_tools(defs))
+        sampling = req.sampling(None)
+        if req.max_completion_tokens is not None:
+            sampling["max_tokens"] = req.max_completion_tokens
+        sampling["logprobs"] = req.logprobs
+        if req.top_logprobs is not None:
+            if not req.logprobs:
+                raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+            sampling["top_logprobs"] = req.top_logprobs
+        self.calls_possible = bool(specs) and mode != "none"
+        if specs:
+            output = None if schema is None else ({} if schema is True else _schema_dict(schema))
+            grammar = self.fmt.grammar(specs, mode, output, req.parallel_tool_calls)
+            if "regex" in sampling or "grammar" in sampling:
+                raise APIError(400, "regex / grammar cannot be combined with tools", "tools")
+            if grammar is not None:
+                sampling["grammar"] = grammar
+        elif schema is not None:
+            if "regex" in sampling or "grammar" in sampling:
+                raise APIError(400, "regex / grammar cannot be combined with response_format", "response_format")
+            sampling["json_schema"] = schema
+        try:
+            self.params = SamplingParams(**sampling)
+        except RequestError as e:
+            raise bad_request(e) from None
+
+    def message(self, completion, call_prefix: str) -> tuple[dict, str]:
+        """(the response message, its finish_reason) of one completion."""
+        text = completion.text
+        calls = []
+        if self.calls_possible:
+            content, calls, _ = self.fmt.parse(text)
+            text = content if calls else text
+        msg: dict[str, Any] = {"role": "assistant", "content": (text or None) if calls else text}
+        if calls:
+            msg["tool_calls"] = tool_calls_json(calls, call_prefix)
+        return msg, finish_reason(completion.finish_reason, bool(calls))
+
+
+async def chat_completion(engine, req: ChatRequest, model: str) -> dict:
+    plan = ChatPlan(engine, req)
+    out = await _run(engine.agenerate(plan.prompt, plan.params))
+    rid = _id("chatcmpl")
+    choices = []
+    for i, c in enumerate(out.completions):
+        msg, reason = plan.message(c, f"{rid[-8:]}_{i}")
+        choices.append({"index": i, "message": msg, "logprobs": logprobs_json(c.logprobs), "finish_reason": reason})
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": _usage(out.usage)}
+
+
+async def chat_stream(engine, req: ChatRequest, model: str) -> AsyncIterator[str]:
+    """Server-sent events; the first is computed before this returns, so a request that cannot run
+    fails with its HTTP status instead of inside a 200 stream."""
+    plan = ChatPlan(engine, req)
+    rid, created = _id("chatcmpl"), int(time.time())
+    deltas = engine.stream(plan.prompt, plan.params)
+    first = await _run(deltas.__anext__())
+
+    def chunk(index: int, delta: dict, reason: str | None = None, logprobs=None) -> str:
+        body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
+        return _sse(body)
+
+    async def events() -> AsyncIterator[str]:
+        texts: dict[int, str] = {}
+        sent: dict[int, int] = {}
+        usage = None
+        for i in range(plan.params.n):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        async for d in _chain(first, deltas):
+            texts[d.index] = texts.get(d.index, "") + d.text
+            full = texts[d.index]
+            # with tools, text stops at a call's opening tag (and holds back what may begin one)
+            safe = _before_call(full) if plan.calls_possible else full
+            start = sent.get(d.index, 0)
+            if len(safe) > start:
+                yield chunk(d.index, {"content": safe[start:]})
+                sent[d.index] = len(safe)
+            if d.finish_reason is not None:
+                msg, reason = plan.message(d.completion, f"{rid[-8:]}_{d.index}")
+                if msg.get("tool_calls"):
+                    calls = [{"index": k, **c} for k, c in enumerate(msg["tool_calls"])]
+                    yield chunk(d.index, {"tool_calls": calls})
+                # a streamed choice's logprobs come whole, with its finish_reason
+                yield chunk(d.index, {}, reason, logprobs_json(d.completion.logprobs))
+                usage = d.usage if usage is None else _add(usage, d.usage, same_prompt=True)
+        if req.include_usage and usage is not None:
+            yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                        "choices": [], "usage": _usage(usage)})
+        yield "data: [DONE]\n\n"
+
+    return events()
+
+
+async def completion(engine, req: CompletionRequest, model: str) -> dict:
+    from agentkv.engine import SamplingParams
+
+    prompts = _prompts(req)
+    if req.suffix is not None:
+        raise APIError(400, "suffix (fill-in-the-middle) is not supported", "suffix")
+    sampling = req.sampling(16)  # OpenAI's default for this endpoint
+    if req.logprobs is not None:
+        sampling.update(logprobs=True, top_logprobs=req.logprobs)
+    try:
+        params = SamplingParams(**sampling)
+    except RequestError as e:
+        raise bad_request(e) from None
+    choices, usage = [], None
+    for p in prompts:
+        out = await _run(engine.agenerate(p, params))
+        usage = out.usage if usage is None else _add(usage, out.usage, same_prompt=False)
+        prefix = (p if isinstance(p, str) else engine.tokenizer.decode(p)) if req.echo else ""
+        for c in out.completions:
+            choices.append({"index": len(choices), "text": prefix + c.text, "logprobs": _legacy_logprobs(c.logprobs),
+                            "finish_reason": finish_reason(c.finish_reason, False)})
+    return {"id": _id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": _usage(usage)}
+
+
+# ---- helpers -------------------------------------------------------------------------------------------
+
+
+async def _run(awaitable):
+    """Await an engine call; its RequestErrors become 400s (413 for a prompt over the context)."""
+    from agentkv.errors import GrammarError, PromptTooLongError
+
+    try:
+        return await awaitable
+    except PromptTooLongError as e:
+        raise APIError(413, str(e), "messages", code="context_length_exceeded") from None
+    except GrammarError as e:
+        raise APIError(400, str(e), "response_format") from None
+    except RequestError as e:
+        raise bad_request(e) from None
+
+
+async def _chain(first, rest):
+    yield first
+    async for item in rest:
+        yield item
+
+
+def _before_call(text: str) -> str:
+    cut = text.find(OPEN)
+    if cut >= 0:
+        return text[:cut]
+    for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(OPEN[:k]):
+            return text[:-k]
+    return text
+
+
+def _prompts(req: CompletionRequest) -> list:
+    p = req.prompt
+    if isinstance(p, str):
+        return [p]
+    if p and all(isinstance(t, int) for t in p):
+        return [p]
+    if not p:
+        raise APIError(400, "prompt is empty", "prompt")
+    return list(p)
+
+
+def _legacy_logprobs(logprobs) -> dict | None:
+    if logprobs is None:
+        return None
+    offsets, pos = [], 0
+    for t in logprobs:
+        offsets.append(pos)
+        pos += len(t.token)
+    return {"tokens": [t.token for t in logprobs], "token_logprobs": [t.logprob for t in logprobs],
+            "top_logprobs": [{s: v for _, s, v in t.top} for t in logprobs], "text_offset": offsets}
+
+
+def _usage(u) -> dict:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def _add(a, b, same_prompt: bool):
+    """Usage of two outputs: completions of one prompt count the prompt once."""
+    if not same_prompt:
+        return a + b
+    from agentkv.engine.outputs import Usage
+
+    return Usage(a.prompt_tokens, a.cached_tokens, a.completion_tokens + b.completion_tokens,
+                 max(a.forward_passes, b.forward_passes), a.jump_forward_tokens + b.jump_forward_tokens)
+
+
+def _schema_dict(schema) -> dict:
+    from agentkv.grammar.compiler import output_grammar_schema
+
+    return output_grammar_schema(schema)
+
+
+def _sse(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def _id(kind: str) -> str:
+    return f"{kind}-{uuid.uuid4().hex[:24]}"

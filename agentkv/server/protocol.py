@@ -1,0 +1,238 @@
+"""OpenAI request bodies -> what the engine takes: template messages, tool specs, SamplingParams.
+
+Every field a client sends is used or refused with a 400 naming it; fields this server does not know
+(newer clients add some) are accepted and ignored, as OpenAI's own API does with optional fields.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentkv.errors import RequestError
+from agentkv.tool_calls import FunctionSpec, ToolCall, ToolCallFormat, call_text
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, type: str = "invalid_request_error",
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # extras, as SGLang and vLLM take them
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    regex: str | None = None
+    ebnf: str | None = None
+    grammar: str | None = None  # a Lark grammar (llguidance dialect)
+
+    def sampling(self, default_max_tokens: int | None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "max_tokens": self.max_tokens if self.max_tokens is not None else default_max_tokens,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "n": self.n, "stop": self.stop or (), "seed": self.seed, "ignore_eos": self.ignore_eos,
+            "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+        }
+        for name in ("top_p", "top_k", "min_p", "repetition_penalty"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        given = [k for k in ("regex", "ebnf", "grammar") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise APIError(400, f"give one of regex, ebnf and grammar, not {given}", given[1])
+        if self.regex is not None:
+            out["regex"] = self.regex
+        elif given:
+            out["grammar"] = getattr(self, given[0])
+        return out
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class ChatRequest(_Request):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+
+# ---- chat --------------------------------------------------------------------------------------------
+
+
+def chat_tools(req: ChatRequest) -> tuple[list[FunctionSpec], list[dict], str]:
+    """(the offered tools, their definitions, the step mode) of a chat request."""
+    specs, defs = [], []
+    for i, t in enumerate(req.tools or []):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if t.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise APIError(400, "each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., "
+                                "\"parameters\": {...}}}", f"tools[{i}]")
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        if fn.get("strict"):
+            from agentkv.grammar.compiler import closed_schema
+
+            params = closed_schema(params)
+        specs.append(FunctionSpec(fn["name"], params))
+        defs.append({"type": "function", "function": {k: v for k, v in fn.items() if k != "strict"}})
+    choice = req.tool_choice if req.tool_choice is not None else ("auto" if specs else "none")
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if name not in {s.name for s in specs}:
+            raise APIError(400, f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
+        return [s for s in specs if s.name == name], defs, "required"
+    if choice not in ("auto", "required", "none"):
+        raise APIError(400, f"tool_choice must be 'auto', 'required', 'none' or a named function, not {choice!r}",
+                       "tool_choice")
+    if choice == "required" and not specs:
+        raise APIError(400, "tool_choice 'required' needs tools", "tool_choice")
+    return specs, defs, choice
+
+
+def response_schema(req: ChatRequest) -> Any:
+    """The json_schema of `response_format` (True for json_object), or None for text."""
+    rf = req.response_format
+    if rf is None or rf.get("type") == "text":
+        return None
+    if rf.get("type") == "json_object":
+        return True
+    if rf.get("type") == "json_schema":
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
+            raise APIError(400, "response_format.json_schema must be {\"name\": ..., \"schema\": {...}}",
+                           "response_format.json_schema")
+        schema = spec.get("schema", True)
+        if spec.get("strict") and isinstance(schema, dict):
+            from agentkv.grammar.compiler import closed_schema
+
+            schema = closed_schema(schema)
+        return schema
+    raise APIError(400, f"response_format.type must be text, json_object or json_schema, not {rf.get('type')!r}",
+                   "response_format.type")
+
+
+def template_messages(req: ChatRequest, fmt: ToolCallFormat) -> list[dict]:
+    """The request's messages as the chat template renders them: an assistant's tool_calls written
+    in the model's format (as we generate them), tool results as the format returns them."""
+    out: list[dict] = []
+    names: dict[str, str] = {}
+    pending: list[tuple[ToolCall, str]] = []
+
+    def flush() -> None:
+        if pending:
+            out.extend(fmt.results_messages(pending))
+            pending.clear()
+
+    for i, m in enumerate(req.messages):
+        role = m.get("role")
+        content = _text(m.get("content"), f"messages[{i}].content")
+        if role == "tool":
+            call_id = m.get("tool_call_id", "")
+            pending.append((ToolCall(names.get(call_id, m.get("name", "")), {}, call_id), content))
+            continue
+        flush()
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise APIError(400, f"messages[{i}].role must be system, developer, user, assistant or tool, not {role!r}",
+                           f"messages[{i}].role")
+        if role == "assistant" and m.get("tool_calls"):
+            blocks = []
+            for k, c in enumerate(m["tool_calls"]):
+                fn = c.get("function") or {}
+                try:
+                    args = json.loads(fn.get("arguments") or "{}")
+                except json.JSONDecodeError:
+                    raise APIError(400, "tool call arguments must be JSON text",
+                                   f"messages[{i}].tool_calls[{k}].function.arguments") from None
+                names[c.get("id", "")] = fn.get("name", "")
+                blocks.append(call_text(ToolCall(fn.get("name", ""), args)))
+            content = "\n".join(([content] if content else []) + blocks)
+        out.append({"role": role, "content": content})
+    flush()
+    return out
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for k, p in enumerate(content):
+            if not isinstance(p, dict) or p.get("type") != "text":
+                raise APIError(400, f"only text content parts are supported, not {p.get('type') if isinstance(p, dict) else p!r}",
+                               f"{where}[{k}]")
+            parts.append(p.get("text", ""))
+        return "".join(parts)
+    raise APIError(400, "content must be a string or a list of text parts", where)
+
+
+def tool_calls_json(calls: list[ToolCall], prefix: str) -> list[dict]:
+    return [{"id": f"call_{prefix}_{k}", "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+            for k, c in enumerate(calls)]
+
+
+def logprobs_json(logprobs) -> dict | None:
+    if logprobs is None:
+        return None
+
+    def entry(token: str, lp: float) -> dict:
+        return {"token": token, "logprob": lp, "bytes": list(token.encode())}
+
+    return {"content": [{**entry(t.token, t.logprob), "top_logprobs": [entry(s, v) for _, s, v in t.top]}
+                        for t in logprobs]}
+
+
+def finish_reason(reason: str, has_calls: bool) -> str:
+    """Only OpenAI's reasons: a grammar dead end ends the output as a stop does."""
+    if has_calls:
+        return "tool_calls"
+    return "length" if reason == "length" else "stop"
+
+
+def bad_request(e: RequestError) -> APIError:
+    """A RequestError from the engine, with the SamplingParams field it names as `param`."""
+    message = str(e)
+    param = None
+    if message.startswith("SamplingParams."):
+        param = message.split("=", 1)[0].removeprefix("SamplingParams.")
+    return APIError(400, message, param)
+

