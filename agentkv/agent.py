@@ -277,13 +277,7 @@ class Agent:
 
     def _pinned_ids(self, engine) -> list[int]:
         """The tokens of the rendered system prompt that every conversation starts with."""
-        tools = self._format.template_tools(self._defs)
-        alone = engine.tokenizer.encode(engine.render([self._system], tools=tools, add_generation_prompt=False))
-        probe = engine.tokenizer.encode(engine.render([self._system, {"role": "user", "content": "?"}], tools=tools))
-        n = 0
-        while n < min(len(alone), len(probe)) and alone[n] == probe[n]:
-            n += 1
-        return alone[:n]
+        return engine.conversation_prefix([self._system], tools=self._format.template_tools(self._defs))
 
     def _prompt(self, engine, messages: list[dict]) -> str:
         return engine.render(messages, tools=self._format.template_tools(self._defs))

@@ -247,3 +247,68 @@ def test_embedded_parse_and_tools(embedded_client):
         for c in calls:
             args = GetWeather.model_validate_json(c.function.arguments)  # strict: parses as the model
             assert c.function.name == "GetWeather" and args.city
+
+
+def http(method: str, url: str, body: dict | None = None) -> tuple[int, str]:
+    """(status, body text) of a plain HTTP call with the test key."""
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={
+        "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_pins_metrics_and_capacity(client, live):
+    base, engine = live
+    system = {"role": "system", "content": "You answer in French. " * 20}
+    status, text = http("POST", f"{base}/pins", {"messages": [system], "tools": [WEATHER]})
+    pinned = json.loads(text)
+    assert status == 200 and pinned["tokens"] > 400 and engine.stats()["pins"] >= 1
+    assert [p["id"] for p in json.loads(http("GET", f"{base}/pins")[1])["data"]] == [pinned["id"]]
+    r = client.chat.completions.create(model="tiny", messages=[system, *ask("bonjour")], tools=[WEATHER], max_tokens=2)
+    assert r.usage.prompt_tokens_details.cached_tokens >= pinned["tokens"]
+    assert json.loads(http("DELETE", f"{base}/pins/{pinned['id']}")[1])["deleted"] is True
+    assert http("DELETE", f"{base}/pins/{pinned['id']}")[0] == 404
+    assert http("POST", f"{base}/pins", {"messages": []})[0] == 400
+
+    text = http("GET", base.removesuffix("/v1") + "/metrics")[1]
+    assert 'agentkv_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+    assert "agentkv_time_to_first_token_seconds_count" in text and "agentkv_cache_hit_rate" in text
+    assert 'status="400"' in text and 'status="404"' in text
+
+
+def test_busy_server_answers_429(tiny_long_dir, live):
+    engine = live[1]
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, "tiny", max_inflight=1), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+    try:
+        stream = c.chat.completions.create(model="tiny", messages=ask("long"), max_tokens=500, stream=True,
+                                           extra_body={"ignore_eos": True})
+        next(iter(stream))
+        with pytest.raises(openai.RateLimitError):
+            c.chat.completions.create(model="tiny", messages=ask("x"), max_tokens=1)
+        stream.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the slot frees when the stream ends
+            try:
+                c.chat.completions.create(model="tiny", messages=ask("x"), max_tokens=1)
+                break
+            except openai.RateLimitError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("the in-flight slot was never released")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -213,6 +213,17 @@ class Engine:
             tools = [getattr(t, "definition", t) for t in tools]
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
+    def conversation_prefix(self, messages: Messages, *, tools: Sequence[dict] | None = None) -> list[int]:
+        """The tokens every conversation that starts with `messages` begins with: the messages
+        rendered alone, cut where a following turn would tokenize them differently (what to pin
+        for a system prompt and tool definitions)."""
+        alone = self.tokenizer.encode(self.render(messages, tools=tools, add_generation_prompt=False))
+        probe = self.tokenizer.encode(self.render([*messages, {"role": "user", "content": "?"}], tools=tools))
+        n = 0
+        while n < min(len(alone), len(probe)) and alone[n] == probe[n]:
+            n += 1
+        return alone[:n]
+
     def prefill(self, prefix: str | Messages | Sequence[int]) -> int:
         """Compute the KV of `prefix` into the radix cache (not pinned: it may be evicted), so that
         requests starting with it skip its prefill, e.g. the branches of a fork. Returns its length

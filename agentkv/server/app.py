@@ -8,23 +8,38 @@ keeps accepting while requests run. A client that disconnects mid-stream aborts 
 frees its KV.
 """
 
+import asyncio
 import json
 import time
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from agentkv.errors import AgentKVError, EngineClosedError, RequestError
-from agentkv.server.chat import chat_completion, chat_stream, completion
+from agentkv.errors import AgentKVError, CacheError, EngineClosedError, RequestError
+from agentkv.server.chat import ChatPlan, chat_completion, chat_stream, completion
+from agentkv.server.metrics import Metrics
 from agentkv.server.protocol import APIError, ChatRequest, CompletionRequest
 
 
-def create_app(engine, model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(engine, model_name: str, api_key: str | None = None, max_inflight: int = 256) -> FastAPI:
+    """`max_inflight`: requests accepted at once (running, queued, streaming); more get a 429."""
     # (no `from __future__ import annotations` here: FastAPI reads the handlers' annotations at runtime)
     app = FastAPI(title="agentkv", version="0.1.0", docs_url=None, redoc_url=None)
     created = int(time.time())
+    metrics = Metrics()
+    inflight = [0]
+    pins: dict[str, tuple[Any, int]] = {}  # id -> (PinHandle, tokens)
+
+    def admit() -> None:
+        if inflight[0] >= max_inflight:
+            raise APIError(429, f"the server is at capacity ({max_inflight} requests in flight); retry shortly",
+                           None, "rate_limit_error", "server_busy")
+        inflight[0] += 1
+
+    def release() -> None:
+        inflight[0] -= 1
 
     def check(request: Request, body: dict | None = None) -> None:
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
@@ -39,6 +54,9 @@ def create_app(engine, model_name: str, api_key: str | None = None) -> FastAPI:
             raw = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise APIError(400, "the request body is not valid JSON") from None
+        return await parse_dict(request, raw, kind)
+
+    async def parse_dict(request: Request, raw: Any, kind):
         if not isinstance(raw, dict):
             raise APIError(400, "the request body must be a JSON object")
         check(request, raw)
@@ -51,21 +69,28 @@ def create_app(engine, model_name: str, api_key: str | None = None) -> FastAPI:
             raise APIError(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}",
                            ".".join(map(str, err["loc"]))) from None
 
+    def failed(request: Request, status: int) -> None:
+        if request.url.path.startswith("/v1/"):
+            metrics.request_done(request.url.path, status, 0.0)
+
     @app.exception_handler(APIError)
-    async def api_error(_request, e: APIError):
+    async def api_error(request: Request, e: APIError):
+        failed(request, e.status)
         return JSONResponse(e.body(), status_code=e.status)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_request, e: RequestValidationError):
+    async def validation_error(request: Request, e: RequestValidationError):
+        failed(request, 400)
         err = e.errors()[0]
         return JSONResponse(APIError(400, err["msg"], ".".join(map(str, err["loc"]))).body(), status_code=400)
 
     @app.exception_handler(AgentKVError)
-    async def engine_error(_request, e: AgentKVError):
-        if isinstance(e, RequestError):
-            return JSONResponse(APIError(400, str(e)).body(), status_code=400)
-        status = 503 if isinstance(e, EngineClosedError) else 500
-        return JSONResponse(APIError(status, str(e), type="server_error").body(), status_code=status)
+    async def engine_error(request: Request, e: AgentKVError):
+        client = isinstance(e, (RequestError, CacheError))  # a bad request, a pin over the budget
+        status = 400 if client else 503 if isinstance(e, EngineClosedError) else 500
+        failed(request, status)
+        return JSONResponse(APIError(status, str(e), type="invalid_request_error" if status == 400 else "server_error")
+                            .body(), status_code=status)
 
     @app.get("/health")
     async def health() -> dict:
@@ -81,19 +106,69 @@ def create_app(engine, model_name: str, api_key: str | None = None) -> FastAPI:
         check(request, {"model": name})
         return _model(model_name, created)
 
+    @app.get("/metrics")
+    async def metrics_text() -> PlainTextResponse:
+        stats = await asyncio.to_thread(engine.stats)
+        return PlainTextResponse(metrics.render(stats), media_type="text/plain; version=0.0.4")
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
+        started = time.perf_counter()
         req = await parse(request, ChatRequest)
-        if req.stream:
-            return StreamingResponse(await chat_stream(engine, req, model_name), media_type="text/event-stream")
-        return await chat_completion(engine, req, model_name)
+        admit()
+        try:
+            if req.stream:
+                events = await chat_stream(engine, req, model_name, metrics, started, release)
+                return StreamingResponse(events, media_type="text/event-stream")  # releases when the stream ends
+            out = await chat_completion(engine, req, model_name)
+        except BaseException:
+            release()
+            raise
+        release()
+        metrics.request_done("/v1/chat/completions", 200, time.perf_counter() - started, out["usage"])
+        return out
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
+        started = time.perf_counter()
         req = await parse(request, CompletionRequest)
         if req.stream:
             raise APIError(400, "stream is not supported on /v1/completions yet; use /v1/chat/completions", "stream")
-        return await completion(engine, req, model_name)
+        admit()
+        try:
+            out = await completion(engine, req, model_name)
+        finally:
+            release()
+        metrics.request_done("/v1/completions", 200, time.perf_counter() - started, out["usage"])
+        return out
+
+    # ---- pins: keep a system prompt + tool definitions resident for the requests that start with it ----
+
+    @app.post("/v1/pins")
+    async def pin(request: Request) -> dict:
+        body = await request.json() if await request.body() else {}
+        body = {"model": model_name, **body} if isinstance(body, dict) else body
+        req = await parse_dict(request, body, ChatRequest)
+        plan = ChatPlan(engine, req)  # rendered as a chat request with these messages and tools renders them
+        ids = engine.conversation_prefix(plan.messages, tools=plan.template_tools)
+        handle = await asyncio.to_thread(engine.pin, ids)
+        pin_id = f"pin-{handle.id}"
+        pins[pin_id] = (handle, len(ids))
+        return {"id": pin_id, "object": "pin", "tokens": len(ids)}
+
+    @app.get("/v1/pins")
+    async def list_pins(request: Request) -> dict:
+        check(request)
+        return {"object": "list", "data": [{"id": k, "object": "pin", "tokens": n} for k, (_, n) in pins.items()]}
+
+    @app.delete("/v1/pins/{pin_id}")
+    async def unpin(pin_id: str, request: Request) -> dict:
+        check(request)
+        if pin_id not in pins:
+            raise APIError(404, f"no pin {pin_id!r}; GET /v1/pins lists them", "pin_id", code="pin_not_found")
+        handle, _ = pins.pop(pin_id)
+        await asyncio.to_thread(engine.unpin, handle)
+        return {"id": pin_id, "object": "pin", "deleted": True}
 
     return app
 

@@ -26,13 +26,14 @@ class ChatPlan:
         self.fmt = ToolCallFormat.for_template(engine.tokenizer.chat_template)
         specs, defs, mode = chat_tools(req)
         schema = response_schema(req)
-        messages = template_messages(req, self.fmt)
+        self.messages = template_messages(req, self.fmt)
         if defs and not self.fmt.native:
-            first = messages[0] if messages and messages[0]["role"] == "system" else None
+            first = self.messages[0] if self.messages and self.messages[0]["role"] == "system" else None
             system = self.fmt.system_message(first["content"] if first else "", defs)
             system["content"] = system["content"].lstrip()
-            messages = [system] + (messages[1:] if first else messages)
-        self.prompt = engine.render(messages, tools=self.fmt.template_tools(defs))
+            self.messages = [system] + (self.messages[1:] if first else self.messages)
+        self.template_tools = self.fmt.template_tools(defs)
+        self.prompt = engine.render(self.messages, tools=self.template_tools)
         sampling = req.sampling(None)
         if req.max_completion_tokens is not None:
             sampling["max_tokens"] = req.max_completion_tokens
@@ -83,9 +84,10 @@ async def chat_completion(engine, req: ChatRequest, model: str) -> dict:
             "choices": choices, "usage": _usage(out.usage)}
 
 
-async def chat_stream(engine, req: ChatRequest, model: str) -> AsyncIterator[str]:
+async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: float, done) -> AsyncIterator[str]:
     """Server-sent events; the first is computed before this returns, so a request that cannot run
-    fails with its HTTP status instead of inside a 200 stream."""
+    fails with its HTTP status instead of inside a 200 stream. `done()` runs when the stream ends,
+    however it ends (a client that goes away included)."""
     plan = ChatPlan(engine, req)
     rid, created = _id("chatcmpl"), int(time.time())
     deltas = engine.stream(plan.prompt, plan.params)
@@ -97,12 +99,28 @@ async def chat_stream(engine, req: ChatRequest, model: str) -> AsyncIterator[str
         return _sse(body)
 
     async def events() -> AsyncIterator[str]:
+        completed: list[bool] = []
+        try:
+            async for event in stream_events(completed):
+                yield event
+        finally:
+            if not completed:  # the client went away (499, as nginx logs it)
+                metrics.request_done("/v1/chat/completions", 499, time.perf_counter() - started)
+            done()
+
+    async def stream_events(completed: list[bool]) -> AsyncIterator[str]:
         texts: dict[int, str] = {}
         sent: dict[int, int] = {}
         usage = None
+        last = time.perf_counter()
+        metrics.first_token(last - started)
         for i in range(plan.params.n):
             yield chunk(i, {"role": "assistant", "content": ""})
         async for d in _chain(first, deltas):
+            now = time.perf_counter()
+            if d is not first:
+                metrics.between_tokens(now - last, len(d.token_ids))
+            last = now
             texts[d.index] = texts.get(d.index, "") + d.text
             full = texts[d.index]
             # with tools, text stops at a call's opening tag (and holds back what may begin one)
@@ -123,6 +141,9 @@ async def chat_stream(engine, req: ChatRequest, model: str) -> AsyncIterator[str
             yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": [], "usage": _usage(usage)})
         yield "data: [DONE]\n\n"
+        metrics.request_done("/v1/chat/completions", 200, time.perf_counter() - started,
+                             _usage(usage) if usage is not None else None)
+        completed.append(True)
 
     return events()
 
