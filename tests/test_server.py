@@ -312,3 +312,46 @@ def test_busy_server_answers_429(tiny_long_dir, live):
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def test_load_32_streams_a_quarter_disconnecting(client, live):
+    """32 concurrent streaming clients; every fourth goes away after two chunks. The others get
+    exactly what the same seed gives alone, and afterwards no KV slot is held."""
+    import asyncio
+
+    base, engine = live
+    before = engine.stats()
+    idle = before["free_slots"] + before["evictable_tokens"]
+    system = {"role": "system", "content": "Load test. " * 30}
+
+    async def one(aclient, i: int):
+        stream = await aclient.chat.completions.create(
+            model="tiny", messages=[system, *ask(f"client {i}")], max_tokens=48, temperature=1.0, seed=i, stream=True)
+        text, finish, k = "", None, 0
+        async for c in stream:
+            k += 1
+            if i % 4 == 0 and k == 2:
+                await stream.close()
+                return None
+            if c.choices:
+                text += c.choices[0].delta.content or ""
+                finish = c.choices[0].finish_reason or finish
+        return text, finish
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=120) as aclient:
+            return await asyncio.wait_for(asyncio.gather(*(one(aclient, i) for i in range(32))), timeout=300)
+
+    results = asyncio.run(main())
+    for i, res in enumerate(results):
+        if i % 4 == 0:
+            assert res is None
+            continue
+        ref = engine.chat([system, *ask(f"client {i}")], max_tokens=48, temperature=1.0, seed=i)
+        assert res == (ref.text, ref.finish_reason), i
+    deadline = time.monotonic() + 30
+    while engine.stats()["running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = engine.stats()
+    assert after["running"] == 0 and after["waiting"] == 0
+    assert after["free_slots"] + after["evictable_tokens"] == idle  # nothing leaked
