@@ -90,8 +90,10 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
     api_key: Annotated[str | None, typer.Option(help="require `Authorization: Bearer KEY` on /v1 routes")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="the model id clients send (default: from the path)")] = None,
+    max_inflight: Annotated[int, typer.Option(help="requests accepted at once; more get HTTP 429")] = 256,
 ) -> None:
-    """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health) on one engine."""
+    """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /v1/pins, /health,
+    /metrics) on one engine."""
     from pathlib import Path
 
     import uvicorn
@@ -102,7 +104,7 @@ def serve(
     engine = _engine(model)
     typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1", err=True)
     try:
-        uvicorn.run(create_app(engine, name, api_key), host=host, port=port, log_level="warning")
+        uvicorn.run(create_app(engine, name, api_key, max_inflight), host=host, port=port, log_level="warning")
     finally:
         engine.close()
 

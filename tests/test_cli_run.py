@@ -83,7 +83,7 @@ def test_run_model_load_failure(tmp_path):
 
 
 def test_help_everywhere():
-    for command in ([], ["run"], ["generate"], ["chat"]):
+    for command in ([], ["run"], ["serve"], ["generate"], ["chat"]):
         result = CliRunner().invoke(app, [*command, "--help"])
         assert result.exit_code == 0 and "Usage" in result.output
 
@@ -106,3 +106,34 @@ def test_examples_exit_zero(example, args):
     assert proc.stdout.strip()
     # agents left open are unpinned at exit, after their engine closed: quietly
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_serve_command_serves(tiny_long_dir):
+    import json
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--model", str(tiny_long_dir), "--port", str(port),
+                             "--served-model-name", "tiny", "--api-key", "k"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    assert json.loads(r.read()) == {"status": "ok"}
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "timeout"
+                time.sleep(0.2)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer k"})
+        with urllib.request.urlopen(req) as r:
+            assert json.loads(r.read())["data"][0]["id"] == "tiny"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
