@@ -157,6 +157,10 @@ def test_completions(client, live):
     assert len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens
     batch = client.completions.create(model="tiny", prompt=["a", "b"], max_tokens=2, echo=True)
     assert [c.text[:1] for c in batch.choices] == ["a", "b"]
+    chunks = list(client.completions.create(model="tiny", prompt="Once", max_tokens=5, temperature=0, stream=True,
+                                            echo=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Once" + r.choices[0].text
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
 
 def test_errors(client, live):

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from agentkv.errors import AgentKVError, CacheError, EngineClosedError, RequestError
-from agentkv.server.chat import ChatPlan, chat_completion, chat_stream, completion
+from agentkv.server.chat import ChatPlan, chat_completion, chat_stream, completion, completion_stream
 from agentkv.server.metrics import Metrics
 from agentkv.server.protocol import APIError, ChatRequest, CompletionRequest
 
@@ -132,13 +132,16 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     async def completions(request: Request) -> Any:
         started = time.perf_counter()
         req = await parse(request, CompletionRequest)
-        if req.stream:
-            raise APIError(400, "stream is not supported on /v1/completions yet; use /v1/chat/completions", "stream")
         admit()
         try:
+            if req.stream:
+                events = await completion_stream(engine, req, model_name, metrics, started, release)
+                return StreamingResponse(events, media_type="text/event-stream")
             out = await completion(engine, req, model_name)
-        finally:
+        except BaseException:
             release()
+            raise
+        release()
         metrics.request_done("/v1/completions", 200, time.perf_counter() - started, out["usage"])
         return out
 
