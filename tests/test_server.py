@@ -267,6 +267,14 @@ def test_embedded_parse_and_tools(embedded_client):
         temperature=0)
     assert isinstance(r.choices[0].message.parsed, Pair)
     tool = openai.pydantic_function_tool(GetWeather)
+    for choice in ("auto", "none"):  # the model may answer in text; a call it makes is well-formed
+        t = embedded_client.chat.completions.create(model="smollm2", messages=ask("What's the weather in Paris?"),
+                                                    tools=[tool], tool_choice=choice, temperature=0, max_tokens=60)
+        msg = t.choices[0].message
+        if choice == "none" or not msg.tool_calls:
+            assert not msg.tool_calls and "<tool_call>" not in (msg.content or "")
+        for c in msg.tool_calls or []:
+            GetWeather.model_validate_json(c.function.arguments)
     for choice in ("required", {"type": "function", "function": {"name": "GetWeather"}}):
         t = embedded_client.chat.completions.create(model="smollm2", messages=ask("What's the weather in Paris?"),
                                                     tools=[tool], tool_choice=choice, temperature=0, max_tokens=200)
