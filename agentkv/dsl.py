@@ -169,6 +169,14 @@ class ProgramState:
             tail.result()
         return self
 
+    def wait_all(self) -> ProgramState:
+        """Wait for this state and every branch forked from it (re-raising the first failure), so
+        an error in a branch nobody read is not lost."""
+        self.wait()
+        for b in self._branches:
+            b.wait_all()
+        return self
+
     def close(self) -> None:
         """Stop the state's thread and its branches' (after their pending operations)."""
         for b in self._branches:
@@ -262,7 +270,7 @@ class Program:
         state = ProgramState(engine or default_engine())
         try:
             self.func(state, **kwargs)
-            return state.wait()
+            return state.wait_all()
         finally:
             state.close()
 

@@ -139,3 +139,14 @@ def test_errors(engine):
 
     with pytest.raises(KeyError, match="missing"):
         reads.run(engine=engine)
+
+
+def test_an_error_in_an_unread_branch_is_raised(engine):
+    @ak.function
+    def branchy(s):
+        s += "x"
+        forks = s.fork(2)
+        forks[1] += ak.user("a chat message after raw text fails")  # nobody reads this branch
+
+    with pytest.raises(ak.RequestError, match="raw text"):
+        branchy.run(engine=engine)
