@@ -111,39 +111,30 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
         stats = await asyncio.to_thread(engine.stats)
         return PlainTextResponse(metrics.render(stats), media_type="text/plain; version=0.0.4")
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Any:
+    async def generation(request: Request, kind, endpoint: str, respond, stream) -> Any:
+        """Parse, admit (429 past max_inflight), run; a stream releases its slot when it ends."""
         started = time.perf_counter()
-        req = await parse(request, ChatRequest)
+        req = await parse(request, kind)
         admit()
         try:
             if req.stream:
-                events = await chat_stream(engine, req, model_name, metrics, started, release)
-                return StreamingResponse(events, media_type="text/event-stream")  # releases when the stream ends
-            out = await chat_completion(engine, req, model_name)
+                events = await stream(engine, req, model_name, metrics, started, release)
+                return StreamingResponse(events, media_type="text/event-stream")
+            out = await respond(engine, req, model_name)
         except BaseException:
             release()
             raise
         release()
-        metrics.request_done("/v1/chat/completions", 200, time.perf_counter() - started, out["usage"])
+        metrics.request_done(endpoint, 200, time.perf_counter() - started, out["usage"])
         return out
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        return await generation(request, ChatRequest, "/v1/chat/completions", chat_completion, chat_stream)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        started = time.perf_counter()
-        req = await parse(request, CompletionRequest)
-        admit()
-        try:
-            if req.stream:
-                events = await completion_stream(engine, req, model_name, metrics, started, release)
-                return StreamingResponse(events, media_type="text/event-stream")
-            out = await completion(engine, req, model_name)
-        except BaseException:
-            release()
-            raise
-        release()
-        metrics.request_done("/v1/completions", 200, time.perf_counter() - started, out["usage"])
-        return out
+        return await generation(request, CompletionRequest, "/v1/completions", completion, completion_stream)
 
     # ---- pins: keep a system prompt + tool definitions resident for the requests that start with it ----
 
