@@ -220,9 +220,9 @@ class ProgramState:
     def _run_gen(self, g: Gen) -> str:
         prompt = self._prompt(for_generation=True)
         if g.choices is not None:
-            scores = self.engine.score(prompt, list(g.choices))
-            means = [sum(s) / len(s) if s else float("-inf") for s in scores]
-            text = value = g.choices[max(range(len(g.choices)), key=means.__getitem__)]
+            from agentkv.typed import choose
+
+            text = value = choose(self.engine, prompt, g.choices)
         else:
             out = self.engine.generate(prompt, **g.sampling, **g.structured)
             self.usage.append(out.usage)

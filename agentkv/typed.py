@@ -54,7 +54,7 @@ def generate(prompt: str | Sequence[dict], schema: Any = None, *, regex: str | N
     if choices is not None:
         if schema is not None or regex is not None or grammar is not None:
             raise RequestError("give `choices` alone, not with schema, regex or grammar")
-        return _choose(engine, prompt, choices)
+        return choose(engine, prompt, choices)
     params = _params(schema, regex, grammar, sampling)
     out = engine.chat(prompt, params) if _is_messages(prompt) else engine.generate(prompt, params)
     return out.parsed if params.structured else out.text
@@ -115,7 +115,7 @@ def _is_messages(prompt: Any) -> bool:
     return is_messages(prompt)
 
 
-def _choose(engine, prompt, choices: Sequence[str]) -> str:
+def choose(engine, prompt, choices: Sequence[str]) -> str:
     """The option with the highest mean token logprob (SGLang's token-length-normalised select);
     every option is one prefill after the prompt, all sharing its KV."""
     choices = list(choices)

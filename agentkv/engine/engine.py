@@ -20,7 +20,7 @@ from agentkv.engine.core import Components, EngineCore
 from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
-from agentkv.engine.radix_cache import PinHandle, RadixCache
+from agentkv.engine.radix_cache import PinHandle, RadixCache, _common_len
 from agentkv.engine.request import Request
 from agentkv.engine.runner import ModelRunner
 from agentkv.engine.sampling_params import SamplingParams
@@ -219,10 +219,7 @@ class Engine:
         for a system prompt and tool definitions)."""
         alone = self.tokenizer.encode(self.render(messages, tools=tools, add_generation_prompt=False))
         probe = self.tokenizer.encode(self.render([*messages, {"role": "user", "content": "?"}], tools=tools))
-        n = 0
-        while n < min(len(alone), len(probe)) and alone[n] == probe[n]:
-            n += 1
-        return alone[:n]
+        return alone[: _common_len(alone, probe)]
 
     def prefill(self, prefix: str | Messages | Sequence[int]) -> int:
         """Compute the KV of `prefix` into the radix cache (not pinned: it may be evicted), so that
