@@ -172,7 +172,13 @@ class CompiledGrammar:
         runs = self._runs[states]
         unknown = runs < 0
         if unknown.any():
-            for q in np.unique(states[unknown]).tolist():
+            todo = np.unique(states[unknown])
+            # Most states met in a walk lead different ASCII characters to different places (inside
+            # names, numbers, keywords): no chain, decided here for all of them at once.
+            ascii_next = self.automaton.trans[todo[:, None], _ASCII_PLAIN]
+            uniform = ascii_next.min(axis=1) == ascii_next.max(axis=1)
+            self._runs[todo[~uniform]] = 0
+            for q in todo[uniform].tolist():
                 self._runs[q] = self.plain_run(q)[0]
             runs = self._runs[states]
         return runs
@@ -245,11 +251,18 @@ def _plain_char_automaton() -> np.ndarray:
 
 
 _PLAIN = None
+# The one-byte plain characters: where they do not all lead to one place, nothing is uniform.
+_ASCII_PLAIN = np.array([b for b in range(0x20, 0x80) if b not in (0x22, 0x5C)])
 
 
 def _uniform_char_step(trans: np.ndarray, fork: np.ndarray, q: int) -> int:
     """Simulate the one-character automaton from `q`: the single state all plain characters reach."""
     global _PLAIN
+    ascii_next = trans[q, _ASCII_PLAIN]
+    if ascii_next.min() != ascii_next.max():  # e.g. a state inside a property name: decided at once
+        return NONUNIFORM
+    if ascii_next[0] < 0:  # no one-byte character: uniform only if no longer one starts either
+        return ALL_DEAD if (trans[q, 0xC2:0xF5] < 0).all() else NONUNIFORM
     if _PLAIN is None:
         _PLAIN = _plain_char_automaton()
     targets: set[int] = set()
