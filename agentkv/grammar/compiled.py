@@ -15,13 +15,20 @@ import threading
 import numpy as np
 
 from agentkv.grammar.automaton import Automaton
-from agentkv.grammar.masks import token_walk
+from agentkv.grammar.masks import (
+    BELOW,
+    StateTokens,
+    continue_below,
+    stack_walk,
+    top_state_tokens,
+)
 from agentkv.grammar.vocab import TokenizerInfo
 
 NONUNIFORM, ALL_DEAD = -1, -2
 MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
 MAX_FORCED_BYTES = 4096
 MAX_CACHED_MASKS = 4096     # per grammar: 4096 x 19 KB at a 151k vocabulary
+MAX_CACHED_STATES = 4096    # per grammar, top-state token sets (masks.py): as many again
 DEAD = -1
 
 
@@ -42,6 +49,8 @@ class CompiledGrammar:
         self.tail_states[list(a.calls)] = False
         self._lock = threading.RLock()
         self._expanded: dict[tuple, tuple[tuple[tuple, ...], bool]] = {}
+        self._deepest: dict[tuple, int] = {}
+        self._state_tokens: dict[int, StateTokens] = {}
         self._configs: list[tuple[tuple[tuple, ...], bool]] = []
         self._ids: dict[tuple, int] = {}
         self._steps: dict[tuple[int, int], int] = {}
@@ -62,7 +71,9 @@ class CompiledGrammar:
     # -- configurations ----------------------------------------------------------------------------
 
     def expand(self, stack: tuple) -> tuple[tuple[tuple, ...], bool]:
-        """Stacks reachable from `stack` by calls and returns alone whose top can read a byte; can end?"""
+        """Stacks reachable from `stack` by calls and returns alone whose top can read a byte; can end?
+
+        A relative stack (bottom `BELOW`, see masks.py) "can end" where it returns below its frames."""
         hit = self._expanded.get(stack)
         if hit is not None:
             return hit
@@ -74,6 +85,9 @@ class CompiledGrammar:
                 continue
             seen.add(s)
             top = s[-1]
+            if top == BELOW:
+                can_end = True
+                continue
             if a.has_bytes[top]:
                 out.append(s)
             if len(s) < MAX_STACK_DEPTH:
@@ -86,7 +100,13 @@ class CompiledGrammar:
                     todo.append(s[:-1])
         result = (tuple(sorted(out)), can_end)
         self._expanded[stack] = result
+        self._deepest[stack] = max(map(len, seen))
         return result
+
+    def deepest(self, stack: tuple) -> int:
+        """The longest stack `expand(stack)` considered (where the depth limit could have applied)."""
+        self.expand(stack)
+        return self._deepest[stack]
 
     def _intern(self, stacks) -> int:
         out, can_end = set(), False
@@ -190,17 +210,40 @@ class CompiledGrammar:
         m = self._masks.get(cid)
         if m is None:
             with self._lock:
-                allowed = np.zeros(self.info.words * 32, dtype=bool)
+                m = np.zeros(self.info.words, dtype="<i4")
+                allowed = None  # tokens found by walking through this configuration's own frames
                 for stack in self._configs[cid][0]:
-                    token_walk(self, stack, allowed)
+                    st = self.state_tokens(stack[-1])
+                    if st.depth + max(len(stack) - 2, 0) < MAX_STACK_DEPTH:
+                        m |= st.allowed
+                        if len(stack) > 1 and len(st.below_ids):
+                            allowed = allowed if allowed is not None else np.zeros(self.info.words * 32, bool)
+                            continue_below(self, stack[:-1], st.below_ids, st.below_offsets, allowed)
+                    else:  # so deep that the nesting limit may cut a token short: walk it whole
+                        allowed = allowed if allowed is not None else np.zeros(self.info.words * 32, bool)
+                        stack_walk(self, stack, allowed)
+                if allowed is not None:
+                    m |= np.packbits(allowed, bitorder="little").view("<i4")
                 if self._configs[cid][1]:
-                    allowed[list(self.info.eos_ids)] = True
-                m = np.packbits(allowed, bitorder="little").view("<i4")
+                    bits = m.view(np.uint32)
+                    for e in self.info.eos_ids:
+                        bits[e >> 5] |= np.uint32(1 << (e & 31))
                 m.flags.writeable = False
                 if len(self._masks) >= MAX_CACHED_MASKS:  # bounded memory: drop the oldest mask
                     del self._masks[next(iter(self._masks))]
                 self._masks[cid] = m
         return m
+
+    def state_tokens(self, q: int) -> StateTokens:
+        """The tokens state `q` allows whatever lies below it, and those that return below (masks.py)."""
+        st = self._state_tokens.get(q)
+        if st is None:
+            with self._lock:
+                st = top_state_tokens(self, q)
+                if len(self._state_tokens) >= MAX_CACHED_STATES:
+                    del self._state_tokens[next(iter(self._state_tokens))]
+                self._state_tokens[q] = st
+        return st
 
     def allowed_bytes(self, cid: int) -> np.ndarray:
         tops = [s[-1] for s in self._configs[cid][0]]
@@ -224,18 +267,19 @@ class CompiledGrammar:
         return self._forced[cid]
 
     def cache_info(self) -> dict[str, int]:
-        return {"configs": len(self._configs), "masks": len(self._masks), "steps": len(self._steps)}
+        return {"configs": len(self._configs), "masks": len(self._masks), "steps": len(self._steps),
+                "states": len(self._state_tokens)}
 
 
 def _plain_char_automaton() -> np.ndarray:
-    """Dense DFA of one plain character (UTF-8, not a quote, backslash or control): row 0 starts, -2 = done."""
+    """Dense DFA of one plain character (UTF-8, none of PLAIN_EXCLUDED): row 0 starts, -2 = done."""
     from agentkv.grammar.automaton import utf8_sequences
     from agentkv.grammar.expr import complement
-    from agentkv.grammar.json_values import NEEDS_ESCAPE
+    from agentkv.grammar.vocab import PLAIN_EXCLUDED
 
     rows = [np.full(256, -1, dtype=np.int64)]
     index: dict[tuple, int] = {(): 0}
-    for lo, hi in complement(NEEDS_ESCAPE):
+    for lo, hi in complement(PLAIN_EXCLUDED):
         for seq in utf8_sequences(lo, hi):
             for k, (blo, bhi) in enumerate(seq):
                 key = tuple(seq[:k])

@@ -5,81 +5,145 @@ that ends in a live state is allowed. Where a token's path reaches a state that 
 return from one, that group of tokens forks onto each stack the call/return leads to and continues
 there (so one token may open and close nested rules). Tokens die as soon as a byte has no
 transition, so the work is the total length of the surviving prefixes, not vocabulary x length.
+
+Most of that answer depends on the top state alone: a token that stays inside the rule it starts
+in (or in rules it calls) reads the same whatever frames lie below. So the walk runs once per top
+state with the frames below unknown (`top_state_tokens`): it yields the tokens allowed from that
+state whatever the context, and the tokens that return below it, with the bytes they have read.
+A stack's mask is then the state's tokens plus those returning tokens walked on through the real
+frames (`stack_walk`). Configurations that differ only below the top (the same string rule as the
+value of many properties, the same item rule at every nesting depth) share the expensive part.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
 
-def token_walk(grammar, stack: tuple, allowed: np.ndarray) -> None:
-    """Set `allowed[t]` for every token t that `stack` (an expanded stack) can read in full."""
+
+@dataclass(frozen=True)
+class StateTokens:
+    """What a top state allows whatever lies below it (see the module docstring)."""
+
+    allowed: np.ndarray       # packed bitmask words (little-endian bit order), context-free part
+    below_ids: np.ndarray     # tokens that return below the state's frame ...
+    below_offsets: np.ndarray # ... having read this many of their bytes
+    depth: int                # the longest relative stack the walk considered (for the depth limit)
+
+
+def top_state_tokens(grammar, q: int) -> StateTokens:
+    """Walk every token from state `q` with the frames below it unknown."""
     info = grammar.info
-    top = stack[-1]
-    upto, rest = grammar.plain_run(top)
-    # Plain tokens of up to `upto` characters end on the top rule's character chain: allowed as a block.
-    allowed[info.plain_sorted[:info.plain_bounds[upto + 1]]] = True
-    if rest == "walk":
-        candidates = np.concatenate([info.non_plain_ids, info.plain_sorted[info.plain_bounds[upto + 1]:]])
-    else:  # longer plain tokens die on the chain's last state
-        candidates = info.non_plain_ids
-    _walk_from(grammar, stack, candidates, allowed)
-
-
-def _walk_from(grammar, stack: tuple, candidates: np.ndarray, allowed: np.ndarray) -> None:
-    info = grammar.info
-    row = grammar.automaton.trans[stack[-1]]
-    if len(candidates) == info.vocab_size or len(candidates) > len(info.text_ids) // 2:
-        starts = np.nonzero(row >= 0)[0]
-        groups = info.first_byte_groups
-        idx = np.concatenate([groups[b] for b in starts]) if len(starts) else np.zeros(0, dtype=np.int64)
-        states = row[info.token_bytes[idx, 0]].astype(np.int64) if len(idx) else idx
+    allowed = np.zeros(info.words * 32, dtype=bool)
+    walk = _Walk(grammar, allowed, relative=True)
+    walk.start((BELOW, q))
+    if walk.below:
+        ids = np.concatenate([i for i, _ in walk.below])
+        offsets = np.concatenate([o for _, o in walk.below])
     else:
-        states = row[info.token_bytes[candidates, 0]].astype(np.int64)
-        keep = states >= 0
-        idx, states = candidates[keep], states[keep]
-    if len(idx):
-        _continue(grammar, stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64), allowed)
+        ids = offsets = np.zeros(0, dtype=np.int64)
+    packed = np.packbits(allowed, bitorder="little").view("<i4")
+    return StateTokens(packed, ids, offsets, walk.depth)
 
 
-def _continue(grammar, lower: tuple, states, idx, off, allowed) -> None:
-    """Tokens `idx` have read `off` bytes and sit in `states` (top of stacks `lower + (state,)`)."""
-    info = grammar.info
-    flat_bytes = info.token_bytes.reshape(-1)
-    width = info.token_bytes.shape[1]
-    lengths = info.lengths
-    flat_trans = grammar.automaton.trans.reshape(-1)
-    fork = grammar.fork_states
-    suffix = info.plain_suffix.reshape(-1)
-    swidth = info.plain_suffix.shape[1]
-    while True:
-        done = off == lengths[idx]
-        # A plain-text rest of the token that the state's character chain takes whole: done too.
-        runs = grammar.run_lengths(states)
-        rest_chars = suffix[idx * swidth + off]
-        done |= (rest_chars > 0) & (rest_chars <= runs)
-        if done.any():
-            allowed[idx[done]] = True
-            keep = ~done
-            states, idx, off = states[keep], idx[keep], off[keep]
-        if not len(idx):
-            return
-        forking = fork[states]
-        if forking.any():
-            for u in np.unique(states[forking]).tolist():
-                own = lower + (u,)
-                sel = states == u
-                for other in grammar.expand(own)[0]:
-                    if other != own:
-                        sub = idx[sel]
-                        b = flat_bytes[sub * width + off[sel]]
-                        nxt = flat_trans[np.int64(other[-1]) * 256 + b].astype(np.int64)
-                        ok = nxt >= 0
-                        if ok.any():
-                            _continue(grammar, other[:-1], nxt[ok], sub[ok], off[sel][ok] + 1, allowed)
+def stack_walk(grammar, stack: tuple, allowed: np.ndarray) -> None:
+    """Set `allowed[t]` for every token t that the real `stack` (expanded) can read in full."""
+    _Walk(grammar, allowed, relative=False).start(stack)
+
+
+def continue_below(grammar, lower: tuple, ids: np.ndarray, offsets: np.ndarray, allowed: np.ndarray) -> None:
+    """Tokens that returned into `lower` (a real stack, its top the return state) after `offsets` bytes."""
+    if not lower or not len(ids):
+        return  # returned from the bottom frame: the grammar ended, so longer tokens die
+    _Walk(grammar, allowed, relative=False).fork(lower, ids, offsets)
+
+
+class _Walk:
+    def __init__(self, grammar, allowed: np.ndarray, relative: bool):
+        self.g = grammar
+        self.info = grammar.info
+        self.allowed = allowed
+        self.relative = relative
+        self.below: list[tuple[np.ndarray, np.ndarray]] = []
+        self.depth = 0
+
+    def start(self, stack: tuple) -> None:
+        """Every token from the top of `stack` (an expanded stack: its top can read a byte)."""
+        g, info = self.g, self.info
+        self.depth = max(self.depth, len(stack))
+        q = stack[-1]
+        upto, rest = g.plain_run(q)
+        # Plain tokens of up to `upto` characters end on the top rule's character chain: allowed as a block.
+        self.allowed[info.plain_sorted[:info.plain_bounds[upto + 1]]] = True
+        if rest == "walk":
+            candidates = np.concatenate([info.non_plain_ids, info.plain_sorted[info.plain_bounds[upto + 1]:]])
+        else:  # longer plain tokens die on the chain's last state
+            candidates = info.non_plain_ids
+        row = g.automaton.trans[q]
+        if len(candidates) > len(info.text_ids) // 2:
+            starts = np.nonzero(row >= 0)[0]
+            groups = info.first_byte_groups
+            idx = np.concatenate([groups[b] for b in starts]) if len(starts) else np.zeros(0, dtype=np.int64)
+            states = row[info.token_bytes[idx, 0]].astype(np.int64) if len(idx) else idx
+        else:
+            states = row[info.token_bytes[candidates, 0]].astype(np.int64)
+            keep = states >= 0
+            idx, states = candidates[keep], states[keep]
+        if len(idx):
+            self.run(stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64))
+
+    def fork(self, own: tuple, idx: np.ndarray, off: np.ndarray, skip: tuple | None = None) -> None:
+        """Tokens `idx` (having read `off` bytes) at `own`: go on from each stack its calls and returns
+        lead to (`skip`: the stack the caller walks on itself)."""
+        g = self.g
+        stacks, ends = g.expand(own)
+        self.depth = max(self.depth, g.deepest(own))
+        if ends and self.relative:
+            self.below.append((idx, off))  # returns below the walked frame: the real stack decides
+        flat_bytes = self.info.token_bytes.reshape(-1)
+        width = self.info.token_bytes.shape[1]
         b = flat_bytes[idx * width + off]
-        states = flat_trans[states * 256 + b].astype(np.int64)
-        ok = states >= 0
-        states, idx, off = states[ok], idx[ok], off[ok] + 1
-        if not len(idx):
-            return
+        for other in stacks:
+            if other != skip:
+                nxt = g.automaton.trans[other[-1], b].astype(np.int64)
+                ok = nxt >= 0
+                if ok.any():
+                    self.run(other[:-1], nxt[ok], idx[ok], off[ok] + 1)
+
+    def run(self, lower: tuple, states, idx, off) -> None:
+        """Tokens `idx` have read `off` bytes and sit in `states` (tops of stacks `lower + (state,)`)."""
+        g, info = self.g, self.info
+        flat_bytes = info.token_bytes.reshape(-1)
+        width = info.token_bytes.shape[1]
+        lengths = info.lengths
+        flat_trans = g.automaton.trans.reshape(-1)
+        fork_states = g.fork_states
+        suffix = info.plain_suffix.reshape(-1)
+        swidth = info.plain_suffix.shape[1]
+        while True:
+            done = off == lengths[idx]
+            # A plain-text rest of the token that the state's character chain takes whole: done too.
+            runs = g.run_lengths(states)
+            rest_chars = suffix[idx * swidth + off]
+            done |= (rest_chars > 0) & (rest_chars <= runs)
+            if done.any():
+                self.allowed[idx[done]] = True
+                keep = ~done
+                states, idx, off = states[keep], idx[keep], off[keep]
+            if not len(idx):
+                return
+            forking = fork_states[states]
+            if forking.any():
+                for u in np.unique(states[forking]).tolist():
+                    own = lower + (u,)
+                    sel = states == u
+                    self.fork(own, idx[sel], off[sel], skip=own)
+            b = flat_bytes[idx * width + off]
+            states = flat_trans[states * 256 + b].astype(np.int64)
+            ok = states >= 0
+            states, idx, off = states[ok], idx[ok], off[ok] + 1
+            if not len(idx):
+                return

@@ -18,6 +18,16 @@ import numpy as np
 
 from agentkv.errors import GrammarError
 
+# Characters a JSON string takes as they are, minus the ECMA line terminators U+2028/U+2029, which a
+# pattern's `.` refuses: with them out, `.*` is a run of plain characters like any string body.
+PLAIN_EXCLUDED = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x2028, 0x2029))
+
+
+def _is_plain(c: str) -> bool:
+    o = ord(c)
+    return o >= 0x20 and o != 0x22 and o != 0x5C and o != 0x2028 and o != 0x2029  # PLAIN_EXCLUDED
+
+
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -61,8 +71,8 @@ class TokenizerInfo:
         self.sorted_ids = sorted(self.text_ids.tolist(), key=lambda i: self.vocab[i])
         self.sorted_bytes = [self.vocab[i] for i in self.sorted_ids]
         self.words = (self.vocab_size + 31) // 32
-        # "Plain" tokens: whole UTF-8 characters, none of them a quote, backslash or control character,
-        # i.e. text that a JSON string body takes as is. Token masks move them by character count.
+        # "Plain" tokens: whole UTF-8 characters of PLAIN_CHARACTERS, text that a JSON string body
+        # takes as is. Token masks move them by character count.
         plain = np.full(self.vocab_size, -1, dtype=np.int32)
         for i, b in enumerate(self.vocab):
             if b:
@@ -70,7 +80,7 @@ class TokenizerInfo:
                     text = b.decode("utf-8")
                 except UnicodeDecodeError:
                     continue
-                if not any(c in '"\\' or ord(c) < 0x20 for c in text):
+                if all(_is_plain(c) for c in text):
                     plain[i] = len(text)
         self.plain_chars = plain
         order = np.argsort(plain, kind="stable")
@@ -157,21 +167,39 @@ class TokenizerInfo:
         """[vocab, width + 1] int16: characters in the token's bytes from each offset if they are plain
         text starting on a character boundary, else -1 (built on first use, once per tokenizer)."""
         if self._plain_suffix is None:
-            out = np.full((self.vocab_size, self.token_bytes.shape[1] + 1), -1, dtype=np.int16)
-            for i in self.text_ids.tolist():
+            tb, width = self.token_bytes, self.token_bytes.shape[1]
+            out = np.full((self.vocab_size, width + 1), -1, dtype=np.int16)
+            ascii_ids = self.text_ids[(tb[self.text_ids] < 0x80).all(axis=1)]
+            # ASCII tokens (most of a vocabulary) at once: plain from `off` unless a byte at or
+            # after it is a quote, backslash or control character.
+            sub, lengths = tb[ascii_ids], self.lengths[ascii_ids].astype(np.int16)[:, None]
+            pos = np.arange(width, dtype=np.int16)[None, :]
+            inside = pos < lengths
+            bad = ((sub < 0x20) | (sub == 0x22) | (sub == 0x5C)) & inside
+            bad_from = np.flip(np.logical_or.accumulate(np.flip(bad, 1), axis=1), 1)
+            chars = lengths - pos
+            chars[bad_from | ~inside] = -1
+            out[ascii_ids, :width] = chars
+            rows, cols, vals = [], [], []
+            for i in np.setdiff1d(self.text_ids, ascii_ids).tolist():
                 b = self.vocab[i]
-                n = 0
-                for off in range(len(b) - 1, -1, -1):
-                    c = b[off]
-                    if c < 0x20 or c in (0x22, 0x5C):
+                start = 0
+                while start < len(b) and b[start] & 0xC0 == 0x80:  # the tail of a character
+                    start += 1
+                try:
+                    text = b[start:].decode("utf-8")
+                except UnicodeDecodeError:
+                    continue  # a broken character: no suffix that includes it is plain
+                off = len(b)
+                for n, c in enumerate(reversed(text), 1):
+                    if not _is_plain(c):
                         break
-                    if c & 0xC0 == 0x80:  # a continuation byte: not a boundary, keep going
-                        continue
-                    try:
-                        n = len(b[off:].decode("utf-8"))
-                    except UnicodeDecodeError:
-                        break
-                    out[i, off] = n
+                    o = ord(c)
+                    off -= 1 if o < 0x80 else 2 if o < 0x800 else 3 if o < 0x10000 else 4
+                    rows.append(i)
+                    cols.append(off)
+                    vals.append(n)
+            out[rows, cols] = vals
             self._plain_suffix = out
         return self._plain_suffix
 

@@ -1,0 +1,134 @@
+"""DFA minimization (minimize.py) and the top-state token sets (masks.py).
+
+Minimized DFAs are checked against the DFA they came from (same language, explored pair by pair)
+and against a plain Python partition refinement (same number of states); masks built from shared
+top-state sets are checked against brute force, also where the nesting limit cuts a walk short.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import agentkv.grammar.compiled as compiled
+import agentkv.grammar.minimize as minimize_mod
+from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
+from agentkv.grammar.automaton import determinize
+from agentkv.grammar.minimize import minimize
+from agentkv.grammar.regex import search_expr
+from tests.test_grammar_matcher import brute_force
+from tests.test_grammar_regex import patterns
+
+FAR = float("inf")
+
+
+def _step(d, s, b):
+    return next((t for lo, hi, t in d.trans[s] if lo <= b <= hi), -1)
+
+
+def same_language(d1, d2) -> bool:
+    """Walk both DFAs together from their starts: every reachable pair agrees on acceptance."""
+    def accepts(d, s):
+        return s >= 0 and bool(d.accept[s])
+
+    seen, todo = {(0, 0)}, [(0, 0)]
+    while todo:
+        a, b = todo.pop()
+        if accepts(d1, a) != accepts(d2, b):
+            return False
+        for byte in range(256):
+            nxt = (_step(d1, a, byte) if a >= 0 else -1, _step(d2, b, byte) if b >= 0 else -1)
+            if nxt != (-1, -1) and nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return True
+
+
+def live_and_classes(d) -> tuple[int, int]:
+    """(states that can still accept, their equivalence classes), by Moore's refinement in plain Python."""
+    n = len(d.accept)
+    live = [bool(a) for a in d.accept]
+    changed = True
+    while changed:
+        changed = False
+        for s in range(n):
+            if not live[s] and any(t >= 0 and live[t] for _, _, t in d.trans[s]):
+                live[s] = changed = True
+    cls = [int(d.accept[s]) if live[s] else -1 for s in range(n)]
+    while True:
+        sig = {s: (cls[s], tuple(cls[t] if (t := _step(d, s, b)) >= 0 else -1 for b in range(256)))
+               for s in range(n) if live[s]}
+        ids = {v: i for i, v in enumerate(sorted(set(sig.values())))}
+        new = [ids[sig[s]] if live[s] else -1 for s in range(n)]
+        if len(set(new)) == len(set(cls)):
+            return sum(live), len(ids)
+        cls = new
+
+
+@settings(max_examples=80, deadline=None)
+@given(patterns())
+def test_minimized_dfa_is_equivalent_and_minimal(pattern):
+    d = determinize(search_expr(pattern), FAR)
+    m = minimize(d, FAR)
+    assert same_language(d, m), pattern
+    live, classes = live_and_classes(m)
+    # No two live states are equivalent (states that can no longer accept are trimmed at link).
+    assert live == classes == live_and_classes(d)[1], pattern
+
+
+def test_hash_collisions_cannot_merge_different_states(monkeypatch):
+    monkeypatch.setattr(minimize_mod, "_weights", lambda n: np.ones(n, dtype=np.uint64))
+    for pattern in [r"ab|cd", r"1\.1", r"[0-9]{2,4}x", r"(ab)*c"]:
+        d = determinize(search_expr(pattern), FAR)
+        assert same_language(d, minimize(d, FAR)), pattern
+
+
+def test_a_matched_pattern_tail_is_one_plain_run():
+    # Unanchored "1.1": once it matched, any text may follow; minimized, that is one state every
+    # plain character loops on, so masks take plain tokens there as a block.
+    info = TokenizerInfo([bytes([c]) for c in b'"1.xyz'] + [b"abc", None], eos_ids=[7])
+    g = GrammarCompiler(info).compile_json_schema({"type": "string", "pattern": "1.1"})
+    cid = g.advance(g.initial, b'"x1.1')
+    (stack,) = g.stacks(cid)
+    assert g.plain_run(stack[-1])[0] > 0
+
+
+ALPHABET = b'[]"a,'
+
+
+@st.composite
+def small_vocab(draw):
+    words = draw(st.lists(st.binary(min_size=2, max_size=6).map(
+        lambda b: bytes(ALPHABET[x % len(ALPHABET)] for x in b)), min_size=3, max_size=30, unique=True))
+    vocab = list(dict.fromkeys([bytes([c]) for c in ALPHABET] + words)) + [None]
+    return TokenizerInfo(vocab, eos_ids=[len(vocab) - 1])
+
+
+NESTED = {"$defs": {"t": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/t"}},
+                                    {"type": "string", "maxLength": 3}]}}, "$ref": "#/$defs/t"}
+
+
+@pytest.mark.parametrize("depth_limit", [4, 7, compiled.MAX_STACK_DEPTH])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(info=small_vocab(), choices=st.lists(st.integers(0, 10**6), min_size=30, max_size=30))
+def test_masks_from_top_state_sets_equal_brute_force(monkeypatch, depth_limit, info, choices):
+    # A low nesting limit makes some walks end on it: those stacks must take the exact walk.
+    monkeypatch.setattr(compiled, "MAX_STACK_DEPTH", depth_limit)
+    g = GrammarCompiler(info).compile_json_schema(NESTED)
+    m = Matcher(g)
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    opening = info.vocab.index(b"[")
+    for i, c in enumerate(choices):
+        m.fill_next_token_bitmask(bitmask)
+        bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[:info.vocab_size]
+        expected = brute_force(m)
+        assert set(np.nonzero(bits)[0].tolist()) == expected
+        if not expected:
+            break
+        # Go deep first (past the limit where one is set), then wander.
+        tok = opening if i < 8 and opening in expected else sorted(expected)[c % len(expected)]
+        assert m.accept_token(tok)
+        if m.is_terminated():
+            break
+    # The same string and array states recur under different stacks: computed once each.
+    assert g.cache_info()["states"] <= g.num_states
