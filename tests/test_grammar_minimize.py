@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import agentkv.grammar.compiled as compiled
 import agentkv.grammar.minimize as minimize_mod
 from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
-from agentkv.grammar.automaton import determinize
+from agentkv.grammar.dfa import determinize
 from agentkv.grammar.minimize import minimize
 from agentkv.grammar.regex import search_expr
 from tests.test_grammar_matcher import brute_force

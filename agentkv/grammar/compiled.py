@@ -273,7 +273,7 @@ class CompiledGrammar:
 
 def _plain_char_automaton() -> np.ndarray:
     """Dense DFA of one plain character (UTF-8, none of PLAIN_EXCLUDED): row 0 starts, -2 = done."""
-    from agentkv.grammar.automaton import utf8_sequences
+    from agentkv.grammar.dfa import utf8_sequences
     from agentkv.grammar.expr import complement
     from agentkv.grammar.vocab import PLAIN_EXCLUDED
 

@@ -5,9 +5,10 @@ properties come in schema order (`properties`), each optional one skippable, the
 properties (keys other than the declared ones) where `additionalProperties` allows them (it defaults
 to true, as the spec says; `strict=True` makes it false). `$ref` targets become rules, so recursion
 is exact; `allOf` is merged keyword by keyword (json_merge.py); `anyOf` becomes alternation;
-`oneOf` too, but only where its branches provably exclude each other. A validation keyword this compiler cannot enforce is
-a `GrammarError` naming the keyword and its JSON pointer. Keywords outside the JSON Schema
-vocabularies are annotations (the spec says to ignore them) and are ignored.
+`oneOf` too, but only where its branches provably exclude each other; objects are in json_objects.py.
+A validation keyword this compiler cannot enforce is a `GrammarError` naming the keyword and its
+JSON pointer. Keywords outside the JSON Schema vocabularies are annotations (the spec says to
+ignore them) and are ignored.
 """
 
 from __future__ import annotations
@@ -18,18 +19,14 @@ import time
 from urllib.parse import unquote
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.automaton import is_empty, language_matches
 from agentkv.grammar.expr import (
     EMPTY,
     NOTHING,
-    Chars,
-    Diff,
     Intersect,
     Ref,
     Repeat,
     alt,
     chars,
-    complement,
     lit,
     opt,
     seq,
@@ -43,10 +40,16 @@ from agentkv.grammar.json_merge import (
     type_of,
     validating,
 )
+from agentkv.grammar.json_objects import (
+    ObjectRules,
+    dumps,
+    escape_all,
+    pointer_escape,
+    schema_count,
+)
 from agentkv.grammar.json_values import (
     INTEGER,
     NUMBER,
-    escaped,
     format_expr,
     integer_range,
     length_bounded,
@@ -57,15 +60,9 @@ from agentkv.grammar.regex import search_expr
 
 ALL_TYPES = ("object", "array", "string", "number", "boolean", "null")
 MAX_INLINE_DEPTH = 60
-SHARED_TAIL_AFTER = 4  # objects with more properties than this share their member tails as rules
 
 
-def dumps(value) -> str:
-    """The compact serialization the grammar generates (and tests compare against)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-class JsonSchemaConverter(SchemaMerger):
+class JsonSchemaConverter(ObjectRules, SchemaMerger):
     def __init__(self, schema, *, strict: bool = False, whitespace: bool = False, max_whitespace: int = 16,
                  deadline: float | None = None, prefix: str = ""):
         if not isinstance(schema, (dict, bool)):
@@ -100,7 +97,7 @@ class JsonSchemaConverter(SchemaMerger):
                 self.anchors[node["$anchor"]] = ptr
             for k, v in node.items():
                 if k not in ("enum", "const", "default", "examples"):
-                    self._collect_anchors(v, f"{ptr}/{_escape(k)}")
+                    self._collect_anchors(v, f"{ptr}/{pointer_escape(k)}")
         elif isinstance(node, list):
             for i, v in enumerate(node):
                 self._collect_anchors(v, f"{ptr}/{i}")
@@ -287,8 +284,8 @@ class JsonSchemaConverter(SchemaMerger):
 
     def string_language(self, schema: dict, ptr: str):
         """The decoded strings a string schema allows, as a character-level expression (None: any)."""
-        lo = _count(schema, "minLength", ptr) or 0
-        hi = _count(schema, "maxLength", ptr)
+        lo = schema_count(schema, "minLength", ptr) or 0
+        hi = schema_count(schema, "maxLength", ptr)
         patterns = schema.get("pattern")
         patterns = [] if patterns is None else [patterns] if isinstance(patterns, str) else list(patterns)
         fmt = schema.get("format")
@@ -306,9 +303,9 @@ class JsonSchemaConverter(SchemaMerger):
 
     def t_string(self, schema, ptr):
         if "pattern" not in schema and "format" not in schema:
-            lo, hi = _count(schema, "minLength", ptr) or 0, _count(schema, "maxLength", ptr)
+            lo, hi = schema_count(schema, "minLength", ptr) or 0, schema_count(schema, "maxLength", ptr)
             return self.string_expr(string_body(lo, hi, ptr))
-        return self.string_expr(_escape_all(self.string_language(schema, ptr)))
+        return self.string_expr(escape_all(self.string_language(schema, ptr)))
 
     def t_array(self, schema, ptr):
         prefix = schema.get("prefixItems")
@@ -316,8 +313,8 @@ class JsonSchemaConverter(SchemaMerger):
         if isinstance(items, list):  # draft-07 tuple form
             prefix, items = items, schema.get("additionalItems", True)
         prefix = prefix or []
-        lo = _count(schema, "minItems", ptr) or 0
-        hi = _count(schema, "maxItems", ptr)
+        lo = schema_count(schema, "minItems", ptr) or 0
+        hi = schema_count(schema, "maxItems", ptr)
         if items is False:
             hi = len(prefix) if hi is None else min(hi, len(prefix))
         if hi is not None and hi < lo:
@@ -361,150 +358,8 @@ class JsonSchemaConverter(SchemaMerger):
             self.rules[name] = self.value(schema, ptr)
         return Ref(name)
 
-    def property_names(self, schema, ptr: str):
-        """`propertyNames` as a character-level language (None: any name)."""
-        if schema is None or schema is True or (isinstance(schema, dict) and not validating(schema)):
-            return None
-        if schema is False:
-            return NOTHING
-        schema = self.inline_ref(schema, ptr)
-        allowed = {"type", "pattern", "minLength", "maxLength", "format", "enum", "const"}
-        bad = [k for k in schema if validating({k: schema[k]}) and k not in allowed]
-        if bad or schema.get("type", "string") != "string":
-            raise GrammarError(f"propertyNames with '{(bad or ['type'])[0]}' is not supported (names are strings: "
-                               "use pattern, minLength, maxLength, format, enum or const)", ptr)
-        if "enum" in schema or "const" in schema:
-            values = [schema["const"]] if "const" in schema else schema["enum"]
-            return alt(*[lit(v) for v in values if isinstance(v, str)])
-        return self.string_language(schema, ptr)
-
-    def t_object(self, schema, ptr):
-        props = schema.get("properties", {})
-        required = schema.get("required", [])
-        if not isinstance(props, dict):
-            raise GrammarError("properties must be an object", f"{ptr}/properties")
-        props = dict(props)
-        extra = schema.get("additionalProperties", not self.strict)
-        names = self.property_names(schema.get("propertyNames"), f"{ptr}/propertyNames")
-        patterns = schema.get("patternProperties", {})
-        pats = [(search_expr(p, f"{ptr}/patternProperties"), sub, f"{ptr}/patternProperties/{_escape(p)}")
-                for p, sub in patterns.items()]
-        for i in range(len(pats)):
-            for j in range(i + 1, len(pats)):
-                if not is_empty(Intersect(pats[i][0], pats[j][0]), self.deadline):
-                    raise GrammarError("patternProperties whose patterns can match the same name are not supported; "
-                                       "make the patterns exclusive", f"{ptr}/patternProperties")
-
-        def schema_for(name: str, declared):
-            """Everything a member called `name` must satisfy: its property, the patterns it matches."""
-            subs = [] if declared is None else [declared]
-            subs += [sub for lang, sub, _ in pats if language_matches(lang, name, self.deadline)]
-            if declared is None and not subs:
-                subs = [extra]
-            if names is not None and not language_matches(names, name, self.deadline):
-                return False
-            if any(x is False for x in subs):
-                return False
-            subs = [x for x in subs if x is not True]
-            return True if not subs else subs[0] if len(subs) == 1 else {"allOf": subs}
-
-        members = {n: schema_for(n, sub) for n, sub in props.items()}
-        for n in required:
-            if n not in members:
-                members[n] = schema_for(n, None)
-        entries = []
-        for name, sub in members.items():
-            if sub is False:
-                if name in required:
-                    return NOTHING
-                continue
-            kv = seq(lit(dumps(name)), self.punct(":"), self.rule_for(sub, f"{ptr}/properties/{_escape(name)}"))
-            entries.append((kv, name in required))
-        # Members after the declared ones: names matching a pattern, then any other name if allowed.
-        declared = alt(*[lit(n) for n in members]) if members else None
-        any_name = Repeat(Chars(complement([])), 0, None)
-        others = []
-        for lang, sub, where in pats:
-            key = _restrict(lang, names, declared)
-            if sub is not False and not is_empty(key, self.deadline):
-                others.append(seq(self.string_expr(_escape_all(key)), self.punct(":"), self.rule_for(sub, where)))
-        if extra is not False:
-            key = _restrict(any_name, names, alt(*([declared] if declared else []), *[lang for lang, _, _ in pats]))
-            if not is_empty(key, self.deadline):
-                others.append(seq(self.string_expr(_escape_all(key)), self.punct(":"),
-                                  self.rule_for(extra, f"{ptr}/additionalProperties")))
-        extra_kv = None
-        if others:
-            name = f"{self.prefix}extra:{ptr}"  # a rule: referenced from every way the object can end
-            self.rules[name] = alt(*others)
-            extra_kv = Ref(name)
-        lo = _count(schema, "minProperties", ptr) or 0
-        hi = _count(schema, "maxProperties", ptr)
-        n_req = sum(1 for _, r in entries if r)
-        if lo > n_req or (hi is not None and (extra_kv is not None or hi < len(entries))):
-            raise GrammarError("minProperties/maxProperties beyond what the required and declared properties "
-                               "already imply is not supported", ptr)
-        comma = self.punct(",")
-        memo: dict = {}
-
-        def rest(i: int, any_before: bool):
-            key = (i, any_before)
-            if key in memo:
-                return memo[key]
-            if i == len(entries):
-                if extra_kv is None:
-                    out = EMPTY
-                elif any_before:
-                    out = star(seq(comma, extra_kv))
-                else:
-                    out = opt(seq(extra_kv, star(seq(comma, extra_kv))))
-            else:
-                kv, req = entries[i]
-                if any_before:  # factored, so the expression stays linear in the number of properties
-                    member = seq(comma, kv)
-                    out = seq(member if req else opt(member), rest(i + 1, True))
-                    if len(entries) - i > 1 and len(entries) > SHARED_TAIL_AFTER:
-                        # Each "first member" alternative continues with this tail: one rule, not copies.
-                        name = f"{self.prefix}tail:{ptr}:{i}"
-                        self.rules[name] = out
-                        out = Ref(name)
-                else:
-                    with_it = seq(kv, rest(i + 1, True))
-                    out = with_it if req else alt(with_it, rest(i + 1, False))
-            memo[key] = out
-            return out
-
-        return seq(self.punct("{"), rest(0, False), self.punct("}"))
-
-
-def _escape_all(e):
-    """JSON-escape a character-level language (escaping is a per-character bijection, so it distributes)."""
-    if isinstance(e, (Intersect, Diff)):
-        return type(e)(_escape_all(e.left), _escape_all(e.right))
-    return escaped(e)
-
-
-def _restrict(lang, names, excluded):
-    """Names in `lang`, allowed by propertyNames (`names`), and not in `excluded`."""
-    if names is not None:
-        lang = Intersect(lang, names)
-    return Diff(lang, excluded) if excluded is not None else lang
-
-
-def _count(schema: dict, key: str, ptr: str) -> int | None:
-    v = schema.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or float(v) != int(v):
-        raise GrammarError(f"{key} must be a non-negative integer, not {v!r}", f"{ptr}/{key}")
-    return int(v)
-
 
 def _list(v, ptr: str) -> list:
     if not isinstance(v, list) or not v and "enum" not in ptr:
         raise GrammarError("expected a non-empty array", ptr)
     return v
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")

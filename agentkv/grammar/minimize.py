@@ -26,7 +26,7 @@ MAX_ROUNDS = 48
 
 def minimize(d, deadline: float):
     """The minimal DFA equivalent to `d` (a RuleDFA), start state still 0."""
-    from agentkv.grammar.automaton import RuleDFA
+    from agentkv.grammar.dfa import RuleDFA
 
     n = len(d.accept)
     if n < 2:

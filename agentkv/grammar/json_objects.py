@@ -1,0 +1,188 @@
+"""JSON Schema objects -> grammar rules: members in schema order, then pattern and additional members.
+
+Declared properties come in `properties` order (then required names not listed there), each
+optional one skippable; after them, members whose names match a `patternProperties` pattern (with
+that schema) and, where `additionalProperties` allows, any other name. Declared names never
+reappear as additional ones. `propertyNames` restricts every name. The member list is factored so
+the expression stays linear in the number of properties.
+"""
+
+from __future__ import annotations
+
+import json
+
+from agentkv.errors import GrammarError
+from agentkv.grammar.dfa import is_empty, language_matches
+from agentkv.grammar.expr import (
+    EMPTY,
+    NOTHING,
+    Chars,
+    Diff,
+    Intersect,
+    Ref,
+    Repeat,
+    alt,
+    complement,
+    lit,
+    opt,
+    seq,
+    star,
+)
+from agentkv.grammar.json_merge import validating
+from agentkv.grammar.json_values import escaped
+from agentkv.grammar.regex import search_expr
+
+SHARED_TAIL_AFTER = 4  # objects with more properties than this share their member tails as rules
+
+
+def dumps(value) -> str:
+    """The compact serialization the grammar generates (and tests compare against)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class ObjectRules:
+    """The object part of JsonSchemaConverter (json_schema.py), which supplies rules, punct,
+    rule_for, string_expr, string_language, inline_ref, strict, prefix and deadline."""
+
+    def property_names(self, schema, ptr: str):
+        """`propertyNames` as a character-level language (None: any name)."""
+        if schema is None or schema is True or (isinstance(schema, dict) and not validating(schema)):
+            return None
+        if schema is False:
+            return NOTHING
+        schema = self.inline_ref(schema, ptr)
+        allowed = {"type", "pattern", "minLength", "maxLength", "format", "enum", "const"}
+        bad = [k for k in schema if validating({k: schema[k]}) and k not in allowed]
+        if bad or schema.get("type", "string") != "string":
+            raise GrammarError(f"propertyNames with '{(bad or ['type'])[0]}' is not supported (names are strings: "
+                               "use pattern, minLength, maxLength, format, enum or const)", ptr)
+        if "enum" in schema or "const" in schema:
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            return alt(*[lit(v) for v in values if isinstance(v, str)])
+        return self.string_language(schema, ptr)
+
+    def t_object(self, schema, ptr):
+        props = schema.get("properties", {})
+        required = schema.get("required", [])
+        if not isinstance(props, dict):
+            raise GrammarError("properties must be an object", f"{ptr}/properties")
+        props = dict(props)
+        extra = schema.get("additionalProperties", not self.strict)
+        names = self.property_names(schema.get("propertyNames"), f"{ptr}/propertyNames")
+        patterns = schema.get("patternProperties", {})
+        pats = [(search_expr(p, f"{ptr}/patternProperties"), sub, f"{ptr}/patternProperties/{pointer_escape(p)}")
+                for p, sub in patterns.items()]
+        for i in range(len(pats)):
+            for j in range(i + 1, len(pats)):
+                if not is_empty(Intersect(pats[i][0], pats[j][0]), self.deadline):
+                    raise GrammarError("patternProperties whose patterns can match the same name are not supported; "
+                                       "make the patterns exclusive", f"{ptr}/patternProperties")
+
+        def schema_for(name: str, declared):
+            """Everything a member called `name` must satisfy: its property, the patterns it matches."""
+            subs = [] if declared is None else [declared]
+            subs += [sub for lang, sub, _ in pats if language_matches(lang, name, self.deadline)]
+            if declared is None and not subs:
+                subs = [extra]
+            if names is not None and not language_matches(names, name, self.deadline):
+                return False
+            if any(x is False for x in subs):
+                return False
+            subs = [x for x in subs if x is not True]
+            return True if not subs else subs[0] if len(subs) == 1 else {"allOf": subs}
+
+        members = {n: schema_for(n, sub) for n, sub in props.items()}
+        for n in required:
+            if n not in members:
+                members[n] = schema_for(n, None)
+        entries = []
+        for name, sub in members.items():
+            if sub is False:
+                if name in required:
+                    return NOTHING
+                continue
+            kv = seq(lit(dumps(name)), self.punct(":"), self.rule_for(sub, f"{ptr}/properties/{pointer_escape(name)}"))
+            entries.append((kv, name in required))
+        # Members after the declared ones: names matching a pattern, then any other name if allowed.
+        declared = alt(*[lit(n) for n in members]) if members else None
+        any_name = Repeat(Chars(complement([])), 0, None)
+        others = []
+        for lang, sub, where in pats:
+            key = _restrict(lang, names, declared)
+            if sub is not False and not is_empty(key, self.deadline):
+                others.append(seq(self.string_expr(escape_all(key)), self.punct(":"), self.rule_for(sub, where)))
+        if extra is not False:
+            key = _restrict(any_name, names, alt(*([declared] if declared else []), *[lang for lang, _, _ in pats]))
+            if not is_empty(key, self.deadline):
+                others.append(seq(self.string_expr(escape_all(key)), self.punct(":"),
+                                  self.rule_for(extra, f"{ptr}/additionalProperties")))
+        extra_kv = None
+        if others:
+            name = f"{self.prefix}extra:{ptr}"  # a rule: referenced from every way the object can end
+            self.rules[name] = alt(*others)
+            extra_kv = Ref(name)
+        lo = schema_count(schema, "minProperties", ptr) or 0
+        hi = schema_count(schema, "maxProperties", ptr)
+        n_req = sum(1 for _, r in entries if r)
+        if lo > n_req or (hi is not None and (extra_kv is not None or hi < len(entries))):
+            raise GrammarError("minProperties/maxProperties beyond what the required and declared properties "
+                               "already imply is not supported", ptr)
+        comma = self.punct(",")
+        memo: dict = {}
+
+        def rest(i: int, any_before: bool):
+            key = (i, any_before)
+            if key in memo:
+                return memo[key]
+            if i == len(entries):
+                if extra_kv is None:
+                    out = EMPTY
+                elif any_before:
+                    out = star(seq(comma, extra_kv))
+                else:
+                    out = opt(seq(extra_kv, star(seq(comma, extra_kv))))
+            else:
+                kv, req = entries[i]
+                if any_before:  # factored, so the expression stays linear in the number of properties
+                    member = seq(comma, kv)
+                    out = seq(member if req else opt(member), rest(i + 1, True))
+                    if len(entries) - i > 1 and len(entries) > SHARED_TAIL_AFTER:
+                        # Each "first member" alternative continues with this tail: one rule, not copies.
+                        name = f"{self.prefix}tail:{ptr}:{i}"
+                        self.rules[name] = out
+                        out = Ref(name)
+                else:
+                    with_it = seq(kv, rest(i + 1, True))
+                    out = with_it if req else alt(with_it, rest(i + 1, False))
+            memo[key] = out
+            return out
+
+        return seq(self.punct("{"), rest(0, False), self.punct("}"))
+
+
+def escape_all(e):
+    """JSON-escape a character-level language (escaping is a per-character bijection, so it distributes)."""
+    if isinstance(e, (Intersect, Diff)):
+        return type(e)(escape_all(e.left), escape_all(e.right))
+    return escaped(e)
+
+
+def _restrict(lang, names, excluded):
+    """Names in `lang`, allowed by propertyNames (`names`), and not in `excluded`."""
+    if names is not None:
+        lang = Intersect(lang, names)
+    return Diff(lang, excluded) if excluded is not None else lang
+
+
+def schema_count(schema: dict, key: str, ptr: str) -> int | None:
+    v = schema.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or float(v) != int(v):
+        raise GrammarError(f"{key} must be a non-negative integer, not {v!r}", f"{ptr}/{key}")
+    return int(v)
+
+
+
+def pointer_escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
