@@ -4,11 +4,15 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.tiny import make_tiny_model
 
 # One conversion cache for the whole run, kept between runs on the same machine (it is a cache).
 os.environ.setdefault("AGENTKV_CACHE_DIR", str(Path.home() / ".cache" / "agentkv"))
+# Without a GPU the Triton kernels run in interpreter mode (it must be set before triton is imported).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

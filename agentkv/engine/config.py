@@ -165,7 +165,7 @@ class EngineConfig:
     model: str | None = None
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # "torch", "triton", or "auto": triton on a CUDA GPU, torch elsewhere
     context_length: int | None = None  # None: the model's max_position_embeddings
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

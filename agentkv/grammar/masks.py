@@ -78,17 +78,18 @@ class _Walk:
         upto, rest = g.plain_run(q)
         # Plain tokens of up to `upto` characters end on the top rule's character chain: allowed as a block.
         self.allowed[info.plain_sorted[:info.plain_bounds[upto + 1]]] = True
-        if rest == "walk":
-            candidates = np.concatenate([info.non_plain_ids, info.plain_sorted[info.plain_bounds[upto + 1]:]])
-        else:  # longer plain tokens die on the chain's last state
-            candidates = info.non_plain_ids
+        # Longer plain tokens take the byte walk ("walk") or die on the chain's last state ("dead").
+        longer = len(info.plain_sorted) - info.plain_bounds[upto + 1] if rest == "walk" else 0
         row = g.automaton.trans[q]
-        if len(candidates) > len(info.text_ids) // 2:
+        if len(info.non_plain_ids) + longer > len(info.text_ids) // 2:  # most tokens: pick by first byte
             starts = np.nonzero(row >= 0)[0]
             groups = info.first_byte_groups
             idx = np.concatenate([groups[b] for b in starts]) if len(starts) else np.zeros(0, dtype=np.int64)
             states = row[info.token_bytes[idx, 0]].astype(np.int64) if len(idx) else idx
         else:
+            candidates = info.non_plain_ids
+            if longer:
+                candidates = np.concatenate([candidates, info.plain_sorted[info.plain_bounds[upto + 1]:]])
             states = row[info.token_bytes[candidates, 0]].astype(np.int64)
             keep = states >= 0
             idx, states = candidates[keep], states[keep]

@@ -75,14 +75,24 @@ def available_backends() -> list[str]:
 def get_backend(name: str) -> AttentionBackend:
     _load_builtin()
     if name == "auto":
-        name = "torch"  # the only backend until the GPU kernels land
+        name = auto_backend()
     if name not in _REGISTRY:
         raise RequestError(f"unknown attention backend {name!r}; choose one of {available_backends()} or 'auto'")
     return _REGISTRY[name]()
 
 
+def auto_backend() -> str:
+    """Triton on a CUDA GPU where triton imports; the torch reference everywhere else (on CPU the
+    Triton kernels only run interpreted, far slower than torch)."""
+    from agentkv.kernels.triton_backend import triton_usable
+
+    return "triton" if torch.cuda.is_available() and triton_usable("cuda")[0] else "torch"
+
+
 def _load_builtin() -> None:
     if "torch" not in _REGISTRY:
         from agentkv.kernels.torch_backend import TorchAttentionBackend
+        from agentkv.kernels.triton_backend import TritonAttentionBackend
 
         register("torch", TorchAttentionBackend)
+        register("triton", TritonAttentionBackend)  # refuses with a clear error where it cannot run

@@ -1,4 +1,4 @@
-"""Grammar token masks applied to logits: the torch reference (a Triton kernel comes with the GPU path).
+"""Grammar token masks applied to logits: the torch reference, and the Triton kernel on a GPU.
 
 A bitmask row holds one bit per token id (bit i of int32 word i // 32), as the grammar layer's
 `Matcher.fill_next_token_bitmask` writes it. Tokens whose bit is 0 get a logit of -inf.
@@ -20,5 +20,27 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`logits` [B, V] with -inf where the bitmask [B, ceil(V / 32)] disallows the token, and the [B]
     bool tensor of rows that allow at least one token."""
-    allowed = unpack_bitmask(bitmask.to(logits.device), logits.shape[-1])
+    bitmask = bitmask.to(logits.device)
+    if logits.is_cuda and _triton_importable():
+        from agentkv.kernels.triton_small import apply_token_bitmask_inplace
+
+        out = logits.contiguous().clone()
+        apply_token_bitmask_inplace(out, bitmask.contiguous())
+        return out, _rows_alive(bitmask, logits.shape[-1])
+    allowed = unpack_bitmask(bitmask, logits.shape[-1])
     return logits.masked_fill(~allowed, float("-inf")), allowed.any(-1)
+
+
+def _rows_alive(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B] bool: the row allows some token below `vocab_size` (whole words, then the last word's low bits)."""
+    full, rest = divmod(vocab_size, 32)
+    alive = (bitmask[:, :full] != 0).any(-1)
+    if rest:
+        alive |= (bitmask[:, full] & ((1 << rest) - 1)) != 0
+    return alive
+
+
+def _triton_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None

