@@ -9,8 +9,8 @@ jump-forward supplies. Columns: schemas compiled, bad instances accepted, good o
 compile p50/p95, mask p50/p99/p99.9 (every mask of the walk, first computations included), and the
 forced-token share (with the count of forced tokens that differ from the tokenizer's own encoding;
 outlines-core has no jump-forward; xgrammar's jump-forward tokens are a greedy longest match, which
-its documentation says may differ from the tokenizer's encoding). outlines-core runs in a worker process with a per-schema time
-limit (`--outlines-timeout`); a schema over it counts as not compiled.
+its documentation says may differ from the tokenizer's encoding). outlines-core runs in a worker
+process with a per-schema time limit (`--outlines-timeout`); a schema over it counts as not compiled.
 
     python benchmarks/grammar.py                 # every 3rd schema, both vocabularies
     python benchmarks/grammar.py --every 1       # all 456
@@ -46,6 +46,35 @@ def agentkv_text(g, value) -> str | None:
         return find_serialization(g, value, budget=SEARCH_BUDGET)
     except SearchBudgetExceeded:
         return None
+
+
+def our_grammar(compiler: GrammarCompiler, schema):
+    try:
+        return compiler.compile_json_schema(schema)
+    except GrammarError:
+        return None
+
+
+def texts_to_try(ours, value) -> list[str]:
+    """The compact dump of `value`, after the text agentkv's grammar writes it as (its key order:
+    declared properties in schema order), for a peer judging an instance."""
+    texts = [json.dumps(value, separators=(",", ":"), ensure_ascii=False)]
+    found = agentkv_text(ours, value)
+    if found and found not in texts:
+        texts.insert(0, found)
+    return texts
+
+
+def judge_and_walk(cases, ours, accepts, walk_one, st: Stats) -> None:
+    """A peer's verdict on every instance (`accepts(text)`: its tokens, or None where refused, tried
+    on each of `texts_to_try`), and its token walk over the first instance it accepts."""
+    walked = False
+    for case in cases:
+        accepted = next((t for t in map(accepts, texts_to_try(ours, case["data"])) if t is not None), None)
+        st.judge(accepted is not None, case["valid"])
+        if accepted is not None and not walked:
+            walked = True
+            walk_one(accepted)
 
 
 def tokenizers():
@@ -161,30 +190,17 @@ def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
         if m0.is_error():
             continue
         st.compiled += 1
-        try:
-            ours = our.compile_json_schema(doc["schema"])
-        except GrammarError:
-            ours = None
-        walked = False
-        for case in doc["tests"]:
-            texts = [json.dumps(case["data"], separators=(",", ":"), ensure_ascii=False)]
-            found = agentkv_text(ours, case["data"])
-            if found and found not in texts:  # the key order agentkv writes (declared properties in order)
-                texts.insert(0, found)
-            accepted = None
-            for text in texts:
-                m = m0.deep_copy()
-                toks = lltok.tokenize_str(text)
-                if m.try_consume_tokens(toks) == len(toks) and m.is_accepting():
-                    accepted = toks
-                    break
-            st.judge(accepted is not None, case["valid"])
-            if accepted is None or walked:
-                continue
-            walked = True
+
+        def accepts(text, m0=m0):
+            m, toks = m0.deep_copy(), lltok.tokenize_str(text)
+            return toks if m.try_consume_tokens(toks) == len(toks) and m.is_accepting() else None
+
+        def walk_one(toks, m0=m0):
             m = m0.deep_copy()
-            walk(accepted, lambda m=m: lnp.fill_next_token_bitmask(m, bitmask, 0), m.compute_ff_tokens,
+            walk(toks, lambda: lnp.fill_next_token_bitmask(m, bitmask, 0), m.compute_ff_tokens,
                  m.consume_tokens, m.consume_token, st)
+
+        judge_and_walk(doc["tests"], our_grammar(our, doc["schema"]), accepts, walk_one, st)
 
 
 def run_xgrammar(info: TokenizerInfo, docs, st: Stats) -> None:
@@ -207,30 +223,17 @@ def run_xgrammar(info: TokenizerInfo, docs, st: Stats) -> None:
             continue
         st.compile_s.append(time.perf_counter() - t)
         st.compiled += 1
-        try:
-            ours = our.compile_json_schema(doc["schema"])
-        except GrammarError:
-            ours = None
-        walked = False
-        for case in doc["tests"]:
-            texts = [json.dumps(case["data"], separators=(",", ":"), ensure_ascii=False)]
-            found = agentkv_text(ours, case["data"])
-            if found and found not in texts:
-                texts.insert(0, found)
-            accepted = None
-            for text in texts:
-                toks = info.encode_bytes(text.encode())
-                m = xgr.GrammarMatcher(cg)
-                if all(m.accept_token(x) for x in toks) and m.accept_token(eos):
-                    accepted = toks
-                    break
-            st.judge(accepted is not None, case["valid"])
-            if accepted is None or walked:
-                continue
-            walked = True
+
+        def accepts(text, cg=cg):
+            m, toks = xgr.GrammarMatcher(cg), info.encode_bytes(text.encode())
+            return toks if all(m.accept_token(x) for x in toks) and m.accept_token(eos) else None
+
+        def walk_one(toks, cg=cg):
             m = xgr.GrammarMatcher(cg)
-            walk(accepted, lambda m=m: m.fill_next_token_bitmask(bitmask, 0), m.find_jump_forward_tokens,
-                 lambda ts, m=m: all(m.accept_token(x) for x in ts), m.accept_token, st)
+            walk(toks, lambda: m.fill_next_token_bitmask(bitmask, 0), m.find_jump_forward_tokens,
+                 lambda ts: all(m.accept_token(x) for x in ts), m.accept_token, st)
+
+        judge_and_walk(doc["tests"], our_grammar(our, doc["schema"]), accepts, walk_one, st)
 
 
 # -- outlines-core: in a worker process, since its index build cannot be interrupted in-process ----
@@ -296,10 +299,7 @@ def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None
     ctx = mp.get_context("spawn")
     pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_oc_init, initargs=(info.vocab, info.eos_ids[0]))
     for doc in docs:
-        try:
-            g = our.compile_json_schema(doc["schema"])
-        except GrammarError:
-            g = None
+        g = our_grammar(our, doc["schema"])
         cases = []
         for case in doc["tests"]:
             text = agentkv_text(g, case["data"])
