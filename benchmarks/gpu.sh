@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything agentkv checks and times on a lent GPU, in one call and without network (< 8 minutes):
-#   1. the kernel tests (tests/test_triton_kernels.py, tests/test_attention.py) on the GPU, not interpreted;
+#   1. the kernel tests (test_triton_kernels.py, test_attention.py, test_flashinfer_backend.py), not interpreted;
 #   2. benchmarks/gpu_kernels.py: Triton vs the torch backend vs FlashInfer, decode and extend attention;
 #   3. benchmarks/gpu_engine.py: engine throughput, embedded SmolLM2-135M and a Llama-3-8B-shaped model.
 # Run from the repository root:  bash benchmarks/gpu.sh   (results in $OUT, default /tmp/agentkv-gpu).
@@ -30,7 +30,8 @@ step() {  # name, seconds, command...
     echo "- $name: rc=$rc, $((SECONDS - t0)) s (log: $name.log)" >> "$summary"
 }
 
-step kernel-tests 150 $PY -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_attention.py
+step kernel-tests 150 $PY -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_attention.py \
+    tests/test_flashinfer_backend.py
 tail -3 "$OUT/kernel-tests.log" >> "$summary"
 step kernels 150 $PY benchmarks/gpu_kernels.py --out "$OUT/kernels.md"
 step engine 200 $PY benchmarks/gpu_engine.py --out "$OUT/engine.md"

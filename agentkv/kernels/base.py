@@ -83,7 +83,8 @@ def get_backend(name: str) -> AttentionBackend:
 
 def auto_backend() -> str:
     """Triton on a CUDA GPU where triton imports; the torch reference everywhere else (on CPU the
-    Triton kernels only run interpreted, far slower than torch)."""
+    Triton kernels only run interpreted, far slower than torch). FlashInfer is chosen by name only
+    until it has been checked on a GPU (benchmarks/gpu.sh)."""
     from agentkv.kernels.triton_backend import triton_usable
 
     return "triton" if torch.cuda.is_available() and triton_usable("cuda")[0] else "torch"
@@ -91,8 +92,11 @@ def auto_backend() -> str:
 
 def _load_builtin() -> None:
     if "torch" not in _REGISTRY:
+        from agentkv.kernels.flashinfer_backend import FlashInferAttentionBackend
         from agentkv.kernels.torch_backend import TorchAttentionBackend
         from agentkv.kernels.triton_backend import TritonAttentionBackend
 
         register("torch", TorchAttentionBackend)
-        register("triton", TritonAttentionBackend)  # refuses with a clear error where it cannot run
+        # These two refuse with a clear error where they cannot run.
+        register("triton", TritonAttentionBackend)
+        register("flashinfer", FlashInferAttentionBackend)

@@ -47,7 +47,8 @@ class TorchAttentionBackend(AttentionBackend):
                 # additive mask: 0 where the slot belongs to the request, -inf past its length
                 self.decode_mask = None
                 if pad.any():
-                    self.decode_mask = torch.zeros(nd, 1, 1, max_len, device=dev).masked_fill_(pad[:, None, None, :], float("-inf"))
+                    self.decode_mask = torch.zeros(nd, 1, 1, max_len, device=dev)
+                    self.decode_mask.masked_fill_(pad[:, None, None, :], float("-inf"))
         self.extends = []  # (token offset, slots [S], extend_len, causal mask or None)
         offset = nd
         for i in range(nd, len(meta.seq_lens)):
