@@ -22,6 +22,9 @@ GRAMMARS = [
                 "$ref": "#/$defs/t"}),
     ("schema", {"anyOf": [{"type": "boolean"}, {"type": "object", "additionalProperties": {"type": "null"}}]}),
     ("schema", True),
+    # Strings where most characters go one way and a few another (dead, or watching for a match).
+    ("schema", {"type": "object", "properties": {"s": {"type": "string", "pattern": "^[^b]*$"},
+                                                 "t": {"type": "string", "pattern": "a1"}}}),
     ("regex", r"(ab|a)*b{1,3}"),
     ("regex", r'"[ab]*"(,"[01]+")?'),
 ]
@@ -73,6 +76,17 @@ def test_masks_equal_brute_force(info, which, rnd):
         assert m.accept_token(choice)
         if m.is_terminated():
             break
+
+
+@pytest.mark.parametrize("pattern,inside", [("^[^b]*$", '"a'), ("^[^é]*$", '"a'), ("a1", '"0'), ("a1", '"xa1')])
+def test_string_states_with_a_few_odd_characters(pattern, inside):
+    # Most characters lead one way and a few another (no plain chain): the byte walk decides.
+    words = [b"a", b"b", b"x", b"1", b"ab", b"xx", b"xb", b"x1a", b"aaaa", b"1xx", b"b1", b'x"', b'"', b"\\"]
+    words += ["é".encode(), "xé".encode(), "éb".encode(), "é".encode()[:1], "é".encode()[1:]]  # multi-byte
+    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
+    m = Matcher(GrammarCompiler(info).compile_json_schema({"type": "string", "pattern": pattern}))
+    assert m.accept_bytes(inside.encode())
+    assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
 
 
 def test_accept_rollback_copy_and_eos():
