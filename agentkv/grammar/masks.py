@@ -11,8 +11,9 @@ in (or in rules it calls) reads the same whatever frames lie below. So the walk 
 state with the frames below unknown (`top_state_tokens`): it yields the tokens allowed from that
 state whatever the context, and the tokens that return below it, with the bytes they have read.
 A stack's mask is then the state's tokens plus those returning tokens walked on through the real
-frames (`stack_walk`). Configurations that differ only below the top (the same string rule as the
-value of many properties, the same item rule at every nesting depth) share the expensive part.
+frames (`continue_below`). Configurations that differ only below the top (the same string rule as
+the value of many properties, the same item rule at every nesting depth) share the expensive part.
+Where the nesting limit could cut a token short, the stack is walked whole instead (`stack_walk`).
 """
 
 from __future__ import annotations

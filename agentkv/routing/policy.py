@@ -36,6 +36,8 @@ class RouterConfig:
 
 
 class CacheAwareRouter:
+    """The routing decisions (see the module docstring). Not thread-safe: one router per event loop."""
+
     def __init__(self, replicas: list[str], config: RouterConfig = RouterConfig()):
         if not replicas:
             raise NoReplicaError("a router needs at least one replica")
@@ -56,7 +58,8 @@ class CacheAwareRouter:
         self.pins = {p: r for p, r in self.pins.items() if r != replica}
 
     def started(self, replica: str) -> None:
-        self.load[replica] = self.load.get(replica, 0) + 1
+        if replica in self.load:  # a failed replica stays out until add_replica
+            self.load[replica] += 1
 
     def finished(self, replica: str) -> None:
         if replica in self.load:
