@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from agentkv.kernels.triton_backend import triton_usable
+
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 
 
@@ -21,7 +23,7 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> tuple[to
     """`logits` [B, V] with -inf where the bitmask [B, ceil(V / 32)] disallows the token, and the [B]
     bool tensor of rows that allow at least one token."""
     bitmask = bitmask.to(logits.device)
-    if logits.is_cuda and _triton_importable():
+    if logits.is_cuda and triton_usable(logits.device)[0]:
         from agentkv.kernels.triton_small import apply_token_bitmask_inplace
 
         out = logits.contiguous().clone()
@@ -39,8 +41,3 @@ def _rows_alive(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
         alive |= (bitmask[:, full] & ((1 << rest) - 1)) != 0
     return alive
 
-
-def _triton_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None

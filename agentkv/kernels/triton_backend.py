@@ -8,6 +8,7 @@ them); without it, asking for this backend on CPU is an error that says so.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -16,11 +17,18 @@ from agentkv.errors import RequestError
 from agentkv.kernels.base import AttentionBackend, AttentionMetadata
 
 
-def triton_usable(device: torch.device | str | None = None) -> tuple[bool, str]:
-    """(usable, why not): triton importable, and a CUDA device or the interpreter."""
+@functools.cache
+def _triton_installed() -> bool:
     try:
         import triton  # noqa: F401
     except ImportError:
+        return False
+    return True
+
+
+def triton_usable(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """(usable, why not): triton installed, and a CUDA device or the interpreter."""
+    if not _triton_installed():
         return False, "triton is not installed (pip install triton)"
     on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     if on_cuda or os.environ.get("TRITON_INTERPRET") == "1":
