@@ -302,7 +302,7 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
 
 def is_empty(expr, deadline: float) -> bool:
     """Does a call-free expression match no string at all?"""
-    d = determinize(expr, deadline)
+    d = minimal_dfa(expr, deadline)
     seen, stack = {0}, [0]
     while stack:
         s = stack.pop()
@@ -317,7 +317,7 @@ def is_empty(expr, deadline: float) -> bool:
 
 def language_matches(expr, text: str, deadline: float) -> bool:
     """Does a call-free expression match `text` (as UTF-8) in full?"""
-    d = determinize(expr, deadline)
+    d = minimal_dfa(expr, deadline)  # cached: called once per property name with the same patterns
     s = 0
     for b in text.encode():
         s = next((t for lo, hi, t in d.trans[s] if lo <= b <= hi), -1)
