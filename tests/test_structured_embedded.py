@@ -94,7 +94,10 @@ async def _gather(engine, jobs):
 
 def test_schemastore_samples_validate(engine):
     root = shared_data("schemastore")
-    schemas = [json.loads((root / f"{n}.json").read_text())["schema"] for n in COMPILED.read_text().split()]
+    # every other compiled schema: all 199 took half the suite's time; test_schemastore.py still walks
+    # every one of them token by token
+    names = COMPILED.read_text().split()[::2]
+    schemas = [json.loads((root / f"{n}.json").read_text())["schema"] for n in names]
     jobs = [(ask(f"Write a JSON document for the schema titled {s.get('title', 'data')!r}."),
              {"schema": s, "temperature": 1.0, "seed": i, "max_tokens": 128}) for i, s in enumerate(schemas)]
     outs = asyncio.run(_gather(engine, jobs))

@@ -166,6 +166,9 @@ class EngineConfig:
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     attention_backend: str = "auto"  # "torch", "triton", or "auto": triton on a CUDA GPU, torch elsewhere
+    # prepare the next pass while one runs (a forward worker thread); None: on for CUDA devices, where
+    # the host work hides behind the GPU's, off on CPU, where the two compete for the same cores
+    overlap_schedule: bool | None = None
     context_length: int | None = None  # None: the model's max_position_embeddings
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -15,12 +15,11 @@ from typing import Any
 
 import torch
 
-from agentkv.engine.constrained import MaskWorker
 from agentkv.engine.memory import KVPool, ReqToTokenPool
+from agentkv.engine.passes import Pass, PassRunner
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import Request
 from agentkv.engine.runner import ModelRunner
-from agentkv.engine.sampler import sample
 from agentkv.engine.scheduler import ScheduledBatch, Scheduler
 from agentkv.errors import EngineClosedError, EngineError, RequestError
 
@@ -37,6 +36,7 @@ class Components:
     tree: RadixCache | None
     model_config: Any
     context_length: int
+    overlap: bool = False  # overlap scheduling: the host prepares the next pass while one runs
 
 
 class EngineCore:
@@ -59,7 +59,8 @@ class EngineCore:
             return
         self.scheduler, self.runner, self.tokenizer = p.scheduler, p.runner, p.tokenizer
         self.pool, self.req_pool, self.tree = p.pool, p.req_pool, p.tree
-        self.masks = MaskWorker(p.model_config.vocab_size)
+        self.passes = PassRunner(p.runner, p.tokenizer, p.model_config.vocab_size, p.overlap)
+        self._in_flight: Pass | None = None  # launched, its tokens not yet taken (overlap)
         ready.set_result(p)
         self._loop()
 
@@ -121,46 +122,55 @@ class EngineCore:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._inbox and not self.scheduler.has_work() and not self._closed:
+                while not self._inbox and not self.scheduler.has_work() and self._in_flight is None and not self._closed:
                     self._cv.wait()
                 if self._closed:
                     break
                 commands, self._inbox = self._inbox, []
             for command in commands:
                 command()
-            if self.scheduler.has_work():
+            if self.scheduler.has_work() or self._in_flight is not None:
                 try:
                     self.step()
                 except Exception as e:  # a scheduler bug: fail what is in flight rather than hang callers
                     traceback.print_exc()
                     self._fail_all(EngineError(f"engine step failed: {type(e).__name__}: {e}"))
         self._fail_all(EngineClosedError("the engine was closed before this request finished"))
-        self.masks.close()
+        self.passes.close()
 
     def step(self) -> None:
+        """Schedule a pass and launch it; process the pass before it (overlap) or this one."""
         batch = self.scheduler.schedule()
-        if batch is None:
+        prev = self._in_flight
+        if batch is None and prev is None:
             self._fail_unservable()
             return
+        launched = self.passes.launch(batch) if batch is not None else None
+        self._in_flight = None
+        if prev is not None:  # its tokens are taken while `launched` runs on the worker
+            self._finish(prev, launched)
+        if launched is not None:
+            self.passes.plan(launched)
+            if self.passes.overlap:
+                self._in_flight = launched
+            else:
+                self._finish(launched, None)
+
+    def _finish(self, p: Pass, after: Pass | None) -> None:
+        # requests that finished before this pass was processed have been told already
+        reqs = [r for r in p.batch.reqs if not r.finished]
         try:
-            sampling = [r for r, s in zip(batch.reqs, batch.sampling) if s]
-            masks = self.masks.start(sampling)  # grammar masks are built while the model runs
-            try:
-                logits = self.runner.run(batch)
-            finally:
-                allowed = masks.result() if masks is not None else None
-            _keep_scores(batch, logits[len(sampling) :])
-            tokens = sample(logits[: len(sampling)], sampling, self.tokenizer, allowed)
-            self.scheduler.process(batch, tokens, self.tokenizer)
+            result = self.passes.collect(p)
+            _keep_scores(p.batch, result.score_logits)
+            self.scheduler.process(p.batch, result.tokens, self.tokenizer, result.logprobs,
+                                   after.batch if after is not None else None)
         except Exception as e:
             # A failed pass must not take the engine down: fail its requests, free their memory.
             err = EngineError(f"forward pass failed: {type(e).__name__}: {e}")
             err.__cause__ = e
             traceback.print_exc()
-            for r in batch.reqs:
-                r.error = err
-                self.scheduler.abort(r, "error")
-        for r in batch.reqs:
+            self.scheduler.fail(p.batch, err)
+        for r in reqs:
             self._notify(r)
 
     def _fail_unservable(self) -> None:
@@ -188,6 +198,12 @@ class EngineCore:
         for command in commands:  # commands posted before close: let them add or answer first
             command()
         s = self.scheduler
+        if self._in_flight is not None:  # let the worker finish it: its rows are reused only after
+            p, self._in_flight = self._in_flight, None
+            self.passes.drain(p)
+            s.fail(p.batch, err)
+        for b in list(s.in_flight):  # scheduled by a step that failed before launching it
+            s.fail(b, err)
         for r in list(s.waiting) + list(s.running):
             r.error = err
             s.abort(r, "error")

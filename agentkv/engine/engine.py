@@ -74,6 +74,7 @@ class Engine:
                 runner=ModelRunner(loaded.model, pool, req_pool, get_backend(cfg.attention_backend), device),
                 tokenizer=loaded.tokenizer, pool=pool, req_pool=req_pool, tree=tree,
                 model_config=mc, context_length=context,
+                overlap=cfg.overlap_schedule if cfg.overlap_schedule is not None else device.startswith("cuda"),
             )
 
         self._core = EngineCore(build)

@@ -40,7 +40,9 @@ class Request:
     row: int | None = None  # row in the request-to-slot table while admitted
     kv_len: int = 0  # tokens of all_ids whose K/V are in the pool
     prefix_len: int = 0  # of those, tokens shared with the radix tree (locked at last_node)
-    pending: int = 0  # slots placed for the pass in flight, not yet counted in kv_len
+    pending: int = 0  # slots placed for passes in flight, not yet counted in kv_len
+    inflight: int = 0  # output tokens sampled by passes not yet processed (overlap: up to two)
+    future_row: int = -1  # this request's sampling row in the latest scheduled pass
     last_node: TreeNode | None = None
     admitted_once: bool = False
     usage: Usage = field(default_factory=Usage)
@@ -63,7 +65,13 @@ class Request:
 
     @property
     def seq_len(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        """Tokens of the sequence, counting sampled tokens still in flight (their ids are not known yet)."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.inflight
+
+    @property
+    def computed(self) -> int:
+        """Tokens whose K/V is in the pool or being computed by a pass in flight: the next pass starts here."""
+        return self.kv_len + self.pending
 
     @property
     def finished(self) -> bool:
@@ -71,7 +79,7 @@ class Request:
 
     @property
     def remaining_tokens(self) -> int:
-        return max(self.max_new_tokens - len(self.output_ids), 0)
+        return max(self.max_new_tokens - len(self.output_ids) - self.inflight, 0)
 
     @property
     def grammar_complete(self) -> bool:

@@ -48,8 +48,10 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> tor
 
 
 def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
-           masks: tuple[list[int], torch.Tensor] | None = None) -> list[int]:
-    """One token per row of `logits` [B, V] (fp32); fills each request's logprobs when asked.
+           masks: tuple[list[int], torch.Tensor] | None = None) -> tuple[list[int], list[TokenLogprob | None]]:
+    """One token per row of `logits` [B, V] (fp32), and its logprob entry for requests that asked.
+    The request is not changed beyond its generator: the token and logprob are recorded when the
+    pass is processed (with overlap that is later, on another thread).
 
     `masks` = (rows, bitmask [len(rows), ceil(V / 32)] int32): the grammar's allowed tokens for those
     rows; a row that allows no token gets -1. Logprobs are the model's, before the mask.
@@ -81,11 +83,12 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
         probs = row.softmax(-1)
         noise = torch.empty_like(probs).exponential_(generator=r.generator)
         tokens.append(int((probs / noise).argmax()))
+    entries: list[TokenLogprob | None] = [None] * len(reqs)
     if raw_logprobs is not None:
         for i, r in enumerate(reqs):
             if want_logprobs[i] and tokens[i] >= 0:
-                r.logprobs.append(_token_logprob(raw_logprobs[i], tokens[i], r.params.top_logprobs, tokenizer))
-    return tokens
+                entries[i] = _token_logprob(raw_logprobs[i], tokens[i], r.params.top_logprobs, tokenizer)
+    return tokens, entries
 
 
 def _token_logprob(logprobs: torch.Tensor, token: int, k: int, tokenizer) -> TokenLogprob:

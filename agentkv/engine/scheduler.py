@@ -11,7 +11,7 @@ resumes later from whatever of it is still cached).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,19 +28,25 @@ class ScheduledBatch:
     num_decodes: int
     out_cache_loc: torch.Tensor  # [sum(extend_lens)] slots for the new tokens
     num_jumps: int = 0  # after the decodes: running requests extending their jump-forward tokens
+    # fixed when scheduled, since requests move on before the pass is processed (overlap):
+    starts: list[int] = field(default_factory=list)  # position of each request's first new token
+    sampling: list[bool] = field(default_factory=list)  # whether it samples a token from this pass
+    # new tokens whose id a pass still in flight samples: (index in reqs, that pass's sampling row)
+    placeholders: list[tuple[int, int]] = field(default_factory=list)
+    live: list[bool] = field(default_factory=list)  # per sampling row: its token is still wanted
+    seq: int = 0  # launch order
 
     @property
-    def sampling(self) -> list[bool]:
-        """Whether each request gets a sampled token from this pass (its last prompt chunk, or a decode)."""
-        return [r.kv_len + e == r.seq_len and not r.prefill_only for r, e in zip(self.reqs, self.extend_lens)]
+    def sampling_reqs(self) -> list[Request]:
+        return [r for r, s in zip(self.reqs, self.sampling) if s]
 
     def score_positions(self) -> list[tuple[Request, int]]:
         """(request, position) pairs whose logits score the token after them, for scoring requests
         (prefill-only requests with `score_from`), in batch order."""
         out = []
-        for r, n in zip(self.reqs, self.extend_lens):
+        for r, start, n in zip(self.reqs, self.starts, self.extend_lens):
             if r.score_from is not None:
-                out += [(r, p) for p in range(max(r.kv_len, r.score_from - 1), min(r.kv_len + n, r.seq_len - 1))]
+                out += [(r, p) for p in range(max(start, r.score_from - 1), min(start + n, r.seq_len - 1))]
         return out
 
 
@@ -71,6 +77,9 @@ class Scheduler:
         self.chunked: Request | None = None  # at most one request is mid-prefill across steps
         self.new_token_ratio = cfg.new_token_ratio
         self.stats = SchedulerStats()
+        self.in_flight: list[ScheduledBatch] = []  # scheduled and not yet processed, in launch order
+        self._launched = 0
+        self._held_rows: list[tuple[int, int]] = []  # (row, launch seq) freed once that pass is processed
 
     # ---- queue ---------------------------------------------------------------------------------
 
@@ -98,17 +107,20 @@ class Scheduler:
         self.new_token_ratio = max(self.cfg.min_new_token_ratio, self.new_token_ratio - self.cfg.new_token_ratio_decay)
         # running requests past their prefill: one decode token each, or the jump-forward tokens
         # appended since their last pass plus the sampled one (an extend)
-        active = self._make_room([r for r in self.running if r is not self.chunked and r.kv_len < r.seq_len])
-        decodes = [r for r in active if r.kv_len == r.seq_len - 1]
-        jumps = [r for r in active if r.kv_len < r.seq_len - 1]
+        # (with overlap, `computed` counts the pass in flight, and a request whose token in flight is
+        # its last allowed one waits for it instead of spending a row that would be thrown away)
+        active = self._make_room([r for r in self.running if r is not self.chunked and r.computed < r.seq_len
+                                  and not (r.inflight and r.remaining_tokens == 0)])
+        decodes = [r for r in active if r.computed == r.seq_len - 1]
+        jumps = [r for r in active if r.computed < r.seq_len - 1]
         reqs: list[Request] = list(decodes)
         ext_lens = [1] * len(decodes)
         locs = [self._alloc(len(decodes))] if decodes else []
         for r, loc in zip(decodes, locs[0] if locs else []):
-            self.req_pool.table[r.row, r.kv_len] = loc
+            self.req_pool.table[r.row, r.computed] = loc
         budget = self.cfg.max_step_tokens - len(decodes)
         for r in jumps:  # short runs, always whole: splitting them would cost a pass each
-            n = r.seq_len - r.kv_len
+            n = r.seq_len - r.computed
             locs.append(self._place(r, n))
             reqs.append(r)
             ext_lens.append(n)
@@ -116,29 +128,50 @@ class Scheduler:
 
         if self.chunked is not None and budget > 0:
             r = self.chunked
-            n = min(r.seq_len - r.kv_len, budget)
+            n = min(r.seq_len - r.computed, budget)
             locs.append(self._place(r, n))
             reqs.append(r)
             ext_lens.append(n)
             budget -= n
-            if r.kv_len + n == r.seq_len:
+            if r.computed + n == r.seq_len:
                 self.chunked = None
         if self.chunked is None and budget > 0 and self.waiting:
             self._admit(budget, len(decodes), reqs, ext_lens, locs)
 
         if not reqs:
             return None
-        for r, n in zip(reqs, ext_lens):
-            r.pending = n
         out = torch.cat(locs) if len(locs) > 1 else locs[0]
-        return ScheduledBatch(reqs, ext_lens, len(decodes), out, len(jumps))
+        batch = ScheduledBatch(reqs, ext_lens, len(decodes), out, len(jumps))
+        self._launch(batch)
+        return batch
+
+    def _launch(self, batch: ScheduledBatch) -> None:
+        """Fix what the pass computes and count it as in flight on its requests."""
+        self._launched += 1
+        batch.seq = self._launched
+        batch.starts = [r.computed for r in batch.reqs]
+        batch.sampling = [s + n == r.seq_len and not r.prefill_only for r, s, n in zip(batch.reqs, batch.starts, batch.extend_lens)]
+        k = 0
+        for i, (r, n, samples) in enumerate(zip(batch.reqs, batch.extend_lens, batch.sampling)):
+            if r.computed + n > len(r.prompt_ids) + len(r.output_ids):
+                batch.placeholders.append((i, r.future_row))  # its last input token is still being sampled
+            r.pending += n
+            if samples:
+                r.inflight += 1
+                r.future_row = k
+                k += 1
+        batch.live = [True] * k
+        self.in_flight.append(batch)
 
     def _admit(self, budget: int, num_decodes: int, reqs: list[Request], ext_lens: list[int], locs: list[torch.Tensor]) -> None:
         clip = self.cfg.max_tokens_clip
         # future tokens already promised: running requests' remaining output (scaled by the adaptive ratio)
         reserved = sum(min(r.remaining_tokens, clip) for r in self.running) * self.new_token_ratio
-        in_progress = reqs[num_decodes:]  # requests prefilling in this batch
+        # requests prefilling in this batch or in one still in flight (their prefix is not in the tree yet)
+        in_progress = reqs[num_decodes:] + [o for b in self.in_flight for o in b.reqs[b.num_decodes + b.num_jumps :]]
         for r in self._ordered_waiting():
+            if r.inflight:
+                continue  # retracted while its token was in flight: admitted once that token is known
             if budget <= 0 or self.req_pool.num_free == 0:
                 break
             # matched again after ordering: admitting the requests before this one may have evicted
@@ -203,7 +236,7 @@ class Scheduler:
 
     def _place(self, r: Request, n: int) -> torch.Tensor:
         slots = self._alloc(n)
-        self.req_pool.table[r.row, r.kv_len : r.kv_len + n] = slots
+        self.req_pool.table[r.row, r.computed : r.computed + n] = slots
         return slots
 
     def _alloc(self, n: int) -> torch.Tensor:
@@ -218,10 +251,10 @@ class Scheduler:
         """Evict, then retract the latest-admitted requests, until every running request has slots
         for the tokens it computes next."""
         while active:
-            short = sum(r.seq_len - r.kv_len for r in active) - self.pool.num_free
+            short = sum(r.seq_len - r.computed for r in active) - self.pool.num_free
             if short > 0 and self.tree is not None:
                 self.tree.evict(short)
-                short = sum(r.seq_len - r.kv_len for r in active) - self.pool.num_free
+                short = sum(r.seq_len - r.computed for r in active) - self.pool.num_free
             if short <= 0:
                 break
             self.retract(active.pop())  # the most recently admitted: least work lost
@@ -236,15 +269,24 @@ class Scheduler:
 
     # ---- after the forward pass -------------------------------------------------------------------
 
-    def process(self, batch: ScheduledBatch, tokens: list[int], tokenizer) -> list[Request]:
+    def process(self, batch: ScheduledBatch, tokens: list[int], tokenizer, logprobs: list | None = None,
+                after: ScheduledBatch | None = None) -> list[Request]:
         """Advance each request by its computed tokens and sampled token (-1: the grammar allowed
-        none), then append what its grammar forces next; returns the finished requests."""
+        none; one per live sampling row), then append what its grammar forces next; returns the
+        finished requests. `after` is the pass launched since (overlap): a request that finished
+        here, or whose grammar forced tokens here, gets no token from it."""
+        self._retire(batch)
         self.stats.forward_passes += 1
-        finished, it = [], iter(tokens)
+        finished = []
         jumps_end = batch.num_decodes + batch.num_jumps
+        k = -1
         for i, (r, n, samples) in enumerate(zip(batch.reqs, batch.extend_lens, batch.sampling)):
-            r.kv_len += n
-            r.pending = 0
+            k += samples
+            if r.finished:
+                continue  # aborted, or finished by the pass before this one (its memory is already free)
+            if r.row is not None:  # not retracted since
+                r.kv_len += n
+                r.pending -= n
             r.usage.forward_passes += 1
             if i < batch.num_decodes:
                 self.stats.decode_tokens += 1
@@ -253,24 +295,63 @@ class Scheduler:
                 self.stats.decode_tokens += 1
             else:
                 self.stats.prefill_tokens_computed += n
-            if r.kv_len < r.seq_len:
-                continue  # mid-prefill: the next chunk comes in a later step
-            if r.prefill_only:
+            if samples:
+                if not batch.live[k]:
+                    continue  # its grammar forced tokens after the previous one: this sample is stale
+                self._take(r, tokens[k], tokenizer, logprobs[k] if logprobs else None, after)
+            elif r.prefill_only and r.kv_len == r.seq_len:
                 r.finish_reason = "stop"
-            elif samples:
-                token = next(it)
-                if token < 0:
-                    r.end_at_dead_end(tokenizer)
-                else:
-                    r.append_token(token, tokenizer)
-                    r.jump_forward(tokenizer)
+            else:
+                continue  # mid-prefill: the next chunk comes in a later step
             if r.finished:
-                self.running.remove(r)
-                self._release(r)
+                self._drop(r)
                 finished.append(r)
-            elif i >= jumps_end:
+            elif i >= jumps_end and r.row is not None:
                 self._cache_prefix(r)  # share the prompt with requests that arrive from now on
         return finished
+
+    def _take(self, r: Request, token: int, tokenizer, logprob, after: ScheduledBatch | None) -> None:
+        """Append a sampled token and the tokens the grammar forces after it."""
+        r.inflight -= 1
+        ahead, r.inflight = r.inflight, 0  # a token the next pass samples: not part of the text yet
+        if logprob is not None:
+            r.logprobs.append(logprob)
+        forced = 0
+        if token < 0:
+            r.end_at_dead_end(tokenizer)
+        else:
+            r.append_token(token, tokenizer)
+            forced = r.jump_forward(tokenizer)
+        if ahead and (r.finished or forced):
+            assert after is not None, "a token in flight belongs to the pass launched after this one"
+            after.live[after.sampling_reqs.index(r)] = False  # its K/V for this token still counts
+        else:
+            r.inflight = ahead
+
+    def fail(self, batch: ScheduledBatch, error: BaseException) -> list[Request]:
+        """A pass that raised: its unfinished requests end with `error` and free their memory."""
+        self._retire(batch)
+        failed = [r for r in batch.reqs if not r.finished]
+        for r in failed:
+            r.error = error
+            self.abort(r, "error")
+        return failed
+
+    def _retire(self, batch: ScheduledBatch) -> None:
+        """The pass has completed: rows released while it was in flight can be reused."""
+        self.in_flight.remove(batch)
+        held = [(row, seq) for row, seq in self._held_rows if seq > batch.seq]
+        for row, seq in self._held_rows:
+            if seq <= batch.seq:
+                self.req_pool.free(row)
+        self._held_rows = held
+
+    def _drop(self, r: Request) -> None:
+        if r in self.running:
+            self.running.remove(r)
+        elif r in self.waiting:  # retracted while its last token was in flight
+            self.waiting.remove(r)
+        self._release(r)
 
     # ---- KV ownership ------------------------------------------------------------------------------
 
@@ -293,7 +374,7 @@ class Scheduler:
         if r.row is None:
             return
         table = self.req_pool.table[r.row]
-        if r.pending:  # slots of a pass that never completed
+        if r.pending:  # slots of passes not processed (in flight, or failed)
             self.pool.free(table[r.kv_len : r.kv_len + r.pending].clone())
             r.pending = 0
         kv = table[: r.kv_len].clone()
@@ -303,5 +384,8 @@ class Scheduler:
             self.tree.unlock(r.last_node)
         else:
             self.pool.free(kv)
-        self.req_pool.free(r.row)
+        if self.in_flight:  # a pass in flight still reads this row of the slot table
+            self._held_rows.append((r.row, self.in_flight[-1].seq))
+        else:
+            self.req_pool.free(r.row)
         r.row, r.last_node, r.kv_len, r.prefix_len = None, None, 0, 0

@@ -43,7 +43,9 @@ class TorchAttentionBackend(AttentionBackend):
                     self._mask_padding_slot(unique, mask)
                     self.shared_slots, self.shared_mask = unique, mask
             if self.shared_slots is None:  # the padded route
-                self.decode_slots = slots
+                # past a request's length the table may hold slots not written yet (the next pass's,
+                # with overlap): read slot 0 there, whose K/V is finite, since 0 * NaN under the mask is NaN
+                self.decode_slots = slots.masked_fill(pad, 0)
                 # additive mask: 0 where the slot belongs to the request, -inf past its length
                 self.decode_mask = None
                 if pad.any():

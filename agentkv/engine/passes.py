@@ -1,0 +1,109 @@
+"""Running scheduled passes: the forward pass and sampling, in step with the engine loop or overlapped.
+
+A pass is launched (its inputs read from the scheduler's batch), planned (which sampling rows still
+want a token, and their grammar masks), and collected (tokens, logprobs, scoring logits). Without
+overlap, collecting runs the pass on the engine thread while the masks are filled on the mask
+thread. With overlap, a worker thread runs the forward pass as soon as the pass is launched, while
+the engine thread processes the previous pass's tokens and then plans this one: the worker waits
+for the plan only before sampling. Passes run in launch order on the worker, so a pass reads the
+K/V and sampled tokens of the pass before it, and slots freed by the host are written again only
+by a later pass.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentkv.engine.constrained import MaskWorker
+from agentkv.engine.outputs import TokenLogprob
+from agentkv.engine.runner import ForwardInputs, ModelRunner
+from agentkv.engine.sampler import sample
+from agentkv.engine.scheduler import ScheduledBatch
+
+
+@dataclass
+class Plan:
+    live: list[bool]  # per sampling row of the batch: sample it
+    masks: Future | None  # MaskWorker.start over the live rows' requests
+
+
+@dataclass
+class PassResult:
+    tokens: list[int]  # per sampling row; -1 where the grammar allowed nothing; 0 for rows not live
+    logprobs: list[TokenLogprob | None]
+    score_logits: torch.Tensor  # rows after the sampling ones: the batch's score_positions()
+
+
+@dataclass
+class Pass:
+    batch: ScheduledBatch
+    inputs: ForwardInputs
+    plan: Future = field(default_factory=Future)  # set by the engine thread: a Plan
+    result: Future | None = None  # with overlap: the worker's PassResult
+
+
+class PassRunner:
+    def __init__(self, runner: ModelRunner, tokenizer: Any, vocab_size: int, overlap: bool):
+        self.runner, self.tokenizer, self.overlap = runner, tokenizer, overlap
+        self.masks = MaskWorker(vocab_size)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="agentkv-forward") if overlap else None
+        self._prev_tokens: torch.Tensor | None = None  # worker state: the last pass's sampled tokens
+
+    def launch(self, batch: ScheduledBatch) -> Pass:
+        p = Pass(batch, self.runner.prepare(batch))
+        if self._worker is not None:
+            p.result = self._worker.submit(self._run, p)
+        return p
+
+    def plan(self, p: Pass) -> None:
+        """Decide the rows to sample (a request that finished or jumped since it was scheduled wants
+        none) and start their grammar masks."""
+        b = p.batch
+        live = [ok and not r.finished for ok, r in zip(b.live, b.sampling_reqs)]
+        p.plan.set_result(Plan(live, self.masks.start([r for ok, r in zip(live, b.sampling_reqs) if ok])))
+
+    def collect(self, p: Pass) -> PassResult:
+        """The pass's result (running it here without overlap). Raises what the pass raised."""
+        if p.result is None:
+            return self._run(p)
+        return p.result.result()
+
+    def drain(self, p: Pass) -> None:
+        """Wait for a pass whose result is no longer wanted (the engine is failing or closing)."""
+        if not p.plan.done():
+            p.plan.set_result(Plan([False] * sum(p.batch.sampling), None))
+        try:
+            self.collect(p)
+        except Exception:
+            pass  # its requests are failed by the caller either way
+
+    def close(self) -> None:
+        self.masks.close()
+        if self._worker is not None:
+            self._worker.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self, p: Pass) -> PassResult:
+        try:
+            logits = self.runner.forward(p.inputs, self._prev_tokens)
+        except BaseException:
+            self._prev_tokens = None
+            plan = p.plan.result()  # wait for the masks too: they read matchers the host moves next
+            if plan.masks is not None:
+                plan.masks.exception()
+            raise
+        plan: Plan = p.plan.result()
+        allowed = plan.masks.result() if plan.masks is not None else None
+        rows = [k for k, ok in enumerate(plan.live) if ok]
+        reqs = p.batch.sampling_reqs
+        tokens = [0] * len(plan.live)
+        logprobs: list[TokenLogprob | None] = [None] * len(plan.live)
+        if rows:
+            picked, entries = sample(logits[rows], [reqs[k] for k in rows], self.tokenizer, allowed)
+            for k, t, e in zip(rows, picked, entries):
+                tokens[k], logprobs[k] = t, e
+        self._prev_tokens = torch.tensor([max(t, 0) for t in tokens], dtype=torch.int64, device=logits.device)
+        return PassResult(tokens, logprobs, logits[len(plan.live) :])

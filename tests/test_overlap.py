@@ -1,0 +1,126 @@
+"""Overlap scheduling: the host schedules pass n+1 and takes pass n's tokens while a worker thread
+runs the model. Every output must be the one the engine gives without overlap: same tokens, text,
+finish reasons and logprobs, under memory pressure, chunked prefill, grammars with jump-forward,
+seeds, stop strings and `n` forks; and a failed pass must free its memory in both modes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import agentkv as ak
+
+TOOL_CALL = {
+    "type": "object",
+    "properties": {
+        "name": {"const": "get_weather"},
+        "arguments": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "arguments"],
+    "additionalProperties": False,
+}
+SYSTEM = "You are a helpful agent with tools. Answer briefly. "
+
+
+def workload() -> list[tuple[str, ak.SamplingParams]]:
+    """Requests that finish at different steps and for different reasons, sharing a system prompt."""
+    greedy = ak.SamplingParams(temperature=0.0, ignore_eos=True)
+    items = []
+    for i in range(6):
+        items.append((SYSTEM + f"Question {i}: what is {i} plus {i * 3}?", greedy.with_(max_tokens=5 + 4 * i)))
+    items += [
+        (SYSTEM + "Stop early.", greedy.with_(max_tokens=40, stop=["e", "a"])),
+        (SYSTEM + "With logprobs.", greedy.with_(max_tokens=12, logprobs=True, top_logprobs=3)),
+        (SYSTEM + "Sampled.", ak.SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_tokens=30)),
+        (SYSTEM + "Two samples.", ak.SamplingParams(temperature=0.8, seed=3, n=2, max_tokens=16, ignore_eos=True)),
+        (SYSTEM + "Call a tool.", ak.SamplingParams(temperature=0.0, json_schema=TOOL_CALL, max_tokens=200)),
+        (SYSTEM + "Call it again.", ak.SamplingParams(temperature=1.0, seed=11, json_schema=TOOL_CALL, max_tokens=200)),
+        (SYSTEM + "Phone:", ak.SamplingParams(temperature=1.0, seed=5, regex=r"\(\d{3}\) \d{3}-\d{4}", max_tokens=40)),
+        ("Free text that may stop at EOS.", ak.SamplingParams(temperature=1.0, seed=2, max_tokens=60)),
+    ]
+    return items
+
+
+def run(engine: ak.Engine) -> list[tuple]:
+    """Submit the whole workload at once (the same batches in both modes) and read every completion."""
+    groups = [engine._make_requests(engine._encode(p), params) for p, params in workload()]
+    engine._run_to_end([r for g in groups for r in g])
+    outs = [engine._output(g) for g in groups]
+    return [(c.token_ids, c.text, c.finish_reason, c.logprobs or []) for o in outs for c in o.completions]
+
+
+def assert_same(ours, ref):
+    for (ids, text, reason, lps), (ids_r, text_r, reason_r, lps_r) in zip(ours, ref, strict=True):
+        assert (ids, text, reason) == (ids_r, text_r, reason_r)
+        # logprobs to float noise: a pass scheduled before the previous one's prompt went into the radix
+        # tree may read the same K/V through other slots, on another attention route
+        for lp, lp_r in zip(lps, lps_r, strict=True):
+            assert lp.token_id == lp_r.token_id and lp.logprob == pytest.approx(lp_r.logprob, abs=1e-4)
+            assert [t for t, _, _ in lp.top] == [t for t, _, _ in lp_r.top]
+            assert [v for _, _, v in lp.top] == pytest.approx([v for _, _, v in lp_r.top], abs=1e-4)
+
+
+@pytest.mark.parametrize("options", [
+    {"num_slots": 4096},
+    {"num_slots": 300, "max_running_requests": 8},  # evictions and retractions
+    {"num_slots": 4096, "max_step_tokens": 24},  # chunked prefill, passes mixing decodes and chunks
+], ids=["roomy", "pressure", "chunked"])
+def test_overlap_on_equals_off(tiny_dir, options):
+    results, stats = {}, {}
+    for overlap in (False, True):
+        with ak.Engine(str(tiny_dir), overlap_schedule=overlap, **options) as engine:
+            results[overlap] = run(engine)
+            results[overlap, "again"] = run(engine)  # now with the system prompt cached
+            st = stats[overlap] = engine.stats()
+            assert st["running"] == 0 and st["waiting"] == 0
+            assert st["free_slots"] + st["cached_tokens"] == st["total_slots"], "a pass leaked slots"
+    assert_same(results[True], results[False])
+    assert_same(results[True, "again"], results[False, "again"])
+    assert stats[True]["jump_forward_tokens_computed"] > 0
+    if options["num_slots"] < 1000:
+        assert stats[True]["retractions"] > 0 or stats[True]["evicted_tokens"] > 0
+
+
+def test_overlap_keeps_passes_in_flight(tiny_dir, monkeypatch):
+    """With overlap, each pass is launched before the previous one's tokens are taken."""
+    from agentkv.engine import core
+
+    order = []
+    real_finish = core.EngineCore._finish
+
+    def finish(self, p, after):
+        order.append((p.batch.seq, after.batch.seq if after is not None else None))
+        return real_finish(self, p, after)
+
+    monkeypatch.setattr(core.EngineCore, "_finish", finish)
+    with ak.Engine(str(tiny_dir), num_slots=2048, overlap_schedule=True) as engine:
+        engine.generate(["a", "bb"], max_tokens=6, temperature=0.0, ignore_eos=True)
+    assert len(order) == 6 and all(after == seq + 1 for seq, after in order[:-1]), order
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_failed_pass_frees_memory_and_engine_continues(tiny_dir, monkeypatch, overlap):
+    with ak.Engine(str(tiny_dir), num_slots=1024, overlap_schedule=overlap) as engine:
+        idle = engine.stats()["free_slots"]
+        runner = engine._core.runner
+        real = runner.forward
+        calls = {"n": 0}
+
+        def flaky(inputs, prev_tokens=None):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("injected")
+            return real(inputs, prev_tokens)
+
+        monkeypatch.setattr(runner, "forward", flaky)
+        with pytest.raises(ak.EngineError, match="injected"):
+            engine.generate("this request fails mid-decode", max_tokens=10, ignore_eos=True)
+        st = engine.stats()
+        assert st["running"] == 0 and st["free_slots"] + st["cached_tokens"] == idle
+        assert len(engine.generate("next one works", max_tokens=4, ignore_eos=True).token_ids) == 4
+        assert engine.stats()["free_slots"] + engine.stats()["cached_tokens"] == idle
