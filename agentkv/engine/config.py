@@ -169,6 +169,16 @@ class EngineConfig:
     # prepare the next pass while one runs (a forward worker thread); None: on for CUDA devices, where
     # the host work hides behind the GPU's, off on CPU, where the two compete for the same cores
     overlap_schedule: bool | None = None
+    # replay decode passes from CUDA graphs captured at bucketed batch sizes (1, 2, 4, 8, 16, 32, ...,
+    # cuda_graph_max_batch); None: on for CUDA devices when the attention backend can be captured (triton)
+    cuda_graphs: bool | None = None
+    cuda_graph_max_batch: int = 64
+
+    def __post_init__(self) -> None:
+        if self.cuda_graphs and not self.device.startswith("cuda"):
+            raise RequestError(f"cuda_graphs=True needs a CUDA device, not {self.device!r}; leave cuda_graphs unset")
+        if self.cuda_graph_max_batch < 1:
+            raise RequestError(f"cuda_graph_max_batch must be at least 1, got {self.cuda_graph_max_batch}")
     context_length: int | None = None  # None: the model's max_position_embeddings
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -17,6 +17,7 @@ import torch
 from agentkv.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from agentkv.engine.constrained import GrammarSupport, output_parser
 from agentkv.engine.core import Components, EngineCore
+from agentkv.engine.cuda_graphs import DecodeGraphs
 from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
@@ -30,6 +31,15 @@ from agentkv.kernels import get_backend
 
 Prompt = str | Sequence[int]
 Messages = Sequence[dict[str, Any]]
+
+
+def _use_cuda_graphs(cfg: EngineConfig, backend) -> bool:
+    if cfg.cuda_graphs is None:
+        return cfg.device.startswith("cuda") and backend.supports_cuda_graphs
+    if cfg.cuda_graphs and not backend.supports_cuda_graphs:
+        raise RequestError(f"the {backend.name} attention backend cannot be captured in CUDA graphs; "
+                           "use attention_backend='triton' or cuda_graphs=False")
+    return cfg.cuda_graphs
 
 
 def build_config(model: str | None, device: str, dtype: str, overrides: dict[str, Any]) -> EngineConfig:
@@ -69,9 +79,12 @@ class Engine:
             pool = KVPool(mc, cfg.cache.num_slots or _default_slots(mc, DTYPES[dtype], context), DTYPES[dtype], device)
             req_pool = ReqToTokenPool(cfg.cache.max_running_requests, context + 1, device)
             tree = RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity)) if cfg.cache.enable_radix_cache else None
+            runner = ModelRunner(loaded.model, pool, req_pool, get_backend(cfg.attention_backend), device)
+            if _use_cuda_graphs(cfg, runner.backend):
+                runner.graphs = DecodeGraphs(runner, min(cfg.cuda_graph_max_batch, cfg.cache.max_running_requests), context)
             return Components(
                 scheduler=Scheduler(cfg.scheduler, pool, req_pool, tree),
-                runner=ModelRunner(loaded.model, pool, req_pool, get_backend(cfg.attention_backend), device),
+                runner=runner,
                 tokenizer=loaded.tokenizer, pool=pool, req_pool=req_pool, tree=tree,
                 model_config=mc, context_length=context,
                 overlap=cfg.overlap_schedule if cfg.overlap_schedule is not None else device.startswith("cuda"),

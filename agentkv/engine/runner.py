@@ -28,6 +28,7 @@ class ForwardInputs:
 class ModelRunner:
     def __init__(self, model: CausalLM, pool: KVPool, req_pool: ReqToTokenPool, backend: AttentionBackend, device: str):
         self.model, self.pool, self.req_pool, self.backend, self.device = model, pool, req_pool, backend, device
+        self.graphs = None  # DecodeGraphs when CUDA graphs are on: decode-only passes replay one
 
     def prepare(self, batch: ScheduledBatch, all_logits: bool = False) -> ForwardInputs:
         """Logits come back for the requests that sample from this pass, one row each, then for the
@@ -71,6 +72,8 @@ class ModelRunner:
             at = torch.tensor(inputs.placeholder_at, dtype=torch.int64, device=self.device)
             rows = torch.tensor(inputs.placeholder_rows, dtype=torch.int64, device=self.device)
             ids[at] = prev_tokens[rows]
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            return self.graphs.run(inputs, ids)
         self.backend.prepare(inputs.meta)
         ctx = ForwardContext(
             positions=torch.tensor(inputs.positions, dtype=torch.int64, device=self.device),

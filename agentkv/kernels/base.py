@@ -44,6 +44,7 @@ class AttentionBackend(ABC):
     """
 
     name: str
+    supports_cuda_graphs = False  # has prepare_graph(meta, rows, lens, max_context) for decode-only passes
 
     @abstractmethod
     def prepare(self, meta: AttentionMetadata) -> None: ...

@@ -38,6 +38,7 @@ def triton_usable(device: torch.device | str | None = None) -> tuple[bool, str]:
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    supports_cuda_graphs = True
 
     def __init__(self):
         ok, why = triton_usable()
@@ -65,6 +66,15 @@ class TritonAttentionBackend(AttentionBackend):
         self.ext_lens = torch.tensor(ext, dtype=torch.int64, device=dev)
         self.ext_starts = torch.tensor(starts[:len(ext)], dtype=torch.int64, device=dev)
         self.max_ext = max(ext, default=0)
+
+    def prepare_graph(self, meta: AttentionMetadata, rows: torch.Tensor, lens: torch.Tensor, max_context: int) -> None:
+        """A decode-only pass whose index tensors are the static buffers `rows` and `lens` (filled
+        before each replay of a CUDA graph). The split count follows `max_context`, not the pass's
+        longest sequence, so the kernels' grid is the same at every replay; splits past a
+        sequence's end are empty and weigh 0 in the merge."""
+        self.meta = meta
+        self.decode_rows, self.decode_lens, self.max_decode_len = rows, lens, max_context
+        self.max_ext = 0
 
     def forward(self, q, k, v, k_cache, v_cache, scale):
         meta = self.meta
