@@ -102,7 +102,8 @@ class PassRunner:
         tokens = [0] * len(plan.live)
         logprobs: list[TokenLogprob | None] = [None] * len(plan.live)
         if rows:
-            picked, entries = sample(logits[rows], [reqs[k] for k in rows], self.tokenizer, allowed)
+            live = logits[: len(rows)] if len(rows) == len(plan.live) else logits[rows]  # no copy when all are
+            picked, entries = sample(live, [reqs[k] for k in rows], self.tokenizer, allowed)
             for k, t, e in zip(rows, picked, entries):
                 tokens[k], logprobs[k] = t, e
         self._prev_tokens = torch.tensor([max(t, 0) for t in tokens], dtype=torch.int64, device=logits.device)
