@@ -173,8 +173,13 @@ class EngineConfig:
     # cuda_graph_max_batch); None: on for CUDA devices when the attention backend can be captured (triton)
     cuda_graphs: bool | None = None
     cuda_graph_max_batch: int = 64
+    tensor_parallel: int = 1  # ranks that each hold 1/N of every layer (worker processes; gloo on CPU, NCCL on CUDA)
 
     def __post_init__(self) -> None:
+        if self.tensor_parallel < 1:
+            raise RequestError(f"tensor_parallel must be at least 1, got {self.tensor_parallel}")
+        if self.cuda_graphs and self.tensor_parallel > 1:
+            raise RequestError("cuda_graphs are not supported with tensor_parallel > 1 yet; leave cuda_graphs unset")
         if self.cuda_graphs and not self.device.startswith("cuda"):
             raise RequestError(f"cuda_graphs=True needs a CUDA device, not {self.device!r}; leave cuda_graphs unset")
         if self.cuda_graph_max_batch < 1:

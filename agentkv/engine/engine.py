@@ -21,6 +21,7 @@ from agentkv.engine.cuda_graphs import DecodeGraphs
 from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
+from agentkv.engine.parallel import TensorParallel
 from agentkv.engine.radix_cache import PinHandle, RadixCache, _common_len
 from agentkv.engine.request import Request
 from agentkv.engine.runner import ModelRunner
@@ -73,14 +74,17 @@ class Engine:
         def build() -> Components:
             # Runs on the engine thread, so the thread that computes also owns every tensor
             # (measured: decode steps run ~10% slower on CPU when another thread allocated them).
-            loaded = load_model(model, dtype=dtype, device=device)
-            mc = loaded.config
+            tp = cfg.tensor_parallel
+            loaded = load_model(model, dtype=dtype, device=device, shard=(0, tp) if tp > 1 else None)
+            mc = loaded.config  # with tensor parallelism, this rank's share of the heads
             context = min(cfg.context_length or mc.max_position_embeddings, mc.max_position_embeddings)
             pool = KVPool(mc, cfg.cache.num_slots or _default_slots(mc, DTYPES[dtype], context), DTYPES[dtype], device)
             req_pool = ReqToTokenPool(cfg.cache.max_running_requests, context + 1, device)
             tree = RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity)) if cfg.cache.enable_radix_cache else None
             runner = ModelRunner(loaded.model, pool, req_pool, get_backend(cfg.attention_backend), device)
-            if _use_cuda_graphs(cfg, runner.backend):
+            if tp > 1:
+                runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, runner.backend.name)
+            elif _use_cuda_graphs(cfg, runner.backend):
                 runner.graphs = DecodeGraphs(runner, min(cfg.cuda_graph_max_batch, cfg.cache.max_running_requests), context)
             return Components(
                 scheduler=Scheduler(cfg.scheduler, pool, req_pool, tree),

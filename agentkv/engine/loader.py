@@ -66,7 +66,10 @@ def resolve_model_dir(model: str | Path | None) -> Path:
     return path
 
 
-def load_model(model: str | Path | None, dtype: str = "float32", device: str = "cpu", max_positions: int | None = None) -> LoadedModel:
+def load_model(model: str | Path | None, dtype: str = "float32", device: str = "cpu", max_positions: int | None = None,
+               shard: tuple[int, int] | None = None) -> LoadedModel:
+    """`shard` = (rank, world): keep that rank's tensor-parallel share (see engine/parallel.py); the
+    returned config is then the shard's (its heads and MLP width)."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}")
     directory = resolve_model_dir(model)
@@ -77,9 +80,18 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     cfg = ModelConfig.from_hf(raw)
     tokenizer = Tokenizer(directory)
     state = _fused_state_dict(directory, cfg)
+    if shard is not None:
+        from agentkv.engine.parallel import local_config, shard_state
+
+        state = shard_state(state, cfg, *shard)
+        cfg = local_config(cfg, shard[1])
     # built directly on CPU: a meta-device build pulls in torch._dynamo (2 s of imports here)
     net = CausalLM(cfg, max_positions or cfg.max_position_embeddings)
     _load_state(net, state, directory)
+    if shard is not None:
+        from agentkv.engine.parallel import mark_reductions
+
+        mark_reductions(net)
     net = net.to(device=device, dtype=DTYPES[dtype])
     net.rope.cos, net.rope.sin = net.rope.cos.float(), net.rope.sin.float()
     net.eval().requires_grad_(False)

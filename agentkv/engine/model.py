@@ -58,6 +58,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: torch.Tensor | None = None
+        self.all_reduce = False  # tensor parallelism: a row-parallel shard whose outputs are partial sums
 
     def pack(self) -> None:
         if self.packed is None and _can_pack(self.weight):
@@ -66,9 +67,13 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            return _packed_linear(x, self.packed, self.bias)
-        y = x @ self.weight
-        return y if self.bias is None else y + self.bias
+            y = _packed_linear(x, self.packed, self.bias)
+        else:
+            y = x @ self.weight
+            y = y if self.bias is None else y + self.bias
+        if self.all_reduce:
+            torch.distributed.all_reduce(y)
+        return y
 
 
 class LogitsProjection(nn.Module):

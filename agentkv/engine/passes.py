@@ -84,7 +84,8 @@ class PassRunner:
     def close(self) -> None:
         self.masks.close()
         if self._worker is not None:
-            self._worker.shutdown(wait=False, cancel_futures=True)
+            self._worker.shutdown(wait=True, cancel_futures=True)  # idle by now: the last pass was drained
+        self.runner.close()
 
     def _run(self, p: Pass) -> PassResult:
         try:

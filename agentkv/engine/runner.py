@@ -29,6 +29,7 @@ class ModelRunner:
     def __init__(self, model: CausalLM, pool: KVPool, req_pool: ReqToTokenPool, backend: AttentionBackend, device: str):
         self.model, self.pool, self.req_pool, self.backend, self.device = model, pool, req_pool, backend, device
         self.graphs = None  # DecodeGraphs when CUDA graphs are on: decode-only passes replay one
+        self.tp = None  # TensorParallel when tensor_parallel > 1: each pass goes to the other ranks first
 
     def prepare(self, batch: ScheduledBatch, all_logits: bool = False) -> ForwardInputs:
         """Logits come back for the requests that sample from this pass, one row each, then for the
@@ -72,8 +73,16 @@ class ModelRunner:
             at = torch.tensor(inputs.placeholder_at, dtype=torch.int64, device=self.device)
             rows = torch.tensor(inputs.placeholder_rows, dtype=torch.int64, device=self.device)
             ids[at] = prev_tokens[rows]
-        if self.graphs is not None and self.graphs.can_run(inputs):
+        if self.tp is not None:
+            self.tp.send(inputs, ids)
+        elif self.graphs is not None and self.graphs.can_run(inputs):
             return self.graphs.run(inputs, ids)
+        return self.forward_ids(inputs, ids)
+
+    @torch.inference_mode()
+    def forward_ids(self, inputs: ForwardInputs, ids: torch.Tensor) -> torch.Tensor:
+        """The model over `ids` (placeholders resolved): the whole pass on a single rank, this rank's
+        share of it with tensor parallelism."""
         self.backend.prepare(inputs.meta)
         ctx = ForwardContext(
             positions=torch.tensor(inputs.positions, dtype=torch.int64, device=self.device),
@@ -81,6 +90,11 @@ class ModelRunner:
             kv_caches=self.pool.kv_caches,
         )
         return self.model(ids, ctx, torch.tensor(inputs.select, dtype=torch.int64))
+
+    def close(self) -> None:
+        if self.tp is not None:
+            self.tp.close()
+            self.tp = None
 
     def run(self, batch: ScheduledBatch, all_logits: bool = False) -> torch.Tensor:
         """prepare + forward, for a batch with no token in flight."""

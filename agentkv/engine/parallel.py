@@ -1,0 +1,193 @@
+"""Tensor parallelism over `torch.distributed` (gloo on CPU, NCCL on CUDA): `Engine(tensor_parallel=N)`.
+
+Each rank holds 1/N of every layer: its share of the attention heads (q, k and v columns of the fused
+qkv projection, and the matching rows of o_proj, input-major) and of the MLP (gate and up columns,
+down_proj rows). o_proj and down_proj outputs are partial sums, all-reduced across ranks; the
+embedding, norms and vocabulary projection are replicated. Each rank's KV pool holds its own KV
+heads, at the same slot indices: rank 0 runs the engine (scheduler, radix tree, sampling) and
+broadcasts every pass's inputs, with the slot-table rows the pass reads, to ranks 1..N-1, which are
+worker processes that only run the model.
+
+Every rank loads the whole checkpoint and keeps its shard (simple, and the memory peak is one full
+copy per process). A failure on one rank in the middle of a pass leaves the others waiting in a
+collective: the engine must then be closed (its worker processes are terminated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import multiprocessing as mp
+import os
+import tempfile
+import time
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agentkv.engine.config import ModelConfig
+from agentkv.errors import ModelLoadError, RequestError
+
+STARTUP_TIMEOUT_S = 600
+
+
+def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
+    """The shapes one rank holds."""
+    for what, n in (("attention heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads),
+                    ("MLP width", cfg.intermediate_size)):
+        if n % world:
+            raise RequestError(f"tensor_parallel={world} does not divide the model's {n} {what}; "
+                               f"choose a tensor_parallel that divides {cfg.num_kv_heads} (the KV heads)")
+    return dataclasses.replace(cfg, num_heads=cfg.num_heads // world, num_kv_heads=cfg.num_kv_heads // world,
+                               intermediate_size=cfg.intermediate_size // world)
+
+
+def shard_state(state: dict[str, torch.Tensor], cfg: ModelConfig, rank: int, world: int) -> dict[str, torch.Tensor]:
+    """Cut the fused HF-layout ([out, in]) state down to this rank's share."""
+    d, h, kvh, inter = cfg.head_dim, cfg.num_heads // world, cfg.num_kv_heads // world, cfg.intermediate_size // world
+    q_all, kv_all = cfg.num_heads * d, cfg.num_kv_heads * d
+
+    def qkv(t: torch.Tensor) -> torch.Tensor:  # rows: q heads, then k heads, then v heads
+        q, k, v = t[:q_all], t[q_all : q_all + kv_all], t[q_all + kv_all :]
+        return torch.cat([q[rank * h * d : (rank + 1) * h * d], k[rank * kvh * d : (rank + 1) * kvh * d],
+                          v[rank * kvh * d : (rank + 1) * kvh * d]])
+
+    out = {}
+    for name, t in state.items():
+        if name.endswith("self_attn.qkv_proj.weight") or name.endswith("self_attn.qkv_proj.bias"):
+            t = qkv(t)
+        elif name.endswith("self_attn.o_proj.weight"):
+            t = t[:, rank * h * d : (rank + 1) * h * d]
+        elif name.endswith("mlp.gate_up_proj.weight"):
+            gate, up = t[: cfg.intermediate_size], t[cfg.intermediate_size :]
+            t = torch.cat([gate[rank * inter : (rank + 1) * inter], up[rank * inter : (rank + 1) * inter]])
+        elif name.endswith("mlp.down_proj.weight"):
+            t = t[:, rank * inter : (rank + 1) * inter]
+        out[name] = t.contiguous()
+    return out
+
+
+def mark_reductions(model: torch.nn.Module) -> None:
+    """o_proj and down_proj give partial sums on each rank: all-reduce their outputs."""
+    for layer in model.layers:
+        for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            assert lin.bias is None, "a row-parallel layer with a bias would add it once per rank"
+            lin.all_reduce = True
+
+
+def worker_device(device: str, rank: int) -> str:
+    return f"cuda:{rank}" if device.startswith("cuda") else device
+
+
+def compact_inputs(inputs: Any) -> Any:
+    """The pass's inputs with only the slot-table rows it reads (the table itself stays on rank 0)."""
+    meta = inputs.meta
+    width = max(meta.seq_lens, default=1)
+    rows = meta.req_rows.to(meta.req_to_token.device)
+    table = meta.req_to_token[rows, :width].cpu()
+    small = dataclasses.replace(meta, req_to_token=table, req_rows=torch.arange(len(meta.seq_lens)),
+                                out_cache_loc=meta.out_cache_loc.cpu())
+    # the other ranks' logits are not used: select none
+    return dataclasses.replace(inputs, meta=small, select=[], placeholder_at=[], placeholder_rows=[])
+
+
+class TensorParallel:
+    """Rank 0's side: starts the worker processes, sends them each pass, stops them."""
+
+    def __init__(self, world: int, model: str | None, dtype: str, device: str, num_slots: int, backend: str):
+        if dist.is_initialized():
+            raise RequestError("a tensor-parallel engine is already running in this process; close it first")
+        self.world = world
+        ctx = mp.get_context("spawn")
+        fd, self._rendezvous = tempfile.mkstemp(prefix="agentkv-tp-")
+        os.close(fd)
+        os.unlink(self._rendezvous)  # torch creates it
+        self._procs, pipes = [], []
+        for rank in range(1, world):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, name=f"agentkv-tp{rank}", daemon=True,
+                            args=(rank, world, self._rendezvous, model, dtype, device, num_slots, backend, child))
+            p.start()
+            self._procs.append(p)
+            pipes.append(parent)
+        try:
+            for rank, (p, pipe) in enumerate(zip(self._procs, pipes), 1):  # each loads its shard, then joins
+                _wait_ready(rank, p, pipe)
+            dist.init_process_group(_dist_backend(device), init_method=f"file://{self._rendezvous}", rank=0,
+                                    world_size=world, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+        except BaseException:
+            self.close(notify=False)
+            raise
+
+    def send(self, inputs: Any, ids: torch.Tensor) -> None:
+        dist.broadcast_object_list([(compact_inputs(inputs), ids.cpu())], src=0)
+
+    def close(self, notify: bool = True) -> None:
+        if notify and dist.is_initialized():
+            try:
+                dist.broadcast_object_list([None], src=0)
+            except Exception:  # a dead worker: terminated below
+                traceback.print_exc()
+        for p in self._procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if os.path.exists(self._rendezvous):
+            os.unlink(self._rendezvous)
+
+
+def _wait_ready(rank: int, proc, pipe) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not pipe.poll(0.2):
+        if not proc.is_alive():
+            raise ModelLoadError(
+                f"tensor-parallel rank {rank} exited (code {proc.exitcode}) before loading its shard. Worker "
+                "processes are spawned and import your script again: create the Engine under "
+                "`if __name__ == '__main__':`")
+        if time.monotonic() > deadline:
+            raise ModelLoadError(f"tensor-parallel rank {rank} did not load its shard within {STARTUP_TIMEOUT_S} s")
+    status = pipe.recv()
+    if status != "ready":
+        raise ModelLoadError(f"tensor-parallel rank {rank} failed to load its shard: {status}")
+
+
+def _dist_backend(device: str) -> str:
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def _worker_main(rank: int, world: int, rendezvous: str, model: str | None, dtype: str, device: str,
+                 num_slots: int, backend_name: str, pipe) -> None:
+    """A rank > 0: load the shard, then run every pass rank 0 broadcasts until it sends None."""
+    from agentkv.engine.loader import DTYPES, load_model
+    from agentkv.engine.memory import KVPool, ReqToTokenPool
+    from agentkv.engine.runner import ModelRunner
+    from agentkv.kernels import get_backend
+
+    try:
+        torch.set_num_threads(max(1, torch.get_num_threads() // world))
+        device = worker_device(device, rank)
+        if device.startswith("cuda"):
+            torch.cuda.set_device(device)
+        loaded = load_model(model, dtype=dtype, device=device, shard=(rank, world))
+        pool = KVPool(loaded.config, num_slots, DTYPES[dtype], device)  # the shard's config: its KV heads
+        runner = ModelRunner(loaded.model, pool, ReqToTokenPool(1, 1, device), get_backend(backend_name), device)
+    except BaseException as e:
+        pipe.send(f"{type(e).__name__}: {e}")
+        return
+    pipe.send("ready")
+    dist.init_process_group(_dist_backend(device), init_method=f"file://{rendezvous}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+    while True:
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is None:
+            break
+        inputs, ids = box[0]
+        inputs.meta.req_to_token = inputs.meta.req_to_token.to(device)
+        inputs.meta.out_cache_loc = inputs.meta.out_cache_loc.to(device)
+        runner.forward_ids(inputs, ids.to(device))
+    dist.destroy_process_group()
