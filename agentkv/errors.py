@@ -60,6 +60,9 @@ class OutputError(AgentKVError):
         super().__init__(message)
         self.text, self.finish_reason = text, finish_reason
 
+    def __reduce__(self):  # errors cross processes (Ray replicas): rebuild with every argument
+        return type(self), (self.args[0], self.text, self.finish_reason)
+
 
 class IncompleteOutputError(OutputError):
     """The output ended before the grammar was complete (max_tokens, a stop string, a dead end, an abort)."""
@@ -80,6 +83,9 @@ class ToolArgumentsError(AgentKVError, ValueError):
         super().__init__(f"invalid arguments for tool {tool!r}: {problems}")
         self.tool, self.problems = tool, problems
 
+    def __reduce__(self):
+        return type(self), (self.tool, self.problems)
+
 
 class AgentError(AgentKVError):
     """An agent run that could not produce its output."""
@@ -93,3 +99,6 @@ class AgentRetriesError(AgentError):
     def __init__(self, message: str, last_output: object, errors: list[str]):
         super().__init__(message)
         self.last_output, self.errors = last_output, errors
+
+    def __reduce__(self):
+        return type(self), (self.args[0], self.last_output, self.errors)

@@ -91,9 +91,11 @@ def serve(
     api_key: Annotated[str | None, typer.Option(help="require `Authorization: Bearer KEY` on /v1 routes")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="the model id clients send (default: from the path)")] = None,
     max_inflight: Annotated[int, typer.Option(help="requests accepted at once; more get HTTP 429")] = 256,
+    replicas: Annotated[int, typer.Option(help="engine replicas on Ray Serve, with cache-aware routing between them")] = 1,
+    ray_address: Annotated[str | None, typer.Option(help="join this Ray cluster (default: start a local one)")] = None,
 ) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /v1/pins, /health,
-    /metrics) on one engine."""
+    /metrics) on one engine, or on --replicas engines behind a cache-aware router (Ray Serve)."""
     from pathlib import Path
 
     import uvicorn
@@ -101,6 +103,16 @@ def serve(
     from agentkv.server import create_app
 
     name = served_model_name or (Path(model).stem if model else "SmolLM2-135M-Instruct")
+    if replicas < 1:
+        raise _fail(f"--replicas must be at least 1, got {replicas}")
+    if replicas > 1 or ray_address is not None:
+        try:
+            from agentkv.server.cluster import serve_cluster
+        except ImportError as e:
+            raise _fail(f"--replicas needs Ray Serve ({e}); install it with pip install 'agentkv[cluster]'") from None
+        typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1 with {replicas} replicas (Ray Serve)", err=True)
+        serve_cluster(model, name, replicas, host, port, api_key, ray_address)
+        return
     engine = _engine(model)
     typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1", err=True)
     try:

@@ -197,3 +197,17 @@ def test_concurrent_callers(tiny_engine):
     for t in threads:
         t.join()
     assert [results[i] for i in range(len(PROMPTS))] == expected
+
+
+def test_errors_survive_pickling():
+    """Errors cross processes (Ray replicas to the ingress, tensor-parallel workers): each comes back
+    as its own class with its fields."""
+    import pickle
+
+    from agentkv.server.protocol import APIError
+
+    for e in [ak.OutputValidationError("bad", "{}", "stop"), ak.errors.ToolArgumentsError("f", "x: missing"),
+              ak.errors.AgentRetriesError("gave up", "{}", ["a", "b"]), ak.GrammarError("no", "#/pattern"),
+              APIError(400, "temperature: too low", "temperature")]:
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is type(e) and str(back) == str(e) and vars(back) == vars(e)

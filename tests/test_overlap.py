@@ -9,21 +9,8 @@ from __future__ import annotations
 import pytest
 
 import agentkv as ak
+from tests.test_structured import TOOL_CALL
 
-TOOL_CALL = {
-    "type": "object",
-    "properties": {
-        "name": {"const": "get_weather"},
-        "arguments": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-    "required": ["name", "arguments"],
-    "additionalProperties": False,
-}
 SYSTEM = "You are a helpful agent with tools. Answer briefly. "
 
 

@@ -73,9 +73,19 @@ class CacheAwareRouter:
 
     def route(self, text: str) -> str:
         """The replica for a request whose rendered prompt is `text` (recorded as sent there)."""
-        replica = self._pinned(text) or self._choose(text)
-        self.tree.insert(text, replica)
+        replica = self.choose(text)
+        self.sent(text, replica)
         return replica
+
+    def choose(self, text: str) -> str:
+        """The replica for `text`, not recorded: for a serving layer that may send it elsewhere (a
+        full replica) and then reports where it went with `sent`."""
+        return self._pinned(text) or self._choose(text)
+
+    def sent(self, text: str, replica: str) -> None:
+        """`text` went to `replica`: its prefixes are expected in that replica's cache from now on."""
+        if replica in self.load:
+            self.tree.insert(text, replica)
 
     def pin(self, prefix: str, replica: str | None = None) -> str:
         """Keep `prefix`'s requests on one replica (the given one, or where routing puts it now)."""

@@ -23,6 +23,9 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
 
+    def __reduce__(self):  # raised in Ray replicas and re-raised in the ingress
+        return type(self), (self.status, self.message, self.param, self.type, self.code)
+
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 

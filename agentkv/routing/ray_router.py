@@ -1,0 +1,103 @@
+"""The cache-aware policy as a Ray Serve request router (Ray Serve's custom request router API).
+
+Ray Serve calls `choose_replicas` with the replicas that can take a request and the request itself
+(`pending_request.args[0]` is the OpenAI request body the ingress forwards); the policy ranks the
+replica it picks first and the others after it, so Ray falls back to them when the first is full.
+Where the request really went, and when it finished, come back through `on_request_routed` and
+`on_request_completed`; replicas that die or are removed leave the prefix tree.
+
+The tree is keyed by text, not token ids: the router runs in Ray's proxy/handle processes, which have
+no tokenizer, and a request's text prefix (tools, then messages in order) is a stable stand-in for
+the rendered prompt's token prefix. Each router process keeps its own tree: with one ingress, as
+`agentkv serve --replicas` deploys it, that is the whole picture.
+
+Needs `pip install 'agentkv[cluster]'` (Ray Serve).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ray.serve.request_router import (
+    FIFOMixin,
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
+
+from agentkv.routing.policy import CacheAwareRouter, RouterConfig
+
+
+def body_text(body: dict[str, Any]) -> str | None:
+    """The text whose prefixes identify an OpenAI request's cached prompt: tool definitions, then each
+    message in order (chat), or the prompt (completions)."""
+    if isinstance(body.get("messages"), list):
+        parts = [json.dumps(body["tools"], sort_keys=True)] if body.get("tools") else []
+        for m in body["messages"]:
+            content = m.get("content") if isinstance(m, dict) else None
+            if not isinstance(content, str):
+                content = json.dumps(content, sort_keys=True)
+            parts.append(f"{m.get('role') if isinstance(m, dict) else ''}: {content}")
+        return "\n".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    return None if prompt is None else json.dumps(prompt)
+
+
+def request_text(pending: PendingRequest | None) -> str | None:
+    if pending is None or not pending.args or not isinstance(pending.args[0], dict):
+        return None
+    return body_text(pending.args[0])
+
+
+class CacheAwareRequestRouter(FIFOMixin, RequestRouter):
+    """`request_router_kwargs` are RouterConfig fields (cache_threshold, balance_abs, ...)."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self._config = RouterConfig(**kwargs)
+        self._policy: CacheAwareRouter | None = None
+        self._routed: set[str] = set()  # internal ids of requests counted in the policy's load
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        ids = {r.replica_id.to_full_id_str() for r in replicas}
+        if self._policy is None:
+            self._policy = CacheAwareRouter(sorted(ids), self._config) if ids else None
+            return
+        for gone in set(self._policy.load) - ids:
+            self._policy.mark_failed(gone)
+        for new in ids - set(self._policy.load):
+            self._policy.add_replica(new)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        if self._policy is not None:
+            self._policy.mark_failed(replica_id.to_full_id_str())
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        text = request_text(pending_request)
+        if text is None or self._policy is None or not candidate_replicas:
+            return [candidate_replicas]
+        by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
+        chosen = by_id.get(self._policy.choose(text))
+        if chosen is None:  # the policy's pick cannot take it now: Ray picks among the rest by queue length
+            return [candidate_replicas]
+        return [[chosen], [r for r in candidate_replicas if r is not chosen]]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        text = request_text(pending_request)
+        if text is None or self._policy is None:
+            return
+        replica = replica_id.to_full_id_str()
+        self._policy.sent(text, replica)
+        self._policy.started(replica)
+        self._routed.add(pending_request.metadata.internal_request_id)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        if internal_request_id in self._routed and self._policy is not None:
+            self._routed.discard(internal_request_id)
+            self._policy.finished(replica_id.to_full_id_str())

@@ -1,0 +1,190 @@
+"""`agentkv serve --replicas N`: N engine replicas as a Ray Serve deployment, behind one ingress.
+
+The ingress (one replica) checks the API key and model, validates each request (bad ones get their
+400 here, as on a single engine), and forwards the OpenAI body to the engine deployment. That
+deployment routes with `CacheAwareRequestRouter`, so a request goes to the replica whose radix tree
+holds its prefix unless that replica is overloaded. Each engine replica answers with the same code
+as the single-engine server (server/chat.py), streams included.
+
+Without `ray_address`, Ray starts a local instance; with one, the deployment joins that cluster.
+Pins (/v1/pins) are not served here yet: a pin would have to follow its agent's replica; the
+endpoint answers 501 and says so.
+"""
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from agentkv.errors import AgentKVError, CacheError, EngineClosedError, RequestError
+from agentkv.routing.ray_router import CacheAwareRequestRouter
+from agentkv.server.chat import (
+    chat_completion,
+    chat_stream,
+    completion,
+    completion_stream,
+)
+from agentkv.server.metrics import Metrics
+from agentkv.server.protocol import APIError, ChatRequest, CompletionRequest
+
+ingress_app = FastAPI(title="agentkv", version="0.1.0", docs_url=None, redoc_url=None)
+
+
+# (defined before the deployments: Ray serializes a deployment's class, with the module globals it
+# uses, when the decorator runs)
+def _error_response(e: BaseException) -> JSONResponse:
+    if isinstance(e, APIError):
+        return JSONResponse(e.body(), status_code=e.status)
+    if not isinstance(e, AgentKVError):
+        raise e
+    status = 400 if isinstance(e, (RequestError, CacheError)) else 503 if isinstance(e, EngineClosedError) else 500
+    body = APIError(status, str(e), type="invalid_request_error" if status == 400 else "server_error").body()
+    return JSONResponse(body, status_code=status)
+
+
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0},  # the engine uses the cores; do not let Ray's CPU count hold replicas back
+    max_ongoing_requests=256,
+    request_router_config=RequestRouterConfig(request_router_class=CacheAwareRequestRouter),
+)
+class EngineReplica:
+    """One engine. Its methods take the OpenAI body (the router reads the prompt from it)."""
+
+    def __init__(self, model: str | None, model_name: str, options: dict[str, Any]):
+        import agentkv as ak
+
+        self.engine = ak.Engine(model, **options)
+        self.model_name = model_name
+        self.metrics = Metrics()
+
+    async def chat(self, body: dict) -> dict:
+        return await chat_completion(self.engine, ChatRequest.model_validate(body), self.model_name)
+
+    async def completion(self, body: dict) -> dict:
+        return await completion(self.engine, CompletionRequest.model_validate(body), self.model_name)
+
+    async def chat_stream(self, body: dict):
+        events = await chat_stream(self.engine, ChatRequest.model_validate(body), self.model_name, self.metrics,
+                                   time.perf_counter(), lambda: None)
+        async for event in events:
+            yield event
+
+    async def completion_stream(self, body: dict):
+        events = await completion_stream(self.engine, CompletionRequest.model_validate(body), self.model_name,
+                                         self.metrics, time.perf_counter(), lambda: None)
+        async for event in events:
+            yield event
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+@serve.ingress(ingress_app)
+class Ingress:
+    def __init__(self, engines, model_name: str, api_key: str | None):
+        self.engines, self.model_name, self.api_key = engines, model_name, api_key
+        self.created = int(time.time())
+
+    def _check(self, request: Request, body: dict | None = None) -> None:
+        if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            raise APIError(401, "invalid or missing API key: send Authorization: Bearer <key>", None,
+                           "authentication_error", "invalid_api_key")
+        if body is not None and body.get("model") not in (self.model_name, None):
+            raise APIError(404, f"the model {body.get('model')!r} does not exist; this server serves {self.model_name!r}",
+                           "model", "invalid_request_error", "model_not_found")
+
+    async def _forward(self, request: Request, kind, method: str) -> Any:
+        try:
+            try:
+                body = await request.json()
+            except ValueError:
+                raise APIError(400, "the request body is not valid JSON") from None
+            if not isinstance(body, dict):
+                raise APIError(400, "the request body must be a JSON object")
+            self._check(request, body)
+            from pydantic import ValidationError
+
+            try:
+                req = kind.model_validate(body)
+            except ValidationError as e:
+                err = e.errors()[0]
+                raise APIError(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}",
+                               ".".join(map(str, err["loc"]))) from None
+            if not req.stream:
+                return await getattr(self.engines, method).remote(body)
+            events = getattr(self.engines.options(stream=True), method + "_stream").remote(body)
+            first = await events.__anext__()  # errors before the stream starts keep their HTTP status
+
+            async def chained():
+                yield first
+                async for event in events:
+                    yield event
+
+            return StreamingResponse(chained(), media_type="text/event-stream")
+        except Exception as e:  # raised here, or in a replica (Ray re-raises it with the original as .cause)
+            return _error_response(getattr(e, "cause", None) or e)
+
+    @ingress_app.get("/health")
+    async def health(self) -> dict:
+        return {"status": "ok"}
+
+    @ingress_app.get("/v1/models")
+    async def models(self, request: Request) -> Any:
+        try:
+            self._check(request)
+        except APIError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        return {"object": "list", "data": [self._model()]}
+
+    @ingress_app.post("/v1/chat/completions")
+    async def chat(self, request: Request) -> Any:
+        return await self._forward(request, ChatRequest, "chat")
+
+    @ingress_app.post("/v1/completions")
+    async def completions(self, request: Request) -> Any:
+        return await self._forward(request, CompletionRequest, "completion")
+
+    @ingress_app.api_route("/v1/pins", methods=["GET", "POST"])
+    async def pins(self) -> Any:
+        e = APIError(501, "pins are not served with --replicas yet (a pin must follow its agent's replica); "
+                          "run `agentkv serve` without --replicas to pin prefixes", None, "server_error", "not_implemented")
+        return JSONResponse(e.body(), status_code=501)
+
+    def _model(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "agentkv"}
+
+
+def build_app(model: str | None, model_name: str, replicas: int, api_key: str | None = None,
+              engine_options: dict[str, Any] | None = None):
+    engines = EngineReplica.options(num_replicas=replicas).bind(model, model_name, engine_options or {})
+    return Ingress.bind(engines, model_name, api_key)
+
+
+def serve_cluster(model: str | None, model_name: str, replicas: int, host: str, port: int,
+                  api_key: str | None = None, ray_address: str | None = None,
+                  engine_options: dict[str, Any] | None = None) -> None:
+    """Start (or join) Ray, deploy, and serve until interrupted."""
+    import ray
+
+    ray.init(address=ray_address, include_dashboard=False, ignore_reinit_error=True)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(build_app(model, model_name, replicas, api_key, engine_options), name="agentkv", route_prefix="/")
+    try:
+        asyncio.run(_forever())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+async def _forever() -> None:
+    while True:
+        await asyncio.sleep(3600)
