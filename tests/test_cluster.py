@@ -99,3 +99,20 @@ def test_stream_models_and_errors(cluster):
     assert r.status_code == 400, r.text
     r = cluster.post("/v1/completions", json={"model": "tiny", "prompt": "plain", "max_tokens": 4})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] is not None
+
+
+def test_pins_follow_their_agent(cluster):
+    system = [{"role": "system", "content": "You are the pinned agent. " + "Always answer in one line. " * 8}]
+    r = cluster.post("/v1/pins", json={"messages": system})
+    assert r.status_code == 200, r.text
+    pin = r.json()
+    assert pin["tokens"] > 200 and pin["id"] in [p["id"] for p in cluster.get("/v1/pins").json()["data"]]
+    # even this agent's first requests find the pinned prefix: the router sends them to its replica
+    for i in range(4):
+        out = chat(cluster, system + [{"role": "user", "content": f"question {i}"}])
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] >= pin["tokens"], out["usage"]
+    r = cluster.session.delete(cluster.base + f"/v1/pins/{pin['id']}", timeout=120)
+    assert r.status_code == 200 and r.json()["deleted"] is True, r.text
+    r = cluster.session.delete(cluster.base + f"/v1/pins/{pin['id']}", timeout=120)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "pin_not_found"
+    assert cluster.post("/v1/pins", json={"messages": []}).status_code == 400

@@ -29,6 +29,9 @@ from ray.serve.request_router import (
 
 from agentkv.routing.policy import CacheAwareRouter, RouterConfig
 
+# keys the ingress adds to a body that creates ("create") or deletes ("delete") a pin of its prefix
+PIN, PIN_ID = "agentkv_pin", "agentkv_pin_id"
+
 
 def body_text(body: dict[str, Any]) -> str | None:
     """The text whose prefixes identify an OpenAI request's cached prompt: tool definitions, then each
@@ -51,6 +54,12 @@ def request_text(pending: PendingRequest | None) -> str | None:
     if pending is None or not pending.args or not isinstance(pending.args[0], dict):
         return None
     return body_text(pending.args[0])
+
+
+def pin_op(pending: PendingRequest | None) -> str | None:
+    if pending is None or not pending.args or not isinstance(pending.args[0], dict):
+        return None
+    return pending.args[0].get(PIN)
 
 
 class CacheAwareRequestRouter(FIFOMixin, RequestRouter):
@@ -84,6 +93,9 @@ class CacheAwareRequestRouter(FIFOMixin, RequestRouter):
             return [candidate_replicas]
         by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
         chosen = by_id.get(self._policy.choose(text))
+        if pin_op(pending_request) == "delete":
+            # only the pinned replica holds it: wait for it (an empty choice makes Ray retry)
+            return [[chosen]] if chosen is not None else []
         if chosen is None:  # the policy's pick cannot take it now: Ray picks among the rest by queue length
             return [candidate_replicas]
         return [[chosen], [r for r in candidate_replicas if r is not chosen]]
@@ -93,6 +105,11 @@ class CacheAwareRequestRouter(FIFOMixin, RequestRouter):
         if text is None or self._policy is None:
             return
         replica = replica_id.to_full_id_str()
+        op = pin_op(pending_request)
+        if op == "create":  # requests starting with this prefix go where it is pinned
+            self._policy.pin(text, replica)
+        elif op == "delete":
+            self._policy.unpin(text)
         self._policy.sent(text, replica)
         self._policy.started(replica)
         self._routed.add(pending_request.metadata.internal_request_id)

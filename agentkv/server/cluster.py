@@ -6,13 +6,16 @@ deployment routes with `CacheAwareRequestRouter`, so a request goes to the repli
 holds its prefix unless that replica is overloaded. Each engine replica answers with the same code
 as the single-engine server (server/chat.py), streams included.
 
+Pins follow their agents: POST /v1/pins goes through the router like a chat request with the same
+messages and tools, the replica it lands on pins the prefix, and the router sends every request that
+starts with that prefix to that replica from then on (and DELETE back to it).
+
 Without `ray_address`, Ray starts a local instance; with one, the deployment joins that cluster.
-Pins (/v1/pins) are not served here yet: a pin would have to follow its agent's replica; the
-endpoint answers 501 and says so.
 """
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,8 +24,9 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from agentkv.errors import AgentKVError, CacheError, EngineClosedError, RequestError
-from agentkv.routing.ray_router import CacheAwareRequestRouter
+from agentkv.routing.ray_router import PIN, PIN_ID, CacheAwareRequestRouter
 from agentkv.server.chat import (
+    ChatPlan,
     chat_completion,
     chat_stream,
     completion,
@@ -62,6 +66,8 @@ class EngineReplica:
         self.engine = ak.Engine(model, **options)
         self.model_name = model_name
         self.metrics = Metrics()
+        self.tag = uuid.uuid4().hex[:8]  # pin ids name their replica
+        self.pins: dict[str, Any] = {}  # pin id -> PinHandle
 
     async def chat(self, body: dict) -> dict:
         return await chat_completion(self.engine, ChatRequest.model_validate(body), self.model_name)
@@ -81,6 +87,24 @@ class EngineReplica:
         async for event in events:
             yield event
 
+    async def pin(self, body: dict) -> dict:
+        """Pin the prefix every conversation with these messages and tools starts with (`PIN` in
+        the body tells the router to keep that prefix's requests here)."""
+        plan = ChatPlan(self.engine, ChatRequest.model_validate(body))
+        ids = self.engine.conversation_prefix(plan.messages, tools=plan.template_tools)
+        handle = await asyncio.to_thread(self.engine.pin, ids)
+        pin_id = f"pin-{self.tag}-{handle.id}"
+        self.pins[pin_id] = handle
+        return {"id": pin_id, "object": "pin", "tokens": len(ids)}
+
+    async def unpin(self, body: dict) -> dict:
+        handle = self.pins.pop(body[PIN_ID], None)
+        if handle is None:
+            raise APIError(404, f"no pin {body[PIN_ID]!r} on this replica; GET /v1/pins lists them", "pin_id",
+                           code="pin_not_found")
+        await asyncio.to_thread(self.engine.unpin, handle)
+        return {"id": body[PIN_ID], "object": "pin", "deleted": True}
+
     def stats(self) -> dict:
         return self.engine.stats()
 
@@ -91,6 +115,7 @@ class Ingress:
     def __init__(self, engines, model_name: str, api_key: str | None):
         self.engines, self.model_name, self.api_key = engines, model_name, api_key
         self.created = int(time.time())
+        self.pins: dict[str, tuple[dict, int]] = {}  # pin id -> (the body it was made from, tokens)
 
     def _check(self, request: Request, body: dict | None = None) -> None:
         if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
@@ -100,23 +125,27 @@ class Ingress:
             raise APIError(404, f"the model {body.get('model')!r} does not exist; this server serves {self.model_name!r}",
                            "model", "invalid_request_error", "model_not_found")
 
+    async def _body(self, request: Request, kind, default: dict | None = None) -> tuple[dict, Any]:
+        """The JSON body, checked (key, model) and validated as `kind`; APIError otherwise."""
+        try:
+            body = await request.json() if await request.body() or default is None else {}
+        except ValueError:
+            raise APIError(400, "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        body = {**(default or {}), **body}
+        self._check(request, body)
+        from pydantic import ValidationError
+
+        try:
+            return body, kind.model_validate(body)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise APIError(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}", ".".join(map(str, err["loc"]))) from None
+
     async def _forward(self, request: Request, kind, method: str) -> Any:
         try:
-            try:
-                body = await request.json()
-            except ValueError:
-                raise APIError(400, "the request body is not valid JSON") from None
-            if not isinstance(body, dict):
-                raise APIError(400, "the request body must be a JSON object")
-            self._check(request, body)
-            from pydantic import ValidationError
-
-            try:
-                req = kind.model_validate(body)
-            except ValidationError as e:
-                err = e.errors()[0]
-                raise APIError(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}",
-                               ".".join(map(str, err["loc"]))) from None
+            body, req = await self._body(request, kind)
             if not req.stream:
                 return await getattr(self.engines, method).remote(body)
             events = getattr(self.engines.options(stream=True), method + "_stream").remote(body)
@@ -151,11 +180,36 @@ class Ingress:
     async def completions(self, request: Request) -> Any:
         return await self._forward(request, CompletionRequest, "completion")
 
-    @ingress_app.api_route("/v1/pins", methods=["GET", "POST"])
-    async def pins(self) -> Any:
-        e = APIError(501, "pins are not served with --replicas yet (a pin must follow its agent's replica); "
-                          "run `agentkv serve` without --replicas to pin prefixes", None, "server_error", "not_implemented")
-        return JSONResponse(e.body(), status_code=501)
+    @ingress_app.post("/v1/pins")
+    async def pin(self, request: Request) -> Any:
+        try:
+            body, _ = await self._body(request, ChatRequest, default={"model": self.model_name})
+            out = await self.engines.pin.remote({**body, PIN: "create"})
+            self.pins[out["id"]] = (body, out["tokens"])
+            return out
+        except Exception as e:
+            return _error_response(getattr(e, "cause", None) or e)
+
+    @ingress_app.get("/v1/pins")
+    async def list_pins(self, request: Request) -> Any:
+        try:
+            self._check(request)
+        except APIError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        return {"object": "list", "data": [{"id": k, "object": "pin", "tokens": n} for k, (_, n) in self.pins.items()]}
+
+    @ingress_app.delete("/v1/pins/{pin_id}")
+    async def unpin(self, pin_id: str, request: Request) -> Any:
+        try:
+            self._check(request)
+            if pin_id not in self.pins:
+                raise APIError(404, f"no pin {pin_id!r}; GET /v1/pins lists them", "pin_id", code="pin_not_found")
+            body, _ = self.pins[pin_id]
+            out = await self.engines.unpin.remote({**body, PIN: "delete", PIN_ID: pin_id})  # routed to the pin
+            del self.pins[pin_id]
+            return out
+        except Exception as e:
+            return _error_response(getattr(e, "cause", None) or e)
 
     def _model(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "agentkv"}
