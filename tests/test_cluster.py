@@ -87,6 +87,7 @@ def test_stream_models_and_errors(cluster):
     events = [line[6:] for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and json.loads(events[0])["object"] == "chat.completion.chunk"
     assert cluster.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    assert cluster.get("/v1/models/tiny").json()["id"] == "tiny" and cluster.get("/v1/models/x").status_code == 404
     r = cluster.post("/v1/chat/completions", json={"model": "other", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
     # refused in a replica (the grammar compiler): the 400 and its message survive the Ray hop

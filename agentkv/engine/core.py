@@ -216,7 +216,7 @@ def _keep_scores(batch: ScheduledBatch, logits: torch.Tensor) -> None:
     if not positions:
         return
     logprobs = logits.log_softmax(-1)
-    targets = torch.tensor([r.all_ids[p + 1] for r, p in positions], dtype=torch.int64)
+    targets = torch.tensor([r.all_ids[p + 1] for r, p in positions], dtype=torch.int64, device=logits.device)
     picked = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
     for (r, _), lp in zip(positions, picked):
         r.token_scores.append(lp)

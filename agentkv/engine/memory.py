@@ -45,8 +45,8 @@ class KVPool:
         return out
 
     def free(self, slots: torch.Tensor) -> None:
-        if slots.numel():
-            self._free = torch.cat([self._free, slots.to(torch.int64)])
+        if slots.numel():  # the free list, the radix tree's slot ids and the scheduler's stay on the CPU
+            self._free = torch.cat([self._free, slots.to("cpu", torch.int64)])
 
     @staticmethod
     def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:

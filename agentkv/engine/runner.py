@@ -54,7 +54,7 @@ class ModelRunner:
             seq_lens=[s + n for s, n in zip(batch.starts, batch.extend_lens)],
             extend_lens=batch.extend_lens,
             num_decodes=batch.num_decodes,
-            out_cache_loc=batch.out_cache_loc,
+            out_cache_loc=batch.out_cache_loc.to(self.device),  # the free list lives on the CPU
         )
         last += [first_row[r.rid] + p for r, p in batch.score_positions()]
         return ForwardInputs(

@@ -22,11 +22,12 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
     for i, r in enumerate(reqs):
         p = r.params
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(r.all_ids)), dtype=torch.int64)
+            seen = torch.tensor(sorted(set(r.all_ids)), dtype=torch.int64, device=logits.device)
             vals = logits[i, seen]
             logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if (p.frequency_penalty or p.presence_penalty) and r.output_ids:
-            counts = torch.bincount(torch.tensor(r.output_ids, dtype=torch.int64), minlength=logits.shape[1]).to(logits.dtype)
+            ids = torch.tensor(r.output_ids, dtype=torch.int64, device=logits.device)
+            counts = torch.bincount(ids, minlength=logits.shape[1]).to(logits.dtype)
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
@@ -64,7 +65,7 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
     alive = [True] * len(reqs)
     if masks is not None:
         rows, bitmask = masks
-        index = torch.tensor(rows, dtype=torch.int64)
+        index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
         masked, rows_alive = apply_token_bitmask(logits[index], bitmask)
         logits = logits.index_put((index,), masked)  # out of place: the logits may be an inference tensor
         for i, ok in zip(rows, rows_alive.tolist()):
@@ -81,7 +82,8 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
             continue
         row = _filter(logits[i] / p.temperature, p.top_k, p.top_p, p.min_p)
         probs = row.softmax(-1)
-        noise = torch.empty_like(probs).exponential_(generator=r.generator)
+        # drawn on the CPU, where the request's generator lives: a seed gives the same draws on any device
+        noise = torch.empty(probs.shape, dtype=probs.dtype).exponential_(generator=r.generator).to(probs.device)
         tokens.append(int((probs / noise).argmax()))
     entries: list[TokenLogprob | None] = [None] * len(reqs)
     if raw_logprobs is not None:

@@ -360,7 +360,7 @@ class Scheduler:
         if self.tree is None:
             return
         ids = r.all_ids[: r.kv_len]
-        kv = self.req_pool.table[r.row, : r.kv_len].clone()
+        kv = self.req_pool.table[r.row, : r.kv_len].to("cpu", copy=True)  # slot ids live on the CPU
         existing = self.tree.insert(ids, kv)
         self.pool.free(kv[r.prefix_len : existing])  # ours duplicated what another request inserted meanwhile
         slots, node = self.tree.match_prefix(ids)
@@ -375,9 +375,9 @@ class Scheduler:
             return
         table = self.req_pool.table[r.row]
         if r.pending:  # slots of passes not processed (in flight, or failed)
-            self.pool.free(table[r.kv_len : r.kv_len + r.pending].clone())
+            self.pool.free(table[r.kv_len : r.kv_len + r.pending].to("cpu", copy=True))
             r.pending = 0
-        kv = table[: r.kv_len].clone()
+        kv = table[: r.kv_len].to("cpu", copy=True)
         if self.tree is not None:
             existing = self.tree.insert(r.all_ids[: r.kv_len], kv)
             self.pool.free(kv[r.prefix_len : existing])

@@ -172,6 +172,14 @@ class Ingress:
             return JSONResponse(e.body(), status_code=e.status)
         return {"object": "list", "data": [self._model()]}
 
+    @ingress_app.get("/v1/models/{name}")
+    async def model(self, name: str, request: Request) -> Any:
+        try:
+            self._check(request, {"model": name})
+        except APIError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        return self._model()
+
     @ingress_app.post("/v1/chat/completions")
     async def chat(self, request: Request) -> Any:
         return await self._forward(request, ChatRequest, "chat")
