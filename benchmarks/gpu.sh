@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything agentkv checks and times on a lent GPU, in one call and without network (< 8 minutes):
-#   1. the kernel tests (test_triton_kernels.py, test_attention.py, test_flashinfer_backend.py), not interpreted;
+#   1. the kernel tests (test_triton_kernels.py, test_attention.py, test_flashinfer_backend.py), not interpreted,
+#      and the engine on the GPU (test_gpu_engine.py: CUDA graphs + overlap vs eager, sampling, grammars);
 #   2. benchmarks/gpu_kernels.py: Triton vs the torch backend vs FlashInfer, decode and extend attention;
 #   3. benchmarks/gpu_engine.py: engine throughput, embedded SmolLM2-135M (CUDA graphs and overlap scheduling
 #      off / graphs / both, with greedy-token parity against the first) and a Llama-3-8B-shaped model.
@@ -31,9 +32,9 @@ step() {  # name, seconds, command...
     echo "- $name: rc=$rc, $((SECONDS - t0)) s (log: $name.log)" >> "$summary"
 }
 
-step kernel-tests 120 $PY -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_attention.py \
-    tests/test_flashinfer_backend.py
+step kernel-tests 150 $PY -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_attention.py \
+    tests/test_flashinfer_backend.py tests/test_gpu_engine.py
 tail -3 "$OUT/kernel-tests.log" >> "$summary"
 step kernels 120 $PY benchmarks/gpu_kernels.py --out "$OUT/kernels.md"
-step engine 240 $PY benchmarks/gpu_engine.py --out "$OUT/engine.md"
+step engine 210 $PY benchmarks/gpu_engine.py --out "$OUT/engine.md"
 cat "$summary" "$OUT"/kernels.md "$OUT"/engine.md 2>/dev/null
