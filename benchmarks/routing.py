@@ -1,4 +1,4 @@
-"""Cache-aware routing vs round-robin over 2 engine replicas, on a multi-tenant agent workload.
+"""Cache-aware routing vs round-robin over engine replicas (2 by default), on a multi-tenant agent workload.
 
 Several tenants (distinct system prompts with tool definitions), several conversations each, several
 turns per conversation; each turn is a wave of concurrent requests, one per conversation, routed by
@@ -8,7 +8,8 @@ round-robin every replica must hold every tenant and the LRU cache thrashes; wit
 each tenant's conversations stay where their prefix is. Outputs are constrained to ASCII words so a
 conversation's history re-tokenizes to exactly what the replica cached.
 
-    python benchmarks/routing.py [--tenants 16] [--conversations 2] [--turns 8] [--slot-share 0.7] [--model DIR]
+    python benchmarks/routing.py [--tenants 16] [--conversations 2] [--turns 8] [--slot-share 0.7] [--replicas 2]
+                                 [--model DIR]
 
 Without --model, a tiny random-weight Llama with a byte-level tokenizer (one token per character):
 the cache counts do not depend on the weights.
@@ -57,7 +58,7 @@ class RoundRobin:
 
 
 def run(policy_name: str, args, model: str, systems: list[str]) -> list:
-    names = ["replica-0", "replica-1"]
+    names = [f"replica-{i}" for i in range(args.replicas)]
     slots = int(args.slot_share * sum(len(s) for s in systems))
     engines = {n: ak.Engine(model, num_slots=slots, max_running_requests=64) for n in names}
     router = CacheAwareRouter(names) if policy_name == "cache-aware" else RoundRobin(names)
@@ -102,6 +103,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=12)
     ap.add_argument("--slot-share", type=float, default=0.7,
                     help="KV slots per replica, as a share of the tokens of all system prompts together")
+    ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--model", help="an HF model directory (default: a tiny random-weight model)")
     args = ap.parse_args()
     model = args.model
@@ -113,7 +115,7 @@ def main() -> None:
     systems = [system_prompt(t, args.system_chars, rng) for t in range(args.tenants)]
     rows = [run(name, args, model, systems) for name in ("round-robin", "cache-aware")]
     rr, ca = rows
-    print(f"{args.tenants} tenants x {args.conversations} conversations x {args.turns} turns over 2 replicas, "
+    print(f"{args.tenants} tenants x {args.conversations} conversations x {args.turns} turns over {args.replicas} replicas, "
           f"system prompts ~{args.system_chars} chars, KV slots per replica {args.slot_share:.0%} of all system prompts")
     print(table(rows, ["policy", "prompt tokens", "cached", "prefill computed", "hit rate", "wall s"]))
     print(f"\ncache-aware / round-robin: hit rate {ca[4] / rr[4]:.2f}x, prefill computed {ca[3] / rr[3]:.2f}x")
