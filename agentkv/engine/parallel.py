@@ -56,7 +56,7 @@ def shard_state(state: dict[str, torch.Tensor], cfg: ModelConfig, rank: int, wor
 
     out = {}
     for name, t in state.items():
-        if name.endswith("self_attn.qkv_proj.weight") or name.endswith("self_attn.qkv_proj.bias"):
+        if name.endswith(("self_attn.qkv_proj.weight", "self_attn.qkv_proj.bias")):
             t = qkv(t)
         elif name.endswith("self_attn.o_proj.weight"):
             t = t[:, rank * h * d : (rank + 1) * h * d]

@@ -50,8 +50,6 @@ def _error_response(e: BaseException) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-
-
 @serve.deployment(
     ray_actor_options={"num_cpus": 0},  # the engine uses the cores; do not let Ray's CPU count hold replicas back
     max_ongoing_requests=256,
