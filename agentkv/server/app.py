@@ -17,10 +17,25 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from agentkv.errors import AgentKVError, CacheError, EngineClosedError, RequestError
-from agentkv.server.chat import ChatPlan, chat_completion, chat_stream, completion, completion_stream
+from agentkv.errors import AgentKVError
+from agentkv.server.chat import (
+    ChatPlan,
+    chat_completion,
+    chat_stream,
+    completion,
+    completion_stream,
+)
 from agentkv.server.metrics import Metrics
-from agentkv.server.protocol import APIError, ChatRequest, CompletionRequest
+from agentkv.server.protocol import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    check_access,
+    engine_error,
+    json_object,
+    model_card,
+    validate,
+)
 
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_inflight: int = 256) -> FastAPI:
@@ -42,12 +57,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
         inflight[0] -= 1
 
     def check(request: Request, body: dict | None = None) -> None:
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-            raise APIError(401, "invalid or missing API key: send Authorization: Bearer <key>", None,
-                           "authentication_error", "invalid_api_key")
-        if body is not None and body.get("model") not in (model_name, None):
-            raise APIError(404, f"the model {body.get('model')!r} does not exist; this server serves {model_name!r}",
-                           "model", "invalid_request_error", "model_not_found")
+        check_access(request.headers.get("authorization"), body, api_key, model_name)
 
     async def parse(request: Request, kind):
         try:
@@ -57,17 +67,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
         return await parse_dict(request, raw, kind)
 
     async def parse_dict(request: Request, raw: Any, kind):
-        if not isinstance(raw, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        check(request, raw)
-        from pydantic import ValidationError
-
-        try:
-            return kind.model_validate(raw)
-        except ValidationError as e:
-            err = e.errors()[0]
-            raise APIError(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}",
-                           ".".join(map(str, err["loc"]))) from None
+        body = json_object(raw)
+        check(request, body)
+        return validate(kind, body)
 
     def failed(request: Request, status: int) -> None:
         if request.url.path.startswith("/v1/"):
@@ -85,12 +87,10 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
         return JSONResponse(APIError(400, err["msg"], ".".join(map(str, err["loc"]))).body(), status_code=400)
 
     @app.exception_handler(AgentKVError)
-    async def engine_error(request: Request, e: AgentKVError):
-        client = isinstance(e, (RequestError, CacheError))  # a bad request, a pin over the budget
-        status = 400 if client else 503 if isinstance(e, EngineClosedError) else 500
-        failed(request, status)
-        return JSONResponse(APIError(status, str(e), type="invalid_request_error" if status == 400 else "server_error")
-                            .body(), status_code=status)
+    async def on_engine_error(request: Request, e: AgentKVError):
+        err = engine_error(e)
+        failed(request, err.status)
+        return JSONResponse(err.body(), status_code=err.status)
 
     @app.get("/health")
     async def health() -> dict:
@@ -99,12 +99,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
         check(request)
-        return {"object": "list", "data": [_model(model_name, created)]}
+        return {"object": "list", "data": [model_card(model_name, created)]}
 
     @app.get("/v1/models/{name}")
     async def model(name: str, request: Request) -> dict:
         check(request, {"model": name})
-        return _model(model_name, created)
+        return model_card(model_name, created)
 
     @app.get("/metrics")
     async def metrics_text() -> PlainTextResponse:
@@ -166,6 +166,3 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
 
     return app
 
-
-def _model(name: str, created: int) -> dict:
-    return {"id": name, "object": "model", "created": created, "owned_by": "agentkv"}

@@ -117,7 +117,7 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
         metrics.first_token(last - started)
         for i in range(plan.params.n):
             yield chunk(i, {"role": "assistant", "content": ""})
-        async for d in _chain(first, deltas):
+        async for d in chain(first, deltas):
             now = time.perf_counter()
             if d is not first:
                 metrics.between_tokens(now - last, len(d.token_ids))
@@ -198,7 +198,7 @@ async def completion_stream(engine, req: CompletionRequest, model: str, metrics,
                 p = prompts[0]
                 for i in range(params.n):
                     yield chunk(i, p if isinstance(p, str) else engine.tokenizer.decode(p))
-            async for d in _chain(first, deltas):
+            async for d in chain(first, deltas):
                 if d.text:
                     yield chunk(d.index, d.text)
                 if d.finish_reason is not None:
@@ -235,7 +235,8 @@ async def _run(awaitable):
         raise bad_request(e) from None
 
 
-async def _chain(first, rest):
+async def chain(first, rest):
+    """`first`, then every item of the async iterator `rest`."""
     yield first
     async for item in rest:
         yield item

@@ -14,6 +14,7 @@ Without `ray_address`, Ray starts a local instance; with one, the deployment joi
 """
 
 import asyncio
+import functools
 import time
 import uuid
 from typing import Any
@@ -23,31 +24,50 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from agentkv.errors import AgentKVError, CacheError, EngineClosedError, RequestError
+from agentkv.errors import AgentKVError
 from agentkv.routing.ray_router import PIN, PIN_ID, CacheAwareRequestRouter
 from agentkv.server.chat import (
     ChatPlan,
+    chain,
     chat_completion,
     chat_stream,
     completion,
     completion_stream,
 )
 from agentkv.server.metrics import Metrics
-from agentkv.server.protocol import APIError, ChatRequest, CompletionRequest
+from agentkv.server.protocol import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    check_access,
+    engine_error,
+    json_object,
+    model_card,
+    validate,
+)
 
 ingress_app = FastAPI(title="agentkv", version="0.1.0", docs_url=None, redoc_url=None)
 
 
 # (defined before the deployments: Ray serializes a deployment's class, with the module globals it
 # uses, when the decorator runs)
-def _error_response(e: BaseException) -> JSONResponse:
-    if isinstance(e, APIError):
-        return JSONResponse(e.body(), status_code=e.status)
-    if not isinstance(e, AgentKVError):
-        raise e
-    status = 400 if isinstance(e, (RequestError, CacheError)) else 503 if isinstance(e, EngineClosedError) else 500
-    body = APIError(status, str(e), type="invalid_request_error" if status == 400 else "server_error").body()
-    return JSONResponse(body, status_code=status)
+def _answers_errors(handler):
+    """An ingress handler whose errors, raised here or in a replica (Ray re-raises those with the
+    original as `.cause`), are answered in OpenAI's shape with their status."""
+
+    @functools.wraps(handler)
+    async def answered(*args, **kwargs):
+        try:
+            return await handler(*args, **kwargs)
+        except Exception as e:
+            e = getattr(e, "cause", None) or e
+            if isinstance(e, AgentKVError):
+                e = engine_error(e)
+            if not isinstance(e, APIError):
+                raise
+            return JSONResponse(e.body(), status_code=e.status)
+
+    return answered
 
 
 @serve.deployment(
@@ -116,109 +136,76 @@ class Ingress:
         self.pins: dict[str, tuple[dict, int]] = {}  # pin id -> (the body it was made from, tokens)
 
     def _check(self, request: Request, body: dict | None = None) -> None:
-        if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
-            raise APIError(401, "invalid or missing API key: send Authorization: Bearer <key>", None,
-                           "authentication_error", "invalid_api_key")
-        if body is not None and body.get("model") not in (self.model_name, None):
-            raise APIError(404, f"the model {body.get('model')!r} does not exist; this server serves {self.model_name!r}",
-                           "model", "invalid_request_error", "model_not_found")
+        check_access(request.headers.get("authorization"), body, self.api_key, self.model_name)
 
     async def _body(self, request: Request, kind, default: dict | None = None) -> tuple[dict, Any]:
         """The JSON body, checked (key, model) and validated as `kind`; APIError otherwise."""
         try:
-            body = await request.json() if await request.body() or default is None else {}
+            raw = await request.json() if await request.body() or default is None else {}
         except ValueError:
             raise APIError(400, "the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        body = {**(default or {}), **body}
+        body = {**(default or {}), **json_object(raw)}
         self._check(request, body)
-        from pydantic import ValidationError
-
-        try:
-            return body, kind.model_validate(body)
-        except ValidationError as e:
-            err = e.errors()[0]
-            raise APIError(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}", ".".join(map(str, err["loc"]))) from None
-
-    async def _forward(self, request: Request, kind, method: str) -> Any:
-        try:
-            body, req = await self._body(request, kind)
-            if not req.stream:
-                return await getattr(self.engines, method).remote(body)
-            events = getattr(self.engines.options(stream=True), method + "_stream").remote(body)
-            first = await events.__anext__()  # errors before the stream starts keep their HTTP status
-
-            async def chained():
-                yield first
-                async for event in events:
-                    yield event
-
-            return StreamingResponse(chained(), media_type="text/event-stream")
-        except Exception as e:  # raised here, or in a replica (Ray re-raises it with the original as .cause)
-            return _error_response(getattr(e, "cause", None) or e)
+        return body, validate(kind, body)
 
     @ingress_app.get("/health")
     async def health(self) -> dict:
         return {"status": "ok"}
 
     @ingress_app.get("/v1/models")
+    @_answers_errors
     async def models(self, request: Request) -> Any:
-        try:
-            self._check(request)
-        except APIError as e:
-            return JSONResponse(e.body(), status_code=e.status)
-        return {"object": "list", "data": [self._model()]}
+        self._check(request)
+        return {"object": "list", "data": [model_card(self.model_name, self.created)]}
 
     @ingress_app.get("/v1/models/{name}")
+    @_answers_errors
     async def model(self, name: str, request: Request) -> Any:
-        try:
-            self._check(request, {"model": name})
-        except APIError as e:
-            return JSONResponse(e.body(), status_code=e.status)
-        return self._model()
+        self._check(request, {"model": name})
+        return model_card(self.model_name, self.created)
 
     @ingress_app.post("/v1/chat/completions")
+    @_answers_errors
     async def chat(self, request: Request) -> Any:
         return await self._forward(request, ChatRequest, "chat")
 
     @ingress_app.post("/v1/completions")
+    @_answers_errors
     async def completions(self, request: Request) -> Any:
         return await self._forward(request, CompletionRequest, "completion")
 
+    async def _forward(self, request: Request, kind, method: str) -> Any:
+        body, req = await self._body(request, kind)
+        if not req.stream:
+            return await getattr(self.engines, method).remote(body)
+        events = getattr(self.engines.options(stream=True), method + "_stream").remote(body)
+        first = await events.__anext__()  # errors before the stream starts keep their HTTP status
+        return StreamingResponse(chain(first, events), media_type="text/event-stream")
+
     @ingress_app.post("/v1/pins")
+    @_answers_errors
     async def pin(self, request: Request) -> Any:
-        try:
-            body, _ = await self._body(request, ChatRequest, default={"model": self.model_name})
-            out = await self.engines.pin.remote({**body, PIN: "create"})
-            self.pins[out["id"]] = (body, out["tokens"])
-            return out
-        except Exception as e:
-            return _error_response(getattr(e, "cause", None) or e)
+        body, _ = await self._body(request, ChatRequest, default={"model": self.model_name})
+        out = await self.engines.pin.remote({**body, PIN: "create"})
+        self.pins[out["id"]] = (body, out["tokens"])
+        return out
 
     @ingress_app.get("/v1/pins")
+    @_answers_errors
     async def list_pins(self, request: Request) -> Any:
-        try:
-            self._check(request)
-        except APIError as e:
-            return JSONResponse(e.body(), status_code=e.status)
+        self._check(request)
         return {"object": "list", "data": [{"id": k, "object": "pin", "tokens": n} for k, (_, n) in self.pins.items()]}
 
     @ingress_app.delete("/v1/pins/{pin_id}")
+    @_answers_errors
     async def unpin(self, pin_id: str, request: Request) -> Any:
-        try:
-            self._check(request)
-            if pin_id not in self.pins:
-                raise APIError(404, f"no pin {pin_id!r}; GET /v1/pins lists them", "pin_id", code="pin_not_found")
-            body, _ = self.pins[pin_id]
-            out = await self.engines.unpin.remote({**body, PIN: "delete", PIN_ID: pin_id})  # routed to the pin
-            del self.pins[pin_id]
-            return out
-        except Exception as e:
-            return _error_response(getattr(e, "cause", None) or e)
-
-    def _model(self) -> dict:
-        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "agentkv"}
+        self._check(request)
+        if pin_id not in self.pins:
+            raise APIError(404, f"no pin {pin_id!r}; GET /v1/pins lists them", "pin_id", code="pin_not_found")
+        body, _ = self.pins[pin_id]
+        out = await self.engines.unpin.remote({**body, PIN: "delete", PIN_ID: pin_id})  # routed to the pin
+        del self.pins[pin_id]
+        return out
 
 
 def build_app(model: str | None, model_name: str, replicas: int, api_key: str | None = None,

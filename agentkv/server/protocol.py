@@ -239,3 +239,45 @@ def bad_request(e: RequestError) -> APIError:
         param = message.split("=", 1)[0].removeprefix("SamplingParams.")
     return APIError(400, message, param)
 
+
+
+# ---- shared by the single-engine app and the Ray Serve ingress (cluster.py) ----------------------------
+
+def check_access(authorization: str | None, body: dict | None, api_key: str | None, model_name: str) -> None:
+    """401 without the API key; 404 when `body` names another model."""
+    if api_key is not None and authorization != f"Bearer {api_key}":
+        raise APIError(401, "invalid or missing API key: send Authorization: Bearer <key>", None,
+                       "authentication_error", "invalid_api_key")
+    if body is not None and body.get("model") not in (model_name, None):
+        raise APIError(404, f"the model {body.get('model')!r} does not exist; this server serves {model_name!r}",
+                       "model", "invalid_request_error", "model_not_found")
+
+
+def json_object(raw: Any) -> dict:
+    if not isinstance(raw, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return raw
+
+
+def validate(kind: type[BaseModel], body: dict) -> Any:
+    """`body` as a `kind` request; a 400 naming the first bad field otherwise."""
+    from pydantic import ValidationError
+
+    try:
+        return kind.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise APIError(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}", ".".join(map(str, err["loc"]))) from None
+
+
+def engine_error(e: Exception) -> APIError:
+    """An engine error as an HTTP error: a bad request or a pin over the budget is 400, a closed engine
+    503, anything else 500."""
+    from agentkv.errors import CacheError, EngineClosedError
+
+    status = 400 if isinstance(e, (RequestError, CacheError)) else 503 if isinstance(e, EngineClosedError) else 500
+    return APIError(status, str(e), type="invalid_request_error" if status == 400 else "server_error")
+
+
+def model_card(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "agentkv"}
