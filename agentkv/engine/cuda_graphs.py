@@ -21,7 +21,18 @@ import bisect
 import torch
 
 from agentkv.engine.model import ForwardContext
+from agentkv.errors import RequestError
 from agentkv.kernels.base import AttentionMetadata
+
+
+def cuda_graphs_wanted(cfg, backend) -> bool:
+    """Whether an engine with `cfg` (EngineConfig) and this attention backend replays decode graphs."""
+    if cfg.cuda_graphs is None:
+        return cfg.device.startswith("cuda") and backend.supports_cuda_graphs
+    if cfg.cuda_graphs and not backend.supports_cuda_graphs:
+        raise RequestError(f"the {backend.name} attention backend cannot be captured in CUDA graphs; "
+                           "use attention_backend='triton' or cuda_graphs=False")
+    return cfg.cuda_graphs
 
 
 def default_buckets(max_batch: int) -> list[int]:

@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from agentkv.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from agentkv.engine.config import build_config
 from agentkv.engine.constrained import GrammarSupport, output_parser
 from agentkv.engine.core import Components, EngineCore
-from agentkv.engine.cuda_graphs import DecodeGraphs
+from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
 from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
@@ -32,32 +32,6 @@ from agentkv.kernels import get_backend
 
 Prompt = str | Sequence[int]
 Messages = Sequence[dict[str, Any]]
-
-
-def _use_cuda_graphs(cfg: EngineConfig, backend) -> bool:
-    if cfg.cuda_graphs is None:
-        return cfg.device.startswith("cuda") and backend.supports_cuda_graphs
-    if cfg.cuda_graphs and not backend.supports_cuda_graphs:
-        raise RequestError(f"the {backend.name} attention backend cannot be captured in CUDA graphs; "
-                           "use attention_backend='triton' or cuda_graphs=False")
-    return cfg.cuda_graphs
-
-
-def build_config(model: str | None, device: str, dtype: str, overrides: dict[str, Any]) -> EngineConfig:
-    """Sort keyword overrides into the engine, cache and scheduler configs by field name."""
-    groups = {
-        "engine": {f.name for f in dataclasses.fields(EngineConfig)} - {"cache", "scheduler", "model", "device", "dtype"},
-        "cache": {f.name for f in dataclasses.fields(CacheConfig)},
-        "scheduler": {f.name for f in dataclasses.fields(SchedulerConfig)},
-    }
-    unknown = set(overrides) - set().union(*groups.values())
-    if unknown:
-        raise RequestError(f"unknown Engine option(s) {sorted(unknown)}; known: {sorted(set().union(*groups.values()))}")
-    pick = lambda g: {k: v for k, v in overrides.items() if k in groups[g]}
-    return EngineConfig(
-        model=model, device=device, dtype=dtype,
-        cache=CacheConfig(**pick("cache")), scheduler=SchedulerConfig(**pick("scheduler")), **pick("engine"),
-    )
 
 
 class Engine:
@@ -84,7 +58,7 @@ class Engine:
             runner = ModelRunner(loaded.model, pool, req_pool, get_backend(cfg.attention_backend), device)
             if tp > 1:
                 runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, runner.backend.name)
-            elif _use_cuda_graphs(cfg, runner.backend):
+            elif cuda_graphs_wanted(cfg, runner.backend):
                 runner.graphs = DecodeGraphs(runner, min(cfg.cuda_graph_max_batch, cfg.cache.max_running_requests), context)
             return Components(
                 scheduler=Scheduler(cfg.scheduler, pool, req_pool, tree),

@@ -62,9 +62,9 @@ class PassRunner:
     def plan(self, p: Pass) -> None:
         """Decide the rows to sample (a request that finished or jumped since it was scheduled wants
         none) and start their grammar masks."""
-        b = p.batch
-        live = [ok and not r.finished for ok, r in zip(b.live, b.sampling_reqs)]
-        p.plan.set_result(Plan(live, self.masks.start([r for ok, r in zip(live, b.sampling_reqs) if ok])))
+        reqs = p.batch.sampling_reqs
+        live = [ok and not r.finished for ok, r in zip(p.batch.live, reqs)]
+        p.plan.set_result(Plan(live, self.masks.start([r for ok, r in zip(live, reqs) if ok])))
 
     def collect(self, p: Pass) -> PassResult:
         """The pass's result (running it here without overlap). Raises what the pass raised."""
@@ -107,5 +107,6 @@ class PassRunner:
             picked, entries = sample(live, [reqs[k] for k in rows], self.tokenizer, allowed)
             for k, t, e in zip(rows, picked, entries):
                 tokens[k], logprobs[k] = t, e
-        self._prev_tokens = torch.tensor([max(t, 0) for t in tokens], dtype=torch.int64, device=logits.device)
+        if self.overlap:  # only a pass launched before this one was processed reads them
+            self._prev_tokens = torch.tensor([max(t, 0) for t in tokens], dtype=torch.int64, device=logits.device)
         return PassResult(tokens, logprobs, logits[len(plan.live) :])
