@@ -15,6 +15,14 @@ import triton.language as tl
 
 
 @triton.jit
+def paged_kv_offsets(req_to_token, row, offs_n, nmask, kvh, offs_d, dmask, stride_r2t, stride_ct, stride_ch):
+    """Offsets into a K/V cache of keys `offs_n` of slot-table row `row` (KV head `kvh`), and their mask:
+    the gather through the slot table that the decode and extend kernels share."""
+    slots = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0)
+    return slots[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :], nmask[:, None] & dmask[None, :]
+
+
+@triton.jit
 def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale,
                          split_len, stride_qt, stride_qh, stride_ct, stride_ch, stride_r2t,
                          stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
@@ -36,9 +44,8 @@ def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, 
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         nmask = offs_n < end
-        slots = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0)
-        kv_off = slots[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :]
-        kvmask = nmask[:, None] & dmask[None, :]
+        kv_off, kvmask = paged_kv_offsets(req_to_token, row, offs_n, nmask, kvh, offs_d, dmask, stride_r2t,
+                                          stride_ct, stride_ch)
         kk = tl.load(k_cache + kv_off, mask=kvmask, other=0.0).to(tl.float32)
         scores = tl.sum(kk * qv[None, :], axis=1) * scale
         scores = tl.where(nmask, scores, -float("inf"))

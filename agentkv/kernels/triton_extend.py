@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from agentkv.kernels.triton_decode import paged_kv_offsets
+
 # The interpreter has no bf16 matrix product (numpy): there the products run in fp32 on the
 # converted values, which still checks everything else; a GPU multiplies bf16 tiles natively.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -51,9 +53,8 @@ def _extend_kernel(q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, e
     for n0 in range(0, last, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         nmask = offs_n < seq_len
-        slots = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0)
-        kv_off = slots[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :]
-        kvmask = nmask[:, None] & dmask[None, :]
+        kv_off, kvmask = paged_kv_offsets(req_to_token, row, offs_n, nmask, kvh, offs_d, dmask, stride_r2t,
+                                          stride_ct, stride_ch)
         kb = tl.load(k_cache + kv_off, mask=kvmask, other=0.0).to(qb.dtype)
         if FP32_DOT:
             scores = tl.dot(qb, tl.trans(kb), input_precision="ieee") * scale
