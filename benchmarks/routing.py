@@ -1,15 +1,17 @@
 """Cache-aware routing vs round-robin over engine replicas (2 by default), on a multi-tenant agent workload.
 
 Several tenants (distinct system prompts with tool definitions), several conversations each, several
-turns per conversation; each turn is a wave of concurrent requests, one per conversation, routed by
-the policy and run on the replicas in parallel. Each replica's KV pool holds about half of the
-tenants' prompts, as when a deployment scales out because one engine's memory is not enough: with
-round-robin every replica must hold every tenant and the LRU cache thrashes; with cache-aware routing
-each tenant's conversations stay where their prefix is. Outputs are constrained to ASCII words so a
-conversation's history re-tokenizes to exactly what the replica cached.
+turns per conversation. By default each conversation is a client that sends its next turn when the
+previous answer arrives (closed loop, the shape of a multi-turn chat benchmark: requests arrive one by
+one, interleaved as the replicas answer); `--arrival waves` sends every conversation's turn k at once
+instead. Each replica's KV pool holds about half of the tenants' prompts, as when a deployment scales
+out because one engine's memory is not enough: with round-robin every replica must hold every tenant
+and the LRU cache thrashes; with cache-aware routing each tenant's conversations stay where their
+prefix is. Outputs are constrained to ASCII words so a conversation's history re-tokenizes to exactly
+what the replica cached. Closed-loop figures move from run to run (arrival order depends on timing).
 
     python benchmarks/routing.py [--tenants 16] [--conversations 2] [--turns 8] [--slot-share 0.7] [--replicas 2]
-                                 [--model DIR]
+                                 [--arrival closed-loop|waves] [--model DIR]
 
 Without --model, a tiny random-weight Llama with a byte-level tokenizer (one token per character):
 the cache counts do not depend on the weights.
@@ -21,6 +23,7 @@ import argparse
 import random
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -57,19 +60,16 @@ class RoundRobin:
     def finished(self, replica: str) -> None: ...
 
 
-def run(policy_name: str, args, model: str, systems: list[str]) -> list:
-    names = [f"replica-{i}" for i in range(args.replicas)]
-    slots = int(args.slot_share * sum(len(s) for s in systems))
-    engines = {n: ak.Engine(model, num_slots=slots, max_running_requests=64) for n in names}
-    router = CacheAwareRouter(names) if policy_name == "cache-aware" else RoundRobin(names)
-    params = ak.SamplingParams(temperature=0.0, max_tokens=args.new_tokens, regex=f"[a-z ]{{{args.new_tokens}}}")
-    histories = {(t, c): systems[t] for t in range(len(systems)) for c in range(args.conversations)}
-    rng = random.Random(1)
-    start = time.perf_counter()
+def user_turn(turn: int, rng: random.Random) -> str:
+    return f"\nUser (turn {turn}): please {rng.choice(WORDS)} the {rng.choice(WORDS)}.\nAgent: "
+
+
+def waves(args, router, engines, params, histories) -> None:
+    """Every conversation takes turn k at once: one wave of concurrent requests per turn."""
+    names, rng = list(engines), random.Random(1)
     with ThreadPoolExecutor(len(names)) as pool:
         for turn in range(args.turns):
-            texts = {k: h + f"\nUser (turn {turn}): please {rng.choice(WORDS)} the {rng.choice(WORDS)}.\nAgent: "
-                     for k, h in histories.items()}
+            texts = {k: h + user_turn(turn, rng) for k, h in histories.items()}
             routed: dict[str, list] = {n: [] for n in names}
             for k in rng.sample(sorted(texts), len(texts)):  # conversations arrive interleaved
                 replica = router.route(texts[k])
@@ -84,6 +84,40 @@ def run(policy_name: str, args, model: str, systems: list[str]) -> list:
                 for k, out in done:
                     router.finished(replica)
                     histories[k] = texts[k] + out.text
+
+
+def closed_loop(args, router, engines, params, histories) -> None:
+    """Each conversation is a client that sends its next turn when the previous answer arrives, so
+    requests arrive one by one, interleaved as the replicas answer (a multi-turn chat benchmark's shape)."""
+    lock = threading.Lock()
+
+    def client(k, seed: int) -> None:
+        rng = random.Random(seed)
+        time.sleep(rng.random() * 0.5)  # clients do not start in lockstep
+        for turn in range(args.turns):
+            text = histories[k] + user_turn(turn, rng)
+            with lock:
+                replica = router.route(text)
+                router.started(replica)
+            out = engines[replica].generate(text, params)
+            with lock:
+                router.finished(replica)
+            histories[k] = text + out.text
+
+    keys = sorted(histories)
+    with ThreadPoolExecutor(len(keys)) as pool:
+        list(pool.map(client, keys, range(len(keys))))
+
+
+def run(policy_name: str, args, model: str, systems: list[str]) -> list:
+    names = [f"replica-{i}" for i in range(args.replicas)]
+    slots = int(args.slot_share * sum(len(s) for s in systems))
+    engines = {n: ak.Engine(model, num_slots=slots, max_running_requests=64) for n in names}
+    router = CacheAwareRouter(names) if policy_name == "cache-aware" else RoundRobin(names)
+    params = ak.SamplingParams(temperature=0.0, max_tokens=args.new_tokens, regex=f"[a-z ]{{{args.new_tokens}}}")
+    histories = {(t, c): systems[t] for t in range(len(systems)) for c in range(args.conversations)}
+    start = time.perf_counter()
+    (closed_loop if args.arrival == "closed-loop" else waves)(args, router, engines, params, histories)
     wall = time.perf_counter() - start
     stats = [e.stats() for e in engines.values()]
     for e in engines.values():
@@ -104,6 +138,8 @@ def main() -> None:
     ap.add_argument("--slot-share", type=float, default=0.7,
                     help="KV slots per replica, as a share of the tokens of all system prompts together")
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--arrival", choices=["closed-loop", "waves"], default="closed-loop",
+                    help="closed-loop: each conversation sends its next turn when answered; waves: all at once per turn")
     ap.add_argument("--model", help="an HF model directory (default: a tiny random-weight model)")
     args = ap.parse_args()
     model = args.model
@@ -115,7 +151,8 @@ def main() -> None:
     systems = [system_prompt(t, args.system_chars, rng) for t in range(args.tenants)]
     rows = [run(name, args, model, systems) for name in ("round-robin", "cache-aware")]
     rr, ca = rows
-    print(f"{args.tenants} tenants x {args.conversations} conversations x {args.turns} turns over {args.replicas} replicas, "
+    print(f"{args.tenants} tenants x {args.conversations} conversations x {args.turns} turns over {args.replicas} replicas "
+          f"({args.arrival}), "
           f"system prompts ~{args.system_chars} chars, KV slots per replica {args.slot_share:.0%} of all system prompts")
     print(table(rows, ["policy", "prompt tokens", "cached", "prefill computed", "hit rate", "wall s"]))
     print(f"\ncache-aware / round-robin: hit rate {ca[4] / rr[4]:.2f}x, prefill computed {ca[3] / rr[3]:.2f}x")
