@@ -26,6 +26,9 @@ GRAMMARS = [
     ("schema", {"type": "object", "properties": {"s": {"type": "string", "pattern": "^[^b]*$"},
                                                  "t": {"type": "string", "pattern": "a1"}}}),
     ("regex", r"(ab|a)*b{1,3}"),
+    # Plain characters going different ways, multi-byte ones all one way or not (masks.py, first char).
+    ("regex", r'"(a|[^\x00-\x7F])b?"'),
+    ("regex", r'"(a|é)[ab]?"'),
     ("regex", r'"[ab]*"(,"[01]+")?'),
 ]
 

@@ -16,15 +16,16 @@ import numpy as np
 
 from agentkv.grammar.automaton import Automaton
 from agentkv.grammar.masks import (
+    ALL_DEAD,
     BELOW,
+    NONUNIFORM,
     StateTokens,
     continue_below,
     stack_walk,
     top_state_tokens,
 )
-from agentkv.grammar.vocab import TokenizerInfo
+from agentkv.grammar.vocab import ASCII_PLAIN, TokenizerInfo
 
-NONUNIFORM, ALL_DEAD = -1, -2
 MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
 MAX_FORCED_BYTES = 4096
 MAX_CACHED_MASKS = 4096     # per grammar: 4096 x 19 KB at a 151k vocabulary
@@ -57,6 +58,7 @@ class CompiledGrammar:
         self._masks: dict[int, np.ndarray] = {}
         self._forced: dict[int, bytes] = {}
         self._plain_next: dict[int, int] = {}
+        self._multibyte_next: dict[int, int] = {}
         self._plain_run: dict[int, tuple[int, str]] = {}
         self._runs = np.full(len(automaton.accept), -1, dtype=np.int32)
         self.initial = self._intern([(a.starts[0],)])
@@ -157,6 +159,13 @@ class CompiledGrammar:
             hit = self._plain_next[q] = _uniform_char_step(self.automaton.trans, self.fork_states, q)
         return hit
 
+    def multibyte_next(self, q: int) -> int:
+        """Where every plain character of two or more bytes leads from `q` (as `plain_next`)."""
+        hit = self._multibyte_next.get(q)
+        if hit is None:
+            hit = self._multibyte_next[q] = _uniform_char_step(self.automaton.trans, self.fork_states, q, multibyte=True)
+        return hit
+
     def plain_run(self, q: int) -> tuple[int, str]:
         """(n, rest): plain tokens of 1..n characters are allowed from `q` without walking them;
         longer plain tokens die ("dead") or need the byte walk ("walk"). Cached per state."""
@@ -195,7 +204,7 @@ class CompiledGrammar:
             todo = np.unique(states[unknown])
             # Most states met in a walk lead different ASCII characters to different places (inside
             # names, numbers, keywords): no chain, decided here for all of them at once.
-            ascii_next = self.automaton.trans[todo[:, None], _ASCII_PLAIN]
+            ascii_next = self.automaton.trans[todo[:, None], ASCII_PLAIN]
             uniform = ascii_next.min(axis=1) == ascii_next.max(axis=1)
             self._runs[todo[~uniform]] = 0
             for q in todo[uniform].tolist():
@@ -294,21 +303,27 @@ def _plain_char_automaton() -> np.ndarray:
     return np.stack(rows)
 
 
-_PLAIN = None
-# The one-byte plain characters: where they do not all lead to one place, nothing is uniform.
-_ASCII_PLAIN = np.array([b for b in range(0x20, 0x80) if b not in (0x22, 0x5C)])
+_PLAIN = _PLAIN_MULTIBYTE = None
 
 
-def _uniform_char_step(trans: np.ndarray, fork: np.ndarray, q: int) -> int:
-    """Simulate the one-character automaton from `q`: the single state all plain characters reach."""
-    global _PLAIN
-    ascii_next = trans[q, _ASCII_PLAIN]
-    if ascii_next.min() != ascii_next.max():  # e.g. a state inside a property name: decided at once
-        return NONUNIFORM
-    if ascii_next[0] < 0:  # no one-byte character: uniform only if no longer one starts either
-        return ALL_DEAD if (trans[q, 0xC2:0xF5] < 0).all() else NONUNIFORM
+def _uniform_char_step(trans: np.ndarray, fork: np.ndarray, q: int, multibyte: bool = False) -> int:
+    """Simulate the one-character automaton from `q`: the single state all plain characters reach
+    (`multibyte`: all plain characters of two or more bytes)."""
+    global _PLAIN, _PLAIN_MULTIBYTE
+    if multibyte:
+        if (trans[q, 0xC2:0xF5] < 0).all():
+            return ALL_DEAD
+    else:
+        ascii_next = trans[q, ASCII_PLAIN]
+        if ascii_next.min() != ascii_next.max():  # e.g. a state inside a property name: decided at once
+            return NONUNIFORM
+        if ascii_next[0] < 0:  # no one-byte character: uniform only if no longer one starts either
+            return ALL_DEAD if (trans[q, 0xC2:0xF5] < 0).all() else NONUNIFORM
     if _PLAIN is None:
         _PLAIN = _plain_char_automaton()
+        _PLAIN_MULTIBYTE = _PLAIN.copy()
+        _PLAIN_MULTIBYTE[0, :0x80] = -1  # row 0 is only the start: no one-byte character
+    automaton = _PLAIN_MULTIBYTE if multibyte else _PLAIN
     targets: set[int] = set()
     todo, seen = [(q, 0)], set()
     while todo:
@@ -316,7 +331,7 @@ def _uniform_char_step(trans: np.ndarray, fork: np.ndarray, q: int) -> int:
         if (s, r) in seen:
             continue
         seen.add((s, r))
-        rrow = _PLAIN[r]
+        rrow = automaton[r]
         live = rrow != -1
         srow = trans[s]
         nxt = srow[live]

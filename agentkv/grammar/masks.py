@@ -14,6 +14,11 @@ A stack's mask is then the state's tokens plus those returning tokens walked on 
 frames (`continue_below`). Configurations that differ only below the top (the same string rule as
 the value of many properties, the same item rule at every nesting depth) share the expensive part.
 Where the nesting limit could cut a token short, the stack is walked whole instead (`stack_walk`).
+
+Plain tokens (text a JSON string takes as is) skip the walk where a state's characters all lead one
+way: those that end on that character chain are allowed as a block (`CompiledGrammar.plain_run`).
+From a state where they do not (a property name, a pattern's class), the shortcut starts one
+character in: per first character, the chain of the state it leads to (`_start_by_first_char`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agentkv.grammar.vocab import ASCII_PLAIN
+
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
+NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,9 @@ class _Walk:
         g, info = self.g, self.info
         self.depth = max(self.depth, len(stack))
         q = stack[-1]
+        if g.plain_next(q) == NONUNIFORM:
+            self._start_by_first_char(stack)
+            return
         upto, rest = g.plain_run(q)
         # Plain tokens of up to `upto` characters end on the top rule's character chain: allowed as a block.
         self.allowed[info.plain_sorted[:info.plain_bounds[upto + 1]]] = True
@@ -96,6 +107,49 @@ class _Walk:
             idx, states = candidates[keep], states[keep]
         if len(idx):
             self.run(stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64))
+
+    def _start_by_first_char(self, stack: tuple) -> None:
+        """`start` from a state whose plain characters go different ways (inside a property name, a
+        pattern's character class): after their first character, each group of plain tokens takes
+        the chain shortcut of the state that character leads to, as a block. The rest walk."""
+        g, info = self.g, self.info
+        q = stack[-1]
+        row = g.automaton.trans[q]
+        plain, other = info.first_char_groups
+        blocks, states, walk, offsets = [], [], [], []  # ids allowed at once; those that walk on
+
+        def take(s: int, ids: np.ndarray, bounds: np.ndarray, multibyte: bool = False) -> None:
+            n, rest = g.plain_run(s)  # after the first character, up to n more end on s's chain
+            k = bounds[min(n + 2, len(bounds) - 1)]
+            blocks.append(ids[:k])
+            if (rest == "walk" or g.fork_states[s]) and k < len(ids):  # s may call or return: fork there
+                states.append(np.full(len(ids) - k, s, dtype=np.int64))
+                walk.append(ids[k:])
+                lead = info.token_bytes[ids[k:], 0]  # the first character's length in bytes
+                offsets.append(2 + (lead >= 0xE0) + (lead >= 0xF0) if multibyte else np.ones(len(ids) - k, np.int64))
+
+        targets = row[ASCII_PLAIN]
+        for s in np.unique(targets[targets >= 0]).tolist():
+            for b in ASCII_PLAIN[targets == s].tolist():
+                take(s, *plain[b])
+        multibyte = g.multibyte_next(q)
+        if multibyte >= 0:
+            take(multibyte, *plain[256], multibyte=True)
+        elif multibyte == NONUNIFORM:  # first bytes go different ways: each token from its own
+            ids = plain[256][0]
+            first = row[info.token_bytes[ids, 0]].astype(np.int64)
+            states.append(first[first >= 0])
+            walk.append(ids[first >= 0])
+            offsets.append(np.ones(len(walk[-1]), np.int64))
+        for b in np.nonzero(row >= 0)[0].tolist():
+            if len(other[b]):
+                states.append(np.full(len(other[b]), row[b], dtype=np.int64))
+                walk.append(other[b])
+                offsets.append(np.ones(len(other[b]), np.int64))
+        if blocks:
+            self.allowed[np.concatenate(blocks)] = True
+        if walk:
+            self.run(stack[:-1], np.concatenate(states), np.concatenate(walk), np.concatenate(offsets).astype(np.int64))
 
     def fork(self, own: tuple, idx: np.ndarray, off: np.ndarray, skip: tuple | None = None) -> None:
         """Tokens `idx` (having read `off` bytes) at `own`: go on from each stack its calls and returns

@@ -21,6 +21,8 @@ from agentkv.errors import GrammarError
 # Characters a JSON string takes as they are, minus the ECMA line terminators U+2028/U+2029, which a
 # pattern's `.` refuses: with them out, `.*` is a run of plain characters like any string body.
 PLAIN_EXCLUDED = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x2028, 0x2029))
+# The one-byte plain characters (where they do not all lead to one place, a state is not uniform).
+ASCII_PLAIN = np.array([b for b in range(0x20, 0x80) if b not in (0x22, 0x5C)])
 
 
 def _is_plain(c: str) -> bool:
@@ -90,6 +92,7 @@ class TokenizerInfo:
         self.non_plain_ids = self.text_ids[plain[self.text_ids] < 0]
         self._plain_suffix: np.ndarray | None = None
         self._first_byte_groups: list[np.ndarray] | None = None
+        self._first_char_groups: tuple[list, list[np.ndarray]] | None = None
 
     # -- construction -------------------------------------------------------------------------------
 
@@ -161,6 +164,33 @@ class TokenizerInfo:
             bounds = np.searchsorted(first[order], np.arange(257))
             self._first_byte_groups = [ids[order[bounds[b]:bounds[b + 1]]] for b in range(256)]
         return self._first_byte_groups
+
+    @property
+    def first_char_groups(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[np.ndarray]]:
+        """(plain, other), built on first use. `plain[b]` for an ASCII byte b, and `plain[256]` for
+        every multi-byte first character: (ids, bounds), the plain tokens that start so, ordered by
+        character count, `bounds[c]` the number of them under c characters. `other[b]`: the text
+        tokens that are not plain, by first byte. A token mask from a state whose characters go
+        different ways takes each plain group's short tokens as a block (masks.py)."""
+        if self._first_char_groups is None:
+            plain = self.plain_chars
+            top = int(plain.max(initial=0)) + 2
+            ids = self.text_ids[plain[self.text_ids] > 0]
+            first = self.token_bytes[ids, 0].astype(np.int64)
+            key = np.where(first < 0x80, first, 256)
+            order = np.lexsort((plain[ids], key))
+            ids, key = ids[order], key[order]
+            edges = np.searchsorted(key, np.arange(258))
+            groups = []
+            for g in range(257):
+                gi = ids[edges[g]:edges[g + 1]]
+                groups.append((gi, np.searchsorted(plain[gi], np.arange(top))))
+            other = self.non_plain_ids
+            first = self.token_bytes[other, 0]
+            order = np.argsort(first, kind="stable")
+            edges = np.searchsorted(first[order], np.arange(257))
+            self._first_char_groups = (groups, [other[order[edges[b]:edges[b + 1]]] for b in range(256)])
+        return self._first_char_groups
 
     @property
     def plain_suffix(self) -> np.ndarray:
