@@ -30,6 +30,7 @@ import numpy as np
 from agentkv.grammar.vocab import ASCII_PLAIN
 
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
+FEW_TOKENS = 400  # a walk with no more tokens than this goes on one token at a time (`_Walk.finish`)
 NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
 
 
@@ -97,12 +98,12 @@ class _Walk:
             starts = np.nonzero(row >= 0)[0]
             groups = info.first_byte_groups
             idx = np.concatenate([groups[b] for b in starts]) if len(starts) else np.zeros(0, dtype=np.int64)
-            states = row[info.token_bytes[idx, 0]].astype(np.int64) if len(idx) else idx
+            states = row[info.bytes_at[0, idx]].astype(np.int64) if len(idx) else idx
         else:
             candidates = info.non_plain_ids
             if longer:
                 candidates = np.concatenate([candidates, info.plain_sorted[info.plain_bounds[upto + 1]:]])
-            states = row[info.token_bytes[candidates, 0]].astype(np.int64)
+            states = row[info.bytes_at[0, candidates]].astype(np.int64)
             keep = states >= 0
             idx, states = candidates[keep], states[keep]
         if len(idx):
@@ -125,7 +126,7 @@ class _Walk:
             if (rest == "walk" or g.fork_states[s]) and k < len(ids):  # s may call or return: fork there
                 states.append(np.full(len(ids) - k, s, dtype=np.int64))
                 walk.append(ids[k:])
-                lead = info.token_bytes[ids[k:], 0]  # the first character's length in bytes
+                lead = info.bytes_at[0, ids[k:]]  # the first character's length in bytes
                 offsets.append(2 + (lead >= 0xE0) + (lead >= 0xF0) if multibyte else np.ones(len(ids) - k, np.int64))
 
         targets = row[ASCII_PLAIN]
@@ -137,7 +138,7 @@ class _Walk:
             take(multibyte, *plain[256], multibyte=True)
         elif multibyte == NONUNIFORM:  # first bytes go different ways: each token from its own
             ids = plain[256][0]
-            first = row[info.token_bytes[ids, 0]].astype(np.int64)
+            first = row[info.bytes_at[0, ids]].astype(np.int64)
             states.append(first[first >= 0])
             walk.append(ids[first >= 0])
             offsets.append(np.ones(len(walk[-1]), np.int64))
@@ -159,9 +160,7 @@ class _Walk:
         self.depth = max(self.depth, g.deepest(own))
         if ends and self.relative:
             self.below.append((idx, off))  # returns below the walked frame: the real stack decides
-        flat_bytes = self.info.token_bytes.reshape(-1)
-        width = self.info.token_bytes.shape[1]
-        b = flat_bytes[idx * width + off]
+        b = self.info.bytes_at.reshape(-1)[off * self.info.vocab_size + idx]
         for other in stacks:
             if other != skip:
                 nxt = g.automaton.trans[other[-1], b].astype(np.int64)
@@ -172,18 +171,17 @@ class _Walk:
     def run(self, lower: tuple, states, idx, off) -> None:
         """Tokens `idx` have read `off` bytes and sit in `states` (tops of stacks `lower + (state,)`)."""
         g, info = self.g, self.info
-        flat_bytes = info.token_bytes.reshape(-1)
-        width = info.token_bytes.shape[1]
+        flat_bytes = info.bytes_at.reshape(-1)
+        vocab = info.vocab_size
         lengths = info.lengths
         flat_trans = g.automaton.trans.reshape(-1)
         fork_states = g.fork_states
         suffix = info.plain_suffix.reshape(-1)
-        swidth = info.plain_suffix.shape[1]
         while True:
             done = off == lengths[idx]
             # A plain-text rest of the token that the state's character chain takes whole: done too.
             runs = g.run_lengths(states)
-            rest_chars = suffix[idx * swidth + off]
+            rest_chars = suffix[off * vocab + idx]
             done |= (rest_chars > 0) & (rest_chars <= runs)
             if done.any():
                 self.allowed[idx[done]] = True
@@ -197,9 +195,10 @@ class _Walk:
                     own = lower + (u,)
                     sel = states == u
                     self.fork(own, idx[sel], off[sel], skip=own)
-            b = flat_bytes[idx * width + off]
+            b = flat_bytes[off * vocab + idx]
             states = flat_trans[states * 256 + b].astype(np.int64)
             ok = states >= 0
             states, idx, off = states[ok], idx[ok], off[ok] + 1
             if not len(idx):
                 return
+

@@ -62,12 +62,13 @@ class TokenizerInfo:
         lengths = np.array([0 if b is None else len(b) for b in self.vocab], dtype=np.int32)
         self.lengths = lengths
         width = max(1, int(lengths.max(initial=1)))
-        # Token bytes padded to the longest token; padding is never read (walks stop at each length).
+        # Token bytes padded to the longest token, `bytes_at[k, t]` the k-th byte of token t: a walk
+        # reads one offset of many tokens at a time, a contiguous row. Padding is never read.
         mat = np.zeros((self.vocab_size, width), dtype=np.uint8)
         for i, b in enumerate(self.vocab):
             if b:
                 mat[i, :len(b)] = np.frombuffer(b, dtype=np.uint8)
-        self.token_bytes = mat
+        self.bytes_at = np.ascontiguousarray(mat.T)
         self.text_ids = np.nonzero(lengths > 0)[0].astype(np.int64)
         # Lexicographic order: the tokens extending a given byte string are one contiguous run.
         self.sorted_ids = sorted(self.text_ids.tolist(), key=lambda i: self.vocab[i])
@@ -159,7 +160,7 @@ class TokenizerInfo:
         """Per first byte, the text token ids that start with it (built on first use)."""
         if self._first_byte_groups is None:
             ids = self.text_ids
-            first = self.token_bytes[ids, 0]
+            first = self.bytes_at[0, ids]
             order = np.argsort(first, kind="stable")
             bounds = np.searchsorted(first[order], np.arange(257))
             self._first_byte_groups = [ids[order[bounds[b]:bounds[b + 1]]] for b in range(256)]
@@ -176,7 +177,7 @@ class TokenizerInfo:
             plain = self.plain_chars
             top = int(plain.max(initial=0)) + 2
             ids = self.text_ids[plain[self.text_ids] > 0]
-            first = self.token_bytes[ids, 0].astype(np.int64)
+            first = self.bytes_at[0, ids].astype(np.int64)
             key = np.where(first < 0x80, first, 256)
             order = np.lexsort((plain[ids], key))
             ids, key = ids[order], key[order]
@@ -186,7 +187,7 @@ class TokenizerInfo:
                 gi = ids[edges[g]:edges[g + 1]]
                 groups.append((gi, np.searchsorted(plain[gi], np.arange(top))))
             other = self.non_plain_ids
-            first = self.token_bytes[other, 0]
+            first = self.bytes_at[0, other]
             order = np.argsort(first, kind="stable")
             edges = np.searchsorted(first[order], np.arange(257))
             self._first_char_groups = (groups, [other[order[edges[b]:edges[b + 1]]] for b in range(256)])
@@ -194,10 +195,10 @@ class TokenizerInfo:
 
     @property
     def plain_suffix(self) -> np.ndarray:
-        """[vocab, width + 1] int16: characters in the token's bytes from each offset if they are plain
+        """[width + 1, vocab] int16: characters in the token's bytes from each offset if they are plain
         text starting on a character boundary, else -1 (built on first use, once per tokenizer)."""
         if self._plain_suffix is None:
-            tb, width = self.token_bytes, self.token_bytes.shape[1]
+            tb, width = self.bytes_at.T, self.bytes_at.shape[0]
             out = np.full((self.vocab_size, width + 1), -1, dtype=np.int16)
             ascii_ids = self.text_ids[(tb[self.text_ids] < 0x80).all(axis=1)]
             # ASCII tokens (most of a vocabulary) at once: plain from `off` unless a byte at or
@@ -230,7 +231,7 @@ class TokenizerInfo:
                     cols.append(off)
                     vals.append(n)
             out[rows, cols] = vals
-            self._plain_suffix = out
+            self._plain_suffix = np.ascontiguousarray(out.T)
         return self._plain_suffix
 
     # -- queries --------------------------------------------------------------------------------------
