@@ -1,5 +1,7 @@
 """Matcher: masks equal a brute-force reference, accept/rollback/copy, EOS, errors, batched fill."""
 
+import random
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -90,6 +92,33 @@ def test_string_states_with_a_few_odd_characters(pattern, inside):
     m = Matcher(GrammarCompiler(info).compile_json_schema({"type": "string", "pattern": pattern}))
     assert m.accept_bytes(inside.encode())
     assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
+
+
+def test_walks_of_rules_that_call_nothing_are_shared_across_grammars():
+    # The same pattern and the same string rule in two schemas, placed differently: the second
+    # grammar reuses the first one's token walks for them (kept by the tokenizer) and its masks
+    # still equal the brute-force reference at every step.
+    rnd = random.Random(0)
+    words = [bytes(rnd.choice(ALPHABET) for _ in range(rnd.randint(1, 4))) for _ in range(80)]
+    info = TokenizerInfo(list(dict.fromkeys([bytes([c]) for c in ALPHABET] + words)) + [None], eos_ids=[])
+    info = TokenizerInfo(info.vocab, eos_ids=[len(info.vocab) - 1])
+    pattern = {"type": "string", "pattern": "^[ab]*1"}
+    first = {"type": "object", "properties": {"a": pattern, "b": {"type": "string"}}, "required": ["a", "b"]}
+    second = {"type": "array", "items": pattern, "maxItems": 4}
+    compiler = GrammarCompiler(info)
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    for schema, texts in ((first, ['{"a":"ab1","b":"0"}']), (second, ['["ab1","1","ba1"]', '[]'])):
+        for text in texts:
+            m = Matcher(compiler.compile_json_schema(schema))
+            for b in text.encode():
+                assert_mask_is_brute_force(m, bitmask)
+                assert m.accept_token(info.vocab.index(bytes([b])))
+            assert_mask_is_brute_force(m, bitmask)
+            assert m.is_terminated() or m.can_terminate()
+        if schema is first:
+            kept = dict(info.leaf_walks._items)
+            assert len(kept) >= 2  # the pattern's walks, the plain string's
+    assert all(info.leaf_walks._items[k] is v for k, v in kept.items())  # reused, not walked again
 
 
 def test_accept_rollback_copy_and_eos():

@@ -10,6 +10,7 @@ shared by every request using this grammar.
 
 from __future__ import annotations
 
+import bisect
 import threading
 
 import numpy as np
@@ -248,11 +249,28 @@ class CompiledGrammar:
         st = self._state_tokens.get(q)
         if st is None:
             with self._lock:
-                st = top_state_tokens(self, q)
+                key = self._leaf_key(q)
+                st = self.info.leaf_walks.get(key) if key is not None else None
+                if st is None:
+                    st = top_state_tokens(self, q)
+                    if key is not None:
+                        self.info.leaf_walks.put(key, st)
                 if len(self._state_tokens) >= MAX_CACHED_STATES:
                     del self._state_tokens[next(iter(self._state_tokens))]
                 self._state_tokens[q] = st
         return st
+
+    def _leaf_key(self, q: int):
+        """(expression, state within its DFA) for a state of a rule that calls no other: the walk
+        from it is the same in every grammar with that rule, so the tokenizer keeps it (a format, a
+        pattern or a string type met again in another schema costs nothing)."""
+        a = self.automaton
+        if a.leaf_exprs is None:
+            return None
+        r = bisect.bisect_right(a.starts, q) - 1
+        expr = a.leaf_exprs[r]
+        size = (a.starts[r + 1] if r + 1 < len(a.starts) else len(a.accept)) - a.starts[r]
+        return None if expr is None else (expr, size, q - a.starts[r])
 
     def allowed_bytes(self, cid: int) -> np.ndarray:
         tops = [s[-1] for s in self._configs[cid][0]]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import bisect
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -45,6 +47,35 @@ def gpt2_byte_decoder() -> dict[str, int]:
             cs.append(256 + n)
             n += 1
     return {chr(c): b for b, c in zip(bs, cs)}
+
+
+MAX_LEAF_WALKS = 1024
+
+
+class BoundedCache:
+    """A thread-safe dict that drops its least recently used entry past `size`."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+            return hit
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            if len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 class TokenizerInfo:
@@ -94,6 +125,9 @@ class TokenizerInfo:
         self._plain_suffix: np.ndarray | None = None
         self._first_byte_groups: list[np.ndarray] | None = None
         self._first_char_groups: tuple[list, list[np.ndarray]] | None = None
+        # Token walks from states of rules that call no other, by (expression, state): see
+        # CompiledGrammar.state_tokens. Bounded: each holds a packed mask (19 KB at 151k tokens).
+        self.leaf_walks = BoundedCache(MAX_LEAF_WALKS)
 
     # -- construction -------------------------------------------------------------------------------
 
