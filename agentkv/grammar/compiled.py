@@ -261,7 +261,7 @@ class CompiledGrammar:
         return st
 
     def _leaf_key(self, q: int):
-        """(expression, state within its DFA) for a state of a rule that calls no other: the walk
+        """(expression, its DFA size, state within it) for a state of a rule that calls no other: the walk
         from it is the same in every grammar with that rule, so the tokenizer keeps it (a format, a
         pattern or a string type met again in another schema costs nothing)."""
         a = self.automaton

@@ -30,7 +30,6 @@ import numpy as np
 from agentkv.grammar.vocab import ASCII_PLAIN
 
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
-FEW_TOKENS = 400  # a walk with no more tokens than this goes on one token at a time (`_Walk.finish`)
 NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
 
 
@@ -201,4 +200,3 @@ class _Walk:
             states, idx, off = states[ok], idx[ok], off[ok] + 1
             if not len(idx):
                 return
-

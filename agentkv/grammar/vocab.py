@@ -125,7 +125,7 @@ class TokenizerInfo:
         self._plain_suffix: np.ndarray | None = None
         self._first_byte_groups: list[np.ndarray] | None = None
         self._first_char_groups: tuple[list, list[np.ndarray]] | None = None
-        # Token walks from states of rules that call no other, by (expression, state): see
+        # Token walks from states of rules that call no other, by (expression, DFA size, state): see
         # CompiledGrammar.state_tokens. Bounded: each holds a packed mask (19 KB at 151k tokens).
         self.leaf_walks = BoundedCache(MAX_LEAF_WALKS)
 
