@@ -164,7 +164,8 @@ class CompiledGrammar:
         """Where every plain character of two or more bytes leads from `q` (as `plain_next`)."""
         hit = self._multibyte_next.get(q)
         if hit is None:
-            hit = self._multibyte_next[q] = _uniform_char_step(self.automaton.trans, self.fork_states, q, multibyte=True)
+            hit = _uniform_char_step(self.automaton.trans, self.fork_states, q, multibyte=True)
+            self._multibyte_next[q] = hit
         return hit
 
     def plain_run(self, q: int) -> tuple[int, str]:
