@@ -193,12 +193,15 @@ class TokenizerInfo:
     def first_byte_groups(self) -> list[np.ndarray]:
         """Per first byte, the text token ids that start with it (built on first use)."""
         if self._first_byte_groups is None:
-            ids = self.text_ids
-            first = self.bytes_at[0, ids]
-            order = np.argsort(first, kind="stable")
-            bounds = np.searchsorted(first[order], np.arange(257))
-            self._first_byte_groups = [ids[order[bounds[b]:bounds[b + 1]]] for b in range(256)]
+            self._first_byte_groups = self._by_first_byte(self.text_ids)
         return self._first_byte_groups
+
+    def _by_first_byte(self, ids: np.ndarray) -> list[np.ndarray]:
+        """`ids` split by their first byte (256 arrays, each in the order of `ids`)."""
+        first = self.bytes_at[0, ids]
+        order = np.argsort(first, kind="stable")
+        bounds = np.searchsorted(first[order], np.arange(257))
+        return [ids[order[bounds[b]:bounds[b + 1]]] for b in range(256)]
 
     @property
     def first_char_groups(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[np.ndarray]]:
@@ -220,11 +223,7 @@ class TokenizerInfo:
             for g in range(257):
                 gi = ids[edges[g]:edges[g + 1]]
                 groups.append((gi, np.searchsorted(plain[gi], np.arange(top))))
-            other = self.non_plain_ids
-            first = self.bytes_at[0, other]
-            order = np.argsort(first, kind="stable")
-            edges = np.searchsorted(first[order], np.arange(257))
-            self._first_char_groups = (groups, [other[order[edges[b]:edges[b + 1]]] for b in range(256)])
+            self._first_char_groups = (groups, self._by_first_byte(self.non_plain_ids))
         return self._first_char_groups
 
     @property
