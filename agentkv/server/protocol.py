@@ -240,7 +240,6 @@ def bad_request(e: RequestError) -> APIError:
     return APIError(400, message, param)
 
 
-
 # ---- shared by the single-engine app and the Ray Serve ingress (cluster.py) ----------------------------
 
 def check_access(authorization: str | None, body: dict | None, api_key: str | None, model_name: str) -> None:
