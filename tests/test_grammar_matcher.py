@@ -94,6 +94,39 @@ def test_string_states_with_a_few_odd_characters(pattern, inside):
     assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
 
 
+LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"1" + b"a" * 9, b"b" * 20,
+        b"b" * 19 + b"x", b"a" + b"b" * 18 + b"x", b" " * 10 + b'"', b" " * 10 + "é".encode() * 3,
+        b"x" * 10 + "é".encode()[:1], "é".encode() * 6, "é".encode() + b" " * 12, b"1" + b" " * 12]
+
+
+@pytest.mark.parametrize("kind,source,inside", [
+    # a substring the string must contain; a class; a class with multi-byte characters
+    ("schema", {"type": "string", "pattern": "a1"}, '"'),
+    ("schema", {"type": "string", "pattern": "a1"}, '"xa'),
+    ("schema", {"type": "string", "pattern": "a1"}, '"a1'),
+    ("schema", {"type": "string", "pattern": "^[^b]*$"}, '"'),
+    ("schema", {"type": "string", "pattern": "^[ -~é]*$"}, '"x'),
+    ("schema", {"type": "object", "additionalProperties": {"type": "string", "pattern": "1"}}, '{"'),
+    # a loop in a rule that can return mid-token: its bytes may be read by the rule after it
+    ("lark", 'start: w v\nw: /[ab]+/\nv: /bbbx/', ""),
+    ("regex", r"[ab]+b*x|-+1?", ""),
+])
+def test_long_tokens_through_loops(kind, source, inside):
+    # Tokens much longer than a walk's first steps, through states that loop on most characters:
+    # the tokens whose other bytes all loop are allowed as a block, and a walk still going after a
+    # few steps skips the looping bytes ahead (not on a state that can return, where a byte could
+    # also be read by the caller).
+    words = [bytes([c]) for c in b'ab1x- "\\'] + ["é".encode()] + LONG
+    info = TokenizerInfo(list(dict.fromkeys(words)) + [None], eos_ids=[len(dict.fromkeys(words))])
+    compiler = GrammarCompiler(info)
+    g = compiler.compile_lark(source) if kind == "lark" else compile_one(compiler, kind, source)
+    m = Matcher(g)
+    assert m.accept_bytes(inside.encode())
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    allowed = assert_mask_is_brute_force(m, bitmask)
+    assert {info.vocab.index(t) for t in LONG} & allowed  # some long token is allowed: the walk had them
+
+
 def test_walks_of_rules_that_call_nothing_are_shared_across_grammars():
     # The same pattern and the same string rule in two schemas, placed differently: the second
     # grammar reuses the first one's token walks for them (kept by the tokenizer) and its masks

@@ -32,6 +32,7 @@ MAX_FORCED_BYTES = 4096
 MAX_CACHED_MASKS = 4096     # per grammar: 4096 x 19 KB at a 151k vocabulary
 MAX_CACHED_STATES = 4096    # per grammar, top-state token sets (masks.py): as many again
 DEAD = -1
+LOOP_BLOCK_MIN = 32         # loops on fewer ASCII characters: the byte walk is cheaper than the block
 
 
 class CompiledGrammar:
@@ -61,6 +62,7 @@ class CompiledGrammar:
         self._plain_next: dict[int, int] = {}
         self._multibyte_next: dict[int, int] = {}
         self._plain_run: dict[int, tuple[int, str]] = {}
+        self._looping: dict[int, np.ndarray | None] = {}
         self._runs = np.full(len(automaton.accept), -1, dtype=np.int32)
         self.initial = self._intern([(a.starts[0],)])
 
@@ -213,6 +215,27 @@ class CompiledGrammar:
                 self._runs[q] = self.plain_run(q)[0]
             runs = self._runs[states]
         return runs
+
+    def looping_tokens(self, q: int) -> np.ndarray | None:
+        """Packed token mask: the tokens whose bytes after the first all loop on `q` (so a token whose
+        first character leads to `q` reads the rest there and ends in `q`), where `q` loops on at
+        least LOOP_BLOCK_MIN ASCII characters; else None. A character of two or more bytes counts as
+        looping where each plain one leads back to `q`, for tokens of plain text. Cached per state."""
+        hit = self._looping.get(q, False)
+        if hit is not False:
+            return hit
+        loops = self.automaton.trans[q] == q
+        out = None
+        if loops[:0x80].sum() >= LOOP_BLOCK_MIN:
+            table = self.info.later_bytes
+            leave = np.bitwise_or.reduce(table[np.nonzero(~loops[:0x80])[0]], axis=0)
+            leave |= table[257] if self.multibyte_next(q) == q else table[256]
+            out = ~leave
+        with self._lock:
+            if len(self._looping) >= MAX_CACHED_STATES:
+                del self._looping[next(iter(self._looping))]
+            self._looping[q] = out
+        return out
 
     # -- derived per configuration ------------------------------------------------------------------
 

@@ -19,6 +19,10 @@ Plain tokens (text a JSON string takes as is) skip the walk where a state's char
 way: those that end on that character chain are allowed as a block (`CompiledGrammar.plain_run`).
 From a state where they do not (a property name, a pattern's class), the shortcut starts one
 character in: per first character, the chain of the state it leads to (`_start_by_first_char`).
+Where that character leads to a state that loops on most characters (a class, or the text around a
+substring a pattern must contain), the tokens whose other bytes all loop there are allowed as a block
+too (`CompiledGrammar.looping_tokens`). A walk still going after a few steps with few tokens left
+(long runs of spaces or dashes) moves each token past the bytes ahead of it that loop on its state.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 
 from agentkv.grammar.vocab import ASCII_PLAIN
 
+SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # a walk still going after 8 steps with few tokens skips loops
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
 NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
 
@@ -149,7 +154,28 @@ class _Walk:
         if blocks:
             self.allowed[np.concatenate(blocks)] = True
         if walk:
-            self.run(stack[:-1], np.concatenate(states), np.concatenate(walk), np.concatenate(offsets).astype(np.int64))
+            states, walk, offsets = np.concatenate(states), np.concatenate(walk), np.concatenate(offsets)
+            # Where the first character leads to a state that loops on most characters (a pattern's
+            # class, or the text before or after a substring it must contain), the tokens whose other
+            # bytes all loop there end there: allowed without a walk. (Only tokens that have read
+            # their whole first character: not those stepped by a lead byte alone.)
+            ascii_row = row[:0x80]
+            targets = set(ascii_row[ascii_row >= 0].tolist()) | ({multibyte} if multibyte >= 0 else set())
+            looping = {s: m for s in targets if (m := g.looping_tokens(s)) is not None}
+            if looping:
+                slot = np.full(g.num_states, -1, dtype=np.int64)
+                slot[list(looping)] = np.arange(len(looping))
+                table = np.stack(list(looping.values()))  # [looping states, words]
+                at = slot[states]
+                sel = np.nonzero((at >= 0) & ((offsets > 1) | (info.bytes_at[0, walk] < 0x80)))[0]
+                t = walk[sel]
+                ends = sel[((table[at[sel], t >> 5] >> (t & 31).astype(np.uint32)) & 1).astype(bool)]
+                self.allowed[walk[ends]] = True
+                rest = np.ones(len(walk), dtype=bool)
+                rest[ends] = False
+                states, walk, offsets = states[rest], walk[rest], offsets[rest]
+            if len(walk):
+                self.run(stack[:-1], states, walk, offsets.astype(np.int64))
 
     def fork(self, own: tuple, idx: np.ndarray, off: np.ndarray, skip: tuple | None = None) -> None:
         """Tokens `idx` (having read `off` bytes) at `own`: go on from each stack its calls and returns
@@ -167,6 +193,21 @@ class _Walk:
                 if ok.any():
                     self.run(other[:-1], nxt[ok], idx[ok], off[ok] + 1)
 
+    def _skip_loops(self, states, idx, off):
+        """Move each token past the bytes ahead of it that loop on its state (a long token's run of
+        spaces or dashes would otherwise take a step per byte). Not on a fork state, where each of
+        those bytes could also be read after a call or return."""
+        info, trans = self.info, self.g.automaton.trans
+        ends = info.lengths[idx]
+        span = int((ends - off).max())
+        if span < SKIP_EVERY:
+            return off
+        pos = off[:, None] + np.arange(span)[None, :]
+        ahead = info.bytes_at[np.minimum(pos, len(info.bytes_at) - 1), idx[:, None]].astype(np.int64)
+        loops = (trans[states[:, None], ahead] == states[:, None]) & (pos < ends[:, None])
+        skip = np.where(loops.all(axis=1), span, (~loops).argmax(axis=1))
+        return off + np.where(self.g.fork_states[states], 0, skip)
+
     def run(self, lower: tuple, states, idx, off) -> None:
         """Tokens `idx` have read `off` bytes and sit in `states` (tops of stacks `lower + (state,)`)."""
         g, info = self.g, self.info
@@ -176,7 +217,11 @@ class _Walk:
         flat_trans = g.automaton.trans.reshape(-1)
         fork_states = g.fork_states
         suffix = info.plain_suffix.reshape(-1)
+        steps = 0
         while True:
+            steps += 1
+            if steps % SKIP_EVERY == 0 and len(idx) <= SKIP_MAX_TOKENS:
+                off = self._skip_loops(states, idx, off)
             done = off == lengths[idx]
             # A plain-text rest of the token that the state's character chain takes whole: done too.
             runs = g.run_lengths(states)

@@ -122,7 +122,11 @@ class TokenizerInfo:
         self.plain_sorted = order.astype(np.int64)  # plain token ids by character count
         self.plain_bounds = np.searchsorted(plain[order], np.arange(int(plain.max(initial=0)) + 2))
         self.non_plain_ids = self.text_ids[plain[self.text_ids] < 0]
+        text = np.zeros(self.words * 32, dtype=bool)
+        text[self.text_ids] = True
+        self.text_bits = np.packbits(text, bitorder="little").view("<u4")  # tokens with text, packed
         self._plain_suffix: np.ndarray | None = None
+        self._later_bytes: np.ndarray | None = None
         self._first_byte_groups: list[np.ndarray] | None = None
         self._first_char_groups: tuple[list, list[np.ndarray]] | None = None
         # Token walks from states of rules that call no other, by (expression, DFA size, state): see
@@ -266,6 +270,22 @@ class TokenizerInfo:
             out[rows, cols] = vals
             self._plain_suffix = np.ascontiguousarray(out.T)
         return self._plain_suffix
+
+    @property
+    def later_bytes(self) -> np.ndarray:
+        """[258, words] packed token masks (built on first use): row b, the tokens in which byte b
+        occurs after the first byte; row 256, those with any byte from 0x80 there; row 257, those that
+        also are not plain text. Where the first character leads to a state that loops on most bytes,
+        the tokens whose other bytes all loop there are allowed at once (masks.py)."""
+        if self._later_bytes is None:
+            tb = self.bytes_at.T
+            rows, cols = np.nonzero(np.arange(1, tb.shape[1])[None, :] < self.lengths[:, None])
+            has = np.zeros((258, self.words * 32), dtype=bool)
+            has[tb[rows, cols + 1], rows] = True
+            has[256] = has[0x80:256].any(axis=0)
+            has[257, :self.vocab_size] = has[256, :self.vocab_size] & (self.plain_chars <= 0)
+            self._later_bytes = np.packbits(has, axis=1, bitorder="little").view("<u4")
+        return self._later_bytes
 
     # -- queries --------------------------------------------------------------------------------------
 
