@@ -120,7 +120,7 @@ class _Walk:
         g, info = self.g, self.info
         q = stack[-1]
         row = g.automaton.trans[q]
-        plain, other = info.first_char_groups
+        plain = info.first_char_groups
         blocks, states, walk, offsets = [], [], [], []  # ids allowed at once; those that walk on
 
         def take(s: int, ids: np.ndarray, bounds: np.ndarray, multibyte: bool = False) -> None:
@@ -146,11 +146,10 @@ class _Walk:
             states.append(first[first >= 0])
             walk.append(ids[first >= 0])
             offsets.append(np.ones(len(walk[-1]), np.int64))
-        for b in np.nonzero(row >= 0)[0].tolist():
-            if len(other[b]):
-                states.append(np.full(len(other[b]), row[b], dtype=np.int64))
-                walk.append(other[b])
-                offsets.append(np.ones(len(other[b]), np.int64))
+        other, starts = info.non_plain_by_first_byte, np.nonzero(row >= 0)[0].tolist()  # from their first byte
+        walk.append(np.concatenate([other[b] for b in starts] + [np.zeros(0, np.int64)]))
+        states.append(np.repeat(row[starts].astype(np.int64), [len(other[b]) for b in starts]))
+        offsets.append(np.ones(len(walk[-1]), np.int64))
         if blocks:
             self.allowed[np.concatenate(blocks)] = True
         if walk:

@@ -128,7 +128,8 @@ class TokenizerInfo:
         self._plain_suffix: np.ndarray | None = None
         self._later_bytes: np.ndarray | None = None
         self._first_byte_groups: list[np.ndarray] | None = None
-        self._first_char_groups: tuple[list, list[np.ndarray]] | None = None
+        self._non_plain_by_first_byte: list[np.ndarray] | None = None
+        self._first_char_groups: list[tuple[np.ndarray, np.ndarray]] | None = None
         # Token walks from states of rules that call no other, by (expression, DFA size, state): see
         # CompiledGrammar.state_tokens. Bounded: each holds a packed mask (19 KB at 151k tokens).
         self.leaf_walks = BoundedCache(MAX_LEAF_WALKS)
@@ -208,12 +209,18 @@ class TokenizerInfo:
         return [ids[order[bounds[b]:bounds[b + 1]]] for b in range(256)]
 
     @property
-    def first_char_groups(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[np.ndarray]]:
-        """(plain, other), built on first use. `plain[b]` for an ASCII byte b, and `plain[256]` for
-        every multi-byte first character: (ids, bounds), the plain tokens that start so, ordered by
-        character count, `bounds[c]` the number of them under c characters. `other[b]`: the text
-        tokens that are not plain, by first byte. A token mask from a state whose characters go
-        different ways takes each plain group's short tokens as a block (masks.py)."""
+    def non_plain_by_first_byte(self) -> list[np.ndarray]:
+        """Per first byte, the text tokens that are not plain (built on first use)."""
+        if self._non_plain_by_first_byte is None:
+            self._non_plain_by_first_byte = self._by_first_byte(self.non_plain_ids)
+        return self._non_plain_by_first_byte
+
+    @property
+    def first_char_groups(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Built on first use: `[b]` for an ASCII byte b, and `[256]` for every multi-byte first
+        character: (ids, bounds), the plain tokens that start so, ordered by character count,
+        `bounds[c]` the number of them under c characters. A token mask from a state whose
+        characters go different ways takes each group's short tokens as a block (masks.py)."""
         if self._first_char_groups is None:
             plain = self.plain_chars
             top = int(plain.max(initial=0)) + 2
@@ -227,7 +234,7 @@ class TokenizerInfo:
             for g in range(257):
                 gi = ids[edges[g]:edges[g + 1]]
                 groups.append((gi, np.searchsorted(plain[gi], np.arange(top))))
-            self._first_char_groups = (groups, self._by_first_byte(self.non_plain_ids))
+            self._first_char_groups = groups
         return self._first_char_groups
 
     @property
