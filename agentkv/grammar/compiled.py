@@ -366,31 +366,25 @@ def _uniform_char_step(trans: np.ndarray, fork: np.ndarray, q: int, multibyte: b
         _PLAIN_MULTIBYTE = _PLAIN.copy()
         _PLAIN_MULTIBYTE[0, :0x80] = -1  # row 0 is only the start: no one-byte character
     automaton = _PLAIN_MULTIBYTE if multibyte else _PLAIN
+    # Breadth first, a byte of the character per level (four at most): pairs (DFA state, row of the
+    # character automaton), all of a level at once.
     targets: set[int] = set()
-    todo, seen = [(q, 0)], set()
-    while todo:
-        s, r = todo.pop()
-        if (s, r) in seen:
-            continue
-        seen.add((s, r))
-        rrow = automaton[r]
-        live = rrow != -1
-        srow = trans[s]
-        nxt = srow[live]
-        rnext = rrow[live]
-        done = rnext == -2
-        targets.update(np.unique(nxt[done]).tolist())
-        mid = ~done
-        if mid.any():
-            if (nxt[mid] < 0).any():
-                targets.add(-1)
-            ok = mid & (nxt >= 0)
-            for s2, r2 in set(zip(nxt[ok].tolist(), rnext[ok].tolist())):
-                if fork[s2]:
-                    return NONUNIFORM  # a call or return inside a character: leave it to the byte walk
-                todo.append((s2, r2))
+    states, rows = np.array([q]), np.array([0])
+    while len(states):
+        a, t = automaton[rows], trans[states]
+        done = a == -2
+        targets.update(t[done].tolist())  # -1 among them: some character dies on its last byte
+        mid = (a != -1) & ~done
+        t_mid, a_mid = t[mid], a[mid]
+        if (t_mid < 0).any():
+            targets.add(-1)
         if len(targets) > 2:
             return NONUNIFORM
+        ok = t_mid >= 0
+        pairs = np.unique(t_mid[ok].astype(np.int64) * len(automaton) + a_mid[ok])
+        states, rows = pairs // len(automaton), pairs % len(automaton)
+        if fork[states].any():
+            return NONUNIFORM  # a call or return inside a character: leave it to the byte walk
     if targets == {-1}:
         return ALL_DEAD
     if len(targets) == 1:
