@@ -33,7 +33,7 @@ import numpy as np
 
 from agentkv.grammar.vocab import ASCII_PLAIN
 
-SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # a walk still going after 8 steps with few tokens skips loops
+SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # every 8 steps, a walk down to 1,024 tokens skips loops of 8+ bytes
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
 NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
 

@@ -122,9 +122,6 @@ class TokenizerInfo:
         self.plain_sorted = order.astype(np.int64)  # plain token ids by character count
         self.plain_bounds = np.searchsorted(plain[order], np.arange(int(plain.max(initial=0)) + 2))
         self.non_plain_ids = self.text_ids[plain[self.text_ids] < 0]
-        text = np.zeros(self.words * 32, dtype=bool)
-        text[self.text_ids] = True
-        self.text_bits = np.packbits(text, bitorder="little").view("<u4")  # tokens with text, packed
         self._plain_suffix: np.ndarray | None = None
         self._later_bytes: np.ndarray | None = None
         self._first_byte_groups: list[np.ndarray] | None = None
