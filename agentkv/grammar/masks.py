@@ -75,6 +75,14 @@ def continue_below(grammar, lower: tuple, ids: np.ndarray, offsets: np.ndarray, 
     _Walk(grammar, allowed, relative=False).fork(lower, ids, offsets)
 
 
+def _first_byte_reads(groups: list[np.ndarray], row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens of `groups` (per first byte) whose first byte `row` reads, and the state it leads
+    each to: slices of the groups, no per-token lookup."""
+    starts = np.nonzero(row >= 0)[0].tolist()
+    ids = np.concatenate([groups[b] for b in starts] + [np.zeros(0, np.int64)])
+    return ids, np.repeat(row[starts].astype(np.int64), [len(groups[b]) for b in starts])
+
+
 class _Walk:
     def __init__(self, grammar, allowed: np.ndarray, relative: bool):
         self.g = grammar
@@ -99,10 +107,7 @@ class _Walk:
         longer = len(info.plain_sorted) - info.plain_bounds[upto + 1] if rest == "walk" else 0
         row = g.automaton.trans[q]
         if len(info.non_plain_ids) + longer > len(info.text_ids) // 2:  # most tokens: pick by first byte
-            starts = np.nonzero(row >= 0)[0]
-            groups = info.first_byte_groups
-            idx = np.concatenate([groups[b] for b in starts]) if len(starts) else np.zeros(0, dtype=np.int64)
-            states = row[info.bytes_at[0, idx]].astype(np.int64) if len(idx) else idx
+            idx, states = _first_byte_reads(info.first_byte_groups, row)
         else:
             candidates = info.non_plain_ids
             if longer:
@@ -146,10 +151,10 @@ class _Walk:
             states.append(first[first >= 0])
             walk.append(ids[first >= 0])
             offsets.append(np.ones(len(walk[-1]), np.int64))
-        other, starts = info.non_plain_by_first_byte, np.nonzero(row >= 0)[0].tolist()  # from their first byte
-        walk.append(np.concatenate([other[b] for b in starts] + [np.zeros(0, np.int64)]))
-        states.append(np.repeat(row[starts].astype(np.int64), [len(other[b]) for b in starts]))
-        offsets.append(np.ones(len(walk[-1]), np.int64))
+        ids, first = _first_byte_reads(info.non_plain_by_first_byte, row)  # each from its first byte
+        walk.append(ids)
+        states.append(first)
+        offsets.append(np.ones(len(ids), np.int64))
         if blocks:
             self.allowed[np.concatenate(blocks)] = True
         if walk:
