@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import agentkv as ak
+from agentkv.engine.model import Linear
 from tests.conftest import requires_embedded
 from tests.reference import engine_logits, rel_error
 from tests.tiny import make_tiny_model
@@ -44,9 +45,37 @@ def test_tiny_families_match_hf(tmp_path, family, kwargs):
     with ak.Engine(str(path), num_slots=2048) as engine:  # fresh cache: the prefix comes from one request
         ours, cached = engine_logits(engine, ids, cached_prefix=30)
         assert cached == 30 and rel_error(ours, ref[30:]) < 1e-4
+        last, cached = engine_logits(engine, ids, cached_prefix=len(ids) - 1)  # one row: the batch-1 route
+        assert cached == len(ids) - 1 and rel_error(last, ref[-1:]) < 1e-4
         x = torch.tensor([ids])
         expected = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False, eos_token_id=None)[0, len(ids) :]
         assert out.token_ids == expected.tolist()
+
+
+@pytest.mark.parametrize("in_features,bias", [(64, False), (64, True), (63, True)])
+def test_packed_linear_matches_matmul(in_features, bias):
+    """Rows of any count through the packed weight, and single rows through the per-thread parts
+    of the plain weight (kept when the input size splits evenly), equal x @ W + b."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        lin = Linear(in_features, 40, bias=bias)
+        g = torch.Generator().manual_seed(0)
+        weight = torch.randn(in_features, 40, generator=g)
+        lin.weight.data.copy_(weight)
+        b = torch.randn(40, generator=g) if bias else torch.zeros(40)
+        if bias:
+            lin.bias.data.copy_(b)
+        x = torch.randn(5, in_features, generator=g)
+        lin.pack(keep_rows=True)
+        if not torch.backends.mkldnn.is_available():
+            pytest.skip("oneDNN is not available in this torch build: nothing is packed")
+        assert (lin.rows is not None) == (in_features % 2 == 0)
+        with torch.no_grad():
+            for t in (1, 2, 5):
+                torch.testing.assert_close(lin(x[:t]), x[:t] @ weight + b, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_bf16_close_to_hf_bf16(tmp_path):
