@@ -34,6 +34,7 @@ import numpy as np
 from agentkv.grammar.vocab import ASCII_PLAIN
 
 SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # every 8 steps, a walk down to 1,024 tokens skips loops of 8+ bytes
+MANY_FIRST_CHARS = 16  # from a state with this many plain ASCII first characters, one vectorized pass
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
 NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
 
@@ -81,6 +82,25 @@ def _first_byte_reads(groups: list[np.ndarray], row: np.ndarray) -> tuple[np.nda
     starts = np.nonzero(row >= 0)[0].tolist()
     ids = np.concatenate([groups[b] for b in starts] + [np.zeros(0, np.int64)])
     return ids, np.repeat(row[starts].astype(np.int64), [len(groups[b]) for b in starts])
+
+
+def _by_first_char(g, plain, chars: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`take` in `_Walk._start_by_first_char` for many first characters at once: the plain tokens
+    allowed as a block, and those that walk on with the state their first character leads to."""
+    unique, at = np.unique(targets, return_inverse=True)
+    runs = [g.plain_run(s) for s in unique.tolist()]
+    n = np.array([n for n, _ in runs], dtype=np.int64)[at]
+    walks = np.array([rest == "walk" for _, rest in runs], dtype=bool)[at] | g.fork_states[targets]
+    lo, hi = plain.edges[chars], plain.edges[chars + 1]
+    k = lo + plain.under[chars, np.minimum(n + 2, plain.under.shape[1] - 1)]
+    longer = np.where(walks, hi - k, 0)
+    return plain.ids[_ranges(lo, k)], plain.ids[_ranges(k, k + longer)], np.repeat(targets, longer)
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The positions lo[0]..hi[0]-1, lo[1]..hi[1]-1, ... as one array."""
+    n = hi - lo
+    return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
 
 
 class _Walk:
@@ -138,15 +158,21 @@ class _Walk:
                 lead = info.bytes_at[0, ids[k:]]  # the first character's length in bytes
                 offsets.append(2 + (lead >= 0xE0) + (lead >= 0xF0) if multibyte else np.ones(len(ids) - k, np.int64))
 
-        targets = row[ASCII_PLAIN]
-        for s in np.unique(targets[targets >= 0]).tolist():
-            for b in ASCII_PLAIN[targets == s].tolist():
-                take(s, *plain[b])
+        chars = ASCII_PLAIN[row[ASCII_PLAIN] >= 0]
+        if len(chars) < MANY_FIRST_CHARS:
+            for b in chars.tolist():
+                take(int(row[b]), *plain.group(b))
+        else:  # the same for all characters at once
+            block, ids, to = _by_first_char(g, plain, chars, row[chars].astype(np.int64))
+            blocks.append(block)
+            walk.append(ids)
+            states.append(to)
+            offsets.append(np.ones(len(ids), np.int64))
         multibyte = g.multibyte_next(q)
         if multibyte >= 0:
-            take(multibyte, *plain[256], multibyte=True)
+            take(multibyte, *plain.group(256), multibyte=True)
         elif multibyte == NONUNIFORM:  # first bytes go different ways: each token from its own
-            ids = plain[256][0]
+            ids = plain.group(256)[0]
             first = row[info.bytes_at[0, ids]].astype(np.int64)
             states.append(first[first >= 0])
             walk.append(ids[first >= 0])

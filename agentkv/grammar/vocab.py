@@ -14,6 +14,7 @@ import bisect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,19 @@ class BoundedCache:
         return len(self._items)
 
 
+@dataclass(frozen=True)
+class FirstCharGroups:
+    """Plain token ids grouped by first character (0-127: that ASCII byte; 256: any multi-byte
+    character), each group ordered by character count."""
+
+    ids: np.ndarray    # all groups, one after another
+    edges: np.ndarray  # [258]: group g is ids[edges[g]:edges[g + 1]]
+    under: np.ndarray  # [257, max characters + 2]: under[g, c], how many of group g have < c characters
+
+    def group(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.ids[self.edges[g]:self.edges[g + 1]], self.under[g]
+
+
 class TokenizerInfo:
     """Vocabulary bytes and EOS ids of one tokenizer (see the module docstring)."""
 
@@ -126,7 +140,7 @@ class TokenizerInfo:
         self._later_bytes: np.ndarray | None = None
         self._first_byte_groups: list[np.ndarray] | None = None
         self._non_plain_by_first_byte: list[np.ndarray] | None = None
-        self._first_char_groups: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self._first_char_groups: FirstCharGroups | None = None
         # Token walks from states of rules that call no other, by (expression, DFA size, state): see
         # CompiledGrammar.state_tokens. Bounded: each holds a packed mask (19 KB at 151k tokens).
         self.leaf_walks = BoundedCache(MAX_LEAF_WALKS)
@@ -213,11 +227,11 @@ class TokenizerInfo:
         return self._non_plain_by_first_byte
 
     @property
-    def first_char_groups(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Built on first use: `[b]` for an ASCII byte b, and `[256]` for every multi-byte first
-        character: (ids, bounds), the plain tokens that start so, ordered by character count,
-        `bounds[c]` the number of them under c characters. A token mask from a state whose
-        characters go different ways takes each group's short tokens as a block (masks.py)."""
+    def first_char_groups(self) -> FirstCharGroups:
+        """The plain tokens by first character (built on first use): group b for an ASCII byte b,
+        group 256 for every multi-byte first character; within a group, by character count. A
+        token mask from a state whose characters go different ways takes each group's short tokens
+        as a block (masks.py)."""
         if self._first_char_groups is None:
             plain = self.plain_chars
             top = int(plain.max(initial=0)) + 2
@@ -227,11 +241,8 @@ class TokenizerInfo:
             order = np.lexsort((plain[ids], key))
             ids, key = ids[order], key[order]
             edges = np.searchsorted(key, np.arange(258))
-            groups = []
-            for g in range(257):
-                gi = ids[edges[g]:edges[g + 1]]
-                groups.append((gi, np.searchsorted(plain[gi], np.arange(top))))
-            self._first_char_groups = groups
+            under = np.stack([np.searchsorted(plain[ids[edges[g]:edges[g + 1]]], np.arange(top)) for g in range(257)])
+            self._first_char_groups = FirstCharGroups(ids, edges, under)
         return self._first_char_groups
 
     @property
