@@ -241,26 +241,25 @@ class _Walk:
     def run(self, lower: tuple, states, idx, off) -> None:
         """Tokens `idx` have read `off` bytes and sit in `states` (tops of stacks `lower + (state,)`)."""
         g, info = self.g, self.info
-        flat_bytes = info.bytes_at.reshape(-1)
         vocab = info.vocab_size
-        lengths = info.lengths
+        flat_bytes = info.bytes_at.reshape(-1)
         flat_trans = g.automaton.trans.reshape(-1)
         fork_states = g.fork_states
         suffix = info.plain_suffix.reshape(-1)
+        pos = off * vocab + idx  # each token's next byte in the flat byte (and suffix) table
         steps = 0
         while True:
             steps += 1
             if steps % SKIP_EVERY == 0 and len(idx) <= SKIP_MAX_TOKENS:
-                off = self._skip_loops(states, idx, off)
-            done = off == lengths[idx]
-            # A plain-text rest of the token that the state's character chain takes whole: done too.
-            runs = g.run_lengths(states)
-            rest_chars = suffix[off * vocab + idx]
-            done |= (rest_chars > 0) & (rest_chars <= runs)
+                pos = self._skip_loops(states, idx, pos // vocab) * vocab + idx
+            # Done: all bytes read (a rest of 0 characters), or a plain-text rest that the state's
+            # character chain takes whole.
+            rest = suffix[pos]
+            done = (rest >= 0) & (rest <= g.run_lengths(states))
             if done.any():
                 self.allowed[idx[done]] = True
                 keep = ~done
-                states, idx, off = states[keep], idx[keep], off[keep]
+                states, idx, pos = states[keep], idx[keep], pos[keep]
             if not len(idx):
                 return
             forking = fork_states[states]
@@ -268,10 +267,9 @@ class _Walk:
                 for u in np.unique(states[forking]).tolist():
                     own = lower + (u,)
                     sel = states == u
-                    self.fork(own, idx[sel], off[sel], skip=own)
-            b = flat_bytes[off * vocab + idx]
-            states = flat_trans[states * 256 + b].astype(np.int64)
+                    self.fork(own, idx[sel], pos[sel] // vocab, skip=own)
+            states = flat_trans[states * 256 + flat_bytes[pos]].astype(np.int64)
             ok = states >= 0
-            states, idx, off = states[ok], idx[ok], off[ok] + 1
+            states, idx, pos = states[ok], idx[ok], pos[ok] + vocab
             if not len(idx):
                 return

@@ -248,7 +248,8 @@ class TokenizerInfo:
     @property
     def plain_suffix(self) -> np.ndarray:
         """[width + 1, vocab] int16: characters in the token's bytes from each offset if they are plain
-        text starting on a character boundary, else -1 (built on first use, once per tokenizer)."""
+        text starting on a character boundary (0 at the token's end), else -1 (built on first use,
+        once per tokenizer)."""
         if self._plain_suffix is None:
             tb, width = self.bytes_at.T, self.bytes_at.shape[0]
             out = np.full((self.vocab_size, width + 1), -1, dtype=np.int16)
@@ -283,6 +284,7 @@ class TokenizerInfo:
                     cols.append(off)
                     vals.append(n)
             out[rows, cols] = vals
+            out[self.text_ids, self.lengths[self.text_ids]] = 0  # all read: a rest of no characters
             self._plain_suffix = np.ascontiguousarray(out.T)
         return self._plain_suffix
 
