@@ -43,6 +43,8 @@ def test_lark_table(grammar, good, bad):
     ("start: a\na: b", 2, "rule 'b' is not defined"),
     ("start: X\nX: X \"a\"", 2, "refers to itself"),
     ("start: \"a\" (\"b\"", 1, "never closed"),
+    ("start: \"a\" b\nb: /[0-9]+", 2, "this regex is not closed: end it with /"),
+    ("start: \"a\nb\"", 1, "this string is not closed: end it with \""),
     ("start: /(?=a)/", 1, "lookaround"),
     ("start: x\nx: y | \"b\"\ny: x \"a\"", None, "left-recursive"),
     ("start: \"a\"\n%import other.X", 2, "only `%import common"),

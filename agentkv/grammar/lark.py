@@ -75,6 +75,9 @@ class _Grammar:
                 continue
             m = TOKEN.match(text, i)
             if not m:
+                if text[i] in "/\"":  # the literal runs to the end of the line without its closing mark
+                    raise self.error(i, f"this {'regex' if text[i] == '/' else 'string'} is not closed: "
+                                        f"end it with {text[i]} on the same line")
                 raise self.error(i, f"unexpected character {text[i]!r}")
             kind = m.lastgroup
             if kind != "ws":
