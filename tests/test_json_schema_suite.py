@@ -10,6 +10,8 @@ An invalid instance accepted is never tolerated, recorded or not.
 import json
 from pathlib import Path
 
+import pytest
+
 from agentkv.grammar import GrammarError
 from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization
 from tests.conftest import shared_data
@@ -52,11 +54,36 @@ def test_json_schema_suite_ratchet():
 def test_one_of_discriminated_objects_needs_object_type():
     """Found by sampling SchemaStore's plagiarize-me: branches told apart by a discriminator property
     still overlap on every non-object value unless a `type: object` (own or sibling) rules those out."""
-    import pytest
-
     branches = [{"properties": {"t": {"const": k}}, "required": ["t"]} for k in ("a", "b")]
     with pytest.raises(GrammarError, match="oneOf"):
         BYTE_COMPILER.compile_json_schema({"oneOf": branches})
     g = BYTE_COMPILER.compile_json_schema({"type": "object", "oneOf": branches})
     assert find_serialization(g, {"t": "a"}) == '{"t":"a"}'
     assert find_serialization(g, "x") is None and find_serialization(g, {"t": "c"}) is None
+
+
+@pytest.mark.parametrize("schema,good,bad", [
+    ({"type": "object", "minProperties": 1}, [{"a": 1}, {"a": 1, "b": 2}], [{}]),
+    ({"type": "object", "maxProperties": 1, "properties": {"a": {}, "b": {}}},
+     [{}, {"a": 1}, {"b": 1}, {"c": 1}], [{"a": 1, "b": 2}, {"c": 1, "d": 2}, {"a": 1, "c": 2}]),
+    ({"type": "object", "minProperties": 2, "maxProperties": 3, "properties": {"a": {}, "b": {}}, "required": ["a"]},
+     [{"a": 1, "b": 2}, {"a": 1, "x": 2}, {"a": 1, "b": 2, "x": 3}],
+     [{"a": 1}, {"a": 1, "b": 2, "x": 3, "y": 4}, {"b": 1, "x": 2}]),
+    ({"type": "object", "minProperties": 1, "additionalProperties": False,
+      "properties": {k: {} for k in "abcdef"}}, [{"f": 1}, {"a": 1, "f": 2}], [{}, {"g": 1}]),
+    ({"type": "object", "maxProperties": 2, "properties": {k: {} for k in "abcdef"}},
+     [{"a": 1, "f": 2}, {"z": 1}, {}], [{"a": 1, "b": 1, "c": 1}, {"a": 1, "b": 2, "z": 3}]),
+])
+def test_min_and_max_properties_count_members(schema, good, bad):
+    g = BYTE_COMPILER.compile_json_schema(schema)
+    for value in good:
+        assert find_serialization(g, value) is not None, value
+    for value in bad:
+        assert find_serialization(g, value) is None, value
+
+
+def test_properties_bounds_that_contradict_or_need_too_many_members_are_refused():
+    with pytest.raises(GrammarError, match="accepts no string"):
+        BYTE_COMPILER.compile_json_schema({"type": "object", "minProperties": 3, "maxProperties": 2})
+    with pytest.raises(GrammarError, match="maxProperties 100 is above the 64"):
+        BYTE_COMPILER.compile_json_schema({"type": "object", "maxProperties": 100})

@@ -26,13 +26,13 @@ from agentkv.grammar.expr import (
     lit,
     opt,
     seq,
-    star,
 )
 from agentkv.grammar.json_merge import validating
 from agentkv.grammar.json_values import escaped
 from agentkv.grammar.regex import search_expr
 
 SHARED_TAIL_AFTER = 4  # objects with more properties than this share their member tails as rules
+MAX_COUNTED_PROPERTIES = 64  # min/maxProperties bounds enforced by counting members
 
 
 def dumps(value) -> str:
@@ -124,40 +124,56 @@ class ObjectRules:
         lo = schema_count(schema, "minProperties", ptr) or 0
         hi = schema_count(schema, "maxProperties", ptr)
         n_req = sum(1 for _, r in entries if r)
-        if lo > n_req or (hi is not None and (extra_kv is not None or hi < len(entries))):
-            raise GrammarError("minProperties/maxProperties beyond what the required and declared properties "
-                               "already imply is not supported", ptr)
+        if lo <= n_req and (hi is None or (extra_kv is None and hi >= len(entries))):
+            lo, hi = 0, None  # the required and declared members already keep the count in bounds
+        # Members are counted up to `cap` (past it, counts behave alike): the bounds make the member
+        # list a counter, so its expression grows with cap x properties.
+        cap = max(lo, hi or 0)
+        if cap > MAX_COUNTED_PROPERTIES:
+            raise GrammarError(f"minProperties/maxProperties {cap} is above the {MAX_COUNTED_PROPERTIES} agentkv "
+                               "enforces exactly; lower it or drop it", ptr)
         comma = self.punct(",")
         memo: dict = {}
 
-        def rest(i: int, any_before: bool):
-            key = (i, any_before)
+        def extras(c: int, any_before: bool):
+            """Other members after the declared ones, with `c` members so far."""
+            need, room = max(lo - c, 0), None if hi is None else hi - c
+            if room is not None and need > room:
+                return NOTHING  # minProperties above maxProperties
+            if extra_kv is None or room == 0:
+                return EMPTY if need == 0 else NOTHING
+            more = Repeat(seq(comma, extra_kv), max(need - 1, 0) if not any_before else need,
+                          None if room is None else room - (0 if any_before else 1))
+            if any_before:
+                return more
+            first = seq(extra_kv, more)
+            return alt(EMPTY, first) if need == 0 else first
+
+        def rest(i: int, c: int, any_before: bool):
+            key = (i, c, any_before)
             if key in memo:
                 return memo[key]
             if i == len(entries):
-                if extra_kv is None:
-                    out = EMPTY
-                elif any_before:
-                    out = star(seq(comma, extra_kv))
-                else:
-                    out = opt(seq(extra_kv, star(seq(comma, extra_kv))))
+                out = extras(c, any_before)
             else:
                 kv, req = entries[i]
-                if any_before:  # factored, so the expression stays linear in the number of properties
-                    member = seq(comma, kv)
-                    out = seq(member if req else opt(member), rest(i + 1, True))
-                    if len(entries) - i > 1 and len(entries) > SHARED_TAIL_AFTER:
-                        # Each "first member" alternative continues with this tail: one rule, not copies.
-                        name = f"{self.prefix}tail:{ptr}:{i}"
-                        self.rules[name] = out
-                        out = Ref(name)
+                member = seq(comma, kv) if any_before else kv
+                taken, fits = min(c + 1, cap), hi is None or c < hi
+                if any_before and taken == c and fits:  # the count no longer matters: factored
+                    out = seq(member if req else opt(member), rest(i + 1, c, True))
                 else:
-                    with_it = seq(kv, rest(i + 1, True))
-                    out = with_it if req else alt(with_it, rest(i + 1, False))
+                    with_it = seq(member, rest(i + 1, taken, True)) if fits else NOTHING
+                    out = with_it if req else alt(with_it, rest(i + 1, c, any_before))
+                if any_before and len(entries) - i > 1 and len(entries) > SHARED_TAIL_AFTER:
+                    # Each way to reach member i continues with this tail: one rule, not copies (so
+                    # the expression stays linear in the number of properties, times the counts).
+                    name = f"{self.prefix}tail:{ptr}:{i}:{c}"
+                    self.rules[name] = out
+                    out = Ref(name)
             memo[key] = out
             return out
 
-        return seq(self.punct("{"), rest(0, False), self.punct("}"))
+        return seq(self.punct("{"), rest(0, 0, False), self.punct("}"))
 
 
 def escape_all(e):
