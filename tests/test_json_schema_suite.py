@@ -87,3 +87,25 @@ def test_properties_bounds_that_contradict_or_need_too_many_members_are_refused(
         BYTE_COMPILER.compile_json_schema({"type": "object", "minProperties": 3, "maxProperties": 2})
     with pytest.raises(GrammarError, match="maxProperties 100 is above the 64"):
         BYTE_COMPILER.compile_json_schema({"type": "object", "maxProperties": 100})
+
+
+def test_one_of_branches_apart_by_listed_values_or_by_their_all_of_parts():
+    """Found in SchemaStore: a list of values against a pattern or a bound (azure-containerapp-template,
+    compilerdefaults), and branches built with allOf on a shared base (abc-clinical-demand-forecast)."""
+    g = BYTE_COMPILER.compile_json_schema(
+        {"oneOf": [{"enum": ["HTTP", "HTTPS"]}, {"type": "string", "pattern": "^\\[.*\\]$", "minLength": 2}]})
+    assert find_serialization(g, "HTTP") and find_serialization(g, "[x]")
+    assert find_serialization(g, "FTP") is None and find_serialization(g, "x]") is None
+    g = BYTE_COMPILER.compile_json_schema({"oneOf": [{"const": 0}, {"type": "integer", "minimum": 1}]})
+    assert find_serialization(g, 0) == "0" and find_serialization(g, 5) == "5" and find_serialization(g, -1) is None
+    base = {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
+    branches = [{"allOf": [{"$ref": "#/$defs/base"}, {"properties": {"kind": {"const": k}}, "required": ["kind"]}]}
+                for k in ("a", "b")]
+    g = BYTE_COMPILER.compile_json_schema({"$defs": {"base": base}, "oneOf": branches})
+    assert find_serialization(g, {"id": "x", "kind": "b"}) is not None
+    assert find_serialization(g, {"id": "x", "kind": "c"}) is None and find_serialization(g, {"kind": "a"}) is None
+    # Still refused where a listed value could match the other branch too.
+    for overlapping in ([{"enum": ["HTTP", "[a]"]}, {"type": "string", "pattern": "^\\[.*\\]$"}],
+                        [{"const": 1}, {"type": "integer", "minimum": 1}]):
+        with pytest.raises(GrammarError, match="oneOf"):
+            BYTE_COMPILER.compile_json_schema({"oneOf": overlapping})

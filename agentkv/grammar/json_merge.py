@@ -3,13 +3,16 @@
 `SchemaMerger.merge(a, b)` writes one schema that accepts exactly what both accept (types intersect,
 bounds tighten, properties merge with each side's additionalProperties applied to the other's
 names, arrays merge position by position), raising `GrammarError` where that cannot be written.
-`disjoint(branches)` is a sound (not complete) test that no instance matches two oneOf branches.
+`disjoint(branches)` is a sound (not complete) test that no instance matches two oneOf branches
+(distinct types or values, listed values that each fail the other branch, discriminators).
 The converter (json_schema.py) inherits these; it supplies `resolve` for `$ref`.
 """
 
 from __future__ import annotations
 
 from agentkv.errors import GrammarError
+from agentkv.grammar.dfa import language_matches
+from agentkv.grammar.regex import search_expr
 
 ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "default", "examples", "example",
                "deprecated", "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$defs", "definitions",
@@ -123,12 +126,20 @@ class SchemaMerger:
         kinds = []
         for b in branches:
             b = self.inline_ref(b, "#")
+            if isinstance(b, dict) and "allOf" in b:
+                try:  # a branch built with allOf is told apart by what its parts say together
+                    merged = {k: v for k, v in b.items() if k != "allOf"}
+                    for part in b["allOf"]:
+                        merged = self.merge(merged, self.inline_ref(part, "#"), "#")
+                    b = merged
+                except GrammarError:
+                    pass  # not mergeable here: judged as written (and refused below if in doubt)
             if not isinstance(b, dict):
                 return False
             kinds.append(b)
         for i in range(len(kinds)):
             for j in range(i + 1, len(kinds)):
-                if not _exclusive(kinds[i], kinds[j]):
+                if not _exclusive(kinds[i], kinds[j], self.deadline):
                     return False
         return True
 
@@ -212,7 +223,7 @@ def _types(s: dict) -> set[str] | None:
     return out
 
 
-def _exclusive(a: dict, b: dict) -> bool:
+def _exclusive(a: dict, b: dict, deadline: float) -> bool:
     ta, tb = _types(a), _types(b)
     if ta is not None and tb is not None and not (ta & tb):
         return True
@@ -220,6 +231,11 @@ def _exclusive(a: dict, b: dict) -> bool:
     vb = [b["const"]] if "const" in b else b.get("enum")
     if va is not None and vb is not None:
         return not any(json_equal(x, y) for x in va for y in vb)
+    # A list of values against a schema: apart if each value fails one of the schema's keywords.
+    if va is not None and isinstance(va, list) and all(_fails(v, b, deadline) for v in va):
+        return True
+    if vb is not None and isinstance(vb, list) and all(_fails(v, a, deadline) for v in vb):
+        return True
     # The tests below tell objects apart; they prove the branches disjoint only where one of them
     # admits objects alone (without a `type`, both admit every string, number, ... alike).
     if ta != {"object"} and tb != {"object"}:
@@ -228,7 +244,7 @@ def _exclusive(a: dict, b: dict) -> bool:
     pa, pb = a.get("properties", {}), b.get("properties", {})
     for name in set(a.get("required", [])) & set(b.get("required", [])):
         if isinstance(pa.get(name), dict) and isinstance(pb.get(name), dict):
-            if _exclusive(pa[name], pb[name]):
+            if _exclusive(pa[name], pb[name], deadline):
                 return True
     # A required property of one that the other forbids.
     for x, y in ((a, b), (b, a)):
@@ -237,4 +253,31 @@ def _exclusive(a: dict, b: dict) -> bool:
                 return True
             if y.get("properties", {}).get(name) is False:
                 return True
+    return False
+
+
+def _fails(value, s: dict, deadline: float) -> bool:
+    """Does `value` certainly fail schema `s`? Sound, not complete: looks at the type, the listed
+    values, a string's patterns and lengths and a number's bounds; anything else counts as a match."""
+    types = _types(s)
+    if types is not None and type_of(value) not in types:
+        return True
+    listed = [s["const"]] if "const" in s else s.get("enum")
+    if isinstance(listed, list) and not any(json_equal(value, x) for x in listed):
+        return True
+    if isinstance(value, str):
+        if len(value) < s.get("minLength", 0) or len(value) > s.get("maxLength", len(value)):
+            return True
+        patterns = s.get("pattern", [])
+        for p in [patterns] if isinstance(patterns, str) else patterns:
+            if isinstance(p, str) and not language_matches(search_expr(p, "#/pattern"), value, deadline):
+                return True
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        low, high = s.get("minimum"), s.get("maximum")
+        xlow, xhigh = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
+        num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731 - draft-04 uses booleans
+        if (num(low) and value < low) or (num(high) and value > high):
+            return True
+        if (num(xlow) and value <= xlow) or (num(xhigh) and value >= xhigh):
+            return True
     return False
