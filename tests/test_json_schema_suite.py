@@ -109,3 +109,59 @@ def test_one_of_branches_apart_by_listed_values_or_by_their_all_of_parts():
                         [{"const": 1}, {"type": "integer", "minimum": 1}]):
         with pytest.raises(GrammarError, match="oneOf"):
             BYTE_COMPILER.compile_json_schema({"oneOf": overlapping})
+
+
+DISCRIMINATED = {
+    "type": "object", "properties": {"kind": {"enum": ["a", "b", "c"]}, "x": {}, "y": {}},
+    "allOf": [{"if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["x"]}},
+              {"if": {"properties": {"kind": {"const": "b"}}, "required": ["kind"]},
+               "then": {"required": ["y"]}, "else": {"properties": {"y": False}}}]}
+
+
+@pytest.mark.parametrize("schema,good,bad", [
+    # Each case of the discriminator: a listed value, another value, absent (the first `if` holds then).
+    (DISCRIMINATED, [{"kind": "a", "x": 1}, {"kind": "b", "y": 1}, {"kind": "c"}, {"x": 1}],
+     [{"kind": "a"}, {"kind": "b"}, {"kind": "c", "y": 1}, {}, {"x": 1, "y": 2}, {"kind": "d"}]),
+    # No type: a non-object satisfies every `if`, so every `then` applies (vacuously here).
+    ({"properties": {"k": {"enum": [1, 2]}}, "if": {"properties": {"k": {"const": 1}}}, "then": {"required": ["z"]},
+      "else": {"type": "object"}}, ["s", 3, {"k": 1, "z": 0}, {"k": 2}, {"z": 1}], [{"k": 1}, {}]),
+    # A non-object satisfies the `if`, so a `then` that asks for an object refuses it.
+    ({"properties": {"k": {"enum": [1, 2]}}, "if": {"properties": {"k": {"const": 1}}},
+      "then": {"type": "object", "required": ["z"]}}, [{"k": 2}, {"z": 1}, {"k": 1, "z": 1}], ["s", 3, None, {"k": 1}]),
+    # ... and each case of an object admits objects only (here the second `then` refuses non-objects).
+    ({"properties": {"k": {"enum": [1, 2]}}, "allOf": [
+        {"if": {"properties": {"k": {"const": 1}}}, "then": {"required": ["a"]}},
+        {"if": {"properties": {"k": {"const": 2}}}, "then": {"type": "object"}}]},
+     [{"k": 1, "a": 0}, {"k": 2}, {"a": 0}], ["s", 3, {"k": 1}, {}]),
+    ({"properties": {"k": {"enum": [1]}}, "if": {"properties": {"k": {"const": 1}}, "required": ["k"]},
+      "then": {"type": "object"}}, [{}, {"k": 1}], ["s", None]),
+    # A string discriminator without listed values: the other values are "any but the listed strings".
+    ({"type": "object", "properties": {"k": {"type": "string"}}, "if": {"properties": {"k": {"const": "a"}}},
+      "then": {"required": ["z"]}},
+     [{"k": "a", "z": 1}, {"k": "b"}, {"k": "ab"}, {"z": 0}], [{"k": "a"}, {}, {"k": 1}]),
+    # `not` of listed strings.
+    ({"type": "string", "not": {"enum": ["a", "b"]}}, ["c", "", "ab"], ["a", "b", 1]),
+    ({"not": {"const": "x"}}, [1, "y", {}, None, ["x"]], ["x"]),
+    ({"enum": ["a", "b", "c"], "not": {"const": "b"}}, ["a", "c"], ["b"]),
+    ({"type": "string", "allOf": [{"not": {"const": "a"}}, {"not": {"const": "b"}}]}, ["c"], ["a", "b"]),
+])
+def test_if_then_else_on_a_discriminator_and_not_of_strings(schema, good, bad):
+    g = BYTE_COMPILER.compile_json_schema(schema)
+    for value in good:
+        assert find_serialization(g, value) is not None, value
+    for value in bad:
+        assert find_serialization(g, value) is None, value
+
+
+@pytest.mark.parametrize("schema,what", [
+    ({"if": {"properties": {"k": {"minLength": 2}}}, "then": {"required": ["z"]}}, "only with const or enum"),
+    ({"if": {"type": "string"}, "then": {"minLength": 2}}, "tests one property"),
+    ({"properties": {"k": {"type": "number"}}, "if": {"properties": {"k": {"const": 1}}}, "then": {"required": ["z"]}},
+     "not all strings"),
+    ({"allOf": [{"if": {"properties": {"a": {"const": 1}}}, "then": {}}, {"if": {"properties": {"b": {"const": 1}}}}]},
+     "same property"),
+    ({"not": {"type": "string"}}, "keyword 'not' is not supported"),
+])
+def test_other_conditionals_and_nots_are_refused(schema, what):
+    with pytest.raises(GrammarError, match=what):
+        BYTE_COMPILER.compile_json_schema(schema)

@@ -17,11 +17,12 @@ from agentkv.grammar.regex import search_expr
 ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "default", "examples", "example",
                "deprecated", "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$defs", "definitions",
                "contentEncoding", "contentMediaType", "contentSchema", "$vocabulary", "discriminator"}
-UNSUPPORTED = {"not", "if", "dependentRequired", "dependentSchemas", "dependencies", "contains",
+UNSUPPORTED = {"not", "dependentRequired", "dependentSchemas", "dependencies", "contains",
                "unevaluatedProperties", "unevaluatedItems", "multipleOf", "$dynamicRef", "$recursiveRef",
                "uniqueItems"}
-# Keywords that only mean something next to another one (then/else without if; minContains without contains).
-DEPENDENT = {"then": "if", "else": "if", "minContains": "contains", "maxContains": "contains"}
+# Keywords that only mean something next to another one (minContains without contains is ignored;
+# then/else without if likewise, and with it they are json_conditionals.py's).
+DEPENDENT = {"minContains": "contains", "maxContains": "contains"}
 OBJECT_KEYS = {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
                "patternProperties", "propertyNames"}
 ARRAY_KEYS = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}
@@ -99,6 +100,9 @@ class SchemaMerger:
                 out.pop("oneOf", None)
             elif k == "pattern":
                 out["allOf"] = [*out.get("allOf", []), {"pattern": v}]
+            elif k == "not" and excluded_strings(u) is not None and excluded_strings(v) is not None:
+                first = excluded_strings(u)
+                out[k] = {"enum": first + [x for x in excluded_strings(v) if x not in first]}
             else:
                 raise GrammarError(f"allOf: the two values of '{k}' ({u!r} and {v!r}) cannot be merged", ptr)
         if "properties" in a or "properties" in b or "additionalProperties" in a or "additionalProperties" in b:
@@ -177,7 +181,7 @@ def _merge_arrays(a: dict, b: dict, out: dict) -> None:
 def validating(schema: dict) -> bool:
     """Does the schema constrain anything (beyond annotations and unknown keywords)?"""
     known = OBJECT_KEYS | ARRAY_KEYS | STRING_KEYS | NUMBER_KEYS | UNSUPPORTED | {
-        "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable"}
+        "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", "if"}
     return any(k in known for k in schema)
 
 
@@ -256,6 +260,16 @@ def _exclusive(a: dict, b: dict, deadline: float) -> bool:
     return False
 
 
+def excluded_strings(schema) -> list[str] | None:
+    """The strings a `not` schema excludes, where it is `{"const": s}` or `{"enum": [s, ...]}` of
+    strings (the only `not` agentkv enforces: the string language minus those strings); else None."""
+    if not isinstance(schema, dict) or len(set(schema) & {"const", "enum"}) != 1 or \
+            set(schema) - {"const", "enum"} - ANNOTATIONS:
+        return None
+    values = [schema["const"]] if "const" in schema else schema["enum"]
+    return list(values) if isinstance(values, list) and all(isinstance(x, str) for x in values) else None
+
+
 def _fails(value, s: dict, deadline: float) -> bool:
     """Does `value` certainly fail schema `s`? Sound, not complete: looks at the type, the listed
     values, a string's patterns and lengths and a number's bounds; anything else counts as a match."""
@@ -264,6 +278,8 @@ def _fails(value, s: dict, deadline: float) -> bool:
         return True
     listed = [s["const"]] if "const" in s else s.get("enum")
     if isinstance(listed, list) and not any(json_equal(value, x) for x in listed):
+        return True
+    if isinstance(value, str) and value in (excluded_strings(s.get("not")) or ()):
         return True
     if isinstance(value, str):
         if len(value) < s.get("minLength", 0) or len(value) > s.get("maxLength", len(value)):

@@ -22,20 +22,25 @@ from agentkv.errors import GrammarError
 from agentkv.grammar.expr import (
     EMPTY,
     NOTHING,
+    Chars,
+    Diff,
     Intersect,
     Ref,
     Repeat,
     alt,
     chars,
+    complement,
     lit,
     opt,
     seq,
     star,
 )
+from agentkv.grammar.json_conditionals import ConditionalRules
 from agentkv.grammar.json_merge import (
     DEPENDENT,
     UNSUPPORTED,
     SchemaMerger,
+    excluded_strings,
     json_equal,
     type_of,
     validating,
@@ -62,7 +67,7 @@ ALL_TYPES = ("object", "array", "string", "number", "boolean", "null")
 MAX_INLINE_DEPTH = 60
 
 
-class JsonSchemaConverter(ObjectRules, SchemaMerger):
+class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
     def __init__(self, schema, *, strict: bool = False, whitespace: bool = False, max_whitespace: int = 16,
                  deadline: float | None = None, prefix: str = ""):
         if not isinstance(schema, (dict, bool)):
@@ -166,6 +171,10 @@ class JsonSchemaConverter(ObjectRules, SchemaMerger):
                 return self.ref_rule(schema["$ref"], f"{ptr}/$ref")
             target, _ = self.resolve(schema["$ref"], f"{ptr}/$ref")
             return self.value(self.merge(target, rest, ptr), ptr)
+        parts = schema.get("allOf")
+        if "if" in schema or isinstance(parts, list) and any(
+                isinstance(p, dict) and "if" in self.inline_ref(p, f"{ptr}/allOf/{i}") for i, p in enumerate(parts)):
+            return self.value(self.conditional_cases(schema, ptr), ptr)  # json_conditionals.py
         if "allOf" in schema:
             merged = {k: v for k, v in schema.items() if k != "allOf"}
             for i, part in enumerate(_list(schema["allOf"], f"{ptr}/allOf")):
@@ -202,7 +211,7 @@ class JsonSchemaConverter(ObjectRules, SchemaMerger):
     def _check_keywords(self, schema: dict, ptr: str) -> None:
         for k, v in schema.items():
             if k in UNSUPPORTED:
-                if k == "uniqueItems" and v is False:
+                if k == "uniqueItems" and v is False or k == "not" and excluded_strings(v) is not None:
                     continue
                 raise GrammarError(f"keyword '{k}' is not supported: agentkv cannot enforce it exactly; "
                                    "remove it or express it with supported keywords", f"{ptr}/{k}")
@@ -230,7 +239,10 @@ class JsonSchemaConverter(ObjectRules, SchemaMerger):
         values = [schema["const"]] if "const" in schema else _list(schema["enum"], f"{ptr}/enum")
         if "const" in schema and "enum" in schema:
             values = [v for v in values if any(json_equal(v, e) for e in schema["enum"])]
-        extra = [k for k in schema if validating({k: schema[k]}) and k not in ("enum", "const", "type", "nullable")]
+        excluded = excluded_strings(schema.get("not")) or []
+        values = [v for v in values if not (isinstance(v, str) and v in excluded)]
+        extra = [k for k in schema if validating({k: schema[k]}) and k not in ("enum", "const", "type", "nullable")
+                 and not (k == "not" and excluded_strings(schema[k]) is not None)]
         if extra:
             raise GrammarError(f"enum/const together with '{extra[0]}' is not supported; "
                                "list only the allowed values", f"{ptr}/{extra[0]}")
@@ -302,10 +314,14 @@ class JsonSchemaConverter(ObjectRules, SchemaMerger):
         return body
 
     def t_string(self, schema, ptr):
-        if "pattern" not in schema and "format" not in schema:
+        excluded = excluded_strings(schema.get("not"))
+        if "pattern" not in schema and "format" not in schema and not excluded:
             lo, hi = schema_count(schema, "minLength", ptr) or 0, schema_count(schema, "maxLength", ptr)
             return self.string_expr(string_body(lo, hi, ptr))
-        return self.string_expr(escape_all(self.string_language(schema, ptr)))
+        lang = self.string_language(schema, ptr)
+        if excluded:  # `not` listing strings: the language without them
+            lang = Diff(lang if lang is not None else Repeat(Chars(complement([])), 0, None), alt(*map(lit, excluded)))
+        return self.string_expr(escape_all(lang))
 
     def t_array(self, schema, ptr):
         prefix = schema.get("prefixItems")

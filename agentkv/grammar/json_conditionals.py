@@ -1,0 +1,129 @@
+"""`if` / `then` / `else` on a discriminator property, rewritten exactly as a union of cases.
+
+The form real schemas use (SchemaStore's Minecraft, Cloudify, ...) is a list of conditionals that
+each test one property against listed values, directly or inside `allOf`:
+
+    "allOf": [{"if": {"properties": {"type": {"const": "a"}}}, "then": {...}},
+              {"if": {"properties": {"type": {"const": "b"}}, "required": ["type"]}, "then": {...}, "else": {...}}]
+
+An `if` like that holds for an object whose property `k` has one of the values, for an object without
+`k` unless the `if` requires it, and for every non-object. So the instances split into cases, in each
+of which every `if` is decided: `k` equal to one listed value (for each value), `k` with a value no
+conditional lists (the schema's own values for `k` less the listed ones, or, where the listed values
+are strings, any value but those: a `not` of strings, which agentkv enforces), `k` absent, and
+non-objects.
+Each case is the rest of the schema merged with the `then` or `else` of every conditional (allOf
+arithmetic, json_merge.py), and the schema is their union. Any other `if` is a `GrammarError`.
+"""
+
+from __future__ import annotations
+
+from agentkv.errors import GrammarError
+from agentkv.grammar.json_merge import json_equal, validating
+
+CONDITIONAL_KEYS = ("if", "then", "else")
+NON_OBJECT = ["array", "string", "number", "boolean", "null"]
+
+
+class ConditionalRules:
+    """Mixed into the converter (json_schema.py), which supplies merge, inline_ref and value."""
+
+    def split_conditionals(self, schema: dict, ptr: str) -> tuple[dict, list[tuple[dict, object, object, str]]]:
+        """(the schema without its conditionals, its `allOf` merged in; the conditionals as (if, then,
+        else, pointer)), from its own `if` and from its `allOf` parts (a part's other keywords stay)."""
+        rest = {k: v for k, v in schema.items() if k not in CONDITIONAL_KEYS and k != "allOf"}
+        found = []
+        if "if" in schema:
+            found.append((schema["if"], schema.get("then", True), schema.get("else", True), ptr))
+        for i, part in enumerate(schema.get("allOf", [])):
+            where = f"{ptr}/allOf/{i}"
+            part = self.inline_ref(part, where)
+            if isinstance(part, dict) and "if" in part:
+                found.append((part["if"], part.get("then", True), part.get("else", True), where))
+                part = {k: v for k, v in part.items() if k not in CONDITIONAL_KEYS}
+            rest = self.merge(rest, part, where)
+        return rest, found
+
+    def conditional_cases(self, schema: dict, ptr: str) -> object:
+        """The schema as `anyOf` of cases in which every conditional is decided (module docstring)."""
+        rest, conds = self.split_conditionals(schema, ptr)
+        if rest is False:
+            return False
+        tests = [_discriminator(c[0], f"{c[3]}/if") for c in conds]
+        names = {name for name, _, _ in tests}
+        if len(names) != 1:
+            raise GrammarError("if/then/else is enforced where every `if` tests the same property against "
+                               f"listed values (here: {', '.join(sorted(names))}); merge them into one", ptr)
+        name = names.pop()
+        listed = []
+        for _, values, _ in tests:
+            listed += [v for v in values if not any(json_equal(v, w) for w in listed)]
+
+        def case(extra: dict, holds) -> object:
+            merged = self.merge(rest, extra, ptr)
+            for (_, then, other, where), ok in zip(conds, holds):
+                branch = then if ok else other
+                if branch is False or merged is False:
+                    return False
+                if branch is not True:
+                    merged = self.merge(merged, self.inline_ref(branch, where), where)
+            return merged
+
+        # Objects (each case says so: the cases must not also admit other values) with `name` present
+        # and a value some `if` lists: the `if`s listing that value hold.
+        cases = [case({"type": "object", "properties": {name: {"const": v}}, "required": [name]},
+                      [any(json_equal(v, w) for w in values) for _, values, _ in tests]) for v in listed]
+        # `name` present with any other value: every `if` fails.
+        own = self.inline_ref(rest.get("properties", {}).get(name, True), f"{ptr}/properties/{name}")
+        if isinstance(own, dict) and ("const" in own or "enum" in own):
+            others = [v for v in ([own["const"]] if "const" in own else own["enum"])
+                      if not any(json_equal(v, w) for w in listed)]
+            other = {"enum": others} if others else None
+        elif all(isinstance(v, str) for v in listed):
+            other = {"not": {"enum": listed}}  # any value but the listed strings (a `not` agentkv enforces)
+        else:
+            raise GrammarError(f"if/then/else on property '{name}' with values that are not all strings: list "
+                               "the property's values (`enum`) in the schema, so the values no `if` names are known",
+                               ptr)
+        if other is not None:
+            none_hold = [False] * len(conds)
+            cases.append(case({"type": "object", "properties": {name: other}, "required": [name]}, none_hold))
+        # `name` absent: the `if`s that do not require it hold.
+        if name not in rest.get("required", []):
+            unrequired = [not required for _, _, required in tests]
+            cases.append(case({"type": "object", "properties": {name: False}}, unrequired))
+        # Not an object: every `if` holds (its `properties` say nothing about other values).
+        types = rest.get("type")
+        if types is None or set([types] if isinstance(types, str) else types) - {"object"}:
+            cases.append(case({"type": NON_OBJECT}, [True] * len(conds)))
+        kept = [c for c in cases if c is not False]
+        return {"anyOf": kept} if kept else False
+
+
+def _discriminator(cond, ptr: str) -> tuple[str, list, bool]:
+    """(property, listed values, whether the `if` requires the property) of an `if` that tests one
+    property against listed values: `{"properties": {k: {"const": v}}}` or `{"enum": [...]}`, with
+    `"required": [k]` or not, or an `anyOf` of such tests on the same property."""
+    if isinstance(cond, dict) and set(cond) <= {"anyOf"} | _annotations(cond) and isinstance(cond.get("anyOf"), list):
+        parts = [_discriminator(c, f"{ptr}/anyOf/{i}") for i, c in enumerate(cond["anyOf"])]
+        if parts and len({p[0] for p in parts}) == 1:
+            return parts[0][0], [v for p in parts for v in p[1]], all(p[2] for p in parts)
+    props = cond.get("properties") if isinstance(cond, dict) else None
+    other = [k for k in cond if k not in ("properties", "required") and validating({k: cond[k]})] \
+        if isinstance(cond, dict) else ["(not an object)"]
+    if other or not isinstance(props, dict) or len(props) != 1:
+        raise GrammarError("an `if` is enforced only when it tests one property against listed values "
+                           '({"properties": {"k": {"const": ...}}}, optionally "required": ["k"])', ptr)
+    (name, test), = props.items()
+    if not isinstance(test, dict) or ("const" not in test and "enum" not in test) or \
+            any(k not in ("const", "enum", "type") and validating({k: test[k]}) for k in test):
+        raise GrammarError(f"the `if` on property '{name}' is enforced only with const or enum", f"{ptr}/properties")
+    values = [test["const"]] if "const" in test else list(test["enum"])
+    required = cond.get("required", [])
+    if any(r != name for r in required):
+        raise GrammarError("an `if` may require only the property it tests", f"{ptr}/required")
+    return name, values, name in required
+
+
+def _annotations(schema: dict) -> set:
+    return {k for k in schema if not validating({k: schema[k]})}
