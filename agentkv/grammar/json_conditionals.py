@@ -74,7 +74,8 @@ class ConditionalRules:
         cases = [case({"type": "object", "properties": {name: {"const": v}}, "required": [name]},
                       [any(json_equal(v, w) for w in values) for _, values, _ in tests]) for v in listed]
         # `name` present with any other value: every `if` fails.
-        own = self.inline_ref(rest.get("properties", {}).get(name, True), f"{ptr}/properties/{name}")
+        props = rest.get("properties")
+        own = self.inline_ref(props.get(name, True) if isinstance(props, dict) else True, f"{ptr}/properties/{name}")
         if isinstance(own, dict) and ("const" in own or "enum" in own):
             others = [v for v in ([own["const"]] if "const" in own else own["enum"])
                       if not any(json_equal(v, w) for w in listed)]
@@ -89,7 +90,8 @@ class ConditionalRules:
             none_hold = [False] * len(conds)
             cases.append(case({"type": "object", "properties": {name: other}, "required": [name]}, none_hold))
         # `name` absent: the `if`s that do not require it hold.
-        if name not in rest.get("required", []):
+        rest_required = rest.get("required")
+        if not (isinstance(rest_required, list) and name in rest_required):
             unrequired = [not required for _, _, required in tests]
             cases.append(case({"type": "object", "properties": {name: False}}, unrequired))
         # Not an object: every `if` holds (its `properties` say nothing about other values).

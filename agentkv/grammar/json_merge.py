@@ -272,28 +272,36 @@ def excluded_strings(schema) -> list[str] | None:
 
 def _fails(value, s: dict, deadline: float) -> bool:
     """Does `value` certainly fail schema `s`? Sound, not complete: looks at the type, the listed
-    values, a string's patterns and lengths and a number's bounds; anything else counts as a match."""
+    values, a string's patterns and lengths and a number's bounds; anything else (and any keyword
+    with a malformed value, left for the compiler to report where it is) counts as a match."""
     types = _types(s)
     if types is not None and type_of(value) not in types:
         return True
     listed = [s["const"]] if "const" in s else s.get("enum")
     if isinstance(listed, list) and not any(json_equal(value, x) for x in listed):
         return True
-    if isinstance(value, str) and value in (excluded_strings(s.get("not")) or ()):
-        return True
     if isinstance(value, str):
-        if len(value) < s.get("minLength", 0) or len(value) > s.get("maxLength", len(value)):
+        if value in (excluded_strings(s.get("not")) or ()):
+            return True
+        low, high = s.get("minLength"), s.get("maxLength")
+        if (_number(low) and len(value) < low) or (_number(high) and len(value) > high):
             return True
         patterns = s.get("pattern", [])
-        for p in [patterns] if isinstance(patterns, str) else patterns:
-            if isinstance(p, str) and not language_matches(search_expr(p, "#/pattern"), value, deadline):
-                return True
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        for p in [patterns] if isinstance(patterns, str) else patterns if isinstance(patterns, list) else []:
+            try:
+                if isinstance(p, str) and not language_matches(search_expr(p, "#/pattern"), value, deadline):
+                    return True
+            except GrammarError:
+                continue  # a pattern out of scope: the compiler refuses it at its own pointer
+    if _number(value):
         low, high = s.get("minimum"), s.get("maximum")
-        xlow, xhigh = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
-        num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731 - draft-04 uses booleans
-        if (num(low) and value < low) or (num(high) and value > high):
+        xlow, xhigh = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")  # draft-04's booleans: skipped
+        if (_number(low) and value < low) or (_number(high) and value > high):
             return True
-        if (num(xlow) and value <= xlow) or (num(xhigh) and value >= xhigh):
+        if (_number(xlow) and value <= xlow) or (_number(xhigh) and value >= xhigh):
             return True
     return False
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
