@@ -162,6 +162,7 @@ def test_if_then_else_on_a_discriminator_and_not_of_strings(schema, good, bad):
     ({"allOf": [{"if": {"properties": {"a": {"const": 1}}}, "then": {}}, {"if": {"properties": {"b": {"const": 1}}}}]},
      "same property"),
     ({"not": {"type": "string"}}, "keyword 'not' is not supported"),
+    ({"if": {"properties": {"k": {"const": 1}}}, "allOf": {"required": ["k"]}}, "allOf must be an array"),
     # A malformed keyword in a branch is no proof that a listed value fails it (and no crash).
     ({"oneOf": [{"enum": ["a"]}, {"type": "string", "minLength": "x"}]}, "oneOf"),
 ])

@@ -35,7 +35,10 @@ class ConditionalRules:
         found = []
         if "if" in schema:
             found.append((schema["if"], schema.get("then", True), schema.get("else", True), ptr))
-        for i, part in enumerate(schema.get("allOf", [])):
+        parts = schema.get("allOf", [])
+        if not isinstance(parts, list):
+            raise GrammarError("allOf must be an array of schemas", f"{ptr}/allOf")
+        for i, part in enumerate(parts):
             where = f"{ptr}/allOf/{i}"
             part = self.inline_ref(part, where)
             if isinstance(part, dict) and "if" in part:
