@@ -154,7 +154,24 @@ def test_if_then_else_on_a_discriminator_and_not_of_strings(schema, good, bad):
     assert_values(schema, good, bad)
 
 
+@pytest.mark.parametrize("schema,good,bad", [
+    ({"dependentRequired": {"a": ["b"]}}, [{}, {"b": 1}, {"a": 1, "b": 2}, "s", 3], [{"a": 1}]),
+    ({"type": "object", "properties": {"b": {}, "a": {}}, "dependencies": {"a": ["b", "c"]}},
+     [{"b": 1}, {"a": 1, "b": 2, "c": 3}, {"c": 1}], [{"a": 1}, {"a": 1, "b": 1}]),
+    ({"dependentSchemas": {"a": {"properties": {"b": {"type": "integer"}}}}},
+     [{"a": 1, "b": 2}, {"b": "x"}, {"a": 0}], [{"a": 1, "b": "x"}]),
+    # Two dependencies, one on the other's presence, on a closed object.
+    ({"dependencies": {"a": {"required": ["x"]}, "b": ["a"]}, "additionalProperties": False,
+      "properties": {"a": {}, "b": {}, "x": {}}},
+     [{}, {"a": 1, "x": 1}, {"a": 1, "b": 1, "x": 1}, {"x": 1}], [{"b": 1}, {"a": 1}, {"a": 1, "b": 1}]),
+])
+def test_dependencies_by_which_properties_are_present(schema, good, bad):
+    assert_values(schema, good, bad)
+
+
 @pytest.mark.parametrize("schema,what", [
+    ({"dependentRequired": {"a": "b"}}, "maps a name to an array of names"),
+    ({"dependencies": {k: ["z"] for k in "abcde"}}, "dependencies on 5 properties"),
     ({"if": {"properties": {"k": {"minLength": 2}}}, "then": {"required": ["z"]}}, "only with const or enum"),
     ({"if": {"type": "string"}, "then": {"minLength": 2}}, "tests one property"),
     ({"properties": {"k": {"type": "number"}}, "if": {"properties": {"k": {"const": 1}}}, "then": {"required": ["z"]}},

@@ -1,4 +1,4 @@
-"""`if` / `then` / `else` on a discriminator property, rewritten exactly as a union of cases.
+"""`if`/`then`/`else` on a discriminator property, and dependencies, rewritten exactly as unions of cases.
 
 The form real schemas use (SchemaStore's Minecraft, Cloudify, ...) is a list of conditionals that
 each test one property against listed values, directly or inside `allOf`:
@@ -14,6 +14,9 @@ are strings, any value but those: a `not` of strings, which agentkv enforces), `
 non-objects.
 Each case is the rest of the schema merged with the `then` or `else` of every conditional (allOf
 arithmetic, json_merge.py), and the schema is their union. Any other `if` is a `GrammarError`.
+
+Dependencies (`dependentRequired`, `dependentSchemas`, draft-07 `dependencies`) split the same way,
+by which of the named properties are present (2^n cases, so at most MAX_DEPENDENCY_NAMES of them).
 """
 
 from __future__ import annotations
@@ -22,11 +25,55 @@ from agentkv.errors import GrammarError
 from agentkv.grammar.json_merge import json_equal, validating
 
 CONDITIONAL_KEYS = ("if", "then", "else")
+DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
+MAX_DEPENDENCY_NAMES = 4  # properties with dependencies in one schema: 2^n cases
 NON_OBJECT = ["array", "string", "number", "boolean", "null"]
 
 
 class ConditionalRules:
     """Mixed into the converter (json_schema.py), which supplies merge, inline_ref and value."""
+
+    def dependency_cases(self, schema: dict, ptr: str) -> object:
+        """`dependentRequired` / `dependentSchemas` (and draft-07 `dependencies`, either form) as the
+        union of cases by which of the named properties are present: in each, the present ones are
+        required and bring their dependencies, the others are absent; non-objects are unaffected."""
+        deps: dict[str, list] = {}
+        for key in DEPENDENCY_KEYS:
+            spec = schema.get(key)
+            if spec is None:
+                continue
+            if not isinstance(spec, dict):
+                raise GrammarError(f"{key} must be an object", f"{ptr}/{key}")
+            for name, need in spec.items():
+                where = f"{ptr}/{key}/{name.replace('~', '~0').replace('/', '~1')}"
+                if isinstance(need, list) and key != "dependentSchemas":
+                    if not all(isinstance(n, str) for n in need):
+                        raise GrammarError("a dependency lists property names (strings)", where)
+                    deps.setdefault(name, []).append({"required": need} if need else True)
+                elif key == "dependentRequired":
+                    raise GrammarError("dependentRequired maps a name to an array of names", where)
+                else:
+                    deps.setdefault(name, []).append(self.inline_ref(need, where))
+        if len(deps) > MAX_DEPENDENCY_NAMES:
+            raise GrammarError(f"dependencies on {len(deps)} properties of one object: agentkv enforces them on "
+                               f"up to {MAX_DEPENDENCY_NAMES} (each presence combination is a case)", ptr)
+        rest = {k: v for k, v in schema.items() if k not in DEPENDENCY_KEYS}
+        names = list(deps)
+        cases = []
+        for bits in range(2 ** len(names)):
+            present = [n for j, n in enumerate(names) if bits >> j & 1]
+            merged = self.merge(rest, {"type": "object", "required": present,
+                                       "properties": {n: False for n in names if n not in present}}, ptr)
+            for name in present:
+                for need in deps[name]:
+                    merged = merged if merged is False else self.merge(merged, need, ptr)
+            if merged is not False:
+                cases.append(merged)
+        types = rest.get("type")
+        if types is None or set([types] if isinstance(types, str) else types) - {"object"}:
+            cases.append(self.merge(rest, {"type": NON_OBJECT}, ptr))
+        kept = [c for c in cases if c is not False]
+        return {"anyOf": kept} if kept else False
 
     def split_conditionals(self, schema: dict, ptr: str) -> tuple[dict, list[tuple[dict, object, object, str]]]:
         """(the schema without its conditionals, its `allOf` merged in; the conditionals as (if, then,

@@ -17,7 +17,7 @@ from agentkv.grammar.regex import search_expr
 ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "default", "examples", "example",
                "deprecated", "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$defs", "definitions",
                "contentEncoding", "contentMediaType", "contentSchema", "$vocabulary", "discriminator"}
-UNSUPPORTED = {"not", "dependentRequired", "dependentSchemas", "dependencies", "contains",
+UNSUPPORTED = {"not", "contains",
                "unevaluatedProperties", "unevaluatedItems", "multipleOf", "$dynamicRef", "$recursiveRef",
                "uniqueItems"}
 # Keywords that only mean something next to another one (minContains without contains is ignored;
@@ -181,7 +181,8 @@ def _merge_arrays(a: dict, b: dict, out: dict) -> None:
 def validating(schema: dict) -> bool:
     """Does the schema constrain anything (beyond annotations and unknown keywords)?"""
     known = OBJECT_KEYS | ARRAY_KEYS | STRING_KEYS | NUMBER_KEYS | UNSUPPORTED | {
-        "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", "if"}
+        "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", "if",
+        "dependencies", "dependentRequired", "dependentSchemas"}
     return any(k in known for k in schema)
 
 

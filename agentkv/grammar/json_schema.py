@@ -35,7 +35,7 @@ from agentkv.grammar.expr import (
     seq,
     star,
 )
-from agentkv.grammar.json_conditionals import ConditionalRules
+from agentkv.grammar.json_conditionals import DEPENDENCY_KEYS, ConditionalRules
 from agentkv.grammar.json_merge import (
     DEPENDENT,
     UNSUPPORTED,
@@ -171,6 +171,8 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
                 return self.ref_rule(schema["$ref"], f"{ptr}/$ref")
             target, _ = self.resolve(schema["$ref"], f"{ptr}/$ref")
             return self.value(self.merge(target, rest, ptr), ptr)
+        if any(k in schema for k in DEPENDENCY_KEYS):
+            return self.value(self.dependency_cases(schema, ptr), ptr)  # json_conditionals.py
         parts = schema.get("allOf")
         if "if" in schema or isinstance(parts, list) and any(
                 isinstance(p, dict) and "if" in self.inline_ref(p, f"{ptr}/allOf/{i}") for i, p in enumerate(parts)):
