@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.json_merge import json_equal, validating
+from agentkv.grammar.json_objects import pointer_escape
 
 CONDITIONAL_KEYS = ("if", "then", "else")
 DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
@@ -45,7 +46,7 @@ class ConditionalRules:
             if not isinstance(spec, dict):
                 raise GrammarError(f"{key} must be an object", f"{ptr}/{key}")
             for name, need in spec.items():
-                where = f"{ptr}/{key}/{name.replace('~', '~0').replace('/', '~1')}"
+                where = f"{ptr}/{key}/{pointer_escape(name)}"
                 if isinstance(need, list) and key != "dependentSchemas":
                     if not all(isinstance(n, str) for n in need):
                         raise GrammarError("a dependency lists property names (strings)", where)
@@ -67,13 +68,10 @@ class ConditionalRules:
             for name in present:
                 for need in deps[name]:
                     merged = merged if merged is False else self.merge(merged, need, ptr)
-            if merged is not False:
-                cases.append(merged)
-        types = rest.get("type")
-        if types is None or set([types] if isinstance(types, str) else types) - {"object"}:
+            cases.append(merged)
+        if _admits_non_objects(rest):
             cases.append(self.merge(rest, {"type": NON_OBJECT}, ptr))
-        kept = [c for c in cases if c is not False]
-        return {"anyOf": kept} if kept else False
+        return _union(cases)
 
     def split_conditionals(self, schema: dict, ptr: str) -> tuple[dict, list[tuple[dict, object, object, str]]]:
         """(the schema without its conditionals, its `allOf` merged in; the conditionals as (if, then,
@@ -125,7 +123,8 @@ class ConditionalRules:
                       [any(json_equal(v, w) for w in values) for _, values, _ in tests]) for v in listed]
         # `name` present with any other value: every `if` fails.
         props = rest.get("properties")
-        own = self.inline_ref(props.get(name, True) if isinstance(props, dict) else True, f"{ptr}/properties/{name}")
+        own = self.inline_ref(props.get(name, True) if isinstance(props, dict) else True,
+                              f"{ptr}/properties/{pointer_escape(name)}")
         if isinstance(own, dict) and ("const" in own or "enum" in own):
             others = [v for v in ([own["const"]] if "const" in own else own["enum"])
                       if not any(json_equal(v, w) for w in listed)]
@@ -145,11 +144,20 @@ class ConditionalRules:
             unrequired = [not required for _, _, required in tests]
             cases.append(case({"type": "object", "properties": {name: False}}, unrequired))
         # Not an object: every `if` holds (its `properties` say nothing about other values).
-        types = rest.get("type")
-        if types is None or set([types] if isinstance(types, str) else types) - {"object"}:
+        if _admits_non_objects(rest):
             cases.append(case({"type": NON_OBJECT}, [True] * len(conds)))
-        kept = [c for c in cases if c is not False]
-        return {"anyOf": kept} if kept else False
+        return _union(cases)
+
+
+def _admits_non_objects(schema: dict) -> bool:
+    types = schema.get("type")
+    return types is None or bool(set([types] if isinstance(types, str) else types) - {"object"})
+
+
+def _union(cases: list) -> object:
+    """`anyOf` of the cases that admit something (False where none does)."""
+    kept = [c for c in cases if c is not False]
+    return {"anyOf": kept} if kept else False
 
 
 def _discriminator(cond, ptr: str) -> tuple[str, list, bool]:

@@ -22,14 +22,12 @@ from agentkv.errors import GrammarError
 from agentkv.grammar.expr import (
     EMPTY,
     NOTHING,
-    Chars,
     Diff,
     Intersect,
     Ref,
     Repeat,
     alt,
     chars,
-    complement,
     lit,
     opt,
     seq,
@@ -322,7 +320,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
             return self.string_expr(string_body(lo, hi, ptr))
         lang = self.string_language(schema, ptr)
         if excluded:  # `not` listing strings: the language without them
-            lang = Diff(lang if lang is not None else Repeat(Chars(complement([])), 0, None), alt(*map(lit, excluded)))
+            lang = Diff(lang if lang is not None else length_bounded(0, None, ptr), alt(*map(lit, excluded)))
         return self.string_expr(escape_all(lang))
 
     def t_array(self, schema, ptr):
