@@ -3,6 +3,7 @@
 For every schema that compiles: each valid instance, in the compact text the grammar writes, is
 accepted token by token (as the tokenizer encodes it) and may end there; each invalid instance is
 refused. The share that compiles is printed, and `tests/data/schemastore_compiled.txt` ratchets it.
+A `$ref` to another SchemaStore schema resolves through `documents=` (every schema by its `$id`).
 On a sample, every token of the walk must also be set in the matcher's mask, and jump-forward
 tokens must equal the tokenizer's own encoding of the same text.
 """
@@ -26,6 +27,17 @@ FORMAT_ASSERTED = {
 MASK_SAMPLE_TOKENS = 24
 
 
+def schemastore_documents(root: Path) -> dict:
+    """Every SchemaStore schema by its `$id` (draft-04: `id`), for references between them."""
+    docs = {}
+    for path in sorted(root.glob("*.json")):
+        schema = json.loads(path.read_text())["schema"]
+        uri = schema.get("$id", schema.get("id")) if isinstance(schema, dict) else None
+        if isinstance(uri, str):
+            docs[uri.split("#")[0]] = schema
+    return docs
+
+
 def test_schemastore_instances_token_by_token(smollm_info, smollm_compiler):
     root = shared_data("schemastore")
     compiler = smollm_compiler
@@ -33,11 +45,12 @@ def test_schemastore_instances_token_by_token(smollm_info, smollm_compiler):
     compiled, total, undetermined = set(), 0, 0
     bad_accepted, good_rejected, unmasked = [], [], []
     bitmask = np.zeros((1, smollm_info.words), dtype=np.int32)
+    documents = schemastore_documents(root)
     for path in sorted(root.glob("*.json")):
         total += 1
         doc = json.loads(path.read_text())
         try:
-            g = compiler.compile_json_schema(doc["schema"])
+            g = compiler.compile_json_schema(doc["schema"], documents=documents)
         except GrammarError:
             continue
         compiled.add(path.stem)

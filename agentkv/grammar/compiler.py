@@ -16,6 +16,7 @@ from agentkv.errors import GrammarError
 from agentkv.grammar.automaton import link
 from agentkv.grammar.compiled import CompiledGrammar
 from agentkv.grammar.expr import Ref, alt, lit
+from agentkv.grammar.json_refs import SchemaResources
 from agentkv.grammar.json_schema import JsonSchemaConverter
 from agentkv.grammar.lark import lark_rules
 from agentkv.grammar.regex import match_expr
@@ -58,8 +59,11 @@ class GrammarCompiler:
         return CompiledGrammar(auto, self.info, description)
 
     def compile_json_schema(self, schema, *, strict: bool = False, whitespace: bool = False,
-                            max_whitespace: int = 16) -> CompiledGrammar:
+                            max_whitespace: int = 16, documents: dict | None = None) -> CompiledGrammar:
         """A JSON Schema as a dict, a JSON string, or a Pydantic model class.
+
+        `documents` maps URIs to the other schema documents its `$ref`s may point to (nothing is
+        fetched); relative references are read against the schema's `$id`.
 
         A Pydantic model's objects are closed (`strict`) unless it allows extra fields: its schema
         omits `additionalProperties`, yet Pydantic ignores or refuses extra keys, so writing them
@@ -67,11 +71,15 @@ class GrammarCompiler:
         if _is_closed_model(schema):
             strict = True
         schema = _schema_dict(schema)
-        key = ("json", json.dumps(schema, sort_keys=True), strict, whitespace, max_whitespace)
+        refs = None
+        if documents:  # read them now: the key holds the documents this schema reaches, no others
+            refs = SchemaResources(schema, documents)
+        reached = json.dumps(refs.used, sort_keys=True) if refs else ""
+        key = ("json", json.dumps(schema, sort_keys=True), reached, strict, whitespace, max_whitespace)
 
         def build(deadline):
-            rules = JsonSchemaConverter(schema, strict=strict, whitespace=whitespace,
-                                        max_whitespace=max_whitespace, deadline=deadline).convert()
+            rules = JsonSchemaConverter(schema, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace,
+                                        deadline=deadline, refs=refs).convert()
             return self._from_rules(rules, "root", "json schema", deadline)
 
         return self._cached(key, build)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from urllib.parse import unquote
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.expr import (
@@ -47,9 +46,9 @@ from agentkv.grammar.json_objects import (
     ObjectRules,
     dumps,
     escape_all,
-    pointer_escape,
     schema_count,
 )
+from agentkv.grammar.json_refs import SchemaResources
 from agentkv.grammar.json_values import (
     INTEGER,
     NUMBER,
@@ -67,20 +66,19 @@ MAX_INLINE_DEPTH = 60
 
 class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
     def __init__(self, schema, *, strict: bool = False, whitespace: bool = False, max_whitespace: int = 16,
-                 deadline: float | None = None, prefix: str = ""):
+                 deadline: float | None = None, prefix: str = "", documents: dict | None = None,
+                 refs: SchemaResources | None = None):
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
-        self.root = schema
+        self.refs = refs or SchemaResources(schema, documents)
+        self.root = self.refs.root  # its $refs rewritten to one absolute form (json_refs.py)
         self.strict = strict
         self.ws = Repeat(chars(" ", "\t", "\n", "\r"), 0, max_whitespace) if whitespace else EMPTY
         self.rules: dict[str, object] = {}
-        self.anchors: dict[str, str] = {}
         self.depth = 0
         self._by_content: dict[str, str] = {}
         self.prefix = prefix  # rule names are prefixed (a Lark grammar may hold several schemas)
         self.deadline = deadline if deadline is not None else time.monotonic() + 10.0
-        if isinstance(schema, dict):
-            self._collect_anchors(schema, "#")
 
     # -- entry ------------------------------------------------------------------------------------
 
@@ -94,45 +92,8 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
 
     # -- references -------------------------------------------------------------------------------
 
-    def _collect_anchors(self, node, ptr: str) -> None:
-        if isinstance(node, dict):
-            if isinstance(node.get("$anchor"), str):
-                self.anchors[node["$anchor"]] = ptr
-            for k, v in node.items():
-                if k not in ("enum", "const", "default", "examples"):
-                    self._collect_anchors(v, f"{ptr}/{pointer_escape(k)}")
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                self._collect_anchors(v, f"{ptr}/{i}")
-
     def resolve(self, ref: str, where: str) -> tuple[object, str]:
-        base = (self.root.get("$id") or self.root.get("id") or "") if isinstance(self.root, dict) else ""
-        base = base if isinstance(base, str) else ""
-        frag = ref
-        if "#" in ref:
-            doc, frag = ref.split("#", 1)
-            frag = "#" + frag
-            if doc and doc != base.split("#")[0]:
-                raise GrammarError(f"$ref '{ref}' points to another document; inline it into this schema", where)
-        elif ref != base:
-            raise GrammarError(f"$ref '{ref}' points to another document; inline it into this schema", where)
-        else:
-            frag = "#"
-        if frag.startswith("#") and not frag.startswith("#/") and frag != "#":
-            name = unquote(frag[1:])
-            if name not in self.anchors:
-                raise GrammarError(f"$ref '{ref}': no $anchor '{name}' in this schema", where)
-            frag = self.anchors[name]
-        node = self.root
-        for part in frag[2:].split("/") if frag != "#" else []:
-            key = unquote(part).replace("~1", "/").replace("~0", "~")
-            if isinstance(node, list) and key.isdigit() and int(key) < len(node):
-                node = node[int(key)]
-            elif isinstance(node, dict) and key in node:
-                node = node[key]
-            else:
-                raise GrammarError(f"$ref '{ref}' does not resolve in this schema", where)
-        return node, frag
+        return self.refs.resolve(ref, where)  # json_refs.py
 
     def ref_rule(self, ref: str, where: str) -> Ref:
         target, ptr = self.resolve(ref, where)
@@ -365,7 +326,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
         if schema is True or (isinstance(schema, dict) and not validating(schema)):
             return self.any_value()
         # Equal sub-schemas (config files repeat one shape under many names) share one rule:
-        # $refs resolve within this document, so equal text means an equal language.
+        # $refs are in one absolute form (json_refs.py), so equal text means an equal language.
         key = json.dumps(schema, sort_keys=True)
         name = self._by_content.get(key)
         if name is None:
