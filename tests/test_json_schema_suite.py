@@ -186,3 +186,48 @@ def test_dependencies_by_which_properties_are_present(schema, good, bad):
 def test_other_conditionals_and_nots_are_refused(schema, what):
     with pytest.raises(GrammarError, match=what):
         BYTE_COMPILER.compile_json_schema(schema)
+
+
+@pytest.mark.parametrize("schema,good,bad", [
+    # string keywords next to a list keep the listed strings that meet them (other types pass)
+    ({"enum": ["a", "abc", "abcd", 5], "minLength": 2, "maxLength": 3}, ["abc", 5], ["a", "abcd"]),
+    ({"enum": ["ab", "ba", "ca"], "pattern": "^[ab]"}, ["ab", "ba"], ["ca"]),
+    ({"const": "2020-01-01", "format": "date"}, ["2020-01-01"], []),
+    ({"enum": ["2020-01-01", "soon"], "format": "date"}, ["2020-01-01"], ["soon"]),
+    # number bounds likewise (exclusive, and draft-04's boolean form)
+    ({"enum": [1, 2, 3, 3.5, "x"], "exclusiveMinimum": 1, "maximum": 3}, [2, 3, "x"], [1, 3.5]),
+    ({"enum": [1, 2], "minimum": 1, "exclusiveMinimum": True}, [2], [1]),
+])
+def test_listed_values_checked_against_their_siblings(schema, good, bad):
+    assert_values(schema, good, bad)
+
+
+@pytest.mark.parametrize("schema,what", [
+    ({"enum": ["a"], "minLength": "x"}, "minLength must be"),
+    ({"enum": ["a"], "pattern": "(?=a)"}, "lookaround"),
+    ({"enum": [{"a": 1}], "properties": {"a": {"type": "string"}}}, "together with 'properties'"),
+    ({"enum": [1], "minimum": "0"}, "minimum must be"),
+])
+def test_listed_values_with_keywords_not_checked_are_refused(schema, what):
+    with pytest.raises(GrammarError, match=what):
+        BYTE_COMPILER.compile_json_schema(schema)
+
+
+@pytest.mark.parametrize("fmt,good,bad", [
+    ("date", ["2024-02-29", "2000-02-29", "1999-12-31", "2023-04-30", "0000-02-29"],
+     ["2023-02-29", "1900-02-29", "2024-02-30", "2023-04-31", "2024-13-01", "2024-00-10", "24-01-01"]),
+    # a leap second only as 23:59:60 UTC (offered with a zero offset)
+    ("time", ["23:59:60Z", "23:59:60.5-00:00", "08:30:00.5+02:00", "00:00:00z"],
+     ["24:00:00Z", "08:30:00", "08:30:60Z", "23:59:60+01:00", "23:58:60Z"]),
+    ("date-time", ["2024-01-01T00:00:00Z", "2024-01-01t10:00:00-05:30"],
+     ["2024-01-01 00:00:00Z", "2024-01-01T00:00", "2023-02-29T00:00:00Z"]),
+    ("uuid", ["123e4567-e89b-12d3-a456-426614174000"], ["123e4567e89b12d3a456426614174000", "123e4567-e89b-12d3-a456"]),
+    ("ipv4", ["192.168.0.1", "0.0.0.0"], ["256.1.1.1", "1.2.3", "01.2.3.4"]),
+    ("ipv6", ["::1", "2001:db8::8a2e:370:7334", "::ffff:192.0.2.1"], ["1:2:3:4:5:6:7:8:9", "2001::db8::1", "12345::"]),
+    ("email", ["a.b@example.com", "x+y@h"], ["a@", "@h", "a b@h", "a..b@h"]),
+    ("uri", ["http://x.org/a?b#c", "urn:isbn:0451450523", "mailto:a@b"], ["/relative", "1http://x", "http://a b", "a:%zz"]),
+    ("uri-reference", ["", "a/b", "/x?y#z", "http://x", "#frag", "./a:b", "a?b:c", "//host/p"],
+     ["1:abc", ":x", "a b", "%zz", "a:%g0"]),
+])
+def test_formats(fmt, good, bad):
+    assert_values({"type": "string", "format": fmt}, good, bad)

@@ -18,6 +18,7 @@ import math
 import time
 
 from agentkv.errors import GrammarError
+from agentkv.grammar.dfa import language_matches
 from agentkv.grammar.expr import (
     EMPTY,
     NOTHING,
@@ -61,6 +62,9 @@ from agentkv.grammar.json_values import (
 from agentkv.grammar.regex import search_expr
 
 ALL_TYPES = ("object", "array", "string", "number", "boolean", "null")
+# Keywords next to enum/const that are checked on each listed value (the others are refused there).
+LISTED_VALUE_CHECKS = {"minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
+                       "exclusiveMaximum"}
 MAX_INLINE_DEPTH = 60
 
 
@@ -204,9 +208,14 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
         values = [v for v in values if not (isinstance(v, str) and v in excluded)]
         extra = [k for k in schema if validating({k: schema[k]}) and k not in ("enum", "const", "type", "nullable")
                  and not (k == "not" and excluded_strings(schema[k]) is not None)]
-        if extra:
-            raise GrammarError(f"enum/const together with '{extra[0]}' is not supported; "
-                               "list only the allowed values", f"{ptr}/{extra[0]}")
+        other = [k for k in extra if k not in LISTED_VALUE_CHECKS]
+        if other:
+            raise GrammarError(f"enum/const together with '{other[0]}' is not supported; "
+                               "list only the allowed values", f"{ptr}/{other[0]}")
+        if extra:  # string and number keywords next to the list: keep the values that meet them
+            lang = self.string_language(schema, ptr)
+            lo, lo_x, hi, hi_x = self._bounds(schema, ptr)
+            values = [v for v in values if _meets(v, lang, lo, lo_x, hi, hi_x, self.deadline)]
         types = schema.get("type")
         if types is not None:
             types = {types} if isinstance(types, str) else set(types)
@@ -334,6 +343,16 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
             self.rules[name] = NOTHING
             self.rules[name] = self.value(schema, ptr)
         return Ref(name)
+
+
+def _meets(value, lang, lo, lo_x: bool, hi, hi_x: bool, deadline: float) -> bool:
+    """Does a listed value meet a string language (None: any string) and numeric bounds?"""
+    if isinstance(value, str):
+        return lang is None or language_matches(lang, value, deadline)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return not (lo is not None and (value < lo or lo_x and value == lo)
+                    or hi is not None and (value > hi or hi_x and value == hi))
+    return True  # string and number keywords do not apply to other types
 
 
 def _list(v, ptr: str) -> list:

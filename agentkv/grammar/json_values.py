@@ -186,8 +186,16 @@ def number_range(lo, lo_excl: bool, hi, hi_excl: bool, where: str | None):
 
 # -- formats ------------------------------------------------------------------------------------
 
-_DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
-_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+# RFC 3339 full-date: each month's days, February 29 only in leap years (divisible by 4, and
+# centuries only when divisible by 400).
+_LEAP_YEAR = r"([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)"
+_DATE = (r"([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+         rf"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)")
+# RFC 3339 time. A leap second (:60) is only valid where the time is 23:59:60 in UTC; the grammar
+# offers it as 23:59:60 with a zero offset (telling other offsets apart would take ~1,440 states).
+_OFFSET = r"([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_TIME = (rf"(([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?{_OFFSET}"
+         r"|23:59:60(\.[0-9]+)?([Zz]|[+-]00:00))")
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _H16 = r"[0-9a-fA-F]{1,4}"
 _IPV4 = rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}"
@@ -198,6 +206,9 @@ _IPV6 = "|".join([
     rf"(({_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}", rf"(({_H16}:){{0,4}}{_H16})?::{_LS32}",
     rf"(({_H16}:){{0,5}}{_H16})?::{_H16}", rf"(({_H16}:){{0,6}}{_H16})?::",
 ])
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*"
+_URI_CHAR = r"([A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})"
+_SEGMENT_CHAR = r"([A-Za-z0-9._~\[\]@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})"  # no ':', '/', '?' or '#'
 FORMATS = {
     "date": _DATE,
     "time": _TIME,
@@ -209,7 +220,9 @@ FORMATS = {
     "email": r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
              r"@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*",
     # RFC 3986: a scheme, then characters allowed in a URI (percent escapes well formed).
-    "uri": r"[A-Za-z][A-Za-z0-9+.-]*:([A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})*",
+    "uri": rf"{_SCHEME}:{_URI_CHAR}*",
+    # a URI, or a relative reference: no scheme, and no ':' before the first '/', '?' or '#'
+    "uri-reference": rf"{_SCHEME}:{_URI_CHAR}*|{_SEGMENT_CHAR}*([/?#]{_URI_CHAR}*)?",
 }
 
 
