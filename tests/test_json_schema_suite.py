@@ -225,9 +225,14 @@ def test_listed_values_with_keywords_not_checked_are_refused(schema, what):
     ("ipv4", ["192.168.0.1", "0.0.0.0"], ["256.1.1.1", "1.2.3", "01.2.3.4"]),
     ("ipv6", ["::1", "2001:db8::8a2e:370:7334", "::ffff:192.0.2.1"], ["1:2:3:4:5:6:7:8:9", "2001::db8::1", "12345::"]),
     ("email", ["a.b@example.com", "x+y@h"], ["a@", "@h", "a b@h", "a..b@h"]),
-    ("uri", ["http://x.org/a?b#c", "urn:isbn:0451450523", "mailto:a@b"], ["/relative", "1http://x", "http://a b", "a:%zz"]),
-    ("uri-reference", ["", "a/b", "/x?y#z", "http://x", "#frag", "./a:b", "a?b:c", "//host/p"],
-     ["1:abc", ":x", "a b", "%zz", "a:%g0"]),
+    # RFC 3986 as written in its appendix A
+    ("uri", ["http://x.org/a?b#c", "urn:isbn:0451450523", "mailto:a@b", "http://[::1]:80/", "http://[v7.abc]/",
+             "file:///etc/hosts", "a:", "http://u:pw@host:8080/p/a%20b?q=1&r=2", "ldap://[2001:db8::7]/c=GB?o?one",
+             "tel:+1-816-555-1212", "http://a/b?c=/d?e#/f?"],
+     ["/relative", "1http://x", "http://a b", "a:%zz", "http://[::1", "a:#[", "a:#b#c", "http://[1::2::3]/",
+      "http://x/?q=[1]", "http://h:x/", ""]),
+    ("uri-reference", ["", "a/b", "/x?y#z", "http://x", "#frag", "./a:b", "a?b:c", "//host/p", "//[::1]:8/"],
+     ["1:abc", ":x", "a b", "%zz", "a:%g0", "#a#b", "//[::1/"]),
 ])
 def test_formats(fmt, good, bad):
     assert_values({"type": "string", "format": fmt}, good, bad)

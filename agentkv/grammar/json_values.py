@@ -206,9 +206,21 @@ _IPV6 = "|".join([
     rf"(({_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}", rf"(({_H16}:){{0,4}}{_H16})?::{_LS32}",
     rf"(({_H16}:){{0,5}}{_H16})?::{_H16}", rf"(({_H16}:){{0,6}}{_H16})?::",
 ])
-_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*"
-_URI_CHAR = r"([A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})"
-_SEGMENT_CHAR = r"([A-Za-z0-9._~\[\]@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})"  # no ':', '/', '?' or '#'
+# RFC 3986, appendix A, as written there (the whole grammar is regular).
+_PCT = r"%[0-9A-Fa-f]{2}"
+_UNRESERVED_SUB = r"[A-Za-z0-9._~!$&'()*+,;=-]"  # unreserved and sub-delims
+_PCHAR = rf"({_UNRESERVED_SUB}|{_PCT}|[:@])"
+_SEGMENT, _SEGMENT_NZ = rf"{_PCHAR}*", rf"{_PCHAR}+"
+_SEGMENT_NZ_NC = rf"({_UNRESERVED_SUB}|{_PCT}|@)+"
+_IP_LITERAL = rf"\[({_IPV6}|v[0-9A-Fa-f]+\.({_UNRESERVED_SUB}|:)+)\]"
+_AUTHORITY = rf"(({_UNRESERVED_SUB}|{_PCT}|:)*@)?({_IP_LITERAL}|({_UNRESERVED_SUB}|{_PCT})*)(:[0-9]*)?"
+_PATH_ABEMPTY = rf"(/{_SEGMENT})*"
+_PATH_ABSOLUTE = rf"/({_SEGMENT_NZ}(/{_SEGMENT})*)?"
+_QUERY_FRAGMENT = rf"(\?({_PCHAR}|[/?])*)?(#({_PCHAR}|[/?])*)?"
+_URI = (rf"[A-Za-z][A-Za-z0-9+.-]*:(//{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}|{_SEGMENT_NZ}(/{_SEGMENT})*)?"
+        rf"{_QUERY_FRAGMENT}")
+_RELATIVE_REF = (rf"(//{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}|{_SEGMENT_NZ_NC}(/{_SEGMENT})*)?"
+                 rf"{_QUERY_FRAGMENT}")
 FORMATS = {
     "date": _DATE,
     "time": _TIME,
@@ -219,10 +231,8 @@ FORMATS = {
     # An address with one @, a dotted domain, no spaces or quotes (RFC 5321 quoted local parts are not offered).
     "email": r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
              r"@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*",
-    # RFC 3986: a scheme, then characters allowed in a URI (percent escapes well formed).
-    "uri": rf"{_SCHEME}:{_URI_CHAR}*",
-    # a URI, or a relative reference: no scheme, and no ':' before the first '/', '?' or '#'
-    "uri-reference": rf"{_SCHEME}:{_URI_CHAR}*|{_SEGMENT_CHAR}*([/?#]{_URI_CHAR}*)?",
+    "uri": _URI,
+    "uri-reference": rf"{_URI}|{_RELATIVE_REF}",
 }
 
 
