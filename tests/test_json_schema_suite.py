@@ -236,3 +236,48 @@ def test_listed_values_with_keywords_not_checked_are_refused(schema, what):
 ])
 def test_formats(fmt, good, bad):
     assert_values({"type": "string", "format": fmt}, good, bad)
+
+
+ONE_OF_PROPS = {"a": {"type": "string"}, "b": {"type": "string"}, "c": {"type": "integer"}, "k": {"type": "integer"}}
+
+
+@pytest.mark.parametrize("schema", [
+    # branches that differ only in `required` (SchemaStore's aiproj and bitrise have this shape)
+    {"oneOf": [{"type": "object", "properties": ONE_OF_PROPS, "additionalProperties": False, "required": r}
+               for r in (["a", "k"], ["b", "k"], ["c", "k"], ["k"])] + [{"type": "null"}]},
+    {"oneOf": [{"type": "object", "properties": ONE_OF_PROPS, "required": ["a"]},
+               {"type": "object", "properties": ONE_OF_PROPS, "required": ["b"]}, {"type": "string"}]},
+    # siblings merged into every branch first
+    {"type": "object", "properties": ONE_OF_PROPS, "oneOf": [{"required": ["a", "b"]}, {"required": ["c"]}]},
+])
+def test_one_of_branches_apart_only_by_required_names(schema):
+    """Every combination of present names (and a few other values) against jsonschema's verdict."""
+    import itertools
+
+    import jsonschema
+
+    check = jsonschema.Draft202012Validator(schema)
+    values = [None, "s", 3, {"a": 1}, {"k": "x"}]
+    for n in range(5):
+        for names in itertools.combinations("abck", n):
+            values.append({x: (1 if x in "ck" else "v") for x in names})
+            values.append({**values[-1], "z": True})
+    good = [v for v in values if check.is_valid(v)]
+    bad = [v for v in values if not check.is_valid(v)]
+    assert good and bad
+    assert_values(schema, good, bad)
+
+
+def test_one_of_branches_that_differ_in_more_than_required_are_refused():
+    schema = {"oneOf": [{"type": "object", "required": ["a"]},
+                        {"type": "object", "required": ["b"], "properties": {"a": {"type": "string"}}}]}
+    with pytest.raises(GrammarError, match="oneOf branches that may overlap"):
+        BYTE_COMPILER.compile_json_schema(schema)
+
+
+def test_one_of_branches_apart_as_written_stay_apart_with_siblings():
+    """Siblings merged into each branch put the discriminator's const inside an allOf."""
+    schema = {"type": "object", "properties": {"k": {"type": "string"}, "x": {"type": "integer"}},
+              "oneOf": [{"properties": {"k": {"const": "a"}}, "required": ["k"]},
+                        {"properties": {"k": {"const": "b"}}, "required": ["k", "x"]}]}
+    assert_values(schema, [{"k": "a"}, {"k": "a", "x": 1}, {"k": "b", "x": 2}], [{"k": "b"}, {"k": "c"}, {}, "a"])

@@ -16,18 +16,18 @@ Each case is the rest of the schema merged with the `then` or `else` of every co
 arithmetic, json_merge.py), and the schema is their union. Any other `if` is a `GrammarError`.
 
 Dependencies (`dependentRequired`, `dependentSchemas`, draft-07 `dependencies`) split the same way,
-by which of the named properties are present (2^n cases, so at most MAX_DEPENDENCY_NAMES of them).
+by which of the named properties are present (2^n cases, so at most MAX_PRESENCE_NAMES of them).
 """
 
 from __future__ import annotations
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.json_merge import json_equal, validating
+from agentkv.grammar.json_merge import json_equal, validating, value_types
 from agentkv.grammar.json_objects import pointer_escape
 
 CONDITIONAL_KEYS = ("if", "then", "else")
 DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
-MAX_DEPENDENCY_NAMES = 4  # properties with dependencies in one schema: 2^n cases
+MAX_PRESENCE_NAMES = 4  # properties with dependencies, or telling oneOf branches apart: 2^n cases
 NON_OBJECT = ["array", "string", "number", "boolean", "null"]
 
 
@@ -55,16 +55,15 @@ class ConditionalRules:
                     raise GrammarError("dependentRequired maps a name to an array of names", where)
                 else:
                     deps.setdefault(name, []).append(self.inline_ref(need, where))
-        if len(deps) > MAX_DEPENDENCY_NAMES:
+        if len(deps) > MAX_PRESENCE_NAMES:
             raise GrammarError(f"dependencies on {len(deps)} properties of one object: agentkv enforces them on "
-                               f"up to {MAX_DEPENDENCY_NAMES} (each presence combination is a case)", ptr)
+                               f"up to {MAX_PRESENCE_NAMES} (each presence combination is a case)", ptr)
         rest = {k: v for k, v in schema.items() if k not in DEPENDENCY_KEYS}
         names = list(deps)
         cases = []
         for bits in range(2 ** len(names)):
             present = [n for j, n in enumerate(names) if bits >> j & 1]
-            merged = self.merge(rest, {"type": "object", "required": present,
-                                       "properties": {n: False for n in names if n not in present}}, ptr)
+            merged = self.merge(rest, _presence(names, present), ptr)
             for name in present:
                 for need in deps[name]:
                     merged = merged if merged is False else self.merge(merged, need, ptr)
@@ -72,6 +71,39 @@ class ConditionalRules:
         if _admits_non_objects(rest):
             cases.append(self.merge(rest, {"type": NON_OBJECT}, ptr))
         return _union(cases)
+
+    def one_of_cases(self, rest: dict, branches: list, ptr: str) -> object | None:
+        """A `oneOf` whose object branches differ only in `required` (as written; `rest`, the keywords
+        beside the `oneOf`, applies to all), beside branches of other types told apart by the usual
+        test, as the union of presence cases: an object matches exactly the branches whose required
+        names it has, so for each combination of the names that tell the branches apart the object is
+        valid where exactly one branch matches. None where the branches are not of that form."""
+        raw = [self.inline_ref(b, f"{ptr}/{i}") for i, b in enumerate(branches)]
+        merged = [self.merge(rest, b, f"{ptr}/{i}") for i, b in enumerate(raw)]
+        objects = [i for i, m in enumerate(merged) if isinstance(m, dict) and value_types(m) == {"object"}]
+        others = [m for i, m in enumerate(merged) if i not in objects]
+        if len(objects) < 2 or any(not isinstance(raw[i], dict) for i in objects) or any(
+                not isinstance(m, dict) or "object" in (value_types(m) or {"object"}) for m in others):
+            return None
+        if len(others) > 1 and not self.disjoint(others):
+            return None
+        required = [raw[i].get("required", []) for i in objects]
+        if not all(isinstance(r, list) and all(isinstance(n, str) for n in r) for r in required):
+            return None
+        shared = [{k: v for k, v in raw[i].items() if k != "required" and validating({k: v})} for i in objects]
+        if not all(json_equal(s, shared[0]) for s in shared[1:]):
+            return None
+        base = self.merge(rest, shared[0], ptr)
+        common = [n for n in required[0] if all(n in r for r in required[1:])]
+        names = list(dict.fromkeys(n for r in required for n in r if n not in common))
+        if len(names) > MAX_PRESENCE_NAMES:
+            return None
+        cases = []
+        for bits in range(2 ** len(names)):
+            present = {n for j, n in enumerate(names) if bits >> j & 1}
+            if sum(set(r) - set(common) <= present for r in required) == 1:
+                cases.append(self.merge(base, _presence(names, common + sorted(present)), ptr))
+        return _union(cases + others)
 
     def split_conditionals(self, schema: dict, ptr: str) -> tuple[dict, list[tuple[dict, object, object, str]]]:
         """(the schema without its conditionals, its `allOf` merged in; the conditionals as (if, then,
@@ -147,6 +179,11 @@ class ConditionalRules:
         if _admits_non_objects(rest):
             cases.append(case({"type": NON_OBJECT}, [True] * len(conds)))
         return _union(cases)
+
+
+def _presence(names: list[str], present: list[str]) -> dict:
+    """Objects with the `present` names and none of the other `names`."""
+    return {"type": "object", "required": present, "properties": {n: False for n in names if n not in present}}
 
 
 def _admits_non_objects(schema: dict) -> bool:

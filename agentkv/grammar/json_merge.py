@@ -212,7 +212,8 @@ def json_equal(a, b) -> bool:
                                              type_of(b) in ("integer", "number") and a == b)
 
 
-def _types(s: dict) -> set[str] | None:
+def value_types(s: dict) -> set[str] | None:
+    """The JSON types a schema's instances can have (None: any), from const/enum or type."""
     if "const" in s:
         return {type_of(s["const"])}
     if "enum" in s:
@@ -229,7 +230,7 @@ def _types(s: dict) -> set[str] | None:
 
 
 def _exclusive(a: dict, b: dict, deadline: float) -> bool:
-    ta, tb = _types(a), _types(b)
+    ta, tb = value_types(a), value_types(b)
     if ta is not None and tb is not None and not (ta & tb):
         return True
     va = [a["const"]] if "const" in a else a.get("enum")
@@ -275,7 +276,7 @@ def _fails(value, s: dict, deadline: float) -> bool:
     """Does `value` certainly fail schema `s`? Sound, not complete: looks at the type, the listed
     values, a string's patterns and lengths and a number's bounds; anything else (and any keyword
     with a malformed value, left for the compiler to report where it is) counts as a match."""
-    types = _types(s)
+    types = value_types(s)
     if types is not None and type_of(value) not in types:
         return True
     listed = [s["const"]] if "const" in s else s.get("enum")

@@ -148,14 +148,23 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 rest = {k: v for k, v in schema.items() if k != key}
-                branches = _list(schema[key], f"{ptr}/{key}")
+                branches = written = _list(schema[key], f"{ptr}/{key}")
                 if validating(rest):  # siblings apply to every branch (and may make them exclusive)
                     branches = [self.merge(rest, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}")
                                 for i, b in enumerate(branches)]
-                if key == "oneOf" and not self.disjoint(branches):
-                    raise GrammarError("oneOf branches that may overlap cannot be enforced as 'exactly one'; "
-                                       "make them exclusive (distinct types or const/enum values) or use anyOf",
-                                       f"{ptr}/oneOf")
+                    if "type" in rest:  # the sibling type alone, which leaves the branches' keywords as written
+                        written = [self.merge({"type": rest["type"]}, self.inline_ref(b, f"{ptr}/{key}/{i}"),
+                                              f"{ptr}/{key}/{i}") for i, b in enumerate(written)]
+                # Branches apart with only part of the siblings merged in stay apart with all of them (each
+                # only narrows); the full merge can hide what told them apart (a const inside an allOf).
+                if key == "oneOf" and not self.disjoint(branches) and not (
+                        branches is not written and self.disjoint(written)):
+                    cases = self.one_of_cases(rest, schema[key], f"{ptr}/oneOf")  # json_conditionals.py
+                    if cases is None:
+                        raise GrammarError("oneOf branches that may overlap cannot be enforced as 'exactly one'; "
+                                           "make them exclusive (distinct types or const/enum values) or use anyOf",
+                                           f"{ptr}/oneOf")
+                    return self.value(cases, ptr)
                 return alt(*[self.value(b, f"{ptr}/{key}/{i}") for i, b in enumerate(branches)])
         if "const" in schema or "enum" in schema:
             return self.enum(schema, ptr)
