@@ -48,7 +48,7 @@ def test_lark_table(grammar, good, bad):
     ("start: /(?=a)/", 1, "lookaround"),
     ("start: x\nx: y | \"b\"\ny: x \"a\"", None, "left-recursive"),
     ("start: \"a\"\n%import other.X", 2, "only `%import common"),
-    ("start: \"a\" %json {\"type\": \"integer\", \"not\": {}}", None, "not"),
+    ("start: \"a\" %json {\"type\": \"integer\", \"not\": {\"minimum\": 3}}", None, "not"),
 ])
 def test_lark_errors(grammar, line, what):
     with pytest.raises(GrammarError, match=what) as e:

@@ -7,6 +7,7 @@ one fails this test; gaining some is reported, and `AGENTKV_UPDATE_RATCHET=1` re
 An invalid instance accepted is never tolerated, recorded or not.
 """
 
+import itertools
 import json
 from pathlib import Path
 
@@ -178,7 +179,8 @@ def test_dependencies_by_which_properties_are_present(schema, good, bad):
      "not all strings"),
     ({"allOf": [{"if": {"properties": {"a": {"const": 1}}}, "then": {}}, {"if": {"properties": {"b": {"const": 1}}}}]},
      "same property"),
-    ({"not": {"type": "string"}}, "keyword 'not' is not supported"),
+    ({"not": {"type": "integer"}}, "keyword 'not' is not supported"),
+    ({"not": {"minLength": 2}}, "keyword 'not' is not supported"),
     ({"if": {"properties": {"k": {"const": 1}}}, "allOf": {"required": ["k"]}}, "allOf must be an array"),
     # A malformed keyword in a branch is no proof that a listed value fails it (and no crash).
     ({"oneOf": [{"enum": ["a"]}, {"type": "string", "minLength": "x"}]}, "oneOf"),
@@ -281,3 +283,48 @@ def test_one_of_branches_apart_as_written_stay_apart_with_siblings():
               "oneOf": [{"properties": {"k": {"const": "a"}}, "required": ["k"]},
                         {"properties": {"k": {"const": "b"}}, "required": ["k", "x"]}]}
     assert_values(schema, [{"k": "a"}, {"k": "a", "x": 1}, {"k": "b", "x": 2}], [{"k": "b"}, {"k": "c"}, {}, "a"])
+
+
+@pytest.mark.parametrize("branches,good,bad", [
+    # patterns whose languages share no string (SchemaStore's dein: a URL, a path, a repo name)
+    ([{"type": "string", "pattern": "^https?://"}, {"type": "string", "pattern": "^[~/][a-z/]+$"},
+      {"type": "string", "pattern": "^[a-z]+/[a-z]+$"}],
+     ["http://x", "~/a", "/a/b", "user/repo"], ["ftp://x", "a", "user/repo/x", 3]),
+    # lengths apart, and a format against a pattern
+    ([{"type": "string", "maxLength": 2}, {"type": "string", "minLength": 3, "pattern": "^a"}],
+     ["", "xy", "abc"], ["xyz"]),
+    ([{"type": "string", "format": "date"}, {"type": "string", "pattern": "^[a-z]+$"}], ["2024-01-02", "ab"], ["2024"]),
+])
+def test_one_of_string_branches_apart_by_their_languages(branches, good, bad):
+    assert_values({"oneOf": branches}, good, bad)
+
+
+def test_one_of_string_branches_whose_languages_meet_are_refused():
+    schema = {"oneOf": [{"type": "string", "pattern": "^a"}, {"type": "string", "pattern": "b$"}]}  # "ab" is both
+    with pytest.raises(GrammarError, match="oneOf branches that may overlap"):
+        BYTE_COMPILER.compile_json_schema(schema)
+
+
+NOT_VALUES = [None, True, 1, 1.5, "s", [], [1]] + [
+    {k: v for k in names} for n in range(4) for names in itertools.combinations("abc", n) for v in (1, "x")]
+
+
+@pytest.mark.parametrize("schema", [
+    {"not": {"required": ["a"]}},
+    {"type": "object", "not": {"required": ["a", "b"]}},
+    {"allOf": [{"not": {"required": ["a"]}}, {"not": {"required": ["b"]}}]},  # two nots merged
+    {"not": {"properties": {"a": {"type": "string"}}, "required": ["a"]}},
+    {"not": {"type": "object", "properties": {"a": {"type": "string"}}}},
+    {"not": {"type": ["string", "null"]}},
+    {"not": {"anyOf": [{"required": ["a", "b"]}, {"required": ["c"]}]}},
+    {"not": {"$ref": "#/$defs/t"}, "$defs": {"t": {"required": ["c"], "properties": {"a": {"type": "boolean"}}}}},
+])
+def test_not_of_types_and_property_tests(schema):
+    """Each against jsonschema's verdict on values of every type and objects with every name set."""
+    import jsonschema
+
+    check = jsonschema.Draft202012Validator(schema)
+    good = [v for v in NOT_VALUES if check.is_valid(v)]
+    bad = [v for v in NOT_VALUES if not check.is_valid(v)]
+    assert good and bad
+    assert_values(schema, good, bad)

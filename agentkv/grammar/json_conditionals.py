@@ -1,4 +1,4 @@
-"""`if`/`then`/`else` on a discriminator property, and dependencies, rewritten exactly as unions of cases.
+"""Conditionals, dependencies, `oneOf` apart by required names, and `not`, rewritten exactly as unions of cases.
 
 The form real schemas use (SchemaStore's Minecraft, Cloudify, ...) is a list of conditionals that
 each test one property against listed values, directly or inside `allOf`:
@@ -16,7 +16,9 @@ Each case is the rest of the schema merged with the `then` or `else` of every co
 arithmetic, json_merge.py), and the schema is their union. Any other `if` is a `GrammarError`.
 
 Dependencies (`dependentRequired`, `dependentSchemas`, draft-07 `dependencies`) split the same way,
-by which of the named properties are present (2^n cases, so at most MAX_PRESENCE_NAMES of them).
+by which of the named properties are present (2^n cases, so at most MAX_PRESENCE_NAMES of them), and
+so does a `oneOf` whose object branches differ only in `required`. A `not` of a type or of a test of
+required and typed properties is rewritten as the schema for what that test refuses.
 """
 
 from __future__ import annotations
@@ -104,6 +106,49 @@ class ConditionalRules:
             if sum(set(r) - set(common) <= present for r in required) == 1:
                 cases.append(self.merge(base, _presence(names, common + sorted(present)), ptr))
         return _union(cases + others)
+
+    def negation(self, schema, ptr: str) -> object | None:
+        """A schema for exactly the values `schema` refuses, where `schema` is a `type`, a test of
+        required or typed properties (`{"required": [...], "properties": {...}}`), `anyOf` of such
+        (each negated, all merged), true or false; None for any other form (the caller refuses it)."""
+        schema = self.inline_ref(schema, ptr)
+        if schema is True or isinstance(schema, dict) and not validating(schema):
+            return False
+        if schema is False:
+            return {}
+        if not isinstance(schema, dict):
+            return None
+        keys = {k for k in schema if validating({k: schema[k]})}
+        if keys == {"anyOf"} and isinstance(schema["anyOf"], list):
+            out = {}
+            for i, part in enumerate(schema["anyOf"]):
+                neg = self.negation(part, f"{ptr}/anyOf/{i}")
+                if neg is None:
+                    return None
+                out = self.merge(out, neg, ptr)
+            return out
+        types = value_types(schema) if "type" in keys else None
+        if keys == {"type"}:
+            if "integer" in types and "number" not in types:
+                return None  # "not an integer" includes 1.5: no type names that
+            rest = [t for t in NON_OBJECT + ["object"] if t not in types]
+            return {"type": rest} if rest else False
+        required, props = schema.get("required", []), schema.get("properties", {})
+        if not keys <= {"type", "required", "properties"} or types not in (None, {"object"}) or \
+                not isinstance(required, list) or not isinstance(props, dict):
+            return None
+        # An object fails the test where a required name is missing or a present property fails its
+        # schema; a non-object fails it only where the test says "type": "object".
+        cases = [{"type": "object", "properties": {n: False}} for n in required if isinstance(n, str)]
+        for name, sub in props.items():
+            neg = self.negation(sub, f"{ptr}/properties/{pointer_escape(name)}")
+            if neg is None:
+                return None
+            if neg is not False:
+                cases.append({"type": "object", "required": [name], "properties": {name: neg}})
+        if types is not None:
+            cases.append({"type": NON_OBJECT})
+        return _union(cases)
 
     def split_conditionals(self, schema: dict, ptr: str) -> tuple[dict, list[tuple[dict, object, object, str]]]:
         """(the schema without its conditionals, its `allOf` merged in; the conditionals as (if, then,

@@ -5,13 +5,15 @@ bounds tighten, properties merge with each side's additionalProperties applied t
 names, arrays merge position by position), raising `GrammarError` where that cannot be written.
 `disjoint(branches)` is a sound (not complete) test that no instance matches two oneOf branches
 (distinct types or values, listed values that each fail the other branch, discriminators).
-The converter (json_schema.py) inherits these; it supplies `resolve` for `$ref`.
+The converter (json_schema.py) inherits these; it supplies `resolve` for `$ref` and
+`string_language` (a string schema's language, for telling string branches apart exactly).
 """
 
 from __future__ import annotations
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.dfa import language_matches
+from agentkv.grammar.dfa import is_empty, language_matches
+from agentkv.grammar.expr import Intersect
 from agentkv.grammar.regex import search_expr
 
 ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "default", "examples", "example",
@@ -32,7 +34,8 @@ MAX_BRANCHES = 256
 
 
 class SchemaMerger:
-    """Mixed into the converter, which provides `resolve(ref, where) -> (schema, pointer)`."""
+    """Mixed into the converter, which provides `resolve(ref, where) -> (schema, pointer)` and
+    `string_language(schema, where)`."""
 
     def inline_ref(self, schema, ptr: str, depth: int = 0):
         """`schema` with a top-level $ref replaced by its target merged with the siblings (for allOf/anyOf merges)."""
@@ -103,6 +106,8 @@ class SchemaMerger:
             elif k == "not" and excluded_strings(u) is not None and excluded_strings(v) is not None:
                 first = excluded_strings(u)
                 out[k] = {"enum": first + [x for x in excluded_strings(v) if x not in first]}
+            elif k == "not":  # neither A nor B: not (A or B)
+                out[k] = {"anyOf": [u, v]}
             else:
                 raise GrammarError(f"allOf: the two values of '{k}' ({u!r} and {v!r}) cannot be merged", ptr)
         if "properties" in a or "properties" in b or "additionalProperties" in a or "additionalProperties" in b:
@@ -143,9 +148,21 @@ class SchemaMerger:
             kinds.append(b)
         for i in range(len(kinds)):
             for j in range(i + 1, len(kinds)):
-                if not _exclusive(kinds[i], kinds[j], self.deadline):
+                if not _exclusive(kinds[i], kinds[j], self.deadline) and not self._strings_apart(kinds[i], kinds[j]):
                     return False
         return True
+
+    def _strings_apart(self, a: dict, b: dict) -> bool:
+        """Two string schemas (pattern, lengths, format) whose languages share no string: decided
+        exactly, by the emptiness of the intersection of their automata."""
+        if any(value_types(s) != {"string"} or any(k not in STRING_KEYS | {"type"} and validating({k: s[k]})
+                                                   for k in s) for s in (a, b)):
+            return False
+        try:
+            la, lb = self.string_language(a, "#"), self.string_language(b, "#")
+            return la is not None and lb is not None and is_empty(Intersect(la, lb), self.deadline)
+        except GrammarError:
+            return False  # a keyword out of scope: refused where the branch itself is compiled
 
 
 def _add_pattern(schema: dict, pattern: str) -> dict:
