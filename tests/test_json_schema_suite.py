@@ -328,3 +328,25 @@ def test_not_of_types_and_property_tests(schema):
     bad = [v for v in NOT_VALUES if not check.is_valid(v)]
     assert good and bad
     assert_values(schema, good, bad)
+
+
+NAME_VALUES = [{}, 1] + [{k: 1 for k in names} for n in range(3)
+                         for names in itertools.combinations(["a", "bb", "ccc", "c", "ab", "x1", "xyz", "b", ""], n)]
+
+
+@pytest.mark.parametrize("schema", [
+    {"propertyNames": {"anyOf": [{"enum": ["ab", "c"]}, {"not": {}}]}},  # SchemaStore's claude-code manifests
+    {"propertyNames": {"enum": ["a", "bb", "ccc"], "maxLength": 2}},  # listed names meet their siblings
+    {"propertyNames": {"anyOf": [{"pattern": "^x"}, {"maxLength": 1}], "minLength": 1}},
+    {"propertyNames": {"not": {"enum": ["a"]}, "maxLength": 2}},
+    {"propertyNames": {"type": "string", "anyOf": [{"const": "a"}, {"pattern": "^b"}]}},
+])
+def test_property_names_with_any_of_not_and_listed_names(schema):
+    """Against jsonschema's verdict on objects with every combination of up to two names."""
+    import jsonschema
+
+    check = jsonschema.Draft202012Validator(schema)
+    good = [v for v in NAME_VALUES if check.is_valid(v)]
+    bad = [v for v in NAME_VALUES if not check.is_valid(v)]
+    assert good and bad
+    assert_values(schema, good, bad)

@@ -27,8 +27,8 @@ from agentkv.grammar.expr import (
     opt,
     seq,
 )
-from agentkv.grammar.json_merge import validating
-from agentkv.grammar.json_values import escaped
+from agentkv.grammar.json_merge import excluded_strings, validating
+from agentkv.grammar.json_values import escaped, length_bounded
 from agentkv.grammar.regex import search_expr
 
 SHARED_TAIL_AFTER = 4  # objects with more properties than this share their member tails as rules
@@ -51,15 +51,35 @@ class ObjectRules:
         if schema is False:
             return NOTHING
         schema = self.inline_ref(schema, ptr)
-        allowed = {"type", "pattern", "minLength", "maxLength", "format", "enum", "const"}
+        if isinstance(schema, dict) and "not" in schema and excluded_strings(schema["not"]) is None:
+            neg = self.negation(schema["not"], f"{ptr}/not")  # json_conditionals.py
+            if neg is not None:
+                return self.property_names(self.merge({k: v for k, v in schema.items() if k != "not"}, neg, ptr),
+                                           ptr)
+        allowed = {"type", "pattern", "minLength", "maxLength", "format", "enum", "const", "anyOf", "not"}
         bad = [k for k in schema if validating({k: schema[k]}) and k not in allowed]
-        if bad or schema.get("type", "string") != "string":
+        if "not" in schema and excluded_strings(schema["not"]) is None:
+            bad.append("not")
+        if bad or schema.get("type", "string") not in ("string", ["string"]):
             raise GrammarError(f"propertyNames with '{(bad or ['type'])[0]}' is not supported (names are strings: "
-                               "use pattern, minLength, maxLength, format, enum or const)", ptr)
+                               "use pattern, minLength, maxLength, format, enum, const or anyOf of those)", ptr)
+        own = {k: v for k, v in schema.items() if k not in ("enum", "const", "anyOf")}
+        lang = self.string_language(own, ptr)
+        if "not" in own:  # the listed strings
+            lang = Diff(lang if lang is not None else length_bounded(0, None, ptr),
+                        alt(*[lit(v) for v in excluded_strings(own["not"])]))
         if "enum" in schema or "const" in schema:
             values = [schema["const"]] if "const" in schema else schema["enum"]
-            return alt(*[lit(v) for v in values if isinstance(v, str)])
-        return self.string_language(schema, ptr)
+            lang = alt(*[lit(v) for v in values if isinstance(v, str)
+                         and (lang is None or language_matches(lang, v, self.deadline))])
+        if "anyOf" in schema:
+            branches = schema["anyOf"]
+            if not isinstance(branches, list) or not branches:
+                raise GrammarError("anyOf must be a non-empty array", f"{ptr}/anyOf")
+            parts = [self.property_names(b, f"{ptr}/anyOf/{i}") for i, b in enumerate(branches)]
+            union = None if any(p is None for p in parts) else alt(*parts)
+            lang = union if lang is None else lang if union is None else Intersect(lang, union)
+        return lang
 
     def t_object(self, schema, ptr):
         props = schema.get("properties", {})
