@@ -181,6 +181,9 @@ def test_dependencies_by_which_properties_are_present(schema, good, bad):
      "same property"),
     ({"not": {"type": "integer"}}, "keyword 'not' is not supported"),
     ({"not": {"minLength": 2}}, "keyword 'not' is not supported"),
+    # a negation that would recurse forever through properties
+    ({"not": {"$ref": "#/$defs/x"}, "$defs": {"x": {"properties": {"a": {"$ref": "#/$defs/x"}}}}},
+     "keyword 'not' is not supported"),
     ({"if": {"properties": {"k": {"const": 1}}}, "allOf": {"required": ["k"]}}, "allOf must be an array"),
     # A malformed keyword in a branch is no proof that a listed value fails it (and no crash).
     ({"oneOf": [{"enum": ["a"]}, {"type": "string", "minLength": "x"}]}, "oneOf"),

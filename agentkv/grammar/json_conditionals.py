@@ -31,6 +31,7 @@ CONDITIONAL_KEYS = ("if", "then", "else")
 DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
 MAX_PRESENCE_NAMES = 4  # properties with dependencies, or telling oneOf branches apart: 2^n cases
 NON_OBJECT = ["array", "string", "number", "boolean", "null"]
+MAX_NEGATION_DEPTH = 16
 
 
 class ConditionalRules:
@@ -107,10 +108,13 @@ class ConditionalRules:
                 cases.append(self.merge(base, _presence(names, common + sorted(present)), ptr))
         return _union(cases + others)
 
-    def negation(self, schema, ptr: str) -> object | None:
+    def negation(self, schema, ptr: str, depth: int = 0) -> object | None:
         """A schema for exactly the values `schema` refuses, where `schema` is a `type`, a test of
         required or typed properties (`{"required": [...], "properties": {...}}`), `anyOf` of such
-        (each negated, all merged), true or false; None for any other form (the caller refuses it)."""
+        (each negated, all merged), true or false; None for any other form (the caller refuses it),
+        and for tests nested deeper than MAX_NEGATION_DEPTH (a `$ref` cycle through `properties`)."""
+        if depth > MAX_NEGATION_DEPTH:
+            return None
         schema = self.inline_ref(schema, ptr)
         if schema is True or isinstance(schema, dict) and not validating(schema):
             return False
@@ -122,7 +126,7 @@ class ConditionalRules:
         if keys == {"anyOf"} and isinstance(schema["anyOf"], list):
             out = {}
             for i, part in enumerate(schema["anyOf"]):
-                neg = self.negation(part, f"{ptr}/anyOf/{i}")
+                neg = self.negation(part, f"{ptr}/anyOf/{i}", depth + 1)
                 if neg is None:
                     return None
                 out = self.merge(out, neg, ptr)
@@ -141,7 +145,7 @@ class ConditionalRules:
         # schema; a non-object fails it only where the test says "type": "object".
         cases = [{"type": "object", "properties": {n: False}} for n in required if isinstance(n, str)]
         for name, sub in props.items():
-            neg = self.negation(sub, f"{ptr}/properties/{pointer_escape(name)}")
+            neg = self.negation(sub, f"{ptr}/properties/{pointer_escape(name)}", depth + 1)
             if neg is None:
                 return None
             if neg is not False:

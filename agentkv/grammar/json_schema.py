@@ -70,11 +70,10 @@ MAX_INLINE_DEPTH = 60
 
 class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
     def __init__(self, schema, *, strict: bool = False, whitespace: bool = False, max_whitespace: int = 16,
-                 deadline: float | None = None, prefix: str = "", documents: dict | None = None,
-                 refs: SchemaResources | None = None):
+                 deadline: float | None = None, prefix: str = "", refs: SchemaResources | None = None):
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
-        self.refs = refs or SchemaResources(schema, documents)
+        self.refs = refs or SchemaResources(schema)  # `refs`: read with the documents a caller supplied
         self.root = self.refs.root  # its $refs rewritten to one absolute form (json_refs.py)
         self.strict = strict
         self.ws = Repeat(chars(" ", "\t", "\n", "\r"), 0, max_whitespace) if whitespace else EMPTY
