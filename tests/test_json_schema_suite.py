@@ -353,3 +353,18 @@ def test_property_names_with_any_of_not_and_listed_names(schema):
     bad = [v for v in NAME_VALUES if not check.is_valid(v)]
     assert good and bad
     assert_values(schema, good, bad)
+
+
+@pytest.mark.parametrize("lo,hi", [
+    (0, 9007199254740991),  # zod's int bounds (Number.MAX_SAFE_INTEGER): 2^16 recursive splits before
+    (-9007199254740991, 9007199254740991),
+    (0, 10 ** 12 - 1), (123, 98765), (-5000, -17), (10 ** 15, 10 ** 15 + 3),
+])
+def test_integer_bounds_of_any_size(lo, hi):
+    import random
+
+    rnd = random.Random(lo ^ hi)
+    near = [lo - 1, lo, lo + 1, hi - 1, hi, hi + 1, 0, -1, 10 ** 16, -(10 ** 16)]
+    values = near + [rnd.randint(lo, hi) for _ in range(40)] + [rnd.randint(-(10 ** 17), 10 ** 17) for _ in range(40)]
+    assert_values({"type": "integer", "minimum": lo, "maximum": hi},
+                  [v for v in values if lo <= v <= hi], [v for v in values if not lo <= v <= hi])

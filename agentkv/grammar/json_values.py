@@ -101,6 +101,10 @@ def _same_length(lo: str, hi: str):
     """Digit strings of len(lo) between lo and hi inclusive (equal lengths)."""
     if not lo:
         return EMPTY
+    if lo.count("0") == len(lo) and hi.count("9") == len(hi):
+        # every digit string of this length: stops the two-sided split below from recursing into
+        # both halves at every digit (2^n calls for 0..9007199254740991, zod's int bounds)
+        return Repeat(DIGIT, len(lo), len(lo))
     if lo[0] == hi[0]:
         return seq(lit(lo[0]), _same_length(lo[1:], hi[1:]))
     n = len(lo) - 1
