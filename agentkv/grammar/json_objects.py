@@ -28,7 +28,7 @@ from agentkv.grammar.expr import (
     seq,
 )
 from agentkv.grammar.json_merge import excluded_strings, validating
-from agentkv.grammar.json_values import escaped, length_bounded
+from agentkv.grammar.json_values import escaped
 from agentkv.grammar.regex import search_expr
 
 SHARED_TAIL_AFTER = 4  # objects with more properties than this share their member tails as rules
@@ -51,23 +51,18 @@ class ObjectRules:
         if schema is False:
             return NOTHING
         schema = self.inline_ref(schema, ptr)
-        if isinstance(schema, dict) and "not" in schema and excluded_strings(schema["not"]) is None:
+        other_not = isinstance(schema, dict) and "not" in schema and excluded_strings(schema["not"]) is None
+        if other_not:  # a `not` of anything but listed strings, where it can be negated
             neg = self.negation(schema["not"], f"{ptr}/not")  # json_conditionals.py
             if neg is not None:
                 return self.property_names(self.merge({k: v for k, v in schema.items() if k != "not"}, neg, ptr),
                                            ptr)
         allowed = {"type", "pattern", "minLength", "maxLength", "format", "enum", "const", "anyOf", "not"}
-        bad = [k for k in schema if validating({k: schema[k]}) and k not in allowed]
-        if "not" in schema and excluded_strings(schema["not"]) is None:
-            bad.append("not")
+        bad = [k for k in schema if validating({k: schema[k]}) and k not in allowed] + (["not"] if other_not else [])
         if bad or schema.get("type", "string") not in ("string", ["string"]):
             raise GrammarError(f"propertyNames with '{(bad or ['type'])[0]}' is not supported (names are strings: "
                                "use pattern, minLength, maxLength, format, enum, const or anyOf of those)", ptr)
-        own = {k: v for k, v in schema.items() if k not in ("enum", "const", "anyOf")}
-        lang = self.string_language(own, ptr)
-        if "not" in own:  # the listed strings
-            lang = Diff(lang if lang is not None else length_bounded(0, None, ptr),
-                        alt(*[lit(v) for v in excluded_strings(own["not"])]))
+        lang = self.string_language({k: v for k, v in schema.items() if k not in ("enum", "const", "anyOf")}, ptr)
         if "enum" in schema or "const" in schema:
             values = [schema["const"]] if "const" in schema else schema["enum"]
             lang = alt(*[lit(v) for v in values if isinstance(v, str)

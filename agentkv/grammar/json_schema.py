@@ -277,7 +277,8 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
         return number_range(lo, lo_x, hi, hi_x, ptr)
 
     def string_language(self, schema: dict, ptr: str):
-        """The decoded strings a string schema allows, as a character-level expression (None: any)."""
+        """The decoded strings a string schema allows, as a character-level expression (None: any):
+        lengths, patterns and format intersected, less the strings a `not` lists."""
         lo = schema_count(schema, "minLength", ptr) or 0
         hi = schema_count(schema, "maxLength", ptr)
         patterns = schema.get("pattern")
@@ -288,22 +289,20 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
             constraints.append(format_expr(fmt, f"{ptr}/format"))
         if lo or hi is not None:
             constraints.append(length_bounded(lo, hi, ptr))
-        if not constraints:
+        excluded = excluded_strings(schema.get("not"))
+        if not constraints and not excluded:
             return None
-        body = constraints[0]
+        body = constraints[0] if constraints else length_bounded(0, None, ptr)
         for c in constraints[1:]:
             body = Intersect(body, c)
-        return body
+        return Diff(body, alt(*map(lit, excluded))) if excluded else body
 
     def t_string(self, schema, ptr):
         excluded = excluded_strings(schema.get("not"))
         if "pattern" not in schema and "format" not in schema and not excluded:
             lo, hi = schema_count(schema, "minLength", ptr) or 0, schema_count(schema, "maxLength", ptr)
             return self.string_expr(string_body(lo, hi, ptr))
-        lang = self.string_language(schema, ptr)
-        if excluded:  # `not` listing strings: the language without them
-            lang = Diff(lang if lang is not None else length_bounded(0, None, ptr), alt(*map(lit, excluded)))
-        return self.string_expr(escape_all(lang))
+        return self.string_expr(escape_all(self.string_language(schema, ptr)))
 
     def t_array(self, schema, ptr):
         prefix = schema.get("prefixItems")
