@@ -340,6 +340,7 @@ NAME_VALUES = [{}, 1] + [{k: 1 for k in names} for n in range(3)
     {"propertyNames": {"anyOf": [{"pattern": "^x"}, {"maxLength": 1}], "minLength": 1}},
     {"propertyNames": {"not": {"enum": ["a"]}, "maxLength": 2}},
     {"propertyNames": {"type": "string", "anyOf": [{"const": "a"}, {"pattern": "^b"}]}},
+    {"propertyNames": {"$ref": "#/$defs/none"}, "$defs": {"none": False}},  # a TypeError before
 ])
 def test_property_names_with_any_of_not_and_listed_names(schema):
     """Against jsonschema's verdict on objects with every combination of up to two names."""

@@ -51,6 +51,8 @@ class ObjectRules:
         if schema is False:
             return NOTHING
         schema = self.inline_ref(schema, ptr)
+        if isinstance(schema, bool):  # a $ref to true or false
+            return self.property_names(schema, ptr)
         other_not = isinstance(schema, dict) and "not" in schema and excluded_strings(schema["not"]) is None
         if other_not:  # a `not` of anything but listed strings, where it can be negated
             neg = self.negation(schema["not"], f"{ptr}/not")  # json_conditionals.py
