@@ -1,5 +1,6 @@
 """Regexes: accept/refuse tables, agreement with Python's `re` on a shared dialect, clear errors."""
 
+import json
 import re
 
 import pytest
@@ -39,6 +40,7 @@ def test_regex_table(pattern, good, bad):
 
 @pytest.mark.parametrize("pattern,what", [
     (r"(?=a)b", "lookaround"),
+    (r"^(?!a)b", "lookaround"),  # a whole-match regex (Lark terminal): its lookahead may read past the token
     (r"(a)\1", "backreference"),
     (r"\bword", "word boundary"),
     (r"\p{L}", "Unicode property"),
@@ -77,3 +79,47 @@ def test_regex_agrees_with_python_re(pattern, samples):
     rx = re.compile(pattern, re.DOTALL if False else 0)
     for s in samples:
         assert accepts(g, s) == bool(rx.fullmatch(s)), (pattern, s)
+
+
+# JSON Schema patterns (search semantics) with lookaheads right after a leading '^', from SchemaStore.
+LOOKAHEAD_TABLE = [
+    (r"^(?!@@)[\w@]+$", ["@a", "a@@", "ab"], ["@@a", "@@", "a b"]),
+    (r"^(?!(?:meta|local)$).*$", ["metal", "x", "", "local "], ["meta", "local"]),
+    (r"^(?!\.)(?!\./).+", ["a", "a./"], [".", "./a", ""]),
+    (r"^(?!^lucene\.|builtin\.|mongodb\.).*", ["xbuiltin.", "mongodb", "lucene"], ["lucene.x", "builtin."]),
+    (r"^(?=a)..$", ["ab", "aa"], ["ba", "a", "abc"]),
+    (r"^(?![ \t\n]*\(default(.*)\))[\s\S]*", ["x(default)", "(default"], [" (default x)", "(default)"]),
+    (r"^(?!a)b|^a", ["b", "a", "ab"], ["c", ""]),  # per branch
+]
+
+
+@pytest.mark.parametrize("pattern,good,bad", LOOKAHEAD_TABLE)
+def test_pattern_lookahead_at_start(pattern, good, bad):
+    g = BYTE_COMPILER.compile_json_schema({"type": "string", "pattern": pattern})
+    for s in good:
+        assert re.search(pattern, s) and accepts(g, json.dumps(s)), (pattern, s)
+    for s in bad:
+        assert not re.search(pattern, s) and not accepts(g, json.dumps(s)), (pattern, s)
+
+
+@pytest.mark.parametrize("pattern", [r"a(?!b)", r"(?!b)a", r"^a(?!b)", r"^(?<!b)a", r"^((?!b)a)", r"^(?:(?!b))a",
+                                     r"^(?!(?!a)b)c"])
+def test_pattern_lookaround_elsewhere_is_refused(pattern):
+    with pytest.raises(GrammarError, match="lookaround"):
+        BYTE_COMPILER.compile_json_schema({"type": "string", "pattern": pattern})
+
+
+@settings(max_examples=100, deadline=None)
+@given(patterns(), patterns(), st.booleans(), st.booleans(),
+       st.lists(st.text(alphabet="abc1\n", max_size=6), min_size=6, max_size=6))
+def test_pattern_lookahead_agrees_with_python_re(look, rest, negative, anchored_end, samples):
+    pattern = f"^(?{'!' if negative else '='}{look}){rest}" + ("$" if anchored_end else "")
+    try:
+        g = BYTE_COMPILER.compile_json_schema({"type": "string", "pattern": pattern})
+    except GrammarError as e:  # `^(?!a)a`: no string at all, so none of the samples either
+        assert "accepts no string" in str(e), (pattern, e)
+        g = None
+    for s in samples:
+        if anchored_end and s.endswith("\n"):
+            continue  # Python's '$' also matches before a final newline; ECMA-262's does not
+        assert (g is not None and accepts(g, json.dumps(s))) == bool(re.search(pattern, s)), (pattern, s)

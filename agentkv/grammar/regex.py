@@ -2,19 +2,26 @@
 
 Supported: literals, escapes (`\\d \\w \\s` and negations, `\\n \\t \\xHH \\uHHHH \\u{H..}`), classes
 with ranges and negation, `.`, groups (capturing, `(?:...)`, named), alternation, quantifiers
-`* + ? {n} {n,} {n,m}` (lazy forms match the same language), and `^`/`$` at the edges. Lookaround,
-backreferences, word boundaries and Unicode property classes raise `GrammarError` rather than being
-approximated: a pattern we cannot enforce exactly is never enforced loosely.
+`* + ? {n} {n,} {n,m}` (lazy forms match the same language), and `^`/`$` at the edges. In a JSON
+Schema `pattern`, lookaheads right after a leading `^` (`^(?!\\.)`, `^(?!(?:meta|local)$).*`): a
+lookahead at the start of the string is a regular condition on the whole string, so `^(?!A)B` is the
+difference of B's strings and those that start with a match of A (intersection for `(?=A)`). Other
+lookaround, backreferences, word boundaries and Unicode property classes raise `GrammarError` rather
+than being approximated: a pattern we cannot enforce exactly is never enforced loosely.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.expr import (
     Alt,
     Anchor,
     Chars,
+    Diff,
     Expr,
+    Intersect,
     Lit,
     Repeat,
     Seq,
@@ -35,11 +42,22 @@ DOT = complement([(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)])
 SIMPLE_ESCAPES = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "0": 0x00}
 CLASS_ESCAPES = {"d": DIGIT, "w": WORD, "s": SPACE}
 MAX_REPEAT = 10_000
+LOOKAROUND = "uses lookaround (not supported here: only a lookahead right after a leading '^' of a JSON Schema pattern)"
+
+
+@dataclass(frozen=True)
+class Look:
+    """`(?=expr)` or (negative) `(?!expr)` at the start of a top-level branch (see search_expr)."""
+
+    negative: bool
+    expr: Expr
 
 
 class _Parser:
-    def __init__(self, pattern: str, where: str | None):
+    def __init__(self, pattern: str, where: str | None, lookahead: bool = False):
         self.p, self.i, self.where = pattern, 0, where
+        self.lookahead = lookahead  # take lookaheads right after a leading '^' (search_expr)
+        self.depth = 0
 
     def error(self, what: str) -> GrammarError:
         caret = " " * self.i + "^"
@@ -72,8 +90,25 @@ class _Parser:
     def sequence(self) -> Expr:
         items = []
         while self.peek() and self.peek() not in "|)":
-            items.append(self.quantified())
+            if (self.lookahead and self.depth == 0 and self.p.startswith(("(?=", "(?!"), self.i)
+                    and items and items[0] == Anchor("^") and all(isinstance(x, Look) for x in items[1:])):
+                items.append(self.look())
+            else:
+                items.append(self.quantified())
         return seq(*items) if items else Seq(())
+
+    def look(self) -> Look:
+        negative = self.p[self.i + 2] == "!"
+        self.i += 3
+        self.depth += 1
+        e = self.alternation()
+        self.depth -= 1
+        if self.peek() != ")":
+            raise self.error("misses a ')'")
+        self.i += 1
+        if self.peek() in ("*", "+", "?") or self.peek() == "{" and self._bounds_ahead():
+            raise self.error("quantifies a lookahead")
+        return Look(negative, e)
 
     def quantified(self) -> Expr:
         atom = self.atom()
@@ -148,10 +183,12 @@ class _Parser:
             elif kind == "<" and self.peek(2) not in "=!" or kind == "P" and self.peek(2) == "<":
                 self.i = self.p.index(">", self.i) + 1
             elif kind in "=!" or (kind == "<" and self.peek(2) in "=!"):
-                raise self.error("uses lookaround (not supported: it cannot be enforced token by token)")
+                raise self.error(LOOKAROUND)
             else:
                 raise self.error(f"uses the group flag '(?{kind}' (not supported)")
+        self.depth += 1
         e = self.alternation()
+        self.depth -= 1
         if self.peek() != ")":
             raise self.error("misses a ')'")
         self.i += 1
@@ -230,6 +267,9 @@ class _Parser:
         return complement(out) if negate else subtract(out, [])
 
 
+ANY = Repeat(Chars(complement([])), 0, None)
+
+
 def parse_regex(pattern: str, where: str | None = None) -> Expr:
     """Parse `pattern` to an expression that may still hold `Anchor` nodes."""
     return _Parser(pattern, where).parse()
@@ -270,11 +310,22 @@ def _branches(e: Expr) -> list[Expr]:
 
 def search_expr(pattern: str, where: str | None = None) -> Expr:
     """The strings that *contain* a match (JSON Schema `pattern` semantics): `.*` where unanchored."""
-    any_str = Repeat(Chars(complement([])), 0, None)
     out = []
-    for branch in _branches(parse_regex(pattern, where)):
+    for branch in _branches(_Parser(pattern, where, lookahead=True).parse()):
+        looks = []
+        if isinstance(branch, Seq) and branch.items[:1] == (Anchor("^"),):
+            rest = list(branch.items[1:])
+            while rest and isinstance(rest[0], Look):
+                looks.append(rest.pop(0))
+            branch = seq(Anchor("^"), *rest)
         body, start, end = _strip_edges(branch, where)
-        out.append(seq(*([] if start else [any_str]), body, *([] if end else [any_str])))
+        e = seq(*([] if start else [ANY]), body, *([] if end else [ANY]))
+        for look in looks:
+            # At the start of the string, (?=A) holds where the string starts with a match of A.
+            starts_with = alt(*(seq(b, *([] if e_ else [ANY]))
+                                for b, _, e_ in (_strip_edges(x, where) for x in _branches(look.expr))))
+            e = Diff(e, starts_with) if look.negative else Intersect(e, starts_with)
+        out.append(e)
     return alt(*out)
 
 
