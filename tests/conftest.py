@@ -15,6 +15,18 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(scope="module", params=["numpy", "python"])
+def walk_mode(request):
+    """A grammar test module that uses this runs twice: token walks vectorized at every size, then one
+    token at a time (its small vocabularies would otherwise take the single-token walk nearly always)."""
+    from agentkv.grammar import masks
+
+    saved = masks.SCALAR_MAX_TOKENS
+    masks.SCALAR_MAX_TOKENS = -1 if request.param == "numpy" else 1 << 30
+    yield request.param
+    masks.SCALAR_MAX_TOKENS = saved
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama")

@@ -35,6 +35,9 @@ GRAMMARS = [
 ]
 
 
+pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: vectorized and one-token walks
+
+
 def compile_one(compiler, kind, source):
     return compiler.compile_json_schema(source) if kind == "schema" else compiler.compile_regex(source)
 

@@ -19,6 +19,8 @@ from agentkv.grammar.regex import search_expr
 from tests.test_grammar_matcher import assert_mask_is_brute_force
 from tests.test_grammar_regex import patterns
 
+pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: vectorized and one-token walks
+
 FAR = float("inf")
 
 

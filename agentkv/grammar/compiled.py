@@ -46,6 +46,7 @@ class CompiledGrammar:
         # A state needs a fork in the token walk when it can call a rule or return from one.
         self.fork_states = a.accept.copy()
         self.fork_states[list(a.calls)] = True
+        self.fork_list = self.fork_states.tolist()  # the same, for walks of a single token (masks.py)
         # A return state with nothing after it: a call from there replaces the frame (tail call), so
         # right-recursive chains (object member tails, Lark lists) do not deepen the stack.
         self.tail_states = a.accept & ~a.has_bytes
@@ -60,6 +61,7 @@ class CompiledGrammar:
         self._masks: dict[int, np.ndarray] = {}
         self._forced: dict[int, bytes] = {}
         self._plain_next: dict[int, int] = {}
+        self._rows: dict[int, list[int]] = {}
         self._multibyte_next: dict[int, int] = {}
         self._plain_run: dict[int, tuple[int, str]] = {}
         self._looping: dict[int, np.ndarray | None] = {}
@@ -155,6 +157,15 @@ class CompiledGrammar:
         return cid
 
     # -- plain-text runs (see masks.py) ---------------------------------------------------------------
+
+    def row(self, q: int) -> list[int]:
+        """State `q`'s transitions as a list (a single-token walk reads it byte by byte)."""
+        hit = self._rows.get(q)
+        if hit is None:
+            if len(self._rows) >= MAX_CACHED_STATES:
+                self._rows.clear()
+            hit = self._rows[q] = self.automaton.trans[q].tolist()
+        return hit
 
     def plain_next(self, q: int) -> int:
         """Where every plain character leads from `q`: a state, NONUNIFORM, or ALL_DEAD."""

@@ -33,6 +33,7 @@ import numpy as np
 
 from agentkv.grammar.vocab import ASCII_PLAIN
 
+SCALAR_MAX_TOKENS = 64  # this few tokens left: walk each in plain Python (a numpy step costs ~20 us at any size)
 SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # every 8 steps, a walk down to 1,024 tokens skips loops of 8+ bytes
 MANY_FIRST_CHARS = 16  # from a state with this many plain ASCII first characters, one vectorized pass
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
@@ -240,6 +241,10 @@ class _Walk:
 
     def run(self, lower: tuple, states, idx, off) -> None:
         """Tokens `idx` have read `off` bytes and sit in `states` (tops of stacks `lower + (state,)`)."""
+        if len(idx) <= SCALAR_MAX_TOKENS:
+            for q, t, o in zip(states.tolist(), idx.tolist(), off.tolist()):
+                self.one(lower, q, t, o)
+            return
         g, info = self.g, self.info
         vocab = info.vocab_size
         flat_bytes = info.bytes_at.reshape(-1)
@@ -271,5 +276,33 @@ class _Walk:
             states = flat_trans[states * 256 + flat_bytes[pos]].astype(np.int64)
             ok = states >= 0
             states, idx, pos = states[ok], idx[ok], pos[ok] + vocab
-            if not len(idx):
+            if len(idx) <= SCALAR_MAX_TOKENS:
+                for q, t, o in zip(states.tolist(), idx.tolist(), (pos // vocab).tolist()):
+                    self.one(lower, q, t, o)
                 return
+
+    def one(self, lower: tuple, q: int, t: int, off: int) -> None:
+        """`run` for a single token, byte by byte in Python: the same walk without the shortcuts, which
+        pay only over many tokens. A token already allowed needs no more walking."""
+        g, allowed, data = self.g, self.allowed, self.info.vocab[t]
+        fork = g.fork_list
+        while not allowed[t]:
+            if off == len(data):
+                allowed[t] = True
+                return
+            b = data[off]
+            if fork[q]:
+                own = lower + (q,)
+                stacks, ends = g.expand(own)
+                self.depth = max(self.depth, g.deepest(own))
+                if ends and self.relative:
+                    self.below.append((np.array([t]), np.array([off])))
+                for other in stacks:
+                    if other != own:
+                        nxt = g.row(other[-1])[b]
+                        if nxt >= 0:
+                            self.one(other[:-1], nxt, t, off + 1)
+            q = g.row(q)[b]
+            if q < 0:
+                return
+            off += 1
