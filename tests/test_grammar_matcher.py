@@ -97,6 +97,15 @@ def test_string_states_with_a_few_odd_characters(pattern, inside):
     assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
 
 
+def test_plain_rest_longer_than_any_plain_token():
+    # Here no plain token has more than one character, so a string body's chain shortcut stops at
+    # one; a token that ends in a longer plain run (`{"{{`: a name starting "{{") still ends there.
+    info = TokenizerInfo([bytes([c]) for c in b'{}":ab'] + [b'{"{{', b'{"ab"', None], eos_ids=[8])
+    g = GrammarCompiler(info).compile_json_schema({"type": "object", "additionalProperties": {"type": "null"}})
+    allowed = assert_mask_is_brute_force(Matcher(g), np.zeros((1, info.words), dtype=np.int32))
+    assert {6, 7} <= allowed
+
+
 LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"1" + b"a" * 9, b"b" * 20,
         b"b" * 19 + b"x", b"a" + b"b" * 18 + b"x", b" " * 10 + b'"', b" " * 10 + "é".encode() * 3,
         b"x" * 10 + "é".encode()[:1], "é".encode() * 6, "é".encode() + b" " * 12, b"1" + b" " * 12]
@@ -155,6 +164,31 @@ def test_walks_of_rules_that_call_nothing_are_shared_across_grammars():
             kept = dict(info.leaf_walks._items)
             assert len(kept) >= 2  # the pattern's walks, the plain string's
     assert all(info.leaf_walks._items[k] is v for k, v in kept.items())  # reused, not walked again
+
+
+@settings(max_examples=40, deadline=None)
+@given(vocabularies(), st.integers(0, 6))
+def test_plain_text_tables(info, n):
+    # The vocabulary tables the walk's shortcuts read, against their definitions: plain_ahead, the
+    # bytes of the run of plain characters from each offset (0 inside a character); plain_upto(n),
+    # the plain tokens of 1..n characters.
+    def plain_run(b: bytes, o: int) -> int:
+        if o < len(b) and b[o] & 0xC0 == 0x80:
+            return 0
+        for k in range(len(b) - o, 0, -1):
+            try:
+                text = b[o:o + k].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if all(c >= " " and c not in '"\\\u2028\u2029' for c in text):
+                return k
+        return 0
+
+    for t, b in enumerate(info.vocab):
+        if b is not None:
+            assert [int(info.plain_ahead[o, t]) for o in range(len(b))] == [plain_run(b, o) for o in range(len(b))], b
+    bits = np.unpackbits(info.plain_upto(n).view(np.uint8), bitorder="little")[:info.vocab_size]
+    assert set(np.nonzero(bits)[0].tolist()) == {t for t in range(info.vocab_size) if 1 <= info.plain_chars[t] <= n}
 
 
 def test_accept_rollback_copy_and_eos():

@@ -66,6 +66,11 @@ class CompiledGrammar:
         self._plain_run: dict[int, tuple[int, str]] = {}
         self._looping: dict[int, np.ndarray | None] = {}
         self._runs = np.full(len(automaton.accept), -1, dtype=np.int32)
+        # States every plain character leads back to (a string body), not calling or returning:
+        # a walk moves past a run of plain text there at once. -1: not decided yet.
+        here = np.arange(len(a.accept))[:, None]
+        loops = (a.trans[:, ASCII_PLAIN] == here).all(axis=1) & ~self.fork_states
+        self._plain_loop = np.where(loops, -1, 0).astype(np.int8)
         self._runs_started = False
         self.initial = self._intern([(a.starts[0],)])
 
@@ -232,6 +237,16 @@ class CompiledGrammar:
                 self._runs[q] = self.plain_run(q)[0]
             runs = self._runs[states]
         return runs
+
+    def plain_loops(self, states: np.ndarray) -> np.ndarray:
+        """For each state: does every plain character lead it back to itself (and it is no fork)?"""
+        v = self._plain_loop[states]
+        unknown = v < 0
+        if unknown.any():
+            for q in np.unique(states[unknown]).tolist():
+                self._plain_loop[q] = self.plain_next(q) == q
+            v = self._plain_loop[states]
+        return v == 1
 
     def looping_tokens(self, q: int) -> np.ndarray | None:
         """Packed token mask: the tokens whose bytes after the first all loop on `q` (so a token whose

@@ -22,7 +22,11 @@ character in: per first character, the chain of the state it leads to (`_start_b
 Where that character leads to a state that loops on most characters (a class, or the text around a
 substring a pattern must contain), the tokens whose other bytes all loop there are allowed as a block
 too (`CompiledGrammar.looping_tokens`). A walk still going after a few steps with few tokens left
-(long runs of spaces or dashes) moves each token past the bytes ahead of it that loop on its state.
+(long runs of spaces or dashes) moves each token past the bytes ahead of it that loop on its state;
+in a state every plain character leads back to (a string body), a token moves past its run of plain
+text in one step (`TokenizerInfo.plain_ahead`), to the quote or escape that decides it. Down to a
+few dozen tokens, a walk goes on one token at a time in plain Python (`_Walk.one`): a numpy step
+costs about the same at any size.
 """
 
 from __future__ import annotations
@@ -62,12 +66,17 @@ def top_state_tokens(grammar, q: int) -> StateTokens:
     else:
         ids = offsets = np.zeros(0, dtype=np.int64)
     packed = np.packbits(allowed, bitorder="little").view("<i4")
+    for block in walk.packed:
+        packed |= block
     return StateTokens(packed, ids, offsets, walk.depth)
 
 
 def stack_walk(grammar, stack: tuple, allowed: np.ndarray) -> None:
     """Set `allowed[t]` for every token t that the real `stack` (expanded) can read in full."""
-    _Walk(grammar, allowed, relative=False).start(stack)
+    walk = _Walk(grammar, allowed, relative=False)
+    walk.start(stack)
+    for block in walk.packed:
+        allowed |= np.unpackbits(block.view(np.uint8), bitorder="little").astype(bool)
 
 
 def continue_below(grammar, lower: tuple, ids: np.ndarray, offsets: np.ndarray, allowed: np.ndarray) -> None:
@@ -111,6 +120,7 @@ class _Walk:
         self.allowed = allowed
         self.relative = relative
         self.below: list[tuple[np.ndarray, np.ndarray]] = []
+        self.packed: list[np.ndarray] = []  # blocks of allowed tokens as packed masks (not in `allowed`)
         self.depth = 0
 
     def start(self, stack: tuple) -> None:
@@ -123,7 +133,7 @@ class _Walk:
             return
         upto, rest = g.plain_run(q)
         # Plain tokens of up to `upto` characters end on the top rule's character chain: allowed as a block.
-        self.allowed[info.plain_sorted[:info.plain_bounds[upto + 1]]] = True
+        self.packed.append(info.plain_upto(upto))
         # Longer plain tokens take the byte walk ("walk") or die on the chain's last state ("dead").
         longer = len(info.plain_sorted) - info.plain_bounds[upto + 1] if rest == "walk" else 0
         row = g.automaton.trans[q]
@@ -251,6 +261,7 @@ class _Walk:
         flat_trans = g.automaton.trans.reshape(-1)
         fork_states = g.fork_states
         suffix = info.plain_suffix.reshape(-1)
+        ahead = info.plain_ahead.reshape(-1)
         pos = off * vocab + idx  # each token's next byte in the flat byte (and suffix) table
         steps = 0
         while True:
@@ -258,13 +269,14 @@ class _Walk:
             if steps % SKIP_EVERY == 0 and len(idx) <= SKIP_MAX_TOKENS:
                 pos = self._skip_loops(states, idx, pos // vocab) * vocab + idx
             # Done: all bytes read (a rest of 0 characters), or a plain-text rest that the state's
-            # character chain takes whole.
+            # character chain takes whole (any length, where every plain character leads back).
             rest = suffix[pos]
-            done = (rest >= 0) & (rest <= g.run_lengths(states))
+            plain = g.plain_loops(states)
+            done = (rest >= 0) & (plain | (rest <= g.run_lengths(states)))
             if done.any():
                 self.allowed[idx[done]] = True
                 keep = ~done
-                states, idx, pos = states[keep], idx[keep], pos[keep]
+                states, idx, pos, plain = states[keep], idx[keep], pos[keep], plain[keep]
             if not len(idx):
                 return
             forking = fork_states[states]
@@ -273,6 +285,8 @@ class _Walk:
                     own = lower + (u,)
                     sel = states == u
                     self.fork(own, idx[sel], pos[sel] // vocab, skip=own)
+            if plain.any():  # past the run of plain text ahead (the rest is not all plain: see above)
+                pos = pos + np.where(plain, ahead[pos], 0).astype(np.int64) * vocab
             states = flat_trans[states * 256 + flat_bytes[pos]].astype(np.int64)
             ok = states >= 0
             states, idx, pos = states[ok], idx[ok], pos[ok] + vocab

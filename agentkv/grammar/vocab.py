@@ -137,6 +137,8 @@ class TokenizerInfo:
         self.plain_bounds = np.searchsorted(plain[order], np.arange(int(plain.max(initial=0)) + 2))
         self.non_plain_ids = self.text_ids[plain[self.text_ids] < 0]
         self._plain_suffix: np.ndarray | None = None
+        self._plain_ahead: np.ndarray | None = None
+        self._plain_upto: dict[int, np.ndarray] = {}
         self._later_bytes: np.ndarray | None = None
         self._first_byte_groups: list[np.ndarray] | None = None
         self._non_plain_by_first_byte: list[np.ndarray] | None = None
@@ -287,6 +289,50 @@ class TokenizerInfo:
             out[self.text_ids, self.lengths[self.text_ids]] = 0  # all read: a rest of no characters
             self._plain_suffix = np.ascontiguousarray(out.T)
         return self._plain_suffix
+
+    def plain_upto(self, n: int) -> np.ndarray:
+        """Packed int32 token mask of the plain tokens of 1..n characters (cached per n): a state whose
+        plain characters lead along a chain of n takes them as one block (masks.py)."""
+        hit = self._plain_upto.get(n)
+        if hit is None:
+            bits = np.zeros(self.words * 32, dtype=bool)
+            bits[self.plain_sorted[:self.plain_bounds[min(n + 1, len(self.plain_bounds) - 1)]]] = True
+            hit = self._plain_upto[n] = np.packbits(bits, bitorder="little").view("<i4")
+            hit.flags.writeable = False
+        return hit
+
+    @property
+    def plain_ahead(self) -> np.ndarray:
+        """[width, vocab] uint8: bytes of the run of plain characters that starts at each offset of the
+        token (0 off a character boundary or before a byte that is not plain text; built on first
+        use). A walk in a state that every plain character leads back to moves past the run at once."""
+        if self._plain_ahead is None:
+            tb, width = self.bytes_at.T, self.bytes_at.shape[0]
+            out = np.zeros((self.vocab_size, width), dtype=np.uint8 if width < 256 else np.uint16)
+            ascii_ids = self.text_ids[(tb[self.text_ids] < 0x80).all(axis=1)]
+            # ASCII tokens at once: from each offset to the next byte that is not plain (or the end).
+            sub, lengths = tb[ascii_ids], self.lengths[ascii_ids][:, None]
+            pos = np.arange(width)[None, :]
+            stop = (pos >= lengths) | (sub < 0x20) | (sub == 0x22) | (sub == 0x5C)
+            nxt = np.flip(np.minimum.accumulate(np.flip(np.where(stop, pos, width), 1), axis=1), 1)
+            out[ascii_ids] = np.where(stop, 0, nxt - pos)
+            for i in np.setdiff1d(self.text_ids, ascii_ids).tolist():
+                b, at, chars = self.vocab[i], 0, []
+                while at < len(b):
+                    n = 1 if b[at] < 0xC0 else 2 if b[at] < 0xE0 else 3 if b[at] < 0xF0 else 4
+                    try:
+                        c = b[at:at + n].decode("utf-8")
+                    except UnicodeDecodeError:
+                        c = ""
+                    ok = len(c) == 1 and _is_plain(c)
+                    chars.append((at, n if ok else 0))
+                    at += n if ok else 1
+                run = 0
+                for at, n in reversed(chars):
+                    run = run + n if n else 0
+                    out[i, at] = run
+            self._plain_ahead = np.ascontiguousarray(out.T)
+        return self._plain_ahead
 
     @property
     def later_bytes(self) -> np.ndarray:
