@@ -40,6 +40,7 @@ from agentkv.grammar.vocab import ASCII_PLAIN
 SCALAR_MAX_TOKENS = 64  # this few tokens left: walk each in plain Python (a numpy step costs ~20 us at any size)
 SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # every 8 steps, a walk down to 1,024 tokens skips loops of 8+ bytes
 MANY_FIRST_CHARS = 16  # from a state with this many plain ASCII first characters, one vectorized pass
+WHOLE_GROUP_MASK = 4096  # a first character's whole group of more tokens is taken as a packed mask
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
 NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
 
@@ -94,17 +95,37 @@ def _first_byte_reads(groups: list[np.ndarray], row: np.ndarray) -> tuple[np.nda
     return ids, np.repeat(row[starts].astype(np.int64), [len(groups[b]) for b in starts])
 
 
-def _by_first_char(g, plain, chars: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _by_first_char(g, info, chars: np.ndarray, targets: np.ndarray):
     """`take` in `_Walk._start_by_first_char` for many first characters at once: the plain tokens
-    allowed as a block, and those that walk on with the state their first character leads to."""
+    allowed as a block (a packed mask for the characters whose whole group is, the ids of the
+    rest), and those that walk on with the state their first character leads to."""
+    plain = info.first_char_groups
     unique, at = np.unique(targets, return_inverse=True)
     runs = [g.plain_run(s) for s in unique.tolist()]
     n = np.array([n for n, _ in runs], dtype=np.int64)[at]
-    walks = np.array([rest == "walk" for _, rest in runs], dtype=bool)[at] | g.fork_states[targets]
+    whole = n + 2 >= plain.under.shape[1] - 1  # every token of the character's group ends on the chain
+    packed = None
+    if whole.sum() >= MANY_FIRST_CHARS:  # an OR of group masks costs less than setting each token
+        packed = _groups_mask(info, chars[whole])
+        chars, targets, n = chars[~whole], targets[~whole], n[~whole]
+    walking = {s for s, (_, rest) in zip(unique.tolist(), runs) if rest == "walk"}
+    walks = g.fork_states[targets] | np.array([s in walking for s in targets.tolist()], dtype=bool)
     lo, hi = plain.edges[chars], plain.edges[chars + 1]
     k = lo + plain.under[chars, np.minimum(n + 2, plain.under.shape[1] - 1)]
     longer = np.where(walks, hi - k, 0)
-    return plain.ids[_ranges(lo, k)], plain.ids[_ranges(k, k + longer)], np.repeat(targets, longer)
+    return packed, plain.ids[_ranges(lo, k)], plain.ids[_ranges(k, k + longer)], np.repeat(targets, longer)
+
+
+def _groups_mask(info, chars: np.ndarray) -> np.ndarray:
+    """Packed: the plain tokens whose first character is one of the ASCII `chars`. Groups are
+    disjoint, so over half of them it is all ASCII-first plain tokens less the other groups."""
+    masks = info.first_char_masks
+    if 2 * len(chars) <= len(ASCII_PLAIN):
+        return np.bitwise_or.reduce(masks[chars], axis=0)
+    listed = np.zeros(0x80, dtype=bool)
+    listed[chars] = True
+    others = ASCII_PLAIN[~listed[ASCII_PLAIN]]
+    return masks[257] & ~np.bitwise_or.reduce(masks[others], axis=0) if len(others) else masks[257].copy()
 
 
 def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -159,9 +180,13 @@ class _Walk:
         plain = info.first_char_groups
         blocks, states, walk, offsets = [], [], [], []  # ids allowed at once; those that walk on
 
-        def take(s: int, ids: np.ndarray, bounds: np.ndarray, multibyte: bool = False) -> None:
+        def take(s: int, group: int, multibyte: bool = False) -> None:
+            ids, bounds = plain.group(group)
             n, rest = g.plain_run(s)  # after the first character, up to n more end on s's chain
             k = bounds[min(n + 2, len(bounds) - 1)]
+            if k == len(ids) > WHOLE_GROUP_MASK:
+                self.packed.append(info.first_char_masks[group])
+                return
             blocks.append(ids[:k])
             if (rest == "walk" or g.fork_states[s]) and k < len(ids):  # s may call or return: fork there
                 states.append(np.full(len(ids) - k, s, dtype=np.int64))
@@ -172,16 +197,18 @@ class _Walk:
         chars = ASCII_PLAIN[row[ASCII_PLAIN] >= 0]
         if len(chars) < MANY_FIRST_CHARS:
             for b in chars.tolist():
-                take(int(row[b]), *plain.group(b))
+                take(int(row[b]), b)
         else:  # the same for all characters at once
-            block, ids, to = _by_first_char(g, plain, chars, row[chars].astype(np.int64))
+            packed, block, ids, to = _by_first_char(g, info, chars, row[chars].astype(np.int64))
+            if packed is not None:
+                self.packed.append(packed)
             blocks.append(block)
             walk.append(ids)
             states.append(to)
             offsets.append(np.ones(len(ids), np.int64))
         multibyte = g.multibyte_next(q)
         if multibyte >= 0:
-            take(multibyte, *plain.group(256), multibyte=True)
+            take(multibyte, 256, multibyte=True)
         elif multibyte == NONUNIFORM:  # first bytes go different ways: each token from its own
             ids = plain.group(256)[0]
             first = row[info.bytes_at[0, ids]].astype(np.int64)

@@ -143,6 +143,7 @@ class TokenizerInfo:
         self._first_byte_groups: list[np.ndarray] | None = None
         self._non_plain_by_first_byte: list[np.ndarray] | None = None
         self._first_char_groups: FirstCharGroups | None = None
+        self._first_char_masks: np.ndarray | None = None
         # Token walks from states of rules that call no other, by (expression, DFA size, state): see
         # CompiledGrammar.state_tokens. Bounded: each holds a packed mask (19 KB at 151k tokens).
         self.leaf_walks = BoundedCache(MAX_LEAF_WALKS)
@@ -246,6 +247,24 @@ class TokenizerInfo:
             under = np.stack([np.searchsorted(plain[ids[edges[g]:edges[g + 1]]], np.arange(top)) for g in range(257)])
             self._first_char_groups = FirstCharGroups(ids, edges, under)
         return self._first_char_groups
+
+    @property
+    def first_char_masks(self) -> np.ndarray:
+        """[258, words] int32: packed masks of `first_char_groups` (row 256: a multi-byte first
+        character), row 257 their union over the ASCII characters (built on first use)."""
+        if self._first_char_masks is None:
+            groups = self.first_char_groups
+            out = np.zeros((258, self.words), dtype="<i4")
+            bits = np.zeros(self.words * 32, dtype=bool)
+            for g in [*ASCII_PLAIN.tolist(), 256]:
+                ids = groups.group(g)[0]
+                bits[ids] = True
+                out[g] = np.packbits(bits, bitorder="little").view("<i4")
+                bits[ids] = False
+            out[257] = np.bitwise_or.reduce(out[ASCII_PLAIN], axis=0)
+            out.flags.writeable = False
+            self._first_char_masks = out
+        return self._first_char_masks
 
     @property
     def plain_suffix(self) -> np.ndarray:
