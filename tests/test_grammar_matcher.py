@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentkv.errors import GrammarError
@@ -13,6 +13,7 @@ from agentkv.grammar import (
     Matcher,
     TokenizerInfo,
     fill_next_token_bitmasks,
+    masks,
 )
 from agentkv.grammar.compiled import DEAD
 
@@ -104,6 +105,36 @@ def test_plain_rest_longer_than_any_plain_token():
     g = GrammarCompiler(info).compile_json_schema({"type": "object", "additionalProperties": {"type": "null"}})
     allowed = assert_mask_is_brute_force(Matcher(g), np.zeros((1, info.words), dtype=np.int32))
     assert {6, 7} <= allowed
+
+
+WIDE = [  # (schema, text before the masks checked: where the first characters go many ways)
+    ({"type": "object", "properties": {"ab": {"type": "integer"}, "x y": {"type": "null"}},
+      "additionalProperties": {"type": "string"}}, '{"'),
+    ({"type": "string", "pattern": "^[^b]"}, '"'),  # most first characters, then any text
+    ({"type": "string", "pattern": "^[a-z0-9]"}, '"'),  # fewer than half of them
+]
+
+
+@pytest.mark.parametrize("whole_group_mask", [0, 1 << 30])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=st.lists(st.text(alphabet=' abxyz019"{}:,é', min_size=2, max_size=5), min_size=10, max_size=60),
+       which=st.sampled_from(range(len(WIDE))), rnd=st.randoms(use_true_random=False))
+def test_many_first_characters(monkeypatch, whole_group_mask, words, which, rnd):
+    # Every printable ASCII character as a token: a property name or class then has many plain first
+    # characters, taken together (`_by_first_char`), the whole groups as packed masks (set
+    # WHOLE_GROUP_MASK to 0 so that a small group is one too).
+    monkeypatch.setattr(masks, "WHOLE_GROUP_MASK", whole_group_mask)
+    vocab = list(dict.fromkeys([bytes([c]) for c in range(0x20, 0x7F)] + ["é".encode()] + [w.encode() for w in words]))
+    info = TokenizerInfo(vocab + [None], eos_ids=[len(vocab)])
+    schema, before = WIDE[which]
+    m = Matcher(GrammarCompiler(info).compile_json_schema(schema))
+    assert m.accept_bytes(before.encode())
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    for _ in range(8):
+        expected = assert_mask_is_brute_force(m, bitmask)
+        if not expected or m.is_terminated():
+            break
+        assert m.accept_token(rnd.choice(sorted(expected)))
 
 
 LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"1" + b"a" * 9, b"b" * 20,
