@@ -100,12 +100,7 @@ class _Parser:
     def look(self) -> Look:
         negative = self.p[self.i + 2] == "!"
         self.i += 3
-        self.depth += 1
-        e = self.alternation()
-        self.depth -= 1
-        if self.peek() != ")":
-            raise self.error("misses a ')'")
-        self.i += 1
+        e = self.group_body()
         if self.peek() in ("*", "+", "?") or self.peek() == "{" and self._bounds_ahead():
             raise self.error("quantifies a lookahead")
         return Look(negative, e)
@@ -186,6 +181,10 @@ class _Parser:
                 raise self.error(LOOKAROUND)
             else:
                 raise self.error(f"uses the group flag '(?{kind}' (not supported)")
+        return self.group_body()
+
+    def group_body(self) -> Expr:
+        """The alternation inside a group, through its ')' (one level deeper: no lookahead there)."""
         self.depth += 1
         e = self.alternation()
         self.depth -= 1
