@@ -317,6 +317,8 @@ class _Walk:
             states = flat_trans[states * 256 + flat_bytes[pos]].astype(np.int64)
             ok = states >= 0
             states, idx, pos = states[ok], idx[ok], pos[ok] + vocab
+            if not len(idx):
+                return
             if len(idx) <= SCALAR_MAX_TOKENS:
                 for q, t, o in zip(states.tolist(), idx.tolist(), (pos // vocab).tolist()):
                     self.one(lower, q, t, o)
