@@ -24,7 +24,12 @@ required and typed properties is rewritten as the schema for what that test refu
 from __future__ import annotations
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.json_merge import json_equal, validating, value_types
+from agentkv.grammar.json_merge import (
+    excluded_strings,
+    json_equal,
+    validating,
+    value_types,
+)
 from agentkv.grammar.json_objects import pointer_escape
 
 CONDITIONAL_KEYS = ("if", "then", "else")
@@ -107,6 +112,15 @@ class ConditionalRules:
             if sum(set(r) - set(common) <= present for r in required) == 1:
                 cases.append(self.merge(base, _presence(names, common + sorted(present)), ptr))
         return _union(cases + others)
+
+    def without_not(self, schema, ptr: str) -> object | None:
+        """`schema` with its `not` (of anything but listed strings, which string rules subtract
+        themselves) replaced by the schema for what that `not` refuses, merged in; None where there
+        is no such `not` or it cannot be negated (the caller refuses it)."""
+        if not isinstance(schema, dict) or "not" not in schema or excluded_strings(schema["not"]) is not None:
+            return None
+        neg = self.negation(schema["not"], f"{ptr}/not")
+        return None if neg is None else self.merge({k: v for k, v in schema.items() if k != "not"}, neg, ptr)
 
     def negation(self, schema, ptr: str, depth: int = 0) -> object | None:
         """A schema for exactly the values `schema` refuses, where `schema` is a `type`, a test of

@@ -53,12 +53,10 @@ class ObjectRules:
         schema = self.inline_ref(schema, ptr)
         if isinstance(schema, bool):  # a $ref to true or false
             return self.property_names(schema, ptr)
+        folded = self.without_not(schema, ptr)  # json_conditionals.py
+        if folded is not None:
+            return self.property_names(folded, ptr)
         other_not = isinstance(schema, dict) and "not" in schema and excluded_strings(schema["not"]) is None
-        if other_not:  # a `not` of anything but listed strings, where it can be negated
-            neg = self.negation(schema["not"], f"{ptr}/not")  # json_conditionals.py
-            if neg is not None:
-                return self.property_names(self.merge({k: v for k, v in schema.items() if k != "not"}, neg, ptr),
-                                           ptr)
         allowed = {"type", "pattern", "minLength", "maxLength", "format", "enum", "const", "anyOf", "not"}
         bad = [k for k in schema if validating({k: schema[k]}) and k not in allowed] + (["not"] if other_not else [])
         if bad or schema.get("type", "string") not in ("string", ["string"]):

@@ -126,10 +126,9 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
             return NOTHING
         if not isinstance(schema, dict):
             raise GrammarError(f"a schema must be an object or a boolean, not {type(schema).__name__}", ptr)
-        if "not" in schema and excluded_strings(schema["not"]) is None:
-            neg = self.negation(schema["not"], f"{ptr}/not")  # json_conditionals.py
-            if neg is not None:
-                return self.value(self.merge({k: v for k, v in schema.items() if k != "not"}, neg, ptr), ptr)
+        folded = self.without_not(schema, ptr)  # json_conditionals.py
+        if folded is not None:
+            return self.value(folded, ptr)
         self._check_keywords(schema, ptr)
         if "$ref" in schema:
             rest = {k: v for k, v in schema.items() if k != "$ref"}
