@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentkv.grammar.vocab import ASCII_PLAIN
+from agentkv.grammar.token_tables import ASCII_PLAIN
 
 SCALAR_MAX_TOKENS = 64  # this few tokens left: walk each in plain Python (a numpy step costs ~20 us at any size)
 SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # every 8 steps, a walk down to 1,024 tokens skips loops of 8+ bytes

@@ -4,7 +4,8 @@ Token id -> the bytes it writes (None for special and unused ids, which never ma
 the EOS ids, and an encoder used only to turn forced text into the tokenizer's own tokens. Built
 from a HF/`tokenizers` tokenizer (byte-level BPE through the GPT-2 byte map, or SentencePiece with
 `<0xNN>` byte fallback), from a tiktoken ranks file, or from a plain list of bytes.
-The arrays here are per tokenizer and shared by every grammar compiled for it.
+The arrays here are per tokenizer and shared by every grammar compiled for it; the tables the token
+walk reads are built on first use (token_tables.py).
 """
 
 from __future__ import annotations
@@ -14,24 +15,12 @@ import bisect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from agentkv.errors import GrammarError
-
-# Characters a JSON string takes as they are, minus the ECMA line terminators U+2028/U+2029, which a
-# pattern's `.` refuses: with them out, `.*` is a run of plain characters like any string body.
-PLAIN_EXCLUDED = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x2028, 0x2029))
-# The one-byte plain characters (where they do not all lead to one place, a state is not uniform).
-ASCII_PLAIN = np.array([b for b in range(0x20, 0x80) if b not in (0x22, 0x5C)])
-
-
-def _is_plain(c: str) -> bool:
-    o = ord(c)
-    return o >= 0x20 and o != 0x22 and o != 0x5C and o != 0x2028 and o != 0x2029  # PLAIN_EXCLUDED
-
+from agentkv.grammar.token_tables import TokenTables, is_plain
 
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -79,20 +68,7 @@ class BoundedCache:
         return len(self._items)
 
 
-@dataclass(frozen=True)
-class FirstCharGroups:
-    """Plain token ids grouped by first character (0-127: that ASCII byte; 256: any multi-byte
-    character), each group ordered by character count."""
-
-    ids: np.ndarray    # all groups, one after another
-    edges: np.ndarray  # [258]: group g is ids[edges[g]:edges[g + 1]]
-    under: np.ndarray  # [257, max characters + 2]: under[g, c], how many of group g have < c characters
-
-    def group(self, g: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.ids[self.edges[g]:self.edges[g + 1]], self.under[g]
-
-
-class TokenizerInfo:
+class TokenizerInfo(TokenTables):
     """Vocabulary bytes and EOS ids of one tokenizer (see the module docstring)."""
 
     def __init__(self, vocab: Sequence[bytes | None], eos_ids: Iterable[int] = (),
@@ -128,7 +104,7 @@ class TokenizerInfo:
                     text = b.decode("utf-8")
                 except UnicodeDecodeError:
                     continue
-                if all(_is_plain(c) for c in text):
+                if all(is_plain(c) for c in text):
                     plain[i] = len(text)
         self.plain_chars = plain
         order = np.argsort(plain, kind="stable")
@@ -136,14 +112,7 @@ class TokenizerInfo:
         self.plain_sorted = order.astype(np.int64)  # plain token ids by character count
         self.plain_bounds = np.searchsorted(plain[order], np.arange(int(plain.max(initial=0)) + 2))
         self.non_plain_ids = self.text_ids[plain[self.text_ids] < 0]
-        self._plain_suffix: np.ndarray | None = None
-        self._plain_ahead: np.ndarray | None = None
-        self._plain_upto: dict[int, np.ndarray] = {}
-        self._later_bytes: np.ndarray | None = None
-        self._first_byte_groups: list[np.ndarray] | None = None
-        self._non_plain_by_first_byte: list[np.ndarray] | None = None
-        self._first_char_groups: FirstCharGroups | None = None
-        self._first_char_masks: np.ndarray | None = None
+        self._init_tables()
         # Token walks from states of rules that call no other, by (expression, DFA size, state): see
         # CompiledGrammar.state_tokens. Bounded: each holds a packed mask (19 KB at 151k tokens).
         self.leaf_walks = BoundedCache(MAX_LEAF_WALKS)
@@ -207,167 +176,6 @@ class TokenizerInfo:
             vocab[r] = b
         eos = [special_tokens[t] for t in eos_tokens if t in special_tokens]
         return cls(vocab, eos, _rank_bpe_encoder(ranks, pattern))
-
-    @property
-    def first_byte_groups(self) -> list[np.ndarray]:
-        """Per first byte, the text token ids that start with it (built on first use)."""
-        if self._first_byte_groups is None:
-            self._first_byte_groups = self._by_first_byte(self.text_ids)
-        return self._first_byte_groups
-
-    def _by_first_byte(self, ids: np.ndarray) -> list[np.ndarray]:
-        """`ids` split by their first byte (256 arrays, each in the order of `ids`)."""
-        first = self.bytes_at[0, ids]
-        order = np.argsort(first, kind="stable")
-        bounds = np.searchsorted(first[order], np.arange(257))
-        return [ids[order[bounds[b]:bounds[b + 1]]] for b in range(256)]
-
-    @property
-    def non_plain_by_first_byte(self) -> list[np.ndarray]:
-        """Per first byte, the text tokens that are not plain (built on first use)."""
-        if self._non_plain_by_first_byte is None:
-            self._non_plain_by_first_byte = self._by_first_byte(self.non_plain_ids)
-        return self._non_plain_by_first_byte
-
-    @property
-    def first_char_groups(self) -> FirstCharGroups:
-        """The plain tokens by first character (built on first use): group b for an ASCII byte b,
-        group 256 for every multi-byte first character; within a group, by character count. A
-        token mask from a state whose characters go different ways takes each group's short tokens
-        as a block (masks.py)."""
-        if self._first_char_groups is None:
-            plain = self.plain_chars
-            top = int(plain.max(initial=0)) + 2
-            ids = self.text_ids[plain[self.text_ids] > 0]
-            first = self.bytes_at[0, ids].astype(np.int64)
-            key = np.where(first < 0x80, first, 256)
-            order = np.lexsort((plain[ids], key))
-            ids, key = ids[order], key[order]
-            edges = np.searchsorted(key, np.arange(258))
-            under = np.stack([np.searchsorted(plain[ids[edges[g]:edges[g + 1]]], np.arange(top)) for g in range(257)])
-            self._first_char_groups = FirstCharGroups(ids, edges, under)
-        return self._first_char_groups
-
-    @property
-    def first_char_masks(self) -> np.ndarray:
-        """[258, words] int32: packed masks of `first_char_groups` (row 256: a multi-byte first
-        character), row 257 their union over the ASCII characters (built on first use)."""
-        if self._first_char_masks is None:
-            groups = self.first_char_groups
-            out = np.zeros((258, self.words), dtype="<i4")
-            bits = np.zeros(self.words * 32, dtype=bool)
-            for g in [*ASCII_PLAIN.tolist(), 256]:
-                ids = groups.group(g)[0]
-                bits[ids] = True
-                out[g] = np.packbits(bits, bitorder="little").view("<i4")
-                bits[ids] = False
-            out[257] = np.bitwise_or.reduce(out[ASCII_PLAIN], axis=0)
-            out.flags.writeable = False
-            self._first_char_masks = out
-        return self._first_char_masks
-
-    @property
-    def plain_suffix(self) -> np.ndarray:
-        """[width + 1, vocab] int16: characters in the token's bytes from each offset if they are plain
-        text starting on a character boundary (0 at the token's end), else -1 (built on first use,
-        once per tokenizer)."""
-        if self._plain_suffix is None:
-            tb, width = self.bytes_at.T, self.bytes_at.shape[0]
-            out = np.full((self.vocab_size, width + 1), -1, dtype=np.int16)
-            ascii_ids = self.text_ids[(tb[self.text_ids] < 0x80).all(axis=1)]
-            # ASCII tokens (most of a vocabulary) at once: plain from `off` unless a byte at or
-            # after it is a quote, backslash or control character.
-            sub, lengths = tb[ascii_ids], self.lengths[ascii_ids].astype(np.int16)[:, None]
-            pos = np.arange(width, dtype=np.int16)[None, :]
-            inside = pos < lengths
-            bad = ((sub < 0x20) | (sub == 0x22) | (sub == 0x5C)) & inside
-            bad_from = np.flip(np.logical_or.accumulate(np.flip(bad, 1), axis=1), 1)
-            chars = lengths - pos
-            chars[bad_from | ~inside] = -1
-            out[ascii_ids, :width] = chars
-            rows, cols, vals = [], [], []
-            for i in np.setdiff1d(self.text_ids, ascii_ids).tolist():
-                b = self.vocab[i]
-                start = 0
-                while start < len(b) and b[start] & 0xC0 == 0x80:  # the tail of a character
-                    start += 1
-                try:
-                    text = b[start:].decode("utf-8")
-                except UnicodeDecodeError:
-                    continue  # a broken character: no suffix that includes it is plain
-                off = len(b)
-                for n, c in enumerate(reversed(text), 1):
-                    if not _is_plain(c):
-                        break
-                    o = ord(c)
-                    off -= 1 if o < 0x80 else 2 if o < 0x800 else 3 if o < 0x10000 else 4
-                    rows.append(i)
-                    cols.append(off)
-                    vals.append(n)
-            out[rows, cols] = vals
-            out[self.text_ids, self.lengths[self.text_ids]] = 0  # all read: a rest of no characters
-            self._plain_suffix = np.ascontiguousarray(out.T)
-        return self._plain_suffix
-
-    def plain_upto(self, n: int) -> np.ndarray:
-        """Packed int32 token mask of the plain tokens of 1..n characters (cached per n): a state whose
-        plain characters lead along a chain of n takes them as one block (masks.py)."""
-        hit = self._plain_upto.get(n)
-        if hit is None:
-            bits = np.zeros(self.words * 32, dtype=bool)
-            bits[self.plain_sorted[:self.plain_bounds[min(n + 1, len(self.plain_bounds) - 1)]]] = True
-            hit = self._plain_upto[n] = np.packbits(bits, bitorder="little").view("<i4")
-            hit.flags.writeable = False
-        return hit
-
-    @property
-    def plain_ahead(self) -> np.ndarray:
-        """[width, vocab] uint8: bytes of the run of plain characters that starts at each offset of the
-        token (0 off a character boundary or before a byte that is not plain text; built on first
-        use). A walk in a state that every plain character leads back to moves past the run at once."""
-        if self._plain_ahead is None:
-            tb, width = self.bytes_at.T, self.bytes_at.shape[0]
-            out = np.zeros((self.vocab_size, width), dtype=np.uint8 if width < 256 else np.uint16)
-            ascii_ids = self.text_ids[(tb[self.text_ids] < 0x80).all(axis=1)]
-            # ASCII tokens at once: from each offset to the next byte that is not plain (or the end).
-            sub, lengths = tb[ascii_ids], self.lengths[ascii_ids][:, None]
-            pos = np.arange(width)[None, :]
-            stop = (pos >= lengths) | (sub < 0x20) | (sub == 0x22) | (sub == 0x5C)
-            nxt = np.flip(np.minimum.accumulate(np.flip(np.where(stop, pos, width), 1), axis=1), 1)
-            out[ascii_ids] = np.where(stop, 0, nxt - pos)
-            for i in np.setdiff1d(self.text_ids, ascii_ids).tolist():
-                b, at, chars = self.vocab[i], 0, []
-                while at < len(b):
-                    n = 1 if b[at] < 0xC0 else 2 if b[at] < 0xE0 else 3 if b[at] < 0xF0 else 4
-                    try:
-                        c = b[at:at + n].decode("utf-8")
-                    except UnicodeDecodeError:
-                        c = ""
-                    ok = len(c) == 1 and _is_plain(c)
-                    chars.append((at, n if ok else 0))
-                    at += n if ok else 1
-                run = 0
-                for at, n in reversed(chars):
-                    run = run + n if n else 0
-                    out[i, at] = run
-            self._plain_ahead = np.ascontiguousarray(out.T)
-        return self._plain_ahead
-
-    @property
-    def later_bytes(self) -> np.ndarray:
-        """[258, words] packed token masks (built on first use): row b, the tokens in which byte b
-        occurs after the first byte; row 256, those with any byte from 0x80 there; row 257, those that
-        also are not plain text. Where the first character leads to a state that loops on most bytes,
-        the tokens whose other bytes all loop there are allowed at once (masks.py)."""
-        if self._later_bytes is None:
-            tb = self.bytes_at.T
-            rows, cols = np.nonzero(np.arange(1, tb.shape[1])[None, :] < self.lengths[:, None])
-            has = np.zeros((258, self.words * 32), dtype=bool)
-            has[tb[rows, cols + 1], rows] = True
-            has[256] = has[0x80:256].any(axis=0)
-            has[257, :self.vocab_size] = has[256, :self.vocab_size] & (self.plain_chars <= 0)
-            self._later_bytes = np.packbits(has, axis=1, bitorder="little").view("<u4")
-        return self._later_bytes
 
     # -- queries --------------------------------------------------------------------------------------
 

@@ -1,0 +1,225 @@
+"""Plain-text runs: where a grammar state's plain characters lead, for the token walk's shortcuts.
+
+A JSON string body reads most characters as they are ("plain": not a quote, a backslash or a control
+character). Per state, lazily: the single state every plain character leads to (`plain_next`, for
+characters of two or more bytes `multibyte_next`), the chain of such states and how many characters
+it takes (`plain_run`, vectorized as `run_lengths`), whether the state leads every plain character
+back to itself (`plain_loops`), and the tokens whose later bytes all loop on it (`looping_tokens`).
+masks.py reads these to take plain tokens as blocks instead of walking them byte by byte.
+CompiledGrammar inherits them; it provides `automaton`, `info`, `fork_states` and `_lock`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agentkv.grammar.masks import ALL_DEAD, NONUNIFORM
+from agentkv.grammar.token_tables import ASCII_PLAIN
+
+MAX_CACHED_STATES = 4096    # per grammar: top-state token sets (compiled.py), and each per-state table here
+LOOP_BLOCK_MIN = 32         # loops on fewer ASCII characters: the byte walk is cheaper than the block
+
+
+class PlainRuns:
+    def _init_plain_runs(self) -> None:
+        self._plain_next: dict[int, int] = {}
+        self._rows: dict[int, list[int]] = {}
+        self._multibyte_next: dict[int, int] = {}
+        self._plain_run: dict[int, tuple[int, str]] = {}
+        self._looping: dict[int, np.ndarray | None] = {}
+        self._runs = np.full(len(self.automaton.accept), -1, dtype=np.int32)
+        # Whether every plain character leads a state back to itself (a string body) and it does not
+        # call or return: a walk moves past a run of plain text there at once (plain_loops).
+        self._plain_loop: np.ndarray | None = None
+        self._ascii_steps: tuple[np.ndarray, np.ndarray] | None = None
+        self._runs_started = False
+
+    def row(self, q: int) -> list[int]:
+        """State `q`'s transitions as a list (a single-token walk reads it byte by byte)."""
+        hit = self._rows.get(q)
+        if hit is None:
+            if len(self._rows) >= MAX_CACHED_STATES:
+                self._rows.clear()
+            hit = self._rows[q] = self.automaton.trans[q].tolist()
+        return hit
+
+    def plain_next(self, q: int) -> int:
+        """Where every plain character leads from `q`: a state, NONUNIFORM, or ALL_DEAD."""
+        hit = self._plain_next.get(q)
+        if hit is None:
+            hit = self._plain_next[q] = _uniform_char_step(self.automaton.trans, self.fork_states, q)
+        return hit
+
+    def multibyte_next(self, q: int) -> int:
+        """Where every plain character of two or more bytes leads from `q` (as `plain_next`)."""
+        hit = self._multibyte_next.get(q)
+        if hit is None:
+            hit = _uniform_char_step(self.automaton.trans, self.fork_states, q, multibyte=True)
+            self._multibyte_next[q] = hit
+        return hit
+
+    def plain_run(self, q: int) -> tuple[int, str]:
+        """(n, rest): plain tokens of 1..n characters are allowed from `q` without walking them;
+        longer plain tokens die ("dead") or need the byte walk ("walk"). Cached per state."""
+        hit = self._plain_run.get(q)
+        if hit is not None:
+            return hit
+        limit = len(self.info.plain_bounds) - 2
+        chain, seen, rest = [q], {q: 0}, "dead"
+        while len(chain) <= limit:
+            nxt = self.plain_next(chain[-1])
+            if nxt == ALL_DEAD:
+                break
+            if nxt == NONUNIFORM:
+                rest = "walk"
+                break
+            if nxt in seen or self.fork_states[nxt]:
+                # A cycle keeps every longer token alive; a fork state (a call or return) ends the
+                # shortcut there: tokens ending on it are fine, longer ones take the byte walk.
+                if nxt in seen:
+                    chain = chain + [nxt] * (limit + 1 - len(chain))
+                    break
+                chain.append(nxt)
+                rest = "walk"
+                break
+            seen[nxt] = len(chain)
+            chain.append(nxt)
+        result = (min(len(chain) - 1, limit), rest)
+        self._plain_run[q] = result
+        return result
+
+    def run_lengths(self, states: np.ndarray) -> np.ndarray:
+        """`plain_run(q)[0]` for an array of states (0 where the chain shortcut does not apply)."""
+        if self._runs_started is False:
+            with self._lock:
+                # Most states lead different ASCII characters to different places (inside names,
+                # numbers, keywords) or read no plain character at all (between JSON values): no
+                # chain, decided for every state at once on first use (0.05 ms for a median grammar's
+                # 700 states, 3 ms for 17k), so walks meet unknown states rarely.
+                trans = self.automaton.trans
+                lo, hi = self._plain_ascii_steps()
+                self._runs[(lo != hi) | ((hi < 0) & (trans[:, 0xC2:0xF5] < 0).all(axis=1))] = 0
+                self._runs_started = True
+        runs = self._runs[states]
+        unknown = runs < 0
+        if unknown.any():
+            for q in np.unique(states[unknown]).tolist():
+                self._runs[q] = self.plain_run(q)[0]
+            runs = self._runs[states]
+        return runs
+
+    def _plain_ascii_steps(self) -> tuple[np.ndarray, np.ndarray]:
+        """The least and greatest state each state's plain ASCII characters lead to (-1: none).
+        Contiguous columns with the quote's and backslash's replaced by a neighbour's: a gather of
+        the 93 columns costs 4x as much."""
+        if self._ascii_steps is None:
+            sub = self.automaton.trans[:, 0x20:0x80].copy()
+            sub[:, [0x22 - 0x20, 0x5C - 0x20]] = sub[:, [0x21 - 0x20, 0x5B - 0x20]]
+            self._ascii_steps = sub.min(axis=1), sub.max(axis=1)
+        return self._ascii_steps
+
+    def plain_loops(self, states: np.ndarray) -> np.ndarray:
+        """For each state: does every plain character lead it back to itself (and it is no fork)?"""
+        if self._plain_loop is None:
+            with self._lock:
+                lo, hi = self._plain_ascii_steps()
+                maybe = (lo == hi) & (lo == np.arange(self.num_states)) & ~self.fork_states
+                self._plain_loop = np.where(maybe, -1, 0).astype(np.int8)  # -1: not decided yet
+        v = self._plain_loop[states]
+        unknown = v < 0
+        if unknown.any():
+            for q in np.unique(states[unknown]).tolist():
+                self._plain_loop[q] = self.plain_next(q) == q
+            v = self._plain_loop[states]
+        return v == 1
+
+    def looping_tokens(self, q: int) -> np.ndarray | None:
+        """Packed token mask: the tokens whose bytes after the first all loop on `q` (so a token whose
+        first character leads to `q` reads the rest there and ends in `q`), where `q` loops on at
+        least LOOP_BLOCK_MIN ASCII characters; else None. A character of two or more bytes counts as
+        looping where each plain one leads back to `q`, for tokens of plain text. Cached per state."""
+        hit = self._looping.get(q, False)
+        if hit is not False:
+            return hit
+        loops = self.automaton.trans[q] == q
+        out = None
+        if loops[:0x80].sum() >= LOOP_BLOCK_MIN:
+            table = self.info.later_bytes
+            leave = np.bitwise_or.reduce(table[np.nonzero(~loops[:0x80])[0]], axis=0)
+            leave |= table[257] if self.multibyte_next(q) == q else table[256]
+            out = ~leave
+        with self._lock:
+            if len(self._looping) >= MAX_CACHED_STATES:
+                del self._looping[next(iter(self._looping))]
+            self._looping[q] = out
+        return out
+
+
+def _plain_char_automaton() -> np.ndarray:
+    """Dense DFA of one plain character (UTF-8, none of PLAIN_EXCLUDED): row 0 starts, -2 = done."""
+    from agentkv.grammar.dfa import utf8_sequences
+    from agentkv.grammar.expr import complement
+    from agentkv.grammar.token_tables import PLAIN_EXCLUDED
+
+    rows = [np.full(256, -1, dtype=np.int64)]
+    index: dict[tuple, int] = {(): 0}
+    for lo, hi in complement(PLAIN_EXCLUDED):
+        for seq in utf8_sequences(lo, hi):
+            for k, (blo, bhi) in enumerate(seq):
+                key = tuple(seq[:k])
+                if k == len(seq) - 1:
+                    rows[index[key]][blo:bhi + 1] = -2
+                else:
+                    nxt_key = tuple(seq[:k + 1])
+                    if nxt_key not in index:
+                        index[nxt_key] = len(rows)
+                        rows.append(np.full(256, -1, dtype=np.int64))
+                    rows[index[key]][blo:bhi + 1] = index[nxt_key]
+    return np.stack(rows)
+
+
+_PLAIN = _PLAIN_MULTIBYTE = None
+
+
+def _uniform_char_step(trans: np.ndarray, fork: np.ndarray, q: int, multibyte: bool = False) -> int:
+    """Simulate the one-character automaton from `q`: the single state all plain characters reach
+    (`multibyte`: all plain characters of two or more bytes)."""
+    global _PLAIN, _PLAIN_MULTIBYTE
+    if multibyte:
+        if (trans[q, 0xC2:0xF5] < 0).all():
+            return ALL_DEAD
+    else:
+        ascii_next = trans[q, ASCII_PLAIN]
+        if ascii_next.min() != ascii_next.max():  # e.g. a state inside a property name: decided at once
+            return NONUNIFORM
+        if ascii_next[0] < 0:  # no one-byte character: uniform only if no longer one starts either
+            return ALL_DEAD if (trans[q, 0xC2:0xF5] < 0).all() else NONUNIFORM
+    if _PLAIN is None:
+        _PLAIN = _plain_char_automaton()
+        _PLAIN_MULTIBYTE = _PLAIN.copy()
+        _PLAIN_MULTIBYTE[0, :0x80] = -1  # row 0 is only the start: no one-byte character
+    automaton = _PLAIN_MULTIBYTE if multibyte else _PLAIN
+    # Breadth first, a byte of the character per level (four at most): pairs (DFA state, row of the
+    # character automaton), all of a level at once.
+    targets: set[int] = set()
+    states, rows = np.array([q]), np.array([0])
+    while len(states):
+        a, t = automaton[rows], trans[states]
+        done = a == -2
+        targets.update(t[done].tolist())  # -1 among them: some character dies on its last byte
+        mid = (a != -1) & ~done
+        t_mid, a_mid = t[mid], a[mid]
+        if (t_mid < 0).any():
+            targets.add(-1)
+        if len(targets) > 2:
+            return NONUNIFORM
+        ok = t_mid >= 0
+        pairs = np.unique(t_mid[ok].astype(np.int64) * len(automaton) + a_mid[ok])
+        states, rows = pairs // len(automaton), pairs % len(automaton)
+        if fork[states].any():
+            return NONUNIFORM  # a call or return inside a character: leave it to the byte walk
+    if targets == {-1}:
+        return ALL_DEAD
+    if len(targets) == 1:
+        return targets.pop()
+    return NONUNIFORM

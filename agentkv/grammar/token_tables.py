@@ -1,0 +1,211 @@
+"""The per-tokenizer tables the token walk reads (masks.py), built on first use and shared by every
+grammar compiled for the tokenizer: tokens grouped by first byte and by first plain character (as
+id lists and as packed masks), how much of each token from each offset is plain text (`plain_suffix`,
+`plain_ahead`), the plain tokens of up to n characters, and which bytes occur after a token's first.
+"Plain" text is what a JSON string body takes as is. TokenizerInfo (vocab.py) inherits these; it
+provides `vocab`, `vocab_size`, `words`, `bytes_at`, `lengths`, `text_ids`, `plain_chars`,
+`plain_sorted`, `plain_bounds` and `non_plain_ids`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Characters a JSON string takes as they are, minus the ECMA line terminators U+2028/U+2029, which a
+# pattern's `.` refuses: with them out, `.*` is a run of plain characters like any string body.
+PLAIN_EXCLUDED = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x2028, 0x2029))
+# The one-byte plain characters (where they do not all lead to one place, a state is not uniform).
+ASCII_PLAIN = np.array([b for b in range(0x20, 0x80) if b not in (0x22, 0x5C)])
+
+
+def is_plain(c: str) -> bool:
+    o = ord(c)
+    return o >= 0x20 and o != 0x22 and o != 0x5C and o != 0x2028 and o != 0x2029  # PLAIN_EXCLUDED
+
+
+@dataclass(frozen=True)
+class FirstCharGroups:
+    """Plain token ids grouped by first character (0-127: that ASCII byte; 256: any multi-byte
+    character), each group ordered by character count."""
+
+    ids: np.ndarray    # all groups, one after another
+    edges: np.ndarray  # [258]: group g is ids[edges[g]:edges[g + 1]]
+    under: np.ndarray  # [257, max characters + 2]: under[g, c], how many of group g have < c characters
+
+    def group(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.ids[self.edges[g]:self.edges[g + 1]], self.under[g]
+
+
+class TokenTables:
+    def _init_tables(self) -> None:
+        self._plain_suffix: np.ndarray | None = None
+        self._plain_ahead: np.ndarray | None = None
+        self._plain_upto: dict[int, np.ndarray] = {}
+        self._later_bytes: np.ndarray | None = None
+        self._first_byte_groups: list[np.ndarray] | None = None
+        self._non_plain_by_first_byte: list[np.ndarray] | None = None
+        self._first_char_groups: FirstCharGroups | None = None
+        self._first_char_masks: np.ndarray | None = None
+
+    @property
+    def first_byte_groups(self) -> list[np.ndarray]:
+        """Per first byte, the text token ids that start with it (built on first use)."""
+        if self._first_byte_groups is None:
+            self._first_byte_groups = self._by_first_byte(self.text_ids)
+        return self._first_byte_groups
+
+    def _by_first_byte(self, ids: np.ndarray) -> list[np.ndarray]:
+        """`ids` split by their first byte (256 arrays, each in the order of `ids`)."""
+        first = self.bytes_at[0, ids]
+        order = np.argsort(first, kind="stable")
+        bounds = np.searchsorted(first[order], np.arange(257))
+        return [ids[order[bounds[b]:bounds[b + 1]]] for b in range(256)]
+
+    @property
+    def non_plain_by_first_byte(self) -> list[np.ndarray]:
+        """Per first byte, the text tokens that are not plain (built on first use)."""
+        if self._non_plain_by_first_byte is None:
+            self._non_plain_by_first_byte = self._by_first_byte(self.non_plain_ids)
+        return self._non_plain_by_first_byte
+
+    @property
+    def first_char_groups(self) -> FirstCharGroups:
+        """The plain tokens by first character (built on first use): group b for an ASCII byte b,
+        group 256 for every multi-byte first character; within a group, by character count. A
+        token mask from a state whose characters go different ways takes each group's short tokens
+        as a block (masks.py)."""
+        if self._first_char_groups is None:
+            plain = self.plain_chars
+            top = int(plain.max(initial=0)) + 2
+            ids = self.text_ids[plain[self.text_ids] > 0]
+            first = self.bytes_at[0, ids].astype(np.int64)
+            key = np.where(first < 0x80, first, 256)
+            order = np.lexsort((plain[ids], key))
+            ids, key = ids[order], key[order]
+            edges = np.searchsorted(key, np.arange(258))
+            under = np.stack([np.searchsorted(plain[ids[edges[g]:edges[g + 1]]], np.arange(top)) for g in range(257)])
+            self._first_char_groups = FirstCharGroups(ids, edges, under)
+        return self._first_char_groups
+
+    @property
+    def first_char_masks(self) -> np.ndarray:
+        """[258, words] int32: packed masks of `first_char_groups` (row 256: a multi-byte first
+        character), row 257 their union over the ASCII characters (built on first use)."""
+        if self._first_char_masks is None:
+            groups = self.first_char_groups
+            out = np.zeros((258, self.words), dtype="<i4")
+            bits = np.zeros(self.words * 32, dtype=bool)
+            for g in [*ASCII_PLAIN.tolist(), 256]:
+                ids = groups.group(g)[0]
+                bits[ids] = True
+                out[g] = np.packbits(bits, bitorder="little").view("<i4")
+                bits[ids] = False
+            out[257] = np.bitwise_or.reduce(out[ASCII_PLAIN], axis=0)
+            out.flags.writeable = False
+            self._first_char_masks = out
+        return self._first_char_masks
+
+    @property
+    def plain_suffix(self) -> np.ndarray:
+        """[width + 1, vocab] int16: characters in the token's bytes from each offset if they are plain
+        text starting on a character boundary (0 at the token's end), else -1 (built on first use,
+        once per tokenizer)."""
+        if self._plain_suffix is None:
+            tb, width = self.bytes_at.T, self.bytes_at.shape[0]
+            out = np.full((self.vocab_size, width + 1), -1, dtype=np.int16)
+            ascii_ids = self.text_ids[(tb[self.text_ids] < 0x80).all(axis=1)]
+            # ASCII tokens (most of a vocabulary) at once: plain from `off` unless a byte at or
+            # after it is a quote, backslash or control character.
+            sub, lengths = tb[ascii_ids], self.lengths[ascii_ids].astype(np.int16)[:, None]
+            pos = np.arange(width, dtype=np.int16)[None, :]
+            inside = pos < lengths
+            bad = ((sub < 0x20) | (sub == 0x22) | (sub == 0x5C)) & inside
+            bad_from = np.flip(np.logical_or.accumulate(np.flip(bad, 1), axis=1), 1)
+            chars = lengths - pos
+            chars[bad_from | ~inside] = -1
+            out[ascii_ids, :width] = chars
+            rows, cols, vals = [], [], []
+            for i in np.setdiff1d(self.text_ids, ascii_ids).tolist():
+                b = self.vocab[i]
+                start = 0
+                while start < len(b) and b[start] & 0xC0 == 0x80:  # the tail of a character
+                    start += 1
+                try:
+                    text = b[start:].decode("utf-8")
+                except UnicodeDecodeError:
+                    continue  # a broken character: no suffix that includes it is plain
+                off = len(b)
+                for n, c in enumerate(reversed(text), 1):
+                    if not is_plain(c):
+                        break
+                    o = ord(c)
+                    off -= 1 if o < 0x80 else 2 if o < 0x800 else 3 if o < 0x10000 else 4
+                    rows.append(i)
+                    cols.append(off)
+                    vals.append(n)
+            out[rows, cols] = vals
+            out[self.text_ids, self.lengths[self.text_ids]] = 0  # all read: a rest of no characters
+            self._plain_suffix = np.ascontiguousarray(out.T)
+        return self._plain_suffix
+
+    def plain_upto(self, n: int) -> np.ndarray:
+        """Packed int32 token mask of the plain tokens of 1..n characters (cached per n): a state whose
+        plain characters lead along a chain of n takes them as one block (masks.py)."""
+        hit = self._plain_upto.get(n)
+        if hit is None:
+            bits = np.zeros(self.words * 32, dtype=bool)
+            bits[self.plain_sorted[:self.plain_bounds[min(n + 1, len(self.plain_bounds) - 1)]]] = True
+            hit = self._plain_upto[n] = np.packbits(bits, bitorder="little").view("<i4")
+            hit.flags.writeable = False
+        return hit
+
+    @property
+    def plain_ahead(self) -> np.ndarray:
+        """[width, vocab] uint8: bytes of the run of plain characters that starts at each offset of the
+        token (0 off a character boundary or before a byte that is not plain text; built on first
+        use). A walk in a state that every plain character leads back to moves past the run at once."""
+        if self._plain_ahead is None:
+            tb, width = self.bytes_at.T, self.bytes_at.shape[0]
+            out = np.zeros((self.vocab_size, width), dtype=np.uint8 if width < 256 else np.uint16)
+            ascii_ids = self.text_ids[(tb[self.text_ids] < 0x80).all(axis=1)]
+            # ASCII tokens at once: from each offset to the next byte that is not plain (or the end).
+            sub, lengths = tb[ascii_ids], self.lengths[ascii_ids][:, None]
+            pos = np.arange(width)[None, :]
+            stop = (pos >= lengths) | (sub < 0x20) | (sub == 0x22) | (sub == 0x5C)
+            nxt = np.flip(np.minimum.accumulate(np.flip(np.where(stop, pos, width), 1), axis=1), 1)
+            out[ascii_ids] = np.where(stop, 0, nxt - pos)
+            for i in np.setdiff1d(self.text_ids, ascii_ids).tolist():
+                b, at, chars = self.vocab[i], 0, []
+                while at < len(b):
+                    n = 1 if b[at] < 0xC0 else 2 if b[at] < 0xE0 else 3 if b[at] < 0xF0 else 4
+                    try:
+                        c = b[at:at + n].decode("utf-8")
+                    except UnicodeDecodeError:
+                        c = ""
+                    ok = len(c) == 1 and is_plain(c)
+                    chars.append((at, n if ok else 0))
+                    at += n if ok else 1
+                run = 0
+                for at, n in reversed(chars):
+                    run = run + n if n else 0
+                    out[i, at] = run
+            self._plain_ahead = np.ascontiguousarray(out.T)
+        return self._plain_ahead
+
+    @property
+    def later_bytes(self) -> np.ndarray:
+        """[258, words] packed token masks (built on first use): row b, the tokens in which byte b
+        occurs after the first byte; row 256, those with any byte from 0x80 there; row 257, those that
+        also are not plain text. Where the first character leads to a state that loops on most bytes,
+        the tokens whose other bytes all loop there are allowed at once (masks.py)."""
+        if self._later_bytes is None:
+            tb = self.bytes_at.T
+            rows, cols = np.nonzero(np.arange(1, tb.shape[1])[None, :] < self.lengths[:, None])
+            has = np.zeros((258, self.words * 32), dtype=bool)
+            has[tb[rows, cols + 1], rows] = True
+            has[256] = has[0x80:256].any(axis=0)
+            has[257, :self.vocab_size] = has[256, :self.vocab_size] & (self.plain_chars <= 0)
+            self._later_bytes = np.packbits(has, axis=1, bitorder="little").view("<u4")
+        return self._later_bytes
