@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import agentkv as ak
+from agentkv.engine.config import ModelConfig, RopeScaling
 from agentkv.engine.model import Linear
+from agentkv.engine.rope import ROTATION_MAX_TOKENS, RotaryEmbedding
 from tests.conftest import requires_embedded
 from tests.reference import engine_logits, rel_error
 from tests.tiny import make_tiny_model
@@ -52,30 +54,44 @@ def test_tiny_families_match_hf(tmp_path, family, kwargs):
         assert out.token_ids == expected.tolist()
 
 
-@pytest.mark.parametrize("in_features,bias", [(64, False), (64, True), (63, True)])
-def test_packed_linear_matches_matmul(in_features, bias):
-    """Rows of any count through the packed weight, and single rows through the per-thread parts
-    of the plain weight (kept when the input size splits evenly), equal x @ W + b."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        lin = Linear(in_features, 40, bias=bias)
-        g = torch.Generator().manual_seed(0)
-        weight = torch.randn(in_features, 40, generator=g)
-        lin.weight.data.copy_(weight)
-        b = torch.randn(40, generator=g) if bias else torch.zeros(40)
-        if bias:
-            lin.bias.data.copy_(b)
-        x = torch.randn(5, in_features, generator=g)
-        lin.pack(keep_rows=True)
-        if not torch.backends.mkldnn.is_available():
-            pytest.skip("oneDNN is not available in this torch build: nothing is packed")
-        assert (lin.rows is not None) == (in_features % 2 == 0)
-        with torch.no_grad():
-            for t in (1, 2, 5):
-                torch.testing.assert_close(lin(x[:t]), x[:t] @ weight + b, rtol=1e-5, atol=1e-5)
-    finally:
-        torch.set_num_threads(threads)
+@pytest.mark.parametrize("in_features,bias,keep_plain", [(64, False, True), (64, True, True), (63, True, False)])
+def test_packed_linear_matches_matmul(in_features, bias, keep_plain):
+    """Rows of any count through the packed weight, single rows through the plain weight where it is
+    kept, with and without the residual added in the same kernel: all equal x @ W + b (+ r)."""
+    lin = Linear(in_features, 40, bias=bias)
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(in_features, 40, generator=g)
+    lin.weight.data.copy_(weight)
+    b = torch.randn(40, generator=g) if bias else torch.zeros(40)
+    if bias:
+        lin.bias.data.copy_(b)
+    x = torch.randn(5, in_features, generator=g)
+    r = torch.randn(5, 40, generator=g)
+    lin.pack(keep_plain=keep_plain)
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("oneDNN is not available in this torch build: nothing is packed")
+    assert lin.packed is not None and (lin.weight is not None) == keep_plain
+    with torch.no_grad():
+        for t in (1, 2, 5):
+            torch.testing.assert_close(lin(x[:t]), x[:t] @ weight + b, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(lin(x[:t], r[:t]), x[:t] @ weight + b + r[:t], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scaling", [RopeScaling(), RopeScaling("yarn", factor=4.0, original_max_position_embeddings=64)])
+def test_rope_rotation_matrix_matches_elementwise(scaling):
+    """Small CPU passes rotate q/k with one matmul by per-position matrices; larger ones element-wise.
+    Both are the half-split rotation."""
+    cfg = ModelConfig("llama", 32, 64, 128, 1, 4, 2, 16, 1e-5, 10000.0, 256, True, False, False, scaling)
+    rope = RotaryEmbedding(cfg, 256)
+    positions = torch.tensor([0, 5, 63, 200])
+    x = torch.randn(4, 6, 16)
+    tables = rope.tables(positions, torch.float32)
+    assert tables.rotation is not None and rope.tables(torch.arange(ROTATION_MAX_TOKENS + 1), torch.float32).rotation is None
+    cos, sin = tables.cos, tables.sin
+    expected = x * cos + torch.cat((-x[..., 8:], x[..., :8]), dim=-1) * sin
+    torch.testing.assert_close(rope.apply_one(tables, x), expected, rtol=1e-6, atol=1e-6)
+    tables.rotation = None
+    torch.testing.assert_close(rope.apply_one(tables, x), expected, rtol=0, atol=0)
 
 
 def test_bf16_close_to_hf_bf16(tmp_path):

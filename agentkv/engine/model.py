@@ -7,6 +7,7 @@ into single matmuls: on CPU, per-op overhead dominates a small model's decode st
 Linear weights are stored input-major ([in, out]): a plain matmul then streams them with every
 core at batch 1, where MKL's gemv on HF's [out, in] uses one. In fp32 on CPU they are then packed for
 oneDNN, which is faster again for the 2-16 row matmuls of batched decode (see `Linear`).
+The residual adds are folded into the o and down projections' matmuls.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agentkv.engine.config import ModelConfig
-from agentkv.engine.rope import RotaryEmbedding
+from agentkv.engine.rope import RopeTables, RotaryEmbedding
 from agentkv.kernels.base import AttentionBackend
 
 
@@ -30,7 +31,7 @@ class ForwardContext:
     positions: torch.Tensor  # [T] int64
     backend: AttentionBackend  # already prepared for this pass
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: [num_slots, KVH, D] each
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [T, 1, D], set once per pass
+    rope: RopeTables | None = None  # set once per pass
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
@@ -49,23 +50,27 @@ def _physical_memory() -> int:
         return 0
 
 
-def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, add: torch.Tensor | None) -> torch.Tensor:
+    if add is not None:  # the residual added in the same kernel
+        return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), add, packed, bias, "add")
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
 class Linear(nn.Module):
-    """y = x @ weight (+ bias), weight [in_features, out_features].
+    """y = x @ weight (+ bias) (+ residual), weight [in_features, out_features].
+
+    The residual (`forward(x, residual)`) is added in the matmul's own kernel: one op less per
+    layer and linear, which is what a small model's decode step is made of on CPU.
 
     `pack()` (after loading, fp32 on CPU) moves the weight into oneDNN's blocked layout. Measured
     here for [T, 576] x [576, 3072]: 0.30 / 0.44 / 0.68 ms at T = 1 / 5 / 16 packed, against
-    0.34 / 0.89 / 1.02 ms for a plain matmul (10% slower than plain for 300-row prefill chunks).
+    0.34 / 0.89 / 1.02 ms for a plain matmul (10% slower than plain for 300-row prefill chunks);
+    the 30 layers' linears at 16 rows 36.7-38.2 ms packed against 47.7-48.3 plain.
 
-    A single row (batch-1 decode) only streams the weight, and both oneDNN and MKL read it at about
-    the speed of one core. `pack(keep_rows=True)` also keeps the plain weight split by input rows
-    into one part per thread: one bmm then gives each thread its part's partial sums, which are
-    added. Measured here (2 threads) over the 30 layers of the embedded model: 20-22 ms against
-    24-27 ms packed; 48 tokens of batch-1 decode 12-14% faster end to end (best of 5-10 runs
-    alternating with the packed path). It costs a second copy of the weight.
+    A single row (batch-1 decode) only streams the weight, and there oneDNN reads it at about the
+    speed of one core: the 30 layers' linears take 24.9-25.0 ms packed against 18.1-18.2 ms for a
+    plain `x @ weight` (MKL's gemv on the input-major weight, both cores). `pack(keep_plain=True)`
+    keeps the plain weight for that case, a second copy of it.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
@@ -73,28 +78,26 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: torch.Tensor | None = None
-        self.rows: torch.Tensor | None = None  # [parts, in / parts, out] when kept by pack()
         self.all_reduce = False  # tensor parallelism: a row-parallel shard whose outputs are partial sums
 
-    def pack(self, keep_rows: bool = False) -> None:
+    def pack(self, keep_plain: bool = False) -> None:
         if self.packed is None and _can_pack(self.weight):
             self.packed = _pack(self.weight.data.t())
-            parts = torch.get_num_threads()
-            if keep_rows and parts > 1 and self.weight.shape[0] % parts == 0:
-                self.rows = self.weight.data.view(parts, -1, self.weight.shape[1])
-            self.weight = None  # only the packed copy (and `rows`) are kept
+            if not keep_plain:
+                self.weight = None  # only the packed copy is kept
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.rows is not None and x.shape[0] == 1:
-            y = torch.bmm(x.reshape(self.rows.shape[0], 1, -1), self.rows).sum(0)  # one part per thread
-            y = y if self.bias is None else y + self.bias
-        elif self.packed is not None:
-            y = _packed_linear(x, self.packed, self.bias)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        # a row-parallel shard's output is a partial sum: the residual is added once, after the all-reduce
+        add = None if self.all_reduce else residual
+        if self.packed is not None and (self.weight is None or x.shape[0] > 1):
+            y = _packed_linear(x, self.packed, self.bias, add)
         else:
-            y = x @ self.weight
-            y = y if self.bias is None else y + self.bias
+            base = self.bias if add is None else add if self.bias is None else add + self.bias
+            y = x @ self.weight if base is None else torch.addmm(base, x, self.weight)
         if self.all_reduce:
             torch.distributed.all_reduce(y)
+            if residual is not None:
+                y = y + residual
         return y
 
 
@@ -110,7 +113,7 @@ class LogitsProjection(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            return _packed_linear(x, self.packed, None)
+            return _packed_linear(x, self.packed, None, None)
         return F.linear(x, self.weight)
 
 
@@ -142,7 +145,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding, residual: torch.Tensor) -> torch.Tensor:
+        """residual + attention(x): the residual is added by the output projection."""
         T = x.shape[0]
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
@@ -156,7 +160,7 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim))
             q, k = rope.apply_one(ctx.rope, q), rope.apply_one(ctx.rope, k)
         k_cache, v_cache = ctx.kv_caches[self.layer_id]
-        return self.o_proj(ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale))
+        return self.o_proj(ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale), residual)
 
 
 class MLP(nn.Module):
@@ -166,9 +170,10 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + mlp(x)."""
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate) * up, residual)
 
 
 class DecoderLayer(nn.Module):
@@ -180,8 +185,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rope)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(self.input_layernorm(x), ctx, rope, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class CausalLM(nn.Module):
@@ -201,16 +206,16 @@ class CausalLM(nn.Module):
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         # the batch-1 copy of the weights (see Linear) when it costs at most 1/8 of the machine's memory
         plain_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
-        keep_rows = plain_bytes <= _physical_memory() // 8
+        keep_plain = plain_bytes <= _physical_memory() // 8
         for module in linears:
-            module.pack(keep_rows)
+            module.pack(keep_plain)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         self.logits_proj = LogitsProjection(weight)
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext, logits_indices: torch.Tensor) -> torch.Tensor:
         """Logits [len(logits_indices), vocab] (fp32) for the selected token positions of the flat run."""
         x = self.embed_tokens(input_ids)
-        ctx.rope = self.rope.cos_sin(ctx.positions, x.dtype)
+        ctx.rope = self.rope.tables(ctx.positions, x.dtype)
         for layer in self.layers:
             x = layer(x, ctx, self.rope)
         return self.logits_proj(self.norm(x[logits_indices])).float()

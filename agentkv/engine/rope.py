@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -47,6 +48,24 @@ def inv_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
     raise AssertionError(f"unhandled rope type {rs.rope_type}")  # ModelConfig validated it
 
 
+# Passes of up to this many tokens on CPU rotate with one matmul per layer (see `RopeTables`).
+ROTATION_MAX_TOKENS = 64
+
+
+@dataclass
+class RopeTables:
+    """cos, sin [T, 1, D] of one pass's positions, looked up once and used by every layer.
+
+    `rotation` [T, D, D], for small CPU passes, holds each position's rotation as a matrix, so a
+    layer rotates q and k with one bmm: 3 us against 18 for the five element-wise ops at one token
+    (12 against 26 us at 16), 30 layers a decode step. Same products; the sums may round by an ulp.
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    rotation: torch.Tensor | None = None
+
+
 class RotaryEmbedding(torch.nn.Module):
     """cos/sin tables for every position, applied with the half-split (NeoX/HF) convention."""
 
@@ -58,15 +77,25 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, D] for `positions` [T]: looked up once per forward pass, used by every layer."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
+        """The tables for `positions` [T]."""
+        cos, sin = self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+        rotation = None
+        if positions.device.type == "cpu" and positions.shape[0] <= ROTATION_MAX_TOKENS:
+            # y = x @ R: R[j, j] = cos_j, and rotate_half moves x[j + h] to j negated, x[j - h] to j
+            half = cos.shape[-1] // 2
+            j = torch.arange(half, device=positions.device)
+            rotation = torch.diag_embed(cos)
+            rotation[:, j + half, j] = -sin[:, :half]
+            rotation[:, j, j + half] = sin[:, half:]
+        return RopeTables(cos.unsqueeze(1), sin.unsqueeze(1), rotation)
 
     @staticmethod
-    def apply_one(cos_sin: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def apply_one(tables: RopeTables, x: torch.Tensor) -> torch.Tensor:
         """Rotate x [T, heads, D] (any number of q and k heads at once)."""
-        cos, sin = cos_sin
-        return x * cos + _rotate_half(x) * sin
+        if tables.rotation is not None:
+            return torch.bmm(x, tables.rotation)
+        return x * tables.cos + _rotate_half(x) * tables.sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
