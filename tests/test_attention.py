@@ -25,7 +25,9 @@ def reference(q, k_all, v_all, scale, prefix_len):
 
 @pytest.mark.parametrize("route", ["padded", "shared"])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1)])
-def test_mixed_batch_matches_reference(monkeypatch, route, heads, kv_heads):
+@pytest.mark.parametrize("decode_only", [False, True])
+def test_mixed_batch_matches_reference(monkeypatch, route, heads, kv_heads, decode_only):
+    """Decodes and extends in one pass, or decodes alone (whose output skips the shared buffer)."""
     monkeypatch.setattr(torch_backend, "SHARED_MAX_RATIO", 0.0 if route == "padded" else 1.0)
     g = torch.Generator().manual_seed(heads * 10 + kv_heads)
     D, num_slots = 16, 400
@@ -36,6 +38,7 @@ def test_mixed_batch_matches_reference(monkeypatch, route, heads, kv_heads):
     free = free[40:].tolist()
     # (prefix slots, new tokens): 3 decodes sharing a prefix, 1 unrelated decode, 2 extends (one with a prefix hit)
     plans = [(shared + free[:5], 1), (shared + free[5:17], 1), (shared[:25], 1), (free[17:40], 1), ([], 9), (shared[:30], 6)]
+    plans = plans[:4] if decode_only else plans
     free = free[40:]
     table = torch.zeros(8, 128, dtype=torch.int64)
     seq_lens, ext_lens, out_loc = [], [], []

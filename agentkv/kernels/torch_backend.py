@@ -84,10 +84,14 @@ class TorchAttentionBackend(AttentionBackend):
             flat = self.decode_slots.reshape(-1)  # index_select: ~2.5x faster than advanced indexing here
             kd = k_cache.index_select(0, flat).view(nd_, L, *k_cache.shape[1:]).transpose(1, 2)  # [nd, KVH, L, D]
             vd = v_cache.index_select(0, flat).view(nd_, L, *v_cache.shape[1:]).transpose(1, 2)
-            qd = q[:nd].unsqueeze(2)  # [nd, H, 1, D]
+            # The query heads sharing a KV head attend as that head's G queries (one position, so no
+            # causal mask among them): [nd, KVH, G, D]. Measured for 16 requests of 100 tokens: 66 us
+            # against 110 for one query per head with enable_gqa.
+            kvh = k_cache.shape[1]
+            qd = q[:nd].reshape(nd, kvh, H // kvh, D)
             mask = None if self.decode_mask is None else self.decode_mask.to(q.dtype)
-            o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=True)
-            decoded = o.squeeze(2)
+            o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=mask, scale=scale)
+            decoded = o.reshape(nd, H, D)
         if not self.extends:  # a decode-only pass: no output buffer to copy into
             return decoded.reshape(T, H * D)
         out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
