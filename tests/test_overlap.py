@@ -6,7 +6,10 @@ seeds, stop strings and `n` forks; and a failed pass must free its memory in bot
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
+import torch
 
 import agentkv as ak
 from tests.test_structured import TOOL_CALL
@@ -111,3 +114,23 @@ def test_failed_pass_frees_memory_and_engine_continues(tiny_dir, monkeypatch, ov
         assert st["running"] == 0 and st["free_slots"] + st["cached_tokens"] == idle
         assert len(engine.generate("next one works", max_tokens=4, ignore_eos=True).token_ids) == 4
         assert engine.stats()["free_slots"] + engine.stats()["cached_tokens"] == idle
+
+
+def test_overlap_on_cpu_keeps_the_engine_thread_to_one_torch_thread(tiny_dir):
+    """With overlap on CPU the forward worker builds and runs the model with the process's torch
+    threads, while the engine thread runs its own torch ops on one (no second OpenMP pool beside the
+    worker's); threads started later still take the process's setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with ak.Engine(str(tiny_dir), overlap_schedule=True) as engine:
+            core = engine._core
+            assert core.call(torch.get_num_threads).result() == 1
+            assert core.passes._worker.submit(torch.get_num_threads).result() == 2
+            with ThreadPoolExecutor(1) as other:
+                assert other.submit(torch.get_num_threads).result() == 2
+            assert engine.generate("Hello", max_tokens=4, temperature=0.0, ignore_eos=True).token_ids
+        with ak.Engine(str(tiny_dir), overlap_schedule=False) as engine:
+            assert engine._core.call(torch.get_num_threads).result() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,26 +40,32 @@ class Components:
 
 
 class EngineCore:
-    def __init__(self, build: Callable[[], Components]):
+    def __init__(self, build: Callable[[], Components], build_on_worker: bool = False):
         """Start the engine thread, build the components on it, and return once they are ready
-        (re-raising whatever the build raised, e.g. ModelLoadError)."""
+        (re-raising whatever the build raised, e.g. ModelLoadError). `build_on_worker` (overlap on
+        CPU): build on the forward worker instead, the thread that will compute (see `_host_only`)."""
         self._inbox: list[Callable[[], None]] = []
         self._cv = threading.Condition()
         self._closed = False
         ready: Future = Future()
-        self._thread = threading.Thread(target=self._run, args=(build, ready), name="agentkv-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(build, ready, build_on_worker), name="agentkv-engine", daemon=True)
         self._thread.start()
         self.parts: Components = ready.result()
 
-    def _run(self, build: Callable[[], Components], ready: Future) -> None:
+    def _run(self, build: Callable[[], Components], ready: Future, build_on_worker: bool) -> None:
+        worker = ThreadPoolExecutor(1, thread_name_prefix="agentkv-forward") if build_on_worker else None
         try:
-            p = build()
+            p = build() if worker is None else worker.submit(build).result()
         except BaseException as e:
+            if worker is not None:
+                worker.shutdown()
             ready.set_exception(e)
             return
+        if worker is not None:
+            _host_only(worker)
         self.scheduler, self.runner, self.tokenizer = p.scheduler, p.runner, p.tokenizer
         self.pool, self.req_pool, self.tree = p.pool, p.req_pool, p.tree
-        self.passes = PassRunner(p.runner, p.tokenizer, p.model_config.vocab_size, p.overlap)
+        self.passes = PassRunner(p.runner, p.tokenizer, p.model_config.vocab_size, p.overlap, worker)
         self._in_flight: Pass | None = None  # launched, its tokens not yet taken (overlap)
         ready.set_result(p)
         self._loop()
@@ -208,6 +214,20 @@ class EngineCore:
             r.error = err
             s.abort(r, "error")
             self._notify(r)
+
+
+def _host_only(worker: ThreadPoolExecutor) -> None:
+    """Make the calling thread (the engine thread, with overlap on CPU) run its torch ops on one
+    thread, and leave the worker's and new threads' setting as it was.
+
+    Each thread that runs a multi-threaded torch op keeps its own OpenMP pool, and with two pools on
+    the cores the worker's forward pass took 55 ms instead of 28 (batch-1 decode, 2 cores); the
+    engine thread's own torch work (slot lists, small index tensors) needs no pool.
+    """
+    threads = worker.submit(torch.get_num_threads).result()
+    torch.get_num_threads()  # settles this thread's own setting first, so that the next line stays its own
+    torch.set_num_threads(1)
+    worker.submit(torch.set_num_threads, threads).result()  # also the default that new threads take
 
 
 def _keep_scores(batch: ScheduledBatch, logits: torch.Tensor) -> None:

@@ -45,9 +45,11 @@ class Engine:
     def __init__(self, model: str | None = None, *, device: str = "cpu", dtype: str = "float32", **options: Any):
         self.config = cfg = build_config(model, device, dtype, options)
 
+        overlap = cfg.overlap_schedule if cfg.overlap_schedule is not None else device.startswith("cuda")
+
         def build() -> Components:
-            # Runs on the engine thread, so the thread that computes also owns every tensor
-            # (measured: decode steps run ~10% slower on CPU when another thread allocated them).
+            # Runs on the thread that computes: the engine thread, or with overlap on CPU the forward
+            # worker (see EngineCore._host_only), so that thread also owns every tensor.
             tp = cfg.tensor_parallel
             loaded = load_model(model, dtype=dtype, device=device, shard=(0, tp) if tp > 1 else None)
             mc = loaded.config  # with tensor parallelism, this rank's share of the heads
@@ -65,10 +67,10 @@ class Engine:
                 runner=runner,
                 tokenizer=loaded.tokenizer, pool=pool, req_pool=req_pool, tree=tree,
                 model_config=mc, context_length=context,
-                overlap=cfg.overlap_schedule if cfg.overlap_schedule is not None else device.startswith("cuda"),
+                overlap=overlap,
             )
 
-        self._core = EngineCore(build)
+        self._core = EngineCore(build, build_on_worker=overlap and device == "cpu" and cfg.tensor_parallel == 1)
         parts = self._core.parts
         self.tokenizer, self.model_config, self.context_length = parts.tokenizer, parts.model_config, parts.context_length
         self._pool, self._tree = parts.pool, parts.tree

@@ -47,10 +47,12 @@ class Pass:
 
 
 class PassRunner:
-    def __init__(self, runner: ModelRunner, tokenizer: Any, vocab_size: int, overlap: bool):
-        self.runner, self.tokenizer, self.overlap = runner, tokenizer, overlap
+    def __init__(self, runner: ModelRunner, tokenizer: Any, vocab_size: int, overlap: bool,
+                 worker: ThreadPoolExecutor | None = None):
+        """`worker`: the forward thread for overlap when the caller made it (the model was built on it)."""
+        self.runner, self.tokenizer, self.overlap = runner, tokenizer, overlap or worker is not None
         self.masks = MaskWorker(vocab_size)
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="agentkv-forward") if overlap else None
+        self._worker = worker or (ThreadPoolExecutor(1, thread_name_prefix="agentkv-forward") if overlap else None)
         self._prev_tokens: torch.Tensor | None = None  # worker state: the last pass's sampled tokens
 
     def launch(self, batch: ScheduledBatch) -> Pass:
