@@ -103,13 +103,12 @@ def _by_first_char(g, info, chars: np.ndarray, targets: np.ndarray):
     unique, at = np.unique(targets, return_inverse=True)
     runs = [g.plain_run(s) for s in unique.tolist()]
     n = np.array([n for n, _ in runs], dtype=np.int64)[at]
+    walks = np.array([rest == "walk" for _, rest in runs], dtype=bool)[at] | g.fork_states[targets]
     whole = n + 2 >= plain.under.shape[1] - 1  # every token of the character's group ends on the chain
     packed = None
     if whole.sum() >= MANY_FIRST_CHARS:  # an OR of group masks costs less than setting each token
         packed = _groups_mask(info, chars[whole])
-        chars, targets, n = chars[~whole], targets[~whole], n[~whole]
-    walking = {s for s, (_, rest) in zip(unique.tolist(), runs) if rest == "walk"}
-    walks = g.fork_states[targets] | np.array([s in walking for s in targets.tolist()], dtype=bool)
+        chars, targets, n, walks = chars[~whole], targets[~whole], n[~whole], walks[~whole]
     lo, hi = plain.edges[chars], plain.edges[chars + 1]
     k = lo + plain.under[chars, np.minimum(n + 2, plain.under.shape[1] - 1)]
     longer = np.where(walks, hi - k, 0)
