@@ -112,6 +112,8 @@ WIDE = [  # (schema, text before the masks checked: where the first characters g
       "additionalProperties": {"type": "string"}}, '{"'),
     ({"type": "string", "pattern": "^[^b]"}, '"'),  # most first characters, then any text
     ({"type": "string", "pattern": "^[a-z0-9]"}, '"'),  # fewer than half of them
+    ({"type": "string", "pattern": "^[a-z0-9_-]+$"}, '"'),  # all leading to one class loop
+    ({"type": "object", "properties": {"ab": {"type": "integer"}}, "propertyNames": {"pattern": "^[a-z ]+$"}}, '{"'),
 ]
 
 
@@ -124,7 +126,9 @@ def test_many_first_characters(monkeypatch, whole_group_mask, words, which, rnd)
     # characters, taken together (`_by_first_char`), the whole groups as packed masks (set
     # WHOLE_GROUP_MASK to 0 so that a small group is one too).
     monkeypatch.setattr(masks, "WHOLE_GROUP_MASK", whole_group_mask)
-    vocab = list(dict.fromkeys([bytes([c]) for c in range(0x20, 0x7F)] + ["é".encode()] + [w.encode() for w in words]))
+    cut = [w.encode()[:-1] for w in words if w.endswith("é")]  # a token ending inside a character
+    vocab = list(dict.fromkeys([bytes([c]) for c in range(0x20, 0x7F)] + ["é".encode()] + [w.encode() for w in words]
+                               + [w for w in cut if w]))
     info = TokenizerInfo(vocab + [None], eos_ids=[len(vocab)])
     schema, before = WIDE[which]
     m = Matcher(GrammarCompiler(info).compile_json_schema(schema))
@@ -135,6 +139,34 @@ def test_many_first_characters(monkeypatch, whole_group_mask, words, which, rnd)
         if not expected or m.is_terminated():
             break
         assert m.accept_token(rnd.choice(sorted(expected)))
+
+
+def test_names_of_an_open_object_take_every_prefix_of_plain_text_at_once():
+    # Inside a name of an object that allows other names, plain text of any length stays a name: the
+    # declared names' trie and the free part both read every character. Every token that is a prefix
+    # of plain text (a character cut short at its end too) is allowed without a walk; the others
+    # (a quote or backslash after plain text, a stray continuation byte, a control character) walk.
+    e = "é".encode()
+    words = [bytes([c]) for c in range(0x20, 0x7F)] + [e, e[:1], e[1:], b"na" + e[:1], b"nam", b"name", b'name"',
+                                                      b'name":', b'x":', b'na\\', b"a\n", e + b'"', b"\t"]
+    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
+    g = GrammarCompiler(info).compile_json_schema(
+        {"type": "object", "properties": {"name": {"type": "integer"}, "nb": {"type": "null"}}})
+    m = Matcher(g)
+    assert m.accept_bytes(b'{"')
+    closed = [r for s in g._configs[m._cfg][0] if (r := g.plain_closed(s[-1])) is not None]  # the free names
+    assert closed and all(r[ord('"')] and not r[ord("\n")] for r in closed)
+    allowed = assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
+    assert {words.index(w) for w in (e[:1], b"na" + e[:1], b'name":', b'x":')} <= allowed
+    assert not {words.index(w) for w in (e[1:], b"a\n", b"\t")} & allowed
+    assert m.accept_bytes(b"na")  # inside the trie: the same
+    assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
+    # A name with a length limit is not closed: plain text dies past it.
+    g = GrammarCompiler(info).compile_json_schema({"type": "object", "propertyNames": {"maxLength": 3}})
+    m = Matcher(g)
+    assert m.accept_bytes(b'{"')
+    assert all(g.plain_closed(s[-1]) is None for s in g._configs[m._cfg][0])
+    assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
 
 
 LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"1" + b"a" * 9, b"b" * 20,

@@ -127,6 +127,14 @@ def _groups_mask(info, chars: np.ndarray) -> np.ndarray:
     return masks[257] & ~np.bitwise_or.reduce(masks[others], axis=0) if len(others) else masks[257].copy()
 
 
+def _packed_ids(words: np.ndarray) -> np.ndarray:
+    """The token ids whose bits are set in a packed mask (few words set: only those are unpacked)."""
+    at = np.flatnonzero(words)
+    bits = np.unpackbits(words[at].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
+    row, col = np.nonzero(bits)
+    return at[row].astype(np.int64) * 32 + col
+
+
 def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """The positions lo[0]..hi[0]-1, lo[1]..hi[1]-1, ... as one array."""
     n = hi - lo
@@ -149,7 +157,17 @@ class _Walk:
         self.depth = max(self.depth, len(stack))
         q = stack[-1]
         if g.plain_next(q) == NONUNIFORM:
-            self._start_by_first_char(stack)
+            reads = g.plain_closed(q)
+            if reads is not None:  # every prefix of plain text is allowed: only the others walk
+                mask, groups = info.plain_prefixes
+                self.packed.append(mask)
+                ids = np.concatenate([groups[b] for b in np.nonzero(reads)[0].tolist()] + [np.zeros(0, np.int64)])
+                states = g.automaton.trans[q, info.bytes_at[0, ids]].astype(np.int64)
+                live = states >= 0
+                if live.any():
+                    self.run(stack[:-1], states[live], ids[live], np.ones(int(live.sum()), dtype=np.int64))
+            else:
+                self._start_by_first_char(stack)
             return
         upto, rest = g.plain_run(q)
         # Plain tokens of up to `upto` characters end on the top rule's character chain: allowed as a block.
@@ -194,6 +212,19 @@ class _Walk:
                 offsets.append(2 + (lead >= 0xE0) + (lead >= 0xF0) if multibyte else np.ones(len(ids) - k, np.int64))
 
         chars = ASCII_PLAIN[row[ASCII_PLAIN] >= 0]
+        # Characters that lead to a state looping on most characters but not all (a pattern's class):
+        # the tokens whose later bytes loop there are allowed as one block per state, and only the
+        # others (a quote or a character outside the class later on) walk on.
+        for s in np.unique(row[chars]).tolist():
+            loop = g.looping_tokens(s) if g.plain_next(s) == NONUNIFORM else None
+            if loop is not None:
+                loop, group = loop.view("<i4"), _groups_mask(info, chars[row[chars] == s])
+                self.packed.append(group & loop)
+                ids = _packed_ids(group & ~loop)
+                states.append(np.full(len(ids), s, dtype=np.int64))
+                walk.append(ids)
+                offsets.append(np.ones(len(ids), np.int64))
+                chars = chars[row[chars] != s]
         if len(chars) < MANY_FIRST_CHARS:
             for b in chars.tolist():
                 take(int(row[b]), b)

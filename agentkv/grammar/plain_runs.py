@@ -17,6 +17,7 @@ from agentkv.grammar.masks import ALL_DEAD, NONUNIFORM
 from agentkv.grammar.token_tables import ASCII_PLAIN
 
 MAX_CACHED_STATES = 4096    # per grammar: top-state token sets (compiled.py), and each per-state table here
+MAX_CLOSED_STATES = 512     # a plain-text closure bigger than this is left to the walk (plain_closed)
 LOOP_BLOCK_MIN = 32         # loops on fewer ASCII characters: the byte walk is cheaper than the block
 
 
@@ -27,6 +28,7 @@ class PlainRuns:
         self._multibyte_next: dict[int, int] = {}
         self._plain_run: dict[int, tuple[int, str]] = {}
         self._looping: dict[int, np.ndarray | None] = {}
+        self._closed: dict[int, bool] = {}
         self._runs = np.full(len(self.automaton.accept), -1, dtype=np.int32)
         # Whether every plain character leads a state back to itself (a string body) and it does not
         # call or return: a walk moves past a run of plain text there at once (plain_loops).
@@ -133,6 +135,27 @@ class PlainRuns:
             v = self._plain_loop[states]
         return v == 1
 
+    def plain_closed(self, q: int) -> np.ndarray | None:
+        """Where plain text of any length stays alive from `q` without a call or return (the names of
+        an object that allows other names: the declared names' trie beside the free part), every plain
+        token is allowed from `q` whichever states it passes: then the bytes [256] that some state
+        plain text reaches from `q` can read, else None. Cached per state (a state of the closure has
+        a closure inside it: it takes the same bytes, a superset, which only walks more tokens)."""
+        hit = self._closed.get(q, False)
+        if hit is not False:
+            return hit
+        trans = self.automaton.trans
+        closure = None
+        if (trans[q, ASCII_PLAIN] >= 0).all():  # most states fail here (numbers, keywords, punctuation)
+            closure = _plain_closure(trans, self.fork_states, q)
+        reads = None if closure is None else (trans[closure] >= 0).any(axis=0)
+        with self._lock:
+            if len(self._closed) + (1 if closure is None else len(closure)) > MAX_CACHED_STATES:
+                self._closed.clear()
+            for s in [q] if closure is None else closure.tolist():
+                self._closed[s] = reads
+        return reads
+
     def looping_tokens(self, q: int) -> np.ndarray | None:
         """Packed token mask: the tokens whose bytes after the first all loop on `q` (so a token whose
         first character leads to `q` reads the rest there and ends in `q`), where `q` loops on at
@@ -181,10 +204,68 @@ def _plain_char_automaton() -> np.ndarray:
 _PLAIN = _PLAIN_MULTIBYTE = None
 
 
+def _plain_automata() -> tuple[np.ndarray, np.ndarray]:
+    global _PLAIN, _PLAIN_MULTIBYTE
+    if _PLAIN is None:
+        _PLAIN = _plain_char_automaton()
+        _PLAIN_MULTIBYTE = _PLAIN.copy()
+        _PLAIN_MULTIBYTE[0, :0x80] = -1  # row 0 is only the start: no one-byte character
+    return _PLAIN, _PLAIN_MULTIBYTE
+
+
+def _plain_closure(trans: np.ndarray, fork: np.ndarray, q: int) -> np.ndarray | None:
+    """The states plain characters reach from `q`, where each reads every plain character (of any
+    length) into another of them and none is a fork state; else None. Breadth first over the ASCII
+    characters (a level per character of the longest declared name), then the characters of two or
+    more bytes from all states found so far at once (they rarely lead anywhere new)."""
+    seen = np.zeros(len(trans), dtype=bool)
+    seen[q] = True
+    level, found = np.array([q]), [np.array([q])]
+    while len(level):
+        while len(level):
+            if fork[level].any():
+                return None
+            nxt = trans[level][:, ASCII_PLAIN]
+            if (nxt < 0).any():
+                return None
+            nxt = np.unique(nxt)
+            level = nxt[~seen[nxt]]
+            seen[level] = True
+            found.append(level)
+            if seen.sum() > MAX_CLOSED_STATES:
+                return None
+        reached = _multibyte_targets(trans, fork, np.concatenate(found))
+        if reached is None:
+            return None
+        found = []
+        level = reached[~seen[reached]]
+        seen[level] = True
+        found.append(level)
+    return np.nonzero(seen)[0]
+
+
+def _multibyte_targets(trans: np.ndarray, fork: np.ndarray, states: np.ndarray) -> np.ndarray | None:
+    """Where the plain characters of two or more bytes lead from `states`, a byte per level (pairs of
+    DFA state and character-automaton row); None if one dies or passes a fork state inside."""
+    _, automaton = _plain_automata()
+    rows = np.zeros(len(states), dtype=np.int64)
+    reached = []
+    while len(states):
+        a, t = automaton[rows], trans[states]
+        live = a != -1
+        if (t[live] < 0).any() or fork[states].any():
+            return None
+        done = a == -2
+        reached.append(t[done])
+        mid = live & ~done
+        pairs = np.unique(t[mid].astype(np.int64) * len(automaton) + a[mid])
+        states, rows = pairs // len(automaton), pairs % len(automaton)
+    return np.unique(np.concatenate(reached)).astype(np.int64)
+
+
 def _uniform_char_step(trans: np.ndarray, fork: np.ndarray, q: int, multibyte: bool = False) -> int:
     """Simulate the one-character automaton from `q`: the single state all plain characters reach
     (`multibyte`: all plain characters of two or more bytes)."""
-    global _PLAIN, _PLAIN_MULTIBYTE
     if multibyte:
         if (trans[q, 0xC2:0xF5] < 0).all():
             return ALL_DEAD
@@ -194,11 +275,8 @@ def _uniform_char_step(trans: np.ndarray, fork: np.ndarray, q: int, multibyte: b
             return NONUNIFORM
         if ascii_next[0] < 0:  # no one-byte character: uniform only if no longer one starts either
             return ALL_DEAD if (trans[q, 0xC2:0xF5] < 0).all() else NONUNIFORM
-    if _PLAIN is None:
-        _PLAIN = _plain_char_automaton()
-        _PLAIN_MULTIBYTE = _PLAIN.copy()
-        _PLAIN_MULTIBYTE[0, :0x80] = -1  # row 0 is only the start: no one-byte character
-    automaton = _PLAIN_MULTIBYTE if multibyte else _PLAIN
+    plain, plain_multibyte = _plain_automata()
+    automaton = plain_multibyte if multibyte else plain
     # Breadth first, a byte of the character per level (four at most): pairs (DFA state, row of the
     # character automaton), all of a level at once.
     targets: set[int] = set()

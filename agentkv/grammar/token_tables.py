@@ -48,6 +48,7 @@ class TokenTables:
         self._non_plain_by_first_byte: list[np.ndarray] | None = None
         self._first_char_groups: FirstCharGroups | None = None
         self._first_char_masks: np.ndarray | None = None
+        self._plain_prefixes: tuple[np.ndarray, list[np.ndarray]] | None = None
 
     @property
     def first_byte_groups(self) -> list[np.ndarray]:
@@ -195,6 +196,29 @@ class TokenTables:
         return self._plain_ahead
 
     @property
+    def plain_prefixes(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(packed mask, groups), built on first use: the tokens that are a prefix of plain text (whole
+        plain characters, the last one possibly cut short), and the other text tokens by the byte that
+        ends their plain run. From a state where plain text of any length stays alive, the first are
+        allowed and only those of the groups whose byte some state there reads need a walk (masks.py)."""
+        if self._plain_prefixes is None:
+            ids = self.non_plain_ids
+            stop_at = self.plain_ahead[0, ids].astype(np.int64)
+            stop = self.bytes_at[stop_at, ids].astype(np.int64)
+            partial = np.array([_cut_plain_char(self.vocab[t][k:]) for t, k in
+                                zip(ids.tolist(), stop_at.tolist())], dtype=bool)
+            bits = np.zeros(self.words * 32, dtype=bool)
+            bits[self.plain_sorted] = True
+            bits[ids[partial]] = True
+            mask = np.packbits(bits, bitorder="little").view("<i4")
+            mask.flags.writeable = False
+            rest, stop = ids[~partial], stop[~partial]
+            order = np.argsort(stop, kind="stable")
+            bounds = np.searchsorted(stop[order], np.arange(257))
+            self._plain_prefixes = (mask, [rest[order[bounds[b]:bounds[b + 1]]] for b in range(256)])
+        return self._plain_prefixes
+
+    @property
     def later_bytes(self) -> np.ndarray:
         """[258, words] packed token masks (built on first use): row b, the tokens in which byte b
         occurs after the first byte; row 256, those with any byte from 0x80 there; row 257, those that
@@ -209,3 +233,20 @@ class TokenTables:
             has[257, :self.vocab_size] = has[256, :self.vocab_size] & (self.plain_chars <= 0)
             self._later_bytes = np.packbits(has, axis=1, bitorder="little").view("<u4")
         return self._later_bytes
+
+
+def _cut_plain_char(data: bytes) -> bool:
+    """Are `data` (non-empty) the first bytes of a plain character of more bytes than that?"""
+    lead = data[0]
+    need = 2 if 0xC2 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if 0xF0 <= lead < 0xF5 else 0
+    if len(data) >= need:
+        return False
+    fill = b"\x80" * (need - len(data) - 1)
+    for b in range(0x80, 0xC0):  # the first missing byte decides validity (E0, ED, F0, F4 limit it)
+        try:
+            c = (data + bytes([b]) + fill).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if is_plain(c):
+            return True
+    return False
