@@ -229,6 +229,41 @@ def test_walks_of_rules_that_call_nothing_are_shared_across_grammars():
     assert all(info.leaf_walks._items[k] is v for k, v in kept.items())  # reused, not walked again
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "maxLength": 5}, {"type": "string", "minLength": 2, "maxLength": 4},
+    {"type": "string", "pattern": "^a{2,3}[^b]*$"}, {"type": "object", "propertyNames": {"maxLength": 3}},
+    {"type": "array", "items": {"type": "string", "maxLength": 2}},
+    r'start: w "\n" w' + "\n" + r'w: /[^"\\\x00-\x1f]+/',  # returns after any character: a chain ends on a fork
+])
+def test_plain_runs_follow_their_definition(schema):
+    # plain_run fills in every state along the chain it followed; each must equal its own chain,
+    # followed from that state (in any order of first use).
+    info = TokenizerInfo([bytes([c]) for c in range(0x20, 0x7F)] + [b"abcdefg", None], eos_ids=[96])
+    limit = len(info.plain_bounds) - 2
+
+    def chain(g, q):
+        seen, n = {q}, 0
+        while n < limit:
+            nxt = g.plain_next(q)
+            if nxt == masks.ALL_DEAD:
+                return n, "dead"
+            if nxt == masks.NONUNIFORM:
+                return n, "walk"
+            if nxt in seen:
+                return limit, "dead"
+            n, q = n + 1, nxt
+            if g.fork_states[nxt]:
+                return n, "walk"
+            seen.add(nxt)
+        return n, "dead"
+
+    for order in (1, -1):
+        compiler = GrammarCompiler(info)
+        g = compiler.compile_lark(schema) if isinstance(schema, str) else compiler.compile_json_schema(schema)
+        for q in range(g.num_states)[::order]:
+            assert g.plain_run(q) == chain(g, q), (schema, q)
+
+
 @settings(max_examples=40, deadline=None)
 @given(vocabularies(), st.integers(0, 6))
 def test_plain_text_tables(info, n):

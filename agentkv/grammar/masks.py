@@ -156,18 +156,18 @@ class _Walk:
         g, info = self.g, self.info
         self.depth = max(self.depth, len(stack))
         q = stack[-1]
+        reads = g.plain_closed(q)
+        if reads is not None:  # every prefix of plain text is allowed (a string body, the names of an open object)
+            mask, groups = info.plain_prefixes
+            self.packed.append(mask)  # the others walk: those a state there reads the first odd byte of
+            ids = np.concatenate([groups[b] for b in np.nonzero(reads)[0].tolist()] + [np.zeros(0, np.int64)])
+            states = g.automaton.trans[q, info.bytes_at[0, ids]].astype(np.int64)
+            live = states >= 0
+            if live.any():
+                self.run(stack[:-1], states[live], ids[live], np.ones(int(live.sum()), dtype=np.int64))
+            return
         if g.plain_next(q) == NONUNIFORM:
-            reads = g.plain_closed(q)
-            if reads is not None:  # every prefix of plain text is allowed: only the others walk
-                mask, groups = info.plain_prefixes
-                self.packed.append(mask)
-                ids = np.concatenate([groups[b] for b in np.nonzero(reads)[0].tolist()] + [np.zeros(0, np.int64)])
-                states = g.automaton.trans[q, info.bytes_at[0, ids]].astype(np.int64)
-                live = states >= 0
-                if live.any():
-                    self.run(stack[:-1], states[live], ids[live], np.ones(int(live.sum()), dtype=np.int64))
-            else:
-                self._start_by_first_char(stack)
+            self._start_by_first_char(stack)
             return
         upto, rest = g.plain_run(q)
         # Plain tokens of up to `upto` characters end on the top rule's character chain: allowed as a block.
@@ -177,13 +177,12 @@ class _Walk:
         row = g.automaton.trans[q]
         if len(info.non_plain_ids) + longer > len(info.text_ids) // 2:  # most tokens: pick by first byte
             idx, states = _first_byte_reads(info.first_byte_groups, row)
-        else:
-            candidates = info.non_plain_ids
+        else:  # the others by the first byte, and the longer plain tokens
+            idx, states = _first_byte_reads(info.non_plain_by_first_byte, row)
             if longer:
-                candidates = np.concatenate([candidates, info.plain_sorted[info.plain_bounds[upto + 1]:]])
-            states = row[info.bytes_at[0, candidates]].astype(np.int64)
-            keep = states >= 0
-            idx, states = candidates[keep], states[keep]
+                candidates = info.plain_sorted[info.plain_bounds[upto + 1]:]
+                to = row[info.bytes_at[0, candidates]].astype(np.int64)
+                idx, states = np.concatenate([idx, candidates[to >= 0]]), np.concatenate([states, to[to >= 0]])
         if len(idx):
             self.run(stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64))
 

@@ -29,12 +29,24 @@ class PlainRuns:
         self._plain_run: dict[int, tuple[int, str]] = {}
         self._looping: dict[int, np.ndarray | None] = {}
         self._closed: dict[int, bool] = {}
-        self._runs = np.full(len(self.automaton.accept), -1, dtype=np.int32)
+        # Decided for every state at once when the grammar is built (0.1 ms for a median grammar's
+        # 700 states, 3 ms for 17k), so that no walk pays for them: the least and greatest state
+        # each state's plain ASCII characters lead to (-1: none). Contiguous columns, the quote's
+        # and backslash's replaced by a neighbour's (a gather of the 93 columns costs 4x as much).
+        trans = self.automaton.trans
+        sub = trans[:, 0x20:0x80].copy()
+        sub[:, [0x22 - 0x20, 0x5C - 0x20]] = sub[:, [0x21 - 0x20, 0x5B - 0x20]]
+        self._ascii_lo, self._ascii_hi = lo, hi = sub.min(axis=1), sub.max(axis=1)
+        # `plain_run` lengths (-1: not decided yet). Most states lead different ASCII characters to
+        # different places (inside names, numbers, keywords) or read no plain character at all
+        # (between JSON values): no chain.
+        self._runs = np.full(len(lo), -1, dtype=np.int32)
+        self._runs[(lo != hi) | ((hi < 0) & (trans[:, 0xC2:0xF5] < 0).all(axis=1))] = 0
         # Whether every plain character leads a state back to itself (a string body) and it does not
-        # call or return: a walk moves past a run of plain text there at once (plain_loops).
-        self._plain_loop: np.ndarray | None = None
-        self._ascii_steps: tuple[np.ndarray, np.ndarray] | None = None
-        self._runs_started = False
+        # call or return: a walk moves past a run of plain text there at once (plain_loops). -1: to
+        # be decided (characters of two or more bytes).
+        maybe = (lo == hi) & (lo == np.arange(len(lo))) & ~self.fork_states
+        self._plain_loop = np.where(maybe, -1, 0).astype(np.int8)
 
     def row(self, q: int) -> list[int]:
         """State `q`'s transitions as a list (a single-token walk reads it byte by byte)."""
@@ -78,30 +90,26 @@ class PlainRuns:
             if nxt in seen or self.fork_states[nxt]:
                 # A cycle keeps every longer token alive; a fork state (a call or return) ends the
                 # shortcut there: tokens ending on it are fine, longer ones take the byte walk.
-                if nxt in seen:
-                    chain = chain + [nxt] * (limit + 1 - len(chain))
-                    break
+                if nxt in seen:  # every state of the chain keeps every token alive
+                    for s in chain:
+                        self._plain_run[s] = (limit, rest)
+                    return self._plain_run[q]
                 chain.append(nxt)
                 rest = "walk"
                 break
             seen[nxt] = len(chain)
             chain.append(nxt)
-        result = (min(len(chain) - 1, limit), rest)
-        self._plain_run[q] = result
-        return result
+        else:  # cut at the longest token: a later state's own chain may go on, so only `q` is known
+            result = self._plain_run[q] = (min(len(chain) - 1, limit), rest)
+            return result
+        # The states along the chain have its tail as theirs (a fork state at its end has its own).
+        ends_on_fork = rest == "walk" and len(chain) > 1 and self.fork_states[chain[-1]]
+        for i, s in enumerate(chain[:-1] if ends_on_fork else chain):
+            self._plain_run[s] = (len(chain) - 1 - i, rest)
+        return self._plain_run[q]
 
     def run_lengths(self, states: np.ndarray) -> np.ndarray:
         """`plain_run(q)[0]` for an array of states (0 where the chain shortcut does not apply)."""
-        if self._runs_started is False:
-            with self._lock:
-                # Most states lead different ASCII characters to different places (inside names,
-                # numbers, keywords) or read no plain character at all (between JSON values): no
-                # chain, decided for every state at once on first use (0.05 ms for a median grammar's
-                # 700 states, 3 ms for 17k), so walks meet unknown states rarely.
-                trans = self.automaton.trans
-                lo, hi = self._plain_ascii_steps()
-                self._runs[(lo != hi) | ((hi < 0) & (trans[:, 0xC2:0xF5] < 0).all(axis=1))] = 0
-                self._runs_started = True
         runs = self._runs[states]
         unknown = runs < 0
         if unknown.any():
@@ -110,23 +118,8 @@ class PlainRuns:
             runs = self._runs[states]
         return runs
 
-    def _plain_ascii_steps(self) -> tuple[np.ndarray, np.ndarray]:
-        """The least and greatest state each state's plain ASCII characters lead to (-1: none).
-        Contiguous columns with the quote's and backslash's replaced by a neighbour's: a gather of
-        the 93 columns costs 4x as much."""
-        if self._ascii_steps is None:
-            sub = self.automaton.trans[:, 0x20:0x80].copy()
-            sub[:, [0x22 - 0x20, 0x5C - 0x20]] = sub[:, [0x21 - 0x20, 0x5B - 0x20]]
-            self._ascii_steps = sub.min(axis=1), sub.max(axis=1)
-        return self._ascii_steps
-
     def plain_loops(self, states: np.ndarray) -> np.ndarray:
         """For each state: does every plain character lead it back to itself (and it is no fork)?"""
-        if self._plain_loop is None:
-            with self._lock:
-                lo, hi = self._plain_ascii_steps()
-                maybe = (lo == hi) & (lo == np.arange(self.num_states)) & ~self.fork_states
-                self._plain_loop = np.where(maybe, -1, 0).astype(np.int8)  # -1: not decided yet
         v = self._plain_loop[states]
         unknown = v < 0
         if unknown.any():
@@ -146,7 +139,7 @@ class PlainRuns:
             return hit
         trans = self.automaton.trans
         closure = None
-        if (trans[q, ASCII_PLAIN] >= 0).all():  # most states fail here (numbers, keywords, punctuation)
+        if self._ascii_lo[q] >= 0:  # every ASCII character lives: most states fail here (numbers, keywords)
             closure = _plain_closure(trans, self.fork_states, q)
         reads = None if closure is None else (trans[closure] >= 0).any(axis=0)
         with self._lock:
