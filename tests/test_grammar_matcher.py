@@ -231,6 +231,8 @@ def test_walks_of_rules_that_call_nothing_are_shared_across_grammars():
 
 @pytest.mark.parametrize("schema", [
     {"type": "string", "maxLength": 5}, {"type": "string", "minLength": 2, "maxLength": 4},
+    *({"type": "string", "maxLength": n} for n in (6, 7, 8, 14, 15, 16, 40)),  # the longest token has 7 characters
+    *({"type": "string", "pattern": f"^.{{{n}}}[ab]"} for n in (6, 7, 8)),  # a chain, then characters going two ways
     {"type": "string", "pattern": "^a{2,3}[^b]*$"}, {"type": "object", "propertyNames": {"maxLength": 3}},
     {"type": "array", "items": {"type": "string", "maxLength": 2}},
     r'start: w "\n" w' + "\n" + r'w: /[^"\\\x00-\x1f]+/',  # returns after any character: a chain ends on a fork

@@ -80,7 +80,7 @@ class PlainRuns:
             return hit
         limit = len(self.info.plain_bounds) - 2
         chain, seen, rest = [q], {q: 0}, "dead"
-        while len(chain) <= limit:
+        while len(chain) <= 2 * limit:  # past `limit`, for the states along the chain
             nxt = self.plain_next(chain[-1])
             if nxt == ALL_DEAD:
                 break
@@ -99,13 +99,15 @@ class PlainRuns:
                 break
             seen[nxt] = len(chain)
             chain.append(nxt)
-        else:  # cut at the longest token: a later state's own chain may go on, so only `q` is known
-            result = self._plain_run[q] = (min(len(chain) - 1, limit), rest)
-            return result
+        else:  # cut: the states with `limit` characters of chain ahead take every plain token there
+            for s in chain[:len(chain) - limit]:
+                self._plain_run[s] = (limit, "dead")
+            return self._plain_run[q]
         # The states along the chain have its tail as theirs (a fork state at its end has its own).
         ends_on_fork = rest == "walk" and len(chain) > 1 and self.fork_states[chain[-1]]
         for i, s in enumerate(chain[:-1] if ends_on_fork else chain):
-            self._plain_run[s] = (len(chain) - 1 - i, rest)
+            ahead = len(chain) - 1 - i  # (a chain of `limit` ends the walk from there before its end is seen)
+            self._plain_run[s] = (min(ahead, limit), rest if ahead < limit + ends_on_fork else "dead")
         return self._plain_run[q]
 
     def run_lengths(self, states: np.ndarray) -> np.ndarray:
