@@ -37,6 +37,7 @@ class PlainRuns:
         sub = trans[:, 0x20:0x80].copy()
         sub[:, [0x22 - 0x20, 0x5C - 0x20]] = sub[:, [0x21 - 0x20, 0x5B - 0x20]]
         self._ascii_lo, self._ascii_hi = lo, hi = sub.min(axis=1), sub.max(axis=1)
+        self._ascii_steps = sub  # where each state's plain ASCII characters lead (plain_closed)
         # `plain_run` lengths (-1: not decided yet). Most states lead different ASCII characters to
         # different places (inside names, numbers, keywords) or read no plain character at all
         # (between JSON values): no chain.
@@ -142,7 +143,7 @@ class PlainRuns:
         trans = self.automaton.trans
         closure = None
         if self._ascii_lo[q] >= 0:  # every ASCII character lives: most states fail here (numbers, keywords)
-            closure = _plain_closure(trans, self.fork_states, q)
+            closure = _plain_closure(trans, self._ascii_steps, self._ascii_lo, self.fork_states, q)
         reads = None if closure is None else (trans[closure] >= 0).any(axis=0)
         with self._lock:
             if len(self._closed) + (1 if closure is None else len(closure)) > MAX_CACHED_STATES:
@@ -208,35 +209,31 @@ def _plain_automata() -> tuple[np.ndarray, np.ndarray]:
     return _PLAIN, _PLAIN_MULTIBYTE
 
 
-def _plain_closure(trans: np.ndarray, fork: np.ndarray, q: int) -> np.ndarray | None:
+def _plain_closure(trans: np.ndarray, ascii_steps: np.ndarray, ascii_lo: np.ndarray, fork: np.ndarray,
+                   q: int) -> np.ndarray | None:
     """The states plain characters reach from `q`, where each reads every plain character (of any
     length) into another of them and none is a fork state; else None. Breadth first over the ASCII
-    characters (a level per character of the longest declared name), then the characters of two or
-    more bytes from all states found so far at once (they rarely lead anywhere new)."""
-    seen = np.zeros(len(trans), dtype=bool)
-    seen[q] = True
+    characters (a level per character of the longest declared name; `ascii_steps` holds each state's
+    plain ASCII steps, `ascii_lo` the least of them), then the characters of two or more bytes from
+    all states found so far at once (they rarely lead anywhere new)."""
+    seen = {q}
     level, found = np.array([q]), [np.array([q])]
     while len(level):
         while len(level):
-            if fork[level].any():
+            if fork[level].any() or ascii_lo[level].min() < 0:
                 return None
-            nxt = trans[level][:, ASCII_PLAIN]
-            if (nxt < 0).any():
-                return None
-            nxt = np.unique(nxt)
-            level = nxt[~seen[nxt]]
-            seen[level] = True
+            level = np.array([s for s in np.unique(ascii_steps[level]).tolist() if s not in seen], dtype=np.int64)
+            seen.update(level.tolist())
             found.append(level)
-            if seen.sum() > MAX_CLOSED_STATES:
+            if len(seen) > MAX_CLOSED_STATES:
                 return None
         reached = _multibyte_targets(trans, fork, np.concatenate(found))
         if reached is None:
             return None
-        found = []
-        level = reached[~seen[reached]]
-        seen[level] = True
-        found.append(level)
-    return np.nonzero(seen)[0]
+        level = np.array([s for s in reached.tolist() if s not in seen], dtype=np.int64)
+        seen.update(level.tolist())
+        found = [level]
+    return np.array(sorted(seen), dtype=np.int64)
 
 
 def _multibyte_targets(trans: np.ndarray, fork: np.ndarray, states: np.ndarray) -> np.ndarray | None:
