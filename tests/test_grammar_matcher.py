@@ -169,6 +169,30 @@ def test_names_of_an_open_object_take_every_prefix_of_plain_text_at_once():
     assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_literal_text_takes_the_tokens_inside_it_and_walks_those_past_it(seed):
+    # From a state that reads one byte, then one again (a required name with its quotes and colon, a
+    # keyword), the tokens that are a prefix of that text are looked up and those that run past it
+    # walk on: into the value, out of the object, or past a name's end into the next name.
+    words = [bytes([c]) for c in b'{}":,01aeklmnortu '] + [
+        b'{"', b'{"na', b'{"name', b'{"name":', b'{"name":1', b'{"name":"', b'"name":tr', b'name":0,', b'":', b'":1',
+        b'0,"', b'0,"ok":', b'0,"ok":t', b'1,"okay', b'tru', b'true', b'true}', b'true,"', b'fal', b'false}', b'nul',
+        b'null', b'null}', b'"ok', b'ok":', b'ok":nu']
+    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
+    g = GrammarCompiler(info).compile_json_schema({
+        "type": "object", "properties": {"name": {"type": "integer"}, "ok": {"type": ["boolean", "null"]}},
+        "required": ["name", "ok"], "additionalProperties": False})
+    m, rnd = Matcher(g), random.Random(seed)
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    seen = set()
+    while not m.is_terminated():
+        expected = assert_mask_is_brute_force(m, bitmask)
+        seen |= expected
+        choice = rnd.choice(sorted(expected - set(info.eos_ids)) or sorted(expected))
+        assert m.accept_token(choice)
+    assert {words.index(w) for w in (b'{"name":1', b'0,"ok":t', b'true}')} & seen  # tokens past a literal
+
+
 LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"1" + b"a" * 9, b"b" * 20,
         b"b" * 19 + b"x", b"a" + b"b" * 18 + b"x", b" " * 10 + b'"', b" " * 10 + "é".encode() * 3,
         b"x" * 10 + "é".encode()[:1], "é".encode() * 6, "é".encode() + b" " * 12, b"1" + b" " * 12]

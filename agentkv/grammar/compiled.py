@@ -44,6 +44,10 @@ class CompiledGrammar(PlainRuns):
         self.fork_states = a.accept.copy()
         self.fork_states[list(a.calls)] = True
         self.fork_list = self.fork_states.tolist()  # the same, for walks of a single token (masks.py)
+        # The one byte a state reads, where it reads exactly one and is no fork (-1 elsewhere): from
+        # there on a literal (a property name with its quotes and colon, a keyword) is walked as text.
+        live = a.trans >= 0
+        self.only_byte = np.where((live.sum(axis=1) == 1) & ~self.fork_states, live.argmax(axis=1), -1).tolist()
         # A return state with nothing after it: a call from there replaces the frame (tail call), so
         # right-recursive chains (object member tails, Lark lists) do not deepen the stack.
         self.tail_states = a.accept & ~a.has_bytes

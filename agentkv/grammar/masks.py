@@ -31,6 +31,7 @@ costs about the same at any size.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,7 @@ from agentkv.grammar.token_tables import ASCII_PLAIN
 
 SCALAR_MAX_TOKENS = 64  # this few tokens left: walk each in plain Python (a numpy step costs ~20 us at any size)
 SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # every 8 steps, a walk down to 1,024 tokens skips loops of 8+ bytes
+MAX_LITERAL = 64  # the longest run of single-byte states walked as text (`_Walk._start_literal`)
 MANY_FIRST_CHARS = 16  # from a state with this many plain ASCII first characters, one vectorized pass
 WHOLE_GROUP_MASK = 4096  # a first character's whole group of more tokens is taken as a packed mask
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
@@ -156,6 +158,8 @@ class _Walk:
         g, info = self.g, self.info
         self.depth = max(self.depth, len(stack))
         q = stack[-1]
+        if g.only_byte[q] >= 0 and self._start_literal(stack):
+            return
         reads = g.plain_closed(q)
         if reads is not None:  # every prefix of plain text is allowed (a string body, the names of an open object)
             mask, groups = info.plain_prefixes
@@ -185,6 +189,34 @@ class _Walk:
                 idx, states = np.concatenate([idx, candidates[to >= 0]]), np.concatenate([states, to[to >= 0]])
         if len(idx):
             self.run(stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64))
+
+    def _start_literal(self, stack: tuple) -> bool:
+        """`start` from a state that reads exactly one byte, and the states after it too (a property
+        name with its quotes and colon, a keyword): the tokens that are a prefix of that text are
+        looked up, and only those that run past its end walk on from there. False (nothing done)
+        where the text is a single byte: the walk costs no more."""
+        g, info = self.g, self.info
+        only, text, q = g.only_byte, bytearray(), stack[-1]
+        while only[q] >= 0 and len(text) < MAX_LITERAL:
+            text.append(only[q])
+            q = g.row(q)[only[q]]
+        if len(text) < 2:
+            return False
+        text = bytes(text)
+        ends = []  # the tokens that end inside the text or at its end
+        for k in range(1, len(text) + 1):
+            at = bisect.bisect_left(info.sorted_bytes, text[:k])
+            while at < len(info.sorted_bytes) and info.sorted_bytes[at] == text[:k]:
+                ends.append(info.sorted_ids[at])
+                at += 1
+        self.allowed[ends] = True
+        lo, hi = info.extending(text)
+        longer = np.array(info.sorted_ids[lo:hi], dtype=np.int64)
+        longer = longer[info.lengths[longer] > len(text)]
+        if len(longer):
+            self.run(stack[:-1], np.full(len(longer), q, dtype=np.int64), longer,
+                     np.full(len(longer), len(text), dtype=np.int64))
+        return True
 
     def _start_by_first_char(self, stack: tuple) -> None:
         """`start` from a state whose plain characters go different ways (inside a property name, a
@@ -357,11 +389,10 @@ class _Walk:
         """`run` for a single token, byte by byte in Python: the same walk without the shortcuts, which
         pay only over many tokens. A token already allowed needs no more walking."""
         g, allowed, data = self.g, self.allowed, self.info.vocab[t]
-        fork = g.fork_list
-        while not allowed[t]:
-            if off == len(data):
-                allowed[t] = True
-                return
+        if allowed[t]:
+            return
+        fork, rows, end = g.fork_list, g._rows, len(data)
+        while off < end:
             b = data[off]
             if fork[q]:
                 own = lower + (q,)
@@ -374,7 +405,10 @@ class _Walk:
                         nxt = g.row(other[-1])[b]
                         if nxt >= 0:
                             self.one(other[:-1], nxt, t, off + 1)
-            q = g.row(q)[b]
+                if allowed[t]:  # (only a fork's branch can have allowed it meanwhile)
+                    return
+            q = (rows.get(q) or g.row(q))[b]
             if q < 0:
                 return
             off += 1
+        allowed[t] = True
