@@ -36,12 +36,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agentkv.grammar.token_groups import (
+    MANY_FIRST_CHARS,
+    by_first_char,
+    first_byte_reads,
+    groups_mask,
+    packed_ids,
+)
 from agentkv.grammar.token_tables import ASCII_PLAIN
 
 SCALAR_MAX_TOKENS = 64  # this few tokens left: walk each in plain Python (a numpy step costs ~20 us at any size)
 SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # every 8 steps, a walk down to 1,024 tokens skips loops of 8+ bytes
 MAX_LITERAL = 64  # the longest run of single-byte states walked as text (`_Walk._start_literal`)
-MANY_FIRST_CHARS = 16  # from a state with this many plain ASCII first characters, one vectorized pass
 WHOLE_GROUP_MASK = 4096  # a first character's whole group of more tokens is taken as a packed mask
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
 NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
@@ -89,60 +95,6 @@ def continue_below(grammar, lower: tuple, ids: np.ndarray, offsets: np.ndarray, 
     _Walk(grammar, allowed, relative=False).fork(lower, ids, offsets)
 
 
-def _first_byte_reads(groups: list[np.ndarray], row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The tokens of `groups` (per first byte) whose first byte `row` reads, and the state it leads
-    each to: slices of the groups, no per-token lookup."""
-    starts = np.nonzero(row >= 0)[0].tolist()
-    ids = np.concatenate([groups[b] for b in starts] + [np.zeros(0, np.int64)])
-    return ids, np.repeat(row[starts].astype(np.int64), [len(groups[b]) for b in starts])
-
-
-def _by_first_char(g, info, chars: np.ndarray, targets: np.ndarray):
-    """`take` in `_Walk._start_by_first_char` for many first characters at once: the plain tokens
-    allowed as a block (a packed mask for the characters whose whole group is, the ids of the
-    rest), and those that walk on with the state their first character leads to."""
-    plain = info.first_char_groups
-    unique, at = np.unique(targets, return_inverse=True)
-    runs = [g.plain_run(s) for s in unique.tolist()]
-    n = np.array([n for n, _ in runs], dtype=np.int64)[at]
-    walks = np.array([rest == "walk" for _, rest in runs], dtype=bool)[at] | g.fork_states[targets]
-    whole = n + 2 >= plain.under.shape[1] - 1  # every token of the character's group ends on the chain
-    packed = None
-    if whole.sum() >= MANY_FIRST_CHARS:  # an OR of group masks costs less than setting each token
-        packed = _groups_mask(info, chars[whole])
-        chars, targets, n, walks = chars[~whole], targets[~whole], n[~whole], walks[~whole]
-    lo, hi = plain.edges[chars], plain.edges[chars + 1]
-    k = lo + plain.under[chars, np.minimum(n + 2, plain.under.shape[1] - 1)]
-    longer = np.where(walks, hi - k, 0)
-    return packed, plain.ids[_ranges(lo, k)], plain.ids[_ranges(k, k + longer)], np.repeat(targets, longer)
-
-
-def _groups_mask(info, chars: np.ndarray) -> np.ndarray:
-    """Packed: the plain tokens whose first character is one of the ASCII `chars`. Groups are
-    disjoint, so over half of them it is all ASCII-first plain tokens less the other groups."""
-    masks = info.first_char_masks
-    if 2 * len(chars) <= len(ASCII_PLAIN):
-        return np.bitwise_or.reduce(masks[chars], axis=0)
-    listed = np.zeros(0x80, dtype=bool)
-    listed[chars] = True
-    others = ASCII_PLAIN[~listed[ASCII_PLAIN]]
-    return masks[257] & ~np.bitwise_or.reduce(masks[others], axis=0) if len(others) else masks[257].copy()
-
-
-def _packed_ids(words: np.ndarray) -> np.ndarray:
-    """The token ids whose bits are set in a packed mask (few words set: only those are unpacked)."""
-    at = np.flatnonzero(words)
-    bits = np.unpackbits(words[at].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
-    row, col = np.nonzero(bits)
-    return at[row].astype(np.int64) * 32 + col
-
-
-def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """The positions lo[0]..hi[0]-1, lo[1]..hi[1]-1, ... as one array."""
-    n = hi - lo
-    return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
-
-
 class _Walk:
     def __init__(self, grammar, allowed: np.ndarray, relative: bool):
         self.g = grammar
@@ -171,7 +123,7 @@ class _Walk:
                 self.run(stack[:-1], states[live], ids[live], np.ones(int(live.sum()), dtype=np.int64))
             return
         if g.plain_next(q) == NONUNIFORM:
-            self._start_by_first_char(stack)
+            self._startby_first_char(stack)
             return
         upto, rest = g.plain_run(q)
         # Plain tokens of up to `upto` characters end on the top rule's character chain: allowed as a block.
@@ -180,9 +132,9 @@ class _Walk:
         longer = len(info.plain_sorted) - info.plain_bounds[upto + 1] if rest == "walk" else 0
         row = g.automaton.trans[q]
         if len(info.non_plain_ids) + longer > len(info.text_ids) // 2:  # most tokens: pick by first byte
-            idx, states = _first_byte_reads(info.first_byte_groups, row)
+            idx, states = first_byte_reads(info.first_byte_groups, row)
         else:  # the others by the first byte, and the longer plain tokens
-            idx, states = _first_byte_reads(info.non_plain_by_first_byte, row)
+            idx, states = first_byte_reads(info.non_plain_by_first_byte, row)
             if longer:
                 candidates = info.plain_sorted[info.plain_bounds[upto + 1]:]
                 to = row[info.bytes_at[0, candidates]].astype(np.int64)
@@ -218,7 +170,7 @@ class _Walk:
                      np.full(len(longer), len(text), dtype=np.int64))
         return True
 
-    def _start_by_first_char(self, stack: tuple) -> None:
+    def _startby_first_char(self, stack: tuple) -> None:
         """`start` from a state whose plain characters go different ways (inside a property name, a
         pattern's character class): after their first character, each group of plain tokens takes
         the chain shortcut of the state that character leads to, as a block. The rest walk."""
@@ -249,9 +201,9 @@ class _Walk:
         for s in np.unique(row[chars]).tolist():
             loop = g.looping_tokens(s) if g.plain_next(s) == NONUNIFORM else None
             if loop is not None:
-                loop, group = loop.view("<i4"), _groups_mask(info, chars[row[chars] == s])
+                loop, group = loop.view("<i4"), groups_mask(info, chars[row[chars] == s])
                 self.packed.append(group & loop)
-                ids = _packed_ids(group & ~loop)
+                ids = packed_ids(group & ~loop)
                 states.append(np.full(len(ids), s, dtype=np.int64))
                 walk.append(ids)
                 offsets.append(np.ones(len(ids), np.int64))
@@ -260,7 +212,7 @@ class _Walk:
             for b in chars.tolist():
                 take(int(row[b]), b)
         else:  # the same for all characters at once
-            packed, block, ids, to = _by_first_char(g, info, chars, row[chars].astype(np.int64))
+            packed, block, ids, to = by_first_char(g, info, chars, row[chars].astype(np.int64))
             if packed is not None:
                 self.packed.append(packed)
             blocks.append(block)
@@ -276,7 +228,7 @@ class _Walk:
             states.append(first[first >= 0])
             walk.append(ids[first >= 0])
             offsets.append(np.ones(len(walk[-1]), np.int64))
-        ids, first = _first_byte_reads(info.non_plain_by_first_byte, row)  # each from its first byte
+        ids, first = first_byte_reads(info.non_plain_by_first_byte, row)  # each from its first byte
         walk.append(ids)
         states.append(first)
         offsets.append(np.ones(len(ids), np.int64))

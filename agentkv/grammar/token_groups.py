@@ -1,0 +1,67 @@
+"""Token selection by first byte or first character, for the start of a token walk (masks.py): the
+tokens a state's readable first bytes pick out of per-byte groups, the plain tokens a state's first
+characters take as blocks (per character group, through the chain of the state each leads to), and
+packed masks of those groups. Slices and concatenations of precomputed groups, no per-token lookup.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agentkv.grammar.token_tables import ASCII_PLAIN
+
+MANY_FIRST_CHARS = 16  # from a state with this many plain ASCII first characters, one vectorized pass
+
+
+def first_byte_reads(groups: list[np.ndarray], row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens of `groups` (per first byte) whose first byte `row` reads, and the state it leads
+    each to: slices of the groups, no per-token lookup."""
+    starts = np.nonzero(row >= 0)[0].tolist()
+    ids = np.concatenate([groups[b] for b in starts] + [np.zeros(0, np.int64)])
+    return ids, np.repeat(row[starts].astype(np.int64), [len(groups[b]) for b in starts])
+
+
+def by_first_char(g, info, chars: np.ndarray, targets: np.ndarray):
+    """`take` in `masks._Walk._start_by_first_char` for many first characters at once: the plain tokens
+    allowed as a block (a packed mask for the characters whose whole group is, the ids of the
+    rest), and those that walk on with the state their first character leads to."""
+    plain = info.first_char_groups
+    unique, at = np.unique(targets, return_inverse=True)
+    runs = [g.plain_run(s) for s in unique.tolist()]
+    n = np.array([n for n, _ in runs], dtype=np.int64)[at]
+    walks = np.array([rest == "walk" for _, rest in runs], dtype=bool)[at] | g.fork_states[targets]
+    whole = n + 2 >= plain.under.shape[1] - 1  # every token of the character's group ends on the chain
+    packed = None
+    if whole.sum() >= MANY_FIRST_CHARS:  # an OR of group masks costs less than setting each token
+        packed = groups_mask(info, chars[whole])
+        chars, targets, n, walks = chars[~whole], targets[~whole], n[~whole], walks[~whole]
+    lo, hi = plain.edges[chars], plain.edges[chars + 1]
+    k = lo + plain.under[chars, np.minimum(n + 2, plain.under.shape[1] - 1)]
+    longer = np.where(walks, hi - k, 0)
+    return packed, plain.ids[ranges(lo, k)], plain.ids[ranges(k, k + longer)], np.repeat(targets, longer)
+
+
+def groups_mask(info, chars: np.ndarray) -> np.ndarray:
+    """Packed: the plain tokens whose first character is one of the ASCII `chars`. Groups are
+    disjoint, so over half of them it is all ASCII-first plain tokens less the other groups."""
+    masks = info.first_char_masks
+    if 2 * len(chars) <= len(ASCII_PLAIN):
+        return np.bitwise_or.reduce(masks[chars], axis=0)
+    listed = np.zeros(0x80, dtype=bool)
+    listed[chars] = True
+    others = ASCII_PLAIN[~listed[ASCII_PLAIN]]
+    return masks[257] & ~np.bitwise_or.reduce(masks[others], axis=0) if len(others) else masks[257].copy()
+
+
+def packed_ids(words: np.ndarray) -> np.ndarray:
+    """The token ids whose bits are set in a packed mask (few words set: only those are unpacked)."""
+    at = np.flatnonzero(words)
+    bits = np.unpackbits(words[at].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
+    row, col = np.nonzero(bits)
+    return at[row].astype(np.int64) * 32 + col
+
+
+def ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The positions lo[0]..hi[0]-1, lo[1]..hi[1]-1, ... as one array."""
+    n = hi - lo
+    return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
