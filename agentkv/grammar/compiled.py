@@ -47,7 +47,9 @@ class CompiledGrammar(PlainRuns):
         # The one byte a state reads, where it reads exactly one and is no fork (-1 elsewhere): from
         # there on a literal (a property name with its quotes and colon, a keyword) is walked as text.
         live = a.trans >= 0
-        self.only_byte = np.where((live.sum(axis=1) == 1) & ~self.fork_states, live.argmax(axis=1), -1).tolist()
+        only = np.where((live.sum(axis=1) == 1) & ~self.fork_states, live.argmax(axis=1), -1)
+        self.only_byte = only.tolist()
+        self.only_next = a.trans[np.arange(len(only)), np.maximum(only, 0)].tolist()  # where that byte leads
         # A return state with nothing after it: a call from there replaces the frame (tail call), so
         # right-recursive chains (object member tails, Lark lists) do not deepen the stack.
         self.tail_states = a.accept & ~a.has_bytes

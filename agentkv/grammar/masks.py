@@ -148,10 +148,10 @@ class _Walk:
         looked up, and only those that run past its end walk on from there. False (nothing done)
         where the text is a single byte: the walk costs no more."""
         g, info = self.g, self.info
-        only, text, q = g.only_byte, bytearray(), stack[-1]
+        only, after, text, q = g.only_byte, g.only_next, bytearray(), stack[-1]
         while only[q] >= 0 and len(text) < MAX_LITERAL:
             text.append(only[q])
-            q = g.row(q)[only[q]]
+            q = after[q]
         if len(text) < 2:
             return False
         text = bytes(text)
