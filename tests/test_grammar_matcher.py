@@ -151,7 +151,7 @@ def test_names_of_an_open_object_take_every_prefix_of_plain_text_at_once():
                                                       b'name":', b'x":', b'na\\', b"a\n", e + b'"', b"\t"]
     info = TokenizerInfo(words + [None], eos_ids=[len(words)])
     g = GrammarCompiler(info).compile_json_schema(
-        {"type": "object", "properties": {"name": {"type": "integer"}, "nb": {"type": "null"}}})
+        {"type": "object", "properties": {"name": {"type": "integer"}, "nb": {"type": "null"}, "é1": {"type": "null"}}})
     m = Matcher(g)
     assert m.accept_bytes(b'{"')
     closed = [r for s in g._configs[m._cfg][0] if (r := g.plain_closed(s[-1])) is not None]  # the free names

@@ -212,27 +212,33 @@ def _plain_automata() -> tuple[np.ndarray, np.ndarray]:
 def _plain_closure(trans: np.ndarray, ascii_steps: np.ndarray, ascii_lo: np.ndarray, fork: np.ndarray,
                    q: int) -> np.ndarray | None:
     """The states plain characters reach from `q`, where each reads every plain character (of any
-    length) into another of them and none is a fork state; else None. Breadth first over the ASCII
-    characters (a level per character of the longest declared name; `ascii_steps` holds each state's
-    plain ASCII steps, `ascii_lo` the least of them), then the characters of two or more bytes from
-    all states found so far at once (they rarely lead anywhere new)."""
-    seen = {q}
-    level, found = np.array([q]), [np.array([q])]
-    while len(level):
-        while len(level):
-            if fork[level].any() or ascii_lo[level].min() < 0:
+    length) into another of them and none is a fork state; else None. Depth first over the ASCII
+    characters in plain Python (`ascii_steps` holds each state's plain ASCII steps, `ascii_lo` the
+    least of them; a level of numpy per character of a long declared name cost more), then the
+    characters of two or more bytes from all states found so far at once (rarely anywhere new)."""
+    seen, todo, fresh = {q}, [q], [q]
+    while todo:
+        while todo:
+            s = todo.pop()
+            if fork[s] or ascii_lo[s] < 0:
                 return None
-            level = np.array([s for s in np.unique(ascii_steps[level]).tolist() if s not in seen], dtype=np.int64)
-            seen.update(level.tolist())
-            found.append(level)
+            for t in set(ascii_steps[s].tolist()):
+                if t not in seen:
+                    seen.add(t)
+                    todo.append(t)
+                    fresh.append(t)
             if len(seen) > MAX_CLOSED_STATES:
                 return None
-        reached = _multibyte_targets(trans, fork, np.concatenate(found))
+        # States with the same steps on the bytes of longer characters reach the same states by them:
+        # one of each (the states of a name's trie all step like the free part).
+        fresh = np.array(fresh, dtype=np.int64)
+        fresh = fresh[list({row.tobytes(): i for i, row in enumerate(trans[fresh, 0x80:])}.values())]
+        reached = _multibyte_targets(trans, fork, fresh)
         if reached is None:
             return None
-        level = np.array([s for s in reached.tolist() if s not in seen], dtype=np.int64)
-        seen.update(level.tolist())
-        found = [level]
+        todo = [t for t in reached.tolist() if t not in seen]
+        fresh = list(todo)
+        seen.update(todo)
     return np.array(sorted(seen), dtype=np.int64)
 
 
