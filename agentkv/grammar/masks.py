@@ -45,6 +45,8 @@ from agentkv.grammar.token_groups import (
 )
 from agentkv.grammar.token_tables import ASCII_PLAIN
 
+LOOPS = 1 << 20  # CompiledGrammar.plain_reach of a state every plain character leads back to
+
 SCALAR_MAX_TOKENS = 64  # this few tokens left: walk each in plain Python (a numpy step costs ~20 us at any size)
 SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # every 8 steps, a walk down to 1,024 tokens skips loops of 8+ bytes
 MAX_LITERAL = 64  # the longest run of single-byte states walked as text (`_Walk._start_literal`)
@@ -302,39 +304,41 @@ class _Walk:
         fork_states = g.fork_states
         suffix = info.plain_suffix.reshape(-1)
         ahead = info.plain_ahead.reshape(-1)
-        pos = off * vocab + idx  # each token's next byte in the flat byte (and suffix) table
+        pos = off * vocab + idx  # each token's next byte in the flat byte (and suffix) table; its id is pos % vocab
         steps = 0
         while True:
             steps += 1
-            if steps % SKIP_EVERY == 0 and len(idx) <= SKIP_MAX_TOKENS:
+            if steps % SKIP_EVERY == 0 and len(pos) <= SKIP_MAX_TOKENS:
+                idx = pos % vocab
                 pos = self._skip_loops(states, idx, pos // vocab) * vocab + idx
             # Done: all bytes read (a rest of 0 characters), or a plain-text rest that the state's
             # character chain takes whole (any length, where every plain character leads back).
+            reach = g.plain_reach(states)
             rest = suffix[pos]
-            plain = g.plain_loops(states)
-            done = (rest >= 0) & (plain | (rest <= g.run_lengths(states)))
+            done = (rest >= 0) & (rest <= reach)
             if done.any():
-                self.allowed[idx[done]] = True
+                self.allowed[pos[done] % vocab] = True
                 keep = ~done
-                states, idx, pos, plain = states[keep], idx[keep], pos[keep], plain[keep]
-            if not len(idx):
-                return
+                states, pos, reach = states[keep], pos[keep], reach[keep]
+                if not len(pos):
+                    return
             forking = fork_states[states]
             if forking.any():
                 for u in np.unique(states[forking]).tolist():
                     own = lower + (u,)
-                    sel = states == u
-                    self.fork(own, idx[sel], pos[sel] // vocab, skip=own)
+                    at = pos[states == u]
+                    self.fork(own, at % vocab, at // vocab, skip=own)
+            plain = reach >= LOOPS
             if plain.any():  # past the run of plain text ahead (the rest is not all plain: see above)
                 pos = pos + np.where(plain, ahead[pos], 0).astype(np.int64) * vocab
             states = flat_trans[states * 256 + flat_bytes[pos]].astype(np.int64)
             ok = states >= 0
-            states, idx, pos = states[ok], idx[ok], pos[ok] + vocab
-            if not len(idx):
+            states, pos = states[ok], pos[ok] + vocab
+            if not len(pos):
                 return
-            if len(idx) <= SCALAR_MAX_TOKENS:
-                for q, t, o in zip(states.tolist(), idx.tolist(), (pos // vocab).tolist()):
-                    self.one(lower, q, t, o)
+            if len(pos) <= SCALAR_MAX_TOKENS:
+                for q, p in zip(states.tolist(), pos.tolist()):
+                    self.one(lower, q, p % vocab, p // vocab)
                 return
 
     def one(self, lower: tuple, q: int, t: int, off: int) -> None:

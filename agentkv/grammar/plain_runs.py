@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentkv.grammar.masks import ALL_DEAD, NONUNIFORM
+from agentkv.grammar.masks import ALL_DEAD, LOOPS, NONUNIFORM
 from agentkv.grammar.token_tables import ASCII_PLAIN
 
 MAX_CACHED_STATES = 4096    # per grammar: top-state token sets (compiled.py), and each per-state table here
@@ -48,6 +48,7 @@ class PlainRuns:
         # be decided (characters of two or more bytes).
         maybe = (lo == hi) & (lo == np.arange(len(lo))) & ~self.fork_states
         self._plain_loop = np.where(maybe, -1, 0).astype(np.int8)
+        self._reach = np.where(maybe | (self._runs < 0), -1, 0).astype(np.int32)  # plain_reach, -1: to decide
 
     def row(self, q: int) -> list[int]:
         """State `q`'s transitions as a list (a single-token walk reads it byte by byte)."""
@@ -120,6 +121,18 @@ class PlainRuns:
                 self._runs[q] = self.plain_run(q)[0]
             runs = self._runs[states]
         return runs
+
+    def plain_reach(self, states: np.ndarray) -> np.ndarray:
+        """For each state, how many plain characters from it surely end alive on its chain: LOOPS where
+        every plain character leads back to it (`plain_loops`), else `plain_run`'s length (the token
+        walk's test of whether a token's plain rest is done, one lookup a step)."""
+        reach = self._reach[states]
+        unknown = reach < 0
+        if unknown.any():
+            for q in np.unique(states[unknown]).tolist():
+                self._reach[q] = LOOPS if self.plain_loops(np.array([q]))[0] else self.plain_run(q)[0]
+            reach = self._reach[states]
+        return reach
 
     def plain_loops(self, states: np.ndarray) -> np.ndarray:
         """For each state: does every plain character lead it back to itself (and it is no fork)?"""
