@@ -125,7 +125,7 @@ class _Walk:
                 self.run(stack[:-1], states[live], ids[live], np.ones(int(live.sum()), dtype=np.int64))
             return
         if g.plain_next(q) == NONUNIFORM:
-            self._startby_first_char(stack)
+            self._start_by_first_char(stack)
             return
         upto, rest = g.plain_run(q)
         # Plain tokens of up to `upto` characters end on the top rule's character chain: allowed as a block.
@@ -172,7 +172,7 @@ class _Walk:
                      np.full(len(longer), len(text), dtype=np.int64))
         return True
 
-    def _startby_first_char(self, stack: tuple) -> None:
+    def _start_by_first_char(self, stack: tuple) -> None:
         """`start` from a state whose plain characters go different ways (inside a property name, a
         pattern's character class): after their first character, each group of plain tokens takes
         the chain shortcut of the state that character leads to, as a block. The rest walk."""
