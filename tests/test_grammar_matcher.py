@@ -193,6 +193,26 @@ def test_literal_text_takes_the_tokens_inside_it_and_walks_those_past_it(seed):
     assert {words.index(w) for w in (b'{"name":1', b'0,"ok":t', b'true}')} & seen  # tokens past a literal
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 12},
+                                    {"type": "object", "additionalProperties": {"type": "string", "maxLength": 9}}])
+def test_tokens_with_a_plain_head_start_along_a_long_chain(schema, seed):
+    # A string with a maximum length is a chain of states; a token that starts with plain text and
+    # then has a quote, an escape or a cut character starts at the chain's state after that text.
+    e = "é".encode()
+    words = [bytes([c]) for c in b'{}":,abcx\\ '] + [e, b"abcdefghij", b"xxxxxxxxx", b"abc" + e, b'abcdefgh"', b'abc"',
+                                                   e + b'"', b'abcdefghijk"', b'ab\\n', b"a\n", b'abcdefghi\\u', e * 2 + e[:1],
+                                                   b'"', b'",', b'"}', b'{"ab":"', b'":"abcdefghij', b'x":"xx"}']
+    info = TokenizerInfo(list(dict.fromkeys(words)) + [None], eos_ids=[len(dict.fromkeys(words))])
+    m, rnd = Matcher(GrammarCompiler(info).compile_json_schema(schema)), random.Random(seed)
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    for _ in range(12):
+        expected = assert_mask_is_brute_force(m, bitmask)
+        if not expected or m.is_terminated():
+            break
+        assert m.accept_token(rnd.choice(sorted(expected)))
+
+
 LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"1" + b"a" * 9, b"b" * 20,
         b"b" * 19 + b"x", b"a" + b"b" * 18 + b"x", b" " * 10 + b'"', b" " * 10 + "é".encode() * 3,
         b"x" * 10 + "é".encode()[:1], "é".encode() * 6, "é".encode() + b" " * 12, b"1" + b" " * 12]

@@ -49,6 +49,7 @@ LOOPS = 1 << 20  # CompiledGrammar.plain_reach of a state every plain character 
 
 SCALAR_MAX_TOKENS = 64  # this few tokens left: walk each in plain Python (a numpy step costs ~20 us at any size)
 SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # every 8 steps, a walk down to 1,024 tokens skips loops of 8+ bytes
+CHAIN_JUMP = 8  # from a character chain this long, non-plain tokens start past their plain head
 MAX_LITERAL = 64  # the longest run of single-byte states walked as text (`_Walk._start_literal`)
 WHOLE_GROUP_MASK = 4096  # a first character's whole group of more tokens is taken as a packed mask
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
@@ -133,6 +134,9 @@ class _Walk:
         # Longer plain tokens take the byte walk ("walk") or die on the chain's last state ("dead").
         longer = len(info.plain_sorted) - info.plain_bounds[upto + 1] if rest == "walk" else 0
         row = g.automaton.trans[q]
+        if upto >= CHAIN_JUMP:  # a long chain (a string of bounded length): start past the plain head
+            self._start_along_chain(stack, upto, longer)
+            return
         if len(info.non_plain_ids) + longer > len(info.text_ids) // 2:  # most tokens: pick by first byte
             idx, states = first_byte_reads(info.first_byte_groups, row)
         else:  # the others by the first byte, and the longer plain tokens
@@ -143,6 +147,29 @@ class _Walk:
                 idx, states = np.concatenate([idx, candidates[to >= 0]]), np.concatenate([states, to[to >= 0]])
         if len(idx):
             self.run(stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64))
+
+    def _start_along_chain(self, stack: tuple, upto: int, longer: int) -> None:
+        """`start` from a state whose plain characters lead along a chain of `upto` states (a string
+        with a maximum length): a token that starts with k <= `upto` plain characters goes on from the
+        chain's k-th state at its first byte that is not plain, instead of a numpy step per character.
+        Tokens that start otherwise, and plain ones longer than the chain, walk from the first byte."""
+        g, info = self.g, self.info
+        q = stack[-1]
+        row = g.automaton.trans[q]
+        ids, chars, heads = info.non_plain_heads
+        jump = (chars >= 1) & (chars <= upto)  # (none from `q` itself: its calls and returns are other stacks)
+        states = [g.plain_chain(q, upto)[chars[jump]]]
+        idx, offsets = [ids[jump]], [heads[jump]]
+        others = ids[~jump]
+        if longer:
+            others = np.concatenate([others, info.plain_sorted[info.plain_bounds[upto + 1]:]])
+        to = row[info.bytes_at[0, others]].astype(np.int64)
+        states.append(to[to >= 0])
+        idx.append(others[to >= 0])
+        offsets.append(np.ones(len(idx[-1]), dtype=np.int64))
+        idx = np.concatenate(idx)
+        if len(idx):
+            self.run(stack[:-1], np.concatenate(states), idx, np.concatenate(offsets))
 
     def _start_literal(self, stack: tuple) -> bool:
         """`start` from a state that reads exactly one byte, and the states after it too (a property

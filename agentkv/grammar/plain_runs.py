@@ -112,6 +112,14 @@ class PlainRuns:
             self._plain_run[s] = (min(ahead, limit), rest if ahead < limit + ends_on_fork else "dead")
         return self._plain_run[q]
 
+    def plain_chain(self, q: int, n: int) -> np.ndarray:
+        """The states `q` and the first `n` of its character chain (n <= `plain_run(q)[0]`): where k
+        plain characters lead from `q`."""
+        chain = [q]
+        for _ in range(n):
+            chain.append(self.plain_next(chain[-1]))
+        return np.array(chain, dtype=np.int64)
+
     def run_lengths(self, states: np.ndarray) -> np.ndarray:
         """`plain_run(q)[0]` for an array of states (0 where the chain shortcut does not apply)."""
         runs = self._runs[states]

@@ -49,6 +49,7 @@ class TokenTables:
         self._first_char_groups: FirstCharGroups | None = None
         self._first_char_masks: np.ndarray | None = None
         self._plain_prefixes: tuple[np.ndarray, list[np.ndarray]] | None = None
+        self._non_plain_heads: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def first_byte_groups(self) -> list[np.ndarray]:
@@ -217,6 +218,20 @@ class TokenTables:
             bounds = np.searchsorted(stop[order], np.arange(257))
             self._plain_prefixes = (mask, [rest[order[bounds[b]:bounds[b + 1]]] for b in range(256)])
         return self._plain_prefixes
+
+    @property
+    def non_plain_heads(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, characters, bytes), built on first use: the text tokens that are not plain text, with
+        the plain characters they start with and those characters' bytes. Along a state's character
+        chain such a token's start is a lookup: the walk goes on from the chain's state at that
+        character, at the first byte that is not plain (masks.py)."""
+        if self._non_plain_heads is None:
+            ids = self.non_plain_ids
+            heads = self.plain_ahead[0, ids].astype(np.int64)
+            chars = np.array([len(self.vocab[t][:k].decode("utf-8")) for t, k in zip(ids.tolist(), heads.tolist())],
+                             dtype=np.int64)
+            self._non_plain_heads = (ids, chars, heads)
+        return self._non_plain_heads
 
     @property
     def later_bytes(self) -> np.ndarray:
