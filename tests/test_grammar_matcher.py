@@ -151,7 +151,8 @@ def test_names_of_an_open_object_take_every_prefix_of_plain_text_at_once():
                                                       b'name":', b'x":', b'na\\', b"a\n", e + b'"', b"\t"]
     info = TokenizerInfo(words + [None], eos_ids=[len(words)])
     g = GrammarCompiler(info).compile_json_schema(
-        {"type": "object", "properties": {"name": {"type": "integer"}, "nb": {"type": "null"}, "é1": {"type": "null"}}})
+        {"type": "object", "properties": {"name": {"type": "integer"}, "nb": {"type": "null"},
+                                          "é1": {"type": "null"}}})
     m = Matcher(g)
     assert m.accept_bytes(b'{"')
     closed = [r for s in g._configs[m._cfg][0] if (r := g.plain_closed(s[-1])) is not None]  # the free names
@@ -200,9 +201,9 @@ def test_tokens_with_a_plain_head_start_along_a_long_chain(schema, seed):
     # A string with a maximum length is a chain of states; a token that starts with plain text and
     # then has a quote, an escape or a cut character starts at the chain's state after that text.
     e = "é".encode()
-    words = [bytes([c]) for c in b'{}":,abcx\\ '] + [e, b"abcdefghij", b"xxxxxxxxx", b"abc" + e, b'abcdefgh"', b'abc"',
-                                                   e + b'"', b'abcdefghijk"', b'ab\\n', b"a\n", b'abcdefghi\\u', e * 2 + e[:1],
-                                                   b'"', b'",', b'"}', b'{"ab":"', b'":"abcdefghij', b'x":"xx"}']
+    words = [bytes([c]) for c in b'{}":,abcx\\ '] + [
+        e, b"abcdefghij", b"xxxxxxxxx", b"abc" + e, b'abcdefgh"', b'abc"', e + b'"', b'abcdefghijk"', b'ab\\n', b"a\n",
+        b'abcdefghi\\u', e * 2 + e[:1], b'"', b'",', b'"}', b'{"ab":"', b'":"abcdefghij', b'x":"xx"}']
     info = TokenizerInfo(list(dict.fromkeys(words)) + [None], eos_ids=[len(dict.fromkeys(words))])
     m, rnd = Matcher(GrammarCompiler(info).compile_json_schema(schema)), random.Random(seed)
     bitmask = np.zeros((1, info.words), dtype=np.int32)
