@@ -17,6 +17,7 @@ from agentkv.grammar.masks import ALL_DEAD, LOOPS, NONUNIFORM
 from agentkv.grammar.token_tables import ASCII_PLAIN
 
 MAX_CACHED_STATES = 4096    # per grammar: top-state token sets (compiled.py), and each per-state table here
+MAX_STATES_AT_BUILD = 1024  # a grammar with more states whose ASCII characters all live decides them lazily
 MAX_CLOSED_STATES = 512     # a plain-text closure bigger than this is left to the walk (plain_closed)
 LOOP_BLOCK_MIN = 32         # loops on fewer ASCII characters: the byte walk is cheaper than the block
 
@@ -49,6 +50,21 @@ class PlainRuns:
         maybe = (lo == hi) & (lo == np.arange(len(lo))) & ~self.fork_states
         self._plain_loop = np.where(maybe, -1, 0).astype(np.int8)
         self._reach = np.where(maybe | (self._runs < 0), -1, 0).astype(np.int32)  # plain_reach, -1: to decide
+        # Where the characters of two or more bytes lead, for the states whose ASCII characters all
+        # live (string bodies, names, classes: those the walk asks about), all at once: one state at
+        # a time took 50-100 us each inside the walks (a maxLength string's chain: one per state).
+        asked = np.nonzero(lo >= 0)[0]
+        if len(asked) <= MAX_STATES_AT_BUILD:  # (more: decided a character chain at a time, plain_run)
+            self._decide_char_steps(asked)
+
+    def _decide_char_steps(self, states: np.ndarray) -> None:
+        """`plain_next` and `multibyte_next` of `states` (whose ASCII characters all live), at once."""
+        lo, hi = self._ascii_lo[states], self._ascii_hi[states]
+        steps = _char_steps(self.automaton.trans, self.fork_states, states, lo == hi)
+        for q, nxt, multi in zip(states.tolist(), *steps):
+            if nxt != UNKNOWN:
+                self._plain_next[q] = nxt
+            self._multibyte_next[q] = multi
 
     def row(self, q: int) -> list[int]:
         """State `q`'s transitions as a list (a single-token walk reads it byte by byte)."""
@@ -81,6 +97,15 @@ class PlainRuns:
         if hit is not None:
             return hit
         limit = len(self.info.plain_bounds) - 2
+        # The chain the ASCII characters lead along, decided at once (a maxLength string's 2 x limit
+        # states otherwise cost a character simulation each).
+        ahead, s = {}, q
+        while len(ahead) <= 2 * limit and s not in ahead and s not in self._plain_next \
+                and self._ascii_lo[s] == self._ascii_hi[s] >= 0:
+            ahead[s] = None
+            s = int(self._ascii_lo[s])
+        if len(ahead) > 1:
+            self._decide_char_steps(np.array(list(ahead), dtype=np.int64))
         chain, seen, rest = [q], {q: 0}, "dead"
         while len(chain) <= 2 * limit:  # past `limit`, for the states along the chain
             nxt = self.plain_next(chain[-1])
@@ -280,6 +305,52 @@ def _multibyte_targets(trans: np.ndarray, fork: np.ndarray, states: np.ndarray) 
         pairs = np.unique(t[mid].astype(np.int64) * len(automaton) + a[mid])
         states, rows = pairs // len(automaton), pairs % len(automaton)
     return np.unique(np.concatenate(reached)).astype(np.int64)
+
+
+UNKNOWN = -3  # (_char_steps: not decided there)
+
+
+def _char_steps(trans: np.ndarray, fork: np.ndarray, states: np.ndarray, ascii_uniform: np.ndarray):
+    """`plain_next` (where `ascii_uniform`, else UNKNOWN) and `multibyte_next` of many states at once:
+    the one-character automaton stepped from all of them together, a byte per level, as triples
+    (origin, DFA state, character-automaton row). The same answers as `_uniform_char_step` per state."""
+    _, automaton = _plain_automata()
+    n, lead = len(states), np.arange(0xC2, 0xF5)
+    dies, forks = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    origin = np.repeat(np.arange(n), len(lead))
+    at = trans[states, 0xC2:0xF5].reshape(-1).astype(np.int64)
+    rows = np.tile(automaton[0, lead], n)
+    least, most = np.full(n, len(trans), dtype=np.int64), np.full(n, -1, dtype=np.int64)  # targets reached
+    while len(origin):  # (origins stay in order: each level's triples are sorted by them)
+        dead = at < 0
+        dies[origin[dead]] = True
+        finished = (rows == -2) & ~dead
+        if finished.any():
+            o, t = origin[finished], at[finished]
+            starts = np.flatnonzero(np.r_[True, o[1:] != o[:-1]])
+            least[o[starts]] = np.minimum(least[o[starts]], np.minimum.reduceat(t, starts))
+            most[o[starts]] = np.maximum(most[o[starts]], np.maximum.reduceat(t, starts))
+        mid = ~dead & ~finished
+        origin, at, rows = origin[mid], at[mid], rows[mid]
+        forks[origin[fork[at]]] = True  # a call or return inside a character
+        key = np.unique((origin * len(trans) + at) * len(automaton) + rows)
+        cells = len(trans) * len(automaton)
+        origin, at, rows = key // cells, key // len(automaton) % len(trans), key % len(automaton)
+        nxt_rows = automaton[rows, 0x80:0xC0]
+        live = nxt_rows != -1
+        origin = np.repeat(origin, live.sum(axis=1))
+        at, rows = trans[at, 0x80:0xC0][live].astype(np.int64), nxt_rows[live]
+    count = np.where(most < 0, 0, np.where(least == most, 1, 2))  # distinct targets, 2 for two or more
+    first = least
+    none_read = (trans[states, 0xC2:0xF5] < 0).all(axis=1)
+    single = (count == 1) & ~dies & ~forks
+    multi = np.where(none_read, ALL_DEAD, np.where(single, first, np.where((count == 0) & dies & ~forks, ALL_DEAD,
+                                                                                 NONUNIFORM)))
+    ascii_next = trans[states, 0x41]  # any plain ASCII character: where `ascii_uniform`, they all lead there
+    plain = np.where(~ascii_uniform, UNKNOWN,
+                     np.where(forks | dies | (count > 1) | ((count == 1) & (first != ascii_next)),
+                              NONUNIFORM, ascii_next))
+    return plain.tolist(), multi.tolist()
 
 
 def _uniform_char_step(trans: np.ndarray, fork: np.ndarray, q: int, multibyte: bool = False) -> int:

@@ -1,0 +1,39 @@
+"""Where plain characters lead from a state, decided for many states at once (plain_runs._char_steps),
+equals the per-state simulation of the one-character automaton (plain_runs._uniform_char_step)."""
+
+import numpy as np
+import pytest
+
+from agentkv.grammar import GrammarCompiler, TokenizerInfo
+from agentkv.grammar import plain_runs as P
+
+INFO = TokenizerInfo([bytes([c]) for c in range(0x20, 0x7F)] + ["é".encode(), None], eos_ids=[96])
+SOURCES = [
+    ("schema", {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}, "é1": {"type": "null"}}}),
+    ("schema", {"type": "string", "pattern": "^[^é]*$"}),  # one two-byte character dies
+    ("schema", {"type": "string", "pattern": "^[^\\x00-\\x1f]*[^\\x00-\\x7F]$"}),  # longer characters go two ways
+    ("schema", {"type": "string", "pattern": "^[ -\\x7f]*$"}),  # ASCII only: every longer character dies
+    ("schema", {"type": "string", "pattern": "^[^\u4e00-\u4e01]+$"}),  # two three-byte characters die
+    ("schema", {"type": "string", "pattern": "^([ -\\x7f]|[\u00e0-\u00ff])*$"}),  # some two-byte ones live
+    ("lark", 'start: w w\nw: /[^"\\x00-\\x1f]/'),  # a rule returning after each character (a fork at its end)
+]
+
+
+@pytest.mark.parametrize("kind,source", SOURCES)
+def test_char_steps_equal_the_per_state_simulation(kind, source):
+    compiler = GrammarCompiler(INFO)
+    g = compiler.compile_lark(source) if kind == "lark" else compiler.compile_json_schema(source)
+    trans, fork = g.automaton.trans, g.fork_states
+    states = np.nonzero(g._ascii_lo >= 0)[0]  # those it is asked about: every ASCII character lives
+    uniform = g._ascii_lo[states] == g._ascii_hi[states]
+    plain, multi = P._char_steps(trans, fork, states, uniform)
+    assert len(states)
+    for i, q in enumerate(states.tolist()):
+        assert multi[i] == P._uniform_char_step(trans, fork, q, multibyte=True), (source, q)
+        if uniform[i]:
+            assert plain[i] == P._uniform_char_step(trans, fork, q), (source, q)
+        else:
+            assert plain[i] == P.UNKNOWN
+    # and what a grammar decided when built (or along a chain) is the same
+    for q, nxt in g._plain_next.items():
+        assert nxt == P._uniform_char_step(trans, fork, q)
