@@ -71,6 +71,16 @@ def assert_mask_is_brute_force(m: Matcher, bitmask: np.ndarray) -> set[int]:
     return expected
 
 
+def masks_along_a_walk(m: Matcher, rnd: random.Random, steps: int) -> None:
+    """Check the mask against brute force, then take a random allowed token, `steps` times."""
+    bitmask = np.zeros((1, m.grammar.info.words), dtype=np.int32)
+    for _ in range(steps):
+        expected = assert_mask_is_brute_force(m, bitmask)
+        if not expected or m.is_terminated():
+            break
+        assert m.accept_token(rnd.choice(sorted(expected)))
+
+
 @settings(max_examples=60, deadline=None)
 @given(vocabularies(), st.sampled_from(range(len(GRAMMARS))), st.randoms(use_true_random=False))
 def test_masks_equal_brute_force(info, which, rnd):
@@ -133,12 +143,7 @@ def test_many_first_characters(monkeypatch, whole_group_mask, words, which, rnd)
     schema, before = WIDE[which]
     m = Matcher(GrammarCompiler(info).compile_json_schema(schema))
     assert m.accept_bytes(before.encode())
-    bitmask = np.zeros((1, info.words), dtype=np.int32)
-    for _ in range(8):
-        expected = assert_mask_is_brute_force(m, bitmask)
-        if not expected or m.is_terminated():
-            break
-        assert m.accept_token(rnd.choice(sorted(expected)))
+    masks_along_a_walk(m, rnd, 8)
 
 
 def test_names_of_an_open_object_take_every_prefix_of_plain_text_at_once():
@@ -206,12 +211,7 @@ def test_tokens_with_a_plain_head_start_along_a_long_chain(schema, seed):
         b'abcdefghi\\u', e * 2 + e[:1], b'"', b'",', b'"}', b'{"ab":"', b'":"abcdefghij', b'x":"xx"}']
     info = TokenizerInfo(list(dict.fromkeys(words)) + [None], eos_ids=[len(dict.fromkeys(words))])
     m, rnd = Matcher(GrammarCompiler(info).compile_json_schema(schema)), random.Random(seed)
-    bitmask = np.zeros((1, info.words), dtype=np.int32)
-    for _ in range(12):
-        expected = assert_mask_is_brute_force(m, bitmask)
-        if not expected or m.is_terminated():
-            break
-        assert m.accept_token(rnd.choice(sorted(expected)))
+    masks_along_a_walk(m, rnd, 12)
 
 
 LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"1" + b"a" * 9, b"b" * 20,
