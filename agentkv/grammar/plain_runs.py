@@ -29,7 +29,7 @@ class PlainRuns:
         self._multibyte_next: dict[int, int] = {}
         self._plain_run: dict[int, tuple[int, str]] = {}
         self._looping: dict[int, np.ndarray | None] = {}
-        self._closed: dict[int, bool] = {}
+        self._closed: dict[int, np.ndarray | None] = {}
         # Decided for every state at once when the grammar is built (0.1 ms for a median grammar's
         # 700 states, 3 ms for 17k), so that no walk pays for them: the least and greatest state
         # each state's plain ASCII characters lead to (-1: none). Contiguous columns, the quote's
@@ -99,13 +99,13 @@ class PlainRuns:
         limit = len(self.info.plain_bounds) - 2
         # The chain the ASCII characters lead along, decided at once (a maxLength string's 2 x limit
         # states otherwise cost a character simulation each).
-        ahead, s = {}, q
-        while len(ahead) <= 2 * limit and s not in ahead and s not in self._plain_next \
+        along, s = {}, q
+        while len(along) <= 2 * limit and s not in along and s not in self._plain_next \
                 and self._ascii_lo[s] == self._ascii_hi[s] >= 0:
-            ahead[s] = None
+            along[s] = None
             s = int(self._ascii_lo[s])
-        if len(ahead) > 1:
-            self._decide_char_steps(np.array(list(ahead), dtype=np.int64))
+        if len(along) > 1:
+            self._decide_char_steps(np.array(list(along), dtype=np.int64))
         chain, seen, rest = [q], {q: 0}, "dead"
         while len(chain) <= 2 * limit:  # past `limit`, for the states along the chain
             nxt = self.plain_next(chain[-1])
