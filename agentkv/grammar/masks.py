@@ -40,6 +40,7 @@ from agentkv.grammar.token_groups import (
     MANY_FIRST_CHARS,
     by_first_char,
     first_byte_reads,
+    first_steps,
     groups_mask,
     packed_ids,
 )
@@ -120,10 +121,9 @@ class _Walk:
             mask, groups = info.plain_prefixes
             self.packed.append(mask)  # the others walk: those a state there reads the first odd byte of
             ids = np.concatenate([groups[b] for b in np.nonzero(reads)[0].tolist()] + [np.zeros(0, np.int64)])
-            states = g.automaton.trans[q, info.bytes_at[0, ids]].astype(np.int64)
-            live = states >= 0
-            if live.any():
-                self.run(stack[:-1], states[live], ids[live], np.ones(int(live.sum()), dtype=np.int64))
+            ids, states = first_steps(info, g.automaton.trans[q], ids)
+            if len(ids):
+                self.run(stack[:-1], states, ids, np.ones(len(ids), dtype=np.int64))
             return
         if g.plain_next(q) == NONUNIFORM:
             self._start_by_first_char(stack)
@@ -142,9 +142,8 @@ class _Walk:
         else:  # the others by the first byte, and the longer plain tokens
             idx, states = first_byte_reads(info.non_plain_by_first_byte, row)
             if longer:
-                candidates = info.plain_sorted[info.plain_bounds[upto + 1]:]
-                to = row[info.bytes_at[0, candidates]].astype(np.int64)
-                idx, states = np.concatenate([idx, candidates[to >= 0]]), np.concatenate([states, to[to >= 0]])
+                more, to = first_steps(info, row, info.plain_sorted[info.plain_bounds[upto + 1]:])
+                idx, states = np.concatenate([idx, more]), np.concatenate([states, to])
         if len(idx):
             self.run(stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64))
 
@@ -163,10 +162,10 @@ class _Walk:
         others = ids[~jump]
         if longer:
             others = np.concatenate([others, info.plain_sorted[info.plain_bounds[upto + 1]:]])
-        to = row[info.bytes_at[0, others]].astype(np.int64)
-        states.append(to[to >= 0])
-        idx.append(others[to >= 0])
-        offsets.append(np.ones(len(idx[-1]), dtype=np.int64))
+        others, to = first_steps(info, row, others)
+        states.append(to)
+        idx.append(others)
+        offsets.append(np.ones(len(others), dtype=np.int64))
         idx = np.concatenate(idx)
         if len(idx):
             self.run(stack[:-1], np.concatenate(states), idx, np.concatenate(offsets))
@@ -252,11 +251,10 @@ class _Walk:
         if multibyte >= 0:
             take(multibyte, 256, multibyte=True)
         elif multibyte == NONUNIFORM:  # first bytes go different ways: each token from its own
-            ids = plain.group(256)[0]
-            first = row[info.bytes_at[0, ids]].astype(np.int64)
-            states.append(first[first >= 0])
-            walk.append(ids[first >= 0])
-            offsets.append(np.ones(len(walk[-1]), np.int64))
+            ids, first = first_steps(info, row, plain.group(256)[0])
+            states.append(first)
+            walk.append(ids)
+            offsets.append(np.ones(len(ids), np.int64))
         ids, first = first_byte_reads(info.non_plain_by_first_byte, row)  # each from its first byte
         walk.append(ids)
         states.append(first)

@@ -21,6 +21,14 @@ def first_byte_reads(groups: list[np.ndarray], row: np.ndarray) -> tuple[np.ndar
     return ids, np.repeat(row[starts].astype(np.int64), [len(groups[b]) for b in starts])
 
 
+def first_steps(info, row: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of the tokens `ids`, those whose first byte `row` (a state's transitions) reads, and the state
+    it leads each to."""
+    to = row[info.bytes_at[0, ids]].astype(np.int64)
+    keep = to >= 0
+    return ids[keep], to[keep]
+
+
 def by_first_char(g, info, chars: np.ndarray, targets: np.ndarray):
     """`take` in `masks._Walk._start_by_first_char` for many first characters at once: the plain tokens
     allowed as a block (a packed mask for the characters whose whole group is, the ids of the
