@@ -1,8 +1,14 @@
-"""Shared helpers for grammar tests: byte vocabularies and whole-string acceptance."""
+"""Shared helpers for grammar tests: byte vocabularies, whole-string acceptance, and masks against a
+brute-force reference (random small vocabularies, a check along a random walk)."""
 
 from __future__ import annotations
 
-from agentkv.grammar import GrammarCompiler, TokenizerInfo
+import random
+
+import numpy as np
+from hypothesis import strategies as st
+
+from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
 
 BYTE_INFO = TokenizerInfo([bytes([i]) for i in range(256)] + [None], eos_ids=[256])
@@ -42,3 +48,48 @@ def check_ratchet(path, current: set[str], what: str) -> int:
     lost = sorted(recorded - current)
     assert not lost, f"{len(lost)} {what} before now fail, e.g. {lost[:5]}"
     return len(current - recorded)
+
+
+ALPHABET = b'{}[]":,ab01 \\' + "é".encode()  # with a two-byte character and an escape
+
+
+def compile_one(compiler, kind, source):
+    return compiler.compile_json_schema(source) if kind == "schema" else compiler.compile_regex(source)
+
+
+def brute_force(matcher: Matcher) -> set[int]:
+    """Token t is allowed iff its bytes lead somewhere live (EOS iff the text may end)."""
+    g, info = matcher.grammar, matcher.grammar.info
+    out = {t for t, b in enumerate(info.vocab) if b is not None and g.advance(matcher._cfg, b) != DEAD}
+    if matcher.can_terminate():
+        out |= set(info.eos_ids)
+    return out
+
+
+@st.composite
+def vocabularies(draw):
+    words = draw(st.lists(st.binary(min_size=1, max_size=5).map(
+        lambda b: bytes(ALPHABET[x % len(ALPHABET)] for x in b)), min_size=5, max_size=60, unique=True))
+    singles = [bytes([c]) for c in ALPHABET]  # every text stays writable
+    vocab = list(dict.fromkeys(singles + words)) + [None]
+    return TokenizerInfo(vocab, eos_ids=[len(vocab) - 1])
+
+
+def assert_mask_is_brute_force(m: Matcher, bitmask: np.ndarray) -> set[int]:
+    """The matcher's bitmask holds exactly the brute-force allowed set; returns that set."""
+    info = m.grammar.info
+    m.fill_next_token_bitmask(bitmask)
+    bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[:info.vocab_size]
+    expected = brute_force(m)
+    assert set(np.nonzero(bits)[0].tolist()) == expected
+    return expected
+
+
+def masks_along_a_walk(m: Matcher, rnd: random.Random, steps: int) -> None:
+    """Check the mask against brute force, then take a random allowed token, `steps` times."""
+    bitmask = np.zeros((1, m.grammar.info.words), dtype=np.int32)
+    for _ in range(steps):
+        expected = assert_mask_is_brute_force(m, bitmask)
+        if not expected or m.is_terminated():
+            break
+        assert m.accept_token(rnd.choice(sorted(expected)))

@@ -1,0 +1,228 @@
+"""The token walk's shortcuts (masks.py, plain_runs.py), each against the brute-force mask over small
+vocabularies: states whose characters go a few ways or many, open objects' names, literal text,
+strings of bounded length, long tokens through loops; and the tables they read, against their
+definitions."""
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, masks
+from tests.grammar_helpers import assert_mask_is_brute_force, compile_one, masks_along_a_walk, vocabularies
+
+pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: vectorized and one-token walks
+
+
+@pytest.mark.parametrize("pattern,inside", [("^[^b]*$", '"a'), ("^[^é]*$", '"a'), ("a1", '"0'), ("a1", '"xa1')])
+def test_string_states_with_a_few_odd_characters(pattern, inside):
+    # Most characters lead one way and a few another (no plain chain): the byte walk decides.
+    words = [b"a", b"b", b"x", b"1", b"ab", b"xx", b"xb", b"x1a", b"aaaa", b"1xx", b"b1", b'x"', b'"', b"\\"]
+    words += ["é".encode(), "xé".encode(), "éb".encode(), "é".encode()[:1], "é".encode()[1:]]  # multi-byte
+    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
+    m = Matcher(GrammarCompiler(info).compile_json_schema({"type": "string", "pattern": pattern}))
+    assert m.accept_bytes(inside.encode())
+    assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
+
+
+def test_plain_rest_longer_than_any_plain_token():
+    # Here no plain token has more than one character, so a string body's chain shortcut stops at
+    # one; a token that ends in a longer plain run (`{"{{`: a name starting "{{") still ends there.
+    info = TokenizerInfo([bytes([c]) for c in b'{}":ab'] + [b'{"{{', b'{"ab"', None], eos_ids=[8])
+    g = GrammarCompiler(info).compile_json_schema({"type": "object", "additionalProperties": {"type": "null"}})
+    allowed = assert_mask_is_brute_force(Matcher(g), np.zeros((1, info.words), dtype=np.int32))
+    assert {6, 7} <= allowed
+
+
+WIDE = [  # (schema, text before the masks checked: where the first characters go many ways)
+    ({"type": "object", "properties": {"ab": {"type": "integer"}, "x y": {"type": "null"}},
+      "additionalProperties": {"type": "string"}}, '{"'),
+    ({"type": "string", "pattern": "^[^b]"}, '"'),  # most first characters, then any text
+    ({"type": "string", "pattern": "^[a-z0-9]"}, '"'),  # fewer than half of them
+    ({"type": "string", "pattern": "^[a-z0-9_-]+$"}, '"'),  # all leading to one class loop
+    ({"type": "object", "properties": {"ab": {"type": "integer"}}, "propertyNames": {"pattern": "^[a-z ]+$"}}, '{"'),
+]
+
+
+@pytest.mark.parametrize("whole_group_mask", [0, 1 << 30])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=st.lists(st.text(alphabet=' abxyz019"{}:,é', min_size=2, max_size=5), min_size=10, max_size=60),
+       which=st.sampled_from(range(len(WIDE))), rnd=st.randoms(use_true_random=False))
+def test_many_first_characters(monkeypatch, whole_group_mask, words, which, rnd):
+    # Every printable ASCII character as a token: a property name or class then has many plain first
+    # characters, taken together (`_by_first_char`), the whole groups as packed masks (set
+    # WHOLE_GROUP_MASK to 0 so that a small group is one too).
+    monkeypatch.setattr(masks, "WHOLE_GROUP_MASK", whole_group_mask)
+    cut = [w.encode()[:-1] for w in words if w.endswith("é")]  # a token ending inside a character
+    vocab = list(dict.fromkeys([bytes([c]) for c in range(0x20, 0x7F)] + ["é".encode()] + [w.encode() for w in words]
+                               + [w for w in cut if w]))
+    info = TokenizerInfo(vocab + [None], eos_ids=[len(vocab)])
+    schema, before = WIDE[which]
+    m = Matcher(GrammarCompiler(info).compile_json_schema(schema))
+    assert m.accept_bytes(before.encode())
+    masks_along_a_walk(m, rnd, 8)
+
+
+def test_names_of_an_open_object_take_every_prefix_of_plain_text_at_once():
+    # Inside a name of an object that allows other names, plain text of any length stays a name: the
+    # declared names' trie and the free part both read every character. Every token that is a prefix
+    # of plain text (a character cut short at its end too) is allowed without a walk; the others
+    # (a quote or backslash after plain text, a stray continuation byte, a control character) walk.
+    e = "é".encode()
+    words = [bytes([c]) for c in range(0x20, 0x7F)] + [e, e[:1], e[1:], b"na" + e[:1], b"nam", b"name", b'name"',
+                                                      b'name":', b'x":', b'na\\', b"a\n", e + b'"', b"\t"]
+    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
+    g = GrammarCompiler(info).compile_json_schema(
+        {"type": "object", "properties": {"name": {"type": "integer"}, "nb": {"type": "null"},
+                                          "é1": {"type": "null"}}})
+    m = Matcher(g)
+    assert m.accept_bytes(b'{"')
+    closed = [r for s in g._configs[m._cfg][0] if (r := g.plain_closed(s[-1])) is not None]  # the free names
+    assert closed and all(r[ord('"')] and not r[ord("\n")] for r in closed)
+    allowed = assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
+    assert {words.index(w) for w in (e[:1], b"na" + e[:1], b'name":', b'x":')} <= allowed
+    assert not {words.index(w) for w in (e[1:], b"a\n", b"\t")} & allowed
+    assert m.accept_bytes(b"na")  # inside the trie: the same
+    assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
+    # A name with a length limit is not closed: plain text dies past it.
+    g = GrammarCompiler(info).compile_json_schema({"type": "object", "propertyNames": {"maxLength": 3}})
+    m = Matcher(g)
+    assert m.accept_bytes(b'{"')
+    assert all(g.plain_closed(s[-1]) is None for s in g._configs[m._cfg][0])
+    assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_literal_text_takes_the_tokens_inside_it_and_walks_those_past_it(seed):
+    # From a state that reads one byte, then one again (a required name with its quotes and colon, a
+    # keyword), the tokens that are a prefix of that text are looked up and those that run past it
+    # walk on: into the value, out of the object, or past a name's end into the next name.
+    words = [bytes([c]) for c in b'{}":,01aeklmnortu '] + [
+        b'{"', b'{"na', b'{"name', b'{"name":', b'{"name":1', b'{"name":"', b'"name":tr', b'name":0,', b'":', b'":1',
+        b'0,"', b'0,"ok":', b'0,"ok":t', b'1,"okay', b'tru', b'true', b'true}', b'true,"', b'fal', b'false}', b'nul',
+        b'null', b'null}', b'"ok', b'ok":', b'ok":nu']
+    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
+    g = GrammarCompiler(info).compile_json_schema({
+        "type": "object", "properties": {"name": {"type": "integer"}, "ok": {"type": ["boolean", "null"]}},
+        "required": ["name", "ok"], "additionalProperties": False})
+    m, rnd = Matcher(g), random.Random(seed)
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    seen = set()
+    while not m.is_terminated():
+        expected = assert_mask_is_brute_force(m, bitmask)
+        seen |= expected
+        choice = rnd.choice(sorted(expected - set(info.eos_ids)) or sorted(expected))
+        assert m.accept_token(choice)
+    assert {words.index(w) for w in (b'{"name":1', b'0,"ok":t', b'true}')} & seen  # tokens past a literal
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 12},
+                                    {"type": "object", "additionalProperties": {"type": "string", "maxLength": 9}}])
+def test_tokens_with_a_plain_head_start_along_a_long_chain(schema, seed):
+    # A string with a maximum length is a chain of states; a token that starts with plain text and
+    # then has a quote, an escape or a cut character starts at the chain's state after that text.
+    e = "é".encode()
+    words = [bytes([c]) for c in b'{}":,abcx\\ '] + [
+        e, b"abcdefghij", b"xxxxxxxxx", b"abc" + e, b'abcdefgh"', b'abc"', e + b'"', b'abcdefghijk"', b'ab\\n', b"a\n",
+        b'abcdefghi\\u', e * 2 + e[:1], b'"', b'",', b'"}', b'{"ab":"', b'":"abcdefghij', b'x":"xx"}']
+    info = TokenizerInfo(list(dict.fromkeys(words)) + [None], eos_ids=[len(dict.fromkeys(words))])
+    m, rnd = Matcher(GrammarCompiler(info).compile_json_schema(schema)), random.Random(seed)
+    masks_along_a_walk(m, rnd, 12)
+
+
+LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"1" + b"a" * 9, b"b" * 20,
+        b"b" * 19 + b"x", b"a" + b"b" * 18 + b"x", b" " * 10 + b'"', b" " * 10 + "é".encode() * 3,
+        b"x" * 10 + "é".encode()[:1], "é".encode() * 6, "é".encode() + b" " * 12, b"1" + b" " * 12]
+
+
+@pytest.mark.parametrize("kind,source,inside", [
+    # a substring the string must contain; a class; a class with multi-byte characters
+    ("schema", {"type": "string", "pattern": "a1"}, '"'),
+    ("schema", {"type": "string", "pattern": "a1"}, '"xa'),
+    ("schema", {"type": "string", "pattern": "a1"}, '"a1'),
+    ("schema", {"type": "string", "pattern": "^[^b]*$"}, '"'),
+    ("schema", {"type": "string", "pattern": "^[ -~é]*$"}, '"x'),
+    ("schema", {"type": "object", "additionalProperties": {"type": "string", "pattern": "1"}}, '{"'),
+    # a loop in a rule that can return mid-token: its bytes may be read by the rule after it
+    ("lark", 'start: w v\nw: /[ab]+/\nv: /bbbx/', ""),
+    ("regex", r"[ab]+b*x|-+1?", ""),
+])
+def test_long_tokens_through_loops(kind, source, inside):
+    # Tokens much longer than a walk's first steps, through states that loop on most characters:
+    # the tokens whose other bytes all loop are allowed as a block, and a walk still going after a
+    # few steps skips the looping bytes ahead (not on a state that can return, where a byte could
+    # also be read by the caller).
+    words = [bytes([c]) for c in b'ab1x- "\\'] + ["é".encode()] + LONG
+    info = TokenizerInfo(list(dict.fromkeys(words)) + [None], eos_ids=[len(dict.fromkeys(words))])
+    compiler = GrammarCompiler(info)
+    g = compiler.compile_lark(source) if kind == "lark" else compile_one(compiler, kind, source)
+    m = Matcher(g)
+    assert m.accept_bytes(inside.encode())
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    allowed = assert_mask_is_brute_force(m, bitmask)
+    assert {info.vocab.index(t) for t in LONG} & allowed  # some long token is allowed: the walk had them
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "maxLength": 5}, {"type": "string", "minLength": 2, "maxLength": 4},
+    *({"type": "string", "maxLength": n} for n in (6, 7, 8, 14, 15, 16, 40)),  # the longest token has 7 characters
+    *({"type": "string", "pattern": f"^.{{{n}}}[ab]"} for n in (6, 7, 8)),  # a chain, then characters going two ways
+    {"type": "string", "pattern": "^a{2,3}[^b]*$"}, {"type": "object", "propertyNames": {"maxLength": 3}},
+    {"type": "array", "items": {"type": "string", "maxLength": 2}},
+    r'start: w "\n" w' + "\n" + r'w: /[^"\\\x00-\x1f]+/',  # returns after any character: a chain ends on a fork
+])
+def test_plain_runs_follow_their_definition(schema):
+    # plain_run fills in every state along the chain it followed; each must equal its own chain,
+    # followed from that state (in any order of first use).
+    info = TokenizerInfo([bytes([c]) for c in range(0x20, 0x7F)] + [b"abcdefg", None], eos_ids=[96])
+    limit = len(info.plain_bounds) - 2
+
+    def chain(g, q):
+        seen, n = {q}, 0
+        while n < limit:
+            nxt = g.plain_next(q)
+            if nxt == masks.ALL_DEAD:
+                return n, "dead"
+            if nxt == masks.NONUNIFORM:
+                return n, "walk"
+            if nxt in seen:
+                return limit, "dead"
+            n, q = n + 1, nxt
+            if g.fork_states[nxt]:
+                return n, "walk"
+            seen.add(nxt)
+        return n, "dead"
+
+    for order in (1, -1):
+        compiler = GrammarCompiler(info)
+        g = compiler.compile_lark(schema) if isinstance(schema, str) else compiler.compile_json_schema(schema)
+        for q in range(g.num_states)[::order]:
+            assert g.plain_run(q) == chain(g, q), (schema, q)
+
+
+@settings(max_examples=40, deadline=None)
+@given(vocabularies(), st.integers(0, 6))
+def test_plain_text_tables(info, n):
+    # The vocabulary tables the walk's shortcuts read, against their definitions: plain_ahead, the
+    # bytes of the run of plain characters from each offset (0 inside a character); plain_upto(n),
+    # the plain tokens of 1..n characters.
+    def plain_run(b: bytes, o: int) -> int:
+        if o < len(b) and b[o] & 0xC0 == 0x80:
+            return 0
+        for k in range(len(b) - o, 0, -1):
+            try:
+                text = b[o:o + k].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if all(c >= " " and c not in '"\\\u2028\u2029' for c in text):
+                return k
+        return 0
+
+    for t, b in enumerate(info.vocab):
+        if b is not None:
+            assert [int(info.plain_ahead[o, t]) for o in range(len(b))] == [plain_run(b, o) for o in range(len(b))], b
+    bits = np.unpackbits(info.plain_upto(n).view(np.uint8), bitorder="little")[:info.vocab_size]
+    assert set(np.nonzero(bits)[0].tolist()) == {t for t in range(info.vocab_size) if 1 <= info.plain_chars[t] <= n}
