@@ -3,8 +3,9 @@
 A JSON string body reads most characters as they are ("plain": not a quote, a backslash or a control
 character). Per state, lazily: the single state every plain character leads to (`plain_next`, for
 characters of two or more bytes `multibyte_next`), the chain of such states and how many characters
-it takes (`plain_run`, vectorized as `run_lengths`), whether the state leads every plain character
-back to itself (`plain_loops`), and the tokens whose later bytes all loop on it (`looping_tokens`).
+it takes (`plain_run`), how many plain characters surely end alive from it, every number where each
+leads back to it (`plain_reach`, vectorized), whether plain text of any length lives from it
+(`plain_closed`), and the tokens whose later bytes all loop on it (`looping_tokens`).
 masks.py reads these to take plain tokens as blocks instead of walking them byte by byte.
 CompiledGrammar inherits them; it provides `automaton`, `info`, `fork_states` and `_lock`.
 """
@@ -39,17 +40,13 @@ class PlainRuns:
         sub[:, [0x22 - 0x20, 0x5C - 0x20]] = sub[:, [0x21 - 0x20, 0x5B - 0x20]]
         self._ascii_lo, self._ascii_hi = lo, hi = sub.min(axis=1), sub.max(axis=1)
         self._ascii_steps = sub  # where each state's plain ASCII characters lead (plain_closed)
-        # `plain_run` lengths (-1: not decided yet). Most states lead different ASCII characters to
-        # different places (inside names, numbers, keywords) or read no plain character at all
-        # (between JSON values): no chain.
-        self._runs = np.full(len(lo), -1, dtype=np.int32)
-        self._runs[(lo != hi) | ((hi < 0) & (trans[:, 0xC2:0xF5] < 0).all(axis=1))] = 0
-        # Whether every plain character leads a state back to itself (a string body) and it does not
-        # call or return: a walk moves past a run of plain text there at once (plain_loops). -1: to
-        # be decided (characters of two or more bytes).
-        maybe = (lo == hi) & (lo == np.arange(len(lo))) & ~self.fork_states
-        self._plain_loop = np.where(maybe, -1, 0).astype(np.int8)
-        self._reach = np.where(maybe | (self._runs < 0), -1, 0).astype(np.int32)  # plain_reach, -1: to decide
+        # `plain_reach` (-1: not decided yet). Most states lead different ASCII characters to different
+        # places (inside names, numbers, keywords) or read no plain character at all (between JSON
+        # values): no chain, 0. A state may lead every plain character back to itself (a string body)
+        # where its ASCII characters do and it does not call or return; its longer characters decide.
+        no_chain = (lo != hi) | ((hi < 0) & (trans[:, 0xC2:0xF5] < 0).all(axis=1))
+        self._may_loop = (lo == hi) & (lo == np.arange(len(lo))) & ~self.fork_states
+        self._reach = np.where(self._may_loop | ~no_chain, -1, 0).astype(np.int32)
         # Where the characters of two or more bytes lead, for the states whose ASCII characters all
         # live (string bodies, names, classes: those the walk asks about), all at once: one state at
         # a time took 50-100 us each inside the walks (a maxLength string's chain: one per state).
@@ -145,37 +142,19 @@ class PlainRuns:
             chain.append(self.plain_next(chain[-1]))
         return np.array(chain, dtype=np.int64)
 
-    def run_lengths(self, states: np.ndarray) -> np.ndarray:
-        """`plain_run(q)[0]` for an array of states (0 where the chain shortcut does not apply)."""
-        runs = self._runs[states]
-        unknown = runs < 0
-        if unknown.any():
-            for q in np.unique(states[unknown]).tolist():
-                self._runs[q] = self.plain_run(q)[0]
-            runs = self._runs[states]
-        return runs
-
     def plain_reach(self, states: np.ndarray) -> np.ndarray:
         """For each state, how many plain characters from it surely end alive on its chain: LOOPS where
-        every plain character leads back to it (`plain_loops`), else `plain_run`'s length (the token
-        walk's test of whether a token's plain rest is done, one lookup a step)."""
+        every plain character leads back to it and it is no fork (a walk then moves past a run of
+        plain text at once), else `plain_run`'s length (the token walk's test of whether a token's
+        plain rest is done, one lookup a step)."""
         reach = self._reach[states]
         unknown = reach < 0
         if unknown.any():
             for q in np.unique(states[unknown]).tolist():
-                self._reach[q] = LOOPS if self.plain_loops(np.array([q]))[0] else self.plain_run(q)[0]
+                loops = self._may_loop[q] and self.plain_next(q) == q
+                self._reach[q] = LOOPS if loops else self.plain_run(q)[0]
             reach = self._reach[states]
         return reach
-
-    def plain_loops(self, states: np.ndarray) -> np.ndarray:
-        """For each state: does every plain character lead it back to itself (and it is no fork)?"""
-        v = self._plain_loop[states]
-        unknown = v < 0
-        if unknown.any():
-            for q in np.unique(states[unknown]).tolist():
-                self._plain_loop[q] = self.plain_next(q) == q
-            v = self._plain_loop[states]
-        return v == 1
 
     def plain_closed(self, q: int) -> np.ndarray | None:
         """Where plain text of any length stays alive from `q` without a call or return (the names of
