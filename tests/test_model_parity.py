@@ -77,7 +77,8 @@ def test_packed_linear_matches_matmul(in_features, bias, keep_plain):
             torch.testing.assert_close(lin(x[:t], r[:t]), x[:t] @ weight + b + r[:t], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("scaling", [RopeScaling(), RopeScaling("yarn", factor=4.0, original_max_position_embeddings=64)])
+@pytest.mark.parametrize("scaling", [RopeScaling(),
+                                     RopeScaling("yarn", factor=4.0, original_max_position_embeddings=64)])
 def test_rope_rotation_matrix_matches_elementwise(scaling):
     """Small CPU passes rotate q/k with one matmul by per-position matrices; larger ones element-wise.
     Both are the half-split rotation."""
@@ -86,7 +87,8 @@ def test_rope_rotation_matrix_matches_elementwise(scaling):
     positions = torch.tensor([0, 5, 63, 200])
     x = torch.randn(4, 6, 16)
     tables = rope.tables(positions, torch.float32)
-    assert tables.rotation is not None and rope.tables(torch.arange(ROTATION_MAX_TOKENS + 1), torch.float32).rotation is None
+    longer = rope.tables(torch.arange(ROTATION_MAX_TOKENS + 1), torch.float32)
+    assert tables.rotation is not None and longer.rotation is None
     cos, sin = tables.cos, tables.sin
     expected = x * cos + torch.cat((-x[..., 8:], x[..., :8]), dim=-1) * sin
     torch.testing.assert_close(rope.apply_one(tables, x), expected, rtol=1e-6, atol=1e-6)

@@ -48,7 +48,8 @@ class EngineCore:
         self._cv = threading.Condition()
         self._closed = False
         ready: Future = Future()
-        self._thread = threading.Thread(target=self._run, args=(build, ready, build_on_worker), name="agentkv-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(build, ready, build_on_worker), name="agentkv-engine",
+                                        daemon=True)
         self._thread.start()
         self.parts: Components = ready.result()
 

@@ -50,7 +50,8 @@ def _physical_memory() -> int:
         return 0
 
 
-def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, add: torch.Tensor | None) -> torch.Tensor:
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                   add: torch.Tensor | None) -> torch.Tensor:
     if add is not None:  # the residual added in the same kernel
         return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), add, packed, bias, "add")
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
@@ -145,7 +146,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding, residual: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding,
+                residual: torch.Tensor) -> torch.Tensor:
         """residual + attention(x): the residual is added by the output projection."""
         T = x.shape[0]
         qkv = self.qkv_proj(x)
