@@ -35,7 +35,11 @@ class ForwardContext:
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
-    return weight.dtype == torch.float32 and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return weight.dtype == torch.float32
 
 
 def _pack(weight_out_in: torch.Tensor) -> torch.Tensor:
@@ -84,7 +88,9 @@ class Linear(nn.Module):
     def pack(self, keep_plain: bool = False) -> None:
         if self.packed is None and _can_pack(self.weight):
             self.packed = _pack(self.weight.data.t())
-            if not keep_plain:
+            # bf16: oneDNN's packed kernel reads the weight at full speed at one row too (the 30
+            # layers' linears 10.8 ms against 16.0 for F.linear), so no plain copy is worth keeping
+            if not keep_plain or self.weight.dtype != torch.float32:
                 self.weight = None  # only the packed copy is kept
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -128,9 +134,8 @@ class RMSNorm(nn.Module):
         if x.dtype == torch.float32:  # one fused op; same math as below
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # normalized in fp32 and cast back before the weight, as HF does, so bf16 outputs match it
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # bit for bit (the fused op without a weight: 4 ops instead of 8)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
 
 
 class Attention(nn.Module):

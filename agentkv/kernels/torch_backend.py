@@ -89,8 +89,9 @@ class TorchAttentionBackend(AttentionBackend):
             # against 110 for one query per head with enable_gqa.
             kvh = k_cache.shape[1]
             qd = q[:nd].reshape(nd, kvh, H // kvh, D)
-            mask = None if self.decode_mask is None else self.decode_mask.to(q.dtype)
-            o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=mask, scale=scale)
+            if self.decode_mask is not None and self.decode_mask.dtype != q.dtype:
+                self.decode_mask = self.decode_mask.to(q.dtype)  # once per pass, not once per layer
+            o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=self.decode_mask, scale=scale)
             decoded = o.reshape(nd, H, D)
         if not self.extends:  # a decode-only pass: no output buffer to copy into
             return decoded.reshape(T, H * D)
@@ -113,7 +114,9 @@ class TorchAttentionBackend(AttentionBackend):
         vu = v_cache.index_select(0, self.shared_slots).to(q.dtype).transpose(0, 1)  # [KVH, U, D]
         qg = q.view(B, kvh, g, D).permute(1, 0, 2, 3).reshape(kvh, B * g, D)  # [KVH, B*G, D]
         scores = torch.bmm(qg, ku).mul_(scale).view(kvh, B, g, -1)  # [KVH, B, G, U]
-        scores += self.shared_mask.to(q.dtype)[None, :, None, :]
+        if self.shared_mask.dtype != q.dtype:
+            self.shared_mask = self.shared_mask.to(q.dtype)  # once per pass, not once per layer
+        scores += self.shared_mask[None, :, None, :]
         probs = scores.softmax(-1).view(kvh, B * g, -1)
         o = torch.bmm(probs, vu)  # [KVH, B*G, D]
         return o.view(kvh, B, g, D).permute(1, 0, 2, 3).reshape(B, H, D)
