@@ -121,6 +121,13 @@ class PlainRuns:
                 chain.append(nxt)
                 rest = "walk"
                 break
+            known = self._plain_run.get(nxt)
+            if known is not None:  # the chain joins one followed before (from a state further along)
+                n, after = known
+                for i, s in enumerate(chain):
+                    ahead = len(chain) - i + n
+                    self._plain_run[s] = (ahead, after) if ahead < limit else (limit, "dead")
+                return self._plain_run[q]
             seen[nxt] = len(chain)
             chain.append(nxt)
         else:  # cut: the states with `limit` characters of chain ahead take every plain token there
@@ -166,14 +173,14 @@ class PlainRuns:
         if hit is not False:
             return hit
         trans = self.automaton.trans
-        closure = None
+        closure, failed = None, [q]
         if self._ascii_lo[q] >= 0:  # every ASCII character lives: most states fail here (numbers, keywords)
-            closure = _plain_closure(trans, self._ascii_steps, self._ascii_lo, self.fork_states, q)
+            closure, failed = _plain_closure(trans, self._ascii_steps, self._ascii_lo, self.fork_states, q)
         reads = None if closure is None else (trans[closure] >= 0).any(axis=0)
         with self._lock:
-            if len(self._closed) + (1 if closure is None else len(closure)) > MAX_CACHED_STATES:
+            if len(self._closed) + (len(failed) if closure is None else len(closure)) > MAX_CACHED_STATES:
                 self._closed.clear()
-            for s in [q] if closure is None else closure.tolist():
+            for s in failed if closure is None else closure.tolist():
                 self._closed[s] = reads
         return reads
 
@@ -235,36 +242,43 @@ def _plain_automata() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _plain_closure(trans: np.ndarray, ascii_steps: np.ndarray, ascii_lo: np.ndarray, fork: np.ndarray,
-                   q: int) -> np.ndarray | None:
-    """The states plain characters reach from `q`, where each reads every plain character (of any
-    length) into another of them and none is a fork state; else None. Depth first over the ASCII
-    characters in plain Python (`ascii_steps` holds each state's plain ASCII steps, `ascii_lo` the
-    least of them; a level of numpy per character of a long declared name cost more), then the
-    characters of two or more bytes from all states found so far at once (rarely anywhere new)."""
-    seen, todo, fresh = {q}, [q], [q]
+                   q: int) -> tuple[np.ndarray | None, list[int]]:
+    """(closure, failed): the states plain characters reach from `q`, where each reads every plain
+    character (of any length) into another of them and none is a fork state; else None, with states
+    known to fail too (`q` and, where an ASCII step found the failing state, the states on the way
+    there: they reach it as well, so a maxLength string's chain is followed once, not once per state).
+    Depth first over the ASCII characters in plain Python (`ascii_steps` holds each state's plain
+    ASCII steps, `ascii_lo` the least of them; a level of numpy per character of a long declared name
+    cost more), then the characters of two or more bytes from all states found so far at once (rarely
+    anywhere new)."""
+    seen, todo, fresh = {q: -1}, [q], [q]  # seen: state -> the state an ASCII step first reached it from
     while todo:
         while todo:
             s = todo.pop()
             if fork[s] or ascii_lo[s] < 0:
-                return None
+                failed = [q]
+                while s >= 0 and s != q:  # back to `q`, or to a state a longer character reached
+                    failed.append(s)
+                    s = seen[s]
+                return None, failed
             for t in set(ascii_steps[s].tolist()):
                 if t not in seen:
-                    seen.add(t)
+                    seen[t] = s
                     todo.append(t)
                     fresh.append(t)
             if len(seen) > MAX_CLOSED_STATES:
-                return None
+                return None, [q]
         # States with the same steps on the bytes of longer characters reach the same states by them:
         # one of each (the states of a name's trie all step like the free part).
         fresh = np.array(fresh, dtype=np.int64)
         fresh = fresh[list({row.tobytes(): i for i, row in enumerate(trans[fresh, 0x80:])}.values())]
         reached = _multibyte_targets(trans, fork, fresh)
         if reached is None:
-            return None
+            return None, [q]
         todo = [t for t in reached.tolist() if t not in seen]
         fresh = list(todo)
-        seen.update(todo)
-    return np.array(sorted(seen), dtype=np.int64)
+        seen.update(dict.fromkeys(todo, -1))  # (reached by a longer character: no ASCII path kept)
+    return np.array(sorted(seen), dtype=np.int64), []
 
 
 def _multibyte_targets(trans: np.ndarray, fork: np.ndarray, states: np.ndarray) -> np.ndarray | None:
