@@ -63,6 +63,7 @@ class CompiledGrammar(PlainRuns):
         self._steps: dict[tuple[int, int], int] = {}
         self._masks: dict[int, np.ndarray] = {}
         self._forced: dict[int, bytes] = {}
+        self._leaf_rules: dict[int, _LeafRule | None] = {}  # rule index -> its key in `info.leaf_walks`
         self._init_plain_runs()
         self.initial = self._intern([(a.starts[0],)])
 
@@ -208,9 +209,13 @@ class CompiledGrammar(PlainRuns):
         if a.leaf_exprs is None:
             return None
         r = bisect.bisect_right(a.starts, q) - 1
-        expr = a.leaf_exprs[r]
-        size = (a.starts[r + 1] if r + 1 < len(a.starts) else len(a.accept)) - a.starts[r]
-        return None if expr is None else (expr, size, q - a.starts[r])
+        rule = self._leaf_rules.get(r, False)
+        if rule is False:
+            expr = a.leaf_exprs[r]
+            size = (a.starts[r + 1] if r + 1 < len(a.starts) else len(a.accept)) - a.starts[r]
+            rule = self._leaf_rules[r] = None if expr is None else _LeafRule(expr, size)
+        return None if rule is None else (rule, q - a.starts[r])
+
 
     def allowed_bytes(self, cid: int) -> np.ndarray:
         tops = [s[-1] for s in self._configs[cid][0]]
@@ -236,3 +241,20 @@ class CompiledGrammar(PlainRuns):
     def cache_info(self) -> dict[str, int]:
         return {"configs": len(self._configs), "masks": len(self._masks), "steps": len(self._steps),
                 "states": len(self._state_tokens)}
+
+
+class _LeafRule:
+    """A leaf rule's expression and DFA size as a cache key, hashed once: an expression's hash walks
+    its whole tree (~100 us for a large one), which a key built per state would repeat per state."""
+
+    __slots__ = ("expr", "size", "_hash")
+
+    def __init__(self, expr, size: int):
+        self.expr, self.size, self._hash = expr, size, hash((expr, size))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _LeafRule) and self._hash == other._hash and self.size == other.size \
+            and (self.expr is other.expr or self.expr == other.expr)
