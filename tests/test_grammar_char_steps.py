@@ -1,11 +1,11 @@
-"""Where plain characters lead from a state, decided for many states at once (plain_runs._char_steps),
-equals the per-state simulation of the one-character automaton (plain_runs._uniform_char_step)."""
+"""Where plain characters lead from a state, decided for many states at once (char_steps.char_steps),
+equals the per-state simulation of the one-character automaton (char_steps.uniform_char_step)."""
 
 import numpy as np
 import pytest
 
 from agentkv.grammar import GrammarCompiler, TokenizerInfo
-from agentkv.grammar import plain_runs as P
+from agentkv.grammar import char_steps as P
 
 INFO = TokenizerInfo([bytes([c]) for c in range(0x20, 0x7F)] + ["é".encode(), None], eos_ids=[96])
 SOURCES = [
@@ -26,14 +26,14 @@ def test_char_steps_equal_the_per_state_simulation(kind, source):
     trans, fork = g.automaton.trans, g.fork_states
     states = np.nonzero(g._ascii_lo >= 0)[0]  # those it is asked about: every ASCII character lives
     uniform = g._ascii_lo[states] == g._ascii_hi[states]
-    plain, multi = P._char_steps(trans, fork, states, uniform)
+    plain, multi = P.char_steps(trans, fork, states, uniform)
     assert len(states)
     for i, q in enumerate(states.tolist()):
-        assert multi[i] == P._uniform_char_step(trans, fork, q, multibyte=True), (source, q)
+        assert multi[i] == P.uniform_char_step(trans, fork, q, multibyte=True), (source, q)
         if uniform[i]:
-            assert plain[i] == P._uniform_char_step(trans, fork, q), (source, q)
+            assert plain[i] == P.uniform_char_step(trans, fork, q), (source, q)
         else:
             assert plain[i] == P.UNKNOWN
     # and what a grammar decided when built (or along a chain) is the same
     for q, nxt in g._plain_next.items():
-        assert nxt == P._uniform_char_step(trans, fork, q)
+        assert nxt == P.uniform_char_step(trans, fork, q)

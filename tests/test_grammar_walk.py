@@ -138,6 +138,23 @@ LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"
         b"x" * 10 + "é".encode()[:1], "é".encode() * 6, "é".encode() + b" " * 12, b"1" + b" " * 12]
 
 
+@pytest.mark.parametrize("inside", ['"', '"a', '"a\u00e9'])
+def test_class_loops_over_some_longer_characters(inside):
+    # `\S` loops on most characters but not on the Unicode spaces (U+00A0, U+3000): a token whose
+    # later characters all loop is taken with the loop's block, one holding a space after its first
+    # character is not (each distinct longer character stepped from the loop state once).
+    nbsp, ideo = "\u00a0", "\u3000"
+    words = [bytes([c]) for c in range(0x20, 0x7F)] + [w.encode() for w in [
+        "\u00e9", "a\u00e9", "a\u00e9\u00e9b", "\u00e9a", "\u00e9\u00e9", "\u4e2d\u6587", "x\u4e2d",
+        "a" + nbsp, "a" + nbsp + "b", nbsp, "\u00e9" + nbsp, "ab" + ideo, ideo + "a", "b\u00e9" + ideo]]
+    words += ["a\u00e9".encode()[:-1], "\u4e2d".encode()[:2]]  # ending inside a character
+    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
+    m = Matcher(GrammarCompiler(info).compile_json_schema({"type": "string", "pattern": "^\\S+$"}))
+    assert m.accept_bytes(inside.encode())
+    allowed = assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
+    assert words.index("a\u00e9\u00e9b".encode()) in allowed and words.index(("a" + nbsp).encode()) not in allowed
+
+
 @pytest.mark.parametrize("kind,source,inside", [
     # a substring the string must contain; a class; a class with multi-byte characters
     ("schema", {"type": "string", "pattern": "a1"}, '"'),

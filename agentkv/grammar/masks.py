@@ -38,6 +38,7 @@ import numpy as np
 
 from agentkv.grammar.token_groups import (
     MANY_FIRST_CHARS,
+    after_longer_first_char,
     by_first_char,
     first_byte_reads,
     first_steps,
@@ -250,11 +251,11 @@ class _Walk:
         multibyte = g.multibyte_next(q)
         if multibyte >= 0:
             take(multibyte, 256, multibyte=True)
-        elif multibyte == NONUNIFORM:  # first bytes go different ways: each token from its own
-            ids, first = first_steps(info, row, plain.group(256)[0])
-            states.append(first)
+        elif multibyte == NONUNIFORM:  # first characters go different ways: each token from its own
+            ids, to, read = after_longer_first_char(g, info, q)
+            states.append(to)
             walk.append(ids)
-            offsets.append(np.ones(len(ids), np.int64))
+            offsets.append(read)
         ids, first = first_byte_reads(info.non_plain_by_first_byte, row)  # each from its first byte
         walk.append(ids)
         states.append(first)

@@ -73,3 +73,16 @@ def ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """The positions lo[0]..hi[0]-1, lo[1]..hi[1]-1, ... as one array."""
     n = hi - lo
     return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+
+
+def after_longer_first_char(g, info, q: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, states, bytes read): the plain tokens whose first character has two or more bytes, each
+    at the state that character leads to from `q` (those it kills left out), each distinct character
+    stepped once; where one passes a call or return inside, each at its first byte's state instead."""
+    steps, longer = g.longer_char_steps(q), info.longer_chars
+    if steps is None:
+        ids, to = first_steps(info, g.automaton.trans[q], info.first_char_groups.group(256)[0])
+        return ids, to, np.ones(len(ids), np.int64)
+    to = steps[longer.first_which]
+    live = to >= 0
+    return longer.first[live], to[live], longer.lengths[longer.first_which[live]]

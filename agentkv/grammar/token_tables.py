@@ -38,6 +38,22 @@ class FirstCharGroups:
         return self.ids[self.edges[g]:self.edges[g + 1]], self.under[g]
 
 
+@dataclass(frozen=True)
+class LongerChars:
+    """The distinct characters of two or more bytes that plain tokens hold (after their first byte,
+    or as their first character): stepping each from a state once tells every token holding it. Where
+    a state's longer characters go different ways (a class without the Unicode spaces, `[^\\s]`), the
+    tokens starting with one go on from where theirs leads, and those whose later ones all loop on a
+    state are taken with the loop's block (plain_runs.py)."""
+
+    chars: np.ndarray        # [C, 4] each character's UTF-8 bytes
+    lengths: np.ndarray      # [C] its byte count
+    first: np.ndarray        # plain tokens whose first character is one of them ...
+    first_which: np.ndarray  # ... and its index
+    later: np.ndarray        # a plain token for each of them it holds after its first character ...
+    later_which: np.ndarray  # ... and its index
+
+
 class TokenTables:
     def _init_tables(self) -> None:
         self._plain_suffix: np.ndarray | None = None
@@ -50,6 +66,7 @@ class TokenTables:
         self._first_char_masks: np.ndarray | None = None
         self._plain_prefixes: tuple[np.ndarray, list[np.ndarray]] | None = None
         self._non_plain_heads: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._longer_chars: LongerChars | None = None
 
     @property
     def first_byte_groups(self) -> list[np.ndarray]:
@@ -249,6 +266,33 @@ class TokenTables:
             self._later_bytes = np.packbits(has, axis=1, bitorder="little").view("<u4")
         return self._later_bytes
 
+    @property
+    def longer_chars(self) -> LongerChars:
+        """The characters of two or more bytes in plain tokens, and where tokens hold them (built on
+        first use; see LongerChars)."""
+        if self._longer_chars is None:
+            has = np.unpackbits(self.later_bytes[256].view(np.uint8), bitorder="little")[:self.vocab_size]
+            index: dict[str, int] = {}
+            later, later_which, first, first_which = [], [], [], []
+            for t in np.nonzero(has.astype(bool) & (self.plain_chars > 0))[0].tolist():
+                text = self.vocab[t].decode("utf-8")
+                if ord(text[0]) >= 0x80:
+                    first.append(t)
+                    first_which.append(index.setdefault(text[0], len(index)))
+                for c in set(text[1:]):
+                    if ord(c) >= 0x80:
+                        later.append(t)
+                        later_which.append(index.setdefault(c, len(index)))
+            chars = np.zeros((len(index), 4), dtype=np.int64)
+            lengths = np.zeros(len(index), dtype=np.int64)
+            for c, i in index.items():
+                b = c.encode("utf-8")
+                chars[i, :len(b)] = list(b)
+                lengths[i] = len(b)
+            self._longer_chars = LongerChars(chars, lengths, np.array(first, dtype=np.int64),
+                                             np.array(first_which, dtype=np.int64),
+                                             np.array(later, dtype=np.int64), np.array(later_which, dtype=np.int64))
+        return self._longer_chars
 
 def _cut_plain_char(data: bytes) -> bool:
     """Are `data` (non-empty) the first bytes of a plain character of more bytes than that?"""
