@@ -118,6 +118,29 @@ def test_literal_text_takes_the_tokens_inside_it_and_walks_those_past_it(seed):
     assert {words.index(w) for w in (b'{"name":1', b'0,"ok":t', b'true}')} & seen  # tokens past a literal
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_optional_members_commas_start_literal_text(seed):
+    # Past SHARED_TAIL_AFTER optional properties, each member's tail is a rule: after a value, one
+    # stack per property that may come next, each at a state that reads the comma and may also call
+    # the next tail or return (a fork). From there the comma, the name and the colon are one literal.
+    words = [bytes([c]) for c in b'{}":,0123abcdefnorstu'] + [
+        b',"', b',"a', b',"ab', b',"ab":', b',"ab":1', b'1,"', b'1,"b', b'1,"bc":', b'0,"c":2', b'":', b'":3}',
+        b'2}', b',"d', b',"de":', b'"e', b'e":', b'e":0,"f', b'f":1}', b'{"a', b'{"f":']
+    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
+    names = ["a", "ab", "bc", "c", "de", "e", "f"]
+    g = GrammarCompiler(info).compile_json_schema({
+        "type": "object", "properties": {n: {"type": "integer"} for n in names}, "additionalProperties": False})
+    m, rnd = Matcher(g), random.Random(seed)
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    seen = set()
+    while not m.is_terminated():
+        expected = assert_mask_is_brute_force(m, bitmask)
+        seen |= expected
+        choice = rnd.choice(sorted(expected - set(info.eos_ids)) or sorted(expected))
+        assert m.accept_token(choice)
+    assert any(g.fork_states[q] and g.first_only[q] == ord(",") for q in range(g.num_states))
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 12},
                                     {"type": "object", "additionalProperties": {"type": "string", "maxLength": 9}}])

@@ -46,10 +46,15 @@ class CompiledGrammar(PlainRuns):
         self.fork_list = self.fork_states.tolist()  # the same, for walks of a single token (masks.py)
         # The one byte a state reads, where it reads exactly one and is no fork (-1 elsewhere): from
         # there on a literal (a property name with its quotes and colon, a keyword) is walked as text.
+        # `first_only` allows forks: a walk's first state's calls and returns are other stacks (an
+        # optional member's comma, one stack per property, is a literal up to the member's value).
         live = a.trans >= 0
-        only = np.where((live.sum(axis=1) == 1) & ~self.fork_states, live.argmax(axis=1), -1)
+        single = live.sum(axis=1) == 1
+        first = np.where(single, live.argmax(axis=1), -1)
+        self.first_only = first.tolist()
+        only = np.where(self.fork_states, -1, first)
         self.only_byte = only.tolist()
-        self.only_next = a.trans[np.arange(len(only)), np.maximum(only, 0)].tolist()  # where that byte leads
+        self.only_next = a.trans[np.arange(len(first)), np.maximum(first, 0)].tolist()  # where that byte leads
         # A return state with nothing after it: a call from there replaces the frame (tail call), so
         # right-recursive chains (object member tails, Lark lists) do not deepen the stack.
         self.tail_states = a.accept & ~a.has_bytes

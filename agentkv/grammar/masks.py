@@ -115,7 +115,7 @@ class _Walk:
         g, info = self.g, self.info
         self.depth = max(self.depth, len(stack))
         q = stack[-1]
-        if g.only_byte[q] >= 0 and self._start_literal(stack):
+        if g.first_only[q] >= 0 and self._start_literal(stack):
             return
         reads = g.plain_closed(q)
         if reads is not None:  # every prefix of plain text is allowed (a string body, the names of an open object)
@@ -177,7 +177,9 @@ class _Walk:
         looked up, and only those that run past its end walk on from there. False (nothing done)
         where the text is a single byte: the walk costs no more."""
         g, info = self.g, self.info
-        only, after, text, q = g.only_byte, g.only_next, bytearray(), stack[-1]
+        only, after, q = g.only_byte, g.only_next, stack[-1]
+        text = bytearray([g.first_only[q]])  # (the first state may fork: its calls and returns are other stacks)
+        q = after[q]
         while only[q] >= 0 and len(text) < MAX_LITERAL:
             text.append(only[q])
             q = after[q]
