@@ -7,7 +7,7 @@ import torch
 
 import agentkv as ak
 from agentkv.engine.config import ModelConfig, RopeScaling
-from agentkv.engine.model import Linear
+from agentkv.engine.model import Linear, RMSNorm
 from agentkv.engine.rope import ROTATION_MAX_TOKENS, ROTATION_MAX_TOKENS_LOW_PRECISION, RotaryEmbedding
 from tests.conftest import requires_embedded
 from tests.reference import engine_logits, rel_error
@@ -75,6 +75,20 @@ def test_packed_linear_matches_matmul(in_features, bias, keep_plain):
         for t in (1, 2, 5):
             torch.testing.assert_close(lin(x[:t]), x[:t] @ weight + b, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(lin(x[:t], r[:t]), x[:t] @ weight + b + r[:t], rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_bf16_is_hfs_bit_for_bit():
+    """bf16: normalized in fp32, rounded to bf16, then times the weight (HF's LlamaRMSNorm order)."""
+    norm = RMSNorm(64, 1e-5)
+    g = torch.Generator().manual_seed(0)
+    norm.weight.data.copy_(torch.randn(64, generator=g) * 0.1 + 1)
+    norm = norm.to(torch.bfloat16)
+    for scale in (1e-2, 1.0, 1e2):
+        x = (torch.randn(5, 64, generator=g) * scale).bfloat16()
+        xf = x.float()
+        expected = norm.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(torch.bfloat16)
+        with torch.no_grad():
+            assert torch.equal(norm(x), expected)
 
 
 @pytest.mark.parametrize("bias", [False, True])
