@@ -93,3 +93,16 @@ def masks_along_a_walk(m: Matcher, rnd: random.Random, steps: int) -> None:
         if not expected or m.is_terminated():
             break
         assert m.accept_token(rnd.choice(sorted(expected)))
+
+
+def masks_to_the_end(m: Matcher, rnd: random.Random) -> set[int]:
+    """Check the mask against brute force, then take a random allowed token (EOS last), until the
+    matcher terminates; returns every token some mask allowed."""
+    info = m.grammar.info
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    seen: set[int] = set()
+    while not m.is_terminated():
+        expected = assert_mask_is_brute_force(m, bitmask)
+        seen |= expected
+        assert m.accept_token(rnd.choice(sorted(expected - set(info.eos_ids)) or sorted(expected)))
+    return seen

@@ -11,7 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, masks
-from tests.grammar_helpers import assert_mask_is_brute_force, compile_one, masks_along_a_walk, vocabularies
+from tests.grammar_helpers import (
+    assert_mask_is_brute_force,
+    compile_one,
+    masks_along_a_walk,
+    masks_to_the_end,
+    vocabularies,
+)
 
 pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: vectorized and one-token walks
 
@@ -107,14 +113,7 @@ def test_literal_text_takes_the_tokens_inside_it_and_walks_those_past_it(seed):
     g = GrammarCompiler(info).compile_json_schema({
         "type": "object", "properties": {"name": {"type": "integer"}, "ok": {"type": ["boolean", "null"]}},
         "required": ["name", "ok"], "additionalProperties": False})
-    m, rnd = Matcher(g), random.Random(seed)
-    bitmask = np.zeros((1, info.words), dtype=np.int32)
-    seen = set()
-    while not m.is_terminated():
-        expected = assert_mask_is_brute_force(m, bitmask)
-        seen |= expected
-        choice = rnd.choice(sorted(expected - set(info.eos_ids)) or sorted(expected))
-        assert m.accept_token(choice)
+    seen = masks_to_the_end(Matcher(g), random.Random(seed))
     assert {words.index(w) for w in (b'{"name":1', b'0,"ok":t', b'true}')} & seen  # tokens past a literal
 
 
@@ -130,14 +129,7 @@ def test_optional_members_commas_start_literal_text(seed):
     names = ["a", "ab", "bc", "c", "de", "e", "f"]
     g = GrammarCompiler(info).compile_json_schema({
         "type": "object", "properties": {n: {"type": "integer"} for n in names}, "additionalProperties": False})
-    m, rnd = Matcher(g), random.Random(seed)
-    bitmask = np.zeros((1, info.words), dtype=np.int32)
-    seen = set()
-    while not m.is_terminated():
-        expected = assert_mask_is_brute_force(m, bitmask)
-        seen |= expected
-        choice = rnd.choice(sorted(expected - set(info.eos_ids)) or sorted(expected))
-        assert m.accept_token(choice)
+    masks_to_the_end(Matcher(g), random.Random(seed))
     assert any(g.fork_states[q] and g.first_only[q] == ord(",") for q in range(g.num_states))
 
 

@@ -50,7 +50,7 @@ def _plain_automata() -> tuple[np.ndarray, np.ndarray]:
 
 
 def plain_closure(trans: np.ndarray, ascii_steps: np.ndarray, ascii_lo: np.ndarray, fork: np.ndarray,
-                   q: int) -> tuple[np.ndarray | None, list[int]]:
+                  q: int) -> tuple[np.ndarray | None, list[int]]:
     """(closure, failed): the states plain characters reach from `q`, where each reads every plain
     character (of any length) into another of them and none is a fork state; else None, with states
     known to fail too (`q` and, where an ASCII step found the failing state, the states on the way
@@ -170,7 +170,8 @@ def uniform_char_step(trans: np.ndarray, fork: np.ndarray, q: int, multibyte: bo
     automaton = plain_multibyte if multibyte else plain
     # Breadth first, a byte of the character per level (four at most): pairs (DFA state, row of the
     # character automaton), all of a level at once.
-    # (Written for few numpy calls a level: this runs once per state the walk meets, ~50 us.)
+    # (Written for few numpy calls a level: it runs once per state a walk meets, 84 us against 103
+    # for a numpy unique a level.)
     targets: set[int] = set()
     states, rows, n_rows = np.array([q]), np.array([0]), len(automaton)
     while len(states):

@@ -221,7 +221,6 @@ class CompiledGrammar(PlainRuns):
             rule = self._leaf_rules[r] = None if expr is None else _LeafRule(expr, size)
         return None if rule is None else (rule, q - a.starts[r])
 
-
     def allowed_bytes(self, cid: int) -> np.ndarray:
         tops = [s[-1] for s in self._configs[cid][0]]
         if not tops:

@@ -91,7 +91,8 @@ class TorchAttentionBackend(AttentionBackend):
             qd = q[:nd].reshape(nd, kvh, H // kvh, D)
             if self.decode_mask is not None and self.decode_mask.dtype != q.dtype:
                 self.decode_mask = self.decode_mask.to(q.dtype)  # once per pass, not once per layer
-            o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=self.decode_mask, scale=scale)
+            o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=self.decode_mask,
+                                               scale=scale)
             decoded = o.reshape(nd, H, D)
         if not self.extends:  # a decode-only pass: no output buffer to copy into
             return decoded.reshape(T, H * D)
