@@ -134,6 +134,31 @@ def test_optional_members_commas_start_literal_text(seed):
 
 
 @pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("schema,start", [
+    ({"type": "string", "maxLength": 24}, '"'), ({"type": "string", "minLength": 3, "maxLength": 31}, '"'),
+    ({"type": "object", "properties": {"d": {"type": "string", "maxLength": 27}}, "required": ["d"],
+      "additionalProperties": False}, '{"d":"'),
+    ({"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 2}, '["')])
+def test_positions_of_a_long_string_share_their_walk(schema, start, seed):
+    # Along a string of at most N characters, a position whose chain end lies further than the longest
+    # token walks every token like the next one (shifts.py): their masks are one walk, and right up
+    # to the end, where they differ, each mask is still the brute-force one.
+    words = [bytes([c]) for c in b'ab "\\nu0e9,[]{}d:'] + [b"ab", b"abab", b"abababa", b"ba b", b'b"', b'a"}', b'"]', b'",',
+                                                      b"\\n", b"a\\u00e9", b"\\u", "\u00e9".encode(),
+                                                      "a\u00e9b".encode(), "\u00e9".encode()[:1], "\u00e9".encode()[1:]]
+    info = TokenizerInfo(list(dict.fromkeys(words)) + [None], eos_ids=[len(dict.fromkeys(words))])
+    g = GrammarCompiler(info).compile_json_schema(schema)
+    masks_to_the_end(Matcher(g), random.Random(seed))
+    m = Matcher(g)
+    assert m.accept_bytes(start.encode())
+    for _ in range(6):  # positions 0, 2, .., 10: runs of shared walks start after a minLength too
+        assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
+        assert m.accept_bytes(b"ab")
+    walks = list(g._state_tokens.values())
+    assert len({id(w) for w in walks}) < len(walks)  # some positions took another's walk
+
+
+@pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 12},
                                     {"type": "object", "additionalProperties": {"type": "string", "maxLength": 9}}])
 def test_tokens_with_a_plain_head_start_along_a_long_chain(schema, seed):

@@ -24,11 +24,13 @@ from agentkv.grammar.masks import (
     top_state_tokens,
 )
 from agentkv.grammar.plain_runs import MAX_CACHED_STATES, PlainRuns
+from agentkv.grammar.shifts import equivalent_runs
 from agentkv.grammar.vocab import TokenizerInfo
 
 MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
 MAX_FORCED_BYTES = 4096
 MAX_CACHED_MASKS = 4096     # per grammar: 4096 x 19 KB at a 151k vocabulary
+MAX_SHARED_CHAIN = 4096     # a character chain longer than this shares walks over its first states only
 DEAD = -1
 
 
@@ -69,6 +71,10 @@ class CompiledGrammar(PlainRuns):
         self._masks: dict[int, np.ndarray] = {}
         self._forced: dict[int, bytes] = {}
         self._leaf_rules: dict[int, _LeafRule | None] = {}  # rule index -> its key in `info.leaf_walks`
+        self._chains_tried: set[int] = set()  # chain states `_chain_walk` has looked at
+        self._chain_run: dict[int, int] = {}  # state -> its run of states that walk alike (shifts.py) ...
+        self._chain_walks: list[StateTokens | None] = []  # ... and the run's walk, once computed
+        self._chain_misses: dict[int, int] = {}  # rule index -> its chain states that missed
         self._init_plain_runs()
         self.initial = self._intern([(a.starts[0],)])
 
@@ -198,13 +204,57 @@ class CompiledGrammar(PlainRuns):
                 key = self._leaf_key(q)
                 st = self.info.leaf_walks.get(key) if key is not None else None
                 if st is None:
+                    st = self._chain_walk(q)
+                if st is None:
                     st = top_state_tokens(self, q)
                     if key is not None:
                         self.info.leaf_walks.put(key, st)
+                    if q in self._chain_run:
+                        self._chain_walks[self._chain_run[q]] = st
                 if len(self._state_tokens) >= MAX_CACHED_STATES:
                     del self._state_tokens[next(iter(self._state_tokens))]
                 self._state_tokens[q] = st
         return st
+
+    def _chain_walk(self, q: int) -> StateTokens | None:
+        """The walk of a state of `q`'s run along a long character chain (a string with a maxLength)
+        that provably walks every token like `q` (shifts.py), where one was computed; the chain from
+        `q` is looked at once."""
+        limit = len(self.info.plain_bounds) - 2
+        lo = self._ascii_lo[q]
+        if lo == self._ascii_hi[q] and lo >= 0 and lo != q and q not in self._chains_tried \
+                and self.plain_run(q) == (limit, "dead") and self._second_in_rule(q):  # (cheap tests first)
+            along, s = {}, q  # the chain's character steps decided at once, then followed
+            while len(along) < MAX_SHARED_CHAIN and self._ascii_lo[s] == self._ascii_hi[s] >= 0 and s not in along:
+                along[s] = None
+                s = int(self._ascii_lo[s])
+            undecided = [s for s in along if s not in self._plain_next]
+            if len(undecided) > 1:
+                self._decide_char_steps(np.array(undecided, dtype=np.int64))
+            chain, seen = [q], {q}
+            while len(chain) < MAX_SHARED_CHAIN:
+                nxt = self.plain_next(chain[-1])
+                if nxt < 0 or self.fork_states[nxt] or nxt in seen or nxt in self._chains_tried:
+                    break  # (a loop, a string body without a maximum: every state of it is one already)
+                chain.append(nxt)
+                seen.add(nxt)
+            self._chains_tried.update(chain)
+            horizon = int(self.info.lengths.max())
+            if len(chain) > horizon + 1:
+                for i, j in equivalent_runs(self.automaton.trans, self.fork_states, chain, horizon):
+                    run = len(self._chain_walks)
+                    self._chain_walks.append(None)
+                    for s in chain[i:j]:
+                        self._chain_run[s] = run
+        run = self._chain_run.get(q)
+        return None if run is None else self._chain_walks[run]
+
+    def _second_in_rule(self, q: int) -> bool:
+        """Is `q` the second chain state of its rule to miss? The proof costs ~50 ms for a chain of
+        350 states: paid once a walk moves along it, not for a value of a token or one."""
+        r = bisect.bisect_right(self.automaton.starts, q) - 1
+        self._chain_misses[r] = self._chain_misses.get(r, 0) + 1
+        return self._chain_misses[r] >= 2
 
     def _leaf_key(self, q: int):
         """(expression, its DFA size, state within it) for a state of a rule that calls no other: the walk
