@@ -143,9 +143,9 @@ def test_positions_of_a_long_string_share_their_walk(schema, start, seed):
     # Along a string of at most N characters, a position whose chain end lies further than the longest
     # token walks every token like the next one (shifts.py): their masks are one walk, and right up
     # to the end, where they differ, each mask is still the brute-force one.
-    words = [bytes([c]) for c in b'ab "\\nu0e9,[]{}d:'] + [b"ab", b"abab", b"abababa", b"ba b", b'b"', b'a"}', b'"]', b'",',
-                                                      b"\\n", b"a\\u00e9", b"\\u", "\u00e9".encode(),
-                                                      "a\u00e9b".encode(), "\u00e9".encode()[:1], "\u00e9".encode()[1:]]
+    words = [bytes([c]) for c in b'ab "\\nu0e9,[]{}d:'] + [
+        b"ab", b"abab", b"abababa", b"ba b", b'b"', b'a"}', b'"]', b'",', b"\\n", b"a\\u00e9", b"\\u",
+        "\u00e9".encode(), "a\u00e9b".encode(), "\u00e9".encode()[:1], "\u00e9".encode()[1:]]
     info = TokenizerInfo(list(dict.fromkeys(words)) + [None], eos_ids=[len(dict.fromkeys(words))])
     g = GrammarCompiler(info).compile_json_schema(schema)
     masks_to_the_end(Matcher(g), random.Random(seed))

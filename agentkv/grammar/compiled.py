@@ -217,9 +217,9 @@ class CompiledGrammar(PlainRuns):
         return st
 
     def _chain_walk(self, q: int) -> StateTokens | None:
-        """The walk of a state of `q`'s run along a long character chain (a string with a maxLength)
-        that provably walks every token like `q` (shifts.py), where one was computed; the chain from
-        `q` is looked at once."""
+        """Where `q` lies on a long character chain (a string with a maxLength), the walk of a state
+        that provably walks every token like it (shifts.py), once one is computed; the chain ahead of
+        `q` is looked at once (from the second position of its rule that a walk asks for)."""
         limit = len(self.info.plain_bounds) - 2
         lo = self._ascii_lo[q]
         if lo == self._ascii_hi[q] and lo >= 0 and lo != q and q not in self._chains_tried \
@@ -251,7 +251,7 @@ class CompiledGrammar(PlainRuns):
 
     def _second_in_rule(self, q: int) -> bool:
         """Is `q` the second chain state of its rule to miss? The proof costs ~50 ms for a chain of
-        350 states: paid once a walk moves along it, not for a value of a token or one."""
+        350 states: paid once a walk moves along the chain, not for a value that ends a token later."""
         r = bisect.bisect_right(self.automaton.starts, q) - 1
         self._chain_misses[r] = self._chain_misses.get(r, 0) + 1
         return self._chain_misses[r] >= 2
