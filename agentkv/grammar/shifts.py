@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from agentkv.grammar.token_groups import ranges
+
 MAX_PAIRS = 1 << 17  # state pairs the shift may take before the proof is abandoned (no sharing then)
 
 
@@ -80,9 +82,7 @@ def equivalent_runs(trans: np.ndarray, fork: np.ndarray, chain: list[int], horiz
     for _ in range(horizon):
         if not len(frontier):
             break
-        lo, hi = starts[frontier], starts[frontier + 1]
-        count = hi - lo
-        before = src[np.repeat(lo - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))]
+        before = src[ranges(starts[frontier], starts[frontier + 1])]
         before = np.unique(before[~near[before]])
         near[before] = True
         frontier = before

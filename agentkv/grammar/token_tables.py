@@ -294,6 +294,7 @@ class TokenTables:
                                              np.array(later, dtype=np.int64), np.array(later_which, dtype=np.int64))
         return self._longer_chars
 
+
 def _cut_plain_char(data: bytes) -> bool:
     """Are `data` (non-empty) the first bytes of a plain character of more bytes than that?"""
     lead = data[0]
