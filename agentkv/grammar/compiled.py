@@ -224,13 +224,7 @@ class CompiledGrammar(PlainRuns):
         lo = self._ascii_lo[q]
         if lo == self._ascii_hi[q] and lo >= 0 and lo != q and q not in self._chains_tried \
                 and self.plain_run(q) == (limit, "dead") and self._second_in_rule(q):  # (cheap tests first)
-            along, s = {}, q  # the chain's character steps decided at once, then followed
-            while len(along) < MAX_SHARED_CHAIN and self._ascii_lo[s] == self._ascii_hi[s] >= 0 and s not in along:
-                along[s] = None
-                s = int(self._ascii_lo[s])
-            undecided = [s for s in along if s not in self._plain_next]
-            if len(undecided) > 1:
-                self._decide_char_steps(np.array(undecided, dtype=np.int64))
+            self._decide_along(q, MAX_SHARED_CHAIN, through_decided=True)  # then followed
             chain, seen = [q], {q}
             while len(chain) < MAX_SHARED_CHAIN:
                 nxt = self.plain_next(chain[-1])

@@ -63,6 +63,20 @@ class PlainRuns:
                 self._plain_next[q] = nxt
             self._multibyte_next[q] = multi
 
+    def _decide_along(self, q: int, most: int, through_decided: bool = False) -> None:
+        """`plain_next` of up to `most` states along the chain the ASCII characters lead from `q`,
+        decided at once (one state's character simulation costs ~100 us alone, ~30 in a batch). It
+        stops at the first state decided already, or with `through_decided` goes on past them (a whole
+        maxLength string ahead, for shifts.py)."""
+        along, s, decided = {}, q, self._plain_next
+        while len(along) < most and s not in along and (through_decided or s not in decided) \
+                and self._ascii_lo[s] == self._ascii_hi[s] >= 0:
+            along[s] = None
+            s = int(self._ascii_lo[s])
+        undecided = [s for s in along if s not in decided]
+        if len(undecided) > 1:
+            self._decide_char_steps(np.array(undecided, dtype=np.int64))
+
     def row(self, q: int) -> list[int]:
         """State `q`'s transitions as a list (a single-token walk reads it byte by byte)."""
         hit = self._rows.get(q)
@@ -94,15 +108,7 @@ class PlainRuns:
         if hit is not None:
             return hit
         limit = len(self.info.plain_bounds) - 2
-        # The chain the ASCII characters lead along, decided at once (a maxLength string's 2 x limit
-        # states otherwise cost a character simulation each).
-        along, s = {}, q
-        while len(along) <= 2 * limit and s not in along and s not in self._plain_next \
-                and self._ascii_lo[s] == self._ascii_hi[s] >= 0:
-            along[s] = None
-            s = int(self._ascii_lo[s])
-        if len(along) > 1:
-            self._decide_char_steps(np.array(list(along), dtype=np.int64))
+        self._decide_along(q, 2 * limit + 1)  # (a maxLength string's chain: a simulation each otherwise)
         chain, seen, rest = [q], {q: 0}, "dead"
         while len(chain) <= 2 * limit:  # past `limit`, for the states along the chain
             nxt = self.plain_next(chain[-1])
