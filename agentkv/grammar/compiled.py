@@ -29,6 +29,7 @@ from agentkv.grammar.vocab import TokenizerInfo
 
 MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
 MAX_FORCED_BYTES = 4096
+MAX_LITERAL = 64  # the longest run of single-byte states walked as text (`literal`)
 MAX_CACHED_MASKS = 4096     # per grammar: 4096 x 19 KB at a 151k vocabulary
 MAX_SHARED_CHAIN = 4096     # a character chain longer than this shares walks over its first states only
 DEAD = -1
@@ -75,6 +76,7 @@ class CompiledGrammar(PlainRuns):
         self._chain_run: dict[int, int] = {}  # state -> its run of states that walk alike (shifts.py) ...
         self._chain_walks: list[StateTokens | None] = []  # ... and the run's walk, once computed
         self._chain_misses: dict[int, int] = {}  # rule index -> its chain states that missed
+        self._literals: dict[int, tuple[bytes, int]] = {}
         self._init_plain_runs()
         self.initial = self._intern([(a.starts[0],)])
 
@@ -119,6 +121,22 @@ class CompiledGrammar(PlainRuns):
         self._expanded[stack] = result
         self._deepest[stack] = max(map(len, seen))
         return result
+
+    def literal(self, q: int) -> tuple[bytes, int]:
+        """The text that state `q` reads one byte at a time (see `first_only`), up to MAX_LITERAL
+        bytes, and the state after it; empty where `q` reads more than one byte."""
+        hit = self._literals.get(q)
+        if hit is None:
+            only, after = self.only_byte, self.only_next
+            text, end = bytearray(), q
+            if self.first_only[q] >= 0:  # (the first state may fork: its calls and returns are other stacks)
+                text.append(self.first_only[q])
+                end = after[q]
+                while only[end] >= 0 and len(text) < MAX_LITERAL:
+                    text.append(only[end])
+                    end = after[end]
+            hit = self._literals[q] = (bytes(text), end)
+        return hit
 
     def deepest(self, stack: tuple) -> int:
         """The longest stack `expand(stack)` considered (where the depth limit could have applied)."""

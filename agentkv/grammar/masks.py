@@ -31,11 +31,11 @@ costs about the same at any size.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 import numpy as np
 
+from agentkv.grammar.literals import by_rest, match_rests, tokens_inside, tokens_past
 from agentkv.grammar.token_groups import (
     MANY_FIRST_CHARS,
     after_longer_first_char,
@@ -52,7 +52,6 @@ LOOPS = 1 << 20  # CompiledGrammar.plain_reach of a state every plain character 
 SCALAR_MAX_TOKENS = 64  # this few tokens left: walk each in plain Python (a numpy step costs ~20 us at any size)
 SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # every 8 steps, a walk down to 1,024 tokens skips loops of 8+ bytes
 CHAIN_JUMP = 8  # from a character chain this long, non-plain tokens start past their plain head
-MAX_LITERAL = 64  # the longest run of single-byte states walked as text (`_Walk._start_literal`)
 WHOLE_GROUP_MASK = 4096  # a first character's whole group of more tokens is taken as a packed mask
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
 NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
@@ -176,26 +175,11 @@ class _Walk:
         name with its quotes and colon, a keyword): the tokens that are a prefix of that text are
         looked up, and only those that run past its end walk on from there. False (nothing done)
         where the text is a single byte: the walk costs no more."""
-        g, info = self.g, self.info
-        only, after, q = g.only_byte, g.only_next, stack[-1]
-        text = bytearray([g.first_only[q]])  # (the first state may fork: its calls and returns are other stacks)
-        q = after[q]
-        while only[q] >= 0 and len(text) < MAX_LITERAL:
-            text.append(only[q])
-            q = after[q]
+        text, q = self.g.literal(stack[-1])
         if len(text) < 2:
             return False
-        text = bytes(text)
-        ends = []  # the tokens that end inside the text or at its end
-        for k in range(1, len(text) + 1):
-            at = bisect.bisect_left(info.sorted_bytes, text[:k])
-            while at < len(info.sorted_bytes) and info.sorted_bytes[at] == text[:k]:
-                ends.append(info.sorted_ids[at])
-                at += 1
-        self.allowed[ends] = True
-        lo, hi = info.extending(text)
-        longer = np.array(info.sorted_ids[lo:hi], dtype=np.int64)
-        longer = longer[info.lengths[longer] > len(text)]
+        self.allowed[tokens_inside(self.info, text)] = True
+        longer = tokens_past(self.info, text)
         if len(longer):
             self.run(stack[:-1], np.full(len(longer), q, dtype=np.int64), longer,
                      np.full(len(longer), len(text), dtype=np.int64))
@@ -297,12 +281,29 @@ class _Walk:
         if ends and self.relative:
             self.below.append((idx, off))  # returns below the walked frame: the real stack decides
         b = self.info.bytes_at.reshape(-1)[off * self.info.vocab_size + idx]
+        # Onto a stack whose top reads literal text (an optional member's comma and name: one stack
+        # per property that may come next), the tokens' rests are compared with the text as strings.
+        rests: dict[int, tuple[dict, int]] = {}  # a literal's first byte -> the tokens starting with it
+        inside: set[bytes] = set()  # rests that end inside a literal
         for other in stacks:
-            if other != skip:
+            if other == skip:
+                continue
+            text, end = g.literal(other[-1]) if g.first_only[other[-1]] >= 0 else (b"", -1)
+            if len(text) > 1 and len(idx) > SCALAR_MAX_TOKENS:
+                grouped = rests.get(text[0])
+                if grouped is None:
+                    picked = b == text[0]
+                    grouped = rests[text[0]] = by_rest(self.info, idx[picked], off[picked])
+                on_ids, on_offsets = match_rests(text, *grouped, inside)
+                if len(on_ids):
+                    self.run(other[:-1], np.full(len(on_ids), end, dtype=np.int64), on_ids, on_offsets)
+            else:
                 nxt = g.automaton.trans[other[-1], b].astype(np.int64)
                 ok = nxt >= 0
                 if ok.any():
                     self.run(other[:-1], nxt[ok], idx[ok], off[ok] + 1)
+        if inside:
+            self.allowed[[t for rest in inside for t in rests[rest[0]][0][rest][0]]] = True
 
     def _skip_loops(self, states, idx, off):
         """Move each token past the bytes ahead of it that loop on its state (a long token's run of
