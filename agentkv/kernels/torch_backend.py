@@ -7,6 +7,9 @@ Decodes take one of two routes, chosen per pass:
   of their slots is gathered once and every query attends to it through a membership mask. The
   shared prefix is then read once per layer instead of once per request.
 
+A single decoding request whose slots are one run (a fresh pool hands slots out in order) reads its
+K/V in place, without the gather.
+
 Extends run one request at a time with a causal mask offset by the cached prefix.
 """
 
@@ -28,7 +31,7 @@ class TorchAttentionBackend(AttentionBackend):
         self.meta = meta
         nd = meta.num_decodes
         dev = meta.req_to_token.device
-        self.shared_slots = None
+        self.shared_slots = self.decode_run = None
         if nd:
             lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.int64, device=dev)
             max_len = int(lens.max())
@@ -51,6 +54,10 @@ class TorchAttentionBackend(AttentionBackend):
                 if pad.any():
                     self.decode_mask = torch.zeros(nd, 1, 1, max_len, device=dev)
                     self.decode_mask.masked_fill_(pad[:, None, None, :], float("-inf"))
+                elif nd == 1 and int(slots[0, -1]) - int(slots[0, 0]) == max_len - 1 \
+                        and bool((slots[0, 1:] - slots[0, :-1] == 1).all()):
+                    # one run of slots: 30 layers' two gathers less a step at batch 1 (~0.5 ms of 25, bf16)
+                    self.decode_run = int(slots[0, 0])
         self.extends = []  # (token offset, slots [S], extend_len, causal mask or None)
         offset = nd
         for i in range(nd, len(meta.seq_lens)):
@@ -81,9 +88,13 @@ class TorchAttentionBackend(AttentionBackend):
             decoded = self._decode_shared(q[:nd], k_cache, v_cache, scale)
         elif nd:
             nd_, L = self.decode_slots.shape
-            flat = self.decode_slots.reshape(-1)  # index_select: ~2.5x faster than advanced indexing here
-            kd = k_cache.index_select(0, flat).view(nd_, L, *k_cache.shape[1:]).transpose(1, 2)  # [nd, KVH, L, D]
-            vd = v_cache.index_select(0, flat).view(nd_, L, *v_cache.shape[1:]).transpose(1, 2)
+            if self.decode_run is not None:  # views of the pool: [1, KVH, L, D]
+                kd = k_cache[self.decode_run : self.decode_run + L].transpose(0, 1).unsqueeze(0)
+                vd = v_cache[self.decode_run : self.decode_run + L].transpose(0, 1).unsqueeze(0)
+            else:
+                flat = self.decode_slots.reshape(-1)  # index_select: ~2.5x faster than advanced indexing here
+                kd = k_cache.index_select(0, flat).view(nd_, L, *k_cache.shape[1:]).transpose(1, 2)  # [nd, KVH, L, D]
+                vd = v_cache.index_select(0, flat).view(nd_, L, *v_cache.shape[1:]).transpose(1, 2)
             # The query heads sharing a KV head attend as that head's G queries (one position, so no
             # causal mask among them): [nd, KVH, G, D]. Measured for 16 requests of 100 tokens: 66 us
             # against 110 for one query per head with enable_gqa.
