@@ -30,7 +30,8 @@ class GrammarCompiler:
         self.info = info
         # The vocabulary tables token masks read, built now rather than in a request's first mask.
         info.plain_suffix, info.plain_ahead, info.first_char_groups, info.non_plain_by_first_byte  # noqa: B018
-        info.later_bytes, info.first_char_masks, info.plain_prefixes, info.non_plain_heads, info.longer_chars  # noqa: B018
+        info.later_bytes, info.first_char_masks, info.plain_prefixes, info.non_plain_heads  # noqa: B018
+        info.longer_chars  # noqa: B018
         self.timeout_s = timeout_s
         self._cache: OrderedDict = OrderedDict()
         self._cache_size = cache_size
