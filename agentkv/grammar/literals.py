@@ -41,12 +41,14 @@ def by_rest(info, idx: np.ndarray, off: np.ndarray) -> tuple[dict, int]:
     return groups, max(map(len, groups), default=0)
 
 
-def match_rests(text: bytes, groups: dict, longest: int, inside: set[bytes]) -> tuple[np.ndarray, np.ndarray]:
+def match_rests(text: bytes, groups: dict, longest: int, inside: dict) -> tuple[np.ndarray, np.ndarray]:
     """Rests of `by_rest` against the literal `text`: those that are a prefix of it go to `inside`
-    (their tokens end in it); returns the tokens that run past its end, with their offsets there."""
+    (rest -> the ids of its tokens, which end in the text); returns the tokens that run past its end,
+    with their offsets there."""
     for k in range(1, min(len(text), longest) + 1):
-        if text[:k] in groups:
-            inside.add(text[:k])
+        group = groups.get(text[:k])
+        if group is not None:
+            inside[text[:k]] = group[0]
     on = [group for rest, group in groups.items() if len(rest) > len(text) and rest.startswith(text)] \
         if longest > len(text) else []
     if not on:

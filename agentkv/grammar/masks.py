@@ -284,7 +284,7 @@ class _Walk:
         # Onto a stack whose top reads literal text (an optional member's comma and name: one stack
         # per property that may come next), the tokens' rests are compared with the text as strings.
         rests: dict[int, tuple[dict, int]] = {}  # a literal's first byte -> the tokens starting with it
-        inside: set[bytes] = set()  # rests that end inside a literal
+        inside: dict[bytes, list[int]] = {}  # rests that end inside a literal -> their tokens
         for other in stacks:
             if other == skip:
                 continue
@@ -303,7 +303,7 @@ class _Walk:
                 if ok.any():
                     self.run(other[:-1], nxt[ok], idx[ok], off[ok] + 1)
         if inside:
-            self.allowed[[t for rest in inside for t in rests[rest[0]][0][rest][0]]] = True
+            self.allowed[[t for ids in inside.values() for t in ids]] = True
 
     def _skip_loops(self, states, idx, off):
         """Move each token past the bytes ahead of it that loop on its state (a long token's run of
