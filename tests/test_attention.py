@@ -69,8 +69,8 @@ def test_mixed_batch_matches_reference(monkeypatch, route, heads, kv_heads, deco
 
 
 def test_backend_registry():
-    assert "torch" in available_backends()
-    assert get_backend("auto").name == "torch"
+    assert {"torch", "cpu", "triton", "flashinfer"} <= set(available_backends())
+    assert get_backend("auto", "cpu", native=False).name == "torch"
     with pytest.raises(RequestError, match="unknown attention backend"):
         get_backend("cuda-magic")
 

@@ -165,7 +165,12 @@ class EngineConfig:
     model: str | None = None
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    attention_backend: str = "auto"  # "torch", "triton", or "auto": triton on a CUDA GPU, torch elsewhere
+    # "torch", "cpu", "triton", "flashinfer", or "auto": triton on a CUDA GPU, cpu (agentkv's C kernel)
+    # on CPU where the native kernels are on, torch elsewhere
+    attention_backend: str = "auto"
+    # agentkv's C kernels for the element-wise steps and attention on CPU (kernels/cpu_native.py);
+    # None: on where they build (float32, bfloat16), True: required, False: torch ops only
+    native_kernels: bool | None = None
     # prepare the next pass while one runs (a forward worker thread); None: on for CUDA devices, where
     # the host work hides behind the GPU's, off on CPU, where the two compete for the same cores
     overlap_schedule: bool | None = None

@@ -28,7 +28,7 @@ from agentkv.engine.runner import ModelRunner
 from agentkv.engine.sampling_params import SamplingParams
 from agentkv.engine.scheduler import Scheduler
 from agentkv.errors import PinBudgetError, PromptTooLongError, RequestError
-from agentkv.kernels import get_backend
+from agentkv.kernels import cpu_native, get_backend
 
 Prompt = str | Sequence[int]
 Messages = Sequence[dict[str, Any]]
@@ -51,15 +51,17 @@ class Engine:
             # Runs on the thread that computes: the engine thread, or with overlap on CPU the forward
             # worker (see EngineCore._host_only), so that thread also owns every tensor.
             tp = cfg.tensor_parallel
-            loaded = load_model(model, dtype=dtype, device=device, shard=(0, tp) if tp > 1 else None)
+            native = cpu_native.for_engine(cfg.native_kernels, device, dtype)
+            loaded = load_model(model, dtype=dtype, device=device, shard=(0, tp) if tp > 1 else None, native=native)
             mc = loaded.config  # with tensor parallelism, this rank's share of the heads
             context = min(cfg.context_length or mc.max_position_embeddings, mc.max_position_embeddings)
             pool = KVPool(mc, cfg.cache.num_slots or _default_slots(mc, DTYPES[dtype], context), DTYPES[dtype], device)
             req_pool = ReqToTokenPool(cfg.cache.max_running_requests, context + 1, device)
             tree = RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity)) if cfg.cache.enable_radix_cache else None
-            runner = ModelRunner(loaded.model, pool, req_pool, get_backend(cfg.attention_backend), device)
+            backend = get_backend(cfg.attention_backend, device, native=native is not None)
+            runner = ModelRunner(loaded.model, pool, req_pool, backend, device)
             if tp > 1:
-                runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, runner.backend.name)
+                runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, backend.name, native is not None)
             elif cuda_graphs_wanted(cfg, runner.backend):
                 runner.graphs = DecodeGraphs(runner, min(cfg.cuda_graph_max_batch, cfg.cache.max_running_requests), context)
             return Components(

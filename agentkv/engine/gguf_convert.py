@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from agentkv.engine.config import ModelConfig, RopeScaling
+from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
 CONVERSION_VERSION = "1"
@@ -45,10 +46,6 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("AGENTKV_CACHE_DIR") or Path.home() / ".cache" / "agentkv")
 
 
 def converted_dir(gguf_path: Path) -> Path:

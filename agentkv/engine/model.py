@@ -7,7 +7,9 @@ into single matmuls: on CPU, per-op overhead dominates a small model's decode st
 Linear weights are stored input-major ([in, out]): a plain matmul then streams them with every
 core at batch 1, where MKL's gemv on HF's [out, in] uses one. In fp32 on CPU they are then packed for
 oneDNN, which is faster again for the 2-16 row matmuls of batched decode (see `Linear`).
-The residual adds are folded into the o and down projections' matmuls.
+The residual adds are folded into the o and down projections' matmuls. On CPU the element-wise steps
+(RMSNorm, silu * up, the rotation) run as agentkv's C kernels when `finalize` is given them
+(kernels/cpu_native.py): one call each instead of 3-8 torch ops.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch import nn
 from agentkv.engine.config import ModelConfig
 from agentkv.engine.rope import RopeTables, RotaryEmbedding
 from agentkv.kernels.base import AttentionBackend
+from agentkv.kernels.cpu_native import NativeKernels
 
 
 @dataclass
@@ -129,8 +132,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.native: NativeKernels | None = None  # set by CausalLM.finalize
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None and self.native.handles(x):  # one call; rounds as below
+            return self.native.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op; same math as below
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # normalized in fp32 and cast back before the weight, as HF does, so bf16 outputs match it
@@ -176,10 +182,14 @@ class MLP(nn.Module):
         self.intermediate = cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.native: NativeKernels | None = None  # set by CausalLM.finalize
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + mlp(x)."""
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.native is not None and self.native.handles(gate_up):
+            return self.down_proj(self.native.silu_mul(gate_up), residual)
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up, residual)
 
 
@@ -208,8 +218,12 @@ class CausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.logits_proj: LogitsProjection | None = None  # built by finalize() once weights are loaded
 
-    def finalize(self) -> None:
-        """Pack weights for the CPU kernels; call once after loading and dtype casts."""
+    def finalize(self, native: NativeKernels | None = None) -> None:
+        """Pack weights for the CPU kernels; call once after loading and dtype casts. With `native`,
+        norms, the MLP's activation and the rotation run as its C kernels."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, MLP, RotaryEmbedding)):
+                module.native = native
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         # the batch-1 copy of the weights (see Linear) when it costs at most 1/8 of the machine's memory
         plain_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)

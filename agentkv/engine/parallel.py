@@ -96,7 +96,9 @@ def compact_inputs(inputs: Any) -> Any:
 class TensorParallel:
     """Rank 0's side: starts the worker processes, sends them each pass, stops them."""
 
-    def __init__(self, world: int, model: str | None, dtype: str, device: str, num_slots: int, backend: str):
+    def __init__(self, world: int, model: str | None, dtype: str, device: str, num_slots: int, backend: str,
+                 native: bool = False):
+        """`backend`: rank 0's attention backend by name; `native`: whether it runs the C kernels."""
         if dist.is_initialized():
             raise RequestError("a tensor-parallel engine is already running in this process; close it first")
         self.world = world
@@ -108,7 +110,8 @@ class TensorParallel:
         for rank in range(1, world):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker_main, name=f"agentkv-tp{rank}", daemon=True,
-                            args=(rank, world, self._rendezvous, model, dtype, device, num_slots, backend, child))
+                            args=(rank, world, self._rendezvous, model, dtype, device, num_slots, backend, native,
+                                  child))
             p.start()
             self._procs.append(p)
             pipes.append(parent)
@@ -160,19 +163,20 @@ def _dist_backend(device: str) -> str:
 
 
 def _worker_main(rank: int, world: int, rendezvous: str, model: str | None, dtype: str, device: str,
-                 num_slots: int, backend_name: str, pipe) -> None:
+                 num_slots: int, backend_name: str, native: bool, pipe) -> None:
     """A rank > 0: load the shard, then run every pass rank 0 broadcasts until it sends None."""
     from agentkv.engine.loader import DTYPES, load_model
     from agentkv.engine.memory import KVPool, ReqToTokenPool
     from agentkv.engine.runner import ModelRunner
-    from agentkv.kernels import get_backend
+    from agentkv.kernels import cpu_native, get_backend
 
     try:
         torch.set_num_threads(max(1, torch.get_num_threads() // world))
         device = worker_device(device, rank)
         if device.startswith("cuda"):
             torch.cuda.set_device(device)
-        loaded = load_model(model, dtype=dtype, device=device, shard=(rank, world))
+        kernels = cpu_native.load() if native else None
+        loaded = load_model(model, dtype=dtype, device=device, shard=(rank, world), native=kernels)
         pool = KVPool(loaded.config, num_slots, DTYPES[dtype], device)  # the shard's config: its KV heads
         runner = ModelRunner(loaded.model, pool, ReqToTokenPool(1, 1, device), get_backend(backend_name), device)
     except BaseException as e:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from agentkv.engine.config import ModelConfig
+from agentkv.kernels.cpu_native import NativeKernels
 
 
 def inv_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
@@ -64,9 +65,18 @@ class RopeTables:
     (12 against 26 us at 16), 30 layers a decode step. Same products; the sums may round by an ulp.
     """
 
-    cos: torch.Tensor
-    sin: torch.Tensor
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
     rotation: torch.Tensor | None = None
+    native: NativeRotation | None = None  # the C kernel rotates in place; no per-pass tables
+
+
+@dataclass
+class NativeRotation:
+    kernels: NativeKernels
+    positions: torch.Tensor  # [T] int64
+    cos: torch.Tensor  # [max_positions, D] fp32: the whole tables, read at `positions`
+    sin: torch.Tensor
 
 
 class RotaryEmbedding(torch.nn.Module):
@@ -79,9 +89,12 @@ class RotaryEmbedding(torch.nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
+        self.native: NativeKernels | None = None  # set by CausalLM.finalize
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
         """The tables for `positions` [T]."""
+        if self.native is not None and positions.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+            return RopeTables(None, None, native=NativeRotation(self.native, positions, self.cos, self.sin))
         cos32, sin32 = self.cos[positions], self.sin[positions]
         rotation = None
         most = ROTATION_MAX_TOKENS if dtype == torch.float32 else ROTATION_MAX_TOKENS_LOW_PRECISION
@@ -97,7 +110,10 @@ class RotaryEmbedding(torch.nn.Module):
 
     @staticmethod
     def apply_one(tables: RopeTables, x: torch.Tensor) -> torch.Tensor:
-        """Rotate x [T, heads, D] (any number of q and k heads at once)."""
+        """Rotate x [T, heads, D] (any number of q and k heads at once); in place with the C kernel."""
+        if tables.native is not None:
+            n = tables.native
+            return n.kernels.rope_(x, n.positions, n.cos, n.sin)
         if tables.rotation is not None:
             if x.dtype == tables.rotation.dtype:
                 return torch.bmm(x, tables.rotation)

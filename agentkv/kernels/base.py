@@ -73,31 +73,39 @@ def available_backends() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_backend(name: str) -> AttentionBackend:
+def get_backend(name: str, device: str | None = None, native: bool = True) -> AttentionBackend:
+    """`native` False keeps "auto" off agentkv's C kernel (the engine's native_kernels=False)."""
     _load_builtin()
     if name == "auto":
-        name = auto_backend()
+        name = auto_backend(device, native)
     if name not in _REGISTRY:
         raise RequestError(f"unknown attention backend {name!r}; choose one of {available_backends()} or 'auto'")
     return _REGISTRY[name]()
 
 
-def auto_backend() -> str:
-    """Triton on a CUDA GPU where triton imports; the torch reference everywhere else (on CPU the
-    Triton kernels only run interpreted, far slower than torch). FlashInfer is chosen by name only
-    until it has been checked on a GPU (benchmarks/gpu.sh)."""
+def auto_backend(device: str | None = None, native: bool = True) -> str:
+    """For a CUDA device (`device` None: CUDA if there is one), Triton where triton imports; on CPU,
+    agentkv's C kernels where they build (kernels/cpu_native.py); the torch reference elsewhere (on
+    CPU the Triton kernels only run interpreted, far slower than torch). FlashInfer is chosen by
+    name only until it has been checked on a GPU (benchmarks/gpu.sh)."""
+    from agentkv.kernels import cpu_native
     from agentkv.kernels.triton_backend import triton_usable
 
-    return "triton" if torch.cuda.is_available() and triton_usable("cuda")[0] else "torch"
+    on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+    if on_cuda:
+        return "triton" if triton_usable("cuda")[0] else "torch"
+    return "cpu" if native and cpu_native.load() is not None else "torch"
 
 
 def _load_builtin() -> None:
     if "torch" not in _REGISTRY:
+        from agentkv.kernels.cpu_backend import CpuAttentionBackend
         from agentkv.kernels.flashinfer_backend import FlashInferAttentionBackend
         from agentkv.kernels.torch_backend import TorchAttentionBackend
         from agentkv.kernels.triton_backend import TritonAttentionBackend
 
         register("torch", TorchAttentionBackend)
-        # These two refuse with a clear error where they cannot run.
+        # These three refuse with a clear error where they cannot run.
+        register("cpu", CpuAttentionBackend)
         register("triton", TritonAttentionBackend)
         register("flashinfer", FlashInferAttentionBackend)

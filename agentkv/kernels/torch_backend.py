@@ -58,17 +58,24 @@ class TorchAttentionBackend(AttentionBackend):
                         and bool((slots[0, 1:] - slots[0, :-1] == 1).all()):
                     # one run of slots: 30 layers' two gathers less a step at batch 1 (~0.5 ms of 25, bf16)
                     self.decode_run = int(slots[0, 0])
-        self.extends = []  # (token offset, slots [S], extend_len, causal mask or None)
-        offset = nd
-        for i in range(nd, len(meta.seq_lens)):
+        self.extends = self._plan_extends(meta, range(nd, len(meta.seq_lens)))
+
+    @staticmethod
+    def _plan_extends(meta: AttentionMetadata, requests) -> list:
+        """(token offset, slots [S], extend_len, causal mask or None) for each of `requests` (indices)."""
+        offsets = [0]
+        for ext in meta.extend_lens:
+            offsets.append(offsets[-1] + ext)
+        plans = []
+        for i in requests:
             seq, ext = meta.seq_lens[i], meta.extend_lens[i]
             slots = meta.req_to_token[meta.req_rows[i], :seq]
             mask = None
             if ext > 1:
                 # new token j (position prefix + j) sees slots 0 .. prefix + j
-                mask = torch.ones(ext, seq, dtype=torch.bool, device=dev).tril_(diagonal=seq - ext)
-            self.extends.append((offset, slots, ext, mask))
-            offset += ext
+                mask = torch.ones(ext, seq, dtype=torch.bool, device=slots.device).tril_(diagonal=seq - ext)
+            plans.append((offsets[i], slots, ext, mask))
+        return plans
 
     @staticmethod
     def _mask_padding_slot(unique: torch.Tensor, mask: torch.Tensor) -> None:
@@ -110,13 +117,17 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
         if decoded is not None:
             out[:nd] = decoded
+        self._attend_extends(q, k_cache, v_cache, scale, out)
+        return out.reshape(T, H * D)
+
+    def _attend_extends(self, q, k_cache, v_cache, scale, out) -> None:
+        """Fills out [T, H, D] at the tokens of `self.extends`, one SDPA call per request."""
         for offset, slots, ext, mask in self.extends:
             qe = q[offset : offset + ext].transpose(0, 1).unsqueeze(0)  # [1, H, ext, D]
             ke = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, KVH, S, D]
             ve = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
             o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask, scale=scale, enable_gqa=True)
             out[offset : offset + ext] = o[0].transpose(0, 1)
-        return out.reshape(T, H * D)
 
     def _decode_shared(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
         B, H, D = q.shape

@@ -1,0 +1,19 @@
+"""The environment variables agentkv reads, in one place.
+
+- `AGENTKV_CACHE_DIR`: where converted GGUF models and the compiled CPU kernels are kept
+  (default `~/.cache/agentkv`).
+- `AGENTKV_NATIVE_KERNELS=0`: run the torch ops instead of the C kernels on CPU (agentkv/kernels/cpu_native.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("AGENTKV_CACHE_DIR") or Path.home() / ".cache" / "agentkv")
+
+
+def native_kernels_allowed() -> bool:
+    return os.environ.get("AGENTKV_NATIVE_KERNELS", "1") != "0"

@@ -1,0 +1,222 @@
+"""agentkv's CPU kernels (`csrc/*.c`): compiled on first use with the machine's C compiler, loaded with ctypes.
+
+On CPU a small model's decode step is made of about 2,000 small torch ops, and past the linears their
+per-op cost is most of the step: an RMSNorm is 8 ops in bf16, attention a gather of each request's
+K/V into a padded copy and then SDPA. These kernels do each element-wise step of a layer in one call
+and attention straight from the paged pool (`cpu_backend.py`); oneDNN keeps the linears.
+
+The library is built with `-O3 -march=native` (the CPU it runs on) and OpenMP linked against the
+runtime torch has loaded, so both share one thread pool (two pools on the same cores slow each
+other). It is cached in `$AGENTKV_CACHE_DIR/kernels/` (default `~/.cache/agentkv`) under a key of
+the sources, the compiler and the CPU: the first `Engine()` on a machine compiles for a second or
+two, later ones load it. Without a C compiler, or with `AGENTKV_NATIVE_KERNELS=0`, `load()` returns
+None and the engine runs its torch ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from agentkv.env import cache_root, native_kernels_allowed
+from agentkv.errors import RequestError
+
+log = logging.getLogger(__name__)
+
+_CSRC = Path(__file__).resolve().parent / "csrc"
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `bf` flag
+_P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+_SIGNATURES = {
+    "agentkv_attention": [_INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _I64, _P, _I64,
+                          _INT, _INT, _INT, _F, _P, _INT, _INT],
+    "agentkv_rms_norm": [_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT],
+    "agentkv_silu_mul": [_INT, _P, _I64, _I64, _I64, _P, _INT, _INT],
+    "agentkv_rope": [_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT],
+    "agentkv_attention_heads_per_task": [_INT],
+    "agentkv_attention_max_queries": [],
+    "agentkv_attention_max_head_dim": [],
+}
+
+
+class NativeKernels:
+    """The loaded library. Each method takes CPU tensors of one dtype (float32 or bfloat16) whose
+    innermost dimension is contiguous; `handles` says whether a tensor qualifies. `generic=True`
+    runs the plain-C bodies where the CPU has AVX-512 bodies too (the tests check both)."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self._lib = lib
+        for name, args in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, ctypes.c_int if name.endswith(("task", "queries", "dim")) else None
+        self.max_queries = lib.agentkv_attention_max_queries()  # query vectors per attention task
+        self.max_head_dim = lib.agentkv_attention_max_head_dim()
+
+    @staticmethod
+    def handles(t: torch.Tensor) -> bool:
+        return t.device.type == "cpu" and t.dtype in _DTYPES
+
+    def heads_per_task(self, group: int) -> int:
+        """Of the `group` query heads sharing a KV head, how many one attention task takes."""
+        return self._lib.agentkv_attention_heads_per_task(group)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, generic: bool = False) -> torch.Tensor:
+        """RMSNorm over the last dim of x [T, n] or [T, heads, n] (heads contiguous); a new tensor."""
+        n = x.shape[-1]
+        heads = x.shape[1] if x.dim() == 3 else 1
+        assert x.stride(-1) == 1 and (heads == 1 or x.stride(1) == n) and weight.dtype == x.dtype
+        out = torch.empty(x.shape, dtype=x.dtype)
+        self._lib.agentkv_rms_norm(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), heads, weight.data_ptr(),
+                                   x.shape[0], n, eps, out.data_ptr(), torch.get_num_threads(), generic)
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor, generic: bool = False) -> torch.Tensor:
+        """silu(gate) * up for gate_up [T, 2n] holding the two halves side by side: [T, n]."""
+        rows, n = gate_up.shape[0], gate_up.shape[1] // 2
+        assert gate_up.stride(-1) == 1
+        out = torch.empty(rows, n, dtype=gate_up.dtype)
+        self._lib.agentkv_silu_mul(_DTYPES[gate_up.dtype], gate_up.data_ptr(), gate_up.stride(0), rows, n,
+                                   out.data_ptr(), torch.get_num_threads(), generic)
+        return out
+
+    def rope_(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              generic: bool = False) -> torch.Tensor:
+        """Rotates x [T, heads, D] in place (heads contiguous) by the fp32 tables cos/sin [P, D] at
+        `positions` [T] (int64); returns x."""
+        T, heads, D = x.shape
+        assert x.stride(2) == 1 and x.stride(1) == D and positions.dtype == torch.int64
+        assert cos.dtype == sin.dtype == torch.float32 and cos.is_contiguous() and sin.is_contiguous()
+        self._lib.agentkv_rope(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), T, heads, D, positions.data_ptr(),
+                               cos.data_ptr(), sin.data_ptr(), torch.get_num_threads(), generic)
+        return x
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, out_loc: torch.Tensor, table: torch.Tensor, tiles: torch.Tensor,
+                  scale: float, out: torch.Tensor, generic: bool = False) -> None:
+        """Writes k, v [T, KVH, D] to the caches at `out_loc` [T], then fills out [T, H, D] at the
+        tokens of `tiles` [n, 4] (first token, tokens, table row, keys of the first token): see
+        csrc/cpu_attention.c. `generic` runs the plain-C path on CPUs with AVX-512 too (tests)."""
+        T, H, D = q.shape
+        kvh = k.shape[1]
+        for t in (q, k, v):
+            assert t.stride(2) == 1 and t.stride(1) == D and t.dtype == q.dtype
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == q.dtype and out.is_contiguous()
+        assert table.dtype == out_loc.dtype == tiles.dtype == torch.int64 and tiles.is_contiguous()
+        self._lib.agentkv_attention(
+            _DTYPES[q.dtype], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+            k_cache.data_ptr(), v_cache.data_ptr(), out_loc.data_ptr(), T, table.data_ptr(), table.stride(0),
+            tiles.data_ptr(), tiles.shape[0], H, kvh, D, scale, out.data_ptr(), torch.get_num_threads(), generic,
+        )
+
+
+def for_engine(option: bool | None, device: str, dtype: str) -> NativeKernels | None:
+    """The kernels an engine uses: `option` None takes them where they apply (CPU, float32 or
+    bfloat16) and build; True requires them; False turns them off."""
+    if option is False:
+        return None
+    applies = torch.device(device).type == "cpu" and dtype in ("float32", "bfloat16")
+    kernels = load() if applies else None
+    if option and kernels is None:
+        why = unavailable_reason() if applies else f"they run on CPU in float32 or bfloat16, not {device} {dtype}"
+        raise RequestError(f"native_kernels=True, but agentkv's native CPU kernels are unavailable: {why}; "
+                           "leave native_kernels unset to use torch ops where they are")
+    return kernels
+
+
+def load() -> NativeKernels | None:
+    """The kernels, built or taken from the cache; None when they are turned off or cannot be built
+    (`unavailable_reason()` says why)."""
+    return _load()[0]
+
+
+def unavailable_reason() -> str:
+    return _load()[1]
+
+
+@functools.cache
+def _load() -> tuple[NativeKernels | None, str]:
+    if not native_kernels_allowed():
+        return None, "AGENTKV_NATIVE_KERNELS=0 turned the native CPU kernels off"
+    try:
+        return NativeKernels(ctypes.CDLL(str(_library()))), ""
+    except (OSError, RuntimeError) as e:
+        log.warning("agentkv: native CPU kernels unavailable, using torch ops (%s)", e)
+        return None, str(e)
+
+
+def _library() -> Path:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise RuntimeError("no C compiler found (install gcc or clang, or set CC)")
+    sources = sorted(_CSRC.glob("*.c"))
+    omp = _loaded_openmp()
+    digest = hashlib.sha256()
+    for part in [*(p.read_bytes() for p in sorted(_CSRC.iterdir()) if p.suffix in (".c", ".h")),
+                 _compiler_version(cc), _cpu_signature(), str(omp).encode()]:
+        digest.update(part)
+    out = cache_root() / "kernels" / f"agentkv-cpu-{digest.hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        objects = [_compile(cc, src, Path(tmp), omp is not None) for src in sources]
+        so = Path(tmp) / out.name
+        # OpenMP from the runtime this process already holds (torch's), found by path and linked by it
+        link = [str(omp), f"-Wl,-rpath,{omp.parent}"] if omp is not None else []
+        _run([cc, "-shared", "-o", str(so), *map(str, objects), *link, "-lm"])
+        os.replace(so, out)  # atomic: processes building at once (tensor-parallel ranks) all load a whole file
+    return out
+
+
+def _compile(cc: str, src: Path, tmp: Path, openmp: bool) -> Path:
+    obj = tmp / (src.stem + ".o")
+    base = [cc, "-O3", "-fPIC", "-std=gnu11", "-c", str(src), "-o", str(obj)] + (["-fopenmp"] if openmp else [])
+    try:
+        _run(base + ["-march=native"])
+    except RuntimeError:  # a compiler without -march=native: the portable build
+        _run(base)
+    return obj
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:2])} ... failed: {proc.stderr.strip()[-600:]}")
+
+
+def _loaded_openmp() -> Path | None:
+    """The OpenMP runtime mapped into this process (torch's libgomp or libiomp5), Linux only."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    found = re.search(r"(/\S*/lib(?:gomp|iomp5|omp)[^/\s]*\.so[^/\s]*)$", maps, re.M)
+    return Path(found.group(1)) if found else None
+
+
+def _compiler_version(cc: str) -> bytes:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return b""
+
+
+def _cpu_signature() -> bytes:
+    """What -march=native compiles for: the CPU's feature flags where Linux lists them."""
+    try:
+        flags = re.search(r"^(flags|Features)\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+        if flags:
+            return flags.group(2).encode()
+    except OSError:
+        pass
+    return f"{platform.machine()}|{platform.processor()}".encode()

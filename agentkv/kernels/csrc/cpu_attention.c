@@ -1,0 +1,196 @@
+/* Paged attention on the CPU: the new tokens' K/V written to their slots, then each query attends to its
+request's slots read in place through the slot table (no gather into a padded copy).
+
+Work comes as tiles: `m` consecutive tokens of one request whose first token sees `len0` keys and each
+next one key more (a decode is a tile of one token; an extend's tokens come in tiles). A task is one
+tile, one KV head and up to MAX_Q of the query heads that share it: every K and V row it loads serves
+all of its m x G query vectors. Softmax is online over blocks of 16 keys (flash attention's
+recurrence), so a query's keys are read once whatever the context length. */
+
+#include "cpu_kernels.h"
+
+#define MAX_Q 16   /* query vectors in one task */
+#define MAX_D 256  /* head_dim */
+#define BLOCK 16   /* keys a step */
+
+typedef struct {
+    const void *q; int64_t q_ld;   /* [T, H, D], token stride q_ld */
+    const void *kc, *vc;           /* [slots, KVH, D] */
+    const int64_t *slots;          /* the request's row of the slot table */
+    int64_t tok0, m, len0;         /* the tile */
+    int g0, ng, G, KVH, h, H, D;   /* query heads h*G + g0 .. + ng of KV head h */
+    float scale;
+    void *out;                     /* [T, H, D] contiguous */
+} Task;
+
+/* query vector i of a task: token tok0 + i / ng, head h * G + g0 + i % ng */
+INLINE int64_t q_offset(const Task *t, int i, int64_t ld) {
+    return (t->tok0 + i / t->ng) * ld + (int64_t)(t->h * t->G + t->g0 + i % t->ng) * t->D;
+}
+
+#if AGENTKV_AVX512
+INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
+    const int D = NV * 16, nq = (int)t->m * t->ng;
+    __m512 qf[MAX_Q][MAX_D / 16], acc[MAX_Q][MAX_D / 16];
+    float mx[MAX_Q], l[MAX_Q];
+    int64_t lim[MAX_Q];
+    const __m512 sc = _mm512_set1_ps(t->scale);
+    for (int i = 0; i < nq; i++) {
+        const char *qp = (const char *)t->q + q_offset(t, i, t->q_ld) * (bf ? 2 : 4);
+        for (int c = 0; c < NV; c++) {
+            qf[i][c] = _mm512_mul_ps(load16(qp + c * 16 * (bf ? 2 : 4), bf), sc);
+            acc[i][c] = _mm512_setzero_ps();
+        }
+        mx[i] = -INFINITY, l[i] = 0.f, lim[i] = t->len0 + i / t->ng;
+    }
+    const int64_t n = t->len0 + t->m - 1;
+    const int64_t row = (int64_t)t->KVH * D;
+    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
+        const int nb = (int)(n - b0 < BLOCK ? n - b0 : BLOCK);
+        __m512 part[MAX_Q][BLOCK];
+        for (int j = 0; j < nb; j++) {
+            const char *kp = (const char *)t->kc + (t->slots[b0 + j] * row + (int64_t)t->h * D) * (bf ? 2 : 4);
+            __m512 kv[MAX_D / 16];
+            for (int c = 0; c < NV; c++) kv[c] = load16(kp + c * 16 * (bf ? 2 : 4), bf);
+            for (int i = 0; i < nq; i++) {
+                __m512 a = _mm512_mul_ps(qf[i][0], kv[0]);
+                for (int c = 1; c < NV; c++) a = _mm512_fmadd_ps(qf[i][c], kv[c], a);
+                part[i][j] = a;
+            }
+        }
+        float ps[MAX_Q][BLOCK];
+        for (int i = 0; i < nq; i++) {
+            for (int j = nb; j < BLOCK; j++) part[i][j] = _mm512_setzero_ps();
+            const int64_t live_n = lim[i] - b0;  /* keys of this block that query i sees */
+            if (live_n <= 0) {
+                memset(ps[i], 0, sizeof ps[i]);
+                continue;
+            }
+            __mmask16 live = live_n >= BLOCK ? (__mmask16)0xffff : (__mmask16)((1u << live_n) - 1);
+            __m512 s = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), sum_lanes16(part[i]));
+            float bm = _mm512_reduce_max_ps(s);
+            float mn = bm > mx[i] ? bm : mx[i];
+            float corr = expf(mx[i] - mn);  /* 0 on the first block (mx = -inf) */
+            __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(s, _mm512_set1_ps(mn))));
+            l[i] = l[i] * corr + _mm512_reduce_add_ps(p);
+            mx[i] = mn;
+            if (corr != 1.f) {
+                __m512 cv = _mm512_set1_ps(corr);
+                for (int c = 0; c < NV; c++) acc[i][c] = _mm512_mul_ps(acc[i][c], cv);
+            }
+            _mm512_storeu_ps(ps[i], p);
+        }
+        for (int j = 0; j < nb; j++) {
+            const char *vp = (const char *)t->vc + (t->slots[b0 + j] * row + (int64_t)t->h * D) * (bf ? 2 : 4);
+            __m512 vv[MAX_D / 16];
+            for (int c = 0; c < NV; c++) vv[c] = load16(vp + c * 16 * (bf ? 2 : 4), bf);
+            for (int i = 0; i < nq; i++) {
+                __m512 pj = _mm512_set1_ps(ps[i][j]);
+                for (int c = 0; c < NV; c++) acc[i][c] = _mm512_fmadd_ps(pj, vv[c], acc[i][c]);
+            }
+        }
+    }
+    for (int i = 0; i < nq; i++) {
+        char *op = (char *)t->out + q_offset(t, i, (int64_t)t->H * D) * (bf ? 2 : 4);
+        __m512 inv = _mm512_set1_ps(1.f / l[i]);
+        for (int c = 0; c < NV; c++) store16(op + c * 16 * (bf ? 2 : 4), _mm512_mul_ps(acc[i][c], inv), bf);
+    }
+}
+#endif
+
+/* the same recurrence in plain C, for any head_dim up to MAX_D and any CPU */
+INLINE void attend_generic(const Task *t, const int bf) {
+    const int D = t->D, nq = (int)t->m * t->ng;
+    float qf[MAX_Q][MAX_D], acc[MAX_Q][MAX_D], mx[MAX_Q], l[MAX_Q];
+    int64_t lim[MAX_Q];
+    for (int i = 0; i < nq; i++) {
+        int64_t off = q_offset(t, i, t->q_ld);
+        for (int d = 0; d < D; d++) qf[i][d] = load1(t->q, off + d, bf) * t->scale, acc[i][d] = 0.f;
+        mx[i] = -INFINITY, l[i] = 0.f, lim[i] = t->len0 + i / t->ng;
+    }
+    const int64_t n = t->len0 + t->m - 1;
+    const int64_t row = (int64_t)t->KVH * D;
+    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
+        const int nb = (int)(n - b0 < BLOCK ? n - b0 : BLOCK);
+        float s[MAX_Q][BLOCK], kf[MAX_D];
+        for (int j = 0; j < nb; j++) {
+            int64_t off = t->slots[b0 + j] * row + (int64_t)t->h * D;
+            for (int d = 0; d < D; d++) kf[d] = load1(t->kc, off + d, bf);
+            for (int i = 0; i < nq; i++) {
+                float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+                for (int d = 0; d < D; d++) dot += qf[i][d] * kf[d];
+                s[i][j] = b0 + j < lim[i] ? dot : -INFINITY;
+            }
+        }
+        for (int i = 0; i < nq; i++) {
+            if (b0 >= lim[i]) {
+                for (int j = 0; j < nb; j++) s[i][j] = 0.f;
+                continue;
+            }
+            float mn = mx[i];
+            for (int j = 0; j < nb; j++) mn = s[i][j] > mn ? s[i][j] : mn;
+            float corr = expf(mx[i] - mn), sum = 0.f;
+            for (int j = 0; j < nb; j++) {
+                s[i][j] = b0 + j < lim[i] ? exp_approx(s[i][j] - mn) : 0.f;
+                sum += s[i][j];
+            }
+            l[i] = l[i] * corr + sum;
+            mx[i] = mn;
+            for (int d = 0; d < D; d++) acc[i][d] *= corr;
+        }
+        for (int j = 0; j < nb; j++) {
+            int64_t off = t->slots[b0 + j] * row + (int64_t)t->h * D;
+            for (int d = 0; d < D; d++) kf[d] = load1(t->vc, off + d, bf);
+            for (int i = 0; i < nq; i++) {
+                float p = s[i][j];
+#pragma omp simd
+                for (int d = 0; d < D; d++) acc[i][d] += p * kf[d];
+            }
+        }
+    }
+    for (int i = 0; i < nq; i++) {
+        int64_t off = q_offset(t, i, (int64_t)t->H * D);
+        for (int d = 0; d < D; d++) store1(t->out, off + d, acc[i][d] / l[i], bf);
+    }
+}
+
+INLINE void attend(const Task *t, const int bf, const int generic) {
+#if AGENTKV_AVX512
+    if (!generic && t->D == 64) return attend_avx512(t, 4, bf);
+    if (!generic && t->D == 128) return attend_avx512(t, 8, bf);
+    if (!generic && t->D % 16 == 0) return attend_avx512(t, t->D / 16, bf);
+#endif
+    (void)generic;
+    attend_generic(t, bf);
+}
+
+/* Query heads of a KV head per task: all G of them when the tile's tokens times G fit in MAX_Q. */
+int agentkv_attention_heads_per_task(int G) { return G < MAX_Q ? G : MAX_Q; }
+int agentkv_attention_max_queries(void) { return MAX_Q; }
+int agentkv_attention_max_head_dim(void) { return MAX_D; }
+
+/* q [T, H, D], k and v [T, KVH, D] (token strides q_ld, k_ld, v_ld; heads contiguous), out [T, H, D].
+   tiles [ntiles, 4]: (first token, tokens m, slot-table row, keys of the first token); tokens of no
+   tile are left to the caller (their K/V are still stored). `generic` forces the plain-C path (tests). */
+void agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_t k_ld, const void *v,
+                       int64_t v_ld, void *k_cache, void *v_cache, const int64_t *out_loc, int64_t T,
+                       const int64_t *table, int64_t table_ld, const int64_t *tiles, int64_t ntiles,
+                       int H, int KVH, int D, float scale, void *out, int nthreads, int generic) {
+    const int64_t es = bf ? 2 : 4, row = (int64_t)KVH * D;
+    for (int64_t i = 0; i < T; i++) {
+        memcpy((char *)k_cache + out_loc[i] * row * es, (const char *)k + i * k_ld * es, row * es);
+        memcpy((char *)v_cache + out_loc[i] * row * es, (const char *)v + i * v_ld * es, row * es);
+    }
+    const int G = H / KVH, ng = agentkv_attention_heads_per_task(G), chunks = (G + ng - 1) / ng;
+    const int64_t ntasks = ntiles * KVH * chunks;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (ntasks > 1)
+    for (int64_t task = 0; task < ntasks; task++) {
+        const int64_t *tile = tiles + (task / (KVH * chunks)) * 4;
+        int h = (int)(task / chunks % KVH), g0 = (int)(task % chunks) * ng;
+        Task t = {q, q_ld, k_cache, v_cache, table + tile[2] * table_ld, tile[0], tile[1], tile[3],
+                  g0, G - g0 < ng ? G - g0 : ng, G, KVH, h, H, D, scale, out};
+        if (bf) attend(&t, 1, generic);
+        else attend(&t, 0, generic);
+    }
+}

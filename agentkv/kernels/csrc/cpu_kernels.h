@@ -1,0 +1,132 @@
+/* Shared pieces of agentkv's CPU kernels: bf16 <-> fp32, a vectorizable exp, and the AVX-512 forms of both.
+
+Every kernel takes its tensors as raw pointers with element strides, and an int `bf` that says whether
+they hold bf16 (1) or fp32 (0). The kernels are written once as always-inline functions of `bf`, and
+each entry point calls them with a constant: the compiler emits one specialized body per dtype.
+Arithmetic is fp32 throughout; bf16 results are rounded once, to nearest even, as torch rounds. */
+
+#ifndef AGENTKV_CPU_KERNELS_H
+#define AGENTKV_CPU_KERNELS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define AGENTKV_AVX512 1
+#else
+#define AGENTKV_AVX512 0
+#endif
+
+#define INLINE static inline __attribute__((always_inline))
+
+typedef uint16_t bf16;
+
+INLINE float bf16_to_f32(bf16 b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+INLINE bf16 f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);  /* a NaN stays a NaN */
+    return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* element i of a bf16 (bf = 1) or fp32 (bf = 0) array */
+INLINE float load1(const void *p, int64_t i, const int bf) {
+    return bf ? bf16_to_f32(((const bf16 *)p)[i]) : ((const float *)p)[i];
+}
+
+INLINE void store1(void *p, int64_t i, float v, const int bf) {
+    if (bf) ((bf16 *)p)[i] = f32_to_bf16(v);
+    else ((float *)p)[i] = v;
+}
+
+/* e^x for x in [-87, 88] (Cephes' expf: 2^n * p(r), within 2 ulp of the correctly rounded result);
+   written with integer bit moves so that loops over it vectorize */
+INLINE float exp_approx(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+#if AGENTKV_AVX512
+/* 16 elements of a bf16 or fp32 array as fp32 */
+INLINE __m512 load16(const void *p, const int bf) {
+    if (!bf) return _mm512_loadu_ps(p);
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+INLINE void store16(void *p, __m512 v, const int bf) {
+    if (!bf) {
+        _mm512_storeu_ps(p, v);
+        return;
+    }
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    rounded = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(rounded));
+}
+
+/* exp_approx on 16 lanes (the same polynomial; -inf and x < -87 give e^-87, callers mask them) */
+INLINE __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* each lane rounded to bf16 and back (a bf16 intermediate of HF's computation) */
+INLINE __m512 through_bf16_16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb),
+                                 _mm512_set1_epi32((int)0xffff0000u));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_castsi512_ps(r), v);
+}
+
+/* lane i of the result is the sum of the 16 lanes of v[i] (a transpose-and-add in four levels) */
+INLINE __m512 sum_lanes16(const __m512 *v) {
+    __m512 s[8], u[4];
+    for (int i = 0; i < 8; i++)
+        s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(s[2 * i]), b = _mm512_castps_pd(s[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    __m512 y0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+    __m512 y1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(y0, y1, 0x88), _mm512_shuffle_f32x4(y0, y1, 0xDD));
+}
+#endif
+
+#endif

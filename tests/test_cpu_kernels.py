@@ -1,0 +1,241 @@
+"""agentkv's C kernels for CPU (kernels/cpu_native.py) against torch references: each element-wise
+step, and paged attention through the cpu backend against a dense per-request reference. Every
+check runs the AVX-512 bodies (where this CPU has them) and the plain-C ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentkv.engine.rope import _rotate_half
+from agentkv.kernels import cpu_native, get_backend
+from agentkv.kernels.base import AttentionMetadata
+from agentkv.kernels.cpu_backend import NATIVE_EXTEND_MAX, CpuAttentionBackend
+from tests.test_attention import reference
+
+kernels = cpu_native.load()
+pytestmark = pytest.mark.skipif(kernels is None, reason=f"native CPU kernels unavailable: {cpu_native.unavailable_reason()}")
+DTYPES = [torch.float32, torch.bfloat16]
+BODIES = [False, True]  # generic: False runs the AVX-512 bodies where the CPU has AVX-512
+PREFIX_SLOTS = 300  # _batch: cached prefixes live in slots 1..299, new tokens above
+
+
+def _close(dtype):
+    return {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+
+
+def _hf_rms_norm(x, w, eps):
+    """HF's LlamaRMSNorm: fp32 variance, normalized in fp32, cast back, then times the weight."""
+    xf = x.float()
+    h = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("generic", BODIES)
+@pytest.mark.parametrize("n", [576, 50])
+def test_rms_norm_matches_hf(dtype, generic, n):
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(33, n, generator=g) * 3).to(dtype)
+    w = (torch.rand(n, generator=g) + 0.5).to(dtype)
+    out = kernels.rms_norm(x, w, 1e-5, generic=generic)
+    ref = _hf_rms_norm(x, w, 1e-5)
+    assert out.dtype == dtype and out.shape == x.shape
+    torch.testing.assert_close(out, ref, **_close(dtype))
+    if dtype == torch.bfloat16:  # rounded where HF rounds: only a sum's order can move a last bit
+        assert (out == ref).float().mean() > 0.995
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("generic", BODIES)
+def test_rms_norm_per_head_of_a_strided_view(dtype, generic):
+    """Qwen3's q/k norms: [T, heads, D] views into the fused qkv output, each head normalized alone."""
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(7, 6 * 32, generator=g).to(dtype)
+    q = qkv[:, 32 : 5 * 32].view(7, 4, 32)
+    w = (torch.rand(32, generator=g) + 0.5).to(dtype)
+    torch.testing.assert_close(kernels.rms_norm(q, w, 1e-6, generic=generic), _hf_rms_norm(q, w, 1e-6), **_close(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("generic", BODIES)
+@pytest.mark.parametrize("n", [1536, 40])
+def test_silu_mul_matches_torch(dtype, generic, n):
+    g = torch.Generator().manual_seed(n)
+    gate_up = (torch.randn(17, 2 * n, generator=g) * 4).to(dtype)
+    gate, up = gate_up.split(n, dim=-1)
+    out = kernels.silu_mul(gate_up, generic=generic)
+    ref = F.silu(gate) * up
+    torch.testing.assert_close(out, ref, **_close(dtype))
+    if dtype == torch.bfloat16:
+        assert (out == ref).float().mean() > 0.995
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("generic", BODIES)
+@pytest.mark.parametrize("D", [64, 16, 12])
+def test_rope_rotates_in_place_as_the_reference(dtype, generic, D):
+    """q and k heads side by side in the fused qkv output (a strided view), rotated in place."""
+    g = torch.Generator().manual_seed(D)
+    cos, sin = torch.randn(100, D, generator=g), torch.randn(100, D, generator=g)
+    qkv = torch.randn(9, 8 * D, generator=g).to(dtype)
+    qk = qkv[:, : 6 * D].view(9, 6, D)
+    v_before = qkv[:, 6 * D :].clone()
+    pos = torch.randint(0, 100, (9,), generator=g)
+    c, s = cos[pos][:, None], sin[pos][:, None]
+    expected = (qk.float() * c + _rotate_half(qk.float()) * s).to(dtype)  # fp32, rounded once
+    out = kernels.rope_(qk, pos, cos, sin, generic=generic)
+    assert out.data_ptr() == qkv.data_ptr()
+    torch.testing.assert_close(qkv[:, : 6 * D].view(9, 6, D), expected, **_close(dtype))
+    assert torch.equal(qkv[:, 6 * D :], v_before)  # v untouched
+
+
+def _batch(plans, heads, kv_heads, D, dtype, seed, num_slots=700):
+    """A pool, a slot table and new q/k/v for `plans`: (cached prefix slots, all under PREFIX_SLOTS;
+    new tokens) per request, the new tokens' slots drawn above. k and v are strided views of one fused
+    buffer, as the model hands them over."""
+    g = torch.Generator().manual_seed(seed)
+    k_cache = torch.randn(num_slots, kv_heads, D, generator=g).to(dtype)
+    v_cache = torch.randn(num_slots, kv_heads, D, generator=g).to(dtype)
+    free = (torch.randperm(num_slots - PREFIX_SLOTS, generator=g) + PREFIX_SLOTS).tolist()
+    table = torch.zeros(len(plans) + 2, 256, dtype=torch.int64)
+    seq_lens, ext_lens, out_loc = [], [], []
+    for row, (prefix, ext) in enumerate(plans):
+        new, free = free[:ext], free[ext:]
+        table[row, : len(prefix) + ext] = torch.tensor(prefix + new)
+        seq_lens.append(len(prefix) + ext)
+        ext_lens.append(ext)
+        out_loc += new
+    T = sum(ext_lens)
+    fused = torch.randn(T, (heads + 2 * kv_heads) * D, generator=g).to(dtype)
+    q = fused[:, : heads * D].view(T, heads, D)
+    k = fused[:, heads * D : (heads + kv_heads) * D].view(T, kv_heads, D)
+    v = fused[:, (heads + kv_heads) * D :].view(T, kv_heads, D)
+    num_decodes = next((i for i, e in enumerate(ext_lens) if e != 1), len(ext_lens))
+    meta = AttentionMetadata(table, torch.arange(len(plans)), seq_lens, ext_lens, num_decodes, torch.tensor(out_loc))
+    return meta, q, k, v, k_cache, v_cache
+
+
+def _prefix_pool(g: torch.Generator) -> list[int]:
+    return (torch.randperm(PREFIX_SLOTS - 1, generator=g) + 1).tolist()
+
+
+def _check(meta, q, k, v, k_cache, v_cache, generic):
+    backend = get_backend("cpu")
+    backend.generic = generic
+    backend.prepare(meta)
+    T, H, D = q.shape
+    out = backend.forward(q, k, v, k_cache, v_cache, D**-0.5).view(T, H, D)
+    assert torch.equal(k_cache[meta.out_cache_loc], k) and torch.equal(v_cache[meta.out_cache_loc], v)
+    offset = 0
+    for row, (s, e) in enumerate(zip(meta.seq_lens, meta.extend_lens)):
+        slots = meta.req_to_token[row, :s]
+        expected = reference(q[offset : offset + e].float(), k_cache[slots].float(), v_cache[slots].float(),
+                             D**-0.5, s - e)
+        torch.testing.assert_close(out[offset : offset + e].float(), expected, **_close(q.dtype))
+        offset += e
+    return backend
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("generic", BODIES)
+@pytest.mark.parametrize("heads,kv_heads,D", [(9, 3, 64), (4, 4, 16), (8, 1, 32), (40, 2, 16), (2, 1, 24)])
+def test_attention_mixed_batch_matches_reference(dtype, generic, heads, kv_heads, D):
+    """Decodes sharing a prefix, an unrelated decode, a short extend after a cached prefix (the
+    kernel, in tiles) and a prefill longer than NATIVE_EXTEND_MAX (SDPA), in one pass. 40 query heads
+    of one KV head are more than a task takes (split across tasks); D = 24 has no AVX-512 body."""
+    g = torch.Generator().manual_seed(heads * D)
+    shared = _prefix_pool(g)[:40]
+    plans = [(shared, 1), (shared[:25], 1), ([], 1), (shared[:30], 7), ([], NATIVE_EXTEND_MAX + 9)]
+    meta, q, k, v, kc, vc = _batch(plans, heads, kv_heads, D, dtype, seed=heads + D)
+    backend = _check(meta, q, k, v, kc, vc, generic)
+    assert backend.native and len(backend.extends) == 1  # the long prefill went to SDPA
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 90), st.integers(1, 20)), min_size=1, max_size=6),
+    st.sampled_from([(6, 2, 16), (3, 3, 32), (12, 4, 48)]),
+    st.sampled_from(DTYPES),
+    st.booleans(),
+    st.integers(0, 2**16),
+)
+def test_attention_matches_reference_for_any_lengths(shapes, heads_dim, dtype, generic, seed):
+    """Random prefixes and extend lengths (tiles cut anywhere, blocks of 16 keys partly filled)."""
+    heads, kv_heads, D = heads_dim
+    shapes = sorted(shapes, key=lambda s: s[1] != 1)  # decodes first, as the scheduler orders them
+    g = torch.Generator().manual_seed(seed)
+    pool = _prefix_pool(g)
+    plans = [(pool[:prefix], ext) for prefix, ext in shapes]  # prefixes overlap, as cached ones do
+    meta, q, k, v, kc, vc = _batch(plans, heads, kv_heads, D, dtype, seed)
+    _check(meta, q, k, v, kc, vc, generic)
+
+
+def test_float16_and_head_dims_over_the_kernel_fall_back_to_torch():
+    for dtype, D in ((torch.float16, 16), (torch.float32, kernels.max_head_dim + 16)):
+        meta, q, k, v, kc, vc = _batch([([], 1), ([], 5)], 2, 1, D, torch.float32, seed=1)
+        q, k, v, kc, vc = (t.to(dtype) for t in (q, k, v, kc, vc))
+        backend = get_backend("cpu")
+        backend.prepare(meta)
+        out = backend.forward(q, k, v, kc, vc, D**-0.5)
+        assert not backend.native and out.shape == (6, 2 * D)
+
+
+def test_auto_picks_the_cpu_backend_and_builds_once(tmp_path, monkeypatch):
+    assert get_backend("auto", "cpu").name == "cpu"
+    assert get_backend("auto", "cpu", native=False).name == "torch"
+    assert isinstance(get_backend("cpu"), CpuAttentionBackend)
+    path = cpu_native._library()
+    assert path.exists() and cpu_native._library() == path  # cached: the second call compiles nothing
+
+
+def test_without_a_compiler_they_are_off_and_say_why(tmp_path, monkeypatch):
+    from agentkv.errors import RequestError
+
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path))  # nothing cached there
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    cpu_native._load.cache_clear()
+    try:
+        assert cpu_native.load() is None
+        assert "no-such-cc" in cpu_native.unavailable_reason()
+        with pytest.raises(RequestError, match="native_kernels=True"):
+            cpu_native.for_engine(True, "cpu", "float32")
+        assert cpu_native.for_engine(None, "cpu", "float32") is None
+        assert get_backend("auto", "cpu").name == "torch"
+        with pytest.raises(RequestError, match="attention_backend='torch'"):
+            get_backend("cpu")
+        monkeypatch.setenv("AGENTKV_NATIVE_KERNELS", "0")
+        cpu_native._load.cache_clear()
+        assert "AGENTKV_NATIVE_KERNELS=0" in cpu_native.unavailable_reason()
+    finally:
+        cpu_native._load.cache_clear()
+    with pytest.raises(RequestError, match="float16"):
+        cpu_native.for_engine(True, "cpu", "float16")
+    assert cpu_native.for_engine(None, "cpu", "float16") is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_engine_on_native_kernels_matches_torch_ops(tiny_dir, dtype):
+    """The same engine with the C kernels and with torch ops only: logits of a prefill and of cached
+    prefixes agree, and so do greedy outputs of a batch (decodes through the kernel)."""
+    import agentkv as ak
+    from tests.reference import engine_logits, rel_error
+
+    prompts = [[5 + i, 17, 33 + 2 * i, 9] * (3 + i) for i in range(6)]
+    results = {}
+    for native in (True, False):
+        with ak.Engine(str(tiny_dir), dtype=dtype, num_slots=2048, native_kernels=native) as engine:
+            assert engine._core.parts.runner.backend.name == ("cpu" if native else "torch")
+            full, _ = engine_logits(engine, prompts[0])
+            cached, hit = engine_logits(engine, prompts[0] + [3, 4, 5], cached_prefix=len(prompts[0]))
+            assert hit == len(prompts[0])
+            outs = engine.generate(prompts, max_tokens=16, temperature=0.0, ignore_eos=True)
+            results[native] = full, cached, [o.token_ids for o in outs]
+    (full, cached, tokens), (full_t, cached_t, tokens_t) = results[True], results[False]
+    tol = 1e-5 if dtype == "float32" else 3e-2
+    assert rel_error(full, full_t) < tol and rel_error(cached, cached_t) < tol
+    if dtype == "float32":
+        assert tokens == tokens_t
