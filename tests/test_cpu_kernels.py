@@ -239,3 +239,46 @@ def test_engine_on_native_kernels_matches_torch_ops(tiny_dir, dtype):
     assert rel_error(full, full_t) < tol and rel_error(cached, cached_t) < tol
     if dtype == "float32":
         assert tokens == tokens_t
+
+
+needs_bf16_linears = pytest.mark.skipif(kernels is None or not kernels.bf16_linears,
+                                        reason="this CPU has no AVX512_BF16 (csrc/cpu_linear.c is not built)")
+
+
+@needs_bf16_linears
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 40])
+@pytest.mark.parametrize("n", [48, 40, 200])
+@pytest.mark.parametrize("bias,residual", [(False, False), (True, False), (False, True), (True, True)])
+def test_bf16_linear_matches_fp32_matmul(rows, n, bias, residual):
+    """Decode's row counts (one block of up to 16 rows) and prefill's (blocks of 12), column counts
+    that are not a multiple of 16, bias and residual added before the one rounding."""
+    g = torch.Generator().manual_seed(rows * n)
+    k = 96
+    w = (torch.randn(k, n, generator=g) / 8).bfloat16()
+    x = torch.randn(rows + 3, k, generator=g).bfloat16()[2 : 2 + rows]  # a view with an offset
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    r = torch.randn(rows, n, generator=g).bfloat16() if residual else None
+    out = kernels.linear_bf16(x, kernels.pack_bf16(w), b, r)
+    exact = x.float() @ w.float() + (b.float() if bias else 0) + (r.float() if residual else 0)
+    assert out.shape == (rows, n) and out.dtype == torch.bfloat16
+    # sums in fp32 in another order than the reference, then one rounding: within one bf16 ulp
+    torch.testing.assert_close(out.float(), exact, rtol=2**-8, atol=1e-3)
+
+
+@needs_bf16_linears
+def test_linear_and_logits_modules_take_the_bf16_kernel():
+    from agentkv.engine.model import Linear, LogitsProjection
+
+    g = torch.Generator().manual_seed(5)
+    lin = Linear(64, 72, bias=True)
+    lin.weight.data = torch.randn(64, 72, generator=g).bfloat16()
+    lin.bias.data = torch.randn(72, generator=g).bfloat16()
+    weight, bias = lin.weight.data.float(), lin.bias.data.float()
+    lin.pack(native=kernels)
+    assert lin.native_weight is not None and lin.weight is None and lin.packed is None
+    x, res = torch.randn(9, 64, generator=g).bfloat16(), torch.randn(9, 72, generator=g).bfloat16()
+    torch.testing.assert_close(lin(x, res).float(), x.float() @ weight + bias + res.float(), rtol=2e-2, atol=2e-2)
+    table = torch.randn(100, 64, generator=g).bfloat16()  # [vocab, hidden], as the embedding
+    logits = LogitsProjection(table, kernels)
+    assert logits.native_weight is not None
+    torch.testing.assert_close(logits(x).float(), x.float() @ table.float().t(), rtol=2e-2, atol=2e-2)

@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,10 +44,21 @@ _SIGNATURES = {
     "agentkv_rms_norm": [_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT],
     "agentkv_silu_mul": [_INT, _P, _I64, _I64, _I64, _P, _INT, _INT],
     "agentkv_rope": [_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT],
+    "agentkv_linear_bf16": [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT],
+    "agentkv_linear_bf16_available": [],
     "agentkv_attention_heads_per_task": [_INT],
     "agentkv_attention_max_queries": [],
     "agentkv_attention_max_head_dim": [],
 }
+
+
+@dataclass(frozen=True)
+class PackedBF16:
+    """A bf16 weight packed by `NativeKernels.pack_bf16`."""
+
+    data: torch.Tensor  # [out/16, in/2, 16, 2]
+    in_features: int
+    out_features: int
 
 
 class NativeKernels:
@@ -57,10 +69,13 @@ class NativeKernels:
     def __init__(self, lib: ctypes.CDLL):
         self._lib = lib
         for name, args in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, ctypes.c_int if name.endswith(("task", "queries", "dim")) else None
+            fn = getattr(lib, name, None)  # agentkv_linear_bf16 is built only where the CPU has AVX512_BF16
+            if fn is not None:
+                fn.argtypes = args
+                fn.restype = ctypes.c_int if name.endswith(("task", "queries", "dim", "available")) else None
         self.max_queries = lib.agentkv_attention_max_queries()  # query vectors per attention task
         self.max_head_dim = lib.agentkv_attention_max_head_dim()
+        self.bf16_linears = bool(lib.agentkv_linear_bf16_available())  # csrc/cpu_linear.c
 
     @staticmethod
     def handles(t: torch.Tensor) -> bool:
@@ -99,6 +114,32 @@ class NativeKernels:
         self._lib.agentkv_rope(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), T, heads, D, positions.data_ptr(),
                                cos.data_ptr(), sin.data_ptr(), torch.get_num_threads(), generic)
         return x
+
+    def pack_bf16(self, weight: torch.Tensor) -> PackedBF16:
+        """W [in, out] (bf16) in the layout of csrc/cpu_linear.c: [out/16][in/2][16][2], out padded
+        to 16 columns with zeros. Needs an even `in` and `bf16_linears`."""
+        k, n = weight.shape
+        assert self.bf16_linears and weight.dtype == torch.bfloat16 and k % 2 == 0
+        blocks = -(-n // 16)
+        padded = torch.zeros(k, blocks * 16, dtype=weight.dtype)
+        padded[:, :n] = weight
+        return PackedBF16(padded.view(k // 2, 2, blocks, 16).permute(2, 0, 3, 1).contiguous(), k, n)
+
+    def linear_bf16(self, x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None = None,
+                    residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, in] @ W (+ bias [out]) (+ residual [M, out]) -> [M, out], bf16 throughout."""
+        assert x.dtype == torch.bfloat16 and x.stride(-1) == 1 and x.shape[1] == w.in_features
+        out = torch.empty(x.shape[0], w.out_features, dtype=torch.bfloat16)
+        r_ld = 0
+        if residual is not None:
+            assert residual.dtype == torch.bfloat16 and residual.stride(-1) == 1
+            r_ld = residual.stride(0)
+        self._lib.agentkv_linear_bf16(
+            x.data_ptr(), x.stride(0), x.shape[0], w.in_features, w.data.data_ptr(), w.out_features,
+            None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(), r_ld,
+            out.data_ptr(), w.out_features, torch.get_num_threads(),
+        )
+        return out
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, out_loc: torch.Tensor, table: torch.Tensor, tiles: torch.Tensor,

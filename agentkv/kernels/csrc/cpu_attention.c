@@ -29,71 +29,80 @@ INLINE int64_t q_offset(const Task *t, int i, int64_t ld) {
 }
 
 #if AGENTKV_AVX512
+/* A block's K and V rows are converted to fp32 once, then each query vector in turn takes them from
+   L1 with its accumulators in registers (kept there across the block's keys because NV is a
+   constant of each specialization), rather than every key updating every query's accumulators in
+   memory. */
 INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
-    const int D = NV * 16, nq = (int)t->m * t->ng;
+    const int D = NV * 16, nq = (int)t->m * t->ng, es = bf ? 2 : 4;
     __m512 qf[MAX_Q][MAX_D / 16], acc[MAX_Q][MAX_D / 16];
     float mx[MAX_Q], l[MAX_Q];
     int64_t lim[MAX_Q];
     const __m512 sc = _mm512_set1_ps(t->scale);
     for (int i = 0; i < nq; i++) {
-        const char *qp = (const char *)t->q + q_offset(t, i, t->q_ld) * (bf ? 2 : 4);
+        const char *qp = (const char *)t->q + q_offset(t, i, t->q_ld) * es;
         for (int c = 0; c < NV; c++) {
-            qf[i][c] = _mm512_mul_ps(load16(qp + c * 16 * (bf ? 2 : 4), bf), sc);
+            qf[i][c] = _mm512_mul_ps(load16(qp + c * 16 * es, bf), sc);
             acc[i][c] = _mm512_setzero_ps();
         }
         mx[i] = -INFINITY, l[i] = 0.f, lim[i] = t->len0 + i / t->ng;
     }
     const int64_t n = t->len0 + t->m - 1;
     const int64_t row = (int64_t)t->KVH * D;
+    __m512 kf[BLOCK][MAX_D / 16], vf[BLOCK][MAX_D / 16];
     for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
         const int nb = (int)(n - b0 < BLOCK ? n - b0 : BLOCK);
-        __m512 part[MAX_Q][BLOCK];
         for (int j = 0; j < nb; j++) {
-            const char *kp = (const char *)t->kc + (t->slots[b0 + j] * row + (int64_t)t->h * D) * (bf ? 2 : 4);
-            __m512 kv[MAX_D / 16];
-            for (int c = 0; c < NV; c++) kv[c] = load16(kp + c * 16 * (bf ? 2 : 4), bf);
-            for (int i = 0; i < nq; i++) {
-                __m512 a = _mm512_mul_ps(qf[i][0], kv[0]);
-                for (int c = 1; c < NV; c++) a = _mm512_fmadd_ps(qf[i][c], kv[c], a);
-                part[i][j] = a;
+            const int64_t off = (t->slots[b0 + j] * row + (int64_t)t->h * D) * es;
+            for (int c = 0; c < NV; c++) {
+                kf[j][c] = load16((const char *)t->kc + off + c * 16 * es, bf);
+                vf[j][c] = load16((const char *)t->vc + off + c * 16 * es, bf);
             }
         }
-        float ps[MAX_Q][BLOCK];
-        for (int i = 0; i < nq; i++) {
-            for (int j = nb; j < BLOCK; j++) part[i][j] = _mm512_setzero_ps();
-            const int64_t live_n = lim[i] - b0;  /* keys of this block that query i sees */
-            if (live_n <= 0) {
-                memset(ps[i], 0, sizeof ps[i]);
-                continue;
+        /* the next block's rows are scattered over the pool and out of cache by now (a step reads
+           every layer's K/V once): ask for them while this block is computed */
+        for (int64_t j = b0 + BLOCK; j < b0 + 2 * BLOCK && j < n; j++) {
+            const int64_t off = (t->slots[j] * row + (int64_t)t->h * D) * es;
+            for (int b = 0; b < D * es; b += 64) {
+                __builtin_prefetch((const char *)t->kc + off + b, 0, 3);
+                __builtin_prefetch((const char *)t->vc + off + b, 0, 3);
             }
-            __mmask16 live = live_n >= BLOCK ? (__mmask16)0xffff : (__mmask16)((1u << live_n) - 1);
-            __m512 s = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), sum_lanes16(part[i]));
+        }
+        for (int i = 0; i < nq; i++) {
+            const int64_t live_n = lim[i] - b0;  /* keys of this block that query i sees */
+            if (live_n <= 0) continue;
+            const int nl = live_n < nb ? (int)live_n : nb;
+            __m512 part[BLOCK];
+            for (int j = 0; j < nl; j++) {
+                __m512 a = _mm512_mul_ps(qf[i][0], kf[j][0]);
+                for (int c = 1; c < NV; c++) a = _mm512_fmadd_ps(qf[i][c], kf[j][c], a);
+                part[j] = a;
+            }
+            for (int j = nl; j < BLOCK; j++) part[j] = _mm512_setzero_ps();
+            const __mmask16 live = (__mmask16)(nl == BLOCK ? 0xffffu : (1u << nl) - 1);
+            __m512 s = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), sum_lanes16(part));
             float bm = _mm512_reduce_max_ps(s);
             float mn = bm > mx[i] ? bm : mx[i];
             float corr = expf(mx[i] - mn);  /* 0 on the first block (mx = -inf) */
             __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(s, _mm512_set1_ps(mn))));
             l[i] = l[i] * corr + _mm512_reduce_add_ps(p);
             mx[i] = mn;
-            if (corr != 1.f) {
-                __m512 cv = _mm512_set1_ps(corr);
-                for (int c = 0; c < NV; c++) acc[i][c] = _mm512_mul_ps(acc[i][c], cv);
+            float ps[BLOCK];
+            _mm512_storeu_ps(ps, p);
+            __m512 a[MAX_D / 16];
+            const __m512 cv = _mm512_set1_ps(corr);
+            for (int c = 0; c < NV; c++) a[c] = _mm512_mul_ps(acc[i][c], cv);
+            for (int j = 0; j < nl; j++) {
+                const __m512 pj = _mm512_set1_ps(ps[j]);
+                for (int c = 0; c < NV; c++) a[c] = _mm512_fmadd_ps(pj, vf[j][c], a[c]);
             }
-            _mm512_storeu_ps(ps[i], p);
-        }
-        for (int j = 0; j < nb; j++) {
-            const char *vp = (const char *)t->vc + (t->slots[b0 + j] * row + (int64_t)t->h * D) * (bf ? 2 : 4);
-            __m512 vv[MAX_D / 16];
-            for (int c = 0; c < NV; c++) vv[c] = load16(vp + c * 16 * (bf ? 2 : 4), bf);
-            for (int i = 0; i < nq; i++) {
-                __m512 pj = _mm512_set1_ps(ps[i][j]);
-                for (int c = 0; c < NV; c++) acc[i][c] = _mm512_fmadd_ps(pj, vv[c], acc[i][c]);
-            }
+            for (int c = 0; c < NV; c++) acc[i][c] = a[c];
         }
     }
     for (int i = 0; i < nq; i++) {
-        char *op = (char *)t->out + q_offset(t, i, (int64_t)t->H * D) * (bf ? 2 : 4);
+        char *op = (char *)t->out + q_offset(t, i, (int64_t)t->H * D) * es;
         __m512 inv = _mm512_set1_ps(1.f / l[i]);
-        for (int c = 0; c < NV; c++) store16(op + c * 16 * (bf ? 2 : 4), _mm512_mul_ps(acc[i][c], inv), bf);
+        for (int c = 0; c < NV; c++) store16(op + c * 16 * es, _mm512_mul_ps(acc[i][c], inv), bf);
     }
 }
 #endif
