@@ -241,44 +241,53 @@ def test_engine_on_native_kernels_matches_torch_ops(tiny_dir, dtype):
         assert tokens == tokens_t
 
 
-needs_bf16_linears = pytest.mark.skipif(kernels is None or not kernels.bf16_linears,
-                                        reason="this CPU has no AVX512_BF16 (csrc/cpu_linear.c is not built)")
+def _needs_linear(dtype):
+    ok = kernels is not None and dtype in kernels.linear_dtypes
+    return pytest.param(dtype, marks=pytest.mark.skipif(not ok, reason=f"csrc/cpu_linear.c is not built for {dtype} "
+                                                              "on this CPU (AVX-512; bf16 needs AVX512_BF16)"))
 
 
-@needs_bf16_linears
+LINEAR_DTYPES = [_needs_linear(torch.float32), _needs_linear(torch.bfloat16)]
+
+
+@pytest.mark.parametrize("dtype", LINEAR_DTYPES)
 @pytest.mark.parametrize("rows", [1, 5, 16, 17, 40])
 @pytest.mark.parametrize("n", [48, 40, 200])
 @pytest.mark.parametrize("bias,residual", [(False, False), (True, False), (False, True), (True, True)])
-def test_bf16_linear_matches_fp32_matmul(rows, n, bias, residual):
+def test_linear_matches_exact_matmul(dtype, rows, n, bias, residual):
     """Decode's row counts (one block of up to 16 rows) and prefill's (blocks of 12), column counts
     that are not a multiple of 16, bias and residual added before the one rounding."""
     g = torch.Generator().manual_seed(rows * n)
     k = 96
-    w = (torch.randn(k, n, generator=g) / 8).bfloat16()
-    x = torch.randn(rows + 3, k, generator=g).bfloat16()[2 : 2 + rows]  # a view with an offset
-    b = torch.randn(n, generator=g).bfloat16() if bias else None
-    r = torch.randn(rows, n, generator=g).bfloat16() if residual else None
-    out = kernels.linear_bf16(x, kernels.pack_bf16(w), b, r)
-    exact = x.float() @ w.float() + (b.float() if bias else 0) + (r.float() if residual else 0)
-    assert out.shape == (rows, n) and out.dtype == torch.bfloat16
-    # sums in fp32 in another order than the reference, then one rounding: within one bf16 ulp
-    torch.testing.assert_close(out.float(), exact, rtol=2**-8, atol=1e-3)
+    w = (torch.randn(k, n, generator=g) / 8).to(dtype)
+    x = torch.randn(rows + 3, k, generator=g).to(dtype)[2 : 2 + rows]  # a view with an offset
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    r = torch.randn(rows, n, generator=g).to(dtype) if residual else None
+    out = kernels.linear(x, kernels.pack_linear(w), b, r)
+    exact = x.double() @ w.double() + (b.double() if bias else 0) + (r.double() if residual else 0)
+    assert out.shape == (rows, n) and out.dtype == dtype
+    if dtype == torch.bfloat16:  # fp32 sums in another order, then one rounding: within one bf16 ulp
+        torch.testing.assert_close(out.double(), exact, rtol=2**-8, atol=1e-3)
+    else:
+        torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5)
 
 
-@needs_bf16_linears
-def test_linear_and_logits_modules_take_the_bf16_kernel():
+@pytest.mark.parametrize("dtype", LINEAR_DTYPES)
+def test_linear_and_logits_modules_take_the_kernel(dtype):
     from agentkv.engine.model import Linear, LogitsProjection
 
     g = torch.Generator().manual_seed(5)
     lin = Linear(64, 72, bias=True)
-    lin.weight.data = torch.randn(64, 72, generator=g).bfloat16()
-    lin.bias.data = torch.randn(72, generator=g).bfloat16()
-    weight, bias = lin.weight.data.float(), lin.bias.data.float()
-    lin.pack(native=kernels)
-    assert lin.native_weight is not None and lin.weight is None and lin.packed is None
-    x, res = torch.randn(9, 64, generator=g).bfloat16(), torch.randn(9, 72, generator=g).bfloat16()
-    torch.testing.assert_close(lin(x, res).float(), x.float() @ weight + bias + res.float(), rtol=2e-2, atol=2e-2)
-    table = torch.randn(100, 64, generator=g).bfloat16()  # [vocab, hidden], as the embedding
+    lin.weight.data = torch.randn(64, 72, generator=g).to(dtype)
+    lin.bias.data = torch.randn(72, generator=g).to(dtype)
+    weight, bias = lin.weight.data.double(), lin.bias.data.double()
+    lin.pack(keep_plain=True, native=kernels)
+    assert lin.native_weight is not None and lin.weight is None and lin.packed is None  # the only copy
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+    for rows in (1, 9):
+        x, res = torch.randn(rows, 64, generator=g).to(dtype), torch.randn(rows, 72, generator=g).to(dtype)
+        torch.testing.assert_close(lin(x, res).double(), x.double() @ weight + bias + res.double(), **tol)
+    table = torch.randn(100, 64, generator=g).to(dtype)  # [vocab, hidden], as the embedding
     logits = LogitsProjection(table, kernels)
-    assert logits.native_weight is not None
-    torch.testing.assert_close(logits(x).float(), x.float() @ table.float().t(), rtol=2e-2, atol=2e-2)
+    assert logits.native_weight is not None and logits.packed is None
+    torch.testing.assert_close(logits(x).double(), x.double() @ table.double().t(), **tol)

@@ -24,7 +24,7 @@ from torch import nn
 from agentkv.engine.config import ModelConfig
 from agentkv.engine.rope import RopeTables, RotaryEmbedding
 from agentkv.kernels.base import AttentionBackend
-from agentkv.kernels.cpu_native import NativeKernels, PackedBF16
+from agentkv.kernels.cpu_native import NativeKernels, PackedLinear
 
 
 @dataclass
@@ -50,10 +50,10 @@ def _pack(weight_out_in: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight_out_in.contiguous(), 16)
 
 
-def _native_bf16(native: NativeKernels | None, weight: torch.Tensor) -> bool:
-    """Whether `weight` [in, out] goes to agentkv's bf16 linear kernel (see Linear)."""
-    return (native is not None and native.bf16_linears and weight.dtype == torch.bfloat16
-            and weight.device.type == "cpu" and weight.shape[0] % 2 == 0)
+def _native_linear(native: NativeKernels | None, weight: torch.Tensor) -> bool:
+    """Whether `weight` [in, out] goes to agentkv's linear kernel (see Linear)."""
+    return (native is not None and weight.dtype in native.linear_dtypes and weight.device.type == "cpu"
+            and (weight.dtype != torch.bfloat16 or weight.shape[0] % 2 == 0))
 
 
 def _physical_memory() -> int:
@@ -98,12 +98,12 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: torch.Tensor | None = None
         self.native: NativeKernels | None = None  # with native_weight: the bf16 kernel
-        self.native_weight: PackedBF16 | None = None
+        self.native_weight: PackedLinear | None = None
         self.all_reduce = False  # tensor parallelism: a row-parallel shard whose outputs are partial sums
 
     def pack(self, keep_plain: bool = False, native: NativeKernels | None = None) -> None:
-        if self.native_weight is None and _native_bf16(native, self.weight):
-            self.native, self.native_weight = native, native.pack_bf16(self.weight.data)
+        if self.native_weight is None and _native_linear(native, self.weight):
+            self.native, self.native_weight = native, native.pack_linear(self.weight.data)
             self.weight = None
         elif self.packed is None and self.native_weight is None and _can_pack(self.weight):
             self.packed = _pack(self.weight.data.t())
@@ -116,7 +116,7 @@ class Linear(nn.Module):
         # a row-parallel shard's output is a partial sum: the residual is added once, after the all-reduce
         add = None if self.all_reduce else residual
         if self.native_weight is not None:
-            y = self.native.linear_bf16(x, self.native_weight, self.bias, add)
+            y = self.native.linear(x, self.native_weight, self.bias, add)
         elif self.packed is not None and (self.weight is None or x.shape[0] > 1):
             y = _packed_linear(x, self.packed, self.bias, add)
         else:
@@ -138,14 +138,14 @@ class LogitsProjection(nn.Module):
         super().__init__()
         self.weight = weight
         self.native, self.native_weight, self.packed = native, None, None
-        if _native_bf16(native, weight.t()):  # see Linear
-            self.native_weight = native.pack_bf16(weight.t())
+        if _native_linear(native, weight.t()):  # see Linear
+            self.native_weight = native.pack_linear(weight.t())
         elif _can_pack(weight):
             self.packed = _pack(weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native_weight is not None:
-            return self.native.linear_bf16(x.contiguous(), self.native_weight)
+            return self.native.linear(x.contiguous(), self.native_weight)
         if self.packed is not None:
             return _packed_linear(x, self.packed, None, None)
         return F.linear(x, self.weight)

@@ -44,8 +44,8 @@ _SIGNATURES = {
     "agentkv_rms_norm": [_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT],
     "agentkv_silu_mul": [_INT, _P, _I64, _I64, _I64, _P, _INT, _INT],
     "agentkv_rope": [_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT],
-    "agentkv_linear_bf16": [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT],
-    "agentkv_linear_bf16_available": [],
+    "agentkv_linear": [_INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT],
+    "agentkv_linear_available": [_INT],
     "agentkv_attention_heads_per_task": [_INT],
     "agentkv_attention_max_queries": [],
     "agentkv_attention_max_head_dim": [],
@@ -53,10 +53,10 @@ _SIGNATURES = {
 
 
 @dataclass(frozen=True)
-class PackedBF16:
-    """A bf16 weight packed by `NativeKernels.pack_bf16`."""
+class PackedLinear:
+    """A weight packed by `NativeKernels.pack_linear`."""
 
-    data: torch.Tensor  # [out/16, in/2, 16, 2]
+    data: torch.Tensor  # bf16 [out/16, in/2, 16, 2], fp32 [out/16, in, 16]
     in_features: int
     out_features: int
 
@@ -69,13 +69,14 @@ class NativeKernels:
     def __init__(self, lib: ctypes.CDLL):
         self._lib = lib
         for name, args in _SIGNATURES.items():
-            fn = getattr(lib, name, None)  # agentkv_linear_bf16 is built only where the CPU has AVX512_BF16
+            fn = getattr(lib, name, None)  # agentkv_linear is built only where the CPU has AVX-512
             if fn is not None:
                 fn.argtypes = args
                 fn.restype = ctypes.c_int if name.endswith(("task", "queries", "dim", "available")) else None
         self.max_queries = lib.agentkv_attention_max_queries()  # query vectors per attention task
         self.max_head_dim = lib.agentkv_attention_max_head_dim()
-        self.bf16_linears = bool(lib.agentkv_linear_bf16_available())  # csrc/cpu_linear.c
+        # the dtypes csrc/cpu_linear.c multiplies on this CPU: float32 with AVX-512, bfloat16 with AVX512_BF16
+        self.linear_dtypes = {dt for dt, bf in _DTYPES.items() if lib.agentkv_linear_available(bf)}
 
     @staticmethod
     def handles(t: torch.Tensor) -> bool:
@@ -115,27 +116,32 @@ class NativeKernels:
                                cos.data_ptr(), sin.data_ptr(), torch.get_num_threads(), generic)
         return x
 
-    def pack_bf16(self, weight: torch.Tensor) -> PackedBF16:
-        """W [in, out] (bf16) in the layout of csrc/cpu_linear.c: [out/16][in/2][16][2], out padded
-        to 16 columns with zeros. Needs an even `in` and `bf16_linears`."""
+    def pack_linear(self, weight: torch.Tensor) -> PackedLinear:
+        """W [in, out] in the layout of csrc/cpu_linear.c, out padded to 16 columns with zeros: bf16
+        [out/16][in/2][16][2] (`in` even), fp32 [out/16][in][16]. For dtypes in `linear_dtypes`."""
         k, n = weight.shape
-        assert self.bf16_linears and weight.dtype == torch.bfloat16 and k % 2 == 0
+        assert weight.dtype in self.linear_dtypes and (weight.dtype != torch.bfloat16 or k % 2 == 0)
         blocks = -(-n // 16)
         padded = torch.zeros(k, blocks * 16, dtype=weight.dtype)
         padded[:, :n] = weight
-        return PackedBF16(padded.view(k // 2, 2, blocks, 16).permute(2, 0, 3, 1).contiguous(), k, n)
+        if weight.dtype == torch.bfloat16:
+            data = padded.view(k // 2, 2, blocks, 16).permute(2, 0, 3, 1)
+        else:
+            data = padded.view(k, blocks, 16).permute(1, 0, 2)
+        return PackedLinear(data.contiguous(), k, n)
 
-    def linear_bf16(self, x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None = None,
-                    residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x [M, in] @ W (+ bias [out]) (+ residual [M, out]) -> [M, out], bf16 throughout."""
-        assert x.dtype == torch.bfloat16 and x.stride(-1) == 1 and x.shape[1] == w.in_features
-        out = torch.empty(x.shape[0], w.out_features, dtype=torch.bfloat16)
+    def linear(self, x: torch.Tensor, w: PackedLinear, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, in] @ W (+ bias [out]) (+ residual [M, out]) -> [M, out], all of W's dtype."""
+        dt = w.data.dtype
+        assert x.dtype == dt and x.stride(-1) == 1 and x.shape[1] == w.in_features
+        out = torch.empty(x.shape[0], w.out_features, dtype=dt)
         r_ld = 0
         if residual is not None:
-            assert residual.dtype == torch.bfloat16 and residual.stride(-1) == 1
+            assert residual.dtype == dt and residual.stride(-1) == 1
             r_ld = residual.stride(0)
-        self._lib.agentkv_linear_bf16(
-            x.data_ptr(), x.stride(0), x.shape[0], w.in_features, w.data.data_ptr(), w.out_features,
+        self._lib.agentkv_linear(
+            _DTYPES[dt], x.data_ptr(), x.stride(0), x.shape[0], w.in_features, w.data.data_ptr(), w.out_features,
             None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(), r_ld,
             out.data_ptr(), w.out_features, torch.get_num_threads(),
         )
