@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from agentkv.engine.rope import _rotate_half
 from agentkv.kernels import cpu_native, get_backend
 from agentkv.kernels.base import AttentionMetadata
-from agentkv.kernels.cpu_backend import NATIVE_EXTEND_MAX, CpuAttentionBackend
+from agentkv.kernels.cpu_backend import NATIVE_EXTEND_MAX, NATIVE_PREFIX_MAX, CpuAttentionBackend
 from tests.test_attention import reference
 
 kernels = cpu_native.load()
@@ -101,7 +101,7 @@ def _batch(plans, heads, kv_heads, D, dtype, seed, num_slots=700):
     k_cache = torch.randn(num_slots, kv_heads, D, generator=g).to(dtype)
     v_cache = torch.randn(num_slots, kv_heads, D, generator=g).to(dtype)
     free = (torch.randperm(num_slots - PREFIX_SLOTS, generator=g) + PREFIX_SLOTS).tolist()
-    table = torch.zeros(len(plans) + 2, 256, dtype=torch.int64)
+    table = torch.zeros(len(plans) + 2, 512, dtype=torch.int64)
     seq_lens, ext_lens, out_loc = [], [], []
     for row, (prefix, ext) in enumerate(plans):
         new, free = free[:ext], free[ext:]
@@ -144,20 +144,22 @@ def _check(meta, q, k, v, k_cache, v_cache, generic):
 @pytest.mark.parametrize("generic", BODIES)
 @pytest.mark.parametrize("heads,kv_heads,D", [(9, 3, 64), (4, 4, 16), (8, 1, 32), (40, 2, 16), (2, 1, 24)])
 def test_attention_mixed_batch_matches_reference(dtype, generic, heads, kv_heads, D):
-    """Decodes sharing a prefix, an unrelated decode, a short extend after a cached prefix (the
-    kernel, in tiles) and a prefill longer than NATIVE_EXTEND_MAX (SDPA), in one pass. 40 query heads
-    of one KV head are more than a task takes (split across tasks); D = 24 has no AVX-512 body."""
+    """Decodes sharing a prefix, an unrelated decode, a short extend after a cached prefix and a
+    fresh prefill (the kernel, in tiles), and a long extend after a long prefix (SDPA), in one pass.
+    40 query heads of one KV head are more than a task takes (split across tasks); D = 24 has no
+    AVX-512 body."""
     g = torch.Generator().manual_seed(heads * D)
-    shared = _prefix_pool(g)[:40]
-    plans = [(shared, 1), (shared[:25], 1), ([], 1), (shared[:30], 7), ([], NATIVE_EXTEND_MAX + 9)]
+    pool = _prefix_pool(g)
+    shared, long_prefix = pool[:40], pool[:NATIVE_PREFIX_MAX + 20]
+    plans = [(shared, 1), (shared[:25], 1), ([], 1), (shared[:30], 7), ([], 75), (long_prefix, NATIVE_EXTEND_MAX + 5)]
     meta, q, k, v, kc, vc = _batch(plans, heads, kv_heads, D, dtype, seed=heads + D)
     backend = _check(meta, q, k, v, kc, vc, generic)
-    assert backend.native and len(backend.extends) == 1  # the long prefill went to SDPA
+    assert backend.native and len(backend.extends) == 1  # the long extend after a long prefix went to SDPA
 
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 90), st.integers(1, 20)), min_size=1, max_size=6),
+    st.lists(st.tuples(st.integers(0, 90), st.integers(1, 40)), min_size=1, max_size=6),
     st.sampled_from([(6, 2, 16), (3, 3, 32), (12, 4, 48)]),
     st.sampled_from(DTYPES),
     st.booleans(),
@@ -291,3 +293,27 @@ def test_linear_and_logits_modules_take_the_kernel(dtype):
     logits = LogitsProjection(table, kernels)
     assert logits.native_weight is not None and logits.packed is None
     torch.testing.assert_close(logits(x).double(), x.double() @ table.double().t(), **tol)
+
+
+def test_attention_checks_every_index_before_it_touches_memory():
+    """A slot past the pool, in the new tokens' slots or in the table, is refused with nothing written."""
+    from agentkv.errors import EngineError
+
+    meta, q, k, v, kc, vc = _batch([([1, 2, 3], 1), ([], 2)], 4, 2, 16, torch.float32, seed=2)
+    out = torch.empty(3, 4, 16)
+    tiles = torch.tensor([[0, 1, 0, 4], [1, 2, 1, 1]])
+    before = kc.clone()
+    bad_loc = meta.out_cache_loc.clone()
+    bad_loc[1] = kc.shape[0]
+    with pytest.raises(EngineError, match="new token's slot"):
+        kernels.attention(q, k, v, kc, vc, bad_loc, meta.req_to_token, tiles, 0.25, out)
+    table = meta.req_to_token.clone()
+    table[0, 1] = -5
+    with pytest.raises(EngineError, match="slot in the table"):
+        kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, table, tiles, 0.25, out)
+    with pytest.raises(EngineError, match="a tile"):
+        kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles + torch.tensor([0, 0, 0, 999]),
+                          0.25, out)
+    assert torch.equal(kc, before)
+    kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles, 0.25, out)  # the valid pass runs
+    assert torch.equal(kc[meta.out_cache_loc], k)

@@ -7,9 +7,9 @@ into single matmuls: on CPU, per-op overhead dominates a small model's decode st
 Linear weights are stored input-major ([in, out]): a plain matmul then streams them with every
 core at batch 1, where MKL's gemv on HF's [out, in] uses one. In fp32 on CPU they are then packed for
 oneDNN, which is faster again for the 2-16 row matmuls of batched decode (see `Linear`).
-The residual adds are folded into the o and down projections' matmuls. On CPU the element-wise steps
-(RMSNorm, silu * up, the rotation) run as agentkv's C kernels when `finalize` is given them
-(kernels/cpu_native.py): one call each instead of 3-8 torch ops.
+The residual adds are folded into the o and down projections' matmuls. On CPU, when `finalize` is
+given agentkv's C kernels (kernels/cpu_native.py), the linears run on weights packed for them and the
+element-wise steps (RMSNorm, silu * up, the rotation) are one call each instead of 3-8 torch ops.
 """
 
 from __future__ import annotations
@@ -86,10 +86,12 @@ class Linear(nn.Module):
     plain `x @ weight` (MKL's gemv on the input-major weight, both cores). `pack(keep_plain=True)`
     keeps the plain weight for that case, a second copy of it.
 
-    bf16 on a CPU with AVX512_BF16 and agentkv's kernels (`pack(native=...)`): the weight is packed
-    for csrc/cpu_linear.c instead, which streams it at memory speed at decode's 1-16 rows (measured on
-    AMD Zen 4, weights out of cache as in a step: the 30 layers' linears 12.4 / 7.0 ms at 16 / 1 rows
-    against 18.6 / 14.5 for oneDNN's packed kernel) and keeps up with oneDNN on prefill chunks.
+    With agentkv's C kernels (`pack(native=...)`, fp32 on AVX-512, bf16 on AVX512_BF16) the weight is
+    packed for csrc/cpu_linear.c instead, its only copy, which streams it at decode's 1-16 rows while
+    it computes. Measured on AMD Zen 4 with weights out of cache as in a step (`benchmarks/cpu_kernels.py`),
+    the 30 layers' linears at 1 / 16 rows: bf16 5.5 / 10.8 ms against 10.4 / 14.9 for oneDNN packed;
+    fp32 9.1 / 20.2 ms against 17.3 / 24.3 (25.0 for the plain gemv at one row). At 550 rows
+    (prefill) both within 4% of oneDNN (bf16 287 against 276 ms, fp32 568 against 548).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
@@ -97,7 +99,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: torch.Tensor | None = None
-        self.native: NativeKernels | None = None  # with native_weight: the bf16 kernel
+        self.native: NativeKernels | None = None  # with native_weight: the C kernel
         self.native_weight: PackedLinear | None = None
         self.all_reduce = False  # tensor parallelism: a row-parallel shard whose outputs are partial sums
 

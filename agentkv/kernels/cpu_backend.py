@@ -1,13 +1,21 @@
 """The CPU attention backend: agentkv's C kernel (csrc/cpu_attention.c) reading K/V in place from the pool.
 
 The torch backend gathers each decoding request's K/V into a padded copy every layer and then runs
-SDPA, whose CPU kernel is built for long sequences: measured here for 16 requests of 100 tokens
-(bf16, 9 query / 3 KV heads of 64), 221 us a layer against 74 for this kernel, which walks each
-request's slots and attends every query head of a KV head with one read of its rows.
+SDPA, whose CPU kernel is built for long sequences. Measured here (AMD Zen 4, 2 cores) for 16
+decoding requests, bf16, 9 query / 3 KV heads of 64, a 30-layer pool with a linear between layers as
+in a step (`benchmarks/cpu_kernels.py`): 142 us a layer against 292 at 100 tokens each, 455 against
+732 at 400, 1,732 against 3,772 at 1,600. The kernel walks each request's slots and attends every
+query head of a KV head with one read of its rows.
 
-Decodes and extends of up to `NATIVE_EXTEND_MAX` tokens (jump-forward runs, short turns) go to the
-kernel; longer extends (prefill chunks) to SDPA as in the torch backend, whose tiled matmuls are
-faster there. One C call a layer stores the pass's new K/V and attends the kernel's tokens.
+Decodes go to the kernel, and so do extends of up to `NATIVE_EXTEND_MAX` new tokens (jump-forward
+runs, short turns) or after at most `NATIVE_PREFIX_MAX` cached ones (a fresh prompt's prefill): the
+kernel reads the cached keys once per tile of 16 query vectors, and past those sizes SDPA's larger
+tiles read them fewer times. In `benchmarks/cpu_kernels.py` (bf16, a layer; these figures move by
+10-30% between runs here) the kernel took 0.36x SDPA's time for a 32-token prompt, 0.81x for 2,048,
+0.70x for 32 tokens after 512 cached, 1.19x for 256 after 512 and 1.37x for 256 after 2,048 (those
+two go to SDPA); in fp32 the crossover comes sooner (0.92x for 32 after 512, 0.81x for 64 after 512:
+a few tokens after a long prefix take the slower side there). One C call a layer stores the pass's
+new K/V and attends the kernel's tokens.
 """
 
 from __future__ import annotations
@@ -19,8 +27,10 @@ from agentkv.kernels import cpu_native
 from agentkv.kernels.base import AttentionMetadata
 from agentkv.kernels.torch_backend import TorchAttentionBackend
 
-# extends up to this many tokens attend in the C kernel, longer ones through SDPA
-NATIVE_EXTEND_MAX = 64
+# an extend attends in the C kernel when it has at most this many new tokens...
+NATIVE_EXTEND_MAX = 32
+# ...or at most this many cached tokens before them; other extends through SDPA
+NATIVE_PREFIX_MAX = 256
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
@@ -43,7 +53,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         longer: list[int] = []  # requests whose extend goes to SDPA
         offset = 0
         for i, (row, seq, ext) in enumerate(zip(meta.req_rows.tolist(), meta.seq_lens, meta.extend_lens)):
-            if ext <= NATIVE_EXTEND_MAX:
+            if ext <= NATIVE_EXTEND_MAX or seq - ext <= NATIVE_PREFIX_MAX:
                 self.spans.append((offset, ext, row, seq))
             else:
                 longer.append(i)

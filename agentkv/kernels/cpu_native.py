@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from agentkv.env import cache_root, native_kernels_allowed
-from agentkv.errors import RequestError
+from agentkv.errors import EngineError, RequestError
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ _CSRC = Path(__file__).resolve().parent / "csrc"
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `bf` flag
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
-    "agentkv_attention": [_INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _I64, _P, _I64,
-                          _INT, _INT, _INT, _F, _P, _INT, _INT],
+    "agentkv_attention": [_INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P,
+                          _I64, _INT, _INT, _INT, _F, _P, _INT, _INT],
     "agentkv_rms_norm": [_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT],
     "agentkv_silu_mul": [_INT, _P, _I64, _I64, _I64, _P, _INT, _INT],
     "agentkv_rope": [_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT],
@@ -72,7 +72,7 @@ class NativeKernels:
             fn = getattr(lib, name, None)  # agentkv_linear is built only where the CPU has AVX-512
             if fn is not None:
                 fn.argtypes = args
-                fn.restype = ctypes.c_int if name.endswith(("task", "queries", "dim", "available")) else None
+                fn.restype = ctypes.c_int if name.endswith(("task", "queries", "dim", "available", "attention")) else None
         self.max_queries = lib.agentkv_attention_max_queries()  # query vectors per attention task
         self.max_head_dim = lib.agentkv_attention_max_head_dim()
         # the dtypes csrc/cpu_linear.c multiplies on this CPU: float32 with AVX-512, bfloat16 with AVX512_BF16
@@ -159,11 +159,17 @@ class NativeKernels:
             assert t.stride(2) == 1 and t.stride(1) == D and t.dtype == q.dtype
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == q.dtype and out.is_contiguous()
         assert table.dtype == out_loc.dtype == tiles.dtype == torch.int64 and tiles.is_contiguous()
-        self._lib.agentkv_attention(
+        assert table.is_contiguous() and out_loc.is_contiguous() and k_cache.shape == v_cache.shape
+        bad = self._lib.agentkv_attention(
             _DTYPES[q.dtype], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-            k_cache.data_ptr(), v_cache.data_ptr(), out_loc.data_ptr(), T, table.data_ptr(), table.stride(0),
-            tiles.data_ptr(), tiles.shape[0], H, kvh, D, scale, out.data_ptr(), torch.get_num_threads(), generic,
+            k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], out_loc.data_ptr(), T, table.data_ptr(),
+            table.shape[0], table.shape[1], tiles.data_ptr(), tiles.shape[0], H, kvh, D, scale, out.data_ptr(),
+            torch.get_num_threads(), generic,
         )
+        if bad:  # the kernel checks every index before it writes or reads through one
+            what = {1: "a new token's slot", 2: "a tile", 3: "a slot in the table"}[bad]
+            raise EngineError(f"native attention refused the pass: {what} is out of bounds (an engine bug; "
+                              "attention_backend='torch' serves meanwhile)")
 
 
 def for_engine(option: bool | None, device: str, dtype: str) -> NativeKernels | None:

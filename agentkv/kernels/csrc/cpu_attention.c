@@ -179,13 +179,36 @@ int agentkv_attention_heads_per_task(int G) { return G < MAX_Q ? G : MAX_Q; }
 int agentkv_attention_max_queries(void) { return MAX_Q; }
 int agentkv_attention_max_head_dim(void) { return MAX_D; }
 
-/* q [T, H, D], k and v [T, KVH, D] (token strides q_ld, k_ld, v_ld; heads contiguous), out [T, H, D].
+/* Every index the call will follow, checked before any memory is touched: 0 when all are in bounds,
+   else which kind is not (the caller raises; nothing was written). */
+static int check_indices(const int64_t *out_loc, int64_t T, int64_t num_slots, const int64_t *table,
+                         int64_t table_rows, int64_t table_ld, const int64_t *tiles, int64_t ntiles) {
+    for (int64_t i = 0; i < T; i++)
+        if (out_loc[i] < 0 || out_loc[i] >= num_slots) return 1;
+    for (int64_t n = 0; n < ntiles; n++) {
+        const int64_t *tile = tiles + n * 4, keys = tile[3] + tile[1] - 1;
+        if (tile[0] < 0 || tile[1] < 1 || tile[0] + tile[1] > T || tile[2] < 0 || tile[2] >= table_rows ||
+            tile[3] < 1 || keys > table_ld)
+            return 2;
+        for (int64_t j = 0; j < keys; j++) {
+            const int64_t slot = table[tile[2] * table_ld + j];
+            if (slot < 0 || slot >= num_slots) return 3;
+        }
+    }
+    return 0;
+}
+
+/* q [T, H, D], k and v [T, KVH, D] (token strides q_ld, k_ld, v_ld; heads contiguous), out [T, H, D];
+   caches [num_slots, KVH, D]; table [table_rows, table_ld].
    tiles [ntiles, 4]: (first token, tokens m, slot-table row, keys of the first token); tokens of no
-   tile are left to the caller (their K/V are still stored). `generic` forces the plain-C path (tests). */
-void agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_t k_ld, const void *v,
-                       int64_t v_ld, void *k_cache, void *v_cache, const int64_t *out_loc, int64_t T,
-                       const int64_t *table, int64_t table_ld, const int64_t *tiles, int64_t ntiles,
-                       int H, int KVH, int D, float scale, void *out, int nthreads, int generic) {
+   tile are left to the caller (their K/V are still stored). `generic` forces the plain-C path (tests).
+   Returns check_indices' verdict: 0, or nonzero with nothing done. */
+int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_t k_ld, const void *v,
+                      int64_t v_ld, void *k_cache, void *v_cache, int64_t num_slots, const int64_t *out_loc, int64_t T,
+                      const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *tiles,
+                      int64_t ntiles, int H, int KVH, int D, float scale, void *out, int nthreads, int generic) {
+    const int bad = check_indices(out_loc, T, num_slots, table, table_rows, table_ld, tiles, ntiles);
+    if (bad) return bad;
     const int64_t es = bf ? 2 : 4, row = (int64_t)KVH * D;
     for (int64_t i = 0; i < T; i++) {
         memcpy((char *)k_cache + out_loc[i] * row * es, (const char *)k + i * k_ld * es, row * es);
@@ -202,4 +225,5 @@ void agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64
         if (bf) attend(&t, 1, generic);
         else attend(&t, 0, generic);
     }
+    return 0;
 }

@@ -1,0 +1,165 @@
+"""agentkv's C kernels for CPU against the torch ops they replace, with memory as in a decode step.
+
+A step reads every layer's weights and K/V once, so neither is in cache when a layer gets to it. Each
+timing here therefore walks 30 layers of distinct tensors (the embedded model's shapes), like a step,
+and the two sides alternate so drifts in machine speed hit both:
+
+- linears: the 4 linears of each of 30 layers (qkv, o, gate_up, down) through csrc/cpu_linear.c
+  against oneDNN's packed kernel (what the engine ran before) and a plain matmul, at several row counts;
+- decode attention: 16 requests through the cpu backend against the torch backend (gather + SDPA),
+  a linear between layers as in a step;
+- extend attention: one request's new tokens after a cached prefix, the C kernel's tiles against SDPA
+  (the cpu backend's choice between them: NATIVE_EXTEND_MAX, NATIVE_PREFIX_MAX).
+
+    python benchmarks/cpu_kernels.py [--dtype bfloat16|float32] [--rows 1,16,64,550]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import table  # noqa: E402
+
+from agentkv.engine.model import _pack, _packed_linear  # noqa: E402
+from agentkv.kernels import cpu_native, cpu_backend, get_backend  # noqa: E402
+from agentkv.kernels.base import AttentionMetadata  # noqa: E402
+
+LAYERS = 30
+SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # [in, out] of qkv, o, gate_up, down
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
+
+
+def best(fns: dict, rounds: int) -> dict:
+    """The fastest of `rounds` alternating runs of each function (seconds)."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: min(ts) for name, ts in times.items()}
+
+
+def linears(kernels, dtype, rows_list) -> list:
+    layers = []
+    for _ in range(LAYERS):
+        for k, n in SHAPES:
+            w = (torch.randn(k, n) * 0.05).to(dtype)
+            layers.append((k, w, _pack(w.t()), kernels.pack_linear(w) if dtype in kernels.linear_dtypes else None))
+    out = []
+    for rows in rows_list:
+        xs = {k: torch.randn(rows, k).to(dtype) for k, _ in SHAPES}
+        fns = {"onednn": lambda: [_packed_linear(xs[k], p, None, None) for k, w, p, q in layers],
+               "plain": lambda: [xs[k] @ w for k, w, p, q in layers]}
+        if layers[0][3] is not None:
+            fns["agentkv"] = lambda: [kernels.linear(xs[k], q) for k, w, p, q in layers]
+        t = best(fns, 5)
+        ours = t.get("agentkv", float("nan"))
+        out.append([rows, ours * 1e3, t["onednn"] * 1e3, t["plain"] * 1e3, t["onednn"] / ours])
+    return out
+
+
+def _decode_batch(dtype, batch, length):
+    table_ = torch.zeros(64, 4096, dtype=torch.int64)
+    for b in range(batch):
+        table_[b, :length] = torch.arange(1 + b * length, 1 + (b + 1) * length)
+    rows = torch.arange(batch)
+    meta = AttentionMetadata(table_, rows, [length] * batch, [1] * batch, batch, table_[rows, length - 1].clone())
+    qkv = torch.randn(batch, (HEADS + 2 * KV_HEADS) * HEAD_DIM).to(dtype)
+    return meta, _split(qkv)
+
+
+def _split(qkv):
+    h, kvh, d = HEADS, KV_HEADS, HEAD_DIM
+    q = qkv[:, : h * d].view(-1, h, d)
+    k = qkv[:, h * d : (h + kvh) * d].view(-1, kvh, d)
+    v = qkv[:, (h + kvh) * d :].view(-1, kvh, d)
+    return q, k, v
+
+
+def decode_attention(dtype, lengths) -> list:
+    slots = 16 * max(lengths) + 1
+    pools = [(torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype), torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype))
+             for _ in range(LAYERS)]
+    weights = [_pack(torch.randn(3072, 576).to(dtype)) for _ in range(LAYERS)]
+    x = torch.randn(16, 576).to(dtype)
+    out = []
+    for length in lengths:
+        meta, (q, k, v) = _decode_batch(dtype, 16, length)
+        backends = {name: get_backend(name) for name in ("cpu", "torch")}
+        spent = {name: [] for name in backends}
+        for _ in range(8):
+            for name, be in backends.items():
+                be.prepare(meta)
+                total = 0.0
+                for (kc, vc), w in zip(pools, weights):
+                    _packed_linear(x, w, None, None)  # the layer's weights pass through the cache
+                    start = time.perf_counter()
+                    be.forward(q, k, v, kc, vc, HEAD_DIM**-0.5)
+                    total += time.perf_counter() - start
+                spent[name].append(total / LAYERS)
+        t = {name: sorted(ts)[len(ts) // 2] for name, ts in spent.items()}
+        out.append([16, length, t["cpu"] * 1e6, t["torch"] * 1e6, t["torch"] / t["cpu"]])
+    return out
+
+
+def extend_attention(dtype, sizes) -> list:
+    out = []
+    kc, vc = torch.randn(8192, KV_HEADS, HEAD_DIM).to(dtype), torch.randn(8192, KV_HEADS, HEAD_DIM).to(dtype)
+    for prefix, ext in sizes:
+        seq = prefix + ext
+        table_ = torch.zeros(2, seq, dtype=torch.int64)
+        table_[0] = torch.arange(1, seq + 1)
+        meta = AttentionMetadata(table_, torch.arange(1), [seq], [ext], 0, table_[0, prefix:].clone())
+        q, k, v = _split(torch.randn(ext, (HEADS + 2 * KV_HEADS) * HEAD_DIM).to(dtype))
+        be = get_backend("cpu")
+        saved = cpu_backend.NATIVE_EXTEND_MAX, cpu_backend.NATIVE_PREFIX_MAX
+
+        def run(limit):
+            # limit above the extend's sizes: the kernel; -1: SDPA
+            cpu_backend.NATIVE_EXTEND_MAX = cpu_backend.NATIVE_PREFIX_MAX = limit
+            be.prepare(meta)
+            for _ in range(LAYERS):
+                be.forward(q, k, v, kc, vc, HEAD_DIM**-0.5)
+
+        try:
+            t = best({"kernel": lambda: run(1 << 30), "sdpa": lambda: run(-1)}, 5)
+        finally:
+            cpu_backend.NATIVE_EXTEND_MAX, cpu_backend.NATIVE_PREFIX_MAX = saved
+        out.append([prefix, ext, t["kernel"] / LAYERS * 1e6, t["sdpa"] / LAYERS * 1e6, t["sdpa"] / t["kernel"]])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--rows", default="1,16,64,550")
+    ap.add_argument("--skip-decode", action="store_true")
+    args = ap.parse_args()
+    kernels = cpu_native.load()
+    if kernels is None:
+        sys.exit(f"the native CPU kernels are unavailable: {cpu_native.unavailable_reason()}")
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    print(f"{args.dtype}, {torch.get_num_threads()} threads, {LAYERS} layers of distinct tensors per timing")
+    print("\nlinears of 30 layers (ms)")
+    print(table(linears(kernels, dtype, [int(r) for r in args.rows.split(",")]),
+                ["rows", "agentkv", "oneDNN packed", "plain matmul", "oneDNN / agentkv"]))
+    if not args.skip_decode:
+        print("\ndecode attention, a layer (us)")
+        print(table(decode_attention(dtype, [100, 400, 1600]),
+                    ["requests", "tokens each", "cpu backend", "torch backend", "torch / cpu"]))
+    print("\nextend attention after a cached prefix, a layer (us)")
+    sizes = [(0, 32), (0, 512), (0, 2048), (256, 64), (512, 32), (512, 64), (512, 256), (2048, 256)]
+    print(table(extend_attention(dtype, sizes), ["prefix", "new tokens", "C kernel", "SDPA", "SDPA / C"]))
+
+
+if __name__ == "__main__":
+    main()
