@@ -6,8 +6,9 @@ and the two sides alternate so drifts in machine speed hit both:
 
 - linears: the 4 linears of each of 30 layers (qkv, o, gate_up, down) through csrc/cpu_linear.c
   against oneDNN's packed kernel (what the engine ran before) and a plain matmul, at several row counts;
-- decode attention: 16 requests through the cpu backend against the torch backend (gather + SDPA),
-  a linear between layers as in a step;
+- decode attention: 16 requests (and one with a long context, whose keys the kernel splits across
+  threads) through the cpu backend against the torch backend (gather + SDPA), a linear between
+  layers as in a step;
 - extend attention: one request's new tokens after a cached prefix, the C kernel's tiles against SDPA
   (the cpu backend's choice between them: NATIVE_EXTEND_MAX, NATIVE_PREFIX_MAX).
 
@@ -84,15 +85,15 @@ def _split(qkv):
     return q, k, v
 
 
-def decode_attention(dtype, lengths) -> list:
-    slots = 16 * max(lengths) + 1
+def decode_attention(dtype, shapes) -> list:
+    slots = max(b * n for b, n in shapes) + 1
     pools = [(torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype), torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype))
              for _ in range(LAYERS)]
     weights = [_pack(torch.randn(3072, 576).to(dtype)) for _ in range(LAYERS)]
-    x = torch.randn(16, 576).to(dtype)
     out = []
-    for length in lengths:
-        meta, (q, k, v) = _decode_batch(dtype, 16, length)
+    for batch, length in shapes:
+        meta, (q, k, v) = _decode_batch(dtype, batch, length)
+        x = torch.randn(batch, 576).to(dtype)
         backends = {name: get_backend(name) for name in ("cpu", "torch")}
         spent = {name: [] for name in backends}
         for _ in range(8):
@@ -106,7 +107,7 @@ def decode_attention(dtype, lengths) -> list:
                     total += time.perf_counter() - start
                 spent[name].append(total / LAYERS)
         t = {name: sorted(ts)[len(ts) // 2] for name, ts in spent.items()}
-        out.append([16, length, t["cpu"] * 1e6, t["torch"] * 1e6, t["torch"] / t["cpu"]])
+        out.append([batch, length, t["cpu"] * 1e6, t["torch"] * 1e6, t["torch"] / t["cpu"]])
     return out
 
 
@@ -154,7 +155,7 @@ def main() -> None:
                 ["rows", "agentkv", "oneDNN packed", "plain matmul", "oneDNN / agentkv"]))
     if not args.skip_decode:
         print("\ndecode attention, a layer (us)")
-        print(table(decode_attention(dtype, [100, 400, 1600]),
+        print(table(decode_attention(dtype, [(16, 100), (16, 400), (16, 1600), (1, 4000)]),
                     ["requests", "tokens each", "cpu backend", "torch backend", "torch / cpu"]))
     print("\nextend attention after a cached prefix, a layer (us)")
     sizes = [(0, 32), (0, 512), (0, 2048), (256, 64), (512, 32), (512, 64), (512, 256), (2048, 256)]

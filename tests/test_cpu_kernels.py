@@ -93,15 +93,16 @@ def test_rope_rotates_in_place_as_the_reference(dtype, generic, D):
     assert torch.equal(qkv[:, 6 * D :], v_before)  # v untouched
 
 
-def _batch(plans, heads, kv_heads, D, dtype, seed, num_slots=700):
-    """A pool, a slot table and new q/k/v for `plans`: (cached prefix slots, all under PREFIX_SLOTS;
+def _batch(plans, heads, kv_heads, D, dtype, seed, num_slots=700, prefix_slots=PREFIX_SLOTS):
+    """A pool, a slot table and new q/k/v for `plans`: (cached prefix slots, all under prefix_slots;
     new tokens) per request, the new tokens' slots drawn above. k and v are strided views of one fused
     buffer, as the model hands them over."""
     g = torch.Generator().manual_seed(seed)
     k_cache = torch.randn(num_slots, kv_heads, D, generator=g).to(dtype)
     v_cache = torch.randn(num_slots, kv_heads, D, generator=g).to(dtype)
-    free = (torch.randperm(num_slots - PREFIX_SLOTS, generator=g) + PREFIX_SLOTS).tolist()
-    table = torch.zeros(len(plans) + 2, 512, dtype=torch.int64)
+    free = (torch.randperm(num_slots - prefix_slots, generator=g) + prefix_slots).tolist()
+    width = max(512, max(len(p) + e for p, e in plans))
+    table = torch.zeros(len(plans) + 2, width, dtype=torch.int64)
     seq_lens, ext_lens, out_loc = [], [], []
     for row, (prefix, ext) in enumerate(plans):
         new, free = free[:ext], free[ext:]
@@ -174,6 +175,27 @@ def test_attention_matches_reference_for_any_lengths(shapes, heads_dim, dtype, g
     plans = [(pool[:prefix], ext) for prefix, ext in shapes]  # prefixes overlap, as cached ones do
     meta, q, k, v, kc, vc = _batch(plans, heads, kv_heads, D, dtype, seed)
     _check(meta, q, k, v, kc, vc, generic)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("generic", BODIES)
+@pytest.mark.parametrize("plans_of,heads,kv_heads", [
+    (lambda p: [(p[:1499], 1), (p[:20], 1)], 4, 1),  # two decodes, one long: its keys in parts
+    (lambda p: [(p[:2600], 1)], 6, 2),  # one decode, two KV heads
+    (lambda p: [(p[1000:2300], 3)], 3, 1),  # a short extend after a long prefix: one tile in parts
+])
+def test_attention_splits_few_long_tasks_into_parts(dtype, generic, plans_of, heads, kv_heads):
+    """With fewer tasks than twice the threads and a long context, a task's keys are split across
+    threads and the parts merged (parts of a short tile are empty): the same result as the reference."""
+    g = torch.Generator().manual_seed(11)
+    pool = (torch.randperm(2999, generator=g) + 1).tolist()
+    meta, q, k, v, kc, vc = _batch(plans_of(pool), heads, kv_heads, 64, dtype, seed=3, num_slots=3100, prefix_slots=3000)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the split needs at least two threads' worth of tasks to make
+    try:
+        _check(meta, q, k, v, kc, vc, generic)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_float16_and_head_dims_over_the_kernel_fall_back_to_torch():

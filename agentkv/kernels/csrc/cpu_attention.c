@@ -5,13 +5,20 @@ Work comes as tiles: `m` consecutive tokens of one request whose first token see
 next one key more (a decode is a tile of one token; an extend's tokens come in tiles). A task is one
 tile, one KV head and up to MAX_Q of the query heads that share it: every K and V row it loads serves
 all of its m x G query vectors. Softmax is online over blocks of 16 keys (flash attention's
-recurrence), so a query's keys are read once whatever the context length. */
+recurrence), so a query's keys are read once whatever the context length.
+
+When there are fewer tasks than twice the threads (one or two requests decoding) and their contexts
+are long, each task's keys are split into parts taken by different threads, each leaving its
+(max, sum, unnormalized output) per query; a merge then combines the parts (flash-decoding). */
+
+#include <stdlib.h>
 
 #include "cpu_kernels.h"
 
-#define MAX_Q 16   /* query vectors in one task */
-#define MAX_D 256  /* head_dim */
-#define BLOCK 16   /* keys a step */
+#define MAX_Q 16            /* query vectors in one task */
+#define MAX_D 256           /* head_dim */
+#define BLOCK 16            /* keys a step */
+#define SPLIT_MIN_KEYS 512  /* keys a part has at least when a task's keys are split */
 
 typedef struct {
     const void *q; int64_t q_ld;   /* [T, H, D], token stride q_ld */
@@ -21,11 +28,26 @@ typedef struct {
     int g0, ng, G, KVH, h, H, D;   /* query heads h*G + g0 .. + ng of KV head h */
     float scale;
     void *out;                     /* [T, H, D] contiguous */
+    int64_t k0, k1;                /* the keys this task reads: [k0, k1) of the request's */
+    float *partial;                /* NULL: write `out`; else [nq][D + 2]: max, sum, unnormalized output */
 } Task;
 
 /* query vector i of a task: token tok0 + i / ng, head h * G + g0 + i % ng */
 INLINE int64_t q_offset(const Task *t, int i, int64_t ld) {
     return (t->tok0 + i / t->ng) * ld + (int64_t)(t->h * t->G + t->g0 + i % t->ng) * t->D;
+}
+
+/* query vector i's result: its slice of `out`, or its partial result for the merge */
+INLINE void finish(const Task *t, int i, float mx, float l, const float *acc, const int bf) {
+    if (t->partial) {
+        float *p = t->partial + (int64_t)i * (t->D + 2);
+        p[0] = mx, p[1] = l;
+        memcpy(p + 2, acc, (size_t)t->D * 4);
+        return;
+    }
+    const int64_t off = q_offset(t, i, (int64_t)t->H * t->D);
+    const float inv = 1.f / l;
+    for (int d = 0; d < t->D; d++) store1(t->out, off + d, acc[d] * inv, bf);
 }
 
 #if AGENTKV_AVX512
@@ -47,10 +69,10 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
         }
         mx[i] = -INFINITY, l[i] = 0.f, lim[i] = t->len0 + i / t->ng;
     }
-    const int64_t n = t->len0 + t->m - 1;
+    const int64_t n = t->k1;
     const int64_t row = (int64_t)t->KVH * D;
     __m512 kf[BLOCK][MAX_D / 16], vf[BLOCK][MAX_D / 16];
-    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
+    for (int64_t b0 = t->k0; b0 < n; b0 += BLOCK) {
         const int nb = (int)(n - b0 < BLOCK ? n - b0 : BLOCK);
         for (int j = 0; j < nb; j++) {
             const int64_t off = (t->slots[b0 + j] * row + (int64_t)t->h * D) * es;
@@ -100,6 +122,12 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
         }
     }
     for (int i = 0; i < nq; i++) {
+        if (t->partial) {
+            float a[MAX_D];
+            for (int c = 0; c < NV; c++) _mm512_storeu_ps(a + c * 16, acc[i][c]);
+            finish(t, i, mx[i], l[i], a, bf);
+            continue;
+        }
         char *op = (char *)t->out + q_offset(t, i, (int64_t)t->H * D) * es;
         __m512 inv = _mm512_set1_ps(1.f / l[i]);
         for (int c = 0; c < NV; c++) store16(op + c * 16 * es, _mm512_mul_ps(acc[i][c], inv), bf);
@@ -117,9 +145,9 @@ INLINE void attend_generic(const Task *t, const int bf) {
         for (int d = 0; d < D; d++) qf[i][d] = load1(t->q, off + d, bf) * t->scale, acc[i][d] = 0.f;
         mx[i] = -INFINITY, l[i] = 0.f, lim[i] = t->len0 + i / t->ng;
     }
-    const int64_t n = t->len0 + t->m - 1;
+    const int64_t n = t->k1;
     const int64_t row = (int64_t)t->KVH * D;
-    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
+    for (int64_t b0 = t->k0; b0 < n; b0 += BLOCK) {
         const int nb = (int)(n - b0 < BLOCK ? n - b0 : BLOCK);
         float s[MAX_Q][BLOCK], kf[MAX_D];
         for (int j = 0; j < nb; j++) {
@@ -158,10 +186,7 @@ INLINE void attend_generic(const Task *t, const int bf) {
             }
         }
     }
-    for (int i = 0; i < nq; i++) {
-        int64_t off = q_offset(t, i, (int64_t)t->H * D);
-        for (int d = 0; d < D; d++) store1(t->out, off + d, acc[i][d] / l[i], bf);
-    }
+    for (int i = 0; i < nq; i++) finish(t, i, mx[i], l[i], acc[i], bf);
 }
 
 INLINE void attend(const Task *t, const int bf, const int generic) {
@@ -216,14 +241,56 @@ int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_
     }
     const int G = H / KVH, ng = agentkv_attention_heads_per_task(G), chunks = (G + ng - 1) / ng;
     const int64_t ntasks = ntiles * KVH * chunks;
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (ntasks > 1)
-    for (int64_t task = 0; task < ntasks; task++) {
+    int64_t most_keys = 0;
+    for (int64_t n = 0; n < ntiles; n++)
+        if (tiles[n * 4 + 3] + tiles[n * 4 + 1] - 1 > most_keys) most_keys = tiles[n * 4 + 3] + tiles[n * 4 + 1] - 1;
+    int64_t parts = 1;
+    if (ntasks < 2 * nthreads && most_keys >= 2 * SPLIT_MIN_KEYS) {
+        parts = (2 * nthreads + ntasks - 1) / ntasks;
+        if (parts > most_keys / SPLIT_MIN_KEYS) parts = most_keys / SPLIT_MIN_KEYS;
+    }
+    const int64_t stride = (int64_t)MAX_Q * (D + 2); /* floats of one part's results */
+    float *scratch = parts > 1 ? malloc((size_t)(ntasks * parts * stride) * sizeof(float)) : NULL;
+    if (!scratch) parts = 1;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (ntasks * parts > 1)
+    for (int64_t work = 0; work < ntasks * parts; work++) {
+        const int64_t task = work / parts, part = work % parts;
         const int64_t *tile = tiles + (task / (KVH * chunks)) * 4;
         int h = (int)(task / chunks % KVH), g0 = (int)(task % chunks) * ng;
         Task t = {q, q_ld, k_cache, v_cache, table + tile[2] * table_ld, tile[0], tile[1], tile[3],
-                  g0, G - g0 < ng ? G - g0 : ng, G, KVH, h, H, D, scale, out};
+                  g0, G - g0 < ng ? G - g0 : ng, G, KVH, h, H, D, scale, out, 0, tile[3] + tile[1] - 1, NULL};
+        if (parts > 1) { /* parts of whole blocks; the last ones may be empty for a short tile */
+            const int64_t each = ((t.k1 + parts - 1) / parts + BLOCK - 1) / BLOCK * BLOCK;
+            t.k0 = part * each < t.k1 ? part * each : t.k1;
+            t.k1 = t.k0 + each < t.k1 ? t.k0 + each : t.k1;
+            t.partial = scratch + work * stride;
+        }
         if (bf) attend(&t, 1, generic);
         else attend(&t, 0, generic);
+    }
+    if (parts > 1) {
+        for (int64_t task = 0; task < ntasks; task++) {
+            const int64_t *tile = tiles + (task / (KVH * chunks)) * 4;
+            int h = (int)(task / chunks % KVH), g0 = (int)(task % chunks) * ng;
+            Task t = {q, q_ld, k_cache, v_cache, NULL, tile[0], tile[1], tile[3],
+                      g0, G - g0 < ng ? G - g0 : ng, G, KVH, h, H, D, scale, out, 0, 0, NULL};
+            for (int i = 0; i < (int)t.m * t.ng; i++) {
+                float top = -INFINITY, l = 0.f, acc[MAX_D] = {0};
+                for (int64_t part = 0; part < parts; part++) {
+                    const float *p = scratch + (task * parts + part) * stride + (int64_t)i * (D + 2);
+                    top = p[0] > top ? p[0] : top;
+                }
+                for (int64_t part = 0; part < parts; part++) {
+                    const float *p = scratch + (task * parts + part) * stride + (int64_t)i * (D + 2);
+                    const float w = expf(p[0] - top); /* 0 for a part without keys (max -inf) */
+                    l += w * p[1];
+                    for (int d = 0; d < D; d++) acc[d] += w * p[2 + d];
+                }
+                if (bf) finish(&t, i, top, l, acc, 1);
+                else finish(&t, i, top, l, acc, 0);
+            }
+        }
+        free(scratch);
     }
     return 0;
 }
