@@ -2,14 +2,15 @@
 
 On CPU a small model's decode step is made of about 2,000 small torch ops, and past the linears their
 per-op cost is most of the step: an RMSNorm is 8 ops in bf16, attention a gather of each request's
-K/V into a padded copy and then SDPA. These kernels do each element-wise step of a layer in one call
-and attention straight from the paged pool (`cpu_backend.py`); oneDNN keeps the linears.
+K/V into a padded copy and then SDPA. These kernels do each element-wise step of a layer in one call,
+attention straight from the paged pool (`cpu_backend.py`), and the linears on weights packed for them
+(`csrc/cpu_linear.c`, which streams each weight while it computes; oneDNN's kernels wait on memory).
 
 The library is built with `-O3 -march=native` (the CPU it runs on) and OpenMP linked against the
 runtime torch has loaded, so both share one thread pool (two pools on the same cores slow each
 other). It is cached in `$AGENTKV_CACHE_DIR/kernels/` (default `~/.cache/agentkv`) under a key of
-the sources, the compiler and the CPU: the first `Engine()` on a machine compiles for a second or
-two, later ones load it. Without a C compiler, or with `AGENTKV_NATIVE_KERNELS=0`, `load()` returns
+the sources, the compiler and the CPU: the first `Engine()` on a machine compiles them (about 4 s
+here), later ones load the file. Without a C compiler, or with `AGENTKV_NATIVE_KERNELS=0`, `load()` returns
 None and the engine runs its torch ops.
 """
 
@@ -38,17 +39,17 @@ log = logging.getLogger(__name__)
 _CSRC = Path(__file__).resolve().parent / "csrc"
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `bf` flag
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-_SIGNATURES = {
-    "agentkv_attention": [_INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P,
-                          _I64, _INT, _INT, _INT, _F, _P, _INT, _INT],
-    "agentkv_rms_norm": [_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT],
-    "agentkv_silu_mul": [_INT, _P, _I64, _I64, _I64, _P, _INT, _INT],
-    "agentkv_rope": [_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT],
-    "agentkv_linear": [_INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT],
-    "agentkv_linear_available": [_INT],
-    "agentkv_attention_heads_per_task": [_INT],
-    "agentkv_attention_max_queries": [],
-    "agentkv_attention_max_head_dim": [],
+_SIGNATURES = {  # name: (argument types, result type)
+    "agentkv_attention": ([_INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P,
+                           _I64, _INT, _INT, _INT, _F, _P, _INT, _INT], _INT),
+    "agentkv_rms_norm": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT], None),
+    "agentkv_silu_mul": ([_INT, _P, _I64, _I64, _I64, _P, _INT, _INT], None),
+    "agentkv_rope": ([_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT], None),
+    "agentkv_linear": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT], None),
+    "agentkv_linear_available": ([_INT], _INT),
+    "agentkv_attention_heads_per_task": ([_INT], _INT),
+    "agentkv_attention_max_queries": ([], _INT),
+    "agentkv_attention_max_head_dim": ([], _INT),
 }
 
 
@@ -68,11 +69,10 @@ class NativeKernels:
 
     def __init__(self, lib: ctypes.CDLL):
         self._lib = lib
-        for name, args in _SIGNATURES.items():
+        for name, (args, result) in _SIGNATURES.items():
             fn = getattr(lib, name, None)  # agentkv_linear is built only where the CPU has AVX-512
             if fn is not None:
-                fn.argtypes = args
-                fn.restype = ctypes.c_int if name.endswith(("task", "queries", "dim", "available", "attention")) else None
+                fn.argtypes, fn.restype = args, result
         self.max_queries = lib.agentkv_attention_max_queries()  # query vectors per attention task
         self.max_head_dim = lib.agentkv_attention_max_head_dim()
         # the dtypes csrc/cpu_linear.c multiplies on this CPU: float32 with AVX-512, bfloat16 with AVX512_BF16
