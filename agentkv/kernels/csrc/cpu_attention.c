@@ -223,6 +223,46 @@ static int check_indices(const int64_t *out_loc, int64_t T, int64_t num_slots, c
     return 0;
 }
 
+typedef struct { /* what the tasks of one call share */
+    const void *q; int64_t q_ld;
+    const void *kc, *vc;
+    const int64_t *table, *tiles; int64_t table_ld;
+    int G, ng, chunks, KVH, H, D;
+    float scale;
+    void *out;
+} Call;
+
+/* task n of a call: its tile, KV head and first query head; all of the tile's keys */
+static Task task_of(const Call *c, int64_t n) {
+    const int64_t *tile = c->tiles + (n / (c->KVH * c->chunks)) * 4;
+    const int h = (int)(n / c->chunks % c->KVH), g0 = (int)(n % c->chunks) * c->ng;
+    Task t = {c->q, c->q_ld, c->kc, c->vc, c->table + tile[2] * c->table_ld, tile[0], tile[1], tile[3],
+              g0, c->G - g0 < c->ng ? c->G - g0 : c->ng, c->G, c->KVH, h, c->H, c->D, c->scale, c->out,
+              0, tile[3] + tile[1] - 1, NULL};
+    return t;
+}
+
+/* each query's parts (max m_p, sum l_p, unnormalized output o_p) as one result:
+   out = sum_p e^(m_p - m) o_p / sum_p e^(m_p - m) l_p, m the largest m_p */
+static void merge_parts(const Call *c, int64_t ntasks, int64_t parts, const float *scratch, int64_t stride, int bf) {
+    for (int64_t task = 0; task < ntasks; task++) {
+        const Task t = task_of(c, task);
+        for (int i = 0; i < (int)t.m * t.ng; i++) {
+            float top = -INFINITY, l = 0.f, acc[MAX_D] = {0};
+            for (int64_t part = 0; part < parts; part++)
+                top = fmaxf(top, scratch[(task * parts + part) * stride + (int64_t)i * (c->D + 2)]);
+            for (int64_t part = 0; part < parts; part++) {
+                const float *p = scratch + (task * parts + part) * stride + (int64_t)i * (c->D + 2);
+                const float w = expf(p[0] - top); /* 0 for a part without keys (max -inf) */
+                l += w * p[1];
+                for (int d = 0; d < c->D; d++) acc[d] += w * p[2 + d];
+            }
+            if (bf) finish(&t, i, top, l, acc, 1);
+            else finish(&t, i, top, l, acc, 0);
+        }
+    }
+}
+
 /* q [T, H, D], k and v [T, KVH, D] (token strides q_ld, k_ld, v_ld; heads contiguous), out [T, H, D];
    caches [num_slots, KVH, D]; table [table_rows, table_ld].
    tiles [ntiles, 4]: (first token, tokens m, slot-table row, keys of the first token); tokens of no
@@ -240,27 +280,24 @@ int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_
         memcpy((char *)v_cache + out_loc[i] * row * es, (const char *)v + i * v_ld * es, row * es);
     }
     const int G = H / KVH, ng = agentkv_attention_heads_per_task(G), chunks = (G + ng - 1) / ng;
+    const Call call = {q, q_ld, k_cache, v_cache, table, tiles, table_ld, G, ng, chunks, KVH, H, D, scale, out};
     const int64_t ntasks = ntiles * KVH * chunks;
     int64_t most_keys = 0;
     for (int64_t n = 0; n < ntiles; n++)
-        if (tiles[n * 4 + 3] + tiles[n * 4 + 1] - 1 > most_keys) most_keys = tiles[n * 4 + 3] + tiles[n * 4 + 1] - 1;
-    int64_t parts = 1;
+        most_keys = tiles[n * 4 + 3] + tiles[n * 4 + 1] - 1 > most_keys ? tiles[n * 4 + 3] + tiles[n * 4 + 1] - 1 : most_keys;
+    int64_t parts = 1; /* a few long tasks: each one's keys in parts, two tasks' worth a thread */
     if (ntasks < 2 * nthreads && most_keys >= 2 * SPLIT_MIN_KEYS) {
         parts = (2 * nthreads + ntasks - 1) / ntasks;
-        if (parts > most_keys / SPLIT_MIN_KEYS) parts = most_keys / SPLIT_MIN_KEYS;
+        parts = parts < most_keys / SPLIT_MIN_KEYS ? parts : most_keys / SPLIT_MIN_KEYS;
     }
     const int64_t stride = (int64_t)MAX_Q * (D + 2); /* floats of one part's results */
     float *scratch = parts > 1 ? malloc((size_t)(ntasks * parts * stride) * sizeof(float)) : NULL;
     if (!scratch) parts = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (ntasks * parts > 1)
     for (int64_t work = 0; work < ntasks * parts; work++) {
-        const int64_t task = work / parts, part = work % parts;
-        const int64_t *tile = tiles + (task / (KVH * chunks)) * 4;
-        int h = (int)(task / chunks % KVH), g0 = (int)(task % chunks) * ng;
-        Task t = {q, q_ld, k_cache, v_cache, table + tile[2] * table_ld, tile[0], tile[1], tile[3],
-                  g0, G - g0 < ng ? G - g0 : ng, G, KVH, h, H, D, scale, out, 0, tile[3] + tile[1] - 1, NULL};
+        Task t = task_of(&call, work / parts);
         if (parts > 1) { /* parts of whole blocks; the last ones may be empty for a short tile */
-            const int64_t each = ((t.k1 + parts - 1) / parts + BLOCK - 1) / BLOCK * BLOCK;
+            const int64_t each = ((t.k1 + parts - 1) / parts + BLOCK - 1) / BLOCK * BLOCK, part = work % parts;
             t.k0 = part * each < t.k1 ? part * each : t.k1;
             t.k1 = t.k0 + each < t.k1 ? t.k0 + each : t.k1;
             t.partial = scratch + work * stride;
@@ -269,27 +306,7 @@ int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_
         else attend(&t, 0, generic);
     }
     if (parts > 1) {
-        for (int64_t task = 0; task < ntasks; task++) {
-            const int64_t *tile = tiles + (task / (KVH * chunks)) * 4;
-            int h = (int)(task / chunks % KVH), g0 = (int)(task % chunks) * ng;
-            Task t = {q, q_ld, k_cache, v_cache, NULL, tile[0], tile[1], tile[3],
-                      g0, G - g0 < ng ? G - g0 : ng, G, KVH, h, H, D, scale, out, 0, 0, NULL};
-            for (int i = 0; i < (int)t.m * t.ng; i++) {
-                float top = -INFINITY, l = 0.f, acc[MAX_D] = {0};
-                for (int64_t part = 0; part < parts; part++) {
-                    const float *p = scratch + (task * parts + part) * stride + (int64_t)i * (D + 2);
-                    top = p[0] > top ? p[0] : top;
-                }
-                for (int64_t part = 0; part < parts; part++) {
-                    const float *p = scratch + (task * parts + part) * stride + (int64_t)i * (D + 2);
-                    const float w = expf(p[0] - top); /* 0 for a part without keys (max -inf) */
-                    l += w * p[1];
-                    for (int d = 0; d < D; d++) acc[d] += w * p[2 + d];
-                }
-                if (bf) finish(&t, i, top, l, acc, 1);
-                else finish(&t, i, top, l, acc, 0);
-            }
-        }
+        merge_parts(&call, ntasks, parts, scratch, stride, bf);
         free(scratch);
     }
     return 0;
