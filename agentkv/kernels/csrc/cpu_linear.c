@@ -108,6 +108,7 @@ INLINE void linear(const char *x, int64_t x_ld, int64_t M, int64_t K, const char
 /* which dtypes this build multiplies: bf16 needs AVX512_BF16 */
 int agentkv_linear_available(int bf) {
 #if defined(__AVX512BF16__)
+    (void)bf;
     return 1;
 #else
     return !bf;
