@@ -168,7 +168,7 @@ class EngineConfig:
     # "torch", "cpu", "triton", "flashinfer", or "auto": triton on a CUDA GPU, cpu (agentkv's C kernel)
     # on CPU where the native kernels are on, torch elsewhere
     attention_backend: str = "auto"
-    # agentkv's C kernels for the element-wise steps and attention on CPU (kernels/cpu_native.py);
+    # agentkv's C kernels on CPU: linears, attention, norms, activation, rotation (kernels/cpu_native.py);
     # None: on where they build (float32, bfloat16), True: required, False: torch ops only
     native_kernels: bool | None = None
     # prepare the next pass while one runs (a forward worker thread); None: on for CUDA devices, where

@@ -71,7 +71,7 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
                shard: tuple[int, int] | None = None, native: NativeKernels | None = None) -> LoadedModel:
     """`shard` = (rank, world): keep that rank's tensor-parallel share (see engine/parallel.py); the
     returned config is then the shard's (its heads and MLP width). `native`: the CPU kernels the
-    model's element-wise steps run on (kernels/cpu_native.py), or None for torch ops."""
+    model's linears and element-wise steps run on (kernels/cpu_native.py), or None for torch ops."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}")
     directory = resolve_model_dir(model)
