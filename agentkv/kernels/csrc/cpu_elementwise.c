@@ -7,16 +7,6 @@ Each has an AVX-512 body for rows whose length is a multiple of 16 and a plain-C
 
 #include "cpu_kernels.h"
 
-/* x rounded to bf16 and back, without branches */
-INLINE float through_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    r = (u & 0x7fffffffu) > 0x7f800000u ? u : r;
-    memcpy(&x, &r, 4);
-    return x;
-}
-
 #define ES(bf) ((bf) ? 2 : 4) /* bytes per element */
 #define AT(p, i, bf) ((const char *)(p) + (int64_t)(i) * ES(bf))
 #define AT_MUT(p, i, bf) ((char *)(p) + (int64_t)(i) * ES(bf))

@@ -12,7 +12,7 @@ Arithmetic is fp32 throughout; bf16 results are rounded once, to nearest even, a
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)  /* 16-bit lanes, 256-bit masks */
 #include <immintrin.h>
 #define AGENTKV_AVX512 1
 #else
@@ -33,9 +33,12 @@ INLINE float bf16_to_f32(bf16 b) {
 INLINE bf16 f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);  /* a NaN stays a NaN */
-    return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    const int nan = (u & 0x7fffffffu) > 0x7f800000u; /* a NaN stays a NaN (quieted) */
+    return (bf16)(nan ? (u >> 16) | 0x40 : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+
+/* x rounded to bf16 and back (a bf16 intermediate of HF's computation) */
+INLINE float through_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
 /* element i of a bf16 (bf = 1) or fp32 (bf = 0) array */
 INLINE float load1(const void *p, int64_t i, const int bf) {
@@ -75,17 +78,35 @@ INLINE __m512 load16(const void *p, const int bf) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-INLINE void store16(void *p, __m512 v, const int bf) {
-    if (!bf) {
-        _mm512_storeu_ps(p, v);
-        return;
-    }
+/* up to 16 elements (mask) of a bf16 or fp32 array as fp32, the other lanes 0 */
+INLINE __m512 load16_masked(const void *p, __mmask16 mask, const int bf) {
+    if (!bf) return _mm512_maskz_loadu_ps(mask, p);
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+/* each lane rounded to bf16 as f32_to_bf16 rounds, kept as fp32 bits (the low 16 bits zero) */
+INLINE __m512i bf16_bits16(__m512 v) {
     __m512i u = _mm512_castps_si512(v);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
     __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    rounded = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(rounded));
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000)); /* a NaN stays a NaN (quieted) */
+    return _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+}
+
+/* each lane rounded to bf16 and back (a bf16 intermediate of HF's computation) */
+INLINE __m512 through_bf16_16(__m512 v) { return _mm512_castsi512_ps(bf16_bits16(v)); }
+
+/* the lanes of `mask` stored to a bf16 or fp32 array */
+INLINE void store16_masked(void *p, __m512 v, __mmask16 mask, const int bf) {
+    if (!bf) _mm512_mask_storeu_ps(p, mask, v);
+    else _mm512_mask_cvtepi32_storeu_epi16(p, mask, _mm512_srli_epi32(bf16_bits16(v), 16));
+}
+
+INLINE void store16(void *p, __m512 v, const int bf) {
+    if (!bf) _mm512_storeu_ps(p, v);
+    else _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_bits16(v), 16)));
 }
 
 /* exp_approx on 16 lanes (the same polynomial; -inf and x < -87 give e^-87, callers mask them) */
@@ -103,15 +124,6 @@ INLINE __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
-}
-
-/* each lane rounded to bf16 and back (a bf16 intermediate of HF's computation) */
-INLINE __m512 through_bf16_16(__m512 v) {
-    __m512i u = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb),
-                                 _mm512_set1_epi32((int)0xffff0000u));
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_castsi512_ps(r), v);
 }
 
 /* lane i of the result is the sum of the 16 lanes of v[i] (a transpose-and-add in four levels) */

@@ -23,23 +23,6 @@ residual are added. */
 
 #define PREFETCH_BYTES 2048 /* how far ahead in a block's run of lines */
 
-/* up to 16 elements (mask) of a bf16 or fp32 vector as fp32 */
-INLINE __m512 load_masked(const void *p, __mmask16 mask, const int bf) {
-    if (!bf) return _mm512_maskz_loadu_ps(mask, p);
-    __m256i r = _mm256_maskz_loadu_epi16(mask, p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(r), 16));
-}
-
-INLINE void store_masked(void *p, __m512 v, __mmask16 mask, const int bf) {
-    if (!bf) {
-        _mm512_mask_storeu_ps(p, mask, v);
-        return;
-    }
-    uint16_t tmp[16];
-    store16(tmp, v, 1);
-    _mm256_mask_storeu_epi16(p, mask, _mm256_loadu_si256((const __m256i *)tmp));
-}
-
 /* rows [0, MR) of x times one packed column block w into out's 16 (or `cols`) columns */
 INLINE void rows_block(const char *x, int64_t x_ld, const int MR, int64_t K, const char *w, const char *bias,
                        const char *res, int64_t r_ld, char *out, int64_t out_ld, int64_t cols, const int prefetch,
@@ -67,11 +50,11 @@ INLINE void rows_block(const char *x, int64_t x_ld, const int MR, int64_t K, con
             acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(((const float *)x)[m * x_ld + s]), wv, acc[m]);
     }
     const __mmask16 mask = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1);
-    const __m512 b = bias ? load_masked(bias, mask, bf) : _mm512_setzero_ps();
+    const __m512 b = bias ? load16_masked(bias, mask, bf) : _mm512_setzero_ps();
     for (int m = 0; m < MR; m++) {
         __m512 v = _mm512_add_ps(acc[m], b);
-        if (res) v = _mm512_add_ps(v, load_masked(res + m * r_ld * es, mask, bf));
-        store_masked(out + m * out_ld * es, v, mask, bf);
+        if (res) v = _mm512_add_ps(v, load16_masked(res + m * r_ld * es, mask, bf));
+        store16_masked(out + m * out_ld * es, v, mask, bf);
     }
 }
 
