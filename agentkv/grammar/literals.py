@@ -23,7 +23,7 @@ def tokens_inside(info, text: bytes) -> list[int]:
 def tokens_past(info, text: bytes) -> np.ndarray:
     """The tokens that start with `text` and run past its end."""
     lo, hi = info.extending(text)
-    longer = np.array(info.sorted_ids[lo:hi], dtype=np.int64)
+    longer = info.sorted_id_array[lo:hi]
     return longer[info.lengths[longer] > len(text)]
 
 

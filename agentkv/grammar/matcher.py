@@ -13,9 +13,16 @@ import numpy as np
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
+from agentkv.grammar.literals import tokens_past
 
 MAX_BACKOFF_TOKENS = 4
 MAX_EXTENSION_CHECKS = 64
+# The last bytes of accepted text, kept so that jump-forward can find the tokenizer's pre-tokenizer
+# pieces around the forced text (splits.py); a tail shorter than this is the whole output.
+TAIL_BYTES = 32
+# Past this many allowed tokens that could run past the forced text, the back-off stands without
+# asking the pre-tokenizer about each (a choice that wide is the model's anyway).
+MAX_SPLIT_CHECKS = 32
 
 
 class Matcher:
@@ -27,6 +34,7 @@ class Matcher:
         self.grammar = grammar
         self._cfg = grammar.initial
         self._terminated = False
+        self._tail = b""
         self._history: deque = deque(maxlen=max_rollback)
 
     # -- state ------------------------------------------------------------------------------------
@@ -45,12 +53,12 @@ class Matcher:
 
     def copy(self) -> Matcher:
         m = Matcher.__new__(Matcher)
-        m.grammar, m._cfg, m._terminated = self.grammar, self._cfg, self._terminated
+        m.grammar, m._cfg, m._terminated, m._tail = self.grammar, self._cfg, self._terminated, self._tail
         m._history = deque(self._history, maxlen=self._history.maxlen)
         return m
 
     def reset(self) -> None:
-        self._cfg, self._terminated = self.grammar.initial, False
+        self._cfg, self._terminated, self._tail = self.grammar.initial, False, b""
         self._history.clear()
 
     # -- advancing --------------------------------------------------------------------------------
@@ -63,38 +71,35 @@ class Matcher:
         if token_id in info.eos_ids:
             if not self.grammar.can_end(self._cfg):
                 return False
-            self._history.append((self._cfg, self._terminated))
+            self._history.append((self._cfg, self._terminated, self._tail))
             self._terminated = True
             return True
         if not 0 <= token_id < info.vocab_size or info.vocab[token_id] is None:
             return False
-        nxt = self.grammar.advance(self._cfg, info.vocab[token_id])
-        if nxt == DEAD:
-            return False
-        self._history.append((self._cfg, self._terminated))
-        self._cfg = nxt
-        return True
+        return self._advance(info.vocab[token_id])
 
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:
         """All or nothing: on a refusal the matcher is left where it was."""
-        saved = (self._cfg, self._terminated, list(self._history))
+        saved = (self._cfg, self._terminated, self._tail, list(self._history))
         for t in token_ids:
             if not self.accept_token(t):
-                self._cfg, self._terminated = saved[0], saved[1]
+                self._cfg, self._terminated, self._tail = saved[:3]
                 self._history.clear()
-                self._history.extend(saved[2])
+                self._history.extend(saved[3])
                 return False
         return True
 
     def accept_bytes(self, data: bytes) -> bool:
         """Advance by raw text (counts as one step for rollback)."""
-        if self._terminated:
-            return False
+        return not self._terminated and self._advance(bytes(data))
+
+    def _advance(self, data: bytes) -> bool:
         nxt = self.grammar.advance(self._cfg, data)
         if nxt == DEAD:
             return False
-        self._history.append((self._cfg, self._terminated))
+        self._history.append((self._cfg, self._terminated, self._tail))
         self._cfg = nxt
+        self._tail = (self._tail + data)[-TAIL_BYTES:]
         return True
 
     def rollback(self, n: int) -> None:
@@ -103,7 +108,7 @@ class Matcher:
             raise GrammarError(f"cannot roll back {n} tokens: only {len(self._history)} are kept "
                                f"(raise Matcher(max_rollback=...))")
         for _ in range(n):
-            self._cfg, self._terminated = self._history.pop()
+            self._cfg, self._terminated, self._tail = self._history.pop()
 
     # -- masks ------------------------------------------------------------------------------------
 
@@ -139,7 +144,9 @@ class Matcher:
 
         The forced text is encoded, then up to 4 trailing tokens are dropped while the text they
         cover could be the start of a longer allowed token (the model, not the jump, must choose how
-        that text ends). The tokens are not accepted; call `accept_tokens` with them.
+        that text ends). A longer token that the tokenizer's pre-tokenizer would cut in two where it
+        stands cannot be written there, and does not count (splits.py). The tokens are not
+        accepted; call `accept_tokens` with them.
         """
         g, info = self.grammar, self.grammar.info
         forced = self.jump_forward_bytes()
@@ -159,11 +166,27 @@ class Matcher:
         first = max(0, len(toks) - MAX_BACKOFF_TOKENS)
         # From every byte of the last tokens: could an allowed token starting there run past the end?
         # Then the tokenizer may split that text differently once the model writes what follows.
-        for p in range(len(forced) - 1, starts[first] - 1, -1):
+        p = len(forced) - 1
+        while p >= starts[first]:
             at = g.advance(self._cfg, forced[:p])
-            if _longer_allowed_token(g, at, forced[p:]):
-                keep = min(keep, next(j for j in range(len(toks)) if starts[j] <= p < starts[j + 1]))
+            if self._could_cross(at, forced, p):
+                keep = next(j for j in range(len(toks)) if starts[j] <= p < starts[j + 1])
+                p = starts[keep]
+            p -= 1
         return toks[:keep]
+
+    def _could_cross(self, cid: int, forced: bytes, p: int) -> bool:
+        """Could the model write, from byte `p` of the forced text, a token running past its end?"""
+        info = self.grammar.info
+        ids = _longer_allowed_tokens(self.grammar, cid, forced[p:])
+        if not ids or info.splitter is None or len(ids) > MAX_SPLIT_CHECKS:
+            return bool(ids)
+        # The pieces are found in the text as it would stand with each token in place, from the
+        # accepted tail on (and from its middle too where the tail is not the whole output).
+        head = self._tail + forced[:p]
+        heads = (0,) if len(self._tail) < TAIL_BYTES else (0, TAIL_BYTES // 2)
+        return any(not info.splitter.cut_inside(head + info.vocab[t], len(head), len(head) + len(info.vocab[t]), heads)
+                   for t in ids)
 
 
 def _complete_utf8(data: bytes) -> bytes:
@@ -177,18 +200,13 @@ def _complete_utf8(data: bytes) -> bytes:
     return b""
 
 
-def _longer_allowed_token(g: CompiledGrammar, cid: int, suffix: bytes) -> bool:
-    """Is some token allowed at `cid` that starts with `suffix` and goes past it?"""
-    info = g.info
-    lo, hi = info.extending(suffix)
-    ids = [t for t in info.sorted_ids[lo:hi] if info.lengths[t] > len(suffix)]
-    if not ids:
-        return False
+def _longer_allowed_tokens(g: CompiledGrammar, cid: int, suffix: bytes) -> list[int]:
+    """The tokens allowed at `cid` that start with `suffix` and go past it."""
+    ids = tokens_past(g.info, suffix)
     if len(ids) > MAX_EXTENSION_CHECKS:  # many candidates: the mask answers at once
         mask = g.mask(cid)
-        arr = np.asarray(ids)
-        return bool(((mask[arr >> 5] >> (arr & 31)) & 1).any())
-    return any(g.advance(cid, info.vocab[t]) != DEAD for t in ids)
+        return ids[((mask[ids >> 5] >> (ids & 31)) & 1).astype(bool)].tolist()
+    return [t for t in ids.tolist() if g.advance(cid, g.info.vocab[t]) != DEAD]
 
 
 def fill_next_token_bitmasks(matchers: Sequence[Matcher | None], bitmask) -> None:

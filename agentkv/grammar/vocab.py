@@ -1,7 +1,8 @@
 """TokenizerInfo: what the grammar layer needs to know of a tokenizer.
 
 Token id -> the bytes it writes (None for special and unused ids, which never match grammar text),
-the EOS ids, and an encoder used only to turn forced text into the tokenizer's own tokens. Built
+the EOS ids, and an encoder used only to turn forced text into the tokenizer's own tokens (with the
+pre-tokenizer's cuts, which tell jump-forward where no token can span; splits.py). Built
 from a HF/`tokenizers` tokenizer (byte-level BPE through the GPT-2 byte map, or SentencePiece with
 `<0xNN>` byte fallback), from a tiktoken ranks file, or from a plain list of bytes.
 The arrays here are per tokenizer and shared by every grammar compiled for it; the tables the token
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from agentkv.errors import GrammarError
+from agentkv.grammar.splits import Splitter
 from agentkv.grammar.token_tables import TokenTables, is_plain
 
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -72,7 +74,7 @@ class TokenizerInfo(TokenTables):
     """Vocabulary bytes and EOS ids of one tokenizer (see the module docstring)."""
 
     def __init__(self, vocab: Sequence[bytes | None], eos_ids: Iterable[int] = (),
-                 encode: Callable[[bytes], list[int]] | None = None):
+                 encode: Callable[[bytes], list[int]] | None = None, splitter: Splitter | None = None):
         self.vocab: list[bytes | None] = [None if (b is None or len(b) == 0) else bytes(b) for b in vocab]
         self.vocab_size = len(self.vocab)
         self.eos_ids = tuple(sorted(set(eos_ids)))
@@ -80,6 +82,7 @@ class TokenizerInfo(TokenTables):
             if not 0 <= e < self.vocab_size:
                 raise GrammarError(f"EOS id {e} is outside the vocabulary of {self.vocab_size} tokens")
         self.encode_bytes = encode
+        self.splitter = splitter  # the pre-tokenizer's pieces, where the encoder cuts text first
         lengths = np.array([0 if b is None else len(b) for b in self.vocab], dtype=np.int32)
         self.lengths = lengths
         width = max(1, int(lengths.max(initial=1)))
@@ -94,6 +97,7 @@ class TokenizerInfo(TokenTables):
         # Lexicographic order: the tokens extending a given byte string are one contiguous run.
         self.sorted_ids = sorted(self.text_ids.tolist(), key=lambda i: self.vocab[i])
         self.sorted_bytes = [self.vocab[i] for i in self.sorted_ids]
+        self.sorted_id_array = np.array(self.sorted_ids, dtype=np.int64)
         self.words = (self.vocab_size + 31) // 32
         # "Plain" tokens: whole UTF-8 characters of PLAIN_CHARACTERS, text that a JSON string body
         # takes as is. Token masks move them by character count.
@@ -154,7 +158,7 @@ class TokenizerInfo(TokenTables):
         def encode(data: bytes) -> list[int]:
             return backend.encode(data.decode("utf-8"), add_special_tokens=False).ids
 
-        return cls(vocab, eos_ids, encode)
+        return cls(vocab, eos_ids, encode, Splitter.from_tokenizers(backend))
 
     @classmethod
     def from_tiktoken(cls, path: str | Path, special_tokens: dict[str, int] | None = None,
@@ -175,7 +179,7 @@ class TokenizerInfo(TokenTables):
         for b, r in ranks.items():
             vocab[r] = b
         eos = [special_tokens[t] for t in eos_tokens if t in special_tokens]
-        return cls(vocab, eos, _rank_bpe_encoder(ranks, pattern))
+        return cls(vocab, eos, _rank_bpe_encoder(ranks, pattern), Splitter.from_pattern(pattern))
 
     # -- queries --------------------------------------------------------------------------------------
 

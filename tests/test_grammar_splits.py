@@ -1,0 +1,140 @@
+"""Pre-tokenizer cuts (splits.py) and the jump-forward they allow: forced tokens stay the tokenizer's
+own, checked against its encoding of whole texts, at 49k (SmolLM2, HF tokenizers) and 151k (Qwen,
+tiktoken) vocabularies."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentkv.grammar import GrammarCompiler, Matcher
+from agentkv.grammar.splits import Splitter
+from agentkv.grammar.vocab import QWEN_PATTERN
+
+QWEN = Splitter.from_pattern(QWEN_PATTERN)
+
+
+@pytest.mark.parametrize("text, pieces", [
+    ('{"flag":true}', ['{"', "flag", '":', "true", "}"]),
+    ('":"/usr"', ['":"/', "usr", '"']),
+    (',"type":"é x"', [',"', "type", '":"', "é", " x", '"']),
+    ("it's 12", ["it", "'s", " ", "1", "2"]),
+])
+def test_qwen_cuts_are_the_regex_pieces(text, pieces):
+    ends, at = set(), 0
+    for piece in pieces[:-1]:
+        at += len(piece.encode())
+        ends.add(at)
+    assert QWEN.cuts(text.encode()) == ends
+
+
+def test_hf_splitter_reads_the_tokenizers_pre_tokenizer(smollm_info):
+    text = '{"flag":true,"é x":"/usr"}'.encode()
+    # SmolLM2: GPT-2's pattern, digits one by one; offsets in bytes (é is two).
+    assert smollm_info.splitter.cuts(text) == {2, 6, 8, 12, 14, 16, 18, 22, 25}
+    assert smollm_info.splitter.cuts(b"\xff") == set()  # not UTF-8: no cut is claimed
+
+
+def test_cut_inside_ignores_cuts_a_continuation_could_move():
+    text = b'"flag":true'
+    assert QWEN.cut_inside(text, 6, len(text))  # `:true` is cut after `":` whatever follows
+    # Alone, `a\n ` is cut after the newline; followed by another newline, the run is one piece.
+    assert QWEN.cuts(b"a\n ") == {1, 2} and not QWEN.cut_inside(b"a\n ", 1, 3)
+    # A text that starts mid-output must show the cut from a second starting point as well: from
+    # its start `"":true` is cut after `"":`, but from the `:` on, `:true` is one piece.
+    assert QWEN.cut_inside(b'"":true', 2, 7) and not QWEN.cut_inside(b'"":true', 2, 7, heads=(0, 2))
+    assert QWEN.cut_inside(b'xxxxxxxx"flag":true', 14, 19, heads=(0, 4))
+
+
+def _walk(info, g, text: str) -> tuple[int, int]:
+    """Follow the tokenizer's encoding of `text`, taking jump tokens where offered: (forced, total)."""
+    toks = info.encode_bytes(text.encode())
+    m, i, forced = Matcher(g), 0, 0
+    while i < len(toks):
+        jump = m.jump_forward_tokens()
+        if jump:
+            assert jump == toks[i:i + len(jump)], (text, info.decode(jump), info.decode(toks[i:i + len(jump)]))
+            assert m.accept_tokens(jump)
+            i += len(jump)
+            forced += len(jump)
+        else:
+            assert m.accept_token(toks[i]), (text, info.decode(toks[:i + 1]))
+            i += 1
+    assert m.can_terminate()
+    return forced, len(toks)
+
+
+def _jump_text(info, g, prefix: str) -> str:
+    m = Matcher(g)
+    assert m.accept_tokens(info.encode_bytes(prefix.encode())) if prefix else True
+    return info.decode(m.jump_forward_tokens()).decode()
+
+
+def _one(kind: dict) -> dict:
+    return {"type": "object", "properties": {"flag": kind}, "required": ["flag"], "additionalProperties": False}
+
+
+def test_qwen_forces_the_colon_where_no_longer_token_can_follow(qwen_info):
+    compiler = GrammarCompiler(qwen_info)
+    # `:true` and `:false` are Qwen tokens, but the pre-tokenizer cuts `":` from the letters.
+    assert _jump_text(qwen_info, compiler.compile_json_schema(_one({"type": "boolean"})), "") == '{"flag":'
+    assert _jump_text(qwen_info, compiler.compile_json_schema(_one({"type": "integer", "minimum": 0})), "") \
+        == '{"flag":'
+    # A negative number may follow, and `":-` is one piece and one token: the model writes it.
+    assert _jump_text(qwen_info, compiler.compile_json_schema(_one({"type": "integer"})), "") == '{"flag'
+    # A free string may start with `/` or end at once: `":"/` and `":""` are tokens.
+    assert _jump_text(qwen_info, compiler.compile_json_schema(_one({"type": "string"})), "") == '{"flag'
+
+
+def test_the_tail_follows_rollback_and_copy(qwen_info):
+    g = GrammarCompiler(qwen_info).compile_json_schema(
+        {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"}}, "required": ["a", "b"]})
+    toks = qwen_info.encode_bytes(b'{"a":"x y","b":true}')
+    m = Matcher(g)
+    assert m.accept_tokens(toks[:6])
+    expected = m.jump_forward_tokens()
+    assert qwen_info.decode(expected) == b'b":'
+    twin = m.copy()
+    assert m.accept_tokens(toks[6:9])
+    m.rollback(3)
+    assert m.jump_forward_tokens() == expected == twin.jump_forward_tokens()
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "on": {"type": "boolean"},
+        "n": {"type": "integer"},
+        "x": {"type": "number"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "kind": {"enum": ["alpha", "beta", "$ref", "-x"]},
+        "sub": {"type": "object", "properties": {"id": {"type": "string", "format": "uuid"},
+                                                  "note": {"type": ["string", "null"]}}},
+    },
+    "required": ["name", "on", "n", "x", "tags", "kind", "sub"],
+    "additionalProperties": False,
+}
+TRICKY = st.text(alphabet=list('aZq0 9/\\"\'-.:,{}[]$#@!?_~\n\té中🙂'), max_size=8)
+INSTANCES = st.fixed_dictionaries({
+    "name": TRICKY, "on": st.booleans(), "n": st.integers(-1000, 1000),
+    "x": st.floats(-1e6, 1e6, allow_nan=False).map(lambda v: round(v, 3)),
+    "tags": st.lists(TRICKY, max_size=3), "kind": st.sampled_from(SCHEMA["properties"]["kind"]["enum"]),
+    "sub": st.fixed_dictionaries({}, optional={"id": st.uuids().map(str), "note": st.none() | TRICKY})
+    .map(lambda d: {k: d[k] for k in ("id", "note") if k in d}),
+}).map(lambda d: {k: d[k] for k in SCHEMA["properties"]})  # the grammar's order: the schema's
+
+
+@pytest.fixture(scope="module", params=["smollm_info", "qwen_info"])
+def vocab_and_grammar(request):
+    info = request.getfixturevalue(request.param)
+    return info, GrammarCompiler(info).compile_json_schema(SCHEMA)
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=INSTANCES)
+def test_jump_tokens_are_the_tokenizers_own_on_tricky_values(vocab_and_grammar, value):
+    info, g = vocab_and_grammar
+    forced, total = _walk(info, g, json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+    assert 0 < forced < total
