@@ -138,3 +138,15 @@ def test_jump_tokens_are_the_tokenizers_own_on_tricky_values(vocab_and_grammar, 
     info, g = vocab_and_grammar
     forced, total = _walk(info, g, json.dumps(value, separators=(",", ":"), ensure_ascii=False))
     assert 0 < forced < total
+
+
+def test_no_splitter_where_the_pieces_say_nothing():
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+
+    bare = Tokenizer(BPE())
+    assert Splitter.from_tokenizers(bare) is None  # no pre-tokenizer: BPE over the whole text
+    bare.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    assert Splitter.from_tokenizers(bare).cuts(b"ab:cd") == {2, 3}
+    bare.normalizer = normalizers.NFKC()  # pieces of the normalized text, not of the raw text
+    assert Splitter.from_tokenizers(bare) is None
