@@ -204,6 +204,9 @@ int agentkv_attention_heads_per_task(int G) { return G < MAX_Q ? G : MAX_Q; }
 int agentkv_attention_max_queries(void) { return MAX_Q; }
 int agentkv_attention_max_head_dim(void) { return MAX_D; }
 
+/* the keys a tile's last token sees: tile = (first token, tokens m, table row, keys of the first token) */
+INLINE int64_t tile_keys(const int64_t *tile) { return tile[3] + tile[1] - 1; }
+
 /* Every index the call will follow, checked before any memory is touched: 0 when all are in bounds,
    else which kind is not (the caller raises; nothing was written). */
 static int check_indices(const int64_t *out_loc, int64_t T, int64_t num_slots, const int64_t *table,
@@ -211,7 +214,7 @@ static int check_indices(const int64_t *out_loc, int64_t T, int64_t num_slots, c
     for (int64_t i = 0; i < T; i++)
         if (out_loc[i] < 0 || out_loc[i] >= num_slots) return 1;
     for (int64_t n = 0; n < ntiles; n++) {
-        const int64_t *tile = tiles + n * 4, keys = tile[3] + tile[1] - 1;
+        const int64_t *tile = tiles + n * 4, keys = tile_keys(tile);
         if (tile[0] < 0 || tile[1] < 1 || tile[0] + tile[1] > T || tile[2] < 0 || tile[2] >= table_rows ||
             tile[3] < 1 || keys > table_ld)
             return 2;
@@ -238,7 +241,7 @@ static Task task_of(const Call *c, int64_t n) {
     const int h = (int)(n / c->chunks % c->KVH), g0 = (int)(n % c->chunks) * c->ng;
     Task t = {c->q, c->q_ld, c->kc, c->vc, c->table + tile[2] * c->table_ld, tile[0], tile[1], tile[3],
               g0, c->G - g0 < c->ng ? c->G - g0 : c->ng, c->G, c->KVH, h, c->H, c->D, c->scale, c->out,
-              0, tile[3] + tile[1] - 1, NULL};
+              0, tile_keys(tile), NULL};
     return t;
 }
 
@@ -284,7 +287,7 @@ int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_
     const int64_t ntasks = ntiles * KVH * chunks;
     int64_t most_keys = 0;
     for (int64_t n = 0; n < ntiles; n++)
-        most_keys = tiles[n * 4 + 3] + tiles[n * 4 + 1] - 1 > most_keys ? tiles[n * 4 + 3] + tiles[n * 4 + 1] - 1 : most_keys;
+        most_keys = tile_keys(tiles + n * 4) > most_keys ? tile_keys(tiles + n * 4) : most_keys;
     int64_t parts = 1; /* a few long tasks: each one's keys in parts, two tasks' worth a thread */
     if (ntasks < 2 * nthreads && most_keys >= 2 * SPLIT_MIN_KEYS) {
         parts = (2 * nthreads + ntasks - 1) / ntasks;
