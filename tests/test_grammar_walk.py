@@ -3,6 +3,7 @@ vocabularies: states whose characters go a few ways or many, open objects' names
 strings of bounded length, long tokens through loops; and the tables they read, against their
 definitions."""
 
+import itertools
 import random
 
 import numpy as np
@@ -131,6 +132,51 @@ def test_optional_members_commas_start_literal_text(seed):
         "type": "object", "properties": {n: {"type": "integer"} for n in names}, "additionalProperties": False})
     masks_to_the_end(Matcher(g), random.Random(seed))
     assert any(g.fork_states[q] and g.first_only[q] == ord(",") for q in range(g.num_states))
+
+
+TREE_WORDS = [bytes([c]) for c in b'{}":,0123abdegklmnoprtuyz'] + [
+    b'{"', b'{"na', b'{"name', b'name":', b'me":1', b'med":', b'ed":2}', b'"nap', b'nap":', b'p":0,"', b'"ok',
+    b'okay', b'ay":3', b'ok":', b'ze', b'zeta":"', b'"red"', b're', b'gr', b'green"', b'grey"}', b'ey', b'":"',
+    b'"b', b'blue', b'ue"', b',"z', b'na', b'ta"']
+TREE_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
+    "name": {"type": "integer"}, "named": {"type": "integer"}, "nap": {"type": "integer"}, "ok": {"type": "integer"},
+    "okay": {"type": "integer"}, "zeta": {"enum": ["red", "green", "grey", "blue"]}}}
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("tree_past", [2048, -1])
+def test_texts_branching_from_a_state_are_looked_up(monkeypatch, seed, tree_past):
+    # The names a strict object may write next, and listed string values, branch from one state into
+    # literal texts: the tokens inside them are looked up, those past a text's end walk on from there
+    # (TREE_PAST -1: every such state walks by first character instead). Same masks either way.
+    from agentkv.grammar import literals
+
+    monkeypatch.setattr(masks, "TREE_PAST", tree_past)
+    info = TokenizerInfo(TREE_WORDS + [None], eos_ids=[len(TREE_WORDS)])
+    g = GrammarCompiler(info).compile_json_schema(TREE_SCHEMA)
+    masks_to_the_end(Matcher(g), random.Random(seed))
+    root = g.advance(g.initial, b'{"')
+    (q,) = [s[-1] for s in g.stacks(root)]
+    texts, ends = literals.literal_tree(g, q)
+    assert sorted(texts) == [b'name":', b'named":', b'nap":', b'ok":', b'okay":', b'zeta":']
+    assert all(g.fork_states[e] for e in ends)  # each ends where its value is called
+
+
+def test_literal_tree_refuses_classes_and_long_lists():
+    from agentkv.grammar import literals
+
+    info = TokenizerInfo(TREE_WORDS + [None], eos_ids=[len(TREE_WORDS)])
+    compiler = GrammarCompiler(info)
+    g = compiler.compile_regex("[ -~]+")  # 95 bytes: more than TREE_ROOT
+    assert literals.literal_tree(g, g.stacks(g.initial)[0][-1]) is None
+    g = compiler.compile_regex("[a-z]+")  # 26 texts of one byte, each ending where 26 bytes go on
+    texts, ends = literals.literal_tree(g, g.stacks(g.initial)[0][-1])
+    assert len(texts) == 26 and len(set(ends)) == 1
+    values = ["".join(p) for p in itertools.product("abcd", repeat=4)]  # 256 texts, 4 ways at each byte
+    assert len(values) > literals.TREE_TEXTS
+    many = compiler.compile_json_schema({"enum": values})
+    (q,) = [s[-1] for s in many.stacks(many.advance(many.initial, b'"'))]
+    assert literals.literal_tree(many, q) is None
 
 
 @pytest.mark.parametrize("seed", range(4))

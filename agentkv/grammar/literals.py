@@ -4,20 +4,50 @@ against such text as strings instead of being walked through its states byte by 
 
 from __future__ import annotations
 
-import bisect
 
 import numpy as np
+
+TREE_ROOT = 64        # a state reading more bytes than this is no tree of texts (a class, a string body)
+TREE_BRANCH = 8       # a text ends at a state reading more bytes than this
+TREE_TEXTS = 128      # more texts than this: walked as before
+MAX_TREE_TEXT = 64
 
 
 def tokens_inside(info, text: bytes) -> list[int]:
     """The tokens that end inside `text` or at its end (those equal to one of its prefixes)."""
-    ends = []
-    for k in range(1, len(text) + 1):
-        at = bisect.bisect_left(info.sorted_bytes, text[:k])
-        while at < len(info.sorted_bytes) and info.sorted_bytes[at] == text[:k]:
-            ends.append(info.sorted_ids[at])
-            at += 1
-    return ends
+    return [t for k in range(1, len(text) + 1) for t in info.ids_of(text[:k])]
+
+
+def literal_tree(g, q: int) -> tuple[list[bytes], list[int]] | None:
+    """Where the text from `q` branches into literal texts (a strict object's declared names, each
+    with its closing quote and colon; listed string values), those texts and the state after each:
+    a text ends at a state that forks, reads more than TREE_BRANCH bytes or was met before on its
+    way. None where `q` reads more than TREE_ROOT bytes or the texts are more than TREE_TEXTS. Every
+    token that reads a byte from `q` either ends inside a text, runs past one's end, or dies: the
+    walk looks the first two up (`tokens_inside`, `tokens_past`) instead of stepping through."""
+    trans, fork, only = g.automaton.trans, g.fork_states, g.only_byte
+    first = np.flatnonzero(trans[q] >= 0)
+    if len(first) > TREE_ROOT:
+        return None
+    texts, ends = [], []
+    todo = [(q, b"", (q,), first.tolist())]
+    while todo:
+        s, text, on, reads = todo.pop()
+        for b in reads:
+            t, more = int(trans[s, b]), bytes([b])
+            while only[t] >= 0 and len(text) + len(more) < MAX_TREE_TEXT:  # one byte at a time: as text
+                run, t = g.literal(t)
+                more += run
+            branch = None if fork[t] or t in on or len(text) + len(more) >= MAX_TREE_TEXT \
+                else np.flatnonzero(trans[t] >= 0)
+            if branch is None or len(branch) > TREE_BRANCH:
+                texts.append(text + more)
+                ends.append(t)
+                if len(texts) > TREE_TEXTS:
+                    return None
+            else:
+                todo.append((t, text + more, on + (t,), branch.tolist()))
+    return texts, ends
 
 
 def tokens_past(info, text: bytes) -> np.ndarray:

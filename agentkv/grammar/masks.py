@@ -18,7 +18,9 @@ Where the nesting limit could cut a token short, the stack is walked whole inste
 Plain tokens (text a JSON string takes as is) skip the walk where a state's characters all lead one
 way: those that end on that character chain are allowed as a block (`CompiledGrammar.plain_run`).
 From a state where they do not (a property name, a pattern's class), the shortcut starts one
-character in: per first character, the chain of the state it leads to (`_start_by_first_char`).
+character in: per first character, the chain of the state it leads to (`_start_by_first_char`);
+where the characters from there spell out a few literal texts (the names a strict object may write
+next, listed values), the tokens inside them are looked up instead (`_start_tree`).
 Where that character leads to a state that loops on most characters (a class, or the text around a
 substring a pattern must contain), the tokens whose other bytes all loop there are allowed as a block
 too (`CompiledGrammar.looping_tokens`). A walk still going after a few steps with few tokens left
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentkv.grammar.literals import by_rest, match_rests, tokens_inside, tokens_past
+from agentkv.grammar.literals import by_rest, literal_tree, match_rests, tokens_inside, tokens_past
 from agentkv.grammar.token_groups import (
     MANY_FIRST_CHARS,
     after_longer_first_char,
@@ -44,6 +46,7 @@ from agentkv.grammar.token_groups import (
     first_steps,
     groups_mask,
     packed_ids,
+    packed_ids_mask,
 )
 from agentkv.grammar.token_tables import ASCII_PLAIN
 
@@ -52,9 +55,12 @@ LOOPS = 1 << 20  # CompiledGrammar.plain_reach of a state every plain character 
 SCALAR_MAX_TOKENS = 64  # this few tokens left: walk each in plain Python (a numpy step costs ~20 us at any size)
 SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # every 8 steps, a walk down to 1,024 tokens skips loops of 8+ bytes
 CHAIN_JUMP = 8  # from a character chain this long, non-plain tokens start past their plain head
+TREE_PAST = 2048  # a tree of texts with more tokens running past its ends is walked by first character
 WHOLE_GROUP_MASK = 4096  # a first character's whole group of more tokens is taken as a packed mask
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
 NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
+NO_IDS = np.zeros(0, dtype=np.int64)
+NO_IDS.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,11 @@ class StateTokens:
 def top_state_tokens(grammar, q: int) -> StateTokens:
     """Walk every token from state `q` with the frames below it unknown."""
     info = grammar.info
+    if grammar.first_only[q] >= 0:  # literal text that no token runs past (an optional member's comma
+        text, _ = grammar.literal(q)  # and name, one stack per property): set as bits, with no walk
+        # (one configuration may hold 72 such stacks: each skips the walk's 151k-entry arrays)
+        if len(text) > 1 and not len(tokens_past(info, text)):
+            return StateTokens(packed_ids_mask(info, tokens_inside(info, text)), NO_IDS, NO_IDS, 2)
     allowed = np.zeros(info.words * 32, dtype=bool)
     walk = _Walk(grammar, allowed, relative=True)
     walk.start((BELOW, q))
@@ -77,7 +88,7 @@ def top_state_tokens(grammar, q: int) -> StateTokens:
         ids = np.concatenate([i for i, _ in walk.below])
         offsets = np.concatenate([o for _, o in walk.below])
     else:
-        ids = offsets = np.zeros(0, dtype=np.int64)
+        ids = offsets = NO_IDS
     packed = np.packbits(allowed, bitorder="little").view("<i4")
     for block in walk.packed:
         packed |= block
@@ -126,7 +137,8 @@ class _Walk:
                 self.run(stack[:-1], states, ids, np.ones(len(ids), dtype=np.int64))
             return
         if g.plain_next(q) == NONUNIFORM:
-            self._start_by_first_char(stack)
+            if not self._start_tree(stack):
+                self._start_by_first_char(stack)
             return
         upto, rest = g.plain_run(q)
         # Plain tokens of up to `upto` characters end on the top rule's character chain: allowed as a block.
@@ -183,6 +195,26 @@ class _Walk:
         if len(longer):
             self.run(stack[:-1], np.full(len(longer), q, dtype=np.int64), longer,
                      np.full(len(longer), len(text), dtype=np.int64))
+        return True
+
+    def _start_tree(self, stack: tuple) -> bool:
+        """`start` from a state where literal texts branch (`literals.literal_tree`): the tokens
+        inside them looked up, those running past a text's end walked on from the state after it.
+        False (nothing done) where the state is no such tree, or where more than TREE_PAST tokens
+        would run past (short texts: a number's first digit; the byte walk's shortcuts do better)."""
+        tree = literal_tree(self.g, stack[-1])
+        if tree is None:
+            return False
+        info, texts, ends = self.info, *tree
+        past = [tokens_past(info, t) for t in texts]
+        if sum(map(len, past)) > TREE_PAST:
+            return False
+        prefixes = {t[:k] for t in texts for k in range(1, len(t) + 1)}
+        self.allowed[[i for p in prefixes for i in info.ids_of(p)]] = True
+        ids = np.concatenate(past)
+        if len(ids):
+            self.run(stack[:-1], np.repeat(np.array(ends, dtype=np.int64), list(map(len, past))), ids,
+                     np.repeat(np.array(list(map(len, texts)), dtype=np.int64), list(map(len, past))))
         return True
 
     def _start_by_first_char(self, stack: tuple) -> None:

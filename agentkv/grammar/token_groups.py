@@ -61,6 +61,14 @@ def groups_mask(info, chars: np.ndarray) -> np.ndarray:
     return masks[257] & ~np.bitwise_or.reduce(masks[others], axis=0) if len(others) else masks[257].copy()
 
 
+def packed_ids_mask(info, ids) -> np.ndarray:
+    """Packed int32 mask with the bits of `ids` set (few ids: cheaper than a bool array packed)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    out = np.zeros(info.words, dtype="<i4")
+    np.bitwise_or.at(out.view(np.uint32), ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+    return out
+
+
 def packed_ids(words: np.ndarray) -> np.ndarray:
     """The token ids whose bits are set in a packed mask (few words set: only those are unpacked)."""
     at = np.flatnonzero(words)

@@ -98,6 +98,7 @@ class TokenizerInfo(TokenTables):
         self.sorted_ids = sorted(self.text_ids.tolist(), key=lambda i: self.vocab[i])
         self.sorted_bytes = [self.vocab[i] for i in self.sorted_ids]
         self.sorted_id_array = np.array(self.sorted_ids, dtype=np.int64)
+        self._sorted_at: dict[bytes, int] | None = None  # bytes -> their first index in sorted_ids (ids_of)
         self.words = (self.vocab_size + 31) // 32
         # "Plain" tokens: whole UTF-8 characters of PLAIN_CHARACTERS, text that a JSON string body
         # takes as is. Token masks move them by character count.
@@ -188,6 +189,22 @@ class TokenizerInfo(TokenTables):
         lo = bisect.bisect_left(self.sorted_bytes, prefix)
         hi = bisect.bisect_left(self.sorted_bytes, prefix + b"\xff" * 129, lo)
         return lo, hi
+
+    def ids_of(self, data: bytes) -> list[int]:
+        """The text tokens whose bytes are `data` (a dict lookup: literal text in the token walk asks
+        this of every prefix of its text; a bisect over the sorted vocabulary cost ~10x as much)."""
+        if self._sorted_at is None:
+            self._sorted_at = {}
+            for k, b in enumerate(self.sorted_bytes):
+                self._sorted_at.setdefault(b, k)
+        at = self._sorted_at.get(data)
+        if at is None:
+            return []
+        out = [self.sorted_ids[at]]
+        while at + 1 < len(self.sorted_bytes) and self.sorted_bytes[at + 1] == data:  # (duplicate tokens)
+            at += 1
+            out.append(self.sorted_ids[at])
+        return out
 
     def decode(self, ids: Iterable[int]) -> bytes:
         return b"".join(self.vocab[i] or b"" for i in ids)
