@@ -1,16 +1,17 @@
 """Literal text in the token walk: a run of states that each read exactly one byte (a property name
-with its quotes and colon, an optional member's comma before it, a keyword). Tokens are matched
+with its quotes and colon, an optional member's comma before it, a keyword), and the tree of such
+texts that branches from one state (the names a strict object may write next). Tokens are matched
 against such text as strings instead of being walked through its states byte by byte (masks.py)."""
 
 from __future__ import annotations
-
 
 import numpy as np
 
 TREE_ROOT = 64        # a state reading more bytes than this is no tree of texts (a class, a string body)
 TREE_BRANCH = 8       # a text ends at a state reading more bytes than this
-TREE_TEXTS = 128      # more texts than this: walked as before
-MAX_TREE_TEXT = 64
+TREE_TEXTS = 128      # more texts than this, or more bytes in them all than TREE_BYTES: walked as before
+TREE_BYTES = 2048     # (every prefix of every text is looked up: 4 us for the 19 of a name)
+MAX_TREE_TEXT = 64    # a text ends where it grows this long
 
 
 def tokens_inside(info, text: bytes) -> list[int]:
@@ -22,14 +23,15 @@ def literal_tree(g, q: int) -> tuple[list[bytes], list[int]] | None:
     """Where the text from `q` branches into literal texts (a strict object's declared names, each
     with its closing quote and colon; listed string values), those texts and the state after each:
     a text ends at a state that forks, reads more than TREE_BRANCH bytes or was met before on its
-    way. None where `q` reads more than TREE_ROOT bytes or the texts are more than TREE_TEXTS. Every
+    way. None where `q` reads more than TREE_ROOT bytes, or the texts are more than TREE_TEXTS or
+    longer than TREE_BYTES together. Every
     token that reads a byte from `q` either ends inside a text, runs past one's end, or dies: the
     walk looks the first two up (`tokens_inside`, `tokens_past`) instead of stepping through."""
     trans, fork, only = g.automaton.trans, g.fork_states, g.only_byte
     first = np.flatnonzero(trans[q] >= 0)
     if len(first) > TREE_ROOT:
         return None
-    texts, ends = [], []
+    texts, ends, size = [], [], 0
     todo = [(q, b"", (q,), first.tolist())]
     while todo:
         s, text, on, reads = todo.pop()
@@ -43,7 +45,8 @@ def literal_tree(g, q: int) -> tuple[list[bytes], list[int]] | None:
             if branch is None or len(branch) > TREE_BRANCH:
                 texts.append(text + more)
                 ends.append(t)
-                if len(texts) > TREE_TEXTS:
+                size += len(texts[-1])
+                if len(texts) > TREE_TEXTS or size > TREE_BYTES:
                     return None
             else:
                 todo.append((t, text + more, on + (t,), branch.tolist()))
