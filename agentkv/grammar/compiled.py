@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from agentkv.grammar.automaton import Automaton
+from agentkv.grammar.literals import tokens_inside_any, tokens_past
 from agentkv.grammar.masks import (
     BELOW,
     StateTokens,
@@ -25,6 +26,7 @@ from agentkv.grammar.masks import (
 )
 from agentkv.grammar.plain_runs import MAX_CACHED_STATES, PlainRuns
 from agentkv.grammar.shifts import equivalent_runs
+from agentkv.grammar.token_groups import packed_ids_mask
 from agentkv.grammar.vocab import TokenizerInfo
 
 MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
@@ -77,6 +79,7 @@ class CompiledGrammar(PlainRuns):
         self._chain_walks: list[StateTokens | None] = []  # ... and the run's walk, once computed
         self._chain_misses: dict[int, int] = {}  # rule index -> its chain states that missed
         self._literals: dict[int, tuple[bytes, int]] = {}
+        self._lone: dict[int, bytes | None] = {}
         self._init_plain_runs()
         self.initial = self._intern([(a.starts[0],)])
 
@@ -138,6 +141,15 @@ class CompiledGrammar(PlainRuns):
             hit = self._literals[q] = (bytes(text), end)
         return hit
 
+    def lone_literal(self, q: int) -> bytes | None:
+        """`literal(q)`'s text where it has two bytes or more and no token runs past its end (an
+        optional member's comma and name): the tokens `q` allows are those inside it. Else None."""
+        hit = self._lone.get(q, False)
+        if hit is False:
+            text = self.literal(q)[0] if self.first_only[q] >= 0 else b""
+            hit = self._lone[q] = text if len(text) > 1 and not len(tokens_past(self.info, text)) else None
+        return hit
+
     def deepest(self, stack: tuple) -> int:
         """The longest stack `expand(stack)` considered (where the depth limit could have applied)."""
         self.expand(stack)
@@ -192,7 +204,12 @@ class CompiledGrammar(PlainRuns):
             with self._lock:
                 m = np.zeros(self.info.words, dtype="<i4")
                 allowed = None  # tokens found by walking through this configuration's own frames
+                texts = []  # tops that read literal text no token runs past: looked up together
                 for stack in self._configs[cid][0]:
+                    text = self.lone_literal(stack[-1])
+                    if text is not None and len(stack) < MAX_STACK_DEPTH:
+                        texts.append(text)
+                        continue
                     st = self.state_tokens(stack[-1])
                     if st.depth + max(len(stack) - 2, 0) < MAX_STACK_DEPTH:
                         m |= st.allowed
@@ -204,6 +221,8 @@ class CompiledGrammar(PlainRuns):
                         stack_walk(self, stack, allowed)
                 if allowed is not None:
                     m |= np.packbits(allowed, bitorder="little").view("<i4")
+                if texts:  # (one per optional property that may come next: their prefixes are shared)
+                    m |= packed_ids_mask(self.info, tokens_inside_any(self.info, texts))
                 if self._configs[cid][1]:
                     bits = m.view(np.uint32)
                     for e in self.info.eos_ids:

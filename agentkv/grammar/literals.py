@@ -19,6 +19,11 @@ def tokens_inside(info, text: bytes) -> list[int]:
     return [t for k in range(1, len(text) + 1) for t in info.ids_of(text[:k])]
 
 
+def tokens_inside_any(info, texts: list[bytes]) -> list[int]:
+    """The tokens that end inside one of `texts` or at its end (each shared prefix looked up once)."""
+    return [t for p in {t[:k] for t in texts for k in range(1, len(t) + 1)} for t in info.ids_of(p)]
+
+
 def literal_tree(g, q: int) -> tuple[list[bytes], list[int]] | None:
     """Where the text from `q` branches into literal texts (a strict object's declared names, each
     with its closing quote and colon; listed string values), those texts and the state after each:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentkv.grammar.literals import by_rest, literal_tree, match_rests, tokens_inside, tokens_past
+from agentkv.grammar.literals import by_rest, literal_tree, match_rests, tokens_inside, tokens_inside_any, tokens_past
 from agentkv.grammar.token_groups import (
     MANY_FIRST_CHARS,
     after_longer_first_char,
@@ -46,7 +46,6 @@ from agentkv.grammar.token_groups import (
     first_steps,
     groups_mask,
     packed_ids,
-    packed_ids_mask,
 )
 from agentkv.grammar.token_tables import ASCII_PLAIN
 
@@ -76,11 +75,6 @@ class StateTokens:
 def top_state_tokens(grammar, q: int) -> StateTokens:
     """Walk every token from state `q` with the frames below it unknown."""
     info = grammar.info
-    if grammar.first_only[q] >= 0:  # literal text that no token runs past (an optional member's comma
-        text, _ = grammar.literal(q)  # and name, one stack per property): set as bits, with no walk
-        # (one configuration may hold 72 such stacks: each skips the walk's 151k-entry arrays)
-        if len(text) > 1 and not len(tokens_past(info, text)):
-            return StateTokens(packed_ids_mask(info, tokens_inside(info, text)), NO_IDS, NO_IDS, 2)
     allowed = np.zeros(info.words * 32, dtype=bool)
     walk = _Walk(grammar, allowed, relative=True)
     walk.start((BELOW, q))
@@ -209,8 +203,7 @@ class _Walk:
         past = [tokens_past(info, t) for t in texts]
         if sum(map(len, past)) > TREE_PAST:
             return False
-        prefixes = {t[:k] for t in texts for k in range(1, len(t) + 1)}
-        self.allowed[[i for p in prefixes for i in info.ids_of(p)]] = True
+        self.allowed[tokens_inside_any(info, texts)] = True
         ids = np.concatenate(past)
         if len(ids):
             self.run(stack[:-1], np.repeat(np.array(ends, dtype=np.int64), list(map(len, past))), ids,
