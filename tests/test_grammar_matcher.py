@@ -135,6 +135,23 @@ def test_ids_of_and_tokens_inside_find_every_token_spelling_a_prefix():
     assert sorted(tokens_inside(info, b"abcd")) == [0, 1, 3, 4]
 
 
+@settings(max_examples=60, deadline=None)
+@given(vocabularies(), st.lists(st.binary(min_size=1, max_size=8), min_size=1, max_size=6))
+def test_literal_lookups_match_their_definitions(info, raw):
+    # tokens_inside / tokens_inside_any / tokens_past look prefixes up only as long as the longest token
+    # starting with a text's first two bytes (TokenizerInfo.longest_from): the same sets as by definition.
+    from agentkv.grammar.literals import tokens_inside, tokens_inside_any, tokens_past
+
+    texts = [bytes(ALPHABET[x % len(ALPHABET)] for x in r) for r in raw]
+    vocab = [(t, b) for t, b in enumerate(info.vocab) if b]
+    for text in texts:
+        assert sorted(tokens_inside(info, text)) == sorted(t for t, b in vocab if text.startswith(b))
+        assert sorted(tokens_past(info, text).tolist()) == sorted(
+            t for t, b in vocab if b.startswith(text) and len(b) > len(text))
+    assert sorted(tokens_inside_any(info, texts)) == sorted(
+        t for t, b in vocab if any(x.startswith(b) for x in texts))
+
+
 def test_deep_recursion_is_exact():
     info = TokenizerInfo([b"[", b"]", b"[]", b"[[", None], eos_ids=[4])
     g = GrammarCompiler(info).compile_json_schema(

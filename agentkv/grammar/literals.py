@@ -12,16 +12,25 @@ TREE_BRANCH = 8       # a text ends at a state reading more bytes than this
 TREE_TEXTS = 128      # more texts than this, or more bytes in them all than TREE_BYTES: walked as before
 TREE_BYTES = 2048     # (every prefix of every text is looked up: 4 us for the 19 of a name)
 MAX_TREE_TEXT = 64    # a text ends where it grows this long
+NO_TOKENS = np.zeros(0, dtype=np.int64)
+NO_TOKENS.flags.writeable = False
 
 
 def tokens_inside(info, text: bytes) -> list[int]:
     """The tokens that end inside `text` or at its end (those equal to one of its prefixes)."""
-    return [t for k in range(1, len(text) + 1) for t in info.ids_of(text[:k])]
+    return info.ids_of_any(_prefixes(info, text))
 
 
 def tokens_inside_any(info, texts: list[bytes]) -> list[int]:
     """The tokens that end inside one of `texts` or at its end (each shared prefix looked up once)."""
-    return [t for p in {t[:k] for t in texts for k in range(1, len(t) + 1)} for t in info.ids_of(p)]
+    return info.ids_of_any({p for t in texts for p in _prefixes(info, t)})
+
+
+def _prefixes(info, text: bytes):
+    """The prefixes of `text` that a token may equal: none longer than the longest token that starts
+    with its first two bytes (a name of 25 bytes has about 15 such prefixes at 151k tokens)."""
+    n = min(len(text), int(info.longest_from[text[0] << 8 | text[1]])) if len(text) > 1 else len(text)
+    return (text[:k] for k in range(1, n + 1))
 
 
 def literal_tree(g, q: int) -> tuple[list[bytes], list[int]] | None:
@@ -60,6 +69,8 @@ def literal_tree(g, q: int) -> tuple[list[bytes], list[int]] | None:
 
 def tokens_past(info, text: bytes) -> np.ndarray:
     """The tokens that start with `text` and run past its end."""
+    if len(text) > 1 and len(text) >= info.longest_from[text[0] << 8 | text[1]]:
+        return NO_TOKENS  # (no token that starts like it is longer: most names, no bisect needed)
     lo, hi = info.extending(text)
     longer = info.sorted_id_array[lo:hi]
     return longer[info.lengths[longer] > len(text)]

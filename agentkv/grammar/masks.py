@@ -37,7 +37,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentkv.grammar.literals import by_rest, literal_tree, match_rests, tokens_inside, tokens_inside_any, tokens_past
+from agentkv.grammar.literals import (
+    NO_TOKENS,
+    by_rest,
+    literal_tree,
+    match_rests,
+    tokens_inside,
+    tokens_inside_any,
+    tokens_past,
+)
 from agentkv.grammar.token_groups import (
     MANY_FIRST_CHARS,
     after_longer_first_char,
@@ -58,8 +66,6 @@ TREE_PAST = 2048  # a tree of texts with more tokens running past its ends is wa
 WHOLE_GROUP_MASK = 4096  # a first character's whole group of more tokens is taken as a packed mask
 BELOW = -1  # the bottom of a relative stack: frames not known during a top-state walk
 NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
-NO_IDS = np.zeros(0, dtype=np.int64)
-NO_IDS.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,7 @@ def top_state_tokens(grammar, q: int) -> StateTokens:
         ids = np.concatenate([i for i, _ in walk.below])
         offsets = np.concatenate([o for _, o in walk.below])
     else:
-        ids = offsets = NO_IDS
+        ids = offsets = NO_TOKENS
     packed = np.packbits(allowed, bitorder="little").view("<i4")
     for block in walk.packed:
         packed |= block
