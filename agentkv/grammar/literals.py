@@ -10,7 +10,7 @@ import numpy as np
 TREE_ROOT = 64        # a state reading more bytes than this is no tree of texts (a class, a string body)
 TREE_BRANCH = 8       # a text ends at a state reading more bytes than this
 TREE_TEXTS = 128      # more texts than this, or more bytes in them all than TREE_BYTES: walked as before
-TREE_BYTES = 2048     # (every prefix of every text is looked up: 4 us for the 19 of a name)
+TREE_BYTES = 2048     # (the walk looks up the prefixes of every text)
 MAX_TREE_TEXT = 64    # a text ends where it grows this long
 NO_TOKENS = np.zeros(0, dtype=np.int64)
 NO_TOKENS.flags.writeable = False
@@ -38,9 +38,9 @@ def literal_tree(g, q: int) -> tuple[list[bytes], list[int]] | None:
     with its closing quote and colon; listed string values), those texts and the state after each:
     a text ends at a state that forks, reads more than TREE_BRANCH bytes or was met before on its
     way. None where `q` reads more than TREE_ROOT bytes, or the texts are more than TREE_TEXTS or
-    longer than TREE_BYTES together. Every
-    token that reads a byte from `q` either ends inside a text, runs past one's end, or dies: the
-    walk looks the first two up (`tokens_inside`, `tokens_past`) instead of stepping through."""
+    longer than TREE_BYTES together. Every token that reads a byte from `q` either ends inside a
+    text, runs past one's end, or dies: the walk looks the first two up (`tokens_inside_any`,
+    `tokens_past`) instead of stepping through."""
     trans, fork, only = g.automaton.trans, g.fork_states, g.only_byte
     first = np.flatnonzero(trans[q] >= 0)
     if len(first) > TREE_ROOT:

@@ -205,9 +205,9 @@ class TokenizerInfo(TokenTables):
         return self.ids_of_any((data,))
 
     def ids_of_any(self, texts: Iterable[bytes]) -> list[int]:
-        """The text tokens whose bytes are one of `texts`. Literal text in the token walk asks this of
-        its prefixes: by dict (the 19 prefixes of a name took 7 us by bisect over the sorted
-        vocabulary, 4 us so)."""
+        """The text tokens whose bytes are one of `texts` (by dict: literal text in the token walk asks
+        this of its prefixes: 4 us for those of a 19-byte name, against 7 by bisect over the sorted
+        vocabulary)."""
         get, ids, out = self._sorted_at.get, self.sorted_ids, []
         for data in texts:
             at = get(data)
