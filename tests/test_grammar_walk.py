@@ -1,7 +1,7 @@
-"""The token walk's shortcuts (masks.py, plain_runs.py), each against the brute-force mask over small
-vocabularies: states whose characters go a few ways or many, open objects' names, literal text,
-strings of bounded length, long tokens through loops; and the tables they read, against their
-definitions."""
+"""The token walk's shortcuts (masks.py, walk_starts.py, plain_runs.py), each against the brute-force
+mask over small vocabularies: states whose characters go a few ways or many, open objects' names,
+literal text and trees of it, strings of bounded length, long tokens through loops; and the tables
+they read, against their definitions."""
 
 import itertools
 import random
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, masks
+from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, char_steps, walk_starts
 from tests.grammar_helpers import (
     assert_mask_is_brute_force,
     compile_one,
@@ -61,7 +61,7 @@ def test_many_first_characters(monkeypatch, whole_group_mask, words, which, rnd)
     # Every printable ASCII character as a token: a property name or class then has many plain first
     # characters, taken together (`_by_first_char`), the whole groups as packed masks (set
     # WHOLE_GROUP_MASK to 0 so that a small group is one too).
-    monkeypatch.setattr(masks, "WHOLE_GROUP_MASK", whole_group_mask)
+    monkeypatch.setattr(walk_starts, "WHOLE_GROUP_MASK", whole_group_mask)
     cut = [w.encode()[:-1] for w in words if w.endswith("é")]  # a token ending inside a character
     vocab = list(dict.fromkeys([bytes([c]) for c in range(0x20, 0x7F)] + ["é".encode()] + [w.encode() for w in words]
                                + [w for w in cut if w]))
@@ -151,7 +151,7 @@ def test_texts_branching_from_a_state_are_looked_up(monkeypatch, seed, tree_past
     # (TREE_PAST -1: every such state walks by first character instead). Same masks either way.
     from agentkv.grammar import literals
 
-    monkeypatch.setattr(masks, "TREE_PAST", tree_past)
+    monkeypatch.setattr(walk_starts, "TREE_PAST", tree_past)
     info = TokenizerInfo(TREE_WORDS + [None], eos_ids=[len(TREE_WORDS)])
     g = GrammarCompiler(info).compile_json_schema(TREE_SCHEMA)
     masks_to_the_end(Matcher(g), random.Random(seed))
@@ -287,9 +287,9 @@ def test_plain_runs_follow_their_definition(schema):
         seen, n = {q}, 0
         while n < limit:
             nxt = g.plain_next(q)
-            if nxt == masks.ALL_DEAD:
+            if nxt == char_steps.ALL_DEAD:
                 return n, "dead"
-            if nxt == masks.NONUNIFORM:
+            if nxt == char_steps.NONUNIFORM:
                 return n, "walk"
             if nxt in seen:
                 return limit, "dead"

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentkv.grammar.masks import ALL_DEAD, NONUNIFORM
 from agentkv.grammar.token_tables import ASCII_PLAIN
+
+NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
 
 MAX_CLOSED_STATES = 512     # a plain-text closure bigger than this is left to the walk (plain_closed)
 

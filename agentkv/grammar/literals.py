@@ -1,7 +1,8 @@
 """Literal text in the token walk: a run of states that each read exactly one byte (a property name
 with its quotes and colon, an optional member's comma before it, a keyword), and the tree of such
 texts that branches from one state (the names a strict object may write next). Tokens are matched
-against such text as strings instead of being walked through its states byte by byte (masks.py)."""
+against such text as strings instead of being walked through its states byte by byte
+(walk_starts.py, masks.py)."""
 
 from __future__ import annotations
 

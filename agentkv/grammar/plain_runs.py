@@ -6,8 +6,8 @@ characters of two or more bytes `multibyte_next`), the chain of such states and 
 it takes (`plain_run`), how many plain characters surely end alive from it, every number where each
 leads back to it (`plain_reach`, vectorized), whether plain text of any length lives from it
 (`plain_closed`), and the tokens whose later bytes all loop on it (`looping_tokens`).
-masks.py reads these to take plain tokens as blocks instead of walking them byte by byte; the
-character simulations behind them are char_steps.py. CompiledGrammar inherits them; it provides
+walk_starts.py and masks.py read these to take plain tokens as blocks instead of walking them byte
+by byte; the character simulations behind them are char_steps.py. CompiledGrammar inherits them; it provides
 `automaton`, `info`, `fork_states` and `_lock`.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentkv.grammar.char_steps import UNKNOWN, char_steps, plain_closure, uniform_char_step
-from agentkv.grammar.masks import ALL_DEAD, LOOPS, NONUNIFORM
+from agentkv.grammar.char_steps import ALL_DEAD, NONUNIFORM, UNKNOWN, char_steps, plain_closure, uniform_char_step
+from agentkv.grammar.masks import LOOPS
 
 MAX_CACHED_STATES = 4096    # per grammar: top-state token sets (compiled.py), and each per-state table here
 MAX_STATES_AT_BUILD = 1024  # a grammar with more states whose ASCII characters all live decides them lazily

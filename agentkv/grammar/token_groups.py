@@ -1,5 +1,5 @@
-"""Token selection by first byte or first character, for the start of a token walk (masks.py): the
-tokens a state's readable first bytes pick out of per-byte groups, the plain tokens a state's first
+"""Token selection by first byte or first character, for the start of a token walk (walk_starts.py):
+the tokens a state's readable first bytes pick out of per-byte groups, the plain tokens a state's first
 characters take as blocks (per character group, through the chain of the state each leads to), and
 packed masks of those groups. Slices and concatenations of precomputed groups, no per-token lookup.
 """
@@ -30,9 +30,9 @@ def first_steps(info, row: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def by_first_char(g, info, chars: np.ndarray, targets: np.ndarray):
-    """`take` in `masks._Walk._start_by_first_char` for many first characters at once: the plain tokens
-    allowed as a block (a packed mask for the characters whose whole group is, the ids of the
-    rest), and those that walk on with the state their first character leads to."""
+    """`take` in `WalkStarts._start_by_first_char` for many first characters at once: the plain
+    tokens allowed as a block (a packed mask for the characters whose whole group is, the ids of
+    the rest), and those that walk on with the state their first character leads to."""
     plain = info.first_char_groups
     unique, at = np.unique(targets, return_inverse=True)
     runs = [g.plain_run(s) for s in unique.tolist()]

@@ -94,7 +94,7 @@ class TokenTables:
         """The plain tokens by first character (built on first use): group b for an ASCII byte b,
         group 256 for every multi-byte first character; within a group, by character count. A
         token mask from a state whose characters go different ways takes each group's short tokens
-        as a block (masks.py)."""
+        as a block (walk_starts.py)."""
         if self._first_char_groups is None:
             plain = self.plain_chars
             top = int(plain.max(initial=0)) + 2
@@ -171,7 +171,7 @@ class TokenTables:
 
     def plain_upto(self, n: int) -> np.ndarray:
         """Packed int32 token mask of the plain tokens of 1..n characters (cached per n): a state whose
-        plain characters lead along a chain of n takes them as one block (masks.py)."""
+        plain characters lead along a chain of n takes them as one block (walk_starts.py)."""
         hit = self._plain_upto.get(n)
         if hit is None:
             bits = np.zeros(self.words * 32, dtype=bool)
@@ -218,7 +218,7 @@ class TokenTables:
         """(packed mask, groups), built on first use: the tokens that are a prefix of plain text (whole
         plain characters, the last one possibly cut short), and the other text tokens by the byte that
         ends their plain run. From a state where plain text of any length stays alive, the first are
-        allowed and only those of the groups whose byte some state there reads need a walk (masks.py)."""
+        allowed and only those of the groups whose byte some state there reads need a walk (walk_starts.py)."""
         if self._plain_prefixes is None:
             ids = self.non_plain_ids
             stop_at = self.plain_ahead[0, ids].astype(np.int64)
@@ -241,7 +241,7 @@ class TokenTables:
         """(ids, characters, bytes), built on first use: the text tokens that are not plain text, with
         the plain characters they start with and those characters' bytes. Along a state's character
         chain such a token's start is a lookup: the walk goes on from the chain's state at that
-        character, at the first byte that is not plain (masks.py)."""
+        character, at the first byte that is not plain (walk_starts.py)."""
         if self._non_plain_heads is None:
             ids = self.non_plain_ids
             heads = self.plain_ahead[0, ids].astype(np.int64)
@@ -255,7 +255,7 @@ class TokenTables:
         """[258, words] packed token masks (built on first use): row b, the tokens in which byte b
         occurs after the first byte; row 256, those with any byte from 0x80 there; row 257, those that
         also are not plain text. Where the first character leads to a state that loops on most bytes,
-        the tokens whose other bytes all loop there are allowed at once (masks.py)."""
+        the tokens whose other bytes all loop there are allowed at once (walk_starts.py)."""
         if self._later_bytes is None:
             tb = self.bytes_at.T
             rows, cols = np.nonzero(np.arange(1, tb.shape[1])[None, :] < self.lengths[:, None])

@@ -1,0 +1,227 @@
+"""Where a token walk starts (masks.py's `_Walk` inherits these): from the top of a stack, most
+tokens are decided without stepping them byte by byte, and the rest are handed to the walk with the
+state and offset they have reached.
+
+- Literal text (a state that reads one byte, then one again: a property name with its quotes and
+  colon, a keyword): the tokens that are a prefix of it are looked up, and those that run past its
+  end walk on from there (`_start_literal`); where such texts branch from one state (the names a
+  strict object may write next, listed values), the same for each (`_start_tree`).
+- From a state where plain text of any length lives (a string body, the names of an object that
+  allows others), every prefix of plain text is one block and only the other tokens walk.
+- Plain tokens (text a JSON string takes as is) that end on a state's character chain are one block
+  (`CompiledGrammar.plain_run`); along a long chain (a string with a maxLength), other tokens start
+  past their plain head (`_start_along_chain`).
+- From a state whose characters go different ways (a property name, a pattern's class), the same
+  one character in: per first character, the chain of the state it leads to, and where that state
+  loops on most characters, the tokens whose other bytes all loop there as one block
+  (`_start_by_first_char`, `CompiledGrammar.looping_tokens`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agentkv.grammar.char_steps import NONUNIFORM
+from agentkv.grammar.literals import literal_tree, tokens_inside, tokens_inside_any, tokens_past
+from agentkv.grammar.token_groups import (
+    MANY_FIRST_CHARS,
+    after_longer_first_char,
+    by_first_char,
+    first_byte_reads,
+    first_steps,
+    groups_mask,
+    packed_ids,
+)
+from agentkv.grammar.token_tables import ASCII_PLAIN
+
+CHAIN_JUMP = 8  # from a character chain this long, non-plain tokens start past their plain head
+TREE_PAST = 2048  # a tree of texts with more tokens running past its ends is walked by first character
+WHOLE_GROUP_MASK = 4096  # a first character's whole group of more tokens is taken as a packed mask
+
+
+class WalkStarts:
+    """The start routes of a token walk; the walk (masks._Walk) provides `g`, `info`, `allowed`,
+    `packed`, `depth` and `run`."""
+
+    def start(self, stack: tuple) -> None:
+        """Every token from the top of `stack` (an expanded stack: its top can read a byte)."""
+        g, info = self.g, self.info
+        self.depth = max(self.depth, len(stack))
+        q = stack[-1]
+        if g.first_only[q] >= 0 and self._start_literal(stack):
+            return
+        reads = g.plain_closed(q)
+        if reads is not None:  # every prefix of plain text is allowed (a string body, the names of an open object)
+            mask, groups = info.plain_prefixes
+            self.packed.append(mask)  # the others walk: those a state there reads the first odd byte of
+            ids = np.concatenate([groups[b] for b in np.nonzero(reads)[0].tolist()] + [np.zeros(0, np.int64)])
+            ids, states = first_steps(info, g.automaton.trans[q], ids)
+            if len(ids):
+                self.run(stack[:-1], states, ids, np.ones(len(ids), dtype=np.int64))
+            return
+        if g.plain_next(q) == NONUNIFORM:
+            if not self._start_tree(stack):
+                self._start_by_first_char(stack)
+            return
+        upto, rest = g.plain_run(q)
+        # Plain tokens of up to `upto` characters end on the top rule's character chain: allowed as a block.
+        self.packed.append(info.plain_upto(upto))
+        # Longer plain tokens take the byte walk ("walk") or die on the chain's last state ("dead").
+        longer = len(info.plain_sorted) - info.plain_bounds[upto + 1] if rest == "walk" else 0
+        row = g.automaton.trans[q]
+        if upto >= CHAIN_JUMP:  # a long chain (a string of bounded length): start past the plain head
+            self._start_along_chain(stack, upto, longer)
+            return
+        if len(info.non_plain_ids) + longer > len(info.text_ids) // 2:  # most tokens: pick by first byte
+            idx, states = first_byte_reads(info.first_byte_groups, row)
+        else:  # the others by the first byte, and the longer plain tokens
+            idx, states = first_byte_reads(info.non_plain_by_first_byte, row)
+            if longer:
+                more, to = first_steps(info, row, info.plain_sorted[info.plain_bounds[upto + 1]:])
+                idx, states = np.concatenate([idx, more]), np.concatenate([states, to])
+        if len(idx):
+            self.run(stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64))
+
+    def _start_along_chain(self, stack: tuple, upto: int, longer: int) -> None:
+        """`start` from a state whose plain characters lead along a chain of `upto` states (a string
+        with a maximum length): a token that starts with k <= `upto` plain characters goes on from the
+        chain's k-th state at its first byte that is not plain, instead of a numpy step per character.
+        Tokens that start otherwise, and plain ones longer than the chain, walk from the first byte."""
+        g, info = self.g, self.info
+        q = stack[-1]
+        row = g.automaton.trans[q]
+        ids, chars, heads = info.non_plain_heads
+        jump = (chars >= 1) & (chars <= upto)  # (none from `q` itself: its calls and returns are other stacks)
+        states = [g.plain_chain(q, upto)[chars[jump]]]
+        idx, offsets = [ids[jump]], [heads[jump]]
+        others = ids[~jump]
+        if longer:
+            others = np.concatenate([others, info.plain_sorted[info.plain_bounds[upto + 1]:]])
+        others, to = first_steps(info, row, others)
+        states.append(to)
+        idx.append(others)
+        offsets.append(np.ones(len(others), dtype=np.int64))
+        idx = np.concatenate(idx)
+        if len(idx):
+            self.run(stack[:-1], np.concatenate(states), idx, np.concatenate(offsets))
+
+    def _start_literal(self, stack: tuple) -> bool:
+        """`start` from a state that reads exactly one byte, and the states after it too (a property
+        name with its quotes and colon, a keyword): the tokens that are a prefix of that text are
+        looked up, and only those that run past its end walk on from there. False (nothing done)
+        where the text is a single byte: the walk costs no more."""
+        text, q = self.g.literal(stack[-1])
+        if len(text) < 2:
+            return False
+        self.allowed[tokens_inside(self.info, text)] = True
+        longer = tokens_past(self.info, text)
+        if len(longer):
+            self.run(stack[:-1], np.full(len(longer), q, dtype=np.int64), longer,
+                     np.full(len(longer), len(text), dtype=np.int64))
+        return True
+
+    def _start_tree(self, stack: tuple) -> bool:
+        """`start` from a state where literal texts branch (`literals.literal_tree`): the tokens
+        inside them looked up, those running past a text's end walked on from the state after it.
+        False (nothing done) where the state is no such tree, or where more than TREE_PAST tokens
+        would run past (short texts: a number's first digit; the byte walk's shortcuts do better)."""
+        tree = literal_tree(self.g, stack[-1])
+        if tree is None:
+            return False
+        info, texts, ends = self.info, *tree
+        past = [tokens_past(info, t) for t in texts]
+        if sum(map(len, past)) > TREE_PAST:
+            return False
+        self.allowed[tokens_inside_any(info, texts)] = True
+        ids = np.concatenate(past)
+        if len(ids):
+            self.run(stack[:-1], np.repeat(np.array(ends, dtype=np.int64), list(map(len, past))), ids,
+                     np.repeat(np.array(list(map(len, texts)), dtype=np.int64), list(map(len, past))))
+        return True
+
+    def _start_by_first_char(self, stack: tuple) -> None:
+        """`start` from a state whose plain characters go different ways (inside a property name, a
+        pattern's character class): after their first character, each group of plain tokens takes
+        the chain shortcut of the state that character leads to, as a block. The rest walk."""
+        g, info = self.g, self.info
+        q = stack[-1]
+        row = g.automaton.trans[q]
+        plain = info.first_char_groups
+        blocks, states, walk, offsets = [], [], [], []  # ids allowed at once; those that walk on
+
+        def take(s: int, group: int, multibyte: bool = False) -> None:
+            ids, bounds = plain.group(group)
+            n, rest = g.plain_run(s)  # after the first character, up to n more end on s's chain
+            k = bounds[min(n + 2, len(bounds) - 1)]
+            if k == len(ids) > WHOLE_GROUP_MASK:
+                self.packed.append(info.first_char_masks[group])
+                return
+            blocks.append(ids[:k])
+            if (rest == "walk" or g.fork_states[s]) and k < len(ids):  # s may call or return: fork there
+                states.append(np.full(len(ids) - k, s, dtype=np.int64))
+                walk.append(ids[k:])
+                lead = info.bytes_at[0, ids[k:]]  # the first character's length in bytes
+                offsets.append(2 + (lead >= 0xE0) + (lead >= 0xF0) if multibyte else np.ones(len(ids) - k, np.int64))
+
+        chars = ASCII_PLAIN[row[ASCII_PLAIN] >= 0]
+        # Characters that lead to a state looping on most characters but not all (a pattern's class):
+        # the tokens whose later bytes loop there are allowed as one block per state, and only the
+        # others (a quote or a character outside the class later on) walk on.
+        for s in np.unique(row[chars]).tolist():
+            loop = g.looping_tokens(s) if g.plain_next(s) == NONUNIFORM else None
+            if loop is not None:
+                loop, group = loop.view("<i4"), groups_mask(info, chars[row[chars] == s])
+                self.packed.append(group & loop)
+                ids = packed_ids(group & ~loop)
+                states.append(np.full(len(ids), s, dtype=np.int64))
+                walk.append(ids)
+                offsets.append(np.ones(len(ids), np.int64))
+                chars = chars[row[chars] != s]
+        if len(chars) < MANY_FIRST_CHARS:
+            for b in chars.tolist():
+                take(int(row[b]), b)
+        else:  # the same for all characters at once
+            packed, block, ids, to = by_first_char(g, info, chars, row[chars].astype(np.int64))
+            if packed is not None:
+                self.packed.append(packed)
+            blocks.append(block)
+            walk.append(ids)
+            states.append(to)
+            offsets.append(np.ones(len(ids), np.int64))
+        multibyte = g.multibyte_next(q)
+        if multibyte >= 0:
+            take(multibyte, 256, multibyte=True)
+        elif multibyte == NONUNIFORM:  # first characters go different ways: each token from its own
+            ids, to, read = after_longer_first_char(g, info, q)
+            states.append(to)
+            walk.append(ids)
+            offsets.append(read)
+        ids, first = first_byte_reads(info.non_plain_by_first_byte, row)  # each from its first byte
+        walk.append(ids)
+        states.append(first)
+        offsets.append(np.ones(len(ids), np.int64))
+        if blocks:
+            self.allowed[np.concatenate(blocks)] = True
+        if walk:
+            states, walk, offsets = np.concatenate(states), np.concatenate(walk), np.concatenate(offsets)
+            # Where the first character leads to a state that loops on most characters (a pattern's
+            # class, or the text before or after a substring it must contain), the tokens whose other
+            # bytes all loop there end there: allowed without a walk. (Only tokens that have read
+            # their whole first character: not those stepped by a lead byte alone.)
+            ascii_row = row[:0x80]
+            targets = set(ascii_row[ascii_row >= 0].tolist()) | ({multibyte} if multibyte >= 0 else set())
+            looping = {s: m for s in targets if (m := g.looping_tokens(s)) is not None}
+            if looping:
+                slot = np.full(g.num_states, -1, dtype=np.int64)
+                slot[list(looping)] = np.arange(len(looping))
+                table = np.stack(list(looping.values()))  # [looping states, words]
+                at = slot[states]
+                sel = np.nonzero((at >= 0) & ((offsets > 1) | (info.bytes_at[0, walk] < 0x80)))[0]
+                t = walk[sel]
+                ends = sel[((table[at[sel], t >> 5] >> (t & 31).astype(np.uint32)) & 1).astype(bool)]
+                self.allowed[walk[ends]] = True
+                rest = np.ones(len(walk), dtype=bool)
+                rest[ends] = False
+                states, walk, offsets = states[rest], walk[rest], offsets[rest]
+            if len(walk):
+                self.run(stack[:-1], states, walk, offsets.astype(np.int64))
