@@ -37,3 +37,30 @@ def test_char_steps_equal_the_per_state_simulation(kind, source):
     # and what a grammar decided when built (or along a chain) is the same
     for q, nxt in g._plain_next.items():
         assert nxt == P.uniform_char_step(trans, fork, q)
+
+
+OPEN_OBJECTS = [  # the names of an object that allows others: a trie of declared names beside the free part
+    {"type": "object", "properties": {"name": {"type": "string"}, "named": {"type": "integer"}, "é": {"type": "null"}}},
+    {"type": "object", "properties": {"a": {"type": "object", "properties": {"ab": {"type": "string"}}}}},
+]
+
+
+@pytest.mark.parametrize("source", OPEN_OBJECTS + [s for k, s in SOURCES if k == "schema"])
+def test_plain_closure_reads_two_way_states_without_their_rows(source):
+    # A state whose plain ASCII characters lead to at most two places (the next letter of a declared
+    # name, or the free part) is searched from its least and greatest step alone: the same closure
+    # and the same failed states as from its whole row, for every state the walk asks about.
+    g = GrammarCompiler(INFO).compile_json_schema(source)
+    trans, fork = g.automaton.trans, g.fork_states
+    two = g._ascii_two_ways
+    assert (two == [len(set(row.tolist())) <= 2 for row in g._ascii_steps]).all()
+    closures, branching = 0, False
+    for q in np.nonzero(g._ascii_lo >= 0)[0].tolist():
+        plain = P.plain_closure(trans, g._ascii_steps, g._ascii_lo, fork, q)
+        quick = P.plain_closure(trans, g._ascii_steps, g._ascii_lo, fork, q, g._ascii_hi, two)
+        assert (plain[0] is None) == (quick[0] is None) and plain[1] == quick[1], (source, q)
+        if plain[0] is not None:
+            closures += 1
+            assert plain[0].tolist() == quick[0].tolist()
+            branching |= any(two[s] and g._ascii_lo[s] != g._ascii_hi[s] for s in plain[0].tolist())
+    assert (closures and branching) or source not in OPEN_OBJECTS  # (a trie's states step two ways)

@@ -51,7 +51,8 @@ def _plain_automata() -> tuple[np.ndarray, np.ndarray]:
 
 
 def plain_closure(trans: np.ndarray, ascii_steps: np.ndarray, ascii_lo: np.ndarray, fork: np.ndarray,
-                  q: int) -> tuple[np.ndarray | None, list[int]]:
+                  q: int, ascii_hi: np.ndarray | None = None,
+                  two_ways: np.ndarray | None = None) -> tuple[np.ndarray | None, list[int]]:
     """(closure, failed): the states plain characters reach from `q`, where each reads every plain
     character (of any length) into another of them and none is a fork state; else None, with states
     known to fail too (`q` and, where an ASCII step found the failing state, the states on the way
@@ -59,7 +60,8 @@ def plain_closure(trans: np.ndarray, ascii_steps: np.ndarray, ascii_lo: np.ndarr
     Depth first over the ASCII characters in plain Python (`ascii_steps` holds each state's plain
     ASCII steps, `ascii_lo` the least of them; a level of numpy per character of a long declared name
     cost more), then the characters of two or more bytes from all states found so far at once (rarely
-    anywhere new)."""
+    anywhere new). Where `two_ways[s]`, state s's ASCII steps are `ascii_lo[s]` and `ascii_hi[s]`
+    alone (a name's trie: the next letter of a name, or the free part), read without its row."""
     seen, todo, fresh = {q: -1}, [q], [q]  # seen: state -> the state an ASCII step first reached it from
     while todo:
         while todo:
@@ -70,7 +72,9 @@ def plain_closure(trans: np.ndarray, ascii_steps: np.ndarray, ascii_lo: np.ndarr
                     failed.append(s)
                     s = seen[s]
                 return None, failed
-            for t in set(ascii_steps[s].tolist()):
+            steps = (int(ascii_lo[s]), int(ascii_hi[s])) if two_ways is not None and two_ways[s] \
+                else set(ascii_steps[s].tolist())
+            for t in steps:
                 if t not in seen:
                     seen[t] = s
                     todo.append(t)

@@ -40,6 +40,7 @@ class PlainRuns:
         sub[:, [0x22 - 0x20, 0x5C - 0x20]] = sub[:, [0x21 - 0x20, 0x5B - 0x20]]
         self._ascii_lo, self._ascii_hi = lo, hi = sub.min(axis=1), sub.max(axis=1)
         self._ascii_steps = sub  # where each state's plain ASCII characters lead (plain_closed)
+        self._ascii_two_ways = ((sub == lo[:, None]) | (sub == hi[:, None])).all(axis=1)  # (and to 2 places at most)
         # `plain_reach` (-1: not decided yet). Most states lead different ASCII characters to different
         # places (inside names, numbers, keywords) or read no plain character at all (between JSON
         # values): no chain, 0. A state may lead every plain character back to itself (a string body)
@@ -181,7 +182,8 @@ class PlainRuns:
         trans = self.automaton.trans
         closure, failed = None, [q]
         if self._ascii_lo[q] >= 0:  # every ASCII character lives: most states fail here (numbers, keywords)
-            closure, failed = plain_closure(trans, self._ascii_steps, self._ascii_lo, self.fork_states, q)
+            closure, failed = plain_closure(trans, self._ascii_steps, self._ascii_lo, self.fork_states, q,
+                                            self._ascii_hi, self._ascii_two_ways)
         reads = None if closure is None else (trans[closure] >= 0).any(axis=0)
         with self._lock:
             if len(self._closed) + (len(failed) if closure is None else len(closure)) > MAX_CACHED_STATES:
