@@ -56,7 +56,7 @@ def test_plain_closure_reads_two_way_states_without_their_rows(source):
     assert (two == [len(set(row.tolist())) <= 2 for row in g._ascii_steps]).all()
     closures, branching = 0, False
     for q in np.nonzero(g._ascii_lo >= 0)[0].tolist():
-        plain = P.plain_closure(trans, g._ascii_steps, g._ascii_lo, fork, q)
+        plain = P.plain_closure(trans, g._ascii_steps, g._ascii_lo, fork, q, g._ascii_hi, np.zeros_like(two))
         quick = P.plain_closure(trans, g._ascii_steps, g._ascii_lo, fork, q, g._ascii_hi, two)
         assert (plain[0] is None) == (quick[0] is None) and plain[1] == quick[1], (source, q)
         if plain[0] is not None:

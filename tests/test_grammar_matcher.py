@@ -127,11 +127,11 @@ def test_special_tokens_never_match_text():
     assert 2 in allowed  # a plain-text token spelling a special name is text, not special
 
 
-def test_ids_of_and_tokens_inside_find_every_token_spelling_a_prefix():
+def test_ids_of_any_and_tokens_inside_find_every_token_spelling_a_prefix():
     from agentkv.grammar.literals import tokens_inside
 
     info = TokenizerInfo([b"a", b"ab", None, b"abc", b"ab", b"b"], eos_ids=[2])  # "ab" twice
-    assert info.ids_of(b"ab") == [1, 4] and info.ids_of(b"abc") == [3] and info.ids_of(b"ba") == []
+    assert info.ids_of_any([b"ab"]) == [1, 4] and info.ids_of_any([b"abc", b"ba"]) == [3]
     assert sorted(tokens_inside(info, b"abcd")) == [0, 1, 3, 4]
 
 

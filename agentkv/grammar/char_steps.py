@@ -51,8 +51,7 @@ def _plain_automata() -> tuple[np.ndarray, np.ndarray]:
 
 
 def plain_closure(trans: np.ndarray, ascii_steps: np.ndarray, ascii_lo: np.ndarray, fork: np.ndarray,
-                  q: int, ascii_hi: np.ndarray | None = None,
-                  two_ways: np.ndarray | None = None) -> tuple[np.ndarray | None, list[int]]:
+                  q: int, ascii_hi: np.ndarray, two_ways: np.ndarray) -> tuple[np.ndarray | None, list[int]]:
     """(closure, failed): the states plain characters reach from `q`, where each reads every plain
     character (of any length) into another of them and none is a fork state; else None, with states
     known to fail too (`q` and, where an ASCII step found the failing state, the states on the way
@@ -72,8 +71,7 @@ def plain_closure(trans: np.ndarray, ascii_steps: np.ndarray, ascii_lo: np.ndarr
                     failed.append(s)
                     s = seen[s]
                 return None, failed
-            steps = (int(ascii_lo[s]), int(ascii_hi[s])) if two_ways is not None and two_ways[s] \
-                else set(ascii_steps[s].tolist())
+            steps = (int(ascii_lo[s]), int(ascii_hi[s])) if two_ways[s] else set(ascii_steps[s].tolist())
             for t in steps:
                 if t not in seen:
                     seen[t] = s

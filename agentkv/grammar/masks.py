@@ -19,11 +19,10 @@ Where a walk starts, most tokens are decided without stepping them (walk_starts.
 and trees of it looked up, plain tokens taken as blocks along a state's character chain or by first
 character, tokens whose bytes all loop on a state as one block). A walk still going after a few
 steps with few tokens left (long runs of spaces or dashes) moves each token past the bytes ahead of
-it that loop on its state;
-in a state every plain character leads back to (a string body), a token moves past its run of plain
-text in one step (`TokenizerInfo.plain_ahead`), to the quote or escape that decides it. Down to a
-few dozen tokens, a walk goes on one token at a time in plain Python (`_Walk.one`): a numpy step
-costs about the same at any size.
+it that loop on its state; in a state every plain character leads back to (a string body), a token
+moves past its run of plain text in one step (`TokenizerInfo.plain_ahead`), to the quote or escape
+that decides it. Down to a few dozen tokens, a walk goes on one token at a time in plain Python
+(`_Walk.one`): a numpy step costs about the same at any size.
 """
 
 from __future__ import annotations

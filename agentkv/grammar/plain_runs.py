@@ -7,8 +7,8 @@ it takes (`plain_run`), how many plain characters surely end alive from it, ever
 leads back to it (`plain_reach`, vectorized), whether plain text of any length lives from it
 (`plain_closed`), and the tokens whose later bytes all loop on it (`looping_tokens`).
 walk_starts.py and masks.py read these to take plain tokens as blocks instead of walking them byte
-by byte; the character simulations behind them are char_steps.py. CompiledGrammar inherits them; it provides
-`automaton`, `info`, `fork_states` and `_lock`.
+by byte; the character simulations behind them are char_steps.py. CompiledGrammar inherits them;
+it provides `automaton`, `info`, `fork_states` and `_lock`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ class PlainRuns:
         sub[:, [0x22 - 0x20, 0x5C - 0x20]] = sub[:, [0x21 - 0x20, 0x5B - 0x20]]
         self._ascii_lo, self._ascii_hi = lo, hi = sub.min(axis=1), sub.max(axis=1)
         self._ascii_steps = sub  # where each state's plain ASCII characters lead (plain_closed)
-        self._ascii_two_ways = ((sub == lo[:, None]) | (sub == hi[:, None])).all(axis=1)  # (and to 2 places at most)
+        # Those leading only to the least and greatest of them (a name trie's state: the next letter, or
+        # the free part): plain_closure reads the two without the row.
+        self._ascii_two_ways = ((sub == lo[:, None]) | (sub == hi[:, None])).all(axis=1)
         # `plain_reach` (-1: not decided yet). Most states lead different ASCII characters to different
         # places (inside names, numbers, keywords) or read no plain character at all (between JSON
         # values): no chain, 0. A state may lead every plain character back to itself (a string body)

@@ -98,7 +98,7 @@ class TokenizerInfo(TokenTables):
         self.sorted_ids = sorted(self.text_ids.tolist(), key=lambda i: self.vocab[i])
         self.sorted_bytes = [self.vocab[i] for i in self.sorted_ids]
         self.sorted_id_array = np.array(self.sorted_ids, dtype=np.int64)
-        # Token bytes -> their first index in sorted_ids (ids_of; reversed, so that the first wins), the
+        # Token bytes -> their first index in sorted_ids (ids_of_any; reversed: the first wins), the
         # indices whose token has a twin of the same bytes, and per first two bytes the longest token
         # starting with them: literal text looks up its prefixes only up to that length.
         n = len(self.sorted_bytes)
@@ -199,10 +199,6 @@ class TokenizerInfo(TokenTables):
         lo = bisect.bisect_left(self.sorted_bytes, prefix)
         hi = bisect.bisect_left(self.sorted_bytes, prefix + b"\xff" * 129, lo)
         return lo, hi
-
-    def ids_of(self, data: bytes) -> list[int]:
-        """The text tokens whose bytes are `data`."""
-        return self.ids_of_any((data,))
 
     def ids_of_any(self, texts: Iterable[bytes]) -> list[int]:
         """The text tokens whose bytes are one of `texts` (by dict: literal text in the token walk asks

@@ -133,10 +133,10 @@ class WalkStarts:
         if sum(map(len, past)) > TREE_PAST:
             return False
         self.allowed[tokens_inside_any(info, texts)] = True
-        ids = np.concatenate(past)
+        ids, counts = np.concatenate(past), [len(p) for p in past]
         if len(ids):
-            self.run(stack[:-1], np.repeat(np.array(ends, dtype=np.int64), list(map(len, past))), ids,
-                     np.repeat(np.array(list(map(len, texts)), dtype=np.int64), list(map(len, past))))
+            self.run(stack[:-1], np.repeat(np.array(ends, dtype=np.int64), counts), ids,
+                     np.repeat(np.array([len(t) for t in texts], dtype=np.int64), counts))
         return True
 
     def _start_by_first_char(self, stack: tuple) -> None:
