@@ -51,7 +51,8 @@ def _plain_automata() -> tuple[np.ndarray, np.ndarray]:
 
 
 def plain_closure(trans: np.ndarray, ascii_steps: np.ndarray, ascii_lo: np.ndarray, fork: np.ndarray,
-                  q: int, ascii_hi: np.ndarray, two_ways: np.ndarray) -> tuple[np.ndarray | None, list[int]]:
+                  q: int, ascii_hi: np.ndarray, two_ways: np.ndarray,
+                  multibyte: dict[int, int]) -> tuple[np.ndarray | None, list[int]]:
     """(closure, failed): the states plain characters reach from `q`, where each reads every plain
     character (of any length) into another of them and none is a fork state; else None, with states
     known to fail too (`q` and, where an ASCII step found the failing state, the states on the way
@@ -60,7 +61,9 @@ def plain_closure(trans: np.ndarray, ascii_steps: np.ndarray, ascii_lo: np.ndarr
     ASCII steps, `ascii_lo` the least of them; a level of numpy per character of a long declared name
     cost more), then the characters of two or more bytes from all states found so far at once (rarely
     anywhere new). Where `two_ways[s]`, state s's ASCII steps are `ascii_lo[s]` and `ascii_hi[s]`
-    alone (a name's trie: the next letter of a name, or the free part), read without its row."""
+    alone (a name's trie: the next letter of a name, or the free part), read without its row. Where
+    `multibyte` has a state's `multibyte_next` (decided when the grammar was built), its longer
+    characters' target is read from there: only the states it has as NONUNIFORM are simulated."""
     seen, todo, fresh = {q: -1}, [q], [q]  # seen: state -> the state an ASCII step first reached it from
     while todo:
         while todo:
@@ -81,12 +84,18 @@ def plain_closure(trans: np.ndarray, ascii_steps: np.ndarray, ascii_lo: np.ndarr
                 return None, [q]
         # States with the same steps on the bytes of longer characters reach the same states by them:
         # one of each (the states of a name's trie all step like the free part).
-        fresh = np.array(fresh, dtype=np.int64)
-        fresh = fresh[list({row.tobytes(): i for i, row in enumerate(trans[fresh, 0x80:])}.values())]
-        reached = multibyte_targets(trans, fork, fresh)
-        if reached is None:
+        known = [multibyte.get(s, NONUNIFORM) for s in fresh]
+        if ALL_DEAD in known:  # (no character of two or more bytes lives there)
             return None, [q]
-        todo = [t for t in reached.tolist() if t not in seen]
+        reached = {t for t in known if t >= 0}
+        fresh = np.array([s for s, t in zip(fresh, known) if t == NONUNIFORM], dtype=np.int64)
+        if len(fresh):
+            fresh = fresh[list({row.tobytes(): i for i, row in enumerate(trans[fresh, 0x80:])}.values())]
+            more = multibyte_targets(trans, fork, fresh)
+            if more is None:
+                return None, [q]
+            reached.update(more.tolist())
+        todo = [t for t in sorted(reached) if t not in seen]
         fresh = list(todo)
         seen.update(dict.fromkeys(todo, -1))  # (reached by a longer character: no ASCII path kept)
     return np.array(sorted(seen), dtype=np.int64), []

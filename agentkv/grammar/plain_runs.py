@@ -185,7 +185,7 @@ class PlainRuns:
         closure, failed = None, [q]
         if self._ascii_lo[q] >= 0:  # every ASCII character lives: most states fail here (numbers, keywords)
             closure, failed = plain_closure(trans, self._ascii_steps, self._ascii_lo, self.fork_states, q,
-                                            self._ascii_hi, self._ascii_two_ways)
+                                            self._ascii_hi, self._ascii_two_ways, self._multibyte_next)
         reads = None if closure is None else (trans[closure] >= 0).any(axis=0)
         with self._lock:
             if len(self._closed) + (len(failed) if closure is None else len(closure)) > MAX_CACHED_STATES:
