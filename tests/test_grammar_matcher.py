@@ -128,11 +128,13 @@ def test_special_tokens_never_match_text():
 
 
 def test_ids_of_any_and_tokens_inside_find_every_token_spelling_a_prefix():
-    from agentkv.grammar.literals import tokens_inside
+    from agentkv.grammar.literals import tokens_inside, tokens_past
 
     info = TokenizerInfo([b"a", b"ab", None, b"abc", b"ab", b"b"], eos_ids=[2])  # "ab" twice
     assert info.ids_of_any([b"ab"]) == [1, 4] and info.ids_of_any([b"abc", b"ba"]) == [3]
     assert sorted(tokens_inside(info, b"abcd")) == [0, 1, 3, 4]
+    # and the tokens running past a text: neither twin of the text itself
+    assert tokens_past(info, b"ab").tolist() == [3] and sorted(tokens_past(info, b"a").tolist()) == [1, 3, 4]
 
 
 @settings(max_examples=60, deadline=None)

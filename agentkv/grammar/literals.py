@@ -6,6 +6,8 @@ against such text as strings instead of being walked through its states byte by 
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 TREE_ROOT = 64        # a state reading more bytes than this is no tree of texts (a class, a string body)
@@ -68,13 +70,19 @@ def literal_tree(g, q: int) -> tuple[list[bytes], list[int]] | None:
     return texts, ends
 
 
-def tokens_past(info, text: bytes) -> np.ndarray:
-    """The tokens that start with `text` and run past its end."""
+def past_range(info, text: bytes) -> tuple[int, int]:
+    """[lo, hi) in `info.sorted_ids` of the tokens that start with `text` and run past its end: those
+    sorting after `text` itself (and its twins) up to the last that starts with it."""
     if len(text) > 1 and len(text) >= info.longest_from[text[0] << 8 | text[1]]:
-        return NO_TOKENS  # (no token that starts like it is longer: most names, no bisect needed)
-    lo, hi = info.extending(text)
-    longer = info.sorted_id_array[lo:hi]
-    return longer[info.lengths[longer] > len(text)]
+        return 0, 0  # (no token that starts like it is longer: most names, no bisect needed)
+    lo = bisect.bisect_right(info.sorted_bytes, text)
+    return lo, bisect.bisect_left(info.sorted_bytes, text + info.above_any, lo)
+
+
+def tokens_past(info, text: bytes) -> np.ndarray:
+    """The tokens that start with `text` and run past its end (a read-only view)."""
+    lo, hi = past_range(info, text)
+    return info.sorted_id_array[lo:hi] if hi > lo else NO_TOKENS
 
 
 def by_rest(info, idx: np.ndarray, off: np.ndarray) -> tuple[dict, int]:

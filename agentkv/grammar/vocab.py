@@ -93,11 +93,13 @@ class TokenizerInfo(TokenTables):
             if b:
                 mat[i, :len(b)] = np.frombuffer(b, dtype=np.uint8)
         self.bytes_at = np.ascontiguousarray(mat.T)
+        self.above_any = b"\xff" * (width + 1)  # text + this sorts after every token starting with text
         self.text_ids = np.nonzero(lengths > 0)[0].astype(np.int64)
         # Lexicographic order: the tokens extending a given byte string are one contiguous run.
         self.sorted_ids = sorted(self.text_ids.tolist(), key=lambda i: self.vocab[i])
         self.sorted_bytes = [self.vocab[i] for i in self.sorted_ids]
         self.sorted_id_array = np.array(self.sorted_ids, dtype=np.int64)
+        self.sorted_id_array.flags.writeable = False  # (literal lookups hand out views of it)
         # Token bytes -> their first index in sorted_ids (ids_of_any; reversed: the first wins), the
         # indices whose token has a twin of the same bytes, and per first two bytes the longest token
         # starting with them: literal text looks up its prefixes only up to that length.
@@ -198,7 +200,7 @@ class TokenizerInfo(TokenTables):
     def extending(self, prefix: bytes) -> tuple[int, int]:
         """[lo, hi) in `sorted_ids` of the tokens that start with `prefix`."""
         lo = bisect.bisect_left(self.sorted_bytes, prefix)
-        hi = bisect.bisect_left(self.sorted_bytes, prefix + b"\xff" * 129, lo)
+        hi = bisect.bisect_left(self.sorted_bytes, prefix + self.above_any, lo)
         return lo, hi
 
     def ids_of_any(self, texts: Iterable[bytes]) -> list[int]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from agentkv.grammar.char_steps import NONUNIFORM
-from agentkv.grammar.literals import literal_tree, tokens_inside, tokens_inside_any, tokens_past
+from agentkv.grammar.literals import literal_tree, past_range, tokens_inside, tokens_inside_any, tokens_past
 from agentkv.grammar.token_groups import (
     MANY_FIRST_CHARS,
     after_longer_first_char,
@@ -129,9 +129,10 @@ class WalkStarts:
         if tree is None:
             return False
         info, texts, ends = self.info, *tree
-        past = [tokens_past(info, t) for t in texts]
-        if sum(map(len, past)) > TREE_PAST:
+        ranges = [past_range(info, t) for t in texts]  # (counted before any is gathered)
+        if sum(hi - lo for lo, hi in ranges) > TREE_PAST:
             return False
+        past = [info.sorted_id_array[lo:hi] for lo, hi in ranges]
         self.allowed[tokens_inside_any(info, texts)] = True
         ids, counts = np.concatenate(past), [len(p) for p in past]
         if len(ids):
