@@ -70,7 +70,7 @@ class WalkStarts:
         longer = len(info.plain_sorted) - info.plain_bounds[upto + 1] if rest == "walk" else 0
         row = g.automaton.trans[q]
         if upto >= CHAIN_JUMP:  # a long chain (a string of bounded length): start past the plain head
-            self._start_along_chain(stack, upto, longer)
+            self._start_along_chain(stack, upto, longer, rest == "dead" and upto < len(info.plain_bounds) - 2)
             return
         if len(info.non_plain_ids) + longer > len(info.text_ids) // 2:  # most tokens: pick by first byte
             idx, states = first_byte_reads(info.first_byte_groups, row)
@@ -82,11 +82,13 @@ class WalkStarts:
         if len(idx):
             self.run(stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64))
 
-    def _start_along_chain(self, stack: tuple, upto: int, longer: int) -> None:
+    def _start_along_chain(self, stack: tuple, upto: int, longer: int, ends: bool) -> None:
         """`start` from a state whose plain characters lead along a chain of `upto` states (a string
         with a maximum length): a token that starts with k <= `upto` plain characters goes on from the
         chain's k-th state at its first byte that is not plain, instead of a numpy step per character.
-        Tokens that start otherwise, and plain ones longer than the chain, walk from the first byte."""
+        Where the chain `ends` there (every plain character dies after it), a token starting with more
+        plain characters dies; otherwise it walks from the first byte, as do the tokens that start
+        with no plain character and plain ones longer than the chain."""
         g, info = self.g, self.info
         q = stack[-1]
         row = g.automaton.trans[q]
@@ -94,7 +96,8 @@ class WalkStarts:
         jump = (chars >= 1) & (chars <= upto)  # (none from `q` itself: its calls and returns are other stacks)
         states = [g.plain_chain(q, upto)[chars[jump]]]
         idx, offsets = [ids[jump]], [heads[jump]]
-        others = ids[~jump]
+        # (A head past the chain's end: a run of 75 dashes and a newline would step every dash in Python.)
+        others = ids[chars == 0] if ends else ids[~jump]
         if longer:
             others = np.concatenate([others, info.plain_sorted[info.plain_bounds[upto + 1]:]])
         others, to = first_steps(info, row, others)
