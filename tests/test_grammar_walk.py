@@ -259,6 +259,7 @@ def test_long_tokens_through_loops(kind, source, inside):
     # few steps skips the looping bytes ahead (not on a state that can return, where a byte could
     # also be read by the caller).
     words = [bytes([c]) for c in b'ab1x- "\\'] + ["é".encode()] + LONG
+    words += [b"b" * n + b"1" + b"b" * 8 for n in range(17, 27)]  # one byte that stops a loop, anywhere ahead
     info = TokenizerInfo(list(dict.fromkeys(words)) + [None], eos_ids=[len(dict.fromkeys(words))])
     compiler = GrammarCompiler(info)
     g = compiler.compile_lark(source) if kind == "lark" else compile_one(compiler, kind, source)
