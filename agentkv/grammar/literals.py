@@ -50,6 +50,7 @@ def literal_tree(g, q: int) -> tuple[list[bytes], list[int]] | None:
         return None
     texts, ends, size = [], [], 0
     todo = [(q, b"", (q,), first.tolist())]
+    reading: dict[int, np.ndarray] = {}  # state -> the bytes it reads (a class: many texts end at one state)
     while todo:
         s, text, on, reads = todo.pop()
         for b in reads:
@@ -57,8 +58,11 @@ def literal_tree(g, q: int) -> tuple[list[bytes], list[int]] | None:
             while only[t] >= 0 and len(text) + len(more) < MAX_TREE_TEXT:  # one byte at a time: as text
                 run, t = g.literal(t)
                 more += run
-            branch = None if fork[t] or t in on or len(text) + len(more) >= MAX_TREE_TEXT \
-                else np.flatnonzero(trans[t] >= 0)
+            branch = None
+            if not (fork[t] or t in on or len(text) + len(more) >= MAX_TREE_TEXT):
+                branch = reading.get(t)
+                if branch is None:
+                    branch = reading[t] = np.flatnonzero(trans[t] >= 0)
             if branch is None or len(branch) > TREE_BRANCH:
                 texts.append(text + more)
                 ends.append(t)

@@ -132,9 +132,13 @@ class WalkStarts:
         if tree is None:
             return False
         info, texts, ends = self.info, *tree
-        ranges = [past_range(info, t) for t in texts]  # (counted before any is gathered)
-        if sum(hi - lo for lo, hi in ranges) > TREE_PAST:
-            return False
+        ranges, count = [], 0  # (counted before any is gathered; a class's one-byte texts stop it early)
+        for text in texts:
+            lo, hi = past_range(info, text)
+            count += hi - lo
+            if count > TREE_PAST:
+                return False
+            ranges.append((lo, hi))
         past = [info.sorted_id_array[lo:hi] for lo, hi in ranges]
         self.allowed[tokens_inside_any(info, texts)] = True
         ids, counts = np.concatenate(past), [len(p) for p in past]
