@@ -270,6 +270,31 @@ def test_long_tokens_through_loops(kind, source, inside):
     assert {info.vocab.index(t) for t in LONG} & allowed  # some long token is allowed: the walk had them
 
 
+@pytest.mark.parametrize("kind,source,inside", [
+    ("schema", {"type": "string", "pattern": "^[a-zA-Z]+( [a-zA-Z]+)*$"}, '"'),  # a space leaves the loop
+    ("schema", {"type": "string", "pattern": "^[a-zA-Z]+( [a-zA-Z]+)*$"}, '"ab '),
+    ("lark", 'start: w "y"\nw: /[a-wA-W]+/', ""),  # the loop's rule returns: "y" is read by its caller
+    ("lark", 'start: w "y"\nw: /[a-wA-W]+/ | "-" w', "-"),
+])
+def test_tokens_leaving_a_class_loop(kind, source, inside, monkeypatch):
+    # From a state whose first characters lead into a loop over a class, a token that does not end in
+    # the loop walks on only where it holds a byte the loop state reads elsewhere (a space, a quote);
+    # where the loop's rule can return, any byte may be read by the caller, so every such token walks.
+    # (TREE_PAST -1: the first characters are walked by first character, not as a tree of texts.)
+    monkeypatch.setattr(walk_starts, "TREE_PAST", -1)
+    words = [bytes([c]) for c in range(0x20, 0x7F)] + [
+        b"ab cd", b'ab"', b'ab cd"', b"aby", b"Aby", b"ab.", b"ab\n", b"-ab", b"-aby", b'ab",', rb"ab\u", rb"ab\u00e9",
+        "abé".encode(), "ab é".encode(), b"abcdefghij", b"ab cdefghi"]
+    info = TokenizerInfo(list(dict.fromkeys(words)) + [None], eos_ids=[len(dict.fromkeys(words))])
+    compiler = GrammarCompiler(info)
+    g = compiler.compile_lark(source) if kind == "lark" else compile_one(compiler, kind, source)
+    m = Matcher(g)
+    assert m.accept_bytes(inside.encode())
+    allowed = assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
+    leaving = [b"ab cd", b'ab"', b'ab cd"'] if kind == "schema" else [b"aby", b"Aby"]
+    assert {info.vocab.index(t) for t in leaving} & allowed
+
+
 @pytest.mark.parametrize("schema", [
     {"type": "string", "maxLength": 5}, {"type": "string", "minLength": 2, "maxLength": 4},
     *({"type": "string", "maxLength": n} for n in (6, 7, 8, 14, 15, 16, 40)),  # the longest token has 7 characters

@@ -31,6 +31,7 @@ class PlainRuns:
         self._plain_run: dict[int, tuple[int, str]] = {}
         self._looping: dict[int, np.ndarray | None] = {}
         self._closed: dict[int, np.ndarray | None] = {}
+        self._leaving: dict[int, np.ndarray | None] = {}
         # Decided for every state at once when the grammar is built (0.1 ms for a median grammar's
         # 700 states, 3 ms for 17k), so that no walk pays for them: the least and greatest state
         # each state's plain ASCII characters lead to (-1: none). Contiguous columns, the quote's
@@ -220,6 +221,30 @@ class PlainRuns:
                 del self._looping[next(iter(self._looping))]
             self._looping[q] = out
         return out
+
+    def leaving_tokens(self, q: int) -> np.ndarray | None:
+        """Packed token mask: the tokens holding, after their first byte, a byte that `q` reads into
+        another state (any byte from 0x80 counts as one where some such byte does). A token that has
+        read just its first byte, sits in `q` and does not end there looping (`looping_tokens`) dies
+        unless it is one of these: its first byte that does not loop kills it. None where that does
+        not hold: `q` calls or returns, or a byte from 0x80 loops on it. Cached per state."""
+        hit = self._leaving.get(q, False)
+        if hit is False:
+            row = self.automaton.trans[q]
+            hit = None
+            if not self.fork_states[q] and not (row[0x80:] == q).any():
+                leaves = (row >= 0) & (row != q)
+                table = self.info.later_bytes
+                hit = np.bitwise_or.reduce(table[np.flatnonzero(leaves[:0x80])], axis=0) if leaves[:0x80].any() \
+                    else np.zeros(self.info.words, dtype="<u4")
+                if leaves[0x80:].any():
+                    hit = hit | table[256]
+                hit = hit.view("<i4")
+            with self._lock:
+                if len(self._leaving) >= MAX_CACHED_STATES:
+                    del self._leaving[next(iter(self._leaving))]
+                self._leaving[q] = hit
+        return hit
 
     def longer_char_steps(self, q: int) -> np.ndarray | None:
         """Where each of the tokenizer's longer characters (`info.longer_chars`) leads from `q` (-1:

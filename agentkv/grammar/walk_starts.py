@@ -174,13 +174,15 @@ class WalkStarts:
         chars = ASCII_PLAIN[row[ASCII_PLAIN] >= 0]
         # Characters that lead to a state looping on most characters but not all (a pattern's class):
         # the tokens whose later bytes loop there are allowed as one block per state, and only the
-        # others (a quote or a character outside the class later on) walk on.
+        # others (a quote or a character outside the class later on) walk on: those holding a byte
+        # the state reads elsewhere (`leaving_tokens`; the rest die in the loop).
         for s in np.unique(row[chars]).tolist():
             loop = g.looping_tokens(s) if g.plain_next(s) == NONUNIFORM else None
             if loop is not None:
                 loop, group = loop.view("<i4"), groups_mask(info, chars[row[chars] == s])
                 self.packed.append(group & loop)
-                ids = packed_ids(group & ~loop)
+                leave = g.leaving_tokens(s)
+                ids = packed_ids(group & ~loop if leave is None else group & ~loop & leave)
                 states.append(np.full(len(ids), s, dtype=np.int64))
                 walk.append(ids)
                 offsets.append(np.ones(len(ids), np.int64))
@@ -215,7 +217,8 @@ class WalkStarts:
             # Where the first character leads to a state that loops on most characters (a pattern's
             # class, or the text before or after a substring it must contain), the tokens whose other
             # bytes all loop there end there: allowed without a walk. (Only tokens that have read
-            # their whole first character: not those stepped by a lead byte alone.)
+            # their whole first character: not those stepped by a lead byte alone.) Of the others,
+            # those with a one-byte first character die there unless `leaving_tokens` holds them.
             ascii_row = row[:0x80]
             targets = set(ascii_row[ascii_row >= 0].tolist()) | ({multibyte} if multibyte >= 0 else set())
             looping = {s: m for s in targets if (m := g.looping_tokens(s)) is not None}
@@ -223,13 +226,18 @@ class WalkStarts:
                 slot = np.full(g.num_states, -1, dtype=np.int64)
                 slot[list(looping)] = np.arange(len(looping))
                 table = np.stack(list(looping.values()))  # [looping states, words]
+                leave = np.stack([np.full(info.words, -1, dtype="<i4") if (m := g.leaving_tokens(s)) is None
+                                  else m for s in looping])  # (None: not known, every token kept)
                 at = slot[states]
-                sel = np.nonzero((at >= 0) & ((offsets > 1) | (info.bytes_at[0, walk] < 0x80)))[0]
+                one_byte = info.bytes_at[0, walk] < 0x80
+                sel = np.nonzero((at >= 0) & ((offsets > 1) | one_byte))[0]
                 t = walk[sel]
-                ends = sel[((table[at[sel], t >> 5] >> (t & 31).astype(np.uint32)) & 1).astype(bool)]
-                self.allowed[walk[ends]] = True
+                word, bit = t >> 5, (t & 31).astype(np.uint32)
+                ends = ((table[at[sel], word] >> bit) & 1).astype(bool)
+                self.allowed[walk[sel[ends]]] = True
+                dies = ~ends & (offsets[sel] == 1) & ~((leave[at[sel], word] >> bit) & 1).astype(bool)
                 rest = np.ones(len(walk), dtype=bool)
-                rest[ends] = False
+                rest[sel[ends | dies]] = False
                 states, walk, offsets = states[rest], walk[rest], offsets[rest]
             if len(walk):
                 self.run(stack[:-1], states, walk, offsets.astype(np.int64))
