@@ -76,9 +76,51 @@ def test_walks_of_rules_that_call_nothing_are_shared_across_grammars():
             assert_mask_is_brute_force(m, bitmask)
             assert m.is_terminated() or m.can_terminate()
         if schema is first:
-            kept = dict(info.leaf_walks._items)
+            kept = dict(info.rule_walks._items)
             assert len(kept) >= 2  # the pattern's walks, the plain string's
-    assert all(info.leaf_walks._items[k] is v for k, v in kept.items())  # reused, not walked again
+    assert all(info.rule_walks._items[k] is v for k, v in kept.items())  # reused, not walked again
+
+
+def test_walks_of_a_rule_that_calls_itself_are_shared_across_grammars():
+    from agentkv.grammar.expr import refs
+
+    # The unconstrained JSON value calls only itself: its walks depend on it alone, so a second
+    # schema that holds it elsewhere reuses them, and its masks still equal brute force.
+    words = [b'{"', b'":', b'":{"', b'":[', b'},"', b'"}', b'[{', b'tr', b'ue', b'12', b'.5', b'null', b'"a']
+    info = TokenizerInfo(list(dict.fromkeys([bytes([c]) for c in range(0x20, 0x7F)] + words)) + [None], eos_ids=[])
+    info = TokenizerInfo(info.vocab, eos_ids=[len(info.vocab) - 1])
+    first = {"type": "object", "properties": {"a": {}}, "required": ["a"], "additionalProperties": False}
+    second = {"type": "array", "items": True, "maxItems": 3}
+    compiler = GrammarCompiler(info)
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    for schema, text in ((first, '{"a":{"b":[1,true,null],"c":"d"}}'), (second, '[{"a":[]},"b",2.5]')):
+        g = compiler.compile_json_schema(schema)
+        m = Matcher(g)
+        for b in text.encode():
+            assert_mask_is_brute_force(m, bitmask)
+            assert m.accept_token(info.vocab.index(bytes([b])))
+        assert_mask_is_brute_force(m, bitmask)
+        assert m.is_terminated() or m.can_terminate()
+        calling_itself = {k: v for k, v in info.rule_walks._items.items() if refs(k[0].expr)}
+        if schema is first:
+            kept = calling_itself
+            assert kept  # the JSON value's walks
+    assert all(calling_itself[k] is v for k, v in kept.items())  # reused, not walked again
+
+
+def test_rules_that_call_others_keep_their_walks_to_their_grammar():
+    # Two schemas whose root rules read alike but call differently defined rules of the same name
+    # (the value at /properties/a): no walk of the first may stand in for the second's.
+    info = TokenizerInfo([bytes([c]) for c in range(0x20, 0x7F)] + [b'":', b'":"', b'":1', b'1}', b'"}', None], eos_ids=[100])
+    compiler = GrammarCompiler(info)
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    for value, text in (({"type": "string"}, '{"a":"1"}'), ({"type": "integer"}, '{"a":1}')):
+        m = Matcher(compiler.compile_json_schema(
+            {"type": "object", "properties": {"a": value}, "required": ["a"], "additionalProperties": False}))
+        for b in text.encode():
+            assert_mask_is_brute_force(m, bitmask)
+            assert m.accept_token(info.vocab.index(bytes([b])))
+        assert m.can_terminate()
 
 
 def test_accept_rollback_copy_and_eos():

@@ -27,9 +27,9 @@ class Automaton:
     has_bytes: np.ndarray      # [n_states] bool
     starts: list[int]          # rule index -> start state
     rule_names: list[str]
-    # rule index -> its expression where the rule calls no other (a string, number, pattern, key):
-    # then what its states allow depends on that expression alone, shared across grammars
-    leaf_exprs: list | None = None
+    # rule index -> its expression: what a rule's states allow depends on it and the rules it calls
+    # (by name) alone, so walks from them are shared across grammars (CompiledGrammar._walk_key)
+    rule_exprs: list | None = None
 
 
 def link(rules: dict[str, object], root: str, deadline: float) -> Automaton:
@@ -61,8 +61,7 @@ def link(rules: dict[str, object], root: str, deadline: float) -> Automaton:
                 calls[off + s] = tuple((rule_ix[name], off + t) for name, t in d.calls[s])
         accept[off:off + len(d.accept)] = d.accept
     starts = list(offsets)
-    leaves = [exprs[n] if not any(d.calls) else None for n, d in zip(names, dfas)]
-    auto = Automaton(trans, calls, accept, (trans >= 0).any(axis=1), starts, names, leaves)
+    auto = Automaton(trans, calls, accept, (trans >= 0).any(axis=1), starts, names, [exprs[n] for n in names])
     _trim(auto)
     _check_left_recursion(auto)
     return auto

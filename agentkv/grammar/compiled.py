@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from agentkv.grammar.automaton import Automaton
+from agentkv.grammar.expr import refs
 from agentkv.grammar.literals import tokens_inside_any, tokens_past
 from agentkv.grammar.masks import (
     BELOW,
@@ -73,7 +74,7 @@ class CompiledGrammar(PlainRuns):
         self._steps: dict[tuple[int, int], int] = {}
         self._masks: dict[int, np.ndarray] = {}
         self._forced: dict[int, bytes] = {}
-        self._leaf_rules: dict[int, _LeafRule | None] = {}  # rule index -> its key in `info.leaf_walks`
+        self._rule_keys: dict[int, _RuleKey | None] = {}  # rule index -> its key in `info.rule_walks`
         self._chains_tried: set[int] = set()  # chain states `_chain_walk` has looked at
         self._chain_run: dict[int, int] = {}  # state -> its run of states that walk alike (shifts.py) ...
         self._chain_walks: list[StateTokens | None] = []  # ... and the run's walk, once computed
@@ -238,14 +239,14 @@ class CompiledGrammar(PlainRuns):
         st = self._state_tokens.get(q)
         if st is None:
             with self._lock:
-                key = self._leaf_key(q)
-                st = self.info.leaf_walks.get(key) if key is not None else None
+                key = self._walk_key(q)
+                st = self.info.rule_walks.get(key) if key is not None else None
                 if st is None:
                     st = self._chain_walk(q)
                 if st is None:
                     st = top_state_tokens(self, q)
                     if key is not None:
-                        self.info.leaf_walks.put(key, st)
+                        self.info.rule_walks.put(key, st)
                     if q in self._chain_run:
                         self._chain_walks[self._chain_run[q]] = st
                 if len(self._state_tokens) >= MAX_CACHED_STATES:
@@ -287,19 +288,23 @@ class CompiledGrammar(PlainRuns):
         self._chain_misses[r] = self._chain_misses.get(r, 0) + 1
         return self._chain_misses[r] >= 2
 
-    def _leaf_key(self, q: int):
-        """(expression, its DFA size, state within it) for a state of a rule that calls no other: the walk
-        from it is the same in every grammar with that rule, so the tokenizer keeps it (a format, a
-        pattern or a string type met again in another schema costs nothing)."""
+    def _walk_key(self, q: int):
+        """A key under which the tokenizer keeps the walk from `q` (`info.rule_walks`), for a state of
+        a rule that calls no other rule, or only itself: the walk depends on that rule alone, so
+        another grammar with the same rule reuses it (a format, a pattern or a string type in another
+        schema; the unconstrained JSON value, which calls itself): its expression (a call to itself
+        names it), its DFA size and the state's place in it. (A rule calling others is left out:
+        their names say where they sit in the schema, so another grammar rarely has the same.)"""
         a = self.automaton
-        if a.leaf_exprs is None:
+        if a.rule_exprs is None:
             return None
         r = bisect.bisect_right(a.starts, q) - 1
-        rule = self._leaf_rules.get(r, False)
+        rule = self._rule_keys.get(r, False)
         if rule is False:
-            expr = a.leaf_exprs[r]
             size = (a.starts[r + 1] if r + 1 < len(a.starts) else len(a.accept)) - a.starts[r]
-            rule = self._leaf_rules[r] = None if expr is None else _LeafRule(expr, size)
+            expr = a.rule_exprs[r]
+            rule = None if refs(expr) - {a.rule_names[r]} else _RuleKey(expr, size)
+            self._rule_keys[r] = rule
         return None if rule is None else (rule, q - a.starts[r])
 
     def allowed_bytes(self, cid: int) -> np.ndarray:
@@ -328,9 +333,10 @@ class CompiledGrammar(PlainRuns):
                 "states": len(self._state_tokens)}
 
 
-class _LeafRule:
-    """A leaf rule's expression and DFA size as a cache key, hashed once: an expression's hash walks
-    its whole tree (~100 us for a large one), which a key built per state would repeat per state."""
+class _RuleKey:
+    """A rule's expression (see `_walk_key`) and DFA size as a cache key, hashed once: an
+    expression's hash walks its whole tree (~100 us for a large one), which a key built per state
+    would repeat per state."""
 
     __slots__ = ("expr", "size", "_hash")
 
@@ -341,5 +347,5 @@ class _LeafRule:
         return self._hash
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, _LeafRule) and self._hash == other._hash and self.size == other.size \
+        return isinstance(other, _RuleKey) and self._hash == other._hash and self.size == other.size \
             and (self.expr is other.expr or self.expr == other.expr)

@@ -41,7 +41,7 @@ def gpt2_byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-MAX_LEAF_WALKS = 1024
+MAX_RULE_WALKS = 1024
 
 
 class BoundedCache:
@@ -131,9 +131,9 @@ class TokenizerInfo(TokenTables):
         self.plain_bounds = np.searchsorted(plain[order], np.arange(int(plain.max(initial=0)) + 2))
         self.non_plain_ids = self.text_ids[plain[self.text_ids] < 0]
         self._init_tables()
-        # Token walks from states of rules that call no other, by (expression, DFA size, state): see
-        # CompiledGrammar.state_tokens. Bounded: each holds a packed mask (19 KB at 151k tokens).
-        self.leaf_walks = BoundedCache(MAX_LEAF_WALKS)
+        # Token walks from states of rules that call few others, by (expression, DFA size, state): see
+        # CompiledGrammar._walk_key. Bounded: each holds a packed mask (19 KB at 151k tokens).
+        self.rule_walks = BoundedCache(MAX_RULE_WALKS)
 
     # -- construction -------------------------------------------------------------------------------
 
