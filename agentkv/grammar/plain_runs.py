@@ -5,7 +5,8 @@ character). Per state, lazily: the single state every plain character leads to (
 characters of two or more bytes `multibyte_next`), the chain of such states and how many characters
 it takes (`plain_run`), how many plain characters surely end alive from it, every number where each
 leads back to it (`plain_reach`, vectorized), whether plain text of any length lives from it
-(`plain_closed`), and the tokens whose later bytes all loop on it (`looping_tokens`).
+(`plain_closed`), the tokens whose later bytes all loop on it (`looping_tokens`), and those that
+can leave such a loop alive (`leaving_tokens`).
 walk_starts.py and masks.py read these to take plain tokens as blocks instead of walking them byte
 by byte; the character simulations behind them are char_steps.py. CompiledGrammar inherits them;
 it provides `automaton`, `info`, `fork_states` and `_lock`.

@@ -13,8 +13,9 @@ state and offset they have reached.
   past their plain head (`_start_along_chain`).
 - From a state whose characters go different ways (a property name, a pattern's class), the same
   one character in: per first character, the chain of the state it leads to, and where that state
-  loops on most characters, the tokens whose other bytes all loop there as one block
-  (`_start_by_first_char`, `CompiledGrammar.looping_tokens`).
+  loops on most characters, the tokens whose other bytes all loop there as one block, and of the
+  others only those that can leave the loop alive walk (`_start_by_first_char`,
+  `CompiledGrammar.looping_tokens`, `leaving_tokens`).
 """
 
 from __future__ import annotations
