@@ -82,13 +82,13 @@ def test_walks_of_rules_that_call_nothing_are_shared_across_grammars():
 
 
 def test_walks_of_a_rule_that_calls_itself_are_shared_across_grammars():
-    from agentkv.grammar.expr import refs
-
     # The unconstrained JSON value calls only itself: its walks depend on it alone, so a second
     # schema that holds it elsewhere reuses them, and its masks still equal brute force.
-    words = [b'{"', b'":', b'":{"', b'":[', b'},"', b'"}', b'[{', b'tr', b'ue', b'12', b'.5', b'null', b'"a']
-    info = TokenizerInfo(list(dict.fromkeys([bytes([c]) for c in range(0x20, 0x7F)] + words)) + [None], eos_ids=[])
-    info = TokenizerInfo(info.vocab, eos_ids=[len(info.vocab) - 1])
+    from agentkv.grammar.expr import refs
+
+    words = [bytes([c]) for c in range(0x20, 0x7F)] + [
+        b'{"', b'":', b'":{"', b'":[', b'},"', b'"}', b'[{', b'tr', b'ue', b'12', b'.5', b'null', b'"a']
+    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
     first = {"type": "object", "properties": {"a": {}}, "required": ["a"], "additionalProperties": False}
     second = {"type": "array", "items": True, "maxItems": 3}
     compiler = GrammarCompiler(info)
@@ -111,7 +111,8 @@ def test_walks_of_a_rule_that_calls_itself_are_shared_across_grammars():
 def test_rules_that_call_others_keep_their_walks_to_their_grammar():
     # Two schemas whose root rules read alike but call differently defined rules of the same name
     # (the value at /properties/a): no walk of the first may stand in for the second's.
-    info = TokenizerInfo([bytes([c]) for c in range(0x20, 0x7F)] + [b'":', b'":"', b'":1', b'1}', b'"}', None], eos_ids=[100])
+    words = [bytes([c]) for c in range(0x20, 0x7F)] + [b'":', b'":"', b'":1', b'1}', b'"}']
+    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
     compiler = GrammarCompiler(info)
     bitmask = np.zeros((1, info.words), dtype=np.int32)
     for value, text in (({"type": "string"}, '{"a":"1"}'), ({"type": "integer"}, '{"a":1}')):

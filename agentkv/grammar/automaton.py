@@ -27,8 +27,8 @@ class Automaton:
     has_bytes: np.ndarray      # [n_states] bool
     starts: list[int]          # rule index -> start state
     rule_names: list[str]
-    # rule index -> its expression: what a rule's states allow depends on it and the rules it calls
-    # (by name) alone, so walks from them are shared across grammars (CompiledGrammar._walk_key)
+    # rule index -> its expression: what the states of a rule that calls no other, or only itself,
+    # allow depends on it alone, so walks from them are shared across grammars (CompiledGrammar._walk_key)
     rule_exprs: list | None = None
 
 

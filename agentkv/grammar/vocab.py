@@ -131,8 +131,8 @@ class TokenizerInfo(TokenTables):
         self.plain_bounds = np.searchsorted(plain[order], np.arange(int(plain.max(initial=0)) + 2))
         self.non_plain_ids = self.text_ids[plain[self.text_ids] < 0]
         self._init_tables()
-        # Token walks from states of rules that call few others, by (expression, DFA size, state): see
-        # CompiledGrammar._walk_key. Bounded: each holds a packed mask (19 KB at 151k tokens).
+        # Token walks from states of rules that call no other, or only themselves, by (expression, DFA
+        # size, state): see CompiledGrammar._walk_key. Bounded: each holds a packed mask (19 KB at 151k).
         self.rule_walks = BoundedCache(MAX_RULE_WALKS)
 
     # -- construction -------------------------------------------------------------------------------
