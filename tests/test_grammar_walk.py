@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, char_steps, walk_starts
+from agentkv.grammar.token_tables import _cut_plain_char
 from tests.grammar_helpers import (
     assert_mask_is_brute_force,
     compile_one,
@@ -355,3 +356,10 @@ def test_plain_text_tables(info, n):
             assert [int(info.plain_ahead[o, t]) for o in range(len(b))] == [plain_run(b, o) for o in range(len(b))], b
     bits = np.unpackbits(info.plain_upto(n).view(np.uint8), bitorder="little")[:info.vocab_size]
     assert set(np.nonzero(bits)[0].tolist()) == {t for t in range(info.vocab_size) if 1 <= info.plain_chars[t] <= n}
+    # stopped_by(reads): the tokens whose plain run from the start stops at a byte of `reads`
+    # (whole, not a plain character cut short), kept per set of bytes
+    reads = np.zeros(256, dtype=bool)
+    reads[[ord('"'), ord("\\"), 0x20 + n]] = True
+    expected = {t for t, b in enumerate(info.vocab) if b and info.plain_ahead[0, t] < len(b)
+                and reads[b[info.plain_ahead[0, t]]] and not _cut_plain_char(b[info.plain_ahead[0, t]:])}
+    assert set(info.stopped_by(reads).tolist()) == expected and info.stopped_by(reads) is info.stopped_by(reads.copy())

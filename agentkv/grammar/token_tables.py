@@ -18,6 +18,7 @@ import numpy as np
 PLAIN_EXCLUDED = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x2028, 0x2029))
 # The one-byte plain characters (where they do not all lead to one place, a state is not uniform).
 ASCII_PLAIN = np.array([b for b in range(0x20, 0x80) if b not in (0x22, 0x5C)])
+MAX_STOP_SETS = 64  # sets of bytes whose `stopped_by` tokens are kept (a few thousand ids each)
 
 
 def is_plain(c: str) -> bool:
@@ -65,6 +66,7 @@ class TokenTables:
         self._first_char_groups: FirstCharGroups | None = None
         self._first_char_masks: np.ndarray | None = None
         self._plain_prefixes: tuple[np.ndarray, list[np.ndarray]] | None = None
+        self._stopped_by: dict[bytes, np.ndarray] = {}
         self._non_plain_heads: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._longer_chars: LongerChars | None = None
 
@@ -235,6 +237,20 @@ class TokenTables:
             bounds = np.searchsorted(stop[order], np.arange(257))
             self._plain_prefixes = (mask, [rest[order[bounds[b]:bounds[b + 1]]] for b in range(256)])
         return self._plain_prefixes
+
+    def stopped_by(self, reads: np.ndarray) -> np.ndarray:
+        """The text tokens of `plain_prefixes`' groups whose byte is one of `reads` ([256] bool), in one
+        array, kept per set of bytes (every string body and open object's names reads the same)."""
+        key = np.packbits(reads).tobytes()
+        hit = self._stopped_by.get(key)
+        if hit is None:
+            groups = self.plain_prefixes[1]
+            hit = np.concatenate([groups[b] for b in np.flatnonzero(reads).tolist()] + [np.zeros(0, np.int64)])
+            hit.flags.writeable = False
+            if len(self._stopped_by) >= MAX_STOP_SETS:
+                self._stopped_by.clear()
+            self._stopped_by[key] = hit
+        return hit
 
     @property
     def non_plain_heads(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -53,10 +53,8 @@ class WalkStarts:
             return
         reads = g.plain_closed(q)
         if reads is not None:  # every prefix of plain text is allowed (a string body, the names of an open object)
-            mask, groups = info.plain_prefixes
-            self.packed.append(mask)  # the others walk: those a state there reads the first odd byte of
-            ids = np.concatenate([groups[b] for b in np.nonzero(reads)[0].tolist()] + [np.zeros(0, np.int64)])
-            ids, states = first_steps(info, g.automaton.trans[q], ids)
+            self.packed.append(info.plain_prefixes[0])  # the others walk: those a state there reads the first odd byte of
+            ids, states = first_steps(info, g.automaton.trans[q], info.stopped_by(reads))
             if len(ids):
                 self.run(stack[:-1], states, ids, np.ones(len(ids), dtype=np.int64))
             return
