@@ -53,7 +53,8 @@ class WalkStarts:
             return
         reads = g.plain_closed(q)
         if reads is not None:  # every prefix of plain text is allowed (a string body, the names of an open object)
-            self.packed.append(info.plain_prefixes[0])  # the others walk: those a state there reads the first odd byte of
+            # The others walk: those whose plain run stops at a byte some state there reads.
+            self.packed.append(info.plain_prefixes[0])
             ids, states = first_steps(info, g.automaton.trans[q], info.stopped_by(reads))
             if len(ids):
                 self.run(stack[:-1], states, ids, np.ones(len(ids), dtype=np.int64))
