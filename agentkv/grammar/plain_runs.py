@@ -235,12 +235,8 @@ class PlainRuns:
             hit = None
             if not self.fork_states[q] and not (row[0x80:] == q).any():
                 leaves = (row >= 0) & (row != q)
-                table = self.info.later_bytes
-                hit = np.bitwise_or.reduce(table[np.flatnonzero(leaves[:0x80])], axis=0) if leaves[:0x80].any() \
-                    else np.zeros(self.info.words, dtype="<u4")
-                if leaves[0x80:].any():
-                    hit = hit | table[256]
-                hit = hit.view("<i4")
+                rows = np.flatnonzero(leaves[:0x80]).tolist() + ([256] if leaves[0x80:].any() else [])
+                hit = np.bitwise_or.reduce(self.info.later_bytes[rows], axis=0).view("<i4")  # (none: all zero)
             with self._lock:
                 if len(self._leaving) >= MAX_CACHED_STATES:
                     del self._leaving[next(iter(self._leaving))]
