@@ -12,7 +12,6 @@ walk reads are built on first use (token_tables.py).
 from __future__ import annotations
 
 import base64
-import bisect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -196,12 +195,6 @@ class TokenizerInfo(TokenTables):
         return cls(vocab, eos, _rank_bpe_encoder(ranks, pattern), Splitter.from_pattern(pattern))
 
     # -- queries --------------------------------------------------------------------------------------
-
-    def extending(self, prefix: bytes) -> tuple[int, int]:
-        """[lo, hi) in `sorted_ids` of the tokens that start with `prefix`."""
-        lo = bisect.bisect_left(self.sorted_bytes, prefix)
-        hi = bisect.bisect_left(self.sorted_bytes, prefix + self.above_any, lo)
-        return lo, hi
 
     def ids_of_any(self, texts: Iterable[bytes]) -> list[int]:
         """The text tokens whose bytes are one of `texts` (by dict: literal text in the token walk asks
