@@ -17,7 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from agentkv.grammar.char_steps import ALL_DEAD, NONUNIFORM, UNKNOWN, char_steps, plain_closure, uniform_char_step
+from agentkv.grammar.class_chains import CLASS_CHAIN_MIN, find_class_chain
 from agentkv.grammar.masks import LOOPS
+from agentkv.grammar.token_tables import ASCII_PLAIN
 
 MAX_CACHED_STATES = 4096    # per grammar: top-state token sets (compiled.py), and each per-state table here
 MAX_STATES_AT_BUILD = 1024  # a grammar with more states whose ASCII characters all live decides them lazily
@@ -33,6 +35,7 @@ class PlainRuns:
         self._looping: dict[int, np.ndarray | None] = {}
         self._closed: dict[int, np.ndarray | None] = {}
         self._leaving: dict[int, np.ndarray | None] = {}
+        self._class_chains: dict[int, tuple | None] = {}
         # Decided for every state at once when the grammar is built (0.1 ms for a median grammar's
         # 700 states, 3 ms for 17k), so that no walk pays for them: the least and greatest state
         # each state's plain ASCII characters lead to (-1: none). Contiguous columns, the quote's
@@ -42,6 +45,8 @@ class PlainRuns:
         sub[:, [0x22 - 0x20, 0x5C - 0x20]] = sub[:, [0x21 - 0x20, 0x5B - 0x20]]
         self._ascii_lo, self._ascii_hi = lo, hi = sub.min(axis=1), sub.max(axis=1)
         self._ascii_steps = sub  # where each state's plain ASCII characters lead (plain_closed)
+        # Where the live ones all lead to one state (a character class: `class_chain` looks there only).
+        self._ascii_one_way = (hi >= 0) & (np.where(sub >= 0, sub, hi[:, None]).min(axis=1) == hi)
         # Those leading only to the least and greatest of them (a name trie's state: the next letter, or
         # the free part): plain_closure reads the two without the row.
         self._ascii_two_ways = ((sub == lo[:, None]) | (sub == hi[:, None])).all(axis=1)
@@ -241,6 +246,29 @@ class PlainRuns:
                 if len(self._leaving) >= MAX_CACHED_STATES:
                     del self._leaving[next(iter(self._leaving))]
                 self._leaving[q] = hit
+        return hit
+
+    def class_chain(self, q: int) -> tuple[np.ndarray, np.ndarray, str] | None:
+        """`class_chains.find_class_chain` from `q`, cached per state. The states along the chain
+        that read the same class bytes take the rest of it as theirs (a walk at each later position
+        of a `[a-z0-9-]{1,63}` asks again)."""
+        hit = self._class_chains.get(q, False)
+        if hit is not False:
+            return hit
+        trans = self.automaton.trans
+        hit = find_class_chain(trans, self.fork_states, q, len(self.info.bytes_at)) if self._ascii_one_way[q] else None
+        with self._lock:
+            if len(self._class_chains) >= MAX_CACHED_STATES:
+                self._class_chains.clear()
+            self._class_chains[q] = hit
+            if hit is not None:
+                cb, chain, end = hit
+                reads = np.zeros(0x80, dtype=bool)
+                reads[cb] = True
+                along = chain[:len(chain) - CLASS_CHAIN_MIN]
+                same = ((trans[along][:, :0x80] >= 0) == reads)[:, ASCII_PLAIN].all(axis=1)
+                for k in np.flatnonzero(same).tolist():
+                    self._class_chains.setdefault(int(along[k]), (cb, chain[k + 1:], end))
         return hit
 
     def longer_char_steps(self, q: int) -> np.ndarray | None:

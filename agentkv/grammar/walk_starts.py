@@ -11,6 +11,10 @@ state and offset they have reached.
 - Plain tokens (text a JSON string takes as is) that end on a state's character chain are one block
   (`CompiledGrammar.plain_run`); along a long chain (a string with a maxLength), other tokens start
   past their plain head (`_start_along_chain`).
+- From a counted repetition of a class (`[a-z0-9-]{1,63}`: each position a state, each class byte
+  leading to the next), a token's head of class bytes is counted once per class and tokenizer: the
+  tokens that are all head and fit end on the chain, the others start at the chain's state after
+  their head (`_start_along_class`, class_chains.py).
 - From a state whose characters go different ways (a property name, a pattern's class), the same
   one character in: per first character, the chain of the state it leads to, and where that state
   loops on most characters, the tokens whose other bytes all loop there as one block, and of the
@@ -60,7 +64,10 @@ class WalkStarts:
                 self.run(stack[:-1], states, ids, np.ones(len(ids), dtype=np.int64))
             return
         if g.plain_next(q) == NONUNIFORM:
-            if not self._start_tree(stack):
+            chain = g.class_chain(q)
+            if chain is not None:
+                self._start_along_class(stack, *chain)
+            elif not self._start_tree(stack):
                 self._start_by_first_char(stack)
             return
         upto, rest = g.plain_run(q)
@@ -107,6 +114,31 @@ class WalkStarts:
         idx = np.concatenate(idx)
         if len(idx):
             self.run(stack[:-1], np.concatenate(states), idx, np.concatenate(offsets))
+
+    def _start_along_class(self, stack: tuple, cb: np.ndarray, chain: np.ndarray, end: str) -> None:
+        """`start` from a state whose plain ASCII bytes `cb` lead along a class chain
+        (class_chains.py): a token whose leading class bytes (its head) are all of it ends alive
+        where the chain or its loop takes them; any other goes on from the chain's state after its
+        head, at the byte after it (past the chain's last state, which may be a fork: there). Where
+        the chain ends "dead", a head longer than it dies. The tokens starting with another byte
+        walk from it."""
+        g, info = self.g, self.info
+        ids, heads, whole = info.class_heads(cb)
+        n = len(chain)
+        at = np.minimum(heads, n)  # class bytes read along the chain
+        if end == "loop":  # the last state keeps every later class byte: it takes the whole head
+            done, live, off = whole, ~whole, heads
+        else:
+            done = whole & (heads <= n)
+            live, off = ~done & ((heads <= n) if end == "dead" else True), at
+        self.allowed[ids[done]] = True
+        row = g.automaton.trans[stack[-1]].copy()
+        row[cb] = -1
+        others, first = first_byte_reads(info.first_byte_groups, row)
+        idx = np.concatenate([ids[live], others])
+        if len(idx):
+            self.run(stack[:-1], np.concatenate([chain[at[live] - 1], first]), idx,
+                     np.concatenate([off[live], np.ones(len(others), np.int64)]))
 
     def _start_literal(self, stack: tuple) -> bool:
         """`start` from a state that reads exactly one byte, and the states after it too (a property
