@@ -66,3 +66,32 @@ def test_plain_closure_reads_two_way_states_without_their_rows(source):
             assert plain[0].tolist() == quick[0].tolist()
             branching |= any(two[s] and g._ascii_lo[s] != g._ascii_hi[s] for s in plain[0].tolist())
     assert (closures and branching) or source not in OPEN_OBJECTS  # (a trie's states step two ways)
+
+
+LONGER = ["é", "ü", "ж", "ß", "中", "文", "\u00a0", "\u3000", "\U0001f600", "\U0001f680", "ab\u00e9\u4e2d\U0001f600"]
+
+
+@pytest.mark.parametrize("kind,source", SOURCES + [
+    ("schema", {"type": "string", "pattern": "^\\S+$"}),  # all but the Unicode spaces
+    ("schema", {"type": "string", "pattern": "^[\U0001f600-\U0001f64f]{2}[\u4e00-\u9fff]?$"}),  # four and three bytes
+])
+def test_longer_character_steps_step_each_character(kind, source):
+    # `longer_char_steps` (per distinct first two bytes, then the third and fourth) against each
+    # character's bytes stepped one at a time, from every state.
+    info = TokenizerInfo([bytes([c]) for c in range(0x20, 0x7F)] + [w.encode() for w in LONGER] + [None],
+                         eos_ids=[95 + len(LONGER)])
+    compiler = GrammarCompiler(info)
+    g = compiler.compile_lark(source) if kind == "lark" else compiler.compile_json_schema(source)
+    trans, fork, chars = g.automaton.trans, g.fork_states, info.longer_chars
+    assert sorted(chars.lengths.tolist()) == [2] * 5 + [3] * 3 + [4] * 2
+    for q in range(g.num_states):
+        expected, forks = [], False
+        for c, n in zip(chars.chars.tolist(), chars.lengths.tolist()):
+            s = q
+            for k in range(n):
+                if k and s >= 0 and fork[s]:
+                    forks = True
+                s = int(trans[s, c[k]]) if s >= 0 else -1
+            expected.append(s)
+        got = g.longer_char_steps(q)
+        assert (got is None) if forks else got.tolist() == expected, (source, q)

@@ -226,20 +226,26 @@ LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"
 
 
 @pytest.mark.parametrize("inside", ['"', '"a', '"a\u00e9'])
-def test_class_loops_over_some_longer_characters(inside):
+@pytest.mark.parametrize("more", [[], ["\u00fc", "\u0436x", "\u00df\u00df", "\u00f6 ", "\u00f6 a", "\u00e4\"", "\U0001f600",
+                                   "\u0444\u00a0", "\u4e2d a", "\U0001f600 b", "\u00a0x", "\u00a0xa", "\u3000x"]])
+@pytest.mark.parametrize("pattern", ["^\\S+$", "^\\S+( \\S+)*$", "^(\\S|\u00a0x)+$"])  # a space, a space with an x
+def test_class_loops_over_some_longer_characters(inside, more, pattern):
     # `\S` loops on most characters but not on the Unicode spaces (U+00A0, U+3000): a token whose
     # later characters all loop is taken with the loop's block, one holding a space after its first
-    # character is not (each distinct longer character stepped from the loop state once).
+    # character is not (each distinct longer character stepped from the loop state once). With
+    # `more` characters, the spaces are few enough that the tokens starting with one of the others
+    # are taken as packed masks (token_groups.after_longer_first_char).
     nbsp, ideo = "\u00a0", "\u3000"
     words = [bytes([c]) for c in range(0x20, 0x7F)] + [w.encode() for w in [
         "\u00e9", "a\u00e9", "a\u00e9\u00e9b", "\u00e9a", "\u00e9\u00e9", "\u4e2d\u6587", "x\u4e2d",
-        "a" + nbsp, "a" + nbsp + "b", nbsp, "\u00e9" + nbsp, "ab" + ideo, ideo + "a", "b\u00e9" + ideo]]
+        "a" + nbsp, "a" + nbsp + "b", nbsp, "\u00e9" + nbsp, "ab" + ideo, ideo + "a", "b\u00e9" + ideo, *more]]
     words += ["a\u00e9".encode()[:-1], "\u4e2d".encode()[:2]]  # ending inside a character
     info = TokenizerInfo(words + [None], eos_ids=[len(words)])
-    m = Matcher(GrammarCompiler(info).compile_json_schema({"type": "string", "pattern": "^\\S+$"}))
+    m = Matcher(GrammarCompiler(info).compile_json_schema({"type": "string", "pattern": pattern}))
     assert m.accept_bytes(inside.encode())
     allowed = assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
-    assert words.index("a\u00e9\u00e9b".encode()) in allowed and words.index(("a" + nbsp).encode()) not in allowed
+    assert words.index("a\u00e9\u00e9b".encode()) in allowed
+    assert (words.index(("a" + nbsp).encode()) in allowed) == (nbsp in pattern)  # (only an x after it)
 
 
 @pytest.mark.parametrize("kind,source,inside", [

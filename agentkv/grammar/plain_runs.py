@@ -273,15 +273,26 @@ class PlainRuns:
 
     def longer_char_steps(self, q: int) -> np.ndarray | None:
         """Where each of the tokenizer's longer characters (`info.longer_chars`) leads from `q` (-1:
-        dies); None where one passes a call or return inside (the byte walk decides there)."""
+        dies); None where one passes a call or return inside (the byte walk decides there). Their
+        first two bytes are stepped once per distinct pair (a few hundred), then the third and fourth
+        bytes of those that have them (a byte at a time over all 17,700 characters of a 151k
+        vocabulary took 0.6-0.9 ms)."""
         chars = self.info.longer_chars
         trans, fork = self.automaton.trans, self.fork_states
-        at = np.full(len(chars.lengths), q, dtype=np.int64)
-        for k in range(4):
-            live = (k < chars.lengths) & (at >= 0)
-            if k and fork[at[live]].any():
+        flat = trans.reshape(-1)
+        first, second = chars.pair_bytes
+        at = trans[q, first].astype(np.int64)
+        for rows, byte in ((None, second), chars.three, chars.four):
+            mid = at if rows is None else at[rows]
+            live = mid >= 0
+            safe = np.maximum(mid, 0)
+            if (fork[safe] & live).any():  # (inside a character: a call or return there)
                 return None
-            at[live] = trans[at[live], chars.chars[live, k]]
+            step = np.where(live, flat[safe * 256 + byte], -1)
+            if rows is None:
+                at = step[chars.pair_of]
+            else:
+                at[rows] = step
         return at
 
     def _later_chars_leaving(self, q: int) -> np.ndarray:

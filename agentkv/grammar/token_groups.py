@@ -83,14 +83,35 @@ def ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
 
 
-def after_longer_first_char(g, info, q: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ids, states, bytes read): the plain tokens whose first character has two or more bytes, each
-    at the state that character leads to from `q` (those it kills left out), each distinct character
-    stepped once; where one passes a call or return inside, each at its first byte's state instead."""
+def after_longer_first_char(g, info, q: int) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
+    """(block, ids, states, bytes read): the plain tokens whose first character has two or more bytes,
+    each distinct character stepped from `q` once. Where all but a few of those characters lead to
+    one state that loops on most bytes (`\\S`: all but the Unicode spaces), its tokens whose later
+    bytes all loop there are a packed `block` and the others go on from there; the rest each at the
+    state its first character leads to (those it kills left out). Where a character passes a call or
+    return inside, each at its first byte's state instead."""
     steps, longer = g.longer_char_steps(q), info.longer_chars
     if steps is None:
         ids, to = first_steps(info, g.automaton.trans[q], info.first_char_groups.group(256)[0])
-        return ids, to, np.ones(len(ids), np.int64)
-    to = steps[longer.first_which]
-    live = to >= 0
-    return longer.first[live], to[live], longer.lengths[longer.first_which[live]]
+        return None, ids, to, np.ones(len(ids), np.int64)
+    live = steps >= 0
+    top = int(np.bincount(steps[live]).argmax()) if live.any() else -1
+    odd = np.flatnonzero(steps != top)  # (the dead ones among them)
+    loop = g.looping_tokens(top) if top >= 0 and 4 * len(odd) < len(steps) else None
+    if loop is None:  # each token by its first character
+        to = steps[longer.first_which]
+        live = to >= 0
+        return None, longer.first[live], to[live], longer.lengths[longer.first_which[live]]
+    # (A 45k-token pass per state cost ~1 ms at 151k; the packed masks and the few odd characters less.)
+    by_char, edges = longer.by_first
+    odd_ids = by_char[ranges(edges[odd], edges[odd + 1])]
+    odd_chars = np.repeat(odd, edges[odd + 1] - edges[odd])
+    to = steps[odd_chars]
+    keep = to >= 0
+    mine = info.first_char_masks[256] & ~packed_ids_mask(info, odd_ids)
+    loop = loop.view("<i4")
+    ids = packed_ids(mine & ~loop)
+    lead = info.bytes_at[0, ids]
+    return (mine & loop, np.concatenate([ids, odd_ids[keep]]),
+            np.concatenate([np.full(len(ids), top, dtype=np.int64), to[keep]]),
+            np.concatenate([2 + (lead >= 0xE0) + (lead >= 0xF0), longer.lengths[odd_chars[keep]]]))

@@ -52,8 +52,15 @@ class LongerChars:
     lengths: np.ndarray      # [C] its byte count
     first: np.ndarray        # plain tokens whose first character is one of them ...
     first_which: np.ndarray  # ... and its index
+    by_first: tuple[np.ndarray, np.ndarray]  # those tokens by their first character, and its run's edges
     later: np.ndarray        # a plain token for each of them it holds after its first character ...
     later_which: np.ndarray  # ... and its index
+    # A state's longer characters are stepped per distinct first two bytes, then the third and fourth
+    # bytes of the characters that have them (PlainRuns.longer_char_steps):
+    pair_bytes: tuple[np.ndarray, np.ndarray]  # the distinct pairs' first and second bytes ...
+    pair_of: np.ndarray      # ... each character's pair,
+    three: tuple[np.ndarray, np.ndarray]  # the characters of three bytes or more, and their third,
+    four: tuple[np.ndarray, np.ndarray]   # those of four, and their fourth
 
 
 class TokenTables:
@@ -334,9 +341,15 @@ class TokenTables:
                 b = c.encode("utf-8")
                 chars[i, :len(b)] = list(b)
                 lengths[i] = len(b)
-            self._longer_chars = LongerChars(chars, lengths, np.array(first, dtype=np.int64),
-                                             np.array(first_which, dtype=np.int64),
-                                             np.array(later, dtype=np.int64), np.array(later_which, dtype=np.int64))
+            pairs, pair_of = np.unique(chars[:, :2], axis=0, return_inverse=True)
+            first, first_which = np.array(first, dtype=np.int64), np.array(first_which, dtype=np.int64)
+            order = np.argsort(first_which, kind="stable")
+            self._longer_chars = LongerChars(chars, lengths, first, first_which,
+                                             (first[order], np.searchsorted(first_which[order], np.arange(len(index) + 1))),
+                                             np.array(later, dtype=np.int64), np.array(later_which, dtype=np.int64),
+                                             (pairs[:, 0].copy(), pairs[:, 1].copy()), pair_of.reshape(-1),
+                                             *((rows, chars[rows, k].copy()) for k, rows in
+                                               ((2, np.flatnonzero(lengths >= 3)), (3, np.flatnonzero(lengths >= 4)))))
         return self._longer_chars
 
 

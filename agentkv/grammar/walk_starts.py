@@ -234,7 +234,9 @@ class WalkStarts:
         if multibyte >= 0:
             take(multibyte, 256, multibyte=True)
         elif multibyte == NONUNIFORM:  # first characters go different ways: each token from its own
-            ids, to, read = after_longer_first_char(g, info, q)
+            block, ids, to, read = after_longer_first_char(g, info, q)
+            if block is not None:
+                self.packed.append(block)
             states.append(to)
             walk.append(ids)
             offsets.append(read)
