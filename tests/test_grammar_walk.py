@@ -102,6 +102,30 @@ def test_names_of_an_open_object_take_every_prefix_of_plain_text_at_once():
     assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
 
 
+CLOSED_WORDS = [w.encode() for w in [
+    '"', '\\', '":', '":"', '":{"', '":[', '": ', '":1', '",', '"}', '"],', '"]', '\\n', '\\"', '\\u00', '\\u00e9"',
+    'x"', 'x":', 'x":"', 'x":{"', 'xy"', 'ab\\', 'ab\\n', 'ab\\nx"', 'na"', 'na":', 'name"', 'name":', 'name":1',
+    'name":{"', 'nb":', 'x"}', '\u00e9"', '\u00e9":', 'a\n', '"\n', '\\x', 'name\\', 'x\\"', '"\u00e9']]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"name": {"type": "integer"}, "nb": {"type": "null"}}},
+    {"type": "object", "properties": {"name": {"type": "object"}}, "additionalProperties": {"type": "string"}},
+    {"type": "array", "items": {"type": "string"}},
+    {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer"}}},
+])
+def test_tokens_stopping_a_plain_text_closure(schema, seed):
+    # From a string body or an open object's names, the tokens whose plain run stops at a quote or an
+    # escape: stepped past that byte and the one after it from the state their run reaches (the
+    # state itself where the run is empty; the free part where the first byte leads there), the
+    # others walked (a declared name's prefix; a state past the stop byte that returns or calls).
+    words = [bytes([c]) for c in range(0x20, 0x7F)] + ["é".encode()] + CLOSED_WORDS
+    info = TokenizerInfo(list(dict.fromkeys(words)) + [None], eos_ids=[len(dict.fromkeys(words))])
+    m = Matcher(GrammarCompiler(info).compile_json_schema(schema))
+    masks_along_a_walk(m, random.Random(seed), 14)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_literal_text_takes_the_tokens_inside_it_and_walks_those_past_it(seed):
     # From a state that reads one byte, then one again (a required name with its quotes and colon, a
@@ -368,4 +392,4 @@ def test_plain_text_tables(info, n):
     reads[[ord('"'), ord("\\"), 0x20 + n]] = True
     expected = {t for t, b in enumerate(info.vocab) if b and info.plain_ahead[0, t] < len(b)
                 and reads[b[info.plain_ahead[0, t]]] and not _cut_plain_char(b[info.plain_ahead[0, t]:])}
-    assert set(info.stopped_by(reads).tolist()) == expected and info.stopped_by(reads) is info.stopped_by(reads.copy())
+    assert set(info.stopped_by(reads).ids.tolist()) == expected and info.stopped_by(reads) is info.stopped_by(reads.copy())

@@ -11,6 +11,7 @@ import numpy as np
 from agentkv.grammar.token_tables import ASCII_PLAIN
 
 NONUNIFORM, ALL_DEAD = -1, -2  # where plain characters lead from a state (CompiledGrammar.plain_next)
+LOOPS = 1 << 20  # CompiledGrammar.plain_reach of a state every plain character leads back to
 
 MAX_CLOSED_STATES = 512     # a plain-text closure bigger than this is left to the walk (plain_closed)
 

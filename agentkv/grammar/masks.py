@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agentkv.grammar.char_steps import LOOPS
 from agentkv.grammar.literals import NO_TOKENS, by_rest, match_rests
 from agentkv.grammar.walk_starts import WalkStarts
 
-LOOPS = 1 << 20  # CompiledGrammar.plain_reach of a state every plain character leads back to
 
 SCALAR_MAX_TOKENS = 64  # this few tokens left: walk each in plain Python (a numpy step costs ~20 us at any size)
 SKIP_EVERY, SKIP_MAX_TOKENS = 8, 1024  # every 8 steps, a walk down to 1,024 tokens skips loops of 8+ bytes

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentkv.grammar.char_steps import ALL_DEAD, NONUNIFORM, UNKNOWN, char_steps, plain_closure, uniform_char_step
+from agentkv.grammar.char_steps import ALL_DEAD, LOOPS, NONUNIFORM, UNKNOWN, char_steps, plain_closure, uniform_char_step
 from agentkv.grammar.class_chains import CLASS_CHAIN_MIN, find_class_chain
-from agentkv.grammar.masks import LOOPS
 from agentkv.grammar.token_tables import ASCII_PLAIN
 
 MAX_CACHED_STATES = 4096    # per grammar: top-state token sets (compiled.py), and each per-state table here

@@ -63,6 +63,19 @@ class LongerChars:
     four: tuple[np.ndarray, np.ndarray]   # those of four, and their fourth
 
 
+@dataclass(frozen=True)
+class StoppedTokens:
+    """`TokenTables.stopped_by`: text tokens whose plain run from the start stops at a given set of
+    bytes, each with that run's length in bytes, the byte it stops at and the byte after it (256: the
+    token ends there). From a plain-text closure, a token's first two bytes past its run decide most
+    (walk_starts.py)."""
+
+    ids: np.ndarray
+    heads: np.ndarray
+    stop: np.ndarray
+    after: np.ndarray
+
+
 class TokenTables:
     def _init_tables(self) -> None:
         self._plain_suffix: np.ndarray | None = None
@@ -74,7 +87,7 @@ class TokenTables:
         self._first_char_groups: FirstCharGroups | None = None
         self._first_char_masks: np.ndarray | None = None
         self._plain_prefixes: tuple[np.ndarray, list[np.ndarray]] | None = None
-        self._stopped_by: dict[bytes, np.ndarray] = {}
+        self._stopped_by: dict[bytes, StoppedTokens] = {}
         self._class_heads: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._non_plain_heads: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._longer_chars: LongerChars | None = None
@@ -247,15 +260,22 @@ class TokenTables:
             self._plain_prefixes = (mask, [rest[order[bounds[b]:bounds[b + 1]]] for b in range(256)])
         return self._plain_prefixes
 
-    def stopped_by(self, reads: np.ndarray) -> np.ndarray:
-        """The text tokens of `plain_prefixes`' groups whose byte is one of `reads` ([256] bool), in one
-        array, kept per set of bytes (every string body and open object's names reads the same)."""
+    def stopped_by(self, reads: np.ndarray) -> StoppedTokens:
+        """The text tokens of `plain_prefixes`' groups whose byte is one of `reads` ([256] bool), with
+        where each stops, kept per set of bytes (every string body and open object's names reads the
+        same)."""
         key = np.packbits(reads).tobytes()
         hit = self._stopped_by.get(key)
         if hit is None:
             groups = self.plain_prefixes[1]
-            hit = np.concatenate([groups[b] for b in np.flatnonzero(reads).tolist()] + [np.zeros(0, np.int64)])
-            hit.flags.writeable = False
+            ids = np.concatenate([groups[b] for b in np.flatnonzero(reads).tolist()] + [np.zeros(0, np.int64)])
+            heads = self.plain_ahead[0, ids].astype(np.int64)
+            width = len(self.bytes_at)
+            nxt = self.bytes_at[np.minimum(heads + 1, width - 1), ids].astype(np.int64)
+            after = np.where(heads + 1 < self.lengths[ids], nxt, 256)
+            hit = StoppedTokens(ids, heads, self.bytes_at[heads, ids].astype(np.int64), after)
+            for a in (hit.ids, hit.heads, hit.stop, hit.after):
+                a.flags.writeable = False
             if len(self._stopped_by) >= MAX_STOP_SETS:
                 self._stopped_by.clear()
             self._stopped_by[key] = hit

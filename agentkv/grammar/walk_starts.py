@@ -7,7 +7,9 @@ state and offset they have reached.
   end walk on from there (`_start_literal`); where such texts branch from one state (the names a
   strict object may write next, listed values), the same for each (`_start_tree`).
 - From a state where plain text of any length lives (a string body, the names of an object that
-  allows others), every prefix of plain text is one block and only the other tokens walk.
+  allows others), every prefix of plain text is one block; of the other tokens, the bytes that stop
+  their plain run and the byte after it are stepped for all at once, and only those still alive walk
+  (`_start_closed`).
 - Plain tokens (text a JSON string takes as is) that end on a state's character chain are one block
   (`CompiledGrammar.plain_run`); along a long chain (a string with a maxLength), other tokens start
   past their plain head (`_start_along_chain`).
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentkv.grammar.char_steps import NONUNIFORM
+from agentkv.grammar.char_steps import LOOPS, NONUNIFORM
 from agentkv.grammar.literals import literal_tree, past_range, tokens_inside, tokens_inside_any, tokens_past
 from agentkv.grammar.token_groups import (
     MANY_FIRST_CHARS,
@@ -57,11 +59,9 @@ class WalkStarts:
             return
         reads = g.plain_closed(q)
         if reads is not None:  # every prefix of plain text is allowed (a string body, the names of an open object)
-            # The others walk: those whose plain run stops at a byte some state there reads.
+            # The others: those whose plain run stops at a byte some state there reads.
             self.packed.append(info.plain_prefixes[0])
-            ids, states = first_steps(info, g.automaton.trans[q], info.stopped_by(reads))
-            if len(ids):
-                self.run(stack[:-1], states, ids, np.ones(len(ids), dtype=np.int64))
+            self._start_closed(stack, reads)
             return
         if g.plain_next(q) == NONUNIFORM:
             chain = g.class_chain(q)
@@ -88,6 +88,46 @@ class WalkStarts:
                 idx, states = np.concatenate([idx, more]), np.concatenate([states, to])
         if len(idx):
             self.run(stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64))
+
+    def _start_closed(self, stack: tuple, reads: np.ndarray) -> None:
+        """`start` from a state where plain text of any length lives (`plain_closed`; its plain
+        tokens are one block): the tokens whose plain run stops at a byte some state there `reads`
+        (`stopped_by`). A token whose run is empty, or whose first byte leads to a state every plain
+        character leads back to (an open object's free part of a name), reaches that byte from the
+        state it is in; the byte and the one after it are stepped for all of them at once (most die
+        there, or end: a name's quote with its colon). Only the others walk: from a state that can
+        call or return after the stop byte, or on from the byte after it; and the tokens whose run
+        passes other states (a declared name's prefix), from their first byte."""
+        g, info = self.g, self.info
+        q = stack[-1]
+        trans = g.automaton.trans
+        flat = trans.reshape(-1)
+        stopped = info.stopped_by(reads)
+        ids, heads, stop, after = stopped.ids, stopped.heads, stopped.stop, stopped.after
+        first = trans[q][info.bytes_at[0, ids]].astype(np.int64)  # the state after each first byte
+        live = first >= 0
+        on = np.zeros(len(ids), dtype=bool)  # at the stop byte, from `at`
+        on[live] = (heads[live] == 0) | (g.plain_reach(first[live]) >= LOOPS)
+        walk_first = live & ~on  # through other states: from the first byte
+        at = np.where(heads == 0, q, first)[on]
+        x = flat[at * 256 + stop[on]].astype(np.int64)  # past the stop byte
+        sel = np.flatnonzero(on)
+        alive = x >= 0
+        sel, x = sel[alive], x[alive]
+        ends = after[sel] == 256
+        self.allowed[ids[sel[ends]]] = True
+        sel, x = sel[~ends], x[~ends]
+        forks = g.fork_states[x]
+        at_fork, x_fork = sel[forks], x[forks]  # (calls or returns there: the walk forks)
+        sel, x = sel[~forks], x[~forks]
+        y = flat[x * 256 + after[sel]].astype(np.int64)  # past the byte after it
+        ok = y >= 0
+        sel, y = sel[ok], y[ok]
+        first_ids = np.flatnonzero(walk_first)
+        idx = np.concatenate([ids[first_ids], ids[at_fork], ids[sel]])
+        if len(idx):
+            self.run(stack[:-1], np.concatenate([first[first_ids], x_fork, y]), idx,
+                     np.concatenate([np.ones(len(first_ids), np.int64), heads[at_fork] + 1, heads[sel] + 2]))
 
     def _start_along_chain(self, stack: tuple, upto: int, longer: int, ends: bool) -> None:
         """`start` from a state whose plain characters lead along a chain of `upto` states (a string
