@@ -99,7 +99,10 @@ class PlainRuns:
         """Where every plain character leads from `q`: a state, NONUNIFORM, or ALL_DEAD."""
         hit = self._plain_next.get(q)
         if hit is None:
-            hit = self._plain_next[q] = uniform_char_step(self.automaton.trans, self.fork_states, q)
+            # (ASCII characters going different ways decide it at once: a name's trie, a number)
+            hit = NONUNIFORM if self._ascii_lo[q] != self._ascii_hi[q] else \
+                uniform_char_step(self.automaton.trans, self.fork_states, q)
+            self._plain_next[q] = hit
         return hit
 
     def multibyte_next(self, q: int) -> int:
