@@ -34,9 +34,12 @@ def test_char_steps_equal_the_per_state_simulation(kind, source):
             assert plain[i] == P.uniform_char_step(trans, fork, q), (source, q)
         else:
             assert plain[i] == P.UNKNOWN
-    # and what a grammar decided when built (or along a chain) is the same
+    # and what a grammar decided when built (or along a chain) is the same, as is what it decides
+    # when asked later (a state whose ASCII characters go different ways: at once)
     for q, nxt in g._plain_next.items():
         assert nxt == P.uniform_char_step(trans, fork, q)
+    for q in range(g.num_states):
+        assert g.plain_next(q) == P.uniform_char_step(trans, fork, q), (source, q)
 
 
 OPEN_OBJECTS = [  # the names of an object that allows others: a trie of declared names beside the free part
