@@ -71,7 +71,8 @@ def test_plain_closure_reads_two_way_states_without_their_rows(source):
     assert (closures and branching) or source not in OPEN_OBJECTS  # (a trie's states step two ways)
 
 
-LONGER = ["é", "ü", "ж", "ß", "中", "文", "\u00a0", "\u3000", "\U0001f600", "\U0001f680", "ab\u00e9\u4e2d\U0001f600"]
+LONGER = ["é", "ü", "ж", "ß", "中", "文", "\u00a0", "\u3000", "\U0001f600", "\U0001f680",
+          "ab\u00e9\u4e2d\U0001f600"]
 
 
 @pytest.mark.parametrize("kind,source", SOURCES + [

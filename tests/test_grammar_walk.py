@@ -250,8 +250,9 @@ LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"
 
 
 @pytest.mark.parametrize("inside", ['"', '"a', '"a\u00e9'])
-@pytest.mark.parametrize("more", [[], ["\u00fc", "\u0436x", "\u00df\u00df", "\u00f6 ", "\u00f6 a", "\u00e4\"", "\U0001f600",
-                                   "\u0444\u00a0", "\u4e2d a", "\U0001f600 b", "\u00a0x", "\u00a0xa", "\u3000x"]])
+@pytest.mark.parametrize("more", [[], ["\u00fc", "\u0436x", "\u00df\u00df", "\u00f6 ", "\u00f6 a", "\u00e4\"",
+                                   "\U0001f600", "\u0444\u00a0", "\u4e2d a", "\U0001f600 b", "\u00a0x", "\u00a0xa",
+                                   "\u3000x"]])
 @pytest.mark.parametrize("pattern", ["^\\S+$", "^\\S+( \\S+)*$", "^(\\S|\u00a0x)+$"])  # a space, a space with an x
 def test_class_loops_over_some_longer_characters(inside, more, pattern):
     # `\S` loops on most characters but not on the Unicode spaces (U+00A0, U+3000): a token whose
@@ -421,4 +422,9 @@ def test_plain_text_tables(info, n):
     reads[[ord('"'), ord("\\"), 0x20 + n]] = True
     expected = {t for t, b in enumerate(info.vocab) if b and info.plain_ahead[0, t] < len(b)
                 and reads[b[info.plain_ahead[0, t]]] and not _cut_plain_char(b[info.plain_ahead[0, t]:])}
-    assert set(info.stopped_by(reads).ids.tolist()) == expected and info.stopped_by(reads) is info.stopped_by(reads.copy())
+    stopped = info.stopped_by(reads)
+    assert set(stopped.ids.tolist()) == expected and stopped is info.stopped_by(reads.copy())
+    # and where each stops: its plain run's bytes, the byte there and the byte after it (256: none)
+    for t, h, c, a in zip(*(x.tolist() for x in (stopped.ids, stopped.heads, stopped.stop, stopped.after))):
+        b = info.vocab[t]
+        assert (h, c, a) == (info.plain_ahead[0, t], b[h], b[h + 1] if h + 1 < len(b) else 256)

@@ -16,7 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentkv.grammar.char_steps import ALL_DEAD, LOOPS, NONUNIFORM, UNKNOWN, char_steps, plain_closure, uniform_char_step
+from agentkv.grammar.char_steps import (
+    ALL_DEAD,
+    LOOPS,
+    NONUNIFORM,
+    UNKNOWN,
+    char_steps,
+    plain_closure,
+    uniform_char_step,
+)
 from agentkv.grammar.class_chains import CLASS_CHAIN_MIN, find_class_chain
 from agentkv.grammar.token_tables import ASCII_PLAIN
 
@@ -276,7 +284,8 @@ class PlainRuns:
         if hit is not False:
             return hit
         trans = self.automaton.trans
-        hit = find_class_chain(trans, self.fork_states, q, len(self.info.bytes_at)) if self._ascii_one_way[q] else None
+        hit = None if not self._ascii_one_way[q] else \
+            find_class_chain(trans, self.fork_states, q, len(self.info.bytes_at))
         with self._lock:
             if len(self._class_chains) >= MAX_CACHED_STATES:
                 self._class_chains.clear()

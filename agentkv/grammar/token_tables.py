@@ -364,8 +364,8 @@ class TokenTables:
             pairs, pair_of = np.unique(chars[:, :2], axis=0, return_inverse=True)
             first, first_which = np.array(first, dtype=np.int64), np.array(first_which, dtype=np.int64)
             order = np.argsort(first_which, kind="stable")
-            self._longer_chars = LongerChars(chars, lengths, first, first_which,
-                                             (first[order], np.searchsorted(first_which[order], np.arange(len(index) + 1))),
+            edges = np.searchsorted(first_which[order], np.arange(len(index) + 1))
+            self._longer_chars = LongerChars(chars, lengths, first, first_which, (first[order], edges),
                                              np.array(later, dtype=np.int64), np.array(later_which, dtype=np.int64),
                                              (pairs[:, 0].copy(), pairs[:, 1].copy()), pair_of.reshape(-1),
                                              *((rows, chars[rows, k].copy()) for k, rows in
