@@ -6,6 +6,7 @@ import pytest
 
 from agentkv.grammar import GrammarCompiler, TokenizerInfo
 from agentkv.grammar import char_steps as P
+from agentkv.grammar.token_groups import longer_char_steps
 
 INFO = TokenizerInfo([bytes([c]) for c in range(0x20, 0x7F)] + ["é".encode(), None], eos_ids=[96])
 SOURCES = [
@@ -97,5 +98,5 @@ def test_longer_character_steps_step_each_character(kind, source):
                     forks = True
                 s = int(trans[s, c[k]]) if s >= 0 else -1
             expected.append(s)
-        got = g.longer_char_steps(q)
+        got = longer_char_steps(g, q)
         assert (got is None) if forks else got.tolist() == expected, (source, q)

@@ -1,6 +1,6 @@
-"""Character-class chains (class_chains.py, `WalkStarts._start_along_class`): masks from a counted
-repetition of a class against brute force, the chains against their definition, and each token's
-head of class bytes (`TokenTables.class_heads`) against its bytes."""
+"""Character-class chains (class_chains.py): masks from a counted repetition of a class against
+brute force, the chains against their definition, and each token's head of class bytes against its
+bytes."""
 
 import random
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
-from agentkv.grammar.class_chains import find_class_chain
+from agentkv.grammar.class_chains import class_chain, class_heads, find_class_chain
 from agentkv.grammar.token_tables import ASCII_PLAIN
 from tests.grammar_helpers import assert_mask_is_brute_force, compile_one, masks_along_a_walk, vocabularies
 
@@ -85,7 +85,7 @@ def test_class_chains_follow_their_definition(source):
         g = compiler.compile_regex(source[6:]) if isinstance(source, str) else compiler.compile_json_schema(source)
         trans = g.automaton.trans
         for q in range(g.num_states)[::order]:
-            hit = g.class_chain(q)
+            hit = class_chain(g, q)
             fresh = find_class_chain(trans, g.fork_states, q, len(info.bytes_at))
             assert (hit is None) == (fresh is None), (source, q)
             if hit is None:
@@ -107,19 +107,19 @@ def test_class_heads(info, chars):
     # Each text token starting with a class byte, with the count of its leading class bytes and
     # whether that is all of it; kept per class.
     cb = np.array(sorted(chars), dtype=np.int64)
-    ids, heads, whole = info.class_heads(cb)
+    ids, heads, whole = class_heads(info, cb)
     expected = {}
     for t, b in enumerate(info.vocab):
         if b and b[0] in chars:
             n = next((k for k, c in enumerate(b) if c not in chars), len(b))
             expected[t] = (n, n == len(b))
     assert {t: (h, w) for t, h, w in zip(ids.tolist(), heads.tolist(), whole.tolist())} == expected
-    assert info.class_heads(cb.copy())[0] is ids
+    assert class_heads(info, cb.copy())[0] is ids
 
 
 def test_class_heads_past_eight_bytes():
     info = fresh_info()
-    heads = dict(zip(*(a.tolist() for a in info.class_heads(np.array(sorted(b"abc"), dtype=np.int64))[:2])))
+    heads = dict(zip(*(a.tolist() for a in class_heads(info, np.array(sorted(b"abc"), dtype=np.int64))[:2])))
     for n in (8, 9, 15, 16, 17, 21):
         assert heads[info.vocab.index(b"c" * n + b'"')] == n
         assert heads[info.vocab.index(b"a" * n + E)] == n

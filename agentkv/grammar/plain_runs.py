@@ -25,8 +25,7 @@ from agentkv.grammar.char_steps import (
     plain_closure,
     uniform_char_step,
 )
-from agentkv.grammar.class_chains import CLASS_CHAIN_MIN, find_class_chain
-from agentkv.grammar.token_tables import ASCII_PLAIN
+from agentkv.grammar.token_groups import later_chars_leaving
 
 MAX_CACHED_STATES = 4096    # per grammar: top-state token sets (compiled.py), and each per-state table here
 MAX_STATES_AT_BUILD = 1024  # a grammar with more states whose ASCII characters all live decides them lazily
@@ -52,7 +51,7 @@ class PlainRuns:
         sub[:, [0x22 - 0x20, 0x5C - 0x20]] = sub[:, [0x21 - 0x20, 0x5B - 0x20]]
         self._ascii_lo, self._ascii_hi = lo, hi = sub.min(axis=1), sub.max(axis=1)
         self._ascii_steps = sub  # where each state's plain ASCII characters lead (plain_closed)
-        # Where the live ones all lead to one state (a character class: `class_chain` looks there only).
+        # Where the live ones all lead to one state (a character class: class_chains.py looks there only).
         self._ascii_one_way = (hi >= 0) & (np.where(sub >= 0, sub, hi[:, None]).min(axis=1) == hi)
         # Those leading only to the least and greatest of them (a name trie's state: the next letter, or
         # the free part): plain_closure reads the two without the row.
@@ -228,7 +227,7 @@ class PlainRuns:
             if multibyte == q:
                 leave |= table[257]  # a character cut short
             elif multibyte == NONUNIFORM:  # some longer characters loop, some not: the tokens with one
-                leave |= table[257] | self._later_chars_leaving(q)
+                leave |= table[257] | later_chars_leaving(self, q)
             else:  # none loops
                 leave |= table[256]
             out = ~leave
@@ -275,62 +274,3 @@ class PlainRuns:
                     del self._leaving[next(iter(self._leaving))]
                 self._leaving[q] = hit
         return hit
-
-    def class_chain(self, q: int) -> tuple[np.ndarray, np.ndarray, str] | None:
-        """`class_chains.find_class_chain` from `q`, cached per state. The states along the chain
-        that read the same class bytes take the rest of it as theirs (a walk at each later position
-        of a `[a-z0-9-]{1,63}` asks again)."""
-        hit = self._class_chains.get(q, False)
-        if hit is not False:
-            return hit
-        trans = self.automaton.trans
-        hit = None if not self._ascii_one_way[q] else \
-            find_class_chain(trans, self.fork_states, q, len(self.info.bytes_at))
-        with self._lock:
-            if len(self._class_chains) >= MAX_CACHED_STATES:
-                self._class_chains.clear()
-            self._class_chains[q] = hit
-            if hit is not None:
-                cb, chain, end = hit
-                reads = np.zeros(0x80, dtype=bool)
-                reads[cb] = True
-                along = chain[:len(chain) - CLASS_CHAIN_MIN]
-                same = ((trans[along][:, :0x80] >= 0) == reads)[:, ASCII_PLAIN].all(axis=1)
-                for k in np.flatnonzero(same).tolist():
-                    self._class_chains.setdefault(int(along[k]), (cb, chain[k + 1:], end))
-        return hit
-
-    def longer_char_steps(self, q: int) -> np.ndarray | None:
-        """Where each of the tokenizer's longer characters (`info.longer_chars`) leads from `q` (-1:
-        dies); None where one passes a call or return inside (the byte walk decides there). Their
-        first two bytes are stepped once per distinct pair (a few hundred), then the third and fourth
-        bytes of those that have them (a byte at a time over all 17,700 characters of a 151k
-        vocabulary took 0.6-0.9 ms)."""
-        chars = self.info.longer_chars
-        trans, fork = self.automaton.trans, self.fork_states
-        flat = trans.reshape(-1)
-        first, second = chars.pair_bytes
-        at = trans[q, first].astype(np.int64)
-        for rows, byte in ((None, second), chars.three, chars.four):
-            mid = at if rows is None else at[rows]
-            live = mid >= 0
-            safe = np.maximum(mid, 0)
-            if (fork[safe] & live).any():  # (inside a character: a call or return there)
-                return None
-            step = np.where(live, flat[safe * 256 + byte], -1)
-            if rows is None:
-                at = step[chars.pair_of]
-            else:
-                at[rows] = step
-        return at
-
-    def _later_chars_leaving(self, q: int) -> np.ndarray:
-        """Packed mask of the plain tokens holding, after their first character, a character of two
-        or more bytes that does not lead from `q` back to `q` (all of them where one passes a fork)."""
-        info = self.info
-        chars, at = info.longer_chars, self.longer_char_steps(q)
-        if at is None:
-            return info.later_bytes[256]
-        bits = np.zeros(info.words * 32, dtype=bool)
-        bits[chars.later[at[chars.later_which] != q]] = True
-        return np.packbits(bits, bitorder="little").view("<u4")

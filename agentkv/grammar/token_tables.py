@@ -19,7 +19,6 @@ PLAIN_EXCLUDED = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x2028, 0x2029))
 # The one-byte plain characters (where they do not all lead to one place, a state is not uniform).
 ASCII_PLAIN = np.array([b for b in range(0x20, 0x80) if b not in (0x22, 0x5C)])
 MAX_STOP_SETS = 64  # sets of bytes whose `stopped_by` tokens are kept (a few thousand ids each)
-MAX_CLASS_SETS = 32  # character classes whose `class_heads` are kept (up to ~40k tokens each at 151k)
 
 
 def is_plain(c: str) -> bool:
@@ -56,7 +55,7 @@ class LongerChars:
     later: np.ndarray        # a plain token for each of them it holds after its first character ...
     later_which: np.ndarray  # ... and its index
     # A state's longer characters are stepped per distinct first two bytes, then the third and fourth
-    # bytes of the characters that have them (PlainRuns.longer_char_steps):
+    # bytes of the characters that have them (token_groups.longer_char_steps):
     pair_bytes: tuple[np.ndarray, np.ndarray]  # the distinct pairs' first and second bytes ...
     pair_of: np.ndarray      # ... each character's pair,
     three: tuple[np.ndarray, np.ndarray]  # the characters of three bytes or more, and their third,
@@ -88,7 +87,7 @@ class TokenTables:
         self._first_char_masks: np.ndarray | None = None
         self._plain_prefixes: tuple[np.ndarray, list[np.ndarray]] | None = None
         self._stopped_by: dict[bytes, StoppedTokens] = {}
-        self._class_heads: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._class_heads: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # class_chains.py
         self._non_plain_heads: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._longer_chars: LongerChars | None = None
 
@@ -279,33 +278,6 @@ class TokenTables:
             if len(self._stopped_by) >= MAX_STOP_SETS:
                 self._stopped_by.clear()
             self._stopped_by[key] = hit
-        return hit
-
-    def class_heads(self, cb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(ids, heads, whole), kept per class: the text tokens whose first byte is one of the class
-        bytes `cb`, how many of their leading bytes are (at least 1), and whether that is all of them
-        (class_chains.py; every position of a chain, and every grammar with the class, reads the
-        same). Eight bytes a step, on only the tokens whose last eight were all in the class."""
-        key = cb.astype(np.uint8).tobytes()
-        hit = self._class_heads.get(key)
-        if hit is None:
-            inside = np.zeros(256, dtype=bool)
-            inside[cb] = True
-            groups = self.first_byte_groups
-            ids = np.concatenate([groups[b] for b in cb.tolist()] + [np.zeros(0, np.int64)])
-            heads = np.zeros(len(ids), dtype=np.int64)
-            on, at = np.arange(len(ids)), 0
-            while len(on) and at < len(self.bytes_at):  # (past a token's end the padding is 0, in no class)
-                rows = inside[self.bytes_at[at:at + 8, ids[on]]]  # [8, tokens]
-                whole = rows.all(axis=0)
-                heads[on] += np.where(whole, len(rows), (~rows).argmax(axis=0))
-                on, at = on[whole], at + 8
-            hit = (ids, heads, heads == self.lengths[ids])
-            for a in hit:
-                a.flags.writeable = False
-            if len(self._class_heads) >= MAX_CLASS_SETS:
-                self._class_heads.clear()
-            self._class_heads[key] = hit
         return hit
 
     @property

@@ -16,7 +16,7 @@ state and offset they have reached.
 - From a counted repetition of a class (`[a-z0-9-]{1,63}`: each position a state, each class byte
   leading to the next), a token's head of class bytes is counted once per class and tokenizer: the
   tokens that are all head and fit end on the chain, the others start at the chain's state after
-  their head (`_start_along_class`, class_chains.py).
+  their head (class_chains.py).
 - From a state whose characters go different ways (a property name, a pattern's class), the same
   one character in: per first character, the chain of the state it leads to, and where that state
   loops on most characters, the tokens whose other bytes all loop there as one block, and of the
@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from agentkv.grammar.char_steps import LOOPS, NONUNIFORM
+from agentkv.grammar.class_chains import class_chain, start_along_class
 from agentkv.grammar.literals import literal_tree, past_range, tokens_inside, tokens_inside_any, tokens_past
 from agentkv.grammar.token_groups import (
     MANY_FIRST_CHARS,
@@ -67,9 +68,9 @@ class WalkStarts:
             self._start_closed(stack, reads)
             return
         if g.plain_next(q) == NONUNIFORM:
-            chain = g.class_chain(q)
+            chain = class_chain(g, q)
             if chain is not None:
-                self._start_along_class(stack, *chain)
+                start_along_class(self, stack, *chain)
             elif not self._start_tree(stack):
                 self._start_by_first_char(stack)
             return
@@ -157,31 +158,6 @@ class WalkStarts:
         idx = np.concatenate(idx)
         if len(idx):
             self.run(stack[:-1], np.concatenate(states), idx, np.concatenate(offsets))
-
-    def _start_along_class(self, stack: tuple, cb: np.ndarray, chain: np.ndarray, end: str) -> None:
-        """`start` from a state whose plain ASCII bytes `cb` lead along a class chain
-        (class_chains.py): a token whose leading class bytes (its head) are all of it ends alive
-        where the chain or its loop takes them; any other goes on from the chain's state after its
-        head, at the byte after it (past the chain's last state, which may be a fork: there). Where
-        the chain ends "dead", a head longer than it dies. The tokens starting with another byte
-        walk from it."""
-        g, info = self.g, self.info
-        ids, heads, whole = info.class_heads(cb)
-        n = len(chain)
-        at = np.minimum(heads, n)  # class bytes read along the chain
-        if end == "loop":  # the last state keeps every later class byte: it takes the whole head
-            done, live, off = whole, ~whole, heads
-        else:
-            done = whole & (heads <= n)
-            live, off = ~done & ((heads <= n) if end == "dead" else True), at
-        self.allowed[ids[done]] = True
-        row = g.automaton.trans[stack[-1]].copy()
-        row[cb] = -1
-        others, first = first_byte_reads(info.first_byte_groups, row)
-        idx = np.concatenate([ids[live], others])
-        if len(idx):
-            self.run(stack[:-1], np.concatenate([chain[at[live] - 1], first]), idx,
-                     np.concatenate([off[live], np.ones(len(others), np.int64)]))
 
     def _start_literal(self, stack: tuple) -> bool:
         """`start` from a state that reads exactly one byte, and the states after it too (a property
