@@ -237,23 +237,15 @@ class PlainRuns:
             self._looping[q] = out
         return out
 
-    def loop_past_class(self, q: int) -> np.ndarray | None:
-        """`looping_tokens` of the state L that every plain ASCII byte `q` reads leads to, where L
-        loops only on bytes `q` leads to L (hostname labels after a dot: `\\.[a-z0-9-]+`), and its
-        longer characters die or, as from `q`, lead to L: a token that starts here in that mask reads
-        its next byte into L and the rest there, so it ends in L. Else None."""
+    def loop_past_class(self, q: int) -> tuple[int, np.ndarray] | None:
+        """(L, `looping_tokens(L)`) where every plain ASCII byte `q` reads leads to one state L other
+        than `q` that loops on most bytes (a dot before a hostname's label: `\\.[a-z0-9-]+`): a token
+        that starts here, reads its next byte from `q` into L and is in that mask ends in L. Else None."""
         if not self._ascii_one_way[q]:
             return None
         loop_state = int(self._ascii_hi[q])
-        if loop_state == q:
-            return None
-        multibyte = self.multibyte_next(loop_state)
-        if multibyte != ALL_DEAD and not (multibyte == loop_state == self.multibyte_next(q)):
-            return None
-        trans = self.automaton.trans
-        if ((trans[loop_state] == loop_state) & (trans[q] != loop_state)).any():
-            return None
-        return self.looping_tokens(loop_state)
+        loop = self.looping_tokens(loop_state) if loop_state != q else None
+        return None if loop is None else (loop_state, loop)
 
     def leaving_tokens(self, q: int) -> np.ndarray | None:
         """Packed token mask: the tokens holding, after their first byte, a byte that `q` reads into

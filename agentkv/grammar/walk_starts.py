@@ -21,9 +21,9 @@ state and offset they have reached.
   one character in: per first character, the chain of the state it leads to, and where that state
   loops on most characters, the tokens whose other bytes all loop there as one block, and of the
   others only those that can leave the loop alive walk (`_start_by_first_char`,
-  `CompiledGrammar.looping_tokens`, `leaving_tokens`); where it leads every byte into such a loop
-  (a dot before a hostname's label), the tokens whose other bytes loop there too
-  (`loop_past_class`).
+  `CompiledGrammar.looping_tokens`, `leaving_tokens`); where it leads every plain byte into such a
+  loop (a dot before a hostname's label), the tokens whose second byte goes there and whose other
+  bytes loop there too (`loop_past_class`).
 """
 
 from __future__ import annotations
@@ -217,11 +217,15 @@ class WalkStarts:
                 return
             blocks.append(ids[:k])
             if (rest == "walk" or g.fork_states[s]) and k < len(ids):  # s may call or return: fork there
-                loop = g.loop_past_class(s) if not multibyte and len(ids) - k > CLASS_LOOP_GROUP else None
-                if loop is not None:  # (a dot before a hostname's label: 5,900 of 6,000 tokens end in it)
-                    group_mask = info.first_char_masks[group]
-                    self.packed.append(group_mask & loop.view("<i4"))
-                    ids, k = packed_ids(group_mask & ~loop.view("<i4")), 0
+                past = g.loop_past_class(s) if not multibyte and len(ids) - k > CLASS_LOOP_GROUP else None
+                if past is not None:  # (a dot before a hostname's label: 5,900 of 6,000 tokens end in it)
+                    loop_state, loop = past
+                    ids = ids[k:]  # (of two characters or more: a second byte)
+                    into = g.automaton.trans[s][info.bytes_at[1, ids]] == loop_state
+                    stays = (loop[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1
+                    ends = into & stays.astype(bool)
+                    blocks.append(ids[ends])
+                    ids, k = ids[~ends], 0
                 states.append(np.full(len(ids) - k, s, dtype=np.int64))
                 walk.append(ids[k:])
                 lead = info.bytes_at[0, ids[k:]]  # the first character's length in bytes
