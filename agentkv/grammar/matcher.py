@@ -14,6 +14,7 @@ import numpy as np
 from agentkv.errors import GrammarError
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
 from agentkv.grammar.literals import tokens_past
+from agentkv.grammar.token_groups import packed_has
 
 MAX_BACKOFF_TOKENS = 4
 MAX_EXTENSION_CHECKS = 64
@@ -205,7 +206,7 @@ def _longer_allowed_tokens(g: CompiledGrammar, cid: int, suffix: bytes) -> list[
     ids = tokens_past(g.info, suffix)
     if len(ids) > MAX_EXTENSION_CHECKS:  # many candidates: the mask answers at once
         mask = g.mask(cid)
-        return ids[((mask[ids >> 5] >> (ids & 31)) & 1).astype(bool)].tolist()
+        return ids[packed_has(mask, ids)].tolist()
     return [t for t in ids.tolist() if g.advance(cid, g.info.vocab[t]) != DEAD]
 
 

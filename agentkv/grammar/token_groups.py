@@ -69,6 +69,17 @@ def packed_ids_mask(info, ids) -> np.ndarray:
     return out
 
 
+def packed_has(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Whether each of the token `ids` has its bit set in the packed mask `words` (bool per id)."""
+    return ((words.view(np.uint32)[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)
+
+
+def first_char_bytes(info, ids: np.ndarray) -> np.ndarray:
+    """The byte count of each token's first character, from its lead byte (tokens of plain text)."""
+    lead = info.bytes_at[0, ids]
+    return 1 + (lead >= 0xC0) + (lead >= 0xE0) + (lead >= 0xF0)
+
+
 def packed_ids(words: np.ndarray) -> np.ndarray:
     """The token ids whose bits are set in a packed mask (few words set: only those are unpacked)."""
     at = np.flatnonzero(words)
@@ -149,7 +160,6 @@ def after_longer_first_char(g, info, q: int) -> tuple[np.ndarray | None, np.ndar
     mine = info.first_char_masks[256] & ~packed_ids_mask(info, odd_ids)
     loop = loop.view("<i4")
     ids = packed_ids(mine & ~loop)
-    lead = info.bytes_at[0, ids]
     return (mine & loop, np.concatenate([ids, odd_ids[keep]]),
             np.concatenate([np.full(len(ids), top, dtype=np.int64), to[keep]]),
-            np.concatenate([2 + (lead >= 0xE0) + (lead >= 0xF0), longer.lengths[odd_chars[keep]]]))
+            np.concatenate([first_char_bytes(info, ids), longer.lengths[odd_chars[keep]]]))

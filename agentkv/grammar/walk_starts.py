@@ -38,8 +38,10 @@ from agentkv.grammar.token_groups import (
     after_longer_first_char,
     by_first_char,
     first_byte_reads,
+    first_char_bytes,
     first_steps,
     groups_mask,
+    packed_has,
     packed_ids,
 )
 from agentkv.grammar.token_tables import ASCII_PLAIN
@@ -221,15 +223,12 @@ class WalkStarts:
                 if past is not None:  # (a dot before a hostname's label: 5,900 of 6,000 tokens end in it)
                     loop_state, loop = past
                     ids = ids[k:]  # (of two characters or more: a second byte)
-                    into = g.automaton.trans[s][info.bytes_at[1, ids]] == loop_state
-                    stays = (loop[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1
-                    ends = into & stays.astype(bool)
+                    ends = (g.automaton.trans[s][info.bytes_at[1, ids]] == loop_state) & packed_has(loop, ids)
                     blocks.append(ids[ends])
                     ids, k = ids[~ends], 0
                 states.append(np.full(len(ids) - k, s, dtype=np.int64))
                 walk.append(ids[k:])
-                lead = info.bytes_at[0, ids[k:]]  # the first character's length in bytes
-                offsets.append(2 + (lead >= 0xE0) + (lead >= 0xF0) if multibyte else np.ones(len(ids) - k, np.int64))
+                offsets.append(first_char_bytes(info, ids[k:]) if multibyte else np.ones(len(ids) - k, np.int64))
 
         chars = ASCII_PLAIN[row[ASCII_PLAIN] >= 0]
         # Characters that lead to a state looping on most characters but not all (a pattern's class):
