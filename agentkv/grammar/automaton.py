@@ -28,7 +28,7 @@ class Automaton:
     starts: list[int]          # rule index -> start state
     rule_names: list[str]
     # rule index -> its expression: what the states of a rule that calls no other, or only itself,
-    # allow depends on it alone, so walks from them are shared across grammars (CompiledGrammar._walk_key)
+    # allow depends on it alone, so walks from them are shared across grammars (walk_reuse.py)
     rule_exprs: list | None = None
 
 

@@ -131,7 +131,7 @@ class TokenizerInfo(TokenTables):
         self.non_plain_ids = self.text_ids[plain[self.text_ids] < 0]
         self._init_tables()
         # Token walks from states of rules that call no other, or only themselves, by (expression, DFA
-        # size, state): see CompiledGrammar._walk_key. Bounded: each holds a packed mask (19 KB at 151k).
+        # size, state): see `WalkReuse._walk_key` (walk_reuse.py). Bounded: each holds a packed mask (19 KB at 151k).
         self.rule_walks = BoundedCache(MAX_RULE_WALKS)
 
     # -- construction -------------------------------------------------------------------------------
