@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 
-from agentkv.grammar.expr import refs
 from agentkv.grammar.masks import StateTokens
 from agentkv.grammar.shifts import equivalent_runs
 
@@ -73,8 +72,8 @@ class WalkReuse:
         rule = self._rule_keys.get(r, False)
         if rule is False:
             size = (a.starts[r + 1] if r + 1 < len(a.starts) else len(a.accept)) - a.starts[r]
-            expr = a.rule_exprs[r]
-            rule = None if refs(expr) - {a.rule_names[r]} else _RuleKey(expr, size)
+            expr = a.rule_exprs[r]  # (None for a rule that calls others)
+            rule = None if expr is None else _RuleKey(expr, size)
             self._rule_keys[r] = rule
         return None if rule is None else (rule, q - a.starts[r])
 
