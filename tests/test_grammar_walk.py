@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, char_steps, walk_starts
-from agentkv.grammar.token_tables import _cut_plain_char
+from agentkv.grammar.plain_tables import _cut_plain_char
 from tests.grammar_helpers import (
     assert_mask_is_brute_force,
     masks_along_a_walk,

@@ -6,7 +6,7 @@ pre-tokenizer's cuts, which tell jump-forward where no token can span; splits.py
 from a HF/`tokenizers` tokenizer (byte-level BPE through the GPT-2 byte map, or SentencePiece with
 `<0xNN>` byte fallback), from a tiktoken ranks file, or from a plain list of bytes.
 The arrays here are per tokenizer and shared by every grammar compiled for it; the tables the token
-walk reads are built on first use (token_tables.py).
+walk reads are built on first use (token_tables.py, plain_tables.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.splits import Splitter
+from agentkv.grammar.plain_tables import PlainTables
 from agentkv.grammar.token_tables import TokenTables, is_plain
 
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -69,7 +70,7 @@ class BoundedCache:
         return len(self._items)
 
 
-class TokenizerInfo(TokenTables):
+class TokenizerInfo(TokenTables, PlainTables):
     """Vocabulary bytes and EOS ids of one tokenizer (see the module docstring)."""
 
     def __init__(self, vocab: Sequence[bytes | None], eos_ids: Iterable[int] = (),
@@ -130,6 +131,7 @@ class TokenizerInfo(TokenTables):
         self.plain_bounds = np.searchsorted(plain[order], np.arange(int(plain.max(initial=0)) + 2))
         self.non_plain_ids = self.text_ids[plain[self.text_ids] < 0]
         self._init_tables()
+        self._init_plain_tables()
         # Token walks from states of rules that call no other, or only themselves, by (expression, DFA
         # size, state): see `WalkReuse._walk_key` (walk_reuse.py). Bounded: each holds a packed mask (19 KB at 151k).
         self.rule_walks = BoundedCache(MAX_RULE_WALKS)
