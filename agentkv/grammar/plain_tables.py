@@ -19,7 +19,7 @@ MAX_STOP_SETS = 64  # sets of bytes whose `stopped_by` tokens are kept (a few th
 
 @dataclass(frozen=True)
 class StoppedTokens:
-    """`TokenTables.stopped_by`: text tokens whose plain run from the start stops at a given set of
+    """`PlainTables.stopped_by`: text tokens whose plain run from the start stops at a given set of
     bytes, each with that run's length in bytes, the byte it stops at and the byte after it (256: the
     token ends there). From a plain-text closure, a token's first two bytes past its run decide most
     (walk_starts.py)."""
