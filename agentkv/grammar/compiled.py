@@ -15,6 +15,7 @@ import threading
 import numpy as np
 
 from agentkv.grammar.automaton import Automaton
+from agentkv.grammar.closure_walks import closure_walk, keep_closure_walk
 from agentkv.grammar.literals import tokens_inside_any, tokens_past
 from agentkv.grammar.masks import (
     BELOW,
@@ -73,6 +74,7 @@ class CompiledGrammar(PlainRuns, WalkReuse):
         self._forced: dict[int, bytes] = {}
         self._literals: dict[int, tuple[bytes, int]] = {}
         self._lone: dict[int, bytes | None] = {}
+        self._closure_walks: list = []  # closure_walks.py
         self._init_plain_runs()
         self._init_walk_reuse()
         self.initial = self._intern([(a.starts[0],)])
@@ -237,7 +239,10 @@ class CompiledGrammar(PlainRuns, WalkReuse):
                 if st is None:
                     st = self._chain_walk(q)
                 if st is None:
-                    st = top_state_tokens(self, q)
+                    st = closure_walk(self, q)  # (from a closure's state walked before, if near)
+                    if st is None:
+                        st = top_state_tokens(self, q)
+                    keep_closure_walk(self, q, st)
                     if key is not None:
                         self.info.rule_walks.put(key, st)
                     if q in self._chain_run:

@@ -65,6 +65,7 @@ class TokenTables:
     def _init_tables(self) -> None:
         self._later_bytes: np.ndarray | None = None
         self._first_byte_groups: list[np.ndarray] | None = None
+        self._first_byte_masks: dict[int, np.ndarray] = {}
         self._non_plain_by_first_byte: list[np.ndarray] | None = None
         self._first_char_groups: FirstCharGroups | None = None
         self._first_char_masks: np.ndarray | None = None
@@ -77,6 +78,16 @@ class TokenTables:
         if self._first_byte_groups is None:
             self._first_byte_groups = self._by_first_byte(self.text_ids)
         return self._first_byte_groups
+
+    def first_byte_mask(self, b: int) -> np.ndarray:
+        """Packed int32 mask of the text tokens that start with byte `b` (kept per byte)."""
+        hit = self._first_byte_masks.get(b)
+        if hit is None:
+            bits = np.zeros(self.words * 32, dtype=bool)
+            bits[self.first_byte_groups[b]] = True
+            hit = self._first_byte_masks[b] = np.packbits(bits, bitorder="little").view("<i4")
+            hit.flags.writeable = False
+        return hit
 
     def _by_first_byte(self, ids: np.ndarray) -> list[np.ndarray]:
         """`ids` split by their first byte (256 arrays, each in the order of `ids`)."""

@@ -95,7 +95,7 @@ class WalkStarts:
         if len(idx):
             self.run(stack[:-1], states, idx, np.ones(len(idx), dtype=np.int64))
 
-    def _start_closed(self, stack: tuple, reads: np.ndarray) -> None:
+    def _start_closed(self, stack: tuple, reads: np.ndarray, firsts: np.ndarray | None = None) -> None:
         """`start` from a state where plain text of any length lives (`plain_closed`; its plain
         tokens are one block): the tokens whose plain run stops at a byte some state there `reads`
         (`stopped_by`). A token whose run is empty, or whose first byte leads to a state every plain
@@ -110,6 +110,9 @@ class WalkStarts:
         flat = trans.reshape(-1)
         stopped = info.stopped_by(reads)
         ids, heads, stop, after = stopped.ids, stopped.heads, stopped.stop, stopped.after
+        if firsts is not None:  # only the tokens with these first bytes ([256] bool; closure_walks.py)
+            keep = firsts[info.bytes_at[0, ids]]
+            ids, heads, stop, after = ids[keep], heads[keep], stop[keep], after[keep]
         first = trans[q][info.bytes_at[0, ids]].astype(np.int64)  # the state after each first byte
         live = first >= 0
         on = np.zeros(len(ids), dtype=bool)  # at the stop byte, from `at`
