@@ -9,7 +9,8 @@ state and offset they have reached.
 - From a state where plain text of any length lives (a string body, the names of an object that
   allows others), every prefix of plain text is one block; of the other tokens, the bytes that stop
   their plain run and the byte after it are stepped for all at once, and only those still alive walk
-  (`_start_closed`).
+  (`_start_closed`). From a state of a closure near one walked before, only the tokens whose first
+  byte leads elsewhere take this start (closure_walks.py).
 - Plain tokens (text a JSON string takes as is) that end on a state's character chain are one block
   (`CompiledGrammar.plain_run`); along a long chain (a string with a maxLength), other tokens start
   past their plain head (`_start_along_chain`).
