@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentkv.grammar.masks import BELOW, NO_TOKENS, StateTokens, _Walk
+from agentkv.grammar.masks import BELOW, StateTokens, _Walk
 
 MAX_DIFF_BYTES = 32  # a state whose transitions differ from every kept one's in more bytes is walked whole
 KEPT_WALKS = 8       # per grammar, the latest closures' walks kept to start from
@@ -22,7 +22,8 @@ def closure_walk(g, q: int) -> StateTokens | None:
     """`q`'s walk from a kept one (see the module docstring), or None where `q` is no closure's state
     or no kept walk is near enough."""
     kept = g._closure_walks
-    if not kept or g.plain_closed(q) is None:
+    reads = g.plain_closed(q) if kept else None
+    if reads is None:
         return None
     trans = g.automaton.trans
     states = np.array([r for r, _ in kept], dtype=np.int64)
@@ -38,20 +39,14 @@ def closure_walk(g, q: int) -> StateTokens | None:
     moved = np.zeros(info.words, dtype="<i4")  # the tokens starting with a byte that differs
     for b in diff.tolist():
         moved |= info.first_byte_mask(b)
-    allowed = np.zeros(info.words * 32, dtype=bool)
-    walk = _Walk(g, allowed, relative=True)
-    walk._start_closed((BELOW, q), g.plain_closed(q), firsts)
-    packed = np.packbits(allowed, bitorder="little").view("<i4")
-    packed |= (base.allowed & ~moved) | (info.plain_prefixes[0] & moved)
-    for block in walk.packed:
-        packed |= block
-    below = [(i, o) for i, o in walk.below]
+    walk = _Walk(g, np.zeros(info.words * 32, dtype=bool), relative=True)
+    walk._start_closed((BELOW, q), reads, firsts)
+    walk.packed += [base.allowed & ~moved, info.plain_prefixes[0] & moved]
     if len(base.below_ids):
         keep = ~firsts[info.bytes_at[0, base.below_ids]]
-        below.insert(0, (base.below_ids[keep], base.below_offsets[keep]))
-    ids = np.concatenate([i for i, _ in below]) if below else NO_TOKENS
-    offsets = np.concatenate([o for _, o in below]) if below else NO_TOKENS
-    return StateTokens(packed, ids, offsets, max(walk.depth, base.depth))
+        walk.below.insert(0, (base.below_ids[keep], base.below_offsets[keep]))
+    walk.depth = max(walk.depth, base.depth)
+    return walk.found()
 
 
 def keep_closure_walk(g, q: int, st: StateTokens) -> None:

@@ -57,15 +57,7 @@ def top_state_tokens(grammar, q: int) -> StateTokens:
     allowed = np.zeros(info.words * 32, dtype=bool)
     walk = _Walk(grammar, allowed, relative=True)
     walk.start((BELOW, q))
-    if walk.below:
-        ids = np.concatenate([i for i, _ in walk.below])
-        offsets = np.concatenate([o for _, o in walk.below])
-    else:
-        ids = offsets = NO_TOKENS
-    packed = np.packbits(allowed, bitorder="little").view("<i4")
-    for block in walk.packed:
-        packed |= block
-    return StateTokens(packed, ids, offsets, walk.depth)
+    return walk.found()
 
 
 def stack_walk(grammar, stack: tuple, allowed: np.ndarray) -> None:
@@ -95,6 +87,19 @@ class _Walk(WalkStarts):
         self.below: list[tuple[np.ndarray, np.ndarray]] = []
         self.packed: list[np.ndarray] = []  # blocks of allowed tokens as packed masks (not in `allowed`)
         self.depth = 0
+
+    def found(self) -> StateTokens:
+        """What a walk with the frames below unknown found: its allowed tokens and blocks packed
+        together, and the tokens that returned below."""
+        if self.below:
+            ids = np.concatenate([i for i, _ in self.below])
+            offsets = np.concatenate([o for _, o in self.below])
+        else:
+            ids = offsets = NO_TOKENS
+        packed = np.packbits(self.allowed, bitorder="little").view("<i4")
+        for block in self.packed:
+            packed |= block
+        return StateTokens(packed, ids, offsets, self.depth)
 
     def fork(self, own: tuple, idx: np.ndarray, off: np.ndarray, skip: tuple | None = None) -> None:
         """Tokens `idx` (having read `off` bytes) at `own`: go on from each stack its calls and returns
