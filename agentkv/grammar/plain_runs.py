@@ -42,6 +42,10 @@ class PlainRuns:
         self._closed: dict[int, np.ndarray | None] = {}
         self._leaving: dict[int, np.ndarray | None] = {}
         self._class_chains: dict[int, tuple | None] = {}
+        # Lead bytes' transitions (0xC2-0xF4) -> a state with that row whose `multibyte_next` is known:
+        # where characters of two or more bytes lead depends on that row alone, so a state beside a
+        # string's character chain (after an escape) takes its answer from a chain state's.
+        self._lead_rows: dict[bytes, int] = {}
         # Decided for every state at once when the grammar is built (0.1 ms for a median grammar's
         # 700 states, 3 ms for 17k), so that no walk pays for them: the least and greatest state
         # each state's plain ASCII characters lead to (-1: none). Contiguous columns, the quote's
@@ -73,11 +77,13 @@ class PlainRuns:
     def _decide_char_steps(self, states: np.ndarray) -> None:
         """`plain_next` and `multibyte_next` of `states` (whose ASCII characters all live), at once."""
         lo, hi = self._ascii_lo[states], self._ascii_hi[states]
-        steps = char_steps(self.automaton.trans, self.fork_states, states, lo == hi)
-        for q, nxt, multi in zip(states.tolist(), *steps):
+        trans = self.automaton.trans
+        steps = char_steps(trans, self.fork_states, states, lo == hi)
+        for q, nxt, multi, lead in zip(states.tolist(), *steps, trans[states, 0xC2:0xF5]):
             if nxt != UNKNOWN:
                 self._plain_next[q] = nxt
             self._multibyte_next[q] = multi
+            self._lead_rows.setdefault(lead.tobytes(), q)
 
     def _decide_along(self, q: int, most: int, through_decided: bool = False) -> None:
         """`plain_next` of up to `most` states along the chain the ASCII characters lead from `q`,
@@ -106,9 +112,13 @@ class PlainRuns:
         """Where every plain character leads from `q`: a state, NONUNIFORM, or ALL_DEAD."""
         hit = self._plain_next.get(q)
         if hit is None:
-            # (ASCII characters going different ways decide it at once: a name's trie, a number)
-            hit = NONUNIFORM if self._ascii_lo[q] != self._ascii_hi[q] else \
-                uniform_char_step(self.automaton.trans, self.fork_states, q)
+            lo = int(self._ascii_lo[q])
+            if lo != self._ascii_hi[q]:  # (ASCII characters going different ways: a name's trie, a number)
+                hit = NONUNIFORM
+            elif lo >= 0:  # all ASCII ones lead to `lo`: uniform where the longer ones do too
+                hit = lo if self.multibyte_next(q) == lo else NONUNIFORM
+            else:
+                hit = uniform_char_step(self.automaton.trans, self.fork_states, q)
             self._plain_next[q] = hit
         return hit
 
@@ -116,7 +126,13 @@ class PlainRuns:
         """Where every plain character of two or more bytes leads from `q` (as `plain_next`)."""
         hit = self._multibyte_next.get(q)
         if hit is None:
-            hit = uniform_char_step(self.automaton.trans, self.fork_states, q, multibyte=True)
+            lead = self.automaton.trans[q, 0xC2:0xF5].tobytes()
+            twin = self._lead_rows.get(lead)
+            if twin is not None:  # (a state with the same lead bytes' transitions: the same answer)
+                hit = self._multibyte_next[twin]
+            else:
+                hit = uniform_char_step(self.automaton.trans, self.fork_states, q, multibyte=True)
+                self._lead_rows[lead] = q
             self._multibyte_next[q] = hit
         return hit
 
@@ -174,18 +190,24 @@ class PlainRuns:
             chain.append(self.plain_next(chain[-1]))
         return np.array(chain, dtype=np.int64)
 
-    def plain_reach(self, states: np.ndarray) -> np.ndarray:
+    def plain_reach(self, states: np.ndarray, needed: np.ndarray | None = None) -> np.ndarray:
         """For each state, how many plain characters from it surely end alive on its chain: LOOPS where
         every plain character leads back to it and it is no fork (a walk then moves past a run of
         plain text at once), else `plain_run`'s length (the token walk's test of whether a token's
-        plain rest is done, one lookup a step)."""
+        plain rest is done, one lookup a step). Where `needed` is given, only those entries are
+        decided, the others are 0 where not known yet (a token that has read all its bytes needs no
+        reach; deciding one costs ~150 us in a large grammar, whose character steps are decided a
+        state at a time)."""
         reach = self._reach[states]
         unknown = reach < 0
         if unknown.any():
-            for q in np.unique(states[unknown]).tolist():
+            ask = unknown if needed is None else unknown & needed
+            for q in np.unique(states[ask]).tolist():
                 loops = self._may_loop[q] and self.plain_next(q) == q
                 self._reach[q] = LOOPS if loops else self.plain_run(q)[0]
             reach = self._reach[states]
+            if needed is not None:
+                reach = np.maximum(reach, 0)
         return reach
 
     def plain_closed(self, q: int) -> np.ndarray | None:
