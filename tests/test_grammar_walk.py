@@ -315,3 +315,23 @@ def test_plain_text_tables(info, n):
     for t, h, c, a in zip(*(x.tolist() for x in (stopped.ids, stopped.heads, stopped.stop, stopped.after))):
         b = info.vocab[t]
         assert (h, c, a) == (info.plain_ahead[0, t], b[h], b[h + 1] if h + 1 < len(b) else 256)
+
+
+@settings(max_examples=30, deadline=None)
+@given(vocabularies(), st.lists(st.sets(st.sampled_from(b'ab01 {}[],:"\\'), min_size=1), min_size=2, max_size=6))
+def test_set_masks_kept_per_set(info, sets):
+    # The tokenizer keeps per set of bytes the packed masks a walk derives from its tables (several
+    # sets of one size in turn, each asked twice): `groups_mask`, the plain tokens whose first
+    # character is one of them; `later_any`, the tokens holding one of them after their first byte.
+    from agentkv.grammar.token_groups import groups_mask
+
+    def ids(words):
+        return set(np.nonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:info.vocab_size])[0].tolist())
+
+    for chars in sets * 2:
+        plain = np.array(sorted(c for c in chars if c not in b'"\\'), dtype=np.int64)
+        if len(plain):
+            assert ids(groups_mask(info, plain)) == {
+                t for t, b in enumerate(info.vocab) if b and info.plain_chars[t] > 0 and b[0] in plain.tolist()}
+        rows = tuple(sorted(chars))
+        assert ids(info.later_any(rows)) == {t for t, b in enumerate(info.vocab) if b and set(b[1:]) & chars}

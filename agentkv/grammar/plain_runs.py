@@ -244,14 +244,14 @@ class PlainRuns:
         out = None
         if loops[:0x80].sum() >= LOOP_BLOCK_MIN:
             table = self.info.later_bytes
-            leave = np.bitwise_or.reduce(table[np.nonzero(~loops[:0x80])[0]], axis=0)
+            leave = self.info.later_any(tuple(np.flatnonzero(~loops[:0x80]).tolist()))
             multibyte = self.multibyte_next(q)
             if multibyte == q:
-                leave |= table[257]  # a character cut short
+                leave = leave | table[257]  # a character cut short
             elif multibyte == NONUNIFORM:  # some longer characters loop, some not: the tokens with one
-                leave |= table[257] | later_chars_leaving(self, q)
+                leave = leave | table[257] | later_chars_leaving(self, q)
             else:  # none loops
-                leave |= table[256]
+                leave = leave | table[256]
             out = ~leave
         with self._lock:
             if len(self._looping) >= MAX_CACHED_STATES:
@@ -282,7 +282,7 @@ class PlainRuns:
             if not self.fork_states[q] and not (row[0x80:] == q).any():
                 leaves = (row >= 0) & (row != q)
                 rows = np.flatnonzero(leaves[:0x80]).tolist() + ([256] if leaves[0x80:].any() else [])
-                hit = np.bitwise_or.reduce(self.info.later_bytes[rows], axis=0).view("<i4")  # (none: all zero)
+                hit = self.info.later_any(tuple(rows)).view("<i4")  # (none: all zero)
             with self._lock:
                 if len(self._leaving) >= MAX_CACHED_STATES:
                     del self._leaving[next(iter(self._leaving))]

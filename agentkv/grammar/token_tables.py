@@ -4,7 +4,7 @@ id lists and as packed masks), which bytes occur after a token's first, and the 
 bytes or more that tokens hold (the tables of plain text runs are plain_tables.py's). "Plain" text
 is what a JSON string body takes as is. TokenizerInfo (vocab.py) inherits these; it provides
 `vocab`, `vocab_size`, `words`, `bytes_at`, `lengths`, `text_ids`, `plain_chars`, `plain_sorted`,
-`plain_bounds` and `non_plain_ids`.
+`plain_bounds`, `non_plain_ids` and `set_masks` (a BoundedCache).
 """
 
 from __future__ import annotations
@@ -155,6 +155,19 @@ class TokenTables:
             has[257, :self.vocab_size] = has[256, :self.vocab_size] & (self.plain_chars <= 0)
             self._later_bytes = np.packbits(has, axis=1, bitorder="little").view("<u4")
         return self._later_bytes
+
+    def later_any(self, rows: tuple[int, ...]) -> np.ndarray:
+        """Packed uint32, read-only: the tokens holding, after their first byte, one of the bytes
+        `rows` (rows of `later_bytes`, 256 for any byte from 0x80), kept per set in `set_masks`: the
+        bytes a state's loop is left by recur across states and grammars, and an OR of ~50 rows
+        costs ~60 us at 151k."""
+        key = ("later", rows)
+        hit = self.set_masks.get(key)
+        if hit is None:
+            hit = np.bitwise_or.reduce(self.later_bytes[list(rows)], axis=0)
+            hit.flags.writeable = False
+            self.set_masks.put(key, hit)
+        return hit
 
     @property
     def longer_chars(self) -> LongerChars:

@@ -42,6 +42,7 @@ def gpt2_byte_decoder() -> dict[str, int]:
 
 
 MAX_RULE_WALKS = 1024
+MAX_SET_MASKS = 512  # 19 KB each at 151k
 
 
 class BoundedCache:
@@ -135,6 +136,9 @@ class TokenizerInfo(TokenTables, PlainTables):
         # Token walks from states of rules that call no other, or only themselves, by (expression, DFA
         # size, state): see `WalkReuse._walk_key` (walk_reuse.py). Bounded: each holds a packed mask (19 KB at 151k).
         self.rule_walks = BoundedCache(MAX_RULE_WALKS)
+        # Packed masks of byte and character sets (token_tables.py's `later_any`, token_groups.py's
+        # `groups_mask`): a class recurs across states and grammars.
+        self.set_masks = BoundedCache(MAX_SET_MASKS)
 
     # -- construction -------------------------------------------------------------------------------
 
