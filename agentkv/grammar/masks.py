@@ -184,7 +184,7 @@ class _Walk(WalkStarts):
             # Done: all bytes read (a rest of 0 characters), or a plain-text rest that the state's
             # character chain takes whole (any length, where every plain character leads back).
             rest = suffix[pos]
-            reach = g.plain_reach(states, rest > 0)
+            reach = g.plain_reach(states, rest)
             done = (rest >= 0) & (rest <= reach)
             if done.any():
                 self.allowed[pos[done] % vocab] = True

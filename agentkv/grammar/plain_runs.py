@@ -190,23 +190,23 @@ class PlainRuns:
             chain.append(self.plain_next(chain[-1]))
         return np.array(chain, dtype=np.int64)
 
-    def plain_reach(self, states: np.ndarray, needed: np.ndarray | None = None) -> np.ndarray:
+    def plain_reach(self, states: np.ndarray, rests: np.ndarray | None = None) -> np.ndarray:
         """For each state, how many plain characters from it surely end alive on its chain: LOOPS where
         every plain character leads back to it and it is no fork (a walk then moves past a run of
         plain text at once), else `plain_run`'s length (the token walk's test of whether a token's
-        plain rest is done, one lookup a step). Where `needed` is given, only those entries are
-        decided, the others are 0 where not known yet (a token that has read all its bytes needs no
-        reach; deciding one costs ~150 us in a large grammar, whose character steps are decided a
-        state at a time)."""
+        plain rest is done, one lookup a step). Where the tokens' plain `rests` (characters) are
+        given, only the entries with some rest left are decided, the others are 0 where not known yet
+        (a token that has read all its bytes needs no reach; deciding one costs ~150 us in a large
+        grammar, whose character steps are decided a state at a time)."""
         reach = self._reach[states]
         unknown = reach < 0
         if unknown.any():
-            ask = unknown if needed is None else unknown & needed
+            ask = unknown if rests is None else unknown & (rests > 0)
             for q in np.unique(states[ask]).tolist():
                 loops = self._may_loop[q] and self.plain_next(q) == q
                 self._reach[q] = LOOPS if loops else self.plain_run(q)[0]
             reach = self._reach[states]
-            if needed is not None:
+            if rests is not None:
                 reach = np.maximum(reach, 0)
         return reach
 
