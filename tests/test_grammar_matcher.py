@@ -79,6 +79,13 @@ def test_walks_of_rules_that_call_nothing_are_shared_across_grammars():
             kept = dict(info.rule_walks._items)
             assert len(kept) >= 2  # the pattern's walks, the plain string's
     assert all(info.rule_walks._items[k] is v for k, v in kept.items())  # reused, not walked again
+    # and a rule both grammars hold (the pattern) has one key object in both (looked up by identity)
+    keys = []
+    for schema in (first, second):
+        g = compiler.compile_json_schema(schema)
+        keys.append([k[0] for k in map(g._walk_key, g.automaton.starts) if k is not None])
+    shared = [(a, b) for a in keys[0] for b in keys[1] if a == b]
+    assert shared and all(a is b for a, b in shared)
 
 
 def test_walks_of_a_rule_that_calls_itself_are_shared_across_grammars():

@@ -136,6 +136,7 @@ class TokenizerInfo(TokenTables, PlainTables):
         # Token walks from states of rules that call no other, or only themselves, by (expression, DFA
         # size, state): see `WalkReuse._walk_key` (walk_reuse.py). Bounded: each holds a packed mask (19 KB at 151k).
         self.rule_walks = BoundedCache(MAX_RULE_WALKS)
+        self.rule_keys = BoundedCache(MAX_RULE_WALKS)  # each rule's key once (`WalkReuse._walk_key`)
         # Packed masks of byte and character sets (token_tables.py's `later_any`, token_groups.py's
         # `groups_mask`): a class recurs across states and grammars.
         self.set_masks = BoundedCache(MAX_SET_MASKS)
