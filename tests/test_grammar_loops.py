@@ -121,3 +121,14 @@ def test_a_first_character_before_a_class_loop(pattern, inside, monkeypatch):
     dot = {int(g.automaton.trans[s[-1], ord(".")]) for s in g._configs[m._cfg][0]} - {-1}
     assert any(g.loop_past_class(s) is not None for s in dot)  # the route was taken
     assert words.index(".com".encode()) in allowed
+
+
+@pytest.mark.parametrize("n", range(10, 22))
+def test_skipping_a_loop_up_to_a_tokens_end(n):
+    # The only long token left when the walk skips looping bytes may end exactly where the first
+    # round of the skip does: the second round then has nothing to read (and the mask is the same).
+    words = [bytes([c]) for c in b"ab-x"] + [b"-" + b"b" * n]
+    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
+    g = compile_one(GrammarCompiler(info), "regex", r"-?[ab]+x")
+    bitmask = np.zeros((1, info.words), dtype=np.int32)
+    assert 4 in assert_mask_is_brute_force(Matcher(g), bitmask)

@@ -152,6 +152,8 @@ class _Walk(WalkStarts):
                 break
             start = off[on] + skip[on]
             span = span or int((ends[on] - start).max())
+            if not span:  # (those left end where the first round did)
+                break
             pos = start[:, None] + np.arange(span)
             ahead = info.bytes_at[np.minimum(pos, width - 1), idx[on, None]]
             at = states[on, None]
