@@ -321,7 +321,7 @@ def test_plain_text_tables(info, n):
 @given(vocabularies(), st.lists(st.sets(st.sampled_from(b'ab01 {}[],:"\\'), min_size=1), min_size=2, max_size=6))
 def test_set_masks_kept_per_set(info, sets):
     # The tokenizer keeps per set of bytes the packed masks a walk derives from its tables (several
-    # sets of one size in turn, each asked twice): `groups_mask`, the plain tokens whose first
+    # sets in turn, often of one size, each asked twice): `groups_mask`, the plain tokens whose first
     # character is one of them; `later_any`, the tokens holding one of them after their first byte.
     from agentkv.grammar.token_groups import groups_mask
 
