@@ -53,20 +53,19 @@ def groups_mask(info, chars: np.ndarray) -> np.ndarray:
     """Packed, read-only: the plain tokens whose first character is one of the ASCII `chars` (kept
     per set by the tokenizer: a class recurs across states and grammars). Groups are disjoint, so
     over half of them it is all ASCII-first plain tokens less the other groups."""
-    key = ("first chars", tuple(chars.tolist()))
-    hit = info.set_masks.get(key)
-    if hit is None:
+    def make() -> np.ndarray:
         masks = info.first_char_masks
         if 2 * len(chars) <= len(ASCII_PLAIN):
-            hit = np.bitwise_or.reduce(masks[chars], axis=0)
+            out = np.bitwise_or.reduce(masks[chars], axis=0)
         else:
             listed = np.zeros(0x80, dtype=bool)
             listed[chars] = True
             others = ASCII_PLAIN[~listed[ASCII_PLAIN]]
-            hit = masks[257] & ~np.bitwise_or.reduce(masks[others], axis=0) if len(others) else masks[257].copy()
-        hit.flags.writeable = False
-        info.set_masks.put(key, hit)
-    return hit
+            out = masks[257] & ~np.bitwise_or.reduce(masks[others], axis=0) if len(others) else masks[257].copy()
+        out.flags.writeable = False
+        return out
+
+    return info.set_masks.get_or_put(("first chars", tuple(chars.tolist())), make)
 
 
 def packed_ids_mask(info, ids) -> np.ndarray:

@@ -161,13 +161,12 @@ class TokenTables:
         `rows` (rows of `later_bytes`, 256 for any byte from 0x80), kept per set in `set_masks`: the
         bytes a state's loop is left by recur across states and grammars, and an OR of ~50 rows
         costs ~60 us at 151k."""
-        key = ("later", rows)
-        hit = self.set_masks.get(key)
-        if hit is None:
-            hit = np.bitwise_or.reduce(self.later_bytes[list(rows)], axis=0)
-            hit.flags.writeable = False
-            self.set_masks.put(key, hit)
-        return hit
+        def make() -> np.ndarray:
+            out = np.bitwise_or.reduce(self.later_bytes[list(rows)], axis=0)
+            out.flags.writeable = False
+            return out
+
+        return self.set_masks.get_or_put(("later", rows), make)
 
     @property
     def longer_chars(self) -> LongerChars:

@@ -67,6 +67,15 @@ class BoundedCache:
             if len(self._items) > self.size:
                 self._items.popitem(last=False)
 
+    def get_or_put(self, key, make):
+        """The value kept under `key`, else `make()`'s, kept there (made outside the lock: two threads
+        may both make it, and either is kept)."""
+        hit = self.get(key)
+        if hit is None:
+            hit = make()
+            self.put(key, hit)
+        return hit
+
     def __len__(self) -> int:
         return len(self._items)
 

@@ -76,11 +76,7 @@ class WalkReuse:
             rule = None if expr is None else _RuleKey(expr, size)
             if rule is not None:  # one key object per rule and tokenizer: a lookup then compares it by
                 # identity, not the expression tree (~14 us a lookup across grammars otherwise)
-                known = self.info.rule_keys.get(rule)
-                if known is None:
-                    self.info.rule_keys.put(rule, rule)
-                else:
-                    rule = known
+                rule = self.info.rule_keys.get_or_put(rule, lambda: rule)
             self._rule_keys[r] = rule
         return None if rule is None else (rule, q - a.starts[r])
 

@@ -111,10 +111,11 @@ class WalkStarts:
         flat = trans.reshape(-1)
         stopped = info.stopped_by(reads)
         ids, heads, stop, after = stopped.ids, stopped.heads, stopped.stop, stopped.after
+        b0 = info.bytes_at[0, ids]
         if firsts is not None:  # only the tokens with these first bytes ([256] bool; closure_walks.py)
-            keep = firsts[info.bytes_at[0, ids]]
-            ids, heads, stop, after = ids[keep], heads[keep], stop[keep], after[keep]
-        first = trans[q][info.bytes_at[0, ids]].astype(np.int64)  # the state after each first byte
+            keep = firsts[b0]
+            ids, heads, stop, after, b0 = ids[keep], heads[keep], stop[keep], after[keep], b0[keep]
+        first = trans[q][b0].astype(np.int64)  # the state after each first byte
         live = first >= 0
         on = np.zeros(len(ids), dtype=bool)  # at the stop byte, from `at`
         on[live] = (heads[live] == 0) | (g.plain_reach(first[live]) >= LOOPS)
