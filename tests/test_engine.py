@@ -26,6 +26,21 @@ def test_tiny_pool_evicts_and_retracts_with_same_outputs(tiny_dir, tiny_engine):
         assert st["running"] == 0 and st["free_slots"] + st["cached_tokens"] == st["total_slots"]
 
 
+def test_eviction_keeps_the_head_of_a_prompt(tiny_dir, tiny_engine):
+    """Room for another request is taken from the tail of the least recently used sequence, so its
+    head (what the next request of that agent shares) stays cached and is reused exactly."""
+    prompt = "A shared system prompt, then the question. " * 7
+    expected = greedy(tiny_engine, [prompt])
+    with ak.Engine(str(tiny_dir), num_slots=400) as small:
+        first = small.generate(prompt, max_tokens=24, temperature=0.0, ignore_eos=True)
+        small.generate("Another agent entirely. " * 8, max_tokens=8, temperature=0.0, ignore_eos=True)
+        evicted = small.stats()["evicted_tokens"]
+        again = small.generate(prompt, max_tokens=24, temperature=0.0, ignore_eos=True)
+        assert [first.token_ids, again.token_ids] == expected * 2
+        assert 0 < evicted < len(first.prompt_token_ids)  # the other request took part of the first's room
+        assert again.usage.cached_tokens >= len(first.prompt_token_ids) + 24 - 1 - evicted  # all but what went
+
+
 def test_chunked_prefill_matches_one_pass(tiny_dir, tiny_engine):
     prompt = "A long prompt. " * 12
     expected = greedy(tiny_engine, [prompt])

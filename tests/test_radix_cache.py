@@ -96,11 +96,26 @@ def test_pin_budget_and_unpin():
     assert cache.pinned_size == 0 and cache.evict(100) == 5
 
 
+def test_eviction_cuts_the_last_leaf_to_its_tail():
+    slots = Slots(NUM_SLOTS)
+    cache = RadixCache(slots.free, pin_budget=50, evict_granule=1)
+    system = list(range(10, 30))  # a long shared prefix, then two conversations
+    insert(cache, slots, system + [1, 1, 1])
+    insert(cache, slots, system + [2, 2, 2])
+    cache.match_prefix(system + [2, 2, 2])  # the [1,1,1] conversation is least recently used
+    assert cache.evict(2) == 2  # only the tail: [1] stays cached
+    assert cache.match_prefix(system + [1, 1, 1])[0].numel() == 21
+    assert cache.evict(5) == 5  # [1] and [2,2,2] (now older), then one token of the prompt's end
+    assert cache.match_prefix(system)[0].numel() == 19 and cache.total_size == 19
+    cache.evict_granule = 8  # a cut gives up at least this many tokens
+    assert cache.evict(1) == 8 and cache.match_prefix(system)[0].numel() == 11
+
+
 class CacheMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.slots = Slots(NUM_SLOTS)
-        self.cache = RadixCache(self.slots.free, pin_budget=12)
+        self.cache = RadixCache(self.slots.free, pin_budget=12, evict_granule=3)
         self.locks: list[tuple[tuple[int, ...], object]] = []
         self.pins: list[tuple[tuple[int, ...], object]] = []
 
@@ -167,10 +182,14 @@ class CacheMachine(RuleBasedStateMachine):
     def evict(self, n):
         protected = {p for p in self._mapping() if self._is_protected(p)}
         evictable_before = self.cache.evictable_size
+        before = self._mapping()
         freed = self.cache.evict(n)
-        assert freed >= min(n, evictable_before)
-        assert freed <= evictable_before
-        assert protected <= set(self._mapping())  # nothing locked or pinned was evicted
+        assert min(n, evictable_before) <= freed <= min(evictable_before, n + self.cache.evict_granule - 1 if n else 0)
+        after = self._mapping()
+        assert protected <= set(after)  # nothing locked or pinned was evicted
+        assert len(before) - len(after) == freed
+        # what stays is closed under prefixes (a leaf's tail goes, never its head), with the same slots
+        assert all(p[:-1] in after for p in after if len(p) > 1) and all(after[p] == before[p] for p in after)
 
     # ---- reference views ---------------------------------------------------------------------
 

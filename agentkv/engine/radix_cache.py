@@ -6,7 +6,8 @@ reference counts decide what may be evicted:
 - `lock_ref`: running requests using the node. Locking a node locks all its ancestors.
 - `pin_ref`: pins (an agent's system prompt and tools). Like locks, they cover the ancestors; unlike
   locks they are bounded by a budget (a share of the pool), so pins can never starve the engine.
-- a node with both counts at zero is evictable once it is a leaf; eviction frees leaves in LRU order.
+- a node with both counts at zero is evictable once it is a leaf; eviction frees leaves in LRU order,
+  and of the last leaf it needs only the tail (see `evict`).
 
 Accounting is exact at every step: `evictable_size + protected_size == total_size`, where protected
 means locked or pinned; `pinned_size` counts pinned tokens (they are also protected). Pins and locks
@@ -63,10 +64,15 @@ def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+EVICT_GRANULE = 64  # the least a cut leaf gives up: fewer cuts and tree scans when memory stays short
+
+
 class RadixCache:
-    def __init__(self, free_slots: Callable[[torch.Tensor], None], pin_budget: int):
+    def __init__(self, free_slots: Callable[[torch.Tensor], None], pin_budget: int,
+                 evict_granule: int = EVICT_GRANULE):
         self._free_slots = free_slots
         self.pin_budget = pin_budget
+        self.evict_granule = evict_granule
         self._clock = itertools.count(1)
         self._pins: dict[int, TreeNode] = {}
         self._pin_ids = itertools.count(1)
@@ -212,7 +218,10 @@ class RadixCache:
     def evict(self, num_tokens: int) -> int:
         """Free at least `num_tokens` slots from unprotected leaves, least recently used first.
 
-        Returns the number freed (less when not enough is evictable).
+        The last leaf taken gives up only its tail, `max(still needed, evict_granule)` tokens, and
+        keeps its head cached: the head of a sequence is what later requests share (a system prompt
+        of 1,600 tokens freed whole to make room for 50 was a 1,600-token recompute for the next
+        request of that agent). Returns the number freed (less when not enough is evictable).
         """
         if num_tokens <= 0:
             return 0
@@ -221,6 +230,9 @@ class RadixCache:
         freed = 0
         while freed < num_tokens and heap:
             leaf = heapq.heappop(heap)
+            tail = max(num_tokens - freed, self.evict_granule)
+            if len(leaf.key) > tail:
+                self._split(leaf, len(leaf.key) - tail)  # `leaf` is now the tail, under its kept head
             self._free_slots(leaf.value)
             freed += len(leaf.key)
             self.total_size -= len(leaf.key)
