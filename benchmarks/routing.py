@@ -10,6 +10,11 @@ and the LRU cache thrashes; with cache-aware routing each tenant's conversations
 prefix is. Outputs are constrained to ASCII words so a conversation's history re-tokenizes to exactly
 what the replica cached. Closed-loop figures move from run to run (arrival order depends on timing).
 
+Beside the two policies, each run prints the hit rate no routing can beat on its own requests
+(`best_hit_rate`: every prompt served from one cache of unbounded memory that holds every earlier
+request whole, its output too), and that ceiling over round-robin's hit rate: the largest hit-rate
+ratio any routing policy could show on that workload.
+
     python benchmarks/routing.py [--tenants 16] [--conversations 2] [--turns 8] [--slot-share 0.7] [--replicas 2]
                                  [--arrival closed-loop|waves] [--model DIR]
 
@@ -20,6 +25,7 @@ the cache counts do not depend on the weights.
 from __future__ import annotations
 
 import argparse
+import bisect
 import random
 import sys
 import tempfile
@@ -45,6 +51,58 @@ def system_prompt(tenant: int, chars: int, rng: random.Random) -> str:
         args = ", ".join(f'"{rng.choice(WORDS)}": "string"' for _ in range(3))
         tools.append(f'{{"name": "{name}", "parameters": {{{args}}}}}\n')
     return f"You are agent {tenant}. Call one of these tools when it helps:\n" + "".join(tools)
+
+
+def common_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix of `a` and `b` (binary search over slices)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def best_hit_rate(requests: list[tuple[str, str]]) -> float:
+    """The hit rate no routing can beat on `requests` ((prompt, prompt + output) in the order they
+    were sent): each prompt's longest prefix shared with an earlier request's whole text counts as
+    cached, as in one engine of unbounded memory that had finished every earlier request; the last
+    token of a prompt is always computed (its logits give the first output token). Counted in
+    characters: tokens of the default model's byte-level tokenizer (with --model, an estimate)."""
+    seen: list[str] = []  # earlier requests' whole texts, sorted: the longest shared prefix is a neighbour's
+    cached = total = 0
+    for prompt, whole in requests:
+        i = bisect.bisect_left(seen, prompt)
+        best = max((common_prefix(prompt, seen[j]) for j in (i - 1, i) if 0 <= j < len(seen)), default=0)
+        cached += min(best, len(prompt) - 1)
+        total += len(prompt)
+        bisect.insort(seen, whole)
+    return cached / total if total else 0.0
+
+
+class Recorder:
+    """Wraps a policy: every request it routes, as (prompt, prompt + output) in the order sent."""
+
+    def __init__(self, policy):
+        self.policy, self.requests = policy, []
+
+    def route(self, text: str) -> str:
+        self.requests.append([text, text])
+        return self.policy.route(text)
+
+    def answered(self, text: str, whole: str) -> None:
+        for entry in reversed(self.requests):  # (the latest request with this prompt)
+            if entry[0] == text:
+                entry[1] = whole
+                return
+
+    def started(self, replica: str) -> None:
+        self.policy.started(replica)
+
+    def finished(self, replica: str) -> None:
+        self.policy.finished(replica)
 
 
 class RoundRobin:
@@ -83,6 +141,7 @@ def waves(args, router, engines, params, histories) -> None:
             for replica, done in zip(names, pool.map(serve, names)):
                 for k, out in done:
                     router.finished(replica)
+                    router.answered(texts[k], texts[k] + out.text)
                     histories[k] = texts[k] + out.text
 
 
@@ -102,6 +161,7 @@ def closed_loop(args, router, engines, params, histories) -> None:
             out = engines[replica].generate(text, params)
             with lock:
                 router.finished(replica)
+                router.answered(text, text + out.text)
             histories[k] = text + out.text
 
     keys = sorted(histories)
@@ -113,7 +173,7 @@ def run(policy_name: str, args, model: str, systems: list[str]) -> list:
     names = [f"replica-{i}" for i in range(args.replicas)]
     slots = int(args.slot_share * sum(len(s) for s in systems))
     engines = {n: ak.Engine(model, num_slots=slots, max_running_requests=64) for n in names}
-    router = CacheAwareRouter(names) if policy_name == "cache-aware" else RoundRobin(names)
+    router = Recorder(CacheAwareRouter(names) if policy_name == "cache-aware" else RoundRobin(names))
     params = ak.SamplingParams(temperature=0.0, max_tokens=args.new_tokens, regex=f"[a-z ]{{{args.new_tokens}}}")
     histories = {(t, c): systems[t] for t in range(len(systems)) for c in range(args.conversations)}
     start = time.perf_counter()
@@ -125,7 +185,7 @@ def run(policy_name: str, args, model: str, systems: list[str]) -> list:
     prompt = sum(s["prompt_tokens"] for s in stats)
     cached = sum(s["cached_prompt_tokens"] for s in stats)
     computed = sum(s["prefill_tokens_computed"] for s in stats)
-    return [policy_name, prompt, cached, computed, cached / prompt, wall]
+    return [policy_name, prompt, cached, computed, cached / prompt, best_hit_rate(router.requests), wall]
 
 
 def main() -> None:
@@ -154,8 +214,10 @@ def main() -> None:
     print(f"{args.tenants} tenants x {args.conversations} conversations x {args.turns} turns over {args.replicas} replicas "
           f"({args.arrival}), "
           f"system prompts ~{args.system_chars} chars, KV slots per replica {args.slot_share:.0%} of all system prompts")
-    print(table(rows, ["policy", "prompt tokens", "cached", "prefill computed", "hit rate", "wall s"]))
+    print(table(rows, ["policy", "prompt tokens", "cached", "prefill computed", "hit rate", "best possible", "wall s"]))
     print(f"\ncache-aware / round-robin: hit rate {ca[4] / rr[4]:.2f}x, prefill computed {ca[3] / rr[3]:.2f}x")
+    print(f"best possible / round-robin: hit rate {rr[5] / rr[4]:.2f}x (the most any routing could show here); "
+          f"cache-aware reached {ca[4] / ca[5]:.0%} of its best possible")
 
 
 if __name__ == "__main__":

@@ -120,3 +120,29 @@ def test_pins_follow_their_agents():
     router.pin(SYSTEM_A, "r0")
     router.mark_failed("r0")
     assert router.route(SYSTEM_A + "user: after the failure") == "r1"
+
+
+def _routing_benchmark():
+    """benchmarks/routing.py as a module (its ceiling of the hit rate is checked here)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "routing.py"
+    spec = importlib.util.spec_from_file_location("routing_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.text(alphabet="abc", min_size=1, max_size=10), st.text(alphabet="abc", max_size=4)),
+                min_size=1, max_size=30))
+def test_best_hit_rate_matches_brute_force(requests):
+    bench = _routing_benchmark()
+    sent = [(prompt, prompt + output) for prompt, output in requests]
+    cached = 0
+    for i, (prompt, _) in enumerate(sent):
+        best = max((common(prompt, whole) for _, whole in sent[:i]), default=0)
+        cached += min(best, len(prompt) - 1)
+    assert bench.best_hit_rate(sent) == pytest.approx(cached / sum(len(p) for p, _ in sent))
+    assert all(bench.common_prefix(a, b) == common(a, b) for (a, _), (b, _) in zip(sent, sent[1:]))
