@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -122,15 +127,18 @@ def test_pins_follow_their_agents():
     assert router.route(SYSTEM_A + "user: after the failure") == "r1"
 
 
+@functools.cache
 def _routing_benchmark():
-    """benchmarks/routing.py as a module (its ceiling of the hit rate is checked here)."""
-    import importlib.util
-    from pathlib import Path
-
+    """benchmarks/routing.py as a module (its ceiling of the hit rate is checked here); the paths it
+    puts on sys.path for its own imports are taken off again."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "routing.py"
     spec = importlib.util.spec_from_file_location("routing_benchmark", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
     return module
 
 
