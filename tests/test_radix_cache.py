@@ -232,6 +232,10 @@ class CacheMachine(RuleBasedStateMachine):
             assert n.key and n.parent.children[n.key[0]] is n and len(n.key) == len(n.value)
 
     @invariant()
+    def evictable_leaves_are_kept_exactly(self):
+        assert self.cache._evictable == {n for n in self.cache.nodes() if not n.children and not n.protected}
+
+    @invariant()
     def no_slot_lost_or_shared(self):
         in_tree = [s for n in self.cache.nodes() for s in n.value.tolist()]
         assert len(in_tree) == len(set(in_tree))

@@ -87,6 +87,7 @@ class RadixCache:
         self.pinned_size = 0
         self.num_evicted_tokens = 0
         self._pins.clear()
+        self._evictable: set[TreeNode] = set()  # the unprotected leaves, kept up to date (what evict takes from)
 
     # ---- lookup and insertion -------------------------------------------------------------
 
@@ -114,7 +115,17 @@ class RadixCache:
             node.children[new.key[0]] = new
             self.total_size += len(new.key)
             self.evictable_size += len(new.key)
+            self._update_leaf(new)
+            self._update_leaf(node)
         return i
+
+    def _update_leaf(self, node: TreeNode) -> None:
+        """Keep `_evictable` in step with `node` after its children or references changed (an
+        eviction then reads the leaves directly, not by a scan of the whole tree)."""
+        if node is not self.root and not node.children and not node.protected:
+            self._evictable.add(node)
+        else:
+            self._evictable.discard(node)
 
     def _walk(self, tokens: Sequence[int]) -> tuple[TreeNode, list[TreeNode], int]:
         """Follow `tokens` down the tree, splitting where the match ends inside a node and touching
@@ -149,6 +160,7 @@ class RadixCache:
                 self.evictable_size -= len(node.key)
                 self.protected_size += len(node.key)
             node.lock_ref += 1
+            self._update_leaf(node)
             node = node.parent
 
     def unlock(self, node: TreeNode) -> None:
@@ -158,6 +170,7 @@ class RadixCache:
             if not node.protected:
                 self.protected_size -= len(node.key)
                 self.evictable_size += len(node.key)
+            self._update_leaf(node)
             node = node.parent
 
     # ---- pins (resident prefixes, bounded by a budget) ------------------------------------
@@ -185,6 +198,7 @@ class RadixCache:
             if n.pin_ref == 0:
                 self.pinned_size += len(n.key)
             n.pin_ref += 1
+            self._update_leaf(n)
             n = n.parent
         handle = PinHandle(next(self._pin_ids), len(tokens))
         self._pins[handle.id] = node
@@ -201,6 +215,7 @@ class RadixCache:
             if not node.protected:
                 self.protected_size -= len(node.key)
                 self.evictable_size += len(node.key)
+            self._update_leaf(node)
             node = node.parent
 
     @property
@@ -225,7 +240,7 @@ class RadixCache:
         """
         if num_tokens <= 0:
             return 0
-        heap = [n for n in self._leaves() if not n.protected]
+        heap = list(self._evictable)
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -239,19 +254,12 @@ class RadixCache:
             self.evictable_size -= len(leaf.key)
             parent = leaf.parent
             del parent.children[leaf.key[0]]
+            self._evictable.discard(leaf)
             if parent is not self.root and not parent.children and not parent.protected:
+                self._evictable.add(parent)
                 heapq.heappush(heap, parent)
         self.num_evicted_tokens += freed
         return freed
-
-    def _leaves(self) -> list[TreeNode]:
-        out, stack = [], [self.root]
-        while stack:
-            n = stack.pop()
-            if not n.children and n is not self.root:
-                out.append(n)
-            stack.extend(n.children.values())
-        return out
 
     def nodes(self) -> list[TreeNode]:
         """Every node but the root (for tests and stats)."""
