@@ -64,7 +64,7 @@ def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-EVICT_GRANULE = 64  # the least a cut leaf gives up: fewer cuts and tree scans when memory stays short
+EVICT_GRANULE = 64  # the least a cut leaf gives up: fewer cuts and evictions while memory stays short
 
 
 class RadixCache:
