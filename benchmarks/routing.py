@@ -25,7 +25,6 @@ the cache counts do not depend on the weights.
 from __future__ import annotations
 
 import argparse
-import bisect
 import random
 import sys
 import tempfile
@@ -39,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import table  # noqa: E402
 
 import agentkv as ak  # noqa: E402
-from agentkv.routing import CacheAwareRouter  # noqa: E402
+from agentkv.routing import CacheAwareRouter, PrefixTree  # noqa: E402
 
 WORDS = "search fetch weather flight hotel email invoice order refund ticket calendar meeting report".split()
 
@@ -53,32 +52,18 @@ def system_prompt(tenant: int, chars: int, rng: random.Random) -> str:
     return f"You are agent {tenant}. Call one of these tools when it helps:\n" + "".join(tools)
 
 
-def common_prefix(a: str, b: str) -> int:
-    """The length of the longest common prefix of `a` and `b` (binary search over slices)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 def best_hit_rate(requests: list[tuple[str, str]]) -> float:
     """The hit rate no routing can beat on `requests` ((prompt, prompt + output) in the order they
     were sent): each prompt's longest prefix shared with an earlier request's whole text counts as
     cached, as in one engine of unbounded memory that had finished every earlier request; the last
     token of a prompt is always computed (its logits give the first output token). Counted in
     characters: tokens of the default model's byte-level tokenizer (with --model, an estimate)."""
-    seen: list[str] = []  # earlier requests' whole texts, sorted: the longest shared prefix is a neighbour's
+    seen = PrefixTree(max_chars_per_replica=sum(len(whole) for _, whole in requests) + 1)  # (never trims)
     cached = total = 0
     for prompt, whole in requests:
-        i = bisect.bisect_left(seen, prompt)
-        best = max((common_prefix(prompt, seen[j]) for j in (i - 1, i) if 0 <= j < len(seen)), default=0)
-        cached += min(best, len(prompt) - 1)
+        cached += min(seen.match(prompt).get("all", 0), len(prompt) - 1)
         total += len(prompt)
-        bisect.insort(seen, whole)
+        seen.insert(whole, "all")
     return cached / total if total else 0.0
 
 
