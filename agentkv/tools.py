@@ -124,9 +124,9 @@ def _args_model(func: Callable[..., Any], param_docs: dict[str, str]):
 
 
 def _json_schema(model) -> dict:
-    from pydantic.json_schema import GenerateJsonSchema
+    from agentkv.grammar.pydantic_schema import constrained_generator
 
-    class NoFieldTitles(GenerateJsonSchema):
+    class NoFieldTitles(constrained_generator()):  # (with the constraints validation checks: Decimal places, ...)
         # titles repeat the field names: tokens in every prompt, no information
         def field_title_should_be_set(self, schema) -> bool:
             return False

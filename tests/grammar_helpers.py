@@ -13,6 +13,7 @@ from agentkv.grammar.compiled import DEAD, CompiledGrammar
 
 BYTE_INFO = TokenizerInfo([bytes([i]) for i in range(256)] + [None], eos_ids=[256])
 BYTE_COMPILER = GrammarCompiler(BYTE_INFO)
+STRICT_BYTE_COMPILER = GrammarCompiler(BYTE_INFO, strict=True)  # refuses what it cannot enforce exactly
 
 
 def accepts(g: CompiledGrammar, text: str | bytes) -> bool:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentkv.errors import GrammarError
-from tests.grammar_helpers import BYTE_COMPILER, accepts, assert_language
+from tests.grammar_helpers import BYTE_COMPILER, STRICT_BYTE_COMPILER, accepts, assert_language
 
 TABLE = [
     (r"abc", ["abc"], ["ab", "abcd", ""]),
@@ -106,7 +106,9 @@ def test_pattern_lookahead_at_start(pattern, good, bad):
                                      r"^(?!(?!a)b)c"])
 def test_pattern_lookaround_elsewhere_is_refused(pattern):
     with pytest.raises(GrammarError, match="lookaround"):
-        BYTE_COMPILER.compile_json_schema({"type": "string", "pattern": pattern})
+        STRICT_BYTE_COMPILER.compile_json_schema({"type": "string", "pattern": pattern})
+    relaxed = BYTE_COMPILER.compile_json_schema({"type": "string", "pattern": pattern}).relaxed
+    assert [(r.pointer, r.keyword, r.checked) for r in relaxed] == [("#/pattern", "pattern", True)]
 
 
 @settings(max_examples=100, deadline=None)

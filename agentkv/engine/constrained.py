@@ -21,6 +21,7 @@ from agentkv.engine.request import Request
 from agentkv.engine.sampling_params import SamplingParams
 from agentkv.errors import IncompleteOutputError, OutputValidationError, RequestError
 from agentkv.grammar import CompiledGrammar, GrammarCompiler, TokenizerInfo
+from agentkv.grammar.validation import schema_check
 
 
 class GrammarSupport:
@@ -49,7 +50,7 @@ class GrammarSupport:
     def compile(self, params: SamplingParams) -> CompiledGrammar | None:
         """The request's grammar (cached by source), or None for free text. Raises GrammarError."""
         if params.json_schema is not None:
-            return self.compiler.compile_json_schema(params.json_schema)
+            return self.compiler.compile_json_schema(params.json_schema, close_objects=params.close_objects)
         if params.regex is not None:
             return self.compiler.compile_regex(params.regex)
         if params.grammar is not None:
@@ -58,7 +59,9 @@ class GrammarSupport:
 
 
 def output_parser(params: SamplingParams) -> Callable[[str], Any] | None:
-    """text -> the caller's object: a Pydantic instance, a dict checked with jsonschema, or the text."""
+    """text -> the caller's object: a Pydantic instance (the model's own validation is the check), a
+    dict checked against the whole schema (what the grammar relaxed included; grammar/validation.py),
+    or the text. A value that fails raises OutputValidationError with the text."""
     schema = params.json_schema
     if schema is None:
         return (lambda text: text) if params.structured else None
@@ -72,17 +75,15 @@ def output_parser(params: SamplingParams) -> Callable[[str], Any] | None:
 
         return parse_model
     try:
-        import jsonschema
+        check = schema_check(json.loads(schema) if isinstance(schema, str) else schema)
     except ImportError as e:  # pragma: no cover - a dependency of agentkv
         raise RequestError("validating outputs against a dict schema needs `pip install jsonschema`") from e
-    schema_dict = json.loads(schema) if isinstance(schema, str) else schema
 
     def parse_json(text: str) -> Any:
         value = _json(text)
-        try:
-            jsonschema.validate(value, schema_dict)
-        except jsonschema.ValidationError as e:
-            raise OutputValidationError(f"the output does not validate against the schema: {e.message}", text, "stop") from e
+        problem = check.error(value)
+        if problem is not None:
+            raise OutputValidationError(f"the output does not validate against the schema: {problem}", text, "stop")
         return value
 
     return parse_json

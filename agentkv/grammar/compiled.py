@@ -25,6 +25,7 @@ from agentkv.grammar.masks import (
     top_state_tokens,
 )
 from agentkv.grammar.plain_runs import MAX_CACHED_STATES, PlainRuns
+from agentkv.grammar.relaxed import Relaxed
 from agentkv.grammar.token_groups import packed_ids_mask
 from agentkv.grammar.vocab import TokenizerInfo
 from agentkv.grammar.walk_reuse import WalkReuse
@@ -39,10 +40,14 @@ DEAD = -1
 class CompiledGrammar(PlainRuns, WalkReuse):
     """Shared by all matchers of one grammar; thread-safe (caches are filled under a lock)."""
 
-    def __init__(self, automaton: Automaton, info: TokenizerInfo, description: str = "grammar"):
+    def __init__(self, automaton: Automaton, info: TokenizerInfo, description: str = "grammar",
+                 relaxed: tuple[Relaxed, ...] = ()):
         self.automaton = automaton
         self.info = info
         self.description = description
+        # The JSON schema keywords this grammar does not enforce (relaxed.py): `checked` ones make
+        # an output worth validating against the schema.
+        self.relaxed = relaxed
         a = automaton
         # A state needs a fork in the token walk when it can call a rule or return from one.
         self.fork_states = a.accept.copy()
@@ -81,6 +86,11 @@ class CompiledGrammar(PlainRuns, WalkReuse):
 
     def __repr__(self) -> str:
         return f"CompiledGrammar({self.description}, {len(self.automaton.accept)} states)"
+
+    @property
+    def needs_validation(self) -> bool:
+        """Does a finished output need checking against its schema (a keyword was relaxed)?"""
+        return any(r.checked for r in self.relaxed)
 
     @property
     def num_states(self) -> int:

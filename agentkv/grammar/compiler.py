@@ -2,7 +2,9 @@
 
 One compiler per tokenizer, shared by all requests; compiled grammars are cached by their source
 and options (LRU), so an agent's tool schema is compiled once. Compilation is bounded by a timeout
-and fails with a `GrammarError`, never by hanging a request.
+and fails with a `GrammarError`, never by hanging a request. A JSON schema keyword no grammar
+enforces exactly is relaxed and listed in the compiled grammar's `relaxed` (relaxed.py), or refused
+by a `strict` compiler.
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ from agentkv.grammar.expr import Ref, alt, lit
 from agentkv.grammar.json_refs import SchemaResources
 from agentkv.grammar.json_schema import JsonSchemaConverter
 from agentkv.grammar.lark import lark_rules
+from agentkv.grammar.pydantic_schema import model_schema
 from agentkv.grammar.regex import match_expr
+from agentkv.grammar.relaxed import Relaxed
 from agentkv.grammar.vocab import TokenizerInfo
 
 
 class GrammarCompiler:
-    def __init__(self, info: TokenizerInfo, cache_size: int = 256, timeout_s: float = 10.0):
+    def __init__(self, info: TokenizerInfo, cache_size: int = 256, timeout_s: float = 10.0, *, strict: bool = False):
+        """`strict`: refuse (GrammarError) every JSON schema keyword the grammar cannot enforce exactly,
+        instead of relaxing it and listing it in `CompiledGrammar.relaxed` for validation after."""
         if not isinstance(info, TokenizerInfo):
             raise GrammarError("GrammarCompiler needs a TokenizerInfo (TokenizerInfo.from_huggingface(tokenizer))")
         self.info = info
@@ -33,6 +39,7 @@ class GrammarCompiler:
         info.later_bytes, info.first_char_masks, info.plain_prefixes, info.non_plain_heads  # noqa: B018
         info.longer_chars  # noqa: B018
         self.timeout_s = timeout_s
+        self.strict = strict
         self._cache: OrderedDict = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -50,7 +57,8 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return g
 
-    def _from_rules(self, rules: dict, root: str, description: str, deadline: float) -> CompiledGrammar:
+    def _from_rules(self, rules: dict, root: str, description: str, deadline: float,
+                    relaxed: tuple[Relaxed, ...] = ()) -> CompiledGrammar:
         try:
             auto = link(rules, root, deadline)
         except RecursionError:
@@ -58,31 +66,34 @@ class GrammarCompiler:
         if time.monotonic() > deadline:
             raise GrammarError(f"compiling {description} took longer than {self.timeout_s} s; simplify it "
                                "or raise GrammarCompiler(timeout_s=...)")
-        return CompiledGrammar(auto, self.info, description)
+        return CompiledGrammar(auto, self.info, description, relaxed)
 
-    def compile_json_schema(self, schema, *, strict: bool = False, whitespace: bool = False,
+    def compile_json_schema(self, schema, *, close_objects: bool = False, whitespace: bool = False,
                             max_whitespace: int = 16, documents: dict | None = None) -> CompiledGrammar:
         """A JSON Schema as a dict, a JSON string, or a Pydantic model class.
 
         `documents` maps URIs to the other schema documents its `$ref`s may point to (nothing is
         fetched); relative references are read against the schema's `$id`.
 
-        A Pydantic model's objects are closed (`strict`) unless it allows extra fields: its schema
-        omits `additionalProperties`, yet Pydantic ignores or refuses extra keys, so writing them
-        would only spend tokens."""
+        `close_objects`: objects without `additionalProperties` take no other keys (xgrammar's strict
+        mode; what the engine generates under by default). Without it the grammar is exact to the
+        spec: other keys are allowed, so it accepts every valid instance. A Pydantic model's objects
+        are closed unless it allows extra fields: its schema omits `additionalProperties`, yet
+        Pydantic ignores or refuses extra keys, so writing them would only spend tokens."""
         if _is_closed_model(schema):
-            strict = True
-        schema = _schema_dict(schema)
+            close_objects = True
+        schema = schema_dict(schema)
         refs = None
         if documents:  # read them now: the key holds the documents this schema reaches, no others
             refs = SchemaResources(schema, documents)
         reached = json.dumps(refs.used, sort_keys=True) if refs else ""
-        key = ("json", json.dumps(schema, sort_keys=True), reached, strict, whitespace, max_whitespace)
+        key = ("json", json.dumps(schema, sort_keys=True), reached, close_objects, whitespace, max_whitespace)
 
         def build(deadline):
-            rules = JsonSchemaConverter(schema, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace,
-                                        deadline=deadline, refs=refs).convert()
-            return self._from_rules(rules, "root", "json schema", deadline)
+            conv = JsonSchemaConverter(schema, close_objects=close_objects, strict=self.strict, whitespace=whitespace,
+                                       max_whitespace=max_whitespace, deadline=deadline, refs=refs)
+            rules = conv.convert()
+            return self._from_rules(rules, "root", "json schema", deadline, tuple(conv.relaxed.values()))
 
         return self._cached(key, build)
 
@@ -96,12 +107,17 @@ class GrammarCompiler:
             raise GrammarError("a Lark grammar must be given as text")
 
         def build(deadline):
+            relaxed: dict = {}
+
             def json_rules(schema, name):
-                rules = JsonSchemaConverter(schema, deadline=deadline, prefix=name + "/").convert()
+                conv = JsonSchemaConverter(schema, strict=self.strict, deadline=deadline, prefix=name + "/")
+                rules = conv.convert()
+                relaxed.update(conv.relaxed)
                 rules[name] = Ref(name + "/root")
                 return rules
 
-            return self._from_rules(lark_rules(text, json_rules), "r:start", "lark grammar", deadline)
+            rules = lark_rules(text, json_rules)
+            return self._from_rules(rules, "r:start", "lark grammar", deadline, tuple(relaxed.values()))
 
         return self._cached(("lark", text), build)
 
@@ -122,14 +138,15 @@ class GrammarCompiler:
 
 
 def _is_closed_model(schema) -> bool:
+    """A Pydantic model class that forbids or ignores extra fields (the default)."""
     config = getattr(schema, "model_config", None)
     return isinstance(schema, type) and hasattr(schema, "model_json_schema") and (config or {}).get("extra") != "allow"
 
 
 def closed_schema(schema):
     """A schema's dict with every object closed (`additionalProperties: false` where it is not
-    given): what `strict=True` compiles, as a dict to embed in a Lark `%json` block."""
-    schema = _schema_dict(schema)
+    given): what `close_objects=True` compiles, as a dict to embed in a Lark `%json` block."""
+    schema = schema_dict(schema)
 
     def close(node):
         if isinstance(node, list):
@@ -158,17 +175,19 @@ _SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "depe
 def output_grammar_schema(schema):
     """The dict to embed for an output schema: closed for a Pydantic model that forbids or ignores
     extra fields (as `compile_json_schema` compiles it), as given otherwise."""
-    return closed_schema(schema) if _is_closed_model(schema) else _schema_dict(schema)
+    return closed_schema(schema) if _is_closed_model(schema) else schema_dict(schema)
 
 
-def _schema_dict(schema):
+def schema_dict(schema):
+    """A schema as a dict (or boolean): parsed from JSON text, or a Pydantic model's JSON schema
+    with the constraints its plain schema leaves out (pydantic_schema.py)."""
     if isinstance(schema, str):
         try:
             return json.loads(schema)
         except json.JSONDecodeError as e:
             raise GrammarError(f"the schema string is not valid JSON: {e}") from None
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
+        return model_schema(schema)
     if isinstance(schema, (dict, bool)):
         return schema
     raise GrammarError(f"a schema must be a dict, a JSON string or a Pydantic model class, not {type(schema).__name__}")

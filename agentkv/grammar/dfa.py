@@ -23,6 +23,7 @@ from agentkv.grammar.expr import (
     Diff,
     Intersect,
     Lit,
+    Machine,
     Ref,
     Repeat,
     Seq,
@@ -124,8 +125,8 @@ class _NFA:
             t = self.new()
             self.calls[s].append((e.name, t))
             return t
-        if isinstance(e, (Intersect, Diff)):
-            if refs(e.left) or refs(e.right):
+        if isinstance(e, (Intersect, Diff, Machine)):
+            if not isinstance(e, Machine) and (refs(e.left) or refs(e.right)):
                 raise GrammarError("an intersection or difference of languages must not involve rule references")
             prod = minimal_dfa(e, self.deadline)
             base = len(self.eps)
@@ -291,6 +292,8 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
     if isinstance(expr, (Intersect, Diff)):
         left, right = minimal_dfa(expr.left, deadline), minimal_dfa(expr.right, deadline)
         dfa = minimize(product(left, right, keep_right=isinstance(expr, Intersect), deadline=deadline), deadline)
+    elif isinstance(expr, Machine):
+        dfa = minimize(RuleDFA([list(r) for r in expr.trans], [[] for _ in expr.trans], list(expr.accept)), deadline)
     else:
         dfa = minimize(determinize(expr, deadline), deadline)
     with _DFAS_LOCK:

@@ -76,13 +76,28 @@ class Diff:
 
 
 @dataclass(frozen=True)
+class Machine:
+    """A call-free language given as its DFA over bytes (state 0 starts; rows of (lo, hi, target)
+    byte intervals): what no expression writes compactly, such as the texts of multiples of a
+    number (json_numbers.py)."""
+
+    trans: tuple[tuple[tuple[int, int, int], ...], ...]
+    accept: tuple[bool, ...]
+
+    @classmethod
+    def build(cls, dfa: tuple) -> Machine:
+        trans, accept = dfa
+        return cls(tuple(tuple(row) for row in trans), tuple(bool(a) for a in accept))
+
+
+@dataclass(frozen=True)
 class Anchor:
     """`^` or `$` in a regex; only allowed where the front end can resolve it (see regex.py)."""
 
     kind: str
 
 
-Expr = Lit | Chars | ByteSet | Seq | Alt | Repeat | Ref | Intersect | Diff | Anchor
+Expr = Lit | Chars | ByteSet | Seq | Alt | Repeat | Ref | Intersect | Diff | Machine | Anchor
 
 EMPTY = Seq(())
 NOTHING = Alt(())

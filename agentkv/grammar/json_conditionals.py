@@ -63,10 +63,12 @@ class ConditionalRules:
                     raise GrammarError("dependentRequired maps a name to an array of names", where)
                 else:
                     deps.setdefault(name, []).append(self.inline_ref(need, where))
-        if len(deps) > MAX_PRESENCE_NAMES:
-            raise GrammarError(f"dependencies on {len(deps)} properties of one object: agentkv enforces them on "
-                               f"up to {MAX_PRESENCE_NAMES} (each presence combination is a case)", ptr)
         rest = {k: v for k, v in schema.items() if k not in DEPENDENCY_KEYS}
+        if len(deps) > MAX_PRESENCE_NAMES:
+            key = next(k for k in DEPENDENCY_KEYS if k in schema)
+            self.relax(key, f"{ptr}/{key}", f"dependencies on {len(deps)} properties of one object: a grammar "
+                       f"enforces them on up to {MAX_PRESENCE_NAMES} (each presence combination is a case)")
+            return rest
         names = list(deps)
         cases = []
         for bits in range(2 ** len(names)):
@@ -188,10 +190,20 @@ class ConditionalRules:
         return rest, found
 
     def conditional_cases(self, schema: dict, ptr: str) -> object:
-        """The schema as `anyOf` of cases in which every conditional is decided (module docstring)."""
+        """The schema as `anyOf` of cases in which every conditional is decided (module docstring);
+        where the conditionals are not of that form, the schema without them (they are relaxed)."""
         rest, conds = self.split_conditionals(schema, ptr)
         if rest is False:
             return False
+        try:
+            return self._decided_cases(rest, conds, ptr)
+        except GrammarError as e:
+            if self.strict or self._probing:
+                raise
+            self.relax("if", e.pointer or ptr, str(e).rsplit(" (at ", 1)[0])
+            return rest
+
+    def _decided_cases(self, rest: dict, conds: list, ptr: str) -> object:
         tests = [_discriminator(c[0], f"{c[3]}/if") for c in conds]
         names = {name for name, _, _ in tests}
         if len(names) != 1:

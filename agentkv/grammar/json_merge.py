@@ -19,8 +19,9 @@ from agentkv.grammar.regex import search_expr
 ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "default", "examples", "example",
                "deprecated", "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$defs", "definitions",
                "contentEncoding", "contentMediaType", "contentSchema", "$vocabulary", "discriminator"}
-UNSUPPORTED = {"not", "contains",
-               "unevaluatedProperties", "unevaluatedItems", "multipleOf", "$dynamicRef", "$recursiveRef",
+# Keywords no grammar enforces exactly (relaxed: dropped and validated after; json_schema.py), and
+# `not` where json_conditionals.py cannot rewrite it.
+UNSUPPORTED = {"not", "contains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef",
                "uniqueItems"}
 # Keywords that only mean something next to another one (minContains without contains is ignored;
 # then/else without if likewise, and with it they are json_conditionals.py's).
@@ -29,8 +30,9 @@ OBJECT_KEYS = {"properties", "required", "additionalProperties", "minProperties"
                "patternProperties", "propertyNames"}
 ARRAY_KEYS = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}
 STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
-NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 MAX_BRANCHES = 256
+MAX_MERGE_DEPTH = 64
 
 
 class SchemaMerger:
@@ -49,14 +51,25 @@ class SchemaMerger:
         return schema
 
     def merge(self, a, b, ptr: str):
-        """One schema accepting exactly what both accept (raises where that cannot be written)."""
+        """One schema accepting exactly what both accept (what cannot be written is relaxed: the
+        result then accepts more, and the relaxation is recorded)."""
+        depth = getattr(self, "_merge_depth", 0)
+        if depth > MAX_MERGE_DEPTH:  # allOf parts whose $refs lead back to themselves
+            raise GrammarError("allOf nested too deeply, or circular through $ref; merge the parts by hand", ptr)
+        self._merge_depth = depth + 1
+        try:
+            return self._merge(a, b, ptr)
+        finally:
+            self._merge_depth = depth
+
+    def _merge(self, a, b, ptr: str):
+        a, b = self.inline_ref(a, ptr), self.inline_ref(b, ptr)  # (a $ref may lead to true or false)
         if a is True or (isinstance(a, dict) and not validating(a)):
             return b if b is not True else {}
         if b is True or (isinstance(b, dict) and not validating(b)):
             return a
         if a is False or b is False:
             return False
-        a, b = self.inline_ref(a, ptr), self.inline_ref(b, ptr)
         if "allOf" in a or "allOf" in b:
             out = {k: v for k, v in a.items() if k != "allOf"}
             for part in [*a.get("allOf", []), {k: v for k, v in b.items() if k != "allOf"}, *b.get("allOf", [])]:
@@ -94,11 +107,13 @@ class SchemaMerger:
             elif k == "additionalProperties":
                 out[k] = {"allOf": [u, v]}
             elif k in ("anyOf", "oneOf"):
-                if len(u) * len(v) > MAX_BRANCHES:
-                    raise GrammarError(f"merging {k} lists gives {len(u) * len(v)} branches "
-                                       f"(limit {MAX_BRANCHES})", ptr)
+                if len(u) * len(v) > MAX_BRANCHES:  # one side's branches alone: a superset of the merge
+                    self.relax(k, f"{ptr}/{k}", f"merging {k} lists gives {len(u) * len(v)} branches "
+                               f"(limit {MAX_BRANCHES})")
+                    continue
                 if k == "oneOf" and not (self.disjoint(u) and self.disjoint(v)):
-                    raise GrammarError("oneOf branches that may overlap cannot be enforced", f"{ptr}/oneOf")
+                    self.relax("oneOf", f"{ptr}/oneOf", "oneOf branches that may overlap cannot be enforced as "
+                               "'exactly one' (the grammar takes them as anyOf)")
                 out["anyOf"] = [{"allOf": [x, y]} for x in u for y in v]
                 out.pop("oneOf", None)
             elif k == "pattern":
@@ -108,8 +123,11 @@ class SchemaMerger:
                 out[k] = {"enum": first + [x for x in excluded_strings(v) if x not in first]}
             elif k == "not":  # neither A nor B: not (A or B)
                 out[k] = {"anyOf": [u, v]}
-            else:
-                raise GrammarError(f"allOf: the two values of '{k}' ({u!r} and {v!r}) cannot be merged", ptr)
+            elif k == "multipleOf" and _number(u) and _number(v):
+                out[k] = _common_multiple(u, v)
+            else:  # one side's value alone: a superset of the merge
+                self.relax(k, f"{ptr}/{k}", f"allOf: the two values of '{k}' ({u!r} and {v!r}) cannot be merged "
+                           "into one")
         if "properties" in a or "properties" in b or "additionalProperties" in a or "additionalProperties" in b:
             pa, pb = a.get("properties", {}), b.get("properties", {})
             xa, xb = a.get("additionalProperties", True), b.get("additionalProperties", True)
@@ -320,6 +338,18 @@ def _fails(value, s: dict, deadline: float) -> bool:
         if (_number(xlow) and value <= xlow) or (_number(xhigh) and value >= xhigh):
             return True
     return False
+
+
+def _common_multiple(a, b):
+    """The least common multiple of two decimal steps (multiples of both are multiples of it)."""
+    from decimal import Decimal
+    from math import lcm
+
+    da, db = (Decimal(repr(x)) if isinstance(x, float) else Decimal(x) for x in (a, b))
+    scale = max(0, -da.normalize().as_tuple().exponent, -db.normalize().as_tuple().exponent)
+    m = lcm(int(da.scaleb(scale)), int(db.scaleb(scale)))
+    out = Decimal(m).scaleb(-scale)
+    return int(out) if out == int(out) else float(out)
 
 
 def _number(x) -> bool:

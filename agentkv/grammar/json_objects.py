@@ -42,7 +42,7 @@ def dumps(value) -> str:
 
 class ObjectRules:
     """The object part of JsonSchemaConverter (json_schema.py), which supplies rules, punct,
-    rule_for, string_expr, string_language, inline_ref, strict, prefix and deadline."""
+    rule_for, string_expr, string_language, inline_ref, relax, close_objects, prefix and deadline."""
 
     def property_names(self, schema, ptr: str):
         """`propertyNames` as a character-level language (None: any name)."""
@@ -60,8 +60,9 @@ class ObjectRules:
         allowed = {"type", "pattern", "minLength", "maxLength", "format", "enum", "const", "anyOf", "not"}
         bad = [k for k in schema if validating({k: schema[k]}) and k not in allowed] + (["not"] if other_not else [])
         if bad or schema.get("type", "string") not in ("string", ["string"]):
-            raise GrammarError(f"propertyNames with '{(bad or ['type'])[0]}' is not supported (names are strings: "
-                               "use pattern, minLength, maxLength, format, enum, const or anyOf of those)", ptr)
+            self.relax("propertyNames", ptr, f"propertyNames with '{(bad or ['type'])[0]}' is not enforced (names "
+                       "are strings: use pattern, minLength, maxLength, format, enum, const or anyOf of those)")
+            return None
         lang = self.string_language({k: v for k, v in schema.items() if k not in ("enum", "const", "anyOf")}, ptr)
         if "enum" in schema or "const" in schema:
             values = [schema["const"]] if "const" in schema else schema["enum"]
@@ -82,16 +83,25 @@ class ObjectRules:
         if not isinstance(props, dict):
             raise GrammarError("properties must be an object", f"{ptr}/properties")
         props = dict(props)
-        extra = schema.get("additionalProperties", not self.strict)
+        extra = schema.get("additionalProperties", not self.close_objects)
         names = self.property_names(schema.get("propertyNames"), f"{ptr}/propertyNames")
         patterns = schema.get("patternProperties", {})
-        pats = [(search_expr(p, f"{ptr}/patternProperties"), sub, f"{ptr}/patternProperties/{pointer_escape(p)}")
-                for p, sub in patterns.items()]
+        pats = []
+        for p, sub in patterns.items():
+            where = f"{ptr}/patternProperties/{pointer_escape(p)}"
+            try:
+                pats.append((search_expr(p, where), sub, where))
+            except GrammarError as e:  # a pattern no grammar reads: any other name, with any value
+                self.relax("patternProperties", where, str(e).rsplit(" (at ", 1)[0])
+                extra = True
         for i in range(len(pats)):
             for j in range(i + 1, len(pats)):
                 if not is_empty(Intersect(pats[i][0], pats[j][0]), self.deadline):
-                    raise GrammarError("patternProperties whose patterns can match the same name are not supported; "
-                                       "make the patterns exclusive", f"{ptr}/patternProperties")
+                    # A declared name takes every pattern's schema it matches; another name matching
+                    # two patterns takes either schema in the grammar (both: validated after).
+                    self.relax("patternProperties", f"{ptr}/patternProperties", "an undeclared name that two "
+                               "patternProperties match is held to one of their schemas in the grammar; make the "
+                               "patterns exclusive")
 
         def schema_for(name: str, declared):
             """Everything a member called `name` must satisfy: its property, the patterns it matches."""
@@ -145,8 +155,10 @@ class ObjectRules:
         # list a counter, so its expression grows with cap x properties.
         cap = max(lo, hi or 0)
         if cap > MAX_COUNTED_PROPERTIES:
-            raise GrammarError(f"minProperties/maxProperties {cap} is above the {MAX_COUNTED_PROPERTIES} agentkv "
-                               "enforces exactly; lower it or drop it", ptr)
+            key = "minProperties" if lo > MAX_COUNTED_PROPERTIES else "maxProperties"
+            self.relax(key, f"{ptr}/{key}", f"minProperties/maxProperties {cap} is above the "
+                       f"{MAX_COUNTED_PROPERTIES} members a grammar counts exactly")
+            lo, hi, cap = 0, None, 0
         comma = self.punct(",")
         memo: dict = {}
 

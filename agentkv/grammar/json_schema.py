@@ -3,12 +3,12 @@
 Output is compact JSON by default (flexible whitespace, capped per run, as an option). Object
 properties come in schema order (`properties`), each optional one skippable, then additional
 properties (keys other than the declared ones) where `additionalProperties` allows them (it defaults
-to true, as the spec says; `strict=True` makes it false). `$ref` targets become rules, so recursion
-is exact; `allOf` is merged keyword by keyword (json_merge.py); `anyOf` becomes alternation;
-`oneOf` too, but only where its branches provably exclude each other; objects are in json_objects.py.
-A validation keyword this compiler cannot enforce is a `GrammarError` naming the keyword and its
-JSON pointer. Keywords outside the JSON Schema vocabularies are annotations (the spec says to
-ignore them) and are ignored.
+to true, as the spec says; `close_objects=True` makes it false). `$ref` targets become rules, so
+recursion is exact; `allOf` is merged keyword by keyword (json_merge.py); `anyOf` becomes
+alternation; `oneOf` too where its branches provably exclude each other; objects are in
+json_objects.py. A validation keyword this compiler cannot enforce exactly is relaxed: dropped from
+the grammar and recorded with its JSON pointer (relaxed.py), or with `strict=True` a `GrammarError`.
+Keywords outside the JSON Schema vocabularies are annotations (the spec says to ignore them).
 """
 
 from __future__ import annotations
@@ -49,33 +49,40 @@ from agentkv.grammar.json_objects import (
     escape_all,
     schema_count,
 )
-from agentkv.grammar.json_refs import SchemaResources
+from agentkv.grammar.json_refs import MissingDocumentError, SchemaResources
+from agentkv.grammar.json_numbers import NUMBER, integer_range, multiple_of, number_range
 from agentkv.grammar.json_values import (
-    INTEGER,
-    NUMBER,
+    FORMATS,
+    MAX_LENGTH_BOUND,
     format_expr,
-    integer_range,
     length_bounded,
-    number_range,
     string_body,
 )
+from agentkv.grammar.long_strings import LongStrings
 from agentkv.grammar.regex import search_expr
+from agentkv.grammar.relaxed import Relaxations
+from agentkv.grammar.validation import CHECKED_FORMATS
 
 ALL_TYPES = ("object", "array", "string", "number", "boolean", "null")
 # Keywords next to enum/const that are checked on each listed value (the others are refused there).
 LISTED_VALUE_CHECKS = {"minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
                        "exclusiveMaximum"}
 MAX_INLINE_DEPTH = 60
+MAX_COUNTED_ITEMS = 1000  # minItems / maxItems above this are relaxed (a state per item)
 
 
-class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
-    def __init__(self, schema, *, strict: bool = False, whitespace: bool = False, max_whitespace: int = 16,
-                 deadline: float | None = None, prefix: str = "", refs: SchemaResources | None = None):
+class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, LongStrings, Relaxations):
+    def __init__(self, schema, *, close_objects: bool = False, strict: bool = False, whitespace: bool = False,
+                 max_whitespace: int = 16, deadline: float | None = None, prefix: str = "",
+                 refs: SchemaResources | None = None):
+        """`close_objects`: `additionalProperties` false where it is not given. `strict`: refuse what
+        the grammar cannot enforce exactly instead of relaxing it (relaxed.py)."""
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
         self.refs = refs or SchemaResources(schema)  # `refs`: read with the documents a caller supplied
         self.root = self.refs.root  # its $refs rewritten to one absolute form (json_refs.py)
-        self.strict = strict
+        self.close_objects = close_objects
+        self._init_relaxations(strict)
         self.ws = Repeat(chars(" ", "\t", "\n", "\r"), 0, max_whitespace) if whitespace else EMPTY
         self.rules: dict[str, object] = {}
         self.depth = 0
@@ -96,7 +103,11 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
     # -- references -------------------------------------------------------------------------------
 
     def resolve(self, ref: str, where: str) -> tuple[object, str]:
-        return self.refs.resolve(ref, where)  # json_refs.py
+        try:
+            return self.refs.resolve(ref, where)  # json_refs.py
+        except MissingDocumentError as e:  # any value there; the check after fails a value that reaches it
+            self.relax("$ref", where, e.args[0].rsplit(" (at ", 1)[0])
+            return True, f"{e.document}#"
 
     def ref_rule(self, ref: str, where: str) -> Ref:
         target, ptr = self.resolve(ref, where)
@@ -129,7 +140,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
         folded = self.without_not(schema, ptr)  # json_conditionals.py
         if folded is not None:
             return self.value(folded, ptr)
-        self._check_keywords(schema, ptr)
+        schema = self._enforceable(schema, ptr)
         if "$ref" in schema:
             rest = {k: v for k, v in schema.items() if k != "$ref"}
             if not validating(rest):
@@ -140,7 +151,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
             return self.value(self.dependency_cases(schema, ptr), ptr)  # json_conditionals.py
         parts = schema.get("allOf")
         if "if" in schema or isinstance(parts, list) and any(
-                isinstance(p, dict) and "if" in self.inline_ref(p, f"{ptr}/allOf/{i}") for i, p in enumerate(parts)):
+                isinstance(p, dict) and "if" in _as_dict(self.inline_ref(p, f"{ptr}/allOf/{i}")) for i, p in enumerate(parts)):
             return self.value(self.conditional_cases(schema, ptr), ptr)  # json_conditionals.py
         if "allOf" in schema:
             merged = {k: v for k, v in schema.items() if k != "allOf"}
@@ -162,11 +173,11 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
                 if key == "oneOf" and not self.disjoint(branches) and not (
                         branches is not written and self.disjoint(written)):
                     cases = self.one_of_cases(rest, schema[key], f"{ptr}/oneOf")  # json_conditionals.py
-                    if cases is None:
-                        raise GrammarError("oneOf branches that may overlap cannot be enforced as 'exactly one'; "
-                                           "make them exclusive (distinct types or const/enum values) or use anyOf",
-                                           f"{ptr}/oneOf")
-                    return self.value(cases, ptr)
+                    if cases is not None:
+                        return self.value(cases, ptr)
+                    self.relax("oneOf", f"{ptr}/oneOf", "oneOf branches that may overlap cannot be enforced as "
+                               "'exactly one' (the grammar takes them as anyOf); make them exclusive (distinct "
+                               "types or const/enum values) or use anyOf")
                 return alt(*[self.value(b, f"{ptr}/{key}/{i}") for i, b in enumerate(branches)])
         if "const" in schema or "enum" in schema:
             return self.enum(schema, ptr)
@@ -184,15 +195,18 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
             parts.append(getattr(self, f"t_{t}")(schema, ptr))
         return alt(*parts)
 
-    def _check_keywords(self, schema: dict, ptr: str) -> None:
+    def _enforceable(self, schema: dict, ptr: str) -> dict:
+        """`schema` without the keywords no grammar enforces exactly (each relaxed)."""
+        dropped = []
         for k, v in schema.items():
             if k in UNSUPPORTED:
                 if k == "uniqueItems" and v is False or k == "not" and excluded_strings(v) is not None:
                     continue
-                raise GrammarError(f"keyword '{k}' is not supported: agentkv cannot enforce it exactly; "
-                                   "remove it or express it with supported keywords", f"{ptr}/{k}")
-            if k in DEPENDENT and DEPENDENT[k] in schema:
-                raise GrammarError(f"keyword '{k}' is not supported", f"{ptr}/{k}")
+                self.relax(k, f"{ptr}/{k}", f"keyword '{k}' is not supported: a grammar cannot enforce it exactly")
+                dropped.append(k)
+            elif k in DEPENDENT and DEPENDENT[k] in schema:
+                dropped.append(k)  # with the keyword it depends on, relaxed above
+        return {k: v for k, v in schema.items() if k not in dropped} if dropped else schema
 
     # -- values -------------------------------------------------------------------------------------
 
@@ -219,10 +233,11 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
         values = [v for v in values if not (isinstance(v, str) and v in excluded)]
         extra = [k for k in schema if validating({k: schema[k]}) and k not in ("enum", "const", "type", "nullable")
                  and not (k == "not" and excluded_strings(schema[k]) is not None)]
-        other = [k for k in extra if k not in LISTED_VALUE_CHECKS]
-        if other:
-            raise GrammarError(f"enum/const together with '{other[0]}' is not supported; "
-                               "list only the allowed values", f"{ptr}/{other[0]}")
+        for k in extra:
+            if k not in LISTED_VALUE_CHECKS:
+                self.relax(k, f"{ptr}/{k}", f"enum/const together with '{k}' is not supported (the listed "
+                           "values are not checked against it); list only the allowed values")
+        extra = [k for k in extra if k in LISTED_VALUE_CHECKS]
         if extra:  # string and number keywords next to the list: keep the values that meet them
             lang = self.string_language(schema, ptr)
             lo, lo_x, hi, hi_x = self._bounds(schema, ptr)
@@ -265,15 +280,27 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
 
     def t_integer(self, schema, ptr):
         lo, lo_x, hi, hi_x = self._bounds(schema, ptr)
-        if lo is None and hi is None:
-            return INTEGER
         ilo = None if lo is None else (math.floor(lo) + 1 if lo_x else math.ceil(lo))
         ihi = None if hi is None else (math.ceil(hi) - 1 if hi_x else math.floor(hi))
-        return integer_range(ilo, ihi)
+        return self._multiples(integer_range(ilo, ihi), schema, True, ptr)
 
     def t_number(self, schema, ptr):
         lo, lo_x, hi, hi_x = self._bounds(schema, ptr)
-        return number_range(lo, lo_x, hi, hi_x, ptr)
+        return self._multiples(number_range(lo, lo_x, hi, hi_x, ptr), schema, False, ptr)
+
+    def _multiples(self, numbers, schema: dict, integer: bool, ptr: str):
+        """`numbers` less those that are not multiples of the schema's `multipleOf` (json_numbers.py)."""
+        step = schema.get("multipleOf")
+        if step is None:
+            return numbers
+        if isinstance(step, bool) or not isinstance(step, (int, float)):
+            raise GrammarError("multipleOf must be a number", f"{ptr}/multipleOf")
+        machine = multiple_of(step, integer, f"{ptr}/multipleOf")
+        if machine is None:
+            self.relax("multipleOf", f"{ptr}/multipleOf", f"multipleOf {step} needs too many remainders to "
+                       "track in a grammar")
+            return numbers
+        return Intersect(numbers, machine)
 
     def string_language(self, schema: dict, ptr: str):
         """The decoded strings a string schema allows, as a character-level expression (None: any):
@@ -282,10 +309,22 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
         hi = schema_count(schema, "maxLength", ptr)
         patterns = schema.get("pattern")
         patterns = [] if patterns is None else [patterns] if isinstance(patterns, str) else list(patterns)
+        constraints = []
+        for p in patterns:
+            try:
+                constraints.append(search_expr(p, f"{ptr}/pattern"))
+            except GrammarError as e:  # lookbehind, a backreference, \p{..}: validated after instead
+                self.relax("pattern", f"{ptr}/pattern", str(e).rsplit(" (at ", 1)[0])
         fmt = schema.get("format")
-        constraints = [search_expr(p, f"{ptr}/pattern") for p in patterns]
         if fmt is not None:
-            constraints.append(format_expr(fmt, f"{ptr}/format"))
+            if fmt in FORMATS:
+                constraints.append(format_expr(fmt, f"{ptr}/format"))
+            else:  # any string in the grammar: checked after (regex, hostname), else an annotation (2020-12)
+                self.relax("format", f"{ptr}/format", f"format '{fmt}' is not in the grammar (it holds "
+                           f"{', '.join(sorted(FORMATS))}); replace it with a 'pattern' to enforce it",
+                           checked=fmt in CHECKED_FORMATS)
+        if lo > MAX_LENGTH_BOUND or (hi or 0) > MAX_LENGTH_BOUND:
+            lo, hi = self.long_bounds(constraints, lo, hi, ptr)  # long_strings.py
         if lo or hi is not None:
             constraints.append(length_bounded(lo, hi, ptr))
         excluded = excluded_strings(schema.get("not"))
@@ -300,8 +339,11 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
         excluded = excluded_strings(schema.get("not"))
         if "pattern" not in schema and "format" not in schema and not excluded:
             lo, hi = schema_count(schema, "minLength", ptr) or 0, schema_count(schema, "maxLength", ptr)
+            if lo > MAX_LENGTH_BOUND or (hi or 0) > MAX_LENGTH_BOUND:
+                return self.string_expr(self.long_string_body(lo, hi))  # long_strings.py
             return self.string_expr(string_body(lo, hi, ptr))
-        return self.string_expr(escape_all(self.string_language(schema, ptr)))
+        lang = self.string_language(schema, ptr)
+        return self.string_expr(string_body() if lang is None else escape_all(lang))
 
     def t_array(self, schema, ptr):
         prefix = schema.get("prefixItems")
@@ -315,8 +357,11 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger):
             hi = len(prefix) if hi is None else min(hi, len(prefix))
         if hi is not None and hi < lo:
             return NOTHING
-        if hi is not None and hi > 1000:
-            raise GrammarError(f"maxItems {hi} is above the 1000 agentkv enforces exactly", f"{ptr}/maxItems")
+        for key, bound in (("minItems", lo), ("maxItems", hi)):
+            if bound is not None and bound > MAX_COUNTED_ITEMS:
+                self.relax(key, f"{ptr}/{key}", f"{key} {bound} is above the {MAX_COUNTED_ITEMS} items a grammar "
+                           "counts exactly")
+                lo, hi = (0, hi) if key == "minItems" else (lo, None)
         elems = [self.rule_for(p, f"{ptr}/prefixItems/{i}") for i, p in enumerate(prefix)]
         item = self.rule_for(items, f"{ptr}/items") if items is not False else NOTHING
         comma = self.punct(",")
@@ -363,6 +408,10 @@ def _meets(value, lang, lo, lo_x: bool, hi, hi_x: bool, deadline: float) -> bool
         return not (lo is not None and (value < lo or lo_x and value == lo)
                     or hi is not None and (value > hi or hi_x and value == hi))
     return True  # string and number keywords do not apply to other types
+
+
+def _as_dict(schema) -> dict:
+    return schema if isinstance(schema, dict) else {}
 
 
 def _list(v, ptr: str) -> list:

@@ -1,4 +1,4 @@
-"""Expressions for JSON scalars: strings (escaped as JSON writes them), numbers with exact bounds, formats.
+"""Expressions for JSON strings (escaped as JSON writes them) and string formats (numbers: json_numbers.py).
 
 Strings are written compactly the way `json.dumps(..., ensure_ascii=False)` writes them: characters
 raw, except `"`, `\\` and control characters, which take their short escape (`\\n`) or `\\u00XX`.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.expr import (
-    EMPTY,
     Alt,
     ByteSet,
     Chars,
@@ -21,9 +20,7 @@ from agentkv.grammar.expr import (
     chars,
     complement,
     lit,
-    opt,
     seq,
-    star,
     subtract,
 )
 from agentkv.grammar.regex import match_expr
@@ -38,7 +35,7 @@ U_ESCAPE = seq(lit("\\u"), alt(seq(chars(("0", "9"), ("a", "c"), ("A", "C"), ("e
                               seq(chars("d", "D"), chars(("0", "7")), HEX, HEX)))
 STRING_CHAR = alt(Chars(complement(NEEDS_ESCAPE)),
                   seq(lit("\\"), chars('"', "\\", "/", "b", "f", "n", "r", "t")), U_ESCAPE)
-MAX_LENGTH_BOUND = 1000
+MAX_LENGTH_BOUND = 256  # longer bounds: counted in blocks (long_strings.py), or relaxed beside a pattern
 
 
 def escaped(e):
@@ -88,106 +85,6 @@ def length_bounded(min_len: int, max_len: int | None, where: str | None):
     return Repeat(Chars(complement([])), min_len, max_len)
 
 
-# -- numbers ------------------------------------------------------------------------------------
-
-NATURAL = alt(lit("0"), seq(NONZERO, star(DIGIT)))
-INTEGER = seq(opt(lit("-")), NATURAL)
-FRACTION = seq(lit("."), Repeat(DIGIT, 1, None))
-EXPONENT = seq(chars("e", "E"), opt(chars("+", "-")), Repeat(DIGIT, 1, None))
-NUMBER = seq(INTEGER, opt(FRACTION), opt(EXPONENT))
-
-
-def _same_length(lo: str, hi: str):
-    """Digit strings of len(lo) between lo and hi inclusive (equal lengths)."""
-    if not lo:
-        return EMPTY
-    if lo.count("0") == len(lo) and hi.count("9") == len(hi):
-        # every digit string of this length: stops the two-sided split below from recursing into
-        # both halves at every digit (2^n calls for 0..9007199254740991, zod's int bounds)
-        return Repeat(DIGIT, len(lo), len(lo))
-    if lo[0] == hi[0]:
-        return seq(lit(lo[0]), _same_length(lo[1:], hi[1:]))
-    n = len(lo) - 1
-    parts = [seq(lit(lo[0]), _same_length(lo[1:], "9" * n))]
-    if int(hi[0]) - int(lo[0]) > 1:
-        parts.append(seq(chars((chr(ord(lo[0]) + 1), chr(ord(hi[0]) - 1))), Repeat(DIGIT, n, n)))
-    parts.append(seq(lit(hi[0]), _same_length("0" * n, hi[1:])))
-    return alt(*parts)
-
-
-def natural_range(lo: int, hi: int | None):
-    """Canonical decimal naturals (no leading zeros) in [lo, hi]; hi None is unbounded."""
-    if hi is not None and hi < lo:
-        return Alt(())
-    parts = []
-    top = len(str(hi)) if hi is not None else len(str(lo))
-    for n in range(len(str(lo)), top + 1):
-        a = max(lo, 10 ** (n - 1) if n > 1 else 0)
-        b = min(hi, 10 ** n - 1) if hi is not None else 10 ** n - 1
-        if a <= b:
-            parts.append(_same_length(str(a), str(b)))
-    if hi is None:
-        parts.append(seq(NONZERO, Repeat(DIGIT, len(str(lo)), None)))
-    return alt(*parts)
-
-
-def integer_range(lo: int | None, hi: int | None):
-    if lo is None and hi is None:
-        return INTEGER
-    parts = []
-    if hi is None or hi >= 0:
-        parts.append(natural_range(max(lo or 0, 0) if lo is not None else 0, hi))
-    if lo is None or lo < 0:
-        mag_lo = max(-hi, 1) if hi is not None else 1
-        parts.append(seq(lit("-"), natural_range(mag_lo, -lo if lo is not None else None)))
-    return alt(*parts)
-
-
-def _decimal_magnitude(lo: int, lo_excl: bool, hi: int | None, hi_excl: bool):
-    """Non-negative decimals (no exponent) m with lo <(=) m <(=) hi, for integer lo and hi."""
-    any_frac = opt(FRACTION)
-    zero_frac = opt(seq(lit("."), Repeat(lit("0"), 1, None)))
-    nonzero_frac = seq(lit("."), star(DIGIT), NONZERO, star(DIGIT))
-    parts = []
-    first_open = lo + 1
-    parts.append(seq(natural_range(lo, lo), nonzero_frac if lo_excl else any_frac))
-    if hi is None:
-        parts.append(seq(natural_range(first_open, None), any_frac))
-    elif hi > lo:
-        if hi - 1 >= first_open:
-            parts.append(seq(natural_range(first_open, hi - 1), any_frac))
-        if not hi_excl:
-            parts.append(seq(natural_range(hi, hi), zero_frac))
-    elif hi == lo:
-        if lo_excl or hi_excl:
-            return Alt(())
-        return seq(natural_range(lo, lo), zero_frac)
-    else:
-        return Alt(())
-    return alt(*parts)
-
-
-def number_range(lo, lo_excl: bool, hi, hi_excl: bool, where: str | None):
-    """JSON numbers within bounds. Bounds must be whole numbers; bounded numbers are written without exponent."""
-    if lo is None and hi is None:
-        return NUMBER
-    for v in (lo, hi):
-        if v is not None and float(v) != int(v):
-            raise GrammarError(f"numeric bound {v} on a number: agentkv enforces whole-number bounds only", where)
-    lo = None if lo is None else int(lo)
-    hi = None if hi is None else int(hi)
-    parts = []
-    if hi is None or hi > 0 or (hi == 0 and not hi_excl):
-        a, a_excl = (0, False) if lo is None or lo < 0 else (lo, lo_excl)
-        parts.append(_decimal_magnitude(a, a_excl, hi, hi_excl))
-    if lo is None or lo < 0:
-        # -m with lo <= -m <= hi  <=>  max(-hi, 0) <= m <= -lo ; zero itself is written unsigned
-        m_lo, m_lo_excl = (0, True) if hi is None or hi >= 0 else (-hi, hi_excl)
-        m_hi = None if lo is None else -lo
-        parts.append(seq(lit("-"), _decimal_magnitude(m_lo, m_lo_excl, m_hi, lo_excl)))
-    return alt(*parts)
-
-
 # -- formats ------------------------------------------------------------------------------------
 
 # RFC 3339 full-date: each month's days, February 29 only in leap years (divisible by 4, and
@@ -198,8 +95,28 @@ _DATE = (r"([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1
 # RFC 3339 time. A leap second (:60) is only valid where the time is 23:59:60 in UTC; the grammar
 # offers it as 23:59:60 with a zero offset (telling other offsets apart would take ~1,440 states).
 _OFFSET = r"([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-_TIME = (rf"(([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?{_OFFSET}"
-         r"|23:59:60(\.[0-9]+)?([Zz]|[+-]00:00))")
+# Fractional seconds: at most 9 digits (nanoseconds), as real values have; unbounded, a small model
+# writes digits until max_tokens.
+_FRAC = r"(\.[0-9]{1,9})?"
+_TIME = (rf"(([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]{_FRAC}{_OFFSET}"
+         rf"|23:59:60{_FRAC}([Zz]|[+-]00:00))")
+# RFC 3339 appendix A durations (`P1DT2H`, `PT1.5S`, `P2W`), each number at most 9 digits (Python's
+# timedelta holds up to 999,999,999 days); seconds may take a fraction, as Pydantic writes them.
+_DUR_N = r"[0-9]{1,9}"
+_DUR_SECOND = rf"{_DUR_N}{_FRAC}S"
+_DUR_MINUTE = rf"{_DUR_N}M({_DUR_SECOND})?"
+_DUR_TIME = rf"T({_DUR_N}H({_DUR_MINUTE})?|{_DUR_MINUTE}|{_DUR_SECOND})"
+_DUR_DATE = rf"({_DUR_N}D|{_DUR_N}M({_DUR_N}D)?|{_DUR_N}Y({_DUR_N}M({_DUR_N}D)?)?)({_DUR_TIME})?"
+# Base64 (RFC 4648): whole quanta of 4 characters, and a last one of 2 or 3 whose unused bits are
+# zero (strict decoders refuse others), padded with `=` (standard) or optionally (url-safe).
+def _base64(alphabet: str, optional_padding: bool) -> str:
+    two, three = r"[AQgw]", r"[AEIMQUYcgkosw048]"
+    pad2, pad1 = ("(==)?", "(=)?") if optional_padding else ("==", "=")
+    return rf"({alphabet}{{4}})*({alphabet}{two}{pad2}|{alphabet}{{2}}{three}{pad1})?"
+
+
+_BASE64 = _base64(r"[A-Za-z0-9+/]", False)
+_BASE64URL = _base64(r"[A-Za-z0-9_-]", True)
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _H16 = r"[0-9a-fA-F]{1,4}"
 _IPV4 = rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}"
@@ -237,11 +154,15 @@ FORMATS = {
              r"@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*",
     "uri": _URI,
     "uri-reference": rf"{_URI}|{_RELATIVE_REF}",
+    "duration": rf"P({_DUR_DATE}|{_DUR_TIME}|{_DUR_N}W)",
+    "binary": r"[\s\S]*",  # OpenAPI's raw bytes, which Pydantic reads from any string
+    "byte": _BASE64,  # OpenAPI's base64
+    "base64": _BASE64,
+    "base64url": _BASE64URL,  # Pydantic's bytes with ser_json_bytes="base64"
 }
 
 
 def format_expr(name: str, where: str | None):
-    if name not in FORMATS:
-        raise GrammarError(f"format '{name}' is not enforced by agentkv (supported: {', '.join(sorted(FORMATS))}); "
-                           "drop it or replace it with a 'pattern'", where)
+    """A format agentkv enforces (FORMATS), as a character-level expression; the converter treats
+    any other format as an annotation (json_schema.py)."""
     return match_expr(FORMATS[name], where)

@@ -155,15 +155,9 @@ class TokenizerInfo(TokenTables, PlainTables):
     @classmethod
     def from_huggingface(cls, tokenizer, eos_ids: Iterable[int] | None = None) -> TokenizerInfo:
         """From a `tokenizers.Tokenizer`, a transformers tokenizer, or an agentkv engine Tokenizer."""
-        backend = getattr(tokenizer, "backend", None) or getattr(tokenizer, "backend_tokenizer", None) or tokenizer
-        if not hasattr(backend, "get_vocab"):
-            raise GrammarError(f"cannot read a vocabulary from {type(tokenizer).__name__}; pass a tokenizers."
-                               "Tokenizer, a transformers fast tokenizer, or TokenizerInfo(vocab_bytes, eos_ids)")
+        backend = _tokenizers_backend(tokenizer)
         if eos_ids is None:
-            eos_ids = getattr(tokenizer, "eos_ids", None)
-        if eos_ids is None:
-            eos = getattr(tokenizer, "eos_token_id", None)
-            eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+            eos_ids = _eos_ids(tokenizer, backend)
         vocab_map = backend.get_vocab(with_added_tokens=True)
         size = max(backend.get_vocab_size(with_added_tokens=True), max(vocab_map.values()) + 1)
         specials = {t.content for t in backend.get_added_tokens_decoder().values() if t.special} \
@@ -228,6 +222,34 @@ class TokenizerInfo(TokenTables, PlainTables):
 
     def decode(self, ids: Iterable[int]) -> bytes:
         return b"".join(self.vocab[i] or b"" for i in ids)
+
+
+def _tokenizers_backend(tokenizer):
+    """The `tokenizers.Tokenizer` behind a tokenizer: itself, a transformers fast tokenizer's
+    `backend_tokenizer` (transformers 4 and 5; in 5, `.backend` is the backend's name, a string),
+    or the agentkv engine Tokenizer's `backend`."""
+    for candidate in (getattr(tokenizer, "backend_tokenizer", None), getattr(tokenizer, "backend", None), tokenizer):
+        if hasattr(candidate, "get_vocab") and hasattr(candidate, "get_vocab_size") and hasattr(candidate, "encode"):
+            return candidate
+    raise GrammarError(f"cannot read a vocabulary from {type(tokenizer).__name__}; pass a tokenizers.Tokenizer, a "
+                       "transformers fast tokenizer (use_fast=True), or TokenizerInfo(vocab_bytes, eos_ids)")
+
+
+# End-of-sequence tokens by name, for a bare `tokenizers.Tokenizer` (it does not say which is EOS).
+EOS_NAMES = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>", "<eos>",
+             "<end_of_turn>", "<|eom_id|>")
+
+
+def _eos_ids(tokenizer, backend) -> list[int]:
+    """EOS ids: the agentkv Tokenizer's set, a transformers tokenizer's `eos_token_id` (an int or a
+    list), else the special tokens named as EOS tokens usually are."""
+    ids = getattr(tokenizer, "eos_ids", None)
+    if ids is not None:
+        return list(ids)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None:
+        return [eos] if isinstance(eos, int) else list(eos)
+    return [i for name in EOS_NAMES if (i := backend.token_to_id(name)) is not None]
 
 
 def _is_byte_level(backend) -> bool:

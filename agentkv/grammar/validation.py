@@ -1,0 +1,170 @@
+r"""The check after generation: a value against its whole JSON schema, with `jsonschema`.
+
+A grammar enforces what it can and relaxes the rest (relaxed.py); this check covers the rest. It
+reads `$ref`s into the documents given with the schema and the JSON Schema metaschemas, and nowhere
+else (nothing is fetched): a value that reaches a reference to a document not given fails, with a
+message saying to pass it.
+The grammar enforces the formats it knows; of the others, those a grammar cannot hold but a check
+can (`regex`, `hostname`: CHECKED_FORMATS) are checked here, and the rest are annotations, as in
+JSON Schema 2020-12's default vocabulary. Patterns are searched with the `regex` module, which reads
+the ECMA syntax schemas use (`\p{L}`) where Python's `re` does not.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+
+# Formats no grammar here enforces that this check does (relaxed.py lists them as checked).
+CHECKED_FORMATS = frozenset({"regex", "hostname", "idn-hostname", "idn-email"})
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+class SchemaCheck:
+    """Validates values against one schema (a dict or boolean) and the `documents` its `$ref`s reach."""
+
+    def __init__(self, schema, documents: dict | None = None):
+        import jsonschema
+        from jsonschema_specifications import REGISTRY
+        from referencing import Resource
+        from referencing.jsonschema import DRAFT202012
+
+        from agentkv.grammar.json_refs import SchemaResources
+
+        def resource(doc):
+            return Resource.from_contents(doc, default_specification=DRAFT202012)
+
+        # only the documents the schema reaches: the registry crawls each one it holds
+        reached = SchemaResources(schema, documents).used if documents and isinstance(schema, dict) else {}
+        registry = REGISTRY.with_resources((uri, resource(doc)) for uri, doc in reached.items())
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        cls = jsonschema.validators.extend(cls, {"pattern": _pattern, "patternProperties": _pattern_properties,
+                                                 "additionalProperties": _additional_properties,
+                                                 "multipleOf": _multiple_of})
+        self._validator = cls(schema, registry=registry, format_checker=_format_checker())
+
+    def error(self, value) -> str | None:
+        """Why `value` is not valid (the most relevant failure, with its path), or None where it is."""
+        from referencing.exceptions import Unresolvable
+
+        try:
+            err = next(iter(self._validator.iter_errors(value)), None)
+        except Unresolvable as e:
+            return f"a $ref the value reaches cannot be resolved ({e}); pass that document with the schema"
+        except Exception as e:  # noqa: BLE001 - a schema jsonschema cannot read: the value is not vouched for
+            return f"the schema could not be checked ({type(e).__name__}: {e})"
+        if err is None:
+            return None
+        import jsonschema
+
+        err = jsonschema.exceptions.best_match([err]) or err
+        where = "".join(f"[{p!r}]" for p in err.absolute_path)
+        return f"{err.message}" + (f" (at value{where})" if where else "")
+
+
+def _format_checker():
+    from jsonschema import FormatChecker
+
+    checker = FormatChecker([f for f in ("idn-hostname", "idn-email") if f in FormatChecker.checkers])
+    checker.checks("regex", raises=Exception)(_is_regex)
+    checker.checks("hostname")(_is_hostname)
+    return checker
+
+
+def _is_regex(value) -> bool:
+    import regex
+
+    if isinstance(value, str):
+        regex.compile(value)  # ECMA syntax as `regex` reads it; an error fails the format
+    return True
+
+
+def _is_hostname(value) -> bool:
+    """RFC 1123: dot-separated labels of letters, digits and inner hyphens, at most 253 characters."""
+    if not isinstance(value, str):
+        return True
+    name = value[:-1] if value.endswith(".") else value
+    return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def _search(pattern: str, text: str) -> bool:
+    import regex
+
+    try:
+        return regex.search(pattern, text) is not None  # (the module caches compiled patterns)
+    except regex.error:
+        return False  # a pattern no engine reads: the value fails rather than passing unchecked
+
+
+def _multiple_of(validator, step, instance, schema):
+    """In decimal, as the grammar counts (jsonschema divides floats: 0.07 / 0.01 is 7.000000000000001)."""
+    from decimal import InvalidOperation
+
+    from jsonschema import ValidationError
+
+    if not validator.is_type(instance, "number"):
+        return
+    try:
+        ok = (_decimal(instance) % _decimal(step)) == 0
+    except (InvalidOperation, ValueError, ZeroDivisionError):
+        ok = False
+    if not ok:
+        yield ValidationError(f"{instance!r} is not a multiple of {step!r}")
+
+
+def _decimal(x):
+    from decimal import Decimal
+
+    return Decimal(repr(x)) if isinstance(x, float) else Decimal(x)
+
+
+def _pattern(validator, pattern, instance, schema):
+    from jsonschema import ValidationError
+
+    if validator.is_type(instance, "string") and not _search(pattern, instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(validator, patterns, instance, schema):
+    if validator.is_type(instance, "object"):
+        for pattern, sub in patterns.items():
+            for k, v in instance.items():
+                if _search(pattern, k):
+                    yield from validator.descend(v, sub, path=k, schema_path=pattern)
+
+
+def _additional_properties(validator, extra, instance, schema):
+    from jsonschema import ValidationError
+
+    if not validator.is_type(instance, "object"):
+        return
+    declared, patterns = schema.get("properties", {}), list(schema.get("patternProperties", {}))
+    others = [k for k in instance if k not in declared and not any(_search(p, k) for p in patterns)]
+    if validator.is_type(extra, "object"):
+        for k in others:
+            yield from validator.descend(instance[k], extra, path=k)
+    elif extra is False and others:
+        yield ValidationError(f"additional properties are not allowed ({', '.join(map(repr, sorted(others)))})")
+
+
+_CACHE: OrderedDict = OrderedDict()
+_LOCK = threading.Lock()
+MAX_CACHED = 128
+
+
+def schema_check(schema, documents: dict | None = None) -> SchemaCheck:
+    """The SchemaCheck of a schema, kept for the next output of the same schema."""
+    key = json.dumps([schema, documents], sort_keys=True, default=str)
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
+    check = SchemaCheck(schema, documents)
+    with _LOCK:
+        _CACHE[key] = check
+        if len(_CACHE) > MAX_CACHED:
+            _CACHE.popitem(last=False)
+    return check
