@@ -258,7 +258,7 @@ class Agent:
         engine = self.engine
         with self._setup_lock:
             if self._format is None:
-                self._format = ToolCallFormat.for_template(engine.tokenizer.chat_template)
+                self._format = ToolCallFormat.for_tokenizer(engine.tokenizer)
                 defs = [t.definition for t in self.tools.values()]
                 self._system = self._format.system_message(self._instructions_with_output(), defs)
                 self._defs = defs

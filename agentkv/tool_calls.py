@@ -8,8 +8,11 @@ not (SmolLM2's ignores `tools`), the definitions go into the system prompt in Qw
 results come back as `<tool_response>` blocks in a user turn, as Qwen's template writes them.
 
 A step's grammar makes every call well-formed: its JSON is one of the offered tools' names with
-arguments that match that tool's schema. Free text (under tool_choice "auto") may not contain
-`<tool_call>` outside a well-formed call, so nothing the model writes can be a malformed call.
+arguments that match that tool's schema (objects closed where the schema leaves
+`additionalProperties` unset, unless `close_objects=False`). Free text may not contain the format's
+markup (`<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>`) nor the chat template's
+role markers (`<|im_start|>`, ...) outside a well-formed call: nothing the model writes can be a
+malformed call, an imitated tool result or an imitated turn.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentkv.errors import RequestError
+from agentkv.grammar.compiler import closed_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+MARKUP = (OPEN, CLOSE, "<tool_response>", "</tool_response>")
 
 _INJECTED_TOOLS = """
 
@@ -70,10 +75,19 @@ class ToolCallFormat:
     """How one model's chat template offers tools and takes their results."""
 
     native: bool  # the template renders `tools=` and role "tool" messages itself
+    markers: tuple[str, ...] = ()  # the template's role markers (special tokens it writes), kept out of text
 
     @classmethod
-    def for_template(cls, chat_template: str | None) -> ToolCallFormat:
-        return cls(native=bool(chat_template) and OPEN in chat_template and "tools" in chat_template)
+    def for_template(cls, chat_template: str | None, special_tokens=()) -> ToolCallFormat:
+        """The format for a chat template; `special_tokens` (texts) are the tokenizer's, of which
+        those the template writes are its role markers."""
+        markers = tuple(t for t in special_tokens if chat_template and t in chat_template and t not in MARKUP)
+        return cls(native=bool(chat_template) and OPEN in chat_template and "tools" in chat_template,
+                   markers=markers)
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer) -> ToolCallFormat:
+        return cls.for_template(tokenizer.chat_template, getattr(tokenizer, "special_tokens", ()))
 
     # ---- prompts ------------------------------------------------------------------------------------
 
@@ -97,31 +111,38 @@ class ToolCallFormat:
 
     # ---- grammar ------------------------------------------------------------------------------------
 
-    def grammar(self, tools: list[Any], mode: str, output_schema: dict | None, parallel: bool = True) -> str | None:
+    def grammar(self, tools: list[Any], mode: str, output_schema: dict | None, parallel: bool = True,
+                close_objects: bool = True) -> str | None:
         """The Lark grammar of one step, or None for unconstrained text.
 
         mode: "auto" (text, or the output, or tool calls), "required" (calls of `tools`), "none" (the
         output only: text, or JSON under `output_schema`). `parallel`: several calls in one step.
+        `close_objects`: dict schemas' objects take only their declared keys unless they say otherwise.
         """
         if output_schema is None and not tools:
             return None
+        if output_schema is not None and close_objects:
+            output_schema = closed_schema(output_schema)
+        text = f"TEXT: /{text_without(MARKUP + self.markers)}/\n"
         if mode == "none" or not tools:
-            # the output; as text, it may not look like a call that will never run
-            return f"start: {_json(output_schema)}\n" if output_schema is not None else _TEXT_ONLY
+            # the output; as text, it may not look like a call that will never run, nor a tool's result
+            return f"start: {_json(output_schema)}\n" if output_schema is not None else "start: TEXT\n" + text
         more = ' ("\\n" call)*' if parallel else ""
-        call = f'call: "{_esc(OPEN)}\\n" {_json(_calls_schema(tools))} "\\n{_esc(CLOSE)}"\ncalls: call{more}\n'
+        calls = _calls_schema(tools, close_objects)
+        call = f'call: "{_esc(OPEN)}\\n" {_json(calls)} "\\n{_esc(CLOSE)}"\ncalls: call{more}\n'
         if mode == "required":
             return "start: calls\n" + call
         if output_schema is not None:
             return f"start: {_json(output_schema)} | calls\n" + call
-        return "start: TEXT | TEXT? calls\n" + _TEXT + call
+        return "start: TEXT | TEXT? calls\n" + text + call
 
     def parse(self, text: str) -> tuple[str, list[ToolCall], int]:
         """(the text before the first call, the complete calls, where the last complete call ends) of
-        a step's output written under `grammar`; a call cut short by max_tokens is not among them."""
+        a step's output written under `grammar`; a call cut short by max_tokens is not among them,
+        and none of its markup is in the text (nor a partial opening tag at the end)."""
         head, sep, _ = text.partition(OPEN)
         if not sep:
-            return text, [], 0
+            return _without_partial_tag(text), [], 0
         decoder = json.JSONDecoder()
         calls, end, i = [], 0, len(head)
         while text.startswith(OPEN + "\n", i):
@@ -138,9 +159,18 @@ class ToolCallFormat:
         return head.strip(), calls, end
 
 
-def _calls_schema(tools: list[Any]) -> dict:
+def _without_partial_tag(text: str) -> str:
+    """`text` less a start of the opening tag it ends with (an output cut inside `<tool_`)."""
+    for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(OPEN[:k]):
+            return text[:-k]
+    return text
+
+
+def _calls_schema(tools: list[Any], close_objects: bool = True) -> dict:
     branches = [
-        {"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+        {"type": "object", "properties": {"name": {"const": t.name},
+                                          "arguments": closed_schema(t.parameters) if close_objects else t.parameters},
          "required": ["name", "arguments"], "additionalProperties": False}
         for t in tools
     ]
@@ -158,24 +188,25 @@ def _esc(literal: str) -> str:
     return literal.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def text_without(word: str) -> str:
-    """A regex (no lookaround) for the strings in which `word` never occurs.
+def text_without(words) -> str:
+    """A regex (no lookaround) for the strings in which none of `words` occurs.
 
-    `word`'s first character must not occur again in it (true of `<tool_call>`), which keeps the
-    automaton simple: after a partial match, that character restarts the match and any other
-    mismatch starts over. A string is then: runs that are not the first character, or the first
-    character followed by partial matches restarted by it (`loop`) and one mismatch (`leave`);
-    it may end inside a partial match (`tail`).
+    No word may contain a word's first character except at its start (true of `<tool_call>` and
+    `<|im_start|>` alike), which keeps the automaton a trie: a string is then free characters, and
+    partial matches (a proper prefix of a word), each ended either by a first character (which starts
+    the next one) or by a character that continues no word (`leave`); it may end inside one.
     """
-    first, rest = word[0], word[1:]
-    if not rest or first in rest:
-        raise ValueError(f"text_without needs a word of 2+ characters whose first does not recur: {word!r}")
-    prefixes = [rest[:k] for k in range(len(rest))]
-    loop = "|".join(f"{_re(p)}{_re(first)}" for p in prefixes)
-    leave = "|".join(f"{_re(p)}[^{_cls(rest[k])}{_cls(first)}]" for k, p in enumerate(prefixes))
-    tail = "|".join(_re(p) for p in prefixes if p)
-    return (f"(?:[^{_cls(first)}]|{_re(first)}(?:{loop})*(?:{leave}))*"
-            f"(?:{_re(first)}(?:{loop})*(?:{tail})?)?")
+    words = [words] if isinstance(words, str) else list(dict.fromkeys(words))
+    words = [w for w in words if not any(v != w and v in w for v in words)]  # one inside another: the shorter
+    firsts = {w[0] for w in words}
+    if any(len(w) < 2 or any(c in firsts for c in w[1:]) for w in words):
+        raise ValueError(f"text_without needs words of 2+ characters that hold no first character again: {words!r}")
+    prefixes = sorted({w[:k] for w in words for k in range(1, len(w))})
+    follow = {p: {w[len(p)] for w in words if w.startswith(p) and len(w) > len(p)} for p in prefixes}
+    free = "".join(_cls(c) for c in sorted(firsts))
+    partial = "|".join(_re(p) for p in prefixes)
+    leave = "|".join(f"{_re(p)}[^{''.join(_cls(c) for c in sorted(follow[p] | firsts))}]" for p in prefixes)
+    return f"(?:[^{free}]|(?:{partial})*(?:{leave}))*(?:{partial})*"
 
 
 def _re(text: str) -> str:
@@ -184,8 +215,3 @@ def _re(text: str) -> str:
 
 def _cls(c: str) -> str:
     return "\\" + c if c in r"\]^-[/" else c
-
-
-# free text that cannot contain a call's opening tag (the grammars above name it)
-_TEXT = f"TEXT: /{text_without(OPEN)}/\n"
-_TEXT_ONLY = "start: TEXT\n" + _TEXT

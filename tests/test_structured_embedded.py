@@ -123,14 +123,22 @@ def test_schemastore_samples_validate(engine):
     jobs = [(ask(f"Write a JSON document for the schema titled {s.get('title', 'data')!r}."),
              {"schema": s, "temperature": 1.0, "seed": i, "max_tokens": 128}) for i, s in enumerate(schemas)]
     outs = asyncio.run(_gather(engine, jobs))
-    finished = 0
+    finished = caught = 0
     for s, out in zip(schemas, outs):
         if out.finish_reason == "stop":
             finished += 1
+            try:
+                out.parsed  # noqa: B018 - the check after generation
+            except ak.OutputValidationError:
+                # only where the grammar relaxed a keyword (uniqueItems, an overlapping oneOf, ...)
+                assert engine.grammar_compiler.compile_json_schema(s).needs_validation, out.text
+                caught += 1
+                continue
             jsonschema.validate(json.loads(out.text), python_regexes(s))
         else:
             assert out.finish_reason == "length", out.finish_reason
-    print(f"\nSchemaStore at temperature 1.0: {finished}/{len(schemas)} finished within 128 tokens, all valid")
+    print(f"\nSchemaStore at temperature 1.0: {finished}/{len(schemas)} finished within 128 tokens, all valid "
+          f"but {caught} refused by the check after generation (relaxed keywords)")
     assert finished >= len(schemas) // 4
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import agentkv as ak
 from agentkv.grammar.compiler import closed_schema
-from agentkv.tool_calls import ToolCall, ToolCallFormat, text_without
+from agentkv.tool_calls import FunctionSpec, ToolCall, ToolCallFormat, text_without
 from tests.grammar_helpers import BYTE_COMPILER, accepts, assert_language
 
 
@@ -53,6 +53,24 @@ def test_text_without_is_exact_on_tool_call(parts):
     assert bool(re.fullmatch(text_without("<tool_call>"), s)) == ("<tool_call>" not in s)
 
 
+def test_text_without_is_exact_on_words_sharing_prefixes():
+    words = ["<ab>", "<ac", "[b"]  # a shared prefix, and two first characters
+    pattern = re.compile(text_without(words))
+    for n in range(8):
+        for chars in itertools.product("<[abc>x", repeat=n):
+            s = "".join(chars)
+            assert bool(pattern.fullmatch(s)) == (not any(w in s for w in words)), s
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(["<", "</", "tool_", "call", "response", ">", "<|im_", "start|>", "end", "|>", "x",
+                                 "\n"]), max_size=12))
+def test_text_without_is_exact_on_the_format_markup(parts):
+    words = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<|im_start|>", "<|im_end|>"]
+    s = "".join(parts)
+    assert bool(re.fullmatch(text_without(words), s)) == (not any(w in s for w in words))
+
+
 def test_text_without_refuses_recurring_first_character():
     with pytest.raises(ValueError):
         text_without("abab")
@@ -86,11 +104,36 @@ def test_auto_grammar_with_output_schema():
     g = BYTE_COMPILER.compile_lark(ToolCallFormat(False).grammar([add], "auto", closed_schema(schema)))
     assert_language(g, good=['{"answer":3}', ADD], bad=["3", '{"answer":3,"x":1}', "text"], source="auto+output")
     none = ToolCallFormat(False).grammar([add], "none", schema)
-    assert accepts(BYTE_COMPILER.compile_lark(none), '{"answer":3,"x":1}')  # as given: open
+    assert not accepts(BYTE_COMPILER.compile_lark(none), '{"answer":3,"x":1}')  # closed by default
+    opened = ToolCallFormat(False).grammar([add], "none", schema, close_objects=False)
+    assert accepts(BYTE_COMPILER.compile_lark(opened), '{"answer":3,"x":1}')  # as given: open
     assert ToolCallFormat(False).grammar([], "auto", None) is None  # no tools, text output: unconstrained
     # a text answer of an agent with tools may not write a call that would never run
     text_only = BYTE_COMPILER.compile_lark(ToolCallFormat(False).grammar([add], "none", None))
     assert_language(text_only, good=["", "It is 3.", "a <b>"], bad=[ADD, "x <tool_call>"], source="none")
+
+
+def test_free_text_cannot_imitate_tool_results_or_turns():
+    """The demo's small model once answered with a `<tool_response>` block of its own making."""
+    fmt = ToolCallFormat.for_template("{{ '<|im_start|>' + m.role }}{{ '<|im_end|>' }}",
+                                      special_tokens=["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
+    assert fmt.markers == ("<|im_start|>", "<|im_end|>")
+    for mode, tools in (("auto", [add]), ("none", [add])):
+        g = BYTE_COMPILER.compile_lark(fmt.grammar(tools, mode, None))
+        assert_language(g, good=["200 EUR is 216 USD.", "a <tool b", "<|im"],
+                        bad=["<tool_response>\n200 EUR\n</tool_response>", "x </tool_response>", "done</tool_call>",
+                             "<|im_start|>user\nhi", "ok<|im_end|>"], source=mode)
+
+
+def test_tool_arguments_closed_by_default():
+    """Framework tool schemas leave additionalProperties unset: no invented keys unless opened."""
+    langchain_like = FunctionSpec("add", {"type": "object", "properties": {"a": {"type": "integer"},
+                                                                         "b": {"type": "integer"}}})
+    g = BYTE_COMPILER.compile_lark(ToolCallFormat(False).grammar([langchain_like], "required", None))
+    extra = call_text("add", {"a": 1, "b": 2, "note": "x"})
+    assert accepts(g, ADD) and not accepts(g, extra)
+    opened = ToolCallFormat(False).grammar([langchain_like], "required", None, close_objects=False)
+    assert accepts(BYTE_COMPILER.compile_lark(opened), extra)
 
 
 def test_parse():
@@ -102,6 +145,9 @@ def test_parse():
     assert calls == [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("add", {"a": 1, "b": 2})]
     # a call cut short by max_tokens is left out; `end` is where the complete ones end
     assert fmt.parse(WEATHER + "\n" + ADD[:20]) == ("", calls[:1], len(WEATHER))
+    # cut before any call completed, or inside the opening tag: no markup in the text
+    assert fmt.parse("Checking.\n" + ADD[:25]) == ("Checking.", [], 0)
+    assert fmt.parse("Checking.\n<tool_") == ("Checking.\n", [], 0)
     # an argument may contain the closing tag
     tricky = call_text("get_weather", {"city": "</tool_call>"})
     assert fmt.parse(tricky)[1] == [ToolCall("get_weather", {"city": "</tool_call>"})]

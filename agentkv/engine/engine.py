@@ -95,10 +95,23 @@ class Engine:
         outs = [self._output(g) for g in groups]
         return outs if batch else outs[0]
 
-    def chat(self, messages: Messages, params: SamplingParams | None = None, *, tools: Sequence[dict] | None = None,
-             schema: Any = None, **sampling: Any) -> RequestOutput:
-        """Generate the assistant's reply to `messages` rendered with the model's chat template."""
-        return self.generate(self.render(messages, tools=tools), params, schema=schema, **sampling)
+    def chat(self, messages: Messages, params: SamplingParams | None = None, *, tools: Sequence[Any] | None = None,
+             tool_choice: str = "auto", schema: Any = None, **sampling: Any) -> RequestOutput:
+        """Generate the assistant's reply to `messages` rendered with the model's chat template.
+
+        With `tools` (`@ak.tool` functions or OpenAI tool definitions) the reply is generated under
+        the model's tool-call format: each completion's `tool_calls` are the calls it completed
+        (arguments matching their tool's schema; `finish_reason` "tool_calls", or "length" where
+        max_tokens cut a later one) and its `content` the text before them. `tool_choice`: "auto",
+        "required", "none" or a tool's name."""
+        if not tools:
+            return self.generate(self.render(messages), params, schema=schema, **sampling)
+        from agentkv.tool_chat import ToolChat  # the format is data the engine applies, like the chat template
+
+        plan = ToolChat.plan(self.tokenizer, tools, tool_choice, schema)
+        params = self._params(params, sampling)
+        prompt = self.render(plan.messages(messages), tools=plan.template_tools)
+        return plan.read(self.generate(prompt, plan.params(params)))
 
     async def agenerate(self, prompt: Prompt | Messages, params: SamplingParams | None = None, *, schema: Any = None,
                         **sampling: Any) -> RequestOutput:

@@ -41,6 +41,10 @@ class Completion:
     logprobs: list[TokenLogprob] | None = None
     parser: Callable[[str], Any] | None = field(default=None, repr=False, compare=False)
     complete: bool = False  # a structured output that its grammar accepts as whole
+    # engine.chat(tools=...): the calls the reply completed (one cut by max_tokens is left out) and the
+    # text before them, with none of the tool-call format's markup
+    tool_calls: list = field(default_factory=list)
+    content: str | None = None
 
 
     @property
@@ -77,6 +81,16 @@ class RequestOutput:
     @property
     def finish_reason(self) -> str:
         return self.completions[0].finish_reason
+
+    @property
+    def tool_calls(self) -> list:
+        return self.completions[0].tool_calls
+
+    @property
+    def content(self) -> str:
+        """The reply's text without tool-call markup (the text itself where no tools were offered)."""
+        c = self.completions[0]
+        return c.text if c.content is None else c.content
 
     @property
     def logprobs(self) -> list[TokenLogprob] | None:

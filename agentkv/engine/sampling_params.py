@@ -31,6 +31,9 @@ class SamplingParams:
     regex: str | None = None  # the whole output matches this pattern
     grammar: str | None = None  # a Lark grammar (llguidance dialect)
     jump_forward: bool = True  # append the tokens a grammar forces without a forward pass
+    # A dict schema's objects take no keys beyond those declared where it leaves additionalProperties
+    # unset (as xgrammar's strict mode; a small model otherwise invents keys). False: as the spec says.
+    close_objects: bool = True
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:

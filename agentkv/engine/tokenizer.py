@@ -68,6 +68,12 @@ class Tokenizer:
         self._chat_env = None
 
     @property
+    def special_tokens(self) -> tuple[str, ...]:
+        """The texts of the special tokens (`<|im_start|>`, `</s>`, ...): markers no generated text
+        should spell out (tool_calls.py keeps those the chat template writes out of free text)."""
+        return tuple(t.content for t in self._tok.get_added_tokens_decoder().values() if t.special)
+
+    @property
     def backend(self):
         """The underlying `tokenizers.Tokenizer` (the grammar layer reads the vocabulary from it)."""
         return self._tok

@@ -38,8 +38,11 @@ from agentkv.server.protocol import (
 )
 
 
-def create_app(engine, model_name: str, api_key: str | None = None, max_inflight: int = 256) -> FastAPI:
-    """`max_inflight`: requests accepted at once (running, queued, streaming); more get a 429."""
+def create_app(engine, model_name: str, api_key: str | None = None, max_inflight: int = 256,
+               close_objects: bool = True) -> FastAPI:
+    """`max_inflight`: requests accepted at once (running, queued, streaming); more get a 429.
+    `close_objects`: the default of a chat request's `close_objects` (schemas' objects closed where
+    they leave additionalProperties unset)."""
     # (no `from __future__ import annotations` here: FastAPI reads the handlers' annotations at runtime)
     app = FastAPI(title="agentkv", version="0.1.0", docs_url=None, redoc_url=None)
     created = int(time.time())
@@ -69,6 +72,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     async def parse_dict(request: Request, raw: Any, kind):
         body = json_object(raw)
         check(request, body)
+        if kind is ChatRequest:
+            body = {"close_objects": close_objects, **body}
         return validate(kind, body)
 
     def failed(request: Request, status: int) -> None:

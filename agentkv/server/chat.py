@@ -24,7 +24,7 @@ class ChatPlan:
         from agentkv.engine import SamplingParams
 
         self.engine, self.req = engine, req
-        self.fmt = ToolCallFormat.for_template(engine.tokenizer.chat_template)
+        self.fmt = ToolCallFormat.for_tokenizer(engine.tokenizer)
         specs, defs, mode = chat_tools(req)
         schema = response_schema(req)
         self.messages = template_messages(req, self.fmt)
@@ -44,9 +44,11 @@ class ChatPlan:
                 raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
             sampling["top_logprobs"] = req.top_logprobs
         self.calls_possible = bool(specs) and mode != "none"
+        self.specs = {s.name: s for s in specs}
+        self.output_schema = None if schema is None else ({} if schema is True else _schema_dict(schema))
         if specs:
-            output = None if schema is None else ({} if schema is True else _schema_dict(schema))
-            grammar = self.fmt.grammar(specs, mode, output, req.parallel_tool_calls)
+            grammar = self.fmt.grammar(specs, mode, self.output_schema, req.parallel_tool_calls,
+                                       close_objects=req.close_objects)
             if "regex" in sampling or "grammar" in sampling:
                 raise APIError(400, "regex / grammar cannot be combined with tools", "tools")
             if grammar is not None:
@@ -55,22 +57,44 @@ class ChatPlan:
             if "regex" in sampling or "grammar" in sampling:
                 raise APIError(400, "regex / grammar cannot be combined with response_format", "response_format")
             sampling["json_schema"] = schema
+            sampling["close_objects"] = req.close_objects
         try:
             self.params = SamplingParams(**sampling)
         except RequestError as e:
             raise bad_request(e) from None
 
     def message(self, completion, call_prefix: str) -> tuple[dict, str]:
-        """(the response message, its finish_reason) of one completion."""
-        text = completion.text
-        calls = []
+        """(the response message, its finish_reason) of one completion: the calls it completed (a call
+        cut by max_tokens dropped), the text before them with none of the format's markup, each
+        call's arguments and a finished JSON output checked against their whole schemas (what the
+        grammar relaxed; an output that fails is a 500, which OpenAI's clients retry)."""
+        text, calls = completion.text, []
         if self.calls_possible:
-            content, calls, _ = self.fmt.parse(text)
-            text = content if calls else text
+            text, calls, _ = self.fmt.parse(text)
+        for c in calls:
+            self._check(c.arguments, self.specs[c.name].parameters, f"the arguments of the call of {c.name!r}")
+        if not calls and completion.complete and self.output_schema is not None:
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                value = None  # free text beside the output (tool_choice auto): not JSON, nothing to check
+            else:
+                self._check(value, self.output_schema, "the output")
         msg: dict[str, Any] = {"role": "assistant", "content": (text or None) if calls else text}
         if calls:
             msg["tool_calls"] = tool_calls_json(calls, call_prefix)
         return msg, finish_reason(completion.finish_reason, bool(calls))
+
+    @staticmethod
+    def _check(value, schema, what: str) -> None:
+        from agentkv.grammar.validation import schema_check
+
+        problem = schema_check(schema).error(value)
+        if problem is not None:
+            raise APIError(500, f"the model wrote {what} that does not validate against its schema where the "
+                                f"grammar could not enforce it exactly: {problem}; retry, or make the schema "
+                                "enforceable (see GrammarCompiler(strict=True))", None, "server_error",
+                           "invalid_model_output")
 
 
 async def chat_completion(engine, req: ChatRequest, model: str) -> dict:
@@ -131,7 +155,13 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                 yield chunk(d.index, {"content": safe[start:]})
                 sent[d.index] = len(safe)
             if d.finish_reason is not None:
-                msg, reason = plan.message(d.completion, f"{rid[-8:]}_{d.index}")
+                try:
+                    msg, reason = plan.message(d.completion, f"{rid[-8:]}_{d.index}")
+                except APIError as e:  # the output failed its check: the stream ends with the error
+                    yield _sse(e.body())
+                    metrics.request_done("/v1/chat/completions", e.status, time.perf_counter() - started)
+                    completed.append(True)
+                    return
                 if msg.get("tool_calls"):
                     calls = [{"index": k, **c} for k, c in enumerate(msg["tool_calls"])]
                     yield chunk(d.index, {"tool_calls": calls})

@@ -130,8 +130,9 @@ class EngineReplica:
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 @serve.ingress(ingress_app)
 class Ingress:
-    def __init__(self, engines, model_name: str, api_key: str | None):
+    def __init__(self, engines, model_name: str, api_key: str | None, close_objects: bool = True):
         self.engines, self.model_name, self.api_key = engines, model_name, api_key
+        self.close_objects = close_objects  # the default of chat requests' close_objects
         self.created = int(time.time())
         self.pins: dict[str, tuple[dict, int]] = {}  # pin id -> (the body it was made from, tokens)
 
@@ -145,6 +146,8 @@ class Ingress:
         except ValueError:
             raise APIError(400, "the request body is not valid JSON") from None
         body = {**(default or {}), **json_object(raw)}
+        if kind is ChatRequest:
+            body = {"close_objects": self.close_objects, **body}
         self._check(request, body)
         return body, validate(kind, body)
 
@@ -209,20 +212,21 @@ class Ingress:
 
 
 def build_app(model: str | None, model_name: str, replicas: int, api_key: str | None = None,
-              engine_options: dict[str, Any] | None = None):
+              engine_options: dict[str, Any] | None = None, close_objects: bool = True):
     engines = EngineReplica.options(num_replicas=replicas).bind(model, model_name, engine_options or {})
-    return Ingress.bind(engines, model_name, api_key)
+    return Ingress.bind(engines, model_name, api_key, close_objects)
 
 
 def serve_cluster(model: str | None, model_name: str, replicas: int, host: str, port: int,
                   api_key: str | None = None, ray_address: str | None = None,
-                  engine_options: dict[str, Any] | None = None) -> None:
+                  engine_options: dict[str, Any] | None = None, close_objects: bool = True) -> None:
     """Start (or join) Ray, deploy, and serve until interrupted."""
     import ray
 
     ray.init(address=ray_address, include_dashboard=False, ignore_reinit_error=True)
     serve.start(http_options={"host": host, "port": port})
-    serve.run(build_app(model, model_name, replicas, api_key, engine_options), name="agentkv", route_prefix="/")
+    serve.run(build_app(model, model_name, replicas, api_key, engine_options, close_objects), name="agentkv",
+              route_prefix="/")
     try:
         asyncio.run(_forever())
     except KeyboardInterrupt:

@@ -86,6 +86,9 @@ class ChatRequest(_Request):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
+    # extension: False lets a schema's objects take undeclared keys where it does not say (the server's
+    # default, `agentkv serve --open-objects`, fills it in)
+    close_objects: bool = True
 
 
 class CompletionRequest(_Request):
@@ -225,8 +228,9 @@ def logprobs_json(logprobs) -> dict | None:
 
 
 def finish_reason(reason: str, has_calls: bool) -> str:
-    """Only OpenAI's reasons: a grammar dead end ends the output as a stop does."""
-    if has_calls:
+    """Only OpenAI's reasons: a grammar dead end ends the output as a stop does; calls cut short by
+    max_tokens (the completed ones returned) are "length"."""
+    if has_calls and reason != "length":
         return "tool_calls"
     return "length" if reason == "length" else "stop"
 
