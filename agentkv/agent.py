@@ -189,7 +189,7 @@ class Agent:
         step = Step(index, mode, text, content=text)
         if mode == "none":
             return step, text
-        step.content, calls, end = self._format.parse(text)
+        step.content, calls, end = self._format.parse(text, cut=completion.finish_reason == "length")
         step.tool_calls = [ToolCall(c.name, c.arguments, f"call_{index}_{k}") for k, c in enumerate(calls)]
         if completion.complete or OPEN not in text and self.output_type is None and mode == "auto":
             return step, text
@@ -207,7 +207,8 @@ class Agent:
             tools, mode = [self.tools[mode]], "required"
         else:
             tools = list(self.tools.values())
-        grammar = self._format.grammar(tools, mode, self._output_schema(), self.parallel_tool_calls)
+        grammar = self._format.grammar(tools, mode, self._output_schema(), self.parallel_tool_calls,
+                                       close_objects=self.params.close_objects)
         return self.params.with_(grammar=grammar) if grammar is not None else self.params
 
     def _output_schema(self) -> dict | None:

@@ -9,10 +9,10 @@ results come back as `<tool_response>` blocks in a user turn, as Qwen's template
 
 A step's grammar makes every call well-formed: its JSON is one of the offered tools' names with
 arguments that match that tool's schema (objects closed where the schema leaves
-`additionalProperties` unset, unless `close_objects=False`). Free text may not contain the format's
-markup (`<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>`) nor the chat template's
-role markers (`<|im_start|>`, ...) outside a well-formed call: nothing the model writes can be a
-malformed call, an imitated tool result or an imitated turn.
+`additionalProperties` unset, unless `close_objects=False`). Free text may not start a tool tag
+(`<tool`, `</tool`: `<tool_call>`, `<tool_response>` and their look-alikes) nor write the chat
+template's role markers (`<|im_start|>`, ...) outside a well-formed call: nothing the model writes
+can be a malformed call, an imitated tool result or an imitated turn.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ from agentkv.grammar.compiler import closed_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MARKUP = (OPEN, CLOSE, "<tool_response>", "</tool_response>")
+# What free text may not write: the start of any tool tag (a small model otherwise imitates a
+# tool's result as `<tool_response>`, `<tool_response]`, `<tool-response>`), and the template's role
+# markers.
+TAG_STARTS = ("<tool", "</tool")
 
 _INJECTED_TOOLS = """
 
@@ -123,7 +127,7 @@ class ToolCallFormat:
             return None
         if output_schema is not None and close_objects:
             output_schema = closed_schema(output_schema)
-        text = f"TEXT: /{text_without(MARKUP + self.markers)}/\n"
+        text = f"TEXT: /{text_without(TAG_STARTS + self.markers)}/\n"
         if mode == "none" or not tools:
             # the output; as text, it may not look like a call that will never run, nor a tool's result
             return f"start: {_json(output_schema)}\n" if output_schema is not None else "start: TEXT\n" + text
@@ -136,13 +140,14 @@ class ToolCallFormat:
             return f"start: {_json(output_schema)} | calls\n" + call
         return "start: TEXT | TEXT? calls\n" + text + call
 
-    def parse(self, text: str) -> tuple[str, list[ToolCall], int]:
+    def parse(self, text: str, cut: bool = False) -> tuple[str, list[ToolCall], int]:
         """(the text before the first call, the complete calls, where the last complete call ends) of
         a step's output written under `grammar`; a call cut short by max_tokens is not among them,
-        and none of its markup is in the text (nor a partial opening tag at the end)."""
+        and none of its markup is in the text (`cut`: the output was cut, so text ending in a start
+        of the opening tag ends before it)."""
         head, sep, _ = text.partition(OPEN)
         if not sep:
-            return _without_partial_tag(text), [], 0
+            return _without_partial_tag(text) if cut else text, [], 0
         decoder = json.JSONDecoder()
         calls, end, i = [], 0, len(head)
         while text.startswith(OPEN + "\n", i):

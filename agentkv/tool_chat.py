@@ -76,7 +76,8 @@ class ToolChat:
         by_name = {s.name: s for s in self.specs}
         completions = []
         for k, c in enumerate(out.completions):
-            content, calls, _ = self.fmt.parse(c.text) if self.mode != "none" else (c.text, [], 0)
+            cut = c.finish_reason == "length"
+            content, calls, _ = self.fmt.parse(c.text, cut) if self.mode != "none" else (c.text, [], 0)
             calls = [ToolCall(call.name, call.arguments, f"call_{k}_{i}") for i, call in enumerate(calls)]
             for call in calls:
                 problem = schema_check(by_name[call.name].parameters).error(call.arguments)

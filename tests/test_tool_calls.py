@@ -92,7 +92,7 @@ def test_auto_grammar_language():
     g = BYTE_COMPILER.compile_lark(ToolCallFormat(False).grammar([get_weather, add], "auto", None))
     assert_language(
         g,
-        good=["", "The answer is 3.", "a < b and <tool", "Let me check.\n" + WEATHER, ADD + "\n" + WEATHER],
+        good=["", "The answer is 3.", "a < b and <too", "Let me check.\n" + WEATHER, ADD + "\n" + WEATHER],
         # text may not contain a tool call's opening tag outside a well-formed call
         bad=["see <tool_call> here", "<tool_call>\n{}\n</tool_call>", ADD + " and more text"],
         source="auto",
@@ -120,9 +120,10 @@ def test_free_text_cannot_imitate_tool_results_or_turns():
     assert fmt.markers == ("<|im_start|>", "<|im_end|>")
     for mode, tools in (("auto", [add]), ("none", [add])):
         g = BYTE_COMPILER.compile_lark(fmt.grammar(tools, mode, None))
-        assert_language(g, good=["200 EUR is 216 USD.", "a <tool b", "<|im"],
+        assert_language(g, good=["200 EUR is 216 USD.", "a <too b", "<|im", "1 < 2"],
                         bad=["<tool_response>\n200 EUR\n</tool_response>", "x </tool_response>", "done</tool_call>",
-                             "<|im_start|>user\nhi", "ok<|im_end|>"], source=mode)
+                             "<|im_start|>user\nhi", "ok<|im_end|>", "<tool_response]", "<tool-response>"],
+                        source=mode)
 
 
 def test_tool_arguments_closed_by_default():
@@ -147,7 +148,8 @@ def test_parse():
     assert fmt.parse(WEATHER + "\n" + ADD[:20]) == ("", calls[:1], len(WEATHER))
     # cut before any call completed, or inside the opening tag: no markup in the text
     assert fmt.parse("Checking.\n" + ADD[:25]) == ("Checking.", [], 0)
-    assert fmt.parse("Checking.\n<tool_") == ("Checking.\n", [], 0)
+    assert fmt.parse("Checking.\n<tool_", cut=True) == ("Checking.\n", [], 0)
+    assert fmt.parse("a <tool_") == ("a <tool_", [], 0)  # finished there: that is its text
     # an argument may contain the closing tag
     tricky = call_text("get_weather", {"city": "</tool_call>"})
     assert fmt.parse(tricky)[1] == [ToolCall("get_weather", {"city": "</tool_call>"})]

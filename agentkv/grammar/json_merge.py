@@ -149,7 +149,12 @@ class SchemaMerger:
         return out
 
     def disjoint(self, branches) -> bool:
-        """Can no instance match two branches? (sound, not complete: distinct types or distinct constants)."""
+        """Can no instance match two branches? (sound, not complete: distinct types or distinct constants).
+        A probe: what it would have to relax makes it judge the branches as written."""
+        with self.probing():
+            return self._disjoint(branches)
+
+    def _disjoint(self, branches) -> bool:
         kinds = []
         for b in branches:
             b = self.inline_ref(b, "#")

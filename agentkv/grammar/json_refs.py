@@ -25,14 +25,6 @@ NOT_SCHEMAS = ("enum", "const", "default", "examples", "example")  # values, not
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
 
 
-class MissingDocumentError(GrammarError):
-    """A `$ref` into a document that was not given (the converter relaxes it, or refuses in strict mode)."""
-
-    def __init__(self, message: str, pointer: str, document: str):
-        super().__init__(message, pointer)
-        self.document = document
-
-
 class SchemaResources:
     def __init__(self, root, documents: dict | None = None):
         self.given: dict[str, object] = {}
@@ -116,9 +108,8 @@ class SchemaResources:
         """The schema a (rewritten) reference points to, and its pointer."""
         doc, _, frag = ref.partition("#")
         if doc not in self.resources:
-            raise MissingDocumentError(f"$ref '{ref}' points to the document '{doc}', which was not given: pass "
-                                       f"it as compile_json_schema(..., documents={{'{doc}': schema}}) or inline it",
-                                       where, doc)
+            raise GrammarError(f"$ref '{ref}' points to the document '{doc}', which was not given: pass it "
+                               f"as compile_json_schema(..., documents={{'{doc}': schema}}) or inline it", where)
         if frag and not frag.startswith("/"):
             ptr = self.anchors.get(f"{doc}#{unquote(frag)}")
             if ptr is None:

@@ -49,7 +49,7 @@ from agentkv.grammar.json_objects import (
     escape_all,
     schema_count,
 )
-from agentkv.grammar.json_refs import MissingDocumentError, SchemaResources
+from agentkv.grammar.json_refs import SchemaResources
 from agentkv.grammar.json_numbers import NUMBER, integer_range, multiple_of, number_range
 from agentkv.grammar.json_values import (
     FORMATS,
@@ -103,11 +103,9 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, LongStrin
     # -- references -------------------------------------------------------------------------------
 
     def resolve(self, ref: str, where: str) -> tuple[object, str]:
-        try:
-            return self.refs.resolve(ref, where)  # json_refs.py
-        except MissingDocumentError as e:  # any value there; the check after fails a value that reaches it
-            self.relax("$ref", where, e.args[0].rsplit(" (at ", 1)[0])
-            return True, f"{e.document}#"
+        # A document not given is a GrammarError even when relaxing: nothing could check a value
+        # there either, and SchemaStore shows both ways of pretending cost real instances.
+        return self.refs.resolve(ref, where)  # json_refs.py
 
     def ref_rule(self, ref: str, where: str) -> Ref:
         target, ptr = self.resolve(ref, where)

@@ -4,9 +4,9 @@ A keyword the grammar cannot enforce exactly (`uniqueItems`, an overlapping `one
 a `pattern`, ...) is dropped from the grammar, which then allows a superset of the schema's values,
 and the finished output is validated against the whole schema (`checked`). Formats agentkv does not
 know are annotations under JSON Schema 2020-12: accepted as any string and not validated either
-(`checked=False`). A `$ref` to a document that was not given is any value in the grammar, and the
-check fails a value that reaches it (nothing is fetched). `GrammarCompiler(strict=True)` refuses all
-of these with a `GrammarError` instead.
+(`checked=False`). `GrammarCompiler(strict=True)` refuses all of these with a `GrammarError` instead.
+A `$ref` to a document that was not given is refused either way (nothing is fetched, and nothing
+could check a value there): pass it as `documents=`.
 """
 
 from __future__ import annotations

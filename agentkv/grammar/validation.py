@@ -2,8 +2,7 @@ r"""The check after generation: a value against its whole JSON schema, with `jso
 
 A grammar enforces what it can and relaxes the rest (relaxed.py); this check covers the rest. It
 reads `$ref`s into the documents given with the schema and the JSON Schema metaschemas, and nowhere
-else (nothing is fetched): a value that reaches a reference to a document not given fails, with a
-message saying to pass it.
+else (nothing is fetched): a value that reaches a reference to a document not given fails.
 The grammar enforces the formats it knows; of the others, those a grammar cannot hold but a check
 can (`regex`, `hostname`: CHECKED_FORMATS) are checked here, and the rest are annotations, as in
 JSON Schema 2020-12's default vocabulary. Patterns are searched with the `regex` module, which reads
@@ -36,9 +35,15 @@ class SchemaCheck:
         def resource(doc):
             return Resource.from_contents(doc, default_specification=DRAFT202012)
 
-        # only the documents the schema reaches: the registry crawls each one it holds
-        reached = SchemaResources(schema, documents).used if documents and isinstance(schema, dict) else {}
-        registry = REGISTRY.with_resources((uri, resource(doc)) for uri, doc in reached.items())
+        # The schema and the documents it reaches as the grammar read them: every $ref rewritten to
+        # one absolute form (json_refs.py), so a reference resolves here where it did there (a draft-07
+        # root whose $ref ignores its sibling $id included), and only the documents reached are held.
+        if isinstance(schema, dict):
+            refs = SchemaResources(schema, documents)
+            schema, held = refs.root, [(uri, node) for uri, (node, _) in refs.resources.items() if uri]
+        else:
+            held = []
+        registry = REGISTRY.with_resources((uri, resource(node)) for uri, node in held)
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         cls = jsonschema.validators.extend(cls, {"pattern": _pattern, "patternProperties": _pattern_properties,
                                                  "additionalProperties": _additional_properties,

@@ -70,7 +70,7 @@ class ChatPlan:
         grammar relaxed; an output that fails is a 500, which OpenAI's clients retry)."""
         text, calls = completion.text, []
         if self.calls_possible:
-            text, calls, _ = self.fmt.parse(text)
+            text, calls, _ = self.fmt.parse(text, cut=completion.finish_reason == "length")
         for c in calls:
             self._check(c.arguments, self.specs[c.name].parameters, f"the arguments of the call of {c.name!r}")
         if not calls and completion.complete and self.output_schema is not None:
