@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table  # noqa: E402
 
 from agentkv.grammar import GrammarCompiler, GrammarError, Matcher, TokenizerInfo  # noqa: E402
+from agentkv.grammar.json_refs import documents_by_id  # noqa: E402
 from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization  # noqa: E402
 from agentkv.grammar.validation import SchemaCheck  # noqa: E402
 
@@ -155,13 +156,7 @@ def walk(toks: list[int], fill, jump, accept_many, accept_one, st: Stats) -> Non
 
 def documents() -> dict:
     """Every SchemaStore schema by its `$id` (draft-04: `id`), for the `$ref`s between them."""
-    docs = {}
-    for path in sorted(DATA.glob("*.json")):
-        schema = json.loads(path.read_text())["schema"]
-        uri = schema.get("$id", schema.get("id")) if isinstance(schema, dict) else None
-        if isinstance(uri, str):
-            docs[uri.split("#")[0]] = schema
-    return docs
+    return documents_by_id(json.loads(p.read_text())["schema"] for p in sorted(DATA.glob("*.json")))
 
 
 def run_ours(info: TokenizerInfo, docs, st: Stats, strict: bool = False, walk_masks: bool = True) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from agentkv.grammar import GrammarCompiler, GrammarError, Matcher
+from agentkv.grammar.json_refs import documents_by_id
 from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization
 from agentkv.grammar.validation import SchemaCheck
 from tests.conftest import shared_data
@@ -36,13 +37,7 @@ MASK_SAMPLE_TOKENS = 24
 
 def schemastore_documents(root: Path) -> dict:
     """Every SchemaStore schema by its `$id` (draft-04: `id`), for references between them."""
-    docs = {}
-    for path in sorted(root.glob("*.json")):
-        schema = json.loads(path.read_text())["schema"]
-        uri = schema.get("$id", schema.get("id")) if isinstance(schema, dict) else None
-        if isinstance(uri, str):
-            docs[uri.split("#")[0]] = schema
-    return docs
+    return documents_by_id(json.loads(p.read_text())["schema"] for p in sorted(root.glob("*.json")))
 
 
 def test_schemastore_instances_token_by_token(smollm_info, smollm_compiler):

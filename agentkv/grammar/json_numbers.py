@@ -225,14 +225,4 @@ def _remainder_dfa(p: int, s: int, integer: bool):
         elif kind in ("frac", "tail"):
             edges.append((0x30, 0x30, state(("tail", r, c))))
         rows[states[key]] = sorted(edges)
-    return [tuple(_merge(r)) for r in rows], tuple(accept)
-
-
-def _merge(row: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    out: list[tuple[int, int, int]] = []
-    for lo, hi, t in row:
-        if out and out[-1][2] == t and out[-1][1] == lo - 1:
-            out[-1] = (out[-1][0], hi, t)
-        else:
-            out.append((lo, hi, t))
-    return out
+    return rows, tuple(accept)  # (byte by byte: minimal_dfa merges adjacent intervals to one class)

@@ -129,6 +129,12 @@ class SchemaResources:
         return node, ptr
 
 
+def documents_by_id(schemas) -> dict:
+    """Schemas by their own absolute `$id` (draft-04: `id`): the `documents=` for references between
+    them (a set of schemas that name one another, as SchemaStore's do)."""
+    return {uri: s for s in schemas if (uri := _own_id(s, ""))}
+
+
 def _own_id(schema, fallback: str) -> str:
     """A document's base URI: its own absolute `$id` (draft-04: `id`), else where it was found."""
     own = schema.get("$id", schema.get("id")) if isinstance(schema, dict) else None
