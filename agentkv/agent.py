@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import json
 import threading
 import time
@@ -28,7 +29,7 @@ from agentkv.agent_result import (
 )
 from agentkv.errors import AgentError, AgentRetriesError, EngineClosedError, OutputError, RequestError, ToolArgumentsError
 from agentkv.syncio import iterate_sync, run_sync
-from agentkv.tool_calls import OPEN, ToolCall, ToolCallFormat
+from agentkv.tool_calls import OPEN, ToolCall, ToolCallFormat, call_text
 from agentkv.tools import Tool, tool
 
 MODES = ("auto", "required", "none")
@@ -42,13 +43,16 @@ class Agent:
     tool, the choice returns to "auto", so a required call never loops. The last of `max_steps`
     steps is generated without tools, so a run always ends with an output. `retries` bounds the
     corrections of output that fails validation and of tool arguments a tool refuses, per run.
-    `parallel_tool_calls=False` allows one call per step.
+    `parallel_tool_calls=False` allows one call per step. A call the run already made (same tool,
+    same arguments) is not run again unless `rerun_calls=True`: the model is repeating itself (a small
+    model copies its last turn), so that step is left out of the conversation and the next one is
+    generated without the repeated tools (without any left, it is the answer).
     Sampling options (temperature, max_tokens per step, seed, ...) are those of `SamplingParams`.
     """
 
     def __init__(self, instructions: str = "", tools: Sequence[Any] = (), *, output_type: Any = None,
                  tool_choice: str = "auto", max_steps: int = 8, retries: int = 1, parallel_tool_calls: bool = True,
-                 engine=None, pin: bool = True,
+                 rerun_calls: bool = False, engine=None, pin: bool = True,
                  temperature: float = 0.0, max_tokens: int = 512, **sampling: Any):
         from agentkv.engine.sampling_params import SamplingParams
 
@@ -78,7 +82,7 @@ class Agent:
 
             output_grammar_schema(self.output_type)  # GrammarError now for something that is not a schema
         self.tool_choice, self.max_steps, self.retries = tool_choice, max_steps, retries
-        self.parallel_tool_calls = parallel_tool_calls
+        self.parallel_tool_calls, self.rerun_calls = parallel_tool_calls, rerun_calls
         self.params = SamplingParams(temperature=temperature, max_tokens=max_tokens, **sampling)
         if self.params.structured or self.params.n != 1:
             raise RequestError("an Agent sets the grammar of each step itself; give output_type=, not "
@@ -124,12 +128,15 @@ class Agent:
         messages = self._conversation(input, history)
         usage, steps, errors = AgentUsage(), [], []
         mode = self.tool_choice
+        made: dict[str, ToolResult] = {}  # the results of the run's calls, by call
+        withheld: set[str] = set()  # tools the last step repeated a call of
         for index in range(1, self.max_steps + 1):
-            step_mode = mode if index < self.max_steps else "none"
+            step_mode = mode if index < self.max_steps and not set(self.tools) <= withheld else "none"
             yield StepStart(index, step_mode)
             started = time.perf_counter()
             done: list = []
-            async for delta in engine.stream(self._prompt(engine, messages), self._step_params(step_mode)):
+            params = self._step_params(step_mode, withheld)
+            async for delta in engine.stream(self._prompt(engine, messages), params):
                 if delta.text:
                     yield TextDelta(index, delta.text)
                 if delta.completion is not None:
@@ -140,16 +147,30 @@ class Agent:
             step, kept = self._read(index, step_mode, completion)
             step.usage = step_usage
             steps.append(step)
-            messages.append({"role": "assistant", "content": kept})
+            withheld = set()
             if step.tool_calls:
                 for call in step.tool_calls:
                     yield ToolCallEvent(index, call)
-                step.tool_results = list(await asyncio.gather(*(self._call(c) for c in step.tool_calls)))
-                usage.tool_calls += len(step.tool_calls)
+                fresh, seen = [], set(made)
+                for c in step.tool_calls:
+                    if self.rerun_calls or _call_key(c) not in seen:
+                        fresh.append(c)
+                        seen.add(_call_key(c))
+                ran = dict(zip((c.id for c in fresh), await asyncio.gather(*(self._call(c) for c in fresh))))
+                made.update((_call_key(r.call), r) for r in ran.values())
+                step.tool_results = [ran[c.id] if c.id in ran else
+                                     dataclasses.replace(made[_call_key(c)], call=c, repeated=True)
+                                     for c in step.tool_calls]
+                usage.tool_calls += len(fresh)
                 for result in step.tool_results:
                     yield ToolResultEvent(index, result)
-                messages.extend(self._format.results_messages([(r.call, r.content) for r in step.tool_results]))
-                refused = [r for r in step.tool_results if r.refused]
+                withheld = {r.call.name for r in step.tool_results if r.repeated}
+                if fresh:  # the conversation keeps the calls that ran, and their results
+                    messages.append({"role": "assistant",
+                                     "content": kept if not withheld else "\n".join(call_text(c) for c in fresh)})
+                    messages.extend(self._format.results_messages([(r.call, r.content) for r in step.tool_results
+                                                                   if not r.repeated]))
+                refused = [r for r in step.tool_results if r.refused and not r.repeated]
                 if refused:
                     errors.extend(r.error for r in refused)
                     usage.retries += 1
@@ -160,6 +181,7 @@ class Agent:
                     raise AgentRetriesError(f"the model's tool arguments were refused {usage.retries} times "
                                             f"(retries={self.retries}): {refused[-1].error}", refused[-1].call, errors)
                 continue
+            messages.append({"role": "assistant", "content": kept})
             if step.error is None:
                 try:
                     output = self._output(completion, step_mode)
@@ -199,14 +221,17 @@ class Agent:
                       "write shorter arguments, or fewer calls")
         return step, text
 
-    def _step_params(self, mode: str):
-        """The sampling parameters of a step: the agent's, with the grammar of the step's mode."""
+    def _step_params(self, mode: str, withheld: set[str] = frozenset()):
+        """The sampling parameters of a step: the agent's, with the grammar of the step's mode,
+        offering the tools but those `withheld`."""
         if mode == "none" and self.output_type is not None:
             return self.params.with_(json_schema=self.output_type)  # parsed and validated as ak.generate does
         if mode in self.tools:  # a named tool: calls of it only
             tools, mode = [self.tools[mode]], "required"
+        elif mode == "none":
+            tools = list(self.tools.values())  # the answer's text may not imitate their markup
         else:
-            tools = list(self.tools.values())
+            tools = [t for name, t in self.tools.items() if name not in withheld]
         grammar = self._format.grammar(tools, mode, self._output_schema(), self.parallel_tool_calls,
                                        close_objects=self.params.close_objects)
         return self.params.with_(grammar=grammar) if grammar is not None else self.params
@@ -320,6 +345,10 @@ class Agent:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _call_key(call: ToolCall) -> str:
+    return json.dumps([call.name, call.arguments], sort_keys=True, ensure_ascii=False, default=str)
 
 
 def _as_text(value: Any) -> str:

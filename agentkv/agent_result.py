@@ -15,6 +15,7 @@ class ToolResult:
     value: Any = None  # the tool's return value (None when it failed)
     error: str | None = None  # why the call failed: its arguments, or the tool raised
     refused: bool = False  # the tool refused the arguments (counts as a retry); False when the tool raised
+    repeated: bool = False  # the run made this call before: not run again, this is the earlier result
 
 
 @dataclass

@@ -28,7 +28,8 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MARKUP = (OPEN, CLOSE, "<tool_response>", "</tool_response>")
 # What free text may not write: the start of any tool tag (a small model otherwise imitates a
 # tool's result as `<tool_response>`, `<tool_response]`, `<tool-response>`), and the template's role
-# markers.
+# markers. Nor may it open with a tag of any name: a small model wraps its answer in one it makes up
+# (`<user_response>`, `<string>`), copying the shape of the tool results above it.
 TAG_STARTS = ("<tool", "</tool")
 
 _INJECTED_TOOLS = """
@@ -127,7 +128,7 @@ class ToolCallFormat:
             return None
         if output_schema is not None and close_objects:
             output_schema = closed_schema(output_schema)
-        text = f"TEXT: /{text_without(TAG_STARTS + self.markers)}/\n"
+        text = f"TEXT: /{free_text(TAG_STARTS + self.markers)}/\n"
         if mode == "none" or not tools:
             # the output; as text, it may not look like a call that will never run, nor a tool's result
             return f"start: {_json(output_schema)}\n" if output_schema is not None else "start: TEXT\n" + text
@@ -191,6 +192,14 @@ def _json(schema: dict) -> str:
 
 def _esc(literal: str) -> str:
     return literal.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def free_text(words) -> str:
+    """A regex for text in tool mode: none of `words` in it, and its first character after any
+    whitespace starts no word and no tag (`<`); or nothing at all."""
+    words = [words] if isinstance(words, str) else list(words)
+    firsts = "".join(_cls(c) for c in sorted({"<"} | {w[0] for w in words}))
+    return f"(?:\\s*[^\\s{firsts}]{text_without(words)})?"
 
 
 def text_without(words) -> str:

@@ -38,7 +38,7 @@ class AgentView:
             self.generating_s += time.perf_counter() - self.step_started
             if step.tool_calls:
                 did = "\n".join(f"{c.name}({_args(c.arguments)})" for c in step.tool_calls)
-                got = "\n".join(("error: " + r.error) if r.error else _cut(r.content) for r in step.tool_results)
+                got = "\n".join(_result_text(r) for r in step.tool_results)
             elif step.error:
                 did, got = _cut(step.text), "error: " + step.error
             else:
@@ -87,6 +87,12 @@ def format_output(output) -> str:
 
 def _args(arguments: dict) -> str:
     return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
+
+
+def _result_text(result: ak.ToolResult) -> str:
+    if result.repeated:
+        return "(a repeat: not run again; the next step goes without this tool)"
+    return "error: " + result.error if result.error else _cut(result.content)
 
 
 def _cut(text: str) -> str:

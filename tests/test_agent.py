@@ -4,6 +4,7 @@ and validates; tool_choice, errors, retries, max_steps, pins, streams and batche
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Annotated, Literal
 
 import jsonschema
@@ -118,6 +119,48 @@ def test_auto_calls_are_well_formed(engine):
         for step in r.steps:
             if not step.tool_calls:
                 assert "<tool_call>" not in step.text
+
+
+pings: list[str] = []
+
+
+@ak.tool
+def ping() -> str:
+    """Check that the service is up."""
+    pings.append("ping")
+    return f"pong {len(pings)}"
+
+
+def test_repeated_calls_are_not_run_again(engine):
+    """Every call of `ping` is the same call: the random model's twins in a step, and its calls in
+    later steps, are repeats; each run runs it once, and the step after a repeat goes without it."""
+    pings.clear()
+    with agent(engine, tools=[ping, add], tool_choice="ping", max_steps=4, max_tokens=256) as a:
+        results = a.run_batch([f"check {i}" for i in range(8)])
+    repeats = 0
+    for r in results:
+        ran: dict[str, str] = {}
+        for step, after in zip(r.steps, r.steps[1:] + [None]):
+            for res in step.tool_results:
+                key = json.dumps([res.call.name, res.call.arguments], sort_keys=True)
+                assert res.repeated == (key in ran), step.text
+                if res.repeated:
+                    assert res.content == ran[key] and res.call.id.startswith(f"call_{step.index}_")
+                    repeats += 1
+                    assert after is None or all(c.name != res.call.name for c in after.tool_calls)
+                ran.setdefault(key, res.content)
+        assert r.usage.tool_calls == len(ran)
+        # the conversation holds each call once, with its result once
+        said = "".join(m["content"] for m in r.messages if m["role"] == "assistant")
+        assert said.count("<tool_call>") == len(ran) and sum(
+            m["content"].count("<tool_response>") for m in r.messages if m["role"] == "user") == len(ran)
+    assert repeats > 0 and len(pings) == len(results)  # one ping per run
+    pings.clear()
+    with agent(engine, tools=[ping], tool_choice="ping", max_steps=3, max_tokens=256, rerun_calls=True) as a:
+        results = a.run_batch([f"check {i}" for i in range(16)])
+    calls = sum(len(s.tool_calls) for r in results for s in r.steps)
+    assert len(pings) == calls > len(results)  # twins ran too
+    assert not any(res.repeated for r in results for s in r.steps for res in s.tool_results)
 
 
 def test_tool_errors_go_back_to_the_model(engine):
