@@ -157,7 +157,10 @@ class SchemaMerger:
     def _disjoint(self, branches) -> bool:
         kinds = []
         for b in branches:
-            b = self.inline_ref(b, "#")
+            try:
+                b = self.inline_ref(b, "#")
+            except GrammarError:  # its target merges only by relaxing: nothing proves it apart
+                return False
             if isinstance(b, dict) and "allOf" in b:
                 try:  # a branch built with allOf is told apart by what its parts say together
                     merged = {k: v for k, v in b.items() if k != "allOf"}

@@ -321,8 +321,8 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, LongStrin
                 self.relax("format", f"{ptr}/format", f"format '{fmt}' is not in the grammar (it holds "
                            f"{', '.join(sorted(FORMATS))}); replace it with a 'pattern' to enforce it",
                            checked=fmt in CHECKED_FORMATS)
-        if lo > MAX_LENGTH_BOUND or (hi or 0) > MAX_LENGTH_BOUND:
-            lo, hi = self.long_bounds(constraints, lo, hi, ptr)  # long_strings.py
+        if lo or hi is not None:  # long_strings.py
+            lo, hi = self.bounds_beside(constraints or [length_bounded(0, None, ptr)], lo, hi, ptr)
         if lo or hi is not None:
             constraints.append(length_bounded(lo, hi, ptr))
         excluded = excluded_strings(schema.get("not"))

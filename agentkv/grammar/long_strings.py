@@ -1,4 +1,5 @@
-"""Strings with a length bound above MAX_LENGTH_BOUND (1,000 characters): counted in blocks.
+"""Strings with a length bound above MAX_LENGTH_BOUND (256 characters): counted in blocks; length
+bounds beside a pattern.
 
 A bound of n characters written as one chain of states would take a chain position per character,
 each as many states as a JSON string character has (escapes, UTF-8 sequences): ~30,000 states for
@@ -8,9 +9,9 @@ by a remainder of fewer than BLOCK: a length L is L // BLOCK blocks and L % BLOC
 the bound is exact and the automaton grows with hi / BLOCK. The parser's configuration holds the
 block count below the position inside the block.
 
-A pattern or format with such a bound would need the product of its automaton with the count; the
-bound is dropped where the pattern's strings are never that long, and relaxed otherwise (validated
-after generation).
+A pattern or format with a length bound needs the product of its automaton with the count: the
+bound is dropped where the pattern's strings are never that long, and relaxed (validated after
+generation) where it is above MAX_LENGTH_BOUND or the product could grow past PRODUCT_BUDGET.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from agentkv.grammar.expr import NOTHING, Intersect, Ref, Repeat, alt, seq
 from agentkv.grammar.json_values import MAX_LENGTH_BOUND, STRING_CHAR
 
 BLOCK = 32
+# A length bound beside a pattern is the product of the pattern's automaton with a count of
+# characters: up to (pattern states) x (bound + 1) states. Above this, the bound is validated after
+# generation instead (one such rule took 13 s to pass 200,000 states).
+PRODUCT_BUDGET = 100_000
 
 
 class LongStrings:
@@ -47,32 +52,44 @@ class LongStrings:
         parts.append(seq(Repeat(block, q_hi, q_hi), Repeat(STRING_CHAR, 0, r_hi)))
         return alt(*parts)
 
-    def long_bounds(self, constraints: list, lo: int, hi: int | None, ptr: str) -> tuple[int, int | None]:
-        """The length bounds to intersect with a pattern's or format's language (`constraints`) where
-        one bound is above MAX_LENGTH_BOUND: kept where small, dropped where the language's strings
-        are never longer (its automaton has no cycle and no longer path), else relaxed."""
-        keep_lo = lo if lo <= MAX_LENGTH_BOUND else 0
-        keep_hi = hi if hi is None or hi <= MAX_LENGTH_BOUND else None
-        if hi is not None and keep_hi is None:
-            longest = _longest(constraints, self.deadline)
-            if longest is None or longest > hi:
-                self.relax("maxLength", f"{ptr}/maxLength", f"maxLength {hi} beside a pattern or format is above "
-                           f"the {MAX_LENGTH_BOUND} characters a grammar counts exactly")
-        if lo > MAX_LENGTH_BOUND:
-            self.relax("minLength", f"{ptr}/minLength", f"minLength {lo} beside a pattern or format is above the "
-                       f"{MAX_LENGTH_BOUND} characters a grammar counts exactly")
-        return keep_lo, keep_hi
+    def bounds_beside(self, constraints: list, lo: int, hi: int | None, ptr: str) -> tuple[int, int | None]:
+        """The length bounds to intersect with a pattern's or format's language (`constraints`): a
+        maxLength its strings never reach is dropped (the automaton is smaller without it); a bound
+        above MAX_LENGTH_BOUND, or one whose product with the language's automaton could pass
+        PRODUCT_BUDGET states, is relaxed (validated after generation)."""
+        lang = minimal_dfa(_intersection(constraints), self.deadline)
+        states = len(lang.accept)
+        if hi is not None:
+            longest = _longest(lang)
+            if longest is not None and longest <= hi:
+                hi = None  # vacuous
+            elif hi > MAX_LENGTH_BOUND or states * (hi + 1) > PRODUCT_BUDGET:
+                self.relax("maxLength", f"{ptr}/maxLength", _too_many("maxLength", hi, states))
+                hi = None
+        if lo > MAX_LENGTH_BOUND or states * (lo + 1) > PRODUCT_BUDGET:
+            self.relax("minLength", f"{ptr}/minLength", _too_many("minLength", lo, states))
+            lo = 0
+        return lo, hi
 
 
-def _longest(constraints: list, deadline: float) -> int | None:
-    """The most bytes a string of the constraints' language takes (None: unbounded or no constraint);
-    a bound on characters at or above it holds for every string."""
-    if not constraints:
-        return None
+def _too_many(keyword: str, bound: int, states: int) -> str:
+    if bound > MAX_LENGTH_BOUND:
+        return (f"{keyword} {bound} beside a pattern or format is above the {MAX_LENGTH_BOUND} characters a "
+                "grammar counts exactly")
+    return (f"{keyword} {bound} beside a pattern or format of {states} states would need up to "
+            f"{states * (bound + 1):,} states counted together (the budget is {PRODUCT_BUDGET:,})")
+
+
+def _intersection(constraints: list):
     lang = constraints[0]
     for c in constraints[1:]:
         lang = Intersect(lang, c)
-    d = minimal_dfa(lang, deadline)
+    return lang
+
+
+def _longest(d) -> int | None:
+    """The most bytes a string of `d`'s language takes (None: unbounded); a bound on characters at
+    or above it holds for every string."""
     live = _live(d)
     memo: dict[int, int | None] = {}
     on_path: set[int] = set()
