@@ -18,6 +18,7 @@ can be a malformed call, an imitated tool result or an imitated turn.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from agentkv.errors import RequestError
 from agentkv.grammar.compiler import closed_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for function names: no markup in a call
 MARKUP = (OPEN, CLOSE, "<tool_response>", "</tool_response>")
 # What free text may not write: the start of any tool tag (a small model otherwise imitates a
 # tool's result as `<tool_response>`, `<tool_response]`, `<tool-response>`), and the template's role
@@ -66,6 +68,13 @@ class FunctionSpec:
     @property
     def definition(self) -> dict:
         return {"type": "function", "function": {"name": self.name, "parameters": self.parameters}}
+
+
+def tool_name_problem(name: Any) -> str | None:
+    """What is wrong with a tool's name, or None."""
+    if isinstance(name, str) and TOOL_NAME.fullmatch(name):
+        return None
+    return f"the tool name {name!r} must be 1 to 64 letters, digits, underscores or dashes"
 
 
 def call_text(call: ToolCall) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentkv.errors import OutputValidationError, RequestError
-from agentkv.tool_calls import FunctionSpec, ToolCall, ToolCallFormat
+from agentkv.tool_calls import FunctionSpec, ToolCall, ToolCallFormat, tool_name_problem
 
 MODES = ("auto", "required", "none")
 
@@ -107,4 +107,6 @@ def _spec(tool: Any, i: int) -> tuple[FunctionSpec, dict]:
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise RequestError(f"tools[{i}] must be an @ak.tool function or {{\"type\": \"function\", \"function\": "
                            "{\"name\": ..., \"parameters\": {...}}}")
+    if tool_name_problem(fn["name"]):
+        raise RequestError(f"tools[{i}]: {tool_name_problem(fn['name'])}")
     return FunctionSpec(fn["name"], fn.get("parameters") or {"type": "object", "properties": {}}), tool

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 from agentkv.errors import ToolArgumentsError, ToolDefinitionError
+from agentkv.tool_calls import tool_name_problem
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ def tool(func: Callable[..., Any] | None = None, *, name: str | None = None, des
         raise ToolDefinitionError(f"@ak.tool needs a function, not {type(func).__name__}")
     summary, param_docs = parse_docstring(inspect.getdoc(func) or "")
     model = _args_model(func, param_docs)
+    if tool_name_problem(name or func.__name__):
+        raise ToolDefinitionError(f"{tool_name_problem(name or func.__name__)}; give one with @ak.tool(name=...)")
     return Tool(name or func.__name__, description if description is not None else summary, func, model,
                 _json_schema(model))
 

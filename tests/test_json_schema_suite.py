@@ -213,7 +213,7 @@ def test_dependencies_by_which_properties_are_present(schema, good, bad):
     # a negation that would recurse forever through properties
     ({"not": {"$ref": "#/$defs/x"}, "$defs": {"x": {"properties": {"a": {"$ref": "#/$defs/x"}}}}},
      "keyword 'not' is not supported"),
-    ({"if": {"properties": {"k": {"const": 1}}}, "allOf": {"required": ["k"]}}, "allOf must be an array"),
+    ({"if": {"properties": {"k": {"const": 1}}}, "allOf": {"required": ["k"]}}, r"not of type .array. \(at #/allOf\)"),
     # A malformed keyword in a branch is no proof that a listed value fails it (and no crash).
     ({"oneOf": [{"enum": ["a"]}, {"type": "string", "minLength": "x"}]}, "oneOf"),
 ])
@@ -237,10 +237,10 @@ def test_listed_values_checked_against_their_siblings(schema, good, bad):
 
 
 @pytest.mark.parametrize("schema,what", [
-    ({"enum": ["a"], "minLength": "x"}, "minLength must be"),
+    ({"enum": ["a"], "minLength": "x"}, r"not of type .integer. \(at #/minLength\)"),
     ({"enum": ["a"], "pattern": "(?=a)"}, "lookaround"),
     ({"enum": [{"a": 1}], "properties": {"a": {"type": "string"}}}, "together with 'properties'"),
-    ({"enum": [1], "minimum": "0"}, "minimum must be"),
+    ({"enum": [1], "minimum": "0"}, r"not of type .number. \(at #/minimum\)"),
 ])
 def test_listed_values_with_keywords_not_checked_are_refused(schema, what):
     with pytest.raises(GrammarError, match=what):

@@ -61,7 +61,7 @@ from agentkv.grammar.json_values import (
 from agentkv.grammar.long_strings import LongStrings
 from agentkv.grammar.regex import search_expr
 from agentkv.grammar.relaxed import Relaxations
-from agentkv.grammar.validation import CHECKED_FORMATS
+from agentkv.grammar.validation import CHECKED_FORMATS, metaschema_error
 
 ALL_TYPES = ("object", "array", "string", "number", "boolean", "null")
 # Keywords next to enum/const that are checked on each listed value (the others are refused there).
@@ -79,6 +79,9 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, LongStrin
         the grammar cannot enforce exactly instead of relaxing it (relaxed.py)."""
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
+        invalid = metaschema_error(schema)  # first: the rules below read keywords as the spec types them
+        if invalid is not None:
+            raise GrammarError(f"the schema is not valid JSON Schema: {invalid[0]}", invalid[1])
         self.refs = refs or SchemaResources(schema)  # `refs`: read with the documents a caller supplied
         self.root = self.refs.root  # its $refs rewritten to one absolute form (json_refs.py)
         self.close_objects = close_objects

@@ -69,6 +69,29 @@ class SchemaCheck:
         return f"{err.message}" + (f" (at value{where})" if where else "")
 
 
+def metaschema_error(schema) -> tuple[str, str] | None:
+    """(what is wrong, its JSON pointer in `schema`) where `schema` is not valid against its
+    metaschema, or None. Without `$schema`, any draft's metaschema will do (a tuple `items: [...]`
+    is draft-07's, `exclusiveMinimum: true` draft-04's, and the grammar reads both)."""
+    if not isinstance(schema, dict):
+        return None if isinstance(schema, bool) else ("a JSON schema is an object or a boolean", "#")
+    import jsonschema
+
+    from agentkv.grammar.json_objects import pointer_escape
+
+    named = jsonschema.validators.validator_for(schema, default=None)
+    drafts = [named] if named is not None else [jsonschema.Draft202012Validator, jsonschema.Draft201909Validator,
+                                                jsonschema.Draft7Validator, jsonschema.Draft4Validator]
+    errors = []
+    for cls in drafts:
+        err = jsonschema.exceptions.best_match(cls(cls.META_SCHEMA).iter_errors(schema))
+        if err is None:
+            return None
+        errors.append(err)
+    err = max(errors, key=lambda e: len(e.absolute_path))  # the draft that read furthest says most
+    return err.message, "#" + "".join("/" + pointer_escape(str(p)) for p in err.absolute_path)
+
+
 def _format_checker():
     from jsonschema import FormatChecker
 

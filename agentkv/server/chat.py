@@ -11,8 +11,8 @@ from typing import Any
 
 from agentkv.errors import RequestError
 from agentkv.server.protocol import (
-    APIError, ChatRequest, CompletionRequest, bad_request, chat_tools, finish_reason, logprobs_json, response_schema,
-    template_messages, tool_calls_json,
+    APIError, ChatRequest, CompletionRequest, bad_request, chat_tools, check_max_tokens, finish_reason, logprobs_json,
+    response_schema, template_messages, tool_calls_json,
 )
 from agentkv.tool_calls import OPEN, ToolCallFormat
 
@@ -63,6 +63,15 @@ class ChatPlan:
         except RequestError as e:
             raise bad_request(e) from None
 
+    def prompt_ids(self) -> list[int]:
+        """The prompt's tokens (what the engine is given), its max_tokens checked against the context
+        (a prompt over the context itself is the engine's 413)."""
+        ids = self.engine.tokenizer.encode(self.prompt)
+        if len(ids) < self.engine.context_length:
+            check_max_tokens(self.params.max_tokens, len(ids), self.engine.context_length,
+                             "max_completion_tokens" if self.req.max_completion_tokens is not None else "max_tokens")
+        return ids
+
     def message(self, completion, call_prefix: str) -> tuple[dict, str]:
         """(the response message, its finish_reason) of one completion: the calls it completed (a call
         cut by max_tokens dropped), the text before them with none of the format's markup, each
@@ -99,7 +108,7 @@ class ChatPlan:
 
 async def chat_completion(engine, req: ChatRequest, model: str) -> dict:
     plan = ChatPlan(engine, req)
-    out = await _run(engine.agenerate(plan.prompt, plan.params))
+    out = await _run(engine.agenerate(plan.prompt_ids(), plan.params))
     rid = _id("chatcmpl")
     choices = []
     for i, c in enumerate(out.completions):
@@ -115,7 +124,7 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
     however it ends (a client that goes away included)."""
     plan = ChatPlan(engine, req)
     rid, created = _id("chatcmpl"), int(time.time())
-    deltas = engine.stream(plan.prompt, plan.params)
+    deltas = engine.stream(plan.prompt_ids(), plan.params)
     first = await _run(deltas.__anext__())
 
     def chunk(index: int, delta: dict, reason: str | None = None, logprobs=None) -> str:
@@ -193,9 +202,21 @@ def _completion_params(req: CompletionRequest):
         raise bad_request(e) from None
 
 
+def _prompt_ids(engine, prompts: list, params) -> list[list[int]]:
+    """Each prompt's tokens, its max_tokens checked against the context (as ChatPlan.prompt_ids)."""
+    out = []
+    for p in prompts:
+        ids = engine.tokenizer.encode(p) if isinstance(p, str) else list(p)
+        if len(ids) < engine.context_length:
+            check_max_tokens(params.max_tokens, len(ids), engine.context_length)
+        out.append(ids)
+    return out
+
+
 async def completion(engine, req: CompletionRequest, model: str) -> dict:
     prompts, params = _prompts(req), _completion_params(req)
-    outs = await asyncio.gather(*(_run(engine.agenerate(p, params)) for p in prompts))  # batched by the engine
+    ids = _prompt_ids(engine, prompts, params)
+    outs = await asyncio.gather(*(_run(engine.agenerate(p, params)) for p in ids))  # batched by the engine
     choices, usage = [], None
     for p, out in zip(prompts, outs):
         usage = out.usage if usage is None else _add(usage, out.usage, same_prompt=False)
@@ -213,7 +234,7 @@ async def completion_stream(engine, req: CompletionRequest, model: str, metrics,
     if len(prompts) != 1:
         raise APIError(400, "a streamed completion takes one prompt; send the others as their own requests", "prompt")
     rid, created = _id("cmpl"), int(time.time())
-    deltas = engine.stream(prompts[0], params)
+    deltas = engine.stream(_prompt_ids(engine, prompts, params)[0], params)
     first = await _run(deltas.__anext__())
     metrics.first_token(time.perf_counter() - started)
 

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentkv.errors import RequestError
-from agentkv.tool_calls import FunctionSpec, ToolCall, ToolCallFormat, call_text
+from agentkv.tool_calls import FunctionSpec, ToolCall, ToolCallFormat, call_text, tool_name_problem
 
 
 class APIError(Exception):
@@ -109,7 +109,10 @@ def chat_tools(req: ChatRequest) -> tuple[list[FunctionSpec], list[dict], str]:
         if t.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise APIError(400, "each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., "
                                 "\"parameters\": {...}}}", f"tools[{i}]")
+        if tool_name_problem(fn["name"]):
+            raise APIError(400, tool_name_problem(fn["name"]), f"tools[{i}].function.name")
         params = fn.get("parameters") or {"type": "object", "properties": {}}
+        checked_schema(params, f"tools[{i}].function.parameters")
         if fn.get("strict"):
             from agentkv.grammar.compiler import closed_schema
 
@@ -142,7 +145,7 @@ def response_schema(req: ChatRequest) -> Any:
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
             raise APIError(400, "response_format.json_schema must be {\"name\": ..., \"schema\": {...}}",
                            "response_format.json_schema")
-        schema = spec.get("schema", True)
+        schema = checked_schema(spec.get("schema", True), "response_format.json_schema.schema")
         if spec.get("strict") and isinstance(schema, dict):
             from agentkv.grammar.compiler import closed_schema
 
@@ -150,6 +153,25 @@ def response_schema(req: ChatRequest) -> Any:
         return schema
     raise APIError(400, f"response_format.type must be text, json_object or json_schema, not {rf.get('type')!r}",
                    "response_format.type")
+
+
+def checked_schema(schema: Any, param: str) -> Any:
+    """`schema`, or a 400 naming `param` and the pointer where it is not valid JSON Schema."""
+    from agentkv.grammar.validation import metaschema_error
+
+    invalid = metaschema_error(schema)
+    if invalid is not None:
+        raise APIError(400, f"{param} is not valid JSON Schema: {invalid[0]} (at {invalid[1]})", param)
+    return schema
+
+
+def check_max_tokens(max_tokens: int | None, prompt_tokens: int, context: int, param: str = "max_tokens") -> None:
+    """A 400 where the prompt and `max_tokens` cannot fit in the context together (as vLLM answers;
+    the engine alone would stop at the context's end)."""
+    if isinstance(max_tokens, int) and prompt_tokens + max_tokens > context:
+        raise APIError(400, f"{param}={max_tokens} is too large: the context holds {context} tokens and the prompt "
+                            f"takes {prompt_tokens}, leaving at most {max(context - prompt_tokens, 0)}; lower {param}",
+                       param)
 
 
 def template_messages(req: ChatRequest, fmt: ToolCallFormat) -> list[dict]:

@@ -1,0 +1,103 @@
+"""Requests a hostile or careless client sends: each is a 400 (or 413) naming what to change, before
+anything reaches the engine, and the server keeps answering the next request."""
+
+from __future__ import annotations
+
+import pytest
+
+import agentkv as ak
+from agentkv.errors import GrammarError, RequestError, ToolDefinitionError
+from tests.grammar_helpers import BYTE_COMPILER
+
+fastapi_testclient = pytest.importorskip("fastapi.testclient")
+
+from agentkv.server import create_app  # noqa: E402
+from agentkv.server.protocol import check_max_tokens  # noqa: E402
+
+HI = [{"role": "user", "content": "hi"}]
+OBJECT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def tool(name: str = "f", parameters=None) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters or OBJECT}}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_long_dir):
+    with ak.Engine(str(tiny_long_dir), num_slots=16384, seed=0) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    return fastapi_testclient.TestClient(create_app(engine, "m"), raise_server_exceptions=False)
+
+
+def chat(client, **body):
+    body = {"model": "m", "messages": HI, "max_tokens": 4, **body}
+    return client.post("/v1/chat/completions", json=body)
+
+
+def error(response, status: int, param: str) -> str:
+    assert response.status_code == status, response.text
+    err = response.json()["error"]
+    assert err["param"] == param, err
+    return err["message"]
+
+
+@pytest.mark.parametrize("body,param,says", [
+    # a schema that is not JSON Schema: once a TypeError deep in the converter, a 500
+    ({"tools": [tool(parameters={"type": 7})]}, "tools[0].function.parameters", "(at #/type)"),
+    ({"tools": [tool(parameters={"type": "object", "properties": {"a": {"minLength": -1}}})]},
+     "tools[0].function.parameters", "(at #/properties/a/minLength)"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"required": "a"}}}},
+     "response_format.json_schema.schema", "(at #/required)"),
+    # names OpenAI refuses; this one once came back as raw markup in `content`
+    ({"tools": [tool('</tool_call>"{')], "tool_choice": "required"}, "tools[0].function.name", "1 to 64 letters"),
+    ({"tools": [tool("x" * 65)]}, "tools[0].function.name", "1 to 64 letters"),
+    ({"tools": [tool("get weather")]}, "tools[0].function.name", "1 to 64 letters"),
+    # more tokens than the context holds: once a 200
+    ({"max_tokens": 10 ** 12}, "max_tokens", "leaving at most"),
+    ({"max_tokens": 4096}, "max_tokens", "the context holds 4096 tokens"),
+    ({"max_completion_tokens": 10 ** 12}, "max_completion_tokens", "lower max_completion_tokens"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_request_is_a_400_naming_the_field(client, body, param, says, stream):
+    assert says in error(chat(client, stream=stream, **body), 400, param)
+    ok = chat(client)  # and the server keeps serving
+    assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_prompt_over_the_context_streamed_is_a_413_not_a_broken_stream(client):
+    r = chat(client, messages=[{"role": "user", "content": "x " * 5000}], stream=True)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_names_and_limits_users_write_are_served(client, engine):
+    r = chat(client, tools=[tool("get-weather_2")], tool_choice="required", max_tokens=40)
+    assert r.status_code == 200
+    calls = r.json()["choices"][0]["message"].get("tool_calls") or []
+    assert all(c["function"]["name"] == "get-weather_2" for c in calls)
+    prompt = [1] * 10  # a prompt of token ids: the room left is context - 10
+    r = client.post("/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": engine.context_length - 9})
+    assert "leaving at most 4086" in error(r, 400, "max_tokens")
+    check_max_tokens(engine.context_length - 10, 10, engine.context_length)  # exactly full: allowed
+    r = client.post("/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 200
+
+
+def _add(a: int, b: int) -> int:
+    return a + b
+
+
+def test_the_library_refuses_them_too(engine):
+    with pytest.raises(GrammarError, match=r"not valid JSON Schema: 7 is not valid .*\(at #/type\)"):
+        BYTE_COMPILER.compile_json_schema({"type": 7})
+    # a draft-07 tuple and a draft-04 boolean bound are valid schemas of their drafts
+    BYTE_COMPILER.compile_json_schema({"items": [{"type": "string"}], "exclusiveMinimum": True, "minimum": 1})
+    with pytest.raises(GrammarError, match=r"\(at #/items/0/type\)"):
+        BYTE_COMPILER.compile_json_schema({"items": [{"type": "text"}]})
+    with pytest.raises(ToolDefinitionError, match="1 to 64 letters"):
+        ak.tool(_add, name="</tool_call>")
+    with pytest.raises(RequestError, match="1 to 64 letters"):
+        engine.chat(HI, tools=[tool("a b")], max_tokens=4)
