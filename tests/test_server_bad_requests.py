@@ -18,6 +18,13 @@ HI = [{"role": "user", "content": "hi"}]
 OBJECT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
 
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 def tool(name: str = "f", parameters=None) -> dict:
     return {"type": "function", "function": {"name": name, "parameters": parameters or OBJECT}}
 
@@ -60,12 +67,30 @@ def error(response, status: int, param: str) -> str:
     ({"max_tokens": 10 ** 12}, "max_tokens", "leaving at most"),
     ({"max_tokens": 4096}, "max_tokens", "the context holds 4096 tokens"),
     ({"max_completion_tokens": 10 ** 12}, "max_completion_tokens", "lower max_completion_tokens"),
+    # past the server's limits
+    ({"stop": [str(i) for i in range(17)]}, "stop", "at most 16 strings"),
+    ({"stop": "x" * 513}, "stop", "at most 512 characters"),
+    ({"regex": "a" * (64 << 10) + "a"}, "regex", "longer than"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(70)}}},
+     "response_format.json_schema.schema", "nested deeper than 64"),
 ])
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_request_is_a_400_naming_the_field(client, body, param, says, stream):
     assert says in error(chat(client, stream=stream, **body), 400, param)
     ok = chat(client)  # and the server keeps serving
     assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_bodies_too_large_or_too_deep(client):
+    from agentkv.server.protocol import MAX_BODY_BYTES
+
+    big = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * MAX_BODY_BYTES + b'"}]}'
+    r = client.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    deep = b"[" * 100_000 + b"]" * 100_000  # once a RecursionError, a 500
+    r = client.post("/v1/chat/completions", content=deep, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "nests too deeply" in r.json()["error"]["message"]
+    assert chat(client).status_code == 200
 
 
 def test_prompt_over_the_context_streamed_is_a_413_not_a_broken_stream(client):

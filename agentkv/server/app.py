@@ -26,7 +26,9 @@ from agentkv.server.chat import (
     completion_stream,
 )
 from agentkv.server.metrics import Metrics
+from agentkv.server.openapi import ERRORS, generation_doc, pin_doc
 from agentkv.server.protocol import (
+    MAX_BODY_BYTES,
     APIError,
     ChatRequest,
     CompletionRequest,
@@ -36,6 +38,22 @@ from agentkv.server.protocol import (
     model_card,
     validate,
 )
+
+
+async def read_json(request: Request) -> Any:
+    """The body as JSON: a 413 past MAX_BODY_BYTES, a 400 where it is not JSON (or nests past what
+    the parser can read)."""
+    if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body is over {MAX_BODY_BYTES} bytes", None, code="body_too_large")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body is over {MAX_BODY_BYTES} bytes", None, code="body_too_large")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise APIError(400, "the request body is not valid JSON") from None
+    except RecursionError:
+        raise APIError(400, "the request body nests too deeply") from None
 
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_inflight: int = 256,
@@ -63,11 +81,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
         check_access(request.headers.get("authorization"), body, api_key, model_name)
 
     async def parse(request: Request, kind):
-        try:
-            raw = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise APIError(400, "the request body is not valid JSON") from None
-        return await parse_dict(request, raw, kind)
+        return await parse_dict(request, await read_json(request), kind)
 
     async def parse_dict(request: Request, raw: Any, kind):
         body = json_object(raw)
@@ -77,8 +91,11 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
         return validate(kind, body)
 
     def failed(request: Request, status: int) -> None:
+        # counted by the route's template (`/v1/models/{name}`), never by the path a client made up:
+        # each made-up path would be one more series in /metrics, for ever
+        route = request.scope.get("route")
         if request.url.path.startswith("/v1/"):
-            metrics.request_done(request.url.path, status, 0.0)
+            metrics.request_done(route.path if route is not None else "/v1/(no such route)", status, 0.0)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -101,17 +118,17 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     async def health() -> dict:
         return {"status": "ok"}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=ERRORS)
     async def models(request: Request) -> dict:
         check(request)
         return {"object": "list", "data": [model_card(model_name, created)]}
 
-    @app.get("/v1/models/{name}")
+    @app.get("/v1/models/{name}", responses=ERRORS)
     async def model(name: str, request: Request) -> dict:
         check(request, {"model": name})
         return model_card(model_name, created)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_text() -> PlainTextResponse:
         stats = await asyncio.to_thread(engine.stats)
         return PlainTextResponse(metrics.render(stats), media_type="text/plain; version=0.0.4")
@@ -133,19 +150,19 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
         metrics.request_done(endpoint, 200, time.perf_counter() - started, out["usage"])
         return out
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **generation_doc(ChatRequest, model_name, streams=True))
     async def chat(request: Request) -> Any:
         return await generation(request, ChatRequest, "/v1/chat/completions", chat_completion, chat_stream)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **generation_doc(CompletionRequest, model_name, streams=True))
     async def completions(request: Request) -> Any:
         return await generation(request, CompletionRequest, "/v1/completions", completion, completion_stream)
 
     # ---- pins: keep a system prompt + tool definitions resident for the requests that start with it ----
 
-    @app.post("/v1/pins")
+    @app.post("/v1/pins", **pin_doc(model_name))
     async def pin(request: Request) -> dict:
-        body = await request.json() if await request.body() else {}
+        body = await read_json(request) if await request.body() else {}
         body = {"model": model_name, **body} if isinstance(body, dict) else body
         req = await parse_dict(request, body, ChatRequest)
         plan = ChatPlan(engine, req)  # rendered as a chat request with these messages and tools renders them
@@ -155,12 +172,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
         pins[pin_id] = (handle, len(ids))
         return {"id": pin_id, "object": "pin", "tokens": len(ids)}
 
-    @app.get("/v1/pins")
+    @app.get("/v1/pins", responses=ERRORS)
     async def list_pins(request: Request) -> dict:
         check(request)
         return {"object": "list", "data": [{"id": k, "object": "pin", "tokens": n} for k, (_, n) in pins.items()]}
 
-    @app.delete("/v1/pins/{pin_id}")
+    @app.delete("/v1/pins/{pin_id}", responses=ERRORS)
     async def unpin(pin_id: str, request: Request) -> dict:
         check(request)
         if pin_id not in pins:

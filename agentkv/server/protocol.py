@@ -15,6 +15,13 @@ from agentkv.errors import RequestError
 from agentkv.tool_calls import FunctionSpec, ToolCall, ToolCallFormat, call_text, tool_name_problem
 
 
+# Limits on what one request may carry; past them, a 400 (413 for the body) naming the limit.
+MAX_BODY_BYTES = 16 << 20
+MAX_STOP, MAX_STOP_CHARS = 16, 512  # stop strings: how many, how long each
+MAX_GRAMMAR_CHARS = 64 << 10  # regex, ebnf / grammar
+MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH = 1 << 20, 64  # a response_format schema or a tool's parameters
+
+
 class APIError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
@@ -52,6 +59,17 @@ class _Request(BaseModel):
     regex: str | None = None
     ebnf: str | None = None
     grammar: str | None = None  # a Lark grammar (llguidance dialect)
+
+    def check_limits(self) -> None:
+        """400s for stop strings and grammars past the server's limits."""
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise APIError(400, f"stop takes at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters each",
+                           "stop")
+        for name in ("regex", "ebnf", "grammar"):
+            if len(getattr(self, name) or "") > MAX_GRAMMAR_CHARS:
+                raise APIError(400, f"{name} is longer than the {MAX_GRAMMAR_CHARS} characters this server compiles",
+                               name)
 
     def sampling(self, default_max_tokens: int | None) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -156,13 +174,30 @@ def response_schema(req: ChatRequest) -> Any:
 
 
 def checked_schema(schema: Any, param: str) -> Any:
-    """`schema`, or a 400 naming `param` and the pointer where it is not valid JSON Schema."""
+    """`schema`, or a 400 naming `param` and the pointer where it is not valid JSON Schema, or where
+    it is larger or deeper than the server compiles."""
     from agentkv.grammar.validation import metaschema_error
 
+    if len(json.dumps(schema)) > MAX_SCHEMA_BYTES or _depth(schema) > MAX_SCHEMA_DEPTH:
+        raise APIError(400, f"{param} is larger than {MAX_SCHEMA_BYTES} bytes of JSON or nested deeper than "
+                            f"{MAX_SCHEMA_DEPTH} levels; simplify it", param)
     invalid = metaschema_error(schema)
     if invalid is not None:
         raise APIError(400, f"{param} is not valid JSON Schema: {invalid[0]} (at {invalid[1]})", param)
     return schema
+
+
+def _depth(value: Any) -> int:
+    """How deeply a JSON value nests (without recursion: a hostile value may nest thousands deep)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        deepest = max(deepest, d)
+        if isinstance(v, dict):
+            todo.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            todo.extend((x, d + 1) for x in v)
+    return deepest
 
 
 def check_max_tokens(max_tokens: int | None, prompt_tokens: int, context: int, param: str = "max_tokens") -> None:
@@ -289,10 +324,12 @@ def validate(kind: type[BaseModel], body: dict) -> Any:
     from pydantic import ValidationError
 
     try:
-        return kind.model_validate(body)
+        req = kind.model_validate(body)
     except ValidationError as e:
         err = e.errors()[0]
         raise APIError(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}", ".".join(map(str, err["loc"]))) from None
+    req.check_limits()
+    return req
 
 
 def engine_error(e: Exception) -> APIError:

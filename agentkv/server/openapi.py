@@ -1,0 +1,81 @@
+"""What the server publishes at /openapi.json: the request bodies as clients send them and every
+answer a route gives, so that a fuzzer (schemathesis, tests/test_server_fuzz.py) knows the fields.
+
+The handlers read raw JSON and check it themselves (protocol.py), for errors in OpenAI's shape; the
+document describes the same bodies: the roles and content parts a message takes, the ranges
+SamplingParams accepts, and `model` as the one name this server serves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentkv.server.protocol import ChatRequest
+
+_TEXT_PART = {"type": "object", "required": ["type", "text"],
+              "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+_CALL = {"type": "object", "required": ["id", "type", "function"], "properties": {
+    "id": {"type": "string"}, "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name", "arguments"],
+                 "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}
+MESSAGE = {"type": "object", "required": ["role"], "properties": {
+    "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+    "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]},
+    "name": {"type": "string"},
+    "tool_calls": {"type": "array", "items": _CALL},
+    "tool_call_id": {"type": "string"},
+}}
+TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": {"type": "string"},
+        "parameters": {"type": "object"}, "strict": {"type": "boolean"}}}}}
+# The ranges SamplingParams takes (a value outside is a 400 naming the field).
+RANGES = {
+    "max_tokens": {"type": "integer", "minimum": 1}, "max_completion_tokens": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number", "minimum": 0},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "n": {"type": "integer", "minimum": 1, "maximum": 64},
+    "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "top_k": {"type": "integer", "minimum": 0}, "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
+}
+ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+ERRORS = {status: {"description": what, "content": {"application/json": {"schema": ERROR}}} for status, what in [
+    (400, "a field to change (named in error.param)"), (401, "a missing or wrong API key"),
+    (404, "another model, or an unknown pin"), (413, "a prompt over the context, or a body over its limit"),
+    (429, "more requests in flight than --max-inflight"),
+    (500, "an output that failed the check of a keyword its grammar relaxed (invalid_model_output)"),
+    (503, "the engine is shutting down")]}
+
+
+def generation_doc(kind: type, model_name: str, streams: bool) -> dict[str, Any]:
+    """`openapi_extra` and `responses` of a generation route taking `kind` (a protocol.py request)."""
+    schema = kind.model_json_schema()
+    props = schema["properties"]
+    props["model"] = {"type": "string", "enum": [model_name]}
+    for name, rng in RANGES.items():
+        if name in props:
+            nullable = any(b.get("type") == "null" for b in props[name].get("anyOf", ()))
+            props[name] = {"anyOf": [rng, {"type": "null"}]} if nullable else rng
+    if kind is ChatRequest:
+        props["messages"] = {"type": "array", "items": MESSAGE, "minItems": 1}
+        props["tools"] = {"anyOf": [{"type": "array", "items": TOOL}, {"type": "null"}]}
+    ok: dict[str, Any] = {"application/json": {"schema": {"type": "object", "required": ["id", "object", "choices"]}}}
+    if streams:
+        ok["text/event-stream"] = {"schema": {"type": "string"}}
+    extra = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+    return {"openapi_extra": extra, "responses": {200: {"description": "the completion", "content": ok}, **ERRORS}}
+
+
+def pin_doc(model_name: str) -> dict[str, Any]:
+    body = generation_doc(ChatRequest, model_name, streams=False)
+    return {"openapi_extra": body["openapi_extra"], "responses": {
+        200: {"description": "the pin", "content": {"application/json": {"schema": {
+            "type": "object", "required": ["id", "object", "tokens"]}}}}, **ERRORS}}
+
