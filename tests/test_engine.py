@@ -121,6 +121,27 @@ def test_penalties_change_logits_exactly():
     assert logits.tolist() == [[1.0, -4.0, 0.5 - 1.0 - 0.25, 0.5]]
 
 
+def test_logit_bias_moves_the_choice(tiny_engine):
+    """OpenAI's logit_bias: +100 makes a token all but certain at temperature 1, -100 all but
+    impossible for greedy decoding; ids outside the vocabulary are a RequestError."""
+    import torch
+
+    from agentkv.engine.request import Request
+    from agentkv.engine.sampler import apply_penalties
+
+    logits = torch.zeros(1, 4)
+    apply_penalties(logits, [Request([0], ak.SamplingParams(logit_bias={1: 5.0, 3: -2}), 0, frozenset(), 8)])
+    assert logits.tolist() == [[0.0, 5.0, 0.0, -2.0]]
+    forced = tiny_engine.generate("hi", max_tokens=6, temperature=1.0, seed=3, ignore_eos=True, logit_bias={7: 100})
+    assert forced.completions[0].token_ids == [7] * 6
+    plain = tiny_engine.generate("hi", max_tokens=1, temperature=0.0)
+    first = plain.completions[0].token_ids[0]
+    banned = tiny_engine.generate("hi", max_tokens=1, temperature=0.0, logit_bias={first: -100})
+    assert banned.completions[0].token_ids[0] != first
+    with pytest.raises(ak.RequestError, match="outside the vocabulary"):
+        tiny_engine.generate("hi", logit_bias={10**6: 1})
+
+
 def test_bad_inputs_raise_typed_errors_and_engine_keeps_serving(tiny_engine):
     with pytest.raises(ak.RequestError, match="empty"):
         tiny_engine.generate("")

@@ -74,6 +74,23 @@ def test_lock_protects_ancestors_and_lru_order():
     assert cache.evict(100) == 4 and cache.total_size == 0
 
 
+def test_a_hit_refreshes_lru_order():
+    """A prefix served from the cache is recent again: inserted first but hit last, it outlives one
+    inserted after it (eviction order would otherwise be insertion order)."""
+    slots = Slots(NUM_SLOTS)
+    cache = RadixCache(slots.free, pin_budget=50, evict_granule=1)
+    insert(cache, slots, [1, 1, 1])
+    insert(cache, slots, [2, 2, 2])
+    insert(cache, slots, [3, 3, 3, 3])
+    assert cache.match_prefix([1, 1, 1, 9])[0].numel() == 3  # a hit on the oldest
+    assert cache.evict(3) == 3
+    assert cache.match_prefix([2, 2, 2])[0].numel() == 0  # the least recently used went first
+    assert cache.match_prefix([1, 1, 1])[0].numel() == 3 and cache.match_prefix([3, 3, 3, 3])[0].numel() == 4
+    # [1, 1, 1] was hit before [3, 3, 3, 3] just now: it goes next
+    assert cache.evict(3) == 3 and cache.match_prefix([3, 3, 3, 3])[0].numel() == 4
+    assert cache.match_prefix([1, 1, 1])[0].numel() == 0
+
+
 def test_pin_budget_and_unpin():
     slots = Slots(NUM_SLOTS)
     cache = RadixCache(slots.free, pin_budget=6)

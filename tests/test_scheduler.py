@@ -96,6 +96,21 @@ def test_admission_waits_for_memory():
     assert a.finish_reason == "length" and b.finish_reason == "length"
 
 
+def test_admission_counts_what_running_requests_were_promised():
+    """A request arriving while another decodes waits for the room the running one's remaining
+    tokens will take; admitting it anyway would force a retraction later."""
+    s = make(num_slots=60, new_token_ratio=1.0, min_new_token_ratio=1.0)
+    a = req(list(range(1, 31)), max_tokens=20)
+    s.add(a)
+    run_step(s)  # a runs: 30 slots used, 19 more tokens promised
+    b = req(list(range(31, 41)), max_tokens=5)  # 10 + 5 does not fit in 30 free less 19 promised
+    s.add(b)
+    assert b not in run_step(s).reqs and list(s.waiting) == [b]
+    finish_all(s)
+    assert s.stats.retractions == 0
+    assert a.output_ids == [5] * 20 and b.output_ids == [5] * 5
+
+
 def test_retraction_when_decode_memory_runs_out():
     s = make(num_slots=40, new_token_ratio=0.1, min_new_token_ratio=0.1)
     a, b = req(list(range(1, 16)), max_tokens=20), req(list(range(20, 35)), max_tokens=20)

@@ -348,6 +348,10 @@ class Engine:
         return ids
 
     def _make_requests(self, ids: list[int], params: SamplingParams, stream: bool = False) -> list[Request]:
+        outside = [t for t, _ in params.logit_bias if t >= self.model_config.vocab_size]
+        if outside:
+            raise RequestError(f"SamplingParams.logit_bias names token ids {outside[:5]} outside the vocabulary "
+                               f"[0, {self.model_config.vocab_size})")
         limit = min(self.context_length, self._pool.capacity) - len(ids)
         max_new = limit if params.max_tokens is None else min(params.max_tokens, limit)
         eos = self.tokenizer.eos_ids

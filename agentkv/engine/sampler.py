@@ -18,9 +18,12 @@ from agentkv.kernels.token_mask import apply_token_bitmask
 
 
 def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
-    """In place: repetition (prompt and output), frequency and presence (output) penalties."""
+    """In place: logit biases; repetition (prompt and output), frequency and presence (output) penalties."""
     for i, r in enumerate(reqs):
         p = r.params
+        if p.logit_bias:
+            ids, biases = zip(*p.logit_bias)
+            logits[i, list(ids)] += torch.tensor(biases, dtype=logits.dtype, device=logits.device)
         if p.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(r.all_ids)), dtype=torch.int64, device=logits.device)
             vals = logits[i, seen]
@@ -59,7 +62,8 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
     """
     want_logprobs = [r.params.logprobs for r in reqs]
     raw_logprobs = logits.log_softmax(-1) if any(want_logprobs) else None
-    if any(r.params.repetition_penalty != 1.0 or r.params.frequency_penalty or r.params.presence_penalty for r in reqs):
+    if any(r.params.repetition_penalty != 1.0 or r.params.frequency_penalty or r.params.presence_penalty
+           or r.params.logit_bias for r in reqs):
         logits = logits.clone()
         apply_penalties(logits, reqs)
     alive = [True] * len(reqs)

@@ -19,6 +19,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # >1 discourages tokens already in prompt or output (CTRL-style)
     frequency_penalty: float = 0.0  # OpenAI semantics: minus penalty * count of the token in the output
     presence_penalty: float = 0.0  # minus penalty once a token has appeared in the output
+    # added to a token's logit before sampling, as OpenAI's logit_bias ({token id: bias in [-100, 100]});
+    # held as sorted (id, bias) pairs so the params stay hashable
+    logit_bias: tuple[tuple[int, float], ...] = ()
     stop: tuple[str, ...] = ()  # stop strings; the matched text is not returned
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
@@ -45,6 +48,12 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias or ()
+        try:
+            object.__setattr__(self, "logit_bias", tuple(sorted((t, b) for t, b in bias)))
+        except (TypeError, ValueError):
+            raise RequestError(f"SamplingParams.logit_bias={self.logit_bias!r} is invalid: give "
+                               "{token id: bias}") from None
         self.validate()
 
     def validate(self) -> None:
@@ -66,6 +75,10 @@ class SamplingParams:
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise bad(name, "it must be in [-2, 2]")
+        for t, b in self.logit_bias:
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0 or not isinstance(b, (int, float)) \
+                    or isinstance(b, bool) or not -100 <= b <= 100:
+                raise bad("logit_bias", "it maps token ids (integers >= 0) to biases in [-100, 100]")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "stop strings must be non-empty strings")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= 20:

@@ -11,6 +11,7 @@ the ECMA syntax schemas use (`\p{L}`) where Python's `re` does not.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -121,9 +122,53 @@ def _search(pattern: str, text: str) -> bool:
     import regex
 
     try:
-        return regex.search(pattern, text) is not None  # (the module caches compiled patterns)
+        return regex.search(_ecma(pattern), text) is not None  # (the module caches compiled patterns)
     except regex.error:
         return False  # a pattern no engine reads: the value fails rather than passing unchecked
+
+
+@functools.lru_cache(maxsize=1024)
+def _ecma(pattern: str) -> str:
+    """`pattern` with ECMA-262's classes, as the grammar reads them (regex.py): `\\d` and `\\w` are
+    ASCII (`regex` would take any Unicode digit: Devanagari digits in a version number), `\\s` is
+    ECMA's whitespace and line terminators, `.` stops at any line terminator."""
+    from agentkv.grammar.regex import DOT, SPACE
+
+    def ranges(rs) -> str:
+        return "".join(f"\\U{lo:08x}" + (f"-\\U{hi:08x}" if hi > lo else "") for lo, hi in rs)
+
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            e = pattern[i + 1]
+            sub = {"d": "0-9", "w": "A-Za-z0-9_", "s": ranges(SPACE)}.get(e)
+            if sub is not None:
+                out.append(sub if in_class else f"[{sub}]")
+            elif e in "DWS" and not in_class:
+                out.append(f"[^{ {'D': '0-9', 'W': 'A-Za-z0-9_', 'S': ranges(SPACE)}[e] }]")
+            else:
+                out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+            out.append(c)
+            if pattern[i + 1:i + 2] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i + 1:i + 2] == "]":  # a leading `]` is a literal
+                out.append("\\]")
+                i += 1
+        elif c == "]" and in_class:
+            in_class = False
+            out.append(c)
+        elif c == "." and not in_class:
+            out.append(f"[{ranges(DOT)}]")
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _multiple_of(validator, step, instance, schema):

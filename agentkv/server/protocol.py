@@ -51,6 +51,7 @@ class _Request(BaseModel):
     stream_options: dict | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token ids (as strings) -> bias in [-100, 100]
     # extras, as SGLang and vLLM take them
     top_k: int | None = None
     min_p: float | None = None
@@ -78,6 +79,12 @@ class _Request(BaseModel):
             "n": self.n, "stop": self.stop or (), "seed": self.seed, "ignore_eos": self.ignore_eos,
             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
         }
+        if self.logit_bias:
+            try:
+                out["logit_bias"] = {int(t): b for t, b in self.logit_bias.items()}
+            except ValueError:
+                raise APIError(400, "logit_bias maps token ids (integers, as strings) to biases in [-100, 100]",
+                               "logit_bias") from None
         for name in ("top_p", "top_k", "min_p", "repetition_penalty"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
