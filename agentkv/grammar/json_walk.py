@@ -50,9 +50,10 @@ class _Walker:
                 for end, text in self._items(c, value, 0):
                     yield end, ["[", *text]
         else:
-            c = self._adv(cid, dumps(value))
-            if c != DEAD:
-                yield c, [dumps(value)]
+            for text in _texts(value):
+                c = self._adv(cid, text)
+                if c != DEAD:
+                    yield c, [text]
 
     def _members(self, cid: int, obj: dict, remaining: tuple, first: bool):
         """The rest of an object after '{' or after a member: members in some order, then '}'."""
@@ -132,3 +133,19 @@ class _Walker:
                             yield c3, ([","] if i else []) + text + tail
         if not found:
             self.failed.add(key)
+
+
+def _texts(value) -> list[str]:
+    """The texts that write a scalar: its compact JSON, and for a number also its plain decimal
+    notation (a bounded number is written without an exponent: 2.5e-09 as 0.0000000025) and, where
+    it has no fraction, the integer (to JSON Schema 2.0 is an integer)."""
+    first = dumps(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return [first]
+    from decimal import Decimal
+
+    d = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    texts = [first, format(d, "f")]
+    if d == d.to_integral_value():
+        texts.append(str(int(d)))
+    return list(dict.fromkeys(texts))

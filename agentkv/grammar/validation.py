@@ -45,10 +45,9 @@ class SchemaCheck:
         else:
             held = []
         registry = REGISTRY.with_resources((uri, resource(node)) for uri, node in held)
-        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        cls = jsonschema.validators.extend(cls, {"pattern": _pattern, "patternProperties": _pattern_properties,
-                                                 "additionalProperties": _additional_properties,
-                                                 "multipleOf": _multiple_of})
+        cls = jsonschema.validators.extend(validator_class(schema), {
+            "pattern": _pattern, "patternProperties": _pattern_properties,
+            "additionalProperties": _additional_properties, "multipleOf": _multiple_of})
         self._validator = cls(schema, registry=registry, format_checker=_format_checker())
 
     def error(self, value) -> str | None:
@@ -68,6 +67,19 @@ class SchemaCheck:
         err = jsonschema.exceptions.best_match([err]) or err
         where = "".join(f"[{p!r}]" for p in err.absolute_path)
         return f"{err.message}" + (f" (at value{where})" if where else "")
+
+
+def validator_class(schema):
+    """jsonschema's validator for the draft `schema` declares (2020-12 without one), reading the
+    keywords later drafts added as the grammar does: a draft-04 schema's `const` is a constant (its
+    authors mean one; to draft-04 it is an unknown word, and a oneOf of two consts would match
+    nothing), likewise `contains`, `propertyNames` and `if`/`then`/`else`."""
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    later = {k: v for k, v in jsonschema.Draft7Validator.VALIDATORS.items()
+             if k in ("const", "contains", "propertyNames", "if") and k not in cls.VALIDATORS}
+    return jsonschema.validators.extend(cls, later) if later else cls
 
 
 def metaschema_error(schema) -> tuple[str, str] | None:
