@@ -318,6 +318,11 @@ def test_pins_metrics_and_capacity(client, live):
     assert 'agentkv_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
     assert "agentkv_time_to_first_token_seconds_count" in text and "agentkv_cache_hit_rate" in text
     assert 'status="400"' in text and 'status="404"' in text
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(text)}  # the whole text parses
+    assert families["agentkv_inflight_requests"].samples[0].value == 0  # this scrape is not a request
+    assert families["agentkv_pins"].samples[0].value == engine.stats()["pins"]
 
 
 def test_busy_server_answers_429(tiny_long_dir, live):

@@ -25,6 +25,7 @@ from agentkv.server.chat import (
     completion,
     completion_stream,
 )
+from agentkv.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentkv.server.metrics import Metrics
 from agentkv.server.openapi import ERRORS, generation_doc, pin_doc
 from agentkv.server.protocol import (
@@ -130,8 +131,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_text() -> PlainTextResponse:
-        stats = await asyncio.to_thread(engine.stats)
-        return PlainTextResponse(metrics.render(stats), media_type="text/plain; version=0.0.4")
+        stats = {**await asyncio.to_thread(engine.stats), "inflight": inflight[0]}
+        return PlainTextResponse(metrics.render(stats), media_type=METRICS_CONTENT_TYPE)
 
     async def generation(request: Request, kind, endpoint: str, respond, stream) -> Any:
         """Parse, admit (429 past max_inflight), run; a stream releases its slot when it ends."""
