@@ -131,7 +131,8 @@ class Agent:
         made: dict[str, ToolResult] = {}  # the results of the run's calls, by call
         withheld: set[str] = set()  # tools the last step repeated a call of
         for index in range(1, self.max_steps + 1):
-            step_mode = mode if index < self.max_steps and not set(self.tools) <= withheld else "none"
+            # the last step answers; so does one after a step that repeated calls of every tool
+            step_mode = mode if index < self.max_steps and not (withheld and set(self.tools) <= withheld) else "none"
             yield StepStart(index, step_mode)
             started = time.perf_counter()
             done: list = []
