@@ -197,6 +197,26 @@ def test_check_reads_given_documents_and_ecma_patterns():
         BYTE_COMPILER.compile_json_schema({"$ref": "https://example.com/missing.json"})
 
 
+@pytest.mark.parametrize("pattern,good,bad", [
+    (r"^\d+$", ["12"], ["\u0661\u0662", "1\u0663"]),  # ECMA's \d is ASCII; Python's takes any digit
+    (r"^\w+$", ["a_1"], ["\u00e9"]),
+    (r"^\s$", [" ", "\u00a0", "\u2028", "\ufeff"], ["x"]),
+    (r"^.$", ["x", "\u00e9"], ["\n", "\r", "\u2028"]),
+    (r"^[^\d]$", ["x"], ["5"]),
+    # ECMA's [^] is any character, [] none; the grammar's reader relaxes them, the check holds them
+    (r"^a[^]b$", ["a\nb"], ["ab"]),
+    (r"^[]a$", [], ["a", "]a"]),
+])
+def test_check_reads_patterns_as_ecma_does_like_the_grammar(pattern, good, bad):
+    schema = {"type": "string", "pattern": pattern}
+    g, check = BYTE_COMPILER.compile_json_schema(schema), SchemaCheck(schema)
+    for v in good:
+        assert check.error(v) is None and find_serialization(g, v) is not None, v
+    for v in bad:
+        assert check.error(v) is not None, v
+        assert find_serialization(g, v) is None or [r.keyword for r in g.relaxed] == ["pattern"], v
+
+
 def test_pydantic_constraints_beyond_its_plain_schema():
     """What a model's validation refuses, its grammar refuses: Decimal digits, HttpUrl schemes, year 0,
     leap seconds, oversized durations."""

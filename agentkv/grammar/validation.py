@@ -164,14 +164,14 @@ def _ecma(pattern: str) -> str:
             i += 2
             continue
         if c == "[" and not in_class:
+            negated = pattern[i + 1:i + 2] == "^"
+            if pattern[i + 1 + negated:i + 2 + negated] == "]":  # ECMA's empty class (Python's literal `]`)
+                out.append("[\\U00000000-\\U0010ffff]" if negated else "(?!)")
+                i += 2 + negated
+                continue
             in_class = True
-            out.append(c)
-            if pattern[i + 1:i + 2] == "^":
-                out.append("^")
-                i += 1
-            if pattern[i + 1:i + 2] == "]":  # a leading `]` is a literal
-                out.append("\\]")
-                i += 1
+            out.append("[^" if negated else "[")
+            i += negated
         elif c == "]" and in_class:
             in_class = False
             out.append(c)

@@ -9,7 +9,6 @@ frees its KV.
 """
 
 import asyncio
-import json
 import time
 from typing import Any
 
@@ -29,7 +28,6 @@ from agentkv.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentkv.server.metrics import Metrics
 from agentkv.server.openapi import ERRORS, generation_doc, pin_doc
 from agentkv.server.protocol import (
-    MAX_BODY_BYTES,
     APIError,
     ChatRequest,
     CompletionRequest,
@@ -37,24 +35,9 @@ from agentkv.server.protocol import (
     engine_error,
     json_object,
     model_card,
+    read_json,
     validate,
 )
-
-
-async def read_json(request: Request) -> Any:
-    """The body as JSON: a 413 past MAX_BODY_BYTES, a 400 where it is not JSON (or nests past what
-    the parser can read)."""
-    if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-        raise APIError(413, f"the request body is over {MAX_BODY_BYTES} bytes", None, code="body_too_large")
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise APIError(413, f"the request body is over {MAX_BODY_BYTES} bytes", None, code="body_too_large")
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise APIError(400, "the request body is not valid JSON") from None
-    except RecursionError:
-        raise APIError(400, "the request body nests too deeply") from None
 
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_inflight: int = 256,

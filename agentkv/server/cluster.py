@@ -43,6 +43,7 @@ from agentkv.server.protocol import (
     engine_error,
     json_object,
     model_card,
+    read_json,
     validate,
 )
 
@@ -141,10 +142,7 @@ class Ingress:
 
     async def _body(self, request: Request, kind, default: dict | None = None) -> tuple[dict, Any]:
         """The JSON body, checked (key, model) and validated as `kind`; APIError otherwise."""
-        try:
-            raw = await request.json() if await request.body() or default is None else {}
-        except ValueError:
-            raise APIError(400, "the request body is not valid JSON") from None
+        raw = await read_json(request) if await request.body() or default is None else {}
         body = {**(default or {}), **json_object(raw)}
         if kind is ChatRequest:
             body = {"close_objects": self.close_objects, **body}

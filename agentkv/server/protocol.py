@@ -326,6 +326,22 @@ def json_object(raw: Any) -> dict:
     return raw
 
 
+async def read_json(request: Any) -> Any:
+    """The body as JSON: a 413 past MAX_BODY_BYTES, a 400 where it is not JSON (or nests past what
+    the parser can read)."""
+    if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body is over {MAX_BODY_BYTES} bytes", None, code="body_too_large")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body is over {MAX_BODY_BYTES} bytes", None, code="body_too_large")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise APIError(400, "the request body is not valid JSON") from None
+    except RecursionError:
+        raise APIError(400, "the request body nests too deeply") from None
+
+
 def validate(kind: type[BaseModel], body: dict) -> Any:
     """`body` as a `kind` request; a 400 naming the first bad field otherwise."""
     from pydantic import ValidationError
