@@ -107,6 +107,6 @@ def _spec(tool: Any, i: int) -> tuple[FunctionSpec, dict]:
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise RequestError(f"tools[{i}] must be an @ak.tool function or {{\"type\": \"function\", \"function\": "
                            "{\"name\": ..., \"parameters\": {...}}}")
-    if tool_name_problem(fn["name"]):
-        raise RequestError(f"tools[{i}]: {tool_name_problem(fn['name'])}")
+    if problem := tool_name_problem(fn["name"]):
+        raise RequestError(f"tools[{i}]: {problem}")
     return FunctionSpec(fn["name"], fn.get("parameters") or {"type": "object", "properties": {}}), tool

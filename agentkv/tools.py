@@ -92,8 +92,8 @@ def tool(func: Callable[..., Any] | None = None, *, name: str | None = None, des
         raise ToolDefinitionError(f"@ak.tool needs a function, not {type(func).__name__}")
     summary, param_docs = parse_docstring(inspect.getdoc(func) or "")
     model = _args_model(func, param_docs)
-    if tool_name_problem(name or func.__name__):
-        raise ToolDefinitionError(f"{tool_name_problem(name or func.__name__)}; give one with @ak.tool(name=...)")
+    if problem := tool_name_problem(name or func.__name__):
+        raise ToolDefinitionError(f"{problem}; give one with @ak.tool(name=...)")
     return Tool(name or func.__name__, description if description is not None else summary, func, model,
                 _json_schema(model))
 

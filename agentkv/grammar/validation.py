@@ -88,10 +88,18 @@ def metaschema_error(schema) -> tuple[str, str] | None:
     is draft-07's, `exclusiveMinimum: true` draft-04's, and the grammar reads both)."""
     if not isinstance(schema, dict):
         return None if isinstance(schema, bool) else ("a JSON schema is an object or a boolean", "#")
+    # by its text: the server checks a request's schemas on every request (tools come with each), and
+    # the compiler again where its cache misses
+    return _metaschema_error(json.dumps(schema, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _metaschema_error(text: str) -> tuple[str, str] | None:
     import jsonschema
 
     from agentkv.grammar.json_objects import pointer_escape
 
+    schema = json.loads(text)
     named = jsonschema.validators.validator_for(schema, default=None)
     drafts = [named] if named is not None else [jsonschema.Draft202012Validator, jsonschema.Draft201909Validator,
                                                 jsonschema.Draft7Validator, jsonschema.Draft4Validator]

@@ -66,11 +66,8 @@ class ChatPlan:
     def prompt_ids(self) -> list[int]:
         """The prompt's tokens (what the engine is given), its max_tokens checked against the context
         (a prompt over the context itself is the engine's 413)."""
-        ids = self.engine.tokenizer.encode(self.prompt)
-        if len(ids) < self.engine.context_length:
-            check_max_tokens(self.params.max_tokens, len(ids), self.engine.context_length,
-                             "max_completion_tokens" if self.req.max_completion_tokens is not None else "max_tokens")
-        return ids
+        return _prompt_tokens(self.engine, self.prompt, self.params.max_tokens,
+                              "max_completion_tokens" if self.req.max_completion_tokens is not None else "max_tokens")
 
     def message(self, completion, call_prefix: str) -> tuple[dict, str]:
         """(the response message, its finish_reason) of one completion: the calls it completed (a call
@@ -202,20 +199,18 @@ def _completion_params(req: CompletionRequest):
         raise bad_request(e) from None
 
 
-def _prompt_ids(engine, prompts: list, params) -> list[list[int]]:
-    """Each prompt's tokens, its max_tokens checked against the context (as ChatPlan.prompt_ids)."""
-    out = []
-    for p in prompts:
-        ids = engine.tokenizer.encode(p) if isinstance(p, str) else list(p)
-        if len(ids) < engine.context_length:
-            check_max_tokens(params.max_tokens, len(ids), engine.context_length)
-        out.append(ids)
-    return out
+def _prompt_tokens(engine, prompt, max_tokens: int | None, param: str = "max_tokens") -> list[int]:
+    """A prompt's tokens (text or ids), `max_tokens` checked against the context it leaves (a prompt
+    over the context itself is the engine's 413)."""
+    ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if len(ids) < engine.context_length:
+        check_max_tokens(max_tokens, len(ids), engine.context_length, param)
+    return ids
 
 
 async def completion(engine, req: CompletionRequest, model: str) -> dict:
     prompts, params = _prompts(req), _completion_params(req)
-    ids = _prompt_ids(engine, prompts, params)
+    ids = [_prompt_tokens(engine, p, params.max_tokens) for p in prompts]
     outs = await asyncio.gather(*(_run(engine.agenerate(p, params)) for p in ids))  # batched by the engine
     choices, usage = [], None
     for p, out in zip(prompts, outs):
@@ -234,7 +229,7 @@ async def completion_stream(engine, req: CompletionRequest, model: str, metrics,
     if len(prompts) != 1:
         raise APIError(400, "a streamed completion takes one prompt; send the others as their own requests", "prompt")
     rid, created = _id("cmpl"), int(time.time())
-    deltas = engine.stream(_prompt_ids(engine, prompts, params)[0], params)
+    deltas = engine.stream(_prompt_tokens(engine, prompts[0], params.max_tokens), params)
     first = await _run(deltas.__anext__())
     metrics.first_token(time.perf_counter() - started)
 

@@ -134,8 +134,8 @@ def chat_tools(req: ChatRequest) -> tuple[list[FunctionSpec], list[dict], str]:
         if t.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise APIError(400, "each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., "
                                 "\"parameters\": {...}}}", f"tools[{i}]")
-        if tool_name_problem(fn["name"]):
-            raise APIError(400, tool_name_problem(fn["name"]), f"tools[{i}].function.name")
+        if problem := tool_name_problem(fn["name"]):
+            raise APIError(400, problem, f"tools[{i}].function.name")
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         checked_schema(params, f"tools[{i}].function.parameters")
         if fn.get("strict"):
