@@ -22,7 +22,6 @@ from agentkv.grammar.dfa import language_matches
 from agentkv.grammar.expr import (
     EMPTY,
     NOTHING,
-    Diff,
     Intersect,
     Ref,
     Repeat,
@@ -46,22 +45,14 @@ from agentkv.grammar.json_merge import (
 from agentkv.grammar.json_objects import (
     ObjectRules,
     dumps,
-    escape_all,
     schema_count,
 )
 from agentkv.grammar.json_refs import SchemaResources
 from agentkv.grammar.json_numbers import NUMBER, integer_range, multiple_of, number_range
-from agentkv.grammar.json_values import (
-    FORMATS,
-    MAX_LENGTH_BOUND,
-    format_expr,
-    length_bounded,
-    string_body,
-)
-from agentkv.grammar.long_strings import LongStrings
-from agentkv.grammar.regex import search_expr
+from agentkv.grammar.json_values import string_body
+from agentkv.grammar.json_strings import StringRules
 from agentkv.grammar.relaxed import Relaxations
-from agentkv.grammar.validation import CHECKED_FORMATS, metaschema_error
+from agentkv.grammar.validation import metaschema_error
 
 ALL_TYPES = ("object", "array", "string", "number", "boolean", "null")
 # Keywords next to enum/const that are checked on each listed value (the others are refused there).
@@ -71,7 +62,7 @@ MAX_INLINE_DEPTH = 60
 MAX_COUNTED_ITEMS = 1000  # minItems / maxItems above this are relaxed (a state per item)
 
 
-class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, LongStrings, Relaxations):
+class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRules, Relaxations):
     def __init__(self, schema, *, close_objects: bool = False, strict: bool = False, whitespace: bool = False,
                  max_whitespace: int = 16, deadline: float | None = None, prefix: str = "",
                  refs: SchemaResources | None = None):
@@ -302,49 +293,6 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, LongStrin
                        "track in a grammar")
             return numbers
         return Intersect(numbers, machine)
-
-    def string_language(self, schema: dict, ptr: str):
-        """The decoded strings a string schema allows, as a character-level expression (None: any):
-        lengths, patterns and format intersected, less the strings a `not` lists."""
-        lo = schema_count(schema, "minLength", ptr) or 0
-        hi = schema_count(schema, "maxLength", ptr)
-        patterns = schema.get("pattern")
-        patterns = [] if patterns is None else [patterns] if isinstance(patterns, str) else list(patterns)
-        constraints = []
-        for p in patterns:
-            try:
-                constraints.append(search_expr(p, f"{ptr}/pattern"))
-            except GrammarError as e:  # lookbehind, a backreference, \p{..}: validated after instead
-                self.relax("pattern", f"{ptr}/pattern", str(e).rsplit(" (at ", 1)[0])
-        fmt = schema.get("format")
-        if fmt is not None:
-            if fmt in FORMATS:
-                constraints.append(format_expr(fmt, f"{ptr}/format"))
-            else:  # any string in the grammar: checked after (regex, hostname), else an annotation (2020-12)
-                self.relax("format", f"{ptr}/format", f"format '{fmt}' is not in the grammar (it holds "
-                           f"{', '.join(sorted(FORMATS))}); replace it with a 'pattern' to enforce it",
-                           checked=fmt in CHECKED_FORMATS)
-        if lo or hi is not None:  # long_strings.py
-            lo, hi = self.bounds_beside(constraints or [length_bounded(0, None, ptr)], lo, hi, ptr)
-        if lo or hi is not None:
-            constraints.append(length_bounded(lo, hi, ptr))
-        excluded = excluded_strings(schema.get("not"))
-        if not constraints and not excluded:
-            return None
-        body = constraints[0] if constraints else length_bounded(0, None, ptr)
-        for c in constraints[1:]:
-            body = Intersect(body, c)
-        return Diff(body, alt(*map(lit, excluded))) if excluded else body
-
-    def t_string(self, schema, ptr):
-        excluded = excluded_strings(schema.get("not"))
-        if "pattern" not in schema and "format" not in schema and not excluded:
-            lo, hi = schema_count(schema, "minLength", ptr) or 0, schema_count(schema, "maxLength", ptr)
-            if lo > MAX_LENGTH_BOUND or (hi or 0) > MAX_LENGTH_BOUND:
-                return self.string_expr(self.long_string_body(lo, hi))  # long_strings.py
-            return self.string_expr(string_body(lo, hi, ptr))
-        lang = self.string_language(schema, ptr)
-        return self.string_expr(string_body() if lang is None else escape_all(lang))
 
     def t_array(self, schema, ptr):
         prefix = schema.get("prefixItems")

@@ -35,7 +35,7 @@ U_ESCAPE = seq(lit("\\u"), alt(seq(chars(("0", "9"), ("a", "c"), ("A", "C"), ("e
                               seq(chars("d", "D"), chars(("0", "7")), HEX, HEX)))
 STRING_CHAR = alt(Chars(complement(NEEDS_ESCAPE)),
                   seq(lit("\\"), chars('"', "\\", "/", "b", "f", "n", "r", "t")), U_ESCAPE)
-MAX_LENGTH_BOUND = 256  # longer bounds: counted in blocks (long_strings.py), or relaxed beside a pattern
+MAX_LENGTH_BOUND = 256  # longer bounds: counted in blocks (json_strings.py), or relaxed beside a pattern
 
 
 def escaped(e):

@@ -1,13 +1,13 @@
-"""Strings with a length bound above MAX_LENGTH_BOUND (256 characters): counted in blocks; length
-bounds beside a pattern.
+"""The string rules of the JSON Schema converter: a string schema's language (lengths, pattern,
+format, a `not` of listed strings), and lengths of any size.
 
 A bound of n characters written as one chain of states would take a chain position per character,
 each as many states as a JSON string character has (escapes, UTF-8 sequences): ~30,000 states for
-1,000 characters. Above that bound a string of lo..hi characters is written as whole blocks of
-BLOCK characters (one rule, called once per block, so its states are shared by every block) followed
-by a remainder of fewer than BLOCK: a length L is L // BLOCK blocks and L % BLOCK characters, so
-the bound is exact and the automaton grows with hi / BLOCK. The parser's configuration holds the
-block count below the position inside the block.
+1,000 characters. Above MAX_LENGTH_BOUND (256) a string of lo..hi characters is written as whole
+blocks of BLOCK characters (one rule, called once per block, so its states are shared by every
+block) followed by a remainder of fewer than BLOCK: a length L is L // BLOCK blocks and L % BLOCK
+characters, so the bound is exact and the automaton grows with hi / BLOCK. The parser's
+configuration holds the block count below the position inside the block.
 
 A pattern or format with a length bound needs the product of its automaton with the count: the
 bound is dropped where the pattern's strings are never that long, and relaxed (validated after
@@ -16,9 +16,16 @@ generation) where it is above MAX_LENGTH_BOUND or the product could grow past PR
 
 from __future__ import annotations
 
+from agentkv.errors import GrammarError
 from agentkv.grammar.dfa import minimal_dfa
-from agentkv.grammar.expr import NOTHING, Intersect, Ref, Repeat, alt, seq
-from agentkv.grammar.json_values import MAX_LENGTH_BOUND, STRING_CHAR
+from agentkv.grammar.expr import NOTHING, Diff, Intersect, Ref, Repeat, alt, lit, seq
+from agentkv.grammar.json_merge import excluded_strings
+from agentkv.grammar.json_objects import escape_all, schema_count
+from agentkv.grammar.json_values import (
+    FORMATS, MAX_LENGTH_BOUND, STRING_CHAR, format_expr, length_bounded, string_body,
+)
+from agentkv.grammar.regex import search_expr
+from agentkv.grammar.validation import CHECKED_FORMATS
 
 BLOCK = 32
 # A length bound beside a pattern is the product of the pattern's automaton with a count of
@@ -27,8 +34,52 @@ BLOCK = 32
 PRODUCT_BUDGET = 100_000
 
 
-class LongStrings:
-    """Mixed into the converter (json_schema.py), which supplies rules, prefix, relax and deadline."""
+class StringRules:
+    """Mixed into the converter (json_schema.py), which supplies rules, prefix, relax, deadline and
+    string_expr."""
+
+    def string_language(self, schema: dict, ptr: str):
+        """The decoded strings a string schema allows, as a character-level expression (None: any):
+        lengths, patterns and format intersected, less the strings a `not` lists."""
+        lo = schema_count(schema, "minLength", ptr) or 0
+        hi = schema_count(schema, "maxLength", ptr)
+        patterns = schema.get("pattern")
+        patterns = [] if patterns is None else [patterns] if isinstance(patterns, str) else list(patterns)
+        constraints = []
+        for p in patterns:
+            try:
+                constraints.append(search_expr(p, f"{ptr}/pattern"))
+            except GrammarError as e:  # lookbehind, a backreference, \p{..}: validated after instead
+                self.relax("pattern", f"{ptr}/pattern", str(e).rsplit(" (at ", 1)[0])
+        fmt = schema.get("format")
+        if fmt is not None:
+            if fmt in FORMATS:
+                constraints.append(format_expr(fmt, f"{ptr}/format"))
+            else:  # any string in the grammar: checked after (regex, hostname), else an annotation (2020-12)
+                self.relax("format", f"{ptr}/format", f"format '{fmt}' is not in the grammar (it holds "
+                           f"{', '.join(sorted(FORMATS))}); replace it with a 'pattern' to enforce it",
+                           checked=fmt in CHECKED_FORMATS)
+        if lo or hi is not None:
+            lo, hi = self.bounds_beside(constraints or [length_bounded(0, None, ptr)], lo, hi, ptr)
+        if lo or hi is not None:
+            constraints.append(length_bounded(lo, hi, ptr))
+        excluded = excluded_strings(schema.get("not"))
+        if not constraints and not excluded:
+            return None
+        body = constraints[0] if constraints else length_bounded(0, None, ptr)
+        for c in constraints[1:]:
+            body = Intersect(body, c)
+        return Diff(body, alt(*map(lit, excluded))) if excluded else body
+
+    def t_string(self, schema, ptr):
+        excluded = excluded_strings(schema.get("not"))
+        if "pattern" not in schema and "format" not in schema and not excluded:
+            lo, hi = schema_count(schema, "minLength", ptr) or 0, schema_count(schema, "maxLength", ptr)
+            if lo > MAX_LENGTH_BOUND or (hi or 0) > MAX_LENGTH_BOUND:
+                return self.string_expr(self.long_string_body(lo, hi))
+            return self.string_expr(string_body(lo, hi, ptr))
+        lang = self.string_language(schema, ptr)
+        return self.string_expr(string_body() if lang is None else escape_all(lang))
 
     def long_string_body(self, lo: int, hi: int | None):
         """The JSON string body of lo..hi characters (hi None: at least lo)."""
