@@ -3,7 +3,7 @@
     agent = ak.Agent("You are a travel assistant.", tools=[get_weather], output_type=Advice)
     result = agent.run("What should I wear in Paris?")   # result.output is an Advice
 
-Each step is one generation under one grammar (tool_calls.py): tool calls in the model's own
+Each step is one generation under one grammar (tool_formats/): tool calls in the model's own
 format, free text, or the output under `output_type`'s schema. Calls of a step run concurrently;
 their results (or errors) go back to the model as tool messages and the loop continues. The agent's
 rendered system prompt and tool definitions are pinned in the engine's radix cache on first use, so
@@ -29,7 +29,8 @@ from agentkv.agent_result import (
 )
 from agentkv.errors import AgentError, AgentRetriesError, EngineClosedError, OutputError, RequestError, ToolArgumentsError
 from agentkv.syncio import iterate_sync, run_sync
-from agentkv.tool_calls import OPEN, ToolCall, ToolCallFormat, call_text
+from agentkv.tool_calls import ToolCall
+from agentkv.tool_formats import ToolFormat
 from agentkv.tools import Tool, tool
 
 MODES = ("auto", "required", "none")
@@ -89,7 +90,7 @@ class Agent:
                                "json_schema/regex/grammar, and n=1")
         self._engine, self._want_pin = engine, pin
         self._setup_lock = threading.Lock()
-        self._format: ToolCallFormat | None = None
+        self._format: ToolFormat | None = None
         self._system: dict | None = None
         self._pin = None
         self._closed = False
@@ -167,8 +168,8 @@ class Agent:
                     yield ToolResultEvent(index, result)
                 withheld = {r.call.name for r in step.tool_results if r.repeated}
                 if fresh:  # the conversation keeps the calls that ran, and their results
-                    messages.append({"role": "assistant",
-                                     "content": kept if not withheld else "\n".join(call_text(c) for c in fresh)})
+                    messages.append(self._format.assistant_message(step.content, fresh,
+                                                                   kept if not withheld else None))
                     messages.extend(self._format.results_messages([(r.call, r.content) for r in step.tool_results
                                                                    if not r.repeated]))
                 refused = [r for r in step.tool_results if r.refused and not r.repeated]
@@ -213,8 +214,8 @@ class Agent:
         if mode == "none":
             return step, text
         step.content, calls, end = self._format.parse(text, cut=completion.finish_reason == "length")
-        step.tool_calls = [ToolCall(c.name, c.arguments, f"call_{index}_{k}") for k, c in enumerate(calls)]
-        if completion.complete or OPEN not in text and self.output_type is None and mode == "auto":
+        step.tool_calls = [dataclasses.replace(c, id=f"call_{index}_{k}") for k, c in enumerate(calls)]
+        if completion.complete or self._format.calls_start(text) < 0 and self.output_type is None and mode == "auto":
             return step, text
         if calls:
             return step, text[:end]
@@ -285,7 +286,7 @@ class Agent:
         engine = self.engine
         with self._setup_lock:
             if self._format is None:
-                self._format = ToolCallFormat.for_tokenizer(engine.tokenizer)
+                self._format = engine.tool_format
                 defs = [t.definition for t in self.tools.values()]
                 self._system = self._format.system_message(self._instructions_with_output(), defs)
                 self._defs = defs

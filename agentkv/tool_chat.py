@@ -1,6 +1,6 @@
 """`engine.chat(messages, tools=[...])`: one reply under the model's tool-call format, read back as calls.
 
-The same format the agent loop and the server use (tool_calls.py): the tool definitions offered as
+The engine's tool format, which the agent loop and the server use too (tool_formats/): the tool definitions offered as
 the chat template expects (or in the system prompt where it does not know tools), the reply
 generated under the grammar of the offered tools' schemas, and read back as the calls it completed
 and the text before them. A call cut by max_tokens is left out (`finish_reason` "length"); the text
@@ -14,21 +14,22 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentkv.errors import OutputValidationError, RequestError
-from agentkv.tool_calls import FunctionSpec, ToolCall, ToolCallFormat, tool_name_problem
+from agentkv.tool_calls import FunctionSpec, tool_name_problem
+from agentkv.tool_formats import ToolFormat
 
 MODES = ("auto", "required", "none")
 
 
 @dataclass(frozen=True)
 class ToolChat:
-    fmt: ToolCallFormat
+    fmt: ToolFormat
     specs: tuple[FunctionSpec, ...]  # the tools the grammar offers (one, for a named tool_choice)
     definitions: tuple[dict, ...]  # every tool's definition, as the prompt shows them
     mode: str
     schema: Any  # the output's schema under tool_choice "auto" / "none", or None for text
 
     @classmethod
-    def plan(cls, tokenizer, tools, tool_choice: str, schema: Any) -> ToolChat:
+    def plan(cls, fmt: ToolFormat, tools, tool_choice: str, schema: Any) -> ToolChat:
         specs, defs = [], []
         for i, t in enumerate(tools):
             spec, definition = _spec(t, i)
@@ -43,7 +44,7 @@ class ToolChat:
                 raise RequestError(f"tool_choice={tool_choice!r} is neither one of {list(MODES)} nor a tool's name "
                                    f"({names})")
             specs, mode = [s for s in specs if s.name == tool_choice], "required"
-        return cls(ToolCallFormat.for_tokenizer(tokenizer), tuple(specs), tuple(defs), mode, schema)
+        return cls(fmt, tuple(specs), tuple(defs), mode, schema)
 
     @property
     def template_tools(self) -> list[dict] | None:
@@ -78,7 +79,7 @@ class ToolChat:
         for k, c in enumerate(out.completions):
             cut = c.finish_reason == "length"
             content, calls, _ = self.fmt.parse(c.text, cut) if self.mode != "none" else (c.text, [], 0)
-            calls = [ToolCall(call.name, call.arguments, f"call_{k}_{i}") for i, call in enumerate(calls)]
+            calls = [replace(call, id=f"call_{k}_{i}") for i, call in enumerate(calls)]
             for call in calls:
                 problem = schema_check(by_name[call.name].parameters).error(call.arguments)
                 if problem is not None:

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import agentkv as ak
 from agentkv.grammar.compiler import closed_schema
-from agentkv.tool_calls import FunctionSpec, ToolCall, ToolCallFormat, text_without
+from agentkv.tool_calls import FunctionSpec, ToolCall, text_without
+from agentkv.tool_formats import Hermes as ToolCallFormat
 from tests.grammar_helpers import BYTE_COMPILER, accepts, assert_language
 
 

@@ -9,7 +9,9 @@ import jsonschema
 import pytest
 
 import agentkv as ak
-from agentkv.tool_calls import MARKUP
+from agentkv.tool_formats import Hermes
+
+MARKUP = Hermes.words
 
 ADD = {"type": "function", "function": {"name": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"]}}}
@@ -60,7 +62,7 @@ def test_cut_call_keeps_the_completed_ones(engine):
     from agentkv.engine.outputs import Completion, RequestOutput, Usage
     from agentkv.tool_chat import ToolChat
 
-    plan = ToolChat.plan(engine.tokenizer, [ADD], "required", None)
+    plan = ToolChat.plan(engine.tool_format, [ADD], "required", None)
     first = '<tool_call>\n{"name":"add","arguments":{"a":3}}\n</tool_call>'
     text = "Sure.\n" + first + '\n<tool_call>\n{"name":"add","argu'
     out = plan.read(RequestOutput([1], [Completion(text, [2], "length")], Usage()))

@@ -18,20 +18,33 @@ CHATML = (
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def write_byte_tokenizer(out: Path) -> int:
+def write_byte_tokenizer(out: Path, chat: str | None = None) -> int:
+    """A byte tokenizer with ChatML (or, given `chat`, a family of tests/chat_templates.py: its
+    special tokens, added tokens and chat template); returns the vocabulary size."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
 
+    from tests.chat_templates import FAMILIES
+
+    family = FAMILIES[chat] if chat else None
+    specials = list(family.specials) if family else SPECIALS
+    added = list(family.added) if family else []
     alphabet = sorted(ByteLevel.alphabet())
-    vocab = {s: i for i, s in enumerate(SPECIALS)}
+    vocab = {s: i for i, s in enumerate(specials)}
     for ch in alphabet:
         vocab[ch] = len(vocab)
+    for a in added:
+        vocab[a] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tok.add_tokens([AddedToken(a, special=False, normalized=False) for a in added])
     tok.save(str(out / "tokenizer.json"))
-    cfg = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False, "chat_template": CHATML}
+    if family:
+        cfg = {"bos_token": family.bos, "eos_token": family.eos, "add_bos_token": False, "chat_template": family.template}
+    else:
+        cfg = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False, "chat_template": CHATML}
     (out / "tokenizer_config.json").write_text(json.dumps(cfg))
     return len(vocab)
 
@@ -49,12 +62,14 @@ def make_tiny_model(
     max_positions: int = 512,
     tie: bool = True,
     seed: int = 0,
+    chat: str | None = None,
 ) -> Path:
-    """Write config.json, model.safetensors and a byte tokenizer for a random model; returns `out`."""
+    """Write config.json, model.safetensors and a byte tokenizer for a random model; returns `out`.
+    `chat`: a family of tests/chat_templates.py whose template and special tokens it carries."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    vocab = write_byte_tokenizer(out)
+    vocab = write_byte_tokenizer(out, chat)
     head_dim = hidden // heads
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[family]
     cfg = {

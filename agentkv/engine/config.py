@@ -179,6 +179,9 @@ class EngineConfig:
     cuda_graphs: bool | None = None
     cuda_graph_max_batch: int = 64
     tensor_parallel: int = 1  # ranks that each hold 1/N of every layer (worker processes; gloo on CPU, NCCL on CUDA)
+    # the tool-call format (agentkv/tool_formats: "hermes", "llama3_json", "mistral", "pythonic");
+    # None: detected from the chat template and special tokens
+    tool_format: str | None = None
 
     def __post_init__(self) -> None:
         if self.tensor_parallel < 1:

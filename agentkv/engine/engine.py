@@ -76,6 +76,10 @@ class Engine:
         parts = self._core.parts
         self.tokenizer, self.model_config, self.context_length = parts.tokenizer, parts.model_config, parts.context_length
         self._pool, self._tree = parts.pool, parts.tree
+        from agentkv.tool_formats import tool_format_for
+
+        self.tool_format = tool_format_for(self.tokenizer, cfg.tool_format)  # how this model calls tools
+        self.tokenizer.keep_specials(self.tool_format.special_markers)  # its markup, where it is a special token
         self._grammars = GrammarSupport(self.tokenizer)
         self._rng = random.Random(cfg.seed) if options.get("seed") is not None else random.SystemRandom()
         _live_engines.add(self)
@@ -108,7 +112,7 @@ class Engine:
             return self.generate(self.render(messages), params, schema=schema, **sampling)
         from agentkv.tool_chat import ToolChat  # the format is data the engine applies, like the chat template
 
-        plan = ToolChat.plan(self.tokenizer, tools, tool_choice, schema)
+        plan = ToolChat.plan(self.tool_format, tools, tool_choice, schema)
         params = self._params(params, sampling)
         prompt = self.render(plan.messages(messages), tools=plan.template_tools)
         return plan.read(self.generate(prompt, plan.params(params)))
@@ -217,10 +221,14 @@ class Engine:
 
     # ---- pins -----------------------------------------------------------------------------------
 
-    def render(self, messages: Messages, *, tools: Sequence[dict] | None = None, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Messages, *, tools: Sequence[dict] | None = None, add_generation_prompt: bool = True,
+               **template_kwargs: Any) -> str:
+        """`messages` rendered with the chat template (given `template_kwargs`, e.g. Qwen3's
+        `enable_thinking`, over those the tool format sets)."""
         if tools is not None:  # `ak.tool` objects carry their OpenAI-style definition
             tools = [getattr(t, "definition", t) for t in tools]
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                                  **{**self.tool_format.template_kwargs, **template_kwargs})
 
     def conversation_prefix(self, messages: Messages, *, tools: Sequence[dict] | None = None) -> list[int]:
         """The tokens every conversation that starts with `messages` begins with: the messages

@@ -66,6 +66,8 @@ class Tokenizer:
         self.eos_ids: frozenset[int] = frozenset(eos)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._chat_env = None
+        self.kept_specials: frozenset[str] = frozenset()
+        self._skipped_ids: frozenset[int] = frozenset()
 
     @property
     def special_tokens(self) -> tuple[str, ...]:
@@ -85,7 +87,17 @@ class Tokenizer:
                 ids = [self.bos_id, *ids]
         return ids
 
+    def keep_specials(self, texts: Sequence[str]) -> None:
+        """Special tokens that decode to their text even where special tokens are skipped: a tool
+        format's markup (Mistral's `[TOOL_CALLS]`), which the grammar writes and the parse reads."""
+        kept = {t for t in texts if t in self.special_tokens}
+        self.kept_specials = frozenset(kept)
+        self._skipped_ids = frozenset(t_id for t_id, t in self._tok.get_added_tokens_decoder().items()
+                                      if t.special and t.content not in kept) if kept else frozenset()
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens and self._skipped_ids:
+            return self._tok.decode([i for i in ids if i not in self._skipped_ids], skip_special_tokens=False)
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:

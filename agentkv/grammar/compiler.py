@@ -109,8 +109,9 @@ class GrammarCompiler:
         def build(deadline):
             relaxed: dict = {}
 
-            def json_rules(schema, name):
-                conv = JsonSchemaConverter(schema, strict=self.strict, deadline=deadline, prefix=name + "/")
+            def json_rules(schema, name, python=False):
+                conv = JsonSchemaConverter(schema, strict=self.strict, deadline=deadline, prefix=name + "/",
+                                           python_literals=python)
                 rules = conv.convert()
                 relaxed.update(conv.relaxed)
                 rules[name] = Ref(name + "/root")

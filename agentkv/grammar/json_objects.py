@@ -40,6 +40,17 @@ def dumps(value) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def python_dumps(value) -> str:
+    """`dumps` with Python's True, False and None (a JSON string is also a Python string literal)."""
+    if value is True or value is False or value is None:
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{dumps(k)}:{python_dumps(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(python_dumps(v) for v in value) + "]"
+    return dumps(value)
+
+
 class ObjectRules:
     """The object part of JsonSchemaConverter (json_schema.py), which supplies rules, punct,
     rule_for, string_expr, string_language, inline_ref, relax, close_objects, prefix and deadline."""

@@ -45,6 +45,7 @@ from agentkv.grammar.json_merge import (
 from agentkv.grammar.json_objects import (
     ObjectRules,
     dumps,
+    python_dumps,
     schema_count,
 )
 from agentkv.grammar.json_refs import SchemaResources
@@ -65,9 +66,10 @@ MAX_COUNTED_ITEMS = 1000  # minItems / maxItems above this are relaxed (a state 
 class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRules, Relaxations):
     def __init__(self, schema, *, close_objects: bool = False, strict: bool = False, whitespace: bool = False,
                  max_whitespace: int = 16, deadline: float | None = None, prefix: str = "",
-                 refs: SchemaResources | None = None):
+                 refs: SchemaResources | None = None, python_literals: bool = False):
         """`close_objects`: `additionalProperties` false where it is not given. `strict`: refuse what
-        the grammar cannot enforce exactly instead of relaxing it (relaxed.py)."""
+        the grammar cannot enforce exactly instead of relaxing it (relaxed.py). `python_literals`:
+        true, false and null written True, False and None (values of a pythonic tool call)."""
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
         invalid = metaschema_error(schema)  # first: the rules below read keywords as the spec types them
@@ -76,6 +78,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
         self.refs = refs or SchemaResources(schema)  # `refs`: read with the documents a caller supplied
         self.root = self.refs.root  # its $refs rewritten to one absolute form (json_refs.py)
         self.close_objects = close_objects
+        self.python_literals = python_literals
         self._init_relaxations(strict)
         self.ws = Repeat(chars(" ", "\t", "\n", "\r"), 0, max_whitespace) if whitespace else EMPTY
         self.rules: dict[str, object] = {}
@@ -211,7 +214,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             obj = seq(self.punct("{"), opt(seq(kv, star(seq(self.punct(","), kv)))), self.punct("}"))
             arr = seq(self.punct("["), opt(seq(ANY, star(seq(self.punct(","), ANY)))), self.punct("]"))
             self.rules[name] = alt(obj, arr, self.string_expr(string_body()), NUMBER,
-                                   lit("true"), lit("false"), lit("null"))
+                                   lit(self.literal(True)), lit(self.literal(False)), lit(self.literal(None)))
         return Ref(name)
 
     def string_expr(self, body):
@@ -240,13 +243,17 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             if schema.get("nullable") is True:
                 types.add("null")
             values = [v for v in values if type_of(v) in types or (type_of(v) == "integer" and "number" in types)]
-        return alt(*[lit(dumps(v)) for v in values])
+        return alt(*[lit(self.literal(v)) for v in values])
+
+    def literal(self, value) -> str:
+        """A listed value as the grammar writes it: compact JSON, or with Python's literals."""
+        return python_dumps(value) if self.python_literals else dumps(value)
 
     def t_null(self, schema, ptr):
-        return lit("null")
+        return lit(self.literal(None))
 
     def t_boolean(self, schema, ptr):
-        return alt(lit("true"), lit("false"))
+        return alt(lit(self.literal(True)), lit(self.literal(False)))
 
     def _bounds(self, schema, ptr):
         lo, lo_x = schema.get("minimum"), False

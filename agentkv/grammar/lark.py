@@ -4,7 +4,8 @@ Lowercase rules are context-free (they become rules, called through the stack); 
 are regular (inlined as expressions; a terminal that refers to itself is an error). Supported:
 literals ("..." and "..."i), regex terminals (/.../ with flags i and s), "a".."z" ranges, `|`,
 `?`, `*`, `+`, `[...]`, `(...)`, `x{m}`/`x{m,n}`, `x ~ m`/`x ~ m..n`, `%ignore`, `%import common.X`
-(or `(X, Y)`), inline `%json {...}` schemas as a rule, `?rule` / `!rule` / `rule.2` prefixes and
+(or `(X, Y)`), inline `%json {...}` schemas as a rule (`%pyjson {...}`: values with Python's True, False
+and None, for pythonic tool calls), `?rule` / `!rule` / `rule.2` prefixes and
 `-> alias` (accepted, no effect on the language). The start rule is `start`.
 
 Matching is scannerless: terminals are not split by a longest-match lexer first, so where a lexer
@@ -63,14 +64,15 @@ class _Grammar:
     def tokens(self) -> list[Tok]:
         out, i, text = [], 0, self.text
         while i < len(text):
-            if text.startswith("%json", i):
+            if text.startswith(("%json", "%pyjson"), i):
+                kind = "pyjson" if text.startswith("%pyjson", i) else "json"
                 j = text.find("{", i)
                 if j < 0:
-                    raise self.error(i, "%json needs a JSON schema object after it")
+                    raise self.error(i, f"%{kind} needs a JSON schema object after it")
                 end = balanced_json_end(text, j)
                 if end < 0:
-                    raise self.error(j, "the %json schema is not closed")
-                out.append(Tok("json", text[j:end], i))
+                    raise self.error(j, f"the %{kind} schema is not closed")
+                out.append(Tok(kind, text[j:end], i))
                 i = end
                 continue
             m = TOKEN.match(text, i)
@@ -219,13 +221,14 @@ def _remove_left_recursion(name: str, body):
 
 
 def lark_rules(text: str, json_compile) -> dict[str, object]:
-    """Parse Lark `text`; `json_compile(schema, prefix)` turns each %json schema into rules."""
+    """Parse Lark `text`; `json_compile(schema, prefix, python)` turns each %json schema into rules
+    (`python`: a %pyjson schema, whose values are written with Python's True, False and None)."""
     g = _Grammar(text)
     g.parse()
     # %json nodes: compile their schemas to rules under their own name prefix.
     for node in _json_nodes(g):
-        _, name, _, schema = node
-        rules = json_compile(schema, name)
+        _, name, _, schema, python = node
+        rules = json_compile(schema, name, python)
         g.json_rules.update(rules)
     return g.build()
 

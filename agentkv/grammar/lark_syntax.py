@@ -151,13 +151,13 @@ class ExpansionParser:
             if t.text.startswith(("?", "!")):
                 raise self.g.error(t.pos, f"unexpected {t.text!r}")
             return ("name", t.text, t.pos)
-        if t.kind == "json":
+        if t.kind in ("json", "pyjson"):
             try:
                 schema = json.loads(t.text)
             except json.JSONDecodeError as e:
-                raise self.g.error(t.pos, f"%json schema is not valid JSON: {e}") from None
+                raise self.g.error(t.pos, f"%{t.kind} schema is not valid JSON: {e}") from None
             self.g.json_count += 1
-            return ("json", f"json{self.g.json_count}", t.pos, schema)
+            return ("json", f"json{self.g.json_count}", t.pos, schema, t.kind == "pyjson")
         raise self.g.error(t.pos, f"unexpected {t.text!r}")
 
     def close(self, what: str, opener: Tok) -> None:

@@ -154,7 +154,9 @@ class TokenizerInfo(TokenTables, PlainTables):
 
     @classmethod
     def from_huggingface(cls, tokenizer, eos_ids: Iterable[int] | None = None) -> TokenizerInfo:
-        """From a `tokenizers.Tokenizer`, a transformers tokenizer, or an agentkv engine Tokenizer."""
+        """From a `tokenizers.Tokenizer`, a transformers tokenizer, or an agentkv engine Tokenizer.
+        Special tokens write nothing grammar text can match, but for an engine Tokenizer's
+        `kept_specials` (a tool format's markup), which write their text."""
         backend = _tokenizers_backend(tokenizer)
         if eos_ids is None:
             eos_ids = _eos_ids(tokenizer, backend)
@@ -162,6 +164,7 @@ class TokenizerInfo(TokenTables, PlainTables):
         size = max(backend.get_vocab_size(with_added_tokens=True), max(vocab_map.values()) + 1)
         specials = {t.content for t in backend.get_added_tokens_decoder().values() if t.special} \
             if hasattr(backend, "get_added_tokens_decoder") else set()
+        specials -= set(getattr(tokenizer, "kept_specials", ()))
         byte_level = _is_byte_level(backend)
         byte_map = gpt2_byte_decoder()
         vocab: list[bytes | None] = [None] * size

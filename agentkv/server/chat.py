@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from agentkv.errors import RequestError
+from agentkv.tool_calls import CallProgress
 from agentkv.server.protocol import (
-    APIError, ChatRequest, CompletionRequest, bad_request, chat_tools, check_max_tokens, finish_reason, logprobs_json,
-    response_schema, template_messages, tool_calls_json,
+    APIError, ChatRequest, CompletionRequest, bad_request, call_id, chat_tools, check_max_tokens, finish_reason,
+    logprobs_json, response_schema, template_messages, tool_calls_json,
 )
-from agentkv.tool_calls import OPEN, ToolCallFormat
 
 
 class ChatPlan:
@@ -24,7 +24,7 @@ class ChatPlan:
         from agentkv.engine import SamplingParams
 
         self.engine, self.req = engine, req
-        self.fmt = ToolCallFormat.for_tokenizer(engine.tokenizer)
+        self.fmt = engine.tool_format
         specs, defs, mode = chat_tools(req)
         schema = response_schema(req)
         self.messages = template_messages(req, self.fmt)
@@ -142,6 +142,7 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
     async def stream_events(completed: list[bool]) -> AsyncIterator[str]:
         texts: dict[int, str] = {}
         sent: dict[int, int] = {}
+        streamed: dict[int, list[int]] = {}  # per choice, how much of each call's arguments went out
         usage = None
         last = time.perf_counter()
         metrics.first_token(last - started)
@@ -154,12 +155,17 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
             last = now
             texts[d.index] = texts.get(d.index, "") + d.text
             full = texts[d.index]
-            # with tools, text stops at a call's opening tag (and holds back what may begin one)
-            safe = _before_call(full) if plan.calls_possible else full
+            # with tools, text stops where the calls start (and holds back what may begin them)
+            safe = plan.fmt.content(full) if plan.calls_possible else full
             start = sent.get(d.index, 0)
             if len(safe) > start:
                 yield chunk(d.index, {"content": safe[start:]})
                 sent[d.index] = len(safe)
+            if plan.calls_possible and d.finish_reason is None:
+                # each call's name as soon as it is written, then its arguments as they grow
+                for delta in call_deltas(plan.fmt.progress(full), streamed.setdefault(d.index, []),
+                                         f"{rid[-8:]}_{d.index}"):
+                    yield chunk(d.index, {"tool_calls": [delta]})
             if d.finish_reason is not None:
                 try:
                     msg, reason = plan.message(d.completion, f"{rid[-8:]}_{d.index}")
@@ -168,9 +174,11 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                     metrics.request_done("/v1/chat/completions", e.status, time.perf_counter() - started)
                     completed.append(True)
                     return
-                if msg.get("tool_calls"):
-                    calls = [{"index": k, **c} for k, c in enumerate(msg["tool_calls"])]
-                    yield chunk(d.index, {"tool_calls": calls})
+                if msg.get("tool_calls"):  # what the stream has not sent of them yet
+                    done = [CallProgress(c["function"]["name"], c["function"]["arguments"], True)
+                            for c in msg["tool_calls"]]
+                    for delta in call_deltas(done, streamed.setdefault(d.index, []), f"{rid[-8:]}_{d.index}"):
+                        yield chunk(d.index, {"tool_calls": [delta]})
                 # a streamed choice's logprobs come whole, with its finish_reason
                 yield chunk(d.index, {}, reason, logprobs_json(d.completion.logprobs))
                 usage = d.usage if usage is None else _add(usage, d.usage, same_prompt=True)
@@ -288,14 +296,19 @@ async def chain(first, rest):
         yield item
 
 
-def _before_call(text: str) -> str:
-    cut = text.find(OPEN)
-    if cut >= 0:
-        return text[:cut]
-    for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if text.endswith(OPEN[:k]):
-            return text[:-k]
-    return text
+def call_deltas(progress: list[CallProgress], streamed: list[int], prefix: str) -> list[dict]:
+    """OpenAI's tool-call stream deltas for calls written this far: a call's id and name first, then
+    its arguments' new text. `streamed` (per call, how much of its arguments went out) is updated."""
+    out = []
+    for k, p in enumerate(progress):
+        if k == len(streamed):
+            out.append({"index": k, "id": call_id(prefix, k), "type": "function",
+                        "function": {"name": p.name, "arguments": ""}})
+            streamed.append(0)
+        if len(p.arguments_text) > streamed[k]:  # the text only grows: the grammar wrote it
+            out.append({"index": k, "function": {"arguments": p.arguments_text[streamed[k]:]}})
+            streamed[k] = len(p.arguments_text)
+    return out
 
 
 def _prompts(req: CompletionRequest) -> list:

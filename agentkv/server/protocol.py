@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentkv.errors import RequestError
-from agentkv.tool_calls import FunctionSpec, ToolCall, ToolCallFormat, call_text, tool_name_problem
+from agentkv.tool_calls import FunctionSpec, ToolCall, tool_name_problem
 
 
 # Limits on what one request may carry; past them, a 400 (413 for the body) naming the limit.
@@ -216,9 +216,10 @@ def check_max_tokens(max_tokens: int | None, prompt_tokens: int, context: int, p
                        param)
 
 
-def template_messages(req: ChatRequest, fmt: ToolCallFormat) -> list[dict]:
+def template_messages(req: ChatRequest, fmt) -> list[dict]:
     """The request's messages as the chat template renders them: an assistant's tool_calls written
-    in the model's format (as we generate them), tool results as the format returns them."""
+    in the model's format (`fmt`, a ToolFormat: as we generate them), tool results as the format
+    returns them."""
     out: list[dict] = []
     names: dict[str, str] = {}
     pending: list[tuple[ToolCall, str]] = []
@@ -242,7 +243,7 @@ def template_messages(req: ChatRequest, fmt: ToolCallFormat) -> list[dict]:
             raise APIError(400, f"messages[{i}].role must be system, developer, user, assistant or tool, not {role!r}",
                            f"messages[{i}].role")
         if role == "assistant" and m.get("tool_calls"):
-            blocks = []
+            calls = []
             for k, c in enumerate(m["tool_calls"]):
                 fn = c.get("function") or {}
                 try:
@@ -251,8 +252,9 @@ def template_messages(req: ChatRequest, fmt: ToolCallFormat) -> list[dict]:
                     raise APIError(400, "tool call arguments must be JSON text",
                                    f"messages[{i}].tool_calls[{k}].function.arguments") from None
                 names[c.get("id", "")] = fn.get("name", "")
-                blocks.append(call_text(ToolCall(fn.get("name", ""), args)))
-            content = "\n".join(([content] if content else []) + blocks)
+                calls.append(ToolCall(fn.get("name", ""), args, c.get("id", "")))
+            out.append(fmt.assistant_message(content, calls))
+            continue
         out.append({"role": role, "content": content})
     flush()
     return out
@@ -275,9 +277,13 @@ def _text(content: Any, where: str) -> str:
 
 
 def tool_calls_json(calls: list[ToolCall], prefix: str) -> list[dict]:
-    return [{"id": f"call_{prefix}_{k}", "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+    """Calls in OpenAI's shape; the arguments as the model wrote them (what streamed deltas add up to)."""
+    return [{"id": call_id(prefix, k), "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
             for k, c in enumerate(calls)]
+
+
+def call_id(prefix: str, k: int) -> str:
+    return f"call_{prefix}_{k}"
 
 
 def logprobs_json(logprobs) -> dict | None:

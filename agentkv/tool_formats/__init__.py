@@ -1,0 +1,52 @@
+"""Each model family's tool-call format, as data: how tools are offered, the call syntax as a
+grammar over the offered tools' schemas, how calls and results are written back, how to read them.
+
+    fmt = tool_format_for(tokenizer)            # detected from the chat template and special tokens
+    fmt = tool_format_for(tokenizer, "mistral") # or named (Engine(tool_format=...), serve --tool-format)
+
+The agent loop, the server and `engine.chat(tools=...)` all go through the engine's format.
+"""
+
+from __future__ import annotations
+
+from agentkv.errors import RequestError
+from agentkv.tool_formats.base import TAG_STARTS, ToolFormat
+from agentkv.tool_formats.hermes import Hermes
+from agentkv.tool_formats.llama3 import Llama3Json
+from agentkv.tool_formats.mistral import Mistral
+from agentkv.tool_formats.pythonic import Pythonic
+
+FORMATS: dict[str, type[ToolFormat]] = {f.name: f for f in (Hermes, Llama3Json, Mistral, Pythonic)}
+# Detection order: the most specific mark first (Mistral's [TOOL_CALLS], then Hermes' <tool_call>,
+# which Llama-based Hermes templates hold beside Llama's header tokens).
+DETECTION = (Mistral, Hermes, Pythonic, Llama3Json)
+
+
+def detect(chat_template: str | None, special_tokens=()) -> type[ToolFormat]:
+    """The format a chat template (and the tokenizer's special tokens) was written for; Hermes'
+    where nothing says (the format most small models are trained on, offered in the system prompt)."""
+    for fmt in DETECTION:
+        if chat_template and fmt.knows(chat_template):
+            return fmt
+    if Mistral.opening in special_tokens:
+        return Mistral
+    return Hermes
+
+
+def tool_format_for(tokenizer, name: str | None = None) -> ToolFormat:
+    """The tool format of a tokenizer's model: `name` (one of FORMATS), or detected."""
+    template = getattr(tokenizer, "chat_template", None)
+    specials = tuple(getattr(tokenizer, "special_tokens", ()))
+    if name is None:
+        return detect(template, specials).for_template(template, specials)
+    return format_class(name).for_template(template, specials)
+
+
+def format_class(name: str) -> type[ToolFormat]:
+    if name not in FORMATS:
+        raise RequestError(f"tool_format={name!r} is not known; choose one of {sorted(FORMATS)} (or leave it unset "
+                           "to detect it from the chat template)")
+    return FORMATS[name]
+
+
+__all__ = ["FORMATS", "TAG_STARTS", "ToolFormat", "detect", "format_class", "tool_format_for"]

@@ -1,0 +1,222 @@
+"""What every tool-call format shares: how tools are offered, the shape of a step's grammar, and the
+text rules around the calls. Each family's module (hermes.py, llama3.py, mistral.py, pythonic.py)
+says only what is its own: the call syntax as grammar rules, its parse, and how calls and results
+are written back into the conversation.
+
+A step's grammar is one of: free text; the output (JSON under a schema); calls; or text or output
+*or* calls (tool_choice "auto"). Free text may not start a tool tag (`<tool`, `</tool`), nor write
+the chat template's role markers or the format's own markers, nor open with `<` or with a character
+that starts the format's calls: nothing the model writes can be a malformed call, an imitated tool
+result or an imitated turn, and a reply that starts like a call is one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from agentkv.errors import RequestError
+from agentkv.grammar.compiler import closed_schema
+from agentkv.tool_calls import CallProgress, ToolCall, free_text
+
+# Free text may not start a tool tag (a small model otherwise imitates a tool's result as
+# `<tool_response>`, `<tool_response]`, `<tool-response>`), whatever the format.
+TAG_STARTS = ("<tool", "</tool")
+
+INJECTED_HEAD = """
+
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{definitions}
+</tools>
+
+"""
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How one model family offers tools, writes its calls and takes their results.
+
+    native: the chat template renders `tools=` itself (else the definitions go into the system
+    prompt, in the words of `instruction`). markers: the template's role markers, kept out of text.
+    """
+
+    native: bool = False
+    markers: tuple[str, ...] = ()
+
+    name: ClassVar[str]
+    opening: ClassVar[str]  # what a reply's calls start with
+    text_before_calls: ClassVar[bool] = False  # free text may precede the calls in one reply
+    words: ClassVar[tuple[str, ...]] = ()  # the format's markup: never in free text
+    special_markers: ClassVar[tuple[str, ...]] = ()  # markup the tokenizer holds as special tokens
+    template_kwargs: ClassVar[dict[str, Any]] = {}  # what the chat template is rendered with
+    instruction: ClassVar[str]  # how to call, after the injected definitions
+
+    # ---- detection ----------------------------------------------------------------------------------
+
+    @classmethod
+    def knows(cls, chat_template: str) -> bool:
+        """The template renders tools in this format."""
+        return False
+
+    @classmethod
+    def for_template(cls, chat_template: str | None, special_tokens=()) -> ToolFormat:
+        """This format for a chat template; of the tokenizer's `special_tokens` (texts), those the
+        template writes are its role markers."""
+        own = set(cls.words) | {cls.opening}
+        markers = tuple(t for t in special_tokens if chat_template and t in chat_template and t not in own)
+        return cls(native=bool(chat_template) and "tools" in chat_template and cls.knows(chat_template),
+                   markers=markers)
+
+    # ---- prompts ------------------------------------------------------------------------------------
+
+    def system_message(self, instructions: str, definitions: list[dict]) -> dict:
+        """The system message; with a template that does not know tools, it carries their definitions."""
+        if self.native or not definitions:
+            return {"role": "system", "content": instructions}
+        listed = "\n".join(json.dumps(d, ensure_ascii=False) for d in definitions)
+        return {"role": "system", "content": instructions + INJECTED_HEAD.format(definitions=listed) + self.instruction}
+
+    def template_tools(self, definitions: list[dict]) -> list[dict] | None:
+        """What to pass as the chat template's `tools=`."""
+        return definitions if self.native and definitions else None
+
+    def assistant_message(self, content: str, calls: list[ToolCall], text: str | None = None) -> dict:
+        """An assistant turn that made `calls`, as the conversation keeps it: the text the grammar
+        wrote (`text`, where the reply is kept whole), so the next step's prompt re-reads this one
+        from the radix cache."""
+        if text is None:
+            text = self.calls_text(calls)
+            if content and self.text_before_calls:
+                text = content + self.between_text_and_calls + text
+        return {"role": "assistant", "content": text}
+
+    between_text_and_calls: ClassVar[str] = ""
+
+    def results_messages(self, results: list[tuple[ToolCall, str]]) -> list[dict]:
+        """The messages that give the model its tool calls' results, in the order of the calls."""
+        if self.native:
+            return [{"role": "tool", "name": c.name, "tool_call_id": c.id, "content": text} for c, text in results]
+        body = "\n".join(f"<tool_response>\n{text}\n</tool_response>" for _, text in results)
+        return [{"role": "user", "content": body}]
+
+    # ---- grammar ------------------------------------------------------------------------------------
+
+    def grammar(self, tools: list[Any], mode: str, output_schema: dict | None, parallel: bool = True,
+                close_objects: bool = True) -> str | None:
+        """The Lark grammar of one step (start rule `start`), or None for unconstrained text.
+
+        mode: "auto" (text, or the output, or tool calls), "required" (calls of `tools`), "none" (the
+        output only: text, or JSON under `output_schema`). `parallel`: several calls in one step.
+        `close_objects`: dict schemas' objects take only their declared keys unless they say otherwise.
+        """
+        body = self.answer_grammar(tools, mode, output_schema, parallel, close_objects)
+        return None if body is None else "start: answer\n" + body
+
+    def answer_grammar(self, tools, mode, output_schema, parallel=True, close_objects=True) -> str | None:
+        """`grammar` with its start rule named `answer` (a reasoning block may come before it)."""
+        if output_schema is None and not tools:
+            return None
+        if output_schema is not None and close_objects:
+            output_schema = closed_schema(output_schema)
+        text = f"TEXT: /{free_text(self.forbidden, self.opening[0])}/\n"
+        if mode == "none" or not tools:
+            return f"answer: {json_rule(output_schema)}\n" if output_schema is not None else "answer: TEXT\n" + text
+        calls = self.calls_grammar(list(tools), parallel, close_objects)
+        if mode == "required":
+            return "answer: calls\n" + calls
+        if output_schema is not None:
+            return f"answer: {json_rule(output_schema)} | calls\n" + calls
+        before = "TEXT? " if self.text_before_calls else ""
+        return f"answer: TEXT | {before}calls\n" + text + calls
+
+    @property
+    def forbidden(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(TAG_STARTS + self.words + self.markers))
+
+    def calls_grammar(self, tools: list[Any], parallel: bool, close_objects: bool) -> str:
+        """Lark rules that define `calls`: one call of an offered tool, or several when `parallel`."""
+        raise NotImplementedError
+
+    # ---- reading ------------------------------------------------------------------------------------
+
+    def calls_start(self, text: str) -> int:
+        """Where the calls of a reply written under `grammar` begin, or -1."""
+        if self.text_before_calls:
+            return text.find(self.opening)
+        return 0 if text.startswith(self.opening) else -1
+
+    def parse(self, text: str, cut: bool = False) -> tuple[str, list[ToolCall], int]:
+        """(the text before the first call, the complete calls, where the last complete call ends) of
+        a step's output written under `grammar`; a call cut short by max_tokens is not among them,
+        and none of its markup is in the text (`cut`: the output was cut, so text ending in a start
+        of the opening ends before it)."""
+        start = self.calls_start(text)
+        if start < 0:
+            return self.content(text) if cut else text, [], 0
+        calls, end = self.parse_calls(text, start)
+        return text[:start].strip(), calls, end
+
+    def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
+        """The complete calls from `start` (where `opening` is), and where the last of them ends."""
+        raise NotImplementedError
+
+    def content(self, text: str) -> str:
+        """The part of a reply (perhaps still growing) that is surely text: before its calls, less a
+        start of the opening it ends with (or nothing yet, where the calls would come first)."""
+        if not self.text_before_calls:
+            stripped = text.lstrip()
+            return "" if not stripped or self.opening.startswith(stripped[: len(self.opening)]) else text
+        cut = text.find(self.opening)
+        if cut >= 0:
+            return text[:cut]
+        for k in range(min(len(self.opening) - 1, len(text)), 0, -1):
+            if text.endswith(self.opening[:k]):
+                return text[:-k]
+        return text
+
+    def progress(self, text: str) -> list[CallProgress]:
+        """The calls of a reply still being written, as far as they go: each one's name once it is
+        complete, and its arguments' text so far (streamed as argument deltas)."""
+        start = self.calls_start(text)
+        return [] if start < 0 else self.calls_progress(text, start)
+
+    def calls_progress(self, text: str, start: int) -> list[CallProgress]:
+        calls, _ = self.parse_calls(text, start)
+        return [CallProgress(c.name, c.arguments_json, True) for c in calls]
+
+    def calls_text(self, calls: list[ToolCall]) -> str:
+        """`calls` written as the grammar writes them."""
+        raise NotImplementedError
+
+
+def json_rule(schema: dict) -> str:
+    return lark_schema("%json", schema)
+
+
+def lark_schema(directive: str, schema: dict) -> str:
+    text = json.dumps(schema, ensure_ascii=False)
+    if "\n" in text:  # json.dumps escapes newlines in strings; this only guards the grammar's line syntax
+        raise RequestError("a tool schema must not contain raw newlines")
+    return f"{directive} {text}"
+
+
+def lark_literal(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def arguments_schema(tool: Any, close_objects: bool) -> dict:
+    return closed_schema(tool.parameters) if close_objects else tool.parameters
+
+
+def named_calls_schema(tools: list[Any], arguments_key: str, close_objects: bool) -> dict:
+    """The JSON schema of one call `{"name": ..., <arguments_key>: {...}}` of any of `tools`."""
+    branches = [{"type": "object", "properties": {"name": {"const": t.name},
+                                                  arguments_key: arguments_schema(t, close_objects)},
+                 "required": ["name", arguments_key], "additionalProperties": False} for t in tools]
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}

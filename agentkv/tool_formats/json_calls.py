@@ -1,0 +1,91 @@
+"""Reading calls written as JSON objects `{"name":"...","<key>":{...}}`, as the grammar writes them
+(compact, the name first): complete ones, and ones still being written (for streamed arguments).
+
+The arguments' text is kept as the model wrote it, so a client's `function.arguments` is the very
+text its streamed deltas added up to.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from agentkv.tool_calls import CallProgress, ToolCall
+
+_HEADS: dict[str, re.Pattern] = {}
+_DECODER = json.JSONDecoder()
+
+
+def _head(key: str) -> re.Pattern:
+    if key not in _HEADS:
+        _HEADS[key] = re.compile(r'\{"name":"([a-zA-Z0-9_-]{1,64})","' + re.escape(key) + '":')
+    return _HEADS[key]
+
+
+def decode_call(text: str, i: int, key: str) -> tuple[ToolCall, int] | None:
+    """The call whose object starts at `i`, and where it ends; None where it is cut short."""
+    m = _head(key).match(text, i)
+    if not m:
+        return None
+    try:  # decode rather than search for the end: an argument string may hold any markup
+        args, end = _DECODER.raw_decode(text, m.end())
+    except json.JSONDecodeError:
+        return None
+    if not text.startswith("}", end):
+        return None
+    return ToolCall(m.group(1), args, arguments_text=text[m.end():end]), end + 1
+
+
+def call_progress(text: str, i: int, key: str) -> tuple[CallProgress, int] | None:
+    """The call whose object starts at `i` as far as it is written (None before its name is
+    complete), and where it ends (or the text's end)."""
+    m = _head(key).match(text, i)
+    if not m:
+        return None
+    end = value_end(text, m.end())
+    if end < 0:
+        return CallProgress(m.group(1), text[m.end():], False), len(text)
+    done = text.startswith("}", end)
+    return CallProgress(m.group(1), text[m.end():end], done), end + 1 if done else len(text)
+
+
+def value_end(text: str, i: int) -> int:
+    """Where the JSON value starting at `i` ends, or -1 where the text ends first. Objects and
+    arrays are scanned (strings and escapes skipped); a scalar is complete only when decoded and
+    followed by more text."""
+    if i >= len(text):
+        return -1
+    if text[i] not in "{[":
+        try:
+            _, end = _DECODER.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return -1
+        return end if end < len(text) else -1
+    depth, k, in_string = 0, i, False
+    while k < len(text):
+        c = text[k]
+        if in_string:
+            if c == "\\":
+                k += 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return k + 1
+        k += 1
+    return -1
+
+
+def compact(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def call_object(call: ToolCall, key: str) -> str:
+    """A call as the grammar writes it."""
+    args = call.arguments_text if call.arguments_text is not None else compact(call.arguments)
+    return f'{{"name":{compact(call.name)},"{key}":{args}}}'

@@ -1,0 +1,59 @@
+"""Llama 3.1 / 3.2 / 3.3's JSON format: a reply that calls a tool is the call alone, the object
+`{"name": ..., "parameters": {...}}` (several separated by "; ", as vLLM's llama3_json reads them).
+Results come back in the template's `ipython` turns (role "tool"). The template is rendered with
+`tools_in_user_message=False`, which puts the definitions in the system turn rather than in the
+first user message: the prefix every conversation shares (and an agent pins) then holds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from agentkv.tool_calls import CallProgress, ToolCall
+from agentkv.tool_formats.base import ToolFormat, json_rule, named_calls_schema
+from agentkv.tool_formats.json_calls import call_object, call_progress, decode_call
+
+SEPARATOR = "; "
+
+
+@dataclass(frozen=True)
+class Llama3Json(ToolFormat):
+    name: ClassVar[str] = "llama3_json"
+    opening: ClassVar[str] = "{"
+    template_kwargs: ClassVar[dict[str, Any]] = {"tools_in_user_message": False}
+    instruction: ClassVar[str] = (
+        "To call a function, respond with only the JSON for the call, in the format "
+        "{\"name\": function name, \"parameters\": dictionary of argument name and its value}. "
+        "Do not use variables.")
+
+    @classmethod
+    def knows(cls, chat_template: str) -> bool:
+        return "<|start_header_id|>" in chat_template and ("<|python_tag|>" in chat_template
+                                                            or '"parameters"' in chat_template)
+
+    def calls_grammar(self, tools, parallel, close_objects) -> str:
+        more = f' ("{SEPARATOR}" call)*' if parallel else ""
+        return f"call: {json_rule(named_calls_schema(tools, 'parameters', close_objects))}\ncalls: call{more}\n"
+
+    def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
+        calls, end, i = [], 0, start
+        while True:
+            got = decode_call(text, i, "parameters")
+            if got is None:
+                break
+            calls.append(got[0])
+            end = got[1]
+            if not text.startswith(SEPARATOR, end):
+                break
+            i = end + len(SEPARATOR)
+        return calls, end
+
+    def calls_progress(self, text: str, start: int) -> list[CallProgress]:
+        out, i = [], start
+        while (got := call_progress(text, i, "parameters")) is not None:
+            out.append(got[0])
+            i = got[1] + len(SEPARATOR)
+        return out
+
+    def calls_text(self, calls: list[ToolCall]) -> str:
+        return SEPARATOR.join(call_object(c, "parameters") for c in calls)

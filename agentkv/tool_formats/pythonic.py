@@ -1,0 +1,125 @@
+"""The pythonic format (Llama 3.2's and Llama 4's tool prompts, ToolACE and others): a reply that
+calls tools is a Python list of calls, `[get_weather(city="Paris", unit="C"), add(a=1)]`, each
+argument a keyword whose value is a Python literal (True, False, None where JSON has true, false,
+null). The grammar writes each argument under its own property schema (`%pyjson`), required ones
+in the schema's order and optional ones where they stand, so a call always evaluates and validates.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+from agentkv.errors import RequestError
+from agentkv.tool_calls import CallProgress, ToolCall
+from agentkv.tool_formats.base import ToolFormat, arguments_schema, lark_literal, lark_schema
+
+SEPARATOR = ", "
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PARTIAL = re.compile(r"(?:\[|, )([A-Za-z_][A-Za-z0-9_]*)\(")
+
+
+@dataclass(frozen=True)
+class Pythonic(ToolFormat):
+    name: ClassVar[str] = "pythonic"
+    opening: ClassVar[str] = "["
+    instruction: ClassVar[str] = (
+        "If you decide to invoke any of the function(s), you MUST put it in the format of "
+        "[func_name1(params_name1=params_value1, params_name2=params_value2...), func_name2(params)] "
+        "and write nothing else in that reply.")
+
+    @classmethod
+    def knows(cls, chat_template: str) -> bool:
+        return "func_name1(" in chat_template
+
+    def calls_grammar(self, tools, parallel, close_objects) -> str:
+        rules, names = [], []
+        for k, t in enumerate(tools):
+            if not _IDENTIFIER.fullmatch(t.name):
+                raise RequestError(f"the tool name {t.name!r} is not a Python identifier, which the pythonic tool "
+                                   "format needs; rename the tool, or choose another tool_format")
+            rules.append(f"c{k}: {lark_literal(t.name + '(')} {_kwargs(rules, f'a{k}', arguments_schema(t, close_objects))}"
+                         f" {lark_literal(')')}")
+            names.append(f"c{k}")
+        more = f' ({lark_literal(SEPARATOR)} call)*' if parallel else ""
+        return f"call: {' | '.join(names)}\n" + "\n".join(rules) + f'\ncalls: "[" call{more} "]"\n'
+
+    def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
+        # the longest run of complete calls: the whole list, or the part before a call cut short
+        ends = [text.rfind("]")] + [i for i in range(len(text) - 1, start, -1) if text[i] == ")"]
+        for end in ends:
+            if end <= start:
+                continue
+            source = text[start:end + 1] + ("" if text[end] == "]" else "]")
+            calls = _calls(source)
+            if calls is not None:
+                return calls, end + 1
+        return [], 0
+
+    def calls_progress(self, text: str, start: int) -> list[CallProgress]:
+        calls, end = self.parse_calls(text, start)
+        out = [CallProgress(c.name, c.arguments_json, True) for c in calls]
+        m = _PARTIAL.match(text, end if calls else start)  # a call begun after them
+        if m:
+            out.append(CallProgress(m.group(1), "", False))
+        return out
+
+    def calls_text(self, calls: list[ToolCall]) -> str:
+        return "[" + SEPARATOR.join(f"{c.name}({_kwargs_text(c.arguments)})" for c in calls) + "]"
+
+
+def _kwargs(rules: list[str], rule: str, schema: dict) -> str:
+    """The expression of a call's keyword arguments (adding its rules to `rules`): each property
+    `name=value` once, required ones always, in the schema's order, separated by ", "."""
+    schema = schema if isinstance(schema, dict) else {}
+    props = schema.get("properties") or {}
+    required = set(schema.get("required") or [])
+    shared = {k: schema[k] for k in ("$defs", "definitions") if k in schema}  # what $refs in a property point at
+    items = []
+    for name, sub in props.items():
+        if not _IDENTIFIER.fullmatch(name):
+            raise RequestError(f"the argument name {name!r} is not a Python identifier, which the pythonic tool "
+                               "format needs; rename it, or choose another tool_format")
+        sub = {**(sub if isinstance(sub, dict) else {} if sub is True else {"not": {}}), **shared}
+        items.append((f"{lark_literal(name + '=')} {lark_schema('%pyjson', sub)}", name in required))
+    if not items:
+        return ""
+    n = len(items)
+    needed = [any(r for _, r in items[i:]) for i in range(n + 1)]  # a required argument from i on
+    for i in range(n - 1, -1, -1):
+        item, req = items[i]
+        for started in (0, 1):
+            head = (lark_literal(SEPARATOR) + " " if started else "") + item
+            tail = "" if i + 1 == n else f" {rule}_{i + 1}_1" if needed[i + 1] else f" ({rule}_{i + 1}_1)?"
+            alts = [head + tail]
+            if not req and i + 1 < n:
+                alts.append(f"{rule}_{i + 1}_{started}")
+            rules.append(f"{rule}_{i}_{started}: " + " | ".join(f"({a})" for a in alts))
+    return f"{rule}_0_0" if needed[0] else f"({rule}_0_0)?"
+
+
+def _calls(source: str) -> list[ToolCall] | None:
+    try:
+        tree = ast.parse(source, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(tree, ast.List):
+        return None
+    calls = []
+    for node in tree.elts:
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+            return None
+        try:
+            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+        except ValueError:
+            return None
+        calls.append(ToolCall(node.func.id, args))
+    return calls
+
+
+def _kwargs_text(arguments: dict) -> str:
+    from agentkv.grammar.json_objects import python_dumps
+
+    return SEPARATOR.join(f"{k}={python_dumps(v)}" for k, v in arguments.items())
