@@ -95,6 +95,8 @@ def serve(
     ray_address: Annotated[str | None, typer.Option(help="join this Ray cluster (default: start a local one)")] = None,
     open_objects: Annotated[bool, typer.Option(help="let schemas' objects take undeclared keys where they leave "
                                                     "additionalProperties unset (default: closed)")] = False,
+    tool_format: Annotated[str | None, typer.Option(help="the model's tool-call format: hermes, llama3_json, mistral "
+                                                         "or pythonic (default: detected from the chat template)")] = None,
 ) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /v1/pins, /health,
     /metrics) on one engine, or on --replicas engines behind a cache-aware router (Ray Serve)."""
@@ -113,9 +115,10 @@ def serve(
         except ImportError as e:
             raise _fail(f"--replicas needs Ray Serve ({e}); install it with pip install 'agentkv[cluster]'") from None
         typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1 with {replicas} replicas (Ray Serve)", err=True)
-        serve_cluster(model, name, replicas, host, port, api_key, ray_address, close_objects=not open_objects)
+        serve_cluster(model, name, replicas, host, port, api_key, ray_address,
+                      engine_options={"tool_format": tool_format} if tool_format else None, close_objects=not open_objects)
         return
-    engine = _engine(model)
+    engine = _engine(model, tool_format=tool_format)
     typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1", err=True)
     try:
         uvicorn.run(create_app(engine, name, api_key, max_inflight, close_objects=not open_objects), host=host,
@@ -143,11 +146,11 @@ def _run_agent(agent, input: str, console, quiet: bool):
     raise AssertionError("an agent's stream ends with RunEnd")  # pragma: no cover
 
 
-def _engine(model: str | None):
+def _engine(model: str | None, tool_format: str | None = None):
     import agentkv as ak
 
     try:
-        return ak.Engine(model)
+        return ak.Engine(model, tool_format=tool_format)
     except ak.AgentKVError as e:
         raise _fail(str(e)) from None
 

@@ -43,7 +43,11 @@ class Engine:
     """
 
     def __init__(self, model: str | None = None, *, device: str = "cpu", dtype: str = "float32", **options: Any):
+        from agentkv.tool_formats import format_class, tool_format_for
+
         self.config = cfg = build_config(model, device, dtype, options)
+        if cfg.tool_format is not None:
+            format_class(cfg.tool_format)  # a name that is not a format fails before the model loads
 
         overlap = cfg.overlap_schedule if cfg.overlap_schedule is not None else device.startswith("cuda")
 
@@ -76,8 +80,6 @@ class Engine:
         parts = self._core.parts
         self.tokenizer, self.model_config, self.context_length = parts.tokenizer, parts.model_config, parts.context_length
         self._pool, self._tree = parts.pool, parts.tree
-        from agentkv.tool_formats import tool_format_for
-
         self.tool_format = tool_format_for(self.tokenizer, cfg.tool_format)  # how this model calls tools
         self.tokenizer.keep_specials(self.tool_format.special_markers)  # its markup, where it is a special token
         self._grammars = GrammarSupport(self.tokenizer)

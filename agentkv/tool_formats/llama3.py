@@ -1,4 +1,4 @@
-"""Llama 3.1 / 3.2 / 3.3's JSON format: a reply that calls a tool is the call alone, the object
+"""Llama 3.1 / 3.2 / 3.3's JSON format: a reply that calls a tool is the object
 `{"name": ..., "parameters": {...}}` (several separated by "; ", as vLLM's llama3_json reads them).
 Results come back in the template's `ipython` turns (role "tool"). The template is rendered with
 `tools_in_user_message=False`, which puts the definitions in the system turn rather than in the
@@ -19,7 +19,12 @@ SEPARATOR = "; "
 @dataclass(frozen=True)
 class Llama3Json(ToolFormat):
     name: ClassVar[str] = "llama3_json"
-    opening: ClassVar[str] = "{"
+    # The model is trained to reply with the call alone, but may write a sentence first: the call
+    # head is kept out of free text, so a call written after text is a call, never content.
+    opening: ClassVar[str] = '{"name":'
+    text_before_calls: ClassVar[bool] = True
+    between_text_and_calls: ClassVar[str] = " "
+    words: ClassVar[tuple[str, ...]] = ('{"name":',)
     template_kwargs: ClassVar[dict[str, Any]] = {"tools_in_user_message": False}
     instruction: ClassVar[str] = (
         "To call a function, respond with only the JSON for the call, in the format "

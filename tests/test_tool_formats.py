@@ -1,0 +1,171 @@
+"""Each family's tool-call format: the language of its grammar, its parse (whole, cut, and as far as a
+stream has written it), and its detection from chat templates."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentkv.errors import RequestError
+from agentkv.tool_calls import FunctionSpec, ToolCall
+from agentkv.tool_formats import FORMATS, Hermes, Llama3Json, Mistral, Pythonic, detect, tool_format_for
+from tests.chat_templates import FAMILIES
+from tests.grammar_helpers import BYTE_COMPILER, accepts
+
+ADD = FunctionSpec("add", {"type": "object", "properties": {
+    "a": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"},
+    "note": {"type": ["string", "null"], "maxLength": 6}}, "required": ["a"]})
+WEATHER = FunctionSpec("get_weather", {"type": "object", "properties": {
+    "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]})
+TOOLS = [ADD, WEATHER]
+ALL = [Hermes(), Llama3Json(), Mistral(), Pythonic()]
+GOOD_CALLS = [[ToolCall("add", {"a": 1})], [ToolCall("add", {"a": 9, "ok": True, "note": None})],
+              [ToolCall("add", {"a": 0, "note": "x]\")<"})],
+              [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("add", {"a": 2, "ok": False})]]
+BAD_CALLS = [[ToolCall("nope", {})], [ToolCall("add", {})], [ToolCall("add", {"a": 10})],
+             [ToolCall("add", {"a": 1, "z": 1})], [ToolCall("get_weather", {"city": "X", "unit": "K"})],
+             [ToolCall("get_weather", {"city": "X"})]]
+
+
+def grammar(fmt, mode="required", parallel=True, output=None):
+    return BYTE_COMPILER.compile_lark(fmt.grammar(TOOLS, mode, output, parallel))
+
+
+@pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
+def test_calls_are_the_grammars_language(fmt):
+    """What a format writes for valid calls is in its grammar (so a conversation that sends our calls
+    back re-reads them as generated), and calls of unknown tools or invalid arguments are not."""
+    g = grammar(fmt)
+    for calls in GOOD_CALLS:
+        assert accepts(g, fmt.calls_text(calls)), fmt.calls_text(calls)
+    for calls in BAD_CALLS:
+        assert not accepts(g, fmt.calls_text(calls)), fmt.calls_text(calls)
+    assert not accepts(g, "") and not accepts(g, "hello")
+    single = grammar(fmt, parallel=False)
+    assert accepts(single, fmt.calls_text(GOOD_CALLS[0])) and not accepts(single, fmt.calls_text(GOOD_CALLS[3]))
+
+
+@pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
+def test_auto_text_cannot_start_a_call_nor_write_markup(fmt):
+    g = grammar(fmt, "auto")
+    assert accepts(g, "The answer is 4.") and accepts(g, "") and accepts(g, fmt.calls_text(GOOD_CALLS[3]))
+    assert not accepts(g, fmt.opening + " the answer")  # a reply that starts like a call is one
+    for word in (*fmt.words, "<tool_response>", "<tool", "<answer>"):
+        assert not accepts(g, "Sure. " + word + " x") or word.startswith("<") and not accepts(g, word)
+    with_text = "Let me check." + fmt.between_text_and_calls + fmt.calls_text(GOOD_CALLS[0])
+    assert accepts(g, with_text)
+    content, calls, _ = fmt.parse(with_text)
+    if fmt.text_before_calls:  # calls after text are calls
+        assert (content, calls) == ("Let me check.", GOOD_CALLS[0])
+    else:  # pythonic calls are a whole reply: after text, that text is text
+        assert (content, calls) == (with_text, [])
+
+
+@pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
+def test_output_or_calls(fmt):
+    out = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    g = grammar(fmt, "auto", output=out)
+    assert accepts(g, '{"x":3}') and accepts(g, fmt.calls_text(GOOD_CALLS[0]))
+    assert not accepts(g, "text") and not accepts(g, '{"x":3,"y":1}')
+    none = BYTE_COMPILER.compile_lark(fmt.grammar(TOOLS, "none", out))
+    assert accepts(none, '{"x":3}') and not accepts(none, fmt.calls_text(GOOD_CALLS[0]))
+
+
+ARG = st.lists(st.sampled_from(list("ab \"\\\n]){}<>,;=é") + ["</tool_call>", "[TOOL_CALLS]", '{"name":']),
+               max_size=4).map("".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(ALL), st.lists(st.tuples(st.integers(0, 9), st.none() | st.booleans(), ARG), min_size=1,
+                                      max_size=3))
+def test_parse_round_trip_and_every_cut(fmt, values):
+    """calls_text -> parse gives the calls back; cut anywhere, the parse gives the calls completed
+    before the cut and nothing of the cut one, and a stream's progress never takes back what it
+    showed: names once complete, argument text that only grows into the final arguments."""
+    calls = [ToolCall("add", {"a": a, **({} if ok is None else {"ok": ok}), "note": note}) for a, ok, note in values]
+    for c in calls:
+        if len(c.arguments["note"]) > 6:
+            del c.arguments["note"]  # past the schema's maxLength
+    text = fmt.calls_text(calls)
+    assert accepts(grammar(fmt), text)
+    content, parsed, end = fmt.parse(text)
+    assert (content, parsed, end) == ("", calls, len(text))
+    final = [c.arguments_json for c in parsed]
+    assert [json.loads(a) for a in final] == [c.arguments for c in calls]
+    shown: list[str] = []
+    for k in range(len(text) + 1):
+        cut = text[:k]
+        content, got, _ = fmt.parse(cut, cut=True)
+        assert got == calls[:len(got)] and content == ""
+        progress = fmt.progress(cut)
+        assert [p.name for p in progress] == [c.name for c in calls[:len(progress)]]
+        for i, p in enumerate(progress):
+            assert final[i].startswith(p.arguments_text)
+            assert p.arguments_text.startswith(shown[i] if i < len(shown) else "")
+            assert p.done or i >= len(got)  # a call the parse completed is done
+        shown = [p.arguments_text for p in progress]
+    assert shown == final and all(p.done for p in fmt.progress(text))
+
+
+@pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
+def test_content_holds_back_what_may_start_a_call(fmt):
+    if fmt.text_before_calls:
+        assert fmt.content("Sure " + fmt.opening[:3]) == "Sure "
+        assert fmt.content("Sure " + fmt.opening + "...") == "Sure "
+    else:
+        assert fmt.content("  ") == "" and fmt.content(fmt.opening) == ""
+    assert fmt.content("Hello") == "Hello"
+
+
+def test_pythonic_writes_python_literals_and_keyword_order():
+    fmt = Pythonic()
+    g = grammar(fmt)
+    assert accepts(g, '[add(a=1, ok=True, note=None)]') and accepts(g, '[add(a=1, note="x")]')
+    assert not accepts(g, '[add(a=1, ok=true)]') and not accepts(g, '[add(ok=True)]')
+    assert not accepts(g, '[add(note="x", a=1)]')  # the schema's order
+    assert fmt.parse('[add(a=1, ok=True, note=None)]')[1] == [ToolCall("add", {"a": 1, "ok": True, "note": None})]
+    with pytest.raises(RequestError, match="Python identifier"):
+        fmt.grammar([FunctionSpec("get-weather", {"type": "object"})], "required", None)
+    nested = FunctionSpec("f", {"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"],
+                                "$defs": {"P": {"type": "object", "properties": {"on": {"type": "boolean"}},
+                                                "required": ["on"]}}})
+    g = BYTE_COMPILER.compile_lark(fmt.grammar([nested], "required", None))
+    assert accepts(g, '[f(p={"on":False})]') and not accepts(g, '[f(p={"on":false})]')
+
+
+def test_mistral_ids_and_structured_history():
+    fmt = Mistral(native=True)
+    call = ToolCall("add", {"a": 1}, "call_1_0")
+    msg = fmt.assistant_message("", [call])
+    (result,) = fmt.results_messages([(call, "2")])
+    assert msg["tool_calls"][0]["id"] == result["tool_call_id"] and len(result["tool_call_id"]) == 9
+    assert result["tool_call_id"].isalnum() and Mistral(native=True).results_messages([(call, "2")]) == [result]
+
+
+@pytest.mark.parametrize("family,expected", [("qwen3", Hermes), ("llama3", Llama3Json), ("mistral", Mistral),
+                                             ("pythonic", Pythonic)])
+def test_detection_from_the_families_templates(family, expected):
+    fam = FAMILIES[family]
+    assert detect(fam.template, fam.specials) is expected
+    fmt = expected.for_template(fam.template, fam.specials)
+    assert fmt.native and fmt.opening not in fmt.markers
+    assert set(fmt.markers) <= set(fam.specials)
+
+
+def test_detection_without_a_tool_template_and_by_name():
+    class Tok:
+        chat_template = "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}"
+        special_tokens = ("<|im_start|>", "<|im_end|>")
+
+    fmt = tool_format_for(Tok())
+    assert isinstance(fmt, Hermes) and not fmt.native and fmt.markers == ("<|im_start|>", "<|im_end|>")
+    system = fmt.system_message("Be brief.", [ADD.definition])["content"]
+    assert system.startswith("Be brief.") and '"name": "add"' in system and "<tool_call>" in system
+    assert isinstance(tool_format_for(Tok(), "pythonic"), Pythonic)
+    assert "func_name1(" in tool_format_for(Tok(), "pythonic").system_message("", [ADD.definition])["content"]
+    with pytest.raises(RequestError, match="hermes"):
+        tool_format_for(Tok(), "qwen")
+    assert sorted(FORMATS) == ["hermes", "llama3_json", "mistral", "pythonic"]
