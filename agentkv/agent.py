@@ -30,6 +30,7 @@ from agentkv.agent_result import (
 from agentkv.errors import AgentError, AgentRetriesError, EngineClosedError, OutputError, RequestError, ToolArgumentsError
 from agentkv.syncio import iterate_sync, run_sync
 from agentkv.tool_calls import ToolCall
+from agentkv.reasoning import ReasoningFormat, reply_grammar
 from agentkv.tool_formats import ToolFormat
 from agentkv.tools import Tool, tool
 
@@ -48,12 +49,15 @@ class Agent:
     same arguments) is not run again unless `rerun_calls=True`: the model is repeating itself (a small
     model copies its last turn), so that step is left out of the conversation and the next one is
     generated without the repeated tools (without any left, it is the answer).
+    A reasoning model reasons before each step's answer, free of its grammar (`Step.reasoning`;
+    `max_reasoning_tokens` bounds it), unless `chat_template_kwargs` turn reasoning off (Qwen3's
+    `{"enable_thinking": False}`).
     Sampling options (temperature, max_tokens per step, seed, ...) are those of `SamplingParams`.
     """
 
     def __init__(self, instructions: str = "", tools: Sequence[Any] = (), *, output_type: Any = None,
                  tool_choice: str = "auto", max_steps: int = 8, retries: int = 1, parallel_tool_calls: bool = True,
-                 rerun_calls: bool = False, engine=None, pin: bool = True,
+                 rerun_calls: bool = False, engine=None, pin: bool = True, chat_template_kwargs: dict | None = None,
                  temperature: float = 0.0, max_tokens: int = 512, **sampling: Any):
         from agentkv.engine.sampling_params import SamplingParams
 
@@ -89,8 +93,10 @@ class Agent:
             raise RequestError("an Agent sets the grammar of each step itself; give output_type=, not "
                                "json_schema/regex/grammar, and n=1")
         self._engine, self._want_pin = engine, pin
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._setup_lock = threading.Lock()
         self._format: ToolFormat | None = None
+        self._reasoning: ReasoningFormat | None = None
         self._system: dict | None = None
         self._pin = None
         self._closed = False
@@ -137,8 +143,10 @@ class Agent:
             yield StepStart(index, step_mode)
             started = time.perf_counter()
             done: list = []
-            params = self._step_params(step_mode, withheld)
-            async for delta in engine.stream(self._prompt(engine, messages), params):
+            prompt = self._prompt(engine, messages)
+            state = self._reasoning.state(prompt) if self._reasoning is not None else "off"
+            params = self._step_params(step_mode, withheld, state)
+            async for delta in engine.stream(prompt, params):
                 if delta.text:
                     yield TextDelta(index, delta.text)
                 if delta.completion is not None:
@@ -146,7 +154,7 @@ class Agent:
             completion, step_usage = done
             usage.steps += 1
             usage.add_generation(step_usage)
-            step, kept = self._read(index, step_mode, completion)
+            step, kept = self._read(index, step_mode, completion, state)
             step.usage = step_usage
             steps.append(step)
             withheld = set()
@@ -186,7 +194,7 @@ class Agent:
             messages.append({"role": "assistant", "content": kept})
             if step.error is None:
                 try:
-                    output = self._output(completion, step_mode)
+                    output = self._output(completion, step_mode, state, step.content)
                 except OutputError as e:
                     step.error = str(e)
             step.seconds = time.perf_counter() - started
@@ -203,30 +211,32 @@ class Agent:
 
     # ---- one step -----------------------------------------------------------------------------------
 
-    def _read(self, index: int, mode: str, completion) -> tuple[Step, str]:
-        """The step a completion makes, and the text the conversation keeps of it.
+    def _read(self, index: int, mode: str, completion, state: str = "off") -> tuple[Step, str]:
+        """The step a completion makes, and the text the conversation keeps of it (its reasoning
+        included: the chat template keeps or drops it, as the model was trained).
 
         A reply cut by max_tokens keeps the calls it completed (the cut one is dropped); cut before
         any call, it is an error the model is asked to correct, unless it is free text, which is
         returned as it is (as `ak.generate` returns a cut free-text reply)."""
         text = completion.text
-        step = Step(index, mode, text, content=text)
+        thought, answer = self._reasoning.split(text, state) if state != "off" else (None, text)
+        step = Step(index, mode, text, content=answer, reasoning=thought)
         if mode == "none":
             return step, text
-        step.content, calls, end = self._format.parse(text, cut=completion.finish_reason == "length")
+        step.content, calls, end = self._format.parse(answer, cut=completion.finish_reason == "length")
         step.tool_calls = [dataclasses.replace(c, id=f"call_{index}_{k}") for k, c in enumerate(calls)]
-        if completion.complete or self._format.calls_start(text) < 0 and self.output_type is None and mode == "auto":
+        if completion.complete or self._format.calls_start(answer) < 0 and self.output_type is None and mode == "auto":
             return step, text
         if calls:
-            return step, text[:end]
+            return step, text[:len(text) - len(answer) + end]
         step.error = (f"the reply was cut at max_tokens ({self.params.max_tokens}) before it was complete; "
                       "write shorter arguments, or fewer calls")
         return step, text
 
-    def _step_params(self, mode: str, withheld: set[str] = frozenset()):
+    def _step_params(self, mode: str, withheld: set[str] = frozenset(), state: str = "off"):
         """The sampling parameters of a step: the agent's, with the grammar of the step's mode,
-        offering the tools but those `withheld`."""
-        if mode == "none" and self.output_type is not None:
+        offering the tools but those `withheld`, after a reasoning block where the model reasons."""
+        if mode == "none" and self.output_type is not None and state == "off":
             return self.params.with_(json_schema=self.output_type)  # parsed and validated as ak.generate does
         if mode in self.tools:  # a named tool: calls of it only
             tools, mode = [self.tools[mode]], "required"
@@ -234,8 +244,9 @@ class Agent:
             tools = list(self.tools.values())  # the answer's text may not imitate their markup
         else:
             tools = [t for name, t in self.tools.items() if name not in withheld]
-        grammar = self._format.grammar(tools, mode, self._output_schema(), self.parallel_tool_calls,
-                                       close_objects=self.params.close_objects)
+        answer = self._format.answer_grammar(tools, mode, self._output_schema(), self.parallel_tool_calls,
+                                             close_objects=self.params.close_objects)
+        grammar = reply_grammar(answer, self._reasoning, state)
         return self.params.with_(grammar=grammar) if grammar is not None else self.params
 
     def _output_schema(self) -> dict | None:
@@ -245,17 +256,17 @@ class Agent:
 
         return output_grammar_schema(self.output_type)
 
-    def _output(self, completion, mode: str) -> Any:
+    def _output(self, completion, mode: str, state: str = "off", answer: str | None = None) -> Any:
         if self.output_type is None:
-            return completion.text.strip()
-        if mode == "none":
+            return (completion.text if answer is None else answer).strip()
+        if mode == "none" and state == "off":
             return completion.parsed  # generated under json_schema=output_type
         from agentkv.engine.constrained import output_parser
         from agentkv.engine.outputs import Completion
 
         parser = output_parser(self.params.with_(json_schema=self.output_type))
         return Completion(completion.text, completion.token_ids, completion.finish_reason, None, parser,
-                          completion.complete).parsed
+                          completion.complete, content=answer).parsed
 
     async def _call(self, call: ToolCall) -> ToolResult:
         t = self.tools[call.name]  # the grammar only writes offered names
@@ -286,7 +297,7 @@ class Agent:
         engine = self.engine
         with self._setup_lock:
             if self._format is None:
-                self._format = engine.tool_format
+                self._format, self._reasoning = engine.tool_format, engine.reasoning
                 defs = [t.definition for t in self.tools.values()]
                 self._system = self._format.system_message(self._instructions_with_output(), defs)
                 self._defs = defs
@@ -305,10 +316,11 @@ class Agent:
 
     def _pinned_ids(self, engine) -> list[int]:
         """The tokens of the rendered system prompt that every conversation starts with."""
-        return engine.conversation_prefix([self._system], tools=self._format.template_tools(self._defs))
+        return engine.conversation_prefix([self._system], tools=self._format.template_tools(self._defs),
+                                          **self.chat_template_kwargs)
 
     def _prompt(self, engine, messages: list[dict]) -> str:
-        return engine.render(messages, tools=self._format.template_tools(self._defs))
+        return engine.render(messages, tools=self._format.template_tools(self._defs), **self.chat_template_kwargs)
 
     def _conversation(self, input, history) -> list[dict]:
         messages = [dict(m) for m in history] if history else []

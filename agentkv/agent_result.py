@@ -49,7 +49,8 @@ class Step:
     index: int  # 1-based
     tool_choice: str  # the mode this step was generated under: "auto", "required", "none" or a tool name
     text: str  # everything the model wrote
-    content: str = ""  # its text outside tool calls
+    content: str = ""  # its text outside tool calls (and outside a reasoning block)
+    reasoning: str | None = None  # what a reasoning model wrote in its block, None where it wrote none
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_results: list[ToolResult] = field(default_factory=list)
     error: str | None = None  # the output failed validation: the message the model was given to retry

@@ -15,6 +15,7 @@ from typing import Any
 
 from agentkv.errors import OutputValidationError, RequestError
 from agentkv.tool_calls import FunctionSpec, tool_name_problem
+from agentkv.reasoning import ReasoningFormat, State, reply_grammar
 from agentkv.tool_formats import ToolFormat
 
 MODES = ("auto", "required", "none")
@@ -27,9 +28,12 @@ class ToolChat:
     definitions: tuple[dict, ...]  # every tool's definition, as the prompt shows them
     mode: str
     schema: Any  # the output's schema under tool_choice "auto" / "none", or None for text
+    reasoning: ReasoningFormat | None = None  # the model's reasoning markers
+    state: State = "off"  # where the reply starts: inside a block, free to open one, or not reasoning
 
     @classmethod
-    def plan(cls, fmt: ToolFormat, tools, tool_choice: str, schema: Any) -> ToolChat:
+    def plan(cls, fmt: ToolFormat, tools, tool_choice: str, schema: Any,
+             reasoning: ReasoningFormat | None = None) -> ToolChat:
         specs, defs = [], []
         for i, t in enumerate(tools):
             spec, definition = _spec(t, i)
@@ -44,7 +48,11 @@ class ToolChat:
                 raise RequestError(f"tool_choice={tool_choice!r} is neither one of {list(MODES)} nor a tool's name "
                                    f"({names})")
             specs, mode = [s for s in specs if s.name == tool_choice], "required"
-        return cls(fmt, tuple(specs), tuple(defs), mode, schema)
+        return cls(fmt, tuple(specs), tuple(defs), mode, schema, reasoning)
+
+    def after(self, prompt: str) -> ToolChat:
+        """This plan for a reply to the rendered `prompt` (which says whether it may reason)."""
+        return replace(self, state=self.reasoning.state(prompt)) if self.reasoning is not None else self
 
     @property
     def template_tools(self) -> list[dict] | None:
@@ -62,12 +70,13 @@ class ToolChat:
 
     def params(self, params):
         if params.structured:
-            raise RequestError("with tools, the reply's grammar is the tools'; give schema= for the output, "
-                               "not json_schema/regex/grammar")
+            raise RequestError("with tools or reasoning, the reply's grammar is agentkv's; give schema= for the "
+                               "output, not json_schema/regex/grammar")
         from agentkv.grammar.compiler import output_grammar_schema
 
         output = None if self.schema is None else output_grammar_schema(self.schema)
-        grammar = self.fmt.grammar(list(self.specs), self.mode, output, close_objects=params.close_objects)
+        answer = self.fmt.answer_grammar(list(self.specs), self.mode, output, close_objects=params.close_objects)
+        grammar = reply_grammar(answer, self.reasoning, self.state)
         return params.with_(grammar=grammar) if grammar is not None else params
 
     def read(self, out):
@@ -78,7 +87,8 @@ class ToolChat:
         completions = []
         for k, c in enumerate(out.completions):
             cut = c.finish_reason == "length"
-            content, calls, _ = self.fmt.parse(c.text, cut) if self.mode != "none" else (c.text, [], 0)
+            thought, answer = self.reasoning.split(c.text, self.state) if self.state != "off" else (None, c.text)
+            content, calls, _ = self.fmt.parse(answer, cut) if self.mode != "none" else (answer, [], 0)
             calls = [replace(call, id=f"call_{k}_{i}") for i, call in enumerate(calls)]
             for call in calls:
                 problem = schema_check(by_name[call.name].parameters).error(call.arguments)
@@ -87,7 +97,7 @@ class ToolChat:
                                                 f"against its schema: {problem}", c.text, c.finish_reason)
             reason = "tool_calls" if calls and c.finish_reason != "length" else c.finish_reason
             parser = self._output_parser() if not calls else None
-            completions.append(replace(c, tool_calls=calls, content=content, finish_reason=reason,
+            completions.append(replace(c, tool_calls=calls, content=content, finish_reason=reason, reasoning=thought,
                                        parser=parser if parser is not None else c.parser))
         return replace(out, completions=completions)
 

@@ -1,5 +1,5 @@
 """Chat templates and special tokens of the model families agentkv's tool formats serve, written for
-the tiny test models from the families' published formats (Qwen3's template with thinking, Llama
+the tiny test models from the families' published formats (Qwen2.5's, Qwen3's with thinking, Llama
 3.1's JSON tools, Mistral v0.3's [TOOL_CALLS], Llama 3.2's pythonic tool prompt). Whitespace
 control and the branches a test does not reach are simplified; what a prompt says to the model
 (markers, where tools and results go, how calls are written back) is the families' own."""
@@ -197,6 +197,37 @@ LLAMA32_PYTHONIC = r"""{{- bos_token }}
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"""
 
+# Qwen2.5's: Qwen3's without the reasoning block
+QWEN25 = r"""{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}
+{{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+{%- for tool in tools %}{{- "\n" }}{{- tool | tojson }}{%- endfor %}
+{{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+{%- elif message.role == "assistant" %}
+{{- '<|im_start|>' + message.role + '\n' + (message.content or '') }}
+{%- for tool_call in message.tool_calls or [] %}
+{%- set tool_call = tool_call.function if tool_call.function else tool_call %}
+{{- '\n<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' + tool_call.arguments | tojson + '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif message.role == "tool" %}
+{%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
+{%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}{{- '<|im_end|>\n' }}{%- endif %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"""
+
+# DeepSeek-R1's templates open the block in the generation prompt: the reply starts inside it
+R1_OPENED = QWEN3.replace("{{- '<|im_start|>assistant\\n' }}\n{%- if enable_thinking",
+                          "{{- '<|im_start|>assistant\\n<think>\\n' }}\n{%- if enable_thinking")
+
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>",
                    "<|eom_id|>", "<|python_tag|>"]
 
@@ -216,6 +247,10 @@ class ChatFamily:
 FAMILIES = {
     "qwen3": ChatFamily(QWEN3, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
                         ("<think>", "</think>", "<tool_call>", "</tool_call>")),
+    "qwen2.5": ChatFamily(QWEN25, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
+                          ("<tool_call>", "</tool_call>")),
+    "r1": ChatFamily(R1_OPENED, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
+                     ("<think>", "</think>", "<tool_call>", "</tool_call>")),
     "llama3": ChatFamily(LLAMA31, tuple(LLAMA3_SPECIALS), "<|begin_of_text|>", "<|eot_id|>"),
     "mistral": ChatFamily(MISTRAL_V3, ("<s>", "<unk>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                                        "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), "<s>", "</s>"),

@@ -149,3 +149,19 @@ def test_no_splitter_where_the_pieces_say_nothing():
     assert Splitter.from_tokenizers(bare).cuts(b"ab:cd") == {2, 3}
     bare.normalizer = normalizers.NFKC()  # pieces of the normalized text, not of the raw text
     assert Splitter.from_tokenizers(bare) is None
+
+
+def test_an_added_token_is_never_cut_by_the_pre_tokenizer(tmp_path):
+    """Qwen's `<think>` and `<tool_call>` are added tokens: matched before the pre-tokenizer cuts
+    `<` from the letters. Where a reply may open either, jump-forward must not force `<` alone,
+    which would leave the model to spell its markup byte by byte."""
+    from agentkv.engine.tokenizer import Tokenizer
+    from agentkv.grammar import TokenizerInfo
+    from tests.tiny import make_tiny_model
+
+    info = TokenizerInfo.from_huggingface(Tokenizer(make_tiny_model(tmp_path / "m", chat="qwen3", layers=1)))
+    assert {info.encode_bytes(b"<think>")[0], info.encode_bytes(b"<tool_call>")[0]} <= info.added_ids
+    g = GrammarCompiler(info).compile_lark('start: "<think>\\nhm" | "<tool_call>\\n{}"')
+    assert Matcher(g).jump_forward_tokens() == []
+    m = Matcher(g)  # once the choice is made, the rest is forced, as the tokenizer writes it
+    assert m.accept_token(info.encode_bytes(b"<think>")[0]) and info.decode(m.jump_forward_tokens()) == b"\nhm"

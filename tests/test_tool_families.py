@@ -16,9 +16,9 @@ import agentkv as ak
 from agentkv.tool_formats import Hermes, Llama3Json, Mistral, Pythonic
 from tests.tiny import make_tiny_model
 
-FAMILIES = {"qwen3": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic}
+FAMILIES = {"qwen2.5": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic}
 # How each family's template gives a tool's result back
-RESULT_MARK = {"qwen3": "<tool_response>\n", "llama3": "<|start_header_id|>ipython<|end_header_id|>",
+RESULT_MARK = {"qwen2.5": "<tool_response>\n", "llama3": "<|start_header_id|>ipython<|end_header_id|>",
                "mistral": "[TOOL_RESULTS] {", "pythonic": "<|start_header_id|>ipython<|end_header_id|>"}
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"},
@@ -31,7 +31,7 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (ADD, WEA
 Small = Annotated[int, Field(ge=0, le=99)]
 # Random weights whose choice between two tool names is not one-sided (at seed 0, the Llama-token
 # models pick one name 40 times in 40), so a framework's run can both call a tool and then answer.
-WEIGHT_SEEDS = {"qwen3": 0, "llama3": 5, "mistral": 0, "pythonic": 1}
+WEIGHT_SEEDS = {"qwen2.5": 0, "llama3": 5, "mistral": 0, "pythonic": 1}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -56,7 +56,7 @@ def test_the_family_is_detected_and_its_prompt_rendered(family):
     if name == "llama3":  # definitions in the system turn (tools_in_user_message=False), which an agent pins
         system = prompt.split("<|eot_id|>")[0]
         assert "Environment: ipython" in system and '"name": "add"' in system
-    expected = {"qwen3": "<tools>", "llama3": '"parameters": dictionary', "mistral": "[AVAILABLE_TOOLS] [",
+    expected = {"qwen2.5": "<tools>", "llama3": '"parameters": dictionary', "mistral": "[AVAILABLE_TOOLS] [",
                 "pythonic": "[func_name1("}[name]
     assert expected in prompt
 

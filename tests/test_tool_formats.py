@@ -145,8 +145,8 @@ def test_mistral_ids_and_structured_history():
     assert result["tool_call_id"].isalnum() and Mistral(native=True).results_messages([(call, "2")]) == [result]
 
 
-@pytest.mark.parametrize("family,expected", [("qwen3", Hermes), ("llama3", Llama3Json), ("mistral", Mistral),
-                                             ("pythonic", Pythonic)])
+@pytest.mark.parametrize("family,expected", [("qwen3", Hermes), ("qwen2.5", Hermes), ("r1", Hermes),
+                                             ("llama3", Llama3Json), ("mistral", Mistral), ("pythonic", Pythonic)])
 def test_detection_from_the_families_templates(family, expected):
     fam = FAMILIES[family]
     assert detect(fam.template, fam.specials) is expected

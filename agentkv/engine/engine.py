@@ -23,12 +23,13 @@ from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
 from agentkv.engine.parallel import TensorParallel
 from agentkv.engine.radix_cache import PinHandle, RadixCache, _common_len
-from agentkv.engine.request import Request
+from agentkv.engine.request import ReasoningBudget, Request
 from agentkv.engine.runner import ModelRunner
 from agentkv.engine.sampling_params import SamplingParams
 from agentkv.engine.scheduler import Scheduler
 from agentkv.errors import PinBudgetError, PromptTooLongError, RequestError
 from agentkv.kernels import cpu_native, get_backend
+from agentkv.reasoning import ReasoningFormat
 
 Prompt = str | Sequence[int]
 Messages = Sequence[dict[str, Any]]
@@ -82,6 +83,7 @@ class Engine:
         self._pool, self._tree = parts.pool, parts.tree
         self.tool_format = tool_format_for(self.tokenizer, cfg.tool_format)  # how this model calls tools
         self.tokenizer.keep_specials(self.tool_format.special_markers)  # its markup, where it is a special token
+        self.reasoning = ReasoningFormat.for_template(self.tokenizer.chat_template)  # None: it does not reason
         self._grammars = GrammarSupport(self.tokenizer)
         self._rng = random.Random(cfg.seed) if options.get("seed") is not None else random.SystemRandom()
         _live_engines.add(self)
@@ -102,21 +104,25 @@ class Engine:
         return outs if batch else outs[0]
 
     def chat(self, messages: Messages, params: SamplingParams | None = None, *, tools: Sequence[Any] | None = None,
-             tool_choice: str = "auto", schema: Any = None, **sampling: Any) -> RequestOutput:
+             tool_choice: str = "auto", schema: Any = None, chat_template_kwargs: dict | None = None,
+             **sampling: Any) -> RequestOutput:
         """Generate the assistant's reply to `messages` rendered with the model's chat template.
 
         With `tools` (`@ak.tool` functions or OpenAI tool definitions) the reply is generated under
         the model's tool-call format: each completion's `tool_calls` are the calls it completed
         (arguments matching their tool's schema; `finish_reason` "tool_calls", or "length" where
         max_tokens cut a later one) and its `content` the text before them. `tool_choice`: "auto",
-        "required", "none" or a tool's name."""
-        if not tools:
-            return self.generate(self.render(messages), params, schema=schema, **sampling)
+        "required", "none" or a tool's name. A reasoning model (`<think>`) reasons first, free of the
+        grammar (`reasoning` of each completion), unless `chat_template_kwargs` turn it off."""
+        kwargs = chat_template_kwargs or {}
+        if not tools and self.reasoning is None:
+            return self.generate(self.render(messages, **kwargs), params, schema=schema, **sampling)
         from agentkv.tool_chat import ToolChat  # the format is data the engine applies, like the chat template
 
-        plan = ToolChat.plan(self.tool_format, tools, tool_choice, schema)
+        plan = ToolChat.plan(self.tool_format, tools or [], tool_choice if tools else "none", schema, self.reasoning)
         params = self._params(params, sampling)
-        prompt = self.render(plan.messages(messages), tools=plan.template_tools)
+        prompt = self.render(plan.messages(messages), tools=plan.template_tools, **kwargs)
+        plan = plan.after(prompt)
         return plan.read(self.generate(prompt, plan.params(params)))
 
     async def agenerate(self, prompt: Prompt | Messages, params: SamplingParams | None = None, *, schema: Any = None,
@@ -232,12 +238,15 @@ class Engine:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                                   **{**self.tool_format.template_kwargs, **template_kwargs})
 
-    def conversation_prefix(self, messages: Messages, *, tools: Sequence[dict] | None = None) -> list[int]:
+    def conversation_prefix(self, messages: Messages, *, tools: Sequence[dict] | None = None,
+                            **template_kwargs: Any) -> list[int]:
         """The tokens every conversation that starts with `messages` begins with: the messages
         rendered alone, cut where a following turn would tokenize them differently (what to pin
         for a system prompt and tool definitions)."""
-        alone = self.tokenizer.encode(self.render(messages, tools=tools, add_generation_prompt=False))
-        probe = self.tokenizer.encode(self.render([*messages, {"role": "user", "content": "?"}], tools=tools))
+        alone = self.tokenizer.encode(self.render(messages, tools=tools, add_generation_prompt=False,
+                                                  **template_kwargs))
+        probe = self.tokenizer.encode(self.render([*messages, {"role": "user", "content": "?"}], tools=tools,
+                                                  **template_kwargs))
         return alone[: _common_len(alone, probe)]
 
     def prefill(self, prefix: str | Messages | Sequence[int]) -> int:
@@ -366,11 +375,23 @@ class Engine:
         max_new = limit if params.max_tokens is None else min(params.max_tokens, limit)
         eos = self.tokenizer.eos_ids
         grammar = self._grammars.compile(params)  # GrammarError here, before anything is queued
+        budget = self._reasoning_budget(ids, params)
         out = []
         for i in range(params.n):
             seed = params.seed + i if params.seed is not None else self._rng.getrandbits(63)
-            out.append(Request(ids, params, seed, eos, max_new, stream=stream, grammar=grammar))
+            out.append(Request(ids, params, seed, eos, max_new, stream=stream, grammar=grammar, reasoning=budget))
         return out
+
+    def _reasoning_budget(self, ids: list[int], params: SamplingParams) -> ReasoningBudget | None:
+        if params.max_reasoning_tokens is None:
+            return None
+        if self.reasoning is None:
+            raise RequestError("max_reasoning_tokens is set, but this model's chat template has no reasoning markers "
+                               "(<think>); leave it unset")
+        state = self.reasoning.state(self.tokenizer.decode(ids[-16:], skip_special_tokens=False))
+        if state == "off":
+            return None
+        return ReasoningBudget(self.reasoning, params.max_reasoning_tokens, state == "inside")
 
     def _output(self, group: list[Request]) -> RequestOutput:
         for r in group:

@@ -45,6 +45,8 @@ class Completion:
     # text before them, with none of the tool-call format's markup
     tool_calls: list = field(default_factory=list)
     content: str | None = None
+    reasoning: str | None = None  # engine.chat of a reasoning model: what it wrote in its block
+
 
 
     @property
@@ -58,7 +60,7 @@ class Completion:
             raise IncompleteOutputError(
                 f"the output ended before it was complete (finish_reason={self.finish_reason!r}); raise "
                 "max_tokens, or remove stop strings that can occur inside it", self.text, self.finish_reason)
-        return self.parser(self.text)
+        return self.parser(self.text if self.content is None else self.content)
 
 
 @dataclass

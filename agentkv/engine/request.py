@@ -15,9 +15,20 @@ from agentkv.grammar import CompiledGrammar, Matcher
 
 if TYPE_CHECKING:
     from agentkv.engine.radix_cache import TreeNode
+    from agentkv.reasoning import ReasoningFormat
     from agentkv.engine.tokenizer import Tokenizer
 
 _ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class ReasoningBudget:
+    """A reasoning block closed after `tokens` output tokens (agentkv/reasoning.py); `opened`: the
+    prompt opened it, else the reply may."""
+
+    fmt: ReasoningFormat
+    tokens: int
+    opened: bool
 
 
 @dataclass(eq=False)
@@ -32,6 +43,7 @@ class Request:
     on_update: Callable[[Request], None] | None = None  # called by the engine thread after each step
     grammar: CompiledGrammar | None = None  # compiled on the caller's thread; the output must match it
     score_from: int | None = None  # a scoring request: the logprob of each of all_ids[score_from:] is kept
+    reasoning: ReasoningBudget | None = None  # closed when spent, unless the reply closed it or never opened it
     rid: int = field(default_factory=lambda: next(_ids))
 
     output_ids: list[int] = field(default_factory=list)
@@ -103,18 +115,43 @@ class Request:
         self._append([token_id], tokenizer)
 
     def jump_forward(self, tokenizer: Tokenizer) -> int:
-        """Append the tokens the grammar forces next (canonical, see Matcher.jump_forward_tokens);
-        they are computed in the next pass's extend. Returns how many were appended."""
-        if self.matcher is None or not self.params.jump_forward or self.finished:
+        """Append the tokens forced next: the end of a reasoning block whose budget is spent, and what
+        the grammar forces (canonical, see Matcher.jump_forward_tokens); they are computed in the
+        next pass's extend. Returns how many were appended."""
+        if self.finished:
             return 0
+        closed = self._close_reasoning(tokenizer)
+        if self.matcher is None or not self.params.jump_forward or self.finished:
+            return closed
         toks = self.matcher.jump_forward_tokens()[: self.remaining_tokens]
         if not toks:
-            return 0
+            return closed
         if not self.matcher.accept_tokens(toks):
             raise AssertionError(f"the grammar refused its own forced tokens {toks}")
         self.usage.jump_forward_tokens += len(toks)
         self._append(toks, tokenizer)
-        return len(toks)
+        return closed + len(toks)
+
+    def _close_reasoning(self, tokenizer: Tokenizer) -> int:
+        """With a reasoning budget: once the reply has written that many tokens inside its block,
+        append the block's end (where the grammar takes it here: not inside a character)."""
+        b = self.reasoning
+        if b is None or len(self.output_ids) < b.tokens:
+            return 0
+        if not b.opened:
+            head = tokenizer.decode(self.output_ids[:16], skip_special_tokens=False).lstrip()
+            if not head.startswith(b.fmt.open):
+                self.reasoning = None  # the reply answers without a block
+                return 0
+        if b.fmt.close in tokenizer.decode(self.output_ids, skip_special_tokens=False):  # once, when spent
+            self.reasoning = None  # it closed the block itself
+            return 0
+        ids = tokenizer.encode(b.fmt.close_text, add_bos=False)
+        if len(ids) > self.remaining_tokens or (self.matcher is not None and not self.matcher.accept_tokens(ids)):
+            return 0
+        self.reasoning = None
+        self._append(ids, tokenizer)
+        return len(ids)
 
     def end_at_dead_end(self, tokenizer: Tokenizer) -> None:
         """The grammar allows no token here (and cannot end): stop with a finish reason that says so."""

@@ -37,6 +37,9 @@ class SamplingParams:
     # A dict schema's objects take no keys beyond those declared where it leaves additionalProperties
     # unset (as xgrammar's strict mode; a small model otherwise invents keys). False: as the spec says.
     close_objects: bool = True
+    # a reasoning model's block (<think>...</think>) is closed after this many output tokens, and the
+    # answer follows (agentkv/reasoning.py); None: it reasons as long as it likes within max_tokens
+    max_reasoning_tokens: int | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -85,6 +88,9 @@ class SamplingParams:
             raise bad("top_logprobs", "it must be an integer in [0, 20]")
         if not isinstance(self.n, int) or not 1 <= self.n <= 64:
             raise bad("n", "it must be an integer in [1, 64]")
+        if self.max_reasoning_tokens is not None and (not isinstance(self.max_reasoning_tokens, int)
+                                                      or self.max_reasoning_tokens < 1):
+            raise bad("max_reasoning_tokens", "it must be a positive integer or None")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", "it must be an integer or None")
         if sum(x is not None for x in (self.json_schema, self.regex, self.grammar)) > 1:

@@ -180,8 +180,8 @@ class Matcher:
         """Could the model write, from byte `p` of the forced text, a token running past its end?"""
         info = self.grammar.info
         ids = _longer_allowed_tokens(self.grammar, cid, forced[p:])
-        if not ids or info.splitter is None or len(ids) > MAX_SPLIT_CHECKS:
-            return bool(ids)
+        if not ids or info.splitter is None or len(ids) > MAX_SPLIT_CHECKS or not info.added_ids.isdisjoint(ids):
+            return bool(ids)  # (an added token stands wherever its text does: the pre-tokenizer never cuts it)
         # The pieces are found in the text as it would stand with each token in place, from the
         # accepted tail on (and from its middle too where the tail is not the whole output).
         head = self._tail + forced[:p]

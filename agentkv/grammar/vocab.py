@@ -84,8 +84,12 @@ class TokenizerInfo(TokenTables, PlainTables):
     """Vocabulary bytes and EOS ids of one tokenizer (see the module docstring)."""
 
     def __init__(self, vocab: Sequence[bytes | None], eos_ids: Iterable[int] = (),
-                 encode: Callable[[bytes], list[int]] | None = None, splitter: Splitter | None = None):
+                 encode: Callable[[bytes], list[int]] | None = None, splitter: Splitter | None = None,
+                 added_ids: Iterable[int] = ()):
         self.vocab: list[bytes | None] = [None if (b is None or len(b) == 0) else bytes(b) for b in vocab]
+        # Added tokens (Qwen's <tool_call>, <think>) are matched in text before the pre-tokenizer cuts
+        # it, so its cuts never keep one from standing anywhere (matcher.py's jump-forward)
+        self.added_ids = frozenset(added_ids)
         self.vocab_size = len(self.vocab)
         self.eos_ids = tuple(sorted(set(eos_ids)))
         for e in self.eos_ids:
@@ -184,7 +188,9 @@ class TokenizerInfo(TokenTables, PlainTables):
         def encode(data: bytes) -> list[int]:
             return backend.encode(data.decode("utf-8"), add_special_tokens=False).ids
 
-        return cls(vocab, eos_ids, encode, Splitter.from_tokenizers(backend))
+        added = backend.get_added_tokens_decoder() if hasattr(backend, "get_added_tokens_decoder") else {}
+        return cls(vocab, eos_ids, encode, Splitter.from_tokenizers(backend),
+                   added_ids=[i for i in added if i < size and vocab[i] is not None])
 
     @classmethod
     def from_tiktoken(cls, path: str | Path, special_tokens: dict[str, int] | None = None,

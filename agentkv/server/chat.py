@@ -13,8 +13,9 @@ from agentkv.errors import RequestError
 from agentkv.tool_calls import CallProgress
 from agentkv.server.protocol import (
     APIError, ChatRequest, CompletionRequest, bad_request, call_id, chat_tools, check_max_tokens, finish_reason,
-    logprobs_json, response_schema, template_messages, tool_calls_json,
+    logprobs_json, response_schema, template_kwargs, template_messages, tool_calls_json,
 )
+from agentkv.reasoning import reply_grammar
 
 
 class ChatPlan:
@@ -34,11 +35,16 @@ class ChatPlan:
             system["content"] = system["content"].lstrip()
             self.messages = [system] + (self.messages[1:] if first else self.messages)
         self.template_tools = self.fmt.template_tools(defs)
-        self.prompt = engine.render(self.messages, tools=self.template_tools)
+        self.prompt = _render(engine, self.messages, self.template_tools, req)
+        # a reasoning model thinks first, free of the grammar, unless the prompt turned reasoning off
+        self.reasoning = engine.reasoning
+        self.state = self.reasoning.state(self.prompt) if self.reasoning is not None else "off"
         sampling = req.sampling(None)
         if req.max_completion_tokens is not None:
             sampling["max_tokens"] = req.max_completion_tokens
         sampling["logprobs"] = req.logprobs
+        if req.max_reasoning_tokens is not None:
+            sampling["max_reasoning_tokens"] = req.max_reasoning_tokens
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
@@ -46,11 +52,13 @@ class ChatPlan:
         self.calls_possible = bool(specs) and mode != "none"
         self.specs = {s.name: s for s in specs}
         self.output_schema = None if schema is None else ({} if schema is True else _schema_dict(schema))
-        if specs:
-            grammar = self.fmt.grammar(specs, mode, self.output_schema, req.parallel_tool_calls,
-                                       close_objects=req.close_objects)
+        if specs or (schema is not None and self.state != "off"):
+            answer = self.fmt.answer_grammar(specs, mode if specs else "none", self.output_schema,
+                                             req.parallel_tool_calls, close_objects=req.close_objects)
             if "regex" in sampling or "grammar" in sampling:
-                raise APIError(400, "regex / grammar cannot be combined with tools", "tools")
+                what = "tools" if specs else "response_format"
+                raise APIError(400, f"regex / grammar cannot be combined with {what}", what)
+            grammar = reply_grammar(answer, self.reasoning, self.state)
             if grammar is not None:
                 sampling["grammar"] = grammar
         elif schema is not None:
@@ -74,7 +82,8 @@ class ChatPlan:
         cut by max_tokens dropped), the text before them with none of the format's markup, each
         call's arguments and a finished JSON output checked against their whole schemas (what the
         grammar relaxed; an output that fails is a 500, which OpenAI's clients retry)."""
-        text, calls = completion.text, []
+        thought, text = self.split(completion.text)
+        calls = []
         if self.calls_possible:
             text, calls, _ = self.fmt.parse(text, cut=completion.finish_reason == "length")
         for c in calls:
@@ -87,9 +96,15 @@ class ChatPlan:
             else:
                 self._check(value, self.output_schema, "the output")
         msg: dict[str, Any] = {"role": "assistant", "content": (text or None) if calls else text}
+        if thought is not None:
+            msg["reasoning_content"] = thought
         if calls:
             msg["tool_calls"] = tool_calls_json(calls, call_prefix)
         return msg, finish_reason(completion.finish_reason, bool(calls))
+
+    def split(self, text: str, final: bool = True) -> tuple[str | None, str]:
+        """(the reasoning, the answer) of a reply (still being written, unless `final`)."""
+        return self.reasoning.split(text, self.state, final) if self.state != "off" else (None, text)
 
     @staticmethod
     def _check(value, schema, what: str) -> None:
@@ -142,6 +157,7 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
     async def stream_events(completed: list[bool]) -> AsyncIterator[str]:
         texts: dict[int, str] = {}
         sent: dict[int, int] = {}
+        thought_sent: dict[int, int] = {}
         streamed: dict[int, list[int]] = {}  # per choice, how much of each call's arguments went out
         usage = None
         last = time.perf_counter()
@@ -154,7 +170,10 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                 metrics.between_tokens(now - last, len(d.token_ids))
             last = now
             texts[d.index] = texts.get(d.index, "") + d.text
-            full = texts[d.index]
+            thought, full = plan.split(texts[d.index], final=False)
+            if thought and len(thought) > thought_sent.get(d.index, 0):  # reasoning streams on its own field
+                yield chunk(d.index, {"reasoning_content": thought[thought_sent.get(d.index, 0):]})
+                thought_sent[d.index] = len(thought)
             # with tools, text stops where the calls start (and holds back what may begin them)
             safe = plan.fmt.content(full) if plan.calls_possible else full
             start = sent.get(d.index, 0)
@@ -294,6 +313,20 @@ async def chain(first, rest):
     yield first
     async for item in rest:
         yield item
+
+
+def _render(engine, messages: list[dict], tools, req: ChatRequest) -> str:
+    """The prompt; a template that fails on the request's chat_template_kwargs is a 400 naming them."""
+    kwargs = template_kwargs(req)
+    try:
+        return engine.render(messages, tools=tools, **kwargs)
+    except RequestError as e:
+        raise bad_request(e) from None
+    except Exception as e:  # noqa: BLE001 - the template's own error, caused by the variables given
+        if not kwargs:
+            raise
+        raise APIError(400, f"the chat template failed with these chat_template_kwargs: {type(e).__name__}: {e}",
+                       "chat_template_kwargs") from None
 
 
 def call_deltas(progress: list[CallProgress], streamed: list[int], prefix: str) -> list[dict]:

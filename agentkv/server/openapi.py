@@ -41,6 +41,7 @@ RANGES = {
     "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
     "top_k": {"type": "integer", "minimum": 0}, "min_p": {"type": "number", "minimum": 0, "maximum": 1},
     "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
+    "max_reasoning_tokens": {"type": "integer", "minimum": 1},
 }
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],

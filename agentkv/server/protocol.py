@@ -111,6 +111,10 @@ class ChatRequest(_Request):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
+    # extensions, as vLLM and SGLang take them: variables for the chat template (Qwen3's
+    # enable_thinking), and a budget after which a reasoning block is closed
+    chat_template_kwargs: dict[str, Any] | None = None
+    max_reasoning_tokens: int | None = None
     # extension: False lets a schema's objects take undeclared keys where it does not say (the server's
     # default, `agentkv serve --open-objects`, fills it in)
     close_objects: bool = True
@@ -178,6 +182,19 @@ def response_schema(req: ChatRequest) -> Any:
         return schema
     raise APIError(400, f"response_format.type must be text, json_object or json_schema, not {rf.get('type')!r}",
                    "response_format.type")
+
+
+RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+
+
+def template_kwargs(req: ChatRequest) -> dict[str, Any]:
+    """The request's chat_template_kwargs; a 400 for a variable the server itself sets."""
+    kwargs = req.chat_template_kwargs or {}
+    taken = [k for k in kwargs if k in RESERVED_TEMPLATE_VARIABLES]
+    if taken:
+        raise APIError(400, f"chat_template_kwargs may not set {taken}: the server renders those from the request",
+                       "chat_template_kwargs")
+    return kwargs
 
 
 def checked_schema(schema: Any, param: str) -> Any:

@@ -40,8 +40,8 @@ class Pythonic(ToolFormat):
             if not _IDENTIFIER.fullmatch(t.name):
                 raise RequestError(f"the tool name {t.name!r} is not a Python identifier, which the pythonic tool "
                                    "format needs; rename the tool, or choose another tool_format")
-            rules.append(f"c{k}: {lark_literal(t.name + '(')} {_kwargs(rules, f'a{k}', arguments_schema(t, close_objects))}"
-                         f" {lark_literal(')')}")
+            kwargs = _kwargs(rules, f"a{k}", arguments_schema(t, close_objects))
+            rules.append(f"c{k}: {lark_literal(t.name + '(')} {kwargs} {lark_literal(')')}")
             names.append(f"c{k}")
         more = f' ({lark_literal(SEPARATOR)} call)*' if parallel else ""
         return f"call: {' | '.join(names)}\n" + "\n".join(rules) + f'\ncalls: "[" call{more} "]"\n'

@@ -1,0 +1,110 @@
+"""Reasoning blocks: a model that thinks in `<think>...</think>` before it answers (Qwen3,
+DeepSeek-R1 and their distillations).
+
+While the model reasons no grammar applies but one rule: the block ends with its closing marker.
+After it, the step's grammar (a schema, tool calls, free text) applies. The rendered prompt says
+where the reply starts: inside the block (DeepSeek-R1's templates open it), after a closed empty
+block (Qwen3's `enable_thinking: false`), or free to open one. The block is written in the shape the
+templates render kept reasoning, `<think>\\n...\\n</think>\\n\\n`, so a conversation that keeps a
+step's reasoning re-reads it from the radix cache. A budget (`max_reasoning_tokens`) closes the
+block where it is spent (engine/request.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from agentkv.tool_calls import text_without
+
+State = Literal["inside", "may", "off"]
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    open: str = "<think>"
+    close: str = "</think>"
+
+    @property
+    def open_text(self) -> str:
+        return self.open + "\n"
+
+    @property
+    def close_text(self) -> str:
+        """What ends a block: also what a spent budget appends."""
+        return "\n" + self.close + "\n\n"
+
+    @classmethod
+    def for_template(cls, chat_template: str | None) -> ReasoningFormat | None:
+        """The reasoning markers a chat template renders, or None for a model that does not reason."""
+        fmt = cls()
+        if chat_template and fmt.open in chat_template and fmt.close in chat_template:
+            return fmt
+        return None
+
+    def state(self, prompt: str) -> State:
+        """Where a reply to `prompt` starts: inside a block, free to open one, or with reasoning off."""
+        tail = prompt.rstrip()
+        if tail.endswith(self.open):
+            return "inside"
+        if tail.endswith(self.close):
+            return "off"
+        return "may"
+
+    def grammar(self, answer: str | None, state: State) -> str | None:
+        """The Lark grammar of a reply: the block (where the state allows one), then `answer` (rules
+        whose start is `answer`, or None for free text, which needs no grammar)."""
+        if answer is None:
+            return None
+        if state == "off":
+            return "start: answer\n" + answer
+        # neither marker inside: a template reads the block back by splitting at them
+        think = f"THINK: /{text_without((self.close, self.open))}/\n"
+        block = f'THINK "{_esc(self.close_text)}"'
+        if state == "inside":
+            return f"start: {block} answer\n" + think + answer
+        return f'start: ("{_esc(self.open_text)}" {block})? answer\n' + think + answer
+
+    def split(self, text: str, state: State, final: bool = True) -> tuple[str | None, str]:
+        """(the reasoning, the answer) of a reply; reasoning None where the reply has no block. Not
+        `final` (a reply still being written): a start of a marker it ends with is held back."""
+        if state == "off":
+            return None, text
+        body = text
+        if state == "may":
+            stripped = text.lstrip()
+            if not stripped.startswith(self.open):
+                if not final and self.open.startswith(stripped):
+                    return "", ""  # it may be opening one
+                return None, text
+            body = stripped[len(self.open):]
+        head, sep, rest = body.partition(self.close)
+        if sep:
+            return head.strip("\n"), rest.lstrip()
+        if not final:
+            head = _hold_back(head, self.close)
+            return head.lstrip("\n"), ""
+        return head.strip("\n"), ""
+
+
+def reply_grammar(answer: str | None, reasoning: ReasoningFormat | None, state: State) -> str | None:
+    """The grammar of a reply whose answer has the rules `answer` (start rule `answer`; None: free
+    text), with a reasoning block before it where the model reasons."""
+    if answer is None:
+        return None
+    if reasoning is None:
+        return "start: answer\n" + answer
+    return reasoning.grammar(answer, state)
+
+
+def _hold_back(text: str, marker: str) -> str:
+    """`text` less a start of `marker` it ends with, and a trailing newline that may precede it."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            text = text[:-k]
+            break
+    return text.rstrip("\n")
+
+
+def _esc(literal: str) -> str:
+    return literal.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
