@@ -56,12 +56,10 @@ def test_auto_text_cannot_start_a_call_nor_write_markup(fmt):
     for word in (*fmt.words, "<tool_response>", "<tool", "<answer>"):
         assert not accepts(g, "Sure. " + word + " x") or word.startswith("<") and not accepts(g, word)
     with_text = "Let me check." + fmt.between_text_and_calls + fmt.calls_text(GOOD_CALLS[0])
-    assert accepts(g, with_text)
-    content, calls, _ = fmt.parse(with_text)
     if fmt.text_before_calls:  # calls after text are calls
-        assert (content, calls) == ("Let me check.", GOOD_CALLS[0])
-    else:  # pythonic calls are a whole reply: after text, that text is text
-        assert (content, calls) == (with_text, [])
+        assert accepts(g, with_text) and fmt.parse(with_text)[:2] == ("Let me check.", GOOD_CALLS[0])
+    else:  # pythonic calls are a whole reply: text cannot write one (it would come back as content)
+        assert not accepts(g, with_text) and accepts(g, "See [1] and [x(2)].")
 
 
 @pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
@@ -113,8 +111,8 @@ def test_parse_round_trip_and_every_cut(fmt, values):
 @pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
 def test_content_holds_back_what_may_start_a_call(fmt):
     if fmt.text_before_calls:
-        assert fmt.content("Sure " + fmt.opening[:3]) == "Sure "
-        assert fmt.content("Sure " + fmt.opening + "...") == "Sure "
+        assert fmt.content("Sure " + fmt.opening[:3]) == "Sure"
+        assert fmt.content("Sure " + fmt.opening + "...") == "Sure"
     else:
         assert fmt.content("  ") == "" and fmt.content(fmt.opening) == ""
     assert fmt.content("Hello") == "Hello"

@@ -193,9 +193,16 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                     metrics.request_done("/v1/chat/completions", e.status, time.perf_counter() - started)
                     completed.append(True)
                     return
-                if msg.get("tool_calls"):  # what the stream has not sent of them yet
-                    done = [CallProgress(c["function"]["name"], c["function"]["arguments"], True)
-                            for c in msg["tool_calls"]]
+                calls = msg.get("tool_calls")
+                # text held back while it might have begun a call or a marker, and was none
+                went = {"reasoning_content": (thought or "")[:thought_sent.get(d.index, 0)],
+                        "content": full[:sent.get(d.index, 0)]}
+                for field, out in went.items():
+                    final = msg.get(field) or ""
+                    if len(final) > len(out) and final.startswith(out) and not (field == "content" and calls):
+                        yield chunk(d.index, {field: final[len(out):]})
+                if calls:  # what the stream has not sent of them yet
+                    done = [CallProgress(c["function"]["name"], c["function"]["arguments"], True) for c in calls]
                     for delta in call_deltas(done, streamed.setdefault(d.index, []), f"{rid[-8:]}_{d.index}"):
                         yield chunk(d.index, {"tool_calls": [delta]})
                 # a streamed choice's logprobs come whole, with its finish_reason

@@ -124,7 +124,7 @@ class ToolFormat:
             return None
         if output_schema is not None and close_objects:
             output_schema = closed_schema(output_schema)
-        text = f"TEXT: /{free_text(self.forbidden, self.opening[0])}/\n"
+        text = f"TEXT: /{free_text(self.text_words(tools), self.opening[0])}/\n"
         if mode == "none" or not tools:
             return f"answer: {json_rule(output_schema)}\n" if output_schema is not None else "answer: TEXT\n" + text
         calls = self.calls_grammar(list(tools), parallel, close_objects)
@@ -138,6 +138,10 @@ class ToolFormat:
     @property
     def forbidden(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(TAG_STARTS + self.words + self.markers))
+
+    def text_words(self, tools: list[Any]) -> tuple[str, ...]:
+        """What free text may not contain, beside `tools`."""
+        return self.forbidden
 
     def calls_grammar(self, tools: list[Any], parallel: bool, close_objects: bool) -> str:
         """Lark rules that define `calls`: one call of an offered tool, or several when `parallel`."""
@@ -160,7 +164,7 @@ class ToolFormat:
         if start < 0:
             return self.content(text) if cut else text, [], 0
         calls, end = self.parse_calls(text, start)
-        return text[:start].strip(), calls, end
+        return text[:start].rstrip(), calls, end
 
     def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
         """The complete calls from `start` (where `opening` is), and where the last of them ends."""
@@ -168,17 +172,18 @@ class ToolFormat:
 
     def content(self, text: str) -> str:
         """The part of a reply (perhaps still growing) that is surely text: before its calls, less a
-        start of the opening it ends with (or nothing yet, where the calls would come first)."""
+        start of the opening it ends with and the whitespace before that (which a reply with calls
+        does not keep), or nothing yet where the calls would come first."""
         if not self.text_before_calls:
             stripped = text.lstrip()
             return "" if not stripped or self.opening.startswith(stripped[: len(self.opening)]) else text
         cut = text.find(self.opening)
         if cut >= 0:
-            return text[:cut]
+            return text[:cut].rstrip()
         for k in range(min(len(self.opening) - 1, len(text)), 0, -1):
             if text.endswith(self.opening[:k]):
-                return text[:-k]
-        return text
+                return text[:-k].rstrip()
+        return text.rstrip()
 
     def progress(self, text: str) -> list[CallProgress]:
         """The calls of a reply still being written, as far as they go: each one's name once it is

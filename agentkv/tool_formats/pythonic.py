@@ -1,5 +1,6 @@
 """The pythonic format (Llama 3.2's and Llama 4's tool prompts, ToolACE and others): a reply that
-calls tools is a Python list of calls, `[get_weather(city="Paris", unit="C"), add(a=1)]`, each
+calls tools is a Python list of calls, `[get_weather(city="Paris", unit="C"), add(a=1)]` (the whole
+reply: free text may not write `[get_weather(` or another offered tool's head), each
 argument a keyword whose value is a Python literal (True, False, None where JSON has true, false,
 null). The grammar writes each argument under its own property schema (`%pyjson`), required ones
 in the schema's order and optional ones where they stand, so a call always evaluates and validates.
@@ -33,6 +34,10 @@ class Pythonic(ToolFormat):
     @classmethod
     def knows(cls, chat_template: str) -> bool:
         return "func_name1(" in chat_template
+
+    def text_words(self, tools) -> tuple[str, ...]:
+        # a call is the whole reply: text may not write one of an offered tool (it would be content)
+        return self.forbidden + tuple(f"[{t.name}(" for t in tools if _IDENTIFIER.fullmatch(t.name))
 
     def calls_grammar(self, tools, parallel, close_objects) -> str:
         rules, names = [], []
