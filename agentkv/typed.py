@@ -110,7 +110,7 @@ def _params(schema, regex, grammar, sampling: dict):
 
 
 def _is_messages(prompt: Any) -> bool:
-    from agentkv.engine.engine import is_messages  # not at import: `import agentkv` must not load torch
+    from agentkv.engine.prefixes import is_messages  # not at import: `import agentkv` must not load torch
 
     return is_messages(prompt)
 

@@ -9,7 +9,6 @@ import random
 import threading
 import weakref
 from collections.abc import AsyncIterator, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -20,14 +19,15 @@ from agentkv.engine.core import Components, EngineCore
 from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
 from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.memory import KVPool, ReqToTokenPool
+from agentkv.engine.prefixes import Prefixes, is_messages
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
 from agentkv.engine.parallel import TensorParallel
-from agentkv.engine.radix_cache import PinHandle, RadixCache, _common_len
+from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import ReasoningBudget, Request
 from agentkv.engine.runner import ModelRunner
 from agentkv.engine.sampling_params import SamplingParams
 from agentkv.engine.scheduler import Scheduler
-from agentkv.errors import PinBudgetError, PromptTooLongError, RequestError
+from agentkv.errors import PromptTooLongError, RequestError
 from agentkv.kernels import cpu_native, get_backend
 from agentkv.reasoning import ReasoningFormat
 
@@ -35,7 +35,7 @@ Prompt = str | Sequence[int]
 Messages = Sequence[dict[str, Any]]
 
 
-class Engine:
+class Engine(Prefixes):
     """An LLM engine with a radix-cached KV pool and continuous batching, served by a background thread.
 
     `Engine()` loads the embedded SmolLM2-135M-Instruct; `Engine(model=path)` an HF directory or GGUF
@@ -227,82 +227,6 @@ class Engine:
             self._core.abort(reqs)
             raise
 
-    # ---- pins -----------------------------------------------------------------------------------
-
-    def render(self, messages: Messages, *, tools: Sequence[dict] | None = None, add_generation_prompt: bool = True,
-               **template_kwargs: Any) -> str:
-        """`messages` rendered with the chat template (given `template_kwargs`, e.g. Qwen3's
-        `enable_thinking`, over those the tool format sets)."""
-        if tools is not None:  # `ak.tool` objects carry their OpenAI-style definition
-            tools = [getattr(t, "definition", t) for t in tools]
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                                  **{**self.tool_format.template_kwargs, **template_kwargs})
-
-    def conversation_prefix(self, messages: Messages, *, tools: Sequence[dict] | None = None,
-                            **template_kwargs: Any) -> list[int]:
-        """The tokens every conversation that starts with `messages` begins with: the messages
-        rendered alone, cut where a following turn would tokenize them differently (what to pin
-        for a system prompt and tool definitions)."""
-        alone = self.tokenizer.encode(self.render(messages, tools=tools, add_generation_prompt=False,
-                                                  **template_kwargs))
-        probe = self.tokenizer.encode(self.render([*messages, {"role": "user", "content": "?"}], tools=tools,
-                                                  **template_kwargs))
-        return alone[: _common_len(alone, probe)]
-
-    def prefill(self, prefix: str | Messages | Sequence[int]) -> int:
-        """Compute the KV of `prefix` into the radix cache (not pinned: it may be evicted), so that
-        requests starting with it skip its prefill, e.g. the branches of a fork. Returns its length
-        in tokens. A list of messages is rendered without a generation prompt."""
-        if self._tree is None:
-            raise RequestError("prefill warms the radix cache; create the Engine with enable_radix_cache=True")
-        ids = self._prefix_ids(prefix, None)
-        self._prefill(ids, lambda r: None).result()
-        return len(ids)
-
-    def pin(self, prefix: str | Messages | Sequence[int], *, tools: Sequence[dict] | None = None) -> PinHandle:
-        """Compute the KV of `prefix` (text, token ids, or messages rendered without a generation prompt)
-        and keep it resident until `unpin`. Raises PinBudgetError over the pin budget."""
-        if self._tree is None:
-            raise RequestError("pins need the radix cache; create the Engine with enable_radix_cache=True")
-        ids = self._prefix_ids(prefix, tools)
-        budget = self._tree.pin_budget
-        if len(ids) > budget:
-            raise PinBudgetError(f"the prefix has {len(ids)} tokens, over the pin budget of {budget}; raise pin_budget_fraction")
-        # on the engine thread, right after the prefill put the prefix into the tree: pin it before
-        # any later step could evict it
-        return self._prefill(ids, lambda r: self._tree.pin(ids)).result()
-
-    def _prefix_ids(self, prefix, tools) -> list[int]:
-        if is_messages(prefix):
-            prefix = self.render(prefix, tools=tools, add_generation_prompt=False)
-        return self._encode(prefix)
-
-    def _prefill(self, ids: list[int], then) -> Future:
-        """Prefill `ids` as a request of its own; the future gets `then(request)`, called on the
-        engine thread as soon as the prefill is done."""
-        req = Request(ids, SamplingParams(max_tokens=1, temperature=0.0), 0, frozenset(), 1, prefill_only=True)
-        result: Future = Future()
-
-        def on_update(r: Request) -> None:
-            if not r.finished:
-                return
-            if r.error is not None:
-                result.set_exception(r.error)
-                return
-            try:
-                result.set_result(then(r))
-            except Exception as e:
-                result.set_exception(e)
-
-        req.on_update = on_update
-        self._core.submit([req])
-        return result
-
-    def unpin(self, handle: PinHandle) -> None:
-        if self._tree is None:
-            raise RequestError("this engine has no radix cache, so it holds no pins")
-        self._core.call(lambda: self._tree.unpin(handle)).result()
-
     # ---- introspection and lifetime ----------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -411,11 +335,6 @@ class Engine:
 def _completion(r: Request, parser) -> Completion:
     return Completion(r.text, list(r.output_ids), r.finish_reason or "abort", r.logprobs if r.params.logprobs else None,
                       parser, r.grammar_complete)
-
-
-def is_messages(prompt: Any) -> bool:
-    """A chat (a list of message dicts) rather than text or token ids."""
-    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], dict)
 
 
 def _default_slots(mc, dtype: torch.dtype, context: int) -> int:
