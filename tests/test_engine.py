@@ -199,6 +199,22 @@ def test_stream_and_agenerate(tiny_engine):
     assert text == full.text and last.finish_reason == "length" and last.usage.completion_tokens == 16
 
 
+def test_a_slow_stream_reader_still_gets_the_last_delta(tiny_engine):
+    """The request finishes while the reader holds a delta: its last delta (finish_reason, usage,
+    the completion) still comes."""
+    async def read():
+        deltas = []
+        async for d in tiny_engine.stream("Once", max_tokens=12, temperature=0.0, ignore_eos=True):
+            deltas.append(d)
+            await asyncio.sleep(0.2)
+        return deltas
+
+    deltas = asyncio.run(read())
+    assert deltas[-1].finish_reason == "length" and deltas[-1].completion is not None
+    assert [d.finish_reason for d in deltas[:-1]] == [None] * (len(deltas) - 1)
+    assert "".join(d.text for d in deltas) == deltas[-1].completion.text
+
+
 def test_stream_cancel_frees_kv(tiny_dir):
     with ak.Engine(str(tiny_dir), num_slots=1024) as engine:
         idle = engine.stats()["free_slots"]

@@ -186,17 +186,21 @@ class Engine(Prefixes):
                     raise r.error
                 if r.rid in closed:
                     continue
+                # One reading of the request's state for this update: the engine thread moves on while
+                # the consumer holds a delta, and a request that finished meanwhile must still send
+                # its last delta (finished first: its text is final by the time it is set).
+                finished = r.finished
                 if want_deltas:
                     text = r.stable_text()
-                    if len(text) > sent_text[r.rid] or r.finished:
+                    if len(text) > sent_text[r.rid] or finished:
                         delta = StreamDelta(
                             group.index(r), text[sent_text[r.rid] :], r.output_ids[sent_tokens[r.rid] :],
-                            r.finish_reason, r.usage if r.finished else None,
-                            _completion(r, output_parser(params)) if r.finished else None,
+                            r.finish_reason if finished else None, r.usage if finished else None,
+                            _completion(r, output_parser(params)) if finished else None,
                         )
                         sent_text[r.rid], sent_tokens[r.rid] = len(text), len(r.output_ids)
                         yield delta
-                if r.finished:
+                if finished:
                     closed.add(r.rid)
         except BaseException:
             self._core.abort([r for r in group if not r.finished])  # a disconnecting client frees its KV
