@@ -27,6 +27,8 @@ from agentkv.server.chat import (
 from agentkv.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentkv.server.metrics import Metrics
 from agentkv.server.openapi import ERRORS, generation_doc, pin_doc
+from agentkv.server.responses import ResponseStore, create_response, stream_response
+from agentkv.server.responses_items import ResponsesRequest
 from agentkv.server.protocol import (
     APIError,
     ChatRequest,
@@ -41,16 +43,18 @@ from agentkv.server.protocol import (
 
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_inflight: int = 256,
-               close_objects: bool = True) -> FastAPI:
+               close_objects: bool = True, stored_responses: int = 1024, response_ttl_s: float = 3600.0) -> FastAPI:
     """`max_inflight`: requests accepted at once (running, queued, streaming); more get a 429.
     `close_objects`: the default of a chat request's `close_objects` (schemas' objects closed where
-    they leave additionalProperties unset)."""
+    they leave additionalProperties unset). `stored_responses`, `response_ttl_s`: how many
+    /v1/responses are kept for `previous_response_id`, and for how long (their tokens pinned)."""
     # (no `from __future__ import annotations` here: FastAPI reads the handlers' annotations at runtime)
     app = FastAPI(title="agentkv", version="0.1.0", docs_url=None, redoc_url=None)
     created = int(time.time())
     metrics = Metrics()
     inflight = [0]
     pins: dict[str, tuple[Any, int]] = {}  # id -> (PinHandle, tokens)
+    responses = app.state.responses = ResponseStore(engine, stored_responses, response_ttl_s)
 
     def admit() -> None:
         if inflight[0] >= max_inflight:
@@ -141,6 +145,27 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     @app.post("/v1/completions", **generation_doc(CompletionRequest, model_name, streams=True))
     async def completions(request: Request) -> Any:
         return await generation(request, CompletionRequest, "/v1/completions", completion, completion_stream)
+
+    @app.post("/v1/responses", **generation_doc(ResponsesRequest, model_name, streams=True))
+    async def create(request: Request) -> Any:
+        async def respond(engine, req, model):
+            return await create_response(engine, req, model, responses, close_objects)
+
+        async def stream(engine, req, model, metrics, started, done):
+            return await stream_response(engine, req, model, responses, metrics, started, done, close_objects)
+
+        return await generation(request, ResponsesRequest, "/v1/responses", respond, stream)
+
+    @app.get("/v1/responses/{response_id}", responses=ERRORS)
+    async def get_response(response_id: str, request: Request) -> dict:
+        check(request)
+        return responses.get(response_id).response
+
+    @app.delete("/v1/responses/{response_id}", responses=ERRORS)
+    async def delete_response(response_id: str, request: Request) -> dict:
+        check(request)
+        await responses.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
 
     # ---- pins: keep a system prompt + tool definitions resident for the requests that start with it ----
 

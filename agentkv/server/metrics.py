@@ -63,13 +63,14 @@ class Metrics:
         r.register(_EngineGauges(lambda: self._stats))
 
     def request_done(self, endpoint: str, status: int, seconds: float, usage: dict | None = None) -> None:
-        """A finished request; `usage` is the response's usage object."""
+        """A finished request; `usage` is the response's usage object (chat's or the Responses API's)."""
         self.requests.labels(endpoint, str(status)).inc()
         self.duration.observe(seconds)
         if usage:
-            self.prompt_tokens.inc(usage["prompt_tokens"])
-            self.cached_tokens.inc(usage["prompt_tokens_details"]["cached_tokens"])
-            self.completion_tokens.inc(usage["completion_tokens"])
+            chat = "prompt_tokens" in usage
+            self.prompt_tokens.inc(usage["prompt_tokens" if chat else "input_tokens"])
+            self.cached_tokens.inc(usage["prompt_tokens_details" if chat else "input_tokens_details"]["cached_tokens"])
+            self.completion_tokens.inc(usage["completion_tokens" if chat else "output_tokens"])
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)

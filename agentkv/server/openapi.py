@@ -42,6 +42,7 @@ RANGES = {
     "top_k": {"type": "integer", "minimum": 0}, "min_p": {"type": "number", "minimum": 0, "maximum": 1},
     "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
     "max_reasoning_tokens": {"type": "integer", "minimum": 1},
+    "max_output_tokens": {"type": "integer", "minimum": 1},
 }
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],
@@ -67,7 +68,10 @@ def generation_doc(kind: type, model_name: str, streams: bool) -> dict[str, Any]
     if kind is ChatRequest:
         props["messages"] = {"type": "array", "items": MESSAGE, "minItems": 1}
         props["tools"] = {"anyOf": [{"type": "array", "items": TOOL}, {"type": "null"}]}
-    ok: dict[str, Any] = {"application/json": {"schema": {"type": "object", "required": ["id", "object", "choices"]}}}
+    if kind.__name__ == "ResponsesRequest":
+        props["input"] = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
+    answer = "output" if kind.__name__ == "ResponsesRequest" else "choices"
+    ok: dict[str, Any] = {"application/json": {"schema": {"type": "object", "required": ["id", "object", answer]}}}
     if streams:
         ok["text/event-stream"] = {"schema": {"type": "string"}}
     extra = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
