@@ -8,9 +8,27 @@ The engine names load on first use, so `agentkv.grammar` (pure Python and numpy)
 
 from agentkv.agent import Agent
 from agentkv.agent_result import (
-    AgentResult, AgentUsage, RunEnd, Step, StepEnd, StepStart, TextDelta, ToolCallEvent, ToolResult, ToolResultEvent,
+    AgentResult,
+    AgentUsage,
+    RunEnd,
+    Step,
+    StepEnd,
+    StepStart,
+    TextDelta,
+    ToolCallEvent,
+    ToolResult,
+    ToolResultEvent,
 )
-from agentkv.dsl import Fork, ProgramState, assistant, function, gen, select, system, user
+from agentkv.dsl import (
+    Fork,
+    ProgramState,
+    assistant,
+    function,
+    gen,
+    select,
+    system,
+    user,
+)
 from agentkv.errors import (
     AgentError,
     AgentKVError,
@@ -29,6 +47,7 @@ from agentkv.errors import (
     ToolArgumentsError,
     ToolDefinitionError,
 )
+from agentkv.mcp_tools import MCPToolError, MCPToolset, mcp_tools
 from agentkv.tool_calls import ToolCall
 from agentkv.tools import Tool, tool
 from agentkv.typed import astream, default_engine, generate, set_default_engine, stream
@@ -51,7 +70,7 @@ __all__ = [
     "AgentKVError", "CacheError", "Completion", "Engine", "EngineClosedError", "EngineError", "GrammarError",
     "IncompleteOutputError", "ModelLoadError", "OutputError", "OutputValidationError",
     "PinBudgetError", "PinHandle", "PromptTooLongError", "RequestError", "RequestOutput", "SamplingParams", "StreamDelta", "Usage",
-    "Tool", "ToolArgumentsError", "ToolDefinitionError",
+    "Tool", "ToolArgumentsError", "ToolDefinitionError", "MCPToolError", "MCPToolset", "mcp_tools",
     "Fork", "ProgramState", "assistant", "function", "gen", "select", "system", "user",
     "astream", "default_engine", "generate", "set_default_engine", "stream", "tool",
 ]

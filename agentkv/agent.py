@@ -24,13 +24,30 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from agentkv.agent_result import (
-    AgentEvent, AgentResult, AgentUsage, RunEnd, Step, StepEnd, StepStart, TextDelta, ToolCallEvent,
-    ToolResult, ToolResultEvent,
+    AgentEvent,
+    AgentResult,
+    AgentUsage,
+    RunEnd,
+    Step,
+    StepEnd,
+    StepStart,
+    TextDelta,
+    ToolCallEvent,
+    ToolResult,
+    ToolResultEvent,
 )
-from agentkv.errors import AgentError, AgentRetriesError, EngineClosedError, OutputError, RequestError, ToolArgumentsError
+from agentkv.errors import (
+    AgentError,
+    AgentRetriesError,
+    EngineClosedError,
+    OutputError,
+    RequestError,
+    ToolArgumentsError,
+)
+from agentkv.mcp_tools import MCPToolset
+from agentkv.reasoning import ReasoningFormat, reply_grammar
 from agentkv.syncio import iterate_sync, run_sync
 from agentkv.tool_calls import ToolCall
-from agentkv.reasoning import ReasoningFormat, reply_grammar
 from agentkv.tool_formats import ToolFormat
 from agentkv.tools import Tool, tool
 
@@ -65,7 +82,8 @@ class Agent:
             raise RequestError(f"instructions must be a string, not {type(instructions).__name__}")
         self.instructions = instructions
         self.tools: dict[str, Tool] = {}
-        for t in tools:
+        self._toolsets = [t for t in tools if isinstance(t, MCPToolset)]  # closed with the agent
+        for t in [x for t in tools for x in (t.connect() if isinstance(t, MCPToolset) else [t])]:
             t = tool(t)
             if t.name in self.tools:
                 raise RequestError(f"two tools are named {t.name!r}; give one a different name with @ak.tool(name=...)")
@@ -352,6 +370,8 @@ class Agent:
                 self._pinned_on.unpin(pin)
             except EngineClosedError:  # the engine went first (interpreter exit): nothing to release
                 pass
+        for toolset in self._toolsets:
+            toolset.close()
         _live_agents.discard(self)
 
     def __enter__(self) -> Agent:

@@ -97,6 +97,7 @@ def test_help_everywhere():
     ("batch_agents.py", []),
     ("chat.py", []),
     ("fork_compare.py", ["--arg", "topic=a rainy day"]),
+    ("mcp_agent.py", ["--input", "What is the weather in Oslo?"]),
 ])
 def test_examples_exit_zero(example, args):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
