@@ -11,6 +11,14 @@ There is no peer server on this CPU machine (vLLM and SGLang serve on GPUs); the
 is the request-at-a-time engine's behaviour (every prompt prefilled whole).
 
     python benchmarks/serve.py [--clients 16] [--turns 3] [--max-tokens 32] [--num-slots 12000]
+
+`--continued` measures instead a conversation continued for 5 turns, in one run: through chat
+completions re-sending the whole transcript each turn, and through /v1/responses sending only the
+new message with `previous_response_id` (the stored response keeps its conversation pinned). The
+same unrelated traffic passes between turns. Reported: time to first token of turn 5, and its
+cached share of the prompt.
+
+    python benchmarks/serve.py --continued [--clients 8] [--max-tokens 32] [--num-slots 12000]
 """
 
 from __future__ import annotations
@@ -104,6 +112,73 @@ def run(label: str, args, pin: bool, **options) -> list:
     return [label, r["wall"], r["tokens"], r["tokens"] / r["wall"], r["ttft_p50"], r["ttft_p90"], f"{r['hit']:.1%}"]
 
 
+async def continued_chat(client, i: int, args, engine) -> tuple[float, float]:
+    """(TTFT, cached share) of the last of 5 turns, each re-sending the conversation."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task(i)}]
+    for turn in range(5):
+        start, first, text, usage = time.perf_counter(), None, "", None
+        stream = await client.chat.completions.create(
+            model="smollm2", messages=messages, max_tokens=args.max_tokens, temperature=0, stream=True,
+            stream_options={"include_usage": True})
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                first = first or time.perf_counter() - start
+                text += chunk.choices[0].delta.content
+            usage = chunk.usage or usage
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": FOLLOW_UPS[turn % 3]}]
+        await between_turns(engine, args, i)
+    return first, usage.prompt_tokens_details.cached_tokens / usage.prompt_tokens
+
+
+async def continued_responses(client, i: int, args, engine) -> tuple[float, float]:
+    """The same conversation through /v1/responses: each turn sends its message and the previous id."""
+    previous, text_in = None, task(i)
+    for turn in range(5):
+        start, first, done = time.perf_counter(), None, None
+        stream = await client.responses.create(
+            model="smollm2", instructions=SYSTEM, input=text_in, previous_response_id=previous,
+            max_output_tokens=args.max_tokens, temperature=0, stream=True)
+        async for event in stream:
+            if event.type == "response.output_text.delta":
+                first = first or time.perf_counter() - start
+            elif event.type in ("response.completed", "response.incomplete"):
+                done = event.response
+        previous, text_in = done.id, FOLLOW_UPS[turn % 3]
+        await between_turns(engine, args, i)
+    return first, done.usage.input_tokens_details.cached_tokens / done.usage.input_tokens
+
+
+async def between_turns(engine, args, i: int) -> None:
+    """Unrelated prompts through the small pool: what is not pinned may be evicted (not timed)."""
+    await asyncio.to_thread(engine.generate, other_traffic(args.traffic)[i % 2::2], max_tokens=1)
+
+
+def run_continued(args) -> None:
+    import openai
+
+    with ak.Engine(num_slots=args.num_slots) as engine:
+        engine.generate("warm up", max_tokens=2)
+        base, server, thread = start_server(engine)
+        rows = []
+
+        async def phase(how) -> list:
+            async with openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=600) as client:
+                return await asyncio.gather(*(how(client, i, args, engine) for i in range(args.clients)))
+
+        for label, how in (("chat completions, transcript re-sent", continued_chat),
+                           ("responses, previous_response_id", continued_responses)):
+            results = asyncio.run(phase(how))
+            ttfts = [t for t, _ in results]
+            rows.append([label, statistics.median(ttfts), max(ttfts), f"{statistics.mean(h for _, h in results):.1%}"])
+        server.should_exit = True
+        thread.join(timeout=30)
+    for r in rows:
+        r.append(r[1] / rows[0][1])
+    print(f"{args.clients} concurrent conversations of 5 turns, {args.max_tokens} tokens per reply, greedy, "
+          f"{args.traffic // 2} unrelated prompts between turns, embedded SmolLM2-135M, KV pool {args.num_slots} tokens")
+    print(table(rows, ["turn 5 through", "TTFT p50 s", "TTFT max s", "cached share", "TTFT / chat"]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=16)
@@ -111,7 +186,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--traffic", type=int, default=16)
     ap.add_argument("--num-slots", type=int, default=12000)
+    ap.add_argument("--continued", action="store_true", help="turn 5 of continued conversations: chat vs responses")
     args = ap.parse_args()
+    if args.continued:
+        run_continued(args)
+        return
     rows = [run("pins on", args, True), run("pins off", args, False),
             run("radix cache off", args, False, enable_radix_cache=False)]
     for r in rows:
