@@ -1,9 +1,9 @@
 """`engine.chat(messages, tools=[...])`: one reply under the model's tool-call format, read back as calls.
 
-The engine's tool format, which the agent loop and the server use too (tool_formats/): the tool definitions offered as
-the chat template expects (or in the system prompt where it does not know tools), the reply
-generated under the grammar of the offered tools' schemas, and read back as the calls it completed
-and the text before them. A call cut by max_tokens is left out (`finish_reason` "length"); the text
+The engine's tool format, which the agent loop and the server use too (tool_formats/): the tool
+definitions offered as the chat template expects (or in the system prompt where it does not know
+tools), the reply (after any reasoning block: reasoning.py) generated under the grammar of the
+offered tools' schemas, and read back as the calls it completed and the text before them. A call cut by max_tokens is left out (`finish_reason` "length"); the text
 never holds the format's markup. Arguments are checked against their tool's whole schema, which
 matters only where the grammar relaxed a keyword (an `OutputValidationError` with the text).
 """

@@ -12,6 +12,12 @@ app = typer.Typer(help="agentkv: structured output and agents on an LLM engine t
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")]
 MaxTokens = Annotated[int, typer.Option(help="most tokens to generate per reply")]
 Temperature = Annotated[float, typer.Option(help="sampling temperature; 0 is greedy")]
+# how the engine runs: the same options on every command that makes one (and every --replicas replica)
+Device = Annotated[str, typer.Option(help="cpu, cuda, cuda:N, or auto: a CUDA GPU where there is one, else the CPU")]
+Dtype = Annotated[str, typer.Option(help="float32, bfloat16, float16, or auto: bfloat16 on a GPU, float32 on the CPU")]
+TensorParallel = Annotated[int, typer.Option(help="GPUs (or CPU worker processes) that each hold 1/N of the model")]
+ContextLength = Annotated[int | None, typer.Option(help="the longest sequence served (default: the model's)")]
+NumSlots = Annotated[int | None, typer.Option(help="KV pool size in tokens (default: sized from the model)")]
 
 
 def _fail(message: str) -> typer.Exit:
@@ -26,6 +32,8 @@ def run(
     arg: Annotated[list[str] | None, typer.Option("--arg", "-a", help="key=value for `main` (repeatable)")] = None,
     model: ModelOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print the output only, no live view")] = False,
+    device: Device = "auto", dtype: Dtype = "auto", tensor_parallel: TensorParallel = 1,
+    context_length: ContextLength = None, num_slots: NumSlots = None,
 ) -> None:
     """Run FILE's module-level `agent` (an ak.Agent) on --input with a live view of its steps, or,
     without --input, call its `main(**args)`; print the output. --model becomes the engine of
@@ -42,8 +50,9 @@ def run(
     path = Path(file)
     if not path.is_file():
         raise _fail(f"{file} not found")
-    if model is not None:
-        ak.set_default_engine(_engine(model))
+    options = _options(device, dtype, tensor_parallel, context_length, num_slots)
+    if model is not None or options:
+        ak.set_default_engine(_engine(model, **options))
     sys.path.insert(0, str(path.resolve().parent))  # the file's own imports, as `python FILE` has them
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -97,6 +106,8 @@ def serve(
                                                     "additionalProperties unset (default: closed)")] = False,
     tool_format: Annotated[str | None, typer.Option(help="the model's tool-call format: hermes, llama3_json, mistral "
                                                          "or pythonic (default: detected from the chat template)")] = None,
+    device: Device = "auto", dtype: Dtype = "auto", tensor_parallel: TensorParallel = 1,
+    context_length: ContextLength = None, num_slots: NumSlots = None,
 ) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /v1/pins, /health,
     /metrics) on one engine, or on --replicas engines behind a cache-aware router (Ray Serve)."""
@@ -107,6 +118,8 @@ def serve(
     from agentkv.server import create_app
 
     name = served_model_name or (Path(model).stem if model else "SmolLM2-135M-Instruct")
+    options = _options(device, dtype, tensor_parallel, context_length, num_slots,
+                       **({"tool_format": tool_format} if tool_format else {}))
     if replicas < 1:
         raise _fail(f"--replicas must be at least 1, got {replicas}")
     if replicas > 1 or ray_address is not None:
@@ -115,11 +128,12 @@ def serve(
         except ImportError as e:
             raise _fail(f"--replicas needs Ray Serve ({e}); install it with pip install 'agentkv[cluster]'") from None
         typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1 with {replicas} replicas (Ray Serve)", err=True)
-        serve_cluster(model, name, replicas, host, port, api_key, ray_address,
-                      engine_options={"tool_format": tool_format} if tool_format else None, close_objects=not open_objects)
+        serve_cluster(model, name, replicas, host, port, api_key, ray_address, engine_options=options,
+                      close_objects=not open_objects)
         return
-    engine = _engine(model, tool_format=tool_format)
-    typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1", err=True)
+    engine = _engine(model, **options)
+    typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1 ({engine.config.device}, {engine.config.dtype})",
+               err=True)
     try:
         uvicorn.run(create_app(engine, name, api_key, max_inflight, close_objects=not open_objects), host=host,
                     port=port, log_level="warning")
@@ -146,11 +160,20 @@ def _run_agent(agent, input: str, console, quiet: bool):
     raise AssertionError("an agent's stream ends with RunEnd")  # pragma: no cover
 
 
-def _engine(model: str | None, tool_format: str | None = None):
+def _options(device: str = "auto", dtype: str = "auto", tensor_parallel: int = 1, context_length: int | None = None,
+             num_slots: int | None = None, **more) -> dict:
+    """Engine(...) options from the command line, leaving out what is the engine's default."""
+    given = {"device": device, "dtype": dtype, "tensor_parallel": tensor_parallel, "context_length": context_length,
+             "num_slots": num_slots, **more}
+    defaults = {"device": "auto", "dtype": "auto", "tensor_parallel": 1}
+    return {k: v for k, v in given.items() if v is not None and defaults.get(k) != v}
+
+
+def _engine(model: str | None, **options):
     import agentkv as ak
 
     try:
-        return ak.Engine(model, tool_format=tool_format)
+        return ak.Engine(model, **options)
     except ak.AgentKVError as e:
         raise _fail(str(e)) from None
 
@@ -164,6 +187,8 @@ def generate(
     schema: Annotated[str | None, typer.Option(help="a JSON Schema file (or inline JSON) the output must match")] = None,
     regex: Annotated[str | None, typer.Option(help="a regex the whole output must match")] = None,
     grammar: Annotated[str | None, typer.Option(help="a Lark grammar file the output must match")] = None,
+    device: Device = "auto", dtype: Dtype = "auto", tensor_parallel: TensorParallel = 1,
+    context_length: ContextLength = None, num_slots: NumSlots = None,
 ) -> None:
     """Complete a plain-text prompt and print the completion (constrained by --schema, --regex or --grammar)."""
     import json
@@ -179,7 +204,7 @@ def generate(
     except (json.JSONDecodeError, OSError) as e:
         typer.echo(f"error: --schema is neither a readable file nor JSON: {e}", err=True)
         raise typer.Exit(1) from None
-    engine = _engine(model)
+    engine = _engine(model, **_options(device, dtype, tensor_parallel, context_length, num_slots))
     try:
         out = engine.generate(prompt, max_tokens=max_tokens, temperature=temperature, **structured)
         _ = out.parsed  # with a schema, regex or grammar: IncompleteOutputError for an output cut short
@@ -197,6 +222,8 @@ def chat(
     system: Annotated[str | None, typer.Option(help="system prompt")] = None,
     max_tokens: MaxTokens = 256,
     temperature: Temperature = 0.7,
+    device: Device = "auto", dtype: Dtype = "auto", tensor_parallel: TensorParallel = 1,
+    context_length: ContextLength = None, num_slots: NumSlots = None,
 ) -> None:
     """Chat with a model in the terminal; earlier turns are served from the radix cache."""
     import asyncio
@@ -206,7 +233,7 @@ def chat(
     import agentkv as ak
 
     console = Console()
-    engine = _engine(model)
+    engine = _engine(model, **_options(device, dtype, tensor_parallel, context_length, num_slots))
     messages = [{"role": "system", "content": system}] if system else []
     console.print("[dim]agentkv chat: empty line or Ctrl-D to quit[/dim]")
 

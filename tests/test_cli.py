@@ -43,3 +43,59 @@ def test_generate_with_schema_and_regex(tiny_dir, tmp_path):
     cut = CliRunner().invoke(app, ["generate", "Hi", "--model", str(tiny_dir), "--regex", "[a-z]{50}", "--max-tokens", "5"])
     assert cut.exit_code == 1 and "ended before it was complete" in cut.output
     assert len(cut.output.strip().splitlines()) == 1
+
+
+class RecordingEngine:
+    """Stands in for ak.Engine: records how the command line made it."""
+
+    made: list[dict] = []
+
+    def __init__(self, model=None, **options):
+        RecordingEngine.made.append({"model": model, **options})
+        raise SystemExit(0)  # far enough: the options reached the engine
+
+
+ENGINE_FLAGS = ["--device", "cpu", "--dtype", "bfloat16", "--tensor-parallel", "2", "--context-length", "256",
+                "--num-slots", "1000"]
+EXPECTED = {"device": "cpu", "dtype": "bfloat16", "tensor_parallel": 2, "context_length": 256, "num_slots": 1000}
+
+
+def test_engine_options_reach_the_engine_from_every_command(monkeypatch):
+    import agentkv as ak
+
+    monkeypatch.setattr(ak, "Engine", RecordingEngine)
+    for command in (["generate", "hi"], ["chat"], ["serve"], ["run", __file__, "--input", "x"]):
+        RecordingEngine.made.clear()
+        CliRunner().invoke(app, [*command, *ENGINE_FLAGS])
+        assert RecordingEngine.made and {k: RecordingEngine.made[0].get(k) for k in EXPECTED} == EXPECTED, command
+    RecordingEngine.made.clear()
+    CliRunner().invoke(app, ["generate", "hi"])  # the defaults are the engine's own (device and dtype "auto")
+    assert RecordingEngine.made == [{"model": None}]
+
+
+def test_engine_options_reach_every_replica(monkeypatch):
+    import agentkv.server.cluster as cluster
+
+    seen = {}
+    monkeypatch.setattr(cluster, "serve_cluster", lambda *a, **k: seen.update(k))
+    result = CliRunner().invoke(app, ["serve", "--replicas", "2", *ENGINE_FLAGS, "--tool-format", "mistral"])
+    assert result.exit_code == 0, result.output
+    assert seen["engine_options"] == {**EXPECTED, "tool_format": "mistral"}
+
+
+def test_auto_device_and_dtype(monkeypatch):
+    import torch
+
+    from agentkv.engine.config import resolve_device
+    from agentkv.errors import RequestError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto", "auto") == ("cuda", "bfloat16")
+    assert resolve_device("auto", "float16") == ("cuda", "float16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto", "auto") == ("cpu", "float32")
+    assert resolve_device("cuda:1", "auto") == ("cuda:1", "bfloat16")
+    import pytest
+
+    with pytest.raises(RequestError, match="dtype"):
+        resolve_device("cpu", "fp8")

@@ -151,7 +151,7 @@ def test_parse():
     assert fmt.parse(WEATHER + "\n" + ADD[:20]) == ("", calls[:1], len(WEATHER))
     # cut before any call completed, or inside the opening tag: no markup in the text
     assert fmt.parse("Checking.\n" + ADD[:25]) == ("Checking.", [], 0)
-    assert fmt.parse("Checking.\n<tool_", cut=True) == ("Checking.\n", [], 0)
+    assert fmt.parse("Checking.\n<tool_", cut=True) == ("Checking.", [], 0)  # (nor the whitespace before it)
     assert fmt.parse("a <tool_") == ("a <tool_", [], 0)  # finished there: that is its text
     # an argument may contain the closing tag
     tricky = call_text("get_weather", {"city": "</tool_call>"})

@@ -198,6 +198,20 @@ class EngineConfig:
     seed: int = 0
 
 
+def resolve_device(device: str, dtype: str) -> tuple[str, str]:
+    """`device="auto"`: CUDA where torch sees a GPU, else the CPU; `dtype="auto"`: bfloat16 on CUDA,
+    float32 on the CPU (where fp32 is what every CPU runs at full speed)."""
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise RequestError(f"dtype={dtype!r} is not one of 'auto', 'float32', 'bfloat16', 'float16'")
+    return device, dtype
+
+
 def build_config(model: str | None, device: str, dtype: str, overrides: dict[str, Any]) -> EngineConfig:
     """Sort keyword overrides into the engine, cache and scheduler configs by field name."""
     groups = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import dataclasses
+import logging
 import random
 import threading
 import weakref
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from agentkv.engine.config import build_config
+from agentkv.engine.config import build_config, resolve_device
 from agentkv.engine.constrained import GrammarSupport, output_parser
 from agentkv.engine.core import Components, EngineCore
 from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
@@ -39,13 +40,19 @@ class Engine(Prefixes):
     """An LLM engine with a radix-cached KV pool and continuous batching, served by a background thread.
 
     `Engine()` loads the embedded SmolLM2-135M-Instruct; `Engine(model=path)` an HF directory or GGUF
-    file. Keyword options go to `EngineConfig`, `CacheConfig` or `SchedulerConfig` by name, e.g.
+    file. `device` and `dtype` "auto" (the defaults) pick a CUDA GPU with bf16 where torch sees one,
+    else the CPU with fp32 (logged once, on the `agentkv` logger). Keyword options go to
+    `EngineConfig`, `CacheConfig` or `SchedulerConfig` by name, e.g.
     `Engine(num_slots=4096, max_step_tokens=1024, enable_radix_cache=False)`.
     """
 
-    def __init__(self, model: str | None = None, *, device: str = "cpu", dtype: str = "float32", **options: Any):
+    def __init__(self, model: str | None = None, *, device: str = "auto", dtype: str = "auto", **options: Any):
         from agentkv.tool_formats import format_class, tool_format_for
 
+        chosen = device, dtype
+        device, dtype = resolve_device(device, dtype)
+        if "auto" in chosen:
+            logging.getLogger("agentkv").info("agentkv: the engine runs on %s in %s", device, dtype)
         self.config = cfg = build_config(model, device, dtype, options)
         if cfg.tool_format is not None:
             format_class(cfg.tool_format)  # a name that is not a format fails before the model loads
