@@ -132,6 +132,7 @@ def serve(
                       close_objects=not open_objects)
         return
     engine = _engine(model, **options)
+    _freeze_heap()
     typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1 ({engine.config.device}, {engine.config.dtype})",
                err=True)
     try:
@@ -158,6 +159,16 @@ def _run_agent(agent, input: str, console, quiet: bool):
             if isinstance(event, ak.RunEnd):
                 return event.result.output
     raise AssertionError("an agent's stream ends with RunEnd")  # pragma: no cover
+
+
+def _freeze_heap() -> None:
+    """A server's long-lived objects (the model, the engine, imported modules) out of the garbage
+    collector's sight: a full collection over them stalls the engine thread for tens of ms. Only
+    the server does this; a library must not freeze its caller's heap."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def _options(device: str = "auto", dtype: str = "auto", tensor_parallel: int = 1, context_length: int | None = None,

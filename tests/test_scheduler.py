@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import agentkv as ak
 from agentkv.engine.config import ModelConfig, SchedulerConfig
@@ -132,3 +134,27 @@ def test_no_dedup_without_a_cache():
     assert run_step(s).reqs == [a, b]  # deferring would gain nothing: b could never hit a cache
     finish_all(s)
     assert s.pool.num_free == s.pool.capacity
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 40)), max_size=40))
+def test_kv_pool_free_list_is_exact(ops):
+    """Whatever the order of allocations and frees, the pool hands out each free slot once, never
+    the padding slot, and takes back exactly what it gave."""
+    pool = KVPool(CFG, 101, torch.float32)
+    held: list[torch.Tensor] = []
+    for alloc, n in ops:
+        if alloc:
+            got = pool.alloc(n)
+            if got is None:
+                assert n > pool.num_free
+                continue
+            held.append(got)
+        elif held:
+            pool.free(held.pop(n % len(held)))
+        taken = torch.cat(held).tolist() if held else []
+        assert len(set(taken)) == len(taken) and 0 not in taken
+        assert pool.num_free == pool.capacity - len(taken)
+    for h in held:
+        pool.free(h)
+    assert sorted(pool.alloc(pool.capacity).tolist()) == list(range(1, 101))

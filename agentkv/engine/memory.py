@@ -26,7 +26,10 @@ class KVPool:
         for k, v in self.kv_caches:
             k[0].zero_()
             v[0].zero_()
-        self._free = torch.arange(1, num_slots, dtype=torch.int64)
+        # The free slots as a stack: stack[:top] (on the CPU, as the radix tree's slot ids and the
+        # scheduler's are). Allocating and freeing cost what they move, not the size of the pool.
+        self._stack = torch.arange(num_slots - 1, 0, -1, dtype=torch.int64)  # slot 1 on top
+        self._top = num_slots - 1
 
     @property
     def capacity(self) -> int:
@@ -35,18 +38,22 @@ class KVPool:
 
     @property
     def num_free(self) -> int:
-        return int(self._free.shape[0])
+        return self._top
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """`n` free slots, or None when fewer are free (the caller evicts or retracts, then retries)."""
-        if n > self.num_free:
+        if n > self._top:
             return None
-        out, self._free = self._free[:n], self._free[n:]
-        return out
+        self._top -= n
+        return self._stack[self._top:self._top + n].flip(0)  # (a copy: the stack's memory is reused)
 
     def free(self, slots: torch.Tensor) -> None:
-        if slots.numel():  # the free list, the radix tree's slot ids and the scheduler's stay on the CPU
-            self._free = torch.cat([self._free, slots.to("cpu", torch.int64)])
+        k = slots.numel()
+        if k:
+            if self._top + k > self._stack.shape[0]:
+                raise AssertionError(f"{k} slots freed into a pool with {self.capacity - self._top} in use")
+            self._stack[self._top:self._top + k] = slots.to("cpu", torch.int64).flip(0)
+            self._top += k
 
     @staticmethod
     def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:

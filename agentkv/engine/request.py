@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from agentkv.engine.tokenizer import Tokenizer
 
 _ids = itertools.count()
+DECODE_CONTEXT = 4  # earlier tokens decoded again with new ones (see Request._decode)
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,15 @@ class Request:
     def __post_init__(self) -> None:
         self.usage.prompt_tokens = len(self.prompt_ids)
         self.generator = torch.Generator().manual_seed(self.seed)
+        self._all = list(self.prompt_ids)  # prompt + output, appended to (read it, never change it)
+        self._decoded = 0  # output tokens whose text is `_decoded_text` (a whole number of characters)
+        self._decoded_text = ""
 
     @property
     def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+        if len(self._all) != len(self.prompt_ids) + len(self.output_ids):  # output_ids was set, not appended to
+            self._all = self.prompt_ids + self.output_ids
+        return self._all
 
     @property
     def seq_len(self) -> int:
@@ -167,6 +173,7 @@ class Request:
             ids = ids[: cut + 1]
             self.cut_short = ids[-1] not in self.eos_ids
         self.output_ids.extend(ids)
+        self._all.extend(ids)
         self.usage.completion_tokens = len(self.output_ids)
         last, reason = ids[-1], None
         # with a grammar, EOS ends the output even under ignore_eos: nothing may follow it
@@ -181,11 +188,12 @@ class Request:
         self.finish_reason = reason
 
     def _update_text(self, tokenizer: Tokenizer, reason: str | None) -> str | None:
-        """Decode the output into `text`; returns "stop" when a stop string ended it."""
+        """Decode the output into `text` (the new tokens only); returns "stop" when a stop string
+        ended it."""
         ids = self.output_ids
         if reason == "stop" and ids and (ids[-1] in self.eos_ids or ids[-1] in self.params.stop_token_ids):
             ids = ids[:-1]  # the stop token is not part of the text
-        text = tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
+        text = self._decode(tokenizer, ids)
         stopped = None
         if self.params.stop and reason != "stop":
             # search only where a new match can be: a stop string may span the last few tokens
@@ -197,6 +205,23 @@ class Request:
                 self.cut_short = True
         self.text = text
         return stopped
+
+    def _decode(self, tokenizer: Tokenizer, ids: list[int]) -> str:
+        """The text of `ids` (the output so far), decoding only what follows the last whole
+        character: a window of a few earlier tokens gives the decoder the context it reads at a
+        text's start (SentencePiece drops a leading space), and their own text is cut off again."""
+        skip = self.params.skip_special_tokens
+        done = min(self._decoded, len(ids))
+        start = max(done - DECODE_CONTEXT, 0)
+        head = tokenizer.decode(ids[start:done], skip_special_tokens=skip)
+        tail = tokenizer.decode(ids[start:], skip_special_tokens=skip)
+        if not tail.startswith(head):
+            self._decoded, self._decoded_text = 0, ""  # text the window cannot extend: decode it all
+            return self._decode(tokenizer, ids) if done else tail
+        text = self._decoded_text + tail[len(head):]
+        if not text.endswith("\ufffd"):  # a whole number of characters: the next decode starts here
+            self._decoded, self._decoded_text = len(ids), text
+        return text
 
     def stable_text(self) -> str:
         """Text that can be streamed now: held back while it could still turn into a stop string

@@ -14,6 +14,7 @@ Without `ray_address`, Ray starts a local instance; with one, the deployment joi
 """
 
 import asyncio
+import gc
 import functools
 import time
 import uuid
@@ -83,6 +84,8 @@ class EngineReplica:
         import agentkv as ak
 
         self.engine = ak.Engine(model, **options)
+        gc.collect()
+        gc.freeze()  # a replica's process is a server's: its long-lived heap out of full collections' way
         self.model_name = model_name
         self.metrics = Metrics()
         self.tag = uuid.uuid4().hex[:8]  # pin ids name their replica
