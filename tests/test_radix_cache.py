@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -89,6 +89,26 @@ def test_a_hit_refreshes_lru_order():
     # [1, 1, 1] was hit before [3, 3, 3, 3] just now: it goes next
     assert cache.evict(3) == 3 and cache.match_prefix([3, 3, 3, 3])[0].numel() == 4
     assert cache.match_prefix([1, 1, 1])[0].numel() == 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=8), min_size=1, max_size=6),
+       st.lists(st.integers(1, 3), max_size=10), st.integers(0, 10))
+def test_cached_length_measures_without_changing_anything(cached, query, limit):
+    """cached_length is the length match_prefix finds, and leaves the tree as it was: no split, no
+    LRU use (what a waiting request's ordering may do every step)."""
+    slots = Slots(NUM_SLOTS)
+    cache = RadixCache(slots.free, pin_budget=50)
+    for tokens in cached:
+        insert(cache, slots, tokens)
+
+    def state(node):
+        return (tuple(node.key), node.last_access, sorted((k, state(c)) for k, c in node.children.items()))
+
+    before = state(cache.root)
+    n = cache.cached_length(query, limit)
+    assert state(cache.root) == before
+    assert n == cache.match_prefix(query[:limit], touch=False)[0].numel()
 
 
 def test_pin_budget_and_unpin():

@@ -158,3 +158,23 @@ def test_kv_pool_free_list_is_exact(ops):
     for h in held:
         pool.free(h)
     assert sorted(pool.alloc(pool.capacity).tolist()) == list(range(1, 101))
+
+
+def test_waiting_does_not_keep_a_prefix_warm():
+    """A request that waits (here: no request row free) is measured for the ordering every step,
+    which must not count as a use: the prefix it shares with the cache is still the least recently
+    used and goes first; once admitted, it counts."""
+    s = make()
+    s.req_pool = ReqToTokenPool(1, 512)  # one request at a time
+    for prompt in ([1, 1, 1, 1], [2, 2, 2, 2]):  # [1..] cached first: the older
+        s.add(req(prompt, max_tokens=1))
+        finish_all(s)
+    blocker, waiter = req([7, 7, 7, 7], max_tokens=50), req([1, 1, 1, 1, 9], max_tokens=1)
+    s.add(blocker)
+    run_step(s)
+    s.add(waiter)
+    for _ in range(3):
+        run_step(s)  # `waiter` waits behind `blocker`, ordered (measured) each step
+    assert waiter in s.waiting
+    s.tree.evict(4)  # the least recently used leaf goes: [1, 1, 1, 1], not [2, 2, 2, 2]
+    assert s.tree.cached_length([1, 1, 1, 1]) < 4 and s.tree.cached_length([2, 2, 2, 2]) == 4

@@ -91,15 +91,37 @@ class RadixCache:
 
     # ---- lookup and insertion -------------------------------------------------------------
 
-    def match_prefix(self, tokens: Sequence[int]) -> tuple[torch.Tensor, TreeNode]:
+    def match_prefix(self, tokens: Sequence[int], touch: bool = True) -> tuple[torch.Tensor, TreeNode]:
         """Slots of the longest cached prefix of `tokens`, and the node where it ends.
 
         A match ending inside a node splits it, so the returned node covers the prefix exactly
-        (and can be locked or pinned without covering more).
+        (and can be locked or pinned without covering more). `touch`: count it as a use (LRU); a
+        request that only waits does not keep its prefix warm (`touch` it once admitted).
         """
-        node, path, _ = self._walk(tokens)
+        node, path, _ = self._walk(tokens, touch)
         slots = torch.cat([n.value for n in path]) if path else torch.empty(0, dtype=torch.int64)
         return slots, node
+
+    def cached_length(self, tokens: Sequence[int], limit: int | None = None) -> int:
+        """How many leading tokens of `tokens[:limit]` are cached, changing nothing (no split, no LRU
+        use, no copy of `tokens`)."""
+        node, i = self.root, 0
+        end = len(tokens) if limit is None else min(limit, len(tokens))
+        while i < end and tokens[i] in node.children:
+            child = node.children[tokens[i]]
+            n = _common_len(child.key, tokens[i : min(i + len(child.key), end)])
+            i += n
+            if n < len(child.key):
+                break
+            node = child
+        return i
+
+    def touch(self, node: TreeNode) -> None:
+        """Count the path from the root to `node` as used now (LRU)."""
+        now = next(self._clock)
+        while node is not None:
+            node.last_access = now
+            node = node.parent
 
     def insert(self, tokens: Sequence[int], slots: torch.Tensor) -> int:
         """Add `tokens` with their `slots`; returns how many leading tokens were already cached.
@@ -127,18 +149,21 @@ class RadixCache:
         else:
             self._evictable.discard(node)
 
-    def _walk(self, tokens: Sequence[int]) -> tuple[TreeNode, list[TreeNode], int]:
+    def _walk(self, tokens: Sequence[int], touch: bool = True) -> tuple[TreeNode, list[TreeNode], int]:
         """Follow `tokens` down the tree, splitting where the match ends inside a node and touching
-        every node passed (LRU). Returns the last node, the path below the root, and the matched length."""
+        every node passed (LRU) unless not `touch`. Returns the last node, the path below the root,
+        and the matched length."""
         node, path, i = self.root, [], 0
-        now = next(self._clock)
-        node.last_access = now
+        now = next(self._clock) if touch else None
+        if touch:
+            node.last_access = now
         while i < len(tokens) and tokens[i] in node.children:
             child = node.children[tokens[i]]
             n = _common_len(child.key, tokens[i : i + len(child.key)])
             if n < len(child.key):
                 child = self._split(child, n)
-            child.last_access = now
+            if touch:
+                child.last_access = now
             path.append(child)
             node, i = child, i + n
         return node, path, i

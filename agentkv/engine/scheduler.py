@@ -174,9 +174,9 @@ class Scheduler:
                 continue  # retracted while its token was in flight: admitted once that token is known
             if budget <= 0 or self.req_pool.num_free == 0:
                 break
-            # matched again after ordering: admitting the requests before this one may have evicted
-            # part of the prefix the ordering saw
-            prefix_slots, node = self._match(r)
+            # matched here, not in the ordering (which only measured, changing nothing): admitting the
+            # requests before this one may have evicted part of what it saw
+            prefix_slots, node = self._match(r, touch=False)
             prefix = len(prefix_slots)
             if self.tree is not None and any(
                 _common_len(r.all_ids, o.all_ids) - prefix >= self.cfg.dedup_min_tokens for o in in_progress
@@ -194,6 +194,8 @@ class Scheduler:
                     self.tree.unlock(node)
                 break  # keep the order: nothing behind a request that does not fit jumps it
             self.waiting.remove(r)
+            if node is not None:
+                self.tree.touch(node)  # admitted: now its prefix counts as used
             self._start(r, prefix_slots, node)
             n = min(uncached, budget)
             locs.append(self._place(r, n))
@@ -211,16 +213,20 @@ class Scheduler:
         waiting = list(self.waiting)
         if self.tree is None or len(waiting) > self.cfg.lpm_max_queue:
             return waiting  # FCFS: matching every request costs more than it saves on long queues
-        matched = {r.rid: len(self._match(r)[0]) for r in waiting}
+        # how much of each is cached, measured without a split or an LRU use: waiting keeps nothing warm
+        matched = {r.rid: self.tree.cached_length(r.all_ids, self._matchable_len(r)) for r in waiting}
         return sorted(waiting, key=lambda r: -matched[r.rid])  # stable: FCFS among equals
 
-    def _match(self, r: Request):
+    def _match(self, r: Request, touch: bool = True):
         if self.tree is None:
             return torch.empty(0, dtype=torch.int64), None
-        # keep at least one token to compute: its logits give the next token (a scoring request
-        # computes the logits of every token before the scored ones)
-        end = r.seq_len - 1 if r.score_from is None else min(r.seq_len - 1, r.score_from - 1)
-        return self.tree.match_prefix(r.all_ids[:end])
+        return self.tree.match_prefix(r.all_ids[: self._matchable_len(r)], touch)
+
+    @staticmethod
+    def _matchable_len(r: Request) -> int:
+        """How many tokens of `r` a cached prefix may cover: all but the last, whose logits give the
+        next token (a scoring request computes the logits of every token before the scored ones)."""
+        return r.seq_len - 1 if r.score_from is None else min(r.seq_len - 1, r.score_from - 1)
 
     def _start(self, r: Request, prefix_slots: torch.Tensor, node) -> None:
         r.row = self.req_pool.alloc()
