@@ -91,6 +91,17 @@ def test_a_hit_refreshes_lru_order():
     assert cache.match_prefix([1, 1, 1])[0].numel() == 0
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 2), max_size=300), st.lists(st.integers(0, 2), max_size=300), st.booleans())
+def test_common_len_is_the_shared_prefix(a, b, shared):
+    from agentkv.engine.radix_cache import _common_len
+
+    if shared:  # long shared prefixes, parting anywhere
+        b = a[: len(b)] + b[len(a):] if len(b) > 3 else a + b
+    naive = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    assert _common_len(a, b) == naive == _common_len(tuple(a), b)
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=8), min_size=1, max_size=6),
        st.lists(st.integers(1, 3), max_size=10), st.integers(0, 10))

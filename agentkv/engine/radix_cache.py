@@ -57,11 +57,24 @@ class PinHandle:
 
 
 def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading items `a` and `b` share. Slices are compared whole (at C speed: a node of
+    an 8k-token prompt is matched on every insert and admission), halving the range to find
+    where they part."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    a = a[:n] if isinstance(a, list) else list(a[:n])
+    b = b[:n] if isinstance(b, list) else list(b[:n])
+    if a == b:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo]; they differ before hi
+    while hi - lo > 32:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while a[lo] == b[lo]:
+        lo += 1
+    return lo
 
 
 EVICT_GRANULE = 64  # the least a cut leaf gives up: fewer cuts and evictions while memory stays short
