@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 
+from agentkv.grammar.lark_syntax import balanced_json_end
 from agentkv.tool_calls import CallProgress, ToolCall
 
 _HEADS: dict[str, re.Pattern] = {}
@@ -61,24 +62,7 @@ def value_end(text: str, i: int) -> int:
         except json.JSONDecodeError:
             return -1
         return end if end < len(text) else -1
-    depth, k, in_string = 0, i, False
-    while k < len(text):
-        c = text[k]
-        if in_string:
-            if c == "\\":
-                k += 1
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return k + 1
-        k += 1
-    return -1
+    return balanced_json_end(text, i)
 
 
 def compact(value) -> str:
