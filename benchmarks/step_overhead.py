@@ -3,8 +3,9 @@ length grow: a tiny random-weight model (so the forward pass costs little and th
 shows), streaming on and stop strings set, as agent traffic runs.
 
 Each setting runs `running` requests that share one long prompt (prefilled once, through the radix
-cache) plus a few tokens of their own, to `--context` tokens, then decodes `--decode-steps` steps
-with every request running. The engine's phases are timed by wrapping them: schedule
+cache) plus a few tokens of their own, to `--context` tokens, and times `--decode-steps` steps once
+every request is running and before any finishes (the steady step: a request's admission and its
+end, once each, are not per-step costs). The engine's phases are timed by wrapping them: schedule
 (Scheduler.schedule), prepare (ModelRunner.prepare), forward (ModelRunner.forward: the model, not
 host work), sample (the sampler), detokenize (Request._update_text) and process (Scheduler.process
 less detokenize). Reported per step and per request per step, over the decode steps.
@@ -44,7 +45,7 @@ class Timers:
     def __init__(self):
         self.seconds: dict[str, float] = defaultdict(float)
         self.steps = 0
-        self.on = False
+        self.on = self.done = False
 
     def wrap(self, owner, name: str, phase: str) -> None:
         inner = getattr(owner, name)
@@ -66,7 +67,10 @@ def measure(model_dir: str, running: int, context: int, steps: int, temperature:
     with ak.Engine(model_dir, num_slots=context * running // 4 + running * (steps + 64) + 4096,
                    max_running_requests=running + 1, context_length=context + steps + 64) as engine:
         engine.prefill(shared)  # once: every request starts from it
-        params = ak.SamplingParams(max_tokens=steps + 8, temperature=temperature, seed=0, ignore_eos=True,
+        timers.done = False
+        # long enough that no request finishes inside the measured steps: what is measured is the
+        # steady step (admission and finishing are once per request, not per step)
+        params = ak.SamplingParams(max_tokens=3 * steps + 16, temperature=temperature, seed=0, ignore_eos=True,
                                    stop=["\n\n\n\n"])
         core = engine._core
 
@@ -74,6 +78,8 @@ def measure(model_dir: str, running: int, context: int, steps: int, temperature:
             def step():
                 if timers.on:
                     timers.steps += 1
+                    if timers.steps > steps:
+                        timers.on, timers.steps, timers.done = False, steps, True
                 inner()
             return step
 
@@ -83,7 +89,7 @@ def measure(model_dir: str, running: int, context: int, steps: int, temperature:
         async def one(i: int) -> None:
             ids = shared + [(i * 31 + j) % 200 + 20 for j in range(8)]
             async for _ in engine.stream(ids, params):
-                if not timers.on and engine.stats()["running"] == running:
+                if not timers.on and not timers.done and engine.stats()["running"] == running:
                     timers.seconds.clear()
                     timers.steps, timers.on = 0, True
 

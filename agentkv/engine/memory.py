@@ -28,7 +28,7 @@ class KVPool:
             v[0].zero_()
         # The free slots as a stack: stack[:top] (on the CPU, as the radix tree's slot ids and the
         # scheduler's are). Allocating and freeing cost what they move, not the size of the pool.
-        self._stack = torch.arange(num_slots - 1, 0, -1, dtype=torch.int64)  # slot 1 on top
+        self._stack = torch.arange(1, num_slots, dtype=torch.int64)
         self._top = num_slots - 1
 
     @property
@@ -45,14 +45,14 @@ class KVPool:
         if n > self._top:
             return None
         self._top -= n
-        return self._stack[self._top:self._top + n].flip(0)  # (a copy: the stack's memory is reused)
+        return self._stack[self._top:self._top + n].clone()  # (a copy: the stack's memory is reused)
 
     def free(self, slots: torch.Tensor) -> None:
         k = slots.numel()
         if k:
             if self._top + k > self._stack.shape[0]:
                 raise AssertionError(f"{k} slots freed into a pool with {self.capacity - self._top} in use")
-            self._stack[self._top:self._top + k] = slots.to("cpu", torch.int64).flip(0)
+            self._stack[self._top:self._top + k] = slots.to("cpu", torch.int64)
             self._top += k
 
     @staticmethod

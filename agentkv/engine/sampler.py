@@ -34,6 +34,25 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
+def _draw(logits: torch.Tensor, reqs: Sequence[Request], rows: list[int]) -> list[int]:
+    """A sampled token for each of `rows` of `logits` (their requests `reqs`): tempered, filtered,
+    and raced against each request's own exponential noise."""
+    index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+    temps = torch.tensor([r.params.temperature for r in reqs], dtype=logits.dtype, device=logits.device)
+    tempered = logits[index] / temps[:, None]
+    for k, r in enumerate(reqs):
+        p = r.params
+        if p.top_k or p.top_p < 1.0 or p.min_p > 0.0:
+            tempered[k] = _filter(tempered[k], p.top_k, p.top_p, p.min_p)
+    probs = tempered.softmax(-1)
+    # drawn on the CPU, where each request's generator lives (a seed gives the same draws on any
+    # device), one vector per request whatever else is sampled; moved to the device at once
+    noise = torch.empty(probs.shape, dtype=probs.dtype)
+    for k, r in enumerate(reqs):
+        noise[k].exponential_(generator=r.generator)
+    return (probs / noise.to(probs.device)).argmax(-1).tolist()
+
+
 def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
     """Logits [V] with -inf outside the top-k / nucleus / min-p set (of the tempered distribution)."""
     if top_k and top_k < logits.shape[0]:
@@ -76,20 +95,11 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
             alive[i] = ok
     # max(-1).indices: the same first index of the maximum as argmax, 3x faster on CPU (162 vs 524 us, 16 x 49k)
     greedy = logits.max(-1).indices.tolist()
-    tokens: list[int] = []
-    for i, r in enumerate(reqs):
-        p = r.params
-        if not alive[i]:
-            tokens.append(-1)
-            continue
-        if p.greedy:
-            tokens.append(greedy[i])
-            continue
-        row = _filter(logits[i] / p.temperature, p.top_k, p.top_p, p.min_p)
-        probs = row.softmax(-1)
-        # drawn on the CPU, where the request's generator lives: a seed gives the same draws on any device
-        noise = torch.empty(probs.shape, dtype=probs.dtype).exponential_(generator=r.generator).to(probs.device)
-        tokens.append(int((probs / noise).argmax()))
+    tokens = [greedy[i] if ok else -1 for i, ok in enumerate(alive)]
+    drawn = [i for i, r in enumerate(reqs) if alive[i] and not r.params.greedy]
+    if drawn:  # the sampled rows together: one filter, one softmax, one argmax, one read of the picks
+        for i, t in zip(drawn, _draw(logits, [reqs[i] for i in drawn], drawn)):
+            tokens[i] = t
     entries: list[TokenLogprob | None] = [None] * len(reqs)
     if raw_logprobs is not None:
         for i, r in enumerate(reqs):

@@ -116,8 +116,11 @@ class Scheduler:
         reqs: list[Request] = list(decodes)
         ext_lens = [1] * len(decodes)
         locs = [self._alloc(len(decodes))] if decodes else []
-        for r, loc in zip(decodes, locs[0] if locs else []):
-            self.req_pool.table[r.row, r.computed] = loc
+        if decodes:  # every decode row's slot in one indexed write, not one write per row
+            rows = torch.tensor([r.row for r in decodes], dtype=torch.int64)
+            cols = torch.tensor([r.computed for r in decodes], dtype=torch.int64)
+            table = self.req_pool.table
+            table[rows.to(table.device), cols.to(table.device)] = locs[0].to(table.device, table.dtype)
         budget = self.cfg.max_step_tokens - len(decodes)
         for r in jumps:  # short runs, always whole: splitting them would cost a pass each
             n = r.seq_len - r.computed
@@ -178,7 +181,9 @@ class Scheduler:
             # requests before this one may have evicted part of what it saw
             prefix_slots, node = self._match(r, touch=False)
             prefix = len(prefix_slots)
-            if self.tree is not None and any(
+            # only a request with a long uncached part can share it with one in progress (the check
+            # scans pairs: skipped for the many requests whose prompt is mostly cached)
+            if self.tree is not None and r.seq_len - prefix > self.cfg.dedup_min_tokens and any(
                 _common_len(r.all_ids, o.all_ids) - prefix >= self.cfg.dedup_min_tokens for o in in_progress
             ):
                 # another request in this batch is computing the same long prefix: wait a step, then reuse it
