@@ -21,9 +21,8 @@ from agentkv.server.chat import (
     ChatPlan,
     chat_completion,
     chat_stream,
-    completion,
-    completion_stream,
 )
+from agentkv.server.completions import completion, completion_stream
 from agentkv.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentkv.server.metrics import Metrics
 from agentkv.server.openapi import ERRORS, generation_doc, pin_doc

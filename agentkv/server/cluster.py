@@ -32,9 +32,8 @@ from agentkv.server.chat import (
     chain,
     chat_completion,
     chat_stream,
-    completion,
-    completion_stream,
 )
+from agentkv.server.completions import completion, completion_stream
 from agentkv.server.metrics import Metrics
 from agentkv.server.protocol import (
     APIError,
