@@ -117,6 +117,10 @@ class Agent:
         self._reasoning: ReasoningFormat | None = None
         self._system: dict | None = None
         self._pin = None
+        # what the agent holds (its pin, its MCP sessions), released when it is garbage-collected
+        # without close(): agents made per request must not use up the pin budget
+        self._held: dict[str, Any] = {}
+        self._finalizer = weakref.finalize(self, _release, self._held, self._toolsets)
         self._closed = False
         _live_agents.add(self)
 
@@ -321,6 +325,7 @@ class Agent:
                 self._defs = defs
             if self._want_pin and self._pin is None and engine.config.cache.enable_radix_cache:
                 self._pin, self._pinned_on = engine.pin(self._pinned_ids(engine)), engine
+                self._held.update(pin=self._pin, engine=engine)
         return engine
 
     def _instructions_with_output(self) -> str:
@@ -361,10 +366,12 @@ class Agent:
         return self._pin.num_tokens if self._pin is not None else 0
 
     def close(self) -> None:
-        """Release the pinned prompt (the engine may then evict it)."""
+        """Release the pinned prompt (the engine may then evict it) and end MCP sessions."""
+        self._finalizer.detach()
         with self._setup_lock:
             self._closed = True
             pin, self._pin = self._pin, None
+            self._held.clear()
         if pin is not None:
             try:
                 self._pinned_on.unpin(pin)
@@ -394,6 +401,18 @@ def _as_text(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
         return str(value)
+
+
+def _release(held: dict, toolsets: list) -> None:
+    """An agent collected without close(): its pin and sessions go (the unpin posted, not awaited:
+    a collection may run on the engine thread)."""
+    if held.get("pin") is not None:
+        try:
+            held["engine"].unpin(held["pin"], wait=False)
+        except EngineClosedError:
+            pass
+    for toolset in toolsets:
+        toolset.close()
 
 
 _live_agents: weakref.WeakSet[Agent] = weakref.WeakSet()

@@ -276,3 +276,26 @@ def test_bad_agent_arguments():
 def test_bad_input(engine):
     with agent(engine) as a, pytest.raises(ak.RequestError, match="input"):
         a.run(42)
+
+
+def test_a_collected_agent_releases_its_pin(engine):
+    """Agents made per request and dropped without close() must not use up the pin budget."""
+    import gc
+    import time
+
+    before = engine.stats()["pins"]
+    made = ak.Agent("You are terse.", engine=engine)
+    _ = made.system_message  # set up: renders and pins the system prompt
+    assert made.pinned_tokens and engine.stats()["pins"] == before + 1
+    del made
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while engine.stats()["pins"] != before and time.monotonic() < deadline:  # posted to the engine thread
+        time.sleep(0.05)
+    assert engine.stats()["pins"] == before
+    closed = ak.Agent("You are terse.", engine=engine)
+    _ = closed.system_message
+    closed.close()  # closed first: the finalizer does nothing more
+    del closed
+    gc.collect()
+    assert engine.stats()["pins"] == before

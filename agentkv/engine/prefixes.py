@@ -87,10 +87,14 @@ class Prefixes:
         self._core.submit([req])
         return result
 
-    def unpin(self, handle: PinHandle) -> None:
+    def unpin(self, handle: PinHandle, wait: bool = True) -> None:
+        """Release a pin. `wait=False` only posts it to the engine thread: what a finalizer, which
+        may run on any thread (the engine's own included), must do."""
         if self._tree is None:
             raise RequestError("this engine has no radix cache, so it holds no pins")
-        self._core.call(lambda: self._tree.unpin(handle)).result()
+        done = self._core.call(lambda: self._tree.unpin(handle))
+        if wait:
+            done.result()
 
 
 def is_messages(prompt: Any) -> bool:
