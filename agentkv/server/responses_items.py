@@ -4,7 +4,6 @@ object, as OpenAI's clients read them."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -181,7 +180,3 @@ def response_object(req: ResponsesRequest, rid: str, model: str, output: list[di
                          "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                          "total_tokens": usage.prompt_tokens + usage.completion_tokens}
     return body
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
