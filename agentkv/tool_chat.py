@@ -61,12 +61,7 @@ class ToolChat:
     def messages(self, messages: list[dict]) -> list[dict]:
         """`messages` with the tool definitions in the system message where the template does not
         render them itself."""
-        if self.fmt.native:
-            return list(messages)
-        first = messages[0] if messages and messages[0].get("role") == "system" else None
-        system = self.fmt.system_message(first["content"] if first else "", list(self.definitions))
-        system["content"] = system["content"].lstrip()
-        return [system] + list(messages[1:] if first else messages)
+        return self.fmt.offered(messages, list(self.definitions))
 
     def params(self, params):
         if params.structured:

@@ -167,3 +167,14 @@ def test_detection_without_a_tool_template_and_by_name():
     with pytest.raises(RequestError, match="hermes"):
         tool_format_for(Tok(), "qwen")
     assert sorted(FORMATS) == ["hermes", "llama3_json", "mistral", "pythonic"]
+
+
+def test_definitions_are_offered_only_where_the_template_does_not_render_them():
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    offered = Hermes(native=False).offered(chat, [ADD.definition])
+    assert offered[0]["content"].startswith("Be brief.") and '"name": "add"' in offered[0]["content"]
+    assert offered[1:] == chat[1:]
+    alone = Hermes(native=False).offered(chat[1:], [ADD.definition])  # a system turn made for them
+    assert alone[0]["role"] == "system" and alone[0]["content"].startswith("# Tools")
+    assert Hermes(native=False).offered(chat[1:], []) == chat[1:]  # no tools: nothing added
+    assert Hermes(native=True).offered(chat, [ADD.definition]) == chat

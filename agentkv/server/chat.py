@@ -28,12 +28,7 @@ class ChatPlan:
         self.fmt = engine.tool_format
         specs, defs, mode = chat_tools(req)
         schema = response_schema(req)
-        self.messages = template_messages(req, self.fmt)
-        if defs and not self.fmt.native:
-            first = self.messages[0] if self.messages and self.messages[0]["role"] == "system" else None
-            system = self.fmt.system_message(first["content"] if first else "", defs)
-            system["content"] = system["content"].lstrip()
-            self.messages = [system] + (self.messages[1:] if first else self.messages)
+        self.messages = self.fmt.offered(template_messages(req, self.fmt), defs)
         self.template_tools = self.fmt.template_tools(defs)
         self.prompt = _render(engine, self.messages, self.template_tools, req)
         # a reasoning model thinks first, free of the grammar, unless the prompt turned reasoning off

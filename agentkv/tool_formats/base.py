@@ -82,6 +82,16 @@ class ToolFormat:
         listed = "\n".join(json.dumps(d, ensure_ascii=False) for d in definitions)
         return {"role": "system", "content": instructions + INJECTED_HEAD.format(definitions=listed) + self.instruction}
 
+    def offered(self, messages: list[dict], definitions: list[dict]) -> list[dict]:
+        """`messages` with the tool definitions in their system message (made where there is none),
+        where the template does not render tools itself; unchanged otherwise."""
+        if self.native or not definitions:
+            return list(messages)
+        first = messages[0] if messages and messages[0].get("role") == "system" else None
+        system = self.system_message(first["content"] if first else "", definitions)
+        system["content"] = system["content"].lstrip()
+        return [system] + list(messages[1:] if first else messages)
+
     def template_tools(self, definitions: list[dict]) -> list[dict] | None:
         """What to pass as the chat template's `tools=`."""
         return definitions if self.native and definitions else None
