@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from agentkv.tool_calls import text_without
+from agentkv.tool_calls import text_without, without_partial
+from agentkv.tool_formats.base import lark_literal
 
 State = Literal["inside", "may", "off"]
 
@@ -60,10 +61,10 @@ class ReasoningFormat:
             return "start: answer\n" + answer
         # neither marker inside: a template reads the block back by splitting at them
         think = f"THINK: /{text_without((self.close, self.open))}/\n"
-        block = f'THINK "{_esc(self.close_text)}"'
+        block = f"THINK {lark_literal(self.close_text)}"
         if state == "inside":
             return f"start: {block} answer\n" + think + answer
-        return f'start: ("{_esc(self.open_text)}" {block})? answer\n' + think + answer
+        return f"start: ({lark_literal(self.open_text)} {block})? answer\n" + think + answer
 
     def split(self, text: str, state: State, final: bool = True) -> tuple[str | None, str]:
         """(the reasoning, the answer) of a reply; reasoning None where the reply has no block. Not
@@ -82,8 +83,8 @@ class ReasoningFormat:
         if sep:
             return head.strip("\n"), rest.lstrip()
         if not final:
-            head = _hold_back(head, self.close)
-            return head.lstrip("\n"), ""
+            # less a start of the closing marker, and the newline that may come before it
+            return without_partial(head, self.close).rstrip("\n").lstrip("\n"), ""
         return head.strip("\n"), ""
 
 
@@ -95,16 +96,3 @@ def reply_grammar(answer: str | None, reasoning: ReasoningFormat | None, state: 
     if reasoning is None:
         return "start: answer\n" + answer
     return reasoning.grammar(answer, state)
-
-
-def _hold_back(text: str, marker: str) -> str:
-    """`text` less a start of `marker` it ends with, and a trailing newline that may precede it."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            text = text[:-k]
-            break
-    return text.rstrip("\n")
-
-
-def _esc(literal: str) -> str:
-    return literal.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -60,6 +60,14 @@ def tool_name_problem(name: Any) -> str | None:
     return f"the tool name {name!r} must be 1 to 64 letters, digits, underscores or dashes"
 
 
+def without_partial(text: str, word: str) -> str:
+    """`text` less a start of `word` it ends with (text still being written may be beginning it)."""
+    for k in range(min(len(word) - 1, len(text)), 0, -1):
+        if text.endswith(word[:k]):
+            return text[:-k]
+    return text
+
+
 def free_text(words, first: str = "") -> str:
     """A regex for text in tool mode: none of `words` in it, and its first character after any
     whitespace starts no word, no tag (`<`) and is not `first` (a format's calls start with it);

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from agentkv.errors import RequestError
 from agentkv.grammar.compiler import closed_schema
-from agentkv.tool_calls import CallProgress, ToolCall, free_text
+from agentkv.tool_calls import CallProgress, ToolCall, free_text, without_partial
 
 # Free text may not start a tool tag (a small model otherwise imitates a tool's result as
 # `<tool_response>`, `<tool_response]`, `<tool-response>`), whatever the format.
@@ -188,12 +188,7 @@ class ToolFormat:
             stripped = text.lstrip()
             return "" if not stripped or self.opening.startswith(stripped[: len(self.opening)]) else text
         cut = text.find(self.opening)
-        if cut >= 0:
-            return text[:cut].rstrip()
-        for k in range(min(len(self.opening) - 1, len(text)), 0, -1):
-            if text.endswith(self.opening[:k]):
-                return text[:-k].rstrip()
-        return text.rstrip()
+        return (text[:cut] if cut >= 0 else without_partial(text, self.opening)).rstrip()
 
     def progress(self, text: str) -> list[CallProgress]:
         """The calls of a reply still being written, as far as they go: each one's name once it is
