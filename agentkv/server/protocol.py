@@ -248,7 +248,7 @@ def template_messages(req: ChatRequest, fmt) -> list[dict]:
 
     for i, m in enumerate(req.messages):
         role = m.get("role")
-        content = _text(m.get("content"), f"messages[{i}].content")
+        content = text_content(m.get("content"), f"messages[{i}].content")
         if role == "tool":
             call_id = m.get("tool_call_id", "")
             pending.append((ToolCall(names.get(call_id, m.get("name", "")), {}, call_id), content))
@@ -277,7 +277,9 @@ def template_messages(req: ChatRequest, fmt) -> list[dict]:
     return out
 
 
-def _text(content: Any, where: str) -> str:
+def text_content(content: Any, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """A message's content as text: a string, or a list of text parts of `kinds` (chat's "text", the
+    Responses API's "input_text" / "output_text"); a 400 naming the part otherwise."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -285,12 +287,13 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, list):
         parts = []
         for k, p in enumerate(content):
-            if not isinstance(p, dict) or p.get("type") != "text":
-                raise APIError(400, f"only text content parts are supported, not {p.get('type') if isinstance(p, dict) else p!r}",
+            if not isinstance(p, dict) or p.get("type") not in kinds:
+                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+                raise APIError(400, f"only text content parts ({', '.join(kinds)}) are supported, not {kind!r}",
                                f"{where}[{k}]")
             parts.append(p.get("text", ""))
         return "".join(parts)
-    raise APIError(400, "content must be a string or a list of text parts", where)
+    raise APIError(400, f"content must be a string or a list of {kinds[0]} parts", where)
 
 
 def tool_calls_json(calls: list[ToolCall], prefix: str) -> list[dict]:

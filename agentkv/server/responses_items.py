@@ -9,7 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agentkv.server.protocol import APIError, ChatRequest, validate
+from agentkv.server.protocol import APIError, ChatRequest, text_content, validate
+
+TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 class ResponsesRequest(BaseModel):
@@ -49,7 +51,7 @@ def conversation(items: str | list[dict]) -> list[dict]:
             raise APIError(400, "each input item must be an object", f"input[{i}]")
         kind = item.get("type", "message")
         if kind == "message":
-            out.append({"role": item.get("role"), "content": _text(item.get("content"), f"input[{i}].content")})
+            out.append({"role": item.get("role"), "content": text_content(item.get("content"), f"input[{i}].content", TEXT_PARTS)})
         elif kind == "function_call":
             call = {"id": item.get("call_id", ""), "type": "function",
                     "function": {"name": item.get("name", ""), "arguments": item.get("arguments") or "{}"}}
@@ -60,27 +62,13 @@ def conversation(items: str | list[dict]) -> list[dict]:
         elif kind == "function_call_output":
             output = item.get("output")
             out.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
-                        "content": output if isinstance(output, str) else _text(output, f"input[{i}].output")})
+                        "content": output if isinstance(output, str) else text_content(output, f"input[{i}].output", TEXT_PARTS)})
         elif kind == "reasoning":
             continue  # a client sending back our reasoning: the conversation already has it, or drops it
         else:
             raise APIError(400, f"input[{i}].type {kind!r} is not supported; send message, function_call, "
                                 "function_call_output or reasoning items", f"input[{i}].type")
     return out
-
-
-def _text(content: Any, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        parts = []
-        for k, p in enumerate(content):
-            if not isinstance(p, dict) or p.get("type") not in ("input_text", "output_text", "text"):
-                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
-                raise APIError(400, f"only text content is supported, not {kind!r}", f"{where}[{k}]")
-            parts.append(p.get("text", ""))
-        return "".join(parts)
-    raise APIError(400, "content must be a string or a list of input_text parts", where)
 
 
 def chat_body(req: ResponsesRequest, messages: list[dict], close_objects: bool) -> ChatRequest:
