@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import re
 import shlex
 import sys
@@ -46,11 +45,7 @@ class MCPTool(Tool):
     def validate(self, arguments: dict | str) -> dict[str, Any]:
         from agentkv.grammar.validation import schema_check
 
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError as e:
-                raise ToolArgumentsError(self.name, f"the arguments are not JSON: {e}") from None
+        arguments = self.arguments_dict(arguments)
         problem = schema_check(self.parameters).error(arguments)
         if problem is not None:
             raise ToolArgumentsError(self.name, problem)

@@ -54,6 +54,16 @@ class Tool:
         and converted (nested models built, enums made); ToolArgumentsError says what is wrong."""
         from pydantic import ValidationError
 
+        arguments = self.arguments_dict(arguments)
+        try:
+            parsed = self.args_model.model_validate(arguments)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(arguments)'}: {err['msg']}" for err in e.errors())
+            raise ToolArgumentsError(self.name, problems) from None
+        return {name: getattr(parsed, name) for name in self.args_model.model_fields}
+
+    def arguments_dict(self, arguments: dict | str) -> dict:
+        """A model's arguments (a dict or JSON text) as a dict; ToolArgumentsError where they are not one."""
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
@@ -61,12 +71,7 @@ class Tool:
                 raise ToolArgumentsError(self.name, f"the arguments are not JSON: {e}") from None
         if not isinstance(arguments, dict):
             raise ToolArgumentsError(self.name, f"the arguments must be a JSON object, not {type(arguments).__name__}")
-        try:
-            parsed = self.args_model.model_validate(arguments)
-        except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(arguments)'}: {err['msg']}" for err in e.errors())
-            raise ToolArgumentsError(self.name, problems) from None
-        return {name: getattr(parsed, name) for name in self.args_model.model_fields}
+        return arguments
 
     def call(self, arguments: dict | str) -> Any:
         """Validate the arguments and run the tool (an async tool runs to completion here)."""
