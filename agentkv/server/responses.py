@@ -76,8 +76,8 @@ class ResponseStore:
             if oldest.expires > now and len(self._items) <= self.capacity:
                 break
             del self._items[rid]
-            if oldest.pin is not None:
-                self.engine.unpin(oldest.pin)
+            if oldest.pin is not None:  # posted, not awaited: this runs on the server's event loop
+                self.engine.unpin(oldest.pin, wait=False)
 
     async def _unpin(self, item: Stored) -> None:
         if item.pin is not None:
