@@ -21,6 +21,7 @@ from agentkv.engine.request import Request
 from agentkv.engine.sampling_params import SamplingParams
 from agentkv.errors import IncompleteOutputError, OutputValidationError, RequestError
 from agentkv.grammar import CompiledGrammar, GrammarCompiler, TokenizerInfo
+from agentkv.grammar.pydantic_schema import is_python_type
 from agentkv.grammar.validation import schema_check
 
 
@@ -60,6 +61,7 @@ class GrammarSupport:
 
 def output_parser(params: SamplingParams) -> Callable[[str], Any] | None:
     """text -> the caller's object: a Pydantic instance (the model's own validation is the check), a
+    value of another Python type (`list[int]`, `A | B`: Pydantic's validation of that type), a
     dict checked against the whole schema (what the grammar relaxed included; grammar/validation.py),
     or the text. A value that fails raises OutputValidationError with the text."""
     schema = params.json_schema
@@ -74,6 +76,19 @@ def output_parser(params: SamplingParams) -> Callable[[str], Any] | None:
                 raise OutputValidationError(f"the output does not validate as {schema.__name__}: {e}", text, "stop") from e
 
         return parse_model
+    if is_python_type(schema):  # list[int], A | B, a TypedDict: Pydantic validates it as the model's own check
+        from pydantic import TypeAdapter
+
+        adapter = TypeAdapter(schema)
+
+        def parse_type(text: str) -> Any:
+            _json(text)
+            try:
+                return adapter.validate_json(text)
+            except ValueError as e:
+                raise OutputValidationError(f"the output does not validate as {schema!r}: {e}", text, "stop") from e
+
+        return parse_type
     try:
         check = schema_check(json.loads(schema) if isinstance(schema, str) else schema)
     except ImportError as e:  # pragma: no cover - a dependency of agentkv

@@ -30,7 +30,7 @@ class SamplingParams:
     n: int = 1  # completions per prompt; they share the prompt's KV
     skip_special_tokens: bool = True
     # Structured output: at most one of these. The output then always matches it (see docs/structured.md).
-    json_schema: Any = field(default=None, hash=False)  # a dict, JSON text, or a Pydantic model class
+    json_schema: Any = field(default=None, hash=False)  # a dict, JSON text, a Pydantic model or a Python type
     regex: str | None = None  # the whole output matches this pattern
     grammar: str | None = None  # a Lark grammar (llguidance dialect)
     jump_forward: bool = True  # append the tokens a grammar forces without a forward pass

@@ -21,7 +21,7 @@ from agentkv.grammar.expr import Ref, alt, lit
 from agentkv.grammar.json_refs import SchemaResources
 from agentkv.grammar.json_schema import JsonSchemaConverter
 from agentkv.grammar.lark import lark_rules
-from agentkv.grammar.pydantic_schema import model_schema
+from agentkv.grammar.pydantic_schema import is_python_type, model_schema, type_schema
 from agentkv.grammar.regex import match_expr
 from agentkv.grammar.relaxed import Relaxed
 from agentkv.grammar.vocab import TokenizerInfo
@@ -139,9 +139,13 @@ class GrammarCompiler:
 
 
 def _is_closed_model(schema) -> bool:
-    """A Pydantic model class that forbids or ignores extra fields (the default)."""
+    """A Pydantic model class that forbids or ignores extra fields (the default), or another Python
+    type (`list[Item]`, `A | B`): Pydantic ignores the keys its schema leaves out. (A model that
+    allows extra fields says `additionalProperties` in its schema, which closing keeps.)"""
     config = getattr(schema, "model_config", None)
-    return isinstance(schema, type) and hasattr(schema, "model_json_schema") and (config or {}).get("extra") != "allow"
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return (config or {}).get("extra") != "allow"
+    return is_python_type(schema)
 
 
 def closed_schema(schema):
@@ -191,4 +195,6 @@ def schema_dict(schema):
         return model_schema(schema)
     if isinstance(schema, (dict, bool)):
         return schema
-    raise GrammarError(f"a schema must be a dict, a JSON string or a Pydantic model class, not {type(schema).__name__}")
+    if schema is None:
+        raise GrammarError("a schema must be a dict, a JSON string, a Pydantic model or a Python type, not None")
+    return type_schema(schema)  # list[int], A | B, a TypedDict, ...

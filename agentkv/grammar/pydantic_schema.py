@@ -32,6 +32,25 @@ def model_schema(model: type) -> dict:
     return model.model_json_schema(schema_generator=constrained_generator())
 
 
+def type_schema(tp) -> dict:
+    """The JSON schema of any type Pydantic validates (`list[int]`, `int`, `A | B`, a TypedDict, a
+    dataclass, `Literal[...]`), through the same generator; GrammarError for one it cannot describe."""
+    from pydantic import TypeAdapter
+
+    from agentkv.errors import GrammarError
+
+    try:
+        return TypeAdapter(tp).json_schema(schema_generator=constrained_generator())
+    except Exception as e:  # PydanticSchemaGenerationError, PydanticInvalidForJsonSchema, a bad annotation
+        raise GrammarError(f"{tp!r} has no JSON schema: {e}; give a Pydantic model, a type Pydantic "
+                           "validates (list[int], A | B, a TypedDict, ...) or a JSON schema dict") from None
+
+
+def is_python_type(schema) -> bool:
+    """A schema given as a Python type rather than a JSON schema (a dict, JSON text or a boolean)."""
+    return not isinstance(schema, (dict, str, bool)) and schema is not None
+
+
 _GENERATOR = None
 
 
