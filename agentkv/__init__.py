@@ -10,6 +10,7 @@ from agentkv.agent import Agent
 from agentkv.agent_result import (
     AgentResult,
     AgentUsage,
+    ApprovalRequired,
     RunEnd,
     Step,
     StepEnd,
@@ -39,6 +40,7 @@ from agentkv.errors import (
     GrammarError,
     IncompleteOutputError,
     ModelLoadError,
+    ModelRetry,
     OutputError,
     OutputValidationError,
     PinBudgetError,
@@ -48,9 +50,10 @@ from agentkv.errors import (
     ToolDefinitionError,
 )
 from agentkv.mcp_tools import MCPToolError, MCPToolset, mcp_tools
+from agentkv.run_context import RunContext
 from agentkv.tool_calls import ToolCall
 from agentkv.tools import Tool, tool
-from agentkv.typed import astream, default_engine, generate, set_default_engine, stream
+from agentkv.typed import agenerate, astream, default_engine, generate, set_default_engine, stream
 
 _ENGINE_NAMES = {"Completion", "Engine", "PinHandle", "RequestOutput", "SamplingParams", "StreamDelta", "Usage"}
 
@@ -65,12 +68,13 @@ def __getattr__(name: str):
 
 __version__ = "0.1.0"
 __all__ = [
-    "Agent", "AgentError", "AgentResult", "AgentRetriesError", "AgentUsage", "RunEnd", "Step", "StepEnd", "StepStart",
+    "Agent", "AgentError", "AgentResult", "AgentRetriesError", "AgentUsage", "ApprovalRequired", "ModelRetry",
+    "RunContext", "RunEnd", "Step", "StepEnd", "StepStart",
     "TextDelta", "ToolCall", "ToolCallEvent", "ToolResult", "ToolResultEvent",
     "AgentKVError", "CacheError", "Completion", "Engine", "EngineClosedError", "EngineError", "GrammarError",
     "IncompleteOutputError", "ModelLoadError", "OutputError", "OutputValidationError",
     "PinBudgetError", "PinHandle", "PromptTooLongError", "RequestError", "RequestOutput", "SamplingParams", "StreamDelta", "Usage",
     "Tool", "ToolArgumentsError", "ToolDefinitionError", "MCPToolError", "MCPToolset", "mcp_tools",
     "Fork", "ProgramState", "assistant", "function", "gen", "select", "system", "user",
-    "astream", "default_engine", "generate", "set_default_engine", "stream", "tool",
+    "agenerate", "astream", "default_engine", "generate", "set_default_engine", "stream", "tool",
 ]

@@ -1,93 +1,104 @@
 """`ak.Agent`: a tool-calling loop whose every tool call is well-formed, over a pinned prompt.
 
     agent = ak.Agent("You are a travel assistant.", tools=[get_weather], output_type=Advice)
-    result = agent.run("What should I wear in Paris?")   # result.output is an Advice
+    result = await agent.run("What should I wear in Paris?")   # result.output is an Advice
+    result = agent.run_sync("...")                              # from synchronous code
 
-Each step is one generation under one grammar (tool_formats/): tool calls in the model's own
-format, free text, or the output under `output_type`'s schema. Calls of a step run concurrently;
-their results (or errors) go back to the model as tool messages and the loop continues. The agent's
-rendered system prompt and tool definitions are pinned in the engine's radix cache on first use, so
-every step of every run starts from cached KV, until `close()` (or the end of a `with` block, or
-interpreter exit).
+This file is the agent's configuration and its prompt: instructions (static ones pinned in the
+engine's radix cache, functions of the run context rendered after them), tools, handoffs, output
+types and validators. The loop itself is agent_run.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import dataclasses
-import json
+import contextlib
+import inspect
 import threading
-import time
+import warnings
 import weakref
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from agentkv.agent_result import (
-    AgentEvent,
-    AgentResult,
-    AgentUsage,
-    RunEnd,
-    Step,
-    StepEnd,
-    StepStart,
-    TextDelta,
-    ToolCallEvent,
-    ToolResult,
-    ToolResultEvent,
-)
-from agentkv.errors import (
-    AgentError,
-    AgentRetriesError,
-    EngineClosedError,
-    OutputError,
-    RequestError,
-    ToolArgumentsError,
-)
+from agentkv.agent_output import OutputSpec
+from agentkv.agent_result import AgentEvent, AgentResult
+from agentkv.defaults import LIBRARY_MAX_TOKENS, LIBRARY_TEMPERATURE
+from agentkv.errors import AgentError, EngineClosedError, RequestError
 from agentkv.mcp_tools import MCPToolset
-from agentkv.reasoning import ReasoningFormat, reply_grammar
+from agentkv.reasoning import ReasoningFormat
+from agentkv.run_context import RunContext
 from agentkv.syncio import iterate_sync, run_sync
-from agentkv.tool_calls import ToolCall
+from agentkv.tool_calls import tool_name_problem
 from agentkv.tool_formats import ToolFormat
 from agentkv.tools import Tool, tool
 
 MODES = ("auto", "required", "none")
 
 
+@dataclass
+class Setup:
+    """What an agent's prompt is on one engine (the format and template are the model's)."""
+
+    format: ToolFormat
+    reasoning: ReasoningFormat | None
+    system: dict  # the static system message (tool definitions in it where the template does not render them)
+    definitions: list[dict]
+    instructions_apart: bool  # the template renders a second system message after the pinned one
+    pin: Any = None
+
+
 class Agent:
     """A model with instructions and tools, run step by step until it gives its output.
 
+    instructions: a string, a function of the run context (`ctx -> str`, sync or async; or
+    `@agent.instructions`), or a list of both. Strings are the system prompt, pinned in the cache;
+    functions are evaluated per run and rendered after it, so they cost only their own tokens.
     tool_choice: "auto" (the model decides), "required" (the first step must call a tool), "none"
-    (no tools), or a tool's name (the first step calls that tool). After a step that had to call a
-    tool, the choice returns to "auto", so a required call never loops. The last of `max_steps`
-    steps is generated without tools, so a run always ends with an output. `retries` bounds the
-    corrections of output that fails validation and of tool arguments a tool refuses, per run.
-    `parallel_tool_calls=False` allows one call per step. A call the run already made (same tool,
-    same arguments) is not run again unless `rerun_calls=True`: the model is repeating itself (a small
-    model copies its last turn), so that step is left out of the conversation and the next one is
-    generated without the repeated tools (without any left, it is the answer).
-    A reasoning model reasons before each step's answer, free of its grammar (`Step.reasoning`;
-    `max_reasoning_tokens` bounds it), unless `chat_template_kwargs` turn reasoning off (Qwen3's
-    `{"enable_thinking": False}`).
-    Sampling options (temperature, max_tokens per step, seed, ...) are those of `SamplingParams`.
+    (no tools), or a tool's name (the first step calls that tool); after a step that had to call, the
+    choice returns to "auto". The last of `max_steps` steps is generated without tools, so a run
+    always ends with an output (`result.forced_final` says when it was forced).
+    output_type: None (text), a type Pydantic validates (a model, `list[int]`, `A | B`), an output
+    function, or a list of those (their union); `@agent.output_validator` functions may raise
+    `ak.ModelRetry`. `retries` bounds, per tool, the calls its arguments were refused or it raised
+    ModelRetry (a tool's own `retries=` overrides it); `output_retries` (default: `retries`) the
+    outputs that failed validation.
+    handoffs: agents this one may hand the conversation to (a `transfer_to_<name>` call).
+    prepare_tools: `(ctx, tools) -> tools`, per step: the tools offered (every definition stays in
+    the pinned prompt; the rest are masked out of the step's grammar).
+    A call the run already made (same tool, same arguments) is not run again unless `rerun_calls`:
+    that step is left out of the conversation and the next one is generated without those tools
+    (and without handoffs).
+    Sampling options (temperature, max_tokens per step, seed, ...) are `SamplingParams`' own;
+    temperature and max_tokens default as the whole library does (agentkv/defaults.py).
     """
 
-    def __init__(self, instructions: str = "", tools: Sequence[Any] = (), *, output_type: Any = None,
-                 tool_choice: str = "auto", max_steps: int = 8, retries: int = 1, parallel_tool_calls: bool = True,
-                 rerun_calls: bool = False, engine=None, pin: bool = True, chat_template_kwargs: dict | None = None,
-                 temperature: float = 0.0, max_tokens: int = 512, **sampling: Any):
+    def __init__(self, instructions: str | Callable | Sequence[str | Callable] = "", tools: Sequence[Any] = (), *,
+                 name: str = "agent", description: str = "", output_type: Any = None, deps_type: Any = None,
+                 handoffs: Sequence[Agent] = (), prepare_tools: Callable | None = None, tool_choice: str = "auto",
+                 max_steps: int = 8, retries: int = 1, output_retries: int | None = None,
+                 parallel_tool_calls: bool = True, rerun_calls: bool = False, engine=None, pin: bool = True,
+                 chat_template_kwargs: dict | None = None, temperature: float = LIBRARY_TEMPERATURE,
+                 max_tokens: int = LIBRARY_MAX_TOKENS, **sampling: Any):
         from agentkv.engine.sampling_params import SamplingParams
 
-        if not isinstance(instructions, str):
-            raise RequestError(f"instructions must be a string, not {type(instructions).__name__}")
-        self.instructions = instructions
+        parts = list(instructions) if isinstance(instructions, (list, tuple)) else [instructions]
+        if not all(isinstance(p, str) or callable(p) for p in parts):
+            raise RequestError("instructions must be a string, a function of the run context, or a list of those")
+        self.static_instructions = "\n\n".join(p for p in parts if isinstance(p, str) and p)
+        self._instruction_functions: list[Callable] = [p for p in parts if not isinstance(p, str)]
+        if problem := tool_name_problem(name):
+            raise RequestError(f"Agent name {name!r}: {problem}")
+        self.name, self.description, self.deps_type = name, description, deps_type
+        self._setups: dict[int, tuple[Any, Setup]] = {}  # by id(engine): the prompt there
         self.tools: dict[str, Tool] = {}
         self._toolsets = [t for t in tools if isinstance(t, MCPToolset)]  # closed with the agent
         for t in [x for t in tools for x in (t.connect() if isinstance(t, MCPToolset) else [t])]:
-            t = tool(t)
-            if t.name in self.tools:
-                raise RequestError(f"two tools are named {t.name!r}; give one a different name with @ak.tool(name=...)")
-            self.tools[t.name] = t
+            self._add_tool(tool(t))
+        self.handoffs: dict[str, Agent] = {}  # by the name of the tool that transfers to the agent
+        for target in handoffs:
+            self._add_handoff(target)
         if tool_choice not in MODES and tool_choice not in self.tools:
             raise RequestError(f"tool_choice={tool_choice!r} is neither one of {list(MODES)} nor a tool's name "
                                f"({sorted(self.tools) or 'no tools given'})")
@@ -97,14 +108,15 @@ class Agent:
             raise RequestError(f"max_steps={max_steps!r} must be an integer >= 1")
         if tool_choice not in ("auto", "none") and max_steps < 2:
             raise RequestError(f"tool_choice={tool_choice!r} needs max_steps >= 2: one step to call, one to answer")
-        if not isinstance(retries, int) or retries < 0:
-            raise RequestError(f"retries={retries!r} must be an integer >= 0")
-        self.output_type = None if output_type is str else output_type
-        if self.output_type is not None:
-            from agentkv.grammar.compiler import output_grammar_schema
-
-            output_grammar_schema(self.output_type)  # GrammarError now for something that is not a schema
+        for label, n in (("retries", retries), ("output_retries", output_retries)):
+            if n is not None and (not isinstance(n, int) or n < 0):
+                raise RequestError(f"{label}={n!r} must be an integer >= 0")
+        self.output_spec = OutputSpec(output_type)  # a GrammarError now for something that has no schema
+        self.output_type = output_type
+        self._validators: list[Callable] = []
+        self.prepare_tools = prepare_tools
         self.tool_choice, self.max_steps, self.retries = tool_choice, max_steps, retries
+        self.output_retries = retries if output_retries is None else output_retries
         self.parallel_tool_calls, self.rerun_calls = parallel_tool_calls, rerun_calls
         self.params = SamplingParams(temperature=temperature, max_tokens=max_tokens, **sampling)
         if self.params.structured or self.params.n != 1:
@@ -113,192 +125,146 @@ class Agent:
         self._engine, self._want_pin = engine, pin
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._setup_lock = threading.Lock()
-        self._format: ToolFormat | None = None
-        self._reasoning: ReasoningFormat | None = None
-        self._system: dict | None = None
-        self._pin = None
-        # what the agent holds (its pin, its MCP sessions), released when it is garbage-collected
+        # what the agent holds (its pins, its MCP sessions), released when it is garbage-collected
         # without close(): agents made per request must not use up the pin budget
-        self._held: dict[str, Any] = {}
+        self._held: dict[str, Any] = {"pins": []}
         self._finalizer = weakref.finalize(self, _release, self._held, self._toolsets)
         self._closed = False
         _live_agents.add(self)
 
+    # ---- adding to the agent ----------------------------------------------------------------------------
+
+    def tool(self, func: Callable | None = None, **options: Any):
+        """`@agent.tool` (or `@agent.tool(retries=..., requires_approval=...)`): add a tool, with or
+        without a RunContext first parameter."""
+        if func is None:
+            return lambda f: self.tool(f, **options)
+        self._add_tool(tool(func, **options))
+        return func
+
+    def instructions(self, func: Callable) -> Callable:
+        """`@agent.instructions`: a function of the run context (or of nothing) whose text is added to
+        the instructions on each run, after the pinned prompt."""
+        self._instruction_functions.append(func)
+        return func
+
+    def output_validator(self, func: Callable) -> Callable:
+        """`@agent.output_validator`: `(ctx, output) -> output` or `(output) -> output`, sync or async;
+        raise `ak.ModelRetry("what is wrong")` to have the model try again."""
+        self._validators.append(func)
+        return func
+
+    def _add_tool(self, t: Tool) -> None:
+        if self._setups:
+            raise AgentError("tools are part of the pinned prompt: add them before the agent's first run")
+        if t.name in self.tools:
+            raise RequestError(f"two tools are named {t.name!r}; give one a different name with @ak.tool(name=...)")
+        self.tools[t.name] = t
+
+    def _add_handoff(self, target: Agent) -> None:
+        if not isinstance(target, Agent):
+            raise RequestError(f"handoffs are Agents, not {type(target).__name__}")
+        name = f"transfer_to_{target.name}"
+
+        def transfer() -> str:
+            return f"Transferred to {target.name}."
+
+        about = f": {target.description}" if target.description else ""
+        self._add_tool(tool(transfer, name=name, description=f"Hand the conversation to {target.name}{about}"))
+        self.handoffs[name] = target
+
+    def as_tool(self, name: str | None = None, description: str | None = None, input_type: Any = str) -> Tool:
+        """This agent as another's tool: the caller writes its input (`input_type`: a string by
+        default, or e.g. a constrained string or a Pydantic model, given to this agent as JSON), gets
+        its output, and this run's usage is added to the caller's."""
+        from pydantic import TypeAdapter
+
+        adapter = TypeAdapter(input_type)
+
+        async def run_agent(ctx, input):
+            text = input if isinstance(input, str) else adapter.dump_json(input).decode()
+            result = await self.run(text, deps=ctx.deps, engine=ctx.engine)
+            ctx.usage.add(result.usage)
+            return result.output
+
+        run_agent.__annotations__ = {"ctx": RunContext, "input": input_type, "return": Any}  # evaluated: a local type
+        run_agent.__doc__ = f"{description or self.description or 'Ask ' + self.name}\n\nArgs:\n    input: The request."
+        return tool(run_agent, name=name or self.name)
+
     # ---- running ----------------------------------------------------------------------------------
 
-    def run(self, input: str | Sequence[dict], *, history: Sequence[dict] | None = None) -> AgentResult:
-        """Run to the output. `input` is the user's message (or messages); `history` a previous
-        result's `messages` to continue that conversation."""
-        return run_sync(self.arun(input, history=history))
+    def run(self, input: str | Sequence[dict] | None = None, *, history: Sequence[dict] | None = None,
+            deps: Any = None, approvals: dict[str, bool | str] | None = None, engine=None) -> Awaitable:
+        """`await agent.run(...)`: run to the output. `input` is the user's message (or messages);
+        `history` a previous result's `messages` to continue that conversation (its system messages
+        are replaced by this agent's); `deps` what tools and instruction functions get as
+        `ctx.deps`; `approvals` answers a run that ended waiting for approval ({call id: True, or
+        False / a reason to refuse}). Called without await (the form before 0.2), it runs
+        synchronously with a DeprecationWarning; use `run_sync`."""
+        return Awaitable(lambda: self._run(input, history, deps, approvals, engine), "Agent.run_sync")
 
-    async def arun(self, input: str | Sequence[dict], *, history: Sequence[dict] | None = None) -> AgentResult:
-        async for event in self.astream(input, history=history):
+    def run_sync(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AgentResult:
+        """`run` from synchronous code (also where an event loop is running: on a thread of its own)."""
+        return run_sync(self._run(input, kw.pop("history", None), kw.pop("deps", None), kw.pop("approvals", None),
+                                  kw.pop("engine", None), **kw))
+
+    async def arun(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AgentResult:
+        """Deprecated: `await agent.run(...)`."""
+        warnings.warn("Agent.arun is deprecated: use `await agent.run(...)`", DeprecationWarning, stacklevel=2)
+        return await self.run(input, **kw)
+
+    async def _run(self, input, history, deps, approvals, engine, **unknown) -> AgentResult:
+        _refuse(unknown, "Agent.run")
+        from agentkv.agent_result import RunEnd
+
+        async for event in self._events(input, history, deps, approvals, engine):
             if isinstance(event, RunEnd):
                 return event.result
-        raise AgentError("the run ended without a result")  # unreachable: astream ends with RunEnd or raises
+        raise AgentError("the run ended without a result")  # unreachable: a run ends with RunEnd or raises
 
-    def run_batch(self, inputs: Sequence[str | Sequence[dict]]) -> list[AgentResult]:
-        """Run many inputs concurrently; the engine batches their steps, all sharing the pinned prompt."""
-        async def all_runs():
-            return await asyncio.gather(*(self.arun(i) for i in inputs))
+    def stream(self, input: str | Sequence[dict] | None = None, *, history: Sequence[dict] | None = None,
+               deps: Any = None, approvals: dict | None = None, engine=None) -> EventStream:
+        """`async for event in agent.stream(...)`: the run's events as they happen (StepStart,
+        TextDelta, ToolCallEvent, ToolResultEvent, StepEnd, and RunEnd with the result). Iterated
+        with a plain `for` (the form before 0.2) it runs synchronously with a DeprecationWarning;
+        use `stream_sync`."""
+        return EventStream(lambda: self._events(input, history, deps, approvals, engine))
 
-        return run_sync(all_runs())
+    def stream_sync(self, input: str | Sequence[dict] | None = None, **kw: Any) -> Iterator[AgentEvent]:
+        yield from iterate_sync(self._events(input, kw.pop("history", None), kw.pop("deps", None),
+                                             kw.pop("approvals", None), kw.pop("engine", None), **kw))
 
-    def stream(self, input: str | Sequence[dict], *, history: Sequence[dict] | None = None) -> Iterator[AgentEvent]:
-        """The run's events as they happen (StepStart, TextDelta, ToolCallEvent, ToolResultEvent,
-        StepEnd, and RunEnd with the result), from synchronous code."""
-        yield from iterate_sync(self.astream(input, history=history))
+    def astream(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AsyncIterator[AgentEvent]:
+        """Deprecated: `agent.stream(...)`."""
+        warnings.warn("Agent.astream is deprecated: use `async for event in agent.stream(...)`", DeprecationWarning,
+                      stacklevel=2)
+        return self._events(input, kw.pop("history", None), kw.pop("deps", None), kw.pop("approvals", None),
+                            kw.pop("engine", None), **kw)
 
-    async def astream(self, input: str | Sequence[dict], *, history: Sequence[dict] | None = None) -> AsyncIterator[AgentEvent]:
-        """The async form of `stream`."""
+    def _events(self, input, history, deps, approvals, engine, **unknown) -> AsyncIterator[AgentEvent]:
+        _refuse(unknown, "Agent.stream")
+        from agentkv.agent_run import AgentRun
+
         if self._closed:
             raise AgentError("this agent is closed; make a new Agent")
-        engine = await asyncio.to_thread(self._setup)
-        messages = self._conversation(input, history)
-        usage, steps, errors = AgentUsage(), [], []
-        mode = self.tool_choice
-        made: dict[str, ToolResult] = {}  # the results of the run's calls, by call
-        withheld: set[str] = set()  # tools the last step repeated a call of
-        for index in range(1, self.max_steps + 1):
-            # the last step answers; so does one after a step that repeated calls of every tool
-            step_mode = mode if index < self.max_steps and not (withheld and set(self.tools) <= withheld) else "none"
-            yield StepStart(index, step_mode)
-            started = time.perf_counter()
-            done: list = []
-            prompt = self._prompt(engine, messages)
-            state = self._reasoning.state(prompt) if self._reasoning is not None else "off"
-            params = self._step_params(step_mode, withheld, state)
-            async for delta in engine.stream(prompt, params):
-                if delta.text:
-                    yield TextDelta(index, delta.text)
-                if delta.completion is not None:
-                    done = [delta.completion, delta.usage]
-            completion, step_usage = done
-            usage.steps += 1
-            usage.add_generation(step_usage)
-            step, kept = self._read(index, step_mode, completion, state)
-            step.usage = step_usage
-            steps.append(step)
-            withheld = set()
-            if step.tool_calls:
-                for call in step.tool_calls:
-                    yield ToolCallEvent(index, call)
-                fresh, seen = [], set(made)
-                for c in step.tool_calls:
-                    if self.rerun_calls or _call_key(c) not in seen:
-                        fresh.append(c)
-                        seen.add(_call_key(c))
-                ran = dict(zip((c.id for c in fresh), await asyncio.gather(*(self._call(c) for c in fresh))))
-                made.update((_call_key(r.call), r) for r in ran.values())
-                step.tool_results = [ran[c.id] if c.id in ran else
-                                     dataclasses.replace(made[_call_key(c)], call=c, repeated=True)
-                                     for c in step.tool_calls]
-                usage.tool_calls += len(fresh)
-                for result in step.tool_results:
-                    yield ToolResultEvent(index, result)
-                withheld = {r.call.name for r in step.tool_results if r.repeated}
-                if fresh:  # the conversation keeps the calls that ran, and their results
-                    messages.append(self._format.assistant_message(step.content, fresh,
-                                                                   kept if not withheld else None))
-                    messages.extend(self._format.results_messages([(r.call, r.content) for r in step.tool_results
-                                                                   if not r.repeated]))
-                refused = [r for r in step.tool_results if r.refused and not r.repeated]
-                if refused:
-                    errors.extend(r.error for r in refused)
-                    usage.retries += 1
-                mode = "auto" if mode != "none" else mode  # a required or named call was made: the model decides now
-                step.seconds = time.perf_counter() - started
-                yield StepEnd(step, usage)
-                if refused and usage.retries > self.retries:
-                    raise AgentRetriesError(f"the model's tool arguments were refused {usage.retries} times "
-                                            f"(retries={self.retries}): {refused[-1].error}", refused[-1].call, errors)
-                continue
-            messages.append({"role": "assistant", "content": kept})
-            if step.error is None:
-                try:
-                    output = self._output(completion, step_mode, state, step.content)
-                except OutputError as e:
-                    step.error = str(e)
-            step.seconds = time.perf_counter() - started
-            yield StepEnd(step, usage)
-            if step.error is None:
-                yield RunEnd(AgentResult(output, steps, usage, messages))
-                return
-            errors.append(step.error)
-            usage.retries += 1
-            if usage.retries > self.retries or index == self.max_steps:
-                raise AgentRetriesError(f"the model's output failed {usage.retries} times (retries={self.retries}, "
-                                        f"max_steps={self.max_steps}): {step.error}", step.text, errors)
-            messages.append({"role": "user", "content": f"Your reply was not valid: {step.error}\nReply again, correctly."})
+        return AgentRun(self, input, history, deps, approvals, engine).events()
 
-    # ---- one step -----------------------------------------------------------------------------------
+    async def run_batch(self, inputs: Sequence[str | Sequence[dict]], *, deps: Any = None,
+                        max_concurrency: int | None = None) -> list[AgentResult]:
+        """Run many inputs concurrently (at most `max_concurrency` at once); the engine batches their
+        steps, all sharing the pinned prompt. Results are in the order of `inputs`."""
+        if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
+            raise RequestError(f"max_concurrency={max_concurrency!r} must be an integer >= 1 or None")
+        gate = asyncio.Semaphore(max_concurrency or max(1, len(inputs)))
 
-    def _read(self, index: int, mode: str, completion, state: str = "off") -> tuple[Step, str]:
-        """The step a completion makes, and the text the conversation keeps of it (its reasoning
-        included: the chat template keeps or drops it, as the model was trained).
+        async def one(i):
+            async with gate:
+                return await self.run(i, deps=deps)
 
-        A reply cut by max_tokens keeps the calls it completed (the cut one is dropped); cut before
-        any call, it is an error the model is asked to correct, unless it is free text, which is
-        returned as it is (as `ak.generate` returns a cut free-text reply)."""
-        text = completion.text
-        thought, answer = self._reasoning.split(text, state) if state != "off" else (None, text)
-        step = Step(index, mode, text, content=answer, reasoning=thought)
-        if mode == "none":
-            return step, text
-        step.content, calls, end = self._format.parse(answer, cut=completion.finish_reason == "length")
-        step.tool_calls = [dataclasses.replace(c, id=f"call_{index}_{k}") for k, c in enumerate(calls)]
-        if completion.complete or self._format.calls_start(answer) < 0 and self.output_type is None and mode == "auto":
-            return step, text
-        if calls:
-            return step, text[:len(text) - len(answer) + end]
-        step.error = (f"the reply was cut at max_tokens ({self.params.max_tokens}) before it was complete; "
-                      "write shorter arguments, or fewer calls")
-        return step, text
+        return list(await asyncio.gather(*(one(i) for i in inputs)))
 
-    def _step_params(self, mode: str, withheld: set[str] = frozenset(), state: str = "off"):
-        """The sampling parameters of a step: the agent's, with the grammar of the step's mode,
-        offering the tools but those `withheld`, after a reasoning block where the model reasons."""
-        if mode == "none" and self.output_type is not None and state == "off":
-            return self.params.with_(json_schema=self.output_type)  # parsed and validated as ak.generate does
-        if mode in self.tools:  # a named tool: calls of it only
-            tools, mode = [self.tools[mode]], "required"
-        elif mode == "none":
-            tools = list(self.tools.values())  # the answer's text may not imitate their markup
-        else:
-            tools = [t for name, t in self.tools.items() if name not in withheld]
-        answer = self._format.answer_grammar(tools, mode, self._output_schema(), self.parallel_tool_calls,
-                                             close_objects=self.params.close_objects)
-        grammar = reply_grammar(answer, self._reasoning, state)
-        return self.params.with_(grammar=grammar) if grammar is not None else self.params
-
-    def _output_schema(self) -> dict | None:
-        if self.output_type is None:
-            return None
-        from agentkv.grammar.compiler import output_grammar_schema
-
-        return output_grammar_schema(self.output_type)
-
-    def _output(self, completion, mode: str, state: str = "off", answer: str | None = None) -> Any:
-        if self.output_type is None:
-            return (completion.text if answer is None else answer).strip()
-        if mode == "none" and state == "off":
-            return completion.parsed  # generated under json_schema=output_type
-        from agentkv.engine.constrained import output_parser
-        from agentkv.engine.outputs import Completion
-
-        parser = output_parser(self.params.with_(json_schema=self.output_type))
-        return Completion(completion.text, completion.token_ids, completion.finish_reason, None, parser,
-                          completion.complete, content=answer).parsed
-
-    async def _call(self, call: ToolCall) -> ToolResult:
-        t = self.tools[call.name]  # the grammar only writes offered names
-        try:
-            value = await t.acall(call.arguments)
-        except ToolArgumentsError as e:
-            return ToolResult(call, f"error: {e}", None, str(e), refused=True)
-        except Exception as e:  # the tool failed: the model is told, and may try otherwise
-            return ToolResult(call, f"error: {type(e).__name__}: {e}", None, f"{type(e).__name__}: {e}")
-        return ToolResult(call, _as_text(value), value)
+    def run_batch_sync(self, inputs: Sequence[str | Sequence[dict]], **kw: Any) -> list[AgentResult]:
+        return run_sync(self.run_batch(inputs, **kw))
 
     # ---- prompt and pin -------------------------------------------------------------------------------
 
@@ -308,73 +274,83 @@ class Agent:
 
         return self._engine or default_engine()
 
+    @contextlib.contextmanager
+    def override(self, *, engine=None):
+        """`with agent.override(engine=test_engine):` runs the agent on another engine (in tests)."""
+        saved, self._engine = self._engine, engine if engine is not None else self._engine
+        try:
+            yield self
+        finally:
+            self._engine = saved
+
     @property
     def system_message(self) -> dict:
         """The system message the agent's conversations start with (tool definitions included when
         the model's chat template does not render them itself)."""
-        self._setup()
-        return self._system
+        return self.setup(self.engine).system
 
-    def _setup(self):
-        engine = self.engine
+    def setup(self, engine) -> Setup:
+        """The agent's prompt on `engine`, made (and its system prompt pinned) on first use there."""
         with self._setup_lock:
-            if self._format is None:
-                self._format, self._reasoning = engine.tool_format, engine.reasoning
+            got = self._setups.get(id(engine))
+            if got is None:
+                fmt = engine.tool_format
                 defs = [t.definition for t in self.tools.values()]
-                self._system = self._format.system_message(self._instructions_with_output(), defs)
-                self._defs = defs
-            if self._want_pin and self._pin is None and engine.config.cache.enable_radix_cache:
-                self._pin, self._pinned_on = engine.pin(self._pinned_ids(engine)), engine
-                self._held.update(pin=self._pin, engine=engine)
-        return engine
+                system = fmt.system_message(self._instructions_with_output(), defs)
+                s = Setup(fmt, engine.reasoning, system, defs, self._second_system_renders(engine, system))
+                if self._want_pin and engine.config.cache.enable_radix_cache:
+                    s.pin = engine.pin(engine.conversation_prefix([system], tools=fmt.template_tools(defs),
+                                                                  **self.chat_template_kwargs))
+                    self._held["pins"].append((engine, s.pin))
+                self._setups[id(engine)] = got = (engine, s)
+            return got[1]
 
     def _instructions_with_output(self) -> str:
-        """The instructions, and with an output_type, what the final answer must look like: the
-        grammar enforces it, but the model writes better values when it knows the fields."""
-        if self.output_type is None:
-            return self.instructions
-        schema = json.dumps(self._output_schema(), ensure_ascii=False)
-        return (self.instructions + "\n\nGive your final answer as a JSON object matching this schema:\n"
-                + schema).lstrip()
+        if self.output_spec.text:
+            return self.static_instructions
+        return (self.static_instructions + "\n\n" + self.output_spec.describe()).lstrip()
 
-    def _pinned_ids(self, engine) -> list[int]:
-        """The tokens of the rendered system prompt that every conversation starts with."""
-        return engine.conversation_prefix([self._system], tools=self._format.template_tools(self._defs),
-                                          **self.chat_template_kwargs)
+    def _second_system_renders(self, engine, system: dict) -> bool:
+        """Whether the template renders a system message after the first (Qwen, Llama 3 do; Mistral's
+        refuses one): where it does not, per-run instructions join the first (and miss the pin)."""
+        if not self._instruction_functions:
+            return False
+        mark = "\x1fagentkv-instructions\x1f"
+        try:
+            text = engine.render([system, {"role": "system", "content": mark}, {"role": "user", "content": "?"}],
+                                 **self.chat_template_kwargs)
+        except Exception:  # noqa: BLE001 - a template that raises on it (jinja's raise_exception)
+            return False
+        return mark in text
 
-    def _prompt(self, engine, messages: list[dict]) -> str:
-        return engine.render(messages, tools=self._format.template_tools(self._defs), **self.chat_template_kwargs)
-
-    def _conversation(self, input, history) -> list[dict]:
-        messages = [dict(m) for m in history] if history else []
-        if not messages or messages[0].get("role") != "system":
-            messages.insert(0, dict(self._system))
-        if isinstance(input, str):
-            messages.append({"role": "user", "content": input})
-        elif isinstance(input, (list, tuple)) and all(isinstance(m, dict) for m in input):
-            messages.extend(dict(m) for m in input)
-        else:
-            raise RequestError(f"an agent's input is a string or a list of message dicts, not {type(input).__name__}")
-        return messages
-
-    # ---- lifetime -------------------------------------------------------------------------------------
+    async def instructions_text(self, ctx) -> str:
+        """The per-run instructions: each instruction function's text, in order."""
+        texts = []
+        for f in self._instruction_functions:
+            takes = bool(inspect.signature(f).parameters)
+            value = f(ctx) if takes else f()
+            texts.append(await value if inspect.isawaitable(value) else value)
+        return "\n\n".join(str(t) for t in texts if t)
 
     @property
     def pinned_tokens(self) -> int:
-        """How many tokens of the system prompt are pinned in the engine's cache (0 before the first
-        run, after close, or with pin=False)."""
-        return self._pin.num_tokens if self._pin is not None else 0
+        """How many tokens of the system prompt are pinned in the default engine's cache (0 before the
+        first run, after close, or with pin=False)."""
+        got = self._setups.get(id(self._engine)) if self._engine is not None else None
+        got = got or next(iter(self._setups.values()), None)
+        return got[1].pin.num_tokens if got is not None and got[1].pin is not None and not self._closed else 0
+
+    # ---- lifetime -------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the pinned prompt (the engine may then evict it) and end MCP sessions."""
+        """Release the pinned prompts (the engine may then evict them) and end MCP sessions."""
         self._finalizer.detach()
         with self._setup_lock:
             self._closed = True
-            pin, self._pin = self._pin, None
-            self._held.clear()
-        if pin is not None:
+            pins, self._held["pins"] = self._held["pins"], []
+        for engine, pin in pins:
             try:
-                self._pinned_on.unpin(pin)
+                engine.unpin(pin)
             except EngineClosedError:  # the engine went first (interpreter exit): nothing to release
                 pass
         for toolset in self._toolsets:
@@ -387,28 +363,61 @@ class Agent:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        return f"Agent({self.name!r}, tools={list(self.tools)}, output_type={self.output_type!r})"
 
-def _call_key(call: ToolCall) -> str:
-    return json.dumps([call.name, call.arguments], sort_keys=True, ensure_ascii=False, default=str)
+
+class Awaitable:
+    """What `Agent.run` returns: awaited, the run; used synchronously (the API before 0.2, where `run`
+    was the sync form), it runs now with a DeprecationWarning naming `instead`."""
+
+    def __init__(self, make, instead: str):
+        self._make, self._instead, self._result = make, instead, None
+
+    def __await__(self):
+        return self._make().__await__()
+
+    def _sync(self):
+        if self._result is None:
+            warnings.warn(f"using Agent.run's result without await is deprecated: use {self._instead}(...)",
+                          DeprecationWarning, stacklevel=3)
+            self._result = run_sync(self._make())
+        return self._result
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._sync(), name)
 
 
-def _as_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if hasattr(value, "model_dump_json"):
-        return value.model_dump_json()
-    try:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return str(value)
+class EventStream:
+    """What `Agent.stream` returns: an async iterator of events; a plain `for` (the API before 0.2)
+    iterates synchronously with a DeprecationWarning."""
+
+    def __init__(self, make):
+        self._make = make
+
+    def __aiter__(self):
+        return self._make().__aiter__()
+
+    def __iter__(self):
+        warnings.warn("iterating Agent.stream synchronously is deprecated: use Agent.stream_sync(...)",
+                      DeprecationWarning, stacklevel=2)
+        return iterate_sync(self._make())
+
+
+def _refuse(unknown: dict, where: str) -> None:
+    if unknown:
+        raise RequestError(f"{where} got unknown options {sorted(unknown)}: it takes input, history, deps, "
+                           "approvals and engine")
 
 
 def _release(held: dict, toolsets: list) -> None:
-    """An agent collected without close(): its pin and sessions go (the unpin posted, not awaited:
+    """An agent collected without close(): its pins and sessions go (each unpin posted, not awaited:
     a collection may run on the engine thread)."""
-    if held.get("pin") is not None:
+    for engine, pin in held.get("pins", []):
         try:
-            held["engine"].unpin(held["pin"], wait=False)
+            engine.unpin(pin, wait=False)
         except EngineClosedError:
             pass
     for toolset in toolsets:

@@ -33,6 +33,11 @@ class AgentUsage:
     def cache_hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
+    def add(self, other: AgentUsage) -> None:
+        """Add another run's usage (an agent run as a tool: its usage is the caller's)."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
     def add_generation(self, usage) -> None:
         """Add one step's engine `Usage`."""
         self.prompt_tokens += usage.prompt_tokens
@@ -56,14 +61,32 @@ class Step:
     error: str | None = None  # the output failed validation: the message the model was given to retry
     usage: Any = None  # the engine's Usage of this step's generation
     seconds: float = 0.0
+    agent: str = ""  # the name of the agent whose step it was (handoffs change it)
+    forced: bool = False  # the step had to answer: the last of max_steps, or every tool was withheld
+
+
+@dataclass(frozen=True)
+class ApprovalRequired:
+    """The output of a run that stopped at calls of tools that need approval (`requires_approval`):
+    continue with `agent.run(history=result.messages, approvals={call.id: True or False or a reason})`."""
+
+    calls: list[ToolCall]
 
 
 @dataclass
 class AgentResult:
-    output: Any  # a str, or an instance of the agent's output_type
+    output: Any  # a str, an instance of the agent's output_type, or ApprovalRequired
     steps: list[Step]
     usage: AgentUsage
-    messages: list[dict]  # the conversation, system prompt first; pass it as `history=` to continue
+    # the conversation in OpenAI's message shape (structured tool calls, role "tool" results), system
+    # prompt first; pass it as `history=` to continue (with this agent or another)
+    messages: list[dict]
+    agent: str = ""  # the agent that gave the output (after handoffs, the last one handed to)
+
+    @property
+    def forced_final(self) -> bool:
+        """The output came from a step that had to answer (max_steps ran out, or every tool was withheld)."""
+        return bool(self.steps) and self.steps[-1].forced
 
 
 # ---- events of `Agent.stream` ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentkv.defaults import LIBRARY_MAX_TOKENS, LIBRARY_TEMPERATURE
 from agentkv.errors import RequestError
 
 
@@ -46,14 +47,21 @@ class Role:
     parts: tuple[Any, ...]  # strings and Gens
 
 
-def gen(name: str | None = None, *, max_tokens: int = 128, stop: str | Sequence[str] | None = None,
+def gen(name: str | None = None, *, max_tokens: int = LIBRARY_MAX_TOKENS, stop: str | Sequence[str] | None = None,
         regex: str | None = None, schema: Any = None, choices: Sequence[str] | None = None,
-        temperature: float = 0.0, **sampling: Any) -> Gen:
+        temperature: float = LIBRARY_TEMPERATURE, **sampling: Any) -> Gen:
     """Generate text here and store it as `state[name]`: free text, text matching `regex`, JSON
-    under `schema` (the variable holds the validated object), or the most likely of `choices`."""
+    under `schema` (the variable holds the validated object), or the most likely of `choices`.
+    Temperature and max_tokens default as the whole library does (agentkv/defaults.py)."""
     if choices is not None:
         if schema is not None or regex is not None:
             raise RequestError("give ak.gen `choices` alone, not with schema or regex")
+        given = {**sampling, **({"stop": stop} if stop else {}),
+                 **({"max_tokens": max_tokens} if max_tokens != LIBRARY_MAX_TOKENS else {}),
+                 **({"temperature": temperature} if temperature != LIBRARY_TEMPERATURE else {})}
+        if given:  # the most likely option is scored, not sampled: these would do nothing
+            raise RequestError(f"ak.gen with `choices` picks the most likely option; {sorted(given)} do not "
+                               "apply to it: remove them")
         return select(name, choices)
     structured = {k: v for k, v in {"json_schema": schema, "regex": regex}.items() if v is not None}
     from agentkv.engine.sampling_params import SamplingParams

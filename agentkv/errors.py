@@ -76,6 +76,11 @@ class ToolDefinitionError(AgentKVError, TypeError):
     """A function that cannot be made a tool (an unannotated parameter, *args, a type with no JSON schema)."""
 
 
+class ModelRetry(AgentKVError):
+    """Raised by a tool or an output validator to have the model try again: the message is what the
+    model is told. Each raise counts against the tool's (or the output's) retries."""
+
+
 class ToolArgumentsError(AgentKVError, ValueError):
     """A model's arguments for a tool that do not validate; `tool` names it, the message says what is wrong."""
 

@@ -51,10 +51,10 @@ class MCPTool(Tool):
             raise ToolArgumentsError(self.name, problem)
         return arguments
 
-    def call(self, arguments: dict | str) -> Any:
+    def call(self, arguments: dict | str, ctx: Any = None) -> Any:
         return self.toolset.call(self.remote_name, self.validate(arguments))
 
-    async def acall(self, arguments: dict | str) -> Any:
+    async def acall(self, arguments: dict | str, ctx: Any = None) -> Any:
         kwargs = self.validate(arguments)
         return await asyncio.wrap_future(self.toolset.submit(self.remote_name, kwargs))
 

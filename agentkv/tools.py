@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 from agentkv.errors import ToolArgumentsError, ToolDefinitionError
+from agentkv.run_context import is_run_context
 from agentkv.tool_calls import tool_name_problem
 
 
@@ -36,6 +37,9 @@ class Tool:
     func: Callable[..., Any]
     args_model: Any = field(repr=False)  # a Pydantic model of the arguments
     parameters: dict = field(repr=False)  # its JSON schema, titles stripped
+    takes_context: bool = False  # its first parameter is a RunContext, passed by the agent, not the model
+    retries: int | None = None  # how often its arguments may be refused (or ModelRetry raised); None: the agent's
+    requires_approval: bool = False  # a call ends the run until it is approved (Agent.run(approvals=...))
 
     @property
     def is_async(self) -> bool:
@@ -73,48 +77,70 @@ class Tool:
             raise ToolArgumentsError(self.name, f"the arguments must be a JSON object, not {type(arguments).__name__}")
         return arguments
 
-    def call(self, arguments: dict | str) -> Any:
-        """Validate the arguments and run the tool (an async tool runs to completion here)."""
-        kwargs = self.validate(arguments)
-        result = self.func(**kwargs)
-        return asyncio.run(result) if inspect.isawaitable(result) else result
+    def call(self, arguments: dict | str, ctx: Any = None) -> Any:
+        """Validate the arguments and run the tool (an async tool runs to completion here, also
+        where an event loop is running). `ctx`: the RunContext of a tool that takes one."""
+        from agentkv.syncio import run_sync
 
-    async def acall(self, arguments: dict | str) -> Any:
+        result = self.func(*self._context(ctx), **self.validate(arguments))
+        return run_sync(result) if inspect.isawaitable(result) else result
+
+    async def acall(self, arguments: dict | str, ctx: Any = None) -> Any:
         """Validate the arguments and run the tool; a sync tool runs in a worker thread."""
-        kwargs = self.validate(arguments)
+        args, kwargs = self._context(ctx), self.validate(arguments)
         if self.is_async:
-            return await self.func(**kwargs)
-        return await asyncio.to_thread(self.func, **kwargs)
+            return await self.func(*args, **kwargs)
+        result = await asyncio.to_thread(self.func, *args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+    def _context(self, ctx: Any) -> tuple:
+        if not self.takes_context:
+            return ()
+        if ctx is None:
+            raise ToolDefinitionError(f"tool {self.name} takes a RunContext; run it through an Agent, or pass ctx=")
+        return (ctx,)
 
 
-def tool(func: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None):
-    """Make a Tool of a typed function; use as `@ak.tool` or `@ak.tool(name=..., description=...)`."""
+def tool(func: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
+         retries: int | None = None, requires_approval: bool = False):
+    """Make a Tool of a typed function; use as `@ak.tool` or `@ak.tool(name=..., description=...,
+    retries=..., requires_approval=...)`. A first parameter annotated `ak.RunContext` receives the
+    agent's run context and is not shown to the model."""
     if func is None:
-        return lambda f: tool(f, name=name, description=description)
+        return lambda f: tool(f, name=name, description=description, retries=retries,
+                              requires_approval=requires_approval)
     if isinstance(func, Tool):
         return func
     if not callable(func) or not hasattr(func, "__name__"):
         raise ToolDefinitionError(f"@ak.tool needs a function, not {type(func).__name__}")
+    if retries is not None and (not isinstance(retries, int) or retries < 0):
+        raise ToolDefinitionError(f"tool {func.__name__}: retries={retries!r} must be an integer >= 0")
     summary, param_docs = parse_docstring(inspect.getdoc(func) or "")
-    model = _args_model(func, param_docs)
+    model, takes_context = args_model(func, param_docs)
     if problem := tool_name_problem(name or func.__name__):
         raise ToolDefinitionError(f"{problem}; give one with @ak.tool(name=...)")
     return Tool(name or func.__name__, description if description is not None else summary, func, model,
-                _json_schema(model))
+                _json_schema(model), takes_context, retries, requires_approval)
 
 
 # ---- signature -> Pydantic model -> JSON schema ----------------------------------------------------------
 
 
-def _args_model(func: Callable[..., Any], param_docs: dict[str, str]):
+def args_model(func: Callable[..., Any], param_docs: dict[str, str] | None = None):
+    """(a Pydantic model of the function's parameters, whether its first one is a RunContext)."""
     from pydantic import ConfigDict, Field, create_model
 
+    param_docs = param_docs or {}
     try:
         hints = get_type_hints(func, include_extras=True)
     except Exception as e:  # an annotation that does not resolve (a forward reference to a missing name)
         raise ToolDefinitionError(f"the annotations of {func.__name__} do not resolve: {e}") from None
     fields: dict[str, Any] = {}
-    for p in inspect.signature(func).parameters.values():
+    params = list(inspect.signature(func).parameters.values())
+    takes_context = bool(params) and is_run_context(hints.get(params[0].name, params[0].annotation))
+    for p in params[takes_context:]:
+        if is_run_context(hints.get(p.name, p.annotation)):
+            raise ToolDefinitionError(f"{func.__name__}: a RunContext parameter must come first ({p.name} does not)")
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise ToolDefinitionError(f"tool {func.__name__}: *{p.name} / **{p.name} cannot be described to a model; "
                                       "name every parameter")
@@ -126,9 +152,10 @@ def _args_model(func: Callable[..., Any], param_docs: dict[str, str]):
         default = ... if p.default is p.empty else p.default
         fields[p.name] = (hints[p.name], Field(default, description=param_docs.get(p.name)))
     try:
-        return create_model(f"{func.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+        model = create_model(f"{func.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
     except Exception as e:  # a type Pydantic cannot describe
         raise ToolDefinitionError(f"tool {func.__name__}: {e}") from None
+    return model, takes_context
 
 
 def _json_schema(model) -> dict:

@@ -1,12 +1,15 @@
 """Typed generation: `ak.generate` returns a validated object, `ak.stream` its partial objects.
 
     obj = ak.generate(messages, schema=Invoice)        # an Invoice instance, validated
+    ak.generate(messages, schema=list[int] | None)     # any type Pydantic validates
+    obj = await ak.agenerate(messages, schema=Invoice) # the same, from async code
     ak.generate(prompt, regex=r"\\d{3}-\\d{4}")           # a string matching the pattern
     ak.generate(prompt, choices=["yes", "no"])         # the option the model finds most likely
     for partial in ak.stream(messages, schema=Invoice): ...
 
 A list of message dicts is rendered with the model's chat template; a string is used as raw prompt
 text. Without `engine=`, a default engine (the embedded model on CPU) is created on first use.
+Temperature and max_tokens default as the whole library does (agentkv/defaults.py).
 """
 
 from __future__ import annotations
@@ -17,10 +20,9 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
+from agentkv.defaults import LIBRARY_MAX_TOKENS, LIBRARY_TEMPERATURE
 from agentkv.errors import RequestError
 from agentkv.syncio import iterate_sync
-
-DEFAULT_MAX_TOKENS = 1024  # typed outputs end when their grammar does; this only bounds a runaway string
 
 _default_engine = None
 _default_lock = threading.Lock()
@@ -46,18 +48,41 @@ def set_default_engine(engine) -> None:
 
 def generate(prompt: str | Sequence[dict], schema: Any = None, *, regex: str | None = None,
              choices: Sequence[str] | None = None, grammar: str | None = None, engine=None, **sampling: Any) -> Any:
-    """One typed generation: a validated Pydantic instance for a model class, a dict (checked with
-    jsonschema) for a dict schema, the text for a regex or grammar, the chosen option for `choices`,
-    and plain text when none is given. Raises GrammarError for a schema that does not compile and
-    IncompleteOutputError (carrying the partial text) when max_tokens cut the output."""
+    """One typed generation: a validated Pydantic instance for a model class (a value of the type
+    for `list[int]`, `A | B`, ...), a dict (checked with jsonschema) for a dict schema, the text for
+    a regex or grammar, the chosen option for `choices`, and plain text when none is given. Raises
+    GrammarError for a schema that does not compile and IncompleteOutputError (carrying the partial
+    text) when max_tokens cut the output."""
     engine = engine or default_engine()
     if choices is not None:
-        if schema is not None or regex is not None or grammar is not None:
-            raise RequestError("give `choices` alone, not with schema, regex or grammar")
+        _choices_alone(schema, regex, grammar, sampling)
         return choose(engine, prompt, choices)
     params = _params(schema, regex, grammar, sampling)
     out = engine.chat(prompt, params) if _is_messages(prompt) else engine.generate(prompt, params)
     return out.parsed if params.structured else out.text
+
+
+async def agenerate(prompt: str | Sequence[dict], schema: Any = None, *, regex: str | None = None,
+                    choices: Sequence[str] | None = None, grammar: str | None = None, engine=None,
+                    **sampling: Any) -> Any:
+    """`generate` from async code: the engine batches concurrent calls."""
+    import asyncio
+
+    engine = engine or default_engine()
+    if choices is not None:
+        _choices_alone(schema, regex, grammar, sampling)
+        return await asyncio.to_thread(choose, engine, prompt, choices)
+    params = _params(schema, regex, grammar, sampling)
+    out = await engine.agenerate(prompt, params)  # renders a list of messages
+    return out.parsed if params.structured else out.text
+
+
+def _choices_alone(schema, regex, grammar, sampling: dict) -> None:
+    if schema is not None or regex is not None or grammar is not None:
+        raise RequestError("give `choices` alone, not with schema, regex or grammar")
+    if sampling:  # scoring reads the model's logprobs of each option: no sampling option applies
+        raise RequestError(f"`choices` picks the option the model finds most likely; {sorted(sampling)} "
+                           "do not apply to it: remove them")
 
 
 def stream(prompt: str | Sequence[dict], schema: Any = None, *, regex: str | None = None, grammar: str | None = None,
@@ -102,15 +127,19 @@ async def astream(prompt: str | Sequence[dict], schema: Any = None, *, regex: st
 def _params(schema, regex, grammar, sampling: dict):
     from agentkv.engine import SamplingParams
 
-    base = sampling.pop("params", None) or SamplingParams()
-    if "max_tokens" not in sampling and base.max_tokens == SamplingParams().max_tokens:
-        sampling["max_tokens"] = DEFAULT_MAX_TOKENS
+    base = sampling.pop("params", None)
+    if base is None:
+        base = SamplingParams(temperature=LIBRARY_TEMPERATURE, max_tokens=LIBRARY_MAX_TOKENS)
+    elif "max_tokens" not in sampling and base.max_tokens == SamplingParams().max_tokens:
+        sampling["max_tokens"] = LIBRARY_MAX_TOKENS  # typed outputs end when their grammar does
     given = {"json_schema": schema, "regex": regex, "grammar": grammar}
     return base.with_(**{k: v for k, v in given.items() if v is not None}, **sampling)
 
 
 def _is_messages(prompt: Any) -> bool:
-    from agentkv.engine.prefixes import is_messages  # not at import: `import agentkv` must not load torch
+    from agentkv.engine.prefixes import (
+        is_messages,  # not at import: `import agentkv` must not load torch
+    )
 
     return is_messages(prompt)
 

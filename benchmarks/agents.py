@@ -89,10 +89,10 @@ def make_agent(engine, pin: bool, tool_choice: str = "required") -> ak.Agent:
 
 def wave(first: ak.Agent, follow: ak.Agent, tasks: list[str]) -> list[ak.AgentResult]:
     """Each task, then a follow-up turn on its conversation; returns the runs, both turns merged."""
-    runs = first.run_batch(tasks)
+    runs = first.run_batch_sync(tasks)
 
     async def follow_ups():
-        return await asyncio.gather(*(follow.arun(FOLLOW_UP, history=r.messages) for r in runs))
+        return await asyncio.gather(*(follow.run(FOLLOW_UP, history=r.messages) for r in runs))
 
     return [_merge(a, b) for a, b in zip(runs, asyncio.run(follow_ups()))]
 
@@ -167,7 +167,7 @@ def main() -> None:
 
     with ak.Engine() as warm:  # compile the step grammars once, shared by every configuration
         agent = make_agent(warm, pin=False)
-        agent.run(task(0))
+        agent.run_sync(task(0))
         compiler = warm.grammar_compiler
         system_tokens = len(warm.tokenizer.encode(warm.render([agent.system_message], add_generation_prompt=False)))
 

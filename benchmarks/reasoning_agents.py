@@ -53,7 +53,7 @@ def run(engine, runs: int, budget: int, thinking: bool) -> dict:
                       tool_choice="required", max_steps=4, engine=engine, temperature=1.0, seed=i, max_tokens=160,
                       max_reasoning_tokens=budget, logit_bias=bias, chat_template_kwargs=kwargs) as agent:
             try:
-                result = agent.run(f"What is {i} plus {2 * i}, doubled?")
+                result = agent.run_sync(f"What is {i} plus {2 * i}, doubled?")
             except ak.AgentRetriesError:
                 continue
         for s in result.steps[1:]:

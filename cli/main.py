@@ -150,10 +150,10 @@ def _run_agent(agent, input: str, console, quiet: bool):
     from cli.live import AgentView
 
     if quiet:
-        return agent.run(input).output
+        return agent.run_sync(input).output
     view = AgentView()
     with Live(view.render(), console=console, refresh_per_second=8) as live:
-        for event in agent.stream(input):
+        for event in agent.stream_sync(input):
             view.update(event)
             live.update(view.render())
             if isinstance(event, ak.RunEnd):

@@ -55,7 +55,7 @@ agent = ak.Agent(
 
 
 def main(question: str = "What is the weather in Lisbon, and how much is 200 EUR in USD?") -> str:
-    result = agent.run(question)
+    result = agent.run_sync(question)
     for step in result.steps:
         for call, res in zip(step.tool_calls, step.tool_results):
             print(f"step {step.index}: {call.name}({call.arguments}) -> {res.content}")

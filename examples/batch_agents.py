@@ -52,7 +52,7 @@ agent = ak.Agent(
 
 
 def main() -> str:
-    results = agent.run_batch(TICKETS)
+    results = agent.run_batch_sync(TICKETS)
     for ticket, r in zip(TICKETS, results):
         calls = ", ".join(f"{c.name}({c.arguments})" for s in r.steps for c in s.tool_calls)
         print(f"{r.output.category:8} urgent={r.output.urgent!s:5} {ticket}  [{calls or 'no tools'}]")

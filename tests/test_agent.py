@@ -77,7 +77,7 @@ def check_calls(result: ak.AgentResult, tools) -> int:
 
 def test_required_calls_validate_and_choice_returns_to_auto(engine):
     with agent(engine, tool_choice="required", max_steps=3) as a:
-        results = [a.run(f"task {i}") for i in range(4)]
+        results = [a.run_sync(f"task {i}") for i in range(4)]
     for r in results:
         first = r.steps[0]
         assert first.tool_choice == "required" and first.tool_calls, first.text
@@ -89,22 +89,27 @@ def test_required_calls_validate_and_choice_returns_to_auto(engine):
             assert res.content == expected and res.error is None
         assert isinstance(r.output, str)
         # a reply cut inside a later call keeps the complete calls only
-        assert r.messages[2]["role"] == "assistant" and r.messages[2]["content"].endswith("</tool_call>")
+        # the conversation keeps structured calls (OpenAI's shape), the complete ones only
+        turn = r.messages[2]
+        assert turn["role"] == "assistant" and [c["function"]["name"] for c in turn["tool_calls"]] == \
+            [c.name for c in first.tool_calls]
+        assert [json.loads(c["function"]["arguments"]) for c in turn["tool_calls"]] == [c.arguments for c in first.tool_calls]
+        assert [m["tool_call_id"] for m in r.messages[3:3 + len(first.tool_calls)]] == [c.id for c in first.tool_calls]
 
 
 def test_call_cut_before_it_completes_is_retried(engine):
     with agent(engine, tool_choice="required", max_steps=4, max_tokens=20, retries=1) as a:
         with pytest.raises(ak.AgentRetriesError, match="cut at max_tokens") as info:
-            a.run("go")
+            a.run_sync("go")
     assert len(info.value.errors) == 2 and info.value.last_output.startswith("<tool_call>")
 
 
 def test_named_tool_choice(engine):
     with agent(engine, tool_choice="add", max_steps=2) as a:
-        r = a.run("add things")
+        r = a.run_sync("add things")
     assert r.steps[0].tool_calls and all(c.name == "add" for c in r.steps[0].tool_calls)
     with agent(engine, tool_choice="add", max_steps=2, parallel_tool_calls=False) as a:
-        assert len(a.run("once").steps[0].tool_calls) == 1
+        assert len(a.run_sync("once").steps[0].tool_calls) == 1
     assert r.steps[1].tool_choice == "none"  # the last step answers
     check_calls(r, [add])
 
@@ -115,7 +120,7 @@ def test_auto_calls_are_well_formed(engine):
     # chose to make; whatever it writes, a step without calls has no call's opening tag in it.
     lt = engine.tokenizer.encode("<")[-1]
     with agent(engine, tool_choice="auto", max_steps=3, logit_bias={lt: 30.0}) as a:
-        results = a.run_batch([f"question {i}" for i in range(8)])
+        results = a.run_batch_sync([f"question {i}" for i in range(8)])
     made = 0
     for r in results:
         made += check_calls(r, [get_weather, add])
@@ -141,7 +146,7 @@ def test_repeated_calls_are_not_run_again(engine):
     later steps, are repeats; each run runs it once, and the step after a repeat goes without it."""
     pings.clear()
     with agent(engine, tools=[ping, add], tool_choice="ping", max_steps=4, max_tokens=256) as a:
-        results = a.run_batch([f"check {i}" for i in range(8)])
+        results = a.run_batch_sync([f"check {i}" for i in range(8)])
     repeats = 0
     for r in results:
         ran: dict[str, str] = {}
@@ -156,13 +161,12 @@ def test_repeated_calls_are_not_run_again(engine):
                 ran.setdefault(key, res.content)
         assert r.usage.tool_calls == len(ran)
         # the conversation holds each call once, with its result once
-        said = "".join(m["content"] for m in r.messages if m["role"] == "assistant")
-        assert said.count("<tool_call>") == len(ran) and sum(
-            m["content"].count("<tool_response>") for m in r.messages if m["role"] == "user") == len(ran)
+        said = [c for m in r.messages if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+        assert len(said) == len(ran) and sum(m["role"] == "tool" for m in r.messages) == len(ran)
     assert repeats > 0 and len(pings) == len(results)  # one ping per run
     pings.clear()
     with agent(engine, tools=[ping], tool_choice="ping", max_steps=3, max_tokens=256, rerun_calls=True) as a:
-        results = a.run_batch([f"check {i}" for i in range(16)])
+        results = a.run_batch_sync([f"check {i}" for i in range(16)])
     calls = sum(len(s.tool_calls) for r in results for s in r.steps)
     assert len(pings) == calls > len(results)  # twins ran too
     assert not any(res.repeated for r in results for s in r.steps for res in s.tool_results)
@@ -170,7 +174,7 @@ def test_repeated_calls_are_not_run_again(engine):
 
 def test_tool_errors_go_back_to_the_model(engine):
     with agent(engine, tools=[broken], tool_choice="broken", max_steps=2) as a:
-        r = a.run("try it")
+        r = a.run_sync("try it")
     res = r.steps[0].tool_results[0]
     assert res.error.startswith("ValueError: the service is down") and not res.refused
     assert res.content == f"error: {res.error}"
@@ -181,7 +185,7 @@ def test_tool_errors_go_back_to_the_model(engine):
 def test_refused_output_is_retried_then_raised(engine):
     with agent(engine, output_type=Refused, tool_choice="none", retries=2, max_steps=5) as a:
         with pytest.raises(ak.AgentRetriesError) as info:
-            a.run("give a value")
+            a.run_sync("give a value")
     err = info.value
     assert len(err.errors) == 3 and all("no value is ever right" in e for e in err.errors)
     assert isinstance(err.last_output, str) and err.last_output.startswith('{"value":')
@@ -189,7 +193,7 @@ def test_refused_output_is_retried_then_raised(engine):
 
 def test_structured_output_with_tools(engine):
     with agent(engine, output_type=Answer, tool_choice="auto", max_steps=3, max_tokens=128) as a:
-        results = a.run_batch([f"q{i}" for i in range(4)])
+        results = a.run_batch_sync([f"q{i}" for i in range(4)])
         # the model is told the output's fields (the grammar enforces them either way)
         assert '"value"' in a.system_message["content"] and "JSON object" in a.system_message["content"]
     for r in results:
@@ -199,7 +203,7 @@ def test_structured_output_with_tools(engine):
 
 def test_max_steps_ends_with_an_output(engine):
     with agent(engine, tool_choice="required", max_steps=2) as a:
-        r = a.run("go")
+        r = a.run_sync("go")
     assert [s.tool_choice for s in r.steps] == ["required", "none"]
     assert r.usage.steps == 2
     assert "<tool_call>" not in r.output  # the answer cannot pose as a call that never runs
@@ -209,24 +213,24 @@ def test_pin_is_held_then_released_and_reused(engine):
     before = engine.stats()["pins"]
     a = agent(engine, tool_choice="none", max_tokens=8)
     assert a.pinned_tokens == 0  # pinned on first use
-    first = a.run("hello")
+    first = a.run_sync("hello")
     assert engine.stats()["pins"] == before + 1 and a.pinned_tokens > 100
-    second = a.run("hello again")
+    second = a.run_sync("hello again")
     # the pinned system prompt (with the tool definitions) is served from the cache
     assert second.steps[0].usage.cached_tokens >= a.pinned_tokens
     assert first.steps[0].usage.cached_tokens >= a.pinned_tokens  # pinned before the first step
     a.close()
     assert engine.stats()["pins"] == before and a.pinned_tokens == 0
     with pytest.raises(ak.AgentError):
-        a.run("closed")
+        a.run_sync("closed")
     with agent(engine, pin=False, tool_choice="none", max_tokens=4) as b:
-        b.run("x")
+        b.run_sync("x")
         assert b.pinned_tokens == 0 and engine.stats()["pins"] == before
 
 
 def test_stream_events_in_order(engine):
     with agent(engine, tool_choice="required", max_steps=2) as a:
-        events = list(a.stream("weather?"))
+        events = list(a.stream_sync("weather?"))
     kinds = [type(e).__name__ for e in events]
     assert kinds[0] == "StepStart" and kinds[-1] == "RunEnd" and kinds.count("StepEnd") == 2
     result = events[-1].result
@@ -239,18 +243,18 @@ def test_stream_events_in_order(engine):
 
 def test_history_continues_a_conversation(engine):
     with agent(engine, tool_choice="none", max_tokens=8) as a:
-        first = a.run("one")
-        second = a.run("two", history=first.messages)
+        first = a.run_sync("one")
+        second = a.run_sync("two", history=first.messages)
     assert second.messages[: len(first.messages)] == first.messages
     assert second.messages[len(first.messages)] == {"role": "user", "content": "two"}
     # the whole first conversation is cached
     assert second.steps[0].usage.cached_tokens >= len(engine.tokenizer.encode(engine.render(first.messages[:-1])))
 
 
-def test_arun_inside_an_event_loop(engine):
+def test_run_and_run_sync_inside_an_event_loop(engine):
     async def main():
         with agent(engine, tool_choice="none", max_tokens=4) as a:
-            return await a.arun("x"), a.run("y")  # run() works inside a running loop too
+            return await a.run("x"), a.run_sync("y")  # run_sync() works inside a running loop too
 
     r1, r2 = asyncio.run(main())
     assert isinstance(r1.output, str) and isinstance(r2.output, str)
@@ -275,7 +279,7 @@ def test_bad_agent_arguments():
 
 def test_bad_input(engine):
     with agent(engine) as a, pytest.raises(ak.RequestError, match="input"):
-        a.run(42)
+        a.run_sync(42)
 
 
 def test_a_collected_agent_releases_its_pin(engine):

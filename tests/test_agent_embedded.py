@@ -70,7 +70,7 @@ def valid_calls(results) -> int:
 def test_every_call_validates(engine, choice):
     with ak.Agent("You are a helpful assistant. Use the tools when they help.", tools=TOOLS, engine=engine,
                   tool_choice=choice, max_steps=3, max_tokens=160, temperature=0.8, seed=7) as agent:
-        results = agent.run_batch(QUESTIONS)
+        results = agent.run_batch_sync(QUESTIONS)
     n = valid_calls(results)
     if choice != "auto":
         assert all(r.steps[0].tool_calls for r in results)
@@ -91,7 +91,7 @@ def exchange_rate(source: str, target: str) -> float:
 def test_tool_error_reaches_the_model(engine):
     with ak.Agent("Convert currencies with the tool.", tools=[exchange_rate], engine=engine,
                   tool_choice="exchange_rate", max_steps=2, max_tokens=96) as agent:
-        r = agent.run("What is the EUR to USD rate?")
+        r = agent.run_sync("What is the EUR to USD rate?")
     results = r.steps[0].tool_results
     assert results and all(res.error == "ConnectionError: the rates service is down" for res in results)
     assert not any(res.refused for res in results) and r.usage.retries == 0
@@ -104,7 +104,7 @@ def test_tool_error_reaches_the_model(engine):
 def test_output_type_after_a_tool(engine):
     with ak.Agent("You plan trips. Check the weather, then answer as JSON.", tools=[get_weather], engine=engine,
                   tool_choice="required", output_type=Trip, max_steps=3, max_tokens=128) as agent:
-        r = agent.run("I am going to London tomorrow. Do I need an umbrella?")
+        r = agent.run_sync("I am going to London tomorrow. Do I need an umbrella?")
     assert r.steps[0].tool_calls
     assert isinstance(r.output, Trip)
 
@@ -112,12 +112,12 @@ def test_output_type_after_a_tool(engine):
 def test_second_run_reads_the_pinned_prompt_from_cache(engine):
     before = engine.stats()["pins"]
     agent = ak.Agent("You are a helpful assistant.", tools=TOOLS, engine=engine, tool_choice="none", max_tokens=16)
-    agent.run("Hi!")
+    agent.run_sync("Hi!")
     pinned = agent.pinned_tokens
     system = engine.tokenizer.encode(engine.render([agent.system_message], add_generation_prompt=False))
     assert pinned >= len(system) - 1 > 200  # the whole system prompt with the tool definitions
     assert engine.stats()["pins"] == before + 1
-    r = agent.run("Hello again!")
+    r = agent.run_sync("Hello again!")
     assert r.steps[0].usage.cached_tokens >= pinned
     agent.close()
     assert engine.stats()["pins"] == before
@@ -157,13 +157,13 @@ class Refused(BaseModel):
 def test_max_steps_and_retries(engine):
     with ak.Agent("Use the weather tool.", tools=[get_weather], engine=engine, tool_choice="required",
                   max_steps=2, max_tokens=96) as agent:
-        r = agent.run("Weather in Rome?")
+        r = agent.run_sync("Weather in Rome?")
     assert [s.tool_choice for s in r.steps] == ["required", "none"] and r.steps[0].tool_calls
     assert "<tool_call>" not in r.output
     with ak.Agent("Name a city as JSON.", engine=engine, output_type=Refused, retries=2, max_steps=6,
                   max_tokens=48) as agent:
         with pytest.raises(ak.AgentRetriesError) as info:
-            agent.run("Which city?")
+            agent.run_sync("Which city?")
     assert len(info.value.errors) == 3 and all("no city is ever right" in e for e in info.value.errors)
     assert info.value.last_output.startswith('{"city":')
 
@@ -178,9 +178,9 @@ def test_the_demo_answers_from_its_tool_results(engine):
     spec = importlib.util.spec_from_file_location("demo_agent", Path(__file__).resolve().parents[1] / "examples/agent.py")
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
-    with ak.Agent(demo.agent.instructions, tools=list(demo.agent.tools.values()), engine=engine,
+    with ak.Agent(demo.agent.static_instructions, tools=list(demo.agent.tools.values()), engine=engine,
                   tool_choice="required", parallel_tool_calls=False, max_steps=4, max_tokens=160) as agent:
-        r = agent.run("What is the weather in Lisbon, and how much is 200 EUR in USD?")
+        r = agent.run_sync("What is the weather in Lisbon, and how much is 200 EUR in USD?")
     results = [res for s in r.steps for res in s.tool_results if not res.repeated]
     assert len({res.call.name for res in results}) == len(results) == r.usage.tool_calls == 2
     assert not r.output.lstrip().startswith("<") and "<tool" not in r.output

@@ -95,6 +95,7 @@ def test_help_everywhere():
     ("agent.py", []),
     ("extract.py", []),
     ("batch_agents.py", []),
+    ("support_desk.py", []),
     ("chat.py", []),
     ("fork_compare.py", ["--arg", "topic=a rainy day"]),
     ("mcp_agent.py", ["--input", "What is the weather in Oslo?"]),

@@ -37,7 +37,7 @@ def write_gguf(src_dir, out_path, quant=gguf.GGMLQuantizationType.Q8_0):
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    tokens = SPECIALS + sorted(ByteLevel.alphabet())
+    tokens = list(SPECIALS) + sorted(ByteLevel.alphabet())
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)

@@ -29,7 +29,7 @@ def run(engine, toolset, tool_choice: str, text: str = "go"):
     with ak.Agent("Use the tools.", tools=[toolset], tool_choice=tool_choice, max_steps=2, engine=engine,
                   temperature=1.0, seed=3, max_tokens=120) as agent:
         names = sorted(agent.tools)
-        result = agent.run(text)
+        result = agent.run_sync(text)
     return names, result
 
 

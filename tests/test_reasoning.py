@@ -130,7 +130,7 @@ def test_an_agent_thinks_at_every_step_and_keeps_its_prefix(thinker):
 
     with ak.Agent("You add.", tools=[add], output_type=Out, tool_choice="required", max_steps=3, engine=thinker,
                   temperature=1.0, seed=2, max_tokens=200, max_reasoning_tokens=16, logit_bias=opens(thinker)) as agent:
-        result = agent.run("add 2 and 3")
+        result = agent.run_sync("add 2 and 3")
     assert isinstance(result.output, Out) and seen
     steps = result.steps
     assert all(s.reasoning for s in steps) and steps[0].tool_calls and not steps[-1].tool_calls

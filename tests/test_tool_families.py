@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 import agentkv as ak
+from agentkv.messages import template_messages
 from agentkv.tool_formats import Hermes, Llama3Json, Mistral, Pythonic
 from tests.tiny import make_tiny_model
 
@@ -97,10 +98,11 @@ def test_agent_round_trip_in_the_familys_format(family):
 
     with ak.Agent("You add numbers.", tools=[add], tool_choice="required", max_steps=2, engine=engine, seed=3,
                   temperature=1.0, max_tokens=120) as agent:
-        result = agent.run("add 2 and 3")
+        result = agent.run_sync("add 2 and 3")
     first, second = result.steps
     assert first.tool_calls and seen and first.tool_results[0].value == sum(seen[0])
-    prompt = engine.render(result.messages[:-1])
+    # the conversation is in OpenAI's shape; rendered as the agent renders it, in the family's format
+    prompt = engine.render(template_messages(result.messages[:-1], engine.tool_format))
     assert RESULT_MARK[name] in prompt and str(sum(seen[0])) in prompt.split(RESULT_MARK[name], 1)[1]
     if name != "mistral":
         assert second.usage.cached_tokens >= first.usage.prompt_tokens + first.usage.completion_tokens - 2

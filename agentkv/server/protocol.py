@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentkv import messages
 from agentkv.errors import RequestError
 from agentkv.tool_calls import FunctionSpec, ToolCall, tool_name_problem
 
@@ -234,66 +235,20 @@ def check_max_tokens(max_tokens: int | None, prompt_tokens: int, context: int, p
 
 
 def template_messages(req: ChatRequest, fmt) -> list[dict]:
-    """The request's messages as the chat template renders them: an assistant's tool_calls written
-    in the model's format (`fmt`, a ToolFormat: as we generate them), tool results as the format
-    returns them."""
-    out: list[dict] = []
-    names: dict[str, str] = {}
-    pending: list[tuple[ToolCall, str]] = []
-
-    def flush() -> None:
-        if pending:
-            out.extend(fmt.results_messages(pending))
-            pending.clear()
-
-    for i, m in enumerate(req.messages):
-        role = m.get("role")
-        content = text_content(m.get("content"), f"messages[{i}].content")
-        if role == "tool":
-            call_id = m.get("tool_call_id", "")
-            pending.append((ToolCall(names.get(call_id, m.get("name", "")), {}, call_id), content))
-            continue
-        flush()
-        if role == "developer":
-            role = "system"
-        if role not in ("system", "user", "assistant"):
-            raise APIError(400, f"messages[{i}].role must be system, developer, user, assistant or tool, not {role!r}",
-                           f"messages[{i}].role")
-        if role == "assistant" and m.get("tool_calls"):
-            calls = []
-            for k, c in enumerate(m["tool_calls"]):
-                fn = c.get("function") or {}
-                try:
-                    args = json.loads(fn.get("arguments") or "{}")
-                except json.JSONDecodeError:
-                    raise APIError(400, "tool call arguments must be JSON text",
-                                   f"messages[{i}].tool_calls[{k}].function.arguments") from None
-                names[c.get("id", "")] = fn.get("name", "")
-                calls.append(ToolCall(fn.get("name", ""), args, c.get("id", "")))
-            out.append(fmt.assistant_message(content, calls))
-            continue
-        out.append({"role": role, "content": content})
-    flush()
-    return out
+    """The request's messages as the chat template renders them (messages.template_messages);
+    a message that cannot be rendered is a 400 naming it."""
+    try:
+        return messages.template_messages(req.messages, fmt)
+    except messages.MessageError as e:
+        raise APIError(400, str(e), e.param) from None
 
 
 def text_content(content: Any, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
-    """A message's content as text: a string, or a list of text parts of `kinds` (chat's "text", the
-    Responses API's "input_text" / "output_text"); a 400 naming the part otherwise."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for k, p in enumerate(content):
-            if not isinstance(p, dict) or p.get("type") not in kinds:
-                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
-                raise APIError(400, f"only text content parts ({', '.join(kinds)}) are supported, not {kind!r}",
-                               f"{where}[{k}]")
-            parts.append(p.get("text", ""))
-        return "".join(parts)
-    raise APIError(400, f"content must be a string or a list of {kinds[0]} parts", where)
+    """A message's content as text (messages.text_content); a 400 naming the part otherwise."""
+    try:
+        return messages.text_content(content, where, kinds)
+    except messages.MessageError as e:
+        raise APIError(400, str(e), e.param) from None
 
 
 def tool_calls_json(calls: list[ToolCall], prefix: str) -> list[dict]:

@@ -128,9 +128,12 @@ class ToolFormat:
         body = self.answer_grammar(tools, mode, output_schema, parallel, close_objects)
         return None if body is None else "start: answer\n" + body
 
-    def answer_grammar(self, tools, mode, output_schema, parallel=True, close_objects=True) -> str | None:
-        """`grammar` with its start rule named `answer` (a reasoning block may come before it)."""
-        if output_schema is None and not tools:
+    def answer_grammar(self, tools, mode, output_schema, parallel=True, close_objects=True,
+                       markup_free: bool = False) -> str | None:
+        """`grammar` with its start rule named `answer` (a reasoning block may come before it).
+        `markup_free`: text without tools still may not write the format's markup (a conversation
+        that holds calls and results, which a small model would otherwise copy)."""
+        if output_schema is None and not tools and not markup_free:
             return None
         if output_schema is not None and close_objects:
             output_schema = closed_schema(output_schema)

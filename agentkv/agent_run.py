@@ -1,0 +1,384 @@
+"""One run of an agent: the step loop.
+
+Each step is one generation under one grammar (tool_formats/): tool calls in the model's own format,
+free text, or the output under the agent's output schema. A step's calls run concurrently; their
+results (or errors) go back to the model as tool messages and the loop continues, until a step gives
+an output that validates, a handoff passes the conversation to another agent (whose system prompt
+then leads it), or a call awaits approval. The conversation is kept in OpenAI's message shape and
+rendered in the model's format, so each step's prompt begins with the previous one's tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from agentkv import tracing
+from agentkv.agent_result import (
+    AgentEvent,
+    AgentResult,
+    AgentUsage,
+    ApprovalRequired,
+    RunEnd,
+    Step,
+    StepEnd,
+    StepStart,
+    TextDelta,
+    ToolCallEvent,
+    ToolResult,
+    ToolResultEvent,
+)
+from agentkv.errors import (
+    AgentRetriesError,
+    ModelRetry,
+    OutputError,
+    RequestError,
+    ToolArgumentsError,
+)
+from agentkv.messages import assistant_calls_message, template_messages, tool_message
+from agentkv.reasoning import reply_grammar
+from agentkv.run_context import RunContext
+from agentkv.tool_calls import ToolCall
+
+RETRY = "\n\nFix the errors and try again."
+
+
+class AgentRun:
+    def __init__(self, agent, input, history, deps, approvals, engine):
+        self.agent, self.input, self.history, self.approvals = agent, input, history, approvals
+        self.engine = engine or agent.engine
+        self.usage, self.steps, self.errors = AgentUsage(), [], []
+        self.tries: dict[str, int] = {}  # refusals / retries, per tool name and "output"
+        self.made: dict[str, ToolResult] = {}  # the results of the run's calls, by call
+        self.ctx = RunContext(deps, agent, self.engine, self.usage)
+
+    async def events(self) -> AsyncIterator[AgentEvent]:
+        span, ended = tracing.start("agent run", agentkv__agent=self.agent.name), False
+        try:
+            async for event in self._steps(span):
+                if isinstance(event, RunEnd):  # ended here: the consumer may stop at this event
+                    ended = True
+                    tracing.end(span, agentkv__final_agent=self.agent.name, agentkv__steps=self.usage.steps,
+                                agentkv__pinned_tokens=self.agent.pinned_tokens, **tracing.usage_attributes(self.usage))
+                yield event
+        except BaseException as e:
+            if not ended:
+                tracing.end(span, e if isinstance(e, Exception) else None, **tracing.usage_attributes(self.usage))
+            raise
+
+    async def _steps(self, run_span) -> AsyncIterator[AgentEvent]:
+        agent = self.agent
+        setup = await asyncio.to_thread(agent.setup, self.engine)
+        self.messages = messages = await self._conversation(setup)
+        self.ctx.messages = messages
+        resumed = await self._resume(messages)
+        for result in resumed:
+            yield ToolResultEvent(0, result)
+        mode, withheld = agent.tool_choice, set()
+        if any(not r.refused for r in resumed) and mode != "none":
+            mode = "auto"  # the required call was made (approved), the model decides now
+        max_steps = agent.max_steps
+        for index in range(1, max_steps + 1):
+            agent, setup = self.agent, self.agent.setup(self.engine)
+            self.ctx.step, self.ctx.agent = index, agent
+            offered = await self._offered(agent, withheld)
+            answer = index == max_steps or (mode != "none" and agent.tools and not offered)
+            step_mode = "none" if answer else mode
+            yield StepStart(index, step_mode)
+            started, done = time.perf_counter(), []
+            span = tracing.start("agent step", run_span, agentkv__step=index, agentkv__agent=agent.name,
+                                 agentkv__tool_choice=step_mode)
+            prompt = agent_prompt(agent, setup, self.engine, messages)
+            state = setup.reasoning.state(prompt) if setup.reasoning is not None else "off"
+            params = step_params(agent, setup, step_mode, offered, state,
+                                 markup_free=any(m.get("role") == "tool" for m in messages))
+            async for delta in self.engine.stream(prompt, params):
+                if delta.text:
+                    yield TextDelta(index, delta.text)
+                if delta.completion is not None:
+                    done = [delta.completion, delta.usage]
+            completion, step_usage = done
+            self.usage.steps += 1
+            self.usage.add_generation(step_usage)
+            tracing.end(span, **tracing.usage_attributes(step_usage))
+            step, kept, before = read_step(agent, setup, index, step_mode, completion, state)
+            step.usage, step.agent, step.forced = step_usage, agent.name, answer and mode != "none"
+            self.steps.append(step)
+            withheld = set()
+            if step.tool_calls:
+                for call in step.tool_calls:
+                    yield ToolCallEvent(index, call)
+                pending = await self._run_calls(agent, step, span)
+                for result in step.tool_results:
+                    yield ToolResultEvent(index, result)
+                withheld = {r.call.name for r in step.tool_results if r.repeated}
+                if withheld:  # the model is repeating itself, done with its tools: not a moment to hand off
+                    withheld |= set(agent.handoffs)
+                fresh = [r.call for r in step.tool_results if not r.repeated]
+                if fresh:  # the conversation keeps the calls that ran (or wait), and their results
+                    messages.append(assistant_calls_message(_history_content(setup.format, before, step), fresh))
+                    messages.extend(tool_message(r.call, r.content) for r in step.tool_results
+                                    if not r.repeated and r.call not in pending)
+                if any(not r.refused for r in step.tool_results):  # a required or named call was made:
+                    mode = "auto" if mode != "none" else mode  # the model decides now (refused, it calls again)
+                step.seconds = time.perf_counter() - started
+                yield StepEnd(step, self.usage)
+                self._check_refusals(agent, step)
+                if pending:
+                    yield RunEnd(self._result(ApprovalRequired(pending)))
+                    return
+                handoff = next((r.value for r in step.tool_results if r.call.name in agent.handoffs and not r.repeated), None)
+                if handoff is not None:
+                    mode = await self._hand_to(handoff)
+                continue
+            messages.append({"role": "assistant", "content": kept})
+            output = None
+            if step.error is None:
+                try:
+                    output = await self._output(agent, completion, step_mode, state, step.content)
+                except (OutputError, ModelRetry) as e:
+                    step.error = str(e)
+            step.seconds = time.perf_counter() - started
+            yield StepEnd(step, self.usage)
+            if step.error is None:
+                yield RunEnd(self._result(output))
+                return
+            self.errors.append(step.error)
+            self.usage.retries += 1
+            self.tries["output"] = self.tries.get("output", 0) + 1
+            if self.tries["output"] > agent.output_retries or index == max_steps:
+                raise AgentRetriesError(f"the model's output failed {self.tries['output']} times (output_retries="
+                                        f"{agent.output_retries}, max_steps={max_steps}): {step.error}",
+                                        step.text, self.errors)
+            messages.append({"role": "user", "content": step.error + RETRY})
+
+    # ---- calls ------------------------------------------------------------------------------------------
+
+    async def _run_calls(self, agent, step: Step, span) -> list[ToolCall]:
+        """Run the step's calls that are new (concurrently) and fill `step.tool_results`; returns the
+        calls that wait for approval. A handoff is a call like any other; the first one counts."""
+        fresh, seen, pending = [], set(self.made), []
+        for c in step.tool_calls:
+            if agent.rerun_calls or _call_key(c) not in seen:
+                fresh.append(c)
+                seen.add(_call_key(c))
+        handoffs = [c for c in fresh if c.name in agent.handoffs]
+        fresh = [c for c in fresh if c.name not in agent.handoffs or c is handoffs[0]]
+        pending = [c for c in fresh if agent.tools[c.name].requires_approval]
+        runs = [c for c in fresh if c not in pending]
+        ran = dict(zip((c.id for c in runs), await asyncio.gather(*(self._call(agent, c, step.index, span)
+                                                                      for c in runs))))
+        self.made.update((_call_key(r.call), r) for r in ran.values())
+        waiting = {c.id: ToolResult(c, "(waiting for approval)") for c in pending}
+        step.tool_results = [ran.get(c.id) or waiting.get(c.id) or
+                             dataclasses.replace(self.made[_call_key(c)], call=c, repeated=True)
+                             for c in step.tool_calls if c in fresh or _call_key(c) in self.made]
+        self.usage.tool_calls += len(runs)
+        return pending
+
+    async def _call(self, agent, call: ToolCall, index: int, parent=None) -> ToolResult:
+        t = agent.tools[call.name]  # the grammar only writes offered names
+        if call.name in agent.handoffs:
+            return ToolResult(call, t.func(), agent.handoffs[call.name])
+        ctx = dataclasses.replace(self.ctx, step=index, retry=self.tries.get(call.name, 0), tool_name=call.name,
+                                  tool_call_id=call.id)
+        span = tracing.start(f"tool {call.name}", parent, gen_ai__tool__name=call.name, gen_ai__tool__call__id=call.id)
+        try:
+            value = await t.acall(call.arguments, ctx)
+        except ToolArgumentsError as e:
+            result = ToolResult(call, f"error: {e}", None, str(e), refused=True)
+        except ModelRetry as e:  # the tool asks the model to try again
+            result = ToolResult(call, f"{e}{RETRY}", None, str(e), refused=True)
+        except Exception as e:  # the tool failed: the model is told, and may try otherwise
+            result = ToolResult(call, f"error: {type(e).__name__}: {e}", None, f"{type(e).__name__}: {e}")
+        else:
+            result = ToolResult(call, _as_text(value), value)
+        tracing.end(span, agentkv__tool__error=result.error, agentkv__tool__refused=result.refused)
+        return result
+
+    def _check_refusals(self, agent, step: Step) -> None:
+        for r in step.tool_results:
+            if not r.refused or r.repeated:
+                continue
+            self.errors.append(r.error)
+            self.usage.retries += 1
+            self.tries[r.call.name] = n = self.tries.get(r.call.name, 0) + 1
+            limit = agent.tools[r.call.name].retries
+            limit = agent.retries if limit is None else limit
+            if n > limit:
+                raise AgentRetriesError(f"tool {r.call.name!r} refused the model's call {n} times (retries={limit}): "
+                                        f"{r.error}", r.call, self.errors)
+
+    async def _offered(self, agent, withheld: set[str]) -> list:
+        """The tools a step offers: the agent's, less the withheld, as `prepare_tools` selects."""
+        tools = [t for name, t in agent.tools.items() if name not in withheld]
+        if agent.prepare_tools is None:
+            return tools
+        chosen = agent.prepare_tools(self.ctx, list(tools))
+        chosen = await chosen if inspect.isawaitable(chosen) else chosen
+        names = {t.name for t in tools}
+        unknown = [getattr(t, "name", t) for t in chosen if getattr(t, "name", None) not in names]
+        if unknown:
+            raise RequestError(f"prepare_tools returned {unknown}, which are not among the step's tools {sorted(names)}")
+        return list(chosen)
+
+    async def _hand_to(self, target) -> str:
+        """Continue with `target`: its system messages lead the conversation, its tools and output apply."""
+        self.agent = target
+        setup = await asyncio.to_thread(target.setup, self.engine)
+        rest = [m for m in self.messages if m.get("role") != "system"]
+        self.messages[:] = await self._system_messages(target, setup) + rest
+        return target.tool_choice
+
+    # ---- the conversation ----------------------------------------------------------------------------
+
+    async def _conversation(self, setup) -> list[dict]:
+        history, input = self.history, self.input
+        rest = [dict(m) for m in history or () if m.get("role") != "system"]
+        if input is None:
+            if not self.approvals:
+                raise RequestError("give the run an input (a string or messages), or approvals= to continue one")
+        elif isinstance(input, str):
+            rest.append({"role": "user", "content": input})
+        elif isinstance(input, (list, tuple)) and all(isinstance(m, dict) for m in input):
+            rest.extend(dict(m) for m in input)
+        else:
+            raise RequestError(f"an agent's input is a string or a list of message dicts, not {type(input).__name__}")
+        return await self._system_messages(self.agent, setup) + rest
+
+    async def _system_messages(self, agent, setup) -> list[dict]:
+        """The agent's system message (pinned), and its per-run instructions after it (or in it,
+        where the template takes one system message only)."""
+        self.ctx.agent = agent
+        extra = await agent.instructions_text(self.ctx) if agent._instruction_functions else ""
+        if not extra:
+            return [dict(setup.system)]
+        if setup.instructions_apart:
+            return [dict(setup.system), {"role": "system", "content": extra}]
+        return [{**setup.system, "content": (setup.system["content"] + "\n\n" + extra).lstrip()}]
+
+    async def _resume(self, messages: list[dict]) -> list[ToolResult]:
+        """Run (or refuse) the calls a previous run left waiting for approval, as `approvals` says."""
+        if not self.approvals:
+            return []
+        answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
+        last = next((m for m in reversed(messages) if m.get("role") == "assistant" and m.get("tool_calls")), None)
+        waiting = [c for c in (last or {}).get("tool_calls", []) if c.get("id") not in answered]
+        if not waiting:
+            raise RequestError("approvals= was given, but no call in the history waits for one")
+        missing = [c["id"] for c in waiting if c["id"] not in self.approvals]
+        if missing:
+            raise RequestError(f"calls {missing} wait for approval: give approvals={{call id: True, or False / a reason}}")
+        results = []
+        for c in waiting:
+            fn = c.get("function") or {}
+            call = ToolCall(fn.get("name", ""), json.loads(fn.get("arguments") or "{}"), c["id"], fn.get("arguments"))
+            verdict = self.approvals[c["id"]]
+            if call.name not in self.agent.tools:
+                raise RequestError(f"the call {c['id']} waiting for approval is of {call.name!r}, not a tool of this agent")
+            if verdict is True:
+                result = await self._call(self.agent, call, 0)
+                self.usage.tool_calls += 1
+            else:
+                reason = verdict if isinstance(verdict, str) else "the user did not approve it"
+                result = ToolResult(call, f"The call was not run: {reason}", None, reason)
+            messages.append(tool_message(call, result.content))
+            results.append(result)
+        return results
+
+    async def _output(self, agent, completion, mode: str, state: str, answer: str) -> Any:
+        spec = agent.output_spec
+        value = answer.strip() if spec.text else spec.parse(answer)
+        ctx = dataclasses.replace(self.ctx, retry=self.tries.get("output", 0))
+        value = await spec.finish(value, ctx)
+        for validate in agent._validators:
+            takes_ctx = len(inspect.signature(validate).parameters) > 1
+            got = validate(ctx, value) if takes_ctx else validate(value)
+            value = await got if inspect.isawaitable(got) else got
+        return value
+
+    def _result(self, output) -> AgentResult:
+        return AgentResult(output, self.steps, self.usage, self.messages, self.agent.name)
+
+
+# ---- one step's prompt, grammar and reading -------------------------------------------------------
+
+
+def agent_prompt(agent, setup, engine, messages: list[dict]) -> str:
+    return engine.render(template_messages(messages, setup.format), tools=setup.format.template_tools(setup.definitions),
+                         **agent.chat_template_kwargs)
+
+
+def step_params(agent, setup, mode: str, offered: list, state: str, markup_free: bool = False):
+    """The sampling parameters of a step: the agent's, with the grammar of the step's mode over the
+    offered tools, after a reasoning block where the model reasons. `markup_free`: the conversation
+    holds calls, so text may not write the format's markup even where this agent has no tools."""
+    schema = agent.output_spec.schema
+    if mode in agent.tools:  # a named tool: calls of it only
+        tools, mode = [agent.tools[mode]], "required"
+    elif mode == "none":
+        tools = list(agent.tools.values())  # the answer's text may not imitate their markup
+    else:
+        tools = offered
+    if mode != "none" and not tools:
+        mode = "none"
+    answer = setup.format.answer_grammar(tools, mode, schema, agent.parallel_tool_calls,
+                                         close_objects=agent.params.close_objects, markup_free=markup_free)
+    grammar = reply_grammar(answer, setup.reasoning, state)
+    return agent.params.with_(grammar=grammar) if grammar is not None else agent.params
+
+
+def read_step(agent, setup, index: int, mode: str, completion, state: str = "off") -> tuple[Step, str, str]:
+    """The step a completion makes, the text the conversation keeps of it (its reasoning included:
+    the chat template keeps or drops it, as the model was trained), and of that the part before its
+    calls.
+
+    A reply cut by max_tokens keeps the calls it completed (the cut one is dropped); cut before any
+    call, it is an error the model is asked to correct, unless it is free text, which is returned as
+    it is (as `ak.generate` returns a cut free-text reply)."""
+    text, fmt = completion.text, setup.format
+    thought, answer = setup.reasoning.split(text, state) if state != "off" else (None, text)
+    step = Step(index, mode, text, content=answer, reasoning=thought)
+    cut = completion.finish_reason == "length"
+    if mode == "none":
+        if cut and not agent.output_spec.text:
+            step.error = f"the reply was cut at max_tokens ({agent.params.max_tokens}) before it was complete"
+        return step, text, text
+    step.content, calls, end = fmt.parse(answer, cut=cut)
+    step.tool_calls = [dataclasses.replace(c, id=f"call_{index}_{k}") for k, c in enumerate(calls)]
+    start = fmt.calls_start(answer)
+    before = text[:len(text) - len(answer) + max(start, 0)]
+    if completion.complete or start < 0 and agent.output_spec.text and mode == "auto":
+        return step, text, before
+    if calls:
+        return step, text[:len(text) - len(answer) + end], before
+    step.error = (f"the reply was cut at max_tokens ({agent.params.max_tokens}) before it was complete; "
+                  "write shorter arguments, or fewer calls")
+    return step, text, before
+
+
+def _history_content(fmt, before_calls: str, step: Step) -> str:
+    """The assistant turn's text before its calls, as the conversation keeps it: so that the format
+    writing it back (text, its separator, the calls) gives what the model wrote."""
+    sep = fmt.between_text_and_calls
+    return before_calls[:-len(sep)] if sep and before_calls.endswith(sep) else before_calls
+
+
+def _call_key(call: ToolCall) -> str:
+    return json.dumps([call.name, call.arguments], sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if hasattr(value, "model_dump_json"):
+        return value.model_dump_json()
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)

@@ -1,0 +1,118 @@
+"""Test doubles for agents: a tiny random-weight model that runs the real engine and grammar.
+
+    from agentkv.testing import tiny_engine
+
+    def test_my_agent():
+        with tiny_engine() as engine, my_agent.override(engine=engine):
+            result = my_agent.run_sync("anything", deps=fake_deps)
+            # every tool call validates against its schema, the output against output_type:
+            # the model is random, the grammar is the one in production
+
+A random model writes random values, so a test asserts what the grammar guarantees (calls parse
+and validate, outputs are instances of the output type, the loop ends) and what the agent's own
+code does with them, not what a trained model would say. Steer it with `tool_choice` (a tool's name
+forces a call of it) and `seed`. It loads in well under a second and needs no download.
+
+The checkpoint is a two-layer Llama of width 64 with a byte-level tokenizer (256 byte tokens and
+ChatML's specials), written once per process into a temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+_written: dict[tuple, Path] = {}
+
+
+def tiny_engine(*, seed: int = 0, context: int = 4096, **engine_options):
+    """An `ak.Engine` over a tiny random model (seeded: its unseeded requests draw the same seeds
+    every run). `engine_options` are Engine's (num_slots, max_running_requests, ...)."""
+    from agentkv.engine import Engine
+
+    key = (context,)
+    if key not in _written:
+        _written[key] = write_tiny_model(Path(tempfile.mkdtemp(prefix="agentkv-tiny-")), max_positions=context)
+    engine_options.setdefault("num_slots", 4 * context)
+    return Engine(str(_written[key]), seed=seed, device="cpu", dtype="float32", **engine_options)
+
+
+def write_byte_tokenizer(out: Path, specials=SPECIALS, added=(), bos: str = "<|im_start|>", eos: str = "<|im_end|>",
+                         template: str = CHATML) -> int:
+    """A byte tokenizer (no merges: any text encodes, the vocabulary stays tiny) with `specials`,
+    `added` tokens and a chat template; returns the vocabulary size."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    vocab = {s: i for i, s in enumerate(specials)}
+    for ch in sorted(ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    for a in added:
+        vocab[a] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tok.add_tokens([AddedToken(a, special=False, normalized=False) for a in added])
+    tok.save(str(out / "tokenizer.json"))
+    cfg = {"bos_token": bos, "eos_token": eos, "add_bos_token": False, "chat_template": template}
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return len(vocab)
+
+
+def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, layers: int = 2, heads: int = 4,
+                     kv_heads: int = 2, intermediate: int = 128, rope_scaling: dict | None = None,
+                     max_positions: int = 512, tie: bool = True, seed: int = 0, tokenizer: dict | None = None) -> Path:
+    """Write config.json, model.safetensors and a byte tokenizer (`tokenizer`: write_byte_tokenizer's
+    options) for a random model of `family` (llama, qwen2, qwen3); returns `out`."""
+    import torch
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = write_byte_tokenizer(out, **(tokenizer or {}))
+    head_dim = hidden // heads
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[family]
+    cfg = {
+        "architectures": [arch], "model_type": family, "vocab_size": vocab, "hidden_size": hidden,
+        "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "max_position_embeddings": max_positions, "tie_word_embeddings": tie, "hidden_act": "silu",
+        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+    }
+    if rope_scaling:
+        cfg["rope_scaling"] = rope_scaling
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int, scale: float = 0.08) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * scale
+
+    w = {"model.embed_tokens.weight": rnd(vocab, hidden, scale=0.5), "model.norm.weight": 1 + rnd(hidden)}
+    if not tie:
+        w["lm_head.weight"] = rnd(vocab, hidden, scale=0.3)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = 1 + rnd(hidden)
+        w[p + "post_attention_layernorm.weight"] = 1 + rnd(hidden)
+        w[p + "self_attn.q_proj.weight"] = rnd(heads * head_dim, hidden, scale=0.3)
+        w[p + "self_attn.k_proj.weight"] = rnd(kv_heads * head_dim, hidden, scale=0.3)
+        w[p + "self_attn.v_proj.weight"] = rnd(kv_heads * head_dim, hidden, scale=0.3)
+        w[p + "self_attn.o_proj.weight"] = rnd(hidden, heads * head_dim, scale=0.3)
+        if family == "qwen2":
+            for x, n in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
+                w[p + f"self_attn.{x}_proj.bias"] = rnd(n * head_dim, scale=0.2)
+        if family == "qwen3":
+            w[p + "self_attn.q_norm.weight"] = 1 + rnd(head_dim)
+            w[p + "self_attn.k_norm.weight"] = 1 + rnd(head_dim)
+        w[p + "mlp.gate_proj.weight"] = rnd(intermediate, hidden, scale=0.3)
+        w[p + "mlp.up_proj.weight"] = rnd(intermediate, hidden, scale=0.3)
+        w[p + "mlp.down_proj.weight"] = rnd(hidden, intermediate, scale=0.3)
+    save_file({k: v.contiguous() for k, v in w.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    return out
