@@ -56,6 +56,7 @@ def run(
     sys.path.insert(0, str(path.resolve().parent))  # the file's own imports, as `python FILE` has them
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import has it: dataclasses and pickling look the module up there
     try:
         spec.loader.exec_module(module)
     except ak.AgentKVError as e:
