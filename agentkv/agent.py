@@ -118,7 +118,7 @@ class Agent:
         self.tool_choice, self.max_steps, self.retries = tool_choice, max_steps, retries
         self.output_retries = retries if output_retries is None else output_retries
         self.parallel_tool_calls, self.rerun_calls = parallel_tool_calls, rerun_calls
-        self.params = SamplingParams(temperature=temperature, max_tokens=max_tokens, **sampling)
+        self.params = SamplingParams().with_(temperature=temperature, max_tokens=max_tokens, **sampling)  # names unknown ones
         if self.params.structured or self.params.n != 1:
             raise RequestError("an Agent sets the grammar of each step itself; give output_type=, not "
                                "json_schema/regex/grammar, and n=1")

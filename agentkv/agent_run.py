@@ -56,6 +56,7 @@ class AgentRun:
         self.tries: dict[str, int] = {}  # refusals / retries, per tool name and "output"
         self.made: dict[str, ToolResult] = {}  # the results of the run's calls, by call
         self.ctx = RunContext(deps, agent, self.engine, self.usage)
+        self._carried: list[tuple[str, list[int]]] = []  # (text, its tokens) a next prompt may start with
 
     async def events(self) -> AsyncIterator[AgentEvent]:
         span, ended = tracing.start("agent run", agentkv__agent=self.agent.name), False
@@ -87,7 +88,7 @@ class AgentRun:
             agent, setup = self.agent, self.agent.setup(self.engine)
             self.ctx.step, self.ctx.agent = index, agent
             offered = await self._offered(agent, withheld)
-            answer = index == max_steps or (mode != "none" and agent.tools and not offered)
+            answer = index == max_steps or (mode != "none" and bool(agent.tools) and not offered)
             step_mode = "none" if answer else mode
             yield StepStart(index, step_mode)
             started, done = time.perf_counter(), []
@@ -97,12 +98,14 @@ class AgentRun:
             state = setup.reasoning.state(prompt) if setup.reasoning is not None else "off"
             params = step_params(agent, setup, step_mode, offered, state,
                                  markup_free=any(m.get("role") == "tool" for m in messages))
-            async for delta in self.engine.stream(prompt, params):
+            prompt_ids = self._prompt_ids(prompt)
+            async for delta in self.engine.stream(prompt_ids, params):
                 if delta.text:
                     yield TextDelta(index, delta.text)
                 if delta.completion is not None:
                     done = [delta.completion, delta.usage]
             completion, step_usage = done
+            self._carry(prompt, prompt_ids, completion)
             self.usage.steps += 1
             self.usage.add_generation(step_usage)
             tracing.end(span, **tracing.usage_attributes(step_usage))
@@ -156,6 +159,28 @@ class AgentRun:
                                         f"{agent.output_retries}, max_steps={max_steps}): {step.error}",
                                         step.text, self.errors)
             messages.append({"role": "user", "content": step.error + RETRY})
+
+    # ---- tokens carried from step to step -------------------------------------------------------------
+
+    def _prompt_ids(self, text: str) -> list[int]:
+        """The step's prompt as tokens: the earlier step's prompt and generated tokens as they were,
+        then the new text. A grammar's output is often not tokenized as the tokenizer would (a
+        jump-forward `":` then `"S` where it would write `":"` then `S`): re-tokenized, the next
+        prompt would part from the cached tokens there and recompute the reply."""
+        tok = self.engine.tokenizer
+        for before, ids in self._carried:  # the longest first
+            if text.startswith(before) and len(text) > len(before):
+                return ids + tok.encode(text[len(before):], add_bos=False)
+        return tok.encode(text)
+
+    def _carry(self, prompt: str, prompt_ids: list[int], completion) -> None:
+        ids = list(completion.token_ids)
+        if ids and ids[-1] in self.engine.tokenizer.eos_ids and completion.finish_reason == "stop":
+            ids.pop()  # the end of turn is in the template's text, which the next prompt renders
+        written = prompt_ids + ids
+        self._carried = [(prompt, prompt_ids)]
+        if self.engine.tokenizer.decode(ids) == completion.text:  # (not where a stop string cut the text)
+            self._carried.insert(0, (prompt + completion.text, written))
 
     # ---- calls ------------------------------------------------------------------------------------------
 

@@ -280,3 +280,8 @@ def test_choices_refuse_sampling_options(engine):
         ak.gen("v", choices=["a", "b"], max_tokens=5)
     assert asyncio.run(ak.agenerate("x", choices=["a", "b"], engine=engine)) in ("a", "b")
     assert isinstance(asyncio.run(ak.agenerate("x", schema=list[bool], engine=engine, max_tokens=32)), list)
+
+
+def test_unknown_agent_options_are_named():
+    with pytest.raises(ak.RequestError, match="unknown sampling parameter.*foo"):
+        ak.Agent("x", foo=1)

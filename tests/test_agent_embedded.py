@@ -185,3 +185,30 @@ def test_the_demo_answers_from_its_tool_results(engine):
     assert len({res.call.name for res in results}) == len(results) == r.usage.tool_calls == 2
     assert not r.output.lstrip().startswith("<") and "<tool" not in r.output
     assert any(res.content in r.output for res in results), r.output
+
+
+def test_a_validator_retry_prefills_only_the_retry_message(engine):
+    """The retry's prompt is the failed reply's conversation plus the retry message: all of it but
+    that message comes from the radix cache; per-run instructions do not touch the pinned prefix."""
+    with ak.Agent("You plan trips.", output_type=Trip, engine=engine, output_retries=1, max_tokens=64) as agent:
+        @agent.instructions
+        def traveller(ctx: ak.RunContext[str]) -> str:
+            return f"The traveller is {ctx.deps}."
+
+        @agent.output_validator
+        def london_only(ctx: ak.RunContext[str], trip: Trip) -> Trip:
+            if ctx.retry == 0:
+                raise ak.ModelRetry("The trip must be to London.")
+            return trip
+
+        result = agent.run_sync("Plan a trip to Paris.", deps="Ada")
+        pinned = agent.pinned_tokens
+    first, retry = result.steps
+    assert isinstance(result.output, Trip) and first.error == "The trip must be to London."
+    assert first.usage.cached_tokens >= pinned > 0
+    message = engine.tokenizer.encode(engine.render([{"role": "user", "content": result.messages[4]["content"]}],
+                                                    add_generation_prompt=True))
+    computed = retry.usage.prompt_tokens - retry.usage.cached_tokens
+    # (the end-of-turn token the reply ended with was never fed to the model: its KV is not there)
+    assert retry.usage.cached_tokens >= first.usage.prompt_tokens + first.usage.completion_tokens - 2
+    assert computed <= len(message), (computed, len(message))
