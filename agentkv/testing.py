@@ -67,18 +67,25 @@ def write_byte_tokenizer(out: Path, specials=SPECIALS, added=(), bos: str = "<|i
     return len(vocab)
 
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+
+
 def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, layers: int = 2, heads: int = 4,
                      kv_heads: int = 2, intermediate: int = 128, rope_scaling: dict | None = None,
-                     max_positions: int = 512, tie: bool = True, seed: int = 0, tokenizer: dict | None = None) -> Path:
+                     max_positions: int = 512, tie: bool = True, seed: int = 0, tokenizer: dict | None = None,
+                     experts: int = 4, top_k: int = 2, dense_layers: tuple[int, ...] = ()) -> Path:
     """Write config.json, model.safetensors and a byte tokenizer (`tokenizer`: write_byte_tokenizer's
-    options) for a random model of `family` (llama, qwen2, qwen3); returns `out`."""
+    options) for a random model of `family` (llama, qwen2, qwen3, or the mixtures of experts
+    qwen3_moe, qwen2_moe with a shared expert, mixtral: `experts`, `top_k`, Qwen's `dense_layers`),
+    its tensors named as the Hub's checkpoints name them; returns `out`."""
     import torch
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     vocab = write_byte_tokenizer(out, **(tokenizer or {}))
     head_dim = hidden // heads
-    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[family]
+    arch = ARCHITECTURES[family]
     cfg = {
         "architectures": [arch], "model_type": family, "vocab_size": vocab, "hidden_size": hidden,
         "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
@@ -88,6 +95,14 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
     }
     if rope_scaling:
         cfg["rope_scaling"] = rope_scaling
+    moe = family in ("qwen3_moe", "qwen2_moe", "mixtral")
+    if family == "mixtral":
+        cfg.update(num_local_experts=experts, num_experts_per_tok=top_k)
+    elif moe:
+        cfg.update(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=intermediate // 2,
+                   norm_topk_prob=family == "qwen3_moe", mlp_only_layers=list(dense_layers), decoder_sparse_step=1)
+        if family == "qwen2_moe":
+            cfg.update(shared_expert_intermediate_size=intermediate, qkv_bias=True)
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape: int, scale: float = 0.08) -> torch.Tensor:
@@ -104,15 +119,42 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
         w[p + "self_attn.k_proj.weight"] = rnd(kv_heads * head_dim, hidden, scale=0.3)
         w[p + "self_attn.v_proj.weight"] = rnd(kv_heads * head_dim, hidden, scale=0.3)
         w[p + "self_attn.o_proj.weight"] = rnd(hidden, heads * head_dim, scale=0.3)
-        if family == "qwen2":
+        if family in ("qwen2", "qwen2_moe"):
             for x, n in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
                 w[p + f"self_attn.{x}_proj.bias"] = rnd(n * head_dim, scale=0.2)
-        if family == "qwen3":
+        if family in ("qwen3", "qwen3_moe"):
             w[p + "self_attn.q_norm.weight"] = 1 + rnd(head_dim)
             w[p + "self_attn.k_norm.weight"] = 1 + rnd(head_dim)
+        if moe and i not in dense_layers:
+            w.update(_experts(p, family, hidden, intermediate, experts, rnd))
+            continue
         w[p + "mlp.gate_proj.weight"] = rnd(intermediate, hidden, scale=0.3)
         w[p + "mlp.up_proj.weight"] = rnd(intermediate, hidden, scale=0.3)
         w[p + "mlp.down_proj.weight"] = rnd(hidden, intermediate, scale=0.3)
     save_file({k: v.contiguous() for k, v in w.items()}, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     return out
+
+
+def _experts(p: str, family: str, hidden: int, intermediate: int, experts: int, rnd) -> dict:
+    """One MoE layer's tensors under the Hub's names (Mixtral: block_sparse_moe and w1/w3/w2)."""
+    if family == "mixtral":
+        w = {p + "block_sparse_moe.gate.weight": rnd(experts, hidden, scale=0.5)}
+        for e in range(experts):
+            x = p + f"block_sparse_moe.experts.{e}."
+            w[x + "w1.weight"], w[x + "w3.weight"] = rnd(intermediate, hidden, scale=0.3), rnd(intermediate, hidden, scale=0.3)
+            w[x + "w2.weight"] = rnd(hidden, intermediate, scale=0.3)
+        return w
+    width = intermediate // 2
+    w = {p + "mlp.gate.weight": rnd(experts, hidden, scale=0.5)}
+    for e in range(experts):
+        x = p + f"mlp.experts.{e}."
+        w[x + "gate_proj.weight"], w[x + "up_proj.weight"] = rnd(width, hidden, scale=0.3), rnd(width, hidden, scale=0.3)
+        w[x + "down_proj.weight"] = rnd(hidden, width, scale=0.3)
+    if family == "qwen2_moe":
+        x = p + "mlp.shared_expert."
+        w[x + "gate_proj.weight"] = rnd(intermediate, hidden, scale=0.3)
+        w[x + "up_proj.weight"] = rnd(intermediate, hidden, scale=0.3)
+        w[x + "down_proj.weight"] = rnd(hidden, intermediate, scale=0.3)
+        w[p + "mlp.shared_expert_gate.weight"] = rnd(1, hidden, scale=0.5)
+    return w

@@ -32,6 +32,11 @@ def _hf(path, dtype=torch.float32):
         ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
         ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
         ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}}),
+        # mixtures of experts: 4 experts, top-2 (Qwen3-MoE renormalizes the two, Qwen2-MoE adds its
+        # shared expert and keeps layer 1 dense, Mixtral names its experts w1/w3/w2)
+        ("qwen3_moe", {"kv_heads": 4}),
+        ("qwen2_moe", {"tie": False, "dense_layers": (1,)}),
+        ("mixtral", {"experts": 8}),
     ],
 )
 def test_tiny_families_match_hf(tmp_path, family, kwargs):
@@ -52,6 +57,29 @@ def test_tiny_families_match_hf(tmp_path, family, kwargs):
         x = torch.tensor([ids])
         expected = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False, eos_token_id=None)[0, len(ids) :]
         assert out.token_ids == expected.tolist()
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_moe_on_torch_ops_and_bf16(tmp_path, family):
+    """The MoE block on torch ops alone (the test above runs the C kernels where they build), and in
+    bf16 close to HF's bf16."""
+    path = make_tiny_model(tmp_path / family, family)
+    hf = _hf(path)
+    with ak.Engine(str(path), num_slots=1024, native_kernels=False) as engine:
+        ids = engine.tokenizer.encode(TEXT)
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0]
+        ours, _ = engine_logits(engine, ids)
+    assert rel_error(ours, ref) < 1e-4
+    hf16 = _hf(path, torch.bfloat16)
+    with ak.Engine(str(path), num_slots=1024, dtype="bfloat16") as engine:
+        with torch.no_grad():
+            ref16 = hf16(torch.tensor([ids])).logits[0].float()
+        ours16, _ = engine_logits(engine, ids)
+    # row by row as close as the dense bf16 test, but for the odd token whose two best experts are
+    # within bf16's rounding of each other: there either order is right, and the outputs part
+    rows = ((ours16 - ref16).norm(dim=-1) / ref16.norm(dim=-1)).sort().values
+    assert rows[len(rows) // 2] < 3e-2 and rows[-4] < 6e-2, rows.tolist()
 
 
 @pytest.mark.parametrize("in_features,bias,keep_plain", [(64, False, True), (64, True, True), (63, True, False)])

@@ -18,7 +18,12 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    # mixtures of experts: the attention of the dense family, a routed MoE block for the MLP
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "MixtralForCausalLM": "mixtral",
 }
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -38,7 +43,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: Literal["llama", "qwen2", "qwen3"]
+    family: Literal["llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral"]
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -53,6 +58,18 @@ class ModelConfig:
     attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
     qk_norm: bool  # RMSNorm on q and k per head (Qwen3)
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    # a mixture of experts (0 experts: a dense model): each token's MLP is the weighted sum of the
+    # `experts_per_token` experts its router scores highest (softmax, then top-k, renormalized where
+    # `norm_topk_prob`), plus, in Qwen2-MoE, a shared expert gated by a sigmoid
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    shared_expert_intermediate_size: int = 0
+    dense_layers: tuple[int, ...] = ()  # layers with a dense MLP instead (Qwen's mlp_only_layers, decoder_sparse_step)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer not in self.dense_layers
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -60,11 +77,13 @@ class ModelConfig:
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if family is None:
             model_type = cfg.get("model_type")
-            family = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}.get(model_type)
+            family = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
+                      "qwen2_moe": "qwen2_moe", "mixtral": "mixtral"}.get(model_type)
         if family is None:
             raise ModelLoadError(
                 f"unsupported architecture {archs or cfg.get('model_type')!r}; agentkv implements "
-                f"{sorted(SUPPORTED_ARCHITECTURES)}. Point --model at a Llama, Mistral, Qwen2 or Qwen3 checkpoint."
+                f"{sorted(SUPPORTED_ARCHITECTURES)}. Point --model at a Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, "
+                "Qwen3-MoE or Mixtral checkpoint."
             )
         try:
             hidden = int(cfg["hidden_size"])
@@ -83,15 +102,19 @@ class ModelConfig:
                 rope_theta=float(_rope_params(cfg).get("rope_theta", cfg.get("rope_theta", 10000.0))),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
-                qk_norm=family == "qwen3",
+                attention_bias=family == "qwen2" or family == "qwen2_moe" and bool(cfg.get("qkv_bias", True))
+                or bool(cfg.get("attention_bias", False)),
+                qk_norm=family in ("qwen3", "qwen3_moe"),
                 rope_scaling=_rope_scaling(cfg),
+                **_moe(family, cfg),
             )
         except KeyError as e:
             raise ModelLoadError(f"config.json lacks the field {e.args[0]!r} that a {family} model needs") from None
 
     def to_hf(self) -> dict[str, Any]:
         """A config.json that `from_hf` reads back (used by the GGUF conversion cache)."""
+        if self.num_experts:
+            raise ModelLoadError(f"a {self.family} model has no GGUF conversion yet; load its HF directory")
         arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.family]
         out: dict[str, Any] = {
             "architectures": [arch],
@@ -113,6 +136,29 @@ class ModelConfig:
             rs = {k: v for k, v in dataclasses.asdict(self.rope_scaling).items() if v is not None}
             out["rope_scaling"] = rs
         return out
+
+
+def _moe(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The mixture-of-experts fields of a config.json (none for a dense family)."""
+    if family not in MOE_FAMILIES:
+        return {}
+    n = int(cfg.get("num_local_experts" if family == "mixtral" else "num_experts") or 0)
+    if n < 1:
+        raise ModelLoadError(f"a {family} config.json needs its number of experts (num_experts / num_local_experts)")
+    layers = int(cfg["num_hidden_layers"])
+    if family == "mixtral":
+        dense: tuple[int, ...] = ()
+        width, norm = int(cfg["intermediate_size"]), True
+    else:  # Qwen: mlp_only_layers, and every decoder_sparse_step-th layer sparse
+        step, only = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
+        dense = tuple(i for i in range(layers) if i in only or (i + 1) % step)
+        width, norm = int(cfg["moe_intermediate_size"]), bool(cfg.get("norm_topk_prob", False))
+    k = int(cfg.get("num_experts_per_tok") or 2)
+    if not 1 <= k <= n:
+        raise ModelLoadError(f"num_experts_per_tok={k} must be between 1 and the {n} experts")
+    return {"num_experts": n, "experts_per_token": k, "moe_intermediate_size": width, "norm_topk_prob": norm,
+            "shared_expert_intermediate_size": int(cfg.get("shared_expert_intermediate_size") or 0)
+            if family == "qwen2_moe" else 0, "dense_layers": dense}
 
 
 def _rope_params(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -142,8 +142,37 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig) -> dict[str, torch.Tens
         if cfg.qk_norm:
             out[o + "self_attn.q_norm.weight"] = take(p + "self_attn.q_norm.weight")
             out[o + "self_attn.k_norm.weight"] = take(p + "self_attn.k_norm.weight")
+        if cfg.is_moe_layer(i):
+            out.update(_moe_state(hf, take, p, o + "mlp.", cfg))
+            continue
         out[o + "mlp.gate_up_proj.weight"] = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
         out[o + "mlp.down_proj.weight"] = take(p + "mlp.down_proj.weight")
+    return out
+
+
+def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """One MoE layer's tensors, as checkpoints name them: per expert (the Hub's Qwen `mlp.experts.N.
+    gate_proj`, Mixtral's `block_sparse_moe.experts.N.w1/w3/w2`) or fused across experts
+    (transformers 5's `mlp.experts.gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I])."""
+    block = p + ("block_sparse_moe." if p + "block_sparse_moe.gate.weight" in hf else "mlp.")
+    out = {o + "router.weight": take(block + "gate.weight")}
+    if block + "experts.gate_up_proj" in hf:
+        gate_up, down = take(block + "experts.gate_up_proj"), take(block + "experts.down_proj")
+        for e in range(cfg.num_experts):
+            out[o + f"experts.{e}.gate_up_proj.weight"] = gate_up[e]
+            out[o + f"experts.{e}.down_proj.weight"] = down[e]
+    else:
+        names = ("w1", "w3", "w2") if block.endswith("block_sparse_moe.") else ("gate_proj", "up_proj", "down_proj")
+        for e in range(cfg.num_experts):
+            x = block + f"experts.{e}."
+            gate, up, down = (take(x + f"{n}.weight") for n in names)
+            out[o + f"experts.{e}.gate_up_proj.weight"] = torch.cat([gate, up])
+            out[o + f"experts.{e}.down_proj.weight"] = down
+    if cfg.shared_expert_intermediate_size:
+        x = block + "shared_expert."
+        out[o + "shared.gate_up_proj.weight"] = torch.cat([take(x + "gate_proj.weight"), take(x + "up_proj.weight")])
+        out[o + "shared.down_proj.weight"] = take(x + "down_proj.weight")
+        out[o + "shared_gate.weight"] = take(block + "shared_expert_gate.weight")
     return out
 
 
@@ -153,7 +182,7 @@ def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path) 
         t = state.get(name)
         if t is None:
             raise ModelLoadError(f"weights in {directory} give no value for {name}")
-        if name.endswith("proj.weight"):
+        if name.endswith(("proj.weight", "router.weight", "shared_gate.weight")):
             t = t.t()  # to our input-major layout
         if tuple(t.shape) != tuple(param.shape):
             raise ModelLoadError(

@@ -1,4 +1,5 @@
-"""Our Llama-family network (Llama, Mistral, Qwen2 with QKV bias, Qwen3 with q/k norm).
+"""Our Llama-family network (Llama, Mistral, Qwen2 with QKV bias, Qwen3 with q/k norm), and its
+mixture-of-experts kin (Qwen3-MoE, Qwen2-MoE with a shared expert, Mixtral), whose MLP is MoE.
 
 Tokens of all requests in a step are one flat run [T]; attention reads and writes the paged KV pool
 through the backend, so the model never sees requests or the scheduler. q/k/v and gate/up are fused
@@ -203,20 +204,62 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, width: int | None = None):
         super().__init__()
-        self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.intermediate = width or cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.intermediate)
+        self.down_proj = Linear(self.intermediate, cfg.hidden_size)
         self.native: NativeKernels | None = None  # set by CausalLM.finalize
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + mlp(x)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """residual + mlp(x) (mlp(x) where residual is None)."""
         gate_up = self.gate_up_proj(x)
         if self.native is not None and self.native.handles(gate_up):
             return self.down_proj(self.native.silu_mul(gate_up), residual)
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up, residual)
+
+
+class MoE(nn.Module):
+    """A routed mixture of experts: each token goes to the `experts_per_token` experts its router
+    scores highest (softmax over all experts, top-k, renormalized where the family does), and its
+    output is their weighted sum (plus Qwen2-MoE's shared expert, gated by a sigmoid).
+
+    The experts run grouped: the step's (token, expert) pairs are sorted by expert and each expert
+    that has tokens runs once on all of them (one gate_up and one down matmul per expert with work),
+    then its rows are added back where they came from. Each expert is an `MLP` of `Linear`s, so its
+    weights are packed for the CPU kernels like any other linear."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.top_k, self.norm_topk_prob = cfg.experts_per_token, cfg.norm_topk_prob
+        self.router = Linear(cfg.hidden_size, cfg.num_experts)
+        self.experts = nn.ModuleList(MLP(cfg, cfg.moe_intermediate_size) for _ in range(cfg.num_experts))
+        shared = cfg.shared_expert_intermediate_size
+        self.shared = MLP(cfg, shared) if shared else None
+        self.shared_gate = Linear(cfg.hidden_size, 1) if shared else None
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + moe(x)."""
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype).flatten()
+        pairs = chosen.flatten()
+        order = pairs.argsort(stable=True)  # the (token, expert) pairs grouped by expert
+        counts = torch.bincount(pairs, minlength=len(self.experts)).tolist()  # one read of the routing per layer
+        out = torch.zeros_like(residual)  # the experts summed first, then the residual, as HF rounds in bf16
+        start = 0
+        for expert, n in zip(self.experts, counts):
+            if n:
+                picked = order[start : start + n]
+                rows = picked // self.top_k
+                out.index_add_(0, rows, expert(x[rows], None) * weights[picked, None])
+                start += n
+        if self.shared is not None:
+            out += torch.sigmoid(self.shared_gate(x)) * self.shared(x, None)
+        return residual + out
 
 
 class DecoderLayer(nn.Module):
@@ -225,7 +268,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_id)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg) if cfg.is_moe_layer(layer_id) else MLP(cfg)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding) -> torch.Tensor:
         x = self.self_attn(self.input_layernorm(x), ctx, rope, residual=x)

@@ -35,6 +35,9 @@ STARTUP_TIMEOUT_S = 600
 
 def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
     """The shapes one rank holds."""
+    if cfg.num_experts:
+        raise RequestError(f"tensor_parallel is not implemented for mixture-of-experts models ({cfg.family}) yet; "
+                           "run it with tensor_parallel=1")
     for what, n in (("attention heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads),
                     ("MLP width", cfg.intermediate_size)):
         if n % world:
