@@ -67,18 +67,21 @@ def write_byte_tokenizer(out: Path, specials=SPECIALS, added=(), bos: str = "<|i
     return len(vocab)
 
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
 
 
 def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, layers: int = 2, heads: int = 4,
                      kv_heads: int = 2, intermediate: int = 128, rope_scaling: dict | None = None,
                      max_positions: int = 512, tie: bool = True, seed: int = 0, tokenizer: dict | None = None,
-                     experts: int = 4, top_k: int = 2, dense_layers: tuple[int, ...] = ()) -> Path:
+                     experts: int = 4, top_k: int = 2, dense_layers: tuple[int, ...] = (),
+                     sliding_window: int | None = None, max_window_layers: int = 0) -> Path:
     """Write config.json, model.safetensors and a byte tokenizer (`tokenizer`: write_byte_tokenizer's
     options) for a random model of `family` (llama, qwen2, qwen3, or the mixtures of experts
     qwen3_moe, qwen2_moe with a shared expert, mixtral: `experts`, `top_k`, Qwen's `dense_layers`),
-    its tensors named as the Hub's checkpoints name them; returns `out`."""
+    its tensors named as the Hub's checkpoints name them; returns `out`. `sliding_window`: Mistral
+    and Mixtral window every layer, Qwen the layers from `max_window_layers` on."""
     import torch
     from safetensors.torch import save_file
 
@@ -95,6 +98,9 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
     }
     if rope_scaling:
         cfg["rope_scaling"] = rope_scaling
+    cfg["sliding_window"] = sliding_window
+    if sliding_window and family.startswith("qwen"):
+        cfg.update(use_sliding_window=True, max_window_layers=max_window_layers)
     moe = family in ("qwen3_moe", "qwen2_moe", "mixtral")
     if family == "mixtral":
         cfg.update(num_local_experts=experts, num_experts_per_tok=top_k)

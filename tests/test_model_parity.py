@@ -37,6 +37,11 @@ def _hf(path, dtype=torch.float32):
         ("qwen3_moe", {"kv_heads": 4}),
         ("qwen2_moe", {"tie": False, "dense_layers": (1,)}),
         ("mixtral", {"experts": 8}),
+        # sliding windows shorter than the text: every layer (Mistral), the layers past
+        # max_window_layers (Qwen2), with experts (Mixtral)
+        ("mistral", {"sliding_window": 8}),
+        ("qwen2", {"sliding_window": 16, "max_window_layers": 1}),
+        ("mixtral", {"sliding_window": 12}),
     ],
 )
 def test_tiny_families_match_hf(tmp_path, family, kwargs):

@@ -67,9 +67,16 @@ class ModelConfig:
     norm_topk_prob: bool = False
     shared_expert_intermediate_size: int = 0
     dense_layers: tuple[int, ...] = ()  # layers with a dense MLP instead (Qwen's mlp_only_layers, decoder_sparse_step)
+    # sliding-window attention: per layer, how many keys (the query's own included) a query sees;
+    # 0 (or no entry) is full attention. Mistral v0.1 and Mixtral window every layer; Qwen2 with
+    # use_sliding_window the layers from max_window_layers on; `layer_types` says it per layer.
+    layer_windows: tuple[int, ...] = ()
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
+
+    def window(self, layer: int) -> int:
+        return self.layer_windows[layer] if layer < len(self.layer_windows) else 0
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -106,6 +113,7 @@ class ModelConfig:
                 or bool(cfg.get("attention_bias", False)),
                 qk_norm=family in ("qwen3", "qwen3_moe"),
                 rope_scaling=_rope_scaling(cfg),
+                layer_windows=_windows(archs, cfg),
                 **_moe(family, cfg),
             )
         except KeyError as e:
@@ -135,7 +143,34 @@ class ModelConfig:
         if self.rope_scaling.rope_type != "default":
             rs = {k: v for k, v in dataclasses.asdict(self.rope_scaling).items() if v is not None}
             out["rope_scaling"] = rs
+        if any(self.layer_windows):
+            out["sliding_window"] = max(self.layer_windows)
+            out["layer_types"] = ["sliding_attention" if w else "full_attention" for w in self.layer_windows]
         return out
+
+
+def _windows(archs: list[str], cfg: dict[str, Any]) -> tuple[int, ...]:
+    """Each layer's attention window (0: full), as transformers reads the config: `layer_types`
+    where given; else Mistral and Mixtral window every layer by `sliding_window`, and Qwen2 / Qwen3
+    (and their MoE) the layers from `max_window_layers` on where `use_sliding_window` is set. A
+    Llama config's `sliding_window` is not read (LlamaForCausalLM has none)."""
+    window, layers = int(cfg.get("sliding_window") or 0), int(cfg["num_hidden_layers"])
+    if not window:
+        return ()
+    model_type = cfg.get("model_type", "")
+    if any(a.startswith(("Qwen2", "Qwen3")) for a in archs) or model_type.startswith(("qwen2", "qwen3")):
+        if not cfg.get("use_sliding_window"):
+            return ()
+        types = cfg.get("layer_types") or ["sliding_attention" if i >= int(cfg.get("max_window_layers", 0)) else
+                                           "full_attention" for i in range(layers)]
+    elif cfg.get("layer_types"):
+        types = cfg["layer_types"]
+    elif any(a in ("MistralForCausalLM", "MixtralForCausalLM") for a in archs) or model_type in ("mistral", "mixtral"):
+        types = ["sliding_attention"] * layers
+    else:
+        return ()
+    windows = tuple(window if t == "sliding_attention" else 0 for t in types)
+    return windows if any(windows) else ()
 
 
 def _moe(family: str, cfg: dict[str, Any]) -> dict[str, Any]:

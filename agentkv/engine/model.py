@@ -183,6 +183,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim**-0.5
+        self.window = cfg.window(layer_id)  # keys a query sees (its own included); 0: all before it
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding,
                 residual: torch.Tensor) -> torch.Tensor:
@@ -200,7 +201,7 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim))
             q, k = rope.apply_one(ctx.rope, q), rope.apply_one(ctx.rope, k)
         k_cache, v_cache = ctx.kv_caches[self.layer_id]
-        return self.o_proj(ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale), residual)
+        return self.o_proj(ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale, self.window), residual)
 
 
 class MLP(nn.Module):

@@ -40,7 +40,8 @@ class AttentionBackend(ABC):
 
     `prepare` is called once per forward pass (build index tensors shared by all layers);
     `forward` once per layer. `forward` writes the new tokens' K/V into `k_cache`/`v_cache` at
-    `meta.out_cache_loc` before attending, and returns [T, num_heads * head_dim].
+    `meta.out_cache_loc` before attending, and returns [T, num_heads * head_dim]. `window` > 0 is
+    sliding-window attention: a token at position p sees positions p - window + 1 .. p.
     """
 
     name: str
@@ -58,6 +59,7 @@ class AttentionBackend(ABC):
         k_cache: torch.Tensor,  # [num_slots, KVH, D]
         v_cache: torch.Tensor,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor: ...
 
 

@@ -60,6 +60,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
             offset += ext
         self.tiles = None  # built by the first layer, which knows the heads
         self.extends = self._plan_extends(meta, longer)
+        self._windowed = {}  # window -> (unused, the extends' plans with it)
 
     def _tiles(self, heads: int, kv_heads: int) -> torch.Tensor:
         """[n, 4] (first token, tokens, table row, keys of the first token): an extend's tokens in
@@ -69,7 +70,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
                  for first, ext, row, seq in self.spans for j in range(0, ext, per_tile)]
         return torch.tensor(tiles, dtype=torch.int64).reshape(-1, 4)
 
-    def forward(self, q, k, v, k_cache, v_cache, scale):
+    def forward(self, q, k, v, k_cache, v_cache, scale, window=0):
         T, H, D = q.shape
         if self.tiles is None:  # the first layer of the pass
             self.native = (self.kernels.handles(q) and k_cache.dtype == q.dtype and D <= self.kernels.max_head_dim)
@@ -77,10 +78,12 @@ class CpuAttentionBackend(TorchAttentionBackend):
                 TorchAttentionBackend.prepare(self, self.meta)
             self.tiles = self._tiles(H, k.shape[1])
         if not self.native:
-            return TorchAttentionBackend.forward(self, q, k, v, k_cache, v_cache, scale)
+            return TorchAttentionBackend.forward(self, q, k, v, k_cache, v_cache, scale, window)
         out = torch.empty(T, H, D, dtype=q.dtype)
         meta = self.meta
         self.kernels.attention(q, k, v, k_cache, v_cache, meta.out_cache_loc, meta.req_to_token, self.tiles, scale,
-                               out, generic=self.generic)
-        self._attend_extends(q, k_cache, v_cache, scale, out)
+                               out, generic=self.generic, window=window)
+        if window and window not in self._windowed:
+            self._windowed[window] = (None, self._window_extends(window))
+        self._attend_extends(q, k_cache, v_cache, scale, out, self._windowed[window][1] if window else self.extends)
         return out.view(T, H * D)

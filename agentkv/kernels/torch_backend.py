@@ -11,6 +11,9 @@ A single decoding request whose slots are one run (a fresh pool hands slots out 
 K/V in place, without the gather.
 
 Extends run one request at a time with a causal mask offset by the cached prefix.
+
+A sliding window (a layer's `window`) masks keys more than `window - 1` positions before each query:
+the masks of a window are made once per pass, on the first layer that has it.
 """
 
 from __future__ import annotations
@@ -32,14 +35,17 @@ class TorchAttentionBackend(AttentionBackend):
         nd = meta.num_decodes
         dev = meta.req_to_token.device
         self.shared_slots = self.decode_run = None
+        self._windowed: dict[int, tuple] = {}  # window -> (decode mask, extend masks) of this pass
         if nd:
             lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.int64, device=dev)
             max_len = int(lens.max())
             slots = meta.req_to_token[meta.req_rows[:nd], :max_len]  # [nd, L]
             pad = torch.arange(max_len, device=dev)[None, :] >= lens[:, None]
+            self._lens, self._pad, self._inverse = lens, pad, None
             if nd > 1:
                 unique, inverse = torch.unique(slots.masked_fill(pad, 0), return_inverse=True)
                 if unique.numel() <= SHARED_MAX_RATIO * nd * max_len:
+                    self._inverse = inverse
                     # mask [nd, U]: 0 where the union's slot belongs to the request, -inf elsewhere
                     mask = torch.full((nd, unique.numel()), float("-inf"), device=dev)
                     mask.scatter_(1, inverse, 0.0)
@@ -84,20 +90,24 @@ class TorchAttentionBackend(AttentionBackend):
         if unique.numel() and int(unique[0]) == 0:
             mask[:, 0] = float("-inf")
 
-    def forward(self, q, k, v, k_cache, v_cache, scale):
+    def forward(self, q, k, v, k_cache, v_cache, scale, window=0):
         meta = self.meta
         k_cache.index_copy_(0, meta.out_cache_loc, k.to(k_cache.dtype))
         v_cache.index_copy_(0, meta.out_cache_loc, v.to(v_cache.dtype))
         T, H, D = q.shape
         nd = meta.num_decodes
         decoded = None
+        decode_mask, extends = self._masks(window)
+        if decode_mask is not None and decode_mask.dtype != q.dtype:
+            decode_mask = self._cast_decode_mask(window, q.dtype)
         if nd and self.shared_slots is not None:
-            decoded = self._decode_shared(q[:nd], k_cache, v_cache, scale)
+            decoded = self._decode_shared(q[:nd], k_cache, v_cache, scale, decode_mask)
         elif nd:
             nd_, L = self.decode_slots.shape
-            if self.decode_run is not None:  # views of the pool: [1, KVH, L, D]
-                kd = k_cache[self.decode_run : self.decode_run + L].transpose(0, 1).unsqueeze(0)
-                vd = v_cache[self.decode_run : self.decode_run + L].transpose(0, 1).unsqueeze(0)
+            if self.decode_run is not None:  # views of the pool: [1, KVH, L, D]; a window reads its last keys
+                first = self.decode_run + (L - window if 0 < window < L else 0)
+                kd = k_cache[first : self.decode_run + L].transpose(0, 1).unsqueeze(0)
+                vd = v_cache[first : self.decode_run + L].transpose(0, 1).unsqueeze(0)
             else:
                 flat = self.decode_slots.reshape(-1)  # index_select: ~2.5x faster than advanced indexing here
                 kd = k_cache.index_select(0, flat).view(nd_, L, *k_cache.shape[1:]).transpose(1, 2)  # [nd, KVH, L, D]
@@ -107,29 +117,83 @@ class TorchAttentionBackend(AttentionBackend):
             # against 110 for one query per head with enable_gqa.
             kvh = k_cache.shape[1]
             qd = q[:nd].reshape(nd, kvh, H // kvh, D)
-            if self.decode_mask is not None and self.decode_mask.dtype != q.dtype:
-                self.decode_mask = self.decode_mask.to(q.dtype)  # once per pass, not once per layer
-            o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=self.decode_mask,
-                                               scale=scale)
+            o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=decode_mask, scale=scale)
             decoded = o.reshape(nd, H, D)
-        if not self.extends:  # a decode-only pass: no output buffer to copy into
+        if not extends:  # a decode-only pass: no output buffer to copy into
             return decoded.reshape(T, H * D)
         out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
         if decoded is not None:
             out[:nd] = decoded
-        self._attend_extends(q, k_cache, v_cache, scale, out)
+        self._attend_extends(q, k_cache, v_cache, scale, out, extends)
         return out.reshape(T, H * D)
 
-    def _attend_extends(self, q, k_cache, v_cache, scale, out) -> None:
-        """Fills out [T, H, D] at the tokens of `self.extends`, one SDPA call per request."""
+    # ---- sliding windows ------------------------------------------------------------------------------
+
+    def _masks(self, window: int) -> tuple:
+        """(the decodes' mask, the extends' plans) for `window` (0: the pass's own, unwindowed)."""
+        if not window:
+            return (self.shared_mask if self.shared_slots is not None else self.decode_mask
+                    if self.meta.num_decodes else None), self.extends
+        if window not in self._windowed:
+            self._windowed[window] = (self._window_decode_mask(window), self._window_extends(window))
+        return self._windowed[window]
+
+    def _cast_decode_mask(self, window: int, dtype) -> torch.Tensor:
+        """The decodes' mask in the scores' dtype, cast once per pass, not once per layer."""
+        if not window and self.shared_slots is not None:
+            self.shared_mask = self.shared_mask.to(dtype)
+            return self.shared_mask
+        if not window:
+            self.decode_mask = self.decode_mask.to(dtype)
+            return self.decode_mask
+        mask, extends = self._windowed[window]
+        self._windowed[window] = (mask.to(dtype), extends)
+        return self._windowed[window][0]
+
+    def _window_decode_mask(self, window: int):
+        """The decodes' mask with keys before each request's last `window` masked too."""
+        nd = self.meta.num_decodes
+        if not nd:
+            return None
+        lens, pad = self._lens, self._pad
+        old = torch.arange(pad.shape[1], device=pad.device)[None, :] < (lens[:, None] - window)
+        if self.shared_slots is not None:  # membership in the union, of the slots inside the window
+            seen = torch.zeros(pad.shape, device=pad.device).masked_fill_(pad | old, float("-inf"))
+            mask = torch.full(self.shared_mask.shape, float("-inf"), device=pad.device)
+            mask.scatter_reduce_(1, self._inverse, seen, reduce="amax")  # 0 where any position inside has the slot
+            self._mask_padding_slot(self.shared_slots, mask)
+            return mask
+        if self.decode_run is not None:  # read in place from the window's first key on: no mask
+            return None
+        hidden = pad | old
+        if not hidden.any():
+            return self.decode_mask
+        mask = torch.zeros(nd, 1, 1, pad.shape[1], device=pad.device)
+        return mask.masked_fill_(hidden[:, None, None, :], float("-inf"))
+
+    def _window_extends(self, window: int) -> list:
+        """The extends' plans with each new token's keys limited to its last `window` positions."""
+        plans = []
         for offset, slots, ext, mask in self.extends:
+            seq = slots.shape[0]
+            if seq > window:
+                # new token j (position seq - ext + j) sees positions seq - ext + j - window + 1 .. seq - ext + j
+                causal = mask if mask is not None else torch.ones(ext, seq, dtype=torch.bool, device=slots.device)
+                mask = causal & torch.ones_like(causal).triu_(diagonal=seq - ext - window + 1)
+            plans.append((offset, slots, ext, mask))
+        return plans
+
+    def _attend_extends(self, q, k_cache, v_cache, scale, out, extends) -> None:
+        """Fills out [T, H, D] at the tokens of `extends`, one SDPA call per request."""
+        for offset, slots, ext, mask in extends:
             qe = q[offset : offset + ext].transpose(0, 1).unsqueeze(0)  # [1, H, ext, D]
             ke = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, KVH, S, D]
             ve = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
             o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask, scale=scale, enable_gqa=True)
             out[offset : offset + ext] = o[0].transpose(0, 1)
 
-    def _decode_shared(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+    def _decode_shared(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
+                       mask: torch.Tensor) -> torch.Tensor:
         B, H, D = q.shape
         kvh = k_cache.shape[1]
         g = H // kvh
@@ -137,9 +201,7 @@ class TorchAttentionBackend(AttentionBackend):
         vu = v_cache.index_select(0, self.shared_slots).to(q.dtype).transpose(0, 1)  # [KVH, U, D]
         qg = q.view(B, kvh, g, D).permute(1, 0, 2, 3).reshape(kvh, B * g, D)  # [KVH, B*G, D]
         scores = torch.bmm(qg, ku).mul_(scale).view(kvh, B, g, -1)  # [KVH, B, G, U]
-        if self.shared_mask.dtype != q.dtype:
-            self.shared_mask = self.shared_mask.to(q.dtype)  # once per pass, not once per layer
-        scores += self.shared_mask[None, :, None, :]
+        scores += mask[None, :, None, :]
         probs = scores.softmax(-1).view(kvh, B * g, -1)
         o = torch.bmm(probs, vu)  # [KVH, B*G, D]
         return o.view(kvh, B, g, D).permute(1, 0, 2, 3).reshape(B, H, D)

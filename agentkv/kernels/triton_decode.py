@@ -24,7 +24,7 @@ def paged_kv_offsets(req_to_token, row, offs_n, nmask, kvh, offs_d, dmask, strid
 
 @triton.jit
 def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale,
-                         split_len, stride_qt, stride_qh, stride_ct, stride_ch, stride_r2t,
+                         split_len, window, stride_qt, stride_qh, stride_ct, stride_ch, stride_r2t,
                          stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
                          GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     b = tl.program_id(0)
@@ -35,6 +35,8 @@ def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, 
     seq_len = tl.load(seq_lens + b)
     start = s * split_len
     end = tl.minimum(start + split_len, seq_len)
+    if window > 0:  # a sliding window: the last `window` keys only (splits before them stay empty)
+        start = tl.maximum(start, seq_len - window)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
     qv = tl.load(q + b * stride_qt + h * stride_qh + offs_d, mask=dmask, other=0.0).to(tl.float32)
@@ -83,8 +85,10 @@ def _decode_merge_kernel(mid_o, mid_lse, out, num_splits, stride_mb, stride_mh, 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                      req_rows: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, scale: float,
-                     out: torch.Tensor | None = None, split_len: int = 256, block_n: int = 32) -> torch.Tensor:
-    """q [B, H, D] (one token per request) -> [B, H, D]; seq_lens [B] int64 on q's device."""
+                     out: torch.Tensor | None = None, split_len: int = 256, block_n: int = 32,
+                     window: int = 0) -> torch.Tensor:
+    """q [B, H, D] (one token per request) -> [B, H, D]; seq_lens [B] int64 on q's device;
+    `window` > 0: each query sees its last `window` keys."""
     B, H, D = q.shape
     kvh = k_cache.shape[1]
     num_splits = max(1, triton.cdiv(max_seq_len, split_len))
@@ -95,7 +99,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return out
     block_d = triton.next_power_of_2(D)
     _decode_split_kernel[(B, H, num_splits)](
-        q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale, split_len,
+        q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale, split_len, window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=H // kvh, D=D, BLOCK_D=block_d, BLOCK_N=block_n)

@@ -7,6 +7,9 @@ tile, one KV head and up to MAX_Q of the query heads that share it: every K and 
 all of its m x G query vectors. Softmax is online over blocks of 16 keys (flash attention's
 recurrence), so a query's keys are read once whatever the context length.
 
+A sliding window (`window` > 0) limits each query to its last `window` keys, its own included: a task
+starts at its first query's first key, and each query masks the keys before its own first.
+
 When there are fewer tasks than twice the threads (one or two requests decoding) and their contexts
 are long, each task's keys are split into parts taken by different threads, each leaving its
 (max, sum, unnormalized output) per query; a merge then combines the parts (flash-decoding). */
@@ -29,8 +32,12 @@ typedef struct {
     float scale;
     void *out;                     /* [T, H, D] contiguous */
     int64_t k0, k1;                /* the keys this task reads: [k0, k1) of the request's */
+    int64_t window;                /* keys a query sees, its own included; 0: all before it */
     float *partial;                /* NULL: write `out`; else [nq][D + 2]: max, sum, unnormalized output */
 } Task;
+
+/* the first key query i of a task sees (keys before it are outside its window) */
+INLINE int64_t first_key(const Task *t, int64_t lim) { return t->window ? lim - t->window : 0; }
 
 /* query vector i of a task: token tok0 + i / ng, head h * G + g0 + i % ng */
 INLINE int64_t q_offset(const Task *t, int i, int64_t ld) {
@@ -59,7 +66,7 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
     const int D = NV * 16, nq = (int)t->m * t->ng, es = bf ? 2 : 4;
     __m512 qf[MAX_Q][MAX_D / 16], acc[MAX_Q][MAX_D / 16];
     float mx[MAX_Q], l[MAX_Q];
-    int64_t lim[MAX_Q];
+    int64_t lim[MAX_Q], lo[MAX_Q];
     const __m512 sc = _mm512_set1_ps(t->scale);
     for (int i = 0; i < nq; i++) {
         const char *qp = (const char *)t->q + q_offset(t, i, t->q_ld) * es;
@@ -67,7 +74,7 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
             qf[i][c] = _mm512_mul_ps(load16(qp + c * 16 * es, bf), sc);
             acc[i][c] = _mm512_setzero_ps();
         }
-        mx[i] = -INFINITY, l[i] = 0.f, lim[i] = t->len0 + i / t->ng;
+        mx[i] = -INFINITY, l[i] = 0.f, lim[i] = t->len0 + i / t->ng, lo[i] = first_key(t, lim[i]);
     }
     const int64_t n = t->k1;
     const int64_t row = (int64_t)t->KVH * D;
@@ -92,8 +99,10 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
         }
         for (int i = 0; i < nq; i++) {
             const int64_t live_n = lim[i] - b0;  /* keys of this block that query i sees */
-            if (live_n <= 0) continue;
+            if (live_n <= 0 || lo[i] >= b0 + nb) continue;
             const int nl = live_n < nb ? (int)live_n : nb;
+            const int dead = lo[i] > b0 ? (int)(lo[i] - b0) : 0;  /* before its window */
+            if (dead >= nl) continue;
             __m512 part[BLOCK];
             for (int j = 0; j < nl; j++) {
                 __m512 a = _mm512_mul_ps(qf[i][0], kf[j][0]);
@@ -101,7 +110,7 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
                 part[j] = a;
             }
             for (int j = nl; j < BLOCK; j++) part[j] = _mm512_setzero_ps();
-            const __mmask16 live = (__mmask16)(nl == BLOCK ? 0xffffu : (1u << nl) - 1);
+            const __mmask16 live = (__mmask16)((nl == BLOCK ? 0xffffu : (1u << nl) - 1) & ~((1u << dead) - 1));
             __m512 s = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), sum_lanes16(part));
             float bm = _mm512_reduce_max_ps(s);
             float mn = bm > mx[i] ? bm : mx[i];
@@ -139,11 +148,11 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
 INLINE void attend_generic(const Task *t, const int bf) {
     const int D = t->D, nq = (int)t->m * t->ng;
     float qf[MAX_Q][MAX_D], acc[MAX_Q][MAX_D], mx[MAX_Q], l[MAX_Q];
-    int64_t lim[MAX_Q];
+    int64_t lim[MAX_Q], lo[MAX_Q];
     for (int i = 0; i < nq; i++) {
         int64_t off = q_offset(t, i, t->q_ld);
         for (int d = 0; d < D; d++) qf[i][d] = load1(t->q, off + d, bf) * t->scale, acc[i][d] = 0.f;
-        mx[i] = -INFINITY, l[i] = 0.f, lim[i] = t->len0 + i / t->ng;
+        mx[i] = -INFINITY, l[i] = 0.f, lim[i] = t->len0 + i / t->ng, lo[i] = first_key(t, lim[i]);
     }
     const int64_t n = t->k1;
     const int64_t row = (int64_t)t->KVH * D;
@@ -157,11 +166,11 @@ INLINE void attend_generic(const Task *t, const int bf) {
                 float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
                 for (int d = 0; d < D; d++) dot += qf[i][d] * kf[d];
-                s[i][j] = b0 + j < lim[i] ? dot : -INFINITY;
+                s[i][j] = b0 + j < lim[i] && b0 + j >= lo[i] ? dot : -INFINITY;
             }
         }
         for (int i = 0; i < nq; i++) {
-            if (b0 >= lim[i]) {
+            if (b0 >= lim[i] || b0 + nb <= lo[i]) {  /* no key of this block in its window */
                 for (int j = 0; j < nb; j++) s[i][j] = 0.f;
                 continue;
             }
@@ -169,7 +178,7 @@ INLINE void attend_generic(const Task *t, const int bf) {
             for (int j = 0; j < nb; j++) mn = s[i][j] > mn ? s[i][j] : mn;
             float corr = expf(mx[i] - mn), sum = 0.f;
             for (int j = 0; j < nb; j++) {
-                s[i][j] = b0 + j < lim[i] ? exp_approx(s[i][j] - mn) : 0.f;
+                s[i][j] = b0 + j < lim[i] && b0 + j >= lo[i] ? exp_approx(s[i][j] - mn) : 0.f;
                 sum += s[i][j];
             }
             l[i] = l[i] * corr + sum;
@@ -233,15 +242,18 @@ typedef struct { /* what the tasks of one call share */
     int G, ng, chunks, KVH, H, D;
     float scale;
     void *out;
+    int64_t window;
 } Call;
 
-/* task n of a call: its tile, KV head and first query head; all of the tile's keys */
+/* task n of a call: its tile, KV head and first query head; all of the tile's keys (from the
+   first query's window on) */
 static Task task_of(const Call *c, int64_t n) {
     const int64_t *tile = c->tiles + (n / (c->KVH * c->chunks)) * 4;
     const int h = (int)(n / c->chunks % c->KVH), g0 = (int)(n % c->chunks) * c->ng;
+    const int64_t k0 = c->window && tile[3] > c->window ? tile[3] - c->window : 0;
     Task t = {c->q, c->q_ld, c->kc, c->vc, c->table + tile[2] * c->table_ld, tile[0], tile[1], tile[3],
               g0, c->G - g0 < c->ng ? c->G - g0 : c->ng, c->G, c->KVH, h, c->H, c->D, c->scale, c->out,
-              0, tile_keys(tile), NULL};
+              k0, tile_keys(tile), c->window, NULL};
     return t;
 }
 
@@ -269,12 +281,14 @@ static void merge_parts(const Call *c, int64_t ntasks, int64_t parts, const floa
 /* q [T, H, D], k and v [T, KVH, D] (token strides q_ld, k_ld, v_ld; heads contiguous), out [T, H, D];
    caches [num_slots, KVH, D]; table [table_rows, table_ld].
    tiles [ntiles, 4]: (first token, tokens m, slot-table row, keys of the first token); tokens of no
-   tile are left to the caller (their K/V are still stored). `generic` forces the plain-C path (tests).
+   tile are left to the caller (their K/V are still stored). `window` > 0: sliding-window attention.
+   `generic` forces the plain-C path (tests).
    Returns check_indices' verdict: 0, or nonzero with nothing done. */
 int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_t k_ld, const void *v,
                       int64_t v_ld, void *k_cache, void *v_cache, int64_t num_slots, const int64_t *out_loc, int64_t T,
                       const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *tiles,
-                      int64_t ntiles, int H, int KVH, int D, float scale, void *out, int nthreads, int generic) {
+                      int64_t ntiles, int H, int KVH, int D, float scale, void *out, int64_t window, int nthreads,
+                      int generic) {
     const int bad = check_indices(out_loc, T, num_slots, table, table_rows, table_ld, tiles, ntiles);
     if (bad) return bad;
     const int64_t es = bf ? 2 : 4, row = (int64_t)KVH * D;
@@ -283,11 +297,14 @@ int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_
         memcpy((char *)v_cache + out_loc[i] * row * es, (const char *)v + i * v_ld * es, row * es);
     }
     const int G = H / KVH, ng = agentkv_attention_heads_per_task(G), chunks = (G + ng - 1) / ng;
-    const Call call = {q, q_ld, k_cache, v_cache, table, tiles, table_ld, G, ng, chunks, KVH, H, D, scale, out};
+    const Call call = {q, q_ld, k_cache, v_cache, table, tiles, table_ld, G, ng, chunks, KVH, H, D, scale, out, window};
     const int64_t ntasks = ntiles * KVH * chunks;
-    int64_t most_keys = 0;
-    for (int64_t n = 0; n < ntiles; n++)
-        most_keys = tile_keys(tiles + n * 4) > most_keys ? tile_keys(tiles + n * 4) : most_keys;
+    int64_t most_keys = 0; /* the keys a task reads, at most */
+    for (int64_t n = 0; n < ntiles; n++) {
+        const int64_t keys = tile_keys(tiles + n * 4), skipped = window && tiles[n * 4 + 3] > window ?
+                                                                   tiles[n * 4 + 3] - window : 0;
+        most_keys = keys - skipped > most_keys ? keys - skipped : most_keys;
+    }
     int64_t parts = 1; /* a few long tasks: each one's keys in parts, two tasks' worth a thread */
     if (ntasks < 2 * nthreads && most_keys >= 2 * SPLIT_MIN_KEYS) {
         parts = (2 * nthreads + ntasks - 1) / ntasks;
@@ -300,8 +317,9 @@ int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_
     for (int64_t work = 0; work < ntasks * parts; work++) {
         Task t = task_of(&call, work / parts);
         if (parts > 1) { /* parts of whole blocks; the last ones may be empty for a short tile */
-            const int64_t each = ((t.k1 + parts - 1) / parts + BLOCK - 1) / BLOCK * BLOCK, part = work % parts;
-            t.k0 = part * each < t.k1 ? part * each : t.k1;
+            const int64_t base = t.k0, keys = t.k1 - base;
+            const int64_t each = ((keys + parts - 1) / parts + BLOCK - 1) / BLOCK * BLOCK, part = work % parts;
+            t.k0 = base + (part * each < keys ? part * each : keys);
             t.k1 = t.k0 + each < t.k1 ? t.k0 + each : t.k1;
             t.partial = scratch + work * stride;
         }
