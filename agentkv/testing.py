@@ -67,7 +67,8 @@ def write_byte_tokenizer(out: Path, specials=SPECIALS, added=(), bos: str = "<|i
     return len(vocab)
 
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
 
@@ -78,7 +79,7 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
                      experts: int = 4, top_k: int = 2, dense_layers: tuple[int, ...] = (),
                      sliding_window: int | None = None, max_window_layers: int = 0) -> Path:
     """Write config.json, model.safetensors and a byte tokenizer (`tokenizer`: write_byte_tokenizer's
-    options) for a random model of `family` (llama, qwen2, qwen3, or the mixtures of experts
+    options) for a random model of `family` (llama, mistral, phi3, qwen2, qwen3, or the mixtures of experts
     qwen3_moe, qwen2_moe with a shared expert, mixtral: `experts`, `top_k`, Qwen's `dense_layers`),
     its tensors named as the Hub's checkpoints name them; returns `out`. `sliding_window`: Mistral
     and Mixtral window every layer, Qwen the layers from `max_window_layers` on."""
@@ -99,6 +100,8 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
     if rope_scaling:
         cfg["rope_scaling"] = rope_scaling
     cfg["sliding_window"] = sliding_window
+    if family == "phi3":
+        cfg["pad_token_id"] = None  # Phi3Config's default (32000) is past a byte vocabulary
     if sliding_window and family.startswith("qwen"):
         cfg.update(use_sliding_window=True, max_window_layers=max_window_layers)
     moe = family in ("qwen3_moe", "qwen2_moe", "mixtral")
@@ -133,6 +136,11 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
             w[p + "self_attn.k_norm.weight"] = 1 + rnd(head_dim)
         if moe and i not in dense_layers:
             w.update(_experts(p, family, hidden, intermediate, experts, rnd))
+            continue
+        if family == "phi3":  # Phi-3's checkpoints fuse q/k/v and gate/up
+            w[p + "self_attn.qkv_proj.weight"] = torch.cat([w.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+            w[p + "mlp.gate_up_proj.weight"] = rnd(2 * intermediate, hidden, scale=0.3)
+            w[p + "mlp.down_proj.weight"] = rnd(hidden, intermediate, scale=0.3)
             continue
         w[p + "mlp.gate_proj.weight"] = rnd(intermediate, hidden, scale=0.3)
         w[p + "mlp.up_proj.weight"] = rnd(intermediate, hidden, scale=0.3)

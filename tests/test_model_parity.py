@@ -42,6 +42,7 @@ def _hf(path, dtype=torch.float32):
         ("mistral", {"sliding_window": 8}),
         ("qwen2", {"sliding_window": 16, "max_window_layers": 1}),
         ("mixtral", {"sliding_window": 12}),
+        ("phi3", {"sliding_window": 20, "tie": False}),
     ],
 )
 def test_tiny_families_match_hf(tmp_path, family, kwargs):

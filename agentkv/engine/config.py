@@ -18,6 +18,7 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",  # Llama's layers, q/k/v and gate/up fused in the checkpoint
     # mixtures of experts: the attention of the dense family, a routed MoE block for the MLP
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
@@ -43,7 +44,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: Literal["llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral"]
+    family: Literal["llama", "phi3", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral"]
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -84,14 +85,19 @@ class ModelConfig:
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if family is None:
             model_type = cfg.get("model_type")
-            family = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
+            family = {"llama": "llama", "mistral": "llama", "phi3": "phi3", "qwen2": "qwen2", "qwen3": "qwen3",
+                      "qwen3_moe": "qwen3_moe",
                       "qwen2_moe": "qwen2_moe", "mixtral": "mixtral"}.get(model_type)
         if family is None:
             raise ModelLoadError(
                 f"unsupported architecture {archs or cfg.get('model_type')!r}; agentkv implements "
-                f"{sorted(SUPPORTED_ARCHITECTURES)}. Point --model at a Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, "
-                "Qwen3-MoE or Mixtral checkpoint."
+                f"{sorted(SUPPORTED_ARCHITECTURES)}. Point --model at a Llama, Mistral, Phi-3, Qwen2, Qwen3, "
+                "Qwen2-MoE, Qwen3-MoE or Mixtral checkpoint."
             )
+        partial = float(_rope_params(cfg).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) or 1.0)
+        if partial != 1.0:
+            raise ModelLoadError(f"partial_rotary_factor={partial}: rotary embedding on part of each head (Phi-4-mini, "
+                                 "Phi-3.5-MoE) is not implemented; agentkv rotates whole heads")
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -123,7 +129,8 @@ class ModelConfig:
         """A config.json that `from_hf` reads back (used by the GGUF conversion cache)."""
         if self.num_experts:
             raise ModelLoadError(f"a {self.family} model has no GGUF conversion yet; load its HF directory")
-        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.family]
+        arch = {"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM"}[self.family]
         out: dict[str, Any] = {
             "architectures": [arch],
             "model_type": self.family,
@@ -151,7 +158,7 @@ class ModelConfig:
 
 def _windows(archs: list[str], cfg: dict[str, Any]) -> tuple[int, ...]:
     """Each layer's attention window (0: full), as transformers reads the config: `layer_types`
-    where given; else Mistral and Mixtral window every layer by `sliding_window`, and Qwen2 / Qwen3
+    where given; else Mistral, Mixtral and Phi-3 window every layer by `sliding_window`, and Qwen2 / Qwen3
     (and their MoE) the layers from `max_window_layers` on where `use_sliding_window` is set. A
     Llama config's `sliding_window` is not read (LlamaForCausalLM has none)."""
     window, layers = int(cfg.get("sliding_window") or 0), int(cfg["num_hidden_layers"])
@@ -165,7 +172,8 @@ def _windows(archs: list[str], cfg: dict[str, Any]) -> tuple[int, ...]:
                                            "full_attention" for i in range(layers)]
     elif cfg.get("layer_types"):
         types = cfg["layer_types"]
-    elif any(a in ("MistralForCausalLM", "MixtralForCausalLM") for a in archs) or model_type in ("mistral", "mixtral"):
+    elif any(a in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM") for a in archs) \
+            or model_type in ("mistral", "mixtral", "phi3"):
         types = ["sliding_attention"] * layers
     else:
         return ()

@@ -135,7 +135,10 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig) -> dict[str, torch.Tens
         p, o = f"model.layers.{i}.", f"layers.{i}."
         out[o + "input_layernorm.weight"] = take(p + "input_layernorm.weight")
         out[o + "post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
-        out[o + "self_attn.qkv_proj.weight"] = torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+        if p + "self_attn.qkv_proj.weight" in hf:  # fused in the checkpoint (Phi-3)
+            out[o + "self_attn.qkv_proj.weight"] = take(p + "self_attn.qkv_proj.weight")
+        else:
+            out[o + "self_attn.qkv_proj.weight"] = torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
         if cfg.attention_bias:
             out[o + "self_attn.qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
         out[o + "self_attn.o_proj.weight"] = take(p + "self_attn.o_proj.weight")
@@ -145,7 +148,11 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig) -> dict[str, torch.Tens
         if cfg.is_moe_layer(i):
             out.update(_moe_state(hf, take, p, o + "mlp.", cfg))
             continue
-        out[o + "mlp.gate_up_proj.weight"] = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+        if p + "mlp.gate_up_proj.weight" in hf:  # gate then up, fused in the checkpoint (Phi-3)
+            out[o + "mlp.gate_up_proj.weight"] = take(p + "mlp.gate_up_proj.weight")
+        else:
+            out[o + "mlp.gate_up_proj.weight"] = torch.cat([take(p + "mlp.gate_proj.weight"),
+                                                            take(p + "mlp.up_proj.weight")])
         out[o + "mlp.down_proj.weight"] = take(p + "mlp.down_proj.weight")
     return out
 
