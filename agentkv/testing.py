@@ -68,6 +68,7 @@ def write_byte_tokenizer(out: Path, specials=SPECIALS, added=(), bos: str = "<|i
 
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
+                 "gemma3_text": "Gemma3ForCausalLM",
                  "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
@@ -79,7 +80,7 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
                      experts: int = 4, top_k: int = 2, dense_layers: tuple[int, ...] = (),
                      sliding_window: int | None = None, max_window_layers: int = 0) -> Path:
     """Write config.json, model.safetensors and a byte tokenizer (`tokenizer`: write_byte_tokenizer's
-    options) for a random model of `family` (llama, mistral, phi3, qwen2, qwen3, or the mixtures of experts
+    options) for a random model of `family` (llama, mistral, phi3, gemma3_text, qwen2, qwen3, or the mixtures of experts
     qwen3_moe, qwen2_moe with a shared expert, mixtral: `experts`, `top_k`, Qwen's `dense_layers`),
     its tensors named as the Hub's checkpoints name them; returns `out`. `sliding_window`: Mistral
     and Mixtral window every layer, Qwen the layers from `max_window_layers` on."""
@@ -100,8 +101,12 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
     if rope_scaling:
         cfg["rope_scaling"] = rope_scaling
     cfg["sliding_window"] = sliding_window
-    if family == "phi3":
-        cfg["pad_token_id"] = None  # Phi3Config's default (32000) is past a byte vocabulary
+    if family in ("phi3", "gemma3_text"):
+        cfg["pad_token_id"] = None  # their configs' defaults are past a byte vocabulary
+    if family == "gemma3_text":  # windowed layers with the local rope base, every third layer global
+        cfg.update(query_pre_attn_scalar=head_dim * 2, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+                   hidden_activation="gelu_pytorch_tanh", sliding_window=sliding_window or 4096,
+                   layer_types=["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(layers)])
     if sliding_window and family.startswith("qwen"):
         cfg.update(use_sliding_window=True, max_window_layers=max_window_layers)
     moe = family in ("qwen3_moe", "qwen2_moe", "mixtral")
@@ -131,9 +136,13 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
         if family in ("qwen2", "qwen2_moe"):
             for x, n in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
                 w[p + f"self_attn.{x}_proj.bias"] = rnd(n * head_dim, scale=0.2)
-        if family in ("qwen3", "qwen3_moe"):
+        if family in ("qwen3", "qwen3_moe", "gemma3_text"):
             w[p + "self_attn.q_norm.weight"] = 1 + rnd(head_dim)
             w[p + "self_attn.k_norm.weight"] = 1 + rnd(head_dim)
+        if family == "gemma3_text":  # (its norms scale by 1 + weight: weights near 0)
+            for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                         "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm"):
+                w[p + name + ".weight"] = rnd(hidden if "attn." not in name else head_dim, scale=0.3)
         if moe and i not in dense_layers:
             w.update(_experts(p, family, hidden, intermediate, experts, rnd))
             continue

@@ -19,6 +19,9 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",  # Llama's layers, q/k/v and gate/up fused in the checkpoint
+    # Gemma 3 (text): norms around attention and MLP, GeGLU, q/k norm, scaled embeddings, windowed
+    # layers with their own rope base
+    "Gemma3ForCausalLM": "gemma3",
     # mixtures of experts: the attention of the dense family, a routed MoE block for the MLP
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
@@ -44,7 +47,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: Literal["llama", "phi3", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral"]
+    family: Literal["llama", "phi3", "gemma3", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral"]
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -72,6 +75,9 @@ class ModelConfig:
     # 0 (or no entry) is full attention. Mistral v0.1 and Mixtral window every layer; Qwen2 with
     # use_sliding_window the layers from max_window_layers on; `layer_types` says it per layer.
     layer_windows: tuple[int, ...] = ()
+    hidden_act: str = "silu"  # the MLP's gate activation: "silu", or "gelu_tanh" (Gemma's GeGLU)
+    attention_scale: float | None = None  # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
+    local_rope_theta: float = 0.0  # the windowed layers' own rope base (Gemma 3), default rope; 0: as the others
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -85,14 +91,15 @@ class ModelConfig:
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if family is None:
             model_type = cfg.get("model_type")
-            family = {"llama": "llama", "mistral": "llama", "phi3": "phi3", "qwen2": "qwen2", "qwen3": "qwen3",
+            family = {"llama": "llama", "mistral": "llama", "phi3": "phi3", "gemma3_text": "gemma3", "qwen2": "qwen2",
+                      "qwen3": "qwen3",
                       "qwen3_moe": "qwen3_moe",
                       "qwen2_moe": "qwen2_moe", "mixtral": "mixtral"}.get(model_type)
         if family is None:
             raise ModelLoadError(
                 f"unsupported architecture {archs or cfg.get('model_type')!r}; agentkv implements "
-                f"{sorted(SUPPORTED_ARCHITECTURES)}. Point --model at a Llama, Mistral, Phi-3, Qwen2, Qwen3, "
-                "Qwen2-MoE, Qwen3-MoE or Mixtral checkpoint."
+                f"{sorted(SUPPORTED_ARCHITECTURES)}. Point --model at a Llama, Mistral, Phi-3, Gemma 3, Qwen2, "
+                "Qwen3, Qwen2-MoE, Qwen3-MoE or Mixtral checkpoint."
             )
         partial = float(_rope_params(cfg).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) or 1.0)
         if partial != 1.0:
@@ -102,7 +109,7 @@ class ModelConfig:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
             head_dim = cfg.get("head_dim") or hidden // heads
-            return cls(
+            fields = dict(
                 family=family,
                 vocab_size=int(cfg["vocab_size"]),
                 hidden_size=hidden,
@@ -118,10 +125,10 @@ class ModelConfig:
                 attention_bias=family == "qwen2" or family == "qwen2_moe" and bool(cfg.get("qkv_bias", True))
                 or bool(cfg.get("attention_bias", False)),
                 qk_norm=family in ("qwen3", "qwen3_moe"),
-                rope_scaling=_rope_scaling(cfg),
+                rope_scaling=_rope_scaling(cfg) if family != "gemma3" else RopeScaling(),
                 layer_windows=_windows(archs, cfg),
-                **_moe(family, cfg),
             )
+            return cls(**{**fields, **_moe(family, cfg), **_gemma(family, cfg)})
         except KeyError as e:
             raise ModelLoadError(f"config.json lacks the field {e.args[0]!r} that a {family} model needs") from None
 
@@ -172,6 +179,9 @@ def _windows(archs: list[str], cfg: dict[str, Any]) -> tuple[int, ...]:
                                            "full_attention" for i in range(layers)]
     elif cfg.get("layer_types"):
         types = cfg["layer_types"]
+    elif "Gemma3ForCausalLM" in archs or model_type == "gemma3_text":  # every `sliding_window_pattern`-th layer full
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
     elif any(a in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM") for a in archs) \
             or model_type in ("mistral", "mixtral", "phi3"):
         types = ["sliding_attention"] * layers
@@ -179,6 +189,32 @@ def _windows(archs: list[str], cfg: dict[str, Any]) -> tuple[int, ...]:
         return ()
     windows = tuple(window if t == "sliding_attention" else 0 for t in types)
     return windows if any(windows) else ()
+
+
+def _gemma(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's fields: GeGLU, the attention scale, q/k norm, and per layer type its rope (the global
+    layers' `rope_theta` and scaling, the windowed layers' `rope_local_base_freq`); transformers 5
+    writes both under `rope_parameters` by layer type."""
+    if family != "gemma3":
+        return {}
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key):
+            raise ModelLoadError(f"{key}={cfg[key]} (Gemma 2's soft-capping) is not implemented; Gemma 3 has none")
+    if cfg.get("use_bidirectional_attention"):
+        raise ModelLoadError("use_bidirectional_attention (an embedding model) is not a causal LM agentkv serves")
+    params = cfg.get("rope_parameters") or {}
+    full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    if (local.get("rope_type") or "default") != "default":
+        raise ModelLoadError(f"Gemma 3 windowed layers with rope {local.get('rope_type')!r} are not implemented")
+    glob = {**(cfg.get("rope_scaling") or {}), **full}
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ModelLoadError(f"Gemma 3 with activation {act!r} is not implemented (gelu_pytorch_tanh is)")
+    return {"hidden_act": "gelu_tanh", "qk_norm": True, "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+            "attention_scale": float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 256) ** -0.5,
+            "rope_theta": float(glob.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))),
+            "rope_scaling": _rope_scaling({"rope_scaling": glob}) if glob else RopeScaling(),
+            "local_rope_theta": float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))}
 
 
 def _moe(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -206,7 +242,8 @@ def _moe(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
     # transformers 5 writes `rope_parameters`; older configs write `rope_scaling` (+ `rope_theta`).
-    return cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return {} if "full_attention" in params else params  # (Gemma 3's per layer type: read by _gemma)
 
 
 def _rope_scaling(cfg: dict[str, Any]) -> RopeScaling:

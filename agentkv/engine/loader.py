@@ -95,7 +95,9 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
 
         mark_reductions(net)
     net = net.to(device=device, dtype=DTYPES[dtype])
-    net.rope.cos, net.rope.sin = net.rope.cos.float(), net.rope.sin.float()
+    for rope in (net.rope, net.local_rope):
+        if rope is not None:
+            rope.cos, rope.sin = rope.cos.float(), rope.sin.float()
     net.eval().requires_grad_(False)
     net.finalize(native)
     return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, path=directory)
@@ -154,6 +156,20 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig) -> dict[str, torch.Tens
             out[o + "mlp.gate_up_proj.weight"] = torch.cat([take(p + "mlp.gate_proj.weight"),
                                                             take(p + "mlp.up_proj.weight")])
         out[o + "mlp.down_proj.weight"] = take(p + "mlp.down_proj.weight")
+    if cfg.family == "gemma3":
+        out.update(_gemma_norms(take, cfg))
+    return out
+
+
+def _gemma_norms(take, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Gemma's norms scale by (1 + weight): the one is added here, once, so they run as any RMSNorm.
+    (The layer loop reads input/post-attention norms and q/k norms; these replace them.)"""
+    out = {"norm.weight": 1 + take("model.norm.weight")}
+    for i in range(cfg.num_layers):
+        p, o = f"model.layers.{i}.", f"layers.{i}."
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm"):
+            out[o + name + ".weight"] = 1 + take(p + name + ".weight")
     return out
 
 

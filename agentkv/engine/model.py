@@ -1,5 +1,6 @@
-"""Our Llama-family network (Llama, Mistral, Qwen2 with QKV bias, Qwen3 with q/k norm), and its
-mixture-of-experts kin (Qwen3-MoE, Qwen2-MoE with a shared expert, Mixtral), whose MLP is MoE.
+"""Our Llama-family network (Llama, Mistral, Phi-3, Qwen2 with QKV bias, Qwen3 with q/k norm), its
+mixture-of-experts kin (Qwen3-MoE, Qwen2-MoE with a shared expert, Mixtral), whose MLP is MoE, and
+Gemma 3 (norms around attention and MLP, GeGLU, scaled embeddings, a rope base per layer type).
 
 Tokens of all requests in a step are one flat run [T]; attention reads and writes the paged KV pool
 through the backend, so the model never sees requests or the scheduler. q/k/v and gate/up are fused
@@ -15,6 +16,7 @@ element-wise steps (RMSNorm, silu * up, the rotation) are one call each instead 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agentkv.engine.config import ModelConfig
+from agentkv.engine.config import ModelConfig, RopeScaling
 from agentkv.engine.rope import RopeTables, RotaryEmbedding
 from agentkv.kernels.base import AttentionBackend
 from agentkv.kernels.cpu_native import NativeKernels, PackedLinear
@@ -182,12 +184,13 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.q_size, cfg.hidden_size)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.scale = cfg.head_dim**-0.5
+        self.scale = cfg.attention_scale or cfg.head_dim**-0.5
         self.window = cfg.window(layer_id)  # keys a query sees (its own included); 0: all before it
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding,
-                residual: torch.Tensor) -> torch.Tensor:
-        """residual + attention(x): the residual is added by the output projection."""
+                residual: torch.Tensor | None) -> torch.Tensor:
+        """residual + attention(x): the residual is added by the output projection (attention(x)
+        alone where residual is None)."""
         T = x.shape[0]
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
@@ -208,6 +211,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, width: int | None = None):
         super().__init__()
         self.intermediate = width or cfg.intermediate_size
+        self.gelu = cfg.hidden_act == "gelu_tanh"  # GeGLU (Gemma) instead of SwiGLU
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.intermediate)
         self.down_proj = Linear(self.intermediate, cfg.hidden_size)
         self.native: NativeKernels | None = None  # set by CausalLM.finalize
@@ -215,6 +219,9 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """residual + mlp(x) (mlp(x) where residual is None)."""
         gate_up = self.gate_up_proj(x)
+        if self.gelu:
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            return self.down_proj(F.gelu(gate, approximate="tanh") * up, residual)
         if self.native is not None and self.native.handles(gate_up):
             return self.down_proj(self.native.silu_mul(gate_up), residual)
         gate, up = gate_up.split(self.intermediate, dim=-1)
@@ -276,15 +283,39 @@ class DecoderLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
+class SandwichDecoderLayer(nn.Module):
+    """Gemma 3's layer: a norm before and after attention and before and after the MLP, each
+    output normed before it joins the residual."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_id)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+        self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding) -> torch.Tensor:
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ctx, rope, residual=None))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), None))
+
+
 class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int):
         super().__init__()
         self.config = cfg
         # uninitialized (`_weight`): the checkpoint overwrites it, and a random init of a large table is slow
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        layer = SandwichDecoderLayer if cfg.family == "gemma3" else DecoderLayer
+        self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg, max_positions)
+        # Gemma 3's windowed layers rotate with their own base (and no scaling)
+        self.local_rope = RotaryEmbedding(dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta,
+                                                              rope_scaling=RopeScaling()), max_positions) \
+            if cfg.local_rope_theta else None
+        self.embed_scale = cfg.hidden_size**0.5 if cfg.family == "gemma3" else None
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.logits_proj: LogitsProjection | None = None  # built by finalize() once weights are loaded
 
@@ -306,7 +337,12 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext, logits_indices: torch.Tensor) -> torch.Tensor:
         """Logits [len(logits_indices), vocab] (fp32) for the selected token positions of the flat run."""
         x = self.embed_tokens(input_ids)
-        ctx.rope = self.rope.tables(ctx.positions, x.dtype)
+        if self.embed_scale is not None:  # rounded to the model's dtype first, as HF does
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        tables = self.rope.tables(ctx.positions, x.dtype)
+        local = self.local_rope.tables(ctx.positions, x.dtype) if self.local_rope is not None else None
         for layer in self.layers:
-            x = layer(x, ctx, self.rope)
+            windowed = local is not None and layer.self_attn.window
+            ctx.rope = local if windowed else tables
+            x = layer(x, ctx, self.local_rope if windowed else self.rope)
         return self.logits_proj(self.norm(x[logits_indices])).float()
