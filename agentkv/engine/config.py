@@ -304,6 +304,9 @@ class EngineConfig:
     # cuda_graph_max_batch); None: on for CUDA devices when the attention backend can be captured (triton)
     cuda_graphs: bool | None = None
     cuda_graph_max_batch: int = 64
+    # a GGUF's Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks and multiplied there (CPU, native
+    # kernels); False dequantizes them at load as other quantizations are
+    quantized_weights: bool = True
     tensor_parallel: int = 1  # ranks that each hold 1/N of every layer (worker processes; gloo on CPU, NCCL on CUDA)
     # the tool-call format (agentkv/tool_formats: "hermes", "llama3_json", "mistral", "pythonic");
     # None: detected from the chat template and special tokens

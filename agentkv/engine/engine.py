@@ -64,7 +64,8 @@ class Engine(Prefixes):
             # worker (see EngineCore._host_only), so that thread also owns every tensor.
             tp = cfg.tensor_parallel
             native = cpu_native.for_engine(cfg.native_kernels, device, dtype)
-            loaded = load_model(model, dtype=dtype, device=device, shard=(0, tp) if tp > 1 else None, native=native)
+            loaded = load_model(model, dtype=dtype, device=device, shard=(0, tp) if tp > 1 else None, native=native,
+                                quantized=cfg.quantized_weights)
             mc = loaded.config  # with tensor parallelism, this rank's share of the heads
             context = min(cfg.context_length or mc.max_position_embeddings, mc.max_position_embeddings)
             pool = KVPool(mc, cfg.cache.num_slots or _default_slots(mc, DTYPES[dtype], context), DTYPES[dtype], device)

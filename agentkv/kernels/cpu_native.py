@@ -47,6 +47,8 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_rope": ([_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT], None),
     "agentkv_linear": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT], None),
     "agentkv_linear_available": ([_INT], _INT),
+    "agentkv_qlinear": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT], _INT),
+    "agentkv_qdequant": ([_INT, _INT, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
     "agentkv_attention_heads_per_task": ([_INT], _INT),
     "agentkv_attention_max_queries": ([], _INT),
     "agentkv_attention_max_head_dim": ([], _INT),
@@ -60,6 +62,26 @@ class PackedLinear:
     data: torch.Tensor  # bf16 [out/16, in/2, 16, 2], fp32 [out/16, in, 16]
     in_features: int
     out_features: int
+
+
+# GGUF quantizations csrc/cpu_quant.c multiplies in their blocks: name -> (its type code, bytes a block of 32)
+QUANT_TYPES = {"Q8_0": (0, 34), "Q4_0": (1, 18), "Q4_1": (2, 20)}
+QLINEAR_MAX_ROWS = 16  # rows the kernel takes at once
+QLINEAR_DEQUANT_MAX = 1 << 24  # weights up to this many elements are dequantized whole for a long input
+
+
+@dataclass
+class QuantWeight:
+    """A weight [out, in] in GGUF's blocks: `data` uint8 [out, in / 32 * bytes a block]."""
+
+    data: torch.Tensor
+    qtype: int
+    in_features: int
+    out_features: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
 
 
 class NativeKernels:
@@ -115,6 +137,46 @@ class NativeKernels:
         self._lib.agentkv_rope(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), T, heads, D, positions.data_ptr(),
                                cos.data_ptr(), sin.data_ptr(), torch.get_num_threads(), generic)
         return x
+
+    # ---- weights kept in GGUF's quantized blocks (csrc/cpu_quant.c) ---------------------------------
+
+    def qlinear(self, x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] @ W^T (+ bias) (+ residual) for W in quantized blocks: the kernel for up to 16
+        rows (a decode batch), in slices of 16 for a long x when the weight is large (the vocabulary
+        projection), else the weight dequantized once and multiplied by torch."""
+        M = x.shape[0]
+        if M > QLINEAR_MAX_ROWS and w.out_features * w.in_features <= QLINEAR_DEQUANT_MAX:
+            full = self.qdequant(w, None, x.dtype)
+            base = bias if residual is None else residual if bias is None else residual + bias
+            return x @ full.t() if base is None else torch.addmm(base, x, full.t())
+        if M > QLINEAR_MAX_ROWS:
+            return torch.cat([self.qlinear(x[i : i + QLINEAR_MAX_ROWS], w, bias,
+                                           None if residual is None else residual[i : i + QLINEAR_MAX_ROWS])
+                              for i in range(0, M, QLINEAR_MAX_ROWS)])
+        assert x.stride(-1) == 1 and (residual is None or (residual.stride(-1) == 1 and residual.dtype == x.dtype))
+        out = torch.empty(M, w.out_features, dtype=x.dtype)
+        bad = self._lib.agentkv_qlinear(
+            w.qtype, _DTYPES[x.dtype], x.data_ptr(), x.stride(0), M, w.in_features, w.data.data_ptr(),
+            w.out_features, None if bias is None else bias.data_ptr(),
+            None if residual is None else residual.data_ptr(), 0 if residual is None else residual.stride(0),
+            out.data_ptr(), out.stride(0), torch.get_num_threads())
+        if bad:
+            raise EngineError(f"quantized linear refused its inputs ({bad}); an engine bug")
+        return out
+
+    def qdequant(self, w: QuantWeight, rows: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `rows` (int64 [n]; all when None) of a quantized weight as a [n, K] tensor of `dtype`."""
+        n = w.out_features if rows is None else rows.shape[0]
+        out = torch.empty(n, w.in_features, dtype=dtype)
+        if rows is not None:
+            rows = rows.contiguous()
+        bad = self._lib.agentkv_qdequant(w.qtype, _DTYPES[dtype], w.data.data_ptr(), w.out_features, w.in_features,
+                                         None if rows is None else rows.data_ptr(), n, out.data_ptr(), out.stride(0),
+                                         torch.get_num_threads())
+        if bad:
+            raise EngineError(f"dequantizing rows failed ({bad}): a row index out of range")
+        return out
 
     def pack_linear(self, weight: torch.Tensor) -> PackedLinear:
         """W [in, out] in the layout of csrc/cpu_linear.c, out padded to 16 columns with zeros: bf16

@@ -1,0 +1,121 @@
+"""Weights kept quantized on CPU: resident weight memory and decode tok/s, in one run, for the embedded
+SmolLM2-135M-Instruct Q4_1 GGUF (its embedding Q8_0):
+
+    kept      the Q4_1 / Q8_0 blocks multiplied in place (csrc/cpu_quant.c), fp32 activations
+    bf16      dequantized at load to bf16 (the C bf16 linear kernel where the CPU has AVX512_BF16)
+    fp32      dequantized at load to fp32 (the C fp32 kernel)
+    llama.cpp the same file through llama-cpp-python, where it is installed (optional)
+
+Greedy, a fixed number of new tokens after a short chat prompt, batch 1 and 16; the best of
+`--repeats` runs each, the variants interleaved. Weight memory counts the model's parameters and
+quantized blocks (not the KV pool), against the file's tensor bytes.
+
+    python benchmarks/quantized_decode.py [--new-tokens 64] [--repeats 3] [--batches 1,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+
+import torch
+
+import agentkv as ak
+from agentkv.engine.loader import embedded_model_path
+from agentkv.engine.model import Linear, LogitsProjection, QuantEmbedding
+
+PROMPT = "Write a short story about a robot learning to paint."
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the weights the model holds: parameters, quantized blocks, packed copies."""
+    seen, total = set(), 0
+
+    def add(t):
+        nonlocal total
+        if t is not None and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+
+    for p in model.parameters():
+        add(p)
+    for m in model.modules():
+        if isinstance(m, Linear):
+            add(m.quantized.data if m.quantized is not None else None)
+            add(m.packed)
+            add(m.native_weight.data if m.native_weight is not None else None)
+        elif isinstance(m, QuantEmbedding):
+            add(m.weight.data)
+        elif isinstance(m, LogitsProjection):
+            add(m.packed)
+            add(m.native_weight.data if m.native_weight is not None else None)
+    return total
+
+
+def file_tensor_bytes(path) -> int:
+    import gguf
+
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors)
+
+
+def decode_rate(engine: ak.Engine, batch: int, new_tokens: int) -> float:
+    ids = engine.tokenizer.encode(engine.render([{"role": "user", "content": PROMPT}]))
+    start = time.perf_counter()
+    outs = engine.generate([ids] * batch, max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    elapsed = time.perf_counter() - start
+    assert all(len(o.token_ids) == new_tokens for o in outs)
+    return batch * new_tokens / elapsed
+
+
+def llama_cpp_rate(path, batch: int, new_tokens: int, repeats: int) -> float | None:
+    if batch != 1 or importlib.util.find_spec("llama_cpp") is None:
+        return None
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path), n_ctx=512, n_threads=torch.get_num_threads(), verbose=False)
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = llm.create_chat_completion([{"role": "user", "content": PROMPT}], max_tokens=new_tokens,
+                                         temperature=0.0, stop=[])
+        best = max(best, out["usage"]["completion_tokens"] / (time.perf_counter() - start))
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batches", default="1,16")
+    args = ap.parse_args()
+    path = embedded_model_path()
+    variants = {"kept": dict(dtype="float32"), "bf16": dict(dtype="bfloat16", quantized_weights=False),
+                "fp32": dict(dtype="float32", quantized_weights=False)}
+    engines = {name: ak.Engine(str(path), num_slots=8192, **opts) for name, opts in variants.items()}
+    tensor_bytes = file_tensor_bytes(path)
+    print(f"{path.name}: {tensor_bytes / 2**20:.1f} MiB of tensors; {torch.get_num_threads()} threads")
+    print(f"{'weights':8} {'MiB':>8} {'x file':>7}")
+    for name, e in engines.items():
+        b = weight_bytes(e._core.runner.model)
+        print(f"{name:8} {b / 2**20:8.1f} {b / tensor_bytes:7.2f}")
+    batches = [int(b) for b in args.batches.split(",")]
+    for batch in batches:
+        for e in engines.values():
+            decode_rate(e, batch, 8)  # warm up
+        best = {name: 0.0 for name in engines}
+        for _ in range(args.repeats):
+            for name, e in engines.items():
+                best[name] = max(best[name], decode_rate(e, batch, args.new_tokens))
+        peer = llama_cpp_rate(path, batch, args.new_tokens, args.repeats)
+        row = "  ".join(f"{n} {r:7.1f}" for n, r in best.items())
+        ratios = f"kept/bf16 {best['kept'] / best['bf16']:.2f}x  kept/fp32 {best['kept'] / best['fp32']:.2f}x"
+        cpp = f"  llama.cpp {peer:7.1f} (kept/llama.cpp {best['kept'] / peer:.2f}x)" if peer else \
+            "  llama.cpp: llama-cpp-python not installed" if batch == 1 else ""
+        print(f"batch {batch:2}: tok/s {row}  {ratios}{cpp}")
+    for e in engines.values():
+        e.close()
+
+
+if __name__ == "__main__":
+    main()
