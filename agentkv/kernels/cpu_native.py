@@ -47,7 +47,8 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_rope": ([_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT], None),
     "agentkv_linear": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT], None),
     "agentkv_linear_available": ([_INT], _INT),
-    "agentkv_qlinear": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT], _INT),
+    "agentkv_qlinear": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
+    "agentkv_qlinear_fast": ([], _INT),
     "agentkv_qdequant": ([_INT, _INT, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
     "agentkv_attention_heads_per_task": ([_INT], _INT),
     "agentkv_attention_max_queries": ([], _INT),
@@ -99,6 +100,7 @@ class NativeKernels:
         self.max_head_dim = lib.agentkv_attention_max_head_dim()
         # the dtypes csrc/cpu_linear.c multiplies on this CPU: float32 with AVX-512, bfloat16 with AVX512_BF16
         self.linear_dtypes = {dt for dt, bf in _DTYPES.items() if lib.agentkv_linear_available(bf)}
+        self.qlinear_fast = bool(lib.agentkv_qlinear_fast())  # int8 dot products (AVX2) for quantized weights
 
     @staticmethod
     def handles(t: torch.Tensor) -> bool:
@@ -141,9 +143,10 @@ class NativeKernels:
     # ---- weights kept in GGUF's quantized blocks (csrc/cpu_quant.c) ---------------------------------
 
     def qlinear(self, x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
         """x [M, K] @ W^T (+ bias) (+ residual) for W in quantized blocks: the kernel for up to 16
-        rows (a decode batch), in slices of 16 for a long x when the weight is large (the vocabulary
+        rows (a decode batch; x quantized to int8 per block there, as llama.cpp does, unless `exact`
+        or the CPU lacks AVX2), in slices of 16 for a long x when the weight is large (the vocabulary
         projection), else the weight dequantized once and multiplied by torch."""
         M = x.shape[0]
         if M > QLINEAR_MAX_ROWS and w.out_features * w.in_features <= QLINEAR_DEQUANT_MAX:
@@ -152,7 +155,7 @@ class NativeKernels:
             return x @ full.t() if base is None else torch.addmm(base, x, full.t())
         if M > QLINEAR_MAX_ROWS:
             return torch.cat([self.qlinear(x[i : i + QLINEAR_MAX_ROWS], w, bias,
-                                           None if residual is None else residual[i : i + QLINEAR_MAX_ROWS])
+                                           None if residual is None else residual[i : i + QLINEAR_MAX_ROWS], exact)
                               for i in range(0, M, QLINEAR_MAX_ROWS)])
         assert x.stride(-1) == 1 and (residual is None or (residual.stride(-1) == 1 and residual.dtype == x.dtype))
         out = torch.empty(M, w.out_features, dtype=x.dtype)
@@ -160,7 +163,7 @@ class NativeKernels:
             w.qtype, _DTYPES[x.dtype], x.data_ptr(), x.stride(0), M, w.in_features, w.data.data_ptr(),
             w.out_features, None if bias is None else bias.data_ptr(),
             None if residual is None else residual.data_ptr(), 0 if residual is None else residual.stride(0),
-            out.data_ptr(), out.stride(0), torch.get_num_threads())
+            out.data_ptr(), out.stride(0), torch.get_num_threads(), exact)
         if bad:
             raise EngineError(f"quantized linear refused its inputs ({bad}); an engine bug")
         return out

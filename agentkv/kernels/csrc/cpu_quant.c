@@ -6,15 +6,22 @@ Q4_1 a minimum) per block:
   Q4_0 (18 bytes): fp16 d, 16 bytes of nibbles    w = d * (q - 8)
   Q4_1 (20 bytes): fp16 d, fp16 m, 16 bytes       w = d * q + m
 (byte j holds weight j in its low nibble and weight j + 16 in its high one). A decode step reads each
-row once: 0.56-1.06 bytes a weight against bf16's 2, and the block is turned into fp32 in registers
-while the x rows (at most MAX_M of them, converted to fp32 once a call) take it. Written as plain C
-loops over 32 lanes that the compiler vectorizes for the machine (-march=native: AVX-512 or AVX2).
+row once: 0.56-1.06 bytes a weight against bf16's 2.
+
+Where the CPU has AVX2 (every x86 CPU of the last decade), x's rows (at most MAX_M) are quantized once a
+call to int8 per block of 32, scale amax / 127, as llama.cpp quantizes activations for these formats,
+and each weight block is one integer dot product of 32 pairs (vpmaddubsw + vpmaddwd, or one vpdpbusd
+with AVX512_VNNI), scaled into fp32 lanes summed once a row. The exact path (`exact`, and CPUs without
+AVX2) dequantizes each block to fp32 and keeps x in fp32: the same result as dequantize-then-matmul.
 Longer inputs (prefill) are the caller's: it dequantizes the weight once (agentkv_qdequant) and
 multiplies with torch. */
 
 #include <stdlib.h>
 
 #include "cpu_kernels.h"
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #define QK 32
 #define MAX_M 16
@@ -25,6 +32,9 @@ static const int BLOCK_BYTES[3] = {34, 18, 20};
 INLINE float half_to_f32(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#endif
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu;
     uint32_t u;
     if (e == 0) { /* zero or subnormal: man * 2^-24 */
@@ -64,9 +74,11 @@ INLINE void dequant_block(const int qtype, const uint8_t *b, float *w) {
     }
 }
 
-INLINE void qlinear_body(const int qtype, const int bf, const float *xf, int64_t M, int64_t K, const uint8_t *w,
-                         int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
-                         int nthreads) {
+/* ---- the exact path: blocks dequantized to fp32, x in fp32 (CPUs without AVX2) ------------------- */
+
+INLINE void qlinear_exact(const int qtype, const int bf, const void *x, int64_t x_ld, int64_t M, int64_t K,
+                          const uint8_t *w, int64_t N, const void *bias, const void *res, int64_t r_ld, void *out,
+                          int64_t out_ld, int nthreads) {
     const int64_t nb = K / QK, rb = nb * BLOCK_BYTES[qtype];
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (N * nb * M > 4096)
     for (int64_t n = 0; n < N; n++) {
@@ -77,11 +89,8 @@ INLINE void qlinear_body(const int qtype, const int bf, const float *xf, int64_t
         for (int64_t b = 0; b < nb; b++) {
             float wf[QK];
             dequant_block(qtype, row + b * BLOCK_BYTES[qtype], wf);
-            for (int64_t m = 0; m < M; m++) {
-                const float *xb = xf + m * K + b * QK;
-#pragma omp simd
-                for (int i = 0; i < QK; i++) acc[m][i] += xb[i] * wf[i];
-            }
+            for (int64_t m = 0; m < M; m++)
+                for (int i = 0; i < QK; i++) acc[m][i] += load1(x, m * x_ld + b * QK + i, bf) * wf[i];
         }
         for (int64_t m = 0; m < M; m++) {
             float v = 0.f;
@@ -93,24 +102,174 @@ INLINE void qlinear_body(const int qtype, const int bf, const float *xf, int64_t
     }
 }
 
+/* ---- the fast path: x quantized per block of 32 to int8 (scale amax / 127, as llama.cpp's Q8_0),
+   each weight block's 32 integers dotted with it in one or two instructions -------------------- */
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define AGENTKV_QFAST 1
+
+/* 32 unsigned bytes times 32 signed bytes, summed in pairs into 8 int32 lanes */
+INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE void qlinear_fast(const int qtype, const int bf, const int8_t *xq, const float *dx, const float *sx,
+                         int64_t M, int64_t K, const uint8_t *w, int64_t N, const void *bias, const void *res,
+                         int64_t r_ld, void *out, int64_t out_ld, int nthreads) {
+    const int64_t nb = K / QK, bb = BLOCK_BYTES[qtype], rb = nb * bb;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * nb * M > 4096)
+    for (int64_t n = 0; n < N; n++) {
+        __m256 acc[MAX_M];
+        float lin[MAX_M];  /* the block minimum's (Q4_1) or offset's (Q4_0) share: scale * sum of x's integers */
+        for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps(), lin[m] = 0.f;
+        const uint8_t *row = w + n * rb;
+        int64_t b = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+        /* two blocks at a time in 512-bit lanes: their 64 integers against x's 64 consecutive ones */
+        __m512 acc2[MAX_M];
+        for (int64_t m = 0; m < M; m++) acc2[m] = _mm512_setzero_ps();
+        for (; qtype != Q8_0 && b + 1 < nb; b += 2) {  /* (Q8_0 runs faster 256 bits at a time here) */
+            const uint8_t *b0 = row + b * bb, *b1 = b0 + bb;
+            const float d0 = half_to_f32(b0), d1 = half_to_f32(b1);
+            __m512i u;
+            float lo0 = 0.f, lo1 = 0.f;
+            if (qtype == Q8_0) {
+                u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+                                       _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
+            } else {
+                const int off = qtype == Q4_1 ? 4 : 2;
+                const __m128i r0 = _mm_loadu_si128((const __m128i *)(b0 + off));
+                const __m128i r1 = _mm_loadu_si128((const __m128i *)(b1 + off));
+                const __m256i n0 = _mm256_set_m128i(_mm_srli_epi16(r0, 4), r0);
+                const __m256i n1 = _mm256_set_m128i(_mm_srli_epi16(r1, 4), r1);
+                u = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(n0), n1, 1), _mm512_set1_epi8(0x0f));
+                lo0 = qtype == Q4_1 ? half_to_f32(b0 + 2) : -8.f * d0;
+                lo1 = qtype == Q4_1 ? half_to_f32(b1 + 2) : -8.f * d1;
+            }
+            const __mmask64 neg = qtype == Q8_0 ? _mm512_movepi8_mask(u) : 0;
+            const __m512i uw = qtype == Q8_0 ? _mm512_abs_epi8(u) : u;
+            __builtin_prefetch(b1 + bb + 64, 0, 0);
+            for (int64_t m = 0; m < M; m++) {
+                __m512i xv = _mm512_loadu_si512((const void *)(xq + m * K + b * QK));
+                if (qtype == Q8_0) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+                const float *sc = dx + m * nb + b;
+                const __m512 scale = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(d0 * sc[0])),
+                                                        _mm256_set1_ps(d1 * sc[1]), 1);
+                const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), uw, xv);
+                acc2[m] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc2[m]);
+                if (qtype != Q8_0) lin[m] += lo0 * sx[m * nb + b] + lo1 * sx[m * nb + b + 1];
+            }
+        }
+        for (int64_t m = 0; m < M; m++) lin[m] += _mm512_reduce_add_ps(acc2[m]);
+#endif
+        for (; b < nb; b++) {
+            const uint8_t *blk = row + b * bb;
+            const float d = half_to_f32(blk);
+            __m256i u;
+            float lo = 0.f;  /* what each unit of x's integer sum adds: Q4_0 -8 d, Q4_1 the minimum */
+            if (qtype == Q8_0) {
+                u = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            } else {
+                const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
+                u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
+                lo = qtype == Q4_1 ? half_to_f32(blk + 2) : -8.f * d;
+            }
+            /* Q8_0's weights are signed: |w| times x with w's sign */
+            const __m256i uw = qtype == Q8_0 ? _mm256_sign_epi8(u, u) : u;
+            if (__builtin_expect(b + 1 < nb, 1)) __builtin_prefetch(blk + bb + 64, 0, 0);
+            for (int64_t m = 0; m < M; m++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + m * K + b * QK));
+                if (qtype == Q8_0) xv = _mm256_sign_epi8(xv, u);
+                const float scale = dx[m * nb + b];
+                acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(d * scale), _mm256_cvtepi32_ps(dot_u8s8(uw, xv)), acc[m]);
+                if (qtype != Q8_0) lin[m] += lo * sx[m * nb + b];
+            }
+        }
+        for (int64_t m = 0; m < M; m++) {
+            float v = hsum8(acc[m]) + lin[m];
+            if (bias) v += load1(bias, n, bf);
+            if (res) v += load1(res, m * r_ld + n, bf);
+            store1(out, m * out_ld + n, v, bf);
+        }
+    }
+}
+#else
+#define AGENTKV_QFAST 0
+#endif
+
+/* x's row m, block b, to int8: scale amax / 127, each value rounded to nearest (ties away), as llama.cpp */
+static void quantize_x(const void *x, int64_t x_ld, int64_t M, int64_t K, int bf, int8_t *xq, float *dx, float *sx) {
+    const int64_t nb = K / QK;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < nb; b++) {
+            float v[QK], amax = 0.f;
+            for (int i = 0; i < QK; i++) {
+                v[i] = bf ? bf16_to_f32(((const bf16 *)x)[m * x_ld + b * QK + i]) : ((const float *)x)[m * x_ld + b * QK + i];
+                const float a = fabsf(v[i]);
+                amax = a > amax ? a : amax;
+            }
+            const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+            int32_t sum = 0;
+            for (int i = 0; i < QK; i++) {
+                const int q = (int)roundf(v[i] * id);
+                xq[m * K + b * QK + i] = (int8_t)q;
+                sum += q;
+            }
+            dx[m * nb + b] = d, sx[m * nb + b] = d * (float)sum;  /* what the block's integers sum to, scaled */
+        }
+}
+
+int agentkv_qlinear_fast(void) { return AGENTKV_QFAST; }
+
 /* x [M, K] (row stride x_ld; bf16 or fp32), w [N][K/32 blocks], out [M, N] (row stride out_ld), bias [N]
-   and residual [M, N] (row stride r_ld) optional, in x's dtype. Returns 0, 1 for K not a multiple of
-   32 or a bad type, 2 for M over MAX_M (nothing done then). */
+   and residual [M, N] (row stride r_ld) optional, in x's dtype. `exact`: x stays fp32 (the blocks are
+   dequantized), else (where the CPU has AVX2) x is quantized to int8 per block, as llama.cpp does, and
+   each block is an integer dot product. Returns 0, 1 for K not a multiple of 32 or a bad type, 2 for
+   M over MAX_M (nothing done then). */
 int agentkv_qlinear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *w,
                     int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
-                    int nthreads) {
+                    int nthreads, int exact) {
     if (K % QK || qtype < 0 || qtype > Q4_1) return 1;
     if (M < 1 || M > MAX_M) return 2;
-    float *xs = malloc((size_t)(M * K) * sizeof(float));  /* x in fp32, once */
-    if (!xs) return 2;
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t k = 0; k < K; k++) xs[m * K + k] = load1(x, m * x_ld + k, bf);
-#define CASE(Q, B) qlinear_body(Q, B, xs, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads)
+#if AGENTKV_QFAST
+    if (!exact) {
+        const int64_t nb = K / QK;
+        int8_t stack_q[16384];
+        float stack_d[512];
+        float stack_s[512];
+        const int small = M * K <= 16384;
+        int8_t *xq = small ? stack_q : malloc((size_t)(M * K));
+        float *dx = small ? stack_d : malloc((size_t)(M * nb) * sizeof(float));
+        float *sx = small ? stack_s : malloc((size_t)(M * nb) * sizeof(float));
+        if (!xq || !dx || !sx) return 2;
+        quantize_x(x, x_ld, M, K, bf, xq, dx, sx);
+#define CASE(Q, B) qlinear_fast(Q, B, xq, dx, sx, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads)
+        if (qtype == Q8_0) { if (bf) CASE(Q8_0, 1); else CASE(Q8_0, 0); }
+        else if (qtype == Q4_0) { if (bf) CASE(Q4_0, 1); else CASE(Q4_0, 0); }
+        else { if (bf) CASE(Q4_1, 1); else CASE(Q4_1, 0); }
+#undef CASE
+        if (!small) free(xq), free(dx), free(sx);
+        return 0;
+    }
+#endif
+    (void)exact;
+#define CASE(Q, B) qlinear_exact(Q, B, x, x_ld, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads)
     if (qtype == Q8_0) { if (bf) CASE(Q8_0, 1); else CASE(Q8_0, 0); }
     else if (qtype == Q4_0) { if (bf) CASE(Q4_0, 1); else CASE(Q4_0, 0); }
     else { if (bf) CASE(Q4_1, 1); else CASE(Q4_1, 0); }
 #undef CASE
-    free(xs);
     return 0;
 }
 
