@@ -23,34 +23,8 @@ import torch
 
 import agentkv as ak
 from agentkv.engine.loader import embedded_model_path
-from agentkv.engine.model import Linear, LogitsProjection, QuantEmbedding
 
 PROMPT = "Write a short story about a robot learning to paint."
-
-
-def weight_bytes(model) -> int:
-    """Bytes of the weights the model holds: parameters, quantized blocks, packed copies."""
-    seen, total = set(), 0
-
-    def add(t):
-        nonlocal total
-        if t is not None and t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-
-    for p in model.parameters():
-        add(p)
-    for m in model.modules():
-        if isinstance(m, Linear):
-            add(m.quantized.data if m.quantized is not None else None)
-            add(m.packed)
-            add(m.native_weight.data if m.native_weight is not None else None)
-        elif isinstance(m, QuantEmbedding):
-            add(m.weight.data)
-        elif isinstance(m, LogitsProjection):
-            add(m.packed)
-            add(m.native_weight.data if m.native_weight is not None else None)
-    return total
 
 
 def file_tensor_bytes(path) -> int:
@@ -97,7 +71,7 @@ def main() -> None:
     print(f"{path.name}: {tensor_bytes / 2**20:.1f} MiB of tensors; {torch.get_num_threads()} threads")
     print(f"{'weights':8} {'MiB':>8} {'x file':>7}")
     for name, e in engines.items():
-        b = weight_bytes(e._core.runner.model)
+        b = e.stats()["weight_bytes"]
         print(f"{name:8} {b / 2**20:8.1f} {b / tensor_bytes:7.2f}")
     batches = [int(b) for b in args.batches.split(",")]
     for batch in batches:

@@ -125,6 +125,19 @@ def test_quantized_weights_kept_in_their_blocks(tmp_path, monkeypatch, quant):
         assert rel_error(one, engine_logits(plain, ids, cached_prefix=len(ids) - 1)[0]) < 0.1
 
 
+@pytest.mark.slow
+@requires_embedded
+def test_the_embedded_q4_1_file_stays_its_size_in_memory():
+    from agentkv.engine.loader import embedded_model_path
+
+    tensors = sum(int(t.n_bytes) for t in gguf.GGUFReader(str(embedded_model_path())).tensors)
+    with ak.Engine(num_slots=1024) as engine:
+        kept = engine.stats()["weight_bytes"]
+    with ak.Engine(num_slots=1024, quantized_weights=False) as engine:
+        plain = engine.stats()["weight_bytes"]
+    assert kept <= 1.3 * tensors < plain, (kept, tensors, plain)
+
+
 def test_conversion_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
     src = make_tiny_model(tmp_path / "src", "llama")

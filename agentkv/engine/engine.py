@@ -261,6 +261,9 @@ class Engine(Prefixes):
                 pin_budget=t.pin_budget if t else 0,
                 evicted_tokens=t.num_evicted_tokens if t else 0,
                 pins=len(t.pins) if t else 0,
+                weight_bytes=self._core.runner.model.weight_bytes(),
+                kv_bytes=sum(k.numel() * k.element_size() + v.numel() * v.element_size()
+                             for k, v in self._pool.kv_caches),
             )
             return st
 

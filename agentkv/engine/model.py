@@ -346,6 +346,23 @@ class CausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.logits_proj: LogitsProjection | None = None  # built by finalize() once weights are loaded
 
+    def weight_bytes(self) -> int:
+        """Bytes the weights take: parameters, quantized blocks, and packed copies (each tensor once)."""
+        seen: set[int] = set()
+
+        def size(t) -> int:
+            t = getattr(t, "data", t)  # a QuantWeight or PackedLinear holds its tensor in .data
+            if not isinstance(t, torch.Tensor) or t.data_ptr() in seen:
+                return 0
+            seen.add(t.data_ptr())
+            return t.numel() * t.element_size()
+
+        total = sum(size(p) for p in self.parameters())
+        for m in self.modules():
+            for name in ("quantized", "packed", "native_weight", "weight"):
+                total += size(getattr(m, name, None)) if not isinstance(getattr(m, name, None), nn.Parameter) else 0
+        return total
+
     def set_quantized(self, name: str, weight: QuantWeight) -> None:
         """The weight `name` kept in its quantized blocks (the loader, for a GGUF's Q8_0 / Q4_0 / Q4_1)."""
         if name == "embed_tokens.weight":
