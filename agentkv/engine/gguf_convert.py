@@ -23,7 +23,7 @@ from agentkv.engine.config import ModelConfig, RopeScaling
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
-CONVERSION_VERSION = "2"  # 2: Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks (quant.safetensors)
+CONVERSION_VERSION = "3"  # 2: Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks; 3: dequantized.json
 # quantizations whose matrices are kept as they are (csrc/cpu_quant.c multiplies them in their blocks);
 # every other tensor is dequantized to fp32 here
 KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1")
@@ -94,6 +94,7 @@ def _convert(path: Path, out: Path) -> None:
     tensors: dict[str, np.ndarray] = {}
     kept: dict[str, np.ndarray] = {}
     kinds: dict[str, str] = {}
+    dequantized: set[str] = set()
     for t in reader.tensors:
         hf_name = _hf_name(t.name)
         if hf_name is None:
@@ -104,6 +105,8 @@ def _convert(path: Path, out: Path) -> None:
                 raw = _unpermute_qk(raw, config.num_heads if "attn_q" in t.name else config.num_kv_heads)
             kept[hf_name], kinds[hf_name] = np.ascontiguousarray(raw), t.tensor_type.name
             continue
+        if t.tensor_type.name not in ("F32", "F16", "BF16") and len(t.shape) > 1:
+            dequantized.add(t.tensor_type.name)
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         except NotImplementedError:
@@ -120,6 +123,8 @@ def _convert(path: Path, out: Path) -> None:
     save_file(tensors, str(out / "model.safetensors"))
     if kept:
         save_file(kept, str(out / "quant.safetensors"), metadata={"types": json.dumps(kinds)})
+    # the quantizations whose matrices were dequantized (no kernel keeps them): the loader says so
+    (out / "dequantized.json").write_text(json.dumps(sorted(dequantized)))
     (out / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
 
     from agentkv.engine.tokenizer import tokenizer_files_from_gguf

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +87,7 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     # Q8_0 / Q4_0 / Q4_1 matrices stay in their blocks where the CPU kernels multiply them
     keep = quantized and native is not None and shard is None and device == "cpu" and dtype in ("float32", "bfloat16")
     state = _fused_state_dict(directory, cfg, keep)
+    _notice_dequantized(directory, keep)
     if shard is not None:
         from agentkv.engine.parallel import local_config, shard_state
 
@@ -120,6 +122,19 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
         except Exception as e:  # safetensors raises its own error types for truncated/corrupt headers
             raise ModelLoadError(f"weights file {f} is corrupt or truncated ({type(e).__name__}: {e})") from None
     return tensors
+
+
+def _notice_dequantized(directory: Path, kept: bool) -> None:
+    """One line where a GGUF's matrices were dequantized (a quantization no kernel multiplies, or
+    kernels that do not run here): they take their full-precision size in memory."""
+    listed = directory / "dequantized.json"
+    types = json.loads(listed.read_text()) if listed.exists() else []
+    if (directory / "quant.safetensors").exists() and not kept:
+        types = sorted({*types, *{kind for _, kind in _read_quantized(directory).values()}})
+    if types:
+        logging.getLogger("agentkv").warning(
+            "agentkv: %s matrices of %s are dequantized at load (no quantized kernel for them here: Q8_0, Q4_0 "
+            "and Q4_1 run in their blocks on CPU with agentkv's C kernels)", "/".join(types), directory.name)
 
 
 def _read_quantized(directory: Path) -> dict[str, tuple[torch.Tensor, str]]:
