@@ -17,7 +17,9 @@ Device = Annotated[str, typer.Option(help="cpu, cuda, cuda:N, or auto: a CUDA GP
 Dtype = Annotated[str, typer.Option(help="float32, bfloat16, float16, or auto: bfloat16 on a GPU, float32 on the CPU")]
 TensorParallel = Annotated[int, typer.Option(help="GPUs (or CPU worker processes) that each hold 1/N of the model")]
 ContextLength = Annotated[int | None, typer.Option(help="the longest sequence served (default: the model's)")]
-NumSlots = Annotated[int | None, typer.Option(help="KV pool size in tokens (default: sized from the model)")]
+NumSlots = Annotated[int | None, typer.Option(help="KV pool size in tokens (default: from --memory-fraction)")]
+MemoryFraction = Annotated[float | None, typer.Option(help="the share of memory the KV pool may take (default: "
+                                                           "0.85 of a GPU's, 0.2 of the free RAM)")]
 
 
 def _fail(message: str) -> typer.Exit:
@@ -108,7 +110,7 @@ def serve(
     tool_format: Annotated[str | None, typer.Option(help="the model's tool-call format: hermes, llama3_json, mistral "
                                                          "or pythonic (default: detected from the chat template)")] = None,
     device: Device = "auto", dtype: Dtype = "auto", tensor_parallel: TensorParallel = 1,
-    context_length: ContextLength = None, num_slots: NumSlots = None,
+    context_length: ContextLength = None, num_slots: NumSlots = None, memory_fraction: MemoryFraction = None,
 ) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /v1/pins, /health,
     /metrics) on one engine, or on --replicas engines behind a cache-aware router (Ray Serve)."""
@@ -119,7 +121,7 @@ def serve(
     from agentkv.server import create_app
 
     name = served_model_name or (Path(model).stem if model else "SmolLM2-135M-Instruct")
-    options = _options(device, dtype, tensor_parallel, context_length, num_slots,
+    options = _options(device, dtype, tensor_parallel, context_length, num_slots, memory_fraction=memory_fraction,
                        **({"tool_format": tool_format} if tool_format else {}))
     if replicas < 1:
         raise _fail(f"--replicas must be at least 1, got {replicas}")

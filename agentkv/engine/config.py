@@ -261,7 +261,11 @@ def _rope_scaling(cfg: dict[str, Any]) -> RopeScaling:
 class CacheConfig:
     """KV memory: how many token slots, and how much of them pins may hold."""
 
-    num_slots: int | None = None  # None: sized from `kv_memory_fraction` of the context budget
+    num_slots: int | None = None  # None: sized from `memory_fraction` of the memory there is
+    # the share of memory the KV pool may take, SGLang's mem-fraction: on a GPU of its total memory
+    # less what the weights and everything else already hold; on the CPU of the RAM available after
+    # loading (pages no request touched cost nothing). None: 0.85 on a GPU, 0.2 on the CPU
+    memory_fraction: float | None = None
     max_running_requests: int = 64
     pin_budget_fraction: float = 0.5
     enable_radix_cache: bool = True
@@ -271,6 +275,8 @@ class CacheConfig:
             raise RequestError(f"pin_budget_fraction must be in [0, 1], got {self.pin_budget_fraction}")
         if self.num_slots is not None and self.num_slots < 16:
             raise RequestError(f"num_slots must be at least 16, got {self.num_slots}")
+        if self.memory_fraction is not None and not 0.0 < self.memory_fraction < 1.0:
+            raise RequestError(f"memory_fraction must be in (0, 1), got {self.memory_fraction}")
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,8 @@ class Engine(Prefixes):
                                 quantized=cfg.quantized_weights)
             mc = loaded.config  # with tensor parallelism, this rank's share of the heads
             context = min(cfg.context_length or mc.max_position_embeddings, mc.max_position_embeddings)
-            pool = KVPool(mc, cfg.cache.num_slots or _default_slots(mc, DTYPES[dtype], context), DTYPES[dtype], device)
+            slots = cfg.cache.num_slots or kv_slots(mc, DTYPES[dtype], context, device, cfg.cache.memory_fraction)
+            pool = KVPool(mc, slots, DTYPES[dtype], device)
             req_pool = ReqToTokenPool(cfg.cache.max_running_requests, context + 1, device)
             tree = RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity)) if cfg.cache.enable_radix_cache else None
             backend = get_backend(cfg.attention_backend, device, native=native is not None)
@@ -262,6 +263,8 @@ class Engine(Prefixes):
                 evicted_tokens=t.num_evicted_tokens if t else 0,
                 pins=len(t.pins) if t else 0,
                 weight_bytes=self._core.runner.model.weight_bytes(),
+                free_memory_bytes=torch.cuda.mem_get_info(torch.device(self.config.device))[0]
+                if self.config.device.startswith("cuda") else available_ram(),
                 kv_bytes=sum(k.numel() * k.element_size() + v.numel() * v.element_size()
                              for k, v in self._pool.kv_caches),
             )
@@ -355,10 +358,47 @@ def _completion(r: Request, parser) -> Completion:
                       parser, r.grammar_complete)
 
 
-def _default_slots(mc, dtype: torch.dtype, context: int) -> int:
-    # enough for many concurrent contexts without taking the whole machine: 2 GiB of KV
+MAX_POOL_CONTEXTS = 256  # a pool holds at most this many full contexts, however much memory there is
+
+
+def kv_slots(mc, dtype: torch.dtype, context: int, device: str, fraction: float | None) -> int:
+    """The KV pool's size in tokens: `fraction` of the memory there is once the weights are loaded
+    (see CacheConfig.memory_fraction), at most MAX_POOL_CONTEXTS contexts; a RequestError where not
+    even one context fits."""
     per_token = KVPool.bytes_per_token(mc, dtype)
-    return int(max(min((2 << 30) // per_token, 64 * context), 4 * context))
+    budget = kv_budget(device, fraction)
+    slots = min(budget // per_token, MAX_POOL_CONTEXTS * context)
+    if slots < context:
+        raise RequestError(f"the KV pool gets {budget / 2**30:.2f} GiB ({slots} tokens at {per_token} bytes each), "
+                           f"less than one {context}-token context: raise memory_fraction, lower context_length, or "
+                           "give num_slots")
+    return int(slots)
+
+
+def kv_budget(device: str, fraction: float | None) -> int:
+    """Bytes the KV pool may take: on CUDA `fraction` (0.85) of the device's memory less what is in
+    use; on the CPU `fraction` (0.2) of the RAM available now."""
+    if device.startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return max(0, int((0.85 if fraction is None else fraction) * total) - (total - free))
+    return int((0.2 if fraction is None else fraction) * available_ram())
+
+
+def available_ram() -> int:
+    """MemAvailable (Linux), else what psutil says, else 8 GiB."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        return 8 << 30
 
 
 def _is_batch(prompt: Any) -> bool:
