@@ -20,9 +20,9 @@ from agentkv.engine.core import Components, EngineCore
 from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
 from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.memory import KVPool, ReqToTokenPool
-from agentkv.engine.prefixes import Prefixes, is_messages
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
 from agentkv.engine.parallel import TensorParallel
+from agentkv.engine.prefixes import Prefixes, is_messages
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import ReasoningBudget, Request
 from agentkv.engine.runner import ModelRunner
@@ -129,7 +129,9 @@ class Engine(Prefixes):
         kwargs = chat_template_kwargs or {}
         if not tools and self.reasoning is None:
             return self.generate(self.render(messages, **kwargs), params, schema=schema, **sampling)
-        from agentkv.tool_chat import ToolChat  # the format is data the engine applies, like the chat template
+        from agentkv.tool_chat import (
+            ToolChat,  # the format is data the engine applies, like the chat template
+        )
 
         plan = ToolChat.plan(self.tool_format, tools or [], tool_choice if tools else "none", schema, self.reasoning)
         params = self._params(params, sampling)
