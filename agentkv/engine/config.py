@@ -134,10 +134,9 @@ class ModelConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """A config.json that `from_hf` reads back (used by the GGUF conversion cache)."""
-        if self.num_experts:
-            raise ModelLoadError(f"a {self.family} model has no GGUF conversion yet; load its HF directory")
         arch = {"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "qwen3": "Qwen3ForCausalLM"}[self.family]
+                "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                "mixtral": "MixtralForCausalLM", "gemma3": "Gemma3ForCausalLM"}[self.family]
         out: dict[str, Any] = {
             "architectures": [arch],
             "model_type": self.family,
@@ -160,6 +159,14 @@ class ModelConfig:
         if any(self.layer_windows):
             out["sliding_window"] = max(self.layer_windows)
             out["layer_types"] = ["sliding_attention" if w else "full_attention" for w in self.layer_windows]
+            out["use_sliding_window"] = True  # (Qwen reads the window only with it)
+        if self.num_experts:
+            out.update({"num_local_experts" if self.family == "mixtral" else "num_experts": self.num_experts,
+                        "num_experts_per_tok": self.experts_per_token, "norm_topk_prob": self.norm_topk_prob,
+                        "moe_intermediate_size": self.moe_intermediate_size, "mlp_only_layers": list(self.dense_layers),
+                        "shared_expert_intermediate_size": self.shared_expert_intermediate_size})
+            if self.family == "mixtral":
+                out["intermediate_size"] = self.moe_intermediate_size
         return out
 
 

@@ -27,7 +27,8 @@ CONVERSION_VERSION = "3"  # 2: Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks;
 # quantizations whose matrices are kept as they are (csrc/cpu_quant.c multiplies them in their blocks);
 # every other tensor is dequantized to fp32 here
 KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1")
-GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+                      "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}  # (Mixtral is "llama" with experts)
 
 # GGUF tensor names -> HF names; `{i}` is the layer index.
 _LAYER_NAMES = {
@@ -45,6 +46,16 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",  # Phi-3's fused q/k/v
+    # mixtures of experts: the router, every expert's matrices stacked [experts, out, in], a shared expert
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.gate_exps",
+    "ffn_up_exps.weight": "mlp.experts.up_exps",
+    "ffn_down_exps.weight": "mlp.experts.down_exps",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -96,11 +107,12 @@ def _convert(path: Path, out: Path) -> None:
     kinds: dict[str, str] = {}
     dequantized: set[str] = set()
     for t in reader.tensors:
-        hf_name = _hf_name(t.name)
+        hf_name = _hf_name(t.name, arch)
         if hf_name is None:
             continue  # e.g. rope_freqs: recomputed from the config
-        if t.tensor_type.name in KEPT_QUANTS and hf_name.endswith(("proj.weight", "lm_head.weight", "embed_tokens.weight")):
-            raw = np.asarray(t.data)  # uint8 [out, blocks' bytes]: one output's row of blocks a row
+        if t.tensor_type.name in KEPT_QUANTS and hf_name.endswith(("proj.weight", "lm_head.weight", "embed_tokens.weight",
+                                                                    "_exps")):
+            raw = np.asarray(t.data)  # uint8 [(experts,) out, blocks' bytes]: one output's row of blocks a row
             if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
                 raw = _unpermute_qk(raw, config.num_heads if "attn_q" in t.name else config.num_kv_heads)
             kept[hf_name], kinds[hf_name] = np.ascontiguousarray(raw), t.tensor_type.name
@@ -132,11 +144,13 @@ def _convert(path: Path, out: Path) -> None:
     tokenizer_files_from_gguf(meta, path, out)
 
 
-def _hf_name(name: str) -> str | None:
+def _hf_name(name: str, arch: str = "llama") -> str | None:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     if name.startswith("blk."):
         _, idx, rest = name.split(".", 2)
+        if arch == "phi3" and rest == "ffn_up.weight":  # Phi-3's gate and up, fused (gate first)
+            return f"model.layers.{idx}.mlp.gate_up_proj.weight"
         if rest in _LAYER_NAMES:
             return f"model.layers.{idx}.{_LAYER_NAMES[rest]}"
     return None
@@ -167,12 +181,25 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool) -> ModelConfig:
             factor=float(get("rope.scaling.factor", 1.0)),
             original_max_position_embeddings=meta.get(f"{arch}.rope.scaling.original_context_length"),
         )
+    family = GGUF_ARCHITECTURES[arch]
+    experts = int(meta.get(f"{arch}.expert_count") or 0)
+    if experts and family == "llama":
+        family = "mixtral"  # llama.cpp writes Mixtral as a llama with experts
+    moe = {}
+    if experts:
+        moe = dict(num_experts=experts, experts_per_token=int(get("expert_used_count")),
+                   moe_intermediate_size=int(meta.get(f"{arch}.expert_feed_forward_length") or get("feed_forward_length")),
+                   # llama.cpp renormalizes the chosen experts' weights for Qwen3-MoE and Mixtral, not Qwen2-MoE
+                   norm_topk_prob=family != "qwen2_moe",
+                   shared_expert_intermediate_size=int(meta.get(f"{arch}.expert_shared_feed_forward_length") or 0))
+    window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
+    layers = int(get("block_count"))
     return ModelConfig(
-        family=GGUF_ARCHITECTURES[arch],
+        family=family,
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
-        num_layers=int(get("block_count")),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(get("attention.head_count_kv", heads)),
         head_dim=int(meta.get(f"{arch}.attention.key_length") or hidden // heads),
@@ -180,9 +207,11 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool) -> ModelConfig:
         rope_theta=float(get("rope.freq_base", 10000.0)),
         max_position_embeddings=int(get("context_length", 4096)),
         tie_word_embeddings=tied,
-        attention_bias=GGUF_ARCHITECTURES[arch] == "qwen2",
-        qk_norm=GGUF_ARCHITECTURES[arch] == "qwen3",
+        attention_bias=family in ("qwen2", "qwen2_moe"),
+        qk_norm=family in ("qwen3", "qwen3_moe"),
         rope_scaling=scaling,
+        layer_windows=(window,) * layers if window and family in ("phi3", "mixtral") else (),
+        **moe,
     )
 
 

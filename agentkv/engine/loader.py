@@ -191,8 +191,8 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         p, o = f"model.layers.{i}.", f"layers.{i}."
         out[o + "input_layernorm.weight"] = take(p + "input_layernorm.weight")
         out[o + "post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
-        if p + "self_attn.qkv_proj.weight" in hf:  # fused in the checkpoint (Phi-3)
-            out[o + "self_attn.qkv_proj.weight"] = take(p + "self_attn.qkv_proj.weight")
+        if p + "self_attn.qkv_proj.weight" in hf or p + "self_attn.qkv_proj.weight" in quant:  # fused (Phi-3)
+            out[o + "self_attn.qkv_proj.weight"] = matrix(p + "self_attn.qkv_proj.weight")
         else:
             out[o + "self_attn.qkv_proj.weight"] = matrix(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"))
         if cfg.attention_bias:
@@ -202,10 +202,10 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
             out[o + "self_attn.q_norm.weight"] = take(p + "self_attn.q_norm.weight")
             out[o + "self_attn.k_norm.weight"] = take(p + "self_attn.k_norm.weight")
         if cfg.is_moe_layer(i):
-            out.update(_moe_state(hf, take, p, o + "mlp.", cfg))
+            out.update(_moe_state(hf, take, p, o + "mlp.", cfg, quant, keep_quantized))
             continue
-        if p + "mlp.gate_up_proj.weight" in hf:  # gate then up, fused in the checkpoint (Phi-3)
-            out[o + "mlp.gate_up_proj.weight"] = take(p + "mlp.gate_up_proj.weight")
+        if p + "mlp.gate_up_proj.weight" in hf or p + "mlp.gate_up_proj.weight" in quant:  # gate then up (Phi-3)
+            out[o + "mlp.gate_up_proj.weight"] = matrix(p + "mlp.gate_up_proj.weight")
         else:
             out[o + "mlp.gate_up_proj.weight"] = matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
         out[o + "mlp.down_proj.weight"] = matrix(p + "mlp.down_proj.weight")
@@ -226,13 +226,29 @@ def _gemma_norms(take, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     return out
 
 
-def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, keep: bool) -> dict[str, torch.Tensor]:
     """One MoE layer's tensors, as checkpoints name them: per expert (the Hub's Qwen `mlp.experts.N.
-    gate_proj`, Mixtral's `block_sparse_moe.experts.N.w1/w3/w2`) or fused across experts
-    (transformers 5's `mlp.experts.gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I])."""
+    gate_proj`, Mixtral's `block_sparse_moe.experts.N.w1/w3/w2`), fused across experts
+    (transformers 5's `mlp.experts.gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I]), or stacked by
+    kind (a GGUF's gate / up / down [E, out, in]; with `keep`, left in their blocks where `quant` holds them)."""
     block = p + ("block_sparse_moe." if p + "block_sparse_moe.gate.weight" in hf else "mlp.")
     out = {o + "router.weight": take(block + "gate.weight")}
-    if block + "experts.gate_up_proj" in hf:
+    stacked = [block + f"experts.{k}_exps" for k in ("gate", "up", "down")]
+    if keep and all(n in quant for n in stacked) and len({quant[n][1] for n in stacked}) == 1 \
+            and quant[stacked[0]][1] in QUANT_TYPES:
+        (gate, kind), (up, _), (down, _) = (quant[n] for n in stacked)
+        code, bytes_ = QUANT_TYPES[kind]
+        for e in range(cfg.num_experts):
+            gu = torch.cat([gate[e], up[e]])
+            out[o + f"experts.{e}.gate_up_proj.weight"] = QuantWeight(gu, code, gu.shape[1] // bytes_ * 32, gu.shape[0])
+            out[o + f"experts.{e}.down_proj.weight"] = QuantWeight(down[e].contiguous(), code,
+                                                                   down.shape[2] // bytes_ * 32, down.shape[1])
+    elif stacked[0] in hf or stacked[0] in quant:
+        gate, up, down = (take(n) for n in stacked)
+        for e in range(cfg.num_experts):
+            out[o + f"experts.{e}.gate_up_proj.weight"] = torch.cat([gate[e], up[e]])
+            out[o + f"experts.{e}.down_proj.weight"] = down[e]
+    elif block + "experts.gate_up_proj" in hf:
         gate_up, down = take(block + "experts.gate_up_proj"), take(block + "experts.down_proj")
         for e in range(cfg.num_experts):
             out[o + f"experts.{e}.gate_up_proj.weight"] = gate_up[e]
