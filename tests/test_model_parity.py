@@ -201,7 +201,9 @@ CHAT_PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smollm():
-    engine = ak.Engine(num_slots=8192)
+    # the weights dequantized as HF dequantizes them: the model code against HF's, exactly (kept in
+    # their Q4_1 blocks, decode reads x as int8 blocks: test_embedded_kept_weights_answer_alike)
+    engine = ak.Engine(num_slots=8192, quantized_weights=False)
     yield engine
     engine.close()
 
@@ -240,3 +242,15 @@ def test_embedded_greedy_matches_hf_generate(smollm, hf_smollm):
         # an explicit mask: otherwise HF masks every <|im_end|> in the prompt, since it is also the pad token
         expected = hf_smollm.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32, do_sample=False, eos_token_id=None)
         assert out.token_ids == expected[0, len(ids) :].tolist()
+
+
+@requires_embedded
+@pytest.mark.slow
+def test_embedded_kept_weights_answer_alike(smollm):
+    """The default engine keeps the file's Q4_1 blocks and reads x as int8 blocks in decode, as
+    llama.cpp does: its greedy answers start as the exact model's (the first 8 tokens of each)."""
+    prompts = [smollm.tokenizer.encode(smollm.render([{"role": "user", "content": p}])) for p in CHAT_PROMPTS]
+    with ak.Engine(num_slots=8192) as kept:
+        fast = kept.generate(prompts, max_tokens=8, temperature=0.0, ignore_eos=True)
+    exact = smollm.generate(prompts, max_tokens=8, temperature=0.0, ignore_eos=True)
+    assert [o.token_ids for o in fast] == [o.token_ids for o in exact]

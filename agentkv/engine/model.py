@@ -162,7 +162,9 @@ class LogitsProjection(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(self.weight, QuantWeight):
-            return self.native.qlinear(x.contiguous(), self.weight)
+            # x kept in fp32: the argmax of 49k logits is decided by margins that int8 activations
+            # erase (SmolLM2's first answer token flips from "The" to "L" with them)
+            return self.native.qlinear(x.contiguous(), self.weight, exact=True)
         if self.native_weight is not None:
             return self.native.linear(x.contiguous(), self.native_weight)
         if self.packed is not None:
