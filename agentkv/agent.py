@@ -29,7 +29,7 @@ from agentkv.errors import AgentError, EngineClosedError, RequestError
 from agentkv.mcp_tools import MCPToolset
 from agentkv.reasoning import ReasoningFormat
 from agentkv.run_context import RunContext
-from agentkv.syncio import iterate_sync, run_sync
+from agentkv.syncio import Awaitable, EventStream, iterate_sync, run_sync
 from agentkv.tool_calls import tool_name_problem
 from agentkv.tool_formats import ToolFormat
 from agentkv.tools import Tool, tool
@@ -365,45 +365,6 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, tools={list(self.tools)}, output_type={self.output_type!r})"
-
-
-class Awaitable:
-    """What `Agent.run` returns: awaited, the run; used synchronously (the API before 0.2, where `run`
-    was the sync form), it runs now with a DeprecationWarning naming `instead`."""
-
-    def __init__(self, make, instead: str):
-        self._make, self._instead, self._result = make, instead, None
-
-    def __await__(self):
-        return self._make().__await__()
-
-    def _sync(self):
-        if self._result is None:
-            warnings.warn(f"using Agent.run's result without await is deprecated: use {self._instead}(...)",
-                          DeprecationWarning, stacklevel=3)
-            self._result = run_sync(self._make())
-        return self._result
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._sync(), name)
-
-
-class EventStream:
-    """What `Agent.stream` returns: an async iterator of events; a plain `for` (the API before 0.2)
-    iterates synchronously with a DeprecationWarning."""
-
-    def __init__(self, make):
-        self._make = make
-
-    def __aiter__(self):
-        return self._make().__aiter__()
-
-    def __iter__(self):
-        warnings.warn("iterating Agent.stream synchronously is deprecated: use Agent.stream_sync(...)",
-                      DeprecationWarning, stacklevel=2)
-        return iterate_sync(self._make())
 
 
 def _refuse(unknown: dict, where: str) -> None:

@@ -33,6 +33,7 @@ from agentkv.agent_result import (
     ToolResult,
     ToolResultEvent,
 )
+from agentkv.agent_step import agent_prompt, history_content, read_step, step_params
 from agentkv.errors import (
     AgentRetriesError,
     ModelRetry,
@@ -40,8 +41,7 @@ from agentkv.errors import (
     RequestError,
     ToolArgumentsError,
 )
-from agentkv.messages import assistant_calls_message, template_messages, tool_message
-from agentkv.reasoning import reply_grammar
+from agentkv.messages import assistant_calls_message, tool_message
 from agentkv.run_context import RunContext
 from agentkv.tool_calls import ToolCall
 
@@ -60,8 +60,9 @@ class AgentRun:
 
     async def events(self) -> AsyncIterator[AgentEvent]:
         span, ended = tracing.start("agent run", agentkv__agent=self.agent.name), False
+        steps = self._steps(span)
         try:
-            async for event in self._steps(span):
+            async for event in steps:
                 if isinstance(event, RunEnd):  # ended here: the consumer may stop at this event
                     ended = True
                     tracing.end(span, agentkv__final_agent=self.agent.name, agentkv__steps=self.usage.steps,
@@ -71,6 +72,8 @@ class AgentRun:
             if not ended:
                 tracing.end(span, e if isinstance(e, Exception) else None, **tracing.usage_attributes(self.usage))
             raise
+        finally:  # closed here, on this loop: left to the collector, its close would find the loop gone
+            await steps.aclose()
 
     async def _steps(self, run_span) -> AsyncIterator[AgentEvent]:
         agent = self.agent
@@ -124,7 +127,7 @@ class AgentRun:
                     withheld |= set(agent.handoffs)
                 fresh = [r.call for r in step.tool_results if not r.repeated]
                 if fresh:  # the conversation keeps the calls that ran (or wait), and their results
-                    messages.append(assistant_calls_message(_history_content(setup.format, before, step), fresh))
+                    messages.append(assistant_calls_message(history_content(setup.format, before, step), fresh))
                     messages.extend(tool_message(r.call, r.content) for r in step.tool_results
                                     if not r.repeated and r.call not in pending)
                 if any(not r.refused for r in step.tool_results):  # a required or named call was made:
@@ -329,69 +332,6 @@ class AgentRun:
 
     def _result(self, output) -> AgentResult:
         return AgentResult(output, self.steps, self.usage, self.messages, self.agent.name)
-
-
-# ---- one step's prompt, grammar and reading -------------------------------------------------------
-
-
-def agent_prompt(agent, setup, engine, messages: list[dict]) -> str:
-    return engine.render(template_messages(messages, setup.format), tools=setup.format.template_tools(setup.definitions),
-                         **agent.chat_template_kwargs)
-
-
-def step_params(agent, setup, mode: str, offered: list, state: str, markup_free: bool = False):
-    """The sampling parameters of a step: the agent's, with the grammar of the step's mode over the
-    offered tools, after a reasoning block where the model reasons. `markup_free`: the conversation
-    holds calls, so text may not write the format's markup even where this agent has no tools."""
-    schema = agent.output_spec.schema
-    if mode in agent.tools:  # a named tool: calls of it only
-        tools, mode = [agent.tools[mode]], "required"
-    elif mode == "none":
-        tools = list(agent.tools.values())  # the answer's text may not imitate their markup
-    else:
-        tools = offered
-    if mode != "none" and not tools:
-        mode = "none"
-    answer = setup.format.answer_grammar(tools, mode, schema, agent.parallel_tool_calls,
-                                         close_objects=agent.params.close_objects, markup_free=markup_free)
-    grammar = reply_grammar(answer, setup.reasoning, state)
-    return agent.params.with_(grammar=grammar) if grammar is not None else agent.params
-
-
-def read_step(agent, setup, index: int, mode: str, completion, state: str = "off") -> tuple[Step, str, str]:
-    """The step a completion makes, the text the conversation keeps of it (its reasoning included:
-    the chat template keeps or drops it, as the model was trained), and of that the part before its
-    calls.
-
-    A reply cut by max_tokens keeps the calls it completed (the cut one is dropped); cut before any
-    call, it is an error the model is asked to correct, unless it is free text, which is returned as
-    it is (as `ak.generate` returns a cut free-text reply)."""
-    text, fmt = completion.text, setup.format
-    thought, answer = setup.reasoning.split(text, state) if state != "off" else (None, text)
-    step = Step(index, mode, text, content=answer, reasoning=thought)
-    cut = completion.finish_reason == "length"
-    if mode == "none":
-        if cut and not agent.output_spec.text:
-            step.error = f"the reply was cut at max_tokens ({agent.params.max_tokens}) before it was complete"
-        return step, text, text
-    step.content, calls, end = fmt.parse(answer, cut=cut)
-    step.tool_calls = [dataclasses.replace(c, id=f"call_{index}_{k}") for k, c in enumerate(calls)]
-    start = fmt.calls_start(answer)
-    before = text[:len(text) - len(answer) + max(start, 0)]
-    if completion.complete or start < 0 and agent.output_spec.text and mode == "auto":
-        return step, text, before
-    if calls:
-        return step, text[:len(text) - len(answer) + end], before
-    step.error = (f"the reply was cut at max_tokens ({agent.params.max_tokens}) before it was complete; "
-                  "write shorter arguments, or fewer calls")
-    return step, text, before
-
-
-def _history_content(fmt, before_calls: str, step: Step) -> str:
-    """The assistant turn's text before its calls, as the conversation keeps it: so that the format
-    writing it back (text, its separator, the calls) gives what the model wrote."""
-    sep = fmt.between_text_and_calls
-    return before_calls[:-len(sep)] if sep and before_calls.endswith(sep) else before_calls
 
 
 def _call_key(call: ToolCall) -> str:

@@ -1,9 +1,12 @@
-"""Async code from synchronous callers: the sync forms of `Agent.run` / `stream` and `ak.stream`."""
+"""Async code from synchronous callers: the sync forms of `Agent.run` / `stream` and `ak.stream`, and
+the objects `Agent.run` / `Agent.stream` return, which also serve the sync callers of the API before
+0.2 (with a DeprecationWarning)."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import warnings
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -34,3 +37,42 @@ def iterate_sync(agen: AsyncIterator[T]) -> Iterator[T]:
     finally:
         loop.run_until_complete(agen.aclose())
         loop.close()
+
+
+class Awaitable:
+    """What `Agent.run` returns: awaited, the run; used synchronously (the API before 0.2, where `run`
+    was the sync form), it runs now with a DeprecationWarning naming `instead`."""
+
+    def __init__(self, make, instead: str):
+        self._make, self._instead, self._result = make, instead, None
+
+    def __await__(self):
+        return self._make().__await__()
+
+    def _sync(self):
+        if self._result is None:
+            warnings.warn(f"using Agent.run's result without await is deprecated: use {self._instead}(...)",
+                          DeprecationWarning, stacklevel=3)
+            self._result = run_sync(self._make())
+        return self._result
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._sync(), name)
+
+
+class EventStream:
+    """What `Agent.stream` returns: an async iterator of events; a plain `for` (the API before 0.2)
+    iterates synchronously with a DeprecationWarning."""
+
+    def __init__(self, make):
+        self._make = make
+
+    def __aiter__(self):
+        return self._make().__aiter__()
+
+    def __iter__(self):
+        warnings.warn("iterating Agent.stream synchronously is deprecated: use Agent.stream_sync(...)",
+                      DeprecationWarning, stacklevel=2)
+        return iterate_sync(self._make())

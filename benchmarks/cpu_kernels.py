@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import table  # noqa: E402
 
-from agentkv.engine.model import _pack, _packed_linear  # noqa: E402
-from agentkv.kernels import cpu_native, cpu_backend, get_backend  # noqa: E402
+from agentkv.engine.linear import _pack, _packed_linear  # noqa: E402
+from agentkv.kernels import cpu_backend, cpu_native, get_backend  # noqa: E402
 from agentkv.kernels.base import AttentionMetadata  # noqa: E402
 
 LAYERS = 30

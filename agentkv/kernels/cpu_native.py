@@ -149,6 +149,8 @@ class NativeKernels:
         or the CPU lacks AVX2), in slices of 16 for a long x when the weight is large (the vocabulary
         projection), else the weight dequantized once and multiplied by torch."""
         M = x.shape[0]
+        if M == 0:  # (a pass that selects no row's logits)
+            return torch.empty(0, w.out_features, dtype=x.dtype)
         if M > QLINEAR_MAX_ROWS and w.out_features * w.in_features <= QLINEAR_DEQUANT_MAX:
             full = self.qdequant(w, None, x.dtype)
             base = bias if residual is None else residual if bias is None else residual + bias
