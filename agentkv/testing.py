@@ -68,7 +68,7 @@ def write_byte_tokenizer(out: Path, specials=SPECIALS, added=(), bos: str = "<|i
 
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
-                 "gemma3_text": "Gemma3ForCausalLM",
+                 "gemma3_text": "Gemma3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
                  "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
@@ -101,12 +101,16 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
     if rope_scaling:
         cfg["rope_scaling"] = rope_scaling
     cfg["sliding_window"] = sliding_window
-    if family in ("phi3", "gemma3_text"):
+    if family in ("phi3", "gemma3_text", "gemma2"):
         cfg["pad_token_id"] = None  # their configs' defaults are past a byte vocabulary
     if family == "gemma3_text":  # windowed layers with the local rope base, every third layer global
         cfg.update(query_pre_attn_scalar=head_dim * 2, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
                    hidden_activation="gelu_pytorch_tanh", sliding_window=sliding_window or 4096,
                    layer_types=["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(layers)])
+    if family == "gemma2":  # soft caps low enough to bite on random weights; every other layer windowed
+        cfg.update(query_pre_attn_scalar=head_dim * 2, hidden_activation="gelu_pytorch_tanh",
+                   attn_logit_softcapping=2.0, final_logit_softcapping=3.0, sliding_window=sliding_window or 4096,
+                   layer_types=["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)])
     if sliding_window and family.startswith("qwen"):
         cfg.update(use_sliding_window=True, max_window_layers=max_window_layers)
     moe = family in ("qwen3_moe", "qwen2_moe", "mixtral")
@@ -139,9 +143,10 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
         if family in ("qwen3", "qwen3_moe", "gemma3_text"):
             w[p + "self_attn.q_norm.weight"] = 1 + rnd(head_dim)
             w[p + "self_attn.k_norm.weight"] = 1 + rnd(head_dim)
-        if family == "gemma3_text":  # (its norms scale by 1 + weight: weights near 0)
+        if family in ("gemma3_text", "gemma2"):  # (their norms scale by 1 + weight: weights near 0)
             for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                         "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm"):
+                         "post_feedforward_layernorm") + (("self_attn.q_norm", "self_attn.k_norm")
+                                                          if family == "gemma3_text" else ()):
                 w[p + name + ".weight"] = rnd(hidden if "attn." not in name else head_dim, scale=0.3)
         if moe and i not in dense_layers:
             w.update(_experts(p, family, hidden, intermediate, experts, rnd))

@@ -44,6 +44,7 @@ def _hf(path, dtype=torch.float32):
         ("mixtral", {"sliding_window": 12}),
         ("phi3", {"sliding_window": 20, "tie": False}),
         ("gemma3_text", {"sliding_window": 10, "layers": 3, "kv_heads": 1}),
+        ("gemma2", {"sliding_window": 12}),
     ],
 )
 def test_tiny_families_match_hf(tmp_path, family, kwargs):

@@ -1,4 +1,4 @@
-"""Sliding-window attention in every backend that does it (torch's padded, shared and in-place
+"""Sliding-window attention (and Gemma 2's soft-capped scores) in every backend that does it (torch's padded, shared and in-place
 decode routes and its extends; the C kernel's AVX-512 and plain-C bodies, with split keys; Triton's
 decode and extend kernels, interpreted on CPU) against a dense reference that masks keys more than
 `window - 1` positions before each query. The model-level check against HF is in
@@ -14,12 +14,14 @@ from agentkv.kernels import cpu_native, get_backend, torch_backend
 from agentkv.kernels.base import AttentionMetadata
 
 
-def reference(q, k_all, v_all, scale, prefix_len, window):
+def reference(q, k_all, v_all, scale, prefix_len, window, softcap=0.0):
     ext, H, D = q.shape
     g = H // k_all.shape[1]
     k = k_all.repeat_interleave(g, dim=1).transpose(0, 1)
     v = v_all.repeat_interleave(g, dim=1).transpose(0, 1)
     scores = torch.einsum("thd,hsd->hts", q, k) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     keys = torch.arange(k_all.shape[0])[None, :]
     pos = torch.arange(prefix_len, prefix_len + ext)[:, None]
     outside = (keys > pos) | (keys <= pos - window) if window else keys > pos
@@ -58,16 +60,16 @@ def mixed_batch(seed, heads, kv_heads, decode_only=False, long=False):
     return meta, q, k_new, v_new, k_cache, v_cache
 
 
-def check(backend, batch, window, tol=1e-5):
+def check(backend, batch, window, tol=1e-5, softcap=0.0):
     meta, q, k_new, v_new, k_cache, v_cache = batch
     T, H, D = q.shape
     backend.prepare(meta)
     kc, vc = k_cache.clone(), v_cache.clone()
-    out = backend.forward(q, k_new, v_new, kc, vc, D**-0.5, window).view(T, H, D)
+    out = backend.forward(q, k_new, v_new, kc, vc, D**-0.5, window, softcap).view(T, H, D)
     offset = 0
     for row, (s, e) in enumerate(zip(meta.seq_lens, meta.extend_lens)):
         slots = meta.req_to_token[row, :s]
-        expected = reference(q[offset : offset + e], kc[slots], vc[slots], D**-0.5, s - e, window)
+        expected = reference(q[offset : offset + e], kc[slots], vc[slots], D**-0.5, s - e, window, softcap)
         torch.testing.assert_close(out[offset : offset + e], expected, rtol=tol, atol=tol)
         offset += e
 
@@ -82,6 +84,8 @@ def test_torch_backend_windows(monkeypatch, window, route, decode_only):
     check(backend, batch, window)
     assert (backend.shared_slots is not None) == (route == "shared")
     check(backend, batch, 0)  # the same pass without a window (another layer of it)
+    check(backend, batch, window, softcap=0.7)  # scores capped as Gemma 2's, which bites at 0.7
+    check(backend, batch, 0, softcap=0.7)
 
 
 @pytest.mark.parametrize("in_place", [True, False])
@@ -109,7 +113,9 @@ needs_native = pytest.mark.skipif(cpu_native.load() is None, reason="agentkv's C
 def test_cpu_kernel_windows(generic, window, long):
     backend = get_backend("cpu")
     backend.generic = generic
-    check(backend, mixed_batch(window + long, 8, 2, long=long), window, tol=2e-5)
+    batch = mixed_batch(window + long, 8, 2, long=long)
+    check(backend, batch, window, tol=2e-5)
+    check(backend, batch, window, tol=2e-5, softcap=0.7)
 
 
 def test_triton_windows():
@@ -122,6 +128,7 @@ def test_triton_windows():
     for window in (5, 16):
         check(backend, mixed_batch(window, 6, 2), window)
         check(backend, mixed_batch(window, 6, 2, long=True), window)
+        check(backend, mixed_batch(window, 6, 2), window, softcap=0.7)
 
 
 def test_flashinfer_refuses_a_windowed_model(tmp_path):

@@ -22,6 +22,7 @@ SUPPORTED_ARCHITECTURES = {
     # Gemma 3 (text): norms around attention and MLP, GeGLU, q/k norm, scaled embeddings, windowed
     # layers with their own rope base
     "Gemma3ForCausalLM": "gemma3",
+    "Gemma2ForCausalLM": "gemma2",  # Gemma 3's layer without q/k norm, with soft-capped scores and logits
     # mixtures of experts: the attention of the dense family, a routed MoE block for the MLP
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
@@ -47,7 +48,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: Literal["llama", "phi3", "gemma3", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral"]
+    family: Literal["llama", "phi3", "gemma2", "gemma3", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral"]
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -78,6 +79,8 @@ class ModelConfig:
     hidden_act: str = "silu"  # the MLP's gate activation: "silu", or "gelu_tanh" (Gemma's GeGLU)
     attention_scale: float | None = None  # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
     local_rope_theta: float = 0.0  # the windowed layers' own rope base (Gemma 3), default rope; 0: as the others
+    attn_softcap: float = 0.0  # > 0: attention scores capped to c * tanh(s / c) (Gemma 2)
+    final_softcap: float = 0.0  # > 0: the logits capped the same way (Gemma 2)
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -91,14 +94,14 @@ class ModelConfig:
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if family is None:
             model_type = cfg.get("model_type")
-            family = {"llama": "llama", "mistral": "llama", "phi3": "phi3", "gemma3_text": "gemma3", "qwen2": "qwen2",
+            family = {"llama": "llama", "mistral": "llama", "phi3": "phi3", "gemma3_text": "gemma3", "gemma2": "gemma2", "qwen2": "qwen2",
                       "qwen3": "qwen3",
                       "qwen3_moe": "qwen3_moe",
                       "qwen2_moe": "qwen2_moe", "mixtral": "mixtral"}.get(model_type)
         if family is None:
             raise ModelLoadError(
                 f"unsupported architecture {archs or cfg.get('model_type')!r}; agentkv implements "
-                f"{sorted(SUPPORTED_ARCHITECTURES)}. Point --model at a Llama, Mistral, Phi-3, Gemma 3, Qwen2, "
+                f"{sorted(SUPPORTED_ARCHITECTURES)}. Point --model at a Llama, Mistral, Phi-3, Gemma 2 or 3, Qwen2, "
                 "Qwen3, Qwen2-MoE, Qwen3-MoE or Mixtral checkpoint."
             )
         partial = float(_rope_params(cfg).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) or 1.0)
@@ -186,8 +189,9 @@ def _windows(archs: list[str], cfg: dict[str, Any]) -> tuple[int, ...]:
                                            "full_attention" for i in range(layers)]
     elif cfg.get("layer_types"):
         types = cfg["layer_types"]
-    elif "Gemma3ForCausalLM" in archs or model_type == "gemma3_text":  # every `sliding_window_pattern`-th layer full
-        pattern = int(cfg.get("sliding_window_pattern") or 6)
+    elif "Gemma3ForCausalLM" in archs or model_type == "gemma3_text" or "Gemma2ForCausalLM" in archs \
+            or model_type == "gemma2":  # every `sliding_window_pattern`-th layer full (Gemma 2: every other)
+        pattern = int(cfg.get("sliding_window_pattern") or (2 if "gemma2" in model_type or "Gemma2ForCausalLM" in archs else 6))
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
     elif any(a in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM") for a in archs) \
             or model_type in ("mistral", "mixtral", "phi3"):
@@ -202,11 +206,19 @@ def _gemma(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """Gemma 3's fields: GeGLU, the attention scale, q/k norm, and per layer type its rope (the global
     layers' `rope_theta` and scaling, the windowed layers' `rope_local_base_freq`); transformers 5
     writes both under `rope_parameters` by layer type."""
+    if family == "gemma2":  # one rope for every layer, soft caps on scores and logits
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+        if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ModelLoadError(f"Gemma 2 with activation {act!r} is not implemented (gelu_pytorch_tanh is)")
+        return {"hidden_act": "gelu_tanh", "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+                "attention_scale": float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 256) ** -0.5,
+                "attn_softcap": float(cfg.get("attn_logit_softcapping") or 0.0),
+                "final_softcap": float(cfg.get("final_logit_softcapping") or 0.0)}
     if family != "gemma3":
         return {}
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if cfg.get(key):
-            raise ModelLoadError(f"{key}={cfg[key]} (Gemma 2's soft-capping) is not implemented; Gemma 3 has none")
+        if cfg.get(key):  # (Gemma 3 has none; a config that sets them is not one transformers writes)
+            raise ModelLoadError(f"{key}={cfg[key]} with Gemma 3 is not implemented")
     if cfg.get("use_bidirectional_attention"):
         raise ModelLoadError("use_bidirectional_attention (an embedding model) is not a causal LM agentkv serves")
     params = cfg.get("rope_parameters") or {}

@@ -73,9 +73,9 @@ class Engine(Prefixes):
             req_pool = ReqToTokenPool(cfg.cache.max_running_requests, context + 1, device)
             tree = RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity)) if cfg.cache.enable_radix_cache else None
             backend = get_backend(cfg.attention_backend, device, native=native is not None)
-            if any(mc.layer_windows) and backend.name == "flashinfer":
-                raise RequestError("this model has sliding-window layers, which the flashinfer backend does not "
-                                   "do yet: use attention_backend='triton' (or 'auto')")
+            if (any(mc.layer_windows) or mc.attn_softcap) and backend.name == "flashinfer":
+                raise RequestError("this model has sliding-window layers or soft-capped attention, which the "
+                                   "flashinfer backend does not do yet: use attention_backend='triton' (or 'auto')")
             runner = ModelRunner(loaded.model, pool, req_pool, backend, device)
             if tp > 1:
                 runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, backend.name, native is not None)

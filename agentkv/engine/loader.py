@@ -209,7 +209,7 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         else:
             out[o + "mlp.gate_up_proj.weight"] = matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
         out[o + "mlp.down_proj.weight"] = matrix(p + "mlp.down_proj.weight")
-    if cfg.family == "gemma3":
+    if cfg.family in ("gemma2", "gemma3"):
         out.update(_gemma_norms(take, cfg))
     return out
 
@@ -221,7 +221,7 @@ def _gemma_norms(take, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     for i in range(cfg.num_layers):
         p, o = f"model.layers.{i}.", f"layers.{i}."
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                     "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm"):
+                     "post_feedforward_layernorm") + (("self_attn.q_norm", "self_attn.k_norm") if cfg.qk_norm else ()):
             out[o + name + ".weight"] = 1 + take(p + name + ".weight")
     return out
 

@@ -75,6 +75,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.attention_scale or cfg.head_dim**-0.5
         self.window = cfg.window(layer_id)  # keys a query sees (its own included); 0: all before it
+        self.softcap = cfg.attn_softcap
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding,
                 residual: torch.Tensor | None) -> torch.Tensor:
@@ -93,7 +94,8 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim))
             q, k = rope.apply_one(ctx.rope, q), rope.apply_one(ctx.rope, k)
         k_cache, v_cache = ctx.kv_caches[self.layer_id]
-        return self.o_proj(ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale, self.window), residual)
+        return self.o_proj(ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale, self.window, self.softcap),
+                           residual)
 
 
 class MLP(nn.Module):
@@ -173,7 +175,7 @@ class DecoderLayer(nn.Module):
 
 
 class SandwichDecoderLayer(nn.Module):
-    """Gemma 3's layer: a norm before and after attention and before and after the MLP, each
+    """Gemma 2 and 3's layer: a norm before and after attention and before and after the MLP, each
     output normed before it joins the residual."""
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
@@ -196,7 +198,7 @@ class CausalLM(nn.Module):
         self.config = cfg
         # uninitialized (`_weight`): the checkpoint overwrites it, and a random init of a large table is slow
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
-        layer = SandwichDecoderLayer if cfg.family == "gemma3" else DecoderLayer
+        layer = SandwichDecoderLayer if cfg.family in ("gemma2", "gemma3") else DecoderLayer
         self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg, max_positions)
@@ -204,7 +206,7 @@ class CausalLM(nn.Module):
         self.local_rope = RotaryEmbedding(dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta,
                                                               rope_scaling=RopeScaling()), max_positions) \
             if cfg.local_rope_theta else None
-        self.embed_scale = cfg.hidden_size**0.5 if cfg.family == "gemma3" else None
+        self.embed_scale = cfg.hidden_size**0.5 if cfg.family in ("gemma2", "gemma3") else None
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.logits_proj: LogitsProjection | None = None  # built by finalize() once weights are loaded
 
@@ -262,4 +264,7 @@ class CausalLM(nn.Module):
             windowed = local is not None and layer.self_attn.window
             ctx.rope = local if windowed else tables
             x = layer(x, ctx, self.local_rope if windowed else self.rope)
-        return self.logits_proj(self.norm(x[logits_indices])).float()
+        logits = self.logits_proj(self.norm(x[logits_indices])).float()
+        if self.config.final_softcap:  # Gemma 2
+            logits = torch.tanh(logits / self.config.final_softcap) * self.config.final_softcap
+        return logits

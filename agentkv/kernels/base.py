@@ -41,7 +41,8 @@ class AttentionBackend(ABC):
     `prepare` is called once per forward pass (build index tensors shared by all layers);
     `forward` once per layer. `forward` writes the new tokens' K/V into `k_cache`/`v_cache` at
     `meta.out_cache_loc` before attending, and returns [T, num_heads * head_dim]. `window` > 0 is
-    sliding-window attention: a token at position p sees positions p - window + 1 .. p.
+    sliding-window attention: a token at position p sees positions p - window + 1 .. p. `softcap` > 0
+    caps the scaled scores as Gemma 2 does: softcap * tanh(score / softcap), before the mask.
     """
 
     name: str
@@ -60,6 +61,7 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         scale: float,
         window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor: ...
 
 

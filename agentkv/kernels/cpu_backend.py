@@ -70,7 +70,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
                  for first, ext, row, seq in self.spans for j in range(0, ext, per_tile)]
         return torch.tensor(tiles, dtype=torch.int64).reshape(-1, 4)
 
-    def forward(self, q, k, v, k_cache, v_cache, scale, window=0):
+    def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0):
         T, H, D = q.shape
         if self.tiles is None:  # the first layer of the pass
             self.native = (self.kernels.handles(q) and k_cache.dtype == q.dtype and D <= self.kernels.max_head_dim)
@@ -78,12 +78,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
                 TorchAttentionBackend.prepare(self, self.meta)
             self.tiles = self._tiles(H, k.shape[1])
         if not self.native:
-            return TorchAttentionBackend.forward(self, q, k, v, k_cache, v_cache, scale, window)
+            return TorchAttentionBackend.forward(self, q, k, v, k_cache, v_cache, scale, window, softcap)
         out = torch.empty(T, H, D, dtype=q.dtype)
         meta = self.meta
         self.kernels.attention(q, k, v, k_cache, v_cache, meta.out_cache_loc, meta.req_to_token, self.tiles, scale,
-                               out, generic=self.generic, window=window)
+                               out, generic=self.generic, window=window, softcap=softcap)
         if window and window not in self._windowed:
             self._windowed[window] = (None, self._window_extends(window))
-        self._attend_extends(q, k_cache, v_cache, scale, out, self._windowed[window][1] if window else self.extends)
+        self._attend_extends(q, k_cache, v_cache, scale, out, self._windowed[window][1] if window else self.extends,
+                             softcap)
         return out.view(T, H * D)

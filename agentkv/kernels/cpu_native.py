@@ -41,7 +41,7 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `bf` flag
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_attention": ([_INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P,
-                           _I64, _INT, _INT, _INT, _F, _P, _I64, _INT, _INT], _INT),
+                           _I64, _INT, _INT, _INT, _F, _P, _I64, _F, _INT, _INT], _INT),
     "agentkv_rms_norm": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT], None),
     "agentkv_silu_mul": ([_INT, _P, _I64, _I64, _I64, _P, _INT, _INT], None),
     "agentkv_rope": ([_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT], None),
@@ -216,11 +216,12 @@ class NativeKernels:
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, out_loc: torch.Tensor, table: torch.Tensor, tiles: torch.Tensor,
-                  scale: float, out: torch.Tensor, generic: bool = False, window: int = 0) -> None:
+                  scale: float, out: torch.Tensor, generic: bool = False, window: int = 0,
+                  softcap: float = 0.0) -> None:
         """Writes k, v [T, KVH, D] to the caches at `out_loc` [T], then fills out [T, H, D] at the
         tokens of `tiles` [n, 4] (first token, tokens, table row, keys of the first token): see
         csrc/cpu_attention.c. `generic` runs the plain-C path on CPUs with AVX-512 too (tests);
-        `window` > 0 is sliding-window attention."""
+        `window` > 0 is sliding-window attention; `softcap` > 0 caps the scores (Gemma 2)."""
         T, H, D = q.shape
         kvh = k.shape[1]
         for t in (q, k, v):
@@ -232,7 +233,7 @@ class NativeKernels:
             _DTYPES[q.dtype], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
             k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], out_loc.data_ptr(), T, table.data_ptr(),
             table.shape[0], table.shape[1], tiles.data_ptr(), tiles.shape[0], H, kvh, D, scale, out.data_ptr(),
-            window, torch.get_num_threads(), generic,
+            window, softcap, torch.get_num_threads(), generic,
         )
         if bad:  # the kernel checks every index before it writes or reads through one
             what = {1: "a new token's slot", 2: "a tile", 3: "a slot in the table"}[bad]

@@ -73,8 +73,8 @@ class FlashInferAttentionBackend(AttentionBackend):
             self._prefill.plan(self.qo_indptr, indptr, indices, last, H, kvh, D, 1, causal=True, **common)
         self.planned = True
 
-    def forward(self, q, k, v, k_cache, v_cache, scale, window=0):
-        if window:  # (its wrappers take window_left at plan time, one plan per window: not wired yet)
+    def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0):
+        if window or softcap:  # (its wrappers take window_left at plan time, one plan per window: not wired yet)
             raise RequestError("the flashinfer backend does not do sliding-window attention yet; this model "
                                "has windowed layers: use attention_backend='triton'")
         meta = self.meta

@@ -90,7 +90,7 @@ class TorchAttentionBackend(AttentionBackend):
         if unique.numel() and int(unique[0]) == 0:
             mask[:, 0] = float("-inf")
 
-    def forward(self, q, k, v, k_cache, v_cache, scale, window=0):
+    def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0):
         meta = self.meta
         k_cache.index_copy_(0, meta.out_cache_loc, k.to(k_cache.dtype))
         v_cache.index_copy_(0, meta.out_cache_loc, v.to(v_cache.dtype))
@@ -101,7 +101,7 @@ class TorchAttentionBackend(AttentionBackend):
         if decode_mask is not None and decode_mask.dtype != q.dtype:
             decode_mask = self._cast_decode_mask(window, q.dtype)
         if nd and self.shared_slots is not None:
-            decoded = self._decode_shared(q[:nd], k_cache, v_cache, scale, decode_mask)
+            decoded = self._decode_shared(q[:nd], k_cache, v_cache, scale, decode_mask, softcap)
         elif nd:
             nd_, L = self.decode_slots.shape
             if self.decode_run is not None:  # views of the pool: [1, KVH, L, D]; a window reads its last keys
@@ -117,14 +117,17 @@ class TorchAttentionBackend(AttentionBackend):
             # against 110 for one query per head with enable_gqa.
             kvh = k_cache.shape[1]
             qd = q[:nd].reshape(nd, kvh, H // kvh, D)
-            o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=decode_mask, scale=scale)
+            if softcap:  # (SDPA has no soft cap)
+                o = _capped(qd, kd.to(q.dtype), vd.to(q.dtype), scale, softcap, decode_mask)
+            else:
+                o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=decode_mask, scale=scale)
             decoded = o.reshape(nd, H, D)
         if not extends:  # a decode-only pass: no output buffer to copy into
             return decoded.reshape(T, H * D)
         out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
         if decoded is not None:
             out[:nd] = decoded
-        self._attend_extends(q, k_cache, v_cache, scale, out, extends)
+        self._attend_extends(q, k_cache, v_cache, scale, out, extends, softcap)
         return out.reshape(T, H * D)
 
     # ---- sliding windows ------------------------------------------------------------------------------
@@ -183,17 +186,22 @@ class TorchAttentionBackend(AttentionBackend):
             plans.append((offset, slots, ext, mask))
         return plans
 
-    def _attend_extends(self, q, k_cache, v_cache, scale, out, extends) -> None:
+    def _attend_extends(self, q, k_cache, v_cache, scale, out, extends, softcap=0.0) -> None:
         """Fills out [T, H, D] at the tokens of `extends`, one SDPA call per request."""
         for offset, slots, ext, mask in extends:
             qe = q[offset : offset + ext].transpose(0, 1).unsqueeze(0)  # [1, H, ext, D]
             ke = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, KVH, S, D]
             ve = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
-            o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask, scale=scale, enable_gqa=True)
+            if softcap:
+                g = qe.shape[1] // ke.shape[1]
+                additive = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+                o = _capped(qe, ke.repeat_interleave(g, 1), ve.repeat_interleave(g, 1), scale, softcap, additive)
+            else:
+                o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask, scale=scale, enable_gqa=True)
             out[offset : offset + ext] = o[0].transpose(0, 1)
 
     def _decode_shared(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
-                       mask: torch.Tensor) -> torch.Tensor:
+                       mask: torch.Tensor, softcap: float = 0.0) -> torch.Tensor:
         B, H, D = q.shape
         kvh = k_cache.shape[1]
         g = H // kvh
@@ -201,7 +209,20 @@ class TorchAttentionBackend(AttentionBackend):
         vu = v_cache.index_select(0, self.shared_slots).to(q.dtype).transpose(0, 1)  # [KVH, U, D]
         qg = q.view(B, kvh, g, D).permute(1, 0, 2, 3).reshape(kvh, B * g, D)  # [KVH, B*G, D]
         scores = torch.bmm(qg, ku).mul_(scale).view(kvh, B, g, -1)  # [KVH, B, G, U]
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
         scores += mask[None, :, None, :]
         probs = scores.softmax(-1).view(kvh, B * g, -1)
         o = torch.bmm(probs, vu)  # [KVH, B*G, D]
         return o.view(kvh, B, g, D).permute(1, 0, 2, 3).reshape(B, H, D)
+
+
+def _capped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float,
+            mask: torch.Tensor | None) -> torch.Tensor:
+    """Attention with Gemma 2's soft cap on the scores: q [..., M, D], k and v [..., S, D] (heads
+    matched), `mask` additive (-inf where hidden) broadcasting to [..., M, S]."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores + mask
+    return torch.matmul(scores.softmax(-1), v)

@@ -24,7 +24,7 @@ def paged_kv_offsets(req_to_token, row, offs_n, nmask, kvh, offs_d, dmask, strid
 
 @triton.jit
 def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale,
-                         split_len, window, stride_qt, stride_qh, stride_ct, stride_ch, stride_r2t,
+                         split_len, window, softcap, stride_qt, stride_qh, stride_ct, stride_ch, stride_r2t,
                          stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
                          GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     b = tl.program_id(0)
@@ -50,6 +50,8 @@ def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, 
                                           stride_ct, stride_ch)
         kk = tl.load(k_cache + kv_off, mask=kvmask, other=0.0).to(tl.float32)
         scores = tl.sum(kk * qv[None, :], axis=1) * scale
+        if softcap > 0:  # Gemma 2: softcap * tanh(score / softcap), tanh as 2 sigmoid(2x) - 1
+            scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
         scores = tl.where(nmask, scores, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
@@ -86,7 +88,7 @@ def _decode_merge_kernel(mid_o, mid_lse, out, num_splits, stride_mb, stride_mh, 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                      req_rows: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, scale: float,
                      out: torch.Tensor | None = None, split_len: int = 256, block_n: int = 32,
-                     window: int = 0) -> torch.Tensor:
+                     window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; seq_lens [B] int64 on q's device;
     `window` > 0: each query sees its last `window` keys."""
     B, H, D = q.shape
@@ -99,7 +101,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return out
     block_d = triton.next_power_of_2(D)
     _decode_split_kernel[(B, H, num_splits)](
-        q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale, split_len, window,
+        q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale, split_len, window, float(softcap),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=H // kvh, D=D, BLOCK_D=block_d, BLOCK_N=block_n)

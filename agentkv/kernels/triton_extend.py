@@ -24,6 +24,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 @triton.jit
 def _extend_kernel(q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, ext_lens, ext_starts, scale, window,
+                   softcap,
                    stride_qt, stride_qh, stride_ct, stride_ch, stride_ot, stride_oh, stride_r2t,
                    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
@@ -63,6 +64,8 @@ def _extend_kernel(q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, e
             scores = tl.dot(qb, tl.trans(kb), input_precision="ieee") * scale
         else:
             scores = tl.dot(qb, tl.trans(kb)) * scale
+        if softcap > 0:  # Gemma 2: softcap * tanh(score / softcap)
+            scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
         visible = (offs_n[None, :] <= (prefix + offs_m)[:, None]) & nmask[None, :]
         if window > 0:
             visible = visible & (offs_n[None, :] > (prefix + offs_m)[:, None] - window)
@@ -88,7 +91,7 @@ def _extend_kernel(q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, e
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                      req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor,
                      ext_lens: torch.Tensor, ext_starts: torch.Tensor, max_ext: int, scale: float,
-                     block_m: int = 32, block_n: int = 32, window: int = 0) -> torch.Tensor:
+                     block_m: int = 32, block_n: int = 32, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """q [T, H, D] holds every request's new tokens, request r's from token ext_starts[r] on; the
     result goes to the same rows of `out`. All per-request tensors are int64 on q's device.
     `window` > 0: each query sees its last `window` keys."""
@@ -98,7 +101,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     H, D = q.shape[1], q.shape[2]
     kvh = k_cache.shape[1]
     _extend_kernel[(R, H, triton.cdiv(max_ext, block_m))](
-        q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, ext_lens, ext_starts, scale, window,
+        q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, ext_lens, ext_starts, scale, window, float(softcap),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         req_to_token.stride(0), GROUP=H // kvh, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
         BLOCK_M=block_m, BLOCK_N=block_n, FP32_DOT=q.dtype == torch.float32 or _INTERPRETED)

@@ -33,6 +33,7 @@ typedef struct {
     void *out;                     /* [T, H, D] contiguous */
     int64_t k0, k1;                /* the keys this task reads: [k0, k1) of the request's */
     int64_t window;                /* keys a query sees, its own included; 0: all before it */
+    float softcap;                 /* > 0: scores capped to softcap * tanh(score / softcap) (Gemma 2) */
     float *partial;                /* NULL: write `out`; else [nq][D + 2]: max, sum, unnormalized output */
 } Task;
 
@@ -58,6 +59,13 @@ INLINE void finish(const Task *t, int i, float mx, float l, const float *acc, co
 }
 
 #if AGENTKV_AVX512
+/* c * tanh(x / c) in 16 lanes: tanh(y) = 1 - 2 / (e^(2y) + 1), which saturates to +-1 (exp16 clamps) */
+INLINE __m512 cap16(__m512 x, float c) {
+    const __m512 e = exp16(_mm512_mul_ps(x, _mm512_set1_ps(2.f / c)));
+    const __m512 t = _mm512_sub_ps(_mm512_set1_ps(1.f), _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, _mm512_set1_ps(1.f))));
+    return _mm512_mul_ps(t, _mm512_set1_ps(c));
+}
+
 /* A block's K and V rows are converted to fp32 once, then each query vector in turn takes them from
    L1 with its accumulators in registers (kept there across the block's keys because NV is a
    constant of each specialization), rather than every key updating every query's accumulators in
@@ -111,7 +119,9 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
             }
             for (int j = nl; j < BLOCK; j++) part[j] = _mm512_setzero_ps();
             const __mmask16 live = (__mmask16)((nl == BLOCK ? 0xffffu : (1u << nl) - 1) & ~((1u << dead) - 1));
-            __m512 s = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), sum_lanes16(part));
+            __m512 raw = sum_lanes16(part);
+            if (t->softcap > 0.f) raw = cap16(raw, t->softcap);
+            __m512 s = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), raw);
             float bm = _mm512_reduce_max_ps(s);
             float mn = bm > mx[i] ? bm : mx[i];
             float corr = expf(mx[i] - mn);  /* 0 on the first block (mx = -inf) */
@@ -166,6 +176,7 @@ INLINE void attend_generic(const Task *t, const int bf) {
                 float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
                 for (int d = 0; d < D; d++) dot += qf[i][d] * kf[d];
+                if (t->softcap > 0.f) dot = t->softcap * tanhf(dot / t->softcap);
                 s[i][j] = b0 + j < lim[i] && b0 + j >= lo[i] ? dot : -INFINITY;
             }
         }
@@ -243,6 +254,7 @@ typedef struct { /* what the tasks of one call share */
     float scale;
     void *out;
     int64_t window;
+    float softcap;
 } Call;
 
 /* task n of a call: its tile, KV head and first query head; all of the tile's keys (from the
@@ -253,7 +265,7 @@ static Task task_of(const Call *c, int64_t n) {
     const int64_t k0 = c->window && tile[3] > c->window ? tile[3] - c->window : 0;
     Task t = {c->q, c->q_ld, c->kc, c->vc, c->table + tile[2] * c->table_ld, tile[0], tile[1], tile[3],
               g0, c->G - g0 < c->ng ? c->G - g0 : c->ng, c->G, c->KVH, h, c->H, c->D, c->scale, c->out,
-              k0, tile_keys(tile), c->window, NULL};
+              k0, tile_keys(tile), c->window, c->softcap, NULL};
     return t;
 }
 
@@ -287,8 +299,8 @@ static void merge_parts(const Call *c, int64_t ntasks, int64_t parts, const floa
 int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_t k_ld, const void *v,
                       int64_t v_ld, void *k_cache, void *v_cache, int64_t num_slots, const int64_t *out_loc, int64_t T,
                       const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *tiles,
-                      int64_t ntiles, int H, int KVH, int D, float scale, void *out, int64_t window, int nthreads,
-                      int generic) {
+                      int64_t ntiles, int H, int KVH, int D, float scale, void *out, int64_t window, float softcap,
+                      int nthreads, int generic) {
     const int bad = check_indices(out_loc, T, num_slots, table, table_rows, table_ld, tiles, ntiles);
     if (bad) return bad;
     const int64_t es = bf ? 2 : 4, row = (int64_t)KVH * D;
@@ -297,7 +309,8 @@ int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_
         memcpy((char *)v_cache + out_loc[i] * row * es, (const char *)v + i * v_ld * es, row * es);
     }
     const int G = H / KVH, ng = agentkv_attention_heads_per_task(G), chunks = (G + ng - 1) / ng;
-    const Call call = {q, q_ld, k_cache, v_cache, table, tiles, table_ld, G, ng, chunks, KVH, H, D, scale, out, window};
+    const Call call = {q, q_ld, k_cache, v_cache, table, tiles, table_ld, G, ng, chunks, KVH, H, D, scale, out, window,
+                       softcap};
     const int64_t ntasks = ntiles * KVH * chunks;
     int64_t most_keys = 0; /* the keys a task reads, at most */
     for (int64_t n = 0; n < ntiles; n++) {
