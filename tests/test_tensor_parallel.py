@@ -31,6 +31,20 @@ def test_tp2_greedy_equals_tp1(tiny_dir):
     assert got == expected
 
 
+def test_tp2_mixture_of_experts_equals_tp1(tmp_path):
+    """Every expert's width (and Qwen2-MoE's shared expert's) split across the ranks, the router kept
+    whole: the block's partial sums reduced once."""
+    from tests.tiny import make_tiny_model
+
+    path = str(make_tiny_model(tmp_path / "moe", "qwen2_moe", dense_layers=(1,)))
+    with ak.Engine(path, num_slots=1024) as one:
+        expected = [o.token_ids for o in one.generate(PROMPTS, max_tokens=10, temperature=0.0, ignore_eos=True)]
+    with ak.Engine(path, num_slots=1024, tensor_parallel=2) as two:
+        assert two.model_config.moe_intermediate_size * 2 == one.model_config.moe_intermediate_size
+        got = [o.token_ids for o in two.generate(PROMPTS, max_tokens=10, temperature=0.0, ignore_eos=True)]
+    assert got == expected
+
+
 def test_tp_errors(tiny_dir):
     with pytest.raises(ak.RequestError, match="does not divide"):
         ak.Engine(str(tiny_dir), tensor_parallel=3)

@@ -137,6 +137,7 @@ class MoE(nn.Module):
         shared = cfg.shared_expert_intermediate_size
         self.shared = MLP(cfg, shared) if shared else None
         self.shared_gate = Linear(cfg.hidden_size, 1) if shared else None
+        self.all_reduce = False  # tensor parallelism: each rank's experts hold a slice of their width
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + moe(x)."""
@@ -158,6 +159,8 @@ class MoE(nn.Module):
                 start += n
         if self.shared is not None:
             out += torch.sigmoid(self.shared_gate(x)) * self.shared(x, None)
+        if self.all_reduce:  # the experts' partial sums, once for the block (routing is the same on every rank)
+            torch.distributed.all_reduce(out)
         return residual + out
 
 
