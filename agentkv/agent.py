@@ -183,7 +183,7 @@ class Agent:
 
         async def run_agent(ctx, input):
             text = input if isinstance(input, str) else adapter.dump_json(input).decode()
-            result = await self.run(text, deps=ctx.deps, engine=ctx.engine)
+            result = await self.run(text, deps=ctx.deps, engine=self._engine or ctx.engine)  # its own, or the caller's
             ctx.usage.add(result.usage)
             return result.output
 
