@@ -66,7 +66,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'agentkv' has no attribute {name!r}")
 
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = [
     "Agent", "AgentError", "AgentResult", "AgentRetriesError", "AgentUsage", "ApprovalRequired", "ModelRetry",
     "RunContext", "RunEnd", "Step", "StepEnd", "StepStart",

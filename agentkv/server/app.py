@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+import agentkv
 from agentkv.errors import AgentKVError
 from agentkv.server.chat import (
     ChatPlan,
@@ -26,8 +27,6 @@ from agentkv.server.completions import completion, completion_stream
 from agentkv.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentkv.server.metrics import Metrics
 from agentkv.server.openapi import ERRORS, generation_doc, pin_doc
-from agentkv.server.responses import ResponseStore, create_response, stream_response
-from agentkv.server.responses_items import ResponsesRequest
 from agentkv.server.protocol import (
     APIError,
     ChatRequest,
@@ -39,6 +38,8 @@ from agentkv.server.protocol import (
     read_json,
     validate,
 )
+from agentkv.server.responses import ResponseStore, create_response, stream_response
+from agentkv.server.responses_items import ResponsesRequest
 
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_inflight: int = 256,
@@ -48,7 +49,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     they leave additionalProperties unset). `stored_responses`, `response_ttl_s`: how many
     /v1/responses are kept for `previous_response_id`, and for how long (their tokens pinned)."""
     # (no `from __future__ import annotations` here: FastAPI reads the handlers' annotations at runtime)
-    app = FastAPI(title="agentkv", version="0.1.0", docs_url=None, redoc_url=None)
+    app = FastAPI(title="agentkv", version=agentkv.__version__, docs_url=None, redoc_url=None)
     created = int(time.time())
     metrics = Metrics()
     inflight = [0]

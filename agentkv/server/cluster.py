@@ -14,8 +14,8 @@ Without `ray_address`, Ray starts a local instance; with one, the deployment joi
 """
 
 import asyncio
-import gc
 import functools
+import gc
 import time
 import uuid
 from typing import Any
@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+import agentkv
 from agentkv.errors import AgentKVError
 from agentkv.routing.ray_router import PIN, PIN_ID, CacheAwareRequestRouter
 from agentkv.server.chat import (
@@ -47,7 +48,7 @@ from agentkv.server.protocol import (
     validate,
 )
 
-ingress_app = FastAPI(title="agentkv", version="0.1.0", docs_url=None, redoc_url=None)
+ingress_app = FastAPI(title="agentkv", version=agentkv.__version__, docs_url=None, redoc_url=None)
 
 
 # (defined before the deployments: Ray serializes a deployment's class, with the module globals it
