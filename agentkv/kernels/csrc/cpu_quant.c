@@ -76,7 +76,7 @@ INLINE void dequant_block(const int qtype, const uint8_t *b, float *w) {
 
 /* ---- the exact path: blocks dequantized to fp32, x in fp32 (CPUs without AVX2) ------------------- */
 
-INLINE void qlinear_exact(const int qtype, const int bf, const float *x, int64_t M, int64_t K,
+INLINE void qlinear_exact(const int qtype, const int bf, const void *x, int64_t x_ld, int64_t M, int64_t K,
                           const uint8_t *w, int64_t N, const void *bias, const void *res, int64_t r_ld, void *out,
                           int64_t out_ld, int nthreads) {
     const int64_t nb = K / QK, rb = nb * BLOCK_BYTES[qtype];
@@ -89,11 +89,8 @@ INLINE void qlinear_exact(const int qtype, const int bf, const float *x, int64_t
         for (int64_t b = 0; b < nb; b++) {
             float wf[QK];
             dequant_block(qtype, row + b * BLOCK_BYTES[qtype], wf);
-            for (int64_t m = 0; m < M; m++) {
-                const float *xb = x + m * K + b * QK;  /* x in fp32, converted once a call */
-#pragma omp simd
-                for (int i = 0; i < QK; i++) acc[m][i] += xb[i] * wf[i];
-            }
+            for (int64_t m = 0; m < M; m++)
+                for (int i = 0; i < QK; i++) acc[m][i] += load1(x, m * x_ld + b * QK + i, bf) * wf[i];
         }
         for (int64_t m = 0; m < M; m++) {
             float v = 0.f;
@@ -129,10 +126,9 @@ INLINE float hsum8(__m256 v) {
 }
 
 INLINE void qlinear_fast(const int qtype, const int bf, const int8_t *xq, const float *dx, const float *sx,
-                         const float *dxv, const float *sxv, int64_t M, int64_t K, const uint8_t *w, int64_t N,
-                         const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld, int nthreads) {
-    const int64_t nb = K / QK, bb = BLOCK_BYTES[qtype], rb = nb * bb, pairs = nb / 2;
-    (void)dxv, (void)sxv, (void)pairs;
+                         int64_t M, int64_t K, const uint8_t *w, int64_t N, const void *bias, const void *res,
+                         int64_t r_ld, void *out, int64_t out_ld, int nthreads) {
+    const int64_t nb = K / QK, bb = BLOCK_BYTES[qtype], rb = nb * bb;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (N * nb * M > 4096)
     for (int64_t n = 0; n < N; n++) {
         __m256 acc[MAX_M];
@@ -164,19 +160,16 @@ INLINE void qlinear_fast(const int qtype, const int bf, const int8_t *xq, const 
             }
             const __mmask64 neg = qtype == Q8_0 ? _mm512_movepi8_mask(u) : 0;
             const __m512i uw = qtype == Q8_0 ? _mm512_abs_epi8(u) : u;
-            /* the two blocks' scales (and minimum / offset terms) in the lanes of their 8 sums each;
-               x's side comes laid out the same way (dxv, sxv), so a row costs two multiplies, no scalars */
-            const __m512 dvec = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(d0)), _mm256_set1_ps(d1), 1);
-            const __m512 lovec = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(lo0)), _mm256_set1_ps(lo1), 1);
             __builtin_prefetch(b1 + bb + 64, 0, 0);
             for (int64_t m = 0; m < M; m++) {
                 __m512i xv = _mm512_loadu_si512((const void *)(xq + m * K + b * QK));
                 if (qtype == Q8_0) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-                const int64_t at = (m * pairs + b / 2) * 16;
-                const __m512 scale = _mm512_mul_ps(dvec, _mm512_loadu_ps(dxv + at));
+                const float *sc = dx + m * nb + b;
+                const __m512 scale = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(d0 * sc[0])),
+                                                        _mm256_set1_ps(d1 * sc[1]), 1);
                 const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), uw, xv);
                 acc2[m] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc2[m]);
-                if (qtype != Q8_0) acc2[m] = _mm512_fmadd_ps(lovec, _mm512_loadu_ps(sxv + at), acc2[m]);
+                if (qtype != Q8_0) lin[m] += lo0 * sx[m * nb + b] + lo1 * sx[m * nb + b + 1];
             }
         }
         for (int64_t m = 0; m < M; m++) lin[m] += _mm512_reduce_add_ps(acc2[m]);
@@ -262,40 +255,21 @@ int agentkv_qlinear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, i
         float *sx = small ? stack_s : malloc((size_t)(M * nb) * sizeof(float));
         if (!xq || !dx || !sx) return 2;
         quantize_x(x, x_ld, M, K, bf, xq, dx, sx);
-        /* per row and pair of blocks, 16 lanes: each block's x scale (and its integer sum's share, an
-           eighth per lane: the row's 8 lanes of a block add up to it) for the 512-bit path */
-        const int64_t pairs = nb / 2;
-        float *dxv = malloc((size_t)(M * (pairs ? pairs : 1) * 16) * sizeof(float));
-        float *sxv = malloc((size_t)(M * (pairs ? pairs : 1) * 16) * sizeof(float));
-        if (!dxv || !sxv) return 2;
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t p = 0; p < pairs; p++)
-                for (int i = 0; i < 16; i++) {
-                    const int64_t blk = m * nb + 2 * p + i / 8;
-                    dxv[(m * pairs + p) * 16 + i] = dx[blk];
-                    sxv[(m * pairs + p) * 16 + i] = sx[blk] / 8.f;
-                }
-#define CASE(Q, B) qlinear_fast(Q, B, xq, dx, sx, dxv, sxv, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads)
+#define CASE(Q, B) qlinear_fast(Q, B, xq, dx, sx, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads)
         if (qtype == Q8_0) { if (bf) CASE(Q8_0, 1); else CASE(Q8_0, 0); }
         else if (qtype == Q4_0) { if (bf) CASE(Q4_0, 1); else CASE(Q4_0, 0); }
         else { if (bf) CASE(Q4_1, 1); else CASE(Q4_1, 0); }
 #undef CASE
         if (!small) free(xq), free(dx), free(sx);
-        free(dxv), free(sxv);
         return 0;
     }
 #endif
     (void)exact;
-    float *xf = malloc((size_t)(M * K) * sizeof(float));
-    if (!xf) return 2;
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t k = 0; k < K; k++) xf[m * K + k] = load1(x, m * x_ld + k, bf);
-#define CASE(Q, B) qlinear_exact(Q, B, xf, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads)
+#define CASE(Q, B) qlinear_exact(Q, B, x, x_ld, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads)
     if (qtype == Q8_0) { if (bf) CASE(Q8_0, 1); else CASE(Q8_0, 0); }
     else if (qtype == Q4_0) { if (bf) CASE(Q4_0, 1); else CASE(Q4_0, 0); }
     else { if (bf) CASE(Q4_1, 1); else CASE(Q4_1, 0); }
 #undef CASE
-    free(xf);
     return 0;
 }
 
