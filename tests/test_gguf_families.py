@@ -13,7 +13,8 @@ import pytest
 import agentkv as ak
 from agentkv.engine import gguf_convert
 from tests.reference import engine_logits, rel_error
-from tests.tiny import SPECIALS, make_tiny_model
+from tests.test_loading import gguf_writer
+from tests.tiny import make_tiny_model
 
 gguf = pytest.importorskip("gguf")
 
@@ -34,22 +35,13 @@ def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
     """The tiny HF checkpoint `src` as a GGUF of `family`; returns the HF tensors it holds, dequantized
     (each expert's own, as the Hub names them)."""
     from safetensors.numpy import load_file
-    from tokenizers.pre_tokenizers import ByteLevel
 
     arch, kind = ARCH[family], getattr(gguf.GGMLQuantizationType, quant)
     cfg = json.loads((src / "config.json").read_text())
     hf = load_file(str(src / "model.safetensors"))
-    w = gguf.GGUFWriter(str(out), arch)
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w = gguf_writer(out, arch, cfg)
     w.add_key_length(cfg["head_dim"])
     w.add_value_length(cfg["head_dim"])
-    w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     if cfg.get("num_experts"):
         w.add_expert_count(cfg["num_experts"])
         w.add_expert_used_count(cfg["num_experts_per_tok"])
@@ -58,14 +50,6 @@ def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
             w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
-    tokens = list(SPECIALS) + sorted(ByteLevel.alphabet())
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
-    w.add_token_merges([])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
     experts: dict[tuple[str, str], dict[int, str]] = {}
     for name in hf:  # the Hub's per-expert names, stacked by kind as llama.cpp stores them
         if ".mlp.experts." in name:

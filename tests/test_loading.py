@@ -21,14 +21,12 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(src_dir, out_path, quant=gguf.GGMLQuantizationType.Q8_0):
-    """Write the tiny HF checkpoint in `src_dir` as a llama GGUF; returns the dequantized HF tensors."""
-    from safetensors.numpy import load_file
+def gguf_writer(out_path, arch: str, cfg: dict):
+    """A GGUFWriter for `arch` with the tiny checkpoint's hyperparameters (`cfg`, its config.json)
+    and the byte tokenizer's vocabulary, as llama.cpp's converter writes them."""
     from tokenizers.pre_tokenizers import ByteLevel
 
-    cfg = json.loads((src_dir / "config.json").read_text())
-    hf = load_file(str(src_dir / "model.safetensors"))
-    w = gguf.GGUFWriter(str(out_path), "llama")
+    w = gguf.GGUFWriter(str(out_path), arch)
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
@@ -45,6 +43,16 @@ def write_gguf(src_dir, out_path, quant=gguf.GGMLQuantizationType.Q8_0):
     w.add_token_merges([])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    return w
+
+
+def write_gguf(src_dir, out_path, quant=gguf.GGMLQuantizationType.Q8_0):
+    """Write the tiny HF checkpoint in `src_dir` as a llama GGUF; returns the dequantized HF tensors."""
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((src_dir / "config.json").read_text())
+    hf = load_file(str(src_dir / "model.safetensors"))
+    w = gguf_writer(out_path, "llama", cfg)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
     names = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
     dequantized = {}
