@@ -129,25 +129,33 @@ def _notice_dequantized(directory: Path, kept: bool) -> None:
     kernels that do not run here): they take their full-precision size in memory."""
     listed = directory / "dequantized.json"
     types = json.loads(listed.read_text()) if listed.exists() else []
-    if (directory / "quant.safetensors").exists() and not kept:
-        types = sorted({*types, *{kind for _, kind in _read_quantized(directory).values()}})
+    if not kept:
+        types = sorted({*types, *_quantized_kinds(directory).values()})
     if types:
         logging.getLogger("agentkv").warning(
             "agentkv: %s matrices of %s are dequantized at load (no quantized kernel for them here: Q8_0, Q4_0 "
             "and Q4_1 run in their blocks on CPU with agentkv's C kernels)", "/".join(types), directory.name)
 
 
-def _read_quantized(directory: Path) -> dict[str, tuple[torch.Tensor, str]]:
-    """A converted GGUF's matrices kept in their blocks: name -> (uint8 rows, quantization name)."""
+def _quantized_kinds(directory: Path) -> dict[str, str]:
+    """A converted GGUF's matrices kept in their blocks: name -> quantization (the file's metadata)."""
     path = directory / "quant.safetensors"
     if not path.exists():
         return {}
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     with safe_open(str(path), "pt") as f:
-        kinds = json.loads((f.metadata() or {}).get("types", "{}"))
-    return {name: (t, kinds[name]) for name, t in load_file(str(path)).items()}
+        return json.loads((f.metadata() or {}).get("types", "{}"))
+
+
+def _read_quantized(directory: Path) -> dict[str, tuple[torch.Tensor, str]]:
+    """Those matrices: name -> (uint8 rows, quantization name)."""
+    kinds = _quantized_kinds(directory)
+    if not kinds:
+        return {}
+    from safetensors.torch import load_file
+
+    return {name: (t, kinds[name]) for name, t in load_file(str(directory / "quant.safetensors")).items()}
 
 
 def _dequantized(raw: torch.Tensor, kind: str) -> torch.Tensor:
@@ -175,6 +183,13 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
             raise ModelLoadError(f"tensor {name!r} in {directory} holds NaN or infinite values; the weights are corrupt")
         return t.float()
 
+    gemma = cfg.family in ("gemma2", "gemma3")
+
+    def norm(name: str) -> torch.Tensor:
+        """An RMSNorm's weight; Gemma's scale by (1 + weight): the one is added here, once, so they run
+        as any RMSNorm."""
+        return take(name) + 1 if gemma else take(name)
+
     def matrix(*names: str):
         """The weight [out, in] of a linear made of `names` stacked along out."""
         parts = [quant.get(n) for n in names]
@@ -184,13 +199,14 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
             return QuantWeight(data.contiguous(), code, data.shape[1] // block * 32, data.shape[0])
         return torch.cat([take(n) for n in names]) if len(names) > 1 else take(names[0])
 
-    out = {"embed_tokens.weight": matrix("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
+    out = {"embed_tokens.weight": matrix("model.embed_tokens.weight"), "norm.weight": norm("model.norm.weight")}
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = matrix("lm_head.weight")
     for i in range(cfg.num_layers):
         p, o = f"model.layers.{i}.", f"layers.{i}."
-        out[o + "input_layernorm.weight"] = take(p + "input_layernorm.weight")
-        out[o + "post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
+        norms = ("input_layernorm", "post_attention_layernorm") + \
+            (("pre_feedforward_layernorm", "post_feedforward_layernorm") if gemma else ())
+        out.update({o + n + ".weight": norm(p + n + ".weight") for n in norms})
         if p + "self_attn.qkv_proj.weight" in hf or p + "self_attn.qkv_proj.weight" in quant:  # fused (Phi-3)
             out[o + "self_attn.qkv_proj.weight"] = matrix(p + "self_attn.qkv_proj.weight")
         else:
@@ -199,8 +215,8 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
             out[o + "self_attn.qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
         out[o + "self_attn.o_proj.weight"] = matrix(p + "self_attn.o_proj.weight")
         if cfg.qk_norm:
-            out[o + "self_attn.q_norm.weight"] = take(p + "self_attn.q_norm.weight")
-            out[o + "self_attn.k_norm.weight"] = take(p + "self_attn.k_norm.weight")
+            out[o + "self_attn.q_norm.weight"] = norm(p + "self_attn.q_norm.weight")
+            out[o + "self_attn.k_norm.weight"] = norm(p + "self_attn.k_norm.weight")
         if cfg.is_moe_layer(i):
             out.update(_moe_state(hf, take, p, o + "mlp.", cfg, quant, keep_quantized))
             continue
@@ -209,20 +225,6 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         else:
             out[o + "mlp.gate_up_proj.weight"] = matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
         out[o + "mlp.down_proj.weight"] = matrix(p + "mlp.down_proj.weight")
-    if cfg.family in ("gemma2", "gemma3"):
-        out.update(_gemma_norms(take, cfg))
-    return out
-
-
-def _gemma_norms(take, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Gemma's norms scale by (1 + weight): the one is added here, once, so they run as any RMSNorm.
-    (The layer loop reads input/post-attention norms and q/k norms; these replace them.)"""
-    out = {"norm.weight": 1 + take("model.norm.weight")}
-    for i in range(cfg.num_layers):
-        p, o = f"model.layers.{i}.", f"layers.{i}."
-        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                     "post_feedforward_layernorm") + (("self_attn.q_norm", "self_attn.k_norm") if cfg.qk_norm else ()):
-            out[o + name + ".weight"] = 1 + take(p + name + ".weight")
     return out
 
 
