@@ -201,23 +201,22 @@ class Agent:
         `ctx.deps`; `approvals` answers a run that ended waiting for approval ({call id: True, or
         False / a reason to refuse}). Called without await (the form before 0.2), it runs
         synchronously with a DeprecationWarning; use `run_sync`."""
-        return Awaitable(lambda: self._run(input, history, deps, approvals, engine), "Agent.run_sync")
+        return Awaitable(lambda: self._run(input, history=history, deps=deps, approvals=approvals, engine=engine),
+                         "Agent.run_sync")
 
     def run_sync(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AgentResult:
         """`run` from synchronous code (also where an event loop is running: on a thread of its own)."""
-        return run_sync(self._run(input, kw.pop("history", None), kw.pop("deps", None), kw.pop("approvals", None),
-                                  kw.pop("engine", None), **kw))
+        return run_sync(self._run(input, **kw))
 
     async def arun(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AgentResult:
         """Deprecated: `await agent.run(...)`."""
         warnings.warn("Agent.arun is deprecated: use `await agent.run(...)`", DeprecationWarning, stacklevel=2)
         return await self.run(input, **kw)
 
-    async def _run(self, input, history, deps, approvals, engine, **unknown) -> AgentResult:
-        _refuse(unknown, "Agent.run")
+    async def _run(self, input, **options) -> AgentResult:
         from agentkv.agent_result import RunEnd
 
-        async for event in self._events(input, history, deps, approvals, engine):
+        async for event in self._events(input, where="Agent.run", **options):
             if isinstance(event, RunEnd):
                 return event.result
         raise AgentError("the run ended without a result")  # unreachable: a run ends with RunEnd or raises
@@ -228,21 +227,20 @@ class Agent:
         TextDelta, ToolCallEvent, ToolResultEvent, StepEnd, and RunEnd with the result). Iterated
         with a plain `for` (the form before 0.2) it runs synchronously with a DeprecationWarning;
         use `stream_sync`."""
-        return EventStream(lambda: self._events(input, history, deps, approvals, engine))
+        return EventStream(lambda: self._events(input, history=history, deps=deps, approvals=approvals, engine=engine))
 
     def stream_sync(self, input: str | Sequence[dict] | None = None, **kw: Any) -> Iterator[AgentEvent]:
-        yield from iterate_sync(self._events(input, kw.pop("history", None), kw.pop("deps", None),
-                                             kw.pop("approvals", None), kw.pop("engine", None), **kw))
+        yield from iterate_sync(self._events(input, **kw))
 
     def astream(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AsyncIterator[AgentEvent]:
         """Deprecated: `agent.stream(...)`."""
         warnings.warn("Agent.astream is deprecated: use `async for event in agent.stream(...)`", DeprecationWarning,
                       stacklevel=2)
-        return self._events(input, kw.pop("history", None), kw.pop("deps", None), kw.pop("approvals", None),
-                            kw.pop("engine", None), **kw)
+        return self._events(input, **kw)
 
-    def _events(self, input, history, deps, approvals, engine, **unknown) -> AsyncIterator[AgentEvent]:
-        _refuse(unknown, "Agent.stream")
+    def _events(self, input, *, history=None, deps=None, approvals=None, engine=None, where: str = "Agent.stream",
+                **unknown) -> AsyncIterator[AgentEvent]:
+        _refuse(unknown, where)
         from agentkv.agent_run import AgentRun
 
         if self._closed:
