@@ -1,6 +1,7 @@
 """Our Llama-family network (Llama, Mistral, Phi-3, Qwen2 with QKV bias, Qwen3 with q/k norm), its
 mixture-of-experts kin (Qwen3-MoE, Qwen2-MoE with a shared expert, Mixtral), whose MLP is MoE, and
-Gemma 3 (norms around attention and MLP, GeGLU, scaled embeddings, a rope base per layer type).
+Gemma 2 and 3 (norms around attention and MLP, GeGLU, scaled embeddings; Gemma 2's soft caps, Gemma
+3's rope base per layer type).
 
 Tokens of all requests in a step are one flat run [T]; attention reads and writes the paged KV pool
 through the backend, so the model never sees requests or the scheduler. q/k/v and gate/up are fused
@@ -225,9 +226,8 @@ class CausalLM(nn.Module):
             return t.numel() * t.element_size()
 
         total = sum(size(p) for p in self.parameters())
-        for m in self.modules():
-            for name in ("quantized", "packed", "native_weight", "weight"):
-                total += size(getattr(m, name, None)) if not isinstance(getattr(m, name, None), nn.Parameter) else 0
+        for m in self.modules():  # (a parameter met again here is counted once: `seen`)
+            total += sum(size(getattr(m, name, None)) for name in ("quantized", "packed", "native_weight", "weight"))
         return total
 
     def set_quantized(self, name: str, weight: QuantWeight) -> None:

@@ -50,7 +50,7 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
 
 def shard_state(state: dict[str, torch.Tensor], cfg: ModelConfig, rank: int, world: int) -> dict[str, torch.Tensor]:
     """Cut the fused HF-layout ([out, in]) state down to this rank's share."""
-    d, h, kvh, inter = cfg.head_dim, cfg.num_heads // world, cfg.num_kv_heads // world, cfg.intermediate_size // world
+    d, h, kvh = cfg.head_dim, cfg.num_heads // world, cfg.num_kv_heads // world
     q_all, kv_all = cfg.num_heads * d, cfg.num_kv_heads * d
 
     def qkv(t: torch.Tensor) -> torch.Tensor:  # rows: q heads, then k heads, then v heads
