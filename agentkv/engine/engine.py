@@ -12,14 +12,13 @@ import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import torch
 
 from agentkv.engine.config import build_config, resolve_device
 from agentkv.engine.constrained import GrammarSupport, output_parser
 from agentkv.engine.core import Components, EngineCore
 from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
 from agentkv.engine.loader import DTYPES, load_model
-from agentkv.engine.memory import KVPool, ReqToTokenPool
+from agentkv.engine.memory import KVPool, ReqToTokenPool, free_memory, kv_slots
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
 from agentkv.engine.parallel import TensorParallel
 from agentkv.engine.prefixes import Prefixes, is_messages
@@ -265,8 +264,7 @@ class Engine(Prefixes):
                 evicted_tokens=t.num_evicted_tokens if t else 0,
                 pins=len(t.pins) if t else 0,
                 weight_bytes=self._core.runner.model.weight_bytes(),
-                free_memory_bytes=torch.cuda.mem_get_info(torch.device(self.config.device))[0]
-                if self.config.device.startswith("cuda") else available_ram(),
+                free_memory_bytes=free_memory(self.config.device),
                 kv_bytes=sum(k.numel() * k.element_size() + v.numel() * v.element_size()
                              for k, v in self._pool.kv_caches),
             )
@@ -358,49 +356,6 @@ class Engine(Prefixes):
 def _completion(r: Request, parser) -> Completion:
     return Completion(r.text, list(r.output_ids), r.finish_reason or "abort", r.logprobs if r.params.logprobs else None,
                       parser, r.grammar_complete)
-
-
-MAX_POOL_CONTEXTS = 256  # a pool holds at most this many full contexts, however much memory there is
-
-
-def kv_slots(mc, dtype: torch.dtype, context: int, device: str, fraction: float | None) -> int:
-    """The KV pool's size in tokens: `fraction` of the memory there is once the weights are loaded
-    (see CacheConfig.memory_fraction), at most MAX_POOL_CONTEXTS contexts; a RequestError where not
-    even one context fits."""
-    per_token = KVPool.bytes_per_token(mc, dtype)
-    budget = kv_budget(device, fraction)
-    slots = min(budget // per_token, MAX_POOL_CONTEXTS * context)
-    if slots < context:
-        raise RequestError(f"the KV pool gets {budget / 2**30:.2f} GiB ({slots} tokens at {per_token} bytes each), "
-                           f"less than one {context}-token context: raise memory_fraction, lower context_length, or "
-                           "give num_slots")
-    return int(slots)
-
-
-def kv_budget(device: str, fraction: float | None) -> int:
-    """Bytes the KV pool may take: on CUDA `fraction` (0.85) of the device's memory less what is in
-    use; on the CPU `fraction` (0.2) of the RAM available now."""
-    if device.startswith("cuda"):
-        free, total = torch.cuda.mem_get_info(torch.device(device))
-        return max(0, int((0.85 if fraction is None else fraction) * total) - (total - free))
-    return int((0.2 if fraction is None else fraction) * available_ram())
-
-
-def available_ram() -> int:
-    """MemAvailable (Linux), else what psutil says, else 8 GiB."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        return 8 << 30
 
 
 def _is_batch(prompt: Any) -> bool:

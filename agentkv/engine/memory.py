@@ -1,4 +1,5 @@
-"""KV memory: a pool of token slots (per layer K and V) and the request-to-slot table.
+"""KV memory: a pool of token slots (per layer K and V), the request-to-slot table, and how many slots
+the memory there is affords (memory_fraction).
 
 Slot 0 is never handed out: padded index tensors point at it, so a stray write lands in a slot no
 request reads.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from agentkv.engine.config import ModelConfig
+from agentkv.errors import RequestError
 
 
 class KVPool:
@@ -77,3 +79,51 @@ class ReqToTokenPool:
     def free(self, row: int) -> None:
         assert row not in self._free_rows, f"row {row} freed twice"
         self._free_rows.append(row)
+
+
+MAX_POOL_CONTEXTS = 256  # a pool holds at most this many full contexts, however much memory there is
+
+
+def kv_slots(mc, dtype: torch.dtype, context: int, device: str, fraction: float | None) -> int:
+    """The KV pool's size in tokens: `fraction` of the memory there is once the weights are loaded
+    (see CacheConfig.memory_fraction), at most MAX_POOL_CONTEXTS contexts; a RequestError where not
+    even one context fits."""
+    per_token = KVPool.bytes_per_token(mc, dtype)
+    budget = kv_budget(device, fraction)
+    slots = min(budget // per_token, MAX_POOL_CONTEXTS * context)
+    if slots < context:
+        raise RequestError(f"the KV pool gets {budget / 2**30:.2f} GiB ({slots} tokens at {per_token} bytes each), "
+                           f"less than one {context}-token context: raise memory_fraction, lower context_length, or "
+                           "give num_slots")
+    return int(slots)
+
+
+def kv_budget(device: str, fraction: float | None) -> int:
+    """Bytes the KV pool may take: on CUDA `fraction` (0.85) of the device's memory less what is in
+    use; on the CPU `fraction` (0.2) of the RAM available now."""
+    if device.startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return max(0, int((0.85 if fraction is None else fraction) * total) - (total - free))
+    return int((0.2 if fraction is None else fraction) * free_memory(device))
+
+
+def free_memory(device: str) -> int:
+    """Bytes free where the KV pool lives: the CUDA device's, or the RAM available."""
+    return torch.cuda.mem_get_info(torch.device(device))[0] if device.startswith("cuda") else available_ram()
+
+
+def available_ram() -> int:
+    """MemAvailable (Linux), else what psutil says, else 8 GiB."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        return 8 << 30
