@@ -6,7 +6,7 @@ Each setting runs `running` requests that share one long prompt (prefilled once,
 cache) plus a few tokens of their own, to `--context` tokens, and times `--decode-steps` steps once
 every request is running and before any finishes (the steady step: a request's admission and its
 end, once each, are not per-step costs). The engine's phases are timed by wrapping them: schedule
-(Scheduler.schedule), prepare (ModelRunner.prepare), forward (ModelRunner.forward: the model, not
+(Scheduler.schedule), prepare (ModelRunner.prepare and .upload), forward (ModelRunner.forward: the model, not
 host work), sample (the sampler), detokenize (Request._update_text) and process (Scheduler.process
 less detokenize). Reported per step and per request per step, over the decode steps.
 
@@ -116,6 +116,7 @@ def main() -> None:
     timers = Timers()
     timers.wrap(Scheduler, "schedule", "schedule")
     timers.wrap(ModelRunner, "prepare", "prepare")
+    timers.wrap(ModelRunner, "upload", "prepare")  # host work inside forward: counted in both (forward is not host)
     timers.wrap(ModelRunner, "forward", "forward")
     timers.wrap(passes, "sample", "sample")
     timers.wrap(Request, "_update_text", "detokenize")

@@ -26,7 +26,7 @@ def engine_logits(engine: ak.Engine, ids: list[int], cached_prefix: int = 0) -> 
         batch = s.schedule()
         assert batch is not None and batch.reqs == [r], "the engine must be idle for this helper"
         logits = core.runner.run(batch, all_logits=True)
-        s.process(batch, sample(logits[-1:], [r], engine.tokenizer)[0], engine.tokenizer)
+        s.process(batch, sample(logits[-1:], [r], engine.tokenizer).tokens, engine.tokenizer)
         s.abort(r)
         return logits, r.usage.cached_tokens
 

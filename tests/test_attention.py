@@ -88,7 +88,7 @@ def test_single_decode_reads_a_run_of_slots_in_place(in_order):
     table[0, :seq] = slots
     q = torch.randn(1, heads, D, generator=g)
     k_new, v_new = torch.randn(1, kv_heads, D, generator=g), torch.randn(1, kv_heads, D, generator=g)
-    meta = AttentionMetadata(table, torch.arange(1), [seq], [1], 1, slots[-1:])
+    meta = AttentionMetadata(table, torch.arange(1), [seq], [1], 1, slots[-1:], host_table=table)
     backend = get_backend("torch")
     backend.prepare(meta)
     assert (backend.decode_run is not None) == in_order

@@ -134,3 +134,28 @@ def test_overlap_on_cpu_keeps_the_engine_thread_to_one_torch_thread(tiny_dir):
             assert engine._core.call(torch.get_num_threads).result() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_pass_whose_processing_fails_frees_memory(tiny_dir, monkeypatch, overlap):
+    """Processing a pass raises after the pass was retired (here: taking a sampled token): its
+    requests fail, their memory comes back, and the engine serves the next request."""
+    from agentkv.engine.request import Request
+
+    with ak.Engine(str(tiny_dir), num_slots=1024, overlap_schedule=overlap) as engine:
+        idle = engine.stats()["free_slots"]
+        real = Request.append_token
+        calls = {"n": 0}
+
+        def flaky(self, token_id, tokenizer):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise AssertionError("injected while taking a token")
+            return real(self, token_id, tokenizer)
+
+        monkeypatch.setattr(Request, "append_token", flaky)
+        with pytest.raises(ak.EngineError, match="injected"):
+            engine.generate("this request fails while its tokens are taken", max_tokens=10, ignore_eos=True)
+        st = engine.stats()
+        assert st["running"] == 0 and st["free_slots"] + st["cached_tokens"] == idle
+        assert len(engine.generate("next one works", max_tokens=4, ignore_eos=True).token_ids) == 4

@@ -103,7 +103,7 @@ def run(workload, num_slots: int, step_tokens: int, pipelined: bool, late: bool 
         else:
             s.process(batch, device.collect(launched), tok)
         assert step < 5000, "no progress"
-    assert not s.in_flight and not s._held_rows and s.req_pool.num_free == 8
+    assert not s.flight.batches and not s.flight.held_rows and s.req_pool.num_free == 8
     assert pool.num_free + tree.total_size == pool.capacity, "slots leaked"
     return [(r.output_ids, r.finish_reason) for _, r in reqs], s.stats.retractions
 

@@ -1,6 +1,6 @@
 """The sampler against a reference: the rows of a batch drawn together give exactly the tokens the
-one-row-at-a-time sampler gives (same seeds, same filters), and a row's draws follow its filtered
-distribution."""
+one-row-at-a-time sampler gives (same seeds, same filters), a row's draws follow its filtered
+distribution, and the counter-based noise is uniform and fresh at every draw."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import agentkv as ak
 from agentkv.engine.request import Request
-from agentkv.engine.sampler import _filter, sample
+from agentkv.engine.sampler import _filter, exponential_from_bits, exponential_noise, noise_key, sample
 
 V = 50
 
@@ -24,7 +24,8 @@ def reference(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
             out.append(int(logits[i].argmax()))
             continue
         probs = _filter(logits[i] / p.temperature, p.top_k, p.top_p, p.min_p).softmax(-1)
-        noise = torch.empty(probs.shape, dtype=probs.dtype).exponential_(generator=r.generator)
+        noise = exponential_noise(torch.tensor([noise_key(r.seed, r.draws)]), V)[0]
+        r.draws += 1
         out.append(int((probs / noise).argmax()))
     return out
 
@@ -45,7 +46,7 @@ def test_a_batch_draws_what_each_row_alone_draws(rows, seed):
     logits = torch.randn(len(rows), V, generator=torch.Generator().manual_seed(seed)) * 3
     ours, theirs = requests(rows), requests(rows)
     for _ in range(3):  # successive steps: each request's generator moves on by its own draws only
-        assert sample(logits, ours, None)[0] == reference(logits, theirs)
+        assert sample(logits, ours, None).tokens == reference(logits, theirs)
 
 
 def test_draws_follow_the_filtered_distribution():
@@ -53,7 +54,29 @@ def test_draws_follow_the_filtered_distribution():
     (r,) = requests([{"temperature": 0.8, "top_k": 5, "top_p": 0.95, "min_p": 0.0, "seed": 7}])
     expected = _filter(logits[0] / 0.8, 5, 0.95, 0.0).softmax(-1)
     n = 20000
-    counts = torch.bincount(torch.tensor([sample(logits, [r], None)[0][0] for _ in range(n)]), minlength=8)
+    counts = torch.bincount(torch.tensor([sample(logits, [r], None).tokens[0] for _ in range(n)]), minlength=8)
     freq = counts.double() / n
     assert torch.all(counts[expected == 0] == 0)  # nothing outside the filtered set
     assert float((freq - expected.double()).abs().max()) < 0.015  # within ~4 standard errors
+
+
+def test_the_noise_is_uniform_and_fresh_at_every_draw():
+    """exp(-E) of the noise is uniform on (0, 1) (a chi-square over 64 bins), across tokens, draws and
+    seeds, and no two draws of a request repeat."""
+    keys = torch.tensor([noise_key(seed, draw) for seed in range(4) for draw in range(8)])
+    noise = exponential_noise(keys, 4096)
+    assert torch.isfinite(noise).all() and (noise > 0).all()
+    u = torch.exp(-noise.double()).flatten()
+    counts = torch.histc(u, bins=64, min=0.0, max=1.0)
+    expected = u.numel() / 64
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 120  # 63 degrees of freedom: p < 1e-5 beyond ~120
+    assert len({tuple(row[:16].tolist()) for row in noise}) == len(keys)
+
+
+def test_the_noise_is_never_zero_nor_infinite():
+    """At the ends of its bits: a noise of 0 would make a masked token's probability 0 / 0 = NaN,
+    which argmax picks."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        noise = exponential_from_bits(torch.tensor([0, 1, (1 << 22), (1 << 23) - 2, (1 << 23) - 1]), dtype)
+        assert torch.isfinite(noise).all() and (noise > 0).all(), (dtype, noise)

@@ -96,7 +96,7 @@ def test_torch_single_decode_window(in_place):
     slots = torch.arange(50, 50 + seq) if in_place else torch.randperm(199, generator=g)[:seq] + 1
     table = torch.zeros(2, 64, dtype=torch.int64)
     table[0, :seq] = slots
-    batch = (AttentionMetadata(table, torch.arange(1), [seq], [1], 1, slots[-1:]), torch.randn(1, 6, D, generator=g),
+    batch = (AttentionMetadata(table, torch.arange(1), [seq], [1], 1, slots[-1:], host_table=table), torch.randn(1, 6, D, generator=g),
              torch.randn(1, 2, D, generator=g), torch.randn(1, 2, D, generator=g), k_cache, v_cache)
     backend = get_backend("torch")
     check(backend, batch, 9)

@@ -97,6 +97,7 @@ def test_agent_round_trip_in_the_familys_format(family):
         return a + b
 
     with ak.Agent("You add numbers.", tools=[add], tool_choice="required", max_steps=2, engine=engine, seed=3,
+                  parallel_tool_calls=False,
                   temperature=1.0, max_tokens=120) as agent:
         result = agent.run_sync("add 2 and 3")
     first, second = result.steps
@@ -105,7 +106,9 @@ def test_agent_round_trip_in_the_familys_format(family):
     prompt = engine.render(template_messages(result.messages[:-1], engine.tool_format))
     assert RESULT_MARK[name] in prompt and str(sum(seen[0])) in prompt.split(RESULT_MARK[name], 1)[1]
     if name != "mistral":
-        assert second.usage.cached_tokens >= first.usage.prompt_tokens + first.usage.completion_tokens - 2
+        # all but the reply's end: its last sampled token and the closing text the grammar forced
+        # after it (`}}` and the call's close, up to 6 tokens) were never fed to the model
+        assert second.usage.cached_tokens >= first.usage.prompt_tokens + first.usage.completion_tokens - 8
 
 
 # ---- the server, with the clients people use -------------------------------------------------------------

@@ -20,7 +20,7 @@ from agentkv.engine.passes import Pass, PassRunner
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import Request
 from agentkv.engine.runner import ModelRunner
-from agentkv.engine.scheduler import ScheduledBatch, Scheduler
+from agentkv.engine.scheduler import Scheduler
 from agentkv.errors import EngineClosedError, EngineError, RequestError
 
 
@@ -168,7 +168,8 @@ class EngineCore:
         reqs = [r for r in p.batch.reqs if not r.finished]
         try:
             result = self.passes.collect(p)
-            _keep_scores(p.batch, result.score_logits)
+            for (r, _), lp in zip(p.batch.score_positions(), result.scores):
+                r.token_scores.append(lp)
             self.scheduler.process(p.batch, result.tokens, self.tokenizer, result.logprobs,
                                    after.batch if after is not None else None)
         except Exception as e:
@@ -209,7 +210,7 @@ class EngineCore:
             p, self._in_flight = self._in_flight, None
             self.passes.drain(p)
             s.fail(p.batch, err)
-        for b in list(s.in_flight):  # scheduled by a step that failed before launching it
+        for b in list(s.flight.batches):  # scheduled by a step that failed before launching it
             s.fail(b, err)
         for r in list(s.waiting) + list(s.running):
             r.error = err
@@ -230,14 +231,3 @@ def _host_only(worker: ThreadPoolExecutor) -> None:
     torch.set_num_threads(1)
     worker.submit(torch.set_num_threads, threads).result()  # also the default that new threads take
 
-
-def _keep_scores(batch: ScheduledBatch, logits: torch.Tensor) -> None:
-    """Scoring requests: the logprob of each scored token, from the logits of the position before it."""
-    positions = batch.score_positions()
-    if not positions:
-        return
-    logprobs = logits.log_softmax(-1)
-    targets = torch.tensor([r.all_ids[p + 1] for r, p in positions], dtype=torch.int64, device=logits.device)
-    picked = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
-    for (r, _), lp in zip(positions, picked):
-        r.token_scores.append(lp)

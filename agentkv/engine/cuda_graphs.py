@@ -59,7 +59,7 @@ class DecodeGraphs:
         # a slot-table row no request owns: zeros, i.e. slot 0 at position 0
         self.pad_row = runner.req_pool.alloc()
         assert self.pad_row is not None, "no free slot-table row for the CUDA graph padding"
-        runner.req_pool.table[self.pad_row].zero_()
+        runner.req_pool.table[self.pad_row].zero_()  # (the host copy's row is zero already)
         self.rows.fill_(self.pad_row)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -75,15 +75,16 @@ class DecodeGraphs:
                 and inputs.select[-1] == n - 1)
 
     @torch.inference_mode()
-    def run(self, inputs, ids: torch.Tensor) -> torch.Tensor:
-        """Logits [n, vocab] of a decode-only pass; `ids` [n] on the device (placeholders resolved)."""
-        n = len(inputs.ids)
+    def run(self, dev, ids: torch.Tensor) -> torch.Tensor:
+        """Logits [n, vocab] of a decode-only pass (`dev`: its inputs on the device, runner.OnDevice);
+        `ids` [n] on the device (placeholders resolved)."""
+        n = len(ids)
         bs = self.buckets[bisect.bisect_left(self.buckets, n)]
         self.ids[:n].copy_(ids)
-        self.positions[:n].copy_(torch.tensor(inputs.positions, dtype=torch.int64), non_blocking=True)
-        self.out_loc[:n].copy_(inputs.meta.out_cache_loc, non_blocking=True)
-        self.rows[:n].copy_(inputs.meta.req_rows, non_blocking=True)
-        self.lens[:n].copy_(torch.tensor(inputs.meta.seq_lens, dtype=torch.int64), non_blocking=True)
+        self.positions[:n].copy_(dev.positions)
+        self.out_loc[:n].copy_(dev.meta.out_cache_loc)
+        self.rows[:n].copy_(dev.meta.req_rows)
+        self.lens[:n].copy_(dev.positions + 1)  # a decode's length is its position + 1
         if bs > n:
             for buf, value in ((self.ids, 0), (self.positions, 0), (self.out_loc, 0), (self.rows, self.pad_row), (self.lens, 1)):
                 buf[n:bs].fill_(value)

@@ -63,11 +63,20 @@ class KVPool:
 
 
 class ReqToTokenPool:
-    """Rows of slot indices, one row per running request: row[:seq_len] are its KV slots in order."""
+    """Rows of slot indices, one row per running request: row[:seq_len] are its KV slots in order.
+
+    `host` (on the CPU) is the truth: the scheduler writes and reads it. `table` is the copy the
+    attention kernels read on the device; on a CPU it is `host` itself. Where they differ, each write
+    is logged and a pass takes the log (`take_writes`) and applies it to `table` before it computes
+    (`apply`): the host never reads the device's copy, and the device's copy changes only in the
+    order of the passes, never under a pass in flight.
+    """
 
     def __init__(self, max_requests: int, max_context: int, device: str = "cpu"):
-        self.table = torch.zeros(max_requests, max_context, dtype=torch.int64, device=device)
+        self.host = torch.zeros(max_requests, max_context, dtype=torch.int64)
+        self.table = self.host if torch.device(device).type == "cpu" else self.host.to(device)
         self._free_rows = list(range(max_requests - 1, -1, -1))
+        self._log: list[tuple[torch.Tensor, torch.Tensor]] = []  # (flat indices, slots) not yet on the device
 
     @property
     def num_free(self) -> int:
@@ -79,6 +88,30 @@ class ReqToTokenPool:
     def free(self, row: int) -> None:
         assert row not in self._free_rows, f"row {row} freed twice"
         self._free_rows.append(row)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        """Row `row` from position `start` on holds `slots`."""
+        self.host[row, start : start + len(slots)] = slots
+        if self.table is not self.host:
+            first = row * self.host.shape[1] + start
+            self._log.append((torch.arange(first, first + len(slots), dtype=torch.int64), slots))
+
+    def write_cells(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
+        """One slot per (row, column) pair: a decode token for each of several requests, in one write."""
+        self.host[rows, cols] = slots
+        if self.table is not self.host:
+            self._log.append((rows * self.host.shape[1] + cols, slots))
+
+    def take_writes(self) -> torch.Tensor | None:
+        """The writes logged since the last call as one [2, N] tensor (flat indices, slots), or None."""
+        if not self._log:
+            return None
+        log, self._log = self._log, []
+        return torch.stack([torch.cat([i for i, _ in log]), torch.cat([s.to(torch.int64) for _, s in log])])
+
+    def apply(self, writes: torch.Tensor) -> None:
+        """On the device, in the pass's order: `writes` from take_writes, already uploaded."""
+        self.table.view(-1).index_copy_(0, writes[0], writes[1])
 
 
 MAX_POOL_CONTEXTS = 256  # a pool holds at most this many full contexts, however much memory there is

@@ -220,9 +220,12 @@ class CausalLM(nn.Module):
 
         def size(t) -> int:
             t = getattr(t, "data", t)  # a QuantWeight or PackedLinear holds its tensor in .data
-            if not isinstance(t, torch.Tensor) or t.data_ptr() in seen:
+            if not isinstance(t, torch.Tensor):
                 return 0
-            seen.add(t.data_ptr())
+            key = t.data_ptr() if t.layout == torch.strided else id(t)  # oneDNN's packed weights have no data_ptr
+            if key in seen:
+                return 0
+            seen.add(key)
             return t.numel() * t.element_size()
 
         total = sum(size(p) for p in self.parameters())

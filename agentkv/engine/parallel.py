@@ -97,16 +97,16 @@ def worker_device(device: str, rank: int) -> str:
     return f"cuda:{rank}" if device.startswith("cuda") else device
 
 
-def compact_inputs(inputs: Any) -> Any:
-    """The pass's inputs with only the slot-table rows it reads (the table itself stays on rank 0)."""
+def compact_inputs(inputs: Any, host_table: torch.Tensor) -> Any:
+    """The pass's inputs with only the slot-table rows it reads, from rank 0's host copy of the table
+    (ReqToTokenPool.host: nothing is read back from the device)."""
     meta = inputs.meta
     width = max(meta.seq_lens, default=1)
-    rows = meta.req_rows.to(meta.req_to_token.device)
-    table = meta.req_to_token[rows, :width].cpu()
-    small = dataclasses.replace(meta, req_to_token=table, req_rows=torch.arange(len(meta.seq_lens)),
-                                out_cache_loc=meta.out_cache_loc.cpu())
+    table = host_table[meta.req_rows, :width]
+    small = dataclasses.replace(meta, req_to_token=table, req_rows=torch.arange(len(meta.seq_lens)), host_table=None)
     # the other ranks' logits are not used: select none
-    return dataclasses.replace(inputs, meta=small, select=[], placeholder_at=[], placeholder_rows=[])
+    return dataclasses.replace(inputs, meta=small, select=[], placeholder_at=[], placeholder_rows=[],
+                               table_writes=None)
 
 
 class TensorParallel:
@@ -140,8 +140,10 @@ class TensorParallel:
             self.close(notify=False)
             raise
 
-    def send(self, inputs: Any, ids: torch.Tensor) -> None:
-        dist.broadcast_object_list([(compact_inputs(inputs), ids.cpu())], src=0)
+    def send(self, inputs: Any, ids: torch.Tensor, host_table: torch.Tensor) -> None:
+        # (the ids' copy to the host is this pass's one read besides its sampled tokens: the ranks'
+        # broadcast goes through the host)
+        dist.broadcast_object_list([(compact_inputs(inputs, host_table), ids.cpu())], src=0)
 
     def close(self, notify: bool = True) -> None:
         if notify and dist.is_initialized():
@@ -208,6 +210,5 @@ def _worker_main(rank: int, world: int, rendezvous: str, model: str | None, dtyp
             break
         inputs, ids = box[0]
         inputs.meta.req_to_token = inputs.meta.req_to_token.to(device)
-        inputs.meta.out_cache_loc = inputs.meta.out_cache_loc.to(device)
-        runner.forward_ids(inputs, ids.to(device))
+        runner.forward_ids(runner.upload(inputs), ids.to(device))
     dist.destroy_process_group()

@@ -35,13 +35,14 @@ class Plan:
 class PassResult:
     tokens: list[int]  # per sampling row; -1 where the grammar allowed nothing; 0 for rows not live
     logprobs: list[TokenLogprob | None]
-    score_logits: torch.Tensor  # rows after the sampling ones: the batch's score_positions()
+    scores: list[float]  # the logprob of the token after each of the batch's score_positions()
 
 
 @dataclass
 class Pass:
     batch: ScheduledBatch
     inputs: ForwardInputs
+    score_targets: list[int]  # the token after each of the batch's score_positions()
     plan: Future = field(default_factory=Future)  # set by the engine thread: a Plan
     result: Future | None = None  # with overlap: the worker's PassResult
 
@@ -54,9 +55,13 @@ class PassRunner:
         self.masks = MaskWorker(vocab_size)
         self._worker = worker or (ThreadPoolExecutor(1, thread_name_prefix="agentkv-forward") if overlap else None)
         self._prev_tokens: torch.Tensor | None = None  # worker state: the last pass's sampled tokens
+        # on CUDA the passes run on a stream of their own: the host's work on the default stream
+        # (e.g. grammar masks uploaded by the mask thread) never queues behind a pass
+        self._stream = torch.cuda.Stream(runner.device) if str(runner.device).startswith("cuda") else None
 
     def launch(self, batch: ScheduledBatch) -> Pass:
-        p = Pass(batch, self.runner.prepare(batch))
+        targets = [r.all_ids[pos + 1] for r, pos in batch.score_positions()]
+        p = Pass(batch, self.runner.prepare(batch), targets)
         if self._worker is not None:
             p.result = self._worker.submit(self._run, p)
         return p
@@ -90,6 +95,12 @@ class PassRunner:
         self.runner.close()
 
     def _run(self, p: Pass) -> PassResult:
+        if self._stream is None:
+            return self._compute(p)
+        with torch.cuda.stream(self._stream):
+            return self._compute(p)
+
+    def _compute(self, p: Pass) -> PassResult:
         try:
             logits = self.runner.forward(p.inputs, self._prev_tokens)
         except BaseException:
@@ -102,13 +113,17 @@ class PassRunner:
         allowed = plan.masks.result() if plan.masks is not None else None
         rows = [k for k, ok in enumerate(plan.live) if ok]
         reqs = p.batch.sampling_reqs
-        tokens = [0] * len(plan.live)
-        logprobs: list[TokenLogprob | None] = [None] * len(plan.live)
-        if rows:
-            live = logits[: len(rows)] if len(rows) == len(plan.live) else logits[rows]  # no copy when all are
-            picked, entries = sample(live, [reqs[k] for k in rows], self.tokenizer, allowed)
-            for k, t, e in zip(rows, picked, entries):
-                tokens[k], logprobs[k] = t, e
-        if self.overlap:  # only a pass launched before this one was processed reads them
-            self._prev_tokens = torch.tensor([max(t, 0) for t in tokens], dtype=torch.int64, device=logits.device)
-        return PassResult(tokens, logprobs, logits[len(plan.live) :])
+        n = len(plan.live)
+        live = logits[: len(rows)] if len(rows) == n else logits[rows]  # no copy when all are
+        out = sample(live, [reqs[k] for k in rows], self.tokenizer, allowed, logits[n:], p.score_targets)
+        tokens = [0] * n
+        logprobs: list[TokenLogprob | None] = [None] * n
+        for k, t, e in zip(rows, out.tokens, out.logprobs):
+            tokens[k], logprobs[k] = t, e
+        if self.overlap:  # only a pass launched before this one was processed reads them (on the device)
+            picked = out.on_device.clamp(min=0)
+            if len(rows) < n:  # a row not live reads 0 (the pass that reads it throws its token away)
+                index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+                picked = torch.zeros(n, dtype=torch.int64, device=logits.device).index_put_((index,), picked)
+            self._prev_tokens = picked
+        return PassResult(tokens, logprobs, out.scores)

@@ -7,8 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
 from agentkv.engine.outputs import TokenLogprob, Usage
 from agentkv.engine.sampling_params import SamplingParams
 from agentkv.grammar import CompiledGrammar, Matcher
@@ -20,6 +18,7 @@ if TYPE_CHECKING:
 
 _ids = itertools.count()
 DECODE_CONTEXT = 4  # earlier tokens decoded again with new ones (see Request._decode)
+PREFIX_BLOCK = 16  # tokens per block of `Request.prefix_hashes`
 
 
 @dataclass(frozen=True)
@@ -63,23 +62,43 @@ class Request:
     text: str = ""
     finish_reason: str | None = None
     error: BaseException | None = None
-    generator: torch.Generator | None = None
+    draws: int = 0  # noise vectors drawn so far: the next one's counter (see sampler.noise_key)
     matcher: Matcher | None = None  # made on the engine thread by start_grammar
     token_scores: list[float] = field(default_factory=list)  # logprobs of all_ids[score_from:]
     cut_short: bool = False  # a stop string or stop token id ended the text before its grammar did
 
     def __post_init__(self) -> None:
         self.usage.prompt_tokens = len(self.prompt_ids)
-        self.generator = torch.Generator().manual_seed(self.seed)
         self._all = list(self.prompt_ids)  # prompt + output, appended to (read it, never change it)
         self._decoded = 0  # output tokens whose text is `_decoded_text` (a whole number of characters)
         self._decoded_text = ""
+        self._seen: set[int] = set()  # seen_ids() over all_ids[:_seen_upto]
+        self._seen_upto = 0
+        self._prefix_hashes: list[int] = []
 
     @property
     def all_ids(self) -> list[int]:
         if len(self._all) != len(self.prompt_ids) + len(self.output_ids):  # output_ids was set, not appended to
             self._all = self.prompt_ids + self.output_ids
         return self._all
+
+    def seen_ids(self) -> list[int]:
+        """The distinct token ids of prompt + output (the repetition penalty's), kept as tokens are
+        appended rather than rebuilt from the whole sequence on every step."""
+        ids = self.all_ids
+        if self._seen_upto > len(ids):  # output_ids was set anew
+            self._seen, self._seen_upto = set(), 0
+        self._seen.update(ids[self._seen_upto :])
+        self._seen_upto = len(ids)
+        return list(self._seen)
+
+    def prefix_hashes(self) -> list[int]:
+        """Entry i identifies all_ids[: PREFIX_BLOCK * (i + 1)] (a chained hash of whole blocks, made
+        once per block): two requests share their first k blocks when their k-th entries are equal."""
+        ids, hashes = self.all_ids, self._prefix_hashes
+        for i in range(len(hashes), len(ids) // PREFIX_BLOCK):
+            hashes.append(hash((hashes[-1] if hashes else 0, *ids[i * PREFIX_BLOCK : (i + 1) * PREFIX_BLOCK])))
+        return hashes
 
     @property
     def seq_len(self) -> int:

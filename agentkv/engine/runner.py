@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -15,14 +16,29 @@ from agentkv.kernels.base import AttentionBackend, AttentionMetadata
 @dataclass
 class ForwardInputs:
     """One pass's inputs, read from the requests when it is scheduled: with overlap the requests move
-    on (and the slot table is written for the next pass) while this one waits or runs."""
+    on (and the slot table is written for the next pass) while this one waits or runs. Host-side:
+    `forward` copies them to the device in one upload."""
 
     ids: list[int]  # flat run of new tokens; 0 where `placeholder_rows` fills in a token in flight
     positions: list[int]
-    meta: AttentionMetadata
+    meta: AttentionMetadata  # req_rows and out_cache_loc on the host
     select: list[int]  # rows of the run whose logits are returned
     placeholder_at: list[int]  # indices into `ids` whose token the previous pass samples...
     placeholder_rows: list[int]  # ...in this sampling row of its output
+    table_writes: torch.Tensor | None = None  # [2, N] slot-table writes (ReqToTokenPool.take_writes) made first
+
+
+@dataclass
+class OnDevice:
+    """A pass's inputs where the model runs (ForwardInputs after `upload`)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    select: torch.Tensor
+    meta: AttentionMetadata
+    placeholder_at: torch.Tensor
+    placeholder_rows: torch.Tensor
+    table_writes: torch.Tensor | None
 
 
 class ModelRunner:
@@ -54,42 +70,55 @@ class ModelRunner:
             seq_lens=[s + n for s, n in zip(batch.starts, batch.extend_lens)],
             extend_lens=batch.extend_lens,
             num_decodes=batch.num_decodes,
-            out_cache_loc=batch.out_cache_loc.to(self.device),  # the free list lives on the CPU
+            out_cache_loc=batch.out_cache_loc,
+            host_table=self.req_pool.host,
         )
         last += [first_row[r.rid] + p for r, p in batch.score_positions()]
         return ForwardInputs(
             ids, positions, meta, list(range(len(ids))) if all_logits else last,
             [ends[i] for i, _ in batch.placeholders], [row for _, row in batch.placeholders],
+            self.req_pool.take_writes(),
         )
+
+    def upload(self, inputs: ForwardInputs) -> OnDevice:
+        """The pass's index tensors on the device, in one copy (pinned and non-blocking on CUDA)."""
+        m = inputs.meta
+        lists = (inputs.ids, inputs.positions, inputs.select, inputs.placeholder_at, inputs.placeholder_rows)
+        tensors = [m.req_rows, m.out_cache_loc] + ([inputs.table_writes.view(-1)] if inputs.table_writes is not None else [])
+        host = torch.cat([torch.tensor([x for part in lists for x in part], dtype=torch.int64)]
+                         + [t.to(torch.int64) for t in tensors])
+        if torch.device(self.device).type != "cpu":
+            host = host.pin_memory().to(self.device, non_blocking=True)
+        sizes = [len(p) for p in lists] + [len(t) for t in tensors]
+        ids, positions, select, at, rows, req_rows, loc, *writes = host.split(sizes)
+        meta = dataclasses.replace(m, req_rows=req_rows, out_cache_loc=loc)
+        return OnDevice(ids, positions, select, meta, at, rows, writes[0].view(2, -1) if writes else None)
 
     @torch.inference_mode()
     def forward(self, inputs: ForwardInputs, prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (fp32) of `inputs.select`. `prev_tokens` [rows] holds the previous pass's sampled
-        tokens (overlap): placeholders are resolved from it here, on the device."""
-        ids = torch.tensor(inputs.ids, dtype=torch.int64, device=self.device)
-        if inputs.placeholder_at:
+        tokens (overlap), on the device: placeholders are resolved from it here."""
+        dev = self.upload(inputs)
+        if dev.table_writes is not None:  # the slot table as this pass reads it (after the passes before it)
+            self.req_pool.apply(dev.table_writes)
+        ids = dev.ids
+        if len(dev.placeholder_at):
             if prev_tokens is None:  # the previous pass failed: its requests are failed too
-                prev_tokens = torch.zeros(max(inputs.placeholder_rows) + 1, dtype=torch.int64, device=self.device)
-            at = torch.tensor(inputs.placeholder_at, dtype=torch.int64, device=self.device)
-            rows = torch.tensor(inputs.placeholder_rows, dtype=torch.int64, device=self.device)
-            ids[at] = prev_tokens[rows]
+                prev_tokens = torch.zeros(max(inputs.placeholder_rows) + 1, dtype=torch.int64, device=ids.device)
+            ids = ids.index_put((dev.placeholder_at,), prev_tokens[dev.placeholder_rows])
         if self.tp is not None:
-            self.tp.send(inputs, ids)
+            self.tp.send(inputs, ids, self.req_pool.host)
         elif self.graphs is not None and self.graphs.can_run(inputs):
-            return self.graphs.run(inputs, ids)
-        return self.forward_ids(inputs, ids)
+            return self.graphs.run(dev, ids)
+        return self.forward_ids(dev, ids)
 
     @torch.inference_mode()
-    def forward_ids(self, inputs: ForwardInputs, ids: torch.Tensor) -> torch.Tensor:
+    def forward_ids(self, dev: OnDevice, ids: torch.Tensor) -> torch.Tensor:
         """The model over `ids` (placeholders resolved): the whole pass on a single rank, this rank's
         share of it with tensor parallelism."""
-        self.backend.prepare(inputs.meta)
-        ctx = ForwardContext(
-            positions=torch.tensor(inputs.positions, dtype=torch.int64, device=self.device),
-            backend=self.backend,
-            kv_caches=self.pool.kv_caches,
-        )
-        return self.model(ids, ctx, torch.tensor(inputs.select, dtype=torch.int64))
+        self.backend.prepare(dev.meta)
+        ctx = ForwardContext(positions=dev.positions, backend=self.backend, kv_caches=self.pool.kv_caches)
+        return self.model(ids, ctx, dev.select)
 
     def close(self) -> None:
         if self.tp is not None:

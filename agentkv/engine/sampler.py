@@ -1,20 +1,84 @@
-"""Turn a batch of logits into one token per request.
+"""Turn a batch of logits into one token per request, on the device, and read the result back once.
 
-Each request owns a `torch.Generator` seeded from its seed, and draws exactly one vector of
-exponential noise per sampled token (the exponential race: argmax(p / E) is a sample from p). Its
-draws therefore never depend on what else is in the batch, so a seed reproduces an output across
-batch compositions.
+Everything a pass samples is computed where the logits are (penalties, grammar masks, filters,
+noise, picks, logprobs, scores) and packed into one tensor that `read_host` copies to the host: the
+one device-to-host read of a pass (tests/test_device_reads.py holds the engine to it).
+
+Noise is counter-based: a request's k-th sampled token races the exponential noise -log(U), where U
+is SplitMix64 of a key made from (seed, k) and the token's index. The noise is a function of the
+seed and the count alone (never of the batch, the row or the device), so a seed reproduces an output
+whatever is batched beside it, and every row's noise is made in one vectorized computation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from agentkv.engine.outputs import TokenLogprob
 from agentkv.engine.request import Request
 from agentkv.kernels.token_mask import apply_token_bitmask
+
+M64 = (1 << 64) - 1
+GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+NOISE_CHUNK = 1 << 19  # noise elements made at a time (bounds the int64 temporaries)
+
+
+def _signed(x: int) -> int:
+    x &= M64
+    return x - (1 << 64) if x >> 63 else x
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's finalizer, on Python ints."""
+    z = ((z ^ (z >> 30)) * MIX1) & M64
+    z = ((z ^ (z >> 27)) * MIX2) & M64
+    return z ^ (z >> 31)
+
+
+def noise_key(seed: int, draw: int) -> int:
+    """The key of a request's `draw`-th noise vector (a signed int64)."""
+    return _signed(_mix64((_mix64(seed & M64) + draw * GOLDEN) & M64))
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def exponential_noise(keys: torch.Tensor, vocab: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[len(keys), vocab] standard exponential noise: row i is SplitMix64's stream from keys[i]
+    (int64, on the device the noise is wanted on), token v its (v + 1)-th value, 23 bits of it."""
+    step = torch.arange(1, vocab + 1, dtype=torch.int64, device=keys.device) * _signed(GOLDEN)
+    out = torch.empty(len(keys), vocab, dtype=dtype, device=keys.device)
+    rows = max(1, NOISE_CHUNK // max(vocab, 1))
+    for a in range(0, len(keys), rows):
+        z = keys[a : a + rows, None] + step[None, :]
+        z ^= _shr(z, 30)
+        z *= _signed(MIX1)
+        z ^= _shr(z, 27)
+        z *= _signed(MIX2)
+        z ^= _shr(z, 31)
+        out[a : a + rows] = exponential_from_bits(_shr(z, 41), dtype)
+    return out
+
+
+def exponential_from_bits(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """-log(U) for U = (bits + 0.5) / 2**23, `bits` in [0, 2**23): U is exact in float32 (whatever
+    `dtype` the noise is wanted in) and strictly
+    inside (0, 1), so the noise is finite and positive (a noise of 0 would turn a masked token's
+    0 / 0 into NaN, which argmax picks)."""
+    return (-torch.log((bits.to(torch.float32) + 0.5) * 2.0 ** -23)).to(dtype)
+
+
+@dataclass
+class Sampled:
+    tokens: list[int]  # per row; -1 where the grammar allowed nothing
+    logprobs: list[TokenLogprob | None]  # per row, for requests that asked
+    on_device: torch.Tensor  # the tokens [rows] where the logits are (what a pass in flight reads next)
+    scores: list[float]  # logprob of each score target
 
 
 def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
@@ -25,7 +89,7 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
             ids, biases = zip(*p.logit_bias)
             logits[i, list(ids)] += torch.tensor(biases, dtype=logits.dtype, device=logits.device)
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(r.all_ids)), dtype=torch.int64, device=logits.device)
+            seen = torch.tensor(r.seen_ids(), dtype=torch.int64, device=logits.device)
             vals = logits[i, seen]
             logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if (p.frequency_penalty or p.presence_penalty) and r.output_ids:
@@ -34,9 +98,9 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
-def _draw(logits: torch.Tensor, reqs: Sequence[Request], rows: list[int]) -> list[int]:
+def _draw(logits: torch.Tensor, reqs: Sequence[Request], rows: list[int]) -> torch.Tensor:
     """A sampled token for each of `rows` of `logits` (their requests `reqs`): tempered, filtered,
-    and raced against each request's own exponential noise."""
+    and raced against each request's next noise vector. Moves each request's draw count on."""
     index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
     temps = torch.tensor([r.params.temperature for r in reqs], dtype=logits.dtype, device=logits.device)
     tempered = logits[index] / temps[:, None]
@@ -45,12 +109,10 @@ def _draw(logits: torch.Tensor, reqs: Sequence[Request], rows: list[int]) -> lis
         if p.top_k or p.top_p < 1.0 or p.min_p > 0.0:
             tempered[k] = _filter(tempered[k], p.top_k, p.top_p, p.min_p)
     probs = tempered.softmax(-1)
-    # drawn on the CPU, where each request's generator lives (a seed gives the same draws on any
-    # device), one vector per request whatever else is sampled; moved to the device at once
-    noise = torch.empty(probs.shape, dtype=probs.dtype)
-    for k, r in enumerate(reqs):
-        noise[k].exponential_(generator=r.generator)
-    return (probs / noise.to(probs.device)).argmax(-1).tolist()
+    keys = torch.tensor([noise_key(r.seed, r.draws) for r in reqs], dtype=torch.int64, device=logits.device)
+    for r in reqs:
+        r.draws += 1
+    return (probs / exponential_noise(keys, probs.shape[1], probs.dtype)).argmax(-1)
 
 
 def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
@@ -70,47 +132,78 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> tor
     return logits
 
 
+def read_host(packed: torch.Tensor) -> list[float]:
+    """The pass's one device-to-host read."""
+    return packed.tolist()
+
+
 def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
-           masks: tuple[list[int], torch.Tensor] | None = None) -> tuple[list[int], list[TokenLogprob | None]]:
-    """One token per row of `logits` [B, V] (fp32), and its logprob entry for requests that asked.
-    The request is not changed beyond its generator: the token and logprob are recorded when the
-    pass is processed (with overlap that is later, on another thread).
+           masks: tuple[list[int], torch.Tensor] | None = None,
+           score_logits: torch.Tensor | None = None, score_targets: Sequence[int] = ()) -> Sampled:
+    """One token per row of `logits` [B, V] (fp32), and its logprob entry for requests that asked;
+    with `score_logits` [S, V], the logprob of each of `score_targets` under its row. The request is
+    not changed beyond its draw count: the token and logprob are recorded when the pass is processed
+    (with overlap that is later, on another thread).
 
     `masks` = (rows, bitmask [len(rows), ceil(V / 32)] int32): the grammar's allowed tokens for those
     rows; a row that allows no token gets -1. Logprobs are the model's, before the mask.
     """
-    want_logprobs = [r.params.logprobs for r in reqs]
-    raw_logprobs = logits.log_softmax(-1) if any(want_logprobs) else None
+    dev = logits.device
+    if not reqs and not score_targets:
+        return Sampled([], [], torch.empty(0, dtype=torch.int64, device=dev), [])
+    lp_rows = [i for i, r in enumerate(reqs) if r.params.logprobs]
+    raw_logprobs = logits[lp_rows].log_softmax(-1) if lp_rows else None
     if any(r.params.repetition_penalty != 1.0 or r.params.frequency_penalty or r.params.presence_penalty
            or r.params.logit_bias for r in reqs):
         logits = logits.clone()
         apply_penalties(logits, reqs)
-    alive = [True] * len(reqs)
+    alive = None
     if masks is not None:
         rows, bitmask = masks
-        index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+        index = torch.tensor(rows, dtype=torch.int64, device=dev)
         masked, rows_alive = apply_token_bitmask(logits[index], bitmask)
         logits = logits.index_put((index,), masked)  # out of place: the logits may be an inference tensor
-        for i, ok in zip(rows, rows_alive.tolist()):
-            alive[i] = ok
+        alive = torch.ones(len(reqs), dtype=torch.bool, device=dev).index_put_((index,), rows_alive.to(dev))
     # max(-1).indices: the same first index of the maximum as argmax, 3x faster on CPU (162 vs 524 us, 16 x 49k)
-    greedy = logits.max(-1).indices.tolist()
-    tokens = [greedy[i] if ok else -1 for i, ok in enumerate(alive)]
-    drawn = [i for i, r in enumerate(reqs) if alive[i] and not r.params.greedy]
-    if drawn:  # the sampled rows together: one filter, one softmax, one argmax, one read of the picks
-        for i, t in zip(drawn, _draw(logits, [reqs[i] for i in drawn], drawn)):
-            tokens[i] = t
-    entries: list[TokenLogprob | None] = [None] * len(reqs)
+    picks = logits.max(-1).indices
+    drawn = [i for i, r in enumerate(reqs) if not r.params.greedy]
+    if drawn:  # the sampled rows together: one filter pass, one softmax, one noise, one argmax
+        picks = picks.index_put((torch.tensor(drawn, dtype=torch.int64, device=dev),),
+                                _draw(logits, [reqs[i] for i in drawn], drawn))
+    tokens = picks if alive is None else torch.where(alive, picks, -1)
+
+    # pack what the host needs into one tensor (float64 holds every token id exactly)
+    parts = [tokens.to(torch.float64)]
+    top_k = max((reqs[i].params.top_logprobs for i in lp_rows), default=0)
     if raw_logprobs is not None:
-        for i, r in enumerate(reqs):
-            if want_logprobs[i] and tokens[i] >= 0:
-                entries[i] = _token_logprob(raw_logprobs[i], tokens[i], r.params.top_logprobs, tokenizer)
-    return tokens, entries
+        chosen = raw_logprobs.gather(1, tokens[lp_rows].clamp(min=0)[:, None])
+        parts.append(chosen.to(torch.float64).flatten())
+        if top_k:
+            vals, ids = torch.topk(raw_logprobs, top_k)
+            parts += [ids.to(torch.float64).flatten(), vals.to(torch.float64).flatten()]
+    if score_targets:
+        targets = torch.tensor(score_targets, dtype=torch.int64, device=dev)
+        parts.append(score_logits.log_softmax(-1).gather(1, targets[:, None]).to(torch.float64).flatten())
+    values = read_host(torch.cat(parts))
+
+    B = len(reqs)
+    out = [int(t) for t in values[:B]]
+    at = B
+    entries: list[TokenLogprob | None] = [None] * B
+    if raw_logprobs is not None:
+        chosen_lp, at = values[at : at + len(lp_rows)], at + len(lp_rows)
+        n = len(lp_rows) * top_k
+        top_ids, top_vals = values[at : at + n], values[at + n : at + 2 * n]
+        at += 2 * n
+        for j, i in enumerate(lp_rows):
+            if out[i] < 0:
+                continue
+            k = reqs[i].params.top_logprobs
+            top = [(int(t), _text(tokenizer, int(t)), v)
+                   for t, v in zip(top_ids[j * top_k : j * top_k + k], top_vals[j * top_k : j * top_k + k])]
+            entries[i] = TokenLogprob(out[i], _text(tokenizer, out[i]), chosen_lp[j], top)
+    return Sampled(out, entries, tokens, values[at:])
 
 
-def _token_logprob(logprobs: torch.Tensor, token: int, k: int, tokenizer) -> TokenLogprob:
-    top = []
-    if k:
-        vals, ids = torch.topk(logprobs, k)
-        top = [(int(t), tokenizer.decode([int(t)], skip_special_tokens=False), float(v)) for v, t in zip(vals, ids)]
-    return TokenLogprob(token, tokenizer.decode([token], skip_special_tokens=False), float(logprobs[token]), top)
+def _text(tokenizer, token: int) -> str:
+    return tokenizer.decode([token], skip_special_tokens=False)

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from agentkv.engine.config import SchedulerConfig
+from agentkv.engine.inflight import InFlight
 from agentkv.engine.memory import KVPool, ReqToTokenPool
-from agentkv.engine.radix_cache import RadixCache, _common_len
-from agentkv.engine.request import Request
+from agentkv.engine.radix_cache import RadixCache
+from agentkv.engine.request import PREFIX_BLOCK, Request
 
 
 @dataclass
@@ -77,9 +78,7 @@ class Scheduler:
         self.chunked: Request | None = None  # at most one request is mid-prefill across steps
         self.new_token_ratio = cfg.new_token_ratio
         self.stats = SchedulerStats()
-        self.in_flight: list[ScheduledBatch] = []  # scheduled and not yet processed, in launch order
-        self._launched = 0
-        self._held_rows: list[tuple[int, int]] = []  # (row, launch seq) freed once that pass is processed
+        self.flight = InFlight()  # what passes scheduled and not yet processed owe (overlap)
 
     # ---- queue ---------------------------------------------------------------------------------
 
@@ -119,8 +118,7 @@ class Scheduler:
         if decodes:  # every decode row's slot in one indexed write, not one write per row
             rows = torch.tensor([r.row for r in decodes], dtype=torch.int64)
             cols = torch.tensor([r.computed for r in decodes], dtype=torch.int64)
-            table = self.req_pool.table
-            table[rows.to(table.device), cols.to(table.device)] = locs[0].to(table.device, table.dtype)
+            self.req_pool.write_cells(rows, cols, locs[0])
         budget = self.cfg.max_step_tokens - len(decodes)
         for r in jumps:  # short runs, always whole: splitting them would cost a pass each
             n = r.seq_len - r.computed
@@ -145,33 +143,16 @@ class Scheduler:
             return None
         out = torch.cat(locs) if len(locs) > 1 else locs[0]
         batch = ScheduledBatch(reqs, ext_lens, len(decodes), out, len(jumps))
-        self._launch(batch)
+        self.flight.launch(batch)
         return batch
-
-    def _launch(self, batch: ScheduledBatch) -> None:
-        """Fix what the pass computes and count it as in flight on its requests."""
-        self._launched += 1
-        batch.seq = self._launched
-        batch.starts = [r.computed for r in batch.reqs]
-        batch.sampling = [s + n == r.seq_len and not r.prefill_only for r, s, n in zip(batch.reqs, batch.starts, batch.extend_lens)]
-        k = 0
-        for i, (r, n, samples) in enumerate(zip(batch.reqs, batch.extend_lens, batch.sampling)):
-            if r.computed + n > len(r.prompt_ids) + len(r.output_ids):
-                batch.placeholders.append((i, r.future_row))  # its last input token is still being sampled
-            r.pending += n
-            if samples:
-                r.inflight += 1
-                r.future_row = k
-                k += 1
-        batch.live = [True] * k
-        self.in_flight.append(batch)
 
     def _admit(self, budget: int, num_decodes: int, reqs: list[Request], ext_lens: list[int], locs: list[torch.Tensor]) -> None:
         clip = self.cfg.max_tokens_clip
         # future tokens already promised: running requests' remaining output (scaled by the adaptive ratio)
         reserved = sum(min(r.remaining_tokens, clip) for r in self.running) * self.new_token_ratio
         # requests prefilling in this batch or in one still in flight (their prefix is not in the tree yet)
-        in_progress = reqs[num_decodes:] + [o for b in self.in_flight for o in b.reqs[b.num_decodes + b.num_jumps :]]
+        in_progress = reqs[num_decodes:] + [o for b in self.flight.batches for o in b.reqs[b.num_decodes + b.num_jumps :]]
+        shared: _Prefixes | None = None  # made when a request first needs the check
         for r in self._ordered_waiting():
             if r.inflight:
                 continue  # retracted while its token was in flight: admitted once that token is known
@@ -181,14 +162,13 @@ class Scheduler:
             # requests before this one may have evicted part of what it saw
             prefix_slots, node = self._match(r, touch=False)
             prefix = len(prefix_slots)
-            # only a request with a long uncached part can share it with one in progress (the check
-            # scans pairs: skipped for the many requests whose prompt is mostly cached)
-            if self.tree is not None and r.seq_len - prefix > self.cfg.dedup_min_tokens and any(
-                _common_len(r.all_ids, o.all_ids) - prefix >= self.cfg.dedup_min_tokens for o in in_progress
-            ):
-                # another request in this batch is computing the same long prefix: wait a step, then reuse it
-                self.stats.deferred_by_dedup += 1
-                continue
+            # only a request with a long uncached part can share it with one in progress
+            if self.tree is not None and r.seq_len - prefix > self.cfg.dedup_min_tokens:
+                shared = shared if shared is not None else _Prefixes(in_progress)
+                if shared.holds(r, prefix + self.cfg.dedup_min_tokens):
+                    # another request in progress computes the same long prefix: wait, then reuse it
+                    self.stats.deferred_by_dedup += 1
+                    continue
             if node is not None:
                 self.tree.lock(node)  # lock first: its own prefix must not count as evictable room
             uncached = r.seq_len - prefix
@@ -208,6 +188,8 @@ class Scheduler:
             ext_lens.append(n)
             self.running.append(r)
             in_progress.append(r)
+            if shared is not None:
+                shared.add(r)
             budget -= n
             reserved += (uncached - n) + future
             if n < uncached:
@@ -238,7 +220,7 @@ class Scheduler:
         assert r.row is not None
         r.last_node = node  # locked by the caller
         r.prefix_len = r.kv_len = len(prefix_slots)
-        self.req_pool.table[r.row, : len(prefix_slots)] = prefix_slots
+        self.req_pool.write(r.row, 0, prefix_slots)
         if not r.admitted_once:
             r.admitted_once = True
             r.usage.cached_tokens = min(len(prefix_slots), len(r.prompt_ids))
@@ -247,7 +229,7 @@ class Scheduler:
 
     def _place(self, r: Request, n: int) -> torch.Tensor:
         slots = self._alloc(n)
-        self.req_pool.table[r.row, r.computed : r.computed + n] = slots
+        self.req_pool.write(r.row, r.computed, slots)
         return slots
 
     def _alloc(self, n: int) -> torch.Tensor:
@@ -295,9 +277,7 @@ class Scheduler:
             k += samples
             if r.finished:
                 continue  # aborted, or finished by the pass before this one (its memory is already free)
-            if r.row is not None:  # not retracted since
-                r.kv_len += n
-                r.pending -= n
+            self.flight.computed(r, n)
             r.usage.forward_passes += 1
             if i < batch.num_decodes:
                 self.stats.decode_tokens += 1
@@ -323,21 +303,16 @@ class Scheduler:
 
     def _take(self, r: Request, token: int, tokenizer, logprob, after: ScheduledBatch | None) -> None:
         """Append a sampled token and the tokens the grammar forces after it."""
-        r.inflight -= 1
-        ahead, r.inflight = r.inflight, 0  # a token the next pass samples: not part of the text yet
-        if logprob is not None:
-            r.logprobs.append(logprob)
-        forced = 0
-        if token < 0:
-            r.end_at_dead_end(tokenizer)
-        else:
+        def advance() -> bool:
+            if logprob is not None:
+                r.logprobs.append(logprob)
+            if token < 0:
+                r.end_at_dead_end(tokenizer)
+                return True
             r.append_token(token, tokenizer)
-            forced = r.jump_forward(tokenizer)
-        if ahead and (r.finished or forced):
-            assert after is not None, "a token in flight belongs to the pass launched after this one"
-            after.live[after.sampling_reqs.index(r)] = False  # its K/V for this token still counts
-        else:
-            r.inflight = ahead
+            return r.jump_forward(tokenizer) > 0 or r.finished
+
+        self.flight.take(r, after, advance)
 
     def fail(self, batch: ScheduledBatch, error: BaseException) -> list[Request]:
         """A pass that raised: its unfinished requests end with `error` and free their memory."""
@@ -349,13 +324,8 @@ class Scheduler:
         return failed
 
     def _retire(self, batch: ScheduledBatch) -> None:
-        """The pass has completed: rows released while it was in flight can be reused."""
-        self.in_flight.remove(batch)
-        held = [(row, seq) for row, seq in self._held_rows if seq > batch.seq]
-        for row, seq in self._held_rows:
-            if seq <= batch.seq:
-                self.req_pool.free(row)
-        self._held_rows = held
+        for row in self.flight.retire(batch):
+            self.req_pool.free(row)
 
     def _drop(self, r: Request) -> None:
         if r in self.running:
@@ -371,11 +341,11 @@ class Scheduler:
         if self.tree is None:
             return
         ids = r.all_ids[: r.kv_len]
-        kv = self.req_pool.table[r.row, : r.kv_len].to("cpu", copy=True)  # slot ids live on the CPU
+        kv = self.req_pool.host[r.row, : r.kv_len].clone()
         existing = self.tree.insert(ids, kv)
         self.pool.free(kv[r.prefix_len : existing])  # ours duplicated what another request inserted meanwhile
         slots, node = self.tree.match_prefix(ids)
-        self.req_pool.table[r.row, : r.kv_len] = slots
+        self.req_pool.write(r.row, 0, slots)
         self.tree.lock(node)
         self.tree.unlock(r.last_node)
         r.last_node, r.prefix_len = node, r.kv_len
@@ -384,19 +354,36 @@ class Scheduler:
         """Give r's KV to the tree (or the pool) and free its row; r keeps its tokens."""
         if r.row is None:
             return
-        table = self.req_pool.table[r.row]
-        if r.pending:  # slots of passes not processed (in flight, or failed)
-            self.pool.free(table[r.kv_len : r.kv_len + r.pending].to("cpu", copy=True))
-            r.pending = 0
-        kv = table[: r.kv_len].to("cpu", copy=True)
+        table = self.req_pool.host[r.row]
+        start, pending = self.flight.pending_slots(r)  # slots of passes not processed (in flight, or failed)
+        self.pool.free(table[start : start + pending].clone())
+        kv = table[: r.kv_len].clone()
         if self.tree is not None:
             existing = self.tree.insert(r.all_ids[: r.kv_len], kv)
             self.pool.free(kv[r.prefix_len : existing])
             self.tree.unlock(r.last_node)
         else:
             self.pool.free(kv)
-        if self.in_flight:  # a pass in flight still reads this row of the slot table
-            self._held_rows.append((r.row, self.in_flight[-1].seq))
-        else:
+        if not self.flight.hold_row(r.row):
             self.req_pool.free(r.row)
         r.row, r.last_node, r.kv_len, r.prefix_len = None, None, 0, 0
+
+
+class _Prefixes:
+    """The prefixes of the requests in progress (prefilling in this batch or in one in flight), by
+    block hash: whether a waiting request shares n tokens with one of them costs one set lookup,
+    not a scan of every pair (the dedup check; SGLang keeps a small radix tree for it)."""
+
+    def __init__(self, reqs: list[Request]):
+        self.hashes: set[int] = set()
+        for r in reqs:
+            self.add(r)
+
+    def add(self, r: Request) -> None:
+        self.hashes.update(r.prefix_hashes())
+
+    def holds(self, r: Request, n: int) -> bool:
+        """Whether one of them begins with r's first n tokens (rounded up to whole blocks)."""
+        block = -(-n // PREFIX_BLOCK) - 1
+        hashes = r.prefix_hashes()
+        return block < len(hashes) and hashes[block] in self.hashes

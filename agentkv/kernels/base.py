@@ -25,6 +25,7 @@ class AttentionMetadata:
     extend_lens: list[int]  # [B] new tokens of each request in this pass
     num_decodes: int  # the first num_decodes requests are decodes (extend_len == 1)
     out_cache_loc: torch.Tensor  # [T] int64 slot where each new token's K/V is written
+    host_table: torch.Tensor | None = None  # the table's host copy (the truth), where a backend may plan from it
 
     @property
     def num_tokens(self) -> int:

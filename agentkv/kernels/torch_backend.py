@@ -38,7 +38,7 @@ class TorchAttentionBackend(AttentionBackend):
         self._windowed: dict[int, tuple] = {}  # window -> (decode mask, extend masks) of this pass
         if nd:
             lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.int64, device=dev)
-            max_len = int(lens.max())
+            max_len = max(meta.seq_lens[:nd])
             slots = meta.req_to_token[meta.req_rows[:nd], :max_len]  # [nd, L]
             pad = torch.arange(max_len, device=dev)[None, :] >= lens[:, None]
             self._lens, self._pad, self._inverse = lens, pad, None
@@ -60,10 +60,11 @@ class TorchAttentionBackend(AttentionBackend):
                 if pad.any():
                     self.decode_mask = torch.zeros(nd, 1, 1, max_len, device=dev)
                     self.decode_mask.masked_fill_(pad[:, None, None, :], float("-inf"))
-                elif nd == 1 and int(slots[0, -1]) - int(slots[0, 0]) == max_len - 1 \
-                        and bool((slots[0, 1:] - slots[0, :-1] == 1).all()):
-                    # one run of slots: 30 layers' two gathers less a step at batch 1 (~0.5 ms of 25, bf16)
-                    self.decode_run = int(slots[0, 0])
+                elif nd == 1 and meta.req_to_token is meta.host_table:  # (on the CPU: reading it costs no sync)
+                    run = meta.host_table[int(meta.req_rows[0]), :max_len]
+                    if int(run[-1]) - int(run[0]) == max_len - 1 and bool((run[1:] - run[:-1] == 1).all()):
+                        # one run of slots: 30 layers' two gathers less a step at batch 1 (~0.5 ms of 25, bf16)
+                        self.decode_run = int(run[0])
         self.extends = self._plan_extends(meta, range(nd, len(meta.seq_lens)))
 
     @staticmethod
@@ -87,8 +88,7 @@ class TorchAttentionBackend(AttentionBackend):
     def _mask_padding_slot(unique: torch.Tensor, mask: torch.Tensor) -> None:
         # Padding positions were mapped to slot 0 and may have unmasked its column; slot 0 is never a
         # real slot (the pool reserves it), so mask its column for every request.
-        if unique.numel() and int(unique[0]) == 0:
-            mask[:, 0] = float("-inf")
+        mask.masked_fill_((unique == 0)[None, :], float("-inf"))
 
     def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0):
         meta = self.meta
