@@ -103,7 +103,8 @@ def compact_inputs(inputs: Any, host_table: torch.Tensor) -> Any:
     meta = inputs.meta
     width = max(meta.seq_lens, default=1)
     table = host_table[meta.req_rows, :width]
-    small = dataclasses.replace(meta, req_to_token=table, req_rows=torch.arange(len(meta.seq_lens)), host_table=None)
+    small = dataclasses.replace(meta, req_to_token=table, req_rows=torch.arange(len(meta.seq_lens)),
+                                host_table=None, host_rows=None)
     # the other ranks' logits are not used: select none
     return dataclasses.replace(inputs, meta=small, select=[], placeholder_at=[], placeholder_rows=[],
                                table_writes=None)

@@ -64,14 +64,16 @@ class ModelRunner:
             ends.append(len(ids) - 1)
             if samples:
                 last.append(len(ids) - 1)
+        rows = [r.row for r in batch.reqs]
         meta = AttentionMetadata(
             req_to_token=self.req_pool.table,
-            req_rows=torch.tensor([r.row for r in batch.reqs], dtype=torch.int64),
+            req_rows=torch.tensor(rows, dtype=torch.int64),
             seq_lens=[s + n for s, n in zip(batch.starts, batch.extend_lens)],
             extend_lens=batch.extend_lens,
             num_decodes=batch.num_decodes,
             out_cache_loc=batch.out_cache_loc,
             host_table=self.req_pool.host,
+            host_rows=rows,
         )
         last += [first_row[r.rid] + p for r, p in batch.score_positions()]
         return ForwardInputs(

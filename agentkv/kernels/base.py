@@ -25,7 +25,12 @@ class AttentionMetadata:
     extend_lens: list[int]  # [B] new tokens of each request in this pass
     num_decodes: int  # the first num_decodes requests are decodes (extend_len == 1)
     out_cache_loc: torch.Tensor  # [T] int64 slot where each new token's K/V is written
-    host_table: torch.Tensor | None = None  # the table's host copy (the truth), where a backend may plan from it
+    # host copies, where a backend plans on the host (reading the device's would wait for the GPU)
+    host_table: torch.Tensor | None = None  # the slot table's (the truth: ReqToTokenPool.host)
+    host_rows: list[int] | None = None  # req_rows'
+
+    def rows(self) -> list[int]:
+        return self.host_rows if self.host_rows is not None else self.req_rows.tolist()
 
     @property
     def num_tokens(self) -> int:

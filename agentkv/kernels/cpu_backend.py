@@ -52,7 +52,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self.spans: list[tuple[int, int, int, int]] = []  # (first token, new tokens, table row, seq_len)
         longer: list[int] = []  # requests whose extend goes to SDPA
         offset = 0
-        for i, (row, seq, ext) in enumerate(zip(meta.req_rows.tolist(), meta.seq_lens, meta.extend_lens)):
+        for i, (row, seq, ext) in enumerate(zip(meta.rows(), meta.seq_lens, meta.extend_lens)):
             if ext <= NATIVE_EXTEND_MAX or seq - ext <= NATIVE_PREFIX_MAX:
                 self.spans.append((offset, ext, row, seq))
             else:

@@ -105,7 +105,7 @@ def _pages(meta: AttentionMetadata, reqs, dev):
     """(indptr, indices, last_page_len) int32 of the requests' sequences, page size 1."""
     reqs = list(reqs)
     lens = [meta.seq_lens[i] for i in reqs]
-    rows = meta.req_rows.tolist()
+    rows = meta.rows()
     parts = [meta.req_to_token[rows[i], :meta.seq_lens[i]] for i in reqs]
     indices = torch.cat(parts).to(torch.int32) if parts else torch.zeros(0, dtype=torch.int32, device=dev)
     indptr = torch.tensor([0] + _cumsum(lens), dtype=torch.int32, device=dev)

@@ -61,7 +61,7 @@ class TorchAttentionBackend(AttentionBackend):
                     self.decode_mask = torch.zeros(nd, 1, 1, max_len, device=dev)
                     self.decode_mask.masked_fill_(pad[:, None, None, :], float("-inf"))
                 elif nd == 1 and meta.req_to_token is meta.host_table:  # (on the CPU: reading it costs no sync)
-                    run = meta.host_table[int(meta.req_rows[0]), :max_len]
+                    run = meta.host_table[meta.rows()[0], :max_len]
                     if int(run[-1]) - int(run[0]) == max_len - 1 and bool((run[1:] - run[:-1] == 1).all()):
                         # one run of slots: 30 layers' two gathers less a step at batch 1 (~0.5 ms of 25, bf16)
                         self.decode_run = int(run[0])
