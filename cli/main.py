@@ -111,6 +111,8 @@ def serve(
                                                          "or pythonic (default: detected from the chat template)")] = None,
     device: Device = "auto", dtype: Dtype = "auto", tensor_parallel: TensorParallel = 1,
     context_length: ContextLength = None, num_slots: NumSlots = None, memory_fraction: MemoryFraction = None,
+    speculative: Annotated[str | None, typer.Option(help="speculative decoding: ngram (drafts from each request's "
+                                                         "own tokens: for replies that repeat their context)")] = None,
 ) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /v1/pins, /health,
     /metrics) on one engine, or on --replicas engines behind a cache-aware router (Ray Serve)."""
@@ -122,7 +124,7 @@ def serve(
 
     name = served_model_name or (Path(model).stem if model else "SmolLM2-135M-Instruct")
     options = _options(device, dtype, tensor_parallel, context_length, num_slots, memory_fraction=memory_fraction,
-                       **({"tool_format": tool_format} if tool_format else {}))
+                       speculative=speculative, **({"tool_format": tool_format} if tool_format else {}))
     if replicas < 1:
         raise _fail(f"--replicas must be at least 1, got {replicas}")
     if replicas > 1 or ray_address is not None:

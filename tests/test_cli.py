@@ -78,9 +78,10 @@ def test_engine_options_reach_every_replica(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(cluster, "serve_cluster", lambda *a, **k: seen.update(k))
-    result = CliRunner().invoke(app, ["serve", "--replicas", "2", *ENGINE_FLAGS, "--tool-format", "mistral"])
+    result = CliRunner().invoke(app, ["serve", "--replicas", "2", *ENGINE_FLAGS, "--tool-format", "mistral",
+                                      "--speculative", "ngram"])
     assert result.exit_code == 0, result.output
-    assert seen["engine_options"] == {**EXPECTED, "tool_format": "mistral"}
+    assert seen["engine_options"] == {**EXPECTED, "tool_format": "mistral", "speculative": "ngram"}
 
 
 def test_auto_device_and_dtype(monkeypatch):

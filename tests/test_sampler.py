@@ -15,7 +15,7 @@ from agentkv.engine.sampler import _filter, exponential_from_bits, exponential_n
 V = 50
 
 
-def reference(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+def reference(logits: torch.Tensor, reqs: list[Request], position: int) -> list[int]:
     """One row at a time: temper, filter, softmax, race the request's exponential noise."""
     out = []
     for i, r in enumerate(reqs):
@@ -24,8 +24,7 @@ def reference(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
             out.append(int(logits[i].argmax()))
             continue
         probs = _filter(logits[i] / p.temperature, p.top_k, p.top_p, p.min_p).softmax(-1)
-        noise = exponential_noise(torch.tensor([noise_key(r.seed, r.draws)]), V)[0]
-        r.draws += 1
+        noise = exponential_noise(torch.tensor([noise_key(r.seed, position)]), V)[0]
         out.append(int((probs / noise).argmax()))
     return out
 
@@ -45,8 +44,8 @@ def requests(rows: list[dict]) -> list[Request]:
 def test_a_batch_draws_what_each_row_alone_draws(rows, seed):
     logits = torch.randn(len(rows), V, generator=torch.Generator().manual_seed(seed)) * 3
     ours, theirs = requests(rows), requests(rows)
-    for _ in range(3):  # successive steps: each request's generator moves on by its own draws only
-        assert sample(logits, ours, None).tokens == reference(logits, theirs)
+    for step in range(3):  # successive positions: each request's noise moves on with its own sequence
+        assert sample(logits, ours, None, positions=[step] * len(ours)).tokens == reference(logits, theirs, step)
 
 
 def test_draws_follow_the_filtered_distribution():
@@ -54,16 +53,17 @@ def test_draws_follow_the_filtered_distribution():
     (r,) = requests([{"temperature": 0.8, "top_k": 5, "top_p": 0.95, "min_p": 0.0, "seed": 7}])
     expected = _filter(logits[0] / 0.8, 5, 0.95, 0.0).softmax(-1)
     n = 20000
-    counts = torch.bincount(torch.tensor([sample(logits, [r], None).tokens[0] for _ in range(n)]), minlength=8)
+    counts = torch.bincount(torch.tensor([sample(logits, [r], None, positions=[t]).tokens[0] for t in range(n)]),
+                            minlength=8)
     freq = counts.double() / n
     assert torch.all(counts[expected == 0] == 0)  # nothing outside the filtered set
     assert float((freq - expected.double()).abs().max()) < 0.015  # within ~4 standard errors
 
 
 def test_the_noise_is_uniform_and_fresh_at_every_draw():
-    """exp(-E) of the noise is uniform on (0, 1) (a chi-square over 64 bins), across tokens, draws and
-    seeds, and no two draws of a request repeat."""
-    keys = torch.tensor([noise_key(seed, draw) for seed in range(4) for draw in range(8)])
+    """exp(-E) of the noise is uniform on (0, 1) (a chi-square over 64 bins), across tokens, positions
+    and seeds, and no two positions of a request repeat."""
+    keys = torch.tensor([noise_key(seed, position) for seed in range(4) for position in range(8)])
     noise = exponential_noise(keys, 4096)
     assert torch.isfinite(noise).all() and (noise > 0).all()
     u = torch.exp(-noise.double()).flatten()
@@ -80,3 +80,33 @@ def test_the_noise_is_never_zero_nor_infinite():
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         noise = exponential_from_bits(torch.tensor([0, 1, (1 << 22), (1 << 23) - 2, (1 << 23) - 1]), dtype)
         assert torch.isfinite(noise).all() and (noise > 0).all(), (dtype, noise)
+
+
+def test_a_draft_token_keeps_the_distribution():
+    """Speculation's rule for a sampled row asked about a draft token d: the token it makes is the one
+    it makes without the draft (so the output is distributed as p), and d is kept exactly when that
+    token is d: with probability p(d), the others then drawn from p without d. Checked for a likely,
+    an unlikely and an impossible d."""
+    logits = torch.randn(1, 8, generator=torch.Generator().manual_seed(1)) * 1.5
+    (r,) = requests([{"temperature": 0.9, "top_k": 6, "top_p": 1.0, "min_p": 0.0, "seed": 5}])
+    expected = _filter(logits[0] / 0.9, 6, 1.0, 0.0).softmax(-1).double()
+    n = 6000
+    plain = [sample(logits, [r], None, positions=[t]).tokens[0] for t in range(n)]
+    for d in (int(expected.argmax()), int(expected.argsort()[2]), int(expected.argmin())):
+        outs = [sample(logits, [r], None, positions=[t], drafts=[d]) for t in range(n)]
+        assert [o.tokens[0] for o in outs] == plain
+        kept = [o.accepted[0] for o in outs]
+        assert kept == [t == d for t in plain]
+        assert abs(sum(kept) / n - float(expected[d])) < 0.025
+        rejected = torch.tensor([t for t, k in zip(plain, kept) if not k])
+        without = expected.clone()
+        without[d] = 0
+        freq = torch.bincount(rejected, minlength=8).double() / max(len(rejected), 1)
+        assert float((freq - without / without.sum()).abs().max()) < 0.03
+
+
+def test_a_greedy_row_keeps_a_draft_token_that_is_its_argmax():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    rows = requests([{"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}] * 2)
+    out = sample(logits, rows, None, drafts=[1, 2])
+    assert out.tokens == [1, 0] and out.accepted == [True, False]

@@ -309,6 +309,15 @@ class SchedulerConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.001
     max_tokens_clip: int = 4096  # reservations count at most this many future tokens per request
+    # speculative decoding (engine/speculative.py): "ngram" drafts from the request's own tokens, None off
+    speculative: str | None = None
+    speculative_tokens: int = 6  # the longest draft a request gets
+
+    def __post_init__(self) -> None:
+        if self.speculative not in (None, "ngram"):
+            raise RequestError(f"speculative={self.speculative!r} is not one of None, 'ngram'")
+        if self.speculative_tokens < 1:
+            raise RequestError(f"speculative_tokens must be at least 1, got {self.speculative_tokens}")
 
 
 @dataclass(frozen=True)

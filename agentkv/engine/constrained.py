@@ -119,20 +119,38 @@ class MaskWorker:
         self.words = (vocab_size + 31) // 32
         self._pool: ThreadPoolExecutor | None = None
 
-    def start(self, reqs: Sequence[Request]) -> Future | None:
+    def start(self, reqs: Sequence[Request], drafts: Sequence[list[int]] | None = None) -> Future | None:
         """Begin filling masks for the requests of `reqs` that have a grammar; the future gives
-        (their row indices in `reqs`, bitmask [len(rows), words]). None when no request has one."""
-        rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
+        (their row indices, bitmask [len(rows), words]). None when no request has one.
+
+        `drafts` (speculation): per request, the draft its pass checks; such a request has a row
+        for its current state and one after each draft token (the matcher walks the draft and
+        rolls back), and row indices count those rows."""
+        drafts = drafts or [[] for _ in reqs]
+        rows, jobs, at = [], [], 0
+        for r, d in zip(reqs, drafts):
+            if r.matcher is not None:
+                rows += range(at, at + 1 + len(d))
+                jobs.append((r.matcher, d))
+            at += 1 + len(d)
         if not rows:
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentkv-masks")
-        return self._pool.submit(self._fill, rows, [reqs[i].matcher for i in rows])
+        return self._pool.submit(self._fill, rows, jobs)
 
-    def _fill(self, rows: list[int], matchers: list) -> tuple[list[int], torch.Tensor]:
-        bitmask = np.empty((len(matchers), self.words), dtype=np.int32)
-        for k, m in enumerate(matchers):
+    def _fill(self, rows: list[int], jobs: list) -> tuple[list[int], torch.Tensor]:
+        bitmask = np.empty((len(rows), self.words), dtype=np.int32)
+        k = 0
+        for m, draft in jobs:
             m.fill_next_token_bitmask(bitmask, k)
+            k += 1
+            for token in draft:  # (the scheduler checked that the grammar takes the whole draft)
+                m.accept_token(token)
+                m.fill_next_token_bitmask(bitmask, k)
+                k += 1
+            if draft:
+                m.rollback(len(draft))
         return rows, torch.from_numpy(bitmask)
 
     def close(self) -> None:

@@ -56,7 +56,11 @@ class Engine(Prefixes):
         if cfg.tool_format is not None:
             format_class(cfg.tool_format)  # a name that is not a format fails before the model loads
 
-        overlap = cfg.overlap_schedule if cfg.overlap_schedule is not None else device.startswith("cuda")
+        if cfg.scheduler.speculative and cfg.overlap_schedule:
+            raise RequestError("speculative decoding and overlap_schedule do not combine yet (a pass's input "
+                               "depends on how much of the last draft was kept): leave overlap_schedule unset")
+        overlap = cfg.overlap_schedule if cfg.overlap_schedule is not None else (
+            device.startswith("cuda") and not cfg.scheduler.speculative)
 
         def build() -> Components:
             # Runs on the thread that computes: the engine thread, or with overlap on CPU the forward
@@ -348,6 +352,8 @@ class Engine(Prefixes):
             completion_tokens=sum(r.usage.completion_tokens for r in group),
             forward_passes=max(r.usage.forward_passes for r in group),
             jump_forward_tokens=sum(r.usage.jump_forward_tokens for r in group),
+            draft_tokens=sum(r.usage.draft_tokens for r in group),
+            accepted_draft_tokens=sum(r.usage.accepted_draft_tokens for r in group),
         )
         parser = output_parser(group[0].params)
         return RequestOutput(list(group[0].prompt_ids), [_completion(r, parser) for r in group], usage)

@@ -36,11 +36,12 @@ class InFlight:
         self._launched += 1
         batch.seq = self._launched
         batch.starts = [r.computed for r in batch.reqs]
-        batch.sampling = [s + n == r.seq_len and not r.prefill_only
-                          for r, s, n in zip(batch.reqs, batch.starts, batch.extend_lens)]
+        # (a draft's tokens are input the pass checks: not part of the sequence)
+        lens = [n - len(batch.drafts.get(i, ())) for i, n in enumerate(batch.extend_lens)]
+        batch.sampling = [s + n == r.seq_len and not r.prefill_only for r, s, n in zip(batch.reqs, batch.starts, lens)]
         k = 0
         for i, (r, n, samples) in enumerate(zip(batch.reqs, batch.extend_lens, batch.sampling)):
-            if r.computed + n > len(r.prompt_ids) + len(r.output_ids):
+            if r.computed + lens[i] > len(r.prompt_ids) + len(r.output_ids):
                 batch.placeholders.append((i, r.future_row))  # its last input token is still being sampled
             r.pending += n
             if samples:

@@ -16,6 +16,8 @@ class Usage:
     completion_tokens: int = 0
     forward_passes: int = 0  # model forward passes this request took part in (prefill chunks and decodes)
     jump_forward_tokens: int = 0  # tokens appended without a forward pass (structured generation)
+    draft_tokens: int = 0  # speculative decoding: draft tokens checked by the model
+    accepted_draft_tokens: int = 0  # of those, kept (each a token made without a pass of its own)
 
     @property
     def total_tokens(self) -> int:

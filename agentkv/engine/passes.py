@@ -23,6 +23,7 @@ from agentkv.engine.outputs import TokenLogprob
 from agentkv.engine.runner import ForwardInputs, ModelRunner
 from agentkv.engine.sampler import sample
 from agentkv.engine.scheduler import ScheduledBatch
+from agentkv.engine.speculative import kept_prefix
 
 
 @dataclass
@@ -36,6 +37,7 @@ class PassResult:
     tokens: list[int]  # per sampling row; -1 where the grammar allowed nothing; 0 for rows not live
     logprobs: list[TokenLogprob | None]
     scores: list[float]  # the logprob of the token after each of the batch's score_positions()
+    made: dict[int, list[int]] = field(default_factory=dict)  # sampling row -> tokens made from its draft
 
 
 @dataclass
@@ -43,6 +45,8 @@ class Pass:
     batch: ScheduledBatch
     inputs: ForwardInputs
     score_targets: list[int]  # the token after each of the batch's score_positions()
+    drafts: list[list[int]]  # per sampling row: the draft its request checks (mostly none)
+    positions: list[int]  # per sampling row: where the token it makes goes in its request's sequence
     plan: Future = field(default_factory=Future)  # set by the engine thread: a Plan
     result: Future | None = None  # with overlap: the worker's PassResult
 
@@ -61,7 +65,10 @@ class PassRunner:
 
     def launch(self, batch: ScheduledBatch) -> Pass:
         targets = [r.all_ids[pos + 1] for r, pos in batch.score_positions()]
-        p = Pass(batch, self.runner.prepare(batch), targets)
+        sampling = [i for i, s in enumerate(batch.sampling) if s]
+        drafts = [batch.drafts.get(i, []) for i in sampling]
+        positions = [batch.starts[i] + batch.extend_lens[i] - len(d) for i, d in zip(sampling, drafts)]
+        p = Pass(batch, self.runner.prepare(batch), targets, drafts, positions)
         if self._worker is not None:
             p.result = self._worker.submit(self._run, p)
         return p
@@ -71,7 +78,8 @@ class PassRunner:
         none) and start their grammar masks."""
         reqs = p.batch.sampling_reqs
         live = [ok and not r.finished for ok, r in zip(p.batch.live, reqs)]
-        p.plan.set_result(Plan(live, self.masks.start([r for ok, r in zip(live, reqs) if ok])))
+        p.plan.set_result(Plan(live, self.masks.start([r for ok, r in zip(live, reqs) if ok],
+                                                      [d for ok, d in zip(live, p.drafts) if ok])))
 
     def collect(self, p: Pass) -> PassResult:
         """The pass's result (running it here without overlap). Raises what the pass raised."""
@@ -87,6 +95,32 @@ class PassRunner:
             self.collect(p)
         except Exception:
             pass  # its requests are failed by the caller either way
+
+    def _sample_drafts(self, p: Pass, logits: torch.Tensor, rows: list[int], allowed) -> PassResult:
+        """A pass in which requests check drafts (speculation, never with overlap): sampling row k
+        has a logits row for its last token and one per draft token. Each row makes its token as
+        any row does; the draft is kept as far as those tokens are the draft's."""
+        reqs, n = p.batch.sampling_reqs, len(p.drafts)
+        starts = [0]
+        for d in p.drafts:
+            starts.append(starts[-1] + 1 + len(d))
+        index, row_reqs, row_drafts, row_positions, first = [], [], [], [], {}
+        for k in rows:
+            first[k], d = len(index), p.drafts[k]
+            for j in range(1 + len(d)):
+                index.append(starts[k] + j)
+                row_reqs.append(reqs[k])
+                row_drafts.append(d[j] if j < len(d) else -1)
+                row_positions.append(p.positions[k] + j)
+        out = sample(logits[index], row_reqs, self.tokenizer, allowed, logits[starts[-1]:], p.score_targets,
+                     row_positions, row_drafts)
+        tokens, logprobs, made = [0] * n, [None] * n, {}
+        for k in rows:  # (a row the grammar allowed nothing makes -1: not a draft token)
+            a, d = first[k], p.drafts[k]
+            kept = kept_prefix(out.accepted[a : a + len(d)])
+            made[k] = d[:kept] + [out.tokens[a + kept]]
+            tokens[k], logprobs[k] = made[k][-1], out.logprobs[a + kept]
+        return PassResult(tokens, logprobs, out.scores, made)
 
     def close(self) -> None:
         self.masks.close()
@@ -114,8 +148,11 @@ class PassRunner:
         rows = [k for k, ok in enumerate(plan.live) if ok]
         reqs = p.batch.sampling_reqs
         n = len(plan.live)
+        if any(p.drafts):
+            return self._sample_drafts(p, logits, rows, allowed)
         live = logits[: len(rows)] if len(rows) == n else logits[rows]  # no copy when all are
-        out = sample(live, [reqs[k] for k in rows], self.tokenizer, allowed, logits[n:], p.score_targets)
+        out = sample(live, [reqs[k] for k in rows], self.tokenizer, allowed, logits[n:], p.score_targets,
+                     [p.positions[k] for k in rows])
         tokens = [0] * n
         logprobs: list[TokenLogprob | None] = [None] * n
         for k, t, e in zip(rows, out.tokens, out.logprobs):

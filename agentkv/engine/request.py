@@ -13,6 +13,7 @@ from agentkv.grammar import CompiledGrammar, Matcher
 
 if TYPE_CHECKING:
     from agentkv.engine.radix_cache import TreeNode
+    from agentkv.engine.speculative import Speculation
     from agentkv.reasoning import ReasoningFormat
     from agentkv.engine.tokenizer import Tokenizer
 
@@ -62,10 +63,10 @@ class Request:
     text: str = ""
     finish_reason: str | None = None
     error: BaseException | None = None
-    draws: int = 0  # noise vectors drawn so far: the next one's counter (see sampler.noise_key)
     matcher: Matcher | None = None  # made on the engine thread by start_grammar
     token_scores: list[float] = field(default_factory=list)  # logprobs of all_ids[score_from:]
     cut_short: bool = False  # a stop string or stop token id ended the text before its grammar did
+    speculation: Speculation | None = None  # drafting state, made by the scheduler when speculation is on
 
     def __post_init__(self) -> None:
         self.usage.prompt_tokens = len(self.prompt_ids)

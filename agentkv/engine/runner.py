@@ -48,7 +48,8 @@ class ModelRunner:
         self.tp = None  # TensorParallel when tensor_parallel > 1: each pass goes to the other ranks first
 
     def prepare(self, batch: ScheduledBatch, all_logits: bool = False) -> ForwardInputs:
-        """Logits come back for the requests that sample from this pass, one row each, then for the
+        """Logits come back for the requests that sample from this pass, one row each (a request
+        checking a draft: a row for its last token and one for each draft token), then for the
         batch's `score_positions()`; or for every new token with `all_logits` (tests compare them to
         a reference)."""
         ids: list[int] = []
@@ -56,14 +57,15 @@ class ModelRunner:
         last: list[int] = []
         first_row: dict[int, int] = {}  # request id -> the row of its position 0 in the flat run
         ends: list[int] = []
-        for r, start, n, samples in zip(batch.reqs, batch.starts, batch.extend_lens, batch.sampling):
+        for i, (r, start, n, samples) in enumerate(zip(batch.reqs, batch.starts, batch.extend_lens, batch.sampling)):
             first_row[r.rid] = len(ids) - start
-            known = r.all_ids[start : start + n]
-            ids.extend(known + [0] * (n - len(known)))
+            draft = batch.drafts.get(i, [])
+            known = r.all_ids[start : start + n - len(draft)]
+            ids.extend(known + [0] * (n - len(draft) - len(known)) + draft)
             positions.extend(range(start, start + n))
             ends.append(len(ids) - 1)
             if samples:
-                last.append(len(ids) - 1)
+                last.extend(range(len(ids) - 1 - len(draft), len(ids)))
         rows = [r.row for r in batch.reqs]
         meta = AttentionMetadata(
             req_to_token=self.req_pool.table,

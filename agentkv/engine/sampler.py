@@ -4,16 +4,23 @@ Everything a pass samples is computed where the logits are (penalties, grammar m
 noise, picks, logprobs, scores) and packed into one tensor that `read_host` copies to the host: the
 one device-to-host read of a pass (tests/test_device_reads.py holds the engine to it).
 
-Noise is counter-based: a request's k-th sampled token races the exponential noise -log(U), where U
-is SplitMix64 of a key made from (seed, k) and the token's index. The noise is a function of the
-seed and the count alone (never of the batch, the row or the device), so a seed reproduces an output
-whatever is batched beside it, and every row's noise is made in one vectorized computation.
+Noise is counter-based: the token at position t of a request's sequence races the exponential noise
+-log(U), where U is SplitMix64 of a key made from (seed, t) and the token's index. The noise is a
+function of the seed and the position alone (never of the batch, the row or the device), so a seed
+reproduces an output whatever is batched beside it, and every row's noise is made in one vectorized
+computation.
+
+A row asked about a draft token d (speculative decoding, engine/speculative.py) keeps d when the
+token it makes is d. With the race, that is the exact rule for a deterministic draft: d is kept with
+probability p(d), and otherwise the token is the race's winner among the others, i.e. drawn from p
+without d, renormalized. And it is the coupling under which a token is the same with or without the
+draft: speculation changes no output, sampled or greedy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,9 +45,9 @@ def _mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def noise_key(seed: int, draw: int) -> int:
-    """The key of a request's `draw`-th noise vector (a signed int64)."""
-    return _signed(_mix64((_mix64(seed & M64) + draw * GOLDEN) & M64))
+def noise_key(seed: int, position: int) -> int:
+    """The key of the noise for the token at `position` of a request's sequence (a signed int64)."""
+    return _signed(_mix64((_mix64(seed & M64) + position * GOLDEN) & M64))
 
 
 def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
@@ -79,6 +86,7 @@ class Sampled:
     logprobs: list[TokenLogprob | None]  # per row, for requests that asked
     on_device: torch.Tensor  # the tokens [rows] where the logits are (what a pass in flight reads next)
     scores: list[float]  # logprob of each score target
+    accepted: list[bool] = field(default_factory=list)  # per row, with drafts: its draft token is kept
 
 
 def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
@@ -98,9 +106,10 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
-def _draw(logits: torch.Tensor, reqs: Sequence[Request], rows: list[int]) -> torch.Tensor:
-    """A sampled token for each of `rows` of `logits` (their requests `reqs`): tempered, filtered,
-    and raced against each request's next noise vector. Moves each request's draw count on."""
+def _draw(logits: torch.Tensor, reqs: Sequence[Request], rows: list[int], positions: Sequence[int]) -> torch.Tensor:
+    """A sampled token for each of `rows` of `logits` (their requests `reqs`; `positions`: where in
+    its sequence each row's token goes): tempered, filtered, and raced against the noise of the
+    request's seed at that position."""
     index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
     temps = torch.tensor([r.params.temperature for r in reqs], dtype=logits.dtype, device=logits.device)
     tempered = logits[index] / temps[:, None]
@@ -109,9 +118,8 @@ def _draw(logits: torch.Tensor, reqs: Sequence[Request], rows: list[int]) -> tor
         if p.top_k or p.top_p < 1.0 or p.min_p > 0.0:
             tempered[k] = _filter(tempered[k], p.top_k, p.top_p, p.min_p)
     probs = tempered.softmax(-1)
-    keys = torch.tensor([noise_key(r.seed, r.draws) for r in reqs], dtype=torch.int64, device=logits.device)
-    for r in reqs:
-        r.draws += 1
+    keys = torch.tensor([noise_key(r.seed, pos) for r, pos in zip(reqs, positions)], dtype=torch.int64,
+                        device=logits.device)
     return (probs / exponential_noise(keys, probs.shape[1], probs.dtype)).argmax(-1)
 
 
@@ -139,7 +147,8 @@ def read_host(packed: torch.Tensor) -> list[float]:
 
 def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
            masks: tuple[list[int], torch.Tensor] | None = None,
-           score_logits: torch.Tensor | None = None, score_targets: Sequence[int] = ()) -> Sampled:
+           score_logits: torch.Tensor | None = None, score_targets: Sequence[int] = (),
+           positions: Sequence[int] | None = None, drafts: Sequence[int] | None = None) -> Sampled:
     """One token per row of `logits` [B, V] (fp32), and its logprob entry for requests that asked;
     with `score_logits` [S, V], the logprob of each of `score_targets` under its row. The request is
     not changed beyond its draw count: the token and logprob are recorded when the pass is processed
@@ -147,10 +156,14 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
 
     `masks` = (rows, bitmask [len(rows), ceil(V / 32)] int32): the grammar's allowed tokens for those
     rows; a row that allows no token gets -1. Logprobs are the model's, before the mask.
+
+    `positions`: per row, where its token goes in its request's sequence (the noise's counter;
+    default: right after the sequence). `drafts` (speculation): per row, the draft token that
+    follows it in the pass, or -1; `accepted` says per row whether the token made is that draft token.
     """
     dev = logits.device
     if not reqs and not score_targets:
-        return Sampled([], [], torch.empty(0, dtype=torch.int64, device=dev), [])
+        return Sampled([], [], torch.empty(0, dtype=torch.int64, device=dev), [], [])
     lp_rows = [i for i, r in enumerate(reqs) if r.params.logprobs]
     raw_logprobs = logits[lp_rows].log_softmax(-1) if lp_rows else None
     if any(r.params.repetition_penalty != 1.0 or r.params.frequency_penalty or r.params.presence_penalty
@@ -168,12 +181,17 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
     picks = logits.max(-1).indices
     drawn = [i for i, r in enumerate(reqs) if not r.params.greedy]
     if drawn:  # the sampled rows together: one filter pass, one softmax, one noise, one argmax
+        if positions is None:
+            positions = [r.seq_len for r in reqs]
         picks = picks.index_put((torch.tensor(drawn, dtype=torch.int64, device=dev),),
-                                _draw(logits, [reqs[i] for i in drawn], drawn))
+                                _draw(logits, [reqs[i] for i in drawn], drawn, [positions[i] for i in drawn]))
     tokens = picks if alive is None else torch.where(alive, picks, -1)
+    accepted = tokens == torch.tensor(drafts, dtype=torch.int64, device=dev) if drafts is not None else None
 
     # pack what the host needs into one tensor (float64 holds every token id exactly)
     parts = [tokens.to(torch.float64)]
+    if accepted is not None:
+        parts.append(accepted.to(torch.float64))
     top_k = max((reqs[i].params.top_logprobs for i in lp_rows), default=0)
     if raw_logprobs is not None:
         chosen = raw_logprobs.gather(1, tokens[lp_rows].clamp(min=0)[:, None])
@@ -189,6 +207,9 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
     B = len(reqs)
     out = [int(t) for t in values[:B]]
     at = B
+    kept = [False] * B
+    if accepted is not None:
+        kept, at = [v > 0 for v in values[B : 2 * B]], 2 * B
     entries: list[TokenLogprob | None] = [None] * B
     if raw_logprobs is not None:
         chosen_lp, at = values[at : at + len(lp_rows)], at + len(lp_rows)
@@ -202,7 +223,7 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
             top = [(int(t), _text(tokenizer, int(t)), v)
                    for t, v in zip(top_ids[j * top_k : j * top_k + k], top_vals[j * top_k : j * top_k + k])]
             entries[i] = TokenLogprob(out[i], _text(tokenizer, out[i]), chosen_lp[j], top)
-    return Sampled(out, entries, tokens, values[at:])
+    return Sampled(out, entries, tokens, values[at:], kept)
 
 
 def _text(tokenizer, token: int) -> str:

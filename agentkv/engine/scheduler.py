@@ -20,6 +20,7 @@ from agentkv.engine.inflight import InFlight
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import PREFIX_BLOCK, Request
+from agentkv.engine.speculative import Speculation
 
 
 @dataclass
@@ -35,6 +36,7 @@ class ScheduledBatch:
     # new tokens whose id a pass still in flight samples: (index in reqs, that pass's sampling row)
     placeholders: list[tuple[int, int]] = field(default_factory=list)
     live: list[bool] = field(default_factory=list)  # per sampling row: its token is still wanted
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # index in reqs -> the draft its extend checks
     seq: int = 0  # launch order
 
     @property
@@ -61,6 +63,8 @@ class SchedulerStats:
     retractions: int = 0
     deferred_by_dedup: int = 0
     jump_forward_tokens_computed: int = 0  # forced tokens computed in extends instead of decode steps
+    draft_tokens: int = 0  # speculative decoding: draft tokens checked
+    accepted_draft_tokens: int = 0  # of those, kept
 
 
 class Scheduler:
@@ -112,6 +116,10 @@ class Scheduler:
                                   and not (r.inflight and r.remaining_tokens == 0)])
         decodes = [r for r in active if r.computed == r.seq_len - 1]
         jumps = [r for r in active if r.computed < r.seq_len - 1]
+        # drafts use what a step would leave idle: none while a prompt waits for its prefill
+        drafted = self._drafts(decodes, active) if self.cfg.speculative and not (self.waiting or self.chunked) else {}
+        if drafted:  # a request with a draft extends its last token and the draft (after the decodes)
+            decodes = [r for r in decodes if r not in drafted]
         reqs: list[Request] = list(decodes)
         ext_lens = [1] * len(decodes)
         locs = [self._alloc(len(decodes))] if decodes else []
@@ -120,8 +128,8 @@ class Scheduler:
             cols = torch.tensor([r.computed for r in decodes], dtype=torch.int64)
             self.req_pool.write_cells(rows, cols, locs[0])
         budget = self.cfg.max_step_tokens - len(decodes)
-        for r in jumps:  # short runs, always whole: splitting them would cost a pass each
-            n = r.seq_len - r.computed
+        for r in jumps + list(drafted):  # short runs, always whole: splitting them would cost a pass each
+            n = r.seq_len - r.computed + len(drafted.get(r, ()))
             locs.append(self._place(r, n))
             reqs.append(r)
             ext_lens.append(n)
@@ -142,9 +150,30 @@ class Scheduler:
         if not reqs:
             return None
         out = torch.cat(locs) if len(locs) > 1 else locs[0]
-        batch = ScheduledBatch(reqs, ext_lens, len(decodes), out, len(jumps))
+        batch = ScheduledBatch(reqs, ext_lens, len(decodes), out, len(jumps) + len(drafted))
+        batch.drafts = {i: drafted[r] for i, r in enumerate(reqs) if r in drafted}
         self.flight.launch(batch)
         return batch
+
+    def _drafts(self, decodes: list[Request], active: list[Request]) -> dict[Request, list[int]]:
+        """Drafts for the decoding requests that can take one, within the slots left once every
+        running request has its next token's (evicting cached prefixes for drafts is not worth it)."""
+        spare = self.pool.num_free - sum(r.seq_len - r.computed for r in active)
+        drafted = {}
+        for r in decodes:
+            p = r.params
+            if (spare <= 0 or r.inflight or p.logprobs or r.remaining_tokens < 2
+                    or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
+                continue  # logprobs and penalties read each position's state: not drafted yet
+            if r.speculation is None:
+                r.speculation = Speculation(self.cfg.speculative_tokens)
+            draft = r.speculation.draft(r.all_ids, min(r.remaining_tokens - 1, spare))
+            if r.matcher is not None:
+                draft = _grammar_takes(r.matcher, draft)
+            if draft:
+                drafted[r] = draft
+                spare -= len(draft)
+        return drafted
 
     def _admit(self, budget: int, num_decodes: int, reqs: list[Request], ext_lens: list[int], locs: list[torch.Tensor]) -> None:
         clip = self.cfg.max_tokens_clip
@@ -263,11 +292,12 @@ class Scheduler:
     # ---- after the forward pass -------------------------------------------------------------------
 
     def process(self, batch: ScheduledBatch, tokens: list[int], tokenizer, logprobs: list | None = None,
-                after: ScheduledBatch | None = None) -> list[Request]:
+                after: ScheduledBatch | None = None, made: dict[int, list[int]] | None = None) -> list[Request]:
         """Advance each request by its computed tokens and sampled token (-1: the grammar allowed
         none; one per live sampling row), then append what its grammar forces next; returns the
         finished requests. `after` is the pass launched since (overlap): a request that finished
-        here, or whose grammar forced tokens here, gets no token from it."""
+        here, or whose grammar forced tokens here, gets no token from it. `made`: for a sampling row
+        whose request checked a draft, the tokens the pass made (the kept draft, then one more)."""
         self._retire(batch)
         self.stats.forward_passes += 1
         finished = []
@@ -277,6 +307,16 @@ class Scheduler:
             k += samples
             if r.finished:
                 continue  # aborted, or finished by the pass before this one (its memory is already free)
+            draft = batch.drafts.get(i)
+            if draft is not None:
+                self._verified(r, draft, made[k])
+                r.usage.forward_passes += 1
+                self.stats.decode_tokens += 1
+                self._take_made(r, made[k], tokenizer)
+                if r.finished:
+                    self._drop(r)
+                    finished.append(r)
+                continue
             self.flight.computed(r, n)
             r.usage.forward_passes += 1
             if i < batch.num_decodes:
@@ -300,6 +340,38 @@ class Scheduler:
             elif i >= jumps_end and r.row is not None:
                 self._cache_prefix(r)  # share the prompt with requests that arrive from now on
         return finished
+
+    def _verified(self, r: Request, draft: list[int], made: list[int]) -> None:
+        """A pass checked r's last token and `draft`: the K/V of the last token and the kept draft
+        tokens count; the slots of the rest are freed now."""
+        kept = len(made) - 1
+        self.flight.computed(r, 1 + kept)
+        rejected = len(draft) - kept
+        self.pool.free(self.req_pool.host[r.row, r.kv_len : r.kv_len + rejected].clone())
+        r.pending -= rejected
+        r.speculation.verified(len(draft), kept)
+        r.usage.draft_tokens += len(draft)
+        r.usage.accepted_draft_tokens += kept
+        self.stats.draft_tokens += len(draft)
+        self.stats.accepted_draft_tokens += kept
+
+    def _take_made(self, r: Request, made: list[int], tokenizer) -> None:
+        """Append the tokens a pass made from a draft, up to one that ends the request, then what
+        the grammar forces after them; K/V computed for tokens after an end is given back."""
+        r.inflight -= 1
+        for token in made:
+            if token < 0:  # the grammar allowed nothing after the kept draft
+                r.end_at_dead_end(tokenizer)
+                break
+            r.append_token(token, tokenizer)
+            if r.finished:
+                break
+        else:
+            r.jump_forward(tokenizer)
+        extra = r.kv_len - len(r.all_ids)
+        if extra > 0:
+            self.pool.free(self.req_pool.host[r.row, len(r.all_ids) : r.kv_len].clone())
+            r.kv_len -= extra
 
     def _take(self, r: Request, token: int, tokenizer, logprob, after: ScheduledBatch | None) -> None:
         """Append a sampled token and the tokens the grammar forces after it."""
@@ -367,6 +439,20 @@ class Scheduler:
         if not self.flight.hold_row(r.row):
             self.req_pool.free(r.row)
         r.row, r.last_node, r.kv_len, r.prefix_len = None, None, 0, 0
+
+
+def _grammar_takes(matcher, draft: list[int]) -> list[int]:
+    """The longest start of `draft` the grammar takes, short of a state where it forces text (what
+    jump-forward appends for free is never drafted). The matcher is left as it was."""
+    n = 0
+    for token in draft:
+        if not matcher.accept_token(token):
+            break
+        n += 1
+        if matcher.is_terminated() or matcher.jump_forward_bytes():
+            break
+    matcher.rollback(n)
+    return draft[:n]
 
 
 class _Prefixes:

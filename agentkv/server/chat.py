@@ -277,9 +277,13 @@ def call_deltas(progress: list[CallProgress], streamed: list[int], prefix: str) 
 
 
 def _usage(u) -> dict:
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+    out = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+           "total_tokens": u.prompt_tokens + u.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+    if u.draft_tokens:  # speculative decoding: OpenAI's fields for predicted tokens kept and not
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": u.accepted_draft_tokens,
+                                            "rejected_prediction_tokens": u.draft_tokens - u.accepted_draft_tokens}
+    return out
 
 
 def _add(a, b, same_prompt: bool):
@@ -289,7 +293,8 @@ def _add(a, b, same_prompt: bool):
     from agentkv.engine.outputs import Usage
 
     return Usage(a.prompt_tokens, a.cached_tokens, a.completion_tokens + b.completion_tokens,
-                 max(a.forward_passes, b.forward_passes), a.jump_forward_tokens + b.jump_forward_tokens)
+                 max(a.forward_passes, b.forward_passes), a.jump_forward_tokens + b.jump_forward_tokens,
+                 a.draft_tokens + b.draft_tokens, a.accepted_draft_tokens + b.accepted_draft_tokens)
 
 
 def _schema_dict(schema) -> dict:
