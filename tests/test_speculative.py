@@ -11,11 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agentkv as ak
-from agentkv.engine.speculative import NgramIndex, Speculation
+from agentkv.engine.speculative import MAX_NGRAM, MIN_NGRAM, NgramIndex, Speculation
 from tests.test_structured import TOOL_CALL
 
 ECHO = "Repeat this line exactly: the quick brown fox jumps over the lazy dog. " * 3
 CYCLE = 8
+TRAP = "QRSxQRSxQRSxP"
 
 
 def cycle(token: int) -> int:
@@ -40,7 +41,7 @@ def cycle_dir(tmp_path_factory):
         if name.endswith(("o_proj.weight", "down_proj.weight")):
             w[name] = torch.zeros_like(w[name])
     emb = w["model.embed_tokens.weight"]
-    head = torch.empty_like(emb)
+    head = torch.zeros_like(emb)  # (a row no token maps to stays 0)
     for x in range(emb.shape[0]):
         head[cycle(x) if cycle(x) < emb.shape[0] else x] = emb[x] * 0.25  # p(cycle) ~0.84 at temperature 1
     w["lm_head.weight"] = head
@@ -54,10 +55,10 @@ def workload() -> list[tuple[str, ak.SamplingParams]]:
         (ECHO, greedy.with_(max_tokens=40)),
         (ECHO + "Again:", greedy.with_(max_tokens=33, stop=["fox j", "zz"])),
         ("abcabcabcabcabc", greedy.with_(max_tokens=25)),
-        # after "RS" the model writes "T" (see cycle): drafts of "x" are rejected at their first token
-        ("RSxRSxRSxQ", greedy.with_(max_tokens=30)),
-        ("RSxRSxRSxQ", ak.SamplingParams(temperature=1.0, seed=4, max_tokens=30, ignore_eos=True)),
-        ("RSxRSxRSxQ", ak.SamplingParams(temperature=0.7, seed=9, n=3, max_tokens=40, ignore_eos=True)),
+        # after "QRS" the model writes "T" (see cycle): drafts of "x" are rejected at their first token
+        (TRAP, greedy.with_(max_tokens=30)),
+        (TRAP, ak.SamplingParams(temperature=1.0, seed=4, max_tokens=30, ignore_eos=True)),
+        (TRAP, ak.SamplingParams(temperature=0.7, seed=9, n=3, max_tokens=40, ignore_eos=True)),
         (ECHO, ak.SamplingParams(temperature=1.0, seed=7, max_tokens=30, ignore_eos=True)),
         (ECHO, ak.SamplingParams(temperature=0.7, top_p=0.9, seed=3, n=2, max_tokens=24, ignore_eos=True)),
         (ECHO + "With logprobs.", greedy.with_(max_tokens=12, logprobs=True, top_logprobs=2)),
@@ -96,8 +97,10 @@ def test_speculation_changes_no_output(cycle_dir, options):
         assert [lp for _, lp in ours[3]] == pytest.approx([lp for _, lp in ref[3]], abs=1e-4)
     st = stats["ngram"]
     assert st["accepted_draft_tokens"] > 0 and st["draft_tokens"] >= st["accepted_draft_tokens"]
-    # (the run's pass count is its longest request's: a request's own savings are checked below)
-    assert st["forward_passes"] <= stats[None]["forward_passes"]
+    # (the run's pass count is its longest request's, and under pressure the runs' retractions part
+    # ways: a request's own savings are checked below)
+    if options["num_slots"] > 1000:
+        assert st["forward_passes"] <= stats[None]["forward_passes"]
     if options["num_slots"] < 1000:
         assert st["retractions"] > 0 or st["evicted_tokens"] > 0
 
@@ -124,13 +127,14 @@ def test_speculation_and_overlap_do_not_combine(tiny_dir):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 3), min_size=0, max_size=40), st.integers(0, 6))
 def test_drafts_are_what_followed_the_longest_earlier_match(ids, k):
-    """NgramIndex against a brute force: the longest suffix (2..4 tokens) that occurred earlier,
-    its latest earlier occurrence, the k tokens after it; the index built over successive calls."""
+    """NgramIndex against a brute force: the longest suffix (MIN_NGRAM..MAX_NGRAM tokens) that
+    occurred earlier, its latest earlier occurrence, the k tokens after it; the index built over
+    successive calls."""
     index = NgramIndex()
     for cut in range(0, len(ids) + 1, 7):  # as a request's tokens grow
         index.propose(ids[:cut], k)
     expected = []
-    for n in range(min(4, len(ids)), 1, -1):
+    for n in range(min(MAX_NGRAM, len(ids)), MIN_NGRAM - 1, -1):
         suffix = ids[len(ids) - n :]
         ends = [e for e in range(n, len(ids)) if ids[e - n : e] == suffix]
         if ends:
@@ -141,7 +145,7 @@ def test_drafts_are_what_followed_the_longest_earlier_match(ids, k):
 
 def test_a_request_that_keeps_missing_stops_drafting_for_a_while():
     s = Speculation(6)
-    ids = [1, 2, 3, 1, 2]
+    ids = [1, 2, 3, 1, 2, 3]
     for _ in range(3):
         d = s.draft(ids, 10)
         assert d
@@ -161,7 +165,7 @@ def test_the_server_reports_kept_and_rejected_drafts_as_openai_does(cycle_dir):
 
     with ak.Engine(str(cycle_dir), speculative="ngram") as engine, serving(create_app(engine, "tiny", KEY)) as base:
         client = openai.OpenAI(base_url=base, api_key=KEY)
-        out = client.completions.create(model="tiny", prompt="RSxRSxRSxQ", max_tokens=30, temperature=0)
+        out = client.completions.create(model="tiny", prompt=TRAP, max_tokens=30, temperature=0)
         details = out.usage.completion_tokens_details
         assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens > 0
         assert out.usage.completion_tokens == 30

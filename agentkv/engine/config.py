@@ -311,7 +311,7 @@ class SchedulerConfig:
     max_tokens_clip: int = 4096  # reservations count at most this many future tokens per request
     # speculative decoding (engine/speculative.py): "ngram" drafts from the request's own tokens, None off
     speculative: str | None = None
-    speculative_tokens: int = 6  # the longest draft a request gets
+    speculative_tokens: int = 8  # the longest draft a request gets
 
     def __post_init__(self) -> None:
         if self.speculative not in (None, "ngram"):

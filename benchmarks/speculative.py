@@ -1,0 +1,148 @@
+"""Speculative decoding (n-gram drafts) on vs off on the embedded model, batch 1, in one run.
+
+Three workloads, each run once with `speculative="ngram"` and once without, on two engines built
+the same way (the outputs must be equal: the script checks them):
+
+- agent: benchmarks/agents.py's travel agent (four tools, a required call, then an answer from the
+  tool's result, which the answer quotes), one task at a time;
+- json edit: "return this object with one field changed" under the object's JSON schema;
+- chat: plain questions whose answers repeat nothing of the prompt.
+
+Printed per workload: output tokens, seconds, output tok/s, forward passes per output token, draft
+tokens kept / checked, and the speedup (tok/s on / off). Targets (issue 37): >= 1.5x on agent and
+json edit, >= 0.95x on chat.
+
+    python benchmarks/speculative.py [--tasks 4] [--repeats 2] [--draft-tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agents import TOOLS, INSTRUCTIONS, task
+from common import table
+
+import agentkv as ak
+
+RECORDS = [
+    {"id": "ord-20931", "customer": "Marta Silva", "email": "marta.silva@example.com", "city": "Lisbon",
+     "items": [{"sku": "BK-1142", "title": "The Name of the Rose", "qty": 1, "price": 14.9},
+               {"sku": "BK-2210", "title": "Invisible Cities", "qty": 2, "price": 11.5}],
+     "status": "paid", "notes": "leave the parcel with the neighbour at number 12"},
+    {"id": "usr-7781", "name": "Kenji Watanabe", "role": "editor", "team": "travel desk", "timezone": "Asia/Tokyo",
+     "languages": ["ja", "en", "fr"], "active": True, "manager": "usr-1002",
+     "bio": "Writes the weekly city guides and checks every hotel review before it is published"},
+    {"id": "evt-5520", "title": "Quarterly planning", "room": "Atlas 3", "start": "2026-04-14T09:30:00",
+     "end": "2026-04-14T11:00:00", "attendees": ["ana@example.com", "li@example.com", "omar@example.com"],
+     "agenda": "budget review, hiring plan for the support team, the new booking flow"},
+]
+EDITS = ["set status to shipped", "make the role admin", "move it to room Orion 1"]
+CHAT = ["Give me three tips for sleeping well on a long flight.",
+        "Why is the sky blue? Answer in two sentences.",
+        "Write a short poem about autumn in the mountains.",
+        "What are the pros and cons of working from home?"]
+
+
+def schema_of(record: dict) -> dict:
+    def of(v):
+        if isinstance(v, bool):
+            return {"type": "boolean"}
+        if isinstance(v, int):
+            return {"type": "integer"}
+        if isinstance(v, float):
+            return {"type": "number"}
+        if isinstance(v, str):
+            return {"type": "string"}
+        if isinstance(v, list):
+            return {"type": "array", "items": of(v[0])}
+        return {"type": "object", "properties": {k: of(x) for k, x in v.items()}, "required": list(v),
+                "additionalProperties": False}
+    return of(record)
+
+
+def agent_runs(engine, tasks: int) -> tuple[list, int, int]:
+    agent = ak.Agent(INSTRUCTIONS, tools=TOOLS, engine=engine, tool_choice="required", max_steps=2, max_tokens=96,
+                     parallel_tool_calls=False)
+    outs, tokens, passes = [], 0, 0
+    with agent:
+        for i in range(tasks):
+            r = agent.run_sync(task(i))
+            outs.append([s.text for s in r.steps])
+            tokens += sum(s.usage.completion_tokens for s in r.steps)
+            passes += sum(s.usage.forward_passes for s in r.steps)
+    return outs, tokens, passes
+
+
+def json_runs(engine, tasks: int) -> tuple[list, int, int]:
+    outs, tokens, passes = [], 0, 0
+    for i in range(tasks):
+        record, edit = RECORDS[i % len(RECORDS)], EDITS[i % len(EDITS)]
+        ask = [{"role": "user", "content": f"Here is a JSON object:\n{json.dumps(record)}\n\nReturn this object "
+                                           f"with one field changed: {edit}. Keep every other field as it is."}]
+        out = engine.generate(engine.render(ask), json_schema=schema_of(record), temperature=0.0, max_tokens=256)
+        outs.append(out.text)
+        tokens += out.usage.completion_tokens
+        passes += out.usage.forward_passes
+    return outs, tokens, passes
+
+
+def chat_runs(engine, tasks: int) -> tuple[list, int, int]:
+    outs, tokens, passes = [], 0, 0
+    for i in range(tasks):
+        out = engine.generate(engine.render([{"role": "user", "content": CHAT[i % len(CHAT)]}]), temperature=0.0,
+                              max_tokens=128)
+        outs.append(out.text)
+        tokens += out.usage.completion_tokens
+        passes += out.usage.forward_passes
+    return outs, tokens, passes
+
+
+WORKLOADS = {"agent": agent_runs, "json edit": json_runs, "chat": chat_runs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, default=4, help="runs per workload")
+    ap.add_argument("--repeats", type=int, default=2, help="timed repeats (the best is kept)")
+    ap.add_argument("--draft-tokens", type=int, default=None, help="Engine(speculative_tokens=...): the longest draft")
+    args = ap.parse_args()
+    more = {"speculative_tokens": args.draft_tokens} if args.draft_tokens else {}
+    engines = {None: ak.Engine(), "ngram": ak.Engine(speculative="ngram", **more)}
+    rows, summary = [], []
+    for name, run in WORKLOADS.items():
+        result = {}
+        for spec, engine in engines.items():
+            run(engine, 1)  # warm: compile the grammars, cache the system prompt
+            best, stats0 = None, engine.stats()
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                outs, tokens, passes = run(engine, args.tasks)
+                seconds = time.perf_counter() - start
+                best = seconds if best is None else min(best, seconds)
+            st = engine.stats()
+            drafted = (st["draft_tokens"] - stats0["draft_tokens"]) // args.repeats
+            kept = (st["accepted_draft_tokens"] - stats0["accepted_draft_tokens"]) // args.repeats
+            result[spec] = (outs, tokens, passes, best, drafted, kept)
+        assert result[None][0] == result["ngram"][0], f"{name}: outputs differ with speculation on"
+        for spec in (None, "ngram"):
+            outs, tokens, passes, seconds, drafted, kept = result[spec]
+            rows.append([name, spec or "off", tokens, seconds, tokens / seconds, passes / tokens, f"{kept}/{drafted}"])
+        speedup = (result["ngram"][1] / result["ngram"][3]) / (result[None][1] / result[None][3])
+        summary.append(f"{name}: {speedup:.2f}x output tok/s with speculation on")
+    for engine in engines.values():
+        engine.close()
+    print(f"speculative decoding on the embedded model, batch 1, {args.tasks} runs per workload, best of "
+          f"{args.repeats} (outputs equal on and off)")
+    print(table(rows, ["workload", "speculative", "output tokens", "seconds", "tok/s", "passes per token",
+                       "drafts kept/checked"]))
+    print("\n".join(summary))
+    print("targets: >= 1.5x on agent and json edit, >= 0.95x on chat")
+
+
+if __name__ == "__main__":
+    main()
