@@ -17,6 +17,8 @@ import uuid
 from typing import Annotated, Literal, Optional, Union
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import (
     AnyUrl,
     BaseModel,
@@ -242,3 +244,18 @@ def test_samples_validate_into_the_model(embedded_engine):
     print(f"\n{len(MODELS)} models x 3 samples at temperature 1.0: {valid} validated, {cut} cut by max_tokens")
     assert not problems, "\n".join(problems)
     assert valid >= 2 * (len(MODELS) + len(TYPES)), (valid, cut)  # most samples finish within max_tokens
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.from_regex(r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?$", fullmatch=True))
+def test_a_bare_decimal_is_text_decimal_reads(text):
+    """A Decimal without max_digits / decimal_places: its string form is still one Decimal() reads (a
+    bare `{"type": "string"}` let the model write "20721.34MfSBZ"), and every such text validates."""
+    from pydantic import TypeAdapter
+
+    from agentkv.grammar.pydantic_schema import constrained_generator
+
+    schema = _m("Amount", decimal.Decimal).model_json_schema(schema_generator=constrained_generator())
+    text_form = schema["properties"]["value"]["anyOf"][1]
+    assert text_form["pattern"] == r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?$"
+    assert TypeAdapter(decimal.Decimal).validate_python(text) == decimal.Decimal(text)

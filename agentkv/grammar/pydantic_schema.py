@@ -64,9 +64,11 @@ def constrained_generator():
             def decimal_schema(self, schema):
                 out = super().decimal_schema(schema)
                 digits, places = schema.get("max_digits"), schema.get("decimal_places")
-                if digits is None and places is None or "anyOf" not in out:
+                if "anyOf" not in out:
                     return out
                 number, text = out["anyOf"]
+                if digits is None and places is None:  # any decimal, but as text one Decimal() reads
+                    return {"anyOf": [number, _decimal_text(text, None, None)]}
                 return {"anyOf": [_decimal_number(number, digits, places), _decimal_text(text, digits, places)]}
 
             def url_schema(self, schema):
@@ -135,7 +137,9 @@ def _decimal_text(text: dict, digits: int | None, places: int | None) -> dict:
     (a subset of what Decimal() reads, and what it writes for such a value)."""
     if "pattern" in text:
         return text
-    if digits is None:
+    if digits is None and places is None:
+        body = r"(0|[1-9][0-9]*)(\.[0-9]+)?"
+    elif digits is None:
         body = r"(0|[1-9][0-9]*)" + ("" if places == 0 else rf"(\.[0-9]{{1,{places}}})?")
     elif places is not None:
         most = digits - places
