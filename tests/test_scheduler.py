@@ -184,15 +184,15 @@ def test_waiting_does_not_keep_a_prefix_warm():
 @given(st.lists(st.lists(st.integers(0, 2), min_size=0, max_size=70), min_size=1, max_size=5),
        st.lists(st.integers(0, 2), min_size=0, max_size=70), st.integers(1, 80))
 def test_the_dedup_check_finds_what_a_pairwise_scan_finds(others, mine, n):
-    """`_Prefixes.holds(r, n)`: some request in progress begins with r's first n tokens rounded up to
+    """`PrefixSet.holds(r, n)`: some request in progress begins with r's first n tokens rounded up to
     whole blocks, exactly as comparing r with each of them finds."""
     from agentkv.engine.radix_cache import _common_len
     from agentkv.engine.request import PREFIX_BLOCK
-    from agentkv.engine.scheduler import _Prefixes
+    from agentkv.engine.request import PrefixSet
 
     prefix = [5] * 24  # shared by all, so that matches past the first blocks happen often
     in_progress = [req(prefix + o) for o in others]
     r = req(prefix + mine)
     whole = -(-n // PREFIX_BLOCK) * PREFIX_BLOCK
     expected = r.seq_len >= whole and any(_common_len(r.all_ids, o.all_ids) >= whole for o in in_progress)
-    assert _Prefixes(in_progress).holds(r, n) == expected
+    assert PrefixSet(in_progress).holds(r, n) == expected

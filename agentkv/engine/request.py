@@ -255,3 +255,23 @@ class Request:
                 if any(s.startswith(text[-k:]) for s in self.params.stop):
                     return text[:-k]
         return text
+
+
+class PrefixSet:
+    """The prefixes of the requests in progress (prefilling in this batch or in one in flight), by
+    block hash: whether a waiting request shares n tokens with one of them costs one set lookup,
+    not a scan of every pair (the dedup check; SGLang keeps a small radix tree for it)."""
+
+    def __init__(self, reqs: list[Request]):
+        self.hashes: set[int] = set()
+        for r in reqs:
+            self.add(r)
+
+    def add(self, r: Request) -> None:
+        self.hashes.update(r.prefix_hashes())
+
+    def holds(self, r: Request, n: int) -> bool:
+        """Whether one of them begins with r's first n tokens (rounded up to whole blocks)."""
+        block = -(-n // PREFIX_BLOCK) - 1
+        hashes = r.prefix_hashes()
+        return block < len(hashes) and hashes[block] in self.hashes

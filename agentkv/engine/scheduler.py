@@ -19,8 +19,8 @@ from agentkv.engine.config import SchedulerConfig
 from agentkv.engine.inflight import InFlight
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.radix_cache import RadixCache
-from agentkv.engine.request import PREFIX_BLOCK, Request
-from agentkv.engine.speculative import Speculation
+from agentkv.engine.request import PrefixSet, Request
+from agentkv.engine.speculative import drafts
 
 
 @dataclass
@@ -156,24 +156,10 @@ class Scheduler:
         return batch
 
     def _drafts(self, decodes: list[Request], active: list[Request]) -> dict[Request, list[int]]:
-        """Drafts for the decoding requests that can take one, within the slots left once every
-        running request has its next token's (evicting cached prefixes for drafts is not worth it)."""
+        """Drafts for the decoding requests, within the slots left once every running request has
+        its next token's (evicting cached prefixes for drafts is not worth it)."""
         spare = self.pool.num_free - sum(r.seq_len - r.computed for r in active)
-        drafted = {}
-        for r in decodes:
-            p = r.params
-            if (spare <= 0 or r.inflight or p.logprobs or r.remaining_tokens < 2
-                    or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
-                continue  # logprobs and penalties read each position's state: not drafted yet
-            if r.speculation is None:
-                r.speculation = Speculation(self.cfg.speculative_tokens)
-            draft = r.speculation.draft(r.all_ids, min(r.remaining_tokens - 1, spare))
-            if r.matcher is not None:
-                draft = _grammar_takes(r.matcher, draft)
-            if draft:
-                drafted[r] = draft
-                spare -= len(draft)
-        return drafted
+        return drafts(decodes, spare, self.cfg.speculative_tokens)
 
     def _admit(self, budget: int, num_decodes: int, reqs: list[Request], ext_lens: list[int], locs: list[torch.Tensor]) -> None:
         clip = self.cfg.max_tokens_clip
@@ -181,7 +167,7 @@ class Scheduler:
         reserved = sum(min(r.remaining_tokens, clip) for r in self.running) * self.new_token_ratio
         # requests prefilling in this batch or in one still in flight (their prefix is not in the tree yet)
         in_progress = reqs[num_decodes:] + [o for b in self.flight.batches for o in b.reqs[b.num_decodes + b.num_jumps :]]
-        shared: _Prefixes | None = None  # made when a request first needs the check
+        shared: PrefixSet | None = None  # made when a request first needs the check
         for r in self._ordered_waiting():
             if r.inflight:
                 continue  # retracted while its token was in flight: admitted once that token is known
@@ -193,7 +179,7 @@ class Scheduler:
             prefix = len(prefix_slots)
             # only a request with a long uncached part can share it with one in progress
             if self.tree is not None and r.seq_len - prefix > self.cfg.dedup_min_tokens:
-                shared = shared if shared is not None else _Prefixes(in_progress)
+                shared = shared if shared is not None else PrefixSet(in_progress)
                 if shared.holds(r, prefix + self.cfg.dedup_min_tokens):
                     # another request in progress computes the same long prefix: wait, then reuse it
                     self.stats.deferred_by_dedup += 1
@@ -440,36 +426,3 @@ class Scheduler:
             self.req_pool.free(r.row)
         r.row, r.last_node, r.kv_len, r.prefix_len = None, None, 0, 0
 
-
-def _grammar_takes(matcher, draft: list[int]) -> list[int]:
-    """The longest start of `draft` the grammar takes, short of a state where it forces text (what
-    jump-forward appends for free is never drafted). The matcher is left as it was."""
-    n = 0
-    for token in draft:
-        if not matcher.accept_token(token):
-            break
-        n += 1
-        if matcher.is_terminated() or matcher.jump_forward_bytes():
-            break
-    matcher.rollback(n)
-    return draft[:n]
-
-
-class _Prefixes:
-    """The prefixes of the requests in progress (prefilling in this batch or in one in flight), by
-    block hash: whether a waiting request shares n tokens with one of them costs one set lookup,
-    not a scan of every pair (the dedup check; SGLang keeps a small radix tree for it)."""
-
-    def __init__(self, reqs: list[Request]):
-        self.hashes: set[int] = set()
-        for r in reqs:
-            self.add(r)
-
-    def add(self, r: Request) -> None:
-        self.hashes.update(r.prefix_hashes())
-
-    def holds(self, r: Request, n: int) -> bool:
-        """Whether one of them begins with r's first n tokens (rounded up to whole blocks)."""
-        block = -(-n // PREFIX_BLOCK) - 1
-        hashes = r.prefix_hashes()
-        return block < len(hashes) and hashes[block] in self.hashes

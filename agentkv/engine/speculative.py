@@ -24,6 +24,10 @@ kept, and after a run of drafts rejected outright the request drafts nothing for
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentkv.engine.request import Request
 
 # the suffix looked up (its longest match that occurred before wins): 3 tokens at least, since a
 # 2-token match (`", "` in JSON) proposes the wrong continuation too often (benchmarks/speculative.py)
@@ -96,3 +100,36 @@ def kept_prefix(accepted: list[bool]) -> int:
     while n < len(accepted) and accepted[n]:
         n += 1
     return n
+
+
+def drafts(decodes: list[Request], spare: int, max_tokens: int) -> dict[Request, list[int]]:
+    """The drafts of the decoding requests that can take one, at most `spare` draft tokens in all."""
+    out = {}
+    for r in decodes:
+        p = r.params
+        if (spare <= 0 or r.inflight or p.logprobs or r.remaining_tokens < 2
+                or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
+            continue  # logprobs and penalties read each position's state: not drafted yet
+        if r.speculation is None:
+            r.speculation = Speculation(max_tokens)
+        draft = r.speculation.draft(r.all_ids, min(r.remaining_tokens - 1, spare))
+        if r.matcher is not None:
+            draft = grammar_takes(r.matcher, draft)
+        if draft:
+            out[r] = draft
+            spare -= len(draft)
+    return out
+
+
+def grammar_takes(matcher, draft: list[int]) -> list[int]:
+    """The longest start of `draft` the grammar takes, short of a state where it forces text (what
+    jump-forward appends for free is never drafted). The matcher is left as it was."""
+    n = 0
+    for token in draft:
+        if not matcher.accept_token(token):
+            break
+        n += 1
+        if matcher.is_terminated() or matcher.jump_forward_bytes():
+            break
+    matcher.rollback(n)
+    return draft[:n]
