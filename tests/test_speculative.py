@@ -169,3 +169,19 @@ def test_the_server_reports_kept_and_rejected_drafts_as_openai_does(cycle_dir):
         details = out.usage.completion_tokens_details
         assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens > 0
         assert out.usage.completion_tokens == 30
+
+
+def test_an_end_inside_a_kept_draft_gives_its_tail_back(cycle_dir):
+    """A stop string that the model completes inside a draft it keeps (its first occurrence ends at
+    the 24th token, well into the drafted stretch): the output ends there as without speculation, and
+    the K/V computed for the draft tokens after it returns to the pool."""
+    params = ak.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    with ak.Engine(str(cycle_dir)) as engine:
+        text = engine.generate("abcabcabcabc", params).text
+        expected = engine.generate("abcabcabcabc", params.with_(stop=[text[4:24]]))
+    with ak.Engine(str(cycle_dir), speculative="ngram") as engine:
+        out = engine.generate("abcabcabcabc", params.with_(stop=[text[4:24]]))
+        st = engine.stats()
+    assert len(expected.token_ids) == 24 and expected.finish_reason == "stop"
+    assert (out.token_ids, out.text) == (expected.token_ids, expected.text) and out.usage.accepted_draft_tokens > 0
+    assert st["free_slots"] + st["cached_tokens"] == st["total_slots"]

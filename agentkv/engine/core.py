@@ -168,7 +168,7 @@ class EngineCore:
         reqs = [r for r in p.batch.reqs if not r.finished]
         try:
             result = self.passes.collect(p)
-            for (r, _), lp in zip(p.batch.score_positions(), result.scores):
+            for (r, _), lp in zip(p.batch.score_positions, result.scores):
                 r.token_scores.append(lp)
             self.scheduler.process(p.batch, result.tokens, self.tokenizer, result.logprobs,
                                    after.batch if after is not None else None, result.made)

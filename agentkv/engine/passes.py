@@ -36,7 +36,7 @@ class Plan:
 class PassResult:
     tokens: list[int]  # per sampling row; -1 where the grammar allowed nothing; 0 for rows not live
     logprobs: list[TokenLogprob | None]
-    scores: list[float]  # the logprob of the token after each of the batch's score_positions()
+    scores: list[float]  # the logprob of the token after each of the batch's score_positions
     made: dict[int, list[int]] = field(default_factory=dict)  # sampling row -> tokens made from its draft
 
 
@@ -44,7 +44,7 @@ class PassResult:
 class Pass:
     batch: ScheduledBatch
     inputs: ForwardInputs
-    score_targets: list[int]  # the token after each of the batch's score_positions()
+    score_targets: list[int]  # the token after each of the batch's score_positions
     drafts: list[list[int]]  # per sampling row: the draft its request checks (mostly none)
     positions: list[int]  # per sampling row: where the token it makes goes in its request's sequence
     plan: Future = field(default_factory=Future)  # set by the engine thread: a Plan
@@ -64,7 +64,7 @@ class PassRunner:
         self._stream = torch.cuda.Stream(runner.device) if str(runner.device).startswith("cuda") else None
 
     def launch(self, batch: ScheduledBatch) -> Pass:
-        targets = [r.all_ids[pos + 1] for r, pos in batch.score_positions()]
+        targets = [r.all_ids[pos + 1] for r, pos in batch.score_positions]
         sampling = [i for i, s in enumerate(batch.sampling) if s]
         drafts = [batch.drafts.get(i, []) for i in sampling]
         positions = [batch.starts[i] + batch.extend_lens[i] - len(d) for i, d in zip(sampling, drafts)]

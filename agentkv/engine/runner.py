@@ -50,7 +50,7 @@ class ModelRunner:
     def prepare(self, batch: ScheduledBatch, all_logits: bool = False) -> ForwardInputs:
         """Logits come back for the requests that sample from this pass, one row each (a request
         checking a draft: a row for its last token and one for each draft token), then for the
-        batch's `score_positions()`; or for every new token with `all_logits` (tests compare them to
+        batch's `score_positions`; or for every new token with `all_logits` (tests compare them to
         a reference)."""
         ids: list[int] = []
         positions: list[int] = []
@@ -77,7 +77,7 @@ class ModelRunner:
             host_table=self.req_pool.host,
             host_rows=rows,
         )
-        last += [first_row[r.rid] + p for r, p in batch.score_positions()]
+        last += [first_row[r.rid] + p for r, p in batch.score_positions]
         return ForwardInputs(
             ids, positions, meta, list(range(len(ids))) if all_logits else last,
             [ends[i] for i, _ in batch.placeholders], [row for _, row in batch.placeholders],

@@ -74,9 +74,8 @@ def exponential_noise(keys: torch.Tensor, vocab: int, dtype: torch.dtype = torch
 
 def exponential_from_bits(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """-log(U) for U = (bits + 0.5) / 2**23, `bits` in [0, 2**23): U is exact in float32 (whatever
-    `dtype` the noise is wanted in) and strictly
-    inside (0, 1), so the noise is finite and positive (a noise of 0 would turn a masked token's
-    0 / 0 into NaN, which argmax picks)."""
+    `dtype` the noise is wanted in) and strictly inside (0, 1), so the noise is finite and positive
+    (a noise of 0 would turn a masked token's 0 / 0 into NaN, which argmax picks)."""
     return (-torch.log((bits.to(torch.float32) + 0.5) * 2.0 ** -23)).to(dtype)
 
 
@@ -150,9 +149,9 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
            score_logits: torch.Tensor | None = None, score_targets: Sequence[int] = (),
            positions: Sequence[int] | None = None, drafts: Sequence[int] | None = None) -> Sampled:
     """One token per row of `logits` [B, V] (fp32), and its logprob entry for requests that asked;
-    with `score_logits` [S, V], the logprob of each of `score_targets` under its row. The request is
-    not changed beyond its draw count: the token and logprob are recorded when the pass is processed
-    (with overlap that is later, on another thread).
+    with `score_logits` [S, V], the logprob of each of `score_targets` under its row. The requests are
+    not changed: the token and logprob are recorded when the pass is processed (with overlap that is
+    later, on another thread).
 
     `masks` = (rows, bitmask [len(rows), ceil(V / 32)] int32): the grammar's allowed tokens for those
     rows; a row that allows no token gets -1. Logprobs are the model's, before the mask.

@@ -10,6 +10,7 @@ resumes later from whatever of it is still cached).
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -43,9 +44,11 @@ class ScheduledBatch:
     def sampling_reqs(self) -> list[Request]:
         return [r for r, s in zip(self.reqs, self.sampling) if s]
 
+    @functools.cached_property
     def score_positions(self) -> list[tuple[Request, int]]:
         """(request, position) pairs whose logits score the token after them, for scoring requests
-        (prefill-only requests with `score_from`), in batch order."""
+        (prefill-only requests with `score_from`), in batch order (read once the batch is launched,
+        by the runner, the pass and the engine loop: made once)."""
         out = []
         for r, start, n in zip(self.reqs, self.starts, self.extend_lens):
             if r.score_from is not None:
@@ -296,16 +299,10 @@ class Scheduler:
             draft = batch.drafts.get(i)
             if draft is not None:
                 self._verified(r, draft, made[k])
-                r.usage.forward_passes += 1
-                self.stats.decode_tokens += 1
-                self._take_made(r, made[k], tokenizer)
-                if r.finished:
-                    self._drop(r)
-                    finished.append(r)
-                continue
-            self.flight.computed(r, n)
+            else:
+                self.flight.computed(r, n)
             r.usage.forward_passes += 1
-            if i < batch.num_decodes:
+            if i < batch.num_decodes or draft is not None:
                 self.stats.decode_tokens += 1
             elif i < jumps_end:
                 self.stats.jump_forward_tokens_computed += n - 1
@@ -315,7 +312,10 @@ class Scheduler:
             if samples:
                 if not batch.live[k]:
                     continue  # its grammar forced tokens after the previous one: this sample is stale
-                self._take(r, tokens[k], tokenizer, logprobs[k] if logprobs else None, after)
+                self._take(r, made[k] if draft is not None else [tokens[k]], tokenizer,
+                           logprobs[k] if logprobs else None, after)
+                if draft is not None:
+                    self._give_back_past_end(r)
             elif r.prefill_only and r.kv_len == r.seq_len:
                 r.finish_reason = "stop"
             else:
@@ -341,34 +341,29 @@ class Scheduler:
         self.stats.draft_tokens += len(draft)
         self.stats.accepted_draft_tokens += kept
 
-    def _take_made(self, r: Request, made: list[int], tokenizer) -> None:
-        """Append the tokens a pass made from a draft, up to one that ends the request, then what
-        the grammar forces after them; K/V computed for tokens after an end is given back."""
-        r.inflight -= 1
-        for token in made:
-            if token < 0:  # the grammar allowed nothing after the kept draft
-                r.end_at_dead_end(tokenizer)
-                break
-            r.append_token(token, tokenizer)
-            if r.finished:
-                break
-        else:
-            r.jump_forward(tokenizer)
+    def _give_back_past_end(self, r: Request) -> None:
+        """A kept draft that held the request's end: the K/V computed for draft tokens after it goes
+        back to the pool."""
         extra = r.kv_len - len(r.all_ids)
         if extra > 0:
             self.pool.free(self.req_pool.host[r.row, len(r.all_ids) : r.kv_len].clone())
             r.kv_len -= extra
 
-    def _take(self, r: Request, token: int, tokenizer, logprob, after: ScheduledBatch | None) -> None:
-        """Append a sampled token and the tokens the grammar forces after it."""
+    def _take(self, r: Request, made: list[int], tokenizer, logprob, after: ScheduledBatch | None) -> None:
+        """Append the tokens a pass made for r (its sampled token; after a draft, the kept draft
+        tokens before it) up to one that ends r (-1: the grammar allowed nothing), then the tokens
+        the grammar forces after them."""
         def advance() -> bool:
             if logprob is not None:
                 r.logprobs.append(logprob)
-            if token < 0:
-                r.end_at_dead_end(tokenizer)
-                return True
-            r.append_token(token, tokenizer)
-            return r.jump_forward(tokenizer) > 0 or r.finished
+            for token in made:
+                if token < 0:
+                    r.end_at_dead_end(tokenizer)
+                    return True
+                r.append_token(token, tokenizer)
+                if r.finished:
+                    return True
+            return r.jump_forward(tokenizer) > 0
 
         self.flight.take(r, after, advance)
 
