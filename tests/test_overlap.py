@@ -93,21 +93,33 @@ def test_overlap_keeps_passes_in_flight(tiny_dir, monkeypatch):
     assert len(order) == 6 and all(after == seq + 1 for seq, after in order[:-1]), order
 
 
+def _third_call_raises(real, error: Exception):
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise error
+        return real(*args, **kwargs)
+
+    return flaky
+
+
 @pytest.mark.parametrize("overlap", [False, True])
-def test_failed_pass_frees_memory_and_engine_continues(tiny_dir, monkeypatch, overlap):
+@pytest.mark.parametrize("where", ["forward", "processing"])
+def test_failed_pass_frees_memory_and_engine_continues(tiny_dir, monkeypatch, overlap, where):
+    """A pass raises in its forward, or while its tokens are taken (processing raises after the pass
+    was retired): its requests fail, their memory comes back, and the engine serves the next request."""
+    from agentkv.engine.request import Request
+
     with ak.Engine(str(tiny_dir), num_slots=1024, overlap_schedule=overlap) as engine:
         idle = engine.stats()["free_slots"]
-        runner = engine._core.runner
-        real = runner.forward
-        calls = {"n": 0}
-
-        def flaky(inputs, prev_tokens=None):
-            calls["n"] += 1
-            if calls["n"] == 3:
-                raise RuntimeError("injected")
-            return real(inputs, prev_tokens)
-
-        monkeypatch.setattr(runner, "forward", flaky)
+        if where == "forward":
+            runner = engine._core.runner
+            monkeypatch.setattr(runner, "forward", _third_call_raises(runner.forward, RuntimeError("injected")))
+        else:
+            monkeypatch.setattr(Request, "append_token", _third_call_raises(
+                Request.append_token, AssertionError("injected while taking a token")))
         with pytest.raises(ak.EngineError, match="injected"):
             engine.generate("this request fails mid-decode", max_tokens=10, ignore_eos=True)
         st = engine.stats()
@@ -134,28 +146,3 @@ def test_overlap_on_cpu_keeps_the_engine_thread_to_one_torch_thread(tiny_dir):
             assert engine._core.call(torch.get_num_threads).result() == 2
     finally:
         torch.set_num_threads(before)
-
-
-@pytest.mark.parametrize("overlap", [False, True])
-def test_a_pass_whose_processing_fails_frees_memory(tiny_dir, monkeypatch, overlap):
-    """Processing a pass raises after the pass was retired (here: taking a sampled token): its
-    requests fail, their memory comes back, and the engine serves the next request."""
-    from agentkv.engine.request import Request
-
-    with ak.Engine(str(tiny_dir), num_slots=1024, overlap_schedule=overlap) as engine:
-        idle = engine.stats()["free_slots"]
-        real = Request.append_token
-        calls = {"n": 0}
-
-        def flaky(self, token_id, tokenizer):
-            calls["n"] += 1
-            if calls["n"] == 3:
-                raise AssertionError("injected while taking a token")
-            return real(self, token_id, tokenizer)
-
-        monkeypatch.setattr(Request, "append_token", flaky)
-        with pytest.raises(ak.EngineError, match="injected"):
-            engine.generate("this request fails while its tokens are taken", max_tokens=10, ignore_eos=True)
-        st = engine.stats()
-        assert st["running"] == 0 and st["free_slots"] + st["cached_tokens"] == idle
-        assert len(engine.generate("next one works", max_tokens=4, ignore_eos=True).token_ids) == 4
