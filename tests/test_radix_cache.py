@@ -122,6 +122,34 @@ def test_cached_length_measures_without_changing_anything(cached, query, limit):
     assert n == cache.match_prefix(query[:limit], touch=False)[0].numel()
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=10), min_size=1, max_size=6),
+       st.lists(st.integers(1, 3), max_size=8), st.integers(0, 6))
+def test_continuation_is_the_latest_path_beyond_the_tokens(written, query, k):
+    """continuation against the sequences inserted: nothing unless all of `query` is cached; else up to
+    k tokens that some inserted sequence has after `query`, starting with what the latest one that
+    goes on past `query` has there; and the tree is left as it was (no split, no LRU use)."""
+    slots = Slots(NUM_SLOTS)
+    cache = RadixCache(slots.free, pin_budget=50)
+    for tokens in written:
+        insert(cache, slots, tokens)
+
+    def state(node):
+        return (tuple(node.key), node.last_access, sorted((c, state(n)) for c, n in node.children.items()))
+
+    before = state(cache.root)
+    got = cache.continuation(query, k)
+    assert state(cache.root) == before
+    longer = [w for w in written if len(w) > len(query) and w[: len(query)] == query]
+    if not longer or k == 0:
+        assert got == []
+        return
+    assert any(w[: len(query) + len(got)] == query + got for w in longer)
+    latest = longer[-1][len(query) : len(query) + k]
+    assert got[: len(latest)] == latest
+    assert len(got) == min(k, max(len(w) - len(query) for w in longer if w[: len(query) + len(got)] == query + got))
+
+
 def test_pin_budget_and_unpin():
     slots = Slots(NUM_SLOTS)
     cache = RadixCache(slots.free, pin_budget=6)

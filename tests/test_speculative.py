@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agentkv as ak
-from agentkv.engine.speculative import MAX_NGRAM, MIN_NGRAM, NgramIndex, Speculation
+from agentkv.engine.speculative import MAX_NGRAM, MIN_NGRAM, NgramIndex, SharedNgrams, Speculation, grammar_takes
 from tests.test_structured import TOOL_CALL
 
 ECHO = "Repeat this line exactly: the quick brown fox jumps over the lazy dog. " * 3
@@ -26,16 +26,20 @@ def cycle(token: int) -> int:
 
 @pytest.fixture(scope="module")
 def cycle_dir(tmp_path_factory):
+    return cycle_model(tmp_path_factory.mktemp("cycle") / "llama")
+
+
+def cycle_model(path, chat: str | None = None):
     """A tiny model that writes cycle(x) after x, greedy always, sampled mostly: its layers add nothing (o_proj and
     down_proj zero) and its output head maps each token's embedding to the next token's row. Its
     replies repeat, as echoing replies do, so drafts are found and kept (and at temperature 1 now and
-    then rejected: the noise decides)."""
+    then rejected: the noise decides). `chat`: the family whose template it carries (tests/tiny.py)."""
     import torch
     from safetensors.torch import load_file, save_file
 
     from tests.tiny import make_tiny_model
 
-    out = make_tiny_model(tmp_path_factory.mktemp("cycle") / "llama", tie=False)
+    out = make_tiny_model(path, chat=chat, tie=False)
     w = load_file(str(out / "model.safetensors"))
     for name in w:
         if name.endswith(("o_proj.weight", "down_proj.weight")):
@@ -141,6 +145,136 @@ def test_drafts_are_what_followed_the_longest_earlier_match(ids, k):
             expected = ids[max(ends) : max(ends) + k] if k else []
             break
     assert index.propose(ids, k) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=16), st.integers(0, 14)), min_size=1,
+                max_size=5), st.data(), st.integers(1, 5), st.integers(1, 80))
+def test_shared_ngrams_propose_what_an_earlier_request_wrote_last(learned, data, k, capacity):
+    """SharedNgrams against a brute force over every n-gram written (outputs, and the prompt's last
+    MAX_NGRAM tokens before them), in order: the longest suffix of `ids` still kept (the `capacity`
+    most recently written n-grams), and what followed its latest writing. `ids` ends with a piece of
+    a sequence learned (a prompt's or an output's), or is any tokens."""
+    seq = data.draw(st.sampled_from([seq for seq, _ in learned]))
+    cut = data.draw(st.integers(0, len(seq)))
+    ids = data.draw(st.lists(st.integers(0, 3), max_size=3)) + seq[data.draw(st.integers(0, cut)) : cut]
+    shared = SharedNgrams(capacity)
+    writes = []  # (n-gram, what followed it) in the order written
+    for seq, start in learned:
+        shared.learn(seq, start)
+        tail = seq[max(0, start - MAX_NGRAM) :]
+        writes += [(tuple(tail[end - n : end]), tail[end:]) for end in range(len(tail))
+                   for n in range(MIN_NGRAM, min(MAX_NGRAM, end) + 1)]
+    last = {}
+    for key, after in writes:
+        last.pop(key, None)
+        last[key] = after
+    kept = dict(list(last.items())[-capacity:])
+    expected = (0, [])
+    for n in range(min(MAX_NGRAM, len(ids)), MIN_NGRAM - 1, -1):
+        if tuple(ids[len(ids) - n :]) in kept:
+            expected = (n, kept[tuple(ids[len(ids) - n :])][:k])
+            break
+    assert shared.match(ids, k) == expected
+
+
+def test_a_path_in_the_radix_tree_is_drafted(tiny_dir):
+    """Radix lookahead: where a request's tokens are all cached, the tree's path beyond them is its
+    draft. Here an earlier request's prompt held the reply (the prompt, then the model's greedy reply
+    to it); no request wrote that reply, and a random-weight model's reply repeats little of itself,
+    so neither n-gram source can draft it: the reply is the same, and takes a few passes."""
+    params = ak.SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompt = "Tell me a story about a lighthouse keeper."
+    with ak.Engine(str(tiny_dir)) as engine:
+        reply = engine.generate(prompt, params)
+    with ak.Engine(str(tiny_dir), speculative="ngram") as engine:
+        engine.generate(engine._encode(prompt) + reply.token_ids, params.with_(max_tokens=1))
+        out = engine.generate(prompt, params)
+        st = engine.stats()
+    assert (out.token_ids, out.text) == (reply.token_ids, reply.text)
+    assert out.usage.accepted_draft_tokens >= 30 and out.usage.forward_passes <= 10, out.usage
+    assert st["free_slots"] + st["cached_tokens"] == st["total_slots"]
+
+
+FORCED = r"[`a-g]{20}QRSTUVWXYZ[`a-g]{12}"
+
+
+@pytest.mark.parametrize("stop", [None, ["STU"]], ids=["through", "stop-inside"])
+def test_a_forced_run_joins_the_draft_and_is_appended_as_without_it(cycle_dir, stop):
+    """The grammar's forced text inside the drafted stretch is computed in the drafts' pass (the
+    letters before it, the run, the letters after it: far fewer passes than one per drafted stretch
+    and one per forced run), and appended as jump-forward appends it: one run, so a stop string that
+    ends inside it ends the output where it ends without speculation (after the whole run)."""
+    params = ak.SamplingParams(temperature=0.0, regex=FORCED, max_tokens=80, stop=stop)
+    with ak.Engine(str(cycle_dir)) as engine:
+        expected = engine.generate("abcabcabcabc", params)
+    with ak.Engine(str(cycle_dir), speculative="ngram") as engine:
+        out = engine.generate("abcabcabcabc", params)
+        st = engine.stats()
+    assert (out.token_ids, out.text, out.finish_reason) == (expected.token_ids, expected.text, expected.finish_reason)
+    assert out.usage.jump_forward_tokens == expected.usage.jump_forward_tokens == 10
+    assert out.usage.draft_tokens == out.usage.accepted_draft_tokens > 0  # forced tokens are not counted as drafted
+    assert out.usage.forward_passes <= (13 if stop is None else 9), out.usage
+    assert st["free_slots"] + st["cached_tokens"] == st["total_slots"]
+
+
+def test_grammar_takes_the_forced_run_and_the_proposal_past_it(tmp_path):
+    """grammar_takes on a regex with forced text: a forced run joins the draft at its canonical tokens
+    (marked forced), the proposal goes on past it where it has the same tokens and stops where it
+    has others, at most k proposed tokens and `room` in all, and the matcher is left as it was. The
+    masks of the draft's rows: the grammar's after each token, and the forced token alone where forced
+    (the vocabulary's "ghi" makes the grammar allow "g" there too)."""
+    import numpy as np
+
+    from agentkv.engine.constrained import MaskWorker
+    from agentkv.grammar import Matcher
+    from agentkv.testing import write_tiny_model
+
+    with ak.Engine(str(write_tiny_model(tmp_path, tokenizer={"added": ["ghi"]}))) as engine:
+        def tok(text):
+            return engine.tokenizer.encode(text, add_bos=False)
+
+        r = engine._make_requests([1], ak.SamplingParams(regex=r"[a-b]{2}(cd|ce)fghij[x-z]{3}", max_tokens=20))[0]
+        r.matcher = m = Matcher(r.grammar)  # (what start_grammar makes; nothing is forced at the start)
+        run = tok("fghij")
+        whole = tok("abcd") + run + tok("xyz")
+        draft = grammar_takes(m, whole, k=10, room=30)  # "ab" forces "c", "abcd" forces "fghij"
+        assert list(draft) == whole and draft.forced == frozenset([2, *range(4, 4 + len(run))])
+        assert len(run) == 3 and grammar_takes(m, tok("abdd"), k=10, room=30) == tok("abc")  # "d" where "c" is forced
+        assert grammar_takes(m, whole, k=3, room=30) == tok("abcd") + run  # a, b, d proposed; c and the run forced
+        assert grammar_takes(m, whole, k=10, room=6) == tok("abcd")  # the run does not fit
+        assert grammar_takes(m, whole, k=10, room=30, jump_forward=False) == tok("ab")
+        assert m.jump_forward_bytes() == b"" and grammar_takes(m, whole, k=10, room=30) == draft
+
+        worker = MaskWorker(engine.model_config.vocab_size)
+        rows, bits = worker.start([r], [draft]).result()
+        worker.close()
+        assert rows == list(range(len(draft) + 1))
+        for j in range(len(draft) + 1):
+            if j in draft.forced:
+                want = np.zeros(bits.shape[1], dtype=np.uint32)
+                want[draft[j] >> 5] = 1 << (draft[j] & 31)
+            else:
+                m.accept_tokens(list(draft[:j]))
+                mask = np.empty((1, bits.shape[1]), dtype=np.int32)
+                m.fill_next_token_bitmask(mask, 0)
+                m.rollback(j)
+                want = mask[0].view(np.uint32)
+            assert (bits[j].numpy().view(np.uint32) == want).all(), j
+
+
+def test_a_reasoning_budget_closes_the_block_where_it_does_without_drafts(tmp_path):
+    """The block's end is appended once the reply has written its budget of tokens: no draft
+    crosses that point (the reply inside the block repeats, so drafts are there to take)."""
+    messages = [{"role": "user", "content": "abcabcabcabc"}]
+    options = {"temperature": 0.0, "max_tokens": 60, "max_reasoning_tokens": 26}
+    model = str(cycle_model(tmp_path / "r1", chat="r1"))
+    with ak.Engine(model) as engine:
+        expected = engine.chat(messages, **options)
+    with ak.Engine(model, speculative="ngram") as engine:
+        out = engine.chat(messages, **options)
+    assert out.usage.accepted_draft_tokens > 0 and "</think>" in expected.text
+    assert (out.token_ids, out.text) == (expected.token_ids, expected.text)
 
 
 def test_a_request_that_keeps_missing_stops_drafting_for_a_while():

@@ -125,7 +125,8 @@ class MaskWorker:
 
         `drafts` (speculation): per request, the draft its pass checks; such a request has a row
         for its current state and one after each draft token (the matcher walks the draft and
-        rolls back), and row indices count those rows."""
+        rolls back), and row indices count those rows. A row whose next token the grammar forces
+        (speculative.Draft.forced) allows that token only."""
         drafts = drafts or [[] for _ in reqs]
         rows, jobs, at = [], [], 0
         for r, d in zip(reqs, drafts):
@@ -145,9 +146,14 @@ class MaskWorker:
         for m, draft in jobs:
             m.fill_next_token_bitmask(bitmask, k)
             k += 1
-            for token in draft:  # (the scheduler checked that the grammar takes the whole draft)
+            forced = getattr(draft, "forced", ())
+            for j, token in enumerate(draft):  # (the scheduler checked that the grammar takes the whole draft)
                 m.accept_token(token)
-                m.fill_next_token_bitmask(bitmask, k)
+                if j + 1 in forced:  # the grammar's forced token: its row may make nothing else
+                    bitmask[k] = 0
+                    bitmask[k].view(np.uint32)[draft[j + 1] >> 5] = np.uint32(1 << (draft[j + 1] & 31))
+                else:
+                    m.fill_next_token_bitmask(bitmask, k)
                 k += 1
             if draft:
                 m.rollback(len(draft))

@@ -124,6 +124,33 @@ class RadixCache:
             node = child
         return i
 
+    def continuation(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens cached right after all of `tokens` (what an earlier request wrote after the
+        same tokens; where the path branches, the most recently used branch), or [] where `tokens`
+        are not all cached. Changes nothing."""
+        node, i, end = self.root, 0, len(tokens)
+        while i < end:
+            child = node.children.get(tokens[i])
+            if child is None:
+                return []
+            n = _common_len(child.key, tokens[i : i + len(child.key)])
+            i += n
+            if n < len(child.key):
+                if i < end:
+                    return []  # parted inside this node
+                return child.key[n : n + k] + self._beyond(child, k - (len(child.key) - n))
+            node = child
+        return self._beyond(node, k)
+
+    @staticmethod
+    def _beyond(node: TreeNode, k: int) -> list[int]:
+        """Up to k tokens down the most recently used children from `node`."""
+        out: list[int] = []
+        while len(out) < k and node.children:
+            node = max(node.children.values(), key=lambda c: c.last_access)
+            out += node.key[: k - len(out)]
+        return out
+
     def touch(self, node: TreeNode) -> None:
         """Count the path from the root to `node` as used now (LRU)."""
         now = next(self._clock)

@@ -152,11 +152,15 @@ class Request:
         toks = self.matcher.jump_forward_tokens()[: self.remaining_tokens]
         if not toks:
             return closed
+        self.append_forced(toks, tokenizer)
+        return closed + len(toks)
+
+    def append_forced(self, toks: list[int], tokenizer: Tokenizer) -> None:
+        """Append a run of tokens the grammar forces (jump-forward's, or a draft's that held them)."""
         if not self.matcher.accept_tokens(toks):
             raise AssertionError(f"the grammar refused its own forced tokens {toks}")
         self.usage.jump_forward_tokens += len(toks)
         self._append(toks, tokenizer)
-        return closed + len(toks)
 
     def _close_reasoning(self, tokenizer: Tokenizer) -> int:
         """With a reasoning budget: once the reply has written that many tokens inside its block,

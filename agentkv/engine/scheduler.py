@@ -21,7 +21,7 @@ from agentkv.engine.inflight import InFlight
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import PrefixSet, Request
-from agentkv.engine.speculative import drafts
+from agentkv.engine.speculative import Draft, Drafter
 
 
 @dataclass
@@ -86,6 +86,7 @@ class Scheduler:
         self.new_token_ratio = cfg.new_token_ratio
         self.stats = SchedulerStats()
         self.flight = InFlight()  # what passes scheduled and not yet processed owe (overlap)
+        self.drafter = Drafter(cfg.speculative_tokens, tree) if cfg.speculative else None
 
     # ---- queue ---------------------------------------------------------------------------------
 
@@ -120,7 +121,7 @@ class Scheduler:
         decodes = [r for r in active if r.computed == r.seq_len - 1]
         jumps = [r for r in active if r.computed < r.seq_len - 1]
         # drafts use what a step would leave idle: none while a prompt waits for its prefill
-        drafted = self._drafts(decodes, active) if self.cfg.speculative and not (self.waiting or self.chunked) else {}
+        drafted = self._drafts(decodes, active) if self.drafter and not (self.waiting or self.chunked) else {}
         if drafted:  # a request with a draft extends its last token and the draft (after the decodes)
             decodes = [r for r in decodes if r not in drafted]
         reqs: list[Request] = list(decodes)
@@ -162,7 +163,7 @@ class Scheduler:
         """Drafts for the decoding requests, within the slots left once every running request has
         its next token's (evicting cached prefixes for drafts is not worth it)."""
         spare = self.pool.num_free - sum(r.seq_len - r.computed for r in active)
-        return drafts(decodes, spare, self.cfg.speculative_tokens)
+        return self.drafter.drafts(decodes, spare)
 
     def _admit(self, budget: int, num_decodes: int, reqs: list[Request], ext_lens: list[int], locs: list[torch.Tensor]) -> None:
         clip = self.cfg.max_tokens_clip
@@ -313,7 +314,7 @@ class Scheduler:
                 if not batch.live[k]:
                     continue  # its grammar forced tokens after the previous one: this sample is stale
                 self._take(r, made[k] if draft is not None else [tokens[k]], tokenizer,
-                           logprobs[k] if logprobs else None, after)
+                           logprobs[k] if logprobs else None, after, draft.forced if draft is not None else ())
                 if draft is not None:
                     self._give_back_past_end(r)
             elif r.prefill_only and r.kv_len == r.seq_len:
@@ -323,22 +324,27 @@ class Scheduler:
             if r.finished:
                 self._drop(r)
                 finished.append(r)
+                if self.drafter:
+                    self.drafter.learn(r)
             elif i >= jumps_end and r.row is not None:
                 self._cache_prefix(r)  # share the prompt with requests that arrive from now on
         return finished
 
-    def _verified(self, r: Request, draft: list[int], made: list[int]) -> None:
+    def _verified(self, r: Request, draft: Draft, made: list[int]) -> None:
         """A pass checked r's last token and `draft`: the K/V of the last token and the kept draft
-        tokens count; the slots of the rest are freed now."""
+        tokens count; the slots of the rest are freed now. (The grammar's forced tokens in a draft
+        count as jump-forward's, not as drafted.)"""
         kept = len(made) - 1
         self.flight.computed(r, 1 + kept)
         rejected = len(draft) - kept
         self.pool.free(self.req_pool.host[r.row, r.kv_len : r.kv_len + rejected].clone())
         r.pending -= rejected
-        r.speculation.verified(len(draft), kept)
-        r.usage.draft_tokens += len(draft)
+        forced_kept = sum(1 for j in draft.forced if j < kept)
+        drafted, kept = len(draft) - len(draft.forced), kept - forced_kept
+        r.speculation.verified(drafted, kept)
+        r.usage.draft_tokens += drafted
         r.usage.accepted_draft_tokens += kept
-        self.stats.draft_tokens += len(draft)
+        self.stats.draft_tokens += drafted
         self.stats.accepted_draft_tokens += kept
 
     def _give_back_past_end(self, r: Request) -> None:
@@ -349,18 +355,27 @@ class Scheduler:
             self.pool.free(self.req_pool.host[r.row, len(r.all_ids) : r.kv_len].clone())
             r.kv_len -= extra
 
-    def _take(self, r: Request, made: list[int], tokenizer, logprob, after: ScheduledBatch | None) -> None:
+    def _take(self, r: Request, made: list[int], tokenizer, logprob, after: ScheduledBatch | None,
+              forced: frozenset[int] | tuple = ()) -> None:
         """Append the tokens a pass made for r (its sampled token; after a draft, the kept draft
-        tokens before it) up to one that ends r (-1: the grammar allowed nothing), then the tokens
-        the grammar forces after them."""
+        tokens before it, of which those at `forced` are a forced run the grammar took as a whole)
+        up to one that ends r (-1: the grammar allowed nothing), then the tokens the grammar forces
+        after them."""
         def advance() -> bool:
             if logprob is not None:
                 r.logprobs.append(logprob)
-            for token in made:
-                if token < 0:
-                    r.end_at_dead_end(tokenizer)
-                    return True
-                r.append_token(token, tokenizer)
+            j = 0
+            while j < len(made):
+                if j in forced:  # appended as jump-forward appends it: a run at once
+                    end = next(e for e in range(j, len(made) + 1) if e not in forced)
+                    r.append_forced(made[j:end], tokenizer)
+                    j = end
+                else:
+                    if made[j] < 0:
+                        r.end_at_dead_end(tokenizer)
+                        return True
+                    r.append_token(made[j], tokenizer)
+                    j += 1
                 if r.finished:
                     return True
             return r.jump_forward(tokenizer) > 0

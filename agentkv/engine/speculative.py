@@ -1,11 +1,18 @@
-"""Speculative decoding without a second model: drafts found in the request's own tokens.
+"""Speculative decoding without a second model: drafts found in what the engine has already seen.
 
 Agent replies repeat their context (a tool result quoted, an id or a path written again, a JSON object
-returned with one field changed), so the tokens that followed the last few tokens the last time they
-appeared are a good guess of what follows now (prompt lookup, as vLLM's and SGLang's n-gram
-speculation and llama.cpp's lookup decoding do). A running request with a draft is computed as an
-extend of its last token and the draft in one pass, which at batch 1 costs little more than the
-decode of one token, and keeps the longest prefix of the draft the model agrees with:
+returned with one field changed) and what the same agent wrote before, so a draft comes from, in order:
+
+1. the radix tree: where the request's tokens so far are all cached, the path beyond them is what an
+   earlier request wrote after the same tokens (radix lookahead; a question asked again);
+2. the longest recent n-gram: the tokens that followed the request's last few tokens the last time
+   they appeared, in its own tokens (prompt lookup, as vLLM's and SGLang's n-gram speculation and
+   llama.cpp's lookup decoding do) or in what earlier requests wrote (`SharedNgrams`: the same kind
+   of question answered before); the longer match wins, the request's own on a tie.
+
+A running request with a draft is computed as an extend of its last token and the draft in one pass,
+which at batch 1 costs little more than the decode of one token, and keeps the longest prefix of the
+draft the model agrees with:
 
 - greedy: a draft token is kept while it is the argmax of the logits before it;
 - sampled: each row makes its token as without a draft (the race against the noise of the seed at
@@ -23,10 +30,12 @@ kept, and after a run of drafts rejected outright the request drafts nothing for
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from agentkv.engine.radix_cache import RadixCache
     from agentkv.engine.request import Request
 
 # the suffix looked up (its longest match that occurred before wins): 3 tokens at least, since a
@@ -34,6 +43,7 @@ if TYPE_CHECKING:
 MIN_NGRAM, MAX_NGRAM = 3, 8
 COOLDOWN_STEPS = 16  # steps without drafts after MISS_LIMIT drafts in a row were rejected outright
 MISS_LIMIT = 3
+SHARED_NGRAMS = 1 << 17  # n-grams of earlier requests' outputs kept (the least recently written go first)
 
 
 @dataclass
@@ -47,18 +57,53 @@ class NgramIndex:
     def propose(self, ids: list[int], k: int) -> list[int]:
         """Up to k tokens that followed the latest earlier occurrence of the longest suffix of `ids`
         that occurred before."""
+        return self.match(ids, k)[1]
+
+    def match(self, ids: list[int], k: int) -> tuple[int, list[int]]:
+        """propose's draft and the length of the suffix that found it (0: none)."""
         n_ids = len(ids)
         for end in range(max(self.indexed, MIN_NGRAM), n_ids):  # not the n-grams ending at n_ids: the suffix itself
             for n in range(MIN_NGRAM, min(MAX_NGRAM, end) + 1):
                 self.last_end[tuple(ids[end - n : end])] = end
         self.indexed = max(self.indexed, n_ids)
         if k <= 0:
-            return []
+            return 0, []
         for n in range(min(MAX_NGRAM, n_ids), MIN_NGRAM - 1, -1):
             end = self.last_end.get(tuple(ids[n_ids - n :]))
             if end is not None:
-                return ids[end : end + k]
-        return []
+                return n, ids[end : end + k]
+        return 0, []
+
+
+class SharedNgrams:
+    """What earlier requests wrote: each n-gram of a finished request's output (with the prompt's last
+    tokens before it, whose n-grams propose how a reply starts) mapped to where it last ended. Bounded:
+    past `capacity` n-grams the least recently written go."""
+
+    def __init__(self, capacity: int = SHARED_NGRAMS):
+        self.capacity = capacity
+        self.last_end: OrderedDict[tuple[int, ...], tuple[list[int], int]] = OrderedDict()
+
+    def learn(self, ids: list[int], start: int) -> None:
+        """Index `ids[start:]` (a request's output; `start`: its prompt length)."""
+        tail = ids[max(0, start - MAX_NGRAM) :]
+        for end in range(MIN_NGRAM, len(tail)):
+            for n in range(MIN_NGRAM, min(MAX_NGRAM, end) + 1):
+                key = tuple(tail[end - n : end])
+                self.last_end[key] = (tail, end)
+                self.last_end.move_to_end(key)
+        while len(self.last_end) > self.capacity:
+            self.last_end.popitem(last=False)
+
+    def match(self, ids: list[int], k: int) -> tuple[int, list[int]]:
+        """Up to k tokens that followed the longest suffix of `ids` an earlier request wrote, and
+        that suffix's length (0: none)."""
+        for n in range(min(MAX_NGRAM, len(ids)), MIN_NGRAM - 1, -1):
+            hit = self.last_end.get(tuple(ids[len(ids) - n :]))
+            if hit is not None:
+                tail, end = hit
+                return n, tail[end : end + k]
+        return 0, []
 
 
 @dataclass
@@ -74,14 +119,24 @@ class Speculation:
     def __post_init__(self) -> None:
         self.k = max(1, self.max_tokens // 2)
 
-    def draft(self, ids: list[int], room: int) -> list[int]:
-        """The draft for the next pass (at most `room` tokens: what the request may still write
-        after the one token the pass makes anyway)."""
+    def draft(self, ids: list[int], k: int, tree: RadixCache | None = None,
+              shared: SharedNgrams | None = None) -> list[int]:
+        """Up to k tokens proposed to follow `ids`: the radix tree's path beyond them, else the longer
+        n-gram match of the request's own and of earlier requests'. (`self.k` bounds the drafted
+        tokens; the caller passes it, or more where a grammar's forced runs may be in between.)"""
         if self.cooldown:
             self.cooldown -= 1
             self.index.propose(ids, 0)  # keep the index current
             return []
-        return self.index.propose(ids, min(self.k, room))
+        ahead = tree.continuation(ids, k) if tree is not None and k > 0 else []
+        n, own = self.index.match(ids, k)
+        if ahead:
+            return ahead
+        if shared is not None and k > 0:
+            m, theirs = shared.match(ids, k)
+            if m > n:
+                return theirs
+        return own
 
     def verified(self, drafted: int, kept: int) -> None:
         if kept == drafted:
@@ -102,34 +157,78 @@ def kept_prefix(accepted: list[bool]) -> int:
     return n
 
 
-def drafts(decodes: list[Request], spare: int, max_tokens: int) -> dict[Request, list[int]]:
-    """The drafts of the decoding requests that can take one, at most `spare` draft tokens in all."""
-    out = {}
-    for r in decodes:
-        p = r.params
-        if (spare <= 0 or r.inflight or p.logprobs or r.remaining_tokens < 2
-                or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
-            continue  # logprobs and penalties read each position's state: not drafted yet
-        if r.speculation is None:
-            r.speculation = Speculation(max_tokens)
-        draft = r.speculation.draft(r.all_ids, min(r.remaining_tokens - 1, spare))
-        if r.matcher is not None:
-            draft = grammar_takes(r.matcher, draft)
-        if draft:
-            out[r] = draft
-            spare -= len(draft)
+@dataclass
+class Drafter:
+    """A scheduler's drafting: which decoding requests draft, from what (`tree`: the radix cache,
+    None where it is off; `shared`: earlier requests' n-grams, fed by `learn`)."""
+
+    max_tokens: int
+    tree: RadixCache | None = None
+    shared: SharedNgrams = field(default_factory=SharedNgrams)
+
+    def drafts(self, decodes: list[Request], spare: int) -> dict[Request, list[int]]:
+        """The drafts of the decoding requests that can take one, at most `spare` draft tokens in all."""
+        out = {}
+        for r in decodes:
+            p = r.params
+            if (spare <= 0 or r.inflight or p.logprobs or r.remaining_tokens < 2
+                    or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
+                continue  # logprobs and penalties read each position's state: not drafted yet
+            if r.speculation is None:
+                r.speculation = Speculation(self.max_tokens)
+            s, room = r.speculation, min(r.remaining_tokens - 1, spare)
+            if r.reasoning is not None:  # its block's end is appended once its budget is spent, not inside a draft
+                room = min(room, r.reasoning.tokens - len(r.output_ids) - 1)
+            if r.matcher is None:
+                draft = Draft(s.draft(r.all_ids, min(s.k, room), self.tree, self.shared))
+            else:  # (forced runs may join the draft: the proposal may cover them)
+                draft = grammar_takes(r.matcher, s.draft(r.all_ids, room, self.tree, self.shared), s.k, room,
+                                      r.params.jump_forward)
+            if draft:
+                out[r] = draft
+                spare -= len(draft)
+        return out
+
+    def learn(self, r: Request) -> None:
+        """A request finished: what it wrote proposes drafts to later ones."""
+        if r.output_ids:
+            self.shared.learn(r.all_ids, len(r.prompt_ids))
+
+
+class Draft(list):
+    """A draft's tokens; `forced`: the indices of those the grammar forces (jump-forward's canonical
+    tokens, drafted so that the pass that checks the tokens before them computes them too: their rows
+    get a one-token mask, so they are kept whenever the draft before them is)."""
+
+    forced: frozenset[int] = frozenset()
+
+
+def grammar_takes(matcher, proposal: list[int], k: int, room: int, jump_forward: bool = True) -> Draft:
+    """The longest start of `proposal` the grammar takes, at most k of its tokens and `room` in all.
+    Where the grammar forces text after a token (jump-forward), its canonical tokens join the draft
+    (they are what the request would append there without speculation) and the proposal goes on
+    past them if it has the same tokens there; they are never drafted from the proposal. Without
+    jump-forward a forced state ends the draft. The matcher is left as it was."""
+    out, forced, taken, i = Draft(), set(), 0, 0
+    while i < len(proposal) and taken < k and len(out) < room:
+        if not matcher.accept_token(proposal[i]):
+            break
+        out.append(proposal[i])
+        taken, i = taken + 1, i + 1
+        if matcher.is_terminated():
+            break
+        if not matcher.jump_forward_bytes():
+            continue
+        if not jump_forward:
+            break
+        toks = matcher.jump_forward_tokens()
+        if len(out) + len(toks) > room or not matcher.accept_tokens(toks):
+            break  # (a run cut by the request's length limit is appended without speculation)
+        forced.update(range(len(out), len(out) + len(toks)))
+        out += toks
+        if proposal[i : i + len(toks)] != toks or matcher.is_terminated():
+            break
+        i += len(toks)
+    matcher.rollback(len(out))
+    out.forced = frozenset(forced)
     return out
-
-
-def grammar_takes(matcher, draft: list[int]) -> list[int]:
-    """The longest start of `draft` the grammar takes, short of a state where it forces text (what
-    jump-forward appends for free is never drafted). The matcher is left as it was."""
-    n = 0
-    for token in draft:
-        if not matcher.accept_token(token):
-            break
-        n += 1
-        if matcher.is_terminated() or matcher.jump_forward_bytes():
-            break
-    matcher.rollback(n)
-    return draft[:n]
