@@ -17,7 +17,10 @@ Printed per workload (totals over the repeats): output tokens, seconds, output t
 per output token, draft tokens kept / checked, and the speedup (tok/s on / off). Targets (issue 37):
 >= 1.5x on agent and json edit, >= 0.95x on chat.
 
-    python benchmarks/speculative.py [--tasks 4] [--repeats 2] [--draft-tokens N]
+`--by-pass` also prints where each run's forward time went, by kind of pass: decode (one token per
+request), draft (a request checks a draft), jump (computes a grammar's forced tokens), prefill.
+
+    python benchmarks/speculative.py [--tasks 4] [--repeats 2] [--draft-tokens N] [--by-pass]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,6 +37,29 @@ from agents import TOOLS, INSTRUCTIONS, task
 from common import table
 
 import agentkv as ak
+from agentkv.engine import passes
+
+# --by-pass: per (workload, speculative) and kind of pass, [passes, seconds, tokens computed]
+PASS_TIMES: dict = defaultdict(lambda: [0, 0.0, 0])
+measuring = None  # the (workload, speculative) being timed, or None
+
+
+def time_passes() -> None:
+    """Time each forward pass (its compute and sampling) by its kind (only while `measuring`)."""
+    compute = passes.PassRunner._compute
+
+    def timed(self, p):
+        start = time.perf_counter()
+        out = compute(self, p)
+        if measuring is not None:
+            b, n = p.batch, sum(p.batch.extend_lens)
+            kind = ("draft" if b.drafts else "decode" if n == len(b.reqs)
+                    else "jump" if b.num_decodes + b.num_jumps == len(b.reqs) else "prefill")
+            t = PASS_TIMES[(*measuring, kind)]
+            t[0], t[1], t[2] = t[0] + 1, t[1] + time.perf_counter() - start, t[2] + n
+        return out
+
+    passes.PassRunner._compute = timed
 
 RECORDS = [
     {"id": "ord-20931", "customer": "Marta Silva", "email": "marta.silva@example.com", "city": "Lisbon",
@@ -128,7 +155,11 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=4, help="runs per workload and repeat")
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats (each of new tasks; totals are printed)")
     ap.add_argument("--draft-tokens", type=int, default=None, help="Engine(speculative_tokens=...): the longest draft")
+    ap.add_argument("--by-pass", action="store_true", help="time the forward passes by kind")
     args = ap.parse_args()
+    global measuring
+    if args.by_pass:
+        time_passes()
     more = {"speculative_tokens": args.draft_tokens} if args.draft_tokens else {}
     engines = {None: ak.Engine(), "ngram": ak.Engine(speculative="ngram", **more)}
     rows, summary = [], []
@@ -140,9 +171,11 @@ def main() -> None:
             seconds, outs, tokens, passes, stats0 = 0.0, [], 0, 0, engine.stats()
             for rep in range(args.repeats):
                 first = 1 if name == "agent again" else 1 + rep * args.tasks
+                measuring = (name, spec or "off")
                 start = time.perf_counter()
                 o, t, p = run(engine, range(first, first + args.tasks))
                 seconds += time.perf_counter() - start
+                measuring = None
                 outs, tokens, passes = outs + o, tokens + t, passes + p
             st = engine.stats()
             drafted = st["draft_tokens"] - stats0["draft_tokens"]
@@ -162,6 +195,10 @@ def main() -> None:
                        "drafts kept/checked"]))
     print("\n".join(summary))
     print("targets: >= 1.5x on agent and json edit, >= 0.95x on chat")
+    if args.by_pass:
+        print("\nforward passes by kind (totals over the repeats; seconds of compute and sampling)")
+        print(table([[w, spec, kind, n, sec, toks, 1000 * sec / n] for (w, spec, kind), (n, sec, toks) in PASS_TIMES.items()],
+                    ["workload", "speculative", "pass", "passes", "seconds", "tokens computed", "ms per pass"]))
 
 
 if __name__ == "__main__":

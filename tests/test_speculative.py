@@ -88,9 +88,21 @@ def run(engine: ak.Engine) -> list[tuple]:
     {"num_slots": 4096, "max_step_tokens": 24},  # chunked prefill beside the drafts
 ], ids=["roomy", "pressure", "chunked"])
 def test_speculation_changes_no_output(cycle_dir, options):
-    results, stats = {}, {}
+    results, stats, mixed, sizes = {}, {}, [], []
     for spec in (None, "ngram"):
         with ak.Engine(str(cycle_dir), speculative=spec, **options) as engine:
+            sched = engine._core.scheduler
+            schedule = sched.schedule
+
+            def watched():  # a pass that checks drafts beside a prompt's prefill (chunk or whole)
+                b = schedule()
+                if b is not None and b.drafts:
+                    sizes.append(sum(b.extend_lens))
+                    if b.num_decodes + b.num_jumps < len(b.reqs):
+                        mixed.append(b)
+                return b
+
+            sched.schedule = watched
             results[spec] = run(engine) + run(engine)  # the second time with the prompts cached
             st = stats[spec] = engine.stats()
             assert st["running"] == 0 and st["waiting"] == 0
@@ -107,6 +119,8 @@ def test_speculation_changes_no_output(cycle_dir, options):
         assert st["forward_passes"] <= stats[None]["forward_passes"]
     if options["num_slots"] < 1000:
         assert st["retractions"] > 0 or st["evicted_tokens"] > 0
+    if options.get("max_step_tokens"):
+        assert mixed and max(sizes) <= options["max_step_tokens"]
 
 
 def test_usage_counts_drafts_and_the_passes_they_save(cycle_dir):

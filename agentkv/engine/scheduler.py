@@ -120,8 +120,10 @@ class Scheduler:
                                   and not (r.inflight and r.remaining_tokens == 0)])
         decodes = [r for r in active if r.computed == r.seq_len - 1]
         jumps = [r for r in active if r.computed < r.seq_len - 1]
-        # drafts use what a step would leave idle: none while a prompt waits for its prefill
-        drafted = self._drafts(decodes, active) if self.drafter and not (self.waiting or self.chunked) else {}
+        # drafts are the running requests' work, as their decodes are: before any prefill, within the step's
+        # tokens, and the prefills (a chunk, an admission) take what is left
+        budget = self.cfg.max_step_tokens - len(decodes) - sum(r.seq_len - r.computed for r in jumps)
+        drafted = self._drafts(decodes, active, budget) if self.drafter else {}
         if drafted:  # a request with a draft extends its last token and the draft (after the decodes)
             decodes = [r for r in decodes if r not in drafted]
         reqs: list[Request] = list(decodes)
@@ -159,11 +161,14 @@ class Scheduler:
         self.flight.launch(batch)
         return batch
 
-    def _drafts(self, decodes: list[Request], active: list[Request]) -> dict[Request, list[int]]:
-        """Drafts for the decoding requests, within the slots left once every running request has
-        its next token's (evicting cached prefixes for drafts is not worth it)."""
+    def _drafts(self, decodes: list[Request], active: list[Request], budget: int) -> dict[Request, list[int]]:
+        """Drafts for the decoding requests, at most `budget` tokens, within the slots left once every
+        running request has its next token's and a prompt mid-prefill its next chunk's (evicting cached
+        prefixes for drafts is not worth it)."""
         spare = self.pool.num_free - sum(r.seq_len - r.computed for r in active)
-        return self.drafter.drafts(decodes, spare)
+        if self.chunked is not None:
+            spare -= min(self.chunked.seq_len - self.chunked.computed, budget)
+        return self.drafter.drafts(decodes, min(spare, budget))
 
     def _admit(self, budget: int, num_decodes: int, reqs: list[Request], ext_lens: list[int], locs: list[torch.Tensor]) -> None:
         clip = self.cfg.max_tokens_clip
