@@ -66,6 +66,9 @@ def workload() -> list[tuple[str, ak.SamplingParams]]:
         (ECHO, ak.SamplingParams(temperature=1.0, seed=7, max_tokens=30, ignore_eos=True)),
         (ECHO, ak.SamplingParams(temperature=0.7, top_p=0.9, seed=3, n=2, max_tokens=24, ignore_eos=True)),
         (ECHO + "With logprobs.", greedy.with_(max_tokens=12, logprobs=True, top_logprobs=2)),
+        ("abcabcabc", greedy.with_(max_tokens=30, repetition_penalty=1.3)),
+        ("abcabcabc", ak.SamplingParams(temperature=0.8, seed=11, max_tokens=30, frequency_penalty=0.3,
+                                        presence_penalty=0.2, logprobs=True, ignore_eos=True)),
         (ECHO + "Call a tool.", ak.SamplingParams(temperature=0.0, json_schema=TOOL_CALL, max_tokens=120)),
         # grammars: the model's cycle inside the class is drafted and kept; "x" ends the class early
         ("abcabc", ak.SamplingParams(temperature=0.0, regex=r"[`a-g]{20}x[`a-g]{6}", max_tokens=60)),
@@ -289,6 +292,34 @@ def test_a_reasoning_budget_closes_the_block_where_it_does_without_drafts(tmp_pa
         out = engine.chat(messages, **options)
     assert out.usage.accepted_draft_tokens > 0 and "</think>" in expected.text
     assert (out.token_ids, out.text) == (expected.token_ids, expected.text)
+
+
+@pytest.mark.parametrize("options", [
+    {"logprobs": True, "top_logprobs": 3},
+    {"frequency_penalty": 1.0},  # the repeats a draft brings count: the cycle breaks inside a draft
+    {"repetition_penalty": 1.2, "presence_penalty": 0.1, "logprobs": True},
+], ids=["logprobs", "frequency", "repetition"])
+def test_logprobs_and_penalties_are_drafted_with_each_positions_state(cycle_dir, options):
+    """A draft's row counts the draft tokens before it as output (the penalties see them) and gives
+    each token made its logprob entry: the same tokens and entries as without speculation, and the
+    drafts were checked and some kept. Asked twice: the second time the radix tree drafts the reply
+    in drafts of 24 tokens and more, so a draft holds a token of the cycle twice (an n-gram's draft of
+    a cycle does not) and the row where the penalty breaks the cycle counts the draft's own repeats."""
+    params = ak.SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, **options)
+    with ak.Engine(str(cycle_dir)) as engine:
+        expected = engine.generate("abcabcabcabc", params)
+    with ak.Engine(str(cycle_dir), speculative="ngram", speculative_tokens=48) as engine:
+        first = engine.generate("abcabcabcabc", params)
+        out = engine.generate("abcabcabcabc", params)
+    assert (first.token_ids, first.text) == (out.token_ids, out.text) == (expected.token_ids, expected.text)
+    assert out.usage.accepted_draft_tokens > 0
+    if "frequency_penalty" in options:
+        assert first.usage.draft_tokens > first.usage.accepted_draft_tokens and out.text[-8:] != expected.text[:8]
+    if params.logprobs:
+        assert [e.token_id for e in out.logprobs] == out.token_ids
+        for ours, ref in zip(out.logprobs, expected.logprobs, strict=True):
+            assert ours.logprob == pytest.approx(ref.logprob, abs=1e-4)
+            assert [t for t, _, _ in ours.top] == [t for t, _, _ in ref.top]
 
 
 def test_a_request_that_keeps_missing_stops_drafting_for_a_while():

@@ -35,7 +35,7 @@ class Plan:
 @dataclass
 class PassResult:
     tokens: list[int]  # per sampling row; -1 where the grammar allowed nothing; 0 for rows not live
-    logprobs: list[TokenLogprob | None]
+    logprobs: list  # per sampling row, its TokenLogprob or None; a row that checked a draft: one per token made
     scores: list[float]  # the logprob of the token after each of the batch's score_positions
     made: dict[int, list[int]] = field(default_factory=dict)  # sampling row -> tokens made from its draft
 
@@ -104,7 +104,7 @@ class PassRunner:
         starts = [0]
         for d in p.drafts:
             starts.append(starts[-1] + 1 + len(d))
-        index, row_reqs, row_drafts, row_positions, first = [], [], [], [], {}
+        index, row_reqs, row_drafts, row_positions, row_before, first = [], [], [], [], [], {}
         for k in rows:
             first[k], d = len(index), p.drafts[k]
             for j in range(1 + len(d)):
@@ -112,14 +112,16 @@ class PassRunner:
                 row_reqs.append(reqs[k])
                 row_drafts.append(d[j] if j < len(d) else -1)
                 row_positions.append(p.positions[k] + j)
+                row_before.append(d[:j])
         out = sample(logits[index], row_reqs, self.tokenizer, allowed, logits[starts[-1]:], p.score_targets,
-                     row_positions, row_drafts)
+                     row_positions, row_drafts, row_before)
         tokens, logprobs, made = [0] * n, [None] * n, {}
         for k in rows:  # (a row the grammar allowed nothing makes -1: not a draft token)
             a, d = first[k], p.drafts[k]
             kept = kept_prefix(out.accepted[a : a + len(d)])
             made[k] = d[:kept] + [out.tokens[a + kept]]
-            tokens[k], logprobs[k] = made[k][-1], out.logprobs[a + kept]
+            # a draft's row: the logprob entry of each token made (None where the request asked for none)
+            tokens[k], logprobs[k] = made[k][-1], out.logprobs[a : a + kept + 1] if d else out.logprobs[a]
         return PassResult(tokens, logprobs, out.scores, made)
 
     def close(self) -> None:

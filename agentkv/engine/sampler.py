@@ -88,19 +88,23 @@ class Sampled:
     accepted: list[bool] = field(default_factory=list)  # per row, with drafts: its draft token is kept
 
 
-def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
-    """In place: logit biases; repetition (prompt and output), frequency and presence (output) penalties."""
+def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request], before: Sequence[list[int]] | None = None) -> None:
+    """In place: logit biases; repetition (prompt and output), frequency and presence (output) penalties.
+    `before` (speculation): per row, the draft tokens between its request's output and the row, which
+    count as output."""
     for i, r in enumerate(reqs):
         p = r.params
+        more = before[i] if before is not None else []
         if p.logit_bias:
             ids, biases = zip(*p.logit_bias)
             logits[i, list(ids)] += torch.tensor(biases, dtype=logits.dtype, device=logits.device)
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(r.seen_ids(), dtype=torch.int64, device=logits.device)
+            seen = torch.tensor(list(set(r.seen_ids()).union(more)) if more else r.seen_ids(), dtype=torch.int64,
+                                device=logits.device)
             vals = logits[i, seen]
             logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if (p.frequency_penalty or p.presence_penalty) and r.output_ids:
-            ids = torch.tensor(r.output_ids, dtype=torch.int64, device=logits.device)
+        if (p.frequency_penalty or p.presence_penalty) and (r.output_ids or more):
+            ids = torch.tensor(r.output_ids + more, dtype=torch.int64, device=logits.device)
             counts = torch.bincount(ids, minlength=logits.shape[1]).to(logits.dtype)
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
@@ -147,7 +151,8 @@ def read_host(packed: torch.Tensor) -> list[float]:
 def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
            masks: tuple[list[int], torch.Tensor] | None = None,
            score_logits: torch.Tensor | None = None, score_targets: Sequence[int] = (),
-           positions: Sequence[int] | None = None, drafts: Sequence[int] | None = None) -> Sampled:
+           positions: Sequence[int] | None = None, drafts: Sequence[int] | None = None,
+           before: Sequence[list[int]] | None = None) -> Sampled:
     """One token per row of `logits` [B, V] (fp32), and its logprob entry for requests that asked;
     with `score_logits` [S, V], the logprob of each of `score_targets` under its row. The requests are
     not changed: the token and logprob are recorded when the pass is processed (with overlap that is
@@ -159,6 +164,7 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
     `positions`: per row, where its token goes in its request's sequence (the noise's counter;
     default: right after the sequence). `drafts` (speculation): per row, the draft token that
     follows it in the pass, or -1; `accepted` says per row whether the token made is that draft token.
+    `before` (speculation): per row, the draft tokens before it (the penalties count them).
     """
     dev = logits.device
     if not reqs and not score_targets:
@@ -168,7 +174,7 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
     if any(r.params.repetition_penalty != 1.0 or r.params.frequency_penalty or r.params.presence_penalty
            or r.params.logit_bias for r in reqs):
         logits = logits.clone()
-        apply_penalties(logits, reqs)
+        apply_penalties(logits, reqs, before)
     alive = None
     if masks is not None:
         rows, bitmask = masks

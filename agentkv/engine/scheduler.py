@@ -318,8 +318,9 @@ class Scheduler:
             if samples:
                 if not batch.live[k]:
                     continue  # its grammar forced tokens after the previous one: this sample is stale
-                self._take(r, made[k] if draft is not None else [tokens[k]], tokenizer,
-                           logprobs[k] if logprobs else None, after, draft.forced if draft is not None else ())
+                lps = (logprobs[k] if draft is not None else [logprobs[k]]) if logprobs else None
+                self._take(r, made[k] if draft is not None else [tokens[k]], tokenizer, lps, after,
+                           draft.forced if draft is not None else ())
                 if draft is not None:
                     self._give_back_past_end(r)
             elif r.prefill_only and r.kv_len == r.seq_len:
@@ -360,15 +361,13 @@ class Scheduler:
             self.pool.free(self.req_pool.host[r.row, len(r.all_ids) : r.kv_len].clone())
             r.kv_len -= extra
 
-    def _take(self, r: Request, made: list[int], tokenizer, logprob, after: ScheduledBatch | None,
+    def _take(self, r: Request, made: list[int], tokenizer, logprobs: list | None, after: ScheduledBatch | None,
               forced: frozenset[int] | tuple = ()) -> None:
         """Append the tokens a pass made for r (its sampled token; after a draft, the kept draft
         tokens before it, of which those at `forced` are a forced run the grammar took as a whole)
         up to one that ends r (-1: the grammar allowed nothing), then the tokens the grammar forces
-        after them."""
+        after them. `logprobs`: the entry of each token made (None: none asked; forced ones get none)."""
         def advance() -> bool:
-            if logprob is not None:
-                r.logprobs.append(logprob)
             j = 0
             while j < len(made):
                 if j in forced:  # appended as jump-forward appends it: a run at once
@@ -376,6 +375,8 @@ class Scheduler:
                     r.append_forced(made[j:end], tokenizer)
                     j = end
                 else:
+                    if logprobs is not None and logprobs[j] is not None:
+                        r.logprobs.append(logprobs[j])
                     if made[j] < 0:
                         r.end_at_dead_end(tokenizer)
                         return True

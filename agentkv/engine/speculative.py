@@ -170,10 +170,8 @@ class Drafter:
         """The drafts of the decoding requests that can take one, at most `spare` draft tokens in all."""
         out = {}
         for r in decodes:
-            p = r.params
-            if (spare <= 0 or r.inflight or p.logprobs or r.remaining_tokens < 2
-                    or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
-                continue  # logprobs and penalties read each position's state: not drafted yet
+            if spare <= 0 or r.inflight or r.remaining_tokens < 2:
+                continue
             if r.speculation is None:
                 r.speculation = Speculation(self.max_tokens)
             s, room = r.speculation, min(r.remaining_tokens - 1, spare)
