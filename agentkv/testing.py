@@ -78,12 +78,13 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
                      kv_heads: int = 2, intermediate: int = 128, rope_scaling: dict | None = None,
                      max_positions: int = 512, tie: bool = True, seed: int = 0, tokenizer: dict | None = None,
                      experts: int = 4, top_k: int = 2, dense_layers: tuple[int, ...] = (),
-                     sliding_window: int | None = None, max_window_layers: int = 0) -> Path:
+                     sliding_window: int | None = None, max_window_layers: int = 0, config: dict | None = None) -> Path:
     """Write config.json, model.safetensors and a byte tokenizer (`tokenizer`: write_byte_tokenizer's
     options) for a random model of `family` (llama, mistral, phi3, gemma3_text, qwen2, qwen3, or the mixtures of experts
     qwen3_moe, qwen2_moe with a shared expert, mixtral: `experts`, `top_k`, Qwen's `dense_layers`),
     its tensors named as the Hub's checkpoints name them; returns `out`. `sliding_window`: Mistral
-    and Mixtral window every layer, Qwen the layers from `max_window_layers` on."""
+    and Mixtral window every layer, Qwen the layers from `max_window_layers` on. `config`: more entries
+    of config.json (partial_rotary_factor, original_max_position_embeddings, ...)."""
     import torch
     from safetensors.torch import save_file
 
@@ -113,6 +114,7 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
                    layer_types=["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)])
     if sliding_window and family.startswith("qwen"):
         cfg.update(use_sliding_window=True, max_window_layers=max_window_layers)
+    cfg.update(config or {})
     moe = family in ("qwen3_moe", "qwen2_moe", "mixtral")
     if family == "mixtral":
         cfg.update(num_local_experts=experts, num_experts_per_tok=top_k)

@@ -6,6 +6,7 @@ the `gguf` package as llama.cpp lays them out and checked against the HF directo
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import agentkv as ak
 from agentkv.engine import gguf_convert
 from tests.reference import engine_logits, rel_error
 from tests.test_loading import gguf_writer
+from tests.test_model_parity import PHI4_ROPE
 from tests.tiny import make_tiny_model
 
 gguf = pytest.importorskip("gguf")
@@ -50,6 +52,15 @@ def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
             w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("partial_rotary_factor"):
+        w.add_rope_dimension_count(int(cfg["head_dim"] * cfg["partial_rotary_factor"]))
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("type") == "longrope":  # as llama.cpp writes Phi-3's: factors as tensors, the attention factor
+        original = cfg["original_max_position_embeddings"]
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(cfg["max_position_embeddings"] / original) / math.log(original)))
+        w.add_tensor("rope_factors_long.weight", np.array(rs["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rs["short_factor"], dtype=np.float32))
     experts: dict[tuple[str, str], dict[int, str]] = {}
     for name in hf:  # the Hub's per-expert names, stacked by kind as llama.cpp stores them
         if ".mlp.experts." in name:
@@ -86,6 +97,7 @@ def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
     ("qwen3_moe", {"kv_heads": 4}, "Q4_1"),
     ("qwen2_moe", {"tie": False}, "Q8_0"),
     ("phi3", {"sliding_window": 20, "tie": False}, "Q8_0"),
+    ("phi3", {"tie": False, "config": PHI4_ROPE}, "Q8_0"),  # partial rotary, LongRoPE's factors as tensors
 ])
 def test_gguf_family_equals_the_hf_dir_with_the_same_weights(tmp_path, monkeypatch, family, kwargs, quant):
     from safetensors.numpy import save_file
@@ -101,6 +113,12 @@ def test_gguf_family_equals_the_hf_dir_with_the_same_weights(tmp_path, monkeypat
         for ours in (exact, kept):
             assert ours.model_config.family == family and ours.model_config.num_experts == ref.model_config.num_experts
             assert ours.model_config.layer_windows == ref.model_config.layer_windows
+            assert ours.model_config.rotary_dim == ref.model_config.rotary_dim
+            a, b = ours.model_config.rope_scaling, ref.model_config.rope_scaling
+            assert a.rope_type == b.rope_type and (a.short_factor is None) == (b.short_factor is None)
+            if a.short_factor:  # (stored as float32, as they are used)
+                assert np.array_equal(np.float32(a.short_factor), np.float32(b.short_factor))
+                assert np.array_equal(np.float32(a.long_factor), np.float32(b.long_factor))
         from agentkv.engine.model import Linear
 
         named = dict(kept._core.runner.model.named_modules())

@@ -18,6 +18,12 @@ transformers = pytest.importorskip("transformers")
 TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
 
 
+# head_dim 16: 12 dims rotate, 6 frequencies
+PHI4_ROPE = {"partial_rotary_factor": 0.75, "original_max_position_embeddings": 256, "max_position_embeddings": 4096,
+             "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.7, 2.5, 4.0],
+                              "long_factor": [1.0, 1.5, 2.5, 4.5, 8.0, 16.0]}}
+
+
 def _hf(path, dtype=torch.float32):
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
@@ -43,6 +49,10 @@ def _hf(path, dtype=torch.float32):
         ("qwen2", {"sliding_window": 16, "max_window_layers": 1}),
         ("mixtral", {"sliding_window": 12}),
         ("phi3", {"sliding_window": 20, "tie": False}),
+        # Phi-4-mini's rotary: 3/4 of each head rotates, by LongRoPE's short factors within the
+        # pretrained length (the text is shorter than it; past it, see test_longrope_tables_past_the_pretrained_length)
+        ("phi3", {"tie": False, "config": PHI4_ROPE}),
+        ("phi3", {"config": {"partial_rotary_factor": 0.5}}),
         ("gemma3_text", {"sliding_window": 10, "layers": 3, "kv_heads": 1}),
         ("gemma2", {"sliding_window": 12}),
     ],
@@ -65,6 +75,52 @@ def test_tiny_families_match_hf(tmp_path, family, kwargs):
         x = torch.tensor([ids])
         expected = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False, eos_token_id=None)[0, len(ids) :]
         assert out.token_ids == expected.tolist()
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])
+def test_partial_rotary_and_longrope_on_each_path(tmp_path, native):
+    """Phi-4-mini's rotary on torch ops (the rotation matrix of short passes, the element-wise form of
+    long ones) and the C kernel, prefill and one-row decode, and in bf16 as close to the fp32 model as
+    HF's bf16 is; HF's model really rotates part of each head (its config says so)."""
+    path = make_tiny_model(tmp_path / "phi4", "phi3", tie=False, config=PHI4_ROPE)
+    hf = _hf(path)
+    assert hf.config.rope_parameters["rope_type"] == "longrope" and hf.config.rope_parameters.get("partial_rotary_factor",
+                                                                                                    hf.config.partial_rotary_factor) == 0.75
+    with ak.Engine(str(path), num_slots=1024, native_kernels=native) as engine:
+        ids = engine.tokenizer.encode(TEXT)
+        assert len(ids) > ROTATION_MAX_TOKENS  # the prefill takes the element-wise form on torch ops
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0]
+        ours, _ = engine_logits(engine, ids)
+        assert rel_error(ours, ref) < 1e-4
+        last, cached = engine_logits(engine, ids, cached_prefix=len(ids) - 1)
+        assert cached == len(ids) - 1 and rel_error(last, ref[-1:]) < 1e-4
+    hf16 = _hf(path, torch.bfloat16)
+    with ak.Engine(str(path), num_slots=1024, dtype="bfloat16", native_kernels=native) as engine:
+        with torch.no_grad():
+            ref16 = hf16(torch.tensor([ids])).logits[0].float()
+        ours16, _ = engine_logits(engine, ids)
+    assert rel_error(ours16, ref) < 1.5 * rel_error(ref16, ref)
+
+
+def test_longrope_tables_past_the_pretrained_length():
+    """Positions before original_max_position_embeddings rotate as HF's short-factor tables, those
+    from it on as HF's long-factor ones (which HF uses for a whole sequence longer than that)."""
+    from transformers.models.phi3.configuration_phi3 import Phi3Config
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    hf_cfg = Phi3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                        pad_token_id=None, rope_theta=10000.0, **{k: v for k, v in PHI4_ROPE.items()})
+    ours = RotaryEmbedding(ModelConfig.from_hf({**hf_cfg.to_dict(), "architectures": ["Phi3ForCausalLM"],
+                                                **PHI4_ROPE}), 600)
+    hf = Phi3RotaryEmbedding(hf_cfg)
+    x = torch.zeros(1, 1, 16)
+    for positions in (torch.arange(0, 256), torch.arange(0, 600)):  # within the pretrained length; past it
+        cos, sin = hf(x, positions[None])
+        tail = positions[-40:]  # HF: short factors up to 256 positions, long ones for a longer sequence
+        torch.testing.assert_close(ours.cos[tail, :12], cos[0, -40:], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(ours.sin[tail, :12], sin[0, -40:], rtol=1e-6, atol=1e-6)
+    assert (ours.cos[:, 12:] == 1).all() and (ours.sin[:, 12:] == 0).all()  # the dims that do not rotate
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])

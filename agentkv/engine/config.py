@@ -29,7 +29,7 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
 }
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,11 @@ class RopeScaling:
     # yarn
     beta_fast: float = 32.0
     beta_slow: float = 1.0
-    attention_factor: float | None = None
+    attention_factor: float | None = None  # (yarn, longrope) None: from the factor, as HF computes it
+    # longrope (Phi-3 128k, Phi-4-mini): per-frequency divisors, `short_factor` for positions before
+    # original_max_position_embeddings and `long_factor` from there on (see rope.inv_frequencies)
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class ModelConfig:
     attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
     qk_norm: bool  # RMSNorm on q and k per head (Qwen3)
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    rotary_dim: int = 0  # the leading dims of each head that rotate (partial_rotary_factor); 0: all of head_dim
     # a mixture of experts (0 experts: a dense model): each token's MLP is the weighted sum of the
     # `experts_per_token` experts its router scores highest (softmax, then top-k, renormalized where
     # `norm_topk_prob`), plus, in Qwen2-MoE, a shared expert gated by a sigmoid
@@ -105,9 +110,6 @@ class ModelConfig:
                 "Qwen3, Qwen2-MoE, Qwen3-MoE or Mixtral checkpoint."
             )
         partial = float(_rope_params(cfg).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) or 1.0)
-        if partial != 1.0:
-            raise ModelLoadError(f"partial_rotary_factor={partial}: rotary embedding on part of each head (Phi-4-mini, "
-                                 "Phi-3.5-MoE) is not implemented; agentkv rotates whole heads")
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -129,6 +131,7 @@ class ModelConfig:
                 or bool(cfg.get("attention_bias", False)),
                 qk_norm=family in ("qwen3", "qwen3_moe"),
                 rope_scaling=_rope_scaling(cfg) if family != "gemma3" else RopeScaling(),
+                rotary_dim=_rotary_dim(int(head_dim), partial),
                 layer_windows=_windows(archs, cfg),
             )
             return cls(**{**fields, **_moe(family, cfg), **_gemma(family, cfg)})
@@ -159,6 +162,8 @@ class ModelConfig:
         if self.rope_scaling.rope_type != "default":
             rs = {k: v for k, v in dataclasses.asdict(self.rope_scaling).items() if v is not None}
             out["rope_scaling"] = rs
+        if self.rotary_dim:
+            out["partial_rotary_factor"] = self.rotary_dim / self.head_dim
         if any(self.layer_windows):
             out["sliding_window"] = max(self.layer_windows)
             out["layer_types"] = ["sliding_attention" if w else "full_attention" for w in self.layer_windows]
@@ -273,7 +278,28 @@ def _rope_scaling(cfg: dict[str, Any]) -> RopeScaling:
     known = {f.name for f in dataclasses.fields(RopeScaling)}
     kwargs = {k: v for k, v in rs.items() if k in known}
     kwargs["rope_type"] = rope_type
+    if rope_type == "longrope":
+        # Phi-3 keeps the pretrained length beside the rope parameters; without a `factor`, HF takes the
+        # ratio of the two lengths (what sets the attention factor)
+        original = rs.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+        if not original or not rs.get("short_factor") or not rs.get("long_factor"):
+            raise ModelLoadError("longrope needs original_max_position_embeddings, short_factor and long_factor "
+                                 "in the config; this one lacks some")
+        kwargs.update(original_max_position_embeddings=int(original), short_factor=tuple(map(float, rs["short_factor"])),
+                      long_factor=tuple(map(float, rs["long_factor"])),
+                      factor=float(rs.get("factor") or int(cfg.get("max_position_embeddings", original)) / int(original)))
     return RopeScaling(**kwargs)
+
+
+def _rotary_dim(head_dim: int, partial: float) -> int:
+    """The rotated dims of a head under partial_rotary_factor (0: all); an even count, as HF's int()."""
+    if partial == 1.0:
+        return 0
+    dim = int(head_dim * partial)
+    if not 0 < dim <= head_dim or dim % 2:
+        raise ModelLoadError(f"partial_rotary_factor={partial} of head_dim {head_dim} gives {dim} rotated dims; "
+                             "it must be an even count between 2 and head_dim")
+    return dim
 
 
 @dataclass(frozen=True)

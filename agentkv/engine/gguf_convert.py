@@ -100,7 +100,10 @@ def _convert(path: Path, out: Path) -> None:
             f"{path.name}: GGUF architecture {arch!r} is not supported; agentkv implements {sorted(GGUF_ARCHITECTURES)}"
         )
     names = {t.name for t in reader.tensors}
-    config = _model_config(meta, arch, tied="output.weight" not in names)
+    # LongRoPE's per-frequency factors (Phi-3 128k, Phi-4-mini) are tensors in a GGUF, not metadata
+    factors = {t.name: tuple(float(v) for v in np.asarray(t.data, dtype=np.float32).ravel())
+               for t in reader.tensors if t.name.startswith("rope_factors_")}
+    config = _model_config(meta, arch, tied="output.weight" not in names, rope_factors=factors)
 
     tensors: dict[str, np.ndarray] = {}
     kept: dict[str, np.ndarray] = {}
@@ -161,7 +164,7 @@ def _unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _model_config(meta: dict[str, Any], arch: str, tied: bool) -> ModelConfig:
+def _model_config(meta: dict[str, Any], arch: str, tied: bool, rope_factors: dict | None = None) -> ModelConfig:
     def get(key: str, default: Any = None) -> Any:
         v = meta.get(f"{arch}.{key}", default)
         if v is None:
@@ -181,6 +184,17 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool) -> ModelConfig:
             factor=float(get("rope.scaling.factor", 1.0)),
             original_max_position_embeddings=meta.get(f"{arch}.rope.scaling.original_context_length"),
         )
+    rope_factors = rope_factors or {}
+    if "rope_factors_short.weight" in rope_factors and "rope_factors_long.weight" in rope_factors:
+        original = int(get("rope.scaling.original_context_length"))
+        attn = meta.get(f"{arch}.rope.scaling.attn_factor")
+        scaling = RopeScaling(rope_type="longrope", factor=int(get("context_length")) / original,
+                              original_max_position_embeddings=original,
+                              short_factor=rope_factors["rope_factors_short.weight"],
+                              long_factor=rope_factors["rope_factors_long.weight"],
+                              attention_factor=None if attn is None else float(attn))
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
+    rotated = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
     family = GGUF_ARCHITECTURES[arch]
     experts = int(meta.get(f"{arch}.expert_count") or 0)
     if experts and family == "llama":
@@ -202,7 +216,8 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool) -> ModelConfig:
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(get("attention.head_count_kv", heads)),
-        head_dim=int(meta.get(f"{arch}.attention.key_length") or hidden // heads),
+        head_dim=head_dim,
+        rotary_dim=rotated if rotated < head_dim else 0,
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(get("rope.freq_base", 10000.0)),
         max_position_embeddings=int(get("context_length", 4096)),

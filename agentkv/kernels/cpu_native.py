@@ -44,7 +44,7 @@ _SIGNATURES = {  # name: (argument types, result type)
                            _I64, _INT, _INT, _INT, _F, _P, _I64, _F, _INT, _INT], _INT),
     "agentkv_rms_norm": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT], None),
     "agentkv_silu_mul": ([_INT, _P, _I64, _I64, _I64, _P, _INT, _INT], None),
-    "agentkv_rope": ([_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT], None),
+    "agentkv_rope": ([_INT, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT], None),
     "agentkv_linear": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT], None),
     "agentkv_linear_available": ([_INT], _INT),
     "agentkv_qlinear": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
@@ -130,13 +130,14 @@ class NativeKernels:
         return out
 
     def rope_(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              generic: bool = False) -> torch.Tensor:
-        """Rotates x [T, heads, D] in place (heads contiguous) by the fp32 tables cos/sin [P, D] at
-        `positions` [T] (int64); returns x."""
+              generic: bool = False, rot: int | None = None) -> torch.Tensor:
+        """Rotates the first `rot` dims (all: None) of each head of x [T, heads, D] in place (heads
+        contiguous) by the fp32 tables cos/sin [P, D] at `positions` [T] (int64); returns x."""
         T, heads, D = x.shape
-        assert x.stride(2) == 1 and x.stride(1) == D and positions.dtype == torch.int64
+        rot = D if rot is None else rot
+        assert x.stride(2) == 1 and x.stride(1) == D and positions.dtype == torch.int64 and rot % 2 == 0 and rot <= D
         assert cos.dtype == sin.dtype == torch.float32 and cos.is_contiguous() and sin.is_contiguous()
-        self._lib.agentkv_rope(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), T, heads, D, positions.data_ptr(),
+        self._lib.agentkv_rope(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), T, heads, D, rot, positions.data_ptr(),
                                cos.data_ptr(), sin.data_ptr(), torch.get_num_threads(), generic)
         return x
 

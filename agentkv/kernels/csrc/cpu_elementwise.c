@@ -107,15 +107,16 @@ INLINE void rope_head(void *x, int64_t D, const float *c, const float *s, const 
     }
 }
 
-/* x [T, heads, D] (token stride x_ld, heads contiguous); cos/sin [positions, D] fp32, row pos[t] */
-void agentkv_rope(int bf, void *x, int64_t x_ld, int64_t T, int64_t heads, int64_t D, const int64_t *pos,
-                  const float *cos_t, const float *sin_t, int nthreads, int generic) {
+/* x [T, heads, D] (token stride x_ld, heads contiguous); cos/sin [positions, D] fp32, row pos[t]; the
+   first `rot` dims of each head rotate (partial rotary), the others are left as they are */
+void agentkv_rope(int bf, void *x, int64_t x_ld, int64_t T, int64_t heads, int64_t D, int64_t rot,
+                  const int64_t *pos, const float *cos_t, const float *sin_t, int nthreads, int generic) {
 #pragma omp parallel for num_threads(nthreads) if (T * heads * D >= 65536)
     for (int64_t t = 0; t < T; t++) {
         const float *c = cos_t + pos[t] * D, *s = sin_t + pos[t] * D;
         for (int64_t h = 0; h < heads; h++) {
-            if (bf) rope_head(AT_MUT(x, t * x_ld + h * D, 1), D, c, s, 1, generic);
-            else rope_head(AT_MUT(x, t * x_ld + h * D, 0), D, c, s, 0, generic);
+            if (bf) rope_head(AT_MUT(x, t * x_ld + h * D, 1), rot, c, s, 1, generic);
+            else rope_head(AT_MUT(x, t * x_ld + h * D, 0), rot, c, s, 0, generic);
         }
     }
 }
