@@ -10,9 +10,12 @@ and the two sides alternate so drifts in machine speed hit both:
   threads) through the cpu backend against the torch backend (gather + SDPA), a linear between
   layers as in a step;
 - extend attention: one request's new tokens after a cached prefix, the C kernel's tiles against SDPA
-  (the cpu backend's choice between them: NATIVE_EXTEND_MAX, NATIVE_PREFIX_MAX).
+  (the cpu backend's choice between them: NATIVE_EXTEND_MAX, NATIVE_PREFIX_MAX);
+- with `--quantized`: the linears of 8 layers of a 1B-class model (2048 wide, 5632 MLP: widths every GGUF
+  type's blocks divide) kept in each quantized type csrc/cpu_quant.c multiplies (random blocks) against
+  the same shapes in the C bf16 kernel, and each one's bytes.
 
-    python benchmarks/cpu_kernels.py [--dtype bfloat16|float32] [--rows 1,16,64,550]
+    python benchmarks/cpu_kernels.py [--dtype bfloat16|float32] [--rows 1,16,64,550] [--quantized]
 """
 
 from __future__ import annotations
@@ -64,6 +67,50 @@ def linears(kernels, dtype, rows_list) -> list:
         t = best(fns, 5)
         ours = t.get("agentkv", float("nan"))
         out.append([rows, ours * 1e3, t["onednn"] * 1e3, t["plain"] * 1e3, t["onednn"] / ours])
+    return out
+
+
+QUANT_LAYERS = 8
+QUANT_SHAPES = [(2048, 2560), (2048, 2048), (2048, 11264), (5632, 2048)]  # [in, out]: qkv (GQA), o, gate_up, down
+
+
+def quantized_linears(kernels, rows_list) -> list:
+    """ms for QUANT_LAYERS layers' linears per type (random blocks of each; the bf16 kernel's packed
+    weights as the reference), and the weights' MiB."""
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_quant_kernels import K_QUANTS, k_blocks  # random K-quant blocks with sane scales
+
+    import gguf
+
+    rng = np.random.default_rng(0)
+    sets = {}
+    for name, (code, block, size) in cpu_native.QUANT_TYPES.items():
+        kind = getattr(gguf.GGMLQuantizationType, name)
+        ws = []
+        for _ in range(QUANT_LAYERS):
+            for k, n in QUANT_SHAPES:
+                if name in K_QUANTS:
+                    raw = k_blocks(kind, (n, k), rng)
+                else:
+                    raw = gguf.quants.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), kind)
+                ws.append((k, cpu_native.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), code, k, n)))
+        sets[name] = ws
+    bf16 = [(k, kernels.pack_linear((torch.randn(k, n) * 0.05).bfloat16())) for _ in range(QUANT_LAYERS)
+            for k, n in QUANT_SHAPES] if torch.bfloat16 in kernels.linear_dtypes else []
+    out = []
+    for rows in rows_list:
+        xs = {k: torch.randn(rows, k) for k, _ in QUANT_SHAPES}
+        xb = {k: x.bfloat16() for k, x in xs.items()}
+        fns = {name: (lambda ws=ws: [kernels.qlinear(xs[k], w) for k, w in ws]) for name, ws in sets.items()}
+        if bf16:
+            fns["bf16"] = lambda: [kernels.linear(xb[k], w) for k, w in bf16]
+        t = best(fns, 3)
+        for name in fns:
+            mib = (sum(w.nbytes for _, w in sets[name]) if name in sets
+                   else 2 * sum(k * n for k, n in QUANT_SHAPES) * QUANT_LAYERS) / 2**20
+            out.append([rows, name, mib, t[name] * 1e3, t.get("bf16", float("nan")) / t[name]])
     return out
 
 
@@ -143,12 +190,19 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--rows", default="1,16,64,550")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--quantized", action="store_true", help="only the quantized linears against bf16")
     args = ap.parse_args()
     kernels = cpu_native.load()
     if kernels is None:
         sys.exit(f"the native CPU kernels are unavailable: {cpu_native.unavailable_reason()}")
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
+    if args.quantized:
+        print(f"{torch.get_num_threads()} threads; linears of {QUANT_LAYERS} layers {QUANT_SHAPES} ([in, out]), "
+              "x in fp32 (bf16 for the bf16 kernel)")
+        print(table(quantized_linears(kernels, [int(r) for r in args.rows.split(",") if int(r) <= 16]),
+                    ["rows", "weights", "MiB", "ms", "bf16 / this"]))
+        return
     print(f"{args.dtype}, {torch.get_num_threads()} threads, {LAYERS} layers of distinct tensors per timing")
     print("\nlinears of 30 layers (ms)")
     print(table(linears(kernels, dtype, [int(r) for r in args.rows.split(",")]),

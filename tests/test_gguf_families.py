@@ -16,6 +16,7 @@ from agentkv.engine import gguf_convert
 from tests.reference import engine_logits, rel_error
 from tests.test_loading import gguf_writer
 from tests.test_model_parity import PHI4_ROPE
+from tests.test_quant_kernels import K_QUANTS, k_blocks
 from tests.tiny import make_tiny_model
 
 gguf = pytest.importorskip("gguf")
@@ -67,10 +68,12 @@ def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
             head, e, kind_name = name.rsplit(".", 3)[0], int(name.split(".")[-3]), name.split(".")[-2]
             experts.setdefault((head.rsplit(".experts", 1)[0], kind_name), {})[e] = name
     deq = {}
+    rng = np.random.default_rng(0)
 
     def put(gname: str, data: np.ndarray) -> np.ndarray:
         if data.ndim >= 2:
-            q = gguf.quants.quantize(data.astype(np.float32), kind)
+            # (K-quants: the package cannot make them; random blocks, the weights they hold taken as the model's)
+            q = k_blocks(kind, data.shape, rng) if quant in K_QUANTS else gguf.quants.quantize(data.astype(np.float32), kind)
             w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=kind)
             return gguf.quants.dequantize(q, kind).reshape(data.shape)
         w.add_tensor(gname, data.astype(np.float32))
@@ -98,6 +101,9 @@ def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
     ("qwen2_moe", {"tie": False}, "Q8_0"),
     ("phi3", {"sliding_window": 20, "tie": False}, "Q8_0"),
     ("phi3", {"tie": False, "config": PHI4_ROPE}, "Q8_0"),  # partial rotary, LongRoPE's factors as tensors
+    # K-quants (rows of whole 256-weight super-blocks: wider layers), experts and the vocabulary included
+    ("qwen3_moe", {"kv_heads": 4, "hidden": 256, "intermediate": 512}, "Q4_K"),
+    ("phi3", {"tie": False, "hidden": 256, "intermediate": 512}, "Q6_K"),
 ])
 def test_gguf_family_equals_the_hf_dir_with_the_same_weights(tmp_path, monkeypatch, family, kwargs, quant):
     from safetensors.numpy import save_file
@@ -127,5 +133,6 @@ def test_gguf_family_equals_the_hf_dir_with_the_same_weights(tmp_path, monkeypat
         ids = ref.tokenizer.encode(text)
         expected = engine_logits(ref, ids)[0]
         assert rel_error(engine_logits(exact, ids)[0], expected) < 1e-4  # the conversion: the same weights
-        # kept in their blocks (experts see a few rows each: the int8 path there, as llama.cpp's)
-        assert rel_error(engine_logits(kept, ids)[0], expected) < 5e-2
+        # kept in their blocks (experts see a few rows each: the int8 path there, as llama.cpp's; K-quants
+        # are multiplied with x in fp32)
+        assert rel_error(engine_logits(kept, ids)[0], expected) < (1e-4 if quant in K_QUANTS else 5e-2)

@@ -1,6 +1,7 @@
 """The quantized linear kernel (csrc/cpu_quant.c) against dequantize-then-matmul: GGUF's Q8_0, Q4_0 and
-Q4_1 blocks (made by the `gguf` package, as llama.cpp writes them), 1-40 rows, fp32 and bf16, bias and
-residual, and the row dequantization an embedding lookup uses."""
+Q4_1 blocks (made by the `gguf` package, as llama.cpp writes them) and Q4_K / Q6_K super-blocks (random
+bytes with small scales: the package dequantizes them, it cannot make them), 1-40 rows, fp32 and bf16,
+bias and residual, and the row dequantization an embedding lookup uses."""
 
 from __future__ import annotations
 
@@ -16,12 +17,38 @@ kernels = cpu_native.load()
 pytestmark = pytest.mark.skipif(kernels is None, reason="agentkv's C kernels do not build here")
 
 
+K_QUANTS = ("Q4_K", "Q6_K")
+
+
+def width(name: str, k: int) -> int:
+    """`k` rounded up to whole blocks of the type (256 weights for a K-quant)."""
+    block = QUANT_TYPES[name][1]
+    return -(-k // block) * block
+
+
+def k_blocks(kind, shape: tuple[int, ...], rng) -> np.ndarray:
+    """Random K-quant blocks for weights of `shape` (rows of blocks, as a GGUF holds them), their fp16
+    scales small enough for weights of about +-0.5."""
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    n = int(np.prod(shape)) // block
+    raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+
+    def halves(lo, hi):
+        return rng.uniform(lo, hi, size=n).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+    if kind == gguf.GGMLQuantizationType.Q4_K:
+        raw[:, 0:2], raw[:, 2:4] = halves(2e-4, 6e-4), halves(1e-4, 4e-4)  # d, dmin
+    else:
+        raw[:, 208:210] = halves(5e-5, 1.5e-4)  # Q6_K's d, after its quants and scales
+    return raw.reshape(*shape[:-1], shape[-1] // block * size)
+
+
 def quantized(name: str, out_features: int, in_features: int, seed: int = 0):
     """(QuantWeight, the fp32 weights its blocks hold)."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((out_features, in_features)) * 0.2).astype(np.float32)
     kind = getattr(gguf.GGMLQuantizationType, name)
-    raw = gguf.quants.quantize(w, kind)
+    raw = k_blocks(kind, w.shape, rng) if name in K_QUANTS else gguf.quants.quantize(w, kind)
     deq = gguf.quants.dequantize(raw, kind).reshape(out_features, in_features)
     return QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), QUANT_TYPES[name][0], in_features, out_features), \
         torch.from_numpy(deq.copy())
@@ -43,12 +70,14 @@ def int8_blocks(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("exact", [True, False])
 def test_qlinear_matches_dequantized_matmul(name, rows, dtype, exact):
     """The exact path equals dequantize-then-matmul; the fast path equals it on x read as int8 blocks
-    (rows past 16 whose weight is small go through torch on the dequantized weight: exact either way)."""
-    w, dense = quantized(name, 96, 160, seed=rows)
+    (rows past 16 whose weight is small go through torch on the dequantized weight: exact either way;
+    K-quants take the exact path always)."""
+    k = width(name, 160)
+    w, dense = quantized(name, 96, k, seed=rows)
     g = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, 160, generator=g).to(dtype)
+    x = torch.randn(rows, k, generator=g).to(dtype)
     bias, res = torch.randn(96, generator=g).to(dtype), torch.randn(rows, 96, generator=g).to(dtype)
-    fast = not exact and kernels.qlinear_fast and rows <= 16
+    fast = not exact and kernels.qlinear_fast and rows <= 16 and name not in K_QUANTS
     for b, r in ((None, None), (bias, None), (bias, res)):
         expected = (int8_blocks(x) if fast and rows else x.float()) @ dense.t()
         if b is not None:
@@ -61,7 +90,7 @@ def test_qlinear_matches_dequantized_matmul(name, rows, dtype, exact):
         torch.testing.assert_close(got.float(), expected, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("name", sorted(QUANT_TYPES))
+@pytest.mark.parametrize("name", sorted(set(QUANT_TYPES) - set(K_QUANTS)))
 def test_fast_path_stays_close_to_the_exact_one(name):
     """What int8 activations cost: on a realistic layer (576 in), the fast path's outputs within 2% of
     the exact path's scale."""
@@ -73,8 +102,24 @@ def test_fast_path_stays_close_to_the_exact_one(name):
 
 @pytest.mark.parametrize("name", sorted(QUANT_TYPES))
 def test_rows_dequantize_exactly(name):
-    w, dense = quantized(name, 50, 64)
+    w, dense = quantized(name, 50, width(name, 64))
     rows = torch.tensor([3, 0, 49, 3])
     assert torch.equal(kernels.qdequant(w, rows, torch.float32), dense[rows])
     assert torch.equal(kernels.qdequant(w, None, torch.float32), dense)
     assert torch.equal(kernels.qdequant(w, rows, torch.bfloat16), dense[rows].bfloat16())
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q4_K"])
+@pytest.mark.parametrize("rows", [40, 70])
+def test_long_inputs_on_a_large_weight(name, rows, monkeypatch):
+    """A weight past QLINEAR_DEQUANT_MAX (made small here): 64 rows of x and more multiply slices of its
+    rows dequantized (7 rows a slice here, the last one short), fewer go through the kernel 16 rows at
+    a time; bias and residual added either way."""
+    monkeypatch.setattr(cpu_native, "QLINEAR_DEQUANT_MAX", 2000)
+    k = width(name, 160)
+    w, dense = quantized(name, 96, k, seed=rows)
+    g = torch.Generator().manual_seed(rows)
+    x, bias, res = torch.randn(rows, k, generator=g), torch.randn(96, generator=g), torch.randn(rows, 96, generator=g)
+    torch.testing.assert_close(kernels.qlinear(x, w, bias, res, exact=True), x @ dense.t() + bias + res,
+                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(kernels.qlinear(x, w, exact=True), x @ dense.t(), rtol=1e-4, atol=1e-4)

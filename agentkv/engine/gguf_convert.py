@@ -1,9 +1,9 @@
 """GGUF file -> an HF-style directory (config.json, model.safetensors, tokenizer files), cached.
 
-Matrices in Q8_0, Q4_0 or Q4_1 are kept in their blocks (quant.safetensors: uint8 rows, their types in
+Matrices in Q8_0, Q4_0, Q4_1, Q4_K or Q6_K are kept in their blocks (quant.safetensors: uint8 rows, their types in
 its metadata), for the CPU's quantized linear kernel; the loader dequantizes them where that kernel
-does not run. Every other tensor (K-quants, F16, BF16, F32, whatever the `gguf` package implements) is
-dequantized to fp32. That and the tokenizer build take seconds to tens of seconds; the result is
+does not run. Every other tensor (the other K-quants, F16, BF16, F32, whatever the `gguf` package
+implements) is dequantized to fp32. That and the tokenizer build take seconds to tens of seconds; the result is
 written once under the cache directory and every later start loads it like any HF checkpoint.
 """
 
@@ -23,10 +23,10 @@ from agentkv.engine.config import ModelConfig, RopeScaling
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
-CONVERSION_VERSION = "3"  # 2: Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks; 3: dequantized.json
+CONVERSION_VERSION = "4"  # 2: Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks; 3: dequantized.json; 4: Q4_K / Q6_K kept
 # quantizations whose matrices are kept as they are (csrc/cpu_quant.c multiplies them in their blocks);
 # every other tensor is dequantized to fp32 here
-KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1")
+KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                       "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}  # (Mixtral is "llama" with experts)
 

@@ -81,7 +81,7 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
         self.native: NativeKernels | None = None  # with native_weight: the C kernel
         self.native_weight: PackedLinear | None = None
-        self.quantized: QuantWeight | None = None  # a GGUF's Q8_0 / Q4_0 / Q4_1 blocks (csrc/cpu_quant.c)
+        self.quantized: QuantWeight | None = None  # a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K blocks (csrc/cpu_quant.c)
         self.all_reduce = False  # tensor parallelism: a row-parallel shard whose outputs are partial sums
 
     def set_quantized(self, weight: QuantWeight) -> None:

@@ -74,7 +74,7 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     """`shard` = (rank, world): keep that rank's tensor-parallel share (see engine/parallel.py); the
     returned config is then the shard's (its heads and MLP width). `native`: the CPU kernels the
     model's linears and element-wise steps run on (kernels/cpu_native.py), or None for torch ops.
-    `quantized`: keep a GGUF's Q8_0 / Q4_0 / Q4_1 matrices in their blocks where `native` runs."""
+    `quantized`: keep a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices in their blocks where `native` runs."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}")
     directory = resolve_model_dir(model)
@@ -84,7 +84,7 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
         raise ModelLoadError(f"{directory / 'config.json'} is not valid JSON: {e}") from None
     cfg = ModelConfig.from_hf(raw)
     tokenizer = Tokenizer(directory)
-    # Q8_0 / Q4_0 / Q4_1 matrices stay in their blocks where the CPU kernels multiply them
+    # Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices stay in their blocks where the CPU kernels multiply them
     keep = quantized and native is not None and shard is None and device == "cpu" and dtype in ("float32", "bfloat16")
     state = _fused_state_dict(directory, cfg, keep)
     _notice_dequantized(directory, keep)
@@ -133,8 +133,8 @@ def _notice_dequantized(directory: Path, kept: bool) -> None:
         types = sorted({*types, *_quantized_kinds(directory).values()})
     if types:
         logging.getLogger("agentkv").warning(
-            "agentkv: %s matrices of %s are dequantized at load (no quantized kernel for them here: Q8_0, Q4_0 "
-            "and Q4_1 run in their blocks on CPU with agentkv's C kernels)", "/".join(types), directory.name)
+            "agentkv: %s matrices of %s are dequantized at load (no quantized kernel for them here: Q8_0, Q4_0, "
+            "Q4_1, Q4_K and Q6_K run in their blocks on CPU with agentkv's C kernels)", "/".join(types), directory.name)
 
 
 def _quantized_kinds(directory: Path) -> dict[str, str]:
@@ -167,7 +167,7 @@ def _dequantized(raw: torch.Tensor, kind: str) -> torch.Tensor:
 
 def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = False) -> dict[str, torch.Tensor]:
     """HF tensor names -> our parameter names, with q/k/v and gate/up concatenated. With
-    `keep_quantized`, a GGUF's Q8_0 / Q4_0 / Q4_1 matrices come as QuantWeights (fused ones where
+    `keep_quantized`, a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices come as QuantWeights (fused ones where
     their parts share a quantization); otherwise they are dequantized."""
     hf = _read_safetensors(directory)
     quant = _read_quantized(directory)
@@ -194,9 +194,9 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         """The weight [out, in] of a linear made of `names` stacked along out."""
         parts = [quant.get(n) for n in names]
         if keep_quantized and all(parts) and len({kind for _, kind in parts}) == 1 and parts[0][1] in QUANT_TYPES:
-            code, block = QUANT_TYPES[parts[0][1]]
+            code, weights, bytes_ = QUANT_TYPES[parts[0][1]]
             data = torch.cat([raw for raw, _ in parts]) if len(parts) > 1 else parts[0][0]
-            return QuantWeight(data.contiguous(), code, data.shape[1] // block * 32, data.shape[0])
+            return QuantWeight(data.contiguous(), code, data.shape[1] // bytes_ * weights, data.shape[0])
         return torch.cat([take(n) for n in names]) if len(names) > 1 else take(names[0])
 
     out = {"embed_tokens.weight": matrix("model.embed_tokens.weight"), "norm.weight": norm("model.norm.weight")}
@@ -239,12 +239,12 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
     if keep and all(n in quant for n in stacked) and len({quant[n][1] for n in stacked}) == 1 \
             and quant[stacked[0]][1] in QUANT_TYPES:
         (gate, kind), (up, _), (down, _) = (quant[n] for n in stacked)
-        code, bytes_ = QUANT_TYPES[kind]
+        code, weights, bytes_ = QUANT_TYPES[kind]
         for e in range(cfg.num_experts):
             gu = torch.cat([gate[e], up[e]])
-            out[o + f"experts.{e}.gate_up_proj.weight"] = QuantWeight(gu, code, gu.shape[1] // bytes_ * 32, gu.shape[0])
+            out[o + f"experts.{e}.gate_up_proj.weight"] = QuantWeight(gu, code, gu.shape[1] // bytes_ * weights, gu.shape[0])
             out[o + f"experts.{e}.down_proj.weight"] = QuantWeight(down[e].contiguous(), code,
-                                                                   down.shape[2] // bytes_ * 32, down.shape[1])
+                                                                   down.shape[2] // bytes_ * weights, down.shape[1])
     elif stacked[0] in hf or stacked[0] in quant:
         gate, up, down = (take(n) for n in stacked)
         for e in range(cfg.num_experts):

@@ -65,10 +65,15 @@ class PackedLinear:
     out_features: int
 
 
-# GGUF quantizations csrc/cpu_quant.c multiplies in their blocks: name -> (its type code, bytes a block of 32)
-QUANT_TYPES = {"Q8_0": (0, 34), "Q4_0": (1, 18), "Q4_1": (2, 20)}
+# GGUF quantizations csrc/cpu_quant.c multiplies in their blocks: name -> (its type code, weights a block,
+# bytes a block); the K-quants' blocks are super-blocks of 256
+QUANT_TYPES = {"Q8_0": (0, 32, 34), "Q4_0": (1, 32, 18), "Q4_1": (2, 32, 20), "Q4_K": (3, 256, 144), "Q6_K": (4, 256, 210)}
 QLINEAR_MAX_ROWS = 16  # rows the kernel takes at once
 QLINEAR_DEQUANT_MAX = 1 << 24  # weights up to this many elements are dequantized whole for a long input
+# a larger weight, for an input of this many rows or more, is dequantized this many elements at a time
+# (slices of its output rows) and multiplied by torch: 512 rows of a 11264 x 2048 weight took 92-97 ms
+# so against 178 (Q4_1) and 439 (Q4_K) through the kernel 16 rows at a time (benchmarks/cpu_kernels.py)
+QLINEAR_SLICED_MIN_ROWS = 64
 
 
 @dataclass
@@ -146,9 +151,11 @@ class NativeKernels:
     def qlinear(self, x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
         """x [M, K] @ W^T (+ bias) (+ residual) for W in quantized blocks: the kernel for up to 16
-        rows (a decode batch; x quantized to int8 per block there, as llama.cpp does, unless `exact`
-        or the CPU lacks AVX2), in slices of 16 for a long x when the weight is large (the vocabulary
-        projection), else the weight dequantized once and multiplied by torch."""
+        rows (a decode batch; x quantized to int8 per block there, as llama.cpp does, unless `exact`,
+        the CPU lacks AVX2 or W is a K-quant); for a longer x, the weight dequantized (whole where it is
+        small, else a slice of its rows at a time for 64 rows of x and more) and multiplied by torch,
+        or, for 17-63 rows of a large weight (the vocabulary projection of a few drafts), the kernel 16
+        rows at a time."""
         M = x.shape[0]
         if M == 0:  # (a pass that selects no row's logits)
             return torch.empty(0, w.out_features, dtype=x.dtype)
@@ -156,6 +163,18 @@ class NativeKernels:
             full = self.qdequant(w, None, x.dtype)
             base = bias if residual is None else residual if bias is None else residual + bias
             return x @ full.t() if base is None else torch.addmm(base, x, full.t())
+        if M >= QLINEAR_SLICED_MIN_ROWS:
+            out = torch.empty(M, w.out_features, dtype=x.dtype)
+            step = max(1, QLINEAR_DEQUANT_MAX // w.in_features)
+            for n in range(0, w.out_features, step):
+                cols = slice(n, min(n + step, w.out_features))
+                y = x @ self.qdequant(w, torch.arange(cols.start, cols.stop), x.dtype).t()
+                if bias is not None:
+                    y += bias[cols]
+                if residual is not None:
+                    y += residual[:, cols]
+                out[:, cols] = y
+            return out
         if M > QLINEAR_MAX_ROWS:
             return torch.cat([self.qlinear(x[i : i + QLINEAR_MAX_ROWS], w, bias,
                                            None if residual is None else residual[i : i + QLINEAR_MAX_ROWS], exact)

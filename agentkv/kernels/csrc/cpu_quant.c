@@ -14,7 +14,12 @@ and each weight block is one integer dot product of 32 pairs (vpmaddubsw + vpmad
 with AVX512_VNNI), scaled into fp32 lanes summed once a row. The exact path (`exact`, and CPUs without
 AVX2) dequantizes each block to fp32 and keeps x in fp32: the same result as dequantize-then-matmul.
 Longer inputs (prefill) are the caller's: it dequantizes the weight once (agentkv_qdequant) and
-multiplies with torch. */
+multiplies with torch.
+
+K-quants (super-blocks of 256 weights: eight sub-blocks of 32 with 6-bit scales and minimums in Q4_K,
+sixteen of 16 with 8-bit scales in Q6_K) are multiplied on the exact path only: each super-block is
+dequantized to fp32 once a row and dotted with every row of x (the file's size in memory, at fp32
+arithmetic). */
 
 #include <stdlib.h>
 
@@ -26,8 +31,11 @@ multiplies with torch. */
 #define QK 32
 #define MAX_M 16
 
-enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2 };
-static const int BLOCK_BYTES[3] = {34, 18, 20};
+#define QK_K 256
+
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4 };
+static const int BLOCK_BYTES[5] = {34, 18, 20, 144, 210};
+static const int BLOCK_WEIGHTS[5] = {QK, QK, QK, QK_K, QK_K};
 
 INLINE float half_to_f32(const uint8_t *p) {
     uint16_t h;
@@ -74,23 +82,77 @@ INLINE void dequant_block(const int qtype, const uint8_t *b, float *w) {
     }
 }
 
+/* Q4_K's sub-block j (0..7): its 6-bit scale and minimum, packed in 12 bytes as llama.cpp's get_scale_min_k4 */
+INLINE void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
+    if (j < 4) {
+        *d = q[j] & 63, *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* one super-block's 256 weights as fp32 (llama.cpp's dequantize_row_q4_K / _q6_K) */
+INLINE void dequant_superblock(const int qtype, const uint8_t *b, float *w) {
+    if (qtype == Q4_K) {  /* fp16 d, fp16 dmin, 12 bytes of scales and minimums, 128 bytes of nibbles */
+        const float d = half_to_f32(b), dmin = half_to_f32(b + 2);
+        const uint8_t *sc = b + 4, *q = b + 16;
+        for (int j = 0; j < QK_K / 64; j++, q += 32) {
+            int s0, m0, s1, m1;
+            scale_min_k4(2 * j, sc, &s0, &m0);
+            scale_min_k4(2 * j + 1, sc, &s1, &m1);
+            const float d0 = d * s0, c0 = dmin * m0, d1 = d * s1, c1 = dmin * m1;
+            for (int l = 0; l < 32; l++) w[64 * j + l] = d0 * (float)(q[l] & 0xF) - c0;
+            for (int l = 0; l < 32; l++) w[64 * j + 32 + l] = d1 * (float)(q[l] >> 4) - c1;
+        }
+    } else {  /* Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, fp16 d */
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = half_to_f32(b + 208);
+        uint8_t q[QK_K];  /* the 6-bit quants in weight order first (plain byte loops, vectorized), */
+        for (int n = 0; n < QK_K; n += 128, ql += 64, qh += 32) {
+            for (int l = 0; l < 32; l++) {
+                q[n + l] = (uint8_t)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
+                q[n + l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+                q[n + l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                q[n + l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+        }
+        for (int g = 0; g < QK_K / 16; g++) {  /* then weight i's scale is sc[i / 16] */
+            const float s = d * (float)sc[g];
+            for (int i = 0; i < 16; i++) w[16 * g + i] = s * (float)((int)q[16 * g + i] - 32);
+        }
+    }
+}
+
+/* any type's block b of a row (32 weights, or 256 for a K-quant) as fp32 */
+INLINE void dequant_any(const int qtype, const uint8_t *row, int64_t b, float *w) {
+    const uint8_t *blk = row + b * BLOCK_BYTES[qtype];
+    if (qtype == Q8_0) dequant_block(Q8_0, blk, w);
+    else if (qtype == Q4_0) dequant_block(Q4_0, blk, w);
+    else if (qtype == Q4_1) dequant_block(Q4_1, blk, w);
+    else if (qtype == Q4_K) dequant_superblock(Q4_K, blk, w);
+    else dequant_superblock(Q6_K, blk, w);
+}
+
 /* ---- the exact path: blocks dequantized to fp32, x in fp32 (CPUs without AVX2) ------------------- */
 
 INLINE void qlinear_exact(const int qtype, const int bf, const void *x, int64_t x_ld, int64_t M, int64_t K,
                           const uint8_t *w, int64_t N, const void *bias, const void *res, int64_t r_ld, void *out,
                           int64_t out_ld, int nthreads) {
-    const int64_t nb = K / QK, rb = nb * BLOCK_BYTES[qtype];
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * nb * M > 4096)
+    const int64_t bw = BLOCK_WEIGHTS[qtype], nb = K / bw, rb = nb * BLOCK_BYTES[qtype];
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M > 131072)
     for (int64_t n = 0; n < N; n++) {
-        float acc[MAX_M][QK];
+        float acc[MAX_M][QK];  /* lane i sums the weights at i mod 32, as the 32-weight blocks always did */
         for (int64_t m = 0; m < M; m++)
             for (int i = 0; i < QK; i++) acc[m][i] = 0.f;
         const uint8_t *row = w + n * rb;
         for (int64_t b = 0; b < nb; b++) {
-            float wf[QK];
-            dequant_block(qtype, row + b * BLOCK_BYTES[qtype], wf);
+            float wf[QK_K];
+            dequant_any(qtype, row, b, wf);
             for (int64_t m = 0; m < M; m++)
-                for (int i = 0; i < QK; i++) acc[m][i] += load1(x, m * x_ld + b * QK + i, bf) * wf[i];
+                for (int64_t c = 0; c < bw; c += QK)
+                    for (int i = 0; i < QK; i++) acc[m][i] += load1(x, m * x_ld + b * bw + c + i, bf) * wf[c + i];
         }
         for (int64_t m = 0; m < M; m++) {
             float v = 0.f;
@@ -241,10 +303,10 @@ int agentkv_qlinear_fast(void) { return AGENTKV_QFAST; }
 int agentkv_qlinear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *w,
                     int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
                     int nthreads, int exact) {
-    if (K % QK || qtype < 0 || qtype > Q4_1) return 1;
+    if (qtype < 0 || qtype > Q6_K || K % BLOCK_WEIGHTS[qtype]) return 1;
     if (M < 1 || M > MAX_M) return 2;
 #if AGENTKV_QFAST
-    if (!exact) {
+    if (!exact && qtype <= Q4_1) {
         const int64_t nb = K / QK;
         int8_t stack_q[16384];
         float stack_d[512];
@@ -268,7 +330,9 @@ int agentkv_qlinear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, i
 #define CASE(Q, B) qlinear_exact(Q, B, x, x_ld, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads)
     if (qtype == Q8_0) { if (bf) CASE(Q8_0, 1); else CASE(Q8_0, 0); }
     else if (qtype == Q4_0) { if (bf) CASE(Q4_0, 1); else CASE(Q4_0, 0); }
-    else { if (bf) CASE(Q4_1, 1); else CASE(Q4_1, 0); }
+    else if (qtype == Q4_1) { if (bf) CASE(Q4_1, 1); else CASE(Q4_1, 0); }
+    else if (qtype == Q4_K) { if (bf) CASE(Q4_K, 1); else CASE(Q4_K, 0); }
+    else { if (bf) CASE(Q6_K, 1); else CASE(Q6_K, 0); }
 #undef CASE
     return 0;
 }
@@ -277,19 +341,17 @@ int agentkv_qlinear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, i
    stride out_ld; bf16 or fp32): an embedding lookup, or a whole weight for a long input. */
 int agentkv_qdequant(int qtype, int bf, const uint8_t *w, int64_t N, int64_t K, const int64_t *rows, int64_t n,
                      void *out, int64_t out_ld, int nthreads) {
-    if (K % QK || qtype < 0 || qtype > Q4_1) return 1;
+    if (qtype < 0 || qtype > Q6_K || K % BLOCK_WEIGHTS[qtype]) return 1;
     for (int64_t r = 0; r < n; r++)
         if (rows && (rows[r] < 0 || rows[r] >= N)) return 3;
-    const int64_t nb = K / QK, rb = nb * BLOCK_BYTES[qtype];
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (n * nb > 256)
+    const int64_t bw = BLOCK_WEIGHTS[qtype], nb = K / bw, rb = nb * BLOCK_BYTES[qtype];
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (n * K > 8192)
     for (int64_t r = 0; r < n; r++) {
         const uint8_t *row = w + (rows ? rows[r] : r) * rb;
         for (int64_t b = 0; b < nb; b++) {
-            float wf[QK];
-            if (qtype == Q8_0) dequant_block(Q8_0, row + b * BLOCK_BYTES[Q8_0], wf);
-            else if (qtype == Q4_0) dequant_block(Q4_0, row + b * BLOCK_BYTES[Q4_0], wf);
-            else dequant_block(Q4_1, row + b * BLOCK_BYTES[Q4_1], wf);
-            for (int i = 0; i < QK; i++) store1(out, r * out_ld + b * QK + i, wf[i], bf);
+            float wf[QK_K];
+            dequant_any(qtype, row, b, wf);
+            for (int64_t i = 0; i < bw; i++) store1(out, r * out_ld + b * bw + i, wf[i], bf);
         }
     }
     return 0;
