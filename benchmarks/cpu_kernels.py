@@ -114,6 +114,31 @@ def quantized_linears(kernels, rows_list) -> list:
     return out
 
 
+def long_inputs(kernels, rows: int = 512) -> list:
+    """ms for `rows` rows of x on one large weight (the MLP's gate_up): the kernel 16 rows at a time
+    against what qlinear does from QLINEAR_SLICED_MIN_ROWS rows on (slices of the weight dequantized)."""
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_quant_kernels import k_blocks
+
+    import gguf
+
+    k, n = QUANT_SHAPES[2]
+    rng, out = np.random.default_rng(1), []
+    x = torch.randn(rows, k)
+    for name in ("Q4_1", "Q4_K"):
+        code, _, _ = cpu_native.QUANT_TYPES[name]
+        kind = getattr(gguf.GGMLQuantizationType, name)
+        raw = k_blocks(kind, (n, k), rng) if name == "Q4_K" else \
+            gguf.quants.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), kind)
+        w = cpu_native.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), code, k, n)
+        t = best({"kernel": lambda: [kernels.qlinear(x[i : i + 16], w) for i in range(0, rows, 16)],
+                  "sliced": lambda: kernels.qlinear(x, w)}, 3)
+        out.append([name, rows, f"{n} x {k}", t["kernel"] * 1e3, t["sliced"] * 1e3, t["kernel"] / t["sliced"]])
+    return out
+
+
 def _decode_batch(dtype, batch, length):
     table_ = torch.zeros(64, 4096, dtype=torch.int64)
     for b in range(batch):
@@ -202,6 +227,9 @@ def main() -> None:
               "x in fp32 (bf16 for the bf16 kernel)")
         print(table(quantized_linears(kernels, [int(r) for r in args.rows.split(",") if int(r) <= 16]),
                     ["rows", "weights", "MiB", "ms", "bf16 / this"]))
+        print("\na long input on a large weight (ms)")
+        print(table(long_inputs(kernels), ["weights", "rows", "weight", "kernel 16 rows at a time",
+                                           "slices dequantized", "speedup"]))
         return
     print(f"{args.dtype}, {torch.get_num_threads()} threads, {LAYERS} layers of distinct tensors per timing")
     print("\nlinears of 30 layers (ms)")
