@@ -20,7 +20,8 @@ from agentkv.engine.config import SchedulerConfig
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import Request
-from agentkv.engine.scheduler import ScheduledBatch, Scheduler
+from agentkv.engine.batch import ScheduledBatch
+from agentkv.engine.scheduler import Scheduler
 from tests.test_scheduler import CFG, FakeTokenizer
 
 VOCAB = 50

@@ -165,7 +165,7 @@ def test_waiting_does_not_keep_a_prefix_warm():
     which must not count as a use: the prefix it shares with the cache is still the least recently
     used and goes first; once admitted, it counts."""
     s = make()
-    s.req_pool = ReqToTokenPool(1, 512)  # one request at a time
+    s.kv.req_pool = ReqToTokenPool(1, 512)  # one request at a time
     for prompt in ([1, 1, 1, 1], [2, 2, 2, 2]):  # [1..] cached first: the older
         s.add(req(prompt, max_tokens=1))
         finish_all(s)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agentkv.engine.request import Request
-    from agentkv.engine.scheduler import ScheduledBatch
+    from agentkv.engine.batch import ScheduledBatch
 
 
 class InFlight:

@@ -22,7 +22,7 @@ from agentkv.engine.constrained import MaskWorker
 from agentkv.engine.outputs import TokenLogprob
 from agentkv.engine.runner import ForwardInputs, ModelRunner
 from agentkv.engine.sampler import sample
-from agentkv.engine.scheduler import ScheduledBatch
+from agentkv.engine.batch import ScheduledBatch
 from agentkv.engine.speculative import kept_prefix
 
 

@@ -9,7 +9,7 @@ import torch
 
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.model import CausalLM, ForwardContext
-from agentkv.engine.scheduler import ScheduledBatch
+from agentkv.engine.batch import ScheduledBatch
 from agentkv.kernels.base import AttentionBackend, AttentionMetadata
 
 

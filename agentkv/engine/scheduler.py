@@ -1,4 +1,4 @@
-"""Decides what each forward pass computes; owns the queues and the KV bookkeeping.
+"""Decides what each forward pass computes; owns the queues (who holds which KV slot: kv_owner.py).
 
 One step's batch holds a decode token for every running request that has finished its prefill,
 then prefill chunks (extends) under a per-step token budget: first the one request whose prefill is
@@ -10,64 +10,18 @@ resumes later from whatever of it is still cached).
 
 from __future__ import annotations
 
-import functools
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
+from agentkv.engine.batch import ScheduledBatch, SchedulerStats
 from agentkv.engine.config import SchedulerConfig
 from agentkv.engine.inflight import InFlight
+from agentkv.engine.kv_owner import KVOwner
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import PrefixSet, Request
 from agentkv.engine.speculative import Draft, Drafter
-
-
-@dataclass
-class ScheduledBatch:
-    reqs: list[Request]  # decodes first, then extends
-    extend_lens: list[int]
-    num_decodes: int
-    out_cache_loc: torch.Tensor  # [sum(extend_lens)] slots for the new tokens
-    num_jumps: int = 0  # after the decodes: running requests extending their jump-forward tokens
-    # fixed when scheduled, since requests move on before the pass is processed (overlap):
-    starts: list[int] = field(default_factory=list)  # position of each request's first new token
-    sampling: list[bool] = field(default_factory=list)  # whether it samples a token from this pass
-    # new tokens whose id a pass still in flight samples: (index in reqs, that pass's sampling row)
-    placeholders: list[tuple[int, int]] = field(default_factory=list)
-    live: list[bool] = field(default_factory=list)  # per sampling row: its token is still wanted
-    drafts: dict[int, list[int]] = field(default_factory=dict)  # index in reqs -> the draft its extend checks
-    seq: int = 0  # launch order
-
-    @property
-    def sampling_reqs(self) -> list[Request]:
-        return [r for r, s in zip(self.reqs, self.sampling) if s]
-
-    @functools.cached_property
-    def score_positions(self) -> list[tuple[Request, int]]:
-        """(request, position) pairs whose logits score the token after them, for scoring requests
-        (prefill-only requests with `score_from`), in batch order (read once the batch is launched,
-        by the runner, the pass and the engine loop: made once)."""
-        out = []
-        for r, start, n in zip(self.reqs, self.starts, self.extend_lens):
-            if r.score_from is not None:
-                out += [(r, p) for p in range(max(start, r.score_from - 1), min(start + n, r.seq_len - 1))]
-        return out
-
-
-@dataclass
-class SchedulerStats:
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    prefill_tokens_computed: int = 0
-    decode_tokens: int = 0
-    forward_passes: int = 0
-    retractions: int = 0
-    deferred_by_dedup: int = 0
-    jump_forward_tokens_computed: int = 0  # forced tokens computed in extends instead of decode steps
-    draft_tokens: int = 0  # speculative decoding: draft tokens checked
-    accepted_draft_tokens: int = 0  # of those, kept
 
 
 class Scheduler:
@@ -79,14 +33,27 @@ class Scheduler:
         tree: RadixCache | None,
     ):
         self.cfg = cfg
-        self.pool, self.req_pool, self.tree = pool, req_pool, tree
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.chunked: Request | None = None  # at most one request is mid-prefill across steps
         self.new_token_ratio = cfg.new_token_ratio
         self.stats = SchedulerStats()
         self.flight = InFlight()  # what passes scheduled and not yet processed owe (overlap)
+        self.kv = KVOwner(pool, req_pool, tree, self.flight)  # who holds which slot
         self.drafter = Drafter(cfg.speculative_tokens, tree) if cfg.speculative else None
+
+    # the memory (the KV pool, the slot table, the radix tree or None) is the KV owner's; read here
+    @property
+    def pool(self) -> KVPool:
+        return self.kv.pool
+
+    @property
+    def req_pool(self) -> ReqToTokenPool:
+        return self.kv.req_pool
+
+    @property
+    def tree(self) -> RadixCache | None:
+        return self.kv.tree
 
     # ---- queue ---------------------------------------------------------------------------------
 
@@ -104,7 +71,7 @@ class Scheduler:
             self.running.remove(req)
         if self.chunked is req:
             self.chunked = None
-        self._release(req)
+        self.kv.release(req)
         if req.finish_reason is None:
             req.finish_reason = reason
 
@@ -128,7 +95,7 @@ class Scheduler:
             decodes = [r for r in decodes if r not in drafted]
         reqs: list[Request] = list(decodes)
         ext_lens = [1] * len(decodes)
-        locs = [self._alloc(len(decodes))] if decodes else []
+        locs = [self.kv.alloc(len(decodes))] if decodes else []
         if decodes:  # every decode row's slot in one indexed write, not one write per row
             rows = torch.tensor([r.row for r in decodes], dtype=torch.int64)
             cols = torch.tensor([r.computed for r in decodes], dtype=torch.int64)
@@ -136,7 +103,7 @@ class Scheduler:
         budget = self.cfg.max_step_tokens - len(decodes)
         for r in jumps + list(drafted):  # short runs, always whole: splitting them would cost a pass each
             n = r.seq_len - r.computed + len(drafted.get(r, ()))
-            locs.append(self._place(r, n))
+            locs.append(self.kv.place(r, n))
             reqs.append(r)
             ext_lens.append(n)
             budget -= n
@@ -144,7 +111,7 @@ class Scheduler:
         if self.chunked is not None and budget > 0:
             r = self.chunked
             n = min(r.seq_len - r.computed, budget)
-            locs.append(self._place(r, n))
+            locs.append(self.kv.place(r, n))
             reqs.append(r)
             ext_lens.append(n)
             budget -= n
@@ -184,7 +151,7 @@ class Scheduler:
                 break
             # matched here, not in the ordering (which only measured, changing nothing): admitting the
             # requests before this one may have evicted part of what it saw
-            prefix_slots, node = self._match(r, touch=False)
+            prefix_slots, node = self.kv.match(r, touch=False)
             prefix = len(prefix_slots)
             # only a request with a long uncached part can share it with one in progress
             if self.tree is not None and r.seq_len - prefix > self.cfg.dedup_min_tokens:
@@ -207,7 +174,7 @@ class Scheduler:
                 self.tree.touch(node)  # admitted: now its prefix counts as used
             self._start(r, prefix_slots, node)
             n = min(uncached, budget)
-            locs.append(self._place(r, n))
+            locs.append(self.kv.place(r, n))
             reqs.append(r)
             ext_lens.append(n)
             self.running.append(r)
@@ -225,44 +192,16 @@ class Scheduler:
         if self.tree is None or len(waiting) > self.cfg.lpm_max_queue:
             return waiting  # FCFS: matching every request costs more than it saves on long queues
         # how much of each is cached, measured without a split or an LRU use: waiting keeps nothing warm
-        matched = {r.rid: self.tree.cached_length(r.all_ids, self._matchable_len(r)) for r in waiting}
+        matched = {r.rid: self.tree.cached_length(r.all_ids, KVOwner.matchable_len(r)) for r in waiting}
         return sorted(waiting, key=lambda r: -matched[r.rid])  # stable: FCFS among equals
 
-    def _match(self, r: Request, touch: bool = True):
-        if self.tree is None:
-            return torch.empty(0, dtype=torch.int64), None
-        return self.tree.match_prefix(r.all_ids[: self._matchable_len(r)], touch)
-
-    @staticmethod
-    def _matchable_len(r: Request) -> int:
-        """How many tokens of `r` a cached prefix may cover: all but the last, whose logits give the
-        next token (a scoring request computes the logits of every token before the scored ones)."""
-        return r.seq_len - 1 if r.score_from is None else min(r.seq_len - 1, r.score_from - 1)
-
     def _start(self, r: Request, prefix_slots: torch.Tensor, node) -> None:
-        r.row = self.req_pool.alloc()
-        assert r.row is not None
-        r.last_node = node  # locked by the caller
-        r.prefix_len = r.kv_len = len(prefix_slots)
-        self.req_pool.write(r.row, 0, prefix_slots)
+        self.kv.start(r, prefix_slots, node)
         if not r.admitted_once:
             r.admitted_once = True
             r.usage.cached_tokens = min(len(prefix_slots), len(r.prompt_ids))
             self.stats.prompt_tokens += len(r.prompt_ids)
             self.stats.cached_prompt_tokens += r.usage.cached_tokens
-
-    def _place(self, r: Request, n: int) -> torch.Tensor:
-        slots = self._alloc(n)
-        self.req_pool.write(r.row, r.computed, slots)
-        return slots
-
-    def _alloc(self, n: int) -> torch.Tensor:
-        slots = self.pool.alloc(n)
-        if slots is None and self.tree is not None:
-            self.tree.evict(n - self.pool.num_free)
-            slots = self.pool.alloc(n)
-        assert slots is not None, "admission let in more than memory holds"
-        return slots
 
     def _make_room(self, active: list[Request]) -> list[Request]:
         """Evict, then retract the latest-admitted requests, until every running request has slots
@@ -280,7 +219,7 @@ class Scheduler:
     def retract(self, r: Request) -> None:
         self.stats.retractions += 1
         self.running.remove(r)
-        self._release(r)
+        self.kv.release(r)
         self.waiting.appendleft(r)
         self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
 
@@ -333,7 +272,7 @@ class Scheduler:
                 if self.drafter:
                     self.drafter.learn(r)
             elif i >= jumps_end and r.row is not None:
-                self._cache_prefix(r)  # share the prompt with requests that arrive from now on
+                self.kv.cache_prefix(r)  # share the prompt with requests that arrive from now on
         return finished
 
     def _verified(self, r: Request, draft: Draft, made: list[int]) -> None:
@@ -343,7 +282,7 @@ class Scheduler:
         kept = len(made) - 1
         self.flight.computed(r, 1 + kept)
         rejected = len(draft) - kept
-        self.pool.free(self.req_pool.host[r.row, r.kv_len : r.kv_len + rejected].clone())
+        self.kv.give_back(r, r.kv_len, r.kv_len + rejected)
         r.pending -= rejected
         forced_kept = sum(1 for j in draft.forced if j < kept)
         drafted, kept = len(draft) - len(draft.forced), kept - forced_kept
@@ -358,7 +297,7 @@ class Scheduler:
         back to the pool."""
         extra = r.kv_len - len(r.all_ids)
         if extra > 0:
-            self.pool.free(self.req_pool.host[r.row, len(r.all_ids) : r.kv_len].clone())
+            self.kv.give_back(r, len(r.all_ids), r.kv_len)
             r.kv_len -= extra
 
     def _take(self, r: Request, made: list[int], tokenizer, logprobs: list | None, after: ScheduledBatch | None,
@@ -406,39 +345,4 @@ class Scheduler:
             self.running.remove(r)
         elif r in self.waiting:  # retracted while its last token was in flight
             self.waiting.remove(r)
-        self._release(r)
-
-    # ---- KV ownership ------------------------------------------------------------------------------
-
-    def _cache_prefix(self, r: Request) -> None:
-        """Insert r's computed tokens into the tree and switch r onto the tree's slots."""
-        if self.tree is None:
-            return
-        ids = r.all_ids[: r.kv_len]
-        kv = self.req_pool.host[r.row, : r.kv_len].clone()
-        existing = self.tree.insert(ids, kv)
-        self.pool.free(kv[r.prefix_len : existing])  # ours duplicated what another request inserted meanwhile
-        slots, node = self.tree.match_prefix(ids)
-        self.req_pool.write(r.row, 0, slots)
-        self.tree.lock(node)
-        self.tree.unlock(r.last_node)
-        r.last_node, r.prefix_len = node, r.kv_len
-
-    def _release(self, r: Request) -> None:
-        """Give r's KV to the tree (or the pool) and free its row; r keeps its tokens."""
-        if r.row is None:
-            return
-        table = self.req_pool.host[r.row]
-        start, pending = self.flight.pending_slots(r)  # slots of passes not processed (in flight, or failed)
-        self.pool.free(table[start : start + pending].clone())
-        kv = table[: r.kv_len].clone()
-        if self.tree is not None:
-            existing = self.tree.insert(r.all_ids[: r.kv_len], kv)
-            self.pool.free(kv[r.prefix_len : existing])
-            self.tree.unlock(r.last_node)
-        else:
-            self.pool.free(kv)
-        if not self.flight.hold_row(r.row):
-            self.req_pool.free(r.row)
-        r.row, r.last_node, r.kv_len, r.prefix_len = None, None, 0, 0
-
+        self.kv.release(r)

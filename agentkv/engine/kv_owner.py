@@ -1,0 +1,93 @@
+"""Who holds which KV slot: the scheduler's bookkeeping of memory, apart from its choices.
+
+A running request holds a row of the slot table (ReqToTokenPool): its cached prefix, shared with the
+radix tree, whose last node it keeps locked, then the slots of the tokens it computed itself. When a
+prefill ends its computed tokens go into the tree (`cache_prefix`), so requests that arrive later share
+them; when it finishes or is retracted all of it goes to the tree, or back to the pool without one
+(`release`). Slots of tokens a pass computed and the request does not keep (a rejected draft, a draft
+past the request's end) go back to the pool at once (`give_back`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentkv.engine.inflight import InFlight
+from agentkv.engine.memory import KVPool, ReqToTokenPool
+from agentkv.engine.radix_cache import RadixCache
+from agentkv.engine.request import Request
+
+
+class KVOwner:
+    def __init__(self, pool: KVPool, req_pool: ReqToTokenPool, tree: RadixCache | None, flight: InFlight):
+        self.pool, self.req_pool, self.tree, self.flight = pool, req_pool, tree, flight
+
+    @staticmethod
+    def matchable_len(r: Request) -> int:
+        """How many tokens of `r` a cached prefix may cover: all but the last, whose logits give the
+        next token (a scoring request computes the logits of every token before the scored ones)."""
+        return r.seq_len - 1 if r.score_from is None else min(r.seq_len - 1, r.score_from - 1)
+
+    def match(self, r: Request, touch: bool = True):
+        """The slots of r's longest cached prefix and the tree node where it ends (None without a tree)."""
+        if self.tree is None:
+            return torch.empty(0, dtype=torch.int64), None
+        return self.tree.match_prefix(r.all_ids[: self.matchable_len(r)], touch)
+
+    def start(self, r: Request, prefix_slots: torch.Tensor, node) -> None:
+        """Give admitted r a row that starts with its cached prefix (`node`: locked by the caller)."""
+        r.row = self.req_pool.alloc()
+        assert r.row is not None
+        r.last_node = node
+        r.prefix_len = r.kv_len = len(prefix_slots)
+        self.req_pool.write(r.row, 0, prefix_slots)
+
+    def place(self, r: Request, n: int) -> torch.Tensor:
+        """Slots for r's next n tokens, written into its row."""
+        slots = self.alloc(n)
+        self.req_pool.write(r.row, r.computed, slots)
+        return slots
+
+    def alloc(self, n: int) -> torch.Tensor:
+        slots = self.pool.alloc(n)
+        if slots is None and self.tree is not None:
+            self.tree.evict(n - self.pool.num_free)
+            slots = self.pool.alloc(n)
+        assert slots is not None, "admission let in more than memory holds"
+        return slots
+
+    def give_back(self, r: Request, start: int, end: int) -> None:
+        """The slots of positions [start, end) of r's row go back to the pool."""
+        self.pool.free(self.req_pool.host[r.row, start:end].clone())
+
+    def cache_prefix(self, r: Request) -> None:
+        """Insert r's computed tokens into the tree and switch r onto the tree's slots."""
+        if self.tree is None:
+            return
+        ids = r.all_ids[: r.kv_len]
+        kv = self.req_pool.host[r.row, : r.kv_len].clone()
+        existing = self.tree.insert(ids, kv)
+        self.pool.free(kv[r.prefix_len : existing])  # ours duplicated what another request inserted meanwhile
+        slots, node = self.tree.match_prefix(ids)
+        self.req_pool.write(r.row, 0, slots)
+        self.tree.lock(node)
+        self.tree.unlock(r.last_node)
+        r.last_node, r.prefix_len = node, r.kv_len
+
+    def release(self, r: Request) -> None:
+        """Give r's KV to the tree (or the pool) and free its row; r keeps its tokens."""
+        if r.row is None:
+            return
+        table = self.req_pool.host[r.row]
+        start, pending = self.flight.pending_slots(r)  # slots of passes not processed (in flight, or failed)
+        self.pool.free(table[start : start + pending].clone())
+        kv = table[: r.kv_len].clone()
+        if self.tree is not None:
+            existing = self.tree.insert(r.all_ids[: r.kv_len], kv)
+            self.pool.free(kv[r.prefix_len : existing])
+            self.tree.unlock(r.last_node)
+        else:
+            self.pool.free(kv)
+        if not self.flight.hold_row(r.row):
+            self.req_pool.free(r.row)
+        r.row, r.last_node, r.kv_len, r.prefix_len = None, None, 0, 0
