@@ -16,10 +16,10 @@ AVX2) dequantizes each block to fp32 and keeps x in fp32: the same result as deq
 Longer inputs (prefill) are the caller's: it dequantizes the weight once (agentkv_qdequant) and
 multiplies with torch.
 
-K-quants (super-blocks of 256 weights: eight sub-blocks of 32 with 6-bit scales and minimums in Q4_K,
-sixteen of 16 with 8-bit scales in Q6_K) are multiplied on the exact path only: each super-block is
-dequantized to fp32 once a row and dotted with every row of x (the file's size in memory, at fp32
-arithmetic). */
+K-quants are super-blocks of 256 weights: eight sub-blocks of 32 with 6-bit scales and minimums in
+Q4_K, which the fast path reads as eight Q4_1 blocks (qlinear_fast_q4k); sixteen sub-blocks of 16 with
+8-bit scales in Q6_K, multiplied on the exact path only (each super-block dequantized to fp32 once a
+row and dotted with every row of x). */
 
 #include <stdlib.h>
 
@@ -267,6 +267,52 @@ INLINE void qlinear_fast(const int qtype, const int bf, const int8_t *xq, const 
         }
     }
 }
+
+/* Q4_K on the fast path. A super-block's eight sub-blocks of 32 are Q4_1 blocks in all but layout:
+   sub-block s has scale d * sc_s and minimum dmin * m_s (6-bit sc_s, m_s), and sub-blocks 2p and 2p + 1
+   share 32 bytes, the first in their low nibbles and the second in their high ones. So each is one
+   integer dot of its 32 nibbles with x's int8 block, scaled, less its minimum times x's block sum. */
+INLINE void qlinear_fast_q4k(const int bf, const int8_t *xq, const float *dx, const float *sx, int64_t M,
+                             int64_t K, const uint8_t *w, int64_t N, const void *bias, const void *res,
+                             int64_t r_ld, void *out, int64_t out_ld, int nthreads) {
+    const int64_t nsb = K / QK_K, nb = K / QK, rb = nsb * BLOCK_BYTES[Q4_K];
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M > 131072)
+    for (int64_t n = 0; n < N; n++) {
+        __m256 acc[MAX_M];
+        float lin[MAX_M];  /* the minimums' share: - dmin * m_s * (x's block sum, scaled) */
+        for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps(), lin[m] = 0.f;
+        const uint8_t *row = w + n * rb;
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            const uint8_t *blk = row + sb * BLOCK_BYTES[Q4_K];
+            const float d = half_to_f32(blk), dmin = half_to_f32(blk + 2);
+            if (__builtin_expect(sb + 1 < nsb, 1)) __builtin_prefetch(blk + BLOCK_BYTES[Q4_K] + 64, 0, 0);
+            for (int p = 0; p < QK_K / 64; p++) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * p));
+                const __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0f));
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
+                int s0, m0, s1, m1;
+                scale_min_k4(2 * p, blk + 4, &s0, &m0);
+                scale_min_k4(2 * p + 1, blk + 4, &s1, &m1);
+                const float d0 = d * s0, d1 = d * s1, c0 = dmin * m0, c1 = dmin * m1;
+                const int64_t b = sb * (QK_K / QK) + 2 * p;  /* x's block of sub-block 2p */
+                for (int64_t m = 0; m < M; m++) {
+                    const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + m * K + b * QK));
+                    const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + m * K + (b + 1) * QK));
+                    const float *sc = dx + m * nb + b;
+                    acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * sc[0]), _mm256_cvtepi32_ps(dot_u8s8(lo, x0)), acc[m]);
+                    acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * sc[1]), _mm256_cvtepi32_ps(dot_u8s8(hi, x1)), acc[m]);
+                    lin[m] -= c0 * sx[m * nb + b] + c1 * sx[m * nb + b + 1];
+                }
+            }
+        }
+        for (int64_t m = 0; m < M; m++) {
+            float v = hsum8(acc[m]) + lin[m];
+            if (bias) v += load1(bias, n, bf);
+            if (res) v += load1(res, m * r_ld + n, bf);
+            store1(out, m * out_ld + n, v, bf);
+        }
+    }
+}
 #else
 #define AGENTKV_QFAST 0
 #endif
@@ -306,7 +352,7 @@ int agentkv_qlinear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, i
     if (qtype < 0 || qtype > Q6_K || K % BLOCK_WEIGHTS[qtype]) return 1;
     if (M < 1 || M > MAX_M) return 2;
 #if AGENTKV_QFAST
-    if (!exact && qtype <= Q4_1) {
+    if (!exact && qtype <= Q4_K) {
         const int64_t nb = K / QK;
         int8_t stack_q[16384];
         float stack_d[512];
@@ -320,7 +366,9 @@ int agentkv_qlinear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, i
 #define CASE(Q, B) qlinear_fast(Q, B, xq, dx, sx, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads)
         if (qtype == Q8_0) { if (bf) CASE(Q8_0, 1); else CASE(Q8_0, 0); }
         else if (qtype == Q4_0) { if (bf) CASE(Q4_0, 1); else CASE(Q4_0, 0); }
-        else { if (bf) CASE(Q4_1, 1); else CASE(Q4_1, 0); }
+        else if (qtype == Q4_1) { if (bf) CASE(Q4_1, 1); else CASE(Q4_1, 0); }
+        else if (bf) qlinear_fast_q4k(1, xq, dx, sx, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads);
+        else qlinear_fast_q4k(0, xq, dx, sx, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads);
 #undef CASE
         if (!small) free(xq), free(dx), free(sx);
         return 0;
