@@ -70,14 +70,13 @@ def int8_blocks(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("exact", [True, False])
 def test_qlinear_matches_dequantized_matmul(name, rows, dtype, exact):
     """The exact path equals dequantize-then-matmul; the fast path equals it on x read as int8 blocks
-    (rows past 16 whose weight is small go through torch on the dequantized weight: exact either way;
-    Q6_K takes the exact path always)."""
+    (rows past 16 whose weight is small go through torch on the dequantized weight: exact either way)."""
     k = width(name, 160)
     w, dense = quantized(name, 96, k, seed=rows)
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, k, generator=g).to(dtype)
     bias, res = torch.randn(96, generator=g).to(dtype), torch.randn(rows, 96, generator=g).to(dtype)
-    fast = not exact and kernels.qlinear_fast and rows <= 16 and name != "Q6_K"
+    fast = not exact and kernels.qlinear_fast and rows <= 16
     for b, r in ((None, None), (bias, None), (bias, res)):
         expected = (int8_blocks(x) if fast and rows else x.float()) @ dense.t()
         if b is not None:
@@ -90,11 +89,11 @@ def test_qlinear_matches_dequantized_matmul(name, rows, dtype, exact):
         torch.testing.assert_close(got.float(), expected, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("name", sorted(set(QUANT_TYPES) - {"Q6_K"}))
+@pytest.mark.parametrize("name", sorted(QUANT_TYPES))
 def test_fast_path_stays_close_to_the_exact_one(name):
-    """What int8 activations cost: on a realistic layer (576 in; 768 for Q4_K's super-blocks), the fast
-    path's outputs within 2% of the exact path's scale."""
-    k = width(name, 576) if name != "Q4_K" else 768
+    """What int8 activations cost: on a realistic layer (576 in; 768 for the K-quants' super-blocks), the
+    fast path's outputs within 2% of the exact path's scale."""
+    k = width(name, 576) if name not in K_QUANTS else 768
     w, dense = quantized(name, 256, k)
     x = torch.randn(4, k, generator=torch.Generator().manual_seed(1))
     exact, fast = kernels.qlinear(x, w, exact=True), kernels.qlinear(x, w)

@@ -151,8 +151,8 @@ class NativeKernels:
     def qlinear(self, x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
         """x [M, K] @ W^T (+ bias) (+ residual) for W in quantized blocks: the kernel for up to 16
-        rows (a decode batch; x quantized to int8 per block there, as llama.cpp does, unless `exact`,
-        the CPU lacks AVX2 or W is Q6_K); for a longer x, the weight dequantized (whole where it is
+        rows (a decode batch; x quantized to int8 per block there, as llama.cpp does, unless `exact`
+        or the CPU lacks AVX2); for a longer x, the weight dequantized (whole where it is
         small, else a slice of its rows at a time for 64 rows of x and more) and multiplied by torch,
         or, for 17-63 rows of a large weight (the vocabulary projection of a few drafts), the kernel 16
         rows at a time."""

@@ -18,8 +18,8 @@ multiplies with torch.
 
 K-quants are super-blocks of 256 weights: eight sub-blocks of 32 with 6-bit scales and minimums in
 Q4_K, which the fast path reads as eight Q4_1 blocks (qlinear_fast_q4k); sixteen sub-blocks of 16 with
-8-bit scales in Q6_K, multiplied on the exact path only (each super-block dequantized to fp32 once a
-row and dotted with every row of x). */
+8-bit scales in Q6_K, whose 6-bit integers it rebuilds 32 at a time (qlinear_fast_q6k). The exact
+path dequantizes a super-block to fp32 once a row and dots it with every row of x. */
 
 #include <stdlib.h>
 
@@ -313,6 +313,59 @@ INLINE void qlinear_fast_q4k(const int bf, const int8_t *xq, const float *dx, co
         }
     }
 }
+
+/* Q6_K on the fast path. Each run of 32 weights is rebuilt as unsigned 6-bit integers q (the weight is
+   d * sc_g * (q - 32), g its sub-block of 16), dotted with x's int8 block: the integer dot puts each 4
+   consecutive products in one of 8 lanes, so lanes 0-3 hold the first sub-block and 4-7 the second, and
+   a lane's sum less 32 times its x's sum (a second dot, with 32s) is scaled by its own sub-block's. */
+INLINE void qlinear_fast_q6k(const int bf, const int8_t *xq, const float *dx, int64_t M, int64_t K,
+                             const uint8_t *w, int64_t N, const void *bias, const void *res, int64_t r_ld,
+                             void *out, int64_t out_ld, int nthreads) {
+    const int64_t nsb = K / QK_K, nb = K / QK, rb = nsb * BLOCK_BYTES[Q6_K];
+    const __m256i low4 = _mm256_set1_epi8(0x0f), bits45 = _mm256_set1_epi8(0x30), b32 = _mm256_set1_epi8(32);
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K * M > 131072)
+    for (int64_t n = 0; n < N; n++) {
+        __m256 acc[MAX_M];
+        for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+        const uint8_t *row = w + n * rb;
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            const uint8_t *blk = row + sb * BLOCK_BYTES[Q6_K];
+            const int8_t *scales = (const int8_t *)(blk + 192);
+            const float d = half_to_f32(blk + 208);
+            if (__builtin_expect(sb + 1 < nsb, 1)) __builtin_prefetch(blk + BLOCK_BYTES[Q6_K] + 64, 0, 0);
+            for (int h = 0; h < 2; h++) {  /* a half: 64 bytes of low nibbles, 32 of high bit pairs */
+                const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+                const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+                __m256i u[4];  /* its four runs of 32, in weight order */
+                u[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45));
+                u[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45));
+                u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, bits45));
+                u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                       _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45));
+                for (int c = 0; c < 4; c++) {
+                    const int g = 8 * h + 2 * c;  /* the run's two sub-blocks: g and g + 1 */
+                    const __m256 wscale = _mm256_setr_ps(d * scales[g], d * scales[g], d * scales[g], d * scales[g],
+                                                         d * scales[g + 1], d * scales[g + 1], d * scales[g + 1],
+                                                         d * scales[g + 1]);
+                    const int64_t b = sb * (QK_K / QK) + 4 * h + c;
+                    for (int64_t m = 0; m < M; m++) {
+                        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + m * K + b * QK));
+                        const __m256i dot = _mm256_sub_epi32(dot_u8s8(u[c], xv), dot_u8s8(b32, xv));
+                        acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(wscale, _mm256_set1_ps(dx[m * nb + b])),
+                                                 _mm256_cvtepi32_ps(dot), acc[m]);
+                    }
+                }
+            }
+        }
+        for (int64_t m = 0; m < M; m++) {
+            float v = hsum8(acc[m]);
+            if (bias) v += load1(bias, n, bf);
+            if (res) v += load1(res, m * r_ld + n, bf);
+            store1(out, m * out_ld + n, v, bf);
+        }
+    }
+}
 #else
 #define AGENTKV_QFAST 0
 #endif
@@ -352,7 +405,7 @@ int agentkv_qlinear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, i
     if (qtype < 0 || qtype > Q6_K || K % BLOCK_WEIGHTS[qtype]) return 1;
     if (M < 1 || M > MAX_M) return 2;
 #if AGENTKV_QFAST
-    if (!exact && qtype <= Q4_K) {
+    if (!exact) {
         const int64_t nb = K / QK;
         int8_t stack_q[16384];
         float stack_d[512];
@@ -367,8 +420,11 @@ int agentkv_qlinear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, i
         if (qtype == Q8_0) { if (bf) CASE(Q8_0, 1); else CASE(Q8_0, 0); }
         else if (qtype == Q4_0) { if (bf) CASE(Q4_0, 1); else CASE(Q4_0, 0); }
         else if (qtype == Q4_1) { if (bf) CASE(Q4_1, 1); else CASE(Q4_1, 0); }
-        else if (bf) qlinear_fast_q4k(1, xq, dx, sx, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads);
-        else qlinear_fast_q4k(0, xq, dx, sx, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads);
+        else if (qtype == Q4_K) {
+            if (bf) qlinear_fast_q4k(1, xq, dx, sx, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads);
+            else qlinear_fast_q4k(0, xq, dx, sx, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads);
+        } else if (bf) qlinear_fast_q6k(1, xq, dx, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads);
+        else qlinear_fast_q6k(0, xq, dx, M, K, w, N, bias, res, r_ld, out, out_ld, nthreads);
 #undef CASE
         if (!small) free(xq), free(dx), free(sx);
         return 0;
