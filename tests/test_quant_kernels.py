@@ -5,6 +5,11 @@ bias and residual, and the row dequantization an embedding lookup uses."""
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -123,3 +128,14 @@ def test_long_inputs_on_a_large_weight(name, rows, monkeypatch):
     torch.testing.assert_close(kernels.qlinear(x, w, bias, res, exact=True), x @ dense.t() + bias + res,
                                rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(kernels.qlinear(x, w, exact=True), x @ dense.t(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or os.environ.get("AGENTKV_CPU_ARCH"),
+                    reason="the AVX2 bodies are x86's (and this is that run already)")
+def test_the_avx2_bodies(tmp_path):
+    """The kernels built for an AVX2 CPU without AVX-512 or VNNI (-march=haswell: the 256-bit bodies,
+    maddubs for the integer dots), which this host runs too: every test above passes on them."""
+    env = {**os.environ, "AGENTKV_CPU_ARCH": "haswell", "AGENTKV_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                           "-k", "not avx2_bodies"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-3000:]

@@ -6,7 +6,7 @@ K/V into a padded copy and then SDPA. These kernels do each element-wise step of
 attention straight from the paged pool (`cpu_backend.py`), and the linears on weights packed for them
 (`csrc/cpu_linear.c`, which streams each weight while it computes; oneDNN's kernels wait on memory).
 
-The library is built with `-O3 -march=native` (the CPU it runs on) and OpenMP linked against the
+The library is built with `-O3 -march=native` (the CPU it runs on; AGENTKV_CPU_ARCH names another) and OpenMP linked against the
 runtime torch has loaded, so both share one thread pool (two pools on the same cores slow each
 other). It is cached in `$AGENTKV_CACHE_DIR/kernels/` (default `~/.cache/agentkv`) under a key of
 the sources, the compiler and the CPU: the first `Engine()` on a machine compiles them (about 4 s
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from agentkv.env import cache_root, native_kernels_allowed
+from agentkv.env import cache_root, cpu_arch, native_kernels_allowed
 from agentkv.errors import EngineError, RequestError
 
 log = logging.getLogger(__name__)
@@ -304,7 +304,7 @@ def _library() -> Path:
     omp = _loaded_openmp()
     digest = hashlib.sha256()
     for part in [*(p.read_bytes() for p in sorted(_CSRC.iterdir()) if p.suffix in (".c", ".h")),
-                 _compiler_version(cc), _cpu_signature(), str(omp).encode()]:
+                 _compiler_version(cc), _cpu_signature(), str(omp).encode(), _march().encode()]:
         digest.update(part)
     out = cache_root() / "kernels" / f"agentkv-cpu-{digest.hexdigest()[:16]}.so"
     if out.exists():
@@ -324,10 +324,16 @@ def _compile(cc: str, src: Path, tmp: Path, openmp: bool) -> Path:
     obj = tmp / (src.stem + ".o")
     base = [cc, "-O3", "-fPIC", "-std=gnu11", "-c", str(src), "-o", str(obj)] + (["-fopenmp"] if openmp else [])
     try:
-        _run(base + ["-march=native"])
+        _run(base + [f"-march={_march()}"])
     except RuntimeError:  # a compiler without -march=native: the portable build
         _run(base)
     return obj
+
+
+def _march() -> str:
+    """The CPU the kernels are built for: this one, or AGENTKV_CPU_ARCH (e.g. "haswell": the AVX2
+    bodies, which the tests check on any x86 host)."""
+    return cpu_arch()
 
 
 def _run(cmd: list[str]) -> None:
