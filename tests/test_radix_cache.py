@@ -102,20 +102,27 @@ def test_common_len_is_the_shared_prefix(a, b, shared):
     assert _common_len(a, b) == naive == _common_len(tuple(a), b)
 
 
+def tree_of(sequences: list[list[int]]) -> RadixCache:
+    """A tree that inserted `sequences` in order."""
+    slots = Slots(NUM_SLOTS)
+    cache = RadixCache(slots.free, pin_budget=50)
+    for tokens in sequences:
+        insert(cache, slots, tokens)
+    return cache
+
+
+def state(node) -> tuple:
+    """Everything a read-only lookup must leave as it was: keys, LRU times, the shape."""
+    return (tuple(node.key), node.last_access, sorted((k, state(c)) for k, c in node.children.items()))
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=8), min_size=1, max_size=6),
        st.lists(st.integers(1, 3), max_size=10), st.integers(0, 10))
 def test_cached_length_measures_without_changing_anything(cached, query, limit):
     """cached_length is the length match_prefix finds, and leaves the tree as it was: no split, no
     LRU use (what a waiting request's ordering may do every step)."""
-    slots = Slots(NUM_SLOTS)
-    cache = RadixCache(slots.free, pin_budget=50)
-    for tokens in cached:
-        insert(cache, slots, tokens)
-
-    def state(node):
-        return (tuple(node.key), node.last_access, sorted((k, state(c)) for k, c in node.children.items()))
-
+    cache = tree_of(cached)
     before = state(cache.root)
     n = cache.cached_length(query, limit)
     assert state(cache.root) == before
@@ -129,14 +136,7 @@ def test_continuation_is_the_latest_path_beyond_the_tokens(written, query, k):
     """continuation against the sequences inserted: nothing unless all of `query` is cached; else up to
     k tokens that some inserted sequence has after `query`, starting with what the latest one that
     goes on past `query` has there; and the tree is left as it was (no split, no LRU use)."""
-    slots = Slots(NUM_SLOTS)
-    cache = RadixCache(slots.free, pin_budget=50)
-    for tokens in written:
-        insert(cache, slots, tokens)
-
-    def state(node):
-        return (tuple(node.key), node.last_access, sorted((c, state(n)) for c, n in node.children.items()))
-
+    cache = tree_of(written)
     before = state(cache.root)
     got = cache.continuation(query, k)
     assert state(cache.root) == before
