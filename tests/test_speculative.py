@@ -230,6 +230,7 @@ def test_a_forced_run_joins_the_draft_and_is_appended_as_without_it(cycle_dir, s
         st = engine.stats()
     assert (out.token_ids, out.text, out.finish_reason) == (expected.token_ids, expected.text, expected.finish_reason)
     assert out.usage.jump_forward_tokens == expected.usage.jump_forward_tokens == 10
+    assert st["jump_forward_tokens_computed"] == 10  # computed in the drafts' pass: no jump pass of their own
     assert out.usage.draft_tokens == out.usage.accepted_draft_tokens > 0  # forced tokens are not counted as drafted
     assert out.usage.forward_passes <= (13 if stop is None else 9), out.usage
     assert st["free_slots"] + st["cached_tokens"] == st["total_slots"]

@@ -285,6 +285,7 @@ class Scheduler:
         self.kv.give_back(r, r.kv_len, r.kv_len + rejected)
         r.pending -= rejected
         forced_kept = sum(1 for j in draft.forced if j < kept)
+        self.stats.jump_forward_tokens_computed += forced_kept
         drafted, kept = len(draft) - len(draft.forced), kept - forced_kept
         r.speculation.verified(drafted, kept)
         r.usage.draft_tokens += drafted
