@@ -80,9 +80,11 @@ def quantized_linears(kernels, rows_list) -> list:
     import numpy as np
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from test_quant_kernels import K_QUANTS, k_blocks  # random K-quant blocks with sane scales
-
     import gguf
+    from test_quant_kernels import (  # random K-quant blocks with sane scales
+        K_QUANTS,
+        k_blocks,
+    )
 
     rng = np.random.default_rng(0)
     sets = {}
@@ -120,9 +122,8 @@ def long_inputs(kernels, rows: int = 512) -> list:
     import numpy as np
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from test_quant_kernels import k_blocks
-
     import gguf
+    from test_quant_kernels import k_blocks
 
     k, n = QUANT_SHAPES[2]
     rng, out = np.random.default_rng(1), []

@@ -33,7 +33,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from agents import TOOLS, INSTRUCTIONS, task
+from agents import INSTRUCTIONS, TOOLS, task
 from common import table
 
 import agentkv as ak

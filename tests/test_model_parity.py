@@ -8,7 +8,11 @@ import torch
 import agentkv as ak
 from agentkv.engine.config import ModelConfig, RopeScaling
 from agentkv.engine.model import Linear, RMSNorm
-from agentkv.engine.rope import ROTATION_MAX_TOKENS, ROTATION_MAX_TOKENS_LOW_PRECISION, RotaryEmbedding
+from agentkv.engine.rope import (
+    ROTATION_MAX_TOKENS,
+    ROTATION_MAX_TOKENS_LOW_PRECISION,
+    RotaryEmbedding,
+)
 from tests.conftest import requires_embedded
 from tests.reference import engine_logits, rel_error
 from tests.tiny import make_tiny_model

@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agentkv as ak
-from agentkv.engine.speculative import MAX_NGRAM, MIN_NGRAM, NgramIndex, SharedNgrams, Speculation, grammar_takes
+from agentkv.engine.speculative import (
+    MAX_NGRAM,
+    MIN_NGRAM,
+    NgramIndex,
+    SharedNgrams,
+    Speculation,
+    grammar_takes,
+)
 from tests.test_structured import TOOL_CALL
 
 ECHO = "Repeat this line exactly: the quick brown fox jumps over the lazy dog. " * 3

@@ -1,10 +1,11 @@
 """GGUF file -> an HF-style directory (config.json, model.safetensors, tokenizer files), cached.
 
-Matrices in Q8_0, Q4_0, Q4_1, Q4_K or Q6_K are kept in their blocks (quant.safetensors: uint8 rows, their types in
-its metadata), for the CPU's quantized linear kernel; the loader dequantizes them where that kernel
-does not run. Every other tensor (the other K-quants, F16, BF16, F32, whatever the `gguf` package
-implements) is dequantized to fp32. That and the tokenizer build take seconds to tens of seconds; the result is
-written once under the cache directory and every later start loads it like any HF checkpoint.
+Matrices in Q8_0, Q4_0, Q4_1, Q4_K or Q6_K are kept in their blocks (quant.safetensors: uint8 rows,
+their types in its metadata), for the CPU's quantized linear kernel; the loader dequantizes them where
+that kernel does not run. Every other tensor (the other K-quants, F16, BF16, F32, whatever the `gguf`
+package implements) is dequantized to fp32. That and the tokenizer build take seconds to tens of
+seconds; the result is written once under the cache directory and every later start loads it like
+any HF checkpoint.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agentkv.engine.request import Request
     from agentkv.engine.batch import ScheduledBatch
+    from agentkv.engine.request import Request
 
 
 class InFlight:

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
+from agentkv.engine.batch import ScheduledBatch
 from agentkv.engine.constrained import MaskWorker
 from agentkv.engine.outputs import TokenLogprob
 from agentkv.engine.runner import ForwardInputs, ModelRunner
 from agentkv.engine.sampler import sample
-from agentkv.engine.batch import ScheduledBatch
 from agentkv.engine.speculative import kept_prefix
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from agentkv.engine.batch import ScheduledBatch
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.model import CausalLM, ForwardContext
-from agentkv.engine.batch import ScheduledBatch
 from agentkv.kernels.base import AttentionBackend, AttentionMetadata
 
 
