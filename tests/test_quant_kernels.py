@@ -130,8 +130,17 @@ def test_long_inputs_on_a_large_weight(name, rows, monkeypatch):
     torch.testing.assert_close(kernels.qlinear(x, w, exact=True), x @ dense.t(), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or os.environ.get("AGENTKV_CPU_ARCH"),
-                    reason="the AVX2 bodies are x86's (and this is that run already)")
+def _has_avx2() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags and " f16c" in flags
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not _has_avx2()
+                    or bool(os.environ.get("AGENTKV_CPU_ARCH")),
+                    reason="needs an x86 CPU with AVX2, FMA and F16C (and this is not that run already)")
 def test_the_avx2_bodies(tmp_path):
     """The kernels built for an AVX2 CPU without AVX-512 or VNNI (-march=haswell: the 256-bit bodies,
     maddubs for the integer dots), which this host runs too: every test above passes on them."""
