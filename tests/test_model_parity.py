@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import agentkv as ak
-from agentkv.engine.config import ModelConfig, RopeScaling
 from agentkv.engine.model import Linear, RMSNorm
+from agentkv.engine.model_config import ModelConfig, RopeScaling
 from agentkv.engine.rope import (
     ROTATION_MAX_TOKENS,
     ROTATION_MAX_TOKENS_LOW_PRECISION,

@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agentkv as ak
-from agentkv.engine.config import ModelConfig, SchedulerConfig
+from agentkv.engine.config import SchedulerConfig
 from agentkv.engine.memory import KVPool, ReqToTokenPool
+from agentkv.engine.model_config import ModelConfig
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import Request
 from agentkv.engine.scheduler import Scheduler
@@ -187,8 +188,7 @@ def test_the_dedup_check_finds_what_a_pairwise_scan_finds(others, mine, n):
     """`PrefixSet.holds(r, n)`: some request in progress begins with r's first n tokens rounded up to
     whole blocks, exactly as comparing r with each of them finds."""
     from agentkv.engine.radix_cache import _common_len
-    from agentkv.engine.request import PREFIX_BLOCK
-    from agentkv.engine.request import PrefixSet
+    from agentkv.engine.request import PREFIX_BLOCK, PrefixSet
 
     prefix = [5] * 24  # shared by all, so that matches past the first blocks happen often
     in_progress = [req(prefix + o) for o in others]

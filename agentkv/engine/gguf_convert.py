@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from agentkv.engine.config import ModelConfig, RopeScaling
+from agentkv.engine.model_config import ModelConfig, RopeScaling
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 

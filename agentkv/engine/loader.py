@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from agentkv.engine.config import ModelConfig
 from agentkv.engine.gguf_convert import converted_dir
 from agentkv.engine.model import CausalLM
+from agentkv.engine.model_config import ModelConfig
 from agentkv.engine.tokenizer import Tokenizer
 from agentkv.errors import ModelLoadError
 from agentkv.kernels.cpu_native import QUANT_TYPES, NativeKernels, QuantWeight

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from agentkv.engine.config import ModelConfig
+from agentkv.engine.model_config import ModelConfig
 from agentkv.errors import RequestError
 
 

@@ -22,13 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agentkv.engine.config import ModelConfig, RopeScaling
 from agentkv.engine.linear import (
     Linear,
     LogitsProjection,
     QuantEmbedding,
     physical_memory,
 )
+from agentkv.engine.model_config import ModelConfig, RopeScaling
 from agentkv.engine.rope import RopeTables, RotaryEmbedding
 from agentkv.kernels.base import AttentionBackend
 from agentkv.kernels.cpu_native import NativeKernels, QuantWeight

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agentkv.engine.config import ModelConfig
+from agentkv.engine.model_config import ModelConfig
 from agentkv.errors import ModelLoadError, RequestError
 
 STARTUP_TIMEOUT_S = 600

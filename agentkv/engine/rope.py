@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agentkv.engine.config import ModelConfig
+from agentkv.engine.model_config import ModelConfig
 from agentkv.errors import ModelLoadError
 from agentkv.kernels.cpu_native import NativeKernels
 
