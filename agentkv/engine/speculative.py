@@ -46,6 +46,18 @@ MISS_LIMIT = 3
 SHARED_NGRAMS = 1 << 17  # n-grams of earlier requests' outputs kept (the least recently written go first)
 
 
+def ngrams_ending_at(ids: list[int], end: int):
+    """The MIN_NGRAM..MAX_NGRAM-token n-grams of `ids` that end just before `end` (as dict keys)."""
+    for n in range(MIN_NGRAM, min(MAX_NGRAM, end) + 1):
+        yield tuple(ids[end - n : end])
+
+
+def suffixes(ids: list[int]):
+    """(length, n-gram) of the suffixes of `ids` that drafting looks up, the longest first."""
+    for n in range(min(MAX_NGRAM, len(ids)), MIN_NGRAM - 1, -1):
+        yield n, tuple(ids[len(ids) - n :])
+
+
 @dataclass
 class NgramIndex:
     """Where each n-gram (MIN_NGRAM..MAX_NGRAM tokens) of a token list last ended, kept up to date as
@@ -61,15 +73,14 @@ class NgramIndex:
 
     def match(self, ids: list[int], k: int) -> tuple[int, list[int]]:
         """propose's draft and the length of the suffix that found it (0: none)."""
-        n_ids = len(ids)
-        for end in range(max(self.indexed, MIN_NGRAM), n_ids):  # not the n-grams ending at n_ids: the suffix itself
-            for n in range(MIN_NGRAM, min(MAX_NGRAM, end) + 1):
-                self.last_end[tuple(ids[end - n : end])] = end
-        self.indexed = max(self.indexed, n_ids)
+        for end in range(max(self.indexed, MIN_NGRAM), len(ids)):  # not those ending at len(ids): the suffix itself
+            for key in ngrams_ending_at(ids, end):
+                self.last_end[key] = end
+        self.indexed = max(self.indexed, len(ids))
         if k <= 0:
             return 0, []
-        for n in range(min(MAX_NGRAM, n_ids), MIN_NGRAM - 1, -1):
-            end = self.last_end.get(tuple(ids[n_ids - n :]))
+        for n, key in suffixes(ids):
+            end = self.last_end.get(key)
             if end is not None:
                 return n, ids[end : end + k]
         return 0, []
@@ -88,8 +99,7 @@ class SharedNgrams:
         """Index `ids[start:]` (a request's output; `start`: its prompt length)."""
         tail = ids[max(0, start - MAX_NGRAM) :]
         for end in range(MIN_NGRAM, len(tail)):
-            for n in range(MIN_NGRAM, min(MAX_NGRAM, end) + 1):
-                key = tuple(tail[end - n : end])
+            for key in ngrams_ending_at(tail, end):
                 self.last_end[key] = (tail, end)
                 self.last_end.move_to_end(key)
         while len(self.last_end) > self.capacity:
@@ -98,8 +108,8 @@ class SharedNgrams:
     def match(self, ids: list[int], k: int) -> tuple[int, list[int]]:
         """Up to k tokens that followed the longest suffix of `ids` an earlier request wrote, and
         that suffix's length (0: none)."""
-        for n in range(min(MAX_NGRAM, len(ids)), MIN_NGRAM - 1, -1):
-            hit = self.last_end.get(tuple(ids[len(ids) - n :]))
+        for n, key in suffixes(ids):
+            hit = self.last_end.get(key)
             if hit is not None:
                 tail, end = hit
                 return n, tail[end : end + k]

@@ -135,6 +135,14 @@ INLINE void dequant_any(const int qtype, const uint8_t *row, int64_t b, float *w
     else dequant_superblock(Q6_K, blk, w);
 }
 
+/* out[m, n] = v + bias[n] + res[m, n] (either absent where NULL), in x's dtype: every path's last step */
+INLINE void put_out(float v, int64_t m, int64_t n, const void *bias, const void *res, int64_t r_ld, void *out,
+                    int64_t out_ld, const int bf) {
+    if (bias) v += load1(bias, n, bf);
+    if (res) v += load1(res, m * r_ld + n, bf);
+    store1(out, m * out_ld + n, v, bf);
+}
+
 /* ---- the exact path: blocks dequantized to fp32, x in fp32 (CPUs without AVX2) ------------------- */
 
 INLINE void qlinear_exact(const int qtype, const int bf, const void *x, int64_t x_ld, int64_t M, int64_t K,
@@ -157,9 +165,7 @@ INLINE void qlinear_exact(const int qtype, const int bf, const void *x, int64_t 
         for (int64_t m = 0; m < M; m++) {
             float v = 0.f;
             for (int i = 0; i < QK; i++) v += acc[m][i];
-            if (bias) v += load1(bias, n, bf);
-            if (res) v += load1(res, m * r_ld + n, bf);
-            store1(out, m * out_ld + n, v, bf);
+            put_out(v, m, n, bias, res, r_ld, out, out_ld, bf);
         }
     }
 }
@@ -259,12 +265,7 @@ INLINE void qlinear_fast(const int qtype, const int bf, const int8_t *xq, const 
                 if (qtype != Q8_0) lin[m] += lo * sx[m * nb + b];
             }
         }
-        for (int64_t m = 0; m < M; m++) {
-            float v = hsum8(acc[m]) + lin[m];
-            if (bias) v += load1(bias, n, bf);
-            if (res) v += load1(res, m * r_ld + n, bf);
-            store1(out, m * out_ld + n, v, bf);
-        }
+        for (int64_t m = 0; m < M; m++) put_out(hsum8(acc[m]) + lin[m], m, n, bias, res, r_ld, out, out_ld, bf);
     }
 }
 
@@ -305,12 +306,7 @@ INLINE void qlinear_fast_q4k(const int bf, const int8_t *xq, const float *dx, co
                 }
             }
         }
-        for (int64_t m = 0; m < M; m++) {
-            float v = hsum8(acc[m]) + lin[m];
-            if (bias) v += load1(bias, n, bf);
-            if (res) v += load1(res, m * r_ld + n, bf);
-            store1(out, m * out_ld + n, v, bf);
-        }
+        for (int64_t m = 0; m < M; m++) put_out(hsum8(acc[m]) + lin[m], m, n, bias, res, r_ld, out, out_ld, bf);
     }
 }
 
@@ -358,12 +354,7 @@ INLINE void qlinear_fast_q6k(const int bf, const int8_t *xq, const float *dx, in
                 }
             }
         }
-        for (int64_t m = 0; m < M; m++) {
-            float v = hsum8(acc[m]);
-            if (bias) v += load1(bias, n, bf);
-            if (res) v += load1(res, m * r_ld + n, bf);
-            store1(out, m * out_ld + n, v, bf);
-        }
+        for (int64_t m = 0; m < M; m++) put_out(hsum8(acc[m]), m, n, bias, res, r_ld, out, out_ld, bf);
     }
 }
 #else
