@@ -101,3 +101,27 @@ def qwen_info():
     from agentkv.grammar import TokenizerInfo
 
     return TokenizerInfo.from_tiktoken(Path(spec.submodule_search_locations[0]) / "resources" / "qwen.tiktoken")
+
+
+@pytest.fixture(scope="module")
+def live(tiny_long_dir):
+    """The tiny model served on a free loopback port (tests/test_server.py's `serving`): (its /v1 base URL,
+    the engine, the model's name). Modules with a server of their own define their own `live`."""
+    pytest.importorskip("openai")
+    import agentkv as ak
+    from agentkv.server import create_app
+    from tests.test_server import KEY, serving
+
+    engine = ak.Engine(str(tiny_long_dir), num_slots=16384)
+    with serving(create_app(engine, "tiny", KEY)) as base:
+        yield base, engine, "tiny"
+    engine.close()
+
+
+@pytest.fixture()
+def client(live):
+    """An `openai` client of `live`."""
+    openai = pytest.importorskip("openai")
+    from tests.test_server import KEY
+
+    return openai.OpenAI(base_url=live[0], api_key=KEY, max_retries=0, timeout=120)
