@@ -19,6 +19,10 @@ process with a per-schema time limit (`--outlines-timeout`); a schema over it co
     python benchmarks/grammar.py                 # every 3rd schema, both vocabularies
     python benchmarks/grammar.py --every 1       # all 456
     python benchmarks/grammar.py --engines agentkv   # ours alone (about a minute)
+
+A second table times a torch matmul loop on one thread, alone and while another thread computes
+masks from empty caches (`--no-gil` leaves it out): the token walk runs in C without the GIL, so the
+matmul should barely slow down. The first-mask column counts masks not in the grammar's cache.
 """
 
 from __future__ import annotations
@@ -114,6 +118,8 @@ class Stats:
         self.compiled = self.bad = self.rejected = self.forced = self.walked = self.noncanonical = 0
         self.compile_s: list[float] = []
         self.mask_s: list[float] = []
+        self.first_s: list[float] = []  # masks computed for the first time (agentkv: not a cache hit)
+        self.jump_s: list[float] = []
 
     def judge(self, accepted: bool, valid: bool) -> None:
         if accepted and not valid:
@@ -124,23 +130,32 @@ class Stats:
     def row(self, name: str, total: int) -> list:
         c = np.array(self.compile_s or [0]) * 1e3
         m = np.array(self.mask_s or [0]) * 1e6
+        f = np.array(self.first_s or [0]) * 1e6
+        j = np.array(self.jump_s or [0]) * 1e6
         share = 100 * self.forced / max(1, self.walked)
         forced = f"{share:.1f}% ({self.noncanonical})" if self.walked else "n/a"
         return [name, f"{self.compiled}/{total} ({100 * self.compiled / max(1, total):.0f}%)", self.bad, self.rejected,
                 f"{np.percentile(c, 50):.1f} / {np.percentile(c, 95):.1f}",
                 f"{np.percentile(m, 50):.0f} / {np.percentile(m, 99):.0f} / {np.percentile(m, 99.9):.0f}",
-                forced]
+                f"{np.percentile(f, 50):.0f} / {np.percentile(f, 99):.0f} ({len(self.first_s)})" if self.first_s else "n/a",
+                f"{np.percentile(j, 99):.0f}" if self.jump_s else "n/a", forced]
 
 
-def walk(toks: list[int], fill, jump, accept_many, accept_one, st: Stats) -> None:
-    """Follow a canonical encoding (whole, so a jump near the cut compares in full): time each mask,
-    take forced tokens where the engine offers them, and count those that differ from the encoding."""
+def walk(toks: list[int], fill, jump, accept_many, accept_one, st: Stats, first=None) -> None:
+    """Follow a canonical encoding (whole, so a jump near the cut compares in full): time each mask
+    (`first()`: whether the next one is computed for the first time) and each jump-forward, take
+    forced tokens where the engine offers them, and count those that differ from the encoding."""
     i = 0
     while i < min(len(toks), MAX_WALK_TOKENS):
+        fresh = first is not None and first()
         t = time.perf_counter()
         fill()
         st.mask_s.append(time.perf_counter() - t)
+        if fresh:
+            st.first_s.append(st.mask_s[-1])
+        t = time.perf_counter()
         forced = jump()
+        st.jump_s.append(time.perf_counter() - t)
         if forced:
             if forced != toks[i:i + len(forced)]:
                 st.noncanonical += len(forced)
@@ -184,7 +199,7 @@ def run_ours(info: TokenizerInfo, docs, st: Stats, strict: bool = False, walk_ma
             walked = True
             m = Matcher(g)
             walk(info.encode_bytes(text.encode()), lambda m=m: m.fill_next_token_bitmask(bitmask),
-                 m.jump_forward_tokens, m.accept_tokens, m.accept_token, st)
+                 m.jump_forward_tokens, m.accept_tokens, m.accept_token, st, first=lambda m=m: m._cfg not in g._masks)
 
 
 def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
@@ -340,6 +355,66 @@ def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None
     pool.shutdown()
 
 
+def gil_row(info: TokenizerInfo, docs, seconds: float = 3.0) -> list:
+    """A torch matmul loop on one thread, alone and while another thread computes masks (every cache
+    emptied first, so each is a first computation): how much the matmul slows down. The masks are of
+    every configuration along each schema's first valid instance, compiled beforehand."""
+    import threading
+
+    import torch
+
+    compiler = GrammarCompiler(info)
+    known = documents()
+    work = []  # (grammar, configurations along an instance)
+    for doc in docs:
+        try:
+            g = compiler.compile_json_schema(doc["schema"], documents=known)
+        except GrammarError:
+            continue
+        for case in doc["tests"]:
+            text = agentkv_text(g, case["data"]) if case["valid"] else None
+            if text:
+                m, cfgs = Matcher(g), []
+                for tok in info.encode_bytes(text.encode())[:MAX_WALK_TOKENS]:
+                    cfgs.append(m._cfg)
+                    if not m.accept_token(tok):
+                        break
+                work.append((g, cfgs))
+                break
+    torch.set_num_threads(1)
+    a = torch.randn(384, 384)
+
+    def matmuls(stop: threading.Event) -> float:
+        n, t = 0, time.perf_counter()
+        while not stop.is_set() and time.perf_counter() - t < seconds:
+            a @ a
+            n += 1
+        return n / (time.perf_counter() - t)
+
+    alone = matmuls(threading.Event())
+    masks = [0]
+
+    def compute(stop: threading.Event) -> None:
+        while not stop.is_set():
+            info.rule_walks = type(info.rule_walks)(info.rule_walks.size)
+            for g, cfgs in work:
+                g._masks.clear()
+                g._state_tokens.clear()
+                for cid in cfgs:
+                    if stop.is_set():
+                        return
+                    g.mask(cid)
+                    masks[0] += 1
+
+    stop = threading.Event()
+    worker = threading.Thread(target=compute, args=(stop,))
+    worker.start()
+    beside = matmuls(threading.Event())
+    stop.set()
+    worker.join()
+    return [f"{alone:.0f}/s", f"{beside:.0f}/s", f"{100 * (1 - beside / alone):.1f}%", f"{masks[0] / seconds:.0f}/s"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--every", type=int, default=3, help="take every n-th SchemaStore schema")
@@ -347,12 +422,16 @@ def main() -> None:
                     help="seconds per schema for outlines-core (compile + checks); 0 leaves it out")
     ap.add_argument("--engines", default="agentkv,agentkv strict,llguidance,xgrammar,outlines-core",
                     help="comma-separated engines to run (those not installed are left out)")
+    ap.add_argument("--gil", action=argparse.BooleanOptionalAction, default=True,
+                    help="the matmul-beside-masks row (the token walk should not hold the GIL)")
     args = ap.parse_args()
     if not DATA.exists():
         sys.exit(f"{DATA} is absent: this benchmark needs ../shared/data/schemastore beside the clone")
     docs = [json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))[::args.every]]
-    rows = []
+    rows, gil = [], []
     for name, info, lltok in tokenizers():
+        if args.gil:
+            gil.append([name, *gil_row(info, docs)])
         engines = [("agentkv", lambda st: run_ours(info, docs, st)),
                    ("agentkv strict", lambda st: run_ours(info, docs, st, strict=True, walk_masks=False)),
                    ("llguidance", lambda st: run_llguidance(lltok, docs, st, info))]
@@ -367,7 +446,10 @@ def main() -> None:
             rows.append(st.row(f"{engine} {name}", len(docs)))
             print(f"{engine} {name}: {time.time() - t:.0f} s", file=sys.stderr)
     print(table(rows, ["engine / vocab", "compiled", "bad acc.", "good rej.", "compile p50/p95 ms",
-                       "mask p50/p99/p99.9 us", "forced (non-canon.)"]))
+                       "mask p50/p99/p99.9 us", "first mask p50/p99 us (n)", "jump p99 us", "forced (non-canon.)"]))
+    if gil:
+        print()
+        print(table(gil, ["vocab", "matmul alone", "beside masks", "slowdown", "masks computed"]))
 
 
 if __name__ == "__main__":

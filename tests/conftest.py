@@ -15,16 +15,24 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-@pytest.fixture(scope="module", params=["numpy", "python"])
+@pytest.fixture(scope="module", params=["native", "python"])
 def walk_mode(request):
-    """A grammar test module that uses this runs twice: token walks vectorized at every size, then one
-    token at a time (its small vocabularies would otherwise take the single-token walk nearly always)."""
-    from agentkv.grammar import masks
+    """A grammar test module that uses this runs twice: token walks in C, then in Python (the path
+    without a compiler or with AGENTKV_NATIVE_GRAMMAR=0). Walks kept across grammars are dropped
+    between the two, and compilers made per test compile afresh."""
+    from agentkv.grammar import native
 
-    saved = masks.SCALAR_MAX_TOKENS
-    masks.SCALAR_MAX_TOKENS = -1 if request.param == "numpy" else 1 << 30
+    from tests.grammar_helpers import clear_walk_caches
+
+    if request.param == "native" and native.load() is None:
+        pytest.skip(f"the native token walk is unavailable: {native.unavailable_reason()}")
+    saved = native.load
+    if request.param == "python":
+        native.load = lambda: None
+    clear_walk_caches()
     yield request.param
-    masks.SCALAR_MAX_TOKENS = saved
+    native.load = saved
+    clear_walk_caches()
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,19 @@ from hypothesis import strategies as st
 
 from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
+from agentkv.grammar.vocab import BoundedCache
 
 BYTE_INFO = TokenizerInfo([bytes([i]) for i in range(256)] + [None], eos_ids=[256])
 BYTE_COMPILER = GrammarCompiler(BYTE_INFO)
 STRICT_BYTE_COMPILER = GrammarCompiler(BYTE_INFO, strict=True)  # refuses what it cannot enforce exactly
+
+
+def clear_walk_caches() -> None:
+    """Forget the walks the shared byte compilers and their tokenizer keep (a test module that runs
+    on both walk paths, conftest.walk_mode, must not take one path's walks on the other)."""
+    for c in (BYTE_COMPILER, STRICT_BYTE_COMPILER):
+        c._cache.clear()
+    BYTE_INFO.rule_walks = BoundedCache(BYTE_INFO.rule_walks.size)
 
 
 def accepts(g: CompiledGrammar, text: str | bytes) -> bool:
@@ -59,8 +68,11 @@ def compile_one(compiler, kind, source):
 
 
 def brute_force(matcher: Matcher) -> set[int]:
-    """Token t is allowed iff its bytes lead somewhere live (EOS iff the text may end)."""
+    """Token t is allowed iff its bytes lead somewhere live (EOS iff the text may end); nothing once
+    the matcher took EOS."""
     g, info = matcher.grammar, matcher.grammar.info
+    if matcher.is_terminated():
+        return set()
     out = {t for t, b in enumerate(info.vocab) if b is not None and g.advance(matcher._cfg, b) != DEAD}
     if matcher.can_terminate():
         out |= set(info.eos_ids)
@@ -82,7 +94,9 @@ def assert_mask_is_brute_force(m: Matcher, bitmask: np.ndarray) -> set[int]:
     m.fill_next_token_bitmask(bitmask)
     bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[:info.vocab_size]
     expected = brute_force(m)
-    assert set(np.nonzero(bits)[0].tolist()) == expected
+    got = set(np.nonzero(bits)[0].tolist())
+    assert got == expected, (m._cfg, m.grammar.stacks(m._cfg), [info.vocab[t] for t in got - expected],
+                             [info.vocab[t] for t in expected - got])
     return expected
 
 

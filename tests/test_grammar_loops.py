@@ -1,15 +1,14 @@
-"""The token walk through loops over a class (walk_starts.py, masks.py, plain_runs.py), against the
-brute-force mask over small vocabularies: a loop over some longer characters and not others, long
-tokens through loops (their looping bytes skipped), tokens that leave a loop, and a first character
-before a class loop."""
+"""Masks through loops over a class, against brute force over small vocabularies: a loop over some
+longer characters and not others, long tokens through loops, tokens that leave a loop, and a first
+character before a class loop."""
 
 import numpy as np
 import pytest
 
-from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, walk_starts
+from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
 from tests.grammar_helpers import assert_mask_is_brute_force, compile_one
 
-pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: vectorized and one-token walks
+pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: the native walk and the Python one
 
 LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"1" + b"a" * 9, b"b" * 20,
         b"b" * 19 + b"x", b"a" + b"b" * 18 + b"x", b" " * 10 + b'"', b" " * 10 + "é".encode() * 3,
@@ -22,11 +21,8 @@ LONG = [b" " * 20, b" " * 12 + b"\n", b"-" * 30, b"-" * 9 + b"1", b"a" * 11 + b"
                                    "\u3000x"]])
 @pytest.mark.parametrize("pattern", ["^\\S+$", "^\\S+( \\S+)*$", "^(\\S|\u00a0x)+$"])  # a space, a space with an x
 def test_class_loops_over_some_longer_characters(inside, more, pattern):
-    # `\S` loops on most characters but not on the Unicode spaces (U+00A0, U+3000): a token whose
-    # later characters all loop is taken with the loop's block, one holding a space after its first
-    # character is not (each distinct longer character stepped from the loop state once). With
-    # `more` characters, the spaces are few enough that the tokens starting with one of the others
-    # are taken as packed masks (token_groups.after_longer_first_char).
+    # `\S` loops on most characters but not on the Unicode spaces (U+00A0, U+3000): no text loop
+    # (the walk steps each token), and a token holding a space after its first character dies.
     nbsp, ideo = "\u00a0", "\u3000"
     words = [bytes([c]) for c in range(0x20, 0x7F)] + [w.encode() for w in [
         "\u00e9", "a\u00e9", "a\u00e9\u00e9b", "\u00e9a", "\u00e9\u00e9", "\u4e2d\u6587", "x\u4e2d",
@@ -75,12 +71,10 @@ def test_long_tokens_through_loops(kind, source, inside):
     ("lark", 'start: w "y"\nw: /[a-wA-W]+/', ""),  # the loop's rule returns: "y" is read by its caller
     ("lark", 'start: w "y"\nw: /[a-wA-W]+/ | "-" w', "-"),
 ])
-def test_tokens_leaving_a_class_loop(kind, source, inside, monkeypatch):
+def test_tokens_leaving_a_class_loop(kind, source, inside):
     # From a state whose first characters lead into a loop over a class, a token that does not end in
-    # the loop walks on only where it holds a byte the loop state reads elsewhere (a space, a quote);
-    # where the loop's rule can return, any byte may be read by the caller, so every such token walks.
-    # (TREE_PAST -1: the first characters are walked by first character, not as a tree of texts.)
-    monkeypatch.setattr(walk_starts, "TREE_PAST", -1)
+    # the loop lives on only where it holds a byte the loop state reads elsewhere (a space, a quote);
+    # where the loop's rule can return, any byte may be read by the caller.
     words = [bytes([c]) for c in range(0x20, 0x7F)] + [
         b"ab cd", b'ab"', b'ab cd"', b"aby", b"Aby", b"ab.", b"ab\n", b"-ab", b"-aby", b'ab",', rb"ab\u", rb"ab\u00e9",
         "abé".encode(), "ab é".encode(), b"abcdefghij", b"ab cdefghi"]
@@ -103,13 +97,8 @@ def test_tokens_leaving_a_class_loop(kind, source, inside, monkeypatch):
     "^[a-z]+(\\.[ -\\-/-\u007f][^.]*)*$",  # the label takes every longer character, the dot none
 ])
 @pytest.mark.parametrize("inside", ['"ab', '"ab.cd'])
-def test_a_first_character_before_a_class_loop(pattern, inside, monkeypatch):
-    # A first character (a dot) leading every plain byte to one state that loops over a class: the
-    # tokens starting with it whose second byte leads into the loop and whose other bytes all loop
-    # there end in it (`loop_past_class`); the rest walk. (Trees of texts off, and any group size:
-    # the vocabulary is small.)
-    monkeypatch.setattr(walk_starts, "TREE_PAST", -1)
-    monkeypatch.setattr(walk_starts, "CLASS_LOOP_GROUP", 0)
+def test_a_first_character_before_a_class_loop(pattern, inside):
+    # A first character (a dot) leading every plain byte to one state that loops over a class.
     words = [bytes([c]) for c in range(0x20, 0x7F)] + [w.encode() for w in [
         ".com", ".js", ".a1-b", ".ab.cd", ".Ab", ".a b", '.ab"', ".a\u00e9", ".\u00e9", ".ab\n", ".1a", "..", ".a.",
         ".abcdefghijkl", "ab.cd", "\u00e9", "a\u00e9b", ".\u00e9a", ".1", ".a\u00e9\u00e9"]]
@@ -118,8 +107,6 @@ def test_a_first_character_before_a_class_loop(pattern, inside, monkeypatch):
     m = Matcher(g)
     assert m.accept_bytes(inside.encode())
     allowed = assert_mask_is_brute_force(m, np.zeros((1, info.words), dtype=np.int32))
-    dot = {int(g.automaton.trans[s[-1], ord(".")]) for s in g._configs[m._cfg][0]} - {-1}
-    assert any(g.loop_past_class(s) is not None for s in dot)  # the route was taken
     assert words.index(".com".encode()) in allowed
 
 

@@ -28,14 +28,14 @@ GRAMMARS = [
     ("schema", {"type": "object", "properties": {"s": {"type": "string", "pattern": "^[^b]*$"},
                                                  "t": {"type": "string", "pattern": "a1"}}}),
     ("regex", r"(ab|a)*b{1,3}"),
-    # Plain characters going different ways, multi-byte ones all one way or not (masks.py, first char).
+    # Plain characters going different ways, multi-byte ones all one way or not.
     ("regex", r'"(a|[^\x00-\x7F])b?"'),
     ("regex", r'"(a|é)[ab]?"'),
     ("regex", r'"[ab]*"(,"[01]+")?'),
 ]
 
 
-pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: vectorized and one-token walks
+pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: the native walk and the Python one
 
 
 @settings(max_examples=60, deadline=None)
@@ -177,31 +177,22 @@ def test_special_tokens_never_match_text():
     assert 2 in allowed  # a plain-text token spelling a special name is text, not special
 
 
-def test_ids_of_any_and_tokens_inside_find_every_token_spelling_a_prefix():
-    from agentkv.grammar.literals import tokens_inside, tokens_past
-
+def test_tokens_past_a_text_are_the_tries():
+    # The tokens running past a text (jump-forward's boundary check): neither twin of the text itself
     info = TokenizerInfo([b"a", b"ab", None, b"abc", b"ab", b"b"], eos_ids=[2])  # "ab" twice
-    assert info.ids_of_any([b"ab"]) == [1, 4] and info.ids_of_any([b"abc", b"ba"]) == [3]
-    assert sorted(tokens_inside(info, b"abcd")) == [0, 1, 3, 4]
-    # and the tokens running past a text: neither twin of the text itself
-    assert tokens_past(info, b"ab").tolist() == [3] and sorted(tokens_past(info, b"a").tolist()) == [1, 3, 4]
+    assert info.trie.tokens_past(b"ab").tolist() == [3]
+    assert sorted(info.trie.tokens_past(b"a").tolist()) == [1, 3, 4]
+    assert info.trie.tokens_past(b"c").tolist() == [] and len(info.trie.tokens_past(b"")) == 5
 
 
 @settings(max_examples=60, deadline=None)
-@given(vocabularies(), st.lists(st.binary(min_size=1, max_size=8), min_size=1, max_size=6))
-def test_literal_lookups_match_their_definitions(info, raw):
-    # tokens_inside / tokens_inside_any / tokens_past look prefixes up only as long as the longest token
-    # starting with a text's first two bytes (TokenizerInfo.longest_from): the same sets as by definition.
-    from agentkv.grammar.literals import tokens_inside, tokens_inside_any, tokens_past
-
+@given(vocabularies(), st.lists(st.binary(min_size=0, max_size=8), min_size=1, max_size=6))
+def test_tokens_past_match_their_definition(info, raw):
     texts = [bytes(ALPHABET[x % len(ALPHABET)] for x in r) for r in raw]
     vocab = [(t, b) for t, b in enumerate(info.vocab) if b]
     for text in texts:
-        assert sorted(tokens_inside(info, text)) == sorted(t for t, b in vocab if text.startswith(b))
-        assert sorted(tokens_past(info, text).tolist()) == sorted(
+        assert sorted(info.trie.tokens_past(text).tolist()) == sorted(
             t for t, b in vocab if b.startswith(text) and len(b) > len(text))
-    assert sorted(tokens_inside_any(info, texts)) == sorted(
-        t for t, b in vocab if any(x.startswith(b) for x in texts))
 
 
 def test_deep_recursion_is_exact():

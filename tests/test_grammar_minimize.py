@@ -1,4 +1,4 @@
-"""DFA minimization (minimize.py) and the top-state token sets (masks.py).
+"""DFA minimization (minimize.py) and the top-state token sets (token_walk.py).
 
 Minimized DFAs are checked against the DFA they came from (same language, explored pair by pair)
 and against a plain Python partition refinement (same number of states); masks built from shared
@@ -19,7 +19,7 @@ from agentkv.grammar.regex import search_expr
 from tests.test_grammar_matcher import assert_mask_is_brute_force
 from tests.test_grammar_regex import patterns
 
-pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: vectorized and one-token walks
+pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: the native walk and the Python one
 
 FAR = float("inf")
 
@@ -85,14 +85,14 @@ def test_hash_collisions_cannot_merge_different_states(monkeypatch):
         assert same_language(d, minimize(d, FAR)), pattern
 
 
-def test_a_matched_pattern_tail_is_one_plain_run():
+def test_a_matched_pattern_tail_is_one_text_loop():
     # Unanchored "1.1": once it matched, any text may follow; minimized, that is one state every
-    # plain character loops on, so masks take plain tokens there as a block.
+    # plain character loops on (a text loop: the walk allows plain tokens there unwalked).
     info = TokenizerInfo([bytes([c]) for c in b'"1.xyz'] + [b"abc", None], eos_ids=[7])
     g = GrammarCompiler(info).compile_json_schema({"type": "string", "pattern": "1.1"})
     cid = g.advance(g.initial, b'"x1.1')
     (stack,) = g.stacks(cid)
-    assert g.plain_run(stack[-1])[0] > 0
+    assert g.walk_tables.text_loop[stack[-1]]
 
 
 ALPHABET = b'[]"a,'

@@ -11,33 +11,30 @@ shared by every request using this grammar.
 from __future__ import annotations
 
 import threading
+from functools import cached_property
 
 import numpy as np
 
 from agentkv.grammar.automaton import Automaton
-from agentkv.grammar.closure_walks import closure_walk, keep_closure_walk
-from agentkv.grammar.literals import tokens_inside_any, tokens_past
-from agentkv.grammar.masks import (
-    BELOW,
+from agentkv.grammar.relaxed import Relaxed
+from agentkv.grammar.token_walk import (
     StateTokens,
+    WalkTables,
     continue_below,
     stack_walk,
     top_state_tokens,
 )
-from agentkv.grammar.plain_runs import MAX_CACHED_STATES, PlainRuns
-from agentkv.grammar.relaxed import Relaxed
-from agentkv.grammar.token_groups import packed_ids_mask
 from agentkv.grammar.vocab import TokenizerInfo
 from agentkv.grammar.walk_reuse import WalkReuse
 
 MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
 MAX_FORCED_BYTES = 4096
-MAX_LITERAL = 64  # the longest run of single-byte states walked as text (`literal`)
 MAX_CACHED_MASKS = 4096     # per grammar: 4096 x 19 KB at a 151k vocabulary
+MAX_CACHED_STATES = 4096    # per grammar: top-state walks kept
 DEAD = -1
 
 
-class CompiledGrammar(PlainRuns, WalkReuse):
+class CompiledGrammar(WalkReuse):
     """Shared by all matchers of one grammar; thread-safe (caches are filled under a lock)."""
 
     def __init__(self, automaton: Automaton, info: TokenizerInfo, description: str = "grammar",
@@ -52,22 +49,11 @@ class CompiledGrammar(PlainRuns, WalkReuse):
         # A state needs a fork in the token walk when it can call a rule or return from one.
         self.fork_states = a.accept.copy()
         self.fork_states[list(a.calls)] = True
-        self.fork_list = self.fork_states.tolist()  # the same, for walks of a single token (masks.py)
-        # The one byte a state reads, where it reads exactly one and is no fork (-1 elsewhere): from
-        # there on a literal (a property name with its quotes and colon, a keyword) is walked as text.
-        # `first_only` allows forks: a walk's first state's calls and returns are other stacks (an
-        # optional member's comma, one stack per property, is a literal up to the member's value).
-        live = a.trans >= 0
-        single = live.sum(axis=1) == 1
-        first = np.where(single, live.argmax(axis=1), -1)
-        self.first_only = first.tolist()
-        only = np.where(self.fork_states, -1, first)
-        self.only_byte = only.tolist()
-        self.only_next = a.trans[np.arange(len(first)), np.maximum(first, 0)].tolist()  # where that byte leads
         # A return state with nothing after it: a call from there replaces the frame (tail call), so
         # right-recursive chains (object member tails, Lark lists) do not deepen the stack.
         self.tail_states = a.accept & ~a.has_bytes
         self.tail_states[list(a.calls)] = False
+        self.max_depth = MAX_STACK_DEPTH  # (read here: tests lower it)
         self._lock = threading.RLock()
         self._expanded: dict[tuple, tuple[tuple[tuple, ...], bool]] = {}
         self._deepest: dict[tuple, int] = {}
@@ -77,10 +63,6 @@ class CompiledGrammar(PlainRuns, WalkReuse):
         self._steps: dict[tuple[int, int], int] = {}
         self._masks: dict[int, np.ndarray] = {}
         self._forced: dict[int, bytes] = {}
-        self._literals: dict[int, tuple[bytes, int]] = {}
-        self._lone: dict[int, bytes | None] = {}
-        self._closure_walks: list = []  # closure_walks.py
-        self._init_plain_runs()
         self._init_walk_reuse()
         self.initial = self._intern([(a.starts[0],)])
 
@@ -99,9 +81,7 @@ class CompiledGrammar(PlainRuns, WalkReuse):
     # -- configurations ----------------------------------------------------------------------------
 
     def expand(self, stack: tuple) -> tuple[tuple[tuple, ...], bool]:
-        """Stacks reachable from `stack` by calls and returns alone whose top can read a byte; can end?
-
-        A relative stack (bottom `BELOW`, see masks.py) "can end" where it returns below its frames."""
+        """Stacks reachable from `stack` by calls and returns alone whose top can read a byte; can end?"""
         hit = self._expanded.get(stack)
         if hit is not None:
             return hit
@@ -113,12 +93,9 @@ class CompiledGrammar(PlainRuns, WalkReuse):
                 continue
             seen.add(s)
             top = s[-1]
-            if top == BELOW:
-                can_end = True
-                continue
             if a.has_bytes[top]:
                 out.append(s)
-            if len(s) < MAX_STACK_DEPTH:
+            if len(s) < self.max_depth:
                 for rule, ret in a.calls.get(top, ()):
                     todo.append(s[:-1] + ((a.starts[rule],) if self.tail_states[ret] else (ret, a.starts[rule])))
             if a.accept[top]:
@@ -130,31 +107,6 @@ class CompiledGrammar(PlainRuns, WalkReuse):
         self._expanded[stack] = result
         self._deepest[stack] = max(map(len, seen))
         return result
-
-    def literal(self, q: int) -> tuple[bytes, int]:
-        """The text that state `q` reads one byte at a time (see `first_only`), up to MAX_LITERAL
-        bytes, and the state after it; empty where `q` reads more than one byte."""
-        hit = self._literals.get(q)
-        if hit is None:
-            only, after = self.only_byte, self.only_next
-            text, end = bytearray(), q
-            if self.first_only[q] >= 0:  # (the first state may fork: its calls and returns are other stacks)
-                text.append(self.first_only[q])
-                end = after[q]
-                while only[end] >= 0 and len(text) < MAX_LITERAL:
-                    text.append(only[end])
-                    end = after[end]
-            hit = self._literals[q] = (bytes(text), end)
-        return hit
-
-    def lone_literal(self, q: int) -> bytes | None:
-        """`literal(q)`'s text where it has two bytes or more and no token runs past its end (an
-        optional member's comma and name): the tokens `q` allows are those inside it. Else None."""
-        hit = self._lone.get(q, False)
-        if hit is False:
-            text = self.literal(q)[0] if self.first_only[q] >= 0 else b""
-            hit = self._lone[q] = text if len(text) > 1 and not len(tokens_past(self.info, text)) else None
-        return hit
 
     def deepest(self, stack: tuple) -> int:
         """The longest stack `expand(stack)` considered (where the depth limit could have applied)."""
@@ -203,32 +155,25 @@ class CompiledGrammar(PlainRuns, WalkReuse):
 
     # -- derived per configuration ------------------------------------------------------------------
 
+    @cached_property
+    def walk_tables(self) -> WalkTables:
+        """The automaton as the token walk reads it (token_walk.py)."""
+        return WalkTables(self)
+
     def mask(self, cid: int) -> np.ndarray:
         """Allowed tokens as an int32 bitmask row (bit i of word i // 32 is token i); EOS where it may end."""
         m = self._masks.get(cid)
         if m is None:
             with self._lock:
                 m = np.zeros(self.info.words, dtype="<i4")
-                allowed = None  # tokens found by walking through this configuration's own frames
-                texts = []  # tops that read literal text no token runs past: looked up together
                 for stack in self._configs[cid][0]:
-                    text = self.lone_literal(stack[-1])
-                    if text is not None and len(stack) < MAX_STACK_DEPTH:
-                        texts.append(text)
-                        continue
                     st = self.state_tokens(stack[-1])
-                    if st.depth + max(len(stack) - 2, 0) < MAX_STACK_DEPTH:
+                    if st.depth + max(len(stack) - 2, 0) < self.max_depth:
                         m |= st.allowed
-                        if len(stack) > 1 and len(st.below_ids):
-                            allowed = allowed if allowed is not None else np.zeros(self.info.words * 32, bool)
-                            continue_below(self, stack[:-1], st.below_ids, st.below_offsets, allowed)
+                        if len(stack) > 1:
+                            continue_below(self, stack[:-1], st.below, m)
                     else:  # so deep that the nesting limit may cut a token short: walk it whole
-                        allowed = allowed if allowed is not None else np.zeros(self.info.words * 32, bool)
-                        stack_walk(self, stack, allowed)
-                if allowed is not None:
-                    m |= np.packbits(allowed, bitorder="little").view("<i4")
-                if texts:  # (one per optional property that may come next: their prefixes are shared)
-                    m |= packed_ids_mask(self.info, tokens_inside_any(self.info, texts))
+                        stack_walk(self, stack, m)
                 if self._configs[cid][1]:
                     bits = m.view(np.uint32)
                     for e in self.info.eos_ids:
@@ -240,23 +185,16 @@ class CompiledGrammar(PlainRuns, WalkReuse):
         return m
 
     def state_tokens(self, q: int) -> StateTokens:
-        """The tokens state `q` allows whatever lies below it, and those that return below (masks.py)."""
+        """The tokens state `q` allows whatever lies below it, and where they return below (token_walk.py)."""
         st = self._state_tokens.get(q)
         if st is None:
             with self._lock:
                 key = self._walk_key(q)
                 st = self.info.rule_walks.get(key) if key is not None else None
                 if st is None:
-                    st = self._chain_walk(q)
-                if st is None:
-                    st = closure_walk(self, q)  # (from a closure's state walked before, if near)
-                    if st is None:
-                        st = top_state_tokens(self, q)
-                    keep_closure_walk(self, q, st)
+                    st = top_state_tokens(self, q)
                     if key is not None:
                         self.info.rule_walks.put(key, st)
-                    if q in self._chain_run:
-                        self._chain_walks[self._chain_run[q]] = st
                 if len(self._state_tokens) >= MAX_CACHED_STATES:
                     del self._state_tokens[next(iter(self._state_tokens))]
                 self._state_tokens[q] = st

@@ -34,10 +34,8 @@ class GrammarCompiler:
         if not isinstance(info, TokenizerInfo):
             raise GrammarError("GrammarCompiler needs a TokenizerInfo (TokenizerInfo.from_huggingface(tokenizer))")
         self.info = info
-        # The vocabulary tables token masks read, built now rather than in a request's first mask.
-        info.plain_suffix, info.plain_ahead, info.first_char_groups, info.non_plain_by_first_byte  # noqa: B018
-        info.later_bytes, info.first_char_masks, info.plain_prefixes, info.non_plain_heads  # noqa: B018
-        info.longer_chars  # noqa: B018
+        # The byte trie token masks walk, built now rather than in a request's first mask.
+        info.trie  # noqa: B018
         self.timeout_s = timeout_s
         self.strict = strict
         self._cache: OrderedDict = OrderedDict()

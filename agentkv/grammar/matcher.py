@@ -13,8 +13,7 @@ import numpy as np
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
-from agentkv.grammar.literals import tokens_past
-from agentkv.grammar.token_groups import packed_has
+from agentkv.grammar.token_trie import packed_has
 
 MAX_BACKOFF_TOKENS = 4
 MAX_EXTENSION_CHECKS = 64
@@ -203,7 +202,7 @@ def _complete_utf8(data: bytes) -> bytes:
 
 def _longer_allowed_tokens(g: CompiledGrammar, cid: int, suffix: bytes) -> list[int]:
     """The tokens allowed at `cid` that start with `suffix` and go past it."""
-    ids = tokens_past(g.info, suffix)
+    ids = g.info.trie.tokens_past(suffix)
     if len(ids) > MAX_EXTENSION_CHECKS:  # many candidates: the mask answers at once
         mask = g.mask(cid)
         return ids[packed_has(mask, ids)].tolist()

@@ -5,13 +5,14 @@ the EOS ids, and an encoder used only to turn forced text into the tokenizer's o
 pre-tokenizer's cuts, which tell jump-forward where no token can span; splits.py). Built
 from a HF/`tokenizers` tokenizer (byte-level BPE through the GPT-2 byte map, or SentencePiece with
 `<0xNN>` byte fallback), from a tiktoken ranks file, or from a plain list of bytes.
-The arrays here are per tokenizer and shared by every grammar compiled for it; the tables the token
-walk reads are built on first use (token_tables.py, plain_tables.py).
+The arrays here are per tokenizer and shared by every grammar compiled for it; the byte trie the token
+walk reads is built on first use (token_trie.py).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -21,8 +22,7 @@ import numpy as np
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.splits import Splitter
-from agentkv.grammar.plain_tables import PlainTables
-from agentkv.grammar.token_tables import TokenTables, is_plain
+from agentkv.grammar.token_trie import TokenTrie, build_trie
 
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -42,7 +42,6 @@ def gpt2_byte_decoder() -> dict[str, int]:
 
 
 MAX_RULE_WALKS = 1024
-MAX_SET_MASKS = 512  # 19 KB each at 151k
 
 
 class BoundedCache:
@@ -80,7 +79,7 @@ class BoundedCache:
         return len(self._items)
 
 
-class TokenizerInfo(TokenTables, PlainTables):
+class TokenizerInfo:
     """Vocabulary bytes and EOS ids of one tokenizer (see the module docstring)."""
 
     def __init__(self, vocab: Sequence[bytes | None], eos_ids: Iterable[int] = (),
@@ -97,62 +96,27 @@ class TokenizerInfo(TokenTables, PlainTables):
                 raise GrammarError(f"EOS id {e} is outside the vocabulary of {self.vocab_size} tokens")
         self.encode_bytes = encode
         self.splitter = splitter  # the pre-tokenizer's pieces, where the encoder cuts text first
-        lengths = np.array([0 if b is None else len(b) for b in self.vocab], dtype=np.int32)
-        self.lengths = lengths
-        width = max(1, int(lengths.max(initial=1)))
-        # Token bytes padded to the longest token, `bytes_at[k, t]` the k-th byte of token t: a walk
-        # reads one offset of many tokens at a time, a contiguous row. Padding is never read.
-        mat = np.zeros((self.vocab_size, width), dtype=np.uint8)
-        for i, b in enumerate(self.vocab):
-            if b:
-                mat[i, :len(b)] = np.frombuffer(b, dtype=np.uint8)
-        self.bytes_at = np.ascontiguousarray(mat.T)
-        self.above_any = b"\xff" * (width + 1)  # text + this sorts after every token starting with text
-        self.text_ids = np.nonzero(lengths > 0)[0].astype(np.int64)
-        # Lexicographic order: the tokens extending a given byte string are one contiguous run.
-        self.sorted_ids = sorted(self.text_ids.tolist(), key=lambda i: self.vocab[i])
-        self.sorted_bytes = [self.vocab[i] for i in self.sorted_ids]
-        self.sorted_id_array = np.array(self.sorted_ids, dtype=np.int64)
-        self.sorted_id_array.flags.writeable = False  # (literal lookups hand out views of it)
-        # Token bytes -> their first index in sorted_ids (ids_of_any; reversed: the first wins), the
-        # indices whose token has a twin of the same bytes, and per first two bytes the longest token
-        # starting with them: literal text looks up its prefixes only up to that length.
-        n = len(self.sorted_bytes)
-        self._sorted_at = dict(zip(reversed(self.sorted_bytes), range(n - 1, -1, -1)))
-        self._twinned = {k for k in range(n - 1) if self.sorted_bytes[k] == self.sorted_bytes[k + 1]} \
-            if len(self._sorted_at) < n else set()  # (no twins where every token's bytes are a key: 32 ms saved at 151k)
-        self.longest_from = np.ones(1 << 16, dtype=np.int64)
-        if width > 1:
-            two = lengths >= 2
-            first_two = self.bytes_at[0, two].astype(np.int64) << 8 | self.bytes_at[1, two]
-            np.maximum.at(self.longest_from, first_two, lengths[two])
+        self.lengths = np.array([0 if b is None else len(b) for b in self.vocab], dtype=np.int32)
         self.words = (self.vocab_size + 31) // 32
-        # "Plain" tokens: whole UTF-8 characters of PLAIN_CHARACTERS, text that a JSON string body
-        # takes as is. Token masks move them by character count.
-        plain = np.full(self.vocab_size, -1, dtype=np.int32)
-        for i, b in enumerate(self.vocab):
-            if b:
-                try:
-                    text = b.decode("utf-8")
-                except UnicodeDecodeError:
-                    continue
-                if all(is_plain(c) for c in text):
-                    plain[i] = len(text)
-        self.plain_chars = plain
-        order = np.argsort(plain, kind="stable")
-        order = order[plain[order] > 0]
-        self.plain_sorted = order.astype(np.int64)  # plain token ids by character count
-        self.plain_bounds = np.searchsorted(plain[order], np.arange(int(plain.max(initial=0)) + 2))
-        self.non_plain_ids = self.text_ids[plain[self.text_ids] < 0]
-        self._init_tables()
-        self._init_plain_tables()
+        # Lexicographic order: the tokens extending a given byte string are one contiguous run (the trie's).
+        text_ids = np.nonzero(self.lengths > 0)[0].tolist()
+        self.sorted_id_array = np.array(sorted(text_ids, key=lambda i: self.vocab[i]), dtype=np.int64)
+        self.sorted_id_array.flags.writeable = False  # (lookups hand out views of it)
         # Token walks from states of rules that call no other, or only themselves, by (expression, DFA
         # size, state): see `WalkReuse._walk_key` (walk_reuse.py). Bounded: each holds a packed mask (19 KB at 151k).
         self.rule_walks = BoundedCache(MAX_RULE_WALKS)
         self.rule_keys = BoundedCache(MAX_RULE_WALKS)  # each rule's key once (`WalkReuse._walk_key`)
-        # Packed masks of byte and character sets (token_tables.py's `later_any`, token_groups.py's
-        # `groups_mask`): a class recurs across states and grammars.
-        self.set_masks = BoundedCache(MAX_SET_MASKS)
+
+    @functools.cached_property
+    def trie(self) -> TokenTrie:
+        """The byte trie of the text tokens, as the token walk reads it (token_trie.py)."""
+        return build_trie(self)
+
+    @functools.cached_property
+    def trie_struct(self):
+        """`trie` as the native walk's struct (token_walk.py)."""
+        from agentkv.grammar.token_walk import trie_struct
+        return trie_struct(self.trie)
 
     # -- construction -------------------------------------------------------------------------------
 

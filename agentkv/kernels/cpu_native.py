@@ -18,20 +18,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
 import platform
 import re
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from agentkv.env import cache_root, cpu_arch, native_kernels_allowed
+from agentkv import native_build
+from agentkv.env import cpu_arch, native_kernels_allowed
 from agentkv.errors import EngineError, RequestError
 
 log = logging.getLogger(__name__)
@@ -297,49 +293,19 @@ def _load() -> tuple[NativeKernels | None, str]:
 
 
 def _library() -> Path:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        raise RuntimeError("no C compiler found (install gcc or clang, or set CC)")
-    sources = sorted(_CSRC.glob("*.c"))
     omp = _loaded_openmp()
-    digest = hashlib.sha256()
-    for part in [*(p.read_bytes() for p in sorted(_CSRC.iterdir()) if p.suffix in (".c", ".h")),
-                 _compiler_version(cc), _cpu_signature(), str(omp).encode(), _march().encode()]:
-        digest.update(part)
-    out = cache_root() / "kernels" / f"agentkv-cpu-{digest.hexdigest()[:16]}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        objects = [_compile(cc, src, Path(tmp), omp is not None) for src in sources]
-        so = Path(tmp) / out.name
-        # OpenMP from the runtime this process already holds (torch's), found by path and linked by it
-        link = [str(omp), f"-Wl,-rpath,{omp.parent}"] if omp is not None else []
-        _run([cc, "-shared", "-o", str(so), *map(str, objects), *link, "-lm"])
-        os.replace(so, out)  # atomic: processes building at once (tensor-parallel ranks) all load a whole file
-    return out
-
-
-def _compile(cc: str, src: Path, tmp: Path, openmp: bool) -> Path:
-    obj = tmp / (src.stem + ".o")
-    base = [cc, "-O3", "-fPIC", "-std=gnu11", "-c", str(src), "-o", str(obj)] + (["-fopenmp"] if openmp else [])
-    try:
-        _run(base + [f"-march={_march()}"])
-    except RuntimeError:  # a compiler without -march=native: the portable build
-        _run(base)
-    return obj
+    # OpenMP from the runtime this process already holds (torch's), found by path and linked by it
+    link = [str(omp), f"-Wl,-rpath,{omp.parent}"] if omp is not None else []
+    openmp = ["-fopenmp"] if omp is not None else []
+    return native_build.build("kernels", "agentkv-cpu", sorted(_CSRC.glob("*.c")),
+                              flags=[*openmp, f"-march={_march()}"], fallback_flags=openmp, link=link,
+                              key=[_cpu_signature()])
 
 
 def _march() -> str:
     """The CPU the kernels are built for: this one, or AGENTKV_CPU_ARCH (e.g. "haswell": the AVX2
     bodies, which the tests check on any x86 host)."""
     return cpu_arch()
-
-
-def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:2])} ... failed: {proc.stderr.strip()[-600:]}")
 
 
 def _loaded_openmp() -> Path | None:
@@ -350,13 +316,6 @@ def _loaded_openmp() -> Path | None:
         return None
     found = re.search(r"(/\S*/lib(?:gomp|iomp5|omp)[^/\s]*\.so[^/\s]*)$", maps, re.M)
     return Path(found.group(1)) if found else None
-
-
-def _compiler_version(cc: str) -> bytes:
-    try:
-        return subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return b""
 
 
 def _cpu_signature() -> bytes:

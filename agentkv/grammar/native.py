@@ -1,0 +1,58 @@
+"""The grammar's native token walk (csrc/token_walk.c), built on first use and loaded with ctypes.
+
+Portable C (no -march, no OpenMP, no torch), cached in `$AGENTKV_CACHE_DIR/grammar/` by source and
+compiler (native_build.py). Without a C compiler, or with `AGENTKV_NATIVE_GRAMMAR=0`, `load()` returns
+None and token_walk.py walks in Python: the same algorithm, the same masks, slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from pathlib import Path
+
+from agentkv import native_build
+from agentkv.env import native_grammar_allowed
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).resolve().parent / "csrc" / "token_walk.c"
+_P, _I32 = ctypes.c_void_p, ctypes.c_int32
+
+
+class GrammarStruct(ctypes.Structure):
+    """token_walk.c's Grammar."""
+    _fields_ = [("trans", _P), ("fork", _P), ("accept", _P), ("has_bytes", _P), ("tail", _P),
+                ("text_loop", _P), ("call_off", _P), ("call_rule", _P), ("call_ret", _P), ("starts", _P),
+                ("n_states", _I32), ("max_depth", _I32)]
+
+
+class TrieStruct(ctypes.Structure):
+    """token_walk.c's Trie."""
+    _fields_ = [("byte", _P), ("next", _P), ("depth", _P), ("tok", _P), ("n_end", _P), ("text", _P),
+                ("sorted_ids", _P), ("n_nodes", _I32), ("max_len", _I32)]
+
+
+def load() -> ctypes.CDLL | None:
+    """The library, or None where it is turned off or cannot be built (`unavailable_reason()`)."""
+    return _load()[0]
+
+
+def unavailable_reason() -> str:
+    return _load()[1]
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    if not native_grammar_allowed():
+        return None, "AGENTKV_NATIVE_GRAMMAR=0 turned the native token walk off"
+    try:
+        lib = ctypes.CDLL(str(native_build.build("grammar", "agentkv-grammar", [_SOURCE])))
+    except (OSError, RuntimeError) as e:
+        log.warning("agentkv: native token walk unavailable, walking in Python (%s)", e)
+        return None, str(e)
+    lib.agentkv_token_walk.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _P, _I32, _I32,
+                                       _P, _I32, _P, _P, _P, _P]
+    lib.agentkv_token_walk.restype = ctypes.c_int
+    return lib, ""

@@ -1,0 +1,266 @@
+"""The token walk: which tokens a parser stack can read next, walked over the tokenizer's byte trie.
+
+The walk (csrc/token_walk.c has the full account; this module is its Python twin, used where the
+native code is off or cannot be built) goes depth first through the trie (token_trie.py) with, at
+each depth, the set of parser stacks the path so far can have left. A byte no stack reads skips the
+node's subtree; a shared prefix is stepped once; a token ending at a node where some stack read its
+last byte is allowed. Stacks are (top state, frame) pairs over interned frames; where a top can call
+or return, the stack is expanded (once per walk). One shortcut: from a text loop state (every plain
+text survives there: a string body, an open object's names), a subtree whose tokens are plain text
+from there on is allowed whole.
+
+Most of a mask depends on the top state alone: the walk runs once per top state with the frames
+below unknown (`top_state_tokens`, "relative"), which yields the tokens allowed whatever lies below
+and the trie nodes where a return below the frame happens (with the bytes read there). A stack's
+mask is those tokens plus the tokens below those nodes walked on from the real frames
+(`continue_below`). Where the nesting limit could cut a token short, the whole real stack is walked
+instead (`stack_walk`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentkv.grammar import native
+from agentkv.grammar.token_trie import BOUNDARY, TEXT_PHASES
+
+MAX_TEXT_PAIRS = 4096  # a text loop check that visits more (state, phase) pairs than this says no
+NO_BELOW = np.zeros((0, 2), dtype=np.int32)
+
+
+@dataclass(frozen=True)
+class StateTokens:
+    """What a top state allows whatever lies below it (see the module docstring)."""
+
+    allowed: np.ndarray  # packed bitmask words (int32, bit i of word i // 32 is token i)
+    below: np.ndarray    # [k, 2] int32: (trie node, bytes read): the longer tokens under that node
+                         # return below the frame there (node -1: every token, before its first byte)
+    depth: int           # the longest relative stack the walk considered (for the depth limit)
+
+
+def text_loops(automaton) -> np.ndarray:
+    """Per state, whether every plain text (token_trie.TEXT_PHASES) read from it survives."""
+    trans = automaton.trans
+    n = len(trans)
+    ascii_plain = [b for lo, hi, p in TEXT_PHASES[BOUNDARY] if p == BOUNDARY for b in range(lo, hi + 1)]
+    # (a candidate keeps the plain ASCII bytes on itself; only those are searched further)
+    candidates = np.flatnonzero((trans[:, ascii_plain] == np.arange(n)[:, None]).all(axis=1))
+    out = np.zeros(n, dtype=np.uint8)
+    for q in candidates.tolist():
+        seen, todo, ok = {(q, BOUNDARY)}, [(q, BOUNDARY)], True
+        while todo and ok:
+            s, phase = todo.pop()
+            for lo, hi, nxt in TEXT_PHASES[phase]:
+                to = trans[s, lo:hi + 1]
+                if (to < 0).any():
+                    ok = False
+                    break
+                for t in np.unique(to).tolist():
+                    if (t, nxt) not in seen:
+                        seen.add((t, nxt))
+                        todo.append((t, nxt))
+            if len(seen) > MAX_TEXT_PAIRS:
+                ok = False
+        out[q] = ok
+    return out
+
+
+class WalkTables:
+    """One grammar's automaton as the walk reads it (and the native walk's structs)."""
+
+    def __init__(self, grammar):
+        a = grammar.automaton
+        n = len(a.accept)
+        self.trans = np.ascontiguousarray(a.trans, dtype=np.int32)
+        self.accept = a.accept.astype(np.uint8)
+        self.fork = np.asarray(grammar.fork_states, dtype=np.uint8)
+        self.has_bytes = a.has_bytes.astype(np.uint8)
+        self.tail = np.asarray(grammar.tail_states, dtype=np.uint8)
+        self.text_loop = text_loops(a)
+        counts = np.zeros(n + 1, dtype=np.int32)
+        rules, rets = [], []
+        for s in range(n):
+            for r, t in a.calls.get(s, ()):
+                rules.append(r)
+                rets.append(t)
+            counts[s + 1] = len(rules)
+        self.call_off = counts
+        self.call_rule = np.array(rules or [0], dtype=np.int32)
+        self.call_ret = np.array(rets or [0], dtype=np.int32)
+        self.starts = np.array(a.starts, dtype=np.int32)
+        self.max_depth = grammar.max_depth
+        # for the Python walk: rows as lists, calls as tuples
+        self.rows = self.trans.tolist()
+        self.calls = a.calls
+        self.starts_list = list(a.starts)
+        self.struct = native.GrammarStruct(
+            *(x.ctypes.data for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_loop,
+                                      self.call_off, self.call_rule, self.call_ret, self.starts)),
+            n, self.max_depth)
+
+
+def trie_struct(trie) -> native.TrieStruct:
+    return native.TrieStruct(*(x.ctypes.data for x in (trie.byte, trie.next, trie.depth, trie.tok, trie.n_end,
+                                                       trie.text, trie.sorted_ids)),
+                             trie.n_nodes, trie.max_len)
+
+
+def top_state_tokens(grammar, q: int) -> StateTokens:
+    """Walk every token from state `q` with the frames below it unknown."""
+    words = np.zeros(grammar.info.words, dtype="<i4")
+    below, depth = _walk(grammar, (q,), True, np.array([[-1, 0]], dtype=np.int32), words)
+    return StateTokens(words, below, depth)
+
+
+def stack_walk(grammar, stack: tuple, words: np.ndarray) -> None:
+    """Set the bits in `words` of every token the real `stack` (bottom first) can read in full."""
+    _walk(grammar, stack, False, np.array([[-1, 0]], dtype=np.int32), words)
+
+
+def continue_below(grammar, lower: tuple, below: np.ndarray, words: np.ndarray) -> None:
+    """The tokens under `below`'s nodes, walked on from the real stack `lower` (its top the return
+    state), into `words`."""
+    if not lower or not len(below):
+        return  # returned from the bottom frame: the grammar ended, so longer tokens die
+    _walk(grammar, lower, False, below, words)
+
+
+def _walk(grammar, stack: tuple, relative: bool, starts: np.ndarray, words: np.ndarray) -> tuple[np.ndarray, int]:
+    info = grammar.info
+    lib = native.load()
+    if lib is None:
+        return _PyWalk(grammar.walk_tables, info.trie, relative, words).run(stack, starts.tolist())
+    trie = info.trie
+    stack_arr = np.array(stack, dtype=np.int32)
+    starts = np.ascontiguousarray(starts, dtype=np.int32)
+    below = np.empty((trie.n_nodes + 1, 2) if relative else (0, 2), dtype=np.int32)
+    n_below, depth = ctypes.c_int64(0), ctypes.c_int32(0)
+    rc = lib.agentkv_token_walk(ctypes.byref(grammar.walk_tables.struct), ctypes.byref(info.trie_struct),
+                                stack_arr.ctypes.data, len(stack), int(relative), starts.ctypes.data, len(starts),
+                                words.ctypes.data, below.ctypes.data, ctypes.byref(n_below), ctypes.byref(depth))
+    if rc != 0:
+        raise MemoryError("the native token walk ran out of memory")
+    return below[:n_below.value].copy(), depth.value
+
+
+class _PyWalk:
+    """The walk in Python (csrc/token_walk.c's twin, step for step)."""
+
+    def __init__(self, tables: WalkTables, trie, relative: bool, words: np.ndarray):
+        self.tb, self.rel = tables, int(relative)
+        self.trie = trie
+        self.bits = words.view(np.uint32)
+        self.frames: dict[tuple[int, int], int] = {}
+        self.frame_state: list[int] = []
+        self.frame_parent: list[int] = []
+        self.frame_len: list[int] = []
+        self.memo: dict[tuple[int, int], tuple[list, bool]] = {}
+        self.below: list[tuple[int, int]] = []
+        self.depth = 0
+
+    def frame(self, state: int, parent: int) -> int:
+        f = self.frames.get((state, parent))
+        if f is None:
+            f = self.frames[(state, parent)] = len(self.frame_state)
+            self.frame_state.append(state)
+            self.frame_parent.append(parent)
+            self.frame_len.append(1 + (self.frame_len[parent] if parent >= 0 else 0))
+        return f
+
+    def length(self, pair: tuple[int, int]) -> int:
+        return 1 + (self.frame_len[pair[1]] if pair[1] >= 0 else 0) + self.rel
+
+    def expansion(self, pair: tuple[int, int]) -> tuple[list, bool]:
+        """The stacks `pair` leads to by calls and returns alone whose tops read bytes; can it end?"""
+        hit = self.memo.get(pair)
+        if hit is not None:
+            return hit
+        tb = self.tb
+        out, can_end, seen, work = [], False, set(), [pair]
+        while work:
+            s = work.pop()
+            if s in seen:
+                continue
+            seen.add(s)
+            top, parent = s
+            n = self.length(s)
+            self.depth = max(self.depth, n)
+            if tb.has_bytes[top]:
+                out.append(s)
+            if n < tb.max_depth:
+                for rule, ret in tb.calls.get(top, ()):
+                    work.append((tb.starts_list[rule], parent if tb.tail[ret] else self.frame(ret, parent)))
+            if tb.accept[top]:
+                if parent < 0:
+                    can_end = True
+                else:
+                    work.append((self.frame_state[parent], self.frame_parent[parent]))
+        hit = self.memo[pair] = (out, can_end)
+        return hit
+
+    def allow(self, lo: int, hi: int) -> None:
+        ids = self.trie.sorted_ids[lo:hi]
+        np.bitwise_or.at(self.bits, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+
+    def run(self, stack: tuple, starts: list) -> tuple[np.ndarray, int]:
+        parent = -1
+        for s in stack[:-1]:
+            parent = self.frame(s, parent)
+        top = (stack[-1], parent)
+        self.depth = self.length(top)
+        for node, base in starts:
+            level, can_end = self.expansion(top)
+            if can_end and self.rel and node < 0:
+                self.below.append((-1, 0))
+            if level:
+                t = self.trie
+                lo, hi = (0, t.n_nodes) if node < 0 else (node + 1, int(t.next[node]))
+                self.walk_range(lo, hi, base, list(level))
+        below = np.array(self.below, dtype=np.int32).reshape(-1, 2)
+        return below, self.depth
+
+    def walk_range(self, lo: int, hi: int, base: int, level0: list) -> None:
+        t, tb = self.trie, self.tb
+        byte, nxt, depth, tok, n_end, text = t.lists()
+        rows, fork, text_loop = tb.rows, tb.fork, tb.text_loop
+        levels = [level0]  # levels[d]: the expanded stacks after `base + d` bytes of the current path
+        i = lo
+        while i < hi:
+            d = depth[i] - 1 - base
+            b = byte[i]
+            raw = []
+            for top, parent in levels[d]:
+                nt = rows[top][b]
+                if nt >= 0 and (nt, parent) not in raw:
+                    raw.append((nt, parent))
+            if not raw:
+                i = nxt[i]
+                continue
+            first = tok[i]
+            self.allow(first, first + n_end[i])
+            after = nxt[i]
+            if after == i + 1:
+                i = after
+                continue
+            if text[i] and any(text_loop[s] for s, _ in raw):
+                self.allow(first + n_end[i], tok[after])
+                i = after
+                continue
+            new, can_end = [], False
+            for pair in raw:
+                if fork[pair[0]]:
+                    pairs, ends = self.expansion(pair)
+                    can_end |= ends
+                else:
+                    pairs = (pair,)
+                for p in pairs:
+                    if p not in new:
+                        new.append(p)
+            del levels[d + 1:]
+            levels.append(new)
+            if can_end and self.rel:
+                self.below.append((i, depth[i]))
+            i = i + 1 if new else after

@@ -1,0 +1,173 @@
+"""The token walk's parts against their definitions: the byte trie (token_trie.py) against the
+vocabulary it holds, text loops against plain text stepped byte by byte, the native walk against
+the Python one (the same StateTokens from every state), and masks against brute force on shapes
+the walk treats specially (class chains, text loops beside declared names, UTF-8 cut short)."""
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, native
+from agentkv.grammar import token_walk as tw
+from agentkv.grammar.token_trie import build_trie
+from tests.grammar_helpers import compile_one, masks_along_a_walk
+
+E = "é".encode()
+BYTES = [b"a", b"b", b"1", b'"', b"\\", b" ", b"\n", b"\x7f", b"{", b":", *(bytes([c]) for c in E),
+         *(bytes([c]) for c in "中".encode()), b"\xed", b"\xa0", b"\xf0", b"\x9f", b"\xf4", b"\x90", b"\xc0"]
+
+
+def is_plain_text(data: bytes) -> bool:
+    """token_trie's plain text, by Python's UTF-8 decoder: printable ASCII but the quote and backslash,
+    and whole characters past ASCII, the last of which may be cut short."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.end != len(data) or not e.reason.startswith("unexpected end"):
+            return False
+        return is_plain_text(data[:e.start])
+    return all(ord(c) >= 0x80 or (0x20 <= ord(c) < 0x7F and c not in '"\\') for c in text)
+
+
+vocabs = st.lists(st.lists(st.sampled_from(BYTES), min_size=1, max_size=6).map(b"".join), min_size=1, max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(vocabs, st.integers(0, 3))
+def test_the_trie_holds_every_token_once_in_byte_order(words, twins):
+    vocab = words + words[:twins] + [None]  # twins: tokens with the same bytes
+    info = TokenizerInfo(vocab, eos_ids=[len(vocab) - 1])
+    trie = build_trie(info)
+    ordered = [info.vocab[t] for t in trie.sorted_ids.tolist()]
+    assert ordered == sorted(b for b in vocab if b)
+    path: list[int] = []
+    for i in range(trie.n_nodes):
+        path = path[:trie.depth[i] - 1] + [int(trie.byte[i])]
+        here = bytes(path)
+        below = ordered[trie.tok[i]:trie.tok[trie.next[i]]]
+        # the subtree holds exactly the tokens starting with its path, those ending here first
+        assert below == [b for b in ordered if b.startswith(here)]
+        assert below[:trie.n_end[i]] == [b for b in below if b == here]
+        assert bool(trie.text[i]) == all(is_plain_text(b[len(here):]) for b in below), (here, below)
+        if trie.next[i] > i + 1:
+            assert trie.depth[i + 1] == trie.depth[i] + 1  # a first child
+    assert trie.n_nodes == len({b[:k] for b in ordered for k in range(1, len(b) + 1)})
+
+
+SHAPES = [
+    ("schema", {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}, "é1": {"type": "null"}}}),
+    ("schema", {"type": "object", "properties": {"name": {"type": "integer"}, "nb": {"type": "null"}}}),
+    ("schema", {"type": "array", "items": {"type": "string"}}),
+    ("schema", {"type": "string", "pattern": "^[^é]*$"}),  # one two-byte character dies: no text loop
+    ("schema", {"type": "string", "pattern": "^[^\\x00-\\x1f]*[^\\x00-\\x7F]$"}),
+    ("schema", {"type": "string", "pattern": "^[ -\\x7f]*$"}),  # ASCII only
+    ("schema", {"type": "string", "pattern": "^[^\u4e00-\u4e01]+$"}),  # two three-byte characters die
+    ("schema", {"type": "string", "pattern": "^[a-c0-9-]{1,6}$"}),  # a class chain
+    ("schema", {"type": "string", "pattern": "^([a-c]{3})+$"}),
+    ("schema", {"type": "string", "pattern": "1.1"}),  # a text loop once matched
+    ("schema", {"type": "object", "propertyNames": {"pattern": "^[a-c_]{2,5}$"}, "additionalProperties": {"type": "integer"}}),
+    ("schema", {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer"}}}),
+    ("schema", {"$defs": {"t": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/t"}}, {"type": "string"}]}},
+                "$ref": "#/$defs/t"}),  # recursion: calls pushed, returns below
+    ("regex", "[ab]{2,5}1?"),  # the chain's later states may end the text: forks
+    ("lark", 'start: w w\nw: /[^"\\x00-\\x1f]/'),  # a rule returning after each character
+    ("lark", 'start: w "y"\nw: /[a-wA-W]+/ | "-" w'),
+]
+WORDS = [bytes([c]) for c in range(0x20, 0x7F)] + [E, E[:1], E[1:], "中".encode(), "中".encode()[:2], b"\n"] + [
+    w.encode() for w in ['"', '":', '":"', '":{"', '":[', '",', '"}', '"],', '\\n', '\\"', '\\u00', 'x":', 'ab\\',
+                         'name":', 'name":1', 'nb":', 'é"', 'é":', 'a\n', 'aaaaaaa', 'abcabc1', 'a1a1', 'ab"', '[["',
+                         '["ab"', '"]]', '-ab', 'aby', 'é中', 'xy', 'é1":', '{"é1":null}', '1.1', 'x1.1y']]
+
+
+def shape_info() -> TokenizerInfo:
+    vocab = list(dict.fromkeys(WORDS))
+    return TokenizerInfo(vocab + [None], eos_ids=[len(vocab)])
+
+
+def compile_shape(info, kind, source):
+    compiler = GrammarCompiler(info)
+    return compiler.compile_lark(source) if kind == "lark" else compile_one(compiler, kind, source)
+
+
+@pytest.mark.parametrize("kind,source", SHAPES)
+def test_text_loops_survive_every_plain_text(kind, source):
+    # A text loop survives plain text of every kind (a character of 1-4 bytes, cut short too); a state
+    # that is not one loses some plain text of at most two characters, or does not keep plain ASCII
+    # on itself (the loop's candidates).
+    g = compile_shape(shape_info(), kind, source)
+    trans = g.automaton.trans
+    texts = [bytes([c]) for c in range(0x20, 0x7F) if c not in b'"\\'] + [
+        c.encode() for c in "é\u07ff\u0800\ud7ff\ue000\uffff\U00010000\U0010ffff中\u4e00\u4e01"]
+    texts += [a + b for a in texts[-12:] for b in texts[-12:]] + [t[:k] for t in texts[-12:] for k in range(1, len(t))]
+
+    def survives(q, data):
+        for b in data:
+            q = trans[q, b]
+            if q < 0:
+                return False
+        return True
+
+    loops = g.walk_tables.text_loop
+    for q in range(g.num_states):
+        keeps_ascii = all(trans[q, c] == q for c in range(0x20, 0x7F) if c not in b'"\\')
+        if loops[q]:
+            assert all(survives(q, t) for t in texts), (source, q)
+        else:
+            assert not keeps_ascii or not all(survives(q, t) for t in texts), (source, q)
+
+
+needs_native = pytest.mark.skipif(native.load() is None, reason=f"no native token walk: {native.unavailable_reason()}")
+
+
+@needs_native
+@pytest.mark.parametrize("kind,source", SHAPES)
+def test_native_and_python_walks_agree_from_every_state(kind, source, monkeypatch):
+    # The same tokens allowed, the same returns below (node and bytes read) and the same depth, from
+    # every state with the frames below unknown; and the same tokens below a real stack.
+    info = shape_info()
+    g = compile_shape(info, kind, source)
+    walks = {}
+    for path in ("native", "python"):
+        if path == "python":
+            monkeypatch.setattr(native, "load", lambda: None)
+        walks[path] = [tw.top_state_tokens(g, q) for q in range(g.num_states)]
+    for q, (a, b) in enumerate(zip(walks["native"], walks["python"])):
+        assert np.array_equal(a.allowed, b.allowed), (source, q)
+        assert sorted(map(tuple, a.below.tolist())) == sorted(map(tuple, b.below.tolist())), (source, q)
+        assert a.depth == b.depth, (source, q)
+    monkeypatch.undo()
+    for q, st in enumerate(walks["native"]):
+        if len(st.below):
+            out = {}
+            for path in ("native", "python"):
+                if path == "python":
+                    monkeypatch.setattr(native, "load", lambda: None)
+                words = np.zeros(info.words, dtype="<i4")
+                tw.continue_below(g, (g.automaton.starts[0], q), st.below, words)
+                out[path] = words
+            monkeypatch.undo()
+            assert np.array_equal(out["native"], out["python"]), (source, q)
+
+
+@pytest.mark.usefixtures("walk_mode")
+@pytest.mark.parametrize("kind,source", SHAPES)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rnd=st.randoms(use_true_random=False))
+def test_masks_on_every_shape(kind, source, rnd):
+    m = Matcher(compile_shape(shape_info(), kind, source))
+    masks_along_a_walk(m, rnd, 12)
+
+
+def test_a_string_body_is_a_text_loop():
+    # From a string body the plain-text subtrees are allowed unwalked; the masks stay right.
+    words = [w.encode() for w in ["ab", "abc", "b", "a", "é", "ab\"", "\"", "\",", "x\\n", "\\", "n", ","]]
+    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
+    g = GrammarCompiler(info).compile_json_schema({"type": "array", "items": {"type": "string"}})
+    m = Matcher(g)
+    assert m.accept_bytes(b'["')
+    masks_along_a_walk(m, random.Random(0), 6)
+    (stack,) = g.stacks(g.advance(g.initial, b'["'))
+    assert g.walk_tables.text_loop[stack[-1]]
