@@ -3,6 +3,7 @@ vocabulary it holds, text loops against plain text stepped byte by byte, the nat
 the Python one (the same StateTokens from every state), and masks against brute force on shapes
 the walk treats specially (class chains, text loops beside declared names, UTF-8 cut short)."""
 
+import itertools
 import random
 
 import numpy as np
@@ -51,7 +52,9 @@ def test_the_trie_holds_every_token_once_in_byte_order(words, twins):
         # the subtree holds exactly the tokens starting with its path, those ending here first
         assert below == [b for b in ordered if b.startswith(here)]
         assert below[:trie.n_end[i]] == [b for b in below if b == here]
-        assert bool(trie.text[i]) == all(is_plain_text(b[len(here):]) for b in below), (here, below)
+        plain = all(is_plain_text(b[len(here):]) for b in below)
+        most = max(sum(1 for c in b[len(here):] if not 0x80 <= c < 0xC0) for b in below)
+        assert trie.text_chars[i] == (most if plain else -1), (here, below)
         if trie.next[i] > i + 1:
             assert trie.depth[i + 1] == trie.depth[i] + 1  # a first child
     assert trie.n_nodes == len({b[:k] for b in ordered for k in range(1, len(b) + 1)})
@@ -92,16 +95,17 @@ def compile_shape(info, kind, source):
     return compiler.compile_lark(source) if kind == "lark" else compile_one(compiler, kind, source)
 
 
-@pytest.mark.parametrize("kind,source", SHAPES)
-def test_text_loops_survive_every_plain_text(kind, source):
-    # A text loop survives plain text of every kind (a character of 1-4 bytes, cut short too); a state
-    # that is not one loses some plain text of at most two characters, or does not keep plain ASCII
-    # on itself (the loop's candidates).
+@pytest.mark.parametrize("kind,source", SHAPES + [("schema", {"type": "string", "maxLength": 9}),
+                                                  ("schema", {"type": "string", "pattern": "^[^a]{0,4}$"})])
+def test_text_reach_is_what_survives(kind, source):
+    # A state's reach: every plain text of that many characters survives (a character of 1-4 bytes,
+    # cut short too); a text loop (reach: any token's length) every plain text. A state that is not
+    # a loop loses some plain text of at most two characters, or does not keep plain ASCII on itself.
     g = compile_shape(shape_info(), kind, source)
     trans = g.automaton.trans
-    texts = [bytes([c]) for c in range(0x20, 0x7F) if c not in b'"\\'] + [
-        c.encode() for c in "é\u07ff\u0800\ud7ff\ue000\uffff\U00010000\U0010ffff中\u4e00\u4e01"]
-    texts += [a + b for a in texts[-12:] for b in texts[-12:]] + [t[:k] for t in texts[-12:] for k in range(1, len(t))]
+    longer = [c.encode() for c in "é\u07ff\u0800\ud7ff\ue000\uffff\U00010000\U0010ffff中\u4e00\u4e01"]
+    singles = [bytes([c]) for c in range(0x20, 0x7F) if c not in b'"\\'] + longer
+    texts = singles + [a + b for a in longer for b in longer] + [t[:k] for t in longer for k in range(1, len(t))]
 
     def survives(q, data):
         for b in data:
@@ -110,8 +114,10 @@ def test_text_loops_survive_every_plain_text(kind, source):
                 return False
         return True
 
-    loops = g.walk_tables.text_loop
+    loops, reach = g.walk_tables.text_loop, g.walk_tables.text_reach
     for q in range(g.num_states):
+        for k in range(1, min(reach[q], 3) + 1):  # (texts of up to 3 characters; longer ones: the chains)
+            assert all(survives(q, b"".join(p)) for p in itertools.product(singles[::7], repeat=k)), (source, q, k)
         keeps_ascii = all(trans[q, c] == q for c in range(0x20, 0x7F) if c not in b'"\\')
         if loops[q]:
             assert all(survives(q, t) for t in texts), (source, q)
@@ -152,11 +158,15 @@ def test_native_and_python_walks_agree_from_every_state(kind, source, monkeypatc
             assert np.array_equal(out["native"], out["python"]), (source, q)
 
 
-@pytest.mark.usefixtures("walk_mode")
+@pytest.mark.parametrize("path", ["native", "python"])
 @pytest.mark.parametrize("kind,source", SHAPES)
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rnd=st.randoms(use_true_random=False))
-def test_masks_on_every_shape(kind, source, rnd):
+def test_masks_on_every_shape(kind, source, path, rnd, monkeypatch):
+    if path == "python":
+        monkeypatch.setattr(native, "load", lambda: None)
+    elif native.load() is None:
+        pytest.skip(native.unavailable_reason())
     m = Matcher(compile_shape(shape_info(), kind, source))
     masks_along_a_walk(m, rnd, 12)
 
@@ -171,3 +181,26 @@ def test_a_string_body_is_a_text_loop():
     masks_along_a_walk(m, random.Random(0), 6)
     (stack,) = g.stacks(g.advance(g.initial, b'["'))
     assert g.walk_tables.text_loop[stack[-1]]
+
+
+def test_a_string_with_a_maximum_length_reaches_its_room():
+    # Along `maxLength: 9`, the position after k characters reaches 9 - k more of any plain text; the
+    # one past the end none (it closes the string).
+    info = shape_info()
+    g = GrammarCompiler(info).compile_json_schema({"type": "string", "maxLength": 9})
+    cid = g.advance(g.initial, b'"')
+    for k in range(10):
+        (stack,) = [s for s in g.stacks(cid)]
+        assert g.walk_tables.text_reach[stack[-1]] == 9 - k
+        cid = g.advance(cid, "é".encode() if k % 2 else b"a")
+
+
+def test_the_native_walk_builds_wherever_there_is_a_compiler():
+    # (Its tests skip without it: a build broken by a change must fail here, not skip there.)
+    import os
+    import shutil
+
+    if os.environ.get("AGENTKV_NATIVE_GRAMMAR") == "0" or not (os.environ.get("CC") or shutil.which("cc")
+                                                                 or shutil.which("gcc") or shutil.which("clang")):
+        pytest.skip("no C compiler, or the native walk turned off")
+    assert native._load()[0] is not None, native.unavailable_reason()

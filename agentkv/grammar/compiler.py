@@ -64,7 +64,9 @@ class GrammarCompiler:
         if time.monotonic() > deadline:
             raise GrammarError(f"compiling {description} took longer than {self.timeout_s} s; simplify it "
                                "or raise GrammarCompiler(timeout_s=...)")
-        return CompiledGrammar(auto, self.info, description, relaxed)
+        g = CompiledGrammar(auto, self.info, description, relaxed)
+        g.walk_tables  # noqa: B018  (built with the grammar, not in its first mask)
+        return g
 
     def compile_json_schema(self, schema, *, close_objects: bool = False, whitespace: bool = False,
                             max_whitespace: int = 16, documents: dict | None = None) -> CompiledGrammar:

@@ -24,13 +24,13 @@ _P, _I32 = ctypes.c_void_p, ctypes.c_int32
 class GrammarStruct(ctypes.Structure):
     """token_walk.c's Grammar."""
     _fields_ = [("trans", _P), ("fork", _P), ("accept", _P), ("has_bytes", _P), ("tail", _P),
-                ("text_loop", _P), ("call_off", _P), ("call_rule", _P), ("call_ret", _P), ("starts", _P),
+                ("text_reach", _P), ("call_off", _P), ("call_rule", _P), ("call_ret", _P), ("starts", _P),
                 ("n_states", _I32), ("max_depth", _I32)]
 
 
 class TrieStruct(ctypes.Structure):
     """token_walk.c's Trie."""
-    _fields_ = [("byte", _P), ("next", _P), ("depth", _P), ("tok", _P), ("n_end", _P), ("text", _P),
+    _fields_ = [("byte", _P), ("next", _P), ("depth", _P), ("tok", _P), ("n_end", _P), ("text_chars", _P),
                 ("sorted_ids", _P), ("n_nodes", _I32), ("max_len", _I32)]
 
 

@@ -6,10 +6,12 @@ subtree's tokens are contiguous in byte order), the first n_end[i] of which end 
 walk that finds no parser stack reading a node's byte skips the whole subtree, and every token
 extending a prefix steps that prefix once.
 
-`text[i]` says every token below node i reads plain text from there on: printable ASCII but the
-quote and backslash, and well-formed UTF-8 characters (the last one may be cut short). From a
-grammar state where any such text survives (a text loop: a string body, an open object's names),
-the walk allows those subtrees without stepping them.
+`text_chars[i]` is, where every token below node i reads plain text from there on (printable
+ASCII but the quote and backslash, and well-formed UTF-8 characters, the last one may be cut
+short), the most characters any of them reads past the node; -1 where one reads something else.
+From a grammar state where every plain text of that many characters survives (a string body, an
+open object's names, a string with room for that many more), the walk allows the subtree without
+stepping it.
 
 Built with numpy a column (byte offset) at a time: ~0.2 s for a 151k vocabulary (333k nodes).
 """
@@ -23,7 +25,8 @@ import numpy as np
 
 # Plain text as a byte automaton: phase -> (first byte, last byte, next phase). Phase 0 is a
 # character boundary; the others are inside a UTF-8 character (the ranges RFC 3629 allows, so no
-# surrogates and nothing past U+10FFFF). The text loop check (token_walk.text_loops) runs the same table.
+# surrogates and nothing past U+10FFFF). Grammar states' reach in plain text (token_walk.text_reach)
+# reads the same table.
 NO_TOKENS = np.zeros(0, dtype=np.int64)
 BOUNDARY = 0
 TEXT_PHASES: tuple[tuple[tuple[int, int, int], ...], ...] = (
@@ -46,7 +49,7 @@ class TokenTrie:
     depth: np.ndarray       # [n] int32: bytes read at the node, its own included
     tok: np.ndarray         # [n + 1] int32: first sorted token of the subtree (tok[n] = number of tokens)
     n_end: np.ndarray       # [n] int32
-    text: np.ndarray        # [n] uint8
+    text_chars: np.ndarray  # [n] int32
     sorted_ids: np.ndarray  # [tokens] int32: token ids in byte order
     max_len: int
 
@@ -56,10 +59,10 @@ class TokenTrie:
 
     @cached_property
     def _lists(self) -> tuple[list, ...]:
-        return tuple(x.tolist() for x in (self.byte, self.next, self.depth, self.tok, self.n_end, self.text))
+        return tuple(x.tolist() for x in (self.byte, self.next, self.depth, self.tok, self.n_end, self.text_chars))
 
     def lists(self) -> tuple[list, ...]:
-        """byte, next, depth, tok, n_end and text as lists (the Python walk indexes them one at a time)."""
+        """byte, next, depth, tok, n_end and text_chars as lists (the Python walk indexes them one at a time)."""
         return self._lists
 
     def node_of(self, text: bytes) -> int:
@@ -127,10 +130,17 @@ def build_trie(info) -> TokenTrie:
     n_end[first_node[own + 1] - 1] = run
     # next[i]: the first node of the first token after the subtree, whose lcp is under the node's depth
     nxt = np.empty(n, dtype=np.int64)
-    text = np.zeros(n, dtype=np.uint8)
+    text_chars = np.full(n, -1, dtype=np.int32)
     plain = _plain_suffixes(cols, ids, lengths, width)
+    # characters (bytes that are no UTF-8 continuation) per token, and in its first d bytes
+    starts_char = (cols < 0x80) | (cols >= 0xC0)
+    chars = (starts_char & (np.arange(width)[:, None] < lengths)).sum(axis=0).astype(np.int64)
+    chars_before = np.zeros(n_tok, dtype=np.int64)
+    by_depth = np.argsort(node_depth, kind="stable")
+    bounds = np.searchsorted(node_depth[by_depth], np.arange(width + 2))
     for d in range(1, width + 1):
-        at = np.flatnonzero(node_depth == d)
+        chars_before += starts_char[d - 1] & (d - 1 < lengths)
+        at = by_depth[bounds[d]:bounds[d + 1]]
         if not len(at):
             continue
         cut = np.flatnonzero(lcp < d)
@@ -138,9 +148,13 @@ def build_trie(info) -> TokenTrie:
         after_tok = np.append(cut, n_tok)[after]
         nxt[at] = first_node[after_tok]
         bad = np.concatenate([[0], np.cumsum(~plain[d])])  # plain[d][k]: token k's bytes from d are plain text
-        text[at] = bad[after_tok] == bad[node_tok[at]]
+        all_plain = bad[after_tok] == bad[node_tok[at]]
+        # the most characters below: the ranges at one depth are disjoint and in order (reduceat)
+        edges = np.stack([node_tok[at], after_tok], axis=1).reshape(-1)
+        most = np.maximum.reduceat(np.append(chars, 0), edges)[::2] - chars_before[node_tok[at]]
+        text_chars[at] = np.where(all_plain, most, -1)
     tok = np.append(node_tok, n_tok).astype(np.int32)
-    return TokenTrie(byte, nxt.astype(np.int32), node_depth.astype(np.int32), tok, n_end, text,
+    return TokenTrie(byte, nxt.astype(np.int32), node_depth.astype(np.int32), tok, n_end, text_chars,
                      sorted_ids.astype(np.int32), width)
 
 

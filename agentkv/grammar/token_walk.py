@@ -5,9 +5,10 @@ native code is off or cannot be built) goes depth first through the trie (token_
 each depth, the set of parser stacks the path so far can have left. A byte no stack reads skips the
 node's subtree; a shared prefix is stepped once; a token ending at a node where some stack read its
 last byte is allowed. Stacks are (top state, frame) pairs over interned frames; where a top can call
-or return, the stack is expanded (once per walk). One shortcut: from a text loop state (every plain
-text survives there: a string body, an open object's names), a subtree whose tokens are plain text
-from there on is allowed whole.
+or return, the stack is expanded (once per walk). One shortcut: from a state where any plain text of
+k characters survives (k unbounded for a text loop: a string body, an open object's names; the room
+left on a string with a maximum length), a subtree whose tokens read plain text of at most k
+characters from there on is allowed whole.
 
 Most of a mask depends on the top state alone: the walk runs once per top state with the frames
 below unknown (`top_state_tokens`, "relative"), which yields the tokens allowed whatever lies below
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -41,14 +43,50 @@ class StateTokens:
     depth: int           # the longest relative stack the walk considered (for the depth limit)
 
 
-def text_loops(automaton) -> np.ndarray:
-    """Per state, whether every plain text (token_trie.TEXT_PHASES) read from it survives."""
+def text_reach(automaton, cap: int) -> np.ndarray:
+    """Per state, how many characters of any plain text (token_trie.TEXT_PHASES) surely survive from
+    it, up to `cap` (a token's most): `cap` for a text loop (a string body, an open object's names),
+    the room left on a string with a maximum length, 0 where some plain character dies at once or
+    plain characters go different ways."""
     trans = automaton.trans
     n = len(trans)
+    nxt = np.full(n, -1, dtype=np.int64)
+    ta = trans[:, ord("a")]  # (a cheap first cut: a few plain bytes going one way)
+    cands = np.flatnonzero((ta >= 0) & (ta == trans[:, ord(" ")]) & (ta == trans[:, ord("~")]) & (ta == trans[:, ord("0")]))
+    nxt[cands] = _char_end(trans, cands, BOUNDARY)
+    loops = nxt == np.arange(n)  # every plain character leads back: a loop (others searched state by state)
+    loops[_text_loops(trans, np.flatnonzero((ta == np.arange(n)) & ~loops))] = True
+    reach = np.where(loops, cap, 0).astype(np.int64)
+    chained = np.flatnonzero((nxt >= 0) & ~loops)
+    for _ in range(cap):  # a chain of k states before a loop or a dead end: k more characters
+        grown = np.minimum(cap, 1 + reach[nxt[chained]])
+        if (grown <= reach[chained]).all():
+            break
+        reach[chained] = np.maximum(reach[chained], grown)
+    return reach.astype(np.int32)
+
+
+def _char_end(trans, states: np.ndarray, phase: int) -> np.ndarray:
+    """Per state, the one state every plain character begun in `phase` ends at (-1: they die or
+    end at different states)."""
+    out = None
+    for lo, hi, after in TEXT_PHASES[phase]:
+        block = trans[np.maximum(states, 0), lo:hi + 1]
+        first = block[:, 0]
+        to = np.where((states >= 0) & (block == first[:, None]).all(axis=1), first, -1)
+        if after != BOUNDARY:
+            to = _char_end(trans, to, after)
+        out = to if out is None else np.where(out == to, out, -1)
+    return out
+
+
+def _text_loops(trans, candidates: np.ndarray) -> np.ndarray:
+    """The candidates from which every plain text survives, where plain characters do not all lead
+    one way (a product of the state with the UTF-8 phases, searched where the state keeps plain
+    ASCII on itself)."""
     ascii_plain = [b for lo, hi, p in TEXT_PHASES[BOUNDARY] if p == BOUNDARY for b in range(lo, hi + 1)]
-    # (a candidate keeps the plain ASCII bytes on itself; only those are searched further)
-    candidates = np.flatnonzero((trans[:, ascii_plain] == np.arange(n)[:, None]).all(axis=1))
-    out = np.zeros(n, dtype=np.uint8)
+    candidates = candidates[(trans[candidates][:, ascii_plain] == candidates[:, None]).all(axis=1)]
+    out = []
     for q in candidates.tolist():
         seen, todo, ok = {(q, BOUNDARY)}, [(q, BOUNDARY)], True
         while todo and ok:
@@ -64,12 +102,23 @@ def text_loops(automaton) -> np.ndarray:
                         todo.append((t, nxt))
             if len(seen) > MAX_TEXT_PAIRS:
                 ok = False
-        out[q] = ok
-    return out
+        if ok:
+            out.append(q)
+    return np.array(out, dtype=np.int64)
 
 
 class WalkTables:
     """One grammar's automaton as the walk reads it (and the native walk's structs)."""
+
+    @property
+    def text_loop(self) -> np.ndarray:
+        """Per state, whether every plain text survives there (its reach is any token's)."""
+        return self.text_reach >= self.cap
+
+    @cached_property
+    def rows(self) -> list[list[int]]:
+        """The transition table as lists (the Python walk indexes it one entry at a time)."""
+        return self.trans.tolist()
 
     def __init__(self, grammar):
         a = grammar.automaton
@@ -79,32 +128,29 @@ class WalkTables:
         self.fork = np.asarray(grammar.fork_states, dtype=np.uint8)
         self.has_bytes = a.has_bytes.astype(np.uint8)
         self.tail = np.asarray(grammar.tail_states, dtype=np.uint8)
-        self.text_loop = text_loops(a)
-        counts = np.zeros(n + 1, dtype=np.int32)
-        rules, rets = [], []
-        for s in range(n):
-            for r, t in a.calls.get(s, ()):
-                rules.append(r)
-                rets.append(t)
-            counts[s + 1] = len(rules)
-        self.call_off = counts
-        self.call_rule = np.array(rules or [0], dtype=np.int32)
-        self.call_ret = np.array(rets or [0], dtype=np.int32)
+        self.cap = grammar.info.trie.max_len
+        self.text_reach = text_reach(a, self.cap)
+        callers = sorted(a.calls)
+        per = [len(a.calls[c]) for c in callers]
+        self.call_off = np.zeros(n + 1, dtype=np.int32)
+        np.add.at(self.call_off, np.array(callers, dtype=np.int64) + 1, per)
+        self.call_off = np.cumsum(self.call_off, dtype=np.int32)  # a state's calls: [off[s], off[s + 1])
+        pairs = [rt for c in callers for rt in a.calls[c]] or [(0, 0)]
+        self.call_rule = np.array([r for r, _ in pairs], dtype=np.int32)
+        self.call_ret = np.array([t for _, t in pairs], dtype=np.int32)
         self.starts = np.array(a.starts, dtype=np.int32)
         self.max_depth = grammar.max_depth
-        # for the Python walk: rows as lists, calls as tuples
-        self.rows = self.trans.tolist()
-        self.calls = a.calls
+        self.calls = a.calls  # (the Python walk's)
         self.starts_list = list(a.starts)
         self.struct = native.GrammarStruct(
-            *(x.ctypes.data for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_loop,
+            *(x.ctypes.data for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_reach,
                                       self.call_off, self.call_rule, self.call_ret, self.starts)),
             n, self.max_depth)
 
 
 def trie_struct(trie) -> native.TrieStruct:
     return native.TrieStruct(*(x.ctypes.data for x in (trie.byte, trie.next, trie.depth, trie.tok, trie.n_end,
-                                                       trie.text, trie.sorted_ids)),
+                                                       trie.text_chars, trie.sorted_ids)),
                              trie.n_nodes, trie.max_len)
 
 
@@ -224,8 +270,8 @@ class _PyWalk:
 
     def walk_range(self, lo: int, hi: int, base: int, level0: list) -> None:
         t, tb = self.trie, self.tb
-        byte, nxt, depth, tok, n_end, text = t.lists()
-        rows, fork, text_loop = tb.rows, tb.fork, tb.text_loop
+        byte, nxt, depth, tok, n_end, text_chars = t.lists()
+        rows, fork, reach = tb.rows, tb.fork, tb.text_reach.tolist()
         levels = [level0]  # levels[d]: the expanded stacks after `base + d` bytes of the current path
         i = lo
         while i < hi:
@@ -245,7 +291,7 @@ class _PyWalk:
             if after == i + 1:
                 i = after
                 continue
-            if text[i] and any(text_loop[s] for s, _ in raw):
+            if text_chars[i] >= 0 and max(reach[s] for s, _ in raw) >= text_chars[i]:
                 self.allow(first + n_end[i], tok[after])
                 i = after
                 continue

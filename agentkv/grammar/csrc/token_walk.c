@@ -13,9 +13,10 @@ relative walk (the frames below the top state unknown, token_walk.py's top-state
 its depth are recorded, for the real stack below to decide the longer tokens there; in a walk of a
 real stack it is the grammar's end, and longer tokens die.
 
-One shortcut: where a stack's top is a text loop (every string of plain text read from it survives:
-a string body, an open object's names) and every token below the node is plain text from there on,
-the whole subtree is allowed without stepping it (llguidance's slicer, in the trie).
+One shortcut: where a stack's top survives any plain text of k characters (k unbounded for a text
+loop: a string body, an open object's names; the room left on a string with a maximum length) and
+every token below the node reads plain text of at most k characters from there on, the whole
+subtree is allowed without stepping it (llguidance's slicer, in the trie).
 
 The plain Python walk in token_walk.py is the same algorithm and gives the same masks.
 Called through ctypes, which releases the GIL: a mask worker thread runs beside the forward pass.
@@ -31,7 +32,7 @@ typedef struct {
     const uint8_t *accept;
     const uint8_t *has_bytes;
     const uint8_t *tail;      /* a return state with nothing after it: a call from there replaces the frame */
-    const uint8_t *text_loop;
+    const int32_t *text_reach; /* characters of any plain text that surely survive from the state */
     const int32_t *call_off;  /* [n_states + 1]: the state's calls are call_rule/call_ret[call_off[s]:call_off[s+1]] */
     const int32_t *call_rule;
     const int32_t *call_ret;
@@ -46,7 +47,7 @@ typedef struct {
     const int32_t *depth;      /* bytes read at this node, its own included (1 for the root's children) */
     const int32_t *tok;        /* [n_nodes + 1] the first sorted token of the subtree (tok[n_nodes] = n_tokens) */
     const int32_t *n_end;      /* tokens ending at this node (the first of the subtree's) */
-    const uint8_t *text;       /* every token below reads plain text from here on */
+    const int32_t *text_chars; /* the most characters of plain text a token below reads past here; -1: not all plain */
     const int32_t *sorted_ids; /* [n_tokens] token ids in byte order */
     int32_t n_nodes;
     int32_t max_len;
@@ -245,21 +246,25 @@ static void walk_range(Walk *w, int32_t lo, int32_t hi, int32_t base) {
     while (i < hi && !w->oom) {
         int32_t d = t->depth[i] - 1 - base;  /* the level this node steps from */
         int64_t from = w->level_at[d], to = w->level_at[d + 1];
-        int32_t b = t->byte[i], n_raw = 0, text = 0, overflow = 0;
+        int32_t b = t->byte[i], n_raw = 0, reach = -1, overflow = 0;
         for (int64_t k = from; k < to; k++) {
             Pair s = w->levels.v[k];
             int32_t nt = g->trans[(int64_t)s.top * 256 + b];
             if (nt < 0) continue;
             if (n_raw < 64) raw[n_raw++] = (Pair){nt, s.parent};
             else overflow = 1;
-            text |= g->text_loop[nt];
+            if (g->text_reach[nt] > reach) reach = g->text_reach[nt];
         }
         if (!n_raw) { i = t->next[i]; continue; }
         int32_t first = t->tok[i];
         allow_range(w, first, first + t->n_end[i]);
         int32_t after = t->next[i];
         if (after == i + 1) { i = after; continue; }  /* a leaf: nothing longer to decide */
-        if (text && t->text[i]) { allow_range(w, first + t->n_end[i], t->tok[after]); i = after; continue; }
+        if (t->text_chars[i] >= 0 && reach >= t->text_chars[i]) {  /* plain text no longer than the room */
+            allow_range(w, first + t->n_end[i], t->tok[after]);
+            i = after;
+            continue;
+        }
         /* the set at depth d + 1: each stepped stack expanded */
         w->levels.n = to;
         int can_end = 0;
