@@ -396,10 +396,10 @@ def gil_row(info: TokenizerInfo, docs, seconds: float = 3.0) -> list:
 
     def compute(stop: threading.Event) -> None:
         while not stop.is_set():
-            info.rule_walks = type(info.rule_walks)(info.rule_walks.size)
             for g, cfgs in work:
                 g._masks.clear()
                 g._state_tokens.clear()
+                g.walk_tables.clear()
                 for cid in cfgs:
                     if stop.is_set():
                         return

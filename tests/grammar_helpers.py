@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
-from agentkv.grammar.vocab import BoundedCache
 
 BYTE_INFO = TokenizerInfo([bytes([i]) for i in range(256)] + [None], eos_ids=[256])
 BYTE_COMPILER = GrammarCompiler(BYTE_INFO)
@@ -18,11 +17,10 @@ STRICT_BYTE_COMPILER = GrammarCompiler(BYTE_INFO, strict=True)  # refuses what i
 
 
 def clear_walk_caches() -> None:
-    """Forget the walks the shared byte compilers and their tokenizer keep (a test module that runs
-    on both walk paths, conftest.walk_mode, must not take one path's walks on the other)."""
+    """Forget the grammars the shared byte compilers keep (a test module that runs on both walk paths,
+    conftest.walk_mode, must not take one path's grammars, and their walks, on the other)."""
     for c in (BYTE_COMPILER, STRICT_BYTE_COMPILER):
         c._cache.clear()
-    BYTE_INFO.rule_walks = BoundedCache(BYTE_INFO.rule_walks.size)
 
 
 def accepts(g: CompiledGrammar, text: str | bytes) -> bool:

@@ -54,10 +54,9 @@ def test_masks_equal_brute_force(info, which, rnd):
             break
 
 
-def test_walks_of_rules_that_call_nothing_are_shared_across_grammars():
-    # The same pattern and the same string rule in two schemas, placed differently: the second
-    # grammar reuses the first one's token walks for them (kept by the tokenizer) and its masks
-    # still equal the brute-force reference at every step.
+def test_a_rule_in_two_grammars():
+    # The same pattern and the same string rule in two schemas, placed differently; and the
+    # unconstrained JSON value (a rule calling only itself) in two: masks equal brute force in both.
     rnd = random.Random(0)
     words = [bytes(rnd.choice(ALPHABET) for _ in range(rnd.randint(1, 4))) for _ in range(80)]
     info = TokenizerInfo(list(dict.fromkeys([bytes([c]) for c in ALPHABET] + words)) + [None], eos_ids=[])
@@ -65,54 +64,22 @@ def test_walks_of_rules_that_call_nothing_are_shared_across_grammars():
     pattern = {"type": "string", "pattern": "^[ab]*1"}
     first = {"type": "object", "properties": {"a": pattern, "b": {"type": "string"}}, "required": ["a", "b"]}
     second = {"type": "array", "items": pattern, "maxItems": 4}
-    compiler = GrammarCompiler(info)
-    bitmask = np.zeros((1, info.words), dtype=np.int32)
-    for schema, texts in ((first, ['{"a":"ab1","b":"0"}']), (second, ['["ab1","1","ba1"]', '[]'])):
-        for text in texts:
-            m = Matcher(compiler.compile_json_schema(schema))
-            for b in text.encode():
-                assert_mask_is_brute_force(m, bitmask)
-                assert m.accept_token(info.vocab.index(bytes([b])))
-            assert_mask_is_brute_force(m, bitmask)
-            assert m.is_terminated() or m.can_terminate()
-        if schema is first:
-            kept = dict(info.rule_walks._items)
-            assert len(kept) >= 2  # the pattern's walks, the plain string's
-    assert all(info.rule_walks._items[k] is v for k, v in kept.items())  # reused, not walked again
-    # and a rule both grammars hold (the pattern) has one key object in both (looked up by identity)
-    keys = []
-    for schema in (first, second):
-        g = compiler.compile_json_schema(schema)
-        keys.append([k[0] for k in map(g._walk_key, g.automaton.starts) if k is not None])
-    shared = [(a, b) for a in keys[0] for b in keys[1] if a == b]
-    assert shared and all(a is b for a, b in shared)
-
-
-def test_walks_of_a_rule_that_calls_itself_are_shared_across_grammars():
-    # The unconstrained JSON value calls only itself: its walks depend on it alone, so a second
-    # schema that holds it elsewhere reuses them, and its masks still equal brute force.
-    from agentkv.grammar.expr import refs
-
+    cases = [(info, first, '{"a":"ab1","b":"0"}'), (info, second, '["ab1","1","ba1"]'), (info, second, '[]')]
     words = [bytes([c]) for c in range(0x20, 0x7F)] + [
         b'{"', b'":', b'":{"', b'":[', b'},"', b'"}', b'[{', b'tr', b'ue', b'12', b'.5', b'null', b'"a']
-    info = TokenizerInfo(words + [None], eos_ids=[len(words)])
-    first = {"type": "object", "properties": {"a": {}}, "required": ["a"], "additionalProperties": False}
-    second = {"type": "array", "items": True, "maxItems": 3}
-    compiler = GrammarCompiler(info)
-    bitmask = np.zeros((1, info.words), dtype=np.int32)
-    for schema, text in ((first, '{"a":{"b":[1,true,null],"c":"d"}}'), (second, '[{"a":[]},"b",2.5]')):
-        g = compiler.compile_json_schema(schema)
-        m = Matcher(g)
+    json_info = TokenizerInfo(words + [None], eos_ids=[len(words)])
+    cases += [(json_info, {"type": "object", "properties": {"a": {}}, "required": ["a"], "additionalProperties": False},
+               '{"a":{"b":[1,true,null],"c":"d"}}'),
+              (json_info, {"type": "array", "items": True, "maxItems": 3}, '[{"a":[]},"b",2.5]')]
+    compilers = {id(i): GrammarCompiler(i) for i in (info, json_info)}
+    for tok_info, schema, text in cases:
+        m = Matcher(compilers[id(tok_info)].compile_json_schema(schema))
+        bitmask = np.zeros((1, tok_info.words), dtype=np.int32)
         for b in text.encode():
             assert_mask_is_brute_force(m, bitmask)
-            assert m.accept_token(info.vocab.index(bytes([b])))
+            assert m.accept_token(tok_info.vocab.index(bytes([b])))
         assert_mask_is_brute_force(m, bitmask)
         assert m.is_terminated() or m.can_terminate()
-        calling_itself = {k: v for k, v in info.rule_walks._items.items() if refs(k[0].expr)}
-        if schema is first:
-            kept = calling_itself
-            assert kept  # the JSON value's walks
-    assert all(calling_itself[k] is v for k, v in kept.items())  # reused, not walked again
 
 
 def test_rules_that_call_others_keep_their_walks_to_their_grammar():

@@ -204,3 +204,17 @@ def test_the_native_walk_builds_wherever_there_is_a_compiler():
                                                                  or shutil.which("gcc") or shutil.which("clang")):
         pytest.skip("no C compiler, or the native walk turned off")
     assert native._load()[0] is not None, native.unavailable_reason()
+
+
+@needs_native
+def test_walks_past_the_budget_are_evicted_and_masks_stay_right(monkeypatch):
+    # A budget below one walk: each new top state's walk evicts the others (counted), and masks that
+    # need them again walk again.
+    monkeypatch.setattr(tw, "MAX_WALK_BYTES", 1)
+    info = shape_info()
+    g = compile_shape(info, "schema", SHAPES[1][1])
+    for seed in range(3):
+        masks_along_a_walk(Matcher(g), random.Random(seed), 12)
+        g._masks.clear()
+    stats = g.cache_info()
+    assert stats["walks"] == 1 and stats["walk_evictions"] == stats["walks_computed"] - 1 > 0

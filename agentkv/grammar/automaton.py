@@ -27,15 +27,11 @@ class Automaton:
     has_bytes: np.ndarray      # [n_states] bool
     starts: list[int]          # rule index -> start state
     rule_names: list[str]
-    # rule index -> its expression where the rule calls no other, or only itself (else None): what
-    # its states allow depends on it alone, so walks from them are shared across grammars
-    # (walk_reuse.py; known here, where the calls are read anyway, rather than per mask)
-    rule_exprs: list | None = None
 
 
 def link(rules: dict[str, object], root: str, deadline: float) -> Automaton:
     """Compile every rule reachable from `root` and link them into one automaton."""
-    names, todo, exprs, alone = [], [root], {}, set()
+    names, todo, exprs = [], [root], {}
     while todo:
         n = todo.pop()
         if n in exprs:
@@ -44,10 +40,7 @@ def link(rules: dict[str, object], root: str, deadline: float) -> Automaton:
             raise GrammarError(f"rule '{n}' is used but never defined")
         exprs[n] = rules[n]
         names.append(n)
-        called = refs(rules[n])
-        if not called - {n}:
-            alone.add(n)
-        todo.extend(sorted(called))
+        todo.extend(sorted(refs(rules[n])))
     rule_ix = {n: i for i, n in enumerate(names)}
     dfas = [minimal_dfa(exprs[n], deadline) for n in names]
     offsets, total = [], 0
@@ -65,8 +58,7 @@ def link(rules: dict[str, object], root: str, deadline: float) -> Automaton:
                 calls[off + s] = tuple((rule_ix[name], off + t) for name, t in d.calls[s])
         accept[off:off + len(d.accept)] = d.accept
     starts = list(offsets)
-    auto = Automaton(trans, calls, accept, (trans >= 0).any(axis=1), starts, names,
-                     [exprs[n] if n in alone else None for n in names])
+    auto = Automaton(trans, calls, accept, (trans >= 0).any(axis=1), starts, names)
     _trim(auto)
     _check_left_recursion(auto)
     return auto

@@ -25,16 +25,15 @@ from agentkv.grammar.token_walk import (
     top_state_tokens,
 )
 from agentkv.grammar.vocab import TokenizerInfo
-from agentkv.grammar.walk_reuse import WalkReuse
 
 MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
 MAX_FORCED_BYTES = 4096
 MAX_CACHED_MASKS = 4096     # per grammar: 4096 x 19 KB at a 151k vocabulary
-MAX_CACHED_STATES = 4096    # per grammar: top-state walks kept
+MAX_CACHED_STATES = 4096    # per grammar: top-state walks kept by the Python walk
 DEAD = -1
 
 
-class CompiledGrammar(WalkReuse):
+class CompiledGrammar:
     """Shared by all matchers of one grammar; thread-safe (caches are filled under a lock)."""
 
     def __init__(self, automaton: Automaton, info: TokenizerInfo, description: str = "grammar",
@@ -63,7 +62,6 @@ class CompiledGrammar(WalkReuse):
         self._steps: dict[tuple[int, int], int] = {}
         self._masks: dict[int, np.ndarray] = {}
         self._forced: dict[int, bytes] = {}
-        self._init_walk_reuse()
         self.initial = self._intern([(a.starts[0],)])
 
     def __repr__(self) -> str:
@@ -166,14 +164,11 @@ class CompiledGrammar(WalkReuse):
         if m is None:
             with self._lock:
                 m = np.zeros(self.info.words, dtype="<i4")
-                for stack in self._configs[cid][0]:
-                    st = self.state_tokens(stack[-1])
-                    if st.depth + max(len(stack) - 2, 0) < self.max_depth:
-                        m |= st.allowed
-                        if len(stack) > 1:
-                            continue_below(self, stack[:-1], st.below, m)
-                    else:  # so deep that the nesting limit may cut a token short: walk it whole
-                        stack_walk(self, stack, m)
+                stacks = self._configs[cid][0]
+                if self.walk_tables.cache is not None:
+                    self.walk_tables.mask_into(stacks, m)  # (in C, without the GIL)
+                else:
+                    self._mask_in_python(stacks, m)
                 if self._configs[cid][1]:
                     bits = m.view(np.uint32)
                     for e in self.info.eos_ids:
@@ -184,17 +179,25 @@ class CompiledGrammar(WalkReuse):
                 self._masks[cid] = m
         return m
 
+    def _mask_in_python(self, stacks, m: np.ndarray) -> None:
+        """csrc/mask_cache.c's mask, in Python: each stack's top-state walk (kept per state), the tokens
+        returning below it walked on through its real frames, or the whole stack walked near the
+        nesting limit."""
+        for stack in stacks:
+            st = self.state_tokens(stack[-1])
+            if st.depth + max(len(stack) - 2, 0) < self.max_depth:
+                m |= st.allowed
+                if len(stack) > 1:
+                    continue_below(self, stack[:-1], st.below, m)
+            else:  # so deep that the nesting limit may cut a token short: walk it whole
+                stack_walk(self, stack, m)
+
     def state_tokens(self, q: int) -> StateTokens:
         """The tokens state `q` allows whatever lies below it, and where they return below (token_walk.py)."""
         st = self._state_tokens.get(q)
         if st is None:
             with self._lock:
-                key = self._walk_key(q)
-                st = self.info.rule_walks.get(key) if key is not None else None
-                if st is None:
-                    st = top_state_tokens(self, q)
-                    if key is not None:
-                        self.info.rule_walks.put(key, st)
+                st = top_state_tokens(self, q)
                 if len(self._state_tokens) >= MAX_CACHED_STATES:
                     del self._state_tokens[next(iter(self._state_tokens))]
                 self._state_tokens[q] = st
@@ -222,5 +225,6 @@ class CompiledGrammar(WalkReuse):
         return self._forced[cid]
 
     def cache_info(self) -> dict[str, int]:
+        walks = self.walk_tables.cache_stats()
         return {"configs": len(self._configs), "masks": len(self._masks), "steps": len(self._steps),
-                "states": len(self._state_tokens)}
+                "states": walks.get("walks", len(self._state_tokens)), **walks}

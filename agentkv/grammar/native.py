@@ -1,4 +1,5 @@
-"""The grammar's native token walk (csrc/token_walk.c), built on first use and loaded with ctypes.
+"""The grammar's native token walk (csrc/token_walk.c) and mask cache (csrc/mask_cache.c), built on
+first use and loaded with ctypes.
 
 Portable C (no -march, no OpenMP, no torch), cached in `$AGENTKV_CACHE_DIR/grammar/` by source and
 compiler (native_build.py). Without a C compiler, or with `AGENTKV_NATIVE_GRAMMAR=0`, `load()` returns
@@ -17,8 +18,8 @@ from agentkv.env import native_grammar_allowed
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).resolve().parent / "csrc" / "token_walk.c"
-_P, _I32 = ctypes.c_void_p, ctypes.c_int32
+_CSRC = Path(__file__).resolve().parent / "csrc"
+_P, _I32, _I64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 
 
 class GrammarStruct(ctypes.Structure):
@@ -48,11 +49,21 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     if not native_grammar_allowed():
         return None, "AGENTKV_NATIVE_GRAMMAR=0 turned the native token walk off"
     try:
-        lib = ctypes.CDLL(str(native_build.build("grammar", "agentkv-grammar", [_SOURCE])))
+        lib = ctypes.CDLL(str(native_build.build("grammar", "agentkv-grammar", sorted(_CSRC.glob("*.c")))))
     except (OSError, RuntimeError) as e:
         log.warning("agentkv: native token walk unavailable, walking in Python (%s)", e)
         return None, str(e)
     lib.agentkv_token_walk.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _P, _I32, _I32,
                                        _P, _I32, _P, _P, _P, _P]
     lib.agentkv_token_walk.restype = ctypes.c_int
+    lib.agentkv_walks_new.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _I32, _I64]
+    lib.agentkv_walks_new.restype = _P
+    lib.agentkv_walks_free.argtypes = [_P]
+    lib.agentkv_walks_free.restype = None
+    lib.agentkv_walks_mask.argtypes = [_P, _P, _P, _I32, _P]
+    lib.agentkv_walks_mask.restype = ctypes.c_int
+    lib.agentkv_walks_clear.argtypes = [_P]
+    lib.agentkv_walks_clear.restype = None
+    lib.agentkv_walks_stats.argtypes = [_P, _P]
+    lib.agentkv_walks_stats.restype = None
     return lib, ""

@@ -21,6 +21,7 @@ instead (`stack_walk`).
 from __future__ import annotations
 
 import ctypes
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -29,6 +30,7 @@ import numpy as np
 from agentkv.grammar import native
 from agentkv.grammar.token_trie import BOUNDARY, TEXT_PHASES
 
+MAX_WALK_BYTES = 64 << 20  # per grammar: the native walks kept (~3,400 at a 151k vocabulary)
 MAX_TEXT_PAIRS = 4096  # a text loop check that visits more (state, phase) pairs than this says no
 NO_BELOW = np.zeros((0, 2), dtype=np.int32)
 
@@ -108,7 +110,8 @@ def _text_loops(trans, candidates: np.ndarray) -> np.ndarray:
 
 
 class WalkTables:
-    """One grammar's automaton as the walk reads it (and the native walk's structs)."""
+    """One grammar's automaton as the walk reads it; on the native path, the C mask cache too
+    (csrc/mask_cache.c: walks per top state under MAX_WALK_BYTES, freed with these tables)."""
 
     @property
     def text_loop(self) -> np.ndarray:
@@ -146,6 +149,38 @@ class WalkTables:
             *(x.ctypes.data for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_reach,
                                       self.call_off, self.call_rule, self.call_ret, self.starts)),
             n, self.max_depth)
+        self.info = grammar.info
+        self.lib = native.load()
+        self.cache = None
+        if self.lib is not None:
+            self.cache = self.lib.agentkv_walks_new(ctypes.byref(self.struct), ctypes.byref(grammar.info.trie_struct),
+                                                    grammar.info.words, MAX_WALK_BYTES)
+            if not self.cache:
+                raise MemoryError("no memory for the grammar's mask cache")
+            weakref.finalize(self, self.lib.agentkv_walks_free, self.cache)
+
+    def mask_into(self, stacks, words: np.ndarray) -> None:
+        """OR into `words` the tokens each of `stacks` (tuples of states, bottom first) can read in
+        full, in one native call (self.cache must be there)."""
+        flat = np.fromiter((q for s in stacks for q in s), dtype=np.int32)
+        offsets = np.zeros(len(stacks) + 1, dtype=np.int32)
+        np.cumsum([len(s) for s in stacks], out=offsets[1:])
+        if self.lib.agentkv_walks_mask(self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks),
+                                       words.ctypes.data) != 0:
+            raise MemoryError("the native token walk ran out of memory")
+
+    def clear(self) -> None:
+        """Forget the walks kept (benchmarks time first computations this way)."""
+        if self.cache is not None:
+            self.lib.agentkv_walks_clear(self.cache)
+
+    def cache_stats(self) -> dict[str, int]:
+        """The native walks kept, their bytes, those computed and those evicted (empty in Python)."""
+        if self.cache is None:
+            return {}
+        out = np.zeros(4, dtype=np.int64)
+        self.lib.agentkv_walks_stats(self.cache, out.ctypes.data)
+        return dict(zip(("walks", "walk_bytes", "walks_computed", "walk_evictions"), out.tolist()))
 
 
 def trie_struct(trie) -> native.TrieStruct:

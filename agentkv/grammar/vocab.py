@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -41,44 +39,6 @@ def gpt2_byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-MAX_RULE_WALKS = 1024
-
-
-class BoundedCache:
-    """A thread-safe dict that drops its least recently used entry past `size`."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self._items: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key):
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None:
-                self._items.move_to_end(key)
-            return hit
-
-    def put(self, key, value) -> None:
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            if len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-    def get_or_put(self, key, make):
-        """The value kept under `key`, else `make()`'s, kept there (made outside the lock: two threads
-        may both make it, and either is kept)."""
-        hit = self.get(key)
-        if hit is None:
-            hit = make()
-            self.put(key, hit)
-        return hit
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
 class TokenizerInfo:
     """Vocabulary bytes and EOS ids of one tokenizer (see the module docstring)."""
 
@@ -102,10 +62,6 @@ class TokenizerInfo:
         text_ids = np.nonzero(self.lengths > 0)[0].tolist()
         self.sorted_id_array = np.array(sorted(text_ids, key=lambda i: self.vocab[i]), dtype=np.int64)
         self.sorted_id_array.flags.writeable = False  # (lookups hand out views of it)
-        # Token walks from states of rules that call no other, or only themselves, by (expression, DFA
-        # size, state): see `WalkReuse._walk_key` (walk_reuse.py). Bounded: each holds a packed mask (19 KB at 151k).
-        self.rule_walks = BoundedCache(MAX_RULE_WALKS)
-        self.rule_keys = BoundedCache(MAX_RULE_WALKS)  # each rule's key once (`WalkReuse._walk_key`)
 
     @functools.cached_property
     def trie(self) -> TokenTrie:

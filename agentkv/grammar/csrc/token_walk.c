@@ -22,36 +22,10 @@ The plain Python walk in token_walk.py is the same algorithm and gives the same 
 Called through ctypes, which releases the GIL: a mask worker thread runs beside the forward pass.
 */
 
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    const int32_t *trans;     /* [n_states * 256], -1 = no transition */
-    const uint8_t *fork;      /* accepts or calls: needs expanding */
-    const uint8_t *accept;
-    const uint8_t *has_bytes;
-    const uint8_t *tail;      /* a return state with nothing after it: a call from there replaces the frame */
-    const int32_t *text_reach; /* characters of any plain text that surely survive from the state */
-    const int32_t *call_off;  /* [n_states + 1]: the state's calls are call_rule/call_ret[call_off[s]:call_off[s+1]] */
-    const int32_t *call_rule;
-    const int32_t *call_ret;
-    const int32_t *starts;    /* rule -> its start state */
-    int32_t n_states;
-    int32_t max_depth;        /* a stack this long pushes no more (compiled.py's MAX_STACK_DEPTH) */
-} Grammar;
-
-typedef struct {
-    const uint8_t *byte;       /* [n_nodes] */
-    const int32_t *next;       /* the node after this one's subtree */
-    const int32_t *depth;      /* bytes read at this node, its own included (1 for the root's children) */
-    const int32_t *tok;        /* [n_nodes + 1] the first sorted token of the subtree (tok[n_nodes] = n_tokens) */
-    const int32_t *n_end;      /* tokens ending at this node (the first of the subtree's) */
-    const int32_t *text_chars; /* the most characters of plain text a token below reads past here; -1: not all plain */
-    const int32_t *sorted_ids; /* [n_tokens] token ids in byte order */
-    int32_t n_nodes;
-    int32_t max_len;
-} Trie;
+#include "token_walk.h"
 
 typedef struct { int32_t top, parent; } Pair;
 typedef struct { Pair *v; int64_t n, cap; } Pairs;

@@ -1,0 +1,160 @@
+/* A grammar's masks in one call: its walks per top state kept under a byte budget, and a
+   configuration's stacks composed into one mask (compiled.py's `mask` on the native path).
+
+A top state's walk with the frames below unknown (token_walk.c, relative) is kept per state: the
+tokens it allows and the trie nodes where tokens return below its frame. A stack's mask is that set
+plus those tokens walked on through the stack's real frames; a stack so deep that the nesting limit
+could cut a token short is walked whole. The walks are kept least recently used first out once their
+bytes pass the budget (evictions counted). The caller serializes calls on one cache (compiled.py
+holds the grammar's lock); the GIL is released throughout.
+*/
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "token_walk.h"
+
+typedef struct {
+    uint32_t *allowed;   /* [words] */
+    int32_t *below;      /* [2 * n_below]: (node, bytes read) */
+    int64_t n_below;
+    int32_t depth;
+    int32_t prev, next;  /* the LRU list (states), -1 at its ends */
+    int64_t bytes;
+} StateWalk;
+
+typedef struct {
+    Grammar g;           /* copies of the structs; the arrays stay the caller's */
+    Trie t;
+    int32_t words;
+    int64_t budget, used, evictions, computed;
+    StateWalk *walks;    /* [n_states]; allowed == NULL: none kept */
+    int32_t head, tail;  /* most and least recently used */
+    int32_t *scratch;    /* [2 * (n_nodes + 1)]: a relative walk's returns, before they are kept */
+} Walks;
+
+Walks *agentkv_walks_new(const Grammar *g, const Trie *t, int32_t words, int64_t budget) {
+    Walks *ws = calloc(1, sizeof(Walks));
+    if (!ws) return NULL;
+    ws->g = *g;
+    ws->t = *t;
+    ws->words = words;
+    ws->budget = budget;
+    ws->head = ws->tail = -1;
+    ws->walks = calloc((size_t)g->n_states, sizeof(StateWalk));
+    ws->scratch = malloc((size_t)(t->n_nodes + 1) * 2 * sizeof(int32_t));
+    if (!ws->walks || !ws->scratch) {
+        free(ws->walks); free(ws->scratch); free(ws);
+        return NULL;
+    }
+    return ws;
+}
+
+static void unlink_walk(Walks *ws, int32_t q) {
+    StateWalk *w = &ws->walks[q];
+    if (w->prev >= 0) ws->walks[w->prev].next = w->next; else ws->head = w->next;
+    if (w->next >= 0) ws->walks[w->next].prev = w->prev; else ws->tail = w->prev;
+}
+
+static void push_front(Walks *ws, int32_t q) {
+    StateWalk *w = &ws->walks[q];
+    w->prev = -1;
+    w->next = ws->head;
+    if (ws->head >= 0) ws->walks[ws->head].prev = q;
+    ws->head = q;
+    if (ws->tail < 0) ws->tail = q;
+}
+
+static void drop(Walks *ws, int32_t q) {
+    StateWalk *w = &ws->walks[q];
+    unlink_walk(ws, q);
+    ws->used -= w->bytes;
+    free(w->allowed); free(w->below);
+    memset(w, 0, sizeof *w);
+    ws->evictions++;
+}
+
+void agentkv_walks_free(Walks *ws) {
+    if (!ws) return;
+    for (int32_t q = 0; q < ws->g.n_states; q++) {
+        free(ws->walks[q].allowed);
+        free(ws->walks[q].below);
+    }
+    free(ws->walks); free(ws->scratch); free(ws);
+}
+
+/* State q's walk, kept or computed now (and made the most recently used); NULL where memory ran out. */
+static StateWalk *state_walk(Walks *ws, int32_t q) {
+    StateWalk *w = &ws->walks[q];
+    if (w->allowed) {
+        unlink_walk(ws, q);
+        push_front(ws, q);
+        return w;
+    }
+    uint32_t *allowed = calloc((size_t)ws->words, sizeof(uint32_t));
+    if (!allowed) return NULL;
+    int64_t n_below = 0;
+    int32_t depth = 0, root[2] = {-1, 0};
+    if (agentkv_token_walk(&ws->g, &ws->t, &q, 1, 1, root, 1, allowed, ws->scratch, &n_below, &depth) != 0) {
+        free(allowed);
+        return NULL;
+    }
+    int32_t *below = NULL;
+    if (n_below) {
+        below = malloc((size_t)n_below * 2 * sizeof(int32_t));
+        if (!below) { free(allowed); return NULL; }
+        memcpy(below, ws->scratch, (size_t)n_below * 2 * sizeof(int32_t));
+    }
+    w->allowed = allowed;
+    w->below = below;
+    w->n_below = n_below;
+    w->depth = depth;
+    w->bytes = (int64_t)ws->words * 4 + n_below * 8 + (int64_t)sizeof(StateWalk);
+    ws->used += w->bytes;
+    ws->computed++;
+    push_front(ws, q);
+    while (ws->used > ws->budget && ws->tail >= 0 && ws->tail != q) drop(ws, ws->tail);
+    return w;
+}
+
+/* OR into `out` the tokens each stack can read in full: stack k is flat[offsets[k]:offsets[k+1]],
+   bottom first. Returns 0, or -1 where memory ran out. */
+int agentkv_walks_mask(Walks *ws, const int32_t *flat, const int32_t *offsets, int32_t n_stacks, uint32_t *out) {
+    int32_t root[2] = {-1, 0};
+    for (int32_t k = 0; k < n_stacks; k++) {
+        const int32_t *stack = flat + offsets[k];
+        int32_t len = offsets[k + 1] - offsets[k];
+        StateWalk *w = state_walk(ws, stack[len - 1]);
+        if (!w) return -1;
+        int64_t n_below = 0;
+        int32_t depth = 0;
+        if (w->depth + (len > 2 ? len - 2 : 0) < ws->g.max_depth) {
+            for (int32_t i = 0; i < ws->words; i++) out[i] |= w->allowed[i];
+            if (len > 1 && w->n_below  /* the tokens returning below, walked on through the real frames */
+                && agentkv_token_walk(&ws->g, &ws->t, stack, len - 1, 0, w->below, (int32_t)w->n_below, out,
+                                      ws->scratch, &n_below, &depth) != 0)
+                return -1;
+        } else if (agentkv_token_walk(&ws->g, &ws->t, stack, len, 0, root, 1, out, ws->scratch, &n_below, &depth) != 0) {
+            return -1;  /* (so deep that the nesting limit may cut a token short: walked whole) */
+        }
+    }
+    return 0;
+}
+
+/* Forget every walk kept (not counted as evictions). */
+void agentkv_walks_clear(Walks *ws) {
+    while (ws->head >= 0) {
+        drop(ws, ws->head);
+        ws->evictions--;
+    }
+}
+
+/* walks kept, their bytes, walks computed, walks evicted */
+void agentkv_walks_stats(const Walks *ws, int64_t *out) {
+    int64_t kept = 0;
+    for (int32_t q = ws->head; q >= 0; q = ws->walks[q].next) kept++;
+    out[0] = kept;
+    out[1] = ws->used;
+    out[2] = ws->computed;
+    out[3] = ws->evictions;
+}
