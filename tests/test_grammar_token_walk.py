@@ -33,6 +33,11 @@ def is_plain_text(data: bytes) -> bool:
     return all(ord(c) >= 0x80 or (0x20 <= ord(c) < 0x7F and c not in '"\\') for c in text)
 
 
+def n_chars(data: bytes) -> int:
+    """Characters (a last one cut short counts) in plain text."""
+    return sum(1 for c in data if not 0x80 <= c < 0xC0)
+
+
 vocabs = st.lists(st.lists(st.sampled_from(BYTES), min_size=1, max_size=6).map(b"".join), min_size=1, max_size=80)
 
 
@@ -53,11 +58,17 @@ def test_the_trie_holds_every_token_once_in_byte_order(words, twins):
         assert below == [b for b in ordered if b.startswith(here)]
         assert below[:trie.n_end[i]] == [b for b in below if b == here]
         plain = all(is_plain_text(b[len(here):]) for b in below)
-        most = max(sum(1 for c in b[len(here):] if not 0x80 <= c < 0xC0) for b in below)
+        most = max(n_chars(b[len(here):]) for b in below)
         assert trie.text_chars[i] == (most if plain else -1), (here, below)
+        whole = all(is_plain_text(b) for b in below)
+        assert trie.root_chars[i] == (max(map(n_chars, below)) if whole else -1), (here, below)
         if trie.next[i] > i + 1:
             assert trie.depth[i + 1] == trie.depth[i] + 1  # a first child
     assert trie.n_nodes == len({b[:k] for b in ordered for k in range(1, len(b) + 1)})
+    for k in range(trie.max_len + 1):  # plain_masks[k]: the tokens that are plain text of at most k characters
+        bits = np.unpackbits(trie.plain_masks[k].view(np.uint8), bitorder="little")
+        assert set(np.flatnonzero(bits).tolist()) == {
+            t for t, b in enumerate(vocab) if b and is_plain_text(b) and n_chars(b) <= k}
 
 
 SHAPES = [
@@ -78,11 +89,17 @@ SHAPES = [
     ("regex", "[ab]{2,5}1?"),  # the chain's later states may end the text: forks
     ("lark", 'start: w w\nw: /[^"\\x00-\\x1f]/'),  # a rule returning after each character
     ("lark", 'start: w "y"\nw: /[a-wA-W]+/ | "-" w'),
+    ("schema", {"type": "string", "maxLength": 6}),
+    ("schema", {"type": "object", "additionalProperties": {"type": "string", "minLength": 2, "maxLength": 4}}),
 ]
 WORDS = [bytes([c]) for c in range(0x20, 0x7F)] + [E, E[:1], E[1:], "中".encode(), "中".encode()[:2], b"\n"] + [
     w.encode() for w in ['"', '":', '":"', '":{"', '":[', '",', '"}', '"],', '\\n', '\\"', '\\u00', 'x":', 'ab\\',
                          'name":', 'name":1', 'nb":', 'é"', 'é":', 'a\n', 'aaaaaaa', 'abcabc1', 'a1a1', 'ab"', '[["',
-                         '["ab"', '"]]', '-ab', 'aby', 'é中', 'xy', 'é1":', '{"é1":null}', '1.1', 'x1.1y']]
+                         '["ab"', '"]]', '-ab', 'aby', 'é中', 'xy', 'é1":', '{"é1":null}', '1.1', 'x1.1y',
+                         # plain text of every length up to 9 characters, across a maximum length's room
+                         'ab', 'abc', 'abcd', 'abcde', 'abcdef', 'abcdefg', 'abcdefgh', 'abcdefghi', 'aéé', '中中中中',
+                         'abcd"', 'abcdef"', 'ab\\n', 'Q1', 'R12', 'S123', 'T1234', 'U12345', 'V123456', 'W1234567',
+                         'X12345678', 'Yé中é中é']]
 
 
 def shape_info() -> TokenizerInfo:

@@ -32,7 +32,8 @@ class GrammarStruct(ctypes.Structure):
 class TrieStruct(ctypes.Structure):
     """token_walk.c's Trie."""
     _fields_ = [("byte", _P), ("next", _P), ("depth", _P), ("tok", _P), ("n_end", _P), ("text_chars", _P),
-                ("sorted_ids", _P), ("n_nodes", _I32), ("max_len", _I32)]
+                ("root_chars", _P), ("plain_masks", _P), ("sorted_ids", _P), ("n_nodes", _I32), ("max_len", _I32),
+                ("words", _I32)]
 
 
 def load() -> ctypes.CDLL | None:

@@ -185,8 +185,9 @@ class WalkTables:
 
 def trie_struct(trie) -> native.TrieStruct:
     return native.TrieStruct(*(x.ctypes.data for x in (trie.byte, trie.next, trie.depth, trie.tok, trie.n_end,
-                                                       trie.text_chars, trie.sorted_ids)),
-                             trie.n_nodes, trie.max_len)
+                                                       trie.text_chars, trie.root_chars, trie.plain_masks,
+                                                       trie.sorted_ids)),
+                             trie.n_nodes, trie.max_len, trie.plain_masks.shape[1])
 
 
 def top_state_tokens(grammar, q: int) -> StateTokens:
@@ -292,6 +293,11 @@ class _PyWalk:
             parent = self.frame(s, parent)
         top = (stack[-1], parent)
         self.depth = self.length(top)
+        self.reach0 = -1
+        reach = int(self.tb.text_reach[top[0]])
+        if self.rel and len(stack) == 1 and reach > 0:  # (plain text within reach: at once, as in C)
+            self.reach0 = min(reach, self.trie.max_len)
+            self.bits |= self.trie.plain_masks[self.reach0]
         for node, base in starts:
             level, can_end = self.expansion(top)
             if can_end and self.rel and node < 0:
@@ -305,11 +311,14 @@ class _PyWalk:
 
     def walk_range(self, lo: int, hi: int, base: int, level0: list) -> None:
         t, tb = self.trie, self.tb
-        byte, nxt, depth, tok, n_end, text_chars = t.lists()
-        rows, fork, reach = tb.rows, tb.fork, tb.text_reach.tolist()
+        byte, nxt, depth, tok, n_end, text_chars, root_chars = t.lists()
+        rows, fork, reach, reach0 = tb.rows, tb.fork, tb.text_reach.tolist(), self.reach0
         levels = [level0]  # levels[d]: the expanded stacks after `base + d` bytes of the current path
         i = lo
         while i < hi:
+            if 0 <= root_chars[i] <= reach0:  # (taken whole with plain_masks)
+                i = nxt[i]
+                continue
             d = depth[i] - 1 - base
             b = byte[i]
             raw = []

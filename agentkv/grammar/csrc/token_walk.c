@@ -49,6 +49,7 @@ typedef struct {
     Pairs memo_pairs, work, seen, levels;
     int64_t *level_at;      /* level_at[d]: where depth d's set starts in `levels` */
     int32_t depth;
+    int32_t reach0;         /* a relative walk's start state's plain-text reach (-1: no such walk) */
     uint32_t *allowed;
     int32_t *below;
     int64_t n_below;
@@ -218,6 +219,10 @@ static void walk_range(Walk *w, int32_t lo, int32_t hi, int32_t base) {
     Pair raw[64];
     int32_t i = lo;
     while (i < hi && !w->oom) {
+        if (t->root_chars[i] >= 0 && t->root_chars[i] <= w->reach0) {  /* taken whole with plain_masks */
+            i = t->next[i];
+            continue;
+        }
         int32_t d = t->depth[i] - 1 - base;  /* the level this node steps from */
         int64_t from = w->level_at[d], to = w->level_at[d + 1];
         int32_t b = t->byte[i], n_raw = 0, reach = -1, overflow = 0;
@@ -297,6 +302,13 @@ int agentkv_token_walk(const Grammar *g, const Trie *t, const int32_t *stack, in
     for (int32_t k = 0; k + 1 < stack_len && !w.oom; k++) parent = frame(&w, stack[k], parent);
     Pair top = {stack[stack_len - 1], parent};
     w.depth = length_of(&w, top);
+    w.reach0 = -1;
+    if (relative && stack_len == 1 && g->text_reach[top.top] > 0) {
+        /* plain text within the start state's reach: every such token at once, its subtrees skipped */
+        w.reach0 = g->text_reach[top.top] < t->max_len ? g->text_reach[top.top] : t->max_len;
+        const uint32_t *plain = t->plain_masks + (int64_t)w.reach0 * t->words;
+        for (int32_t k = 0; k < t->words; k++) allowed[k] |= plain[k];
+    }
     for (int32_t s = 0; s < n_starts && !w.oom; s++) {
         int32_t node = starts[2 * s], base = starts[2 * s + 1];
         w.levels.n = 0;

@@ -27,9 +27,12 @@ typedef struct {
     const int32_t *tok;        /* [n_nodes + 1] the first sorted token of the subtree (tok[n_nodes] = n_tokens) */
     const int32_t *n_end;      /* tokens ending at this node (the first of the subtree's) */
     const int32_t *text_chars; /* the most characters of plain text a token below reads past here; -1: not all plain */
+    const int32_t *root_chars; /* the same from the tokens' first byte; -1 unless the path is plain too */
+    const uint32_t *plain_masks; /* [max_len + 1][words]: the tokens that are plain text of at most k characters */
     const int32_t *sorted_ids; /* [n_tokens] token ids in byte order */
     int32_t n_nodes;
     int32_t max_len;
+    int32_t words;
 } Trie;
 
 int agentkv_token_walk(const Grammar *g, const Trie *t, const int32_t *stack, int32_t stack_len, int32_t relative,
