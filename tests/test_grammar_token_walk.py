@@ -60,6 +60,8 @@ def test_the_trie_holds_every_token_once_in_byte_order(words, twins):
         plain = all(is_plain_text(b[len(here):]) for b in below)
         most = max(n_chars(b[len(here):]) for b in below)
         assert trie.text_chars[i] == (most if plain else -1), (here, below)
+        below_set = int.from_bytes(trie.below_bytes[i].tobytes(), "little")
+        assert below_set == sum(1 << c for c in {c for b in below for c in b[len(here):]}), (here, below)
         whole = all(is_plain_text(b) for b in below)
         assert trie.root_chars[i] == (max(map(n_chars, below)) if whole else -1), (here, below)
         if trie.next[i] > i + 1:
@@ -90,6 +92,7 @@ SHAPES = [
     ("lark", 'start: w w\nw: /[^"\\x00-\\x1f]/'),  # a rule returning after each character
     ("lark", 'start: w "y"\nw: /[a-wA-W]+/ | "-" w'),
     ("schema", {"type": "string", "maxLength": 6}),
+    ("regex", '[a-e"]+'), ("regex", "[a-f]+y?"),  # loops over a class, tokens leaving it deep below (abcdefgh)
     ("schema", {"type": "object", "additionalProperties": {"type": "string", "minLength": 2, "maxLength": 4}}),
 ]
 WORDS = [bytes([c]) for c in range(0x20, 0x7F)] + [E, E[:1], E[1:], "中".encode(), "中".encode()[:2], b"\n"] + [

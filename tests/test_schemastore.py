@@ -9,6 +9,7 @@ On a sample, every token of the walk must also be set in the matcher's mask, and
 tokens must equal the tokenizer's own encoding of the same text.
 """
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -142,3 +143,50 @@ def test_jump_forward_tokens_are_canonical(vocab, request):
     print(f"\njump-forward on SchemaStore samples: {forced} forced of {forced + steps} tokens "
           f"({100 * forced / max(1, forced + steps):.1f}%), {noncanonical} non-canonical")
     assert noncanonical == 0
+
+
+@pytest.mark.parametrize("vocab", ["smollm", "qwen"])
+def test_both_walks_give_the_same_masks_along_schemastore_instances(vocab, request, monkeypatch):
+    # Every mask along the first valid instance of every 12th schema (its first 32 tokens), by the
+    # native walk and by the Python one: the same bits (compared as one hash per schema).
+    from agentkv.grammar import native
+
+    if native.load() is None:
+        pytest.skip(f"no native token walk: {native.unavailable_reason()}")
+    root = shared_data("schemastore")
+    info = request.getfixturevalue(f"{vocab}_info")
+    compiler = GrammarCompiler(info, timeout_s=120)
+    documents = schemastore_documents(root)
+    native_load, compared = native.load, 0
+    for path in sorted(root.glob("*.json"))[::12]:
+        doc = json.loads(path.read_text())
+        try:
+            g = compiler.compile_json_schema(doc["schema"], documents=documents)
+        except GrammarError:
+            continue
+        case = next((c for c in doc["tests"] if c["valid"]), None)
+        try:
+            text = case and find_serialization(g, case["data"], budget=300_000)
+        except SearchBudgetExceeded:
+            continue
+        if not text:
+            continue
+        cids, cid = [], g.initial
+        for tok in info.encode_bytes(text.encode())[:32]:
+            cids.append(cid)
+            cid = g.advance(cid, info.vocab[tok])
+        digests = []
+        for path_name in ("native", "python"):
+            monkeypatch.setattr(native, "load", native_load if path_name == "native" else lambda: None)
+            h = hashlib.sha256()
+            for c in cids:
+                words = np.zeros(info.words, dtype="<i4")
+                if path_name == "native":
+                    g.walk_tables.mask_into(g.stacks(c), words)
+                else:
+                    g._mask_in_python(g.stacks(c), words)
+                h.update(words.tobytes())
+            digests.append(h.hexdigest())
+        assert digests[0] == digests[1], path.stem
+        compared += 1
+    assert compared >= 20

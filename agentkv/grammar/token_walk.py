@@ -5,10 +5,11 @@ native code is off or cannot be built) goes depth first through the trie (token_
 each depth, the set of parser stacks the path so far can have left. A byte no stack reads skips the
 node's subtree; a shared prefix is stepped once; a token ending at a node where some stack read its
 last byte is allowed. Stacks are (top state, frame) pairs over interned frames; where a top can call
-or return, the stack is expanded (once per walk). One shortcut: from a state where any plain text of
+or return, the stack is expanded (once per walk). Two shortcuts: from a state where any plain text of
 k characters survives (k unbounded for a text loop: a string body, an open object's names; the room
 left on a string with a maximum length), a subtree whose tokens read plain text of at most k
-characters from there on is allowed whole.
+characters from there on is allowed whole; so is a subtree whose every byte leads the state back to
+itself (a loop over a class).
 
 Most of a mask depends on the top state alone: the walk runs once per top state with the frames
 below unknown (`top_state_tokens`, "relative"), which yields the tokens allowed whatever lies below
@@ -119,6 +120,11 @@ class WalkTables:
         return self.text_reach >= self.cap
 
     @cached_property
+    def loop_sets(self) -> list[int]:
+        """loop_bytes as Python ints (256-bit sets; the Python walk's)."""
+        return [int.from_bytes(r.tobytes(), "little") for r in self.loop_bytes]
+
+    @cached_property
     def rows(self) -> list[list[int]]:
         """The transition table as lists (the Python walk indexes it one entry at a time)."""
         return self.trans.tolist()
@@ -133,6 +139,9 @@ class WalkTables:
         self.tail = np.asarray(grammar.tail_states, dtype=np.uint8)
         self.cap = grammar.info.trie.max_len
         self.text_reach = text_reach(a, self.cap)
+        loops = self.trans == np.arange(n, dtype=np.int32)[:, None]  # the bytes leading a state back to itself
+        self.loop_bytes = np.packbits(loops, axis=1, bitorder="little").view("<u8").copy()
+        self.has_loop = loops.any(axis=1).astype(np.uint8)
         callers = sorted(a.calls)
         per = [len(a.calls[c]) for c in callers]
         self.call_off = np.zeros(n + 1, dtype=np.int32)
@@ -147,7 +156,8 @@ class WalkTables:
         self.starts_list = list(a.starts)
         self.struct = native.GrammarStruct(
             *(x.ctypes.data for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_reach,
-                                      self.call_off, self.call_rule, self.call_ret, self.starts)),
+                                      self.loop_bytes, self.has_loop, self.call_off, self.call_rule, self.call_ret,
+                                      self.starts)),
             n, self.max_depth)
         self.info = grammar.info
         self.lib = native.load()
@@ -186,7 +196,7 @@ class WalkTables:
 def trie_struct(trie) -> native.TrieStruct:
     return native.TrieStruct(*(x.ctypes.data for x in (trie.byte, trie.next, trie.depth, trie.tok, trie.n_end,
                                                        trie.text_chars, trie.root_chars, trie.plain_masks,
-                                                       trie.sorted_ids)),
+                                                       trie.below_bytes, trie.sorted_ids)),
                              trie.n_nodes, trie.max_len, trie.plain_masks.shape[1])
 
 
@@ -313,6 +323,7 @@ class _PyWalk:
         t, tb = self.trie, self.tb
         byte, nxt, depth, tok, n_end, text_chars, root_chars = t.lists()
         rows, fork, reach, reach0 = tb.rows, tb.fork, tb.text_reach.tolist(), self.reach0
+        loop_sets, below_sets = tb.loop_sets, t.below_sets()
         levels = [level0]  # levels[d]: the expanded stacks after `base + d` bytes of the current path
         i = lo
         while i < hi:
@@ -335,7 +346,8 @@ class _PyWalk:
             if after == i + 1:
                 i = after
                 continue
-            if text_chars[i] >= 0 and max(reach[s] for s, _ in raw) >= text_chars[i]:
+            if (text_chars[i] >= 0 and max(reach[s] for s, _ in raw) >= text_chars[i]) or any(
+                    loop_sets[s] and not below_sets[i] & ~loop_sets[s] for s, _ in raw):
                 self.allow(first + n_end[i], tok[after])
                 i = after
                 continue

@@ -13,10 +13,11 @@ relative walk (the frames below the top state unknown, token_walk.py's top-state
 its depth are recorded, for the real stack below to decide the longer tokens there; in a walk of a
 real stack it is the grammar's end, and longer tokens die.
 
-One shortcut: where a stack's top survives any plain text of k characters (k unbounded for a text
-loop: a string body, an open object's names; the room left on a string with a maximum length) and
-every token below the node reads plain text of at most k characters from there on, the whole
-subtree is allowed without stepping it (llguidance's slicer, in the trie).
+Two shortcuts allow a whole subtree without stepping it: where a stack's top survives any plain text
+of k characters (k unbounded for a text loop: a string body, an open object's names; the room left
+on a string with a maximum length) and every token below the node reads plain text of at most k
+characters from there on (llguidance's slicer, in the trie); and where every byte read below the
+node leads the top back to itself (a loop over a class).
 
 The plain Python walk in token_walk.py is the same algorithm and gives the same masks.
 Called through ctypes, which releases the GIL: a mask worker thread runs beside the forward pass.
@@ -212,6 +213,13 @@ static int add_expansion(Walk *w, int32_t e, int64_t from) {
     return w->me_end[e];
 }
 
+/* Does every byte below node i lead state q back to itself (so every token below ends in q)? */
+static int loops_below(const Grammar *g, const Trie *t, int32_t q, int32_t i) {
+    if (!g->has_loop[q]) return 0;
+    const uint64_t *below = t->below_bytes + (int64_t)i * 4, *loop = g->loop_bytes + (int64_t)q * 4;
+    return !(below[0] & ~loop[0]) && !(below[1] & ~loop[1]) && !(below[2] & ~loop[2]) && !(below[3] & ~loop[3]);
+}
+
 /* Walk the nodes [lo, hi) (all deeper than `base`), the expanded set at depth `base` being levels[0:]. */
 static void walk_range(Walk *w, int32_t lo, int32_t hi, int32_t base) {
     const Grammar *g = w->g;
@@ -225,7 +233,27 @@ static void walk_range(Walk *w, int32_t lo, int32_t hi, int32_t base) {
         }
         int32_t d = t->depth[i] - 1 - base;  /* the level this node steps from */
         int64_t from = w->level_at[d], to = w->level_at[d + 1];
-        int32_t b = t->byte[i], n_raw = 0, reach = -1, overflow = 0;
+        int32_t b = t->byte[i], n_raw = 0, reach = -1, overflow = 0, loops = 0;
+        if (to - from == 1) {  /* one stack (most of a walk): no set to build unless it forks */
+            Pair s = w->levels.v[from];
+            int32_t nt = g->trans[(int64_t)s.top * 256 + b];
+            if (nt < 0) { i = t->next[i]; continue; }
+            int32_t first = t->tok[i], after = t->next[i];
+            if (t->n_end[i]) allow_range(w, first, first + t->n_end[i]);
+            if (after == i + 1) { i = after; continue; }
+            if ((t->text_chars[i] >= 0 && g->text_reach[nt] >= t->text_chars[i]) || loops_below(g, t, nt, i)) {
+                allow_range(w, first + t->n_end[i], t->tok[after]);
+                i = after;
+                continue;
+            }
+            if (!g->fork[nt]) {
+                w->levels.n = to;
+                if (!push(w, &w->levels, (Pair){nt, s.parent})) return;
+                w->level_at[d + 2] = to + 1;
+                i++;
+                continue;
+            }
+        }
         for (int64_t k = from; k < to; k++) {
             Pair s = w->levels.v[k];
             int32_t nt = g->trans[(int64_t)s.top * 256 + b];
@@ -233,13 +261,14 @@ static void walk_range(Walk *w, int32_t lo, int32_t hi, int32_t base) {
             if (n_raw < 64) raw[n_raw++] = (Pair){nt, s.parent};
             else overflow = 1;
             if (g->text_reach[nt] > reach) reach = g->text_reach[nt];
+            if (loops_below(g, t, nt, i)) loops = 1;
         }
         if (!n_raw) { i = t->next[i]; continue; }
         int32_t first = t->tok[i];
         allow_range(w, first, first + t->n_end[i]);
         int32_t after = t->next[i];
         if (after == i + 1) { i = after; continue; }  /* a leaf: nothing longer to decide */
-        if (t->text_chars[i] >= 0 && reach >= t->text_chars[i]) {  /* plain text no longer than the room */
+        if ((t->text_chars[i] >= 0 && reach >= t->text_chars[i]) || loops) {  /* plain text within the room, or a loop */
             allow_range(w, first + t->n_end[i], t->tok[after]);
             i = after;
             continue;
