@@ -24,6 +24,7 @@ from agentkv.grammar.token_walk import (
     stack_walk,
     top_state_tokens,
 )
+from agentkv.grammar.token_trie import packed_has
 from agentkv.grammar.vocab import TokenizerInfo
 
 MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
@@ -191,6 +192,22 @@ class CompiledGrammar:
                     continue_below(self, stack[:-1], st.below, m)
             else:  # so deep that the nesting limit may cut a token short: walk it whole
                 stack_walk(self, stack, m)
+
+    def tokens_past(self, end: int, text: bytes) -> list[int]:
+        """The tokens that start with `text`, run past its end, and whose rest configuration `end`
+        (reached after `text`) can read: one walk of the trie below `text` (jump-forward's boundary
+        question, without computing a whole mask)."""
+        trie = self.info.trie
+        node = trie.node_of(text)
+        if node < 0 or end == DEAD:
+            return []
+        ids = trie.sorted_ids[trie.tok[node] + trie.n_end[node]:trie.tok[trie.next[node]]]
+        if not len(ids):
+            return []
+        words = np.zeros(self.info.words, dtype="<i4")
+        with self._lock:
+            self.walk_tables.past_into(self.stacks(end), node, len(text), words)
+        return ids[packed_has(words, ids)].tolist()
 
     def state_tokens(self, q: int) -> StateTokens:
         """The tokens state `q` allows whatever lies below it, and where they return below (token_walk.py)."""

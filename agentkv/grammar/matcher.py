@@ -13,10 +13,8 @@ import numpy as np
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
-from agentkv.grammar.token_trie import packed_has
 
 MAX_BACKOFF_TOKENS = 4
-MAX_EXTENSION_CHECKS = 64
 # The last bytes of accepted text, kept so that jump-forward can find the tokenizer's pre-tokenizer
 # pieces around the forced text (splits.py); a tail shorter than this is the whole output.
 TAIL_BYTES = 32
@@ -167,18 +165,19 @@ class Matcher:
         # From every byte of the last tokens: could an allowed token starting there run past the end?
         # Then the tokenizer may split that text differently once the model writes what follows.
         p = len(forced) - 1
+        end = g.advance(self._cfg, forced)  # (where a token running past the forced text goes on from)
         while p >= starts[first]:
-            at = g.advance(self._cfg, forced[:p])
-            if self._could_cross(at, forced, p):
+            if self._could_cross(end, forced, p):
                 keep = next(j for j in range(len(toks)) if starts[j] <= p < starts[j + 1])
                 p = starts[keep]
             p -= 1
         return toks[:keep]
 
-    def _could_cross(self, cid: int, forced: bytes, p: int) -> bool:
-        """Could the model write, from byte `p` of the forced text, a token running past its end?"""
+    def _could_cross(self, end: int, forced: bytes, p: int) -> bool:
+        """Could the model write, from byte `p` of the forced text, a token running past its end
+        (`end`: the configuration after the forced text)?"""
         info = self.grammar.info
-        ids = _longer_allowed_tokens(self.grammar, cid, forced[p:])
+        ids = self.grammar.tokens_past(end, forced[p:])
         if not ids or info.splitter is None or len(ids) > MAX_SPLIT_CHECKS or not info.added_ids.isdisjoint(ids):
             return bool(ids)  # (an added token stands wherever its text does: the pre-tokenizer never cuts it)
         # The pieces are found in the text as it would stand with each token in place, from the
@@ -198,15 +197,6 @@ def _complete_utf8(data: bytes) -> bytes:
         except UnicodeDecodeError:
             continue
     return b""
-
-
-def _longer_allowed_tokens(g: CompiledGrammar, cid: int, suffix: bytes) -> list[int]:
-    """The tokens allowed at `cid` that start with `suffix` and go past it."""
-    ids = g.info.trie.tokens_past(suffix)
-    if len(ids) > MAX_EXTENSION_CHECKS:  # many candidates: the mask answers at once
-        mask = g.mask(cid)
-        return ids[packed_has(mask, ids)].tolist()
-    return [t for t in ids.tolist() if g.advance(cid, g.info.vocab[t]) != DEAD]
 
 
 def fill_next_token_bitmasks(matchers: Sequence[Matcher | None], bitmask) -> None:

@@ -63,6 +63,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.agentkv_walks_free.restype = None
     lib.agentkv_walks_mask.argtypes = [_P, _P, _P, _I32, _P]
     lib.agentkv_walks_mask.restype = ctypes.c_int
+    lib.agentkv_walks_past.argtypes = [_P, _P, _P, _I32, _I32, _I32, _P]
+    lib.agentkv_walks_past.restype = ctypes.c_int
     lib.agentkv_walks_clear.argtypes = [_P]
     lib.agentkv_walks_clear.restype = None
     lib.agentkv_walks_stats.argtypes = [_P, _P]

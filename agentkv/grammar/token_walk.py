@@ -172,10 +172,20 @@ class WalkTables:
     def mask_into(self, stacks, words: np.ndarray) -> None:
         """OR into `words` the tokens each of `stacks` (tuples of states, bottom first) can read in
         full, in one native call (self.cache must be there)."""
-        flat = np.fromiter((q for s in stacks for q in s), dtype=np.int32)
-        offsets = np.zeros(len(stacks) + 1, dtype=np.int32)
-        np.cumsum([len(s) for s in stacks], out=offsets[1:])
+        flat, offsets = _flatten(stacks)
         if self.lib.agentkv_walks_mask(self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks),
+                                       words.ctypes.data) != 0:
+            raise MemoryError("the native token walk ran out of memory")
+
+    def past_into(self, stacks, node: int, base: int, words: np.ndarray) -> None:
+        """OR into `words` the tokens under trie `node`, longer than its `base` bytes (which `stacks`
+        have read), that the stacks can read on."""
+        if self.cache is None:
+            for stack in stacks:
+                _walk_python(self, stack, False, [(node, base)], words)
+            return
+        flat, offsets = _flatten(stacks)
+        if self.lib.agentkv_walks_past(self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks), node, base,
                                        words.ctypes.data) != 0:
             raise MemoryError("the native token walk ran out of memory")
 
@@ -191,6 +201,18 @@ class WalkTables:
         out = np.zeros(4, dtype=np.int64)
         self.lib.agentkv_walks_stats(self.cache, out.ctypes.data)
         return dict(zip(("walks", "walk_bytes", "walks_computed", "walk_evictions"), out.tolist()))
+
+
+def _flatten(stacks) -> tuple[np.ndarray, np.ndarray]:
+    """Stacks as one int32 run and their offsets in it (the native calls' form)."""
+    flat = np.fromiter((q for s in stacks for q in s), dtype=np.int32)
+    offsets = np.zeros(len(stacks) + 1, dtype=np.int32)
+    np.cumsum([len(s) for s in stacks], out=offsets[1:])
+    return flat, offsets
+
+
+def _walk_python(tables: WalkTables, stack: tuple, relative: bool, starts: list, words: np.ndarray):
+    return _PyWalk(tables, tables.info.trie, relative, words).run(stack, starts)
 
 
 def trie_struct(trie) -> native.TrieStruct:
@@ -224,7 +246,7 @@ def _walk(grammar, stack: tuple, relative: bool, starts: np.ndarray, words: np.n
     info = grammar.info
     lib = native.load()
     if lib is None:
-        return _PyWalk(grammar.walk_tables, info.trie, relative, words).run(stack, starts.tolist())
+        return _walk_python(grammar.walk_tables, stack, relative, starts.tolist(), words)
     trie = info.trie
     stack_arr = np.array(stack, dtype=np.int32)
     starts = np.ascontiguousarray(starts, dtype=np.int32)

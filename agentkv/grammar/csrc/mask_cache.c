@@ -141,6 +141,22 @@ int agentkv_walks_mask(Walks *ws, const int32_t *flat, const int32_t *offsets, i
     return 0;
 }
 
+/* OR into `out` the tokens under trie `node` (those longer than its `base` bytes, which the stacks
+   have read) that the stacks can read on (jump-forward's question: can a token run past the forced
+   text?). Returns 0, or -1 where memory ran out. */
+int agentkv_walks_past(Walks *ws, const int32_t *flat, const int32_t *offsets, int32_t n_stacks, int32_t node,
+                       int32_t base, uint32_t *out) {
+    int32_t start[2] = {node, base};
+    for (int32_t k = 0; k < n_stacks; k++) {
+        int64_t n_below = 0;
+        int32_t depth = 0;
+        if (agentkv_token_walk(&ws->g, &ws->t, flat + offsets[k], offsets[k + 1] - offsets[k], 0, start, 1, out,
+                               ws->scratch, &n_below, &depth) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* Forget every walk kept (not counted as evictions). */
 void agentkv_walks_clear(Walks *ws) {
     while (ws->head >= 0) {
