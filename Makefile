@@ -29,7 +29,7 @@ demo: $(STAMP)
 # masks from the Python walk; the SchemaStore check compares both walks itself).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
-	AGENTKV_NATIVE_GRAMMAR=0 $(BIN)/python -m pytest -q -p no:randomly tests/test_grammar_*.py tests/test_json_schema*.py
+	AGENTKV_NATIVE_GRAMMAR=0 $(BIN)/python -m pytest -q tests/test_grammar_*.py tests/test_json_schema*.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_agents.py

@@ -83,13 +83,26 @@ class TokenTrie:
         """below_bytes as Python ints (256-bit sets; the Python walk's)."""
         return self._below_sets
 
+    @cached_property
+    def _first_nodes(self) -> list[int]:
+        """The root's child per byte (-2: none): a lookup's first step, past up to 256 siblings."""
+        out = [-2] * 256
+        i = 0
+        while i < self.n_nodes:
+            out[int(self.byte[i])] = i
+            i = int(self.next[i])
+        return out
+
     def node_of(self, text: bytes) -> int:
         """The node at the end of `text`'s path (-1: the root, for empty text; -2: no token starts so)."""
+        if not text:
+            return -1
         byte, nxt = self.lists()[:2]
-        node, i, end = -1, 0, self.n_nodes
-        for b in text:
-            i = node + 1 if node >= 0 else 0
-            end = nxt[node] if node >= 0 else self.n_nodes
+        node = self._first_nodes[text[0]]
+        for b in text[1:]:
+            if node < 0:
+                return -2
+            i, end = node + 1, nxt[node]
             while i < end and byte[i] != b:
                 i = nxt[i]
             if i >= end:

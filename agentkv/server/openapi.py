@@ -73,7 +73,11 @@ def generation_doc(kind: type, model_name: str, streams: bool) -> dict[str, Any]
     answer = "output" if kind.__name__ == "ResponsesRequest" else "choices"
     ok: dict[str, Any] = {"application/json": {"schema": {"type": "object", "required": ["id", "object", answer]}}}
     if streams:
-        ok["text/event-stream"] = {"schema": {"type": "string"}}
+        # one event as the OpenAPI spec's generic text/event-stream schema has it (schemathesis checks
+        # each parsed event against it); `data` is a JSON chunk, or `[DONE]`
+        ok["text/event-stream"] = {"schema": {"type": "object", "required": ["data"], "properties": {
+            "data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
+            "retry": {"type": "integer"}}}}
     extra = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
     return {"openapi_extra": extra, "responses": {200: {"description": "the completion", "content": ok}, **ERRORS}}
 
