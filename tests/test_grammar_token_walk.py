@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, native
 from agentkv.grammar import token_walk as tw
+from agentkv.grammar import walk_tables
 from agentkv.grammar.token_trie import build_trie
 from tests.grammar_helpers import compile_one, masks_along_a_walk
 
@@ -165,14 +166,14 @@ def test_native_and_python_walks_agree_from_every_state(kind, source, monkeypatc
         assert sorted(map(tuple, a.below.tolist())) == sorted(map(tuple, b.below.tolist())), (source, q)
         assert a.depth == b.depth, (source, q)
     monkeypatch.undo()
-    for q, st in enumerate(walks["native"]):
-        if len(st.below):
+    for q, walk in enumerate(walks["native"]):
+        if len(walk.below):
             out = {}
             for path in ("native", "python"):
                 if path == "python":
                     monkeypatch.setattr(native, "load", lambda: None)
                 words = np.zeros(info.words, dtype="<i4")
-                tw.continue_below(g, (g.automaton.starts[0], q), st.below, words)
+                tw.continue_below(g, (g.automaton.starts[0], q), walk.below, words)
                 out[path] = words
             monkeypatch.undo()
             assert np.array_equal(out["native"], out["python"]), (source, q)
@@ -230,7 +231,7 @@ def test_the_native_walk_builds_wherever_there_is_a_compiler():
 def test_walks_past_the_budget_are_evicted_and_masks_stay_right(monkeypatch):
     # A budget below one walk: each new top state's walk evicts the others (counted), and masks that
     # need them again walk again.
-    monkeypatch.setattr(tw, "MAX_WALK_BYTES", 1)
+    monkeypatch.setattr(walk_tables, "MAX_WALK_BYTES", 1)
     info = shape_info()
     g = compile_shape(info, "schema", SHAPES[1][1])
     for seed in range(3):

@@ -17,15 +17,15 @@ import numpy as np
 
 from agentkv.grammar.automaton import Automaton
 from agentkv.grammar.relaxed import Relaxed
+from agentkv.grammar.token_trie import packed_has
 from agentkv.grammar.token_walk import (
     StateTokens,
-    WalkTables,
     continue_below,
     stack_walk,
     top_state_tokens,
 )
-from agentkv.grammar.token_trie import packed_has
 from agentkv.grammar.vocab import TokenizerInfo
+from agentkv.grammar.walk_tables import WalkTables
 
 MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
 MAX_FORCED_BYTES = 4096
@@ -156,7 +156,7 @@ class CompiledGrammar:
 
     @cached_property
     def walk_tables(self) -> WalkTables:
-        """The automaton as the token walk reads it (token_walk.py)."""
+        """The automaton as the token walk reads it (walk_tables.py)."""
         return WalkTables(self)
 
     def mask(self, cid: int) -> np.ndarray:

@@ -70,8 +70,8 @@ class TokenizerInfo:
 
     @functools.cached_property
     def trie_struct(self):
-        """`trie` as the native walk's struct (token_walk.py)."""
-        from agentkv.grammar.token_walk import trie_struct
+        """`trie` as the native walk's struct (walk_tables.py)."""
+        from agentkv.grammar.walk_tables import trie_struct
         return trie_struct(self.trie)
 
     # -- construction -------------------------------------------------------------------------------

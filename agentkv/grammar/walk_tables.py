@@ -1,0 +1,197 @@
+"""A grammar's automaton as the token walk reads it (token_walk.py, csrc/token_walk.c): flat call
+tables, fork and tail flags, each state's reach in plain text and the bytes that loop on it; on the
+native path, the grammar's C mask cache too (csrc/mask_cache.c), freed with these tables.
+
+A state's reach (`text_reach`) is how many characters of any plain text (token_trie.TEXT_PHASES)
+surely survive from it: unbounded for a text loop (a string body, an open object's names), the room
+left on a string with a maximum length, 0 elsewhere. Where every plain character leads one way it is
+found for all states at once (`_char_end`, vectorized over the UTF-8 phases); a loop whose
+characters go different ways is searched state by state (`_text_loops`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from functools import cached_property
+
+import numpy as np
+
+from agentkv.grammar import native
+from agentkv.grammar.token_trie import BOUNDARY, TEXT_PHASES
+from agentkv.grammar.token_walk import walk_python
+
+MAX_WALK_BYTES = 64 << 20  # per grammar: the native walks kept (~3,400 at a 151k vocabulary)
+MAX_TEXT_PAIRS = 4096  # a text loop check that visits more (state, phase) pairs than this says no
+
+
+def text_reach(automaton, cap: int) -> np.ndarray:
+    """Per state, how many characters of any plain text (token_trie.TEXT_PHASES) surely survive from
+    it, up to `cap` (a token's most): `cap` for a text loop (a string body, an open object's names),
+    the room left on a string with a maximum length, 0 where some plain character dies at once or
+    plain characters go different ways."""
+    trans = automaton.trans
+    n = len(trans)
+    nxt = np.full(n, -1, dtype=np.int64)
+    ta = trans[:, ord("a")]  # (a cheap first cut: a few plain bytes going one way)
+    cands = np.flatnonzero((ta >= 0) & (ta == trans[:, ord(" ")]) & (ta == trans[:, ord("~")]) & (ta == trans[:, ord("0")]))
+    nxt[cands] = _char_end(trans, cands, BOUNDARY)
+    loops = nxt == np.arange(n)  # every plain character leads back: a loop (others searched state by state)
+    loops[_text_loops(trans, np.flatnonzero((ta == np.arange(n)) & ~loops))] = True
+    reach = np.where(loops, cap, 0).astype(np.int64)
+    chained = np.flatnonzero((nxt >= 0) & ~loops)
+    for _ in range(cap):  # a chain of k states before a loop or a dead end: k more characters
+        grown = np.minimum(cap, 1 + reach[nxt[chained]])
+        if (grown <= reach[chained]).all():
+            break
+        reach[chained] = np.maximum(reach[chained], grown)
+    return reach.astype(np.int32)
+
+
+def _char_end(trans, states: np.ndarray, phase: int) -> np.ndarray:
+    """Per state, the one state every plain character begun in `phase` ends at (-1: they die or
+    end at different states)."""
+    out = None
+    for lo, hi, after in TEXT_PHASES[phase]:
+        block = trans[np.maximum(states, 0), lo:hi + 1]
+        first = block[:, 0]
+        to = np.where((states >= 0) & (block == first[:, None]).all(axis=1), first, -1)
+        if after != BOUNDARY:
+            to = _char_end(trans, to, after)
+        out = to if out is None else np.where(out == to, out, -1)
+    return out
+
+
+def _text_loops(trans, candidates: np.ndarray) -> np.ndarray:
+    """The candidates from which every plain text survives, where plain characters do not all lead
+    one way (a product of the state with the UTF-8 phases, searched where the state keeps plain
+    ASCII on itself)."""
+    ascii_plain = [b for lo, hi, p in TEXT_PHASES[BOUNDARY] if p == BOUNDARY for b in range(lo, hi + 1)]
+    candidates = candidates[(trans[candidates][:, ascii_plain] == candidates[:, None]).all(axis=1)]
+    out = []
+    for q in candidates.tolist():
+        seen, todo, ok = {(q, BOUNDARY)}, [(q, BOUNDARY)], True
+        while todo and ok:
+            s, phase = todo.pop()
+            for lo, hi, nxt in TEXT_PHASES[phase]:
+                to = trans[s, lo:hi + 1]
+                if (to < 0).any():
+                    ok = False
+                    break
+                for t in np.unique(to).tolist():
+                    if (t, nxt) not in seen:
+                        seen.add((t, nxt))
+                        todo.append((t, nxt))
+            if len(seen) > MAX_TEXT_PAIRS:
+                ok = False
+        if ok:
+            out.append(q)
+    return np.array(out, dtype=np.int64)
+
+
+class WalkTables:
+    """One grammar's automaton as the walk reads it; on the native path, the C mask cache too
+    (csrc/mask_cache.c: walks per top state under MAX_WALK_BYTES, freed with these tables)."""
+
+    @property
+    def text_loop(self) -> np.ndarray:
+        """Per state, whether every plain text survives there (its reach is any token's)."""
+        return self.text_reach >= self.cap
+
+    @cached_property
+    def loop_sets(self) -> list[int]:
+        """loop_bytes as Python ints (256-bit sets; the Python walk's)."""
+        return [int.from_bytes(r.tobytes(), "little") for r in self.loop_bytes]
+
+    @cached_property
+    def rows(self) -> list[list[int]]:
+        """The transition table as lists (the Python walk indexes it one entry at a time)."""
+        return self.trans.tolist()
+
+    def __init__(self, grammar):
+        a = grammar.automaton
+        n = len(a.accept)
+        self.trans = np.ascontiguousarray(a.trans, dtype=np.int32)
+        self.accept = a.accept.astype(np.uint8)
+        self.fork = np.asarray(grammar.fork_states, dtype=np.uint8)
+        self.has_bytes = a.has_bytes.astype(np.uint8)
+        self.tail = np.asarray(grammar.tail_states, dtype=np.uint8)
+        self.cap = grammar.info.trie.max_len
+        self.text_reach = text_reach(a, self.cap)
+        loops = self.trans == np.arange(n, dtype=np.int32)[:, None]  # the bytes leading a state back to itself
+        self.loop_bytes = np.packbits(loops, axis=1, bitorder="little").view("<u8").copy()
+        self.has_loop = loops.any(axis=1).astype(np.uint8)
+        callers = sorted(a.calls)
+        per = [len(a.calls[c]) for c in callers]
+        self.call_off = np.zeros(n + 1, dtype=np.int32)
+        np.add.at(self.call_off, np.array(callers, dtype=np.int64) + 1, per)
+        self.call_off = np.cumsum(self.call_off, dtype=np.int32)  # a state's calls: [off[s], off[s + 1])
+        pairs = [rt for c in callers for rt in a.calls[c]] or [(0, 0)]
+        self.call_rule = np.array([r for r, _ in pairs], dtype=np.int32)
+        self.call_ret = np.array([t for _, t in pairs], dtype=np.int32)
+        self.starts = np.array(a.starts, dtype=np.int32)
+        self.max_depth = grammar.max_depth
+        self.calls = a.calls  # (the Python walk's)
+        self.starts_list = list(a.starts)
+        self.struct = native.GrammarStruct(
+            *(x.ctypes.data for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_reach,
+                                      self.loop_bytes, self.has_loop, self.call_off, self.call_rule, self.call_ret,
+                                      self.starts)),
+            n, self.max_depth)
+        self.info = grammar.info
+        self.lib = native.load()
+        self.cache = None
+        if self.lib is not None:
+            self.cache = self.lib.agentkv_walks_new(ctypes.byref(self.struct), ctypes.byref(grammar.info.trie_struct),
+                                                    grammar.info.words, MAX_WALK_BYTES)
+            if not self.cache:
+                raise MemoryError("no memory for the grammar's mask cache")
+            weakref.finalize(self, self.lib.agentkv_walks_free, self.cache)
+
+    def mask_into(self, stacks, words: np.ndarray) -> None:
+        """OR into `words` the tokens each of `stacks` (tuples of states, bottom first) can read in
+        full, in one native call (self.cache must be there)."""
+        flat, offsets = _flatten(stacks)
+        if self.lib.agentkv_walks_mask(self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks),
+                                       words.ctypes.data) != 0:
+            raise MemoryError("the native token walk ran out of memory")
+
+    def past_into(self, stacks, node: int, base: int, words: np.ndarray) -> None:
+        """OR into `words` the tokens under trie `node`, longer than its `base` bytes (which `stacks`
+        have read), that the stacks can read on."""
+        if self.cache is None:
+            for stack in stacks:
+                walk_python(self, stack, False, [(node, base)], words)
+            return
+        flat, offsets = _flatten(stacks)
+        if self.lib.agentkv_walks_past(self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks), node, base,
+                                       words.ctypes.data) != 0:
+            raise MemoryError("the native token walk ran out of memory")
+
+    def clear(self) -> None:
+        """Forget the walks kept (benchmarks time first computations this way)."""
+        if self.cache is not None:
+            self.lib.agentkv_walks_clear(self.cache)
+
+    def cache_stats(self) -> dict[str, int]:
+        """The native walks kept, their bytes, those computed and those evicted (empty in Python)."""
+        if self.cache is None:
+            return {}
+        out = np.zeros(4, dtype=np.int64)
+        self.lib.agentkv_walks_stats(self.cache, out.ctypes.data)
+        return dict(zip(("walks", "walk_bytes", "walks_computed", "walk_evictions"), out.tolist()))
+
+
+def _flatten(stacks) -> tuple[np.ndarray, np.ndarray]:
+    """Stacks as one int32 run and their offsets in it (the native calls' form)."""
+    flat = np.fromiter((q for s in stacks for q in s), dtype=np.int32)
+    offsets = np.zeros(len(stacks) + 1, dtype=np.int32)
+    np.cumsum([len(s) for s in stacks], out=offsets[1:])
+    return flat, offsets
+
+
+def trie_struct(trie) -> native.TrieStruct:
+    return native.TrieStruct(*(x.ctypes.data for x in (trie.byte, trie.next, trie.depth, trie.tok, trie.n_end,
+                                                       trie.text_chars, trie.root_chars, trie.plain_masks,
+                                                       trie.below_bytes, trie.sorted_ids)),
+                             trie.n_nodes, trie.max_len, trie.plain_masks.shape[1])
