@@ -68,6 +68,20 @@ static int grow(void **p, int64_t *cap, int64_t need, size_t size) {  /* room fo
     return 1;
 }
 
+/* Three arrays of one length, doubled together (each kept where its realloc fails). */
+static int grow3(void **a, void **b, void **c, size_t sa, size_t sb, size_t sc, int64_t *cap) {
+    int64_t n = *cap ? *cap * 2 : 64;
+    void *x = realloc(*a, (size_t)n * sa);
+    if (!x) return 0;
+    *a = x;
+    if (!(x = realloc(*b, (size_t)n * sb))) return 0;
+    *b = x;
+    if (!(x = realloc(*c, (size_t)n * sc))) return 0;
+    *c = x;
+    *cap = n;
+    return 1;
+}
+
 static int push(Walk *w, Pairs *a, Pair p) {
     if (!grow((void **)&a->v, &a->cap, a->n + 1, sizeof(Pair))) { w->oom = 1; return 0; }
     a->v[a->n++] = p;
@@ -120,16 +134,10 @@ static int32_t frame(Walk *w, int32_t state, int32_t parent) {
     uint64_t key = key_of(state, parent);
     int32_t f = map_get(&w->frames, key);
     if (f >= 0) return f;
-    if (w->nf == w->capf) {  /* (the three arrays grow together) */
-        int64_t cap = w->capf ? w->capf * 2 : 64;
-        int32_t *fs = realloc(w->fs, (size_t)cap * sizeof(int32_t));
-        if (fs) w->fs = fs;
-        int32_t *fp = fs ? realloc(w->fp, (size_t)cap * sizeof(int32_t)) : NULL;
-        if (fp) w->fp = fp;
-        int32_t *fl = fp ? realloc(w->fl, (size_t)cap * sizeof(int32_t)) : NULL;
-        if (!fl) { w->oom = 1; return -1; }
-        w->fl = fl;
-        w->capf = cap;
+    if (w->nf == w->capf && !grow3((void **)&w->fs, (void **)&w->fp, (void **)&w->fl, sizeof(int32_t),
+                                   sizeof(int32_t), sizeof(int32_t), &w->capf)) {
+        w->oom = 1;
+        return -1;
     }
     f = (int32_t)w->nf++;
     w->fs[f] = state;
@@ -180,16 +188,10 @@ static int32_t expansion(Walk *w, Pair p) {
         }
     }
     if (w->oom) return -1;
-    if (w->nme == w->capme) {  /* (the three arrays grow together) */
-        int64_t cap = w->capme ? w->capme * 2 : 64;
-        int32_t *st = realloc(w->me_start, (size_t)cap * sizeof(int32_t));
-        if (st) w->me_start = st;
-        int32_t *ct = st ? realloc(w->me_count, (size_t)cap * sizeof(int32_t)) : NULL;
-        if (ct) w->me_count = ct;
-        uint8_t *en = ct ? realloc(w->me_end, (size_t)cap) : NULL;
-        if (!en) { w->oom = 1; return -1; }
-        w->me_end = en;
-        w->capme = cap;
+    if (w->nme == w->capme && !grow3((void **)&w->me_start, (void **)&w->me_count, (void **)&w->me_end,
+                                     sizeof(int32_t), sizeof(int32_t), 1, &w->capme)) {
+        w->oom = 1;
+        return -1;
     }
     e = (int32_t)w->nme++;
     w->me_start[e] = (int32_t)start;
