@@ -63,6 +63,7 @@ def test_the_trie_holds_every_token_once_in_byte_order(words, twins):
         assert trie.text_chars[i] == (most if plain else -1), (here, below)
         below_set = int.from_bytes(trie.below_bytes[i].tobytes(), "little")
         assert below_set == sum(1 << c for c in {c for b in below for c in b[len(here):]}), (here, below)
+        assert trie.depth_below[i] == max(len(b) for b in below) - len(here)
         whole = all(is_plain_text(b) for b in below)
         assert trie.root_chars[i] == (max(map(n_chars, below)) if whole else -1), (here, below)
         if trie.next[i] > i + 1:
@@ -94,6 +95,7 @@ SHAPES = [
     ("lark", 'start: w "y"\nw: /[a-wA-W]+/ | "-" w'),
     ("schema", {"type": "string", "maxLength": 6}),
     ("regex", '[a-e"]+'), ("regex", "[a-f]+y?"),  # loops over a class, tokens leaving it deep below (abcdefgh)
+    ("regex", "[a-i]{1,5}[0-9]?"), ("regex", "[a-c]{2,4}[0-9]{3}"),  # counted repetitions of a class
     ("schema", {"type": "object", "additionalProperties": {"type": "string", "minLength": 2, "maxLength": 4}}),
 ]
 WORDS = [bytes([c]) for c in range(0x20, 0x7F)] + [E, E[:1], E[1:], "中".encode(), "中".encode()[:2], b"\n"] + [
@@ -144,6 +146,24 @@ def test_text_reach_is_what_survives(kind, source):
             assert all(survives(q, t) for t in texts), (source, q)
         else:
             assert not keeps_ascii or not all(survives(q, t) for t in texts), (source, q)
+
+
+@pytest.mark.parametrize("kind,source", SHAPES + [("schema", {"type": "string", "pattern": "^[^.]{1,5}(\\.[^.]{1,5})*$"}),
+                                                  ("regex", "[a-c]{2,4}[0-9]{3}")])
+def test_class_reach_is_what_survives(kind, source):
+    # A state's class of bytes carries any text of that class as far as its reach says (strings of
+    # up to 4 bytes tried, drawn from the class).
+    g = compile_shape(shape_info(), kind, source)
+    trans, tables = g.automaton.trans, g.walk_tables
+    rnd = random.Random(0)
+    for q in range(g.num_states):
+        members = [b for b in range(256) if tables.class_sets[q] >> b & 1]
+        for k in range(1, min(int(tables.class_reach[q]), 4) + 1):
+            for _ in range(20):
+                s = q
+                for b in (rnd.choice(members) for _ in range(k)):
+                    s = trans[s, b]
+                    assert s >= 0, (source, q, k)
 
 
 needs_native = pytest.mark.skipif(native.load() is None, reason=f"no native token walk: {native.unavailable_reason()}")

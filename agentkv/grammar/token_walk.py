@@ -8,8 +8,8 @@ last byte is allowed. Stacks are (top state, frame) pairs over interned frames; 
 or return, the stack is expanded (once per walk). Two shortcuts: from a state where any plain text of
 k characters survives (k unbounded for a text loop: a string body, an open object's names; the room
 left on a string with a maximum length), a subtree whose tokens read plain text of at most k
-characters from there on is allowed whole; so is a subtree whose every byte leads the state back to
-itself (a loop over a class).
+characters from there on is allowed whole; so is a subtree whose bytes are all of a class the state
+carries far enough (a loop over a class, a counted repetition with room).
 
 Most of a mask depends on the top state alone: the walk runs once per top state with the frames
 below unknown (`top_state_tokens`, "relative"), which yields the tokens allowed whatever lies below
@@ -165,9 +165,10 @@ class _PyWalk:
 
     def walk_range(self, lo: int, hi: int, base: int, level0: list) -> None:
         t, tb = self.trie, self.tb
-        byte, nxt, depth, tok, n_end, text_chars, root_chars = t.lists()
+        byte, nxt, depth, tok, n_end, text_chars, root_chars, _ = t.lists()
         rows, fork, reach, reach0 = tb.rows, tb.fork, tb.text_reach.tolist(), self.reach0
-        loop_sets, below_sets = tb.loop_sets, t.below_sets()
+        class_sets, class_reach, below_sets = tb.class_sets, tb.class_reach.tolist(), t.below_sets()
+        depth_below = t.lists()[7]
         levels = [level0]  # levels[d]: the expanded stacks after `base + d` bytes of the current path
         i = lo
         while i < hi:
@@ -191,7 +192,7 @@ class _PyWalk:
                 i = after
                 continue
             if (text_chars[i] >= 0 and max(reach[s] for s, _ in raw) >= text_chars[i]) or any(
-                    loop_sets[s] and not below_sets[i] & ~loop_sets[s] for s, _ in raw):
+                    class_reach[s] >= depth_below[i] and not below_sets[i] & ~class_sets[s] for s, _ in raw):
                 self.allow(first + n_end[i], tok[after])
                 i = after
                 continue

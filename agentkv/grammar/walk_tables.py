@@ -48,6 +48,30 @@ def text_reach(automaton, cap: int) -> np.ndarray:
     return reach.astype(np.int32)
 
 
+def byte_classes(trans: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per state, a class of bytes that all lead one way (those leading back to the state, where some
+    do; else those going where "a" goes, else "0") as a 256-bit set, and how many bytes of any text of
+    that class surely survive from it, up to `cap`: `cap` for a loop, the room left on a counted
+    repetition of the class (each step's class holding the one before), 0 where there is no class."""
+    n = len(trans)
+    own = np.arange(n, dtype=trans.dtype)
+    loops = trans == own[:, None]
+    to = np.where(loops.any(axis=1), own, np.where(trans[:, ord("a")] >= 0, trans[:, ord("a")], trans[:, ord("0")]))
+    members = (trans == to[:, None]) & (to[:, None] >= 0)
+    sets = np.packbits(members, axis=1, bitorder="little").view("<u8").copy()
+    reach = np.where(to == own, cap, np.where(to >= 0, 1, 0)).astype(np.int64)
+    step = np.flatnonzero((to >= 0) & (to != own))
+    nxt = to[step]
+    held = ~(sets[step] & ~sets[nxt]).any(axis=1)  # the next state's class holds this one's
+    step, nxt = step[held], nxt[held]
+    for _ in range(cap):
+        grown = np.minimum(cap, 1 + reach[nxt])
+        if (grown <= reach[step]).all():
+            break
+        reach[step] = np.maximum(reach[step], grown)
+    return sets, reach.astype(np.int32)
+
+
 def _char_end(trans, states: np.ndarray, phase: int) -> np.ndarray:
     """Per state, the one state every plain character begun in `phase` ends at (-1: they die or
     end at different states)."""
@@ -99,9 +123,9 @@ class WalkTables:
         return self.text_reach >= self.cap
 
     @cached_property
-    def loop_sets(self) -> list[int]:
-        """loop_bytes as Python ints (256-bit sets; the Python walk's)."""
-        return [int.from_bytes(r.tobytes(), "little") for r in self.loop_bytes]
+    def class_sets(self) -> list[int]:
+        """class_bytes as Python ints (256-bit sets; the Python walk's)."""
+        return [int.from_bytes(r.tobytes(), "little") for r in self.class_bytes]
 
     @cached_property
     def rows(self) -> list[list[int]]:
@@ -118,9 +142,7 @@ class WalkTables:
         self.tail = np.asarray(grammar.tail_states, dtype=np.uint8)
         self.cap = grammar.info.trie.max_len
         self.text_reach = text_reach(a, self.cap)
-        loops = self.trans == np.arange(n, dtype=np.int32)[:, None]  # the bytes leading a state back to itself
-        self.loop_bytes = np.packbits(loops, axis=1, bitorder="little").view("<u8").copy()
-        self.has_loop = loops.any(axis=1).astype(np.uint8)
+        self.class_bytes, self.class_reach = byte_classes(self.trans, self.cap)
         callers = sorted(a.calls)
         per = [len(a.calls[c]) for c in callers]
         self.call_off = np.zeros(n + 1, dtype=np.int32)
@@ -135,7 +157,7 @@ class WalkTables:
         self.starts_list = list(a.starts)
         self.struct = native.GrammarStruct(
             *(x.ctypes.data for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_reach,
-                                      self.loop_bytes, self.has_loop, self.call_off, self.call_rule, self.call_ret,
+                                      self.class_bytes, self.class_reach, self.call_off, self.call_rule, self.call_ret,
                                       self.starts)),
             n, self.max_depth)
         self.info = grammar.info
@@ -193,5 +215,5 @@ def _flatten(stacks) -> tuple[np.ndarray, np.ndarray]:
 def trie_struct(trie) -> native.TrieStruct:
     return native.TrieStruct(*(x.ctypes.data for x in (trie.byte, trie.next, trie.depth, trie.tok, trie.n_end,
                                                        trie.text_chars, trie.root_chars, trie.plain_masks,
-                                                       trie.below_bytes, trie.sorted_ids)),
+                                                       trie.below_bytes, trie.depth_below, trie.sorted_ids)),
                              trie.n_nodes, trie.max_len, trie.plain_masks.shape[1])

@@ -17,7 +17,7 @@ Two shortcuts allow a whole subtree without stepping it: where a stack's top sur
 of k characters (k unbounded for a text loop: a string body, an open object's names; the room left
 on a string with a maximum length) and every token below the node reads plain text of at most k
 characters from there on (llguidance's slicer, in the trie); and where every byte read below the
-node leads the top back to itself (a loop over a class).
+node is of a class the top carries that far (a loop over a class; a counted repetition with room).
 
 The plain Python walk in token_walk.py is the same algorithm and gives the same masks.
 Called through ctypes, which releases the GIL: a mask worker thread runs beside the forward pass.
@@ -215,11 +215,11 @@ static int add_expansion(Walk *w, int32_t e, int64_t from) {
     return w->me_end[e];
 }
 
-/* Does every byte below node i lead state q back to itself (so every token below ends in q)? */
+/* Are the bytes below node i all of state q's class, and no deeper than it carries such text? */
 static int loops_below(const Grammar *g, const Trie *t, int32_t q, int32_t i) {
-    if (!g->has_loop[q]) return 0;
-    const uint64_t *below = t->below_bytes + (int64_t)i * 4, *loop = g->loop_bytes + (int64_t)q * 4;
-    return !(below[0] & ~loop[0]) && !(below[1] & ~loop[1]) && !(below[2] & ~loop[2]) && !(below[3] & ~loop[3]);
+    if (g->class_reach[q] < t->depth_below[i]) return 0;
+    const uint64_t *below = t->below_bytes + (int64_t)i * 4, *cls = g->class_bytes + (int64_t)q * 4;
+    return !(below[0] & ~cls[0]) && !(below[1] & ~cls[1]) && !(below[2] & ~cls[2]) && !(below[3] & ~cls[3]);
 }
 
 /* Walk the nodes [lo, hi) (all deeper than `base`), the expanded set at depth `base` being levels[0:]. */
