@@ -56,7 +56,6 @@ class CompiledGrammar:
         self.max_depth = MAX_STACK_DEPTH  # (read here: tests lower it)
         self._lock = threading.RLock()
         self._expanded: dict[tuple, tuple[tuple[tuple, ...], bool]] = {}
-        self._deepest: dict[tuple, int] = {}
         self._state_tokens: dict[int, StateTokens] = {}
         self._configs: list[tuple[tuple[tuple, ...], bool]] = []
         self._ids: dict[tuple, int] = {}
@@ -104,13 +103,7 @@ class CompiledGrammar:
                     todo.append(s[:-1])
         result = (tuple(sorted(out)), can_end)
         self._expanded[stack] = result
-        self._deepest[stack] = max(map(len, seen))
         return result
-
-    def deepest(self, stack: tuple) -> int:
-        """The longest stack `expand(stack)` considered (where the depth limit could have applied)."""
-        self.expand(stack)
-        return self._deepest[stack]
 
     def _intern(self, stacks) -> int:
         out, can_end = set(), False
