@@ -165,10 +165,9 @@ class _PyWalk:
 
     def walk_range(self, lo: int, hi: int, base: int, level0: list) -> None:
         t, tb = self.trie, self.tb
-        byte, nxt, depth, tok, n_end, text_chars, root_chars, _ = t.lists()
-        rows, fork, reach, reach0 = tb.rows, tb.fork, tb.text_reach.tolist(), self.reach0
-        class_sets, class_reach, below_sets = tb.class_sets, tb.class_reach.tolist(), t.below_sets()
-        depth_below = t.lists()[7]
+        byte, nxt, depth, tok, n_end, text_chars, root_chars, depth_below = t.lists()
+        rows, fork, reach0 = tb.rows, tb.fork, self.reach0
+        (reach, class_reach), class_sets, below_sets = tb.reach_lists, tb.class_sets, t.below_sets()
         levels = [level0]  # levels[d]: the expanded stacks after `base + d` bytes of the current path
         i = lo
         while i < hi:

@@ -128,6 +128,11 @@ class WalkTables:
         return [int.from_bytes(r.tobytes(), "little") for r in self.class_bytes]
 
     @cached_property
+    def reach_lists(self) -> tuple[list[int], list[int]]:
+        """text_reach and class_reach as lists (the Python walk's)."""
+        return self.text_reach.tolist(), self.class_reach.tolist()
+
+    @cached_property
     def rows(self) -> list[list[int]]:
         """The transition table as lists (the Python walk indexes it one entry at a time)."""
         return self.trans.tolist()

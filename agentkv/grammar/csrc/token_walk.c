@@ -263,13 +263,13 @@ static void walk_range(Walk *w, int32_t lo, int32_t hi, int32_t base) {
             if (n_raw < 64) raw[n_raw++] = (Pair){nt, s.parent};
             else overflow = 1;
             if (g->text_reach[nt] > reach) reach = g->text_reach[nt];
-            if (loops_below(g, t, nt, i)) loops = 1;
         }
         if (!n_raw) { i = t->next[i]; continue; }
         int32_t first = t->tok[i];
         allow_range(w, first, first + t->n_end[i]);
         int32_t after = t->next[i];
         if (after == i + 1) { i = after; continue; }  /* a leaf: nothing longer to decide */
+        for (int32_t k = 0; k < n_raw && !loops; k++) loops = loops_below(g, t, raw[k].top, i);  /* (past leaves only) */
         if ((t->text_chars[i] >= 0 && reach >= t->text_chars[i]) || loops) {  /* plain text within the room, or a loop */
             allow_range(w, first + t->n_end[i], t->tok[after]);
             i = after;
