@@ -38,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table  # noqa: E402
+from grammar_gil import gil_row  # noqa: E402
 
 from agentkv.grammar import GrammarCompiler, GrammarError, Matcher, TokenizerInfo  # noqa: E402
 from agentkv.grammar.json_refs import documents_by_id  # noqa: E402
@@ -355,66 +356,6 @@ def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None
     pool.shutdown()
 
 
-def gil_row(info: TokenizerInfo, docs, seconds: float = 3.0) -> list:
-    """A torch matmul loop on one thread, alone and while another thread computes masks (every cache
-    emptied first, so each is a first computation): how much the matmul slows down. The masks are of
-    every configuration along each schema's first valid instance, compiled beforehand."""
-    import threading
-
-    import torch
-
-    compiler = GrammarCompiler(info)
-    known = documents()
-    work = []  # (grammar, configurations along an instance)
-    for doc in docs:
-        try:
-            g = compiler.compile_json_schema(doc["schema"], documents=known)
-        except GrammarError:
-            continue
-        for case in doc["tests"]:
-            text = agentkv_text(g, case["data"]) if case["valid"] else None
-            if text:
-                m, cfgs = Matcher(g), []
-                for tok in info.encode_bytes(text.encode())[:MAX_WALK_TOKENS]:
-                    cfgs.append(m._cfg)
-                    if not m.accept_token(tok):
-                        break
-                work.append((g, cfgs))
-                break
-    torch.set_num_threads(1)
-    a = torch.randn(384, 384)
-
-    def matmuls(stop: threading.Event) -> float:
-        n, t = 0, time.perf_counter()
-        while not stop.is_set() and time.perf_counter() - t < seconds:
-            a @ a
-            n += 1
-        return n / (time.perf_counter() - t)
-
-    alone = matmuls(threading.Event())
-    masks = [0]
-
-    def compute(stop: threading.Event) -> None:
-        while not stop.is_set():
-            for g, cfgs in work:
-                g._masks.clear()
-                g._state_tokens.clear()
-                g.walk_tables.clear()
-                for cid in cfgs:
-                    if stop.is_set():
-                        return
-                    g.mask(cid)
-                    masks[0] += 1
-
-    stop = threading.Event()
-    worker = threading.Thread(target=compute, args=(stop,))
-    worker.start()
-    beside = matmuls(threading.Event())
-    stop.set()
-    worker.join()
-    return [f"{alone:.0f}/s", f"{beside:.0f}/s", f"{100 * (1 - beside / alone):.1f}%", f"{masks[0] / seconds:.0f}/s"]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--every", type=int, default=3, help="take every n-th SchemaStore schema")
@@ -431,7 +372,7 @@ def main() -> None:
     rows, gil = [], []
     for name, info, lltok in tokenizers():
         if args.gil:
-            gil.append([name, *gil_row(info, docs)])
+            gil.append([name, *gil_row(info, docs, documents(), agentkv_text, MAX_WALK_TOKENS)])
         engines = [("agentkv", lambda st: run_ours(info, docs, st)),
                    ("agentkv strict", lambda st: run_ours(info, docs, st, strict=True, walk_masks=False)),
                    ("llguidance", lambda st: run_llguidance(lltok, docs, st, info))]
