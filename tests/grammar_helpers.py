@@ -8,7 +8,7 @@ import random
 import numpy as np
 from hypothesis import strategies as st
 
-from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
+from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, dfa
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
 
 BYTE_INFO = TokenizerInfo([bytes([i]) for i in range(256)] + [None], eos_ids=[256])
@@ -21,6 +21,7 @@ def clear_walk_caches() -> None:
     conftest.walk_mode, must not take one path's grammars, and their walks, on the other)."""
     for c in (BYTE_COMPILER, STRICT_BYTE_COMPILER):
         c._cache.clear()
+    dfa.clear_cache()  # rule automata are built in C or in Python too
 
 
 def accepts(g: CompiledGrammar, text: str | bytes) -> bool:

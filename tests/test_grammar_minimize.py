@@ -1,4 +1,4 @@
-"""DFA minimization (minimize.py) and the top-state token sets (token_walk.py).
+"""DFA minimization in Python (minimize.py) and the top-state token sets (token_walk.py).
 
 Minimized DFAs are checked against the DFA they came from (same language, explored pair by pair)
 and against a plain Python partition refinement (same number of states); masks built from shared
@@ -25,7 +25,7 @@ FAR = float("inf")
 
 
 def _step(d, s, b):
-    return next((t for lo, hi, t in d.trans[s] if lo <= b <= hi), -1)
+    return int(d.table[s, b])
 
 
 def same_language(d1, d2) -> bool:
@@ -54,7 +54,7 @@ def live_and_classes(d) -> tuple[int, int]:
     while changed:
         changed = False
         for s in range(n):
-            if not live[s] and any(t >= 0 and live[t] for _, _, t in d.trans[s]):
+            if not live[s] and any(live[t] for t in d.targets(s)):
                 live[s] = changed = True
     cls = [int(d.accept[s]) if live[s] else -1 for s in range(n)]
     while True:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentkv.errors import GrammarError
+from agentkv.grammar import native
 from agentkv.grammar.dfa import minimal_dfa
 from agentkv.grammar.expr import refs
 
@@ -51,12 +52,12 @@ def link(rules: dict[str, object], root: str, deadline: float) -> Automaton:
     accept = np.zeros(total, dtype=bool)
     calls: dict[int, tuple] = {}
     for d, off in zip(dfas, offsets):
-        for s, row in enumerate(d.trans):
-            for lo, hi, t in row:
-                trans[off + s, lo:hi + 1] = off + t
-            if d.calls[s]:
-                calls[off + s] = tuple((rule_ix[name], off + t) for name, t in d.calls[s])
-        accept[off:off + len(d.accept)] = d.accept
+        n = len(d.accept)
+        trans[off:off + n] = np.where(d.table >= 0, d.table + off, -1)
+        for s, row in enumerate(d.calls):
+            if row:
+                calls[off + s] = tuple((rule_ix[name], off + t) for name, t in row)
+        accept[off:off + n] = d.accept
     starts = list(offsets)
     auto = Automaton(trans, calls, accept, (trans >= 0).any(axis=1), starts, names)
     _trim(auto)
@@ -65,11 +66,50 @@ def link(rules: dict[str, object], root: str, deadline: float) -> Automaton:
 
 
 def _trim(a: Automaton) -> None:
-    """Drop states that cannot reach acceptance, and calls into rules that accept nothing.
+    """Drop states that cannot reach acceptance, and calls into rules that accept nothing."""
+    n = len(a.accept)
+    live, productive = _live_native(a) if native.load() is not None else _live_python(a)
+    if not live[a.starts[0]]:
+        raise GrammarError("the grammar accepts no string at all (contradictory constraints?)")
+    dead = ~live
+    if dead.any():
+        t = a.trans
+        bad = np.zeros(n + 1, dtype=bool)  # bad[-1] (the extra slot) is what a missing edge (-1) reads
+        bad[:n] = dead
+        t[bad[t]] = -1
+        t[dead] = -1
+    a.calls = {s: kept for s, c in a.calls.items() if live[s]
+               for kept in [tuple((r, t) for r, t in c if productive[r] and live[t])] if kept}
+    a.has_bytes = (a.trans >= 0).any(axis=1)
 
-    One backward search from the accepting states: a state is live if a byte leads to a live state,
-    or a call to a productive rule returns to a live state (productivity grows as rule starts turn live).
-    """
+
+def _live_native(a: Automaton) -> tuple[np.ndarray, list[bool]]:
+    """_live_python's search in C (csrc/trim.c)."""
+    n = len(a.accept)
+    counts = np.zeros(n + 1, dtype=np.int32)
+    rule, ret = [], []
+    for s in sorted(a.calls):
+        counts[s + 1] = len(a.calls[s])
+        for r, t in a.calls[s]:
+            rule.append(r)
+            ret.append(t)
+    call_off = np.cumsum(counts, dtype=np.int32)
+    call_rule, call_ret = np.array(rule, dtype=np.int32), np.array(ret, dtype=np.int32)
+    trans = np.ascontiguousarray(a.trans, dtype=np.int32)
+    accept = a.accept.astype(np.uint8)
+    starts = np.array(a.starts, dtype=np.int32)
+    live = np.zeros(n, dtype=np.uint8)
+    productive = np.zeros(len(a.starts), dtype=np.uint8)
+    if native.load().agentkv_trim(n, *(x.ctypes.data for x in (trans, accept)), len(starts),
+                                  *(x.ctypes.data for x in (starts, call_off, call_rule, call_ret, live, productive))):
+        raise MemoryError("trimming the grammar's automaton ran out of memory")
+    return live.astype(bool), productive.astype(bool).tolist()
+
+
+def _live_python(a: Automaton) -> tuple[np.ndarray, list[bool]]:
+    """(live states, productive rules): one backward search from the accepting states. A state is
+    live if a byte leads to a live state, or a call to a productive rule returns to a live state
+    (productivity grows as rule starts turn live)."""
     n = len(a.accept)
     src, byte = np.nonzero(a.trans >= 0)
     dst = a.trans[src, byte]
@@ -107,18 +147,7 @@ def _trim(a: Automaton) -> None:
                     mark(s)
                 else:
                     waiting.setdefault(t, []).append(s)
-    if not live[a.starts[0]]:
-        raise GrammarError("the grammar accepts no string at all (contradictory constraints?)")
-    dead = ~live
-    if dead.any():
-        t = a.trans
-        bad = np.zeros(n + 1, dtype=bool)  # bad[-1] (the extra slot) is what a missing edge (-1) reads
-        bad[:n] = dead
-        t[bad[t]] = -1
-        t[dead] = -1
-    a.calls = {s: kept for s, c in a.calls.items() if live[s]
-               for kept in [tuple((r, t) for r, t in c if productive[r] and live[t])] if kept}
-    a.has_bytes = (a.trans >= 0).any(axis=1)
+    return live, productive
 
 
 def _check_left_recursion(a: Automaton) -> None:

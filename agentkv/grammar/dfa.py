@@ -1,20 +1,27 @@
 """One rule's expression -> a DFA over bytes and rule calls (a call to rule R is one more symbol).
 
 The expression becomes a Thompson NFA over byte ranges (characters lowered to their UTF-8
-sequences), with call edges for references; subset construction makes it deterministic, and
-minimize.py merges the states no input can tell apart. Intersections and differences of call-free
-languages (string length bounds, formats, patterns) are product automata. Minimal DFAs are cached
-by expression across compilations: the same strings, numbers and formats recur schema after schema.
+sequences), with call edges for references; subset construction over byte classes makes it
+deterministic and minimization merges the states no input can tell apart, in C
+(csrc/dfa_build.c), or in Python (dfa_python.py, minimize.py) where no compiler is present.
+Intersections and differences of call-free languages (string length bounds, formats, patterns) are
+product automata. Minimal DFAs are cached by expression across compilations, within a byte budget:
+the same strings, numbers and formats recur schema after schema.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
+
 from agentkv.errors import GrammarError
+from agentkv.grammar import dfa_python, native
 from agentkv.grammar.expr import (
     Alt,
     Anchor,
@@ -59,39 +66,40 @@ def _split_same_length(s: int, e: int) -> list[list[tuple[int, int]]]:
     return [[(bs[i], be[i]) for i in range(n)]]
 
 
-class _NFA:
+class NFA:
+    """A Thompson NFA as flat edge lists: bytes (source, lo, hi, target), epsilon (source, target),
+    calls (source, rule name, return state)."""
+
     def __init__(self, deadline: float):
-        self.bytes: list[list[tuple[int, int, int]]] = []
-        self.eps: list[list[int]] = []
-        self.calls: list[list[tuple[str, int]]] = []
+        self.n = 0
+        self.edges: list[tuple[int, int, int, int]] = []
+        self.eps: list[tuple[int, int]] = []
+        self.calls: list[tuple[int, str, int]] = []
         self.deadline = deadline
-        self._chars_cache: dict = {}
 
     def new(self) -> int:
-        if len(self.eps) >= MAX_NFA_STATES:
+        if self.n >= MAX_NFA_STATES:
             raise GrammarError(f"grammar too large: more than {MAX_NFA_STATES} automaton states; "
                                "lower the repetition bounds (maxLength, maxItems, {m,n}) or simplify the schema")
-        self.bytes.append([])
-        self.eps.append([])
-        self.calls.append([])
-        return len(self.eps) - 1
+        self.n += 1
+        return self.n - 1
 
     def build(self, e, s: int) -> int:
         """Add `e` starting at state `s`; return its end state."""
         if isinstance(e, Lit):
             for b in e.data:
                 t = self.new()
-                self.bytes[s].append((b, b, t))
+                self.edges.append((s, b, b, t))
                 s = t
             return s
         if isinstance(e, (Chars, ByteSet)):
             end = self.new()
-            seqs = (self._utf8(e.ranges) if isinstance(e, Chars) else [[r] for r in e.ranges])
+            seqs = (_utf8(e.ranges) if isinstance(e, Chars) else [[r] for r in e.ranges])
             for sq in seqs:
                 cur = s
                 for k, (lo, hi) in enumerate(sq):
                     t = end if k == len(sq) - 1 else self.new()
-                    self.bytes[cur].append((lo, hi, t))
+                    self.edges.append((cur, lo, hi, t))
                     cur = t
             return end
         if isinstance(e, Seq):
@@ -102,8 +110,8 @@ class _NFA:
             end = self.new()
             for it in e.items:
                 start = self.new()
-                self.eps[s].append(start)
-                self.eps[self.build(it, start)].append(end)
+                self.eps.append((s, start))
+                self.eps.append((self.build(it, start), end))
             return end
         if isinstance(e, Repeat):
             if time.monotonic() > self.deadline:
@@ -112,172 +120,75 @@ class _NFA:
                 s = self.build(e.item, s)
             if e.max is None:
                 loop = self.new()
-                self.eps[s].append(loop)
-                self.eps[self.build(e.item, loop)].append(loop)
+                self.eps.append((s, loop))
+                self.eps.append((self.build(e.item, loop), loop))
                 return loop
             end = self.new()
-            self.eps[s].append(end)
+            self.eps.append((s, end))
             for _ in range(e.max - e.min):
                 s = self.build(e.item, s)
-                self.eps[s].append(end)
+                self.eps.append((s, end))
             return end
         if isinstance(e, Ref):
             t = self.new()
-            self.calls[s].append((e.name, t))
+            self.calls.append((s, e.name, t))
             return t
         if isinstance(e, (Intersect, Diff, Machine)):
             if not isinstance(e, Machine) and (refs(e.left) or refs(e.right)):
                 raise GrammarError("an intersection or difference of languages must not involve rule references")
             prod = minimal_dfa(e, self.deadline)
-            base = len(self.eps)
-            for _ in prod.accept:
+            base = self.n
+            for _ in range(len(prod.accept) + 1):
                 self.new()
-            end = self.new()
-            self.eps[s].append(base)
-            for k, row in enumerate(prod.trans):
-                self.bytes[base + k].extend((lo, hi, base + t) for lo, hi, t in row)
-                if prod.accept[k]:
-                    self.eps[base + k].append(end)
+            end = base + len(prod.accept)
+            self.eps.append((s, base))
+            self.edges.extend(table_edges(prod.table, base))
+            self.eps.extend((base + k, end) for k in np.nonzero(prod.accept)[0].tolist())
             return end
         if isinstance(e, Anchor):
             raise GrammarError(f"regex anchor '{e.kind}' is only supported at the start or end of a pattern")
         raise TypeError(f"not a grammar expression: {e!r}")
 
-    def _utf8(self, ranges):
-        key = ranges
-        if key not in self._chars_cache:
-            seqs = []
-            for lo, hi in subtract(ranges, []):
-                seqs.extend(utf8_sequences(lo, hi))
-            self._chars_cache[key] = seqs
-        return self._chars_cache[key]
-
-
-def _sweep(edges):
-    """Split byte-range edges into disjoint intervals: yields (lo, hi + 1, frozenset of targets)."""
-    if not edges:
-        return
-    events = sorted([(lo, 1, t) for lo, _, t in edges] + [(hi + 1, -1, t) for _, hi, t in edges])
-    active: dict[int, int] = {}
-    prev = None
-    i = 0
-    while i < len(events):
-        x = events[i][0]
-        if prev is not None and active and x > prev:
-            yield prev, x, frozenset(active)
-        while i < len(events) and events[i][0] == x:
-            _, d, t = events[i]
-            n = active.get(t, 0) + d
-            if n:
-                active[t] = n
-            else:
-                active.pop(t, None)
-            i += 1
-        prev = x
-
-
 @dataclass
 class RuleDFA:
-    trans: list[list[tuple[int, int, int]]]  # per state: (lo, hi, target) byte intervals
-    calls: list[list[tuple[str, int]]]
-    accept: list[bool]
+    table: np.ndarray  # [n, 256] int32: the next state per byte, -1 for none
+    calls: list[list[tuple[str, int]]]  # per state: (rule, return state), by rule
+    accept: np.ndarray  # [n] bool
+
+    def targets(self, s: int) -> list[int]:
+        """The states one byte leads to from `s`."""
+        row = self.table[s]
+        return np.unique(row[row >= 0]).tolist()
+
+
+def table_edges(table: np.ndarray, base: int = 0) -> list[tuple[int, int, int, int]]:
+    """A DFA table's transitions as byte-interval edges (source, lo, hi, target), offset by `base`."""
+    src, byte = np.nonzero(table >= 0)
+    if not len(src):
+        return []
+    dst = table[src, byte]
+    start = np.ones(len(src), dtype=bool)
+    start[1:] = (src[1:] != src[:-1]) | (byte[1:] != byte[:-1] + 1) | (dst[1:] != dst[:-1])
+    first = np.nonzero(start)[0]
+    last = np.append(first[1:], len(src)) - 1
+    return list(zip((src[first] + base).tolist(), byte[first].tolist(), byte[last].tolist(),
+                    (dst[first] + base).tolist()))
 
 
 def determinize(expr, deadline: float) -> RuleDFA:
-    nfa = _NFA(deadline)
+    """`expr`'s DFA by subset construction in Python, not minimized (the twin; tests compare)."""
+    nfa = NFA(deadline)
     start = nfa.new()
     final = nfa.build(expr, start)
-
-    def closure(states) -> frozenset:
-        out, stack = set(states), list(states)
-        while stack:
-            for t in nfa.eps[stack.pop()]:
-                if t not in out:
-                    out.add(t)
-                    stack.append(t)
-        return frozenset(out)
-
-    closure_cache: dict[frozenset, frozenset] = {}
-    first = closure([start])
-    index = {first: 0}
-    order = [first]
-    trans, calls, accept = [], [], []
-    i = 0
-    while i < len(order):
-        if i % 64 == 0 and time.monotonic() > deadline:
-            raise GrammarError("grammar compilation timed out")
-        if len(order) > MAX_DFA_STATES:
-            raise GrammarError(f"grammar too large: more than {MAX_DFA_STATES} states in one rule; simplify it")
-        cur = order[i]
-        i += 1
-        row = []
-        for a, b, targets in _sweep([edge for s in cur for edge in nfa.bytes[s]]):
-            tgt = closure_cache.get(targets)
-            if tgt is None:
-                tgt = closure_cache[targets] = closure(targets)
-            if tgt not in index:
-                index[tgt] = len(order)
-                order.append(tgt)
-            j = index[tgt]
-            if row and row[-1][2] == j and row[-1][1] == a - 1:
-                row[-1] = (row[-1][0], b - 1, j)
-            else:
-                row.append((a, b - 1, j))
-        by_rule: dict[str, list[int]] = {}
-        for s in cur:
-            for name, t in nfa.calls[s]:
-                by_rule.setdefault(name, []).append(t)
-        crow = []
-        for name, targets in by_rule.items():
-            tgt = closure(targets)
-            if tgt not in index:
-                index[tgt] = len(order)
-                order.append(tgt)
-            crow.append((name, index[tgt]))
-        trans.append(row)
-        calls.append(crow)
-        accept.append(final in cur)
-    return RuleDFA(trans, calls, accept)
-
-
-def product(d1: RuleDFA, d2: RuleDFA, keep_right: bool, deadline: float) -> RuleDFA:
-    """Product automaton: intersection (`keep_right`) or difference d1 - d2 of two call-free DFAs."""
-    index = {(0, 0): 0}
-    order = [(0, 0)]
-    trans, accept = [], []
-    i = 0
-    while i < len(order):
-        if i % 256 == 0 and time.monotonic() > deadline:
-            raise GrammarError("grammar compilation timed out")
-        a, b = order[i]
-        i += 1
-        edges = [(lo, hi, (0, t)) for lo, hi, t in d1.trans[a]]
-        if b >= 0:
-            edges += [(lo, hi, (1, t)) for lo, hi, t in d2.trans[b]]
-        row = []
-        for x, y, targets in _sweep(edges):
-            t1 = next((t for side, t in targets if side == 0), None)
-            if t1 is None:
-                continue
-            t2 = next((t for side, t in targets if side == 1), -1)
-            if keep_right and t2 < 0:
-                continue
-            key = (t1, t2)
-            if key not in index:
-                index[key] = len(order)
-                order.append(key)
-            row.append((x, y - 1, index[key]))
-        trans.append(row)
-        acc2 = b >= 0 and d2.accept[b]
-        accept.append(d1.accept[a] and (acc2 if keep_right else not acc2))
-    return RuleDFA(trans, [[] for _ in trans], accept)
+    return dfa_python.determinize(nfa, start, final, MAX_DFA_STATES, deadline)
 
 
 # Minimal DFAs by expression, across compilations: the same strings, numbers, formats and
 # patterns recur in schema after schema (a rule's expression names the rules it calls, so equal
 # expressions are equal rules).
-_DFAS: OrderedDict = OrderedDict()
-MAX_CACHED_DFAS = 1024
+_DFAS: OrderedDict = OrderedDict()  # expr -> (RuleDFA, bytes)
+MAX_CACHED_DFA_BYTES = 64 << 20
+_dfa_bytes = 0
 _DFAS_LOCK = threading.Lock()
 
 
@@ -288,19 +199,156 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
         hit = _DFAS.get(expr)
         if hit is not None:
             _DFAS.move_to_end(expr)
-            return hit
+            return hit[0]
+    lib = native.load()
     if isinstance(expr, (Intersect, Diff)):
         left, right = minimal_dfa(expr.left, deadline), minimal_dfa(expr.right, deadline)
-        dfa = minimize(product(left, right, keep_right=isinstance(expr, Intersect), deadline=deadline), deadline)
+        keep_right = isinstance(expr, Intersect)
+        if lib is not None:
+            acc1, acc2 = _bytes(left.accept), _bytes(right.accept)  # (held: C reads them)
+            dfa = _native(lib.agentkv_dfa_product(
+                len(acc1), _ptr(left.table), _ptr(acc1), len(acc2), _ptr(right.table), _ptr(acc2), int(keep_right),
+                MAX_DFA_STATES, _seconds(deadline)), [])
+        else:
+            dfa = minimize(dfa_python.product(left, right, keep_right, MAX_DFA_STATES, deadline), deadline)
     elif isinstance(expr, Machine):
-        dfa = minimize(RuleDFA([list(r) for r in expr.trans], [[] for _ in expr.trans], list(expr.accept)), deadline)
+        table, accept = dfa_python.rows_table(expr.trans), np.array(expr.accept, dtype=bool)
+        if lib is not None:
+            acc = _bytes(accept)
+            dfa = _native(lib.agentkv_dfa_minimize(len(acc), _ptr(table), _ptr(acc)), [])
+        else:
+            dfa = minimize(RuleDFA(table, [[] for _ in accept], accept), deadline)
+    elif lib is not None:
+        code, root, names, embedded = encode(expr, deadline)
+        dfa_off = np.cumsum([0] + [len(d.accept) for d in embedded], dtype=np.int32)
+        tables = np.concatenate([d.table for d in embedded]) if embedded else np.zeros((0, 256), dtype=np.int32)
+        accepts = _bytes(np.concatenate([d.accept for d in embedded]) if embedded else np.zeros(0, dtype=bool))
+        dfa = _native(lib.agentkv_expr_to_dfa(_ptr(code), root, _ptr(dfa_off), _ptr(tables), _ptr(accepts),
+                                              MAX_NFA_STATES, MAX_DFA_STATES, _seconds(deadline)), names)
     else:
         dfa = minimize(determinize(expr, deadline), deadline)
+    size = dfa.table.nbytes + 64 * len(dfa.accept)
     with _DFAS_LOCK:
-        _DFAS[expr] = dfa
-        if len(_DFAS) > MAX_CACHED_DFAS:
-            _DFAS.popitem(last=False)
+        global _dfa_bytes
+        if expr not in _DFAS:
+            _DFAS[expr] = (dfa, size)
+            _dfa_bytes += size
+        while _dfa_bytes > MAX_CACHED_DFA_BYTES and len(_DFAS) > 1:
+            _dfa_bytes -= _DFAS.popitem(last=False)[1][1]
     return dfa
+
+
+# Node kinds of the encoding csrc/dfa_build.c builds its NFA from (its X_* constants).
+X_LIT, X_RANGES, X_SEQ, X_ALT, X_REPEAT, X_REF, X_DFA = range(7)
+
+
+def encode(expr, deadline: float) -> tuple[np.ndarray, int, list[str], list[RuleDFA]]:
+    """`expr` as int32 code for the C NFA builder: each distinct node once, after its children,
+    as its kind and arguments (children by their offset). Returns the code, the root's offset, the
+    rule names (a REF's argument indexes them; sorted), and the minimal DFAs of intersections,
+    differences and machines (an X_DFA's argument indexes them)."""
+    names = sorted(refs(expr))
+    rule = {name: i for i, name in enumerate(names)}
+    code: list[int] = []
+    embedded: list[RuleDFA] = []
+    at: dict[int, int] = {}
+
+    def put(e) -> int:
+        key = id(e)
+        if key in at:
+            return at[key]
+        if isinstance(e, Lit):
+            node = [X_LIT, len(e.data), *e.data]
+        elif isinstance(e, (Chars, ByteSet)):
+            seqs = _utf8(e.ranges) if isinstance(e, Chars) else [[r] for r in e.ranges]
+            node = [X_RANGES, len(seqs)]
+            for sq in seqs:
+                node.append(len(sq))
+                for lo, hi in sq:
+                    node += (lo, hi)
+        elif isinstance(e, (Seq, Alt)):
+            kids = [put(it) for it in e.items]
+            node = [X_SEQ if isinstance(e, Seq) else X_ALT, len(kids), *kids]
+        elif isinstance(e, Repeat):
+            node = [X_REPEAT, e.min, -1 if e.max is None else e.max, put(e.item)]
+        elif isinstance(e, Ref):
+            node = [X_REF, rule[e.name]]
+        elif isinstance(e, (Intersect, Diff, Machine)):
+            if not isinstance(e, Machine) and (refs(e.left) or refs(e.right)):
+                raise GrammarError("an intersection or difference of languages must not involve rule references")
+            embedded.append(minimal_dfa(e, deadline))
+            node = [X_DFA, len(embedded) - 1]
+        elif isinstance(e, Anchor):
+            raise GrammarError(f"regex anchor '{e.kind}' is only supported at the start or end of a pattern")
+        else:
+            raise TypeError(f"not a grammar expression: {e!r}")
+        at[key] = len(code)
+        code.extend(node)
+        return at[key]
+
+    root = put(expr)
+    return np.array(code, dtype=np.int32), root, names, embedded
+
+
+@functools.lru_cache(maxsize=4096)
+def _utf8(ranges) -> list[list[tuple[int, int]]]:
+    """A character set's UTF-8 encodings as byte-range sequences."""
+    seqs = []
+    for lo, hi in subtract(ranges, []):
+        seqs.extend(utf8_sequences(lo, hi))
+    return seqs
+
+
+def clear_cache() -> None:
+    global _dfa_bytes
+    with _DFAS_LOCK:
+        _DFAS.clear()
+        _dfa_bytes = 0
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def _bytes(accept: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(accept, dtype=np.uint8)
+
+
+def _seconds(deadline: float) -> float:
+    return max(0.0, min(deadline - time.monotonic(), 1e9))
+
+
+def _native(result: int, names: list[str]) -> RuleDFA:
+    """A RuleDFA copied out of csrc/dfa_build.c's result, which is then freed."""
+    lib = native.load()
+    if not result:
+        raise MemoryError("the grammar's automaton construction ran out of memory")
+    try:
+        r = native.DfaStruct.from_address(result)
+        if r.error == native.DFA_TOO_MANY:
+            raise GrammarError(f"grammar too large: more than {MAX_DFA_STATES} states in one rule; simplify it")
+        if r.error == native.DFA_TOO_MANY_NFA:
+            raise GrammarError(f"grammar too large: more than {MAX_NFA_STATES} automaton states; lower the "
+                               "repetition bounds (maxLength, maxItems, {m,n}) or simplify the schema")
+        if r.error == native.DFA_TIMEOUT:
+            raise GrammarError("grammar compilation timed out")
+        if r.error:
+            raise MemoryError("the grammar's automaton construction ran out of memory")
+        n, nc = r.n, r.n_calls
+        table = np.empty((n, 256), dtype=np.int32)
+        accept = np.empty(n, dtype=bool)  # (C's bytes are 0 or 1)
+        ctypes.memmove(table.ctypes.data, r.table, table.nbytes)
+        ctypes.memmove(accept.ctypes.data, r.accept, n)
+        calls: list[list[tuple[str, int]]] = [[] for _ in range(n)]
+        if nc:
+            flat = np.empty(3 * nc, dtype=np.int32)
+            ctypes.memmove(flat.ctypes.data, r.calls, flat.nbytes)
+            flat = flat.tolist()
+            for i in range(0, 3 * nc, 3):
+                calls[flat[i]].append((names[flat[i + 1]], flat[i + 2]))
+        return RuleDFA(table, calls, accept)
+    finally:
+        lib.agentkv_dfa_free(result)
 
 
 def is_empty(expr, deadline: float) -> bool:
@@ -311,7 +359,7 @@ def is_empty(expr, deadline: float) -> bool:
         s = stack.pop()
         if d.accept[s]:
             return False
-        for _, _, t in d.trans[s]:
+        for t in d.targets(s):
             if t not in seen:
                 seen.add(t)
                 stack.append(t)
@@ -323,7 +371,7 @@ def language_matches(expr, text: str, deadline: float) -> bool:
     d = minimal_dfa(expr, deadline)  # cached: called once per property name with the same patterns
     s = 0
     for b in text.encode():
-        s = next((t for lo, hi, t in d.trans[s] if lo <= b <= hi), -1)
+        s = int(d.table[s, b])
         if s < 0:
             return False
-    return d.accept[s]
+    return bool(d.accept[s])

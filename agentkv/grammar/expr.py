@@ -99,6 +99,26 @@ class Anchor:
 
 Expr = Lit | Chars | ByteSet | Seq | Alt | Repeat | Ref | Intersect | Diff | Machine | Anchor
 
+
+def _cached_hash(self) -> int:
+    """A composite node's hash, computed once: nodes are cache keys at every level (DFAs, NFA
+    fragments, rules), and a tree shares subtrees, so hashing it afresh each time can take time
+    exponential in its depth. Not pickled: a string's hash differs between processes."""
+    h = self.__dict__.get("_hash")
+    if h is None:
+        h = hash((type(self).__name__, *(v for k, v in self.__dict__.items() if k != "_hash")))
+        object.__setattr__(self, "_hash", h)
+    return h
+
+
+def _state_without_hash(self) -> dict:
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
+for _cls in (Seq, Alt, Repeat, Intersect, Diff, Machine):
+    _cls.__hash__ = _cached_hash
+    _cls.__getstate__ = _state_without_hash
+
 EMPTY = Seq(())
 NOTHING = Alt(())
 
@@ -198,9 +218,12 @@ def plus(item) -> Expr:
 def refs(expr) -> set[str]:
     """Names of the rules `expr` calls."""
     out: set[str] = set()
-    stack = [expr]
+    stack, seen = [expr], set()
     while stack:
         e = stack.pop()
+        if id(e) in seen:  # a shared subtree once
+            continue
+        seen.add(id(e))
         if isinstance(e, Ref):
             out.add(e.name)
         elif isinstance(e, (Seq, Alt)):

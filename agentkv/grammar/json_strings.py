@@ -152,7 +152,7 @@ def _longest(d) -> int | None:
             return None
         on_path.add(s)
         best: int | None = 0
-        for _, _, t in d.trans[s]:
+        for t in d.targets(s):
             if t in live:
                 sub = depth(t)
                 if sub is None:
@@ -172,8 +172,8 @@ def _longest(d) -> int | None:
 def _live(d) -> set[int]:
     """States from which an accepting state is reachable."""
     back: dict[int, list[int]] = {}
-    for s, row in enumerate(d.trans):
-        for _, _, t in row:
+    for s in range(len(d.accept)):
+        for t in d.targets(s):
             back.setdefault(t, []).append(s)
     live = {s for s, a in enumerate(d.accept) if a}
     todo = list(live)

@@ -1,10 +1,11 @@
-"""DFA minimization of one rule (Moore's partition refinement, vectorized over states).
+"""DFA minimization of one rule in Python (Moore's partition refinement, vectorized over states): the
+twin of csrc/dfa_build.c's where no compiler is present.
 
 Subset construction leaves states that no input can tell apart: an unanchored `pattern` that has
 matched keeps tracking fresh partial matches that can no longer change the outcome, so `.*1\\.1.*`
 ends in several equivalent states instead of one. Merging them makes the automaton smaller and,
 more to the point, turns such tails into a single state that every plain character loops on, which
-the token walk (masks.py) then allows as a block instead of walking each token byte by byte.
+the token walk then allows as a block instead of walking each token byte by byte.
 
 Calls are symbols like bytes: states merge only where they call the same rules and return to
 equivalent states.
@@ -31,10 +32,7 @@ def minimize(d, deadline: float):
     n = len(d.accept)
     if n < 2:
         return d
-    table = np.full((n, 256), -1, dtype=np.int64)
-    for s, row in enumerate(d.trans):
-        for lo, hi, t in row:
-            table[s, lo:hi + 1] = t
+    table = d.table.astype(np.int64)
     # Bytes that every state treats alike form one column (found by hashing, then checked).
     col_sig = _weights(n) @ (table + 1).astype(np.uint64)
     _, reps, inverse = np.unique(col_sig, return_index=True, return_inverse=True)
@@ -80,20 +78,10 @@ def minimize(d, deadline: float):
     renumber[order] = np.arange(count)
     cls = renumber[cls].tolist()
     reps = np.sort(first).tolist()
-    trans = [[(lo, hi, cls[t]) for lo, hi, t in d.trans[r]] for r in reps]
+    ext = np.append(np.asarray(cls, dtype=np.int32), -1)
+    table = ext[d.table[reps]]  # (a missing transition, -1, reads ext[-1] = -1)
     calls = [[(name, cls[t]) for name, t in d.calls[r]] for r in reps]
-    accept = [d.accept[r] for r in reps]
-    # Adjacent intervals that now lead to one class become one interval.
-    merged = []
-    for row in trans:
-        out: list[tuple[int, int, int]] = []
-        for lo, hi, t in row:
-            if out and out[-1][2] == t and out[-1][1] == lo - 1:
-                out[-1] = (out[-1][0], hi, t)
-            else:
-                out.append((lo, hi, t))
-        merged.append(out)
-    return RuleDFA(merged, calls, accept)
+    return RuleDFA(np.ascontiguousarray(table, dtype=np.int32), calls, np.asarray(d.accept, dtype=bool)[reps])
 
 
 _WEIGHTS = np.zeros(0, dtype=np.uint64)

@@ -1,9 +1,10 @@
-"""The grammar's native token walk (csrc/token_walk.c) and mask cache (csrc/mask_cache.c), built on
-first use and loaded with ctypes.
+"""The grammar's native code, built on first use and loaded with ctypes: the token walk
+(csrc/token_walk.c), the mask cache (csrc/mask_cache.c), the rule automata (csrc/dfa_build.c) and
+the linked automaton's live states (csrc/trim.c).
 
 Portable C (no -march, no OpenMP, no torch), cached in `$AGENTKV_CACHE_DIR/grammar/` by source and
 compiler (native_build.py). Without a C compiler, or with `AGENTKV_NATIVE_GRAMMAR=0`, `load()` returns
-None and token_walk.py walks in Python: the same algorithm, the same masks, slower.
+None and the Python twins run (token_walk.py, dfa_python.py): the same languages and masks, slower.
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ class TrieStruct(ctypes.Structure):
     _fields_ = [("byte", _P), ("next", _P), ("depth", _P), ("tok", _P), ("n_end", _P), ("text_chars", _P),
                 ("root_chars", _P), ("plain_masks", _P), ("below_bytes", _P), ("depth_below", _P), ("sorted_ids", _P), ("n_nodes", _I32), ("max_len", _I32),
                 ("words", _I32)]
+
+
+class DfaStruct(ctypes.Structure):
+    """dfa_build.c's agentkv_dfa."""
+    _fields_ = [("n", _I32), ("n_calls", _I32), ("error", _I32), ("table", _P), ("accept", _P), ("calls", _P)]
+
+
+DFA_TOO_MANY, DFA_NO_MEMORY, DFA_TIMEOUT, DFA_TOO_MANY_NFA = 1, 2, 3, 4
 
 
 def load() -> ctypes.CDLL | None:
@@ -69,4 +78,14 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.agentkv_walks_clear.restype = None
     lib.agentkv_walks_stats.argtypes = [_P, _P]
     lib.agentkv_walks_stats.restype = None
+    lib.agentkv_expr_to_dfa.argtypes = [_P, _I32, _P, _P, _P, _I32, _I32, ctypes.c_double]
+    lib.agentkv_expr_to_dfa.restype = _P
+    lib.agentkv_dfa_product.argtypes = [_I32, _P, _P, _I32, _P, _P, _I32, _I32, ctypes.c_double]
+    lib.agentkv_dfa_product.restype = _P
+    lib.agentkv_dfa_minimize.argtypes = [_I32, _P, _P]
+    lib.agentkv_dfa_minimize.restype = _P
+    lib.agentkv_trim.argtypes = [_I32, _P, _P, _I32, _P, _P, _P, _P, _P, _P]
+    lib.agentkv_trim.restype = ctypes.c_int
+    lib.agentkv_dfa_free.argtypes = [_P]
+    lib.agentkv_dfa_free.restype = None
     return lib, ""

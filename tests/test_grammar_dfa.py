@@ -1,0 +1,190 @@
+"""Rule automata built in C (csrc/dfa_build.c, dfa_minimize.c) against the Python twin
+(dfa_python.py, minimize.py), and the linked automaton's live states (csrc/trim.c) against
+automaton._live_python.
+
+The C result must be the minimal DFA of the same language: the same language as the Python one
+(explored pair by pair), as many states as the Python DFA has live equivalence classes, and no state
+that cannot reach acceptance. Equal languages give equal tables (breadth-first numbering).
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentkv.grammar import automaton, dfa, native
+from agentkv.grammar.dfa_python import product
+from agentkv.grammar.expr import Alt, Diff, Intersect, Ref, Repeat, chars, lit, seq
+from agentkv.grammar.json_numbers import multiple_of
+from agentkv.grammar.minimize import minimize
+from agentkv.grammar.regex import match_expr, search_expr
+from tests.test_grammar_regex import patterns
+
+FAR = float("inf")
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason=f"no native grammar code: {native.unavailable_reason()}")
+
+
+def step(d, s, sym):
+    """The next state on a byte or a rule call (-1: none)."""
+    if s < 0:
+        return -1
+    if isinstance(sym, int):
+        return int(d.table[s, sym])
+    return next((t for name, t in d.calls[s] if name == sym), -1)
+
+
+def symbols(*ds):
+    return list(range(256)) + sorted({name for d in ds for row in d.calls for name, _ in row})
+
+
+def same_language(d1, d2) -> bool:
+    """Walk both DFAs together over bytes and calls: every reachable pair agrees on acceptance."""
+    syms = symbols(d1, d2)
+    seen, todo = {(0, 0)}, [(0, 0)]
+    while todo:
+        a, b = todo.pop()
+        if (a >= 0 and bool(d1.accept[a])) != (b >= 0 and bool(d2.accept[b])):
+            return False
+        for sym in syms:
+            nxt = (step(d1, a, sym), step(d2, b, sym))
+            if nxt != (-1, -1) and nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return True
+
+
+def live_and_classes(d) -> tuple[int, int]:
+    """(states that can still accept, their equivalence classes) by Moore's refinement in plain
+    Python, over bytes and calls."""
+    syms, n = symbols(d), len(d.accept)
+    live = [bool(a) for a in d.accept]
+    changed = True
+    while changed:
+        changed = False
+        for s in range(n):
+            if not live[s] and any(step(d, s, x) >= 0 and live[step(d, s, x)] for x in syms):
+                live[s] = changed = True
+    cls = [int(d.accept[s]) if live[s] else -1 for s in range(n)]
+    while True:
+        sig = {s: (cls[s], tuple(cls[t] if (t := step(d, s, x)) >= 0 else -1 for x in syms))
+               for s in range(n) if live[s]}
+        ids = {v: i for i, v in enumerate(sorted(set(sig.values())))}
+        new = [ids[sig[s]] if live[s] else -1 for s in range(n)]
+        if len(set(new)) == len(set(cls)):
+            return sum(live), len(ids)
+        cls = new
+
+
+def python_dfa(expr):
+    """The Python twin's minimal DFA (dfa.minimal_dfa with the native library hidden)."""
+    saved = native.load
+    native.load = lambda: None
+    dfa.clear_cache()
+    try:
+        return dfa.minimal_dfa(expr, FAR)
+    finally:
+        native.load = saved
+        dfa.clear_cache()
+
+
+def native_dfa(expr):
+    dfa.clear_cache()
+    try:
+        return dfa.minimal_dfa(expr, FAR)
+    finally:
+        dfa.clear_cache()
+
+
+def assert_minimal_twin(expr):
+    c, p = native_dfa(expr), python_dfa(expr)
+    assert same_language(c, p), expr
+    live, classes = live_and_classes(p)
+    if not live:  # the empty language: one state with no way out
+        assert len(c.accept) == 1 and not c.accept[0] and (c.table == -1).all() and not c.calls[0], expr
+        return c
+    # Every C state can still accept, and no two are equivalent.
+    assert live_and_classes(c) == (len(c.accept), len(c.accept)) == (len(c.accept), classes), expr
+    return c
+
+
+@settings(max_examples=120, deadline=None)
+@given(patterns())
+def test_search_and_match_automata_equal_the_python_ones(pattern):
+    assert_minimal_twin(search_expr(pattern))
+    assert_minimal_twin(match_expr(pattern))
+
+
+@settings(max_examples=60, deadline=None)
+@given(patterns(), patterns(), st.booleans())
+def test_products_equal_the_python_ones(left, right, intersect):
+    a, b = match_expr(left), search_expr(right)
+    expr = Intersect(a, b) if intersect else Diff(a, b)
+    assert_minimal_twin(expr)
+    # And the product itself, before minimization, against the Python product of the same DFAs.
+    p = product(python_dfa(a), python_dfa(b), intersect, dfa.MAX_DFA_STATES, FAR)
+    assert same_language(native_dfa(expr), minimize(p, FAR))
+
+
+def test_equal_languages_give_equal_tables():
+    one = native_dfa(match_expr("(ab|ac)*"))
+    two = native_dfa(match_expr("(a(b|c))*"))
+    assert np.array_equal(one.table, two.table) and np.array_equal(one.accept, two.accept)
+
+
+def test_machines_and_calls():
+    # A machine (multiples of 0.25 written out) and rule calls: calls are symbols like bytes.
+    assert_minimal_twin(multiple_of(0.25, integer=False, where=None))
+    expr = Alt((seq(lit("["), Ref("item"), Repeat(seq(lit(","), Ref("item")), 0, None), lit("]")),
+                seq(lit("["), Ref("item"), lit("]")), seq(chars(("a", "z")), Ref("other"))))
+    c = assert_minimal_twin(expr)
+    assert sorted({name for row in c.calls for name, _ in row}) == ["item", "other"]
+
+
+def test_an_empty_language_is_one_state_that_accepts_nothing():
+    c = native_dfa(Intersect(match_expr("a+"), match_expr("b+")))
+    assert len(c.accept) == 1 and not c.accept[0] and (c.table == -1).all()
+    assert dfa.is_empty(Intersect(match_expr("a+"), match_expr("b+")), FAR)
+
+
+def test_limits_are_grammar_errors():
+    from agentkv.errors import GrammarError
+
+    with pytest.raises(GrammarError, match="automaton states"):
+        native_dfa(Repeat(lit("abcdefgh"), 0, dfa.MAX_NFA_STATES // 4))
+    with pytest.raises(GrammarError, match="timed out"):
+        dfa.clear_cache()
+        dfa.minimal_dfa(Repeat(search_expr("[a-z]{1,40}x"), 3, 3), 0.0)
+
+
+LIVE_CASES = [
+    # (rules, root): rules whose states die only through calls to rules that never end
+    ({"root": Alt((Ref("a"), Ref("b"))), "a": seq(lit("x"), Ref("a")), "b": lit("y")}, "root"),
+    ({"root": seq(Ref("a"), lit("!")), "a": Alt((seq(lit("("), Ref("a"), lit(")")), lit("x")))}, "root"),
+    ({"root": Alt((seq(Ref("c"), lit("z")), lit("q"))), "c": seq(lit("c"), Ref("d")), "d": seq(lit("d"), Ref("c"))},
+     "root"),
+]
+
+
+@pytest.mark.parametrize("rules,root", LIVE_CASES)
+def test_live_states_in_c_equal_the_python_search(rules, root):
+    raw = _untrimmed(rules, root)
+    live_c, prod_c = automaton._live_native(raw)
+    live_p, prod_p = automaton._live_python(raw)
+    assert np.array_equal(live_c, live_p) and prod_c == prod_p
+    assert live_p[raw.starts[0]]
+
+
+def test_trimming_drops_what_never_ends():
+    raw = _untrimmed(*LIVE_CASES[0])
+    live, productive = automaton._live_native(raw)
+    assert dict(zip(raw.rule_names, productive)) == {"root": True, "a": False, "b": True} and not live.all()
+
+
+def _untrimmed(rules, root):
+    trim = automaton._trim
+    automaton._trim = lambda a: None
+    try:
+        return automaton.link(rules, root, FAR)
+    finally:
+        automaton._trim = trim
