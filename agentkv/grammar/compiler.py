@@ -9,10 +9,12 @@ by a `strict` compiler.
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.automaton import link
@@ -48,7 +50,8 @@ class GrammarCompiler:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        g = build(time.monotonic() + self.timeout_s)
+        with _collector_paused():
+            g = build(time.monotonic() + self.timeout_s)
         with self._lock:
             self._cache[key] = g
             while len(self._cache) > self._cache_size:
@@ -136,6 +139,33 @@ class GrammarCompiler:
 
     def cache_size(self) -> int:
         return len(self._cache)
+
+
+_pause_lock = threading.Lock()
+_pauses = 0
+_resume = False
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic collector off while a grammar compiles. A compile allocates hundreds of
+    thousands of short-lived containers (expressions, NFA encodings, rule tables), none in cycles
+    that outlive it, and each allocation burst set off collections that scanned the whole heap:
+    15% of compile time on SchemaStore. Refcounting frees them all the same. Nested and concurrent
+    compiles share one pause; the collector comes back on when the last ends, if it was on."""
+    global _pauses, _resume
+    with _pause_lock:
+        if _pauses == 0:
+            _resume = gc.isenabled()
+            gc.disable()
+        _pauses += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pauses -= 1
+            if _pauses == 0 and _resume:
+                gc.enable()
 
 
 def _is_closed_model(schema) -> bool:

@@ -11,7 +11,6 @@ the same strings, numbers and formats recur schema after schema.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import threading
 import time
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentkv.errors import GrammarError
-from agentkv.grammar import dfa_python, native
+from agentkv.grammar import dfa_native, dfa_python, native
 from agentkv.grammar.expr import (
     Alt,
     Anchor,
@@ -94,7 +93,7 @@ class NFA:
             return s
         if isinstance(e, (Chars, ByteSet)):
             end = self.new()
-            seqs = (_utf8(e.ranges) if isinstance(e, Chars) else [[r] for r in e.ranges])
+            seqs = (utf8_ranges(e.ranges) if isinstance(e, Chars) else [[r] for r in e.ranges])
             for sq in seqs:
                 cur = s
                 for k, (lo, hi) in enumerate(sq):
@@ -175,6 +174,15 @@ def table_edges(table: np.ndarray, base: int = 0) -> list[tuple[int, int, int, i
                     (dst[first] + base).tolist()))
 
 
+def rows_table(rows) -> np.ndarray:
+    """Rows of (lo, hi, target) byte intervals -> an [n, 256] int32 table (-1: no transition)."""
+    table = np.full((len(rows), 256), -1, dtype=np.int32)
+    for s, row in enumerate(rows):
+        for lo, hi, t in row:
+            table[s, lo:hi + 1] = t
+    return table
+
+
 def determinize(expr, deadline: float) -> RuleDFA:
     """`expr`'s DFA by subset construction in Python, not minimized (the twin; tests compare)."""
     nfa = NFA(deadline)
@@ -201,30 +209,14 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
             _DFAS.move_to_end(expr)
             return hit[0]
     lib = native.load()
-    if isinstance(expr, (Intersect, Diff)):
+    if lib is not None:
+        dfa = dfa_native.minimal(lib, expr, deadline)
+    elif isinstance(expr, (Intersect, Diff)):
         left, right = minimal_dfa(expr.left, deadline), minimal_dfa(expr.right, deadline)
-        keep_right = isinstance(expr, Intersect)
-        if lib is not None:
-            acc1, acc2 = _bytes(left.accept), _bytes(right.accept)  # (held: C reads them)
-            dfa = _native(lib.agentkv_dfa_product(
-                len(acc1), _ptr(left.table), _ptr(acc1), len(acc2), _ptr(right.table), _ptr(acc2), int(keep_right),
-                MAX_DFA_STATES, _seconds(deadline)), [])
-        else:
-            dfa = minimize(dfa_python.product(left, right, keep_right, MAX_DFA_STATES, deadline), deadline)
+        dfa = minimize(dfa_python.product(left, right, isinstance(expr, Intersect), MAX_DFA_STATES, deadline), deadline)
     elif isinstance(expr, Machine):
-        table, accept = dfa_python.rows_table(expr.trans), np.array(expr.accept, dtype=bool)
-        if lib is not None:
-            acc = _bytes(accept)
-            dfa = _native(lib.agentkv_dfa_minimize(len(acc), _ptr(table), _ptr(acc)), [])
-        else:
-            dfa = minimize(RuleDFA(table, [[] for _ in accept], accept), deadline)
-    elif lib is not None:
-        code, root, names, embedded = encode(expr, deadline)
-        dfa_off = np.cumsum([0] + [len(d.accept) for d in embedded], dtype=np.int32)
-        tables = np.concatenate([d.table for d in embedded]) if embedded else np.zeros((0, 256), dtype=np.int32)
-        accepts = _bytes(np.concatenate([d.accept for d in embedded]) if embedded else np.zeros(0, dtype=bool))
-        dfa = _native(lib.agentkv_expr_to_dfa(_ptr(code), root, _ptr(dfa_off), _ptr(tables), _ptr(accepts),
-                                              MAX_NFA_STATES, MAX_DFA_STATES, _seconds(deadline)), names)
+        accept = np.array(expr.accept, dtype=bool)
+        dfa = minimize(RuleDFA(rows_table(expr.trans), [[] for _ in accept], accept), deadline)
     else:
         dfa = minimize(determinize(expr, deadline), deadline)
     size = dfa.table.nbytes + 64 * len(dfa.accept)
@@ -238,60 +230,8 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
     return dfa
 
 
-# Node kinds of the encoding csrc/dfa_build.c builds its NFA from (its X_* constants).
-X_LIT, X_RANGES, X_SEQ, X_ALT, X_REPEAT, X_REF, X_DFA = range(7)
-
-
-def encode(expr, deadline: float) -> tuple[np.ndarray, int, list[str], list[RuleDFA]]:
-    """`expr` as int32 code for the C NFA builder: each distinct node once, after its children,
-    as its kind and arguments (children by their offset). Returns the code, the root's offset, the
-    rule names (a REF's argument indexes them; sorted), and the minimal DFAs of intersections,
-    differences and machines (an X_DFA's argument indexes them)."""
-    names = sorted(refs(expr))
-    rule = {name: i for i, name in enumerate(names)}
-    code: list[int] = []
-    embedded: list[RuleDFA] = []
-    at: dict[int, int] = {}
-
-    def put(e) -> int:
-        key = id(e)
-        if key in at:
-            return at[key]
-        if isinstance(e, Lit):
-            node = [X_LIT, len(e.data), *e.data]
-        elif isinstance(e, (Chars, ByteSet)):
-            seqs = _utf8(e.ranges) if isinstance(e, Chars) else [[r] for r in e.ranges]
-            node = [X_RANGES, len(seqs)]
-            for sq in seqs:
-                node.append(len(sq))
-                for lo, hi in sq:
-                    node += (lo, hi)
-        elif isinstance(e, (Seq, Alt)):
-            kids = [put(it) for it in e.items]
-            node = [X_SEQ if isinstance(e, Seq) else X_ALT, len(kids), *kids]
-        elif isinstance(e, Repeat):
-            node = [X_REPEAT, e.min, -1 if e.max is None else e.max, put(e.item)]
-        elif isinstance(e, Ref):
-            node = [X_REF, rule[e.name]]
-        elif isinstance(e, (Intersect, Diff, Machine)):
-            if not isinstance(e, Machine) and (refs(e.left) or refs(e.right)):
-                raise GrammarError("an intersection or difference of languages must not involve rule references")
-            embedded.append(minimal_dfa(e, deadline))
-            node = [X_DFA, len(embedded) - 1]
-        elif isinstance(e, Anchor):
-            raise GrammarError(f"regex anchor '{e.kind}' is only supported at the start or end of a pattern")
-        else:
-            raise TypeError(f"not a grammar expression: {e!r}")
-        at[key] = len(code)
-        code.extend(node)
-        return at[key]
-
-    root = put(expr)
-    return np.array(code, dtype=np.int32), root, names, embedded
-
-
 @functools.lru_cache(maxsize=4096)
-def _utf8(ranges) -> list[list[tuple[int, int]]]:
+def utf8_ranges(ranges) -> list[list[tuple[int, int]]]:
     """A character set's UTF-8 encodings as byte-range sequences."""
     seqs = []
     for lo, hi in subtract(ranges, []):
@@ -304,51 +244,6 @@ def clear_cache() -> None:
     with _DFAS_LOCK:
         _DFAS.clear()
         _dfa_bytes = 0
-
-
-def _ptr(a: np.ndarray) -> int:
-    return a.ctypes.data
-
-
-def _bytes(accept: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(accept, dtype=np.uint8)
-
-
-def _seconds(deadline: float) -> float:
-    return max(0.0, min(deadline - time.monotonic(), 1e9))
-
-
-def _native(result: int, names: list[str]) -> RuleDFA:
-    """A RuleDFA copied out of csrc/dfa_build.c's result, which is then freed."""
-    lib = native.load()
-    if not result:
-        raise MemoryError("the grammar's automaton construction ran out of memory")
-    try:
-        r = native.DfaStruct.from_address(result)
-        if r.error == native.DFA_TOO_MANY:
-            raise GrammarError(f"grammar too large: more than {MAX_DFA_STATES} states in one rule; simplify it")
-        if r.error == native.DFA_TOO_MANY_NFA:
-            raise GrammarError(f"grammar too large: more than {MAX_NFA_STATES} automaton states; lower the "
-                               "repetition bounds (maxLength, maxItems, {m,n}) or simplify the schema")
-        if r.error == native.DFA_TIMEOUT:
-            raise GrammarError("grammar compilation timed out")
-        if r.error:
-            raise MemoryError("the grammar's automaton construction ran out of memory")
-        n, nc = r.n, r.n_calls
-        table = np.empty((n, 256), dtype=np.int32)
-        accept = np.empty(n, dtype=bool)  # (C's bytes are 0 or 1)
-        ctypes.memmove(table.ctypes.data, r.table, table.nbytes)
-        ctypes.memmove(accept.ctypes.data, r.accept, n)
-        calls: list[list[tuple[str, int]]] = [[] for _ in range(n)]
-        if nc:
-            flat = np.empty(3 * nc, dtype=np.int32)
-            ctypes.memmove(flat.ctypes.data, r.calls, flat.nbytes)
-            flat = flat.tolist()
-            for i in range(0, 3 * nc, 3):
-                calls[flat[i]].append((names[flat[i + 1]], flat[i + 2]))
-        return RuleDFA(table, calls, accept)
-    finally:
-        lib.agentkv_dfa_free(result)
 
 
 def is_empty(expr, deadline: float) -> bool:

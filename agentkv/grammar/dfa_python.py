@@ -36,7 +36,7 @@ def _sweep(edges):
 
 def determinize(nfa, start: int, final: int, max_states: int, deadline: float):
     """The DFA of an NFA (dfa.NFA) by subset construction, not minimized."""
-    from agentkv.grammar.dfa import RuleDFA
+    from agentkv.grammar.dfa import RuleDFA, rows_table
 
     out_bytes: list[list[tuple[int, int, int]]] = [[] for _ in range(nfa.n)]
     eps: list[list[int]] = [[] for _ in range(nfa.n)]
@@ -131,12 +131,3 @@ def product(d1, d2, keep_right: bool, max_states: int, deadline: float):
         acc2 = b >= 0 and bool(d2.accept[b])
         accept.append(bool(d1.accept[a]) and (acc2 if keep_right else not acc2))
     return RuleDFA(np.array(rows, dtype=np.int32).reshape(-1, 256), [[] for _ in rows], np.array(accept, dtype=bool))
-
-
-def rows_table(rows) -> np.ndarray:
-    """Rows of (lo, hi, target) byte intervals -> an [n, 256] int32 table (-1: no transition)."""
-    table = np.full((len(rows), 256), -1, dtype=np.int32)
-    for s, row in enumerate(rows):
-        for lo, hi, t in row:
-            table[s, lo:hi + 1] = t
-    return table

@@ -106,13 +106,16 @@ def _cached_hash(self) -> int:
     exponential in its depth. Not pickled: a string's hash differs between processes."""
     h = self.__dict__.get("_hash")
     if h is None:
-        h = hash((type(self).__name__, *(v for k, v in self.__dict__.items() if k != "_hash")))
+        h = hash((type(self).__name__, *(v for k, v in self.__dict__.items() if k not in _DERIVED)))
         object.__setattr__(self, "_hash", h)
     return h
 
 
+_DERIVED = ("_hash", "_refs")  # kept on a node once computed; not fields
+
+
 def _state_without_hash(self) -> dict:
-    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    return {k: v for k, v in self.__dict__.items() if k not in _DERIVED}
 
 
 for _cls in (Seq, Alt, Repeat, Intersect, Diff, Machine):
@@ -215,8 +218,18 @@ def plus(item) -> Expr:
     return Repeat(item, 1, None)
 
 
-def refs(expr) -> set[str]:
-    """Names of the rules `expr` calls."""
+def refs(expr) -> frozenset[str]:
+    """Names of the rules `expr` calls (kept on a composite node: linking and building both ask)."""
+    if isinstance(expr, (Seq, Alt, Repeat, Intersect, Diff)):
+        hit = expr.__dict__.get("_refs")
+        if hit is None:
+            hit = frozenset(_refs(expr))
+            object.__setattr__(expr, "_refs", hit)
+        return hit
+    return frozenset(_refs(expr))
+
+
+def _refs(expr) -> set[str]:
     out: set[str] = set()
     stack, seen = [expr], set()
     while stack:

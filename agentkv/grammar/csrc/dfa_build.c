@@ -209,11 +209,16 @@ static agentkv_dfa *subsets(int32_t n, int32_t start, int32_t final, int32_t mb,
             for (int32_t j = f.b_off[s]; j < f.b_off[s + 1]; j++)
                 for (int32_t c = d.class_of[f.b_lo[j]]; c <= d.class_of[f.b_hi[j]]; c++) targets.v[count[c]++] = f.b_dst[j];
         }
+        int32_t prev_from = 0, prev_n = -1, prev_id = -1;
         for (int32_t c = 0, from = 0; c < k; from = count[c++]) { /* count[c] is now where class c ends */
-            if (count[c] == from) continue;
-            int32_t id = closure_id(&f, &sets, targets.v + from, count[c] - from, &closed);
+            int32_t nt = count[c] - from, id;
+            if (!nt) continue;
+            /* Neighbouring classes often lead to the same targets (filled in the same order). */
+            if (nt == prev_n && !memcmp(targets.v + from, targets.v + prev_from, (size_t)nt * 4)) id = prev_id;
+            else id = closure_id(&f, &sets, targets.v + from, nt, &closed);
             if (id < 0) { free(count); goto done; }
             d.tab[(int64_t)i * k + c] = id;
+            prev_from = from; prev_n = nt; prev_id = id;
         }
         /* Calls, by rule: each rule's return states together. */
         np = 0;

@@ -1,0 +1,143 @@
+"""Rule automata built in C (csrc/dfa_build.c, csrc/dfa_minimize.c): an expression is encoded as
+int32 code, each distinct node once, and C builds its Thompson NFA, determinizes and minimizes it
+in one call; products and machines likewise. dfa.py calls this where the library loads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import numpy as np
+
+from agentkv.errors import GrammarError
+from agentkv.grammar import dfa, native
+from agentkv.grammar.expr import (
+    Alt,
+    Anchor,
+    ByteSet,
+    Chars,
+    Diff,
+    Intersect,
+    Lit,
+    Machine,
+    Ref,
+    Repeat,
+    Seq,
+    refs,
+)
+
+
+def minimal(lib, expr, deadline: float):
+    """The minimal DFA of `expr` (a dfa.RuleDFA), built in C."""
+    if isinstance(expr, (Intersect, Diff)):
+        left, right = dfa.minimal_dfa(expr.left, deadline), dfa.minimal_dfa(expr.right, deadline)
+        acc1, acc2 = _bytes(left.accept), _bytes(right.accept)  # (held: C reads them)
+        return _result(lib.agentkv_dfa_product(
+            len(acc1), _ptr(left.table), _ptr(acc1), len(acc2), _ptr(right.table), _ptr(acc2),
+            int(isinstance(expr, Intersect)), dfa.MAX_DFA_STATES, _seconds(deadline)), [])
+    if isinstance(expr, Machine):
+        table, acc = dfa.rows_table(expr.trans), _bytes(np.array(expr.accept, dtype=bool))
+        return _result(lib.agentkv_dfa_minimize(len(acc), _ptr(table), _ptr(acc)), [])
+    code, root, names, embedded = encode(expr, deadline)
+    dfa_off = np.cumsum([0] + [len(d.accept) for d in embedded], dtype=np.int32)
+    tables = np.concatenate([d.table for d in embedded]) if embedded else np.zeros((0, 256), dtype=np.int32)
+    accepts = _bytes(np.concatenate([d.accept for d in embedded]) if embedded else np.zeros(0, dtype=bool))
+    return _result(lib.agentkv_expr_to_dfa(_ptr(code), root, _ptr(dfa_off), _ptr(tables), _ptr(accepts),
+                                           dfa.MAX_NFA_STATES, dfa.MAX_DFA_STATES, _seconds(deadline)), names)
+
+
+# Node kinds of the encoding csrc/dfa_build.c builds its NFA from (its X_* constants).
+X_LIT, X_RANGES, X_SEQ, X_ALT, X_REPEAT, X_REF, X_DFA = range(7)
+
+
+def encode(expr, deadline: float) -> tuple[np.ndarray, int, list[str], list]:
+    """`expr` as int32 code for the C NFA builder: each distinct node once, after its children,
+    as its kind and arguments (children by their offset). Returns the code, the root's offset, the
+    rule names (a REF's argument indexes them; sorted), and the minimal DFAs of intersections,
+    differences and machines (an X_DFA's argument indexes them)."""
+    names = sorted(refs(expr))
+    rule = {name: i for i, name in enumerate(names)}
+    code: list[int] = []
+    embedded: list = []
+    at: dict[int, int] = {}
+
+    def put(e) -> int:
+        key = id(e)
+        if key in at:
+            return at[key]
+        if isinstance(e, Lit):
+            node = [X_LIT, len(e.data), *e.data]
+        elif isinstance(e, (Chars, ByteSet)):
+            seqs = dfa.utf8_ranges(e.ranges) if isinstance(e, Chars) else [[r] for r in e.ranges]
+            node = [X_RANGES, len(seqs)]
+            for sq in seqs:
+                node.append(len(sq))
+                for lo, hi in sq:
+                    node += (lo, hi)
+        elif isinstance(e, (Seq, Alt)):
+            kids = [put(it) for it in e.items]
+            node = [X_SEQ if isinstance(e, Seq) else X_ALT, len(kids), *kids]
+        elif isinstance(e, Repeat):
+            node = [X_REPEAT, e.min, -1 if e.max is None else e.max, put(e.item)]
+        elif isinstance(e, Ref):
+            node = [X_REF, rule[e.name]]
+        elif isinstance(e, (Intersect, Diff, Machine)):
+            if not isinstance(e, Machine) and (refs(e.left) or refs(e.right)):
+                raise GrammarError("an intersection or difference of languages must not involve rule references")
+            embedded.append(dfa.minimal_dfa(e, deadline))
+            node = [X_DFA, len(embedded) - 1]
+        elif isinstance(e, Anchor):
+            raise GrammarError(f"regex anchor '{e.kind}' is only supported at the start or end of a pattern")
+        else:
+            raise TypeError(f"not a grammar expression: {e!r}")
+        at[key] = len(code)
+        code.extend(node)
+        return at[key]
+
+    root = put(expr)
+    return np.array(code, dtype=np.int32), root, names, embedded
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def _bytes(accept: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(accept, dtype=np.uint8)
+
+
+def _seconds(deadline: float) -> float:
+    return max(0.0, min(deadline - time.monotonic(), 1e9))
+
+
+def _result(result: int, names: list[str]):
+    """A RuleDFA copied out of csrc/dfa_build.c's result, which is then freed."""
+    if not result:
+        raise MemoryError("the grammar's automaton construction ran out of memory")
+    try:
+        r = native.DfaStruct.from_address(result)
+        if r.error == native.DFA_TOO_MANY:
+            raise GrammarError(f"grammar too large: more than {dfa.MAX_DFA_STATES} states in one rule; simplify it")
+        if r.error == native.DFA_TOO_MANY_NFA:
+            raise GrammarError(f"grammar too large: more than {dfa.MAX_NFA_STATES} automaton states; lower the "
+                               "repetition bounds (maxLength, maxItems, {m,n}) or simplify the schema")
+        if r.error == native.DFA_TIMEOUT:
+            raise GrammarError("grammar compilation timed out")
+        if r.error:
+            raise MemoryError("the grammar's automaton construction ran out of memory")
+        n, nc = r.n, r.n_calls
+        table = np.empty((n, 256), dtype=np.int32)
+        accept = np.empty(n, dtype=bool)  # (C's bytes are 0 or 1)
+        ctypes.memmove(table.ctypes.data, r.table, table.nbytes)
+        ctypes.memmove(accept.ctypes.data, r.accept, n)
+        calls: list[list[tuple[str, int]]] = [[] for _ in range(n)]
+        if nc:
+            flat = np.empty(3 * nc, dtype=np.int32)
+            ctypes.memmove(flat.ctypes.data, r.calls, flat.nbytes)
+            flat = flat.tolist()
+            for i in range(0, 3 * nc, 3):
+                calls[flat[i]].append((names[flat[i + 1]], flat[i + 2]))
+        return dfa.RuleDFA(table, calls, accept)
+    finally:
+        native.load().agentkv_dfa_free(result)
