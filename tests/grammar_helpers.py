@@ -120,3 +120,56 @@ def masks_to_the_end(m: Matcher, rnd: random.Random) -> set[int]:
         seen |= expected
         assert m.accept_token(rnd.choice(sorted(expected - set(info.eos_ids)) or sorted(expected)))
     return seen
+
+
+# Rule DFAs (dfa.RuleDFA): languages compared over bytes and rule calls.
+
+def step(d, s, sym):
+    """The next state on a byte or a rule call (-1: none)."""
+    if s < 0:
+        return -1
+    if isinstance(sym, int):
+        return int(d.table[s, sym])
+    return next((t for name, t in d.calls[s] if name == sym), -1)
+
+
+def symbols(*ds):
+    return list(range(256)) + sorted({name for d in ds for row in d.calls for name, _ in row})
+
+
+def same_language(d1, d2) -> bool:
+    """Walk both DFAs together over bytes and calls: every reachable pair agrees on acceptance."""
+    syms = symbols(d1, d2)
+    seen, todo = {(0, 0)}, [(0, 0)]
+    while todo:
+        a, b = todo.pop()
+        if (a >= 0 and bool(d1.accept[a])) != (b >= 0 and bool(d2.accept[b])):
+            return False
+        for sym in syms:
+            nxt = (step(d1, a, sym), step(d2, b, sym))
+            if nxt != (-1, -1) and nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return True
+
+
+def live_and_classes(d) -> tuple[int, int]:
+    """(states that can still accept, their equivalence classes) by Moore's refinement in plain
+    Python, over bytes and calls."""
+    syms, n = symbols(d), len(d.accept)
+    live = [bool(a) for a in d.accept]
+    changed = True
+    while changed:
+        changed = False
+        for s in range(n):
+            if not live[s] and any(step(d, s, x) >= 0 and live[step(d, s, x)] for x in syms):
+                live[s] = changed = True
+    cls = [int(d.accept[s]) if live[s] else -1 for s in range(n)]
+    while True:
+        sig = {s: (cls[s], tuple(cls[t] if (t := step(d, s, x)) >= 0 else -1 for x in syms))
+               for s in range(n) if live[s]}
+        ids = {v: i for i, v in enumerate(sorted(set(sig.values())))}
+        new = [ids[sig[s]] if live[s] else -1 for s in range(n)]
+        if len(set(new)) == len(set(cls)):
+            return sum(live), len(ids)
+        cls = new

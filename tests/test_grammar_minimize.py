@@ -16,55 +16,13 @@ from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
 from agentkv.grammar.dfa import determinize
 from agentkv.grammar.minimize import minimize
 from agentkv.grammar.regex import search_expr
+from tests.grammar_helpers import live_and_classes, same_language
 from tests.test_grammar_matcher import assert_mask_is_brute_force
 from tests.test_grammar_regex import patterns
 
 pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: the native walk and the Python one
 
 FAR = float("inf")
-
-
-def _step(d, s, b):
-    return int(d.table[s, b])
-
-
-def same_language(d1, d2) -> bool:
-    """Walk both DFAs together from their starts: every reachable pair agrees on acceptance."""
-    def accepts(d, s):
-        return s >= 0 and bool(d.accept[s])
-
-    seen, todo = {(0, 0)}, [(0, 0)]
-    while todo:
-        a, b = todo.pop()
-        if accepts(d1, a) != accepts(d2, b):
-            return False
-        for byte in range(256):
-            nxt = (_step(d1, a, byte) if a >= 0 else -1, _step(d2, b, byte) if b >= 0 else -1)
-            if nxt != (-1, -1) and nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return True
-
-
-def live_and_classes(d) -> tuple[int, int]:
-    """(states that can still accept, their equivalence classes), by Moore's refinement in plain Python."""
-    n = len(d.accept)
-    live = [bool(a) for a in d.accept]
-    changed = True
-    while changed:
-        changed = False
-        for s in range(n):
-            if not live[s] and any(live[t] for t in d.targets(s)):
-                live[s] = changed = True
-    cls = [int(d.accept[s]) if live[s] else -1 for s in range(n)]
-    while True:
-        sig = {s: (cls[s], tuple(cls[t] if (t := _step(d, s, b)) >= 0 else -1 for b in range(256)))
-               for s in range(n) if live[s]}
-        ids = {v: i for i, v in enumerate(sorted(set(sig.values())))}
-        new = [ids[sig[s]] if live[s] else -1 for s in range(n)]
-        if len(set(new)) == len(set(cls)):
-            return sum(live), len(ids)
-        cls = new
 
 
 @settings(max_examples=80, deadline=None)
