@@ -165,3 +165,55 @@ def test_an_added_token_is_never_cut_by_the_pre_tokenizer(tmp_path):
     assert Matcher(g).jump_forward_tokens() == []
     m = Matcher(g)  # once the choice is made, the rest is forced, as the tokenizer writes it
     assert m.accept_token(info.encode_bytes(b"<think>")[0]) and info.decode(m.jump_forward_tokens()) == b"\nhm"
+    # An added token ends a piece whatever follows (the pre-tokenizer alone would join `>a`).
+    g = GrammarCompiler(info).compile_lark('start: "<tool_call>" ("a" | "b")')
+    assert Matcher(g).jump_forward_tokens() == info.encode_bytes(b"<tool_call>")
+
+
+@pytest.fixture(scope="module")
+def unstable_bpe():
+    """A byte-level BPE whose merges are not stable under prefixes: with cd < bc < ab, "abc" is
+    [a, bc] but "abcd" is [ab, cd], so no boundary inside a piece the model may still extend is
+    safe to force."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+
+    from agentkv.grammar import TokenizerInfo
+    from agentkv.grammar.vocab import gpt2_byte_decoder
+
+    vocab = {c: i for i, c in enumerate(sorted(gpt2_byte_decoder()))}
+    for merged in ("cÃ", "cd", "bc", "ab", "Ġx", "<eos>"):  # (Ã: the first byte of é, byte-level)
+        vocab[merged] = len(vocab)
+    tok = Tokenizer(BPE(vocab=vocab, merges=[("c", "Ã"), ("c", "d"), ("b", "c"), ("a", "b"), ("Ġ", "x")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    assert tok.encode("abc").tokens == ["a", "bc"] and tok.encode("abcd").tokens == ["ab", "cd"]
+    return TokenizerInfo.from_huggingface(tok, eos_ids=[vocab["<eos>"]])
+
+
+def test_forced_tokens_stop_at_a_cut_no_continuation_moves(unstable_bpe):
+    info, compiler = unstable_bpe, GrammarCompiler(unstable_bpe)
+    # "abc" is forced, but [a, bc] or [a] would not be how "abcd" is written: nothing is forced.
+    g = compiler.compile_regex("abc(d| x)")
+    assert Matcher(g).jump_forward_bytes() == b"abc" and Matcher(g).jump_forward_tokens() == []
+    # "ab,c" is forced: the cut after the comma stands whatever follows, the one after "c" does not.
+    g = compiler.compile_regex("ab,c(d|e)")
+    assert info.decode(Matcher(g).jump_forward_tokens()) == b"ab,"
+    # A character outside ASCII may extend the piece too ("abcé" is [ab, cÃ, ©]).
+    assert Matcher(compiler.compile_regex("abc(é|,)")).jump_forward_tokens() == []
+    # Where nothing may follow, the end of the text is a cut.
+    assert info.decode(Matcher(compiler.compile_regex("abc")).jump_forward_tokens()) == b"abc"
+
+
+def test_forced_tokens_are_the_tokenizers_own_with_unstable_merges(unstable_bpe):
+    # Every prefix that is forced, before every pair of ways on: the endings decide where the
+    # pieces, and so the merges, fall.
+    compiler = GrammarCompiler(unstable_bpe)
+    endings = ["", "c", "cd", "d", "dd", " x", ",c", "bcd", "b"]
+    for prefix in ["a", "ab", "abc", "b", "bc", "c", "x,ab"]:
+        for i, one in enumerate(endings):
+            for two in endings[i + 1:]:
+                choices = [prefix + one, prefix + two]
+                g = compiler.compile_choices(choices)
+                for text in choices:
+                    _walk(unstable_bpe, g, text)

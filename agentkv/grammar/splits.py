@@ -22,6 +22,9 @@ from collections.abc import Callable
 # digit, a space, a newline, punctuation, a contraction, a non-ASCII letter), and a space followed by
 # a letter (a whitespace run is cut by what ends it).
 PROBES = ("", "a", "1", " ", " a", "\n", "!", "'s", "é")
+# What a non-ASCII character next could be, as the patterns tell them apart: a letter, a number,
+# punctuation, a space.
+NON_ASCII_PROBES = ("é", "٣", "。", "\u00a0")
 SPLIT_CACHE = 4096
 
 
@@ -31,7 +34,8 @@ class Splitter:
     def __init__(self, pieces: Callable[[str], list[int]]):
         self._pieces = pieces
         # Answers by text: requests of one schema ask about the same keys and values again and again.
-        self._cut_inside_cached = functools.lru_cache(maxsize=SPLIT_CACHE)(self._cut_inside)
+        self._firm_cuts_cached = functools.lru_cache(maxsize=SPLIT_CACHE)(self._firm_cuts)
+        self._cut_at_end_cached = functools.lru_cache(maxsize=SPLIT_CACHE)(self._cut_at_end)
 
     @classmethod
     def from_pattern(cls, pattern: str) -> Splitter:
@@ -69,14 +73,26 @@ class Splitter:
     def cut_inside(self, text: bytes, lo: int, hi: int, heads: tuple[int, ...] = (0,)) -> bool:
         """Is there a cut strictly between `lo` and `hi` that no continuation of `text` moves, found
         as well when scanning from each of `heads` (offsets into text that begins mid-output)?"""
-        return self._cut_inside_cached(text, lo, hi, heads)
+        return any(lo < c < hi for c in self.firm_cuts(text, heads))
 
-    def _cut_inside(self, text: bytes, lo: int, hi: int, heads: tuple[int, ...]) -> bool:
+    def firm_cuts(self, text: bytes, heads: tuple[int, ...] = (0,), probes: tuple[str, ...] = PROBES) -> frozenset[int]:
+        """The cuts inside `text` that every one of `probes` appended keeps, from each of `heads`."""
+        return self._firm_cuts_cached(text, heads, probes)
+
+    def _firm_cuts(self, text: bytes, heads: tuple[int, ...], probes: tuple[str, ...]) -> frozenset[int]:
         firm: set[int] | None = None
         for head in heads:
-            for probe in PROBES:
-                found = {head + c for c in self.cuts(text[head:] + probe.encode()) if lo < head + c < hi}
+            for probe in probes:
+                found = {head + c for c in self.cuts(text[head:] + probe.encode()) if head + c < len(text)}
                 firm = found if firm is None else firm & found
                 if not firm:
-                    return False
-        return True
+                    return frozenset()
+        return frozenset(firm)
+
+    def cut_at_end(self, text: bytes, probes: tuple[str, ...], heads: tuple[int, ...] = (0,)) -> bool:
+        """Is `text` cut at its end whichever of `probes` (the characters that may come next) follows,
+        scanning from each of `heads`? True for no probes: nothing may follow."""
+        return self._cut_at_end_cached(text, probes, heads)
+
+    def _cut_at_end(self, text: bytes, probes: tuple[str, ...], heads: tuple[int, ...]) -> bool:
+        return all(len(text) - head in self.cuts(text[head:] + probe.encode()) for head in heads for probe in probes)

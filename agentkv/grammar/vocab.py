@@ -69,6 +69,12 @@ class TokenizerInfo:
         return build_trie(self)
 
     @functools.cached_property
+    def added_prefixes(self) -> frozenset[bytes]:
+        """Every proper prefix of an added token's text (where one could still be written on)."""
+        return frozenset(self.vocab[t][:i] for t in self.added_ids if self.vocab[t]
+                         for i in range(1, len(self.vocab[t])))
+
+    @functools.cached_property
     def trie_struct(self):
         """`trie` as the native walk's struct (walk_tables.py)."""
         from agentkv.grammar.walk_tables import trie_struct
