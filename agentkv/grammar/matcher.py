@@ -6,7 +6,6 @@ masks, byte steps, forced text) comes from the CompiledGrammar's shared caches.
 
 from __future__ import annotations
 
-import functools
 from collections import deque
 from collections.abc import Sequence
 
@@ -14,16 +13,15 @@ import numpy as np
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
-from agentkv.grammar.splits import NON_ASCII_PROBES
 
-MAX_BACKOFF_TOKENS = 4
 # The last bytes of accepted text, kept so that jump-forward can find the tokenizer's pre-tokenizer
 # pieces around the forced text (splits.py); a tail shorter than this is the whole output.
 TAIL_BYTES = 32
-# How many token boundaries back from the end of forced text a firm cut is looked for (none found:
-# no forced tokens), and how far back an added token running past the end may start.
-MAX_CUT_SEARCH = 16
-MAX_ADDED_BYTES = 32
+# Past this many allowed tokens that could run past the forced text, the back-off stands without
+# asking the pre-tokenizer about each (a choice that wide is the model's anyway).
+MAX_SPLIT_CHECKS = 32
+# How far back from the end of forced text a token running past it is looked for.
+MAX_CROSS_BYTES = 32
 
 
 class Matcher:
@@ -144,14 +142,13 @@ class Matcher:
         """Tokens for the forced text, as the tokenizer itself would write them once the model has
         written what follows. The tokens are not accepted; call `accept_tokens` with them.
 
-        BPE merges within one pre-tokenizer piece can change as the piece grows (with merges
-        cd < bc < ab, "abc" is [a, bc] but "abcd" is [ab, cd]), so where the tokenizer's
-        pre-tokenizer is known (splits.py) the forced tokens stop at a cut no continuation moves:
-        the end of the forced text where every character the grammar allows next starts a new
-        piece (or nothing may follow), else the last such cut inside it; never past the start of
-        an added token the model could still write across the end. Without a known pre-tokenizer,
-        up to 4 trailing tokens are dropped while the text they cover could be the start of a
-        longer allowed token.
+        The tokens are kept up to the last boundary that no token of the vocabulary can span,
+        whatever follows: BPE (and a unigram or WordPiece model) must cut there, and what it makes
+        of the text before does not depend on what comes after; inside a span it may (with merges
+        cd < bc < ab, "abc" is [a, bc] but "abcd" is [ab, cd]). A token spans a boundary if its
+        text stands across it in the forced text, or starts in the forced text and could run past
+        its end with text the grammar allows. A token the tokenizer's pre-tokenizer would cut in two
+        where it stands does not count (splits.py); an added token always does.
         """
         g, info = self.grammar, self.grammar.info
         forced = self.jump_forward_bytes()
@@ -168,86 +165,54 @@ class Matcher:
             return []
         starts = np.cumsum([0] + [len(info.vocab[t]) for t in toks]).tolist()
         end = g.advance(self._cfg, forced)  # (where the model goes on from)
-        if info.splitter is None:
-            return toks[:self._keep_uncrossed(toks, starts, forced, end)]
-        return toks[:self._keep_to_firm_cut(toks, starts, forced, end)]
-
-    def _keep_to_firm_cut(self, toks: list[int], starts: list[int], forced: bytes, end: int) -> int:
-        """How many of the forced text's tokens end at a pre-tokenizer cut that stands whatever the
-        model writes next (see jump_forward_tokens)."""
-        info = self.grammar.info
-        limit = self._added_limit(forced, end)
-        text = self._tail + forced
-        base = len(self._tail)
-        heads = (0,) if len(self._tail) < TAIL_BYTES else (0, TAIL_BYTES // 2)
-        firm = None  # (the cuts inside: asked only where the end is not one)
-        for j in range(len(toks), max(0, len(toks) - MAX_CUT_SEARCH), -1):
-            q = starts[j]
-            if q > limit:
+        # The first byte from which a token could run past the end: no boundary after it stands.
+        limit = next((p for p in range(max(0, len(forced) - MAX_CROSS_BYTES), len(forced))
+                     if self._could_cross(end, forced, p)), len(forced))
+        spanned = None  # (the boundaries tokens inside the forced text stand across: asked once)
+        for j in range(len(toks), 0, -1):
+            if starts[j] > limit:
                 continue
-            if toks[j - 1] in info.added_ids or (j < len(toks) and toks[j] in info.added_ids):
-                return j  # the tokenizer cuts around an added token before its pre-tokenizer runs
-            if j == len(toks):
-                if info.splitter.cut_at_end(text, self._next_probes(end), heads):
-                    return j
-                continue
-            if firm is None:
-                firm = info.splitter.firm_cuts(text, heads, self._next_probes(end))
-            if base + q in firm:
-                return j
-        return 0
+            if j < len(toks):
+                if spanned is None:
+                    spanned = self._spanned_inside(forced)
+                if starts[j] in spanned:
+                    continue
+            return toks[:j]
+        return []
 
-    def _added_limit(self, forced: bytes, end: int) -> int:
-        """The earliest byte of the forced text from which the model could write an added token
-        running past its end (the length of the text where there is none)."""
+    def _could_cross(self, end: int, forced: bytes, p: int) -> bool:
+        """Could the model write, from byte `p` of the forced text, a token running past its end
+        (`end`: the configuration after the forced text)?"""
         info = self.grammar.info
-        for p in range(max(0, len(forced) - MAX_ADDED_BYTES), len(forced)):
-            rest = forced[p:]
-            if rest in info.added_prefixes and not info.added_ids.isdisjoint(self.grammar.tokens_past(end, rest)):
-                return p
-        return len(forced)
+        ids = self.grammar.tokens_past(end, forced[p:])
+        if not ids or info.splitter is None or len(ids) > MAX_SPLIT_CHECKS or not info.added_ids.isdisjoint(ids):
+            return bool(ids)  # (an added token stands wherever its text does: the pre-tokenizer never cuts it)
+        # The pieces are found in the text as it would stand with each token in place, from the
+        # accepted tail on (and from its middle too where the tail is not the whole output).
+        head = self._tail + forced[:p]
+        return any(not info.splitter.cut_inside(head + info.vocab[t], len(head), len(head) + len(info.vocab[t]),
+                                                self._heads()) for t in ids)
 
-    def _next_probes(self, end: int) -> tuple[str, ...]:
-        """What may follow the forced text, for the pre-tokenizer (splits.py): a character of each
-        kind the grammar allows next, as the GPT-2 / Llama 3 / Qwen patterns tell them apart."""
-        return _probes(bytes(self.grammar.allowed_bytes(end).tolist()))
+    def _spanned_inside(self, forced: bytes) -> set[int]:
+        """The byte offsets inside the forced text that a token of the vocabulary stands across
+        (one whose text is there, not cut in two by the pre-tokenizer)."""
+        info = self.grammar.info
+        firm: frozenset[int] = frozenset()
+        if info.splitter is not None:
+            text = self._tail + forced
+            firm = frozenset(c - len(self._tail) for c in info.splitter.firm_cuts(text, self._heads()))
+        out: set[int] = set()
+        longest = min(info.max_token_bytes, len(forced))
+        for p in range(len(forced) - 1):
+            for e in range(p + 2, min(p + longest, len(forced)) + 1):
+                t = info.token_ids.get(forced[p:e])
+                if t is not None and (t in info.added_ids or not any(p < c < e for c in firm)):
+                    out.update(range(p + 1, e))
+        return out
 
-    def _keep_uncrossed(self, toks: list[int], starts: list[int], forced: bytes, end: int) -> int:
-        """How many tokens to keep where the pre-tokenizer is unknown: back off from every byte of
-        the last tokens from which an allowed token could run past the end."""
-        keep = len(toks)
-        first = max(0, len(toks) - MAX_BACKOFF_TOKENS)
-        p = len(forced) - 1
-        while p >= starts[first]:
-            if self.grammar.tokens_past(end, forced[p:]):
-                keep = next(j for j in range(len(toks)) if starts[j] <= p < starts[j + 1])
-                p = starts[keep]
-            p -= 1
-        return keep
-
-
-@functools.lru_cache(maxsize=4096)
-def _probes(allowed: bytes) -> tuple[str, ...]:
-    """One character per kind among the bytes `allowed` next: a letter (and `s`, which ends a
-    contraction), a digit, the apostrophe, other punctuation, each whitespace character (and it
-    followed by a letter: a run of whitespace is cut by what ends it), and where a byte outside ASCII
-    may follow, a character of each kind there."""
-    out: set[str] = set()
-    for b in allowed:
-        c = chr(b)
-        if b >= 0x80:
-            out.update(NON_ASCII_PROBES)
-        elif c.isalpha():
-            out.update(("a", "s"))
-        elif c.isdigit():
-            out.add("1")
-        elif c.isspace():
-            out.update((c, c + "a"))
-        elif c == "'":
-            out.add(c)
-        else:
-            out.add("!")
-    return tuple(sorted(out))
+    def _heads(self) -> tuple[int, ...]:
+        """Where to scan the accepted tail from (its middle too where it is not the whole output)."""
+        return (0,) if len(self._tail) < TAIL_BYTES else (0, TAIL_BYTES // 2)
 
 
 def _complete_utf8(data: bytes) -> bytes:

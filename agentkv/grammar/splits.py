@@ -22,9 +22,6 @@ from collections.abc import Callable
 # digit, a space, a newline, punctuation, a contraction, a non-ASCII letter), and a space followed by
 # a letter (a whitespace run is cut by what ends it).
 PROBES = ("", "a", "1", " ", " a", "\n", "!", "'s", "é")
-# What a non-ASCII character next could be, as the patterns tell them apart: a letter, a number,
-# punctuation, a space.
-NON_ASCII_PROBES = ("é", "٣", "。", "\u00a0")
 SPLIT_CACHE = 4096
 
 
@@ -35,7 +32,6 @@ class Splitter:
         self._pieces = pieces
         # Answers by text: requests of one schema ask about the same keys and values again and again.
         self._firm_cuts_cached = functools.lru_cache(maxsize=SPLIT_CACHE)(self._firm_cuts)
-        self._cut_at_end_cached = functools.lru_cache(maxsize=SPLIT_CACHE)(self._cut_at_end)
 
     @classmethod
     def from_pattern(cls, pattern: str) -> Splitter:
@@ -88,11 +84,3 @@ class Splitter:
                 if not firm:
                     return frozenset()
         return frozenset(firm)
-
-    def cut_at_end(self, text: bytes, probes: tuple[str, ...], heads: tuple[int, ...] = (0,)) -> bool:
-        """Is `text` cut at its end whichever of `probes` (the characters that may come next) follows,
-        scanning from each of `heads`? True for no probes: nothing may follow."""
-        return self._cut_at_end_cached(text, probes, heads)
-
-    def _cut_at_end(self, text: bytes, probes: tuple[str, ...], heads: tuple[int, ...]) -> bool:
-        return all(len(text) - head in self.cuts(text[head:] + probe.encode()) for head in heads for probe in probes)

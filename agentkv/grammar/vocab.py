@@ -69,10 +69,13 @@ class TokenizerInfo:
         return build_trie(self)
 
     @functools.cached_property
-    def added_prefixes(self) -> frozenset[bytes]:
-        """Every proper prefix of an added token's text (where one could still be written on)."""
-        return frozenset(self.vocab[t][:i] for t in self.added_ids if self.vocab[t]
-                         for i in range(1, len(self.vocab[t])))
+    def token_ids(self) -> dict[bytes, int]:
+        """Each token's id by its bytes (jump-forward's test for tokens standing across a boundary)."""
+        return {b: i for i, b in enumerate(self.vocab) if b is not None}
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        return int(self.lengths.max(initial=0))
 
     @functools.cached_property
     def trie_struct(self):
