@@ -189,6 +189,21 @@ def test_mask_cache_is_bounded(monkeypatch):
         assert g.cache_info()["masks"] <= 2
         m.accept_token(tok)
     assert m.allowed_token_ids().tolist() == [2]
+    assert g.cache_info()["mask_evictions"] == 3 and g.cache_info()["mask_bytes"] == 2 * info.words * 4
+
+
+def test_grammar_caches_count_what_they_evict(monkeypatch):
+    from agentkv.grammar import dfa
+
+    info = TokenizerInfo([b"a", b"b", None], eos_ids=[2])
+    compiler = GrammarCompiler(info, cache_size=1)
+    before = dfa.cache_info()["dfa_evictions"]
+    monkeypatch.setattr(dfa, "MAX_CACHED_DFA_BYTES", 1)  # every automaton kept pushes the last one out
+    for pattern in ("a+b", "b+a", "(ab)+"):
+        Matcher(compiler.compile_regex(pattern)).allowed_token_ids()
+    info_ = compiler.cache_info()
+    assert info_["grammars"] == 1 and info_["grammars_evicted"] == 2 and info_["masks"] == 1
+    assert info_["dfa_evictions"] > before and info_["dfas"] == 1
 
 
 def test_accept_tokens_longer_than_rollback_window_is_all_or_nothing():

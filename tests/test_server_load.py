@@ -72,6 +72,7 @@ def test_pins_metrics_and_capacity(client, live):
     families = {f.name: f for f in text_string_to_metric_families(text)}  # the whole text parses
     assert families["agentkv_inflight_requests"].samples[0].value == 0  # this scrape is not a request
     assert families["agentkv_pins"].samples[0].value == engine.stats()["pins"]
+    assert {"agentkv_grammar_cache_bytes", "agentkv_grammar_cache_evictions"} <= set(families)
 
 
 def test_busy_server_answers_429(tiny_long_dir, live):

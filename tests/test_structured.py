@@ -237,3 +237,9 @@ def test_stream_cut_by_a_stop_string_is_incomplete(tiny_engine):
     with pytest.raises(ak.IncompleteOutputError) as err:
         list(ak.stream("Once", regex=r"[a-z]{6}", stop=stop, **kw))
     assert err.value.text == text[: text.index(stop)]
+
+
+def test_engine_stats_report_the_grammar_caches(tiny_engine):
+    tiny_engine.generate("x", regex="[ab]{3}c", max_tokens=8)
+    st = tiny_engine.stats()
+    assert st["grammars_cached"] >= 1 and st["grammar_cache_bytes"] > 0 and st["grammar_cache_evictions"] >= 0

@@ -40,6 +40,12 @@ class GrammarSupport:
                 self._compiler = GrammarCompiler(TokenizerInfo.from_huggingface(self._tokenizer))
             return self._compiler
 
+    def cache_info(self) -> dict[str, int]:
+        """The compiler's caches (GrammarCompiler.cache_info), or nothing before its first grammar."""
+        with self._lock:
+            compiler = self._compiler
+        return compiler.cache_info() if compiler is not None else {}
+
     def use(self, compiler: GrammarCompiler) -> None:
         vocab = self._tokenizer.backend.get_vocab_size(with_added_tokens=True)
         if not isinstance(compiler, GrammarCompiler) or compiler.info.vocab_size != vocab:

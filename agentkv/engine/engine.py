@@ -12,7 +12,6 @@ import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-
 from agentkv.engine.config import build_config, resolve_device
 from agentkv.engine.constrained import GrammarSupport, output_parser
 from agentkv.engine.core import Components, EngineCore
@@ -271,6 +270,13 @@ class Engine(Prefixes):
                 free_memory_bytes=free_memory(self.config.device),
                 kv_bytes=sum(k.numel() * k.element_size() + v.numel() * v.element_size()
                              for k, v in self._pool.kv_caches),
+            )
+            g = self._grammars.cache_info()
+            st.update(
+                grammars_cached=g.get("grammars", 0),
+                grammar_cache_bytes=g.get("mask_bytes", 0) + g.get("walk_bytes", 0) + g.get("dfa_bytes", 0),
+                grammar_cache_evictions=sum(g.get(k, 0) for k in (
+                    "grammars_evicted", "mask_evictions", "walk_evictions", "dfa_evictions")),
             )
             return st
 

@@ -62,6 +62,7 @@ class CompiledGrammar:
         self._steps: dict[tuple[int, int], int] = {}
         self._masks: dict[int, np.ndarray] = {}
         self._forced: dict[int, bytes] = {}
+        self._mask_evictions = 0
         self.initial = self._intern([(a.starts[0],)])
 
     def __repr__(self) -> str:
@@ -170,6 +171,7 @@ class CompiledGrammar:
                 m.flags.writeable = False
                 if len(self._masks) >= MAX_CACHED_MASKS:  # bounded memory: drop the oldest mask
                     del self._masks[next(iter(self._masks))]
+                    self._mask_evictions += 1
                 self._masks[cid] = m
         return m
 
@@ -235,6 +237,9 @@ class CompiledGrammar:
         return self._forced[cid]
 
     def cache_info(self) -> dict[str, int]:
+        """What this grammar keeps: configurations, byte steps, masks (and their bytes), top-state
+        walks (native: their bytes), and what was evicted."""
         walks = self.walk_tables.cache_stats()
         return {"configs": len(self._configs), "masks": len(self._masks), "steps": len(self._steps),
-                "states": walks.get("walks", len(self._state_tokens)), **walks}
+                "states": walks.get("walks", len(self._state_tokens)), "mask_bytes": len(self._masks) * self.info.words * 4,
+                "mask_evictions": self._mask_evictions, **walks}

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 
 from agentkv.errors import GrammarError
+from agentkv.grammar import dfa
 from agentkv.grammar.automaton import link
 from agentkv.grammar.compiled import CompiledGrammar
 from agentkv.grammar.expr import Ref, alt, lit
@@ -42,6 +43,7 @@ class GrammarCompiler:
         self.strict = strict
         self._cache: OrderedDict = OrderedDict()
         self._cache_size = cache_size
+        self._evicted = 0
         self._lock = threading.Lock()
 
     def _cached(self, key, build) -> CompiledGrammar:
@@ -56,6 +58,7 @@ class GrammarCompiler:
             self._cache[key] = g
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
+                self._evicted += 1
         return g
 
     def _from_rules(self, rules: dict, root: str, description: str, deadline: float,
@@ -139,6 +142,17 @@ class GrammarCompiler:
 
     def cache_size(self) -> int:
         return len(self._cache)
+
+    def cache_info(self) -> dict[str, int]:
+        """What this compiler's grammars keep, summed (CompiledGrammar.cache_info), with the grammars
+        kept and evicted, and the rule automata kept across compilations (dfa.cache_info)."""
+        with self._lock:
+            grammars = list(self._cache.values())
+            out = {"grammars": len(grammars), "grammars_evicted": self._evicted}
+        for g in grammars:
+            for k, v in g.cache_info().items():
+                out[k] = out.get(k, 0) + v
+        return {**out, **dfa.cache_info()}
 
 
 _pause_lock = threading.Lock()

@@ -197,6 +197,7 @@ def determinize(expr, deadline: float) -> RuleDFA:
 _DFAS: OrderedDict = OrderedDict()  # expr -> (RuleDFA, bytes)
 MAX_CACHED_DFA_BYTES = 64 << 20
 _dfa_bytes = 0
+_dfa_evictions = 0
 _DFAS_LOCK = threading.Lock()
 
 
@@ -221,12 +222,13 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
         dfa = minimize(determinize(expr, deadline), deadline)
     size = dfa.table.nbytes + 64 * len(dfa.accept)
     with _DFAS_LOCK:
-        global _dfa_bytes
+        global _dfa_bytes, _dfa_evictions
         if expr not in _DFAS:
             _DFAS[expr] = (dfa, size)
             _dfa_bytes += size
         while _dfa_bytes > MAX_CACHED_DFA_BYTES and len(_DFAS) > 1:
             _dfa_bytes -= _DFAS.popitem(last=False)[1][1]
+            _dfa_evictions += 1
     return dfa
 
 
@@ -237,6 +239,12 @@ def utf8_ranges(ranges) -> list[list[tuple[int, int]]]:
     for lo, hi in subtract(ranges, []):
         seqs.extend(utf8_sequences(lo, hi))
     return seqs
+
+
+def cache_info() -> dict[str, int]:
+    """The rule automata kept across compilations: how many, their bytes, how many were evicted."""
+    with _DFAS_LOCK:
+        return {"dfas": len(_DFAS), "dfa_bytes": _dfa_bytes, "dfa_evictions": _dfa_evictions}
 
 
 def clear_cache() -> None:

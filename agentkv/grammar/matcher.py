@@ -167,7 +167,7 @@ class Matcher:
         end = g.advance(self._cfg, forced)  # (where the model goes on from)
         # The first byte from which a token could run past the end: no boundary after it stands.
         limit = next((p for p in range(max(0, len(forced) - MAX_CROSS_BYTES), len(forced))
-                     if self._could_cross(end, forced, p)), len(forced))
+                     if info.extends_past(forced[p:]) and self._could_cross(end, forced, p)), len(forced))
         spanned = None  # (the boundaries tokens inside the forced text stand across: asked once)
         for j in range(len(toks), 0, -1):
             if starts[j] > limit:
@@ -197,18 +197,18 @@ class Matcher:
         """The byte offsets inside the forced text that a token of the vocabulary stands across
         (one whose text is there, not cut in two by the pre-tokenizer)."""
         info = self.grammar.info
-        firm: frozenset[int] = frozenset()
-        if info.splitter is not None:
-            text = self._tail + forced
-            firm = frozenset(c - len(self._tail) for c in info.splitter.firm_cuts(text, self._heads()))
-        out: set[int] = set()
+        spans = []
         longest = min(info.max_token_bytes, len(forced))
         for p in range(len(forced) - 1):
             for e in range(p + 2, min(p + longest, len(forced)) + 1):
                 t = info.token_ids.get(forced[p:e])
-                if t is not None and (t in info.added_ids or not any(p < c < e for c in firm)):
-                    out.update(range(p + 1, e))
-        return out
+                if t is not None:
+                    spans.append((p, e, t in info.added_ids))
+        if spans and info.splitter is not None:  # (the pre-tokenizer runs only where a span needs judging)
+            text = self._tail + forced
+            firm = [c - len(self._tail) for c in info.splitter.firm_cuts(text, self._heads())]
+            spans = [(p, e, added) for p, e, added in spans if added or not any(p < c < e for c in firm)]
+        return {q for p, e, _ in spans for q in range(p + 1, e)}
 
     def _heads(self) -> tuple[int, ...]:
         """Where to scan the accepted tail from (its middle too where it is not the whole output)."""

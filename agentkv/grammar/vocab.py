@@ -12,6 +12,7 @@ walk reads is built on first use (token_trie.py).
 from __future__ import annotations
 
 import base64
+import bisect
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -72,6 +73,16 @@ class TokenizerInfo:
     def token_ids(self) -> dict[bytes, int]:
         """Each token's id by its bytes (jump-forward's test for tokens standing across a boundary)."""
         return {b: i for i, b in enumerate(self.vocab) if b is not None}
+
+    @functools.cached_property
+    def sorted_token_bytes(self) -> list[bytes]:
+        """The tokens' bytes in byte order (a prefix's longer tokens are the run after it)."""
+        return [self.vocab[i] for i in self.sorted_id_array.tolist()]
+
+    def extends_past(self, text: bytes) -> bool:
+        """Is `text` a proper prefix of some token?"""
+        at = bisect.bisect_right(self.sorted_token_bytes, text)
+        return at < len(self.sorted_token_bytes) and self.sorted_token_bytes[at].startswith(text)
 
     @functools.cached_property
     def max_token_bytes(self) -> int:

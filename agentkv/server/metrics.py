@@ -24,6 +24,10 @@ _GAUGES = (
     ("agentkv_cached_tokens", "cached_tokens", "Tokens held by the radix cache."),
     ("agentkv_pinned_tokens", "pinned_tokens", "Tokens pinned in the radix cache."),
     ("agentkv_pins", "pins", "Pinned prefixes."),
+    ("agentkv_grammar_cache_bytes", "grammar_cache_bytes",
+     "Bytes the grammar caches hold: token masks, token walks, rule automata."),
+    ("agentkv_grammar_cache_evictions", "grammar_cache_evictions",
+     "Grammars, masks, walks and rule automata evicted from the grammar caches."),
     ("agentkv_inflight_requests", "inflight", "HTTP requests accepted and not yet answered (streams included)."),
 )
 
