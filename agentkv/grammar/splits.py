@@ -31,7 +31,8 @@ class Splitter:
     def __init__(self, pieces: Callable[[str], list[int]]):
         self._pieces = pieces
         # Answers by text: requests of one schema ask about the same keys and values again and again.
-        self._firm_cuts_cached = functools.lru_cache(maxsize=SPLIT_CACHE)(self._firm_cuts)
+        self._cuts_cached = functools.lru_cache(maxsize=SPLIT_CACHE)(self._cuts)
+        self._firm_cached = functools.lru_cache(maxsize=SPLIT_CACHE)(self._firm)
 
     @classmethod
     def from_pattern(cls, pattern: str) -> Splitter:
@@ -52,35 +53,38 @@ class Splitter:
             return None
         return cls(lambda text: [end for _, (_, end) in pre.pre_tokenize_str(text)])
 
-    def cuts(self, text: bytes) -> set[int]:
+    def cuts(self, text: bytes) -> frozenset[int]:
         """Byte offsets strictly inside `text` where a piece ends (empty for text that is not UTF-8)."""
+        return self._cuts_cached(text)
+
+    def _cuts(self, text: bytes) -> frozenset[int]:
         try:
             s = text.decode("utf-8")
         except UnicodeDecodeError:
-            return set()
+            return frozenset()
         ends = self._pieces(s)
         if s.isascii():
-            return {e for e in ends if 0 < e < len(s)}
+            return frozenset(e for e in ends if 0 < e < len(s))
         starts = [0]
         for ch in s:
             starts.append(starts[-1] + len(ch.encode("utf-8")))
-        return {starts[e] for e in ends if 0 < e < len(s)}
+        return frozenset(starts[e] for e in ends if 0 < e < len(s))
 
     def cut_inside(self, text: bytes, lo: int, hi: int, heads: tuple[int, ...] = (0,)) -> bool:
         """Is there a cut strictly between `lo` and `hi` that no continuation of `text` moves, found
         as well when scanning from each of `heads` (offsets into text that begins mid-output)?"""
-        return any(lo < c < hi for c in self.firm_cuts(text, heads))
+        return bool(self._firm_cached(text, lo, hi, heads))
 
-    def firm_cuts(self, text: bytes, heads: tuple[int, ...] = (0,), probes: tuple[str, ...] = PROBES) -> frozenset[int]:
-        """The cuts inside `text` that every one of `probes` appended keeps, from each of `heads`."""
-        return self._firm_cuts_cached(text, heads, probes)
+    def firm_cuts(self, text: bytes, heads: tuple[int, ...] = (0,)) -> frozenset[int]:
+        """Every cut inside `text` that no continuation moves (as `cut_inside` finds them)."""
+        return self._firm_cached(text, 0, len(text), heads)
 
-    def _firm_cuts(self, text: bytes, heads: tuple[int, ...], probes: tuple[str, ...]) -> frozenset[int]:
+    def _firm(self, text: bytes, lo: int, hi: int, heads: tuple[int, ...]) -> frozenset[int]:
         firm: set[int] | None = None
         for head in heads:
-            for probe in probes:
-                found = {head + c for c in self.cuts(text[head:] + probe.encode()) if head + c < len(text)}
+            for probe in PROBES:
+                found = {head + c for c in self.cuts(text[head:] + probe.encode()) if lo < head + c < hi}
                 firm = found if firm is None else firm & found
-                if not firm:
+                if not firm:  # (often after one probe: a token the pre-tokenizer leaves whole)
                     return frozenset()
         return frozenset(firm)
