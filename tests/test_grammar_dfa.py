@@ -107,6 +107,15 @@ def test_limits_are_grammar_errors():
         dfa.minimal_dfa(Repeat(search_expr("[a-z]{1,40}x"), 3, 3), 0.0)
 
 
+def test_an_intersection_with_rule_calls_is_refused():
+    from agentkv.errors import GrammarError
+
+    expr = Intersect(seq(lit("a"), Ref("x")), match_expr("a+"))
+    for build in (native_dfa, python_dfa):
+        with pytest.raises(GrammarError, match="rule references"):
+            build(expr)
+
+
 LIVE_CASES = [
     # (rules, root): rules whose states die only through calls to rules that never end
     ({"root": Alt((Ref("a"), Ref("b"))), "a": seq(lit("x"), Ref("a")), "b": lit("y")}, "root"),

@@ -33,7 +33,6 @@ from agentkv.grammar.expr import (
     Ref,
     Repeat,
     Seq,
-    refs,
     subtract,
 )
 from agentkv.grammar.minimize import minimize
@@ -133,9 +132,7 @@ class NFA:
             self.calls.append((s, e.name, t))
             return t
         if isinstance(e, (Intersect, Diff, Machine)):
-            if not isinstance(e, Machine) and (refs(e.left) or refs(e.right)):
-                raise GrammarError("an intersection or difference of languages must not involve rule references")
-            prod = minimal_dfa(e, self.deadline)
+            prod = minimal_dfa(e, self.deadline)  # (refuses rule calls inside)
             base = self.n
             for _ in range(len(prod.accept) + 1):
                 self.new()
@@ -214,6 +211,8 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
         dfa = dfa_native.minimal(lib, expr, deadline)
     elif isinstance(expr, (Intersect, Diff)):
         left, right = minimal_dfa(expr.left, deadline), minimal_dfa(expr.right, deadline)
+        if any(left.calls) or any(right.calls):
+            raise GrammarError("an intersection or difference of languages must not involve rule references")
         dfa = minimize(dfa_python.product(left, right, isinstance(expr, Intersect), MAX_DFA_STATES, deadline), deadline)
     elif isinstance(expr, Machine):
         accept = np.array(expr.accept, dtype=bool)

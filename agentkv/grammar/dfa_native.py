@@ -6,6 +6,7 @@ in one call; products and machines likewise. dfa.py calls this where the library
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 
 import numpy as np
@@ -24,7 +25,6 @@ from agentkv.grammar.expr import (
     Ref,
     Repeat,
     Seq,
-    refs,
 )
 
 
@@ -32,6 +32,8 @@ def minimal(lib, expr, deadline: float):
     """The minimal DFA of `expr` (a dfa.RuleDFA), built in C."""
     if isinstance(expr, (Intersect, Diff)):
         left, right = dfa.minimal_dfa(expr.left, deadline), dfa.minimal_dfa(expr.right, deadline)
+        if any(left.calls) or any(right.calls):
+            raise GrammarError("an intersection or difference of languages must not involve rule references")
         acc1, acc2 = _bytes(left.accept), _bytes(right.accept)  # (held: C reads them)
         return _result(lib.agentkv_dfa_product(
             len(acc1), _ptr(left.table), _ptr(acc1), len(acc2), _ptr(right.table), _ptr(acc2),
@@ -56,8 +58,8 @@ def encode(expr, deadline: float) -> tuple[np.ndarray, int, list[str], list]:
     as its kind and arguments (children by their offset). Returns the code, the root's offset, the
     rule names (a REF's argument indexes them; sorted), and the minimal DFAs of intersections,
     differences and machines (an X_DFA's argument indexes them)."""
-    names = sorted(refs(expr))
-    rule = {name: i for i, name in enumerate(names)}
+    names: dict[str, int] = {}  # in the order met; renumbered sorted at the end
+    ref_args: list[int] = []
     code: list[int] = []
     embedded: list = []
     at: dict[int, int] = {}
@@ -69,22 +71,16 @@ def encode(expr, deadline: float) -> tuple[np.ndarray, int, list[str], list]:
         if isinstance(e, Lit):
             node = [X_LIT, len(e.data), *e.data]
         elif isinstance(e, (Chars, ByteSet)):
-            seqs = dfa.utf8_ranges(e.ranges) if isinstance(e, Chars) else [[r] for r in e.ranges]
-            node = [X_RANGES, len(seqs)]
-            for sq in seqs:
-                node.append(len(sq))
-                for lo, hi in sq:
-                    node += (lo, hi)
+            node = _ranges_node(e.ranges, isinstance(e, Chars))
         elif isinstance(e, (Seq, Alt)):
             kids = [put(it) for it in e.items]
             node = [X_SEQ if isinstance(e, Seq) else X_ALT, len(kids), *kids]
         elif isinstance(e, Repeat):
             node = [X_REPEAT, e.min, -1 if e.max is None else e.max, put(e.item)]
         elif isinstance(e, Ref):
-            node = [X_REF, rule[e.name]]
+            ref_args.append(len(code) + 1)
+            node = [X_REF, names.setdefault(e.name, len(names))]
         elif isinstance(e, (Intersect, Diff, Machine)):
-            if not isinstance(e, Machine) and (refs(e.left) or refs(e.right)):
-                raise GrammarError("an intersection or difference of languages must not involve rule references")
             embedded.append(dfa.minimal_dfa(e, deadline))
             node = [X_DFA, len(embedded) - 1]
         elif isinstance(e, Anchor):
@@ -96,7 +92,25 @@ def encode(expr, deadline: float) -> tuple[np.ndarray, int, list[str], list]:
         return at[key]
 
     root = put(expr)
-    return np.array(code, dtype=np.int32), root, names, embedded
+    order = sorted(names)
+    if order != list(names):
+        sorted_index = {name: i for i, name in enumerate(order)}
+        renumber = [sorted_index[name] for name in names]
+        for i in ref_args:
+            code[i] = renumber[code[i]]
+    return np.array(code, dtype=np.int32), root, order, embedded
+
+
+@functools.lru_cache(maxsize=4096)
+def _ranges_node(ranges, characters: bool) -> tuple[int, ...]:
+    """An X_RANGES node: a character set's UTF-8 byte-range sequences (a byte set's ranges)."""
+    seqs = dfa.utf8_ranges(ranges) if characters else [[r] for r in ranges]
+    node = [X_RANGES, len(seqs)]
+    for sq in seqs:
+        node.append(len(sq))
+        for lo, hi in sq:
+            node += (lo, hi)
+    return tuple(node)
 
 
 def _ptr(a: np.ndarray) -> int:
