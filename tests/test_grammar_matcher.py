@@ -206,6 +206,23 @@ def test_grammar_caches_count_what_they_evict(monkeypatch):
     assert info_["dfa_evictions"] > before and info_["dfas"] == 1
 
 
+def test_grammars_share_one_byte_budget():
+    info = TokenizerInfo([b"a", b"b", None], eos_ids=[2])
+    one = GrammarCompiler(info).compile_regex("a+b")
+    budget = one.cache_bytes() * 2 + 1  # room for two grammars like these, not three
+    compiler = GrammarCompiler(info, cache_bytes=budget)
+    grammars = [compiler.compile_regex(p) for p in ("a+b", "b+a", "(ab)+")]
+    assert compiler.cache_size() == 2 and compiler.cache_info()["grammars_evicted"] == 1
+    assert compiler.compile_regex("b+a") is grammars[1]  # the newest two stay; the oldest went
+    # Caches grow with use: masks count against the budget too, checked as grammars are looked up.
+    for g in grammars[1:]:
+        Matcher(g).allowed_token_ids()
+    import agentkv.grammar.compiler as compiler_mod
+    for _ in range(compiler_mod.BUDGET_CHECK_EVERY):
+        compiler.compile_regex("(ab)+")
+    assert compiler.cache_size() == 1 and compiler.cache_info()["grammars_evicted"] == 2
+
+
 def test_accept_tokens_longer_than_rollback_window_is_all_or_nothing():
     info = TokenizerInfo([b"a", b"b", None], eos_ids=[2])
     m = Matcher(GrammarCompiler(info).compile_regex("a*"), max_rollback=4)

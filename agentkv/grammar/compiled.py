@@ -236,6 +236,12 @@ class CompiledGrammar:
         self._forced[cid] = bytes(out)
         return self._forced[cid]
 
+    def cache_bytes(self) -> int:
+        """What this grammar holds, in bytes: its automaton, the token masks and the native walks kept
+        (the Python-side dictionaries of configurations and steps are not counted)."""
+        walks = self.walk_tables.cache_stats() if "walk_tables" in self.__dict__ else {}
+        return int(self.automaton.trans.nbytes + len(self._masks) * self.info.words * 4 + walks.get("walk_bytes", 0))
+
     def cache_info(self) -> dict[str, int]:
         """What this grammar keeps: configurations, byte steps, masks (and their bytes), top-state
         walks (native: their bytes), and what was evicted."""

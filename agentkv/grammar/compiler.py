@@ -29,11 +29,19 @@ from agentkv.grammar.regex import match_expr
 from agentkv.grammar.relaxed import Relaxed
 from agentkv.grammar.vocab import TokenizerInfo
 
+DEFAULT_CACHE_BYTES = 1 << 30
+BUDGET_CHECK_EVERY = 64  # cache hits between two looks at the byte budget
+
 
 class GrammarCompiler:
-    def __init__(self, info: TokenizerInfo, cache_size: int = 256, timeout_s: float = 10.0, *, strict: bool = False):
+    def __init__(self, info: TokenizerInfo, cache_size: int = 256, timeout_s: float = 10.0, *, strict: bool = False,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES):
         """`strict`: refuse (GrammarError) every JSON schema keyword the grammar cannot enforce exactly,
-        instead of relaxing it and listing it in `CompiledGrammar.relaxed` for validation after."""
+        instead of relaxing it and listing it in `CompiledGrammar.relaxed` for validation after.
+
+        `cache_size` grammars are kept, and `cache_bytes` bounds what they hold together (automata,
+        token masks, token walks): past it the least recently used grammars are let go (requests
+        using one keep it until they end)."""
         if not isinstance(info, TokenizerInfo):
             raise GrammarError("GrammarCompiler needs a TokenizerInfo (TokenizerInfo.from_huggingface(tokenizer))")
         self.info = info
@@ -43,7 +51,9 @@ class GrammarCompiler:
         self.strict = strict
         self._cache: OrderedDict = OrderedDict()
         self._cache_size = cache_size
+        self.cache_bytes = cache_bytes
         self._evicted = 0
+        self._lookups = 0
         self._lock = threading.Lock()
 
     def _cached(self, key, build) -> CompiledGrammar:
@@ -51,6 +61,9 @@ class GrammarCompiler:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
+                self._lookups += 1
+                if self._lookups % BUDGET_CHECK_EVERY == 0:  # (caches grow with use, not only at compile)
+                    self._keep_to_budget()
                 return hit
         with _collector_paused():
             g = build(time.monotonic() + self.timeout_s)
@@ -59,7 +72,20 @@ class GrammarCompiler:
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
                 self._evicted += 1
+            self._keep_to_budget()
         return g
+
+    def _keep_to_budget(self) -> None:
+        """Let the least recently used grammars go while all of them hold more than `cache_bytes`
+        (the newest always stays). Called with the lock held."""
+        sizes = [g.cache_bytes() for g in self._cache.values()]
+        total = sum(sizes)
+        for size in sizes[:-1]:
+            if total <= self.cache_bytes:
+                break
+            self._cache.popitem(last=False)
+            self._evicted += 1
+            total -= size
 
     def _from_rules(self, rules: dict, root: str, description: str, deadline: float,
                     relaxed: tuple[Relaxed, ...] = ()) -> CompiledGrammar:
@@ -148,7 +174,7 @@ class GrammarCompiler:
         kept and evicted, and the rule automata kept across compilations (dfa.cache_info)."""
         with self._lock:
             grammars = list(self._cache.values())
-            out = {"grammars": len(grammars), "grammars_evicted": self._evicted}
+            out = {"grammars": len(grammars), "grammars_evicted": self._evicted, "budget_bytes": self.cache_bytes}
         for g in grammars:
             for k, v in g.cache_info().items():
                 out[k] = out.get(k, 0) + v
