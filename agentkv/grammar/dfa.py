@@ -2,8 +2,9 @@
 
 The expression becomes a Thompson NFA over byte ranges (characters lowered to their UTF-8
 sequences), with call edges for references; subset construction over byte classes makes it
-deterministic and minimization merges the states no input can tell apart, in C
-(csrc/dfa_build.c), or in Python (dfa_python.py, minimize.py) where no compiler is present.
+deterministic and minimization merges the states no input can tell apart, in C (dfa_native.py;
+csrc/nfa_build.c, dfa_build.c, dfa_minimize.c), or in Python (dfa_python.py, minimize.py) where no
+compiler is present.
 Intersections and differences of call-free languages (string length bounds, formats, patterns) are
 product automata. Minimal DFAs are cached by expression across compilations, within a byte budget:
 the same strings, numbers and formats recur schema after schema.

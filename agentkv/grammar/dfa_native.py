@@ -1,6 +1,6 @@
-"""Rule automata built in C (csrc/dfa_build.c, csrc/dfa_minimize.c): an expression is encoded as
-int32 code, each distinct node once, and C builds its Thompson NFA, determinizes and minimizes it
-in one call; products and machines likewise. dfa.py calls this where the library loads.
+"""Rule automata built in C (csrc/nfa_build.c, dfa_build.c, dfa_minimize.c): an expression is
+encoded as int32 code, each distinct node once, and C builds its Thompson NFA, determinizes and
+minimizes it in one call; products and machines likewise. dfa.py calls this where the library loads.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def minimal(lib, expr, deadline: float):
                                            dfa.MAX_NFA_STATES, dfa.MAX_DFA_STATES, _seconds(deadline)), names)
 
 
-# Node kinds of the encoding csrc/dfa_build.c builds its NFA from (its X_* constants).
+# Node kinds of the encoding csrc/nfa_build.c builds its NFA from (its X_* constants).
 X_LIT, X_RANGES, X_SEQ, X_ALT, X_REPEAT, X_REF, X_DFA = range(7)
 
 
@@ -126,7 +126,7 @@ def _seconds(deadline: float) -> float:
 
 
 def _result(result: int, names: list[str]):
-    """A RuleDFA copied out of csrc/dfa_build.c's result, which is then freed."""
+    """A RuleDFA copied out of a csrc/dfa.h result, which is then freed."""
     if not result:
         raise MemoryError("the grammar's automaton construction ran out of memory")
     try:

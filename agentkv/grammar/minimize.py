@@ -1,5 +1,5 @@
 """DFA minimization of one rule in Python (Moore's partition refinement, vectorized over states): the
-twin of csrc/dfa_build.c's where no compiler is present.
+twin of csrc/dfa_minimize.c's where no compiler is present.
 
 Subset construction leaves states that no input can tell apart: an unanchored `pattern` that has
 matched keeps tracking fresh partial matches that can no longer change the outcome, so `.*1\\.1.*`

@@ -1,5 +1,6 @@
 """The grammar's native code, built on first use and loaded with ctypes: the token walk
-(csrc/token_walk.c), the mask cache (csrc/mask_cache.c), the rule automata (csrc/dfa_build.c) and
+(csrc/token_walk.c), the mask cache (csrc/mask_cache.c), the rule automata (csrc/nfa_build.c,
+dfa_build.c, dfa_minimize.c) and
 the linked automaton's live states (csrc/trim.c).
 
 Portable C (no -march, no OpenMP, no torch), cached in `$AGENTKV_CACHE_DIR/grammar/` by source and
@@ -38,7 +39,7 @@ class TrieStruct(ctypes.Structure):
 
 
 class DfaStruct(ctypes.Structure):
-    """dfa_build.c's agentkv_dfa."""
+    """dfa.h's agentkv_dfa."""
     _fields_ = [("n", _I32), ("n_calls", _I32), ("error", _I32), ("table", _P), ("accept", _P), ("calls", _P)]
 
 

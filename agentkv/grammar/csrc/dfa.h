@@ -1,4 +1,4 @@
-/* Shared by dfa_build.c and dfa_minimize.c: the result handed to Python, a DFA over byte classes,
+/* Shared by nfa_build.c, dfa_build.c and dfa_minimize.c: the result handed to Python, a DFA over byte classes,
  * growable int vectors and a deadline clock. */
 #ifndef AGENTKV_DFA_H
 #define AGENTKV_DFA_H
@@ -64,6 +64,11 @@ static inline int clock_over(const Clock *c) {
 
 /* The minimal DFA of d (which it frees) as the result for Python; err: d could not be built. */
 agentkv_dfa *dfa_minimized(Cdfa *d, int err);
+
+/* The minimal DFA of an NFA given as edge rows (bytes: source, lo, hi, target; eps: source, target;
+ * calls: source, rule, return state), from `start`, accepting at `final`. */
+agentkv_dfa *dfa_subsets(int32_t n, int32_t start, int32_t final, int32_t mb, const int32_t *bytes, int32_t me,
+                         const int32_t *eps, int32_t mc, const int32_t *calls, int32_t max_states, Clock clk);
 
 /* Byte classes of call-free tables t[i] (n[i] rows of 256): bytes whose columns agree in all. */
 int32_t dfa_table_classes(int count, const int32_t *const *t, const int32_t *n, uint8_t class_of[256], int rep[256]);
