@@ -20,8 +20,6 @@ TAIL_BYTES = 32
 # Past this many allowed tokens that could run past the forced text, the back-off stands without
 # asking the pre-tokenizer about each (a choice that wide is the model's anyway).
 MAX_SPLIT_CHECKS = 32
-# How far back from the end of forced text a token running past it is looked for.
-MAX_CROSS_BYTES = 32
 
 
 class Matcher:
@@ -166,7 +164,7 @@ class Matcher:
         starts = np.cumsum([0] + [len(info.vocab[t]) for t in toks]).tolist()
         end = g.advance(self._cfg, forced)  # (where the model goes on from)
         # The first byte from which a token could run past the end: no boundary after it stands.
-        limit = next((p for p in range(max(0, len(forced) - MAX_CROSS_BYTES), len(forced))
+        limit = next((p for p in range(max(0, len(forced) - info.max_token_bytes + 1), len(forced))
                      if info.extends_past(forced[p:]) and self._could_cross(end, forced, p)), len(forced))
         spanned = None  # (the boundaries tokens inside the forced text stand across: asked once)
         for j in range(len(toks), 0, -1):
