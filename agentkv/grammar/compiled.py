@@ -239,13 +239,16 @@ class CompiledGrammar:
     def cache_bytes(self) -> int:
         """What this grammar holds, in bytes: its automaton, the token masks and the native walks kept
         (the Python-side dictionaries of configurations and steps are not counted)."""
-        walks = self.walk_tables.cache_stats() if "walk_tables" in self.__dict__ else {}
-        return int(self.automaton.trans.nbytes + len(self._masks) * self.info.words * 4 + walks.get("walk_bytes", 0))
+        with self._lock:  # (the native cache is read while no mask call changes it)
+            walks = self.walk_tables.cache_stats() if "walk_tables" in self.__dict__ else {}
+            masks = len(self._masks)
+        return int(self.automaton.trans.nbytes + masks * self.info.words * 4 + walks.get("walk_bytes", 0))
 
     def cache_info(self) -> dict[str, int]:
         """What this grammar keeps: configurations, byte steps, masks (and their bytes), top-state
         walks (native: their bytes), and what was evicted."""
-        walks = self.walk_tables.cache_stats()
+        with self._lock:  # (the native cache is read while no mask call changes it)
+            walks = self.walk_tables.cache_stats()
         return {"configs": len(self._configs), "masks": len(self._masks), "steps": len(self._steps),
                 "states": walks.get("walks", len(self._state_tokens)), "mask_bytes": len(self._masks) * self.info.words * 4,
                 "mask_evictions": self._mask_evictions, **walks}

@@ -57,14 +57,17 @@ class GrammarCompiler:
         self._lock = threading.Lock()
 
     def _cached(self, key, build) -> CompiledGrammar:
+        check = False
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 self._lookups += 1
-                if self._lookups % BUDGET_CHECK_EVERY == 0:  # (caches grow with use, not only at compile)
-                    self._keep_to_budget()
-                return hit
+                check = self._lookups % BUDGET_CHECK_EVERY == 0  # (caches grow with use, not only at compile)
+        if hit is not None:
+            if check:
+                self._keep_to_budget()
+            return hit
         with _collector_paused():
             g = build(time.monotonic() + self.timeout_s)
         with self._lock:
@@ -72,20 +75,24 @@ class GrammarCompiler:
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
                 self._evicted += 1
-            self._keep_to_budget()
+        self._keep_to_budget()
         return g
 
     def _keep_to_budget(self) -> None:
         """Let the least recently used grammars go while all of them hold more than `cache_bytes`
-        (the newest always stays). Called with the lock held."""
-        sizes = [g.cache_bytes() for g in self._cache.values()]
-        total = sum(sizes)
-        for size in sizes[:-1]:
-            if total <= self.cache_bytes:
-                break
-            self._cache.popitem(last=False)
-            self._evicted += 1
-            total -= size
+        (the newest always stays). Sizes are read outside the compiler's lock: each grammar's own
+        lock guards its caches, and a mask being computed holds it."""
+        with self._lock:
+            grammars = list(self._cache.items())
+        sizes = {key: g.cache_bytes() for key, g in grammars}
+        with self._lock:
+            total = sum(sizes.get(key, 0) for key in self._cache)
+            for key in list(self._cache)[:-1]:
+                if total <= self.cache_bytes:
+                    break
+                total -= sizes.get(key, 0)
+                del self._cache[key]
+                self._evicted += 1
 
     def _from_rules(self, rules: dict, root: str, description: str, deadline: float,
                     relaxed: tuple[Relaxed, ...] = ()) -> CompiledGrammar:
