@@ -207,19 +207,21 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
         if hit is not None:
             _DFAS.move_to_end(expr)
             return hit[0]
-    lib = native.load()
-    if lib is not None:
-        dfa = dfa_native.minimal(lib, expr, deadline)
-    elif isinstance(expr, (Intersect, Diff)):
+    lib = native.load()  # (None: the Python twin builds it)
+    if isinstance(expr, (Intersect, Diff)):
         left, right = minimal_dfa(expr.left, deadline), minimal_dfa(expr.right, deadline)
         if any(left.calls) or any(right.calls):
             raise GrammarError("an intersection or difference of languages must not involve rule references")
-        dfa = minimize(dfa_python.product(left, right, isinstance(expr, Intersect), MAX_DFA_STATES, deadline), deadline)
+        keep_right = isinstance(expr, Intersect)
+        dfa = (dfa_native.product(lib, left, right, keep_right, deadline) if lib is not None else
+               minimize(dfa_python.product(left, right, keep_right, MAX_DFA_STATES, deadline), deadline))
     elif isinstance(expr, Machine):
-        accept = np.array(expr.accept, dtype=bool)
-        dfa = minimize(RuleDFA(rows_table(expr.trans), [[] for _ in accept], accept), deadline)
+        table, accept = rows_table(expr.trans), np.array(expr.accept, dtype=bool)
+        dfa = (dfa_native.machine(lib, table, accept) if lib is not None else
+               minimize(RuleDFA(table, [[] for _ in accept], accept), deadline))
     else:
-        dfa = minimize(determinize(expr, deadline), deadline)
+        dfa = (dfa_native.expression(lib, expr, deadline) if lib is not None else
+               minimize(determinize(expr, deadline), deadline))
     size = dfa.table.nbytes + 64 * len(dfa.accept)
     with _DFAS_LOCK:
         global _dfa_bytes, _dfa_evictions

@@ -28,19 +28,22 @@ from agentkv.grammar.expr import (
 )
 
 
-def minimal(lib, expr, deadline: float):
-    """The minimal DFA of `expr` (a dfa.RuleDFA), built in C."""
-    if isinstance(expr, (Intersect, Diff)):
-        left, right = dfa.minimal_dfa(expr.left, deadline), dfa.minimal_dfa(expr.right, deadline)
-        if any(left.calls) or any(right.calls):
-            raise GrammarError("an intersection or difference of languages must not involve rule references")
-        acc1, acc2 = _bytes(left.accept), _bytes(right.accept)  # (held: C reads them)
-        return _result(lib.agentkv_dfa_product(
-            len(acc1), _ptr(left.table), _ptr(acc1), len(acc2), _ptr(right.table), _ptr(acc2),
-            int(isinstance(expr, Intersect)), dfa.MAX_DFA_STATES, _seconds(deadline)), [])
-    if isinstance(expr, Machine):
-        table, acc = dfa.rows_table(expr.trans), _bytes(np.array(expr.accept, dtype=bool))
-        return _result(lib.agentkv_dfa_minimize(len(acc), _ptr(table), _ptr(acc)), [])
+def product(lib, left, right, keep_right: bool, deadline: float):
+    """The minimal intersection (`keep_right`) or difference of two call-free dfa.RuleDFAs."""
+    acc1, acc2 = _bytes(left.accept), _bytes(right.accept)  # (held: C reads them)
+    return _result(lib.agentkv_dfa_product(
+        len(acc1), _ptr(left.table), _ptr(acc1), len(acc2), _ptr(right.table), _ptr(acc2), int(keep_right),
+        dfa.MAX_DFA_STATES, _seconds(deadline)), [])
+
+
+def machine(lib, table: np.ndarray, accept: np.ndarray):
+    """A call-free DFA given as its table, minimized."""
+    acc = _bytes(accept)
+    return _result(lib.agentkv_dfa_minimize(len(acc), _ptr(table), _ptr(acc)), [])
+
+
+def expression(lib, expr, deadline: float):
+    """The minimal DFA of a rule's expression: encoded, then NFA, subsets and minimization in C."""
     code, root, names, embedded = encode(expr, deadline)
     dfa_off = np.cumsum([0] + [len(d.accept) for d in embedded], dtype=np.int32)
     tables = np.concatenate([d.table for d in embedded]) if embedded else np.zeros((0, 256), dtype=np.int32)
