@@ -34,6 +34,32 @@ def _sweep(edges):
         prev = x
 
 
+class _States:
+    """A construction's states, numbered as first met and visited in that order (breadth first),
+    within a state limit and a deadline."""
+
+    def __init__(self, first, max_states: int, deadline: float):
+        self.index = {first: 0}
+        self.order = [first]
+        self.max_states, self.deadline = max_states, deadline
+
+    def id(self, key) -> int:
+        if key not in self.index:
+            self.index[key] = len(self.order)
+            self.order.append(key)
+        return self.index[key]
+
+    def __iter__(self):
+        i = 0
+        while i < len(self.order):
+            if i % 64 == 0 and time.monotonic() > self.deadline:
+                raise GrammarError("grammar compilation timed out")
+            if len(self.order) > self.max_states:
+                raise GrammarError(f"grammar too large: more than {self.max_states} states in one rule; simplify it")
+            yield self.order[i]
+            i += 1
+
+
 def determinize(nfa, start: int, final: int, max_states: int, deadline: float):
     """The DFA of an NFA (dfa.NFA) by subset construction, not minimized."""
     from agentkv.grammar.dfa import RuleDFA, rows_table
@@ -48,8 +74,8 @@ def determinize(nfa, start: int, final: int, max_states: int, deadline: float):
     for s, name, t in nfa.calls:
         calls[s].append((name, t))
 
-    def closure(states) -> frozenset:
-        out, stack = set(states), list(states)
+    def closure(seeds) -> frozenset:
+        out, stack = set(seeds), list(seeds)
         while stack:
             for t in eps[stack.pop()]:
                 if t not in out:
@@ -58,40 +84,21 @@ def determinize(nfa, start: int, final: int, max_states: int, deadline: float):
         return frozenset(out)
 
     closure_cache: dict[frozenset, frozenset] = {}
-    first = closure([start])
-    index = {first: 0}
-    order = [first]
+    states = _States(closure([start]), max_states, deadline)
     trans, dcalls, accept = [], [], []
-    i = 0
-    while i < len(order):
-        if i % 64 == 0 and time.monotonic() > deadline:
-            raise GrammarError("grammar compilation timed out")
-        if len(order) > max_states:
-            raise GrammarError(f"grammar too large: more than {max_states} states in one rule; simplify it")
-        cur = order[i]
-        i += 1
+    for cur in states:
         row = []
         for a, b, targets in _sweep([edge for s in cur for edge in out_bytes[s]]):
             tgt = closure_cache.get(targets)
             if tgt is None:
                 tgt = closure_cache[targets] = closure(targets)
-            if tgt not in index:
-                index[tgt] = len(order)
-                order.append(tgt)
-            row.append((a, b - 1, index[tgt]))
+            row.append((a, b - 1, states.id(tgt)))
         by_rule: dict[str, list[int]] = {}
         for s in sorted(cur):
             for name, t in calls[s]:
                 by_rule.setdefault(name, []).append(t)
-        crow = []
-        for name in sorted(by_rule):
-            tgt = closure(by_rule[name])
-            if tgt not in index:
-                index[tgt] = len(order)
-                order.append(tgt)
-            crow.append((name, index[tgt]))
         trans.append(row)
-        dcalls.append(crow)
+        dcalls.append([(name, states.id(closure(by_rule[name]))) for name in sorted(by_rule)])
         accept.append(final in cur)
     return RuleDFA(rows_table(trans), dcalls, np.array(accept, dtype=bool))
 
@@ -100,19 +107,11 @@ def product(d1, d2, keep_right: bool, max_states: int, deadline: float):
     """Product automaton: intersection (`keep_right`) or difference d1 - d2 of two call-free DFAs."""
     from agentkv.grammar.dfa import RuleDFA
 
-    index = {(0, 0): 0}
-    order = [(0, 0)]
+    states = _States((0, 0), max_states, deadline)
     rows, accept = [], []
     none = np.full(256, -1, dtype=np.int64)
     n2 = len(d2.accept)
-    i = 0
-    while i < len(order):
-        if i % 256 == 0 and time.monotonic() > deadline:
-            raise GrammarError("grammar compilation timed out")
-        if len(order) > max_states:
-            raise GrammarError(f"grammar too large: more than {max_states} states in one rule; simplify it")
-        a, b = order[i]
-        i += 1
+    for a, b in states:
         left = d1.table[a].astype(np.int64)
         right = d2.table[b].astype(np.int64) if b >= 0 else none
         keep = (left >= 0) & (right >= 0) if keep_right else left >= 0
@@ -120,11 +119,7 @@ def product(d1, d2, keep_right: bool, max_states: int, deadline: float):
         uniq, first, inverse = np.unique(keys[keep], return_index=True, return_inverse=True)
         ids = np.empty(len(uniq), dtype=np.int32)
         for j in np.argsort(first).tolist():  # numbered in byte order, as the C product does
-            key = (int(uniq[j]) // (n2 + 1), int(uniq[j]) % (n2 + 1) - 1)
-            if key not in index:
-                index[key] = len(order)
-                order.append(key)
-            ids[j] = index[key]
+            ids[j] = states.id((int(uniq[j]) // (n2 + 1), int(uniq[j]) % (n2 + 1) - 1))
         row = np.full(256, -1, dtype=np.int32)
         row[keep] = ids[inverse.reshape(-1)]
         rows.append(row)

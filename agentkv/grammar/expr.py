@@ -101,8 +101,8 @@ Expr = Lit | Chars | ByteSet | Seq | Alt | Repeat | Ref | Intersect | Diff | Mac
 
 
 def _cached_hash(self) -> int:
-    """A composite node's hash, computed once: nodes are cache keys at every level (DFAs, NFA
-    fragments, rules), and a tree shares subtrees, so hashing it afresh each time can take time
+    """A composite node's hash, computed once: nodes are the keys of the rule-automata cache at
+    every level, and a tree shares subtrees, so hashing it afresh each time can take time
     exponential in its depth. Not pickled: a string's hash differs between processes."""
     h = self.__dict__.get("_hash")
     if h is None:
