@@ -165,7 +165,7 @@ class Matcher:
         end = g.advance(self._cfg, forced)  # (where the model goes on from)
         # The first byte from which a token could run past the end: no boundary after it stands.
         limit = next((p for p in range(max(0, len(forced) - info.max_token_bytes + 1), len(forced))
-                     if info.extends_past(forced[p:]) and self._could_cross(end, forced, p)), len(forced))
+                     if self._could_cross(end, forced, p)), len(forced))
         spanned = None  # (the boundaries tokens inside the forced text stand across: asked once)
         for j in range(len(toks), 0, -1):
             if starts[j] > limit:

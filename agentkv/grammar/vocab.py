@@ -12,7 +12,6 @@ walk reads is built on first use (token_trie.py).
 from __future__ import annotations
 
 import base64
-import bisect
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -73,16 +72,6 @@ class TokenizerInfo:
     def token_ids(self) -> dict[bytes, int]:
         """Each token's id by its bytes (jump-forward's test for tokens standing across a boundary)."""
         return {b: i for i, b in enumerate(self.vocab) if b is not None}
-
-    @functools.cached_property
-    def sorted_token_bytes(self) -> list[bytes]:
-        """The tokens' bytes in byte order (a prefix's longer tokens are the run after it)."""
-        return [self.vocab[i] for i in self.sorted_id_array.tolist()]
-
-    def extends_past(self, text: bytes) -> bool:
-        """Is `text` a proper prefix of some token?"""
-        at = bisect.bisect_right(self.sorted_token_bytes, text)
-        return at < len(self.sorted_token_bytes) and self.sorted_token_bytes[at].startswith(text)
 
     @functools.cached_property
     def max_token_bytes(self) -> int:
@@ -154,20 +143,6 @@ class TokenizerInfo:
         return cls(vocab, eos, _rank_bpe_encoder(ranks, pattern), Splitter.from_pattern(pattern))
 
     # -- queries --------------------------------------------------------------------------------------
-
-    def ids_of_any(self, texts: Iterable[bytes]) -> list[int]:
-        """The text tokens whose bytes are one of `texts` (by dict: literal text in the token walk asks
-        this of its prefixes: 4 us for those of a 19-byte name, against 7 by bisect over the sorted
-        vocabulary)."""
-        get, ids, out = self._sorted_at.get, self.sorted_ids, []
-        for data in texts:
-            at = get(data)
-            if at is not None:
-                out.append(ids[at])
-                while at in self._twinned:
-                    at += 1
-                    out.append(ids[at])
-        return out
 
     def decode(self, ids: Iterable[int]) -> bytes:
         return b"".join(self.vocab[i] or b"" for i in ids)
