@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 
 import agentkv as ak
+from agentkv.engine.batch import ScheduledBatch
 from agentkv.engine.config import SchedulerConfig
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import Request
-from agentkv.engine.batch import ScheduledBatch
 from agentkv.engine.scheduler import Scheduler
 from tests.test_scheduler import CFG, FakeTokenizer
 
@@ -115,6 +115,9 @@ request = st.tuples(st.integers(0, 6), prefixes, st.lists(st.integers(1, VOCAB -
 
 
 @settings(max_examples=60, deadline=None)
+# decodes took the room the prompt mid-prefill was admitted with (it crashed once)
+@example([(0, [7] * 30, [1], 1), (1, [], [1, 1], 12), (1, list(range(1, 41)), [1], 1), (0, [7] * 30, [1, 1], 14),
+          (0, [7] * 30, [2, 1, 1, 1, 1, 1, 1], 14), (0, [], [2] + [1] * 10, 11)], 140, 8)
 @given(st.lists(request, min_size=1, max_size=8), st.sampled_from([140, 200, 400]), st.sampled_from([8, 24, 64]))
 def test_pipelined_passes_equal_step_by_step(reqs, num_slots, step_tokens):
     workload = [(at, prefix + tail, m) for at, prefix, tail, m in reqs]

@@ -125,6 +125,23 @@ def test_retraction_when_decode_memory_runs_out():
     assert s.pool.num_free + s.tree.total_size == s.pool.capacity and s.tree.protected_size == 0
 
 
+def test_prompt_mid_prefill_gets_the_room_decodes_left():
+    """b's admission counted its whole prompt, then a's decodes (promised at a low ratio) took part of
+    that room: b's last chunk shrinks to what is free, then a is retracted for the rest of it."""
+    s = make(num_slots=40, new_token_ratio=0.1, min_new_token_ratio=0.1, max_step_tokens=6)
+    a, b = req(list(range(1, 6)), max_tokens=30), req(list(range(20, 49)), max_tokens=2)
+    s.add(a)
+    run_step(s)
+    s.add(b)
+    for _ in range(5):
+        assert run_step(s).extend_lens == [1, 5]
+    assert run_step(s).extend_lens == [1, 3]  # 4 of b's prompt left, 3 slots free
+    assert run_step(s).reqs == [b] and s.stats.retractions == 1
+    finish_all(s)
+    assert a.output_ids == [5] * 30 and b.output_ids == [5] * 2
+    assert s.pool.num_free + s.tree.total_size == s.pool.capacity and s.tree.protected_size == 0
+
+
 def test_no_dedup_without_a_cache():
     pool = KVPool(CFG, 1000, torch.float32)
     s = Scheduler(SchedulerConfig(dedup_min_tokens=8), pool, ReqToTokenPool(16, 512), None)

@@ -110,13 +110,16 @@ class Scheduler:
 
         if self.chunked is not None and budget > 0:
             r = self.chunked
-            n = min(r.seq_len - r.computed, budget)
-            locs.append(self.kv.place(r, n))
-            reqs.append(r)
-            ext_lens.append(n)
-            budget -= n
-            if r.computed + n == r.seq_len:
-                self.chunked = None
+            # its next chunk takes what memory is left: decodes may have used what its admission counted on
+            room = self.pool.num_free + (self.tree.evictable_size if self.tree else 0)
+            n = min(r.seq_len - r.computed, budget, room)
+            if n > 0:
+                locs.append(self.kv.place(r, n))
+                reqs.append(r)
+                ext_lens.append(n)
+                budget -= n
+                if r.computed + n == r.seq_len:
+                    self.chunked = None
         if self.chunked is None and budget > 0 and self.waiting:
             self._admit(budget, len(decodes), reqs, ext_lens, locs)
 
@@ -205,7 +208,11 @@ class Scheduler:
 
     def _make_room(self, active: list[Request]) -> list[Request]:
         """Evict, then retract the latest-admitted requests, until every running request has slots
-        for the tokens it computes next."""
+        for the tokens it computes next.
+
+        A prompt mid-prefill is not among them: its chunk takes what is left, and waits a step when
+        nothing is (the decodes' next shortfall retracts one of them). Retracting it instead could
+        admit it again while a pass in flight still computes its last chunk."""
         while active:
             short = sum(r.seq_len - r.computed for r in active) - self.pool.num_free
             if short > 0 and self.tree is not None:
