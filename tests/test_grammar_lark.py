@@ -1,4 +1,5 @@
-"""Lark grammars: accept/refuse tables, %json, %ignore, left recursion, errors with line and caret."""
+"""Lark grammars: accept/refuse tables, %json, %ignore, templates, imports, left recursion, errors with line and
+caret in the text as written (the `lark` package parses it; %json blocks and {m,n} are rewritten first)."""
 
 import pytest
 
@@ -31,6 +32,15 @@ TABLE = [
     ("start: list\nlist: \"[\" [item (\",\" item)*] \"]\"\nitem: list | INT\n%import common.INT",
      ["[]", "[1,[2,[3,[]]],4]", "[[[[[[[[[[1]]]]]]]]]]"], ["[", "[1,]", "[[1]"]),
     ("start: A B\nA: /x+/\nB: A \"y\"   // terminals may use terminals", ["xxxy", "xxy"], ["xy", "x"]),
+    # Lark's own syntax, which the grammar of grammars parses: templates, imports by list and alias,
+    # anonymous %ignore, priorities, aliases, rules continued on the next line
+    ('start: _sep{item, ","}\n_sep{x, sep}: x (sep x)*\nitem: "a" | "b"', ["a", "a,b,a"], ["", "a,", ",a", "ab"]),
+    ('start: WORD ":" S\n%import common (WORD, WS)\n%import common.ESCAPED_STRING -> S\n%ignore WS',
+     ['ab:"x"', 'ab : "x\\"y"', ' ab:""'], ['ab:"x', 'a:"\\"', '1:"x"']),
+    ('start: x | y -> alias\nx.2: A\ny: "b"\n    | "c"\nA.3: "a"\n%ignore " "', ["a", " b ", "c"], ["ab", "d"]),
+    ('start: "a"{2,} "b"{0,1} "c"{1}', ["aac", "aaaabc"], ["ac", "aabbc", "aab"]),
+    # text that looks like the rewritten extensions, inside strings, regexes and comments, stays as it is
+    ('start: "%json {" /[{]2}/ "{2}"  // %json {"type": "integer"} and x{2}', ['%json {{2}{2}'], ['%json {{{2}']),
 ]
 
 
@@ -49,6 +59,19 @@ def test_lark_table(grammar, good, bad):
     ("start: x\nx: y | \"b\"\ny: x \"a\"", None, "left-recursive"),
     ("start: \"a\"\n%import other.X", 2, "only `%import common"),
     ("start: \"a\" %json {\"type\": \"integer\", \"not\": {\"minimum\": 3}}", None, "not"),
+    # positions are in the text as written, after a %json block that spans lines was lifted out
+    ('start: %json {"type":\n  "integer"} b\nb: "a"{3,1}', 3, "repetition bounds out of order"),
+    ('start: %json {"type":\n  "integer"} b\nb: "ab".."c"', 3, "a range needs two single characters"),
+    ("start: x\nx: \"a\"\nx: \"b\"", 3, "'x' is defined twice"),
+    ('start: X\nX: y\ny: "a"', 2, "terminal X uses the rule 'y'"),
+    ('start: X\nX: "a" %json {}', 2, "%json cannot appear inside a terminal"),
+    ('start: X\n%declare X', 1, "terminal 'X' is declared but never defined"),
+    ('start: X\n%import common.NOPE', 2, "Lark's common grammar has no NOPE"),
+    ('start: "a"\n%ignore B', 2, "terminal 'B' is not defined"),
+    ('start: _t{"a"}\n_t{x, y}: x y', None, "Wrong number of template arguments"),
+    ('start: ["a"', 1, "'\\[' is never closed"),
+    ("start: \"a\" %json {\"type\": 1", 1, "not closed"),
+    ("start: \"a\"\n%import .grammar.X", 2, "only `%import common"),
 ])
 def test_lark_errors(grammar, line, what):
     with pytest.raises(GrammarError, match=what) as e:
@@ -60,3 +83,23 @@ def test_lark_errors(grammar, line, what):
 def test_missing_start_rule():
     with pytest.raises(GrammarError, match="start"):
         BYTE_COMPILER.compile_lark('main: "a"')
+
+
+def test_no_file_is_read_for_an_import(tmp_path, monkeypatch):
+    """A grammar from a request must not read files: an import of anything but Lark's common grammar is
+    refused before Lark would look for it (Lark opens a path relative to the working directory)."""
+    (tmp_path / "secret.lark").write_text("X: \"leaked\"\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(GrammarError, match="only `%import common"):
+        BYTE_COMPILER.compile_lark("start: X\n%import secret.X")
+
+
+def test_imports_are_read_once_and_never_shared():
+    """common.lark is read once per import; a grammar that extends or builds on an imported terminal
+    leaves it as it is for the next grammar."""
+    extended = BYTE_COMPILER.compile_lark('start: INT\n%import common.INT\n%extend INT: "x"')
+    assert_language(extended, ["12", "x"], ["a"], "extended")
+    built_on = BYTE_COMPILER.compile_lark('start: B\nB: INT "y"\n%import common.INT')
+    assert_language(built_on, ["12y"], ["12", "x", "xy"], "built on")
+    plain = BYTE_COMPILER.compile_lark('start: INT "."\n%import common.INT')
+    assert_language(plain, ["12."], ["x.", "12y."], "plain")

@@ -1,184 +1,215 @@
 """Lark grammars (the dialect llguidance and xgrammar share) -> grammar rules.
 
-Lowercase rules are context-free (they become rules, called through the stack); UPPERCASE terminals
-are regular (inlined as expressions; a terminal that refers to itself is an error). Supported:
-literals ("..." and "..."i), regex terminals (/.../ with flags i and s), "a".."z" ranges, `|`,
-`?`, `*`, `+`, `[...]`, `(...)`, `x{m}`/`x{m,n}`, `x ~ m`/`x ~ m..n`, `%ignore`, `%import common.X`
-(or `(X, Y)`), inline `%json {...}` schemas as a rule (`%pyjson {...}`: values with Python's True, False
-and None, for pythonic tool calls), `?rule` / `!rule` / `rule.2` prefixes and
-`-> alias` (accepted, no effect on the language). The start rule is `start`.
+The `lark` package parses the text (its own grammar of grammars: definitions, templates, `%import`,
+`%ignore`, `%declare`, priorities, aliases); this module lowers its trees to expressions. Lowercase
+rules are context-free (rules, called through the stack); UPPERCASE terminals are regular (inlined as
+expressions; a terminal that refers to itself is an error). Two extensions are lifted out of the text
+before Lark sees it: inline `%json {...}` schemas (`%pyjson {...}`: values written with Python's True,
+False and None, for pythonic tool calls), each a rule of its own, and `x{m}` / `x{m,}` / `x{m,n}`
+repetitions, rewritten to Lark's `x ~ m..n`. Only `%import common...` is allowed (a grammar from a
+request must not read files).
 
 Matching is scannerless: terminals are not split by a longest-match lexer first, so where a lexer
-would split text one way only (`NAME NAME` without separator), this accepts every way. Direct left
-recursion (`sum: sum "+" term | term`) is rewritten to repetition; indirect left recursion is an error.
-Errors carry the line and column, with a caret under the offending text.
+would split text one way only (`NAME NAME` without separator), this accepts every way. Terminal
+priorities, `?rule`, `!rule` and `-> alias` shape Lark's parse trees, not the language: they are
+accepted and have no effect. Direct left recursion (`sum: sum "+" term | term`) is rewritten to
+repetition; indirect left recursion is an error. Errors carry the line and column of the text as
+given, with a caret under the offending place.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+
+from lark import Token
+from lark.exceptions import GrammarError as LarkGrammarError
+from lark.exceptions import LarkError
+from lark.grammar import NonTerminal, Terminal
+from lark.load_grammar import GrammarBuilder
+
 from agentkv.errors import GrammarError
-from agentkv.grammar.expr import (
-    Ref,
-    Repeat,
-    alt,
-    opt,
-    seq,
-    star,
-)
-from agentkv.grammar.lark_syntax import TOKEN, ExpansionParser, Tok, balanced_json_end
+from agentkv.grammar.expr import Ref, Repeat, alt, chars, lit, opt, seq, star
+from agentkv.grammar.lark_source import UNBOUNDED, Source
 from agentkv.grammar.regex import match_expr
 
-COMMON = {
-    "DIGIT": r"[0-9]", "HEXDIGIT": r"[a-fA-F0-9]", "INT": r"[0-9]+", "SIGNED_INT": r"[+-]?[0-9]+",
-    "DECIMAL": r"[0-9]+\.[0-9]*|\.[0-9]+", "_EXP": r"[eE][+-]?[0-9]+",
-    "FLOAT": r"[0-9]+[eE][+-]?[0-9]+|([0-9]+\.[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?",
-    "SIGNED_FLOAT": r"[+-]?([0-9]+[eE][+-]?[0-9]+|([0-9]+\.[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)",
-    "NUMBER": r"[0-9]+[eE][+-]?[0-9]+|([0-9]+\.[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[0-9]+",
-    "SIGNED_NUMBER": r"[+-]?([0-9]+[eE][+-]?[0-9]+|([0-9]+\.[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[0-9]+)",
-    "ESCAPED_STRING": r'"([^"\\]|\\.)*"', "LCASE_LETTER": r"[a-z]", "UCASE_LETTER": r"[A-Z]",
-    "LETTER": r"[a-zA-Z]", "WORD": r"[a-zA-Z]+", "CNAME": r"[a-zA-Z_][a-zA-Z0-9_]*",
-    "WS_INLINE": r"[ \t]+", "WS": r"[ \t\f\r\n]+", "CR": r"\r", "LF": r"\n", "NEWLINE": r"(\r?\n)+",
-    "SH_COMMENT": r"#[^\n]*", "CPP_COMMENT": r"//[^\n]*", "C_COMMENT": r"/\*([^*]|\*+[^*/])*\*+/",
-}
+# common.lark's terminals whose definition relies on a lexer's lazy, lookbehind matching (`/.*?/`,
+# `(?<!\\)`): their language, as a regular expression
+EXACT_COMMON = {"ESCAPED_STRING": r'"([^"\\]|\\.)*"', "C_COMMENT": r"/\*([^*]|\*+[^*/])*\*+/"}
+
+
+class _Builder(GrammarBuilder):
+    """Lark's grammar builder, reading each import of common.lark once per process (parsing common.lark
+    took ~3.5 ms of every compile that imports from it, 3x the rest of a small grammar's compile)."""
+
+    def do_import(self, dotted_path, base_path, aliases, base_mangle=None):
+        key = (dotted_path, tuple(sorted(aliases.items())))
+        if key not in _imported:
+            gb = GrammarBuilder()
+            gb.do_import(dotted_path, base_path, aliases, base_mangle)
+            while len(_imported) >= 256:
+                _imported.pop(next(iter(_imported)))
+            _imported[key] = gb._definitions
+        for name in _imported[key]:
+            if name in self._definitions:
+                raise LarkGrammarError(f"Cannot import '{name}': Symbol already defined.")
+        self._definitions.update(copy.deepcopy(_imported[key]))  # Lark resolves terminals in place
+
+
+_imported: dict[tuple, dict] = {}  # (path, aliases) -> the definitions an import adds
+
 
 class _Grammar:
-    def __init__(self, text: str):
-        self.text = text
-        self.rules: dict[str, object] = {}      # lowercase name -> expansion tree
-        self.terminals: dict[str, object] = {}  # UPPERCASE name -> expansion tree, inlined where used
-        self.ignore: list = []                  # %ignore expansion trees
-        self.ignore_expr = None                 # their union, repeated (set by build)
+    def __init__(self, text: str, json_compile):
+        self.src = Source(text)
+        self.json_compile = json_compile
+        self.rules: dict[str, object] = {}      # lowercase name -> tree of tuples
+        self.terminals: dict[str, object] = {}  # UPPERCASE name -> tree of tuples, inlined where used
+        self.templates: dict[str, tuple] = {}   # template name -> (params, Lark tree)
         self.json_rules: dict[str, object] = {}  # rules of the %json schemas
-        self.json_count = 0
+        self.ignore_expr = None
 
     def error(self, pos: int, what: str) -> GrammarError:
-        line = self.text.count("\n", 0, pos) + 1
-        start = self.text.rfind("\n", 0, pos) + 1
-        end = self.text.find("\n", pos)
-        src = self.text[start:end if end >= 0 else len(self.text)]
-        return GrammarError(f"Lark grammar, line {line}, column {pos - start + 1}: {what}\n  {src}\n  "
-                            f"{' ' * (pos - start)}^")
+        return self.src.error(pos, what)
 
-    # -- lexing ---------------------------------------------------------------------------------
+    # -- Lark's trees -> tuples ------------------------------------------------------------------
 
-    def tokens(self) -> list[Tok]:
-        out, i, text = [], 0, self.text
-        while i < len(text):
-            if text.startswith(("%json", "%pyjson"), i):
-                kind = "pyjson" if text.startswith("%pyjson", i) else "json"
-                j = text.find("{", i)
-                if j < 0:
-                    raise self.error(i, f"%{kind} needs a JSON schema object after it")
-                end = balanced_json_end(text, j)
-                if end < 0:
-                    raise self.error(j, f"the %{kind} schema is not closed")
-                out.append(Tok(kind, text[j:end], i))
-                i = end
+    def load(self) -> None:
+        gb = _Builder()
+        try:
+            gb.load_grammar(self.src.text, "<grammar>")
+            grammar = gb.build()
+        except (LarkError, AssertionError) as e:  # (Lark asserts on a few grammars it cannot load)
+            raise self.src.lark_error(e) from None
+        self.ignore = list(grammar.ignore)
+        for name, params, tree, _ in grammar.rule_defs:
+            if params:
+                self.templates[name] = (params, tree)
+        for name, params, tree, _ in grammar.rule_defs:
+            if not params:
+                self.rules[name] = self.convert(tree, {})
+        for name, (tree, _) in grammar.term_defs:
+            if name in self.src.json:
                 continue
-            m = TOKEN.match(text, i)
-            if not m:
-                if text[i] in "/\"":  # the literal runs to the end of the line without its closing mark
-                    raise self.error(i, f"this {'regex' if text[i] == '/' else 'string'} is not closed: "
-                                        f"end it with {text[i]} on the same line")
-                raise self.error(i, f"unexpected character {text[i]!r}")
-            kind = m.lastgroup
-            if kind != "ws":
-                out.append(Tok(kind, m.group(), i))
-            i = m.end()
-        out.append(Tok("nl", "\n", len(text)))
-        return out
-
-    # -- statements -----------------------------------------------------------------------------
-
-    def parse(self) -> None:
-        toks = self.tokens()
-        stmts, cur = [], []
-        for k, t in enumerate(toks):
-            starts_stmt = (t.kind in ("name", "directive") and (k == 0 or toks[k - 1].kind == "nl")
-                           and (t.kind == "directive" or (k + 1 < len(toks) and toks[k + 1].text == ":")))
-            if starts_stmt and cur:
-                stmts.append(cur)
-                cur = []
-            if t.kind != "nl":
-                cur.append(t)
-        if cur:
-            stmts.append(cur)
-        for st in stmts:
-            head = st[0]
-            if head.kind == "directive":
-                self.directive(st)
-            elif head.kind == "name" and len(st) > 1 and st[1].text == ":":
-                name = head.text.lstrip("?!").split(".")[0]
-                body = ExpansionParser(self, st[2:]).expansions_all()
-                target = self.terminals if name.isupper() or name.lstrip("_").isupper() else self.rules
-                if name in target:
-                    raise self.error(head.pos, f"'{name}' is defined twice")
-                target[name] = body
+            if tree is None:
+                raise self.error(self.src.definition(name), f"terminal '{name}' is declared but never defined: "
+                                                            "give it a definition")
+            if self.src.common.get(name) in EXACT_COMMON:
+                self.terminals[name] = ("lit", match_expr(EXACT_COMMON[self.src.common[name]], None))
             else:
-                raise self.error(head.pos, "expected a definition `name: ...` or a %directive")
+                self.terminals[name] = self.convert(tree, {})
 
-    def directive(self, st: list[Tok]) -> None:
-        d = st[0]
-        if d.text == "%ignore":
-            body = ExpansionParser(self, st[1:]).expansions_all()
-            self.ignore.append(body)
-        elif d.text == "%import":
-            names = [t.text for t in st[1:] if t.kind == "name"]
-            if not names or not names[0].startswith("common"):
-                raise self.error(d.pos, "only `%import common.NAME` (or `%import common (A, B)`) is available")
-            wanted = [n.split(".", 1)[1] for n in names if "." in n] + [n for n in names[1:] if "." not in n]
-            for n in wanted:
-                if n not in COMMON:
-                    raise self.error(d.pos, f"common.{n} is not available (known: {', '.join(sorted(COMMON))})")
-                self.terminals.setdefault(n, ("regex", COMMON[n], d.pos))
-        else:
-            raise self.error(d.pos, f"directive {d.text} is not supported (use %ignore, %import, %json)")
+    def convert(self, t, env: dict):
+        """A Lark tree -> ("alt" | "seq", [...]), ("rep", x, lo, hi), ("lit", expr), ("name", name),
+        ("json", rule name). `env`: a template's parameters, bound to the converted arguments."""
+        if isinstance(t, (NonTerminal, Terminal)):
+            if t.name in env:
+                return env[t.name]
+            if t.name in self.src.json:
+                return ("json", t.name)
+            return ("name", t.name)
+        kind = t.data
+        kids = t.children
+        if kind == "expansions":
+            return ("alt", [self.convert(k, env) for k in kids]) if len(kids) > 1 else self.convert(kids[0], env)
+        if kind == "expansion":
+            return ("seq", [self.convert(k, env) for k in kids])
+        if kind in ("alias", "value"):
+            return self.convert(kids[0], env)
+        if kind == "maybe":
+            return ("rep", self.convert(kids[0], env), 0, 1)
+        if kind == "expr":
+            return self.repeat(self.convert(kids[0], env), kids[1:])
+        if kind == "literal":
+            return self.literal(kids[0])
+        if kind == "range":
+            a, b = (self.string(k) for k in kids)
+            if len(a) != 1 or len(b) != 1 or a > b:
+                raise self.error(self.src.at(kids[0]), 'a range needs two single characters in order: "a".."z"')
+            return ("lit", chars((a, b)))
+        if kind == "template_usage":
+            return self.instance(kids[0].name, [self.convert(k, env) for k in kids[1:]])
+        raise GrammarError(f"Lark grammar: {kind!r} in Lark's parse of it is not supported")  # a newer Lark
 
-    # -- lowering -------------------------------------------------------------------------------
+    def repeat(self, atom, ops: list[Token]):
+        op = ops[0]
+        if op.type == "OP":
+            return ("rep", atom, *{"?": (0, 1), "*": (0, None), "+": (1, None)}[str(op)])
+        lo = int(ops[1])
+        hi = int(ops[2]) if len(ops) > 2 else lo
+        if hi < lo:
+            raise self.error(self.src.at(ops[1]), "repetition bounds out of order")
+        return ("rep", atom, lo, None if hi >= UNBOUNDED else hi)
 
-    def terminal(self, name: str, pos: int, stack=()) -> object:
-        if name not in self.terminals:
-            raise self.error(pos, f"terminal '{name}' is not defined")
-        if name in stack:
-            raise self.error(pos, f"terminal '{name}' refers to itself; terminals must be regular "
-                                  "(make it a lowercase rule)")
-        return self.lower(self.terminals[name], terminal_stack=(*stack, name))
+    def instance(self, name: str, args: list):
+        """A template used with arguments: one rule per distinct use, as Lark makes."""
+        params, tree = self.templates[name]  # (Lark checked the name and the number of arguments)
+        key = f"{name}{{{', '.join(map(repr, args))}}}"
+        if key not in self.rules:
+            self.rules[key] = ("alt", [])  # a recursive use of the same instance calls it
+            self.rules[key] = self.convert(tree, dict(zip(params, args)))
+        return ("name", key)
 
-    def lower(self, node, terminal_stack=None):
-        """Expansion tree -> expression. Inside a terminal, names are inlined; in rules they are calls."""
+    def literal(self, tok: Token):
+        if tok.type == "STRING":
+            text = self.string(tok)
+            if tok.endswith("i"):
+                return ("lit", seq(*[chars(c.lower(), c.upper()) if c.isalpha() else lit(c) for c in text]))
+            return ("lit", lit(text))
+        body, flags = tok[1:].rsplit("/", 1)
+        if set(flags) - {"i", "s"} or "i" in flags:
+            raise self.error(self.src.at(tok), f"regex flags {flags!r}: only s is supported (spell out [aA] "
+                                               "classes for i)")
+        pattern = body.replace("\\/", "/")
+        if "s" in flags:
+            pattern = pattern.replace(".", r"[\s\S]") if "\\." not in pattern else pattern
+        try:
+            return ("lit", match_expr(pattern, None))
+        except GrammarError as e:
+            raise self.error(self.src.at(tok), str(e)) from None
+
+    def string(self, tok: Token) -> str:
+        body = tok[:-1] if tok.endswith("i") else str(tok)
+        try:
+            return json.loads(body)
+        except json.JSONDecodeError:
+            try:
+                return body[1:-1].encode().decode("unicode_escape")
+            except UnicodeDecodeError:
+                raise self.error(self.src.at(tok), "malformed string literal") from None
+
+    # -- lowering ---------------------------------------------------------------------------------
+
+    def terminal(self, name: str) -> object:
+        # (Lark checked that every terminal is defined, regular, and uses terminals only)
+        return self.lower(self.terminals[name], in_terminal=True)
+
+    def lower(self, node, in_terminal: bool = False):
+        """Tuples -> expression. Inside a terminal, names are inlined; in rules they are calls."""
         kind = node[0]
         if kind == "lit":
             return node[1]
-        if kind == "regex":
-            return match_expr(node[1], None) if len(node) < 4 else node[3]
         if kind == "name":
-            name, pos = node[1], node[2]
-            if name.isupper() or name.lstrip("_").isupper():
-                return self.terminal(name, pos, terminal_stack or ())
-            if terminal_stack is not None:
-                raise self.error(pos, f"terminal {terminal_stack[-1]} uses the rule '{name}'; terminals "
-                                      "may use only terminals")
-            if name not in self.rules:
-                raise self.error(pos, f"rule '{name}' is not defined")
+            name = node[1]
+            if name.lstrip("_")[:1].isupper():
+                return self.terminal(name)
             return Ref(f"r:{name}")
         if kind == "json":
-            if terminal_stack is not None:
-                raise self.error(node[2], "%json cannot appear inside a terminal")
             return Ref(node[1])
         if kind == "seq":
-            parts = [self.lower(x, terminal_stack) for x in node[1]]
-            if terminal_stack is None and self.ignore_expr is not None and len(parts) > 1:
+            parts = [self.lower(x, in_terminal) for x in node[1]]
+            if not in_terminal and self.ignore_expr is not None and len(parts) > 1:
                 with_ws = [parts[0]]
                 for p in parts[1:]:
                     with_ws += [self.ignore_expr, p]
                 parts = with_ws
             return seq(*parts)
         if kind == "alt":
-            return alt(*[self.lower(x, terminal_stack) for x in node[1]])
+            return alt(*[self.lower(x, in_terminal) for x in node[1]])
         if kind == "rep":
-            inner = self.lower(node[1], terminal_stack)
+            inner = self.lower(node[1], in_terminal)
             lo, hi = node[2], node[3]
-            if terminal_stack is None and self.ignore_expr is not None and (hi is None or hi > 1):
+            if not in_terminal and self.ignore_expr is not None and (hi is None or hi > 1):
                 # separators between repetitions of rules may be ignored text too
                 rest = Repeat(seq(self.ignore_expr, inner), max(lo - 1, 0), None if hi is None else hi - 1)
                 body = seq(inner, rest)
@@ -188,10 +219,12 @@ class _Grammar:
 
     def build(self) -> dict[str, object]:
         if "start" not in self.rules:
-            raise GrammarError("Lark grammar has no `start` rule")
+            raise GrammarError("Lark grammar has no `start` rule: add one (`start: ...`)")
+        for name, (schema, python) in self.src.json.items():
+            self.json_rules.update(self.json_compile(schema, name, python))
         self.ignore_expr = None
         if self.ignore:
-            self.ignore_expr = star(alt(*[self.lower(i, terminal_stack=()) for i in self.ignore]))
+            self.ignore_expr = star(alt(*[self.terminal(n) for n in self.ignore]))
         out: dict[str, object] = {}
         for name, body in self.rules.items():
             out[f"r:{name}"] = self.lower(_remove_left_recursion(name, body))
@@ -221,30 +254,11 @@ def _remove_left_recursion(name: str, body):
 
 
 def lark_rules(text: str, json_compile) -> dict[str, object]:
-    """Parse Lark `text`; `json_compile(schema, prefix, python)` turns each %json schema into rules
+    """Parse Lark `text`; `json_compile(schema, rule name, python)` turns each %json schema into rules
     (`python`: a %pyjson schema, whose values are written with Python's True, False and None)."""
-    g = _Grammar(text)
-    g.parse()
-    # %json nodes: compile their schemas to rules under their own name prefix.
-    for node in _json_nodes(g):
-        _, name, _, schema, python = node
-        rules = json_compile(schema, name, python)
-        g.json_rules.update(rules)
+    g = _Grammar(text, json_compile)
+    g.load()
     return g.build()
-
-
-def _json_nodes(g: _Grammar):
-    stack = list(g.rules.values())
-    while stack:
-        n = stack.pop()
-        if not isinstance(n, tuple):
-            continue
-        if n[0] == "json":
-            yield n
-        elif n[0] in ("seq", "alt"):
-            stack.extend(n[1])
-        elif n[0] == "rep":
-            stack.append(n[1])
 
 
 __all__ = ["lark_rules"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from agentkv.grammar.lark_syntax import balanced_json_end
+from agentkv.grammar.lark_source import balanced_json_end
 from agentkv.tool_calls import CallProgress, ToolCall
 
 _HEADS: dict[str, re.Pattern] = {}
