@@ -223,6 +223,45 @@ def test_grammars_share_one_byte_budget():
     assert compiler.cache_size() == 1 and compiler.cache_info()["grammars_evicted"] == 2
 
 
+NESTED = 'start: v\nv: "[" [v ("," v)*] "]" | "1"'
+NESTED_TOKENS = [b"[", b"]", b",", b"1", b"[[", None]
+NESTED_TEXT = [4, 0, 3, 2, 0, 3, 2, 4, 3, 1, 1, 1, 2, 3, 1, 1, 1, 5]  # [[[1,[1,[[1]]],1]]], then EOS
+
+
+def masks_along(m: Matcher, tokens) -> list[list[int]]:
+    out = []
+    for t in tokens:
+        out.append(m.allowed_token_ids().tolist())
+        assert m.accept_token(t)
+    return out
+
+
+def test_a_grammar_whose_tables_outgrow_their_bound_is_renewed(monkeypatch):
+    """Configurations, steps and forced text count in a grammar's bytes; past MAX_TABLE_BYTES the
+    compiler hands out the grammar renewed (empty tables, the same walks), while the matchers of the
+    old one go on in it. Masks are the same in both, and the same as a grammar never renewed."""
+    import agentkv.grammar.compiler as compiler_mod
+
+    info = TokenizerInfo(NESTED_TOKENS, eos_ids=[5])
+    reference = masks_along(Matcher(GrammarCompiler(info).compile_lark(NESTED)), NESTED_TEXT)
+    compiler = GrammarCompiler(info)
+    g = compiler.compile_lark(NESTED)
+    old = Matcher(g)
+    assert masks_along(old, NESTED_TEXT[:8]) == reference[:8]
+    before = g.table_bytes()
+    assert g.step(g.initial, ord("x")) == -1 and g.table_bytes() > before  # a step to nowhere is kept too
+    assert g.cache_bytes() >= g.automaton.trans.nbytes + g.table_bytes()
+    assert compiler.compile_lark(NESTED) is g  # within the bound
+    monkeypatch.setattr(compiler_mod, "MAX_TABLE_BYTES", g.table_bytes() - 1)
+    fresh = compiler.compile_lark(NESTED)
+    assert fresh is not g and fresh.table_bytes() < g.table_bytes() and fresh.cache_info()["masks"] == 0
+    assert compiler.compile_lark(NESTED) is fresh and compiler.cache_info()["grammars_renewed"] == 1
+    assert masks_along(old, NESTED_TEXT[8:]) == reference[8:]  # the old grammar serves its matcher on
+    assert masks_along(Matcher(fresh), NESTED_TEXT) == reference
+    assert fresh.walk_tables is g.walk_tables  # the token walks are per automaton state: kept,
+    assert fresh._lock is g._lock  # and guarded by one lock (the native walk cache is not thread-safe)
+
+
 def test_accept_tokens_longer_than_rollback_window_is_all_or_nothing():
     info = TokenizerInfo([b"a", b"b", None], eos_ids=[2])
     m = Matcher(GrammarCompiler(info).compile_regex("a*"), max_rollback=4)

@@ -274,9 +274,9 @@ class Engine(Prefixes):
             g = self._grammars.cache_info()
             st.update(
                 grammars_cached=g.get("grammars", 0),
-                grammar_cache_bytes=g.get("mask_bytes", 0) + g.get("walk_bytes", 0) + g.get("dfa_bytes", 0),
+                grammar_cache_bytes=sum(g.get(k, 0) for k in ("table_bytes", "mask_bytes", "walk_bytes", "dfa_bytes")),
                 grammar_cache_evictions=sum(g.get(k, 0) for k in (
-                    "grammars_evicted", "mask_evictions", "walk_evictions", "dfa_evictions")),
+                    "grammars_evicted", "grammars_renewed", "mask_evictions", "walk_evictions", "dfa_evictions")),
             )
             return st
 

@@ -31,6 +31,8 @@ MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token tha
 MAX_FORCED_BYTES = 4096
 MAX_CACHED_MASKS = 4096     # per grammar: 4096 x 19 KB at a 151k vocabulary
 MAX_CACHED_STATES = 4096    # per grammar: top-state walks kept by the Python walk
+MAX_TABLE_BYTES = 64 << 20  # per grammar: configurations, steps and forced text; past it the compiler
+                            # hands out a renewed grammar (`renewed`) and this one ends with its requests
 DEAD = -1
 
 
@@ -38,7 +40,9 @@ class CompiledGrammar:
     """Shared by all matchers of one grammar; thread-safe (caches are filled under a lock)."""
 
     def __init__(self, automaton: Automaton, info: TokenizerInfo, description: str = "grammar",
-                 relaxed: tuple[Relaxed, ...] = ()):
+                 relaxed: tuple[Relaxed, ...] = (), shared: CompiledGrammar | None = None):
+        """`shared`: a grammar of the same automaton whose token walks, top-state walks and lock this
+        one uses (`renewed`)."""
         self.automaton = automaton
         self.info = info
         self.description = description
@@ -53,15 +57,18 @@ class CompiledGrammar:
         # right-recursive chains (object member tails, Lark lists) do not deepen the stack.
         self.tail_states = a.accept & ~a.has_bytes
         self.tail_states[list(a.calls)] = False
-        self.max_depth = MAX_STACK_DEPTH  # (read here: tests lower it)
-        self._lock = threading.RLock()
+        self.max_depth = MAX_STACK_DEPTH if shared is None else shared.max_depth  # (read here: tests lower it)
+        self._lock = threading.RLock() if shared is None else shared._lock
         self._expanded: dict[tuple, tuple[tuple[tuple, ...], bool]] = {}
-        self._state_tokens: dict[int, StateTokens] = {}
+        self._state_tokens: dict[int, StateTokens] = {} if shared is None else shared._state_tokens
+        if shared is not None and "walk_tables" in shared.__dict__:
+            self.walk_tables = shared.walk_tables  # (keyed by automaton state: valid for every configuration)
         self._configs: list[tuple[tuple[tuple, ...], bool]] = []
         self._ids: dict[tuple, int] = {}
         self._steps: dict[tuple[int, int], int] = {}
         self._masks: dict[int, np.ndarray] = {}
         self._forced: dict[int, bytes] = {}
+        self._table_bytes = 0  # what the four tables above hold, estimated as they grow (table_bytes)
         self._mask_evictions = 0
         self.initial = self._intern([(a.starts[0],)])
 
@@ -104,6 +111,7 @@ class CompiledGrammar:
                     todo.append(s[:-1])
         result = (tuple(sorted(out)), can_end)
         self._expanded[stack] = result
+        self._table_bytes += 96 + 8 * len(stack)
         return result
 
     def _intern(self, stacks) -> int:
@@ -120,6 +128,7 @@ class CompiledGrammar:
             cid = len(self._configs)
             self._configs.append(key)
             self._ids[key] = cid
+            self._table_bytes += 96 + sum(48 + 8 * len(s) for s in key[0])
         return cid
 
     def can_end(self, cid: int) -> bool:
@@ -137,6 +146,7 @@ class CompiledGrammar:
                 moved = [s[:-1] + (int(trans[s[-1], byte]),) for s in self._configs[cid][0] if trans[s[-1], byte] >= 0]
                 nxt = self._intern(moved) if moved else DEAD
                 self._steps[key] = nxt
+                self._table_bytes += 72
         return nxt
 
     def advance(self, cid: int, data: bytes) -> int:
@@ -234,15 +244,29 @@ class CompiledGrammar:
             out.append(int(nxt[0]))
             cur = self.step(cur, int(nxt[0]))
         self._forced[cid] = bytes(out)
+        self._table_bytes += 64 + len(out)
         return self._forced[cid]
 
+    def table_bytes(self) -> int:
+        """The configurations, their expansions, byte steps and forced text, in bytes (an estimate from
+        their counts and sizes: within ~1.5x of what tracemalloc measures on JSON walks)."""
+        return self._table_bytes
+
+    def renewed(self) -> CompiledGrammar:
+        """This grammar with empty configuration tables and masks, sharing the automaton, the token
+        walks and the lock. Configuration ids are only valid in the grammar that made them, so the
+        tables cannot be emptied under the matchers using them: the compiler hands new requests a
+        renewed grammar instead, and this one is freed when its last matcher is."""
+        return CompiledGrammar(self.automaton, self.info, self.description, self.relaxed, shared=self)
+
     def cache_bytes(self) -> int:
-        """What this grammar holds, in bytes: its automaton, the token masks and the native walks kept
-        (the Python-side dictionaries of configurations and steps are not counted)."""
+        """What this grammar holds, in bytes: its automaton, configuration tables, token masks and the
+        native walks kept."""
         with self._lock:  # (the native cache is read while no mask call changes it)
             walks = self.walk_tables.cache_stats() if "walk_tables" in self.__dict__ else {}
             masks = len(self._masks)
-        return int(self.automaton.trans.nbytes + masks * self.info.words * 4 + walks.get("walk_bytes", 0))
+        return int(self.automaton.trans.nbytes + self._table_bytes + masks * self.info.words * 4
+                   + walks.get("walk_bytes", 0))
 
     def cache_info(self) -> dict[str, int]:
         """What this grammar keeps: configurations, byte steps, masks (and their bytes), top-state
@@ -250,5 +274,6 @@ class CompiledGrammar:
         with self._lock:  # (the native cache is read while no mask call changes it)
             walks = self.walk_tables.cache_stats()
         return {"configs": len(self._configs), "masks": len(self._masks), "steps": len(self._steps),
+                "table_bytes": self._table_bytes,
                 "states": walks.get("walks", len(self._state_tokens)), "mask_bytes": len(self._masks) * self.info.words * 4,
                 "mask_evictions": self._mask_evictions, **walks}

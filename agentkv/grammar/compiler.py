@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from agentkv.errors import GrammarError
 from agentkv.grammar import dfa
 from agentkv.grammar.automaton import link
-from agentkv.grammar.compiled import CompiledGrammar
+from agentkv.grammar.compiled import MAX_TABLE_BYTES, CompiledGrammar
 from agentkv.grammar.expr import Ref, alt, lit
 from agentkv.grammar.json_refs import SchemaResources
 from agentkv.grammar.json_schema import JsonSchemaConverter
@@ -40,8 +40,9 @@ class GrammarCompiler:
         instead of relaxing it and listing it in `CompiledGrammar.relaxed` for validation after.
 
         `cache_size` grammars are kept, and `cache_bytes` bounds what they hold together (automata,
-        token masks, token walks): past it the least recently used grammars are let go (requests
-        using one keep it until they end)."""
+        configuration tables, token masks, token walks): past it the least recently used grammars are
+        let go (requests using one keep it until they end). A grammar whose configuration tables pass
+        MAX_TABLE_BYTES is renewed: new requests get it with empty tables (CompiledGrammar.renewed)."""
         if not isinstance(info, TokenizerInfo):
             raise GrammarError("GrammarCompiler needs a TokenizerInfo (TokenizerInfo.from_huggingface(tokenizer))")
         self.info = info
@@ -53,6 +54,7 @@ class GrammarCompiler:
         self._cache_size = cache_size
         self.cache_bytes = cache_bytes
         self._evicted = 0
+        self._renewed = 0  # grammars whose configuration tables outgrew MAX_TABLE_BYTES
         self._lookups = 0
         self._lock = threading.Lock()
 
@@ -61,6 +63,9 @@ class GrammarCompiler:
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
+                if hit.table_bytes() > MAX_TABLE_BYTES:  # (its requests keep it; new ones start afresh)
+                    hit = self._cache[key] = hit.renewed()
+                    self._renewed += 1
                 self._cache.move_to_end(key)
                 self._lookups += 1
                 check = self._lookups % BUDGET_CHECK_EVERY == 0  # (caches grow with use, not only at compile)
@@ -181,7 +186,8 @@ class GrammarCompiler:
         kept and evicted, and the rule automata kept across compilations (dfa.cache_info)."""
         with self._lock:
             grammars = list(self._cache.values())
-            out = {"grammars": len(grammars), "grammars_evicted": self._evicted, "budget_bytes": self.cache_bytes}
+            out = {"grammars": len(grammars), "grammars_evicted": self._evicted, "grammars_renewed": self._renewed,
+                   "budget_bytes": self.cache_bytes}
         for g in grammars:
             for k, v in g.cache_info().items():
                 out[k] = out.get(k, 0) + v
