@@ -13,7 +13,8 @@ and the two sides alternate so drifts in machine speed hit both:
   (the cpu backend's choice between them: NATIVE_EXTEND_MAX, NATIVE_PREFIX_MAX);
 - with `--quantized`: the linears of 8 layers of a 1B-class model (2048 wide, 5632 MLP: widths every GGUF
   type's blocks divide) kept in each quantized type csrc/cpu_quant.c multiplies (random blocks) against
-  the same shapes in the C bf16 kernel, and each one's bytes.
+  the same shapes in the C bf16 kernel, and each one's bytes; then the embedded model's linears of one
+  batch-1 decode step, kept in its file's Q4_1 / Q8_0 blocks, against bf16.
 
     python benchmarks/cpu_kernels.py [--dtype bfloat16|float32] [--rows 1,16,64,550] [--quantized]
 """
@@ -114,6 +115,35 @@ def quantized_linears(kernels, rows_list) -> list:
                    else 2 * sum(k * n for k, n in QUANT_SHAPES) * QUANT_LAYERS) / 2**20
             out.append([rows, name, mib, t[name] * 1e3, t.get("bf16", float("nan")) / t[name]])
     return out
+
+
+def embedded_step(kernels) -> list:
+    """ms for one batch-1 decode step's linears of the embedded model, kept as its file keeps them:
+    30 layers of SHAPES in Q4_1 and the vocabulary projection (49152 x 576, Q8_0, x in fp32 as the
+    engine runs it), random blocks; against the same shapes in the C bf16 kernel."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+
+    def blocks(name, n, k):
+        raw = gguf.quants.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32),
+                                   getattr(gguf.GGMLQuantizationType, name))
+        return cpu_native.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), cpu_native.QUANT_TYPES[name][0], k, n)
+
+    layers = [(k, blocks("Q4_1", n, k)) for _ in range(LAYERS) for k, n in SHAPES]
+    vocab = blocks("Q8_0", 49152, 576)
+    xs = {k: torch.randn(1, k) for k, _ in SHAPES}
+    fns = {"Q4_1 layers": lambda: [kernels.qlinear(xs[k], w) for k, w in layers],
+           "Q8_0 vocabulary": lambda: kernels.qlinear(xs[576], vocab, exact=True)}
+    if torch.bfloat16 in kernels.linear_dtypes:
+        packed = [(k, kernels.pack_linear((torch.randn(k, n) * 0.05).bfloat16())) for _ in range(LAYERS) for k, n in SHAPES]
+        vocab16 = kernels.pack_linear((torch.randn(576, 49152) * 0.05).bfloat16())
+        xb = {k: x.bfloat16() for k, x in xs.items()}
+        fns["bf16 layers"] = lambda: [kernels.linear(xb[k], w) for k, w in packed]
+        fns["bf16 vocabulary"] = lambda: kernels.linear(xb[576], vocab16)
+    t = best(fns, 5)
+    return [[name, t[name] * 1e3] for name in fns]
 
 
 def long_inputs(kernels, rows: int = 512) -> list:
@@ -228,6 +258,8 @@ def main() -> None:
               "x in fp32 (bf16 for the bf16 kernel)")
         print(table(quantized_linears(kernels, [int(r) for r in args.rows.split(",") if int(r) <= 16]),
                     ["rows", "weights", "MiB", "ms", "bf16 / this"]))
+        print("\nthe embedded model's linears in one batch-1 decode step (ms)")
+        print(table(embedded_step(kernels), ["linears", "ms"]))
         print("\na long input on a large weight (ms)")
         print(table(long_inputs(kernels), ["weights", "rows", "weight", "kernel 16 rows at a time",
                                            "slices dequantized", "speedup"]))
