@@ -8,6 +8,8 @@ would count as two characters against minLength/maxLength, so it is not offered)
 
 from __future__ import annotations
 
+import functools
+
 from agentkv.errors import GrammarError
 from agentkv.grammar.expr import (
     Alt,
@@ -38,6 +40,17 @@ STRING_CHAR = alt(Chars(complement(NEEDS_ESCAPE)),
 MAX_LENGTH_BOUND = 256  # longer bounds: counted in blocks (json_strings.py), or relaxed beside a pattern
 
 
+def _escape_of(cp: int):
+    """How JSON writes the character `cp` that needs an escape: its short escape, or \\u00XX (either case)."""
+    if cp in SHORT_ESCAPES:
+        return lit(SHORT_ESCAPES[cp])
+    return seq(lit("\\u00"), chars(str(cp >> 4)), chars(*{f"{cp & 15:x}", f"{cp & 15:X}"}))
+
+
+ESCAPES = {cp: _escape_of(cp) for lo, hi in NEEDS_ESCAPE for cp in range(lo, hi + 1)}
+
+
+@functools.lru_cache(maxsize=4096)  # (a string language recurs: the same names, formats and patterns across schemas)
 def escaped(e):
     """Rewrite a character-level expression so it matches the JSON-string-body encoding of its strings."""
     if isinstance(e, Chars):
@@ -45,11 +58,7 @@ def escaped(e):
         out = [Chars(safe)] if safe else []
         for lo, hi in e.ranges:
             for lo2, hi2 in NEEDS_ESCAPE:
-                for cp in range(max(lo, lo2), min(hi, hi2) + 1):
-                    if cp in SHORT_ESCAPES:
-                        out.append(lit(SHORT_ESCAPES[cp]))
-                    else:
-                        out.append(seq(lit("\\u00"), chars(str(cp >> 4)), chars(*{f"{cp & 15:x}", f"{cp & 15:X}"})))
+                out.extend(ESCAPES[cp] for cp in range(max(lo, lo2), min(hi, hi2) + 1))
         return alt(*out)
     if isinstance(e, Lit):
         text = e.data.decode("utf-8")
