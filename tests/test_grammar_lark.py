@@ -103,3 +103,12 @@ def test_imports_are_read_once_and_never_shared():
     assert_language(built_on, ["12y"], ["12", "x", "xy"], "built on")
     plain = BYTE_COMPILER.compile_lark('start: INT "."\n%import common.INT')
     assert_language(plain, ["12."], ["x.", "12y."], "plain")
+
+
+def test_positions_after_several_rewrites():
+    """Line and column are the text's as written after two %json blocks spanning lines and a {m,n}
+    were rewritten before the error."""
+    text = 'start: %json {"type":\n "integer"} %json {"type":\n  "string"} "x"{2,3} b\nb: "y"  "ab".."c"'
+    with pytest.raises(GrammarError, match="a range needs") as e:
+        BYTE_COMPILER.compile_lark(text)
+    assert "line 4, column 9:" in str(e.value) and str(e.value).endswith("\n" + " " * 10 + "^")

@@ -41,27 +41,28 @@ class Source:
     # -- rewriting --------------------------------------------------------------------------------
 
     def _rewrite(self) -> str:
-        t, out, i, copied = self.original, [], 0, 0
+        t, out, i, copied, length = self.original, [], 0, 0, 0
         while (found := MARKS.search(t, i)) is not None:
             i, c = found.start(), found.group()
             if c == "//":
                 i = _line_end(t, i)
-            elif c in "\"/":
+                continue
+            if c in "\"/":
                 i = _quoted_end(t, i)
-            elif c == "%" and SCHEMA.match(t, i):
+                continue
+            if c == "%" and SCHEMA.match(t, i):
                 end, replacement = self._schema(t, i)
-            elif c == "{" and REPEAT.match(t, i):
-                m = REPEAT.match(t, i)
+            elif c == "{" and (m := REPEAT.match(t, i)):
                 hi = m.group(3) or (str(UNBOUNDED) if m.group(2) else m.group(1))
                 end, replacement = m.end(), f" ~ {m.group(1)}..{hi}"
             else:
                 i += 1
                 continue
-            if c in "%{":
-                out.append(t[copied:i])
-                self._edits.append((sum(map(len, out)), len(replacement), i, end))
-                out.append(replacement)
-                i = copied = end
+            out += [t[copied:i], replacement]
+            length += i - copied
+            self._edits.append((length, len(replacement), i, end))
+            length += len(replacement)
+            i = copied = end
         out.append(t[copied:])
         declared = "".join(f"\n%declare {name}" for name in self.json)
         return "".join(out) + declared
