@@ -340,22 +340,33 @@ int agentkv_token_walk(const Grammar *g, const Trie *t, const int32_t *stack, in
         const uint32_t *plain = t->plain_masks + (int64_t)w.reach0 * t->words;
         for (int32_t k = 0; k < t->words; k++) allowed[k] |= plain[k];
     }
+    /* the stacks every start walks from: the top's expansion, level 0 (walk_range writes past it) */
+    int32_t e = expansion(&w, top);
+    int can_end = e >= 0 ? add_expansion(&w, e, 0) : 0;
+    w.level_at[0] = 0;
+    w.level_at[1] = w.levels.n;
+    int32_t reach = -1;  /* the most plain text some stack of level 0 surely reads */
+    for (int64_t k = 0; k < w.levels.n; k++)
+        if (g->text_reach[w.levels.v[k].top] > reach) reach = g->text_reach[w.levels.v[k].top];
     for (int32_t s = 0; s < n_starts && !w.oom; s++) {
         int32_t node = starts[2 * s], base = starts[2 * s + 1];
-        w.levels.n = 0;
-        int32_t e = expansion(&w, top);
-        if (e < 0) break;
-        int can_end = add_expansion(&w, e, 0);
-        w.level_at[0] = 0;
-        w.level_at[1] = w.levels.n;
+        w.levels.n = w.level_at[1];
         if (can_end && relative && node < 0) {
             below[2 * w.n_below] = -1;
             below[2 * w.n_below + 1] = 0;
             w.n_below++;
         }
-        if (!w.levels.n) continue;
-        if (node < 0) walk_range(&w, 0, t->n_nodes, 0);
-        else walk_range(&w, node + 1, t->next[node], base);
+        if (!w.level_at[1]) {
+            continue;
+        } else if (node < 0) {
+            walk_range(&w, 0, t->n_nodes, 0);
+        } else if (t->text_chars[node] >= 0 && reach >= t->text_chars[node]) {
+            /* every token below reads plain text within the reach (a string's tokens returning below a
+               block of its characters, say): all of them, without a step */
+            allow_range(&w, t->tok[node] + t->n_end[node], t->tok[t->next[node]]);
+        } else {
+            walk_range(&w, node + 1, t->next[node], base);
+        }
     }
     *n_below = w.n_below;
     *depth = w.depth;
