@@ -4,7 +4,12 @@ caret in the text as written (the `lark` package parses it; %json blocks and {m,
 import pytest
 
 from agentkv.errors import GrammarError
-from tests.grammar_helpers import BYTE_COMPILER, STRICT_BYTE_COMPILER, assert_language
+from tests.grammar_helpers import (
+    BYTE_COMPILER,
+    STRICT_BYTE_COMPILER,
+    accepts,
+    assert_language,
+)
 
 CALC = r"""
 ?start: sum
@@ -112,3 +117,11 @@ def test_positions_after_several_rewrites():
     with pytest.raises(GrammarError, match="a range needs") as e:
         BYTE_COMPILER.compile_lark(text)
     assert "line 4, column 9:" in str(e.value) and str(e.value).endswith("\n" + " " * 10 + "^")
+
+
+def test_nesting_past_the_parsers_reach_is_a_grammar_error():
+    """Parentheses 2,000 deep overflow Lark's recursive tree walks: a GrammarError naming the fix,
+    not a RecursionError (a server's 500)."""
+    assert accepts(BYTE_COMPILER.compile_lark("start: " + "(" * 100 + '"a"' + ")" * 100), "a")
+    with pytest.raises(GrammarError, match="nests too deeply"):
+        BYTE_COMPILER.compile_lark("start: " + "(" * 2000 + '"a"' + ")" * 2000)

@@ -73,8 +73,12 @@ class GrammarCompiler:
             if check:
                 self._keep_to_budget()
             return hit
-        with _collector_paused():
-            g = build(time.monotonic() + self.timeout_s)
+        try:
+            with _collector_paused():
+                g = build(time.monotonic() + self.timeout_s)
+        except RecursionError:  # (any front end's parser, Lark's included, or the linker)
+            raise GrammarError("the grammar nests too deeply to compile: nest it fewer levels deep (a few "
+                               "hundred at most)") from None
         with self._lock:
             self._cache[key] = g
             while len(self._cache) > self._cache_size:
@@ -101,10 +105,7 @@ class GrammarCompiler:
 
     def _from_rules(self, rules: dict, root: str, description: str, deadline: float,
                     relaxed: tuple[Relaxed, ...] = ()) -> CompiledGrammar:
-        try:
-            auto = link(rules, root, deadline)
-        except RecursionError:
-            raise GrammarError("grammar nested too deeply to compile") from None
+        auto = link(rules, root, deadline)
         if time.monotonic() > deadline:
             raise GrammarError(f"compiling {description} took longer than {self.timeout_s} s; simplify it "
                                "or raise GrammarCompiler(timeout_s=...)")
