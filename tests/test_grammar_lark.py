@@ -125,3 +125,13 @@ def test_nesting_past_the_parsers_reach_is_a_grammar_error():
     assert accepts(BYTE_COMPILER.compile_lark("start: " + "(" * 100 + '"a"' + ")" * 100), "a")
     with pytest.raises(GrammarError, match="nests too deeply"):
         BYTE_COMPILER.compile_lark("start: " + "(" * 2000 + '"a"' + ")" * 2000)
+
+
+def test_templates_that_instantiate_without_end_are_refused():
+    """Templates whose uses nest their own arguments deeper at each step make a new instance at each:
+    refused once the nesting passes the parser's reach, in bounded memory (instances are numbered, not
+    named by their arguments, whose spelling doubled its escapes at each level)."""
+    with pytest.raises(GrammarError, match="nests too deeply"):
+        BYTE_COMPILER.compile_lark('start: _t{"a"}\n_t{x}: x "b" | _w{x}\n_w{z}: _t{_w{z}}')
+    same = BYTE_COMPILER.compile_lark('start: _l{"a"} _l{"a"} _l{"b"}\n_l{x}: x | x _l{x}')
+    assert_language(same, ["aab", "aaaabb"], ["ab", "aabc"], "recursive template")

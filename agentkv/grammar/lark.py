@@ -66,6 +66,7 @@ class _Grammar:
         self.rules: dict[str, object] = {}      # lowercase name -> tree of tuples
         self.terminals: dict[str, object] = {}  # UPPERCASE name -> tree of tuples, inlined where used
         self.templates: dict[str, tuple] = {}   # template name -> (params, Lark tree)
+        self.instances: dict[tuple, str] = {}   # (template, its arguments) -> the rule made for them
         self.json_rules: dict[str, object] = {}  # rules of the %json schemas
         self.ignore_expr = None
 
@@ -142,10 +143,13 @@ class _Grammar:
         return ("rep", atom, lo, None if hi >= UNBOUNDED else hi)
 
     def instance(self, name: str, args: list):
-        """A template used with arguments: one rule per distinct use, as Lark makes."""
+        """A template used with arguments: one rule per distinct use, as Lark makes (numbered: a name
+        spelling out its arguments would grow with each nesting of templates in templates)."""
         params, tree = self.templates[name]  # (Lark checked the name and the number of arguments)
-        key = f"{name}{{{', '.join(map(repr, args))}}}"
-        if key not in self.rules:
+        use = (name, _frozen(args))
+        key = self.instances.get(use)
+        if key is None:
+            key = self.instances[use] = f"{name}#{len(self.instances)}"
             self.rules[key] = ("alt", [])  # a recursive use of the same instance calls it
             self.rules[key] = self.convert(tree, dict(zip(params, args)))
         return ("name", key)
@@ -232,6 +236,11 @@ class _Grammar:
             out["r:start"] = seq(self.ignore_expr, out["r:start"], self.ignore_expr)
         out.update(self.json_rules)
         return out
+
+
+def _frozen(node):
+    """A tree of tuples, hashable (its lists as tuples)."""
+    return tuple(map(_frozen, node)) if isinstance(node, (list, tuple)) else node
 
 
 def _remove_left_recursion(name: str, body):
