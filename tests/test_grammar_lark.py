@@ -77,6 +77,7 @@ def test_lark_table(grammar, good, bad):
     ('start: ["a"', 1, "'\\[' is never closed"),
     ("start: \"a\" %json {\"type\": 1", 1, "not closed"),
     ("start: \"a\"\n%import .grammar.X", 2, "only `%import common"),
+    ("start: X\n%import common.sub.X", 2, "only `%import common"),
 ])
 def test_lark_errors(grammar, line, what):
     with pytest.raises(GrammarError, match=what) as e:

@@ -94,7 +94,7 @@ class Source:
         names: dict[str, str] = {}
         for m in IMPORT.finditer(self.text):
             path, rest = m.group(1), m.group(2)
-            if path.split(".")[0] != "common":
+            if path.split(".")[0] != "common" or path.count(".") > 1:  # (common.a.B: a file common/a.lark)
                 raise self.error(m.start(1), "only `%import common.NAME` (or `%import common (A, B)`) is "
                                              "available: define the rule here instead")
             if "." in path:
