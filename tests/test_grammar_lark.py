@@ -78,6 +78,10 @@ def test_lark_table(grammar, good, bad):
     ("start: \"a\" %json {\"type\": 1", 1, "not closed"),
     ("start: \"a\"\n%import .grammar.X", 2, "only `%import common"),
     ("start: X\n%import common.sub.X", 2, "only `%import common"),
+    # found by mutating grammars: Lark reads `%importmmon.` as an import of mmon, and its own error
+    # report raises a TypeError on this text
+    ("start: X\n%importmmon. common.X", 2, "only `%import common"),
+    ('start: i\ni: "a" | ITEM\nITEM:" | ""c".."f" ~ 1 (sep..3', None, "Lark could not read it"),
 ])
 def test_lark_errors(grammar, line, what):
     with pytest.raises(GrammarError, match=what) as e:
@@ -136,3 +140,14 @@ def test_templates_that_instantiate_without_end_are_refused():
         BYTE_COMPILER.compile_lark('start: _t{"a"}\n_t{x}: x "b" | _w{x}\n_w{z}: _t{_w{z}}')
     same = BYTE_COMPILER.compile_lark('start: _l{"a"} _l{"a"} _l{"b"}\n_l{x}: x | x _l{x}')
     assert_language(same, ["aab", "aaaabb"], ["ab", "aabc"], "recursive template")
+
+
+def test_lark_itself_imports_nothing_but_common():
+    """Beneath the text's own check: the builder Lark is handed refuses any import but its common.lark
+    (an import of another path opens a file relative to the working directory)."""
+    from agentkv.grammar.lark import _Builder, _ImportRefused
+
+    for path, base in ((("secret",), None), (("common", "sub"), None), (("common",), "/tmp")):
+        with pytest.raises(_ImportRefused):
+            _Builder().do_import(path, base, {"X": "X"})
+    _Builder().do_import(("common",), None, {"INT": "INT"})

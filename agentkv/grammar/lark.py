@@ -38,11 +38,20 @@ from agentkv.grammar.regex import match_expr
 EXACT_COMMON = {"ESCAPED_STRING": r'"([^"\\]|\\.)*"', "C_COMMENT": r"/\*([^*]|\*+[^*/])*\*+/"}
 
 
+class _ImportRefused(Exception):
+    def __init__(self, path: str):
+        self.path = path
+
+
 class _Builder(GrammarBuilder):
-    """Lark's grammar builder, reading each import of common.lark once per process (parsing common.lark
-    took ~3.5 ms of every compile that imports from it, 3x the rest of a small grammar's compile)."""
+    """Lark's grammar builder, importing from Lark's common.lark only (any other import opens a file,
+    relative to the working directory where Lark finds no such grammar of its own), and each import of
+    it read once per process (parsing common.lark took ~3.5 ms of every compile that imports from it,
+    3x the rest of a small grammar's compile)."""
 
     def do_import(self, dotted_path, base_path, aliases, base_mangle=None):
+        if tuple(dotted_path) != ("common",) or base_path is not None:
+            raise _ImportRefused(".".join(dotted_path))
         key = (dotted_path, tuple(sorted(aliases.items())))
         if key not in _imported:
             gb = GrammarBuilder()
@@ -80,8 +89,16 @@ class _Grammar:
         try:
             gb.load_grammar(self.src.text, "<grammar>")
             grammar = gb.build()
+        except _ImportRefused as e:
+            raise self.error(self.src.import_at(e.path), "only `%import common.NAME` (or `%import common (A, B)`) "
+                                                         "is available: define the rule here instead") from None
         except (LarkError, AssertionError) as e:  # (Lark asserts on a few grammars it cannot load)
             raise self.src.lark_error(e) from None
+        except (RecursionError, MemoryError):
+            raise
+        except Exception as e:  # (Lark's own error message fails on a few texts: a TypeError)
+            raise GrammarError(f"Lark grammar: Lark could not read it ({type(e).__name__} in its error report); "
+                               "check the syntax of its last edited definition") from None
         self.ignore = list(grammar.ignore)
         for name, params, tree, _ in grammar.rule_defs:
             if params:

@@ -22,7 +22,7 @@ from agentkv.errors import GrammarError
 MARKS = re.compile(r'//|["/%{]')  # where a comment, string, regex, schema or repetition may start
 SCHEMA = re.compile(r"%(py)?json\b")
 REPEAT = re.compile(r"\{[ \t]*([0-9]+)[ \t]*(?:(,)[ \t]*([0-9]*)[ \t]*)?\}")
-IMPORT = re.compile(r"^[ \t]*%import[ \t]+([\w.]*)(.*)$", re.M)
+IMPORT = re.compile(r"^[ \t]*%import[ \t]*([\w.]*)(.*)$", re.M)
 UNBOUNDED = 2 ** 62  # the upper bound written for `x{m,}`; lark.py reads it back as none
 
 
@@ -110,6 +110,12 @@ class Source:
         return names
 
     # -- positions --------------------------------------------------------------------------------
+
+    def import_at(self, path: str) -> int:
+        """Where the %import of `path` (dotted) is, or the first %import."""
+        first = path.split(".")[0]
+        m = re.search(rf"%import[ \t]*\.?{re.escape(first)}", self.text) or re.search("%import", self.text)
+        return m.start() if m else 0
 
     def original_pos(self, pos: int) -> int:
         """The original position of `pos` in the rewritten text (a rewritten piece: where it began)."""
