@@ -261,19 +261,17 @@ class CompiledGrammar:
 
     def cache_bytes(self) -> int:
         """What this grammar holds, in bytes: its automaton, configuration tables, token masks and the
-        native walks kept."""
-        with self._lock:  # (the native cache is read while no mask call changes it)
-            walks = self.walk_tables.cache_stats() if "walk_tables" in self.__dict__ else {}
-            masks = len(self._masks)
-        return int(self.automaton.trans.nbytes + self._table_bytes + masks * self.info.words * 4
-                   + walks.get("walk_bytes", 0))
+        native walks kept (as cache_info counts them)."""
+        info = self.cache_info()
+        return int(self.automaton.trans.nbytes + info["table_bytes"] + info["mask_bytes"] + info.get("walk_bytes", 0))
 
     def cache_info(self) -> dict[str, int]:
         """What this grammar keeps: configurations, byte steps, masks (and their bytes), top-state
-        walks (native: their bytes), and what was evicted."""
+        walks (native: their bytes), and what was evicted. (Walk tables not built yet stay unbuilt.)"""
         with self._lock:  # (the native cache is read while no mask call changes it)
-            walks = self.walk_tables.cache_stats()
-        return {"configs": len(self._configs), "masks": len(self._masks), "steps": len(self._steps),
+            walks = self.walk_tables.cache_stats() if "walk_tables" in self.__dict__ else {}
+            masks = len(self._masks)
+        return {"configs": len(self._configs), "masks": masks, "steps": len(self._steps),
                 "table_bytes": self._table_bytes,
-                "states": walks.get("walks", len(self._state_tokens)), "mask_bytes": len(self._masks) * self.info.words * 4,
+                "states": walks.get("walks", len(self._state_tokens)), "mask_bytes": masks * self.info.words * 4,
                 "mask_evictions": self._mask_evictions, **walks}
