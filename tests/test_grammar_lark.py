@@ -145,8 +145,8 @@ def test_templates_that_instantiate_without_end_are_refused():
 
 
 def test_lark_itself_imports_nothing_but_common():
-    """Beneath the text's own check: the builder Lark is handed refuses any import but its common.lark
-    (an import of another path opens a file relative to the working directory)."""
+    """The builder Lark is handed refuses any import but its common.lark (an import of another path
+    opens a file relative to the working directory)."""
     from agentkv.grammar.lark import _Builder, _ImportRefused
 
     for path, base in ((("secret",), None), (("common", "sub"), None), (("common",), "/tmp")):
