@@ -75,6 +75,17 @@ QUANT_LAYERS = 8
 QUANT_SHAPES = [(2048, 2560), (2048, 2048), (2048, 11264), (5632, 2048)]  # [in, out]: qkv (GQA), o, gate_up, down
 
 
+def quant_blocks(name: str, n: int, k: int, rng) -> cpu_native.QuantWeight:
+    """A random [n, k] weight quantized to a GGUF type by the `gguf` package (not a K-quant: it cannot
+    make those)."""
+    import gguf
+    import numpy as np
+
+    raw = gguf.quants.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32),
+                               getattr(gguf.GGMLQuantizationType, name))
+    return cpu_native.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), cpu_native.QUANT_TYPES[name][0], k, n)
+
+
 def quantized_linears(kernels, rows_list) -> list:
     """ms for QUANT_LAYERS layers' linears per type (random blocks of each; the bf16 kernel's packed
     weights as the reference), and the weights' MiB."""
@@ -96,9 +107,9 @@ def quantized_linears(kernels, rows_list) -> list:
             for k, n in QUANT_SHAPES:
                 if name in K_QUANTS:
                     raw = k_blocks(kind, (n, k), rng)
+                    ws.append((k, cpu_native.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), code, k, n)))
                 else:
-                    raw = gguf.quants.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), kind)
-                ws.append((k, cpu_native.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), code, k, n)))
+                    ws.append((k, quant_blocks(name, n, k, rng)))
         sets[name] = ws
     bf16 = [(k, kernels.pack_linear((torch.randn(k, n) * 0.05).bfloat16())) for _ in range(QUANT_LAYERS)
             for k, n in QUANT_SHAPES] if torch.bfloat16 in kernels.linear_dtypes else []
@@ -121,18 +132,11 @@ def embedded_step(kernels) -> list:
     """ms for one batch-1 decode step's linears of the embedded model, kept as its file keeps them:
     30 layers of SHAPES in Q4_1 and the vocabulary projection (49152 x 576, Q8_0, x in fp32 as the
     engine runs it), random blocks; against the same shapes in the C bf16 kernel."""
-    import gguf
     import numpy as np
 
     rng = np.random.default_rng(0)
-
-    def blocks(name, n, k):
-        raw = gguf.quants.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32),
-                                   getattr(gguf.GGMLQuantizationType, name))
-        return cpu_native.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), cpu_native.QUANT_TYPES[name][0], k, n)
-
-    layers = [(k, blocks("Q4_1", n, k)) for _ in range(LAYERS) for k, n in SHAPES]
-    vocab = blocks("Q8_0", 49152, 576)
+    layers = [(k, quant_blocks("Q4_1", n, k, rng)) for _ in range(LAYERS) for k, n in SHAPES]
+    vocab = quant_blocks("Q8_0", 49152, 576, rng)
     xs = {k: torch.randn(1, k) for k, _ in SHAPES}
     fns = {"Q4_1 layers": lambda: [kernels.qlinear(xs[k], w) for k, w in layers],
            "Q8_0 vocabulary": lambda: kernels.qlinear(xs[576], vocab, exact=True)}
