@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agentkv.kernels.cpu_native import NativeKernels, PackedLinear, QuantWeight
+from agentkv.kernels.cpu_native import QLINEAR_MAX_ROWS, TILED_TYPES, NativeKernels, PackedLinear, QuantWeight
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
@@ -92,6 +92,7 @@ class Linear(nn.Module):
         if self.quantized is not None:
             assert native is not None, "quantized weights are kept only where the native kernels run"
             self.native = native
+            self.quantized = tiled(native, self.quantized)
         elif self.native_weight is None and _native_linear(native, self.weight):
             self.native, self.native_weight = native, native.pack_linear(self.weight.data)
             self.weight = None
@@ -121,6 +122,14 @@ class Linear(nn.Module):
         return y
 
 
+def tiled(native: NativeKernels, w: QuantWeight) -> QuantWeight:
+    """`w` in tiles of 16 rows (csrc/cpu_tiles.c) where the CPU has the tiled kernels' body and the type
+    is one they take; else `w` as it is (the row-major kernels of csrc/cpu_quant.c)."""
+    if native.qtile_fast and w.qtype in TILED_TYPES and not w.tiled:
+        return native.tile(w)
+    return w
+
+
 class LogitsProjection(nn.Module):
     """The vocabulary projection: `weight` [vocab, hidden] is the embedding table when tied, so the
     packed copy is the only extra memory. Measured here for [T, 576] x [576, 49152]: 4.1 / 10.5 ms at
@@ -138,9 +147,13 @@ class LogitsProjection(nn.Module):
             self.packed = _pack(weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.weight, QuantWeight):
-            # x kept in fp32: the argmax of 49k logits is decided by margins that int8 activations
-            # erase (SmolLM2's first answer token flips from "The" to "L" with them)
+        quant = isinstance(self.weight, QuantWeight)
+        if quant and self.weight.tiled and x.dtype == torch.float32 and x.shape[0] <= QLINEAR_MAX_ROWS:
+            # a decode step's rows: int8 activations for every logit, then the top ones re-scored
+            # with x in fp32: the argmax of 49k logits is decided by margins that int8 activations
+            # erase (SmolLM2's first answer token flips from "The" to "L" with them alone)
+            return self.native.qlogits(x.contiguous(), self.weight)
+        if quant:  # x kept in fp32 for every logit (a prompt's rows scored: the weight dequantized)
             return self.native.qlinear(x.contiguous(), self.weight, exact=True)
         if self.native_weight is not None:
             return self.native.linear(x.contiguous(), self.native_weight)

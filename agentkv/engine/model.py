@@ -27,6 +27,7 @@ from agentkv.engine.linear import (
     LogitsProjection,
     QuantEmbedding,
     physical_memory,
+    tiled,
 )
 from agentkv.engine.model_config import ModelConfig, RopeScaling
 from agentkv.engine.rope import RopeTables, RotaryEmbedding
@@ -257,6 +258,10 @@ class CausalLM(nn.Module):
             module.pack(keep_plain, native)
         weight = self.embed_tokens.weight if self.lm_head is None else \
             getattr(self.lm_head, "quantized", None) or self.lm_head.weight
+        if isinstance(weight, QuantWeight) and native is not None:
+            weight = tiled(native, weight)  # its only copy: a tied embedding reads its rows from the tiles
+            if self.lm_head is None:
+                self.embed_tokens.weight = weight
         self.logits_proj = LogitsProjection(weight, native)
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext, logits_indices: torch.Tensor) -> torch.Tensor:

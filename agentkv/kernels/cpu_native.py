@@ -46,6 +46,12 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_qlinear": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
     "agentkv_qlinear_fast": ([], _INT),
     "agentkv_qdequant": ([_INT, _INT, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
+    "agentkv_qtile_pack": ([_INT, _P, _I64, _I64, _P, _INT], _INT),
+    "agentkv_qtile_fast": ([], _INT),
+    "agentkv_qtile_linear": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
+    "agentkv_qtile_dequant": ([_INT, _INT, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
+    "agentkv_qtile_logits": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _INT, _P, _I64, _INT, _INT], _INT),
+    "agentkv_decode_step": ([_P, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _INT, _INT], _INT),
     "agentkv_attention_heads_per_task": ([_INT], _INT),
     "agentkv_attention_max_queries": ([], _INT),
     "agentkv_attention_max_head_dim": ([], _INT),
@@ -70,16 +76,24 @@ QLINEAR_DEQUANT_MAX = 1 << 24  # weights up to this many elements are dequantize
 # (slices of its output rows) and multiplied by torch: 512 rows of a 11264 x 2048 weight took 92-97 ms
 # so against 178 (Q4_1) and 439 (Q4_K) through the kernel 16 rows at a time (benchmarks/cpu_kernels.py)
 QLINEAR_SLICED_MIN_ROWS = 64
+# the types csrc/cpu_tiles.c repacks into tiles of 16 rows, and its tile's rows
+TILED_TYPES = frozenset((0, 1, 2))
+TILE_ROWS = 16
+# logits of each row re-scored exactly after the int8 vocabulary projection (agentkv_qtile_logits)
+RESCORE_TOP = 32
 
 
 @dataclass
 class QuantWeight:
-    """A weight [out, in] in GGUF's blocks: `data` uint8 [out, in / 32 * bytes a block]."""
+    """A weight [out, in] in GGUF's blocks: `data` uint8 [out, in / 32 * bytes a block], row-major as
+    the file holds it, or (`tiled`) the same blocks repacked in tiles of 16 rows (csrc/cpu_tiles.c:
+    [ceil(out / 16), in / 32, 16 * bytes a block])."""
 
     data: torch.Tensor
     qtype: int
     in_features: int
     out_features: int
+    tiled: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -102,6 +116,8 @@ class NativeKernels:
         # the dtypes csrc/cpu_linear.c multiplies on this CPU: float32 with AVX-512, bfloat16 with AVX512_BF16
         self.linear_dtypes = {dt for dt, bf in _DTYPES.items() if lib.agentkv_linear_available(bf)}
         self.qlinear_fast = bool(lib.agentkv_qlinear_fast())  # int8 dot products (AVX2) for quantized weights
+        # the tiled kernels' AVX-512 VNNI body: where it is, Q8_0 / Q4_0 / Q4_1 weights are repacked at load
+        self.qtile_fast = bool(lib.agentkv_qtile_fast())
 
     @staticmethod
     def handles(t: torch.Tensor) -> bool:
@@ -145,10 +161,11 @@ class NativeKernels:
     # ---- weights kept in GGUF's quantized blocks (csrc/cpu_quant.c) ---------------------------------
 
     def qlinear(self, x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None,
-                residual: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
+                residual: torch.Tensor | None = None, exact: bool = False, generic: bool = False) -> torch.Tensor:
         """x [M, K] @ W^T (+ bias) (+ residual) for W in quantized blocks: the kernel for up to 16
         rows (a decode batch; x quantized to int8 per block there, as llama.cpp does, unless `exact`
-        or the CPU lacks AVX2); for a longer x, the weight dequantized (whole where it is
+        or the CPU lacks AVX2; a tiled weight's kernel always quantizes x, and `generic` runs its
+        plain-C body); for a longer x, the weight dequantized (whole where it is
         small, else a slice of its rows at a time for 64 rows of x and more) and multiplied by torch,
         or, for 17-63 rows of a large weight (the vocabulary projection of a few drafts), the kernel 16
         rows at a time."""
@@ -159,7 +176,7 @@ class NativeKernels:
             full = self.qdequant(w, None, x.dtype)
             base = bias if residual is None else residual if bias is None else residual + bias
             return x @ full.t() if base is None else torch.addmm(base, x, full.t())
-        if M >= QLINEAR_SLICED_MIN_ROWS:
+        if M >= QLINEAR_SLICED_MIN_ROWS or (exact and w.tiled):  # (the tiled kernel quantizes x)
             out = torch.empty(M, w.out_features, dtype=x.dtype)
             step = max(1, QLINEAR_DEQUANT_MAX // w.in_features)
             for n in range(0, w.out_features, step):
@@ -173,15 +190,18 @@ class NativeKernels:
             return out
         if M > QLINEAR_MAX_ROWS:
             return torch.cat([self.qlinear(x[i : i + QLINEAR_MAX_ROWS], w, bias,
-                                           None if residual is None else residual[i : i + QLINEAR_MAX_ROWS], exact)
+                                           None if residual is None else residual[i : i + QLINEAR_MAX_ROWS], exact,
+                                           generic)
                               for i in range(0, M, QLINEAR_MAX_ROWS)])
         assert x.stride(-1) == 1 and (residual is None or (residual.stride(-1) == 1 and residual.dtype == x.dtype))
         out = torch.empty(M, w.out_features, dtype=x.dtype)
-        bad = self._lib.agentkv_qlinear(
-            w.qtype, _DTYPES[x.dtype], x.data_ptr(), x.stride(0), M, w.in_features, w.data.data_ptr(),
-            w.out_features, None if bias is None else bias.data_ptr(),
-            None if residual is None else residual.data_ptr(), 0 if residual is None else residual.stride(0),
-            out.data_ptr(), out.stride(0), torch.get_num_threads(), exact)
+        args = (x.data_ptr(), x.stride(0), M, w.in_features, w.data.data_ptr(), w.out_features,
+                None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(),
+                0 if residual is None else residual.stride(0), out.data_ptr(), out.stride(0), torch.get_num_threads())
+        if w.tiled:
+            bad = self._lib.agentkv_qtile_linear(w.qtype, _DTYPES[x.dtype], *args, generic)
+        else:
+            bad = self._lib.agentkv_qlinear(w.qtype, _DTYPES[x.dtype], *args, exact)
         if bad:
             raise EngineError(f"quantized linear refused its inputs ({bad}); an engine bug")
         return out
@@ -192,12 +212,52 @@ class NativeKernels:
         out = torch.empty(n, w.in_features, dtype=dtype)
         if rows is not None:
             rows = rows.contiguous()
-        bad = self._lib.agentkv_qdequant(w.qtype, _DTYPES[dtype], w.data.data_ptr(), w.out_features, w.in_features,
-                                         None if rows is None else rows.data_ptr(), n, out.data_ptr(), out.stride(0),
-                                         torch.get_num_threads())
+        fn = self._lib.agentkv_qtile_dequant if w.tiled else self._lib.agentkv_qdequant
+        bad = fn(w.qtype, _DTYPES[dtype], w.data.data_ptr(), w.out_features, w.in_features,
+                 None if rows is None else rows.data_ptr(), n, out.data_ptr(), out.stride(0), torch.get_num_threads())
         if bad:
             raise EngineError(f"dequantizing rows failed ({bad}): a row index out of range")
         return out
+
+    def tile(self, w: QuantWeight) -> QuantWeight:
+        """`w`'s blocks repacked in tiles of 16 rows (csrc/cpu_tiles.c): the same bytes (the last tile's
+        rows past `out_features` are zero blocks). For Q8_0, Q4_0 and Q4_1 (TILED_TYPES)."""
+        assert w.qtype in TILED_TYPES and not w.tiled
+        tiles = -(-w.out_features // TILE_ROWS)
+        block = QUANT_TYPES[[k for k, v in QUANT_TYPES.items() if v[0] == w.qtype][0]][2]
+        out = torch.empty(tiles, w.in_features // 32, TILE_ROWS * block, dtype=torch.uint8)
+        bad = self._lib.agentkv_qtile_pack(w.qtype, w.data.data_ptr(), w.out_features, w.in_features, out.data_ptr(),
+                                           torch.get_num_threads())
+        if bad:
+            raise EngineError(f"repacking a quantized weight refused its shape {w.out_features} x {w.in_features}")
+        return QuantWeight(out, w.qtype, w.in_features, w.out_features, tiled=True)
+
+    def qlogits(self, x: torch.Tensor, w: QuantWeight, rescore: int = RESCORE_TOP, generic: bool = False) -> torch.Tensor:
+        """Logits [M, out] (fp32) of x [M, in] (fp32) against a tiled W: every logit through the int8
+        product, then each row's `rescore` largest computed exactly (x in fp32 against the dequantized
+        row), so the greedy token and the top log-probabilities are the exact ones."""
+        assert w.tiled and x.dtype == torch.float32 and x.stride(-1) == 1
+        M = x.shape[0]
+        out = torch.empty(M, w.out_features, dtype=torch.float32)
+        for i in range(0, M, QLINEAR_MAX_ROWS):
+            part = x[i : i + QLINEAR_MAX_ROWS]
+            bad = self._lib.agentkv_qtile_logits(w.qtype, part.data_ptr(), part.stride(0), part.shape[0], w.in_features,
+                                                 w.data.data_ptr(), w.out_features, rescore, out[i:].data_ptr(),
+                                                 out.stride(0), torch.get_num_threads(), generic)
+            if bad:
+                raise EngineError(f"the vocabulary projection refused its inputs ({bad}); an engine bug")
+        return out
+
+    def decode_step(self, model: int, n: int, ids: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor,
+                    table: torch.Tensor, rows: torch.Tensor, logits: torch.Tensor, generic: bool = False) -> int:
+        """csrc/cpu_step.c over the model described at address `model` (engine/native_step.py): `n`
+        decoding tokens' logits into `logits` [n, vocab]; 0, or the code of what it refused."""
+        for t in (ids, positions, out_loc, rows, table):
+            assert t.dtype == torch.int64 and t.is_contiguous()
+        assert logits.dtype == torch.float32 and logits.is_contiguous()
+        return self._lib.agentkv_decode_step(model, n, ids.data_ptr(), positions.data_ptr(), out_loc.data_ptr(),
+                                             table.data_ptr(), table.shape[0], table.shape[1], rows.data_ptr(),
+                                             logits.data_ptr(), torch.get_num_threads(), generic)
 
     def pack_linear(self, weight: torch.Tensor) -> PackedLinear:
         """W [in, out] in the layout of csrc/cpu_linear.c, out padded to 16 columns with zeros: bf16
@@ -297,8 +357,10 @@ def _library() -> Path:
     # OpenMP from the runtime this process already holds (torch's), found by path and linked by it
     link = [str(omp), f"-Wl,-rpath,{omp.parent}"] if omp is not None else []
     openmp = ["-fopenmp"] if omp is not None else []
+    # a call of a function with no prototype would pass its float arguments as doubles
+    strict = ["-Werror=implicit-function-declaration"]
     return native_build.build("kernels", "agentkv-cpu", sorted(_CSRC.glob("*.c")),
-                              flags=[*openmp, f"-march={_march()}"], fallback_flags=openmp, link=link,
+                              flags=[*strict, *openmp, f"-march={_march()}"], fallback_flags=[*strict, *openmp], link=link,
                               key=[_cpu_signature()])
 
 

@@ -21,6 +21,16 @@ Arithmetic is fp32 throughout; bf16 results are rounded once, to nearest even, a
 
 #define INLINE static inline __attribute__((always_inline))
 
+/* this thread's number and its team's size inside a parallel region (0 and 1 built without OpenMP) */
+#ifdef _OPENMP
+#include <omp.h>
+INLINE int omp_me(void) { return omp_get_thread_num(); }
+INLINE int omp_threads(void) { return omp_get_num_threads(); }
+#else
+INLINE int omp_me(void) { return 0; }
+INLINE int omp_threads(void) { return 1; }
+#endif
+
 typedef uint16_t bf16;
 
 INLINE float bf16_to_f32(bf16 b) {

@@ -1,0 +1,120 @@
+/* GGUF's quantized blocks as the CPU kernels read them: the types, their sizes, fp16 scales, and each
+block dequantized to fp32 (llama.cpp's dequantize_row_*), shared by the row-major kernels
+(cpu_quant.c) and the tiled ones (cpu_tiles.c). */
+
+#ifndef AGENTKV_CPU_BLOCKS_H
+#define AGENTKV_CPU_BLOCKS_H
+
+#include "cpu_kernels.h"
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define QK 32
+#define MAX_M 16
+
+#define QK_K 256
+
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4 };
+static const int BLOCK_BYTES[5] = {34, 18, 20, 144, 210};
+static const int BLOCK_WEIGHTS[5] = {QK, QK, QK, QK_K, QK_K};
+
+INLINE float half_to_f32(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#endif
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t u;
+    if (e == 0) { /* zero or subnormal: man * 2^-24 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        memcpy(&u, &f, 4);
+        u |= sign;
+    } else if (e == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((e + 112u) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* one block's 32 weights as fp32 */
+INLINE void dequant_block(const int qtype, const uint8_t *b, float *w) {
+    if (qtype == Q8_0) {
+        const float d = half_to_f32(b);
+        const int8_t *q = (const int8_t *)(b + 2);
+        for (int i = 0; i < QK; i++) w[i] = d * (float)q[i];
+    } else if (qtype == Q4_0) {
+        const float d = half_to_f32(b);
+        const uint8_t *q = b + 2;
+        for (int i = 0; i < QK / 2; i++) {
+            w[i] = d * (float)((int)(q[i] & 15) - 8);
+            w[i + QK / 2] = d * (float)((int)(q[i] >> 4) - 8);
+        }
+    } else {
+        const float d = half_to_f32(b), m = half_to_f32(b + 2);
+        const uint8_t *q = b + 4;
+        for (int i = 0; i < QK / 2; i++) {
+            w[i] = d * (float)(q[i] & 15) + m;
+            w[i + QK / 2] = d * (float)(q[i] >> 4) + m;
+        }
+    }
+}
+
+/* Q4_K's sub-block j (0..7): its 6-bit scale and minimum, packed in 12 bytes as llama.cpp's get_scale_min_k4 */
+INLINE void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
+    if (j < 4) {
+        *d = q[j] & 63, *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* one super-block's 256 weights as fp32 (llama.cpp's dequantize_row_q4_K / _q6_K) */
+INLINE void dequant_superblock(const int qtype, const uint8_t *b, float *w) {
+    if (qtype == Q4_K) {  /* fp16 d, fp16 dmin, 12 bytes of scales and minimums, 128 bytes of nibbles */
+        const float d = half_to_f32(b), dmin = half_to_f32(b + 2);
+        const uint8_t *sc = b + 4, *q = b + 16;
+        for (int j = 0; j < QK_K / 64; j++, q += 32) {
+            int s0, m0, s1, m1;
+            scale_min_k4(2 * j, sc, &s0, &m0);
+            scale_min_k4(2 * j + 1, sc, &s1, &m1);
+            const float d0 = d * s0, c0 = dmin * m0, d1 = d * s1, c1 = dmin * m1;
+            for (int l = 0; l < 32; l++) w[64 * j + l] = d0 * (float)(q[l] & 0xF) - c0;
+            for (int l = 0; l < 32; l++) w[64 * j + 32 + l] = d1 * (float)(q[l] >> 4) - c1;
+        }
+    } else {  /* Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, fp16 d */
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = half_to_f32(b + 208);
+        uint8_t q[QK_K];  /* the 6-bit quants in weight order first (plain byte loops, vectorized), */
+        for (int n = 0; n < QK_K; n += 128, ql += 64, qh += 32) {
+            for (int l = 0; l < 32; l++) {
+                q[n + l] = (uint8_t)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
+                q[n + l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+                q[n + l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                q[n + l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+        }
+        for (int g = 0; g < QK_K / 16; g++) {  /* then weight i's scale is sc[i / 16] */
+            const float s = d * (float)sc[g];
+            for (int i = 0; i < 16; i++) w[16 * g + i] = s * (float)((int)q[16 * g + i] - 32);
+        }
+    }
+}
+
+/* any type's block b of a row (32 weights, or 256 for a K-quant) as fp32 */
+INLINE void dequant_any(const int qtype, const uint8_t *row, int64_t b, float *w) {
+    const uint8_t *blk = row + b * BLOCK_BYTES[qtype];
+    if (qtype == Q8_0) dequant_block(Q8_0, blk, w);
+    else if (qtype == Q4_0) dequant_block(Q4_0, blk, w);
+    else if (qtype == Q4_1) dequant_block(Q4_1, blk, w);
+    else if (qtype == Q4_K) dequant_superblock(Q4_K, blk, w);
+    else dequant_superblock(Q6_K, blk, w);
+}
+
+#endif

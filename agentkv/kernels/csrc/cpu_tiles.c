@@ -1,0 +1,341 @@
+/* y = x @ W^T for W in GGUF's Q8_0 / Q4_0 / Q4_1 blocks repacked into tiles of 16 rows: the bytes of the
+row-major blocks in another order, so that one AVX-512 register holds 16 rows' weights and each 32-bit
+lane accumulates one output row. Decode is a matrix-vector product whose cost is reading the weights;
+the row-major kernel (cpu_quant.c) spends ~20 instructions per block on scales, unpacking and a
+horizontal sum per row, and reads them at a third of what the memory gives. Here a block of 32
+columns of 16 rows is 8 VNNI dot products against x's 4-byte groups broadcast, one scale conversion
+and two fused multiply-adds, for every row of x at once.
+
+A tile's block b (TILE_ROWS = 16 rows, row i of the tile = output row 16 t + i):
+  Q8_0 (544 bytes): fp16 d[16]; then for each group g of 4 columns (4g..4g+3), 16 x 4 bytes: row i's
+                    four weights, each stored + 128 (x ^ 0x80) so that it reads as an unsigned byte
+  Q4_0 (288 bytes): fp16 d[16]; then for c = 0..3, 16 x 4 bytes: row i's bytes 4c..4c+3 of the block
+                    (low nibbles: columns 4c.., high nibbles: columns 16 + 4c..)
+  Q4_1 (320 bytes): fp16 d[16], fp16 m[16], then the nibbles as Q4_0
+Rows past N (the last tile's padding) are zero blocks. A tile's blocks are consecutive, tiles follow
+each other: a thread's share of tiles is one linear stream.
+
+x is quantized once per input to int8 blocks (QRows: scale d_x, integer sum s_x), and each output is
+  sum over blocks of (d_w * d_x) * (int dot - off * s_x)  (+ m_w * d_x s_x for Q4_1)
+with off = 128 (Q8_0's stored + 128) or 8 (Q4_0's), summed in two accumulators (even and odd
+blocks) added at the end. The integer parts are exact; the plain-C body makes the same fp32
+operations in the same order as the AVX-512 one, so both give the same bits (the tests check). */
+
+#include <stdlib.h>
+
+#include "cpu_tiles.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define AGENTKV_TILES_FAST 1
+#else
+#define AGENTKV_TILES_FAST 0
+#endif
+
+INLINE int tiled_type(int qtype) { return qtype == Q8_0 || qtype == Q4_0 || qtype == Q4_1; }
+INLINE int64_t quant_offset(int qtype) { return qtype == Q8_0 ? 128 : qtype == Q4_0 ? 8 : 0; }
+INLINE int scale_bytes(int qtype) { return qtype == Q4_1 ? 64 : 32; } /* d (and m) before the weights */
+
+/* ---- repacking and reading back --------------------------------------------------------------- */
+
+/* W row-major [N][K / 32 blocks] into tiles [ceil(N / 16)][K / 32][tile block]; returns 0, or 1 for a
+   type that is not tiled or K not a multiple of 32 */
+int agentkv_qtile_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_t *out, int nthreads) {
+    if (!tiled_type(qtype) || K % QK) return 1;
+    const int64_t nb = K / QK, bb = BLOCK_BYTES[qtype], tb = tile_block_bytes(qtype), ntiles = (N + 15) / 16;
+    const int sb = scale_bytes(qtype);
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t t = 0; t < ntiles; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *dst = out + (t * nb + b) * tb;
+            memset(dst, 0, (size_t)tb);
+            for (int i = 0; i < TILE_ROWS && t * TILE_ROWS + i < N; i++) {
+                const uint8_t *src = w + (t * TILE_ROWS + i) * nb * bb + b * bb;
+                memcpy(dst + 2 * i, src, 2);                               /* d */
+                if (qtype == Q4_1) memcpy(dst + 32 + 2 * i, src + 2, 2);   /* m */
+                const uint8_t *qs = src + (qtype == Q4_1 ? 4 : 2);
+                const int groups = qtype == Q8_0 ? 8 : 4;
+                for (int g = 0; g < groups; g++)
+                    for (int j = 0; j < 4; j++)
+                        dst[sb + g * 64 + 4 * i + j] = qtype == Q8_0 ? (uint8_t)(qs[4 * g + j] ^ 0x80) : qs[4 * g + j];
+            }
+        }
+    return 0;
+}
+
+/* row n of a tiled W rebuilt as its row-major blocks, then dequantized as they are */
+void agentkv_qtile_row(int qtype, const uint8_t *tiles, int64_t K, int64_t n, float *out) {
+    const int64_t nb = K / QK, tb = tile_block_bytes(qtype), t = n / TILE_ROWS;
+    const int i = (int)(n % TILE_ROWS), sb = scale_bytes(qtype), groups = qtype == Q8_0 ? 8 : 4;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *src = tiles + (t * nb + b) * tb;
+        uint8_t blk[34];
+        memcpy(blk, src + 2 * i, 2);
+        if (qtype == Q4_1) memcpy(blk + 2, src + 32 + 2 * i, 2);
+        uint8_t *qs = blk + (qtype == Q4_1 ? 4 : 2);
+        for (int g = 0; g < groups; g++)
+            for (int j = 0; j < 4; j++) {
+                const uint8_t v = src[sb + g * 64 + 4 * i + j];
+                qs[4 * g + j] = qtype == Q8_0 ? (uint8_t)(v ^ 0x80) : v;
+            }
+        dequant_block(qtype, blk, out + b * QK);
+    }
+}
+
+/* ---- the products -------------------------------------------------------------------------------- */
+
+/* the result of one tile for x's M rows: out[m, 16 t + i] for i < valid, plus bias and residual */
+INLINE void tile_store(const float *v, int64_t m, int64_t n0, int valid, const void *bias, const void *res,
+                       int64_t r_ld, void *out, int64_t out_ld, const int bf) {
+    for (int i = 0; i < valid; i++) {
+        float y = v[i];
+        if (bias) y += load1(bias, n0 + i, bf);
+        if (res) y += load1(res, m * r_ld + n0 + i, bf);
+        store1(out, m * out_ld + n0 + i, y, bf);
+    }
+}
+
+/* one block's contribution to one row's accumulator: the plain-C form of the AVX-512 body below */
+INLINE float block_generic(const int qtype, const uint8_t *blk, int i, const QRows *x, int64_t m, int64_t b,
+                           float acc) {
+    const int64_t nb = x->K / QK;
+    const int8_t *xb = x->q + m * x->K + b * QK;
+    const uint8_t *qs = blk + scale_bytes(qtype);
+    int32_t dot = 0;
+    if (qtype == Q8_0) {
+        for (int g = 0; g < 8; g++)
+            for (int j = 0; j < 4; j++) dot += (int32_t)qs[g * 64 + 4 * i + j] * xb[4 * g + j];
+    } else {
+        for (int c = 0; c < 4; c++)
+            for (int j = 0; j < 4; j++) {
+                const uint8_t v = qs[c * 64 + 4 * i + j];
+                dot += (int32_t)(v & 15) * xb[4 * c + j] + (int32_t)(v >> 4) * xb[16 + 4 * c + j];
+            }
+    }
+    dot -= (int32_t)quant_offset(qtype) * x->s[m * nb + b];
+    const float dd = half_to_f32(blk + 2 * i) * x->d[m * nb + b];
+    acc = fmaf(dd, (float)dot, acc);
+    if (qtype == Q4_1) acc = fmaf(half_to_f32(blk + 32 + 2 * i), x->ds[m * nb + b], acc);
+    return acc;
+}
+
+INLINE void tile_generic(const int qtype, const uint8_t *tile, int64_t nb, const QRows *x, int64_t M,
+                         float res[MAX_M][TILE_ROWS]) {
+    const int64_t tb = tile_block_bytes(qtype);
+    for (int64_t m = 0; m < M; m++)
+        for (int i = 0; i < TILE_ROWS; i++) {
+            float a0 = 0.f, a1 = 0.f;
+            int64_t b = 0;
+            for (; b + 1 < nb; b += 2) {
+                a0 = block_generic(qtype, tile + b * tb, i, x, m, b, a0);
+                a1 = block_generic(qtype, tile + (b + 1) * tb, i, x, m, b + 1, a1);
+            }
+            if (b < nb) a0 = block_generic(qtype, tile + b * tb, i, x, m, b, a0);
+            res[m][i] = a0 + a1;
+        }
+}
+
+#if AGENTKV_TILES_FAST
+/* the block's 16 rows' weights as 8 registers of unsigned bytes, u[g] holding columns 4g..4g+3 */
+INLINE void unpack_avx512(const int qtype, const uint8_t *qs, __m512i *u) {
+    if (qtype == Q8_0) {
+        for (int g = 0; g < 8; g++) u[g] = _mm512_loadu_si512((const void *)(qs + 64 * g));
+        return;
+    }
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int c = 0; c < 4; c++) {
+        const __m512i r = _mm512_loadu_si512((const void *)(qs + 64 * c));
+        u[c] = _mm512_and_si512(r, low);
+        u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(r, 4), low);
+    }
+}
+
+INLINE __m512 block_avx512(const int qtype, const __m512i *u, __m512 dv, __m512 mv, const QRows *x, int64_t m,
+                           int64_t b, __m512 acc) {
+    const int64_t nb = x->K / QK;
+    const int8_t *xb = x->q + m * x->K + b * QK;
+    int32_t xg[8];
+    memcpy(xg, xb, 32);
+    __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(xg[0]));
+    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_set1_epi32(xg[1]));
+    s0 = _mm512_dpbusd_epi32(s0, u[2], _mm512_set1_epi32(xg[2]));
+    s1 = _mm512_dpbusd_epi32(s1, u[3], _mm512_set1_epi32(xg[3]));
+    s0 = _mm512_dpbusd_epi32(s0, u[4], _mm512_set1_epi32(xg[4]));
+    s1 = _mm512_dpbusd_epi32(s1, u[5], _mm512_set1_epi32(xg[5]));
+    s0 = _mm512_dpbusd_epi32(s0, u[6], _mm512_set1_epi32(xg[6]));
+    s1 = _mm512_dpbusd_epi32(s1, u[7], _mm512_set1_epi32(xg[7]));
+    __m512i dot = _mm512_add_epi32(s0, s1);
+    if (qtype != Q4_1) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32((int32_t)quant_offset(qtype) * x->s[m * nb + b]));
+    const __m512 dd = _mm512_mul_ps(dv, _mm512_set1_ps(x->d[m * nb + b]));
+    acc = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(dot), acc);
+    if (qtype == Q4_1) acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(x->ds[m * nb + b]), acc);
+    return acc;
+}
+
+INLINE void tile_avx512(const int qtype, const uint8_t *tile, int64_t nb, const QRows *x, int64_t M,
+                        float res[MAX_M][TILE_ROWS]) {
+    const int64_t tb = tile_block_bytes(qtype);
+    __m512 a0[MAX_M], a1[MAX_M];
+    for (int64_t m = 0; m < M; m++) a0[m] = a1[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = tile + b * tb;
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 mv = qtype == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
+                                        : _mm512_setzero_ps();
+        __m512i u[8];
+        unpack_avx512(qtype, blk + scale_bytes(qtype), u);
+        __builtin_prefetch(blk + 8 * tb, 0, 0);
+        if (b & 1)
+            for (int64_t m = 0; m < M; m++) a1[m] = block_avx512(qtype, u, dv, mv, x, m, b, a1[m]);
+        else
+            for (int64_t m = 0; m < M; m++) a0[m] = block_avx512(qtype, u, dv, mv, x, m, b, a0[m]);
+    }
+    for (int64_t m = 0; m < M; m++) _mm512_storeu_ps(res[m], _mm512_add_ps(a0[m], a1[m]));
+}
+#endif
+
+INLINE void range_body(const int qtype, const int bf, const uint8_t *tiles, int64_t N, int64_t K, const QRows *x,
+                       int64_t M, int64_t t0, int64_t t1, const void *bias, const void *res, int64_t r_ld, void *out,
+                       int64_t out_ld, int generic) {
+    const int64_t nb = K / QK, tb = tile_block_bytes(qtype);
+    float v[MAX_M][TILE_ROWS];
+    for (int64_t t = t0; t < t1; t++) {
+        const uint8_t *tile = tiles + t * nb * tb;
+#if AGENTKV_TILES_FAST
+        if (!generic) tile_avx512(qtype, tile, nb, x, M, v);
+        else
+#endif
+            tile_generic(qtype, tile, nb, x, M, v);
+        const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
+        for (int64_t m = 0; m < M; m++) tile_store(v[m], m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, bf);
+    }
+    (void)generic;
+}
+
+void agentkv_qtile_range(int qtype, const uint8_t *tiles, int64_t N, int64_t K, const QRows *x, int64_t M,
+                         int64_t t0, int64_t t1, const void *bias, const void *res, int64_t r_ld, void *out,
+                         int64_t out_ld, int bf, int generic) {
+#define CASE(Q) do { \
+        if (bf) range_body(Q, 1, tiles, N, K, x, M, t0, t1, bias, res, r_ld, out, out_ld, generic); \
+        else range_body(Q, 0, tiles, N, K, x, M, t0, t1, bias, res, r_ld, out, out_ld, generic); } while (0)
+    if (qtype == Q8_0) CASE(Q8_0);
+    else if (qtype == Q4_0) CASE(Q4_0);
+    else CASE(Q4_1);
+#undef CASE
+}
+
+int agentkv_qtile_fast(void) { return AGENTKV_TILES_FAST; }
+
+/* x [M, K] quantized into `q` (buffers the caller frees) */
+static int quantize_rows(const void *x, int64_t x_ld, int64_t M, int64_t K, int bf, QRows *q) {
+    const int64_t nb = K / QK;
+    q->K = K;
+    q->q = malloc((size_t)(M * K));
+    q->d = malloc((size_t)(M * nb) * sizeof(float));
+    q->s = malloc((size_t)(M * nb) * sizeof(int32_t));
+    q->ds = malloc((size_t)(M * nb) * sizeof(float));
+    if (!q->q || !q->d || !q->s || !q->ds) return 1;
+    float v[QK];
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < nb; b++) {
+            for (int i = 0; i < QK; i++) v[i] = load1(x, m * x_ld + b * QK + i, bf);
+            quantize_block32(v, q->q + m * K + b * QK, q->d + m * nb + b, q->s + m * nb + b, q->ds + m * nb + b);
+        }
+    return 0;
+}
+
+static void free_rows(QRows *q) { free(q->q), free(q->d), free(q->s), free(q->ds); }
+
+/* x [M, K] (bf16 or fp32, row stride x_ld) @ W^T for a tiled W [N, K], out [M, N] (+ bias) (+ residual),
+   M <= 16. Returns 0, 1 for a type not tiled or K not a multiple of 32, 2 for M out of range. */
+int agentkv_qtile_linear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *tiles,
+                         int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
+                         int nthreads, int generic) {
+    if (!tiled_type(qtype) || K % QK) return 1;
+    if (M < 1 || M > MAX_M) return 2;
+    QRows q;
+    if (quantize_rows(x, x_ld, M, K, bf, &q)) {
+        free_rows(&q);
+        return 2;
+    }
+    const int64_t ntiles = (N + 15) / 16;
+#pragma omp parallel num_threads(nthreads) if (ntiles * K * M > 65536)
+    {
+        const int64_t nt = omp_threads(), me = omp_me();
+        agentkv_qtile_range(qtype, tiles, N, K, &q, M, ntiles * me / nt, ntiles * (me + 1) / nt, bias, res, r_ld, out,
+                            out_ld, bf, generic);
+    }
+    free_rows(&q);
+    return 0;
+}
+
+/* rows `rows[0..n)` of a tiled W (all N in order when NULL) into out [n, K] (row stride out_ld) */
+int agentkv_qtile_dequant(int qtype, int bf, const uint8_t *tiles, int64_t N, int64_t K, const int64_t *rows, int64_t n,
+                          void *out, int64_t out_ld, int nthreads) {
+    if (!tiled_type(qtype) || K % QK) return 1;
+    for (int64_t r = 0; r < n; r++)
+        if (rows && (rows[r] < 0 || rows[r] >= N)) return 3;
+    float *buf = malloc((size_t)K * sizeof(float) * (size_t)(nthreads > 0 ? nthreads : 1));
+    if (!buf) return 2;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (n * K > 8192)
+    for (int64_t r = 0; r < n; r++) {
+        float *w = buf + (int64_t)omp_me() * K;
+        agentkv_qtile_row(qtype, tiles, K, rows ? rows[r] : r, w);
+        for (int64_t k = 0; k < K; k++) store1(out, r * out_ld + k, w[k], bf);
+    }
+    free(buf);
+    return 0;
+}
+
+/* ---- the vocabulary projection: int8 for every logit, the top candidates re-scored exactly --------- */
+
+float agentkv_exact_dot(const float *x, const float *w, int64_t K) {
+    float lane[QK] = {0};
+    for (int64_t k = 0; k < K; k += QK)
+        for (int i = 0; i < QK; i++) lane[i] = fmaf(x[k + i], w[k + i], lane[i]);
+    float s = 0.f;
+    for (int i = 0; i < QK; i++) s += lane[i];
+    return s;
+}
+
+/* whether (v, i) ranks before (u, j): larger first, the lower index first among equals */
+INLINE int ranks_before(float v, int64_t i, float u, int64_t j) { return v > u || (v == u && i < j); }
+
+void agentkv_top_merge(const float *v, int64_t n0, int64_t n1, int R, int64_t *idx, float *val, int *count) {
+    for (int64_t n = n0; n < n1; n++) {
+        const float x = v[n];
+        if (*count == R && !ranks_before(x, n, val[R - 1], idx[R - 1])) continue;  /* the common case */
+        int at = *count < R ? (*count)++ : R - 1;
+        while (at > 0 && ranks_before(x, n, val[at - 1], idx[at - 1])) {
+            val[at] = val[at - 1], idx[at] = idx[at - 1];
+            at--;
+        }
+        val[at] = x, idx[at] = n;
+    }
+}
+
+/* Logits [M, N] (fp32, row stride out_ld) of x [M, K] (fp32) against a tiled W: every logit through the
+   int8 product, then each row's `R` largest re-scored exactly (x in fp32 against the dequantized row),
+   so the greedy token and the top log-probabilities are the exact path's. Returns as qtile_linear. */
+int agentkv_qtile_logits(int qtype, const float *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *tiles, int64_t N,
+                         int R, float *out, int64_t out_ld, int nthreads, int generic) {
+    const int bad = agentkv_qtile_linear(qtype, 0, x, x_ld, M, K, tiles, N, NULL, NULL, 0, out, out_ld, nthreads,
+                                         generic);
+    if (bad || R <= 0) return bad;
+    R = R < N ? R : (int)N;
+    int64_t *idx = malloc((size_t)R * sizeof(int64_t));
+    float *val = malloc((size_t)R * sizeof(float)), *w = malloc((size_t)K * sizeof(float));
+    if (!idx || !val || !w) {
+        free(idx), free(val), free(w);
+        return 2;
+    }
+    for (int64_t m = 0; m < M; m++) {
+        int count = 0;
+        agentkv_top_merge(out + m * out_ld, 0, N, R, idx, val, &count);
+        for (int c = 0; c < count; c++) {
+            agentkv_qtile_row(qtype, tiles, K, idx[c], w);
+            out[m * out_ld + idx[c]] = agentkv_exact_dot(x + m * x_ld, w, K);
+        }
+    }
+    free(idx), free(val), free(w);
+    return 0;
+}

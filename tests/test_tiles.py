@@ -1,0 +1,91 @@
+"""The tiled quantized linear (csrc/cpu_tiles.c): Q8_0 / Q4_0 / Q4_1 blocks repacked in tiles of 16 rows,
+against a reference written here from the formats alone (x quantized to int8 blocks as llama.cpp does,
+times the weights the `gguf` package dequantizes); the plain-C body against the AVX-512 one, bit for
+bit; rows read back from tiles; and the vocabulary projection whose top logits are re-scored exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agentkv.kernels import cpu_native
+from agentkv.kernels.cpu_native import TILE_ROWS
+from tests.test_quant_kernels import quantized
+
+kernels = cpu_native.load()
+pytestmark = pytest.mark.skipif(kernels is None, reason="agentkv's C kernels do not build here")
+TILED = ("Q8_0", "Q4_0", "Q4_1")
+
+
+def int8_reference(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the kernel reads it: each block of 32 scaled by amax / 127 and rounded half away
+    from zero, in fp64 (numpy's round is half to even, so the rounding is written out)."""
+    blocks = x.double().reshape(x.shape[0], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    scaled = torch.where(d > 0, blocks / torch.where(d > 0, d, 1), 0)
+    q = torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)
+    return (q * d).reshape(x.shape)
+
+
+@pytest.mark.parametrize("name", TILED)
+@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_linear_matches_the_formats(name, rows, dtype):
+    out_features = 100  # 6 whole tiles and 4 rows of a seventh
+    w, deq = quantized(name, out_features, 576)
+    tiled = kernels.tile(w)
+    assert tiled.data.numel() == -(-out_features // TILE_ROWS) * TILE_ROWS * w.data.shape[1]  # the same bytes a row
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 576).to(dtype)
+    bias = torch.randn(out_features).to(dtype)
+    residual = torch.randn(rows, out_features).to(dtype)
+    got = kernels.qlinear(x, tiled, bias, residual)
+    ref = int8_reference(x.float()) @ deq.double().t() + bias.double() + residual.double()
+    tol = 1e-5 if dtype == torch.float32 else 3e-2  # (bf16: x, bias, residual and the output each rounded)
+    assert ((got.double() - ref).abs() / (ref.abs() + 1)).max() < tol
+    plain = kernels.qlinear(x, tiled, bias, residual, generic=True)
+    assert torch.equal(got, plain)  # the plain-C body makes the AVX-512 body's operations in its order
+
+
+@pytest.mark.parametrize("name", TILED)
+def test_rows_read_back_from_tiles(name):
+    w, deq = quantized(name, 37, 256)
+    tiled = kernels.tile(w)
+    assert torch.equal(kernels.qdequant(tiled, None, torch.float32), deq)
+    rows = torch.tensor([36, 0, 17, 17])
+    assert torch.equal(kernels.qdequant(tiled, rows, torch.float32), deq[rows])
+
+
+@pytest.mark.parametrize("name", TILED)
+def test_logits_rescore_the_top_exactly(name):
+    """The greedy token and the top logits are the fp32 product's; the rest are the int8 product's."""
+    w, deq = quantized(name, 4000, 576, seed=3)
+    tiled = kernels.tile(w)
+    torch.manual_seed(0)
+    x = torch.randn(3, 576)
+    exact = (x.double() @ deq.double().t()).float()
+    got = kernels.qlogits(x, tiled, rescore=32)
+    approx = kernels.qlinear(x, tiled)
+    for m in range(3):
+        top = approx[m].topk(32).indices
+        assert torch.allclose(got[m, top], exact[m, top], rtol=1e-5, atol=1e-5)
+        rest = torch.ones(4000, dtype=torch.bool)
+        rest[top] = False
+        assert torch.equal(got[m, rest], approx[m, rest])
+        assert got[m].argmax() == exact[m].argmax()
+    assert torch.equal(got, kernels.qlogits(x, tiled, rescore=32, generic=True))
+
+
+def test_exact_linear_of_a_tiled_weight_dequantizes():
+    w, deq = quantized("Q8_0", 64, 128)
+    x = torch.randn(2, 128)
+    got = kernels.qlinear(x, kernels.tile(w), exact=True)
+    assert torch.allclose(got, x @ deq.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_packing_refuses_what_it_does_not_tile():
+    w, _ = quantized("Q4_K", 16, 256)
+    with pytest.raises(AssertionError):
+        kernels.tile(w)
+    assert np.array_equal(kernels.tile(quantized("Q4_0", 16, 32)[0]).data.shape, (1, 1, TILE_ROWS * 18))
