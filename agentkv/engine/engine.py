@@ -16,6 +16,7 @@ from agentkv.engine.config import build_config, resolve_device
 from agentkv.engine.constrained import GrammarSupport, output_parser
 from agentkv.engine.core import Components, EngineCore
 from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
+from agentkv.engine.native_step import native_step_for
 from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.memory import KVPool, ReqToTokenPool, free_memory, kv_slots
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
@@ -83,6 +84,7 @@ class Engine(Prefixes):
                 runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, backend.name, native is not None)
             elif cuda_graphs_wanted(cfg, runner.backend):
                 runner.graphs = DecodeGraphs(runner, min(cfg.cuda_graph_max_batch, cfg.cache.max_running_requests), context)
+            runner.native_step = native_step_for(cfg.native_step, runner, native)
             return Components(
                 scheduler=Scheduler(cfg.scheduler, pool, req_pool, tree),
                 runner=runner,

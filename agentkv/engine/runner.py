@@ -45,6 +45,7 @@ class ModelRunner:
     def __init__(self, model: CausalLM, pool: KVPool, req_pool: ReqToTokenPool, backend: AttentionBackend, device: str):
         self.model, self.pool, self.req_pool, self.backend, self.device = model, pool, req_pool, backend, device
         self.graphs = None  # DecodeGraphs when CUDA graphs are on: decode-only passes replay one
+        self.native_step = None  # NativeStep on CPU where the model qualifies: decode-only passes are one C call
         self.tp = None  # TensorParallel when tensor_parallel > 1: each pass goes to the other ranks first
 
     def prepare(self, batch: ScheduledBatch, all_logits: bool = False) -> ForwardInputs:
@@ -114,6 +115,8 @@ class ModelRunner:
             self.tp.send(inputs, ids, self.req_pool.host)
         elif self.graphs is not None and self.graphs.can_run(inputs):
             return self.graphs.run(dev, ids)
+        elif self.native_step is not None and self.native_step.can_run(inputs):
+            return self.native_step.run(dev, ids)
         return self.forward_ids(dev, ids)
 
     @torch.inference_mode()

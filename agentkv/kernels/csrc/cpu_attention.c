@@ -345,3 +345,15 @@ int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_
     }
     return 0;
 }
+
+/* One decoding token's attention, fp32, for query heads h * G + g0 .. + ng of KV head h, its first
+   `len` keys read through `slots` (its own K/V already stored): a task of the native decode step
+   (cpu_step.c), which checked every index. q and out: the token's rows [H, D]. */
+void agentkv_attend_one(const float *q, const float *kc, const float *vc, const int64_t *slots, int64_t len, int h,
+                        int g0, int ng, int G, int KVH, int H, int D, float scale, float *out, int64_t window,
+                        float softcap, int generic) {
+    const int64_t k0 = window && len > window ? len - window : 0;
+    const Task t = {q, (int64_t)H * D, kc, vc, slots, 0, 1, len, g0, ng, G, KVH, h, H, D, scale, out, k0, len, window,
+                    softcap, NULL};
+    attend(&t, 0, generic);
+}

@@ -1,0 +1,169 @@
+"""The decode step in one native call (csrc/cpu_step.c) for dense Llama-family models on CPU whose
+linears are tiled quantized weights (a GGUF's Q8_0 / Q4_0 / Q4_1 on a CPU with AVX-512 VNNI).
+
+A decode step of the Python path is ~270 kernel calls, each a parallel region woken from Python: for
+the embedded 135M model they cost more than its arithmetic. Here the model is described to C once
+(pointers to its tiled weights, norms, KV caches and rotation tables, held in ctypes structures that
+this object keeps alive with the tensors they point into), and a decode-only pass of up to 16 tokens
+is one call. It sits where CUDA graphs sit on a GPU (the runner asks `can_run`, then `run`); extends,
+mixed passes, drafts being checked and scoring passes take the Python path. Sampling, grammar masks
+and the scheduler stay in Python.
+
+The step runs the Python path's kernels in its order, so its logits are the same bits (tests check),
+but for attention over 1,024 keys and more, where the Python path splits a token's keys across
+threads (flash-decoding) and the step does not.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import c_float, c_int64, c_void_p
+
+import torch
+
+from agentkv.engine.linear import Linear
+from agentkv.engine.model import MLP, CausalLM, DecoderLayer, QuantEmbedding
+from agentkv.errors import EngineError, RequestError
+from agentkv.kernels.cpu_native import RESCORE_TOP, NativeKernels, QuantWeight
+
+MAX_TOKENS = 16  # decoding tokens one call takes (the tiled kernel's rows)
+
+
+class _Mat(ctypes.Structure):
+    _fields_ = [("qtype", c_int64), ("N", c_int64), ("K", c_int64), ("tiles", c_void_p), ("bias", c_void_p)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", c_void_p), ("mlp_norm", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p),
+                ("qkv", _Mat), ("o", _Mat), ("gate_up", _Mat), ("down", _Mat),
+                ("k_cache", c_void_p), ("v_cache", c_void_p), ("cos", c_void_p), ("sin", c_void_p),
+                ("window", c_int64)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(name, c_int64) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "rot", "inter",
+                                             "vocab", "num_slots", "positions")] + \
+               [(name, c_float) for name in ("eps", "scale", "attn_softcap", "pad")] + \
+               [("embed_qtype", c_int64), ("embed_tiled", c_int64), ("embed", c_void_p), ("final_norm", c_void_p),
+                ("lm_head", _Mat), ("rescore", c_int64), ("layer", c_void_p)]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.dtype) -> str | None:
+    """Why this model's decode cannot be the native step; None when it can."""
+    cfg = model.config
+    if kernels is None or not kernels.qtile_fast:
+        return "the native kernels or their tiled (AVX-512 VNNI) body are not on this CPU"
+    if cfg.family in ("gemma2", "gemma3") or cfg.final_softcap or cfg.attn_softcap or model.embed_scale:
+        return f"the {cfg.family} family's layer (norms around attention and MLP) is the Python path's"
+    if kv_dtype != torch.float32 or model.norm.weight.dtype != torch.float32:
+        return "the step computes in float32"
+    if cfg.head_dim > kernels.max_head_dim:
+        return f"head_dim {cfg.head_dim} is over the attention kernel's {kernels.max_head_dim}"
+    for width in (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size):
+        if width % 32:
+            return f"a width of {width} is not whole blocks of 32"
+    for layer in model.layers:
+        if not isinstance(layer, DecoderLayer) or not isinstance(layer.mlp, MLP) or layer.mlp.gelu:
+            return "a layer is not the dense SwiGLU layer (a mixture of experts or GeGLU)"
+        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            if lin.all_reduce or lin.quantized is None or not lin.quantized.tiled:
+                return "a linear is not a tiled quantized weight (a Q8_0 / Q4_0 / Q4_1 GGUF's)"
+    head = model.logits_proj.weight if model.logits_proj is not None else None
+    if not (isinstance(head, QuantWeight) and head.tiled):
+        return "the vocabulary projection is not a tiled quantized weight"
+    return None
+
+
+def native_step_for(option: bool | None, runner, kernels: NativeKernels | None) -> NativeStep | None:
+    """The step an engine's runner uses: `option` None where the model qualifies, True required
+    (a RequestError saying why not), False none. Tensor parallelism keeps the Python path."""
+    if option is False:
+        return None
+    if runner.tp is not None or runner.graphs is not None:
+        why = "tensor parallelism or CUDA graphs run this engine's decode"
+    else:
+        why = unsupported(runner.model, kernels, runner.pool.kv_caches[0][0].dtype)
+    if why is None:
+        return NativeStep(runner, kernels)
+    if option:
+        raise RequestError(f"native_step=True, but {why}; leave native_step unset to use it where it applies")
+    return None
+
+
+class NativeStep:
+    """Decode-only passes of a runner's model as one call of csrc/cpu_step.c."""
+
+    def __init__(self, runner, kernels: NativeKernels):
+        model: CausalLM = runner.model
+        cfg = model.config
+        self.runner, self.kernels, self.calls = runner, kernels, 0
+        self._keep: list[torch.Tensor] = []  # every tensor a pointer below reaches into
+
+        def vec(t: torch.Tensor | None) -> int | None:
+            if t is None:
+                return None
+            t = t.detach().contiguous()
+            self._keep.append(t)
+            return t.data_ptr()
+
+        def mat(lin: Linear | QuantWeight) -> _Mat:
+            w = lin if isinstance(lin, QuantWeight) else lin.quantized
+            bias = None if isinstance(lin, QuantWeight) else lin.bias
+            self._keep.append(w.data)
+            return _Mat(w.qtype, w.out_features, w.in_features, w.data.data_ptr(), vec(bias))
+
+        rope = model.rope
+        layers = (_Layer * cfg.num_layers)()
+        for i, layer in enumerate(model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            k_cache, v_cache = runner.pool.kv_caches[i]
+            layers[i] = _Layer(vec(layer.input_layernorm.weight), vec(layer.post_attention_layernorm.weight),
+                               vec(attn.q_norm.weight if attn.q_norm else None),
+                               vec(attn.k_norm.weight if attn.k_norm else None),
+                               mat(attn.qkv_proj), mat(attn.o_proj), mat(mlp.gate_up_proj), mat(mlp.down_proj),
+                               k_cache.data_ptr(), v_cache.data_ptr(), vec(rope.cos), vec(rope.sin), attn.window)
+        embed = model.embed_tokens
+        if isinstance(embed, QuantEmbedding):
+            self._keep.append(embed.weight.data)
+            embed_args = (embed.weight.qtype, int(embed.weight.tiled), embed.weight.data.data_ptr())
+        else:
+            embed_args = (-1, 0, vec(embed.weight.float()))
+        attn0 = model.layers[0].self_attn
+        self._layers = layers
+        self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                             rope.rot, cfg.intermediate_size, cfg.vocab_size, runner.pool.kv_caches[0][0].shape[0],
+                             rope.cos.shape[0], cfg.rms_norm_eps, attn0.scale, 0.0, 0.0, *embed_args,
+                             vec(model.norm.weight), mat(model.logits_proj.weight), RESCORE_TOP,
+                             ctypes.addressof(layers))
+        self.generic = False  # tests: the plain-C bodies on CPUs with AVX-512 too
+
+    def can_run(self, inputs) -> bool:
+        """A decode-only pass of at most 16 tokens, each sampling from its own logits in order."""
+        meta = inputs.meta
+        n = meta.num_decodes
+        return (0 < n <= MAX_TOKENS and n == len(meta.extend_lens) and len(inputs.select) == n
+                and inputs.select[-1] == n - 1)
+
+    @torch.inference_mode()
+    def run(self, dev, ids: torch.Tensor) -> torch.Tensor:
+        """Logits [n, vocab] (fp32) of a decode-only pass (`dev`: runner.OnDevice; `ids` [n] resolved)."""
+        ids = ids.contiguous()
+        n = ids.shape[0]
+        positions = dev.positions.contiguous()
+        loc = dev.meta.out_cache_loc.contiguous()
+        rows = dev.meta.req_rows.contiguous()
+        table = self.runner.req_pool.table
+        logits = torch.empty(n, self._model.vocab, dtype=torch.float32)
+        bad = self.kernels.decode_step(ctypes.addressof(self._model), n, ids, positions, loc, table, rows, logits,
+                                       self.generic)
+        if bad:
+            what = {1: "a token id", 2: "a position", 3: "a new token's slot", 4: "a slot-table row",
+                    5: "a slot in the table", 6: "the number of tokens", 7: "memory for the step"}.get(bad, str(bad))
+            raise EngineError(f"the native decode step refused the pass: {what} is out of range (an engine bug; "
+                              "native_step=False serves meanwhile)")
+        self.calls += 1
+        return logits

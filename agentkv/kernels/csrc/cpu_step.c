@@ -1,0 +1,258 @@
+/* The decode step of a dense Llama-family model in one native call: embedding, every layer, the final
+norm and the vocabulary projection, for up to 16 decoding tokens, in one OpenMP parallel region with a
+barrier between ops (ggml's graph-compute structure). The Python path makes ~270 kernel calls a step,
+each its own parallel region woken from Python; here the team is woken once and each op is split
+into per-thread shares (tiles of a matrix, tokens x heads, blocks of an activation).
+
+Every op is the Python path's own body (cpu_rows.h, the tiled linear of cpu_tiles.c, the attention
+task of cpu_attention.c), called in the same order on the same values, so the logits are the same
+bits, but for attention over 1,024 keys and more, where the Python path splits a token's keys
+across threads and merges the parts (a different order of the softmax sums).
+
+Activations are fp32; each normed input is quantized to int8 blocks once, and every linear that reads
+it uses those blocks. The model is described once at load (StepModel, mirrored by ctypes in
+engine/native_step.py): pointers to the tiled weights, norms, KV caches and rotation tables. */
+
+#include <stdlib.h>
+
+#include "cpu_rows.h"
+#include "cpu_tiles.h"
+
+typedef struct {
+    int64_t qtype, N, K;   /* a tiled type (Q8_0, Q4_0, Q4_1) */
+    const uint8_t *tiles;
+    const float *bias;     /* [N] or NULL */
+} StepMat;
+
+typedef struct {
+    const float *attn_norm, *mlp_norm;  /* [hidden] */
+    const float *q_norm, *k_norm;       /* [head_dim] (Qwen3's per-head norms) or NULL */
+    StepMat qkv, o, gate_up, down;      /* qkv: q, k, v side by side; gate_up: gate, up */
+    float *k_cache, *v_cache;           /* [num_slots, kv_heads, head_dim] */
+    const float *cos, *sin;             /* [positions, head_dim] */
+    int64_t window;                     /* keys a query sees, its own included; 0: all */
+} StepLayer;
+
+typedef struct {
+    int64_t layers, hidden, heads, kv_heads, head_dim, rot, inter, vocab, num_slots, positions;
+    float eps, scale, attn_softcap, pad;
+    int64_t embed_qtype;   /* -1: an fp32 table [vocab, hidden]; else a quantized one */
+    int64_t embed_tiled;   /* its blocks in tiles (a tied vocabulary projection's) */
+    const void *embed;
+    const float *final_norm;
+    StepMat lm_head;
+    int64_t rescore;       /* each token's this many top logits re-scored exactly */
+    const StepLayer *layer;
+} StepModel;
+
+#define MAX_RESCORE 64
+
+/* cpu_attention.c: one decoding token's attention for some query heads of a KV head */
+void agentkv_attend_one(const float *q, const float *kc, const float *vc, const int64_t *slots, int64_t len, int h,
+                        int g0, int ng, int G, int KVH, int H, int D, float scale, float *out, int64_t window,
+                        float softcap, int generic);
+
+/* 0 when every index the step follows is in bounds, else which kind is not (nothing done) */
+static int check(const StepModel *md, int64_t M, const int64_t *ids, const int64_t *pos, const int64_t *out_loc,
+                 const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *rows) {
+    for (int64_t m = 0; m < M; m++) {
+        if (ids[m] < 0 || ids[m] >= md->vocab) return 1;
+        if (pos[m] < 0 || pos[m] >= md->positions || pos[m] >= table_ld) return 2;
+        if (out_loc[m] < 0 || out_loc[m] >= md->num_slots) return 3;
+        if (rows[m] < 0 || rows[m] >= table_rows) return 4;
+        for (int64_t j = 0; j <= pos[m]; j++) {
+            const int64_t slot = table[rows[m] * table_ld + j];
+            if (slot < 0 || slot >= md->num_slots) return 5;
+        }
+    }
+    return 0;
+}
+
+INLINE int64_t share(int64_t n, int me, int nt) { return n * me / nt; }
+
+/* the tiles of W that thread `me` of `nt` multiplies */
+INLINE void mat_share(const StepMat *w, const QRows *x, int64_t M, int me, int nt, const float *res, int64_t r_ld,
+                      float *out, int64_t out_ld, int generic) {
+    const int64_t ntiles = (w->N + TILE_ROWS - 1) / TILE_ROWS;
+    agentkv_qtile_range((int)w->qtype, w->tiles, w->N, w->K, x, M, share(ntiles, me, nt), share(ntiles, me + 1, nt),
+                        w->bias, res, r_ld, out, out_ld, 0, generic);
+}
+
+/* row m of x normed into `h` and quantized into `q` */
+INLINE void norm_quant(const float *x, const float *w, int64_t n, float eps, float *h, const QRows *q, int64_t m,
+                       int generic) {
+    rms_row(x, w, n, eps, h, 0, generic);
+    quantize_blocks(h, q, m, 0, n / QK);
+}
+
+static void embed_row(const StepModel *md, int64_t id, float *out) {
+    const int64_t K = md->hidden;
+    if (md->embed_qtype < 0) {
+        memcpy(out, (const float *)md->embed + id * K, (size_t)K * sizeof(float));
+    } else if (md->embed_tiled) {
+        agentkv_qtile_row((int)md->embed_qtype, md->embed, K, id, out);
+    } else {
+        const int qt = (int)md->embed_qtype;
+        const int64_t bw = BLOCK_WEIGHTS[qt], nb = K / bw;
+        const uint8_t *row = (const uint8_t *)md->embed + id * nb * BLOCK_BYTES[qt];
+        for (int64_t b = 0; b < nb; b++) dequant_any(qt, row, b, out + b * bw);
+    }
+}
+
+typedef struct {
+    float *x, *h, *qkv, *gu;
+    QRows qa, qo, qd;  /* quantized inputs of qkv and gate_up (hidden), o (heads x head_dim), down (inter) */
+    int64_t *top_idx;  /* [threads][M][R]: each thread's best logits of its tiles */
+    float *top_val;
+    int *top_n;
+} Scratch;
+
+static int alloc_rows(QRows *q, int64_t M, int64_t K) {
+    const int64_t nb = K / QK;
+    q->K = K;
+    q->q = malloc((size_t)(M * K));
+    q->d = malloc((size_t)(M * nb) * sizeof(float));
+    q->s = malloc((size_t)(M * nb) * sizeof(int32_t));
+    q->ds = malloc((size_t)(M * nb) * sizeof(float));
+    return !q->q || !q->d || !q->s || !q->ds;
+}
+
+static void free_scratch(Scratch *s) {
+    free(s->x), free(s->h), free(s->qkv), free(s->gu), free(s->top_idx), free(s->top_val), free(s->top_n);
+    QRows *rows[3] = {&s->qa, &s->qo, &s->qd};
+    for (int i = 0; i < 3; i++) free(rows[i]->q), free(rows[i]->d), free(rows[i]->s), free(rows[i]->ds);
+}
+
+/* one decoding token's k and v heads into the caches, then its q and k heads normed (Qwen3) and rotated */
+INLINE void place_heads(const StepModel *md, const StepLayer *L, float *qkv, int64_t pos, int64_t slot, int64_t hh,
+                        int generic) {
+    const int64_t H = md->heads, KVH = md->kv_heads, D = md->head_dim;
+    float *head = qkv + hh * D;
+    const float *norm = hh < H ? L->q_norm : L->k_norm;
+    if (norm) rms_row(head, norm, D, md->eps, head, 0, generic);
+    rope_head(head, md->rot, L->cos + pos * D, L->sin + pos * D, 0, generic);
+    if (hh >= H) {  /* a k head: it and its v head go to the token's slot */
+        const int64_t kv = hh - H, at = (slot * KVH + kv) * D;
+        memcpy(L->k_cache + at, head, (size_t)D * sizeof(float));
+        memcpy(L->v_cache + at, qkv + (H + KVH + kv) * D, (size_t)D * sizeof(float));
+    }
+}
+
+/* M decoding tokens (ids, positions, their new slots out_loc, their rows of the slot table) through the
+   model: logits [M, vocab] fp32. Returns 0, an index check's code (1-5: nothing done), 6 for M out of
+   range, 7 when memory ran out. */
+int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, const int64_t *pos, const int64_t *out_loc,
+                        const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *rows, float *logits,
+                        int nthreads, int generic) {
+    if (M < 1 || M > MAX_M) return 6;
+    const int bad = check(md, M, ids, pos, out_loc, table, table_rows, table_ld, rows);
+    if (bad) return bad;
+    const int64_t H = md->heads, KVH = md->kv_heads, D = md->head_dim, hid = md->hidden, inter = md->inter;
+    const int64_t qkv_n = (H + 2 * KVH) * D, G = H / KVH, V = md->vocab;
+    const int R = md->rescore < MAX_RESCORE ? (int)md->rescore : MAX_RESCORE;
+    nthreads = nthreads > 0 ? nthreads : 1;
+    /* query heads a task takes: all G of a KV head (its K/V read once) unless that leaves threads idle */
+    int64_t chunks = (2 * nthreads + M * KVH - 1) / (M * KVH);
+    chunks = chunks < 1 ? 1 : chunks > G ? G : chunks;
+    const int64_t ng = (G + chunks - 1) / chunks;
+    chunks = (G + ng - 1) / ng;
+    const int64_t width = hid > H * D ? hid : H * D;
+    Scratch s = {0};
+    s.x = malloc((size_t)(M * hid) * sizeof(float));
+    s.h = malloc((size_t)(M * width) * sizeof(float));
+    s.qkv = malloc((size_t)(M * qkv_n) * sizeof(float));
+    s.gu = malloc((size_t)(M * 2 * inter) * sizeof(float));
+    s.top_idx = malloc((size_t)(nthreads * M * (R + 1)) * sizeof(int64_t));
+    s.top_val = malloc((size_t)(nthreads * M * (R + 1)) * sizeof(float));
+    s.top_n = calloc((size_t)(nthreads * M), sizeof(int));
+    if (!s.x || !s.h || !s.qkv || !s.gu || !s.top_idx || !s.top_val || !s.top_n || alloc_rows(&s.qa, M, hid) ||
+        alloc_rows(&s.qo, M, H * D) || alloc_rows(&s.qd, M, inter)) {
+        free_scratch(&s);
+        return 7;
+    }
+#pragma omp parallel num_threads(nthreads)
+    {
+        const int me = omp_me(), nt = omp_threads();
+        for (int64_t m = me; m < M; m += nt) embed_row(md, ids[m], s.x + m * hid);
+#pragma omp barrier
+        for (int64_t l = 0; l < md->layers; l++) {
+            const StepLayer *L = md->layer + l;
+            for (int64_t m = me; m < M; m += nt)
+                norm_quant(s.x + m * hid, L->attn_norm, hid, md->eps, s.h + m * width, &s.qa, m, generic);
+#pragma omp barrier
+            mat_share(&L->qkv, &s.qa, M, me, nt, NULL, 0, s.qkv, qkv_n, generic);
+#pragma omp barrier
+            for (int64_t item = me; item < M * (H + KVH); item += nt) {
+                const int64_t m = item / (H + KVH);
+                place_heads(md, L, s.qkv + m * qkv_n, pos[m], out_loc[m], item % (H + KVH), generic);
+            }
+#pragma omp barrier
+            for (int64_t task = me; task < M * KVH * chunks; task += nt) {
+                const int64_t m = task / (KVH * chunks), h = task / chunks % KVH, g0 = task % chunks * ng;
+                agentkv_attend_one(s.qkv + m * qkv_n, L->k_cache, L->v_cache, table + rows[m] * table_ld, pos[m] + 1,
+                                   (int)h, (int)g0, (int)(G - g0 < ng ? G - g0 : ng), (int)G, (int)KVH, (int)H, (int)D,
+                                   md->scale, s.h + m * width, L->window, md->attn_softcap, generic);
+            }
+#pragma omp barrier
+            for (int64_t item = me; item < M * (H * D / QK); item += nt) {
+                const int64_t m = item / (H * D / QK), b = item % (H * D / QK);
+                quantize_blocks(s.h + m * width, &s.qo, m, b, b + 1);
+            }
+#pragma omp barrier
+            mat_share(&L->o, &s.qo, M, me, nt, s.x, hid, s.x, hid, generic);
+#pragma omp barrier
+            for (int64_t m = me; m < M; m += nt)
+                norm_quant(s.x + m * hid, L->mlp_norm, hid, md->eps, s.h + m * width, &s.qa, m, generic);
+#pragma omp barrier
+            mat_share(&L->gate_up, &s.qa, M, me, nt, NULL, 0, s.gu, 2 * inter, generic);
+#pragma omp barrier
+            for (int64_t item = me; item < M * (inter / QK); item += nt) {
+                const int64_t m = item / (inter / QK), b = item % (inter / QK);
+                float act[QK];
+                const float *gate = s.gu + m * 2 * inter + b * QK;
+                silu_mul_row(gate, gate + inter, QK, act, 0, generic);
+                quantize_block32(act, s.qd.q + m * inter + b * QK, s.qd.d + m * (inter / QK) + b,
+                                 s.qd.s + m * (inter / QK) + b, s.qd.ds + m * (inter / QK) + b);
+            }
+#pragma omp barrier
+            mat_share(&L->down, &s.qd, M, me, nt, s.x, hid, s.x, hid, generic);
+#pragma omp barrier
+        }
+        for (int64_t m = me; m < M; m += nt)
+            norm_quant(s.x + m * hid, md->final_norm, hid, md->eps, s.h + m * width, &s.qa, m, generic);
+#pragma omp barrier
+        mat_share(&md->lm_head, &s.qa, M, me, nt, NULL, 0, logits, V, generic);
+        if (R > 0) {  /* this thread's best logits of its own tiles, while they are in cache */
+            const int64_t ntiles = (V + TILE_ROWS - 1) / TILE_ROWS;
+            const int64_t n0 = share(ntiles, me, nt) * TILE_ROWS, n1e = share(ntiles, me + 1, nt) * TILE_ROWS;
+            const int64_t n1 = n1e < V ? n1e : V;
+            for (int64_t m = 0; m < M; m++) {
+                const int64_t at = ((int64_t)me * M + m) * (R + 1);
+                agentkv_top_merge(logits + m * V, n0, n1, R, s.top_idx + at, s.top_val + at, s.top_n + me * M + m);
+            }
+        }
+#pragma omp barrier
+        for (int64_t m = me; m < M && R > 0; m += nt) {  /* the row's R best of all threads', re-scored */
+            int64_t idx[MAX_RESCORE];
+            float val[MAX_RESCORE];
+            int count = 0;
+            for (int t = 0; t < nt; t++) {
+                const int64_t at = ((int64_t)t * M + m) * (R + 1);
+                for (int c = 0; c < s.top_n[t * M + m]; c++) {
+                    /* one candidate at a time through the same insertion (v holds it at its own index) */
+                    const int64_t n = s.top_idx[at + c];
+                    agentkv_top_merge(logits + m * V, n, n + 1, R, idx, val, &count);
+                }
+            }
+            float w[4096];
+            float *row = hid <= 4096 ? w : malloc((size_t)hid * sizeof(float));
+            for (int c = 0; row && c < count; c++) {
+                agentkv_qtile_row((int)md->lm_head.qtype, md->lm_head.tiles, hid, idx[c], row);
+                logits[m * V + idx[c]] = agentkv_exact_dot(s.h + m * width, row, hid);
+            }
+            if (row != w) free(row);
+        }
+    }
+    free_scratch(&s);
+    return 0;
+}

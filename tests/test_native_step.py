@@ -1,0 +1,145 @@
+"""The decode step in one native call (engine/native_step.py, csrc/cpu_step.c) against the Python path
+running the same kernels: the same logits, bit for bit, at batch 1 and 16, for plain Llama GGUFs, a
+sliding window (Phi-3) and per-head q/k norms (Qwen3); its plain-C bodies close to them; refused
+indices; and the embedded model's greedy output equal to the exact (dequantized) path's."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+import agentkv as ak
+from agentkv.engine.native_step import NativeStep
+from agentkv.kernels import cpu_native
+from tests.conftest import requires_embedded
+from tests.test_gguf_families import ARCH
+from tests.test_gguf_families import write_gguf as write_family_gguf
+from tests.test_loading import write_gguf
+from tests.tiny import make_tiny_model
+
+gguf = pytest.importorskip("gguf")
+kernels = cpu_native.load()
+pytestmark = pytest.mark.skipif(kernels is None or not kernels.qtile_fast,
+                                reason="the native step needs the C kernels' tiled (AVX-512 VNNI) body")
+
+PROMPTS = ["Hello GGUF world", "One two three four five", "a", "The quick brown fox jumps over the lazy dog",
+           "zz top", "Kept in tiles", "Sixteen prompts at once", "x y z", "quantized", "permuted!", "hello",
+           "The end is near", "Another one", "Numbers 1 2 3", "last but one", "last"]
+
+
+def step_and_python(engine: ak.Engine, prompts: list[str], max_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each decode pass's logits from the native step and from the Python path (which runs first and
+    writes the pass's K/V; the step writes the same slots again)."""
+    runner = engine._core.runner
+    step: NativeStep = runner.native_step
+    assert step is not None
+    pairs = []
+    run = step.run
+
+    def both(dev, ids):
+        ref = runner.forward_ids(dev, ids)
+        got = run(dev, ids)
+        pairs.append((got, ref))
+        return got
+
+    step.run = both
+    try:
+        engine.generate(prompts, max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    finally:
+        step.run = run
+    return pairs
+
+
+def tiny_gguf(tmp_path, family: str, quant: str, **options):
+    src = make_tiny_model(tmp_path / "src", "llama" if family == "llama" else family, hidden=64, heads=4,
+                          kv_heads=2, **options)
+    path = tmp_path / "tiny.gguf"
+    if family == "llama":
+        write_gguf(src, path, getattr(gguf.GGMLQuantizationType, quant))
+    else:
+        write_family_gguf(src, path, family, quant)
+    return str(path)
+
+
+@pytest.mark.parametrize("family,quant,options", [
+    ("llama", "Q4_1", {}),
+    ("llama", "Q8_0", {}),
+    ("llama", "Q4_0", {}),
+    ("phi3", "Q8_0", {"sliding_window": 12, "tie": False}),  # fused q/k/v, a window the decodes pass
+    ("qwen3", "Q4_1", {}),  # per-head q and k norms
+])
+@pytest.mark.parametrize("batch", [1, 16])
+def test_step_logits_are_the_python_paths(tmp_path, monkeypatch, family, quant, options, batch):
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setitem(ARCH, "qwen3", "qwen3")
+    path = tiny_gguf(tmp_path, family, quant, **options)
+    with ak.Engine(path, num_slots=2048) as engine:
+        pairs = step_and_python(engine, PROMPTS[:batch], max_tokens=20)
+    assert len(pairs) == 19  # every decode pass went native (the first token comes from the prefill)
+    for got, ref in pairs:
+        assert got.shape == (batch, ref.shape[1])
+        assert torch.equal(got, ref)
+
+
+def test_plain_c_bodies_stay_close(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    path = tiny_gguf(tmp_path, "llama", "Q4_1")
+    with ak.Engine(path, num_slots=1024) as engine:
+        engine._core.runner.native_step.generic = True
+        pairs = step_and_python(engine, PROMPTS[:4], max_tokens=8)
+    for got, ref in pairs:  # the generic attention rounds its exps and sums its own way
+        assert torch.allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_the_step_refuses_bad_indices(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    path = tiny_gguf(tmp_path, "llama", "Q8_0")
+    with ak.Engine(path, num_slots=64) as engine:
+        runner = engine._core.runner
+        step = runner.native_step
+        table = runner.req_pool.table
+        model = ctypes.addressof(step._model)
+        vocab = step._model.vocab
+        one = torch.zeros(1, dtype=torch.int64)
+        logits = torch.full((1, vocab), 7.0)
+        cases = {1: (torch.tensor([vocab]), one, one, one), 2: (one, torch.tensor([table.shape[1]]), one, one),
+                 3: (one, one, torch.tensor([64]), one), 4: (one, one, one, torch.tensor([table.shape[0]]))}
+        for code, (ids, pos, loc, rows) in cases.items():
+            assert kernels.decode_step(model, 1, ids, pos, loc, table, rows, logits) == code
+        table[0, 0] = 10**6
+        assert kernels.decode_step(model, 1, one, one, one, table, one, logits) == 5
+        table[0, 0] = 0
+        assert torch.equal(logits, torch.full((1, vocab), 7.0))  # nothing written
+        assert engine.generate("still serving", max_tokens=3).finish_reason == "length"
+
+
+def test_native_step_option(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_tiny_model(tmp_path / "src", "llama", hidden=64, heads=4, kv_heads=2)
+    with ak.Engine(str(src), num_slots=256) as engine:  # fp32 weights: the Python path
+        assert engine._core.runner.native_step is None
+    with pytest.raises(ak.RequestError, match="native_step=True, but a linear is not a tiled quantized weight"):
+        ak.Engine(str(src), num_slots=256, native_step=True)
+    path = tiny_gguf(tmp_path, "llama", "Q8_0")
+    with ak.Engine(path, num_slots=256, native_step=False) as engine:
+        assert engine._core.runner.native_step is None
+
+
+@requires_embedded
+@pytest.mark.slow
+def test_embedded_greedy_equals_the_exact_path():
+    """The default path (int8 activations, the top logits re-scored) decodes what the dequantized fp32
+    model decodes, on these prompts."""
+    prompts = [[{"role": "user", "content": "What is the capital of France?"}],
+               [{"role": "user", "content": "Write a short story about a robot learning to paint."}],
+               [{"role": "user", "content": "List three colors."}]]
+    with ak.Engine(num_slots=2048) as engine:
+        assert engine._core.runner.native_step is not None
+        ours = [engine.chat(p, max_tokens=32, temperature=0.0).content for p in prompts]
+        assert engine._core.runner.native_step.calls > 0
+    with ak.Engine(num_slots=2048, quantized_weights=False) as exact:
+        assert exact._core.runner.native_step is None
+        ref = [exact.chat(p, max_tokens=32, temperature=0.0).content for p in prompts]
+    assert ours == ref
