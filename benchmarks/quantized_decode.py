@@ -1,7 +1,9 @@
 """Weights kept quantized on CPU: resident weight memory and decode tok/s, in one run, for the embedded
 SmolLM2-135M-Instruct Q4_1 GGUF (its embedding Q8_0):
 
-    kept      the Q4_1 / Q8_0 blocks multiplied in place (csrc/cpu_quant.c), fp32 activations
+    kept      the default: the Q4_1 / Q8_0 blocks in tiles (csrc/cpu_tiles.c), decode passes as one native
+              call each (csrc/cpu_step.c), fp32 activations quantized to int8 once per normed input
+    python    the same tiles, each decode pass through the Python path (`native_step=False`)
     bf16      dequantized at load to bf16 (the C bf16 linear kernel where the CPU has AVX512_BF16)
     fp32      dequantized at load to fp32 (the C fp32 kernel)
     llama.cpp the same file through llama-cpp-python, where it is installed (optional), in a process of
@@ -9,7 +11,10 @@ SmolLM2-135M-Instruct Q4_1 GGUF (its embedding Q8_0):
 
 Greedy, a fixed number of new tokens after a short chat prompt, batch 1 and 16; the best of
 `--repeats` runs each, the variants interleaved, each in a process of its own. Weight memory counts the model's parameters and
-quantized blocks (not the KV pool), against the file's tensor bytes.
+quantized blocks (not the KV pool), against the file's tensor bytes. Beside batch 1, the weight bandwidth
+`kept` achieves (its weight bytes, read once a token, over its time a token: the prefill included, so a
+lower bound) and the host's read bandwidth measured here (a 1 GiB fp32 tensor summed by torch's threads,
+best of 5): how close decode comes to what the memory gives.
 
     python benchmarks/quantized_decode.py [--new-tokens 64] [--repeats 3] [--batches 1,16]
 """
@@ -55,6 +60,18 @@ def decode_rate(batch: int, new_tokens: int) -> float:
     return batch * new_tokens / elapsed
 
 
+def read_bandwidth() -> float:
+    """Bytes a second torch's threads read from a tensor far larger than the caches, best of 5."""
+    big = torch.ones(2**28)  # 1 GiB
+    big.sum()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        big.sum()
+        best = min(best, time.perf_counter() - start)
+    return big.numel() * 4 / best
+
+
 def llama_cpp_rate(path, batch: int, new_tokens: int, repeats: int) -> float | None:
     """llama.cpp's batch-1 decode on the same file, in a process of its own (in ours, its OpenMP
     runtime and torch's crash each other), with as many threads as ours."""
@@ -89,7 +106,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16")
     args = ap.parse_args()
     path = embedded_model_path()
-    variants = {"kept": dict(dtype="float32"), "bf16": dict(dtype="bfloat16", quantized_weights=False),
+    variants = {"kept": dict(dtype="float32"), "python": dict(dtype="float32", native_step=False),
+                "bf16": dict(dtype="bfloat16", quantized_weights=False),
                 "fp32": dict(dtype="float32", quantized_weights=False)}
     # each variant in a process of its own, as a user runs one engine, and called in turn: engines
     # sharing a process share its cores with one another's OpenMP threads (kept measured 1.39x of
@@ -112,10 +130,15 @@ def main() -> None:
                 best[name] = max(best[name], e.submit(decode_rate, batch, args.new_tokens).result())
         peer = llama_cpp_rate(path, batch, args.new_tokens, args.repeats)
         row = "  ".join(f"{n} {r:7.1f}" for n, r in best.items())
-        ratios = f"kept/bf16 {best['kept'] / best['bf16']:.2f}x  kept/fp32 {best['kept'] / best['fp32']:.2f}x"
+        ratios = (f"kept/python {best['kept'] / best['python']:.2f}x  kept/bf16 {best['kept'] / best['bf16']:.2f}x  "
+                  f"kept/fp32 {best['kept'] / best['fp32']:.2f}x")
         cpp = f"  llama.cpp {peer:7.1f} (kept/llama.cpp {best['kept'] / peer:.2f}x)" if peer else \
             "  llama.cpp: llama-cpp-python not installed" if batch == 1 else ""
         print(f"batch {batch:2}: tok/s {row}  {ratios}{cpp}")
+        if batch == 1:
+            achieved = weight_bytes["kept"] * best["kept"]
+            print(f"          kept reads its weights at {achieved / 1e9:.1f} GB/s; the host reads {read_bandwidth() / 1e9:.1f} "
+                  f"GB/s (a 1 GiB tensor)")
     for e in engines.values():
         e.shutdown()
 

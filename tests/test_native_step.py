@@ -143,3 +143,24 @@ def test_embedded_greedy_equals_the_exact_path():
         assert exact._core.runner.native_step is None
         ref = [exact.chat(p, max_tokens=32, temperature=0.0).content for p in prompts]
     assert ours == ref
+
+
+def test_overlap_and_speculation_decode_what_the_plain_engine_does(tmp_path, monkeypatch):
+    """Overlap (the next pass's tokens placeholders the step reads resolved) and n-gram speculation
+    (drafts checked on the Python path, plain decodes native) give the outputs of an engine with
+    neither; the step ran in each."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    path = tiny_gguf(tmp_path, "llama", "Q4_1")
+    prompts = PROMPTS[:6] + ["one two one two one two one two", "abc abc abc abc abc"]
+
+    def outputs(**options):
+        with ak.Engine(path, num_slots=2048, **options) as engine:
+            texts = [o.token_ids for o in engine.generate(prompts, max_tokens=24, temperature=0.0, ignore_eos=True)]
+            return texts, engine._core.runner.native_step.calls
+
+    plain, calls = outputs()
+    assert calls > 0
+    for options in ({"overlap_schedule": True}, {"speculative": "ngram"}):
+        got, calls = outputs(**options)
+        assert got == plain, options
+        assert calls > 0, options
