@@ -164,3 +164,43 @@ def test_overlap_and_speculation_decode_what_the_plain_engine_does(tmp_path, mon
         got, calls = outputs(**options)
         assert got == plain, options
         assert calls > 0, options
+
+
+def test_the_pool_gives_the_same_logits_to_any_threads_and_callers(tmp_path, monkeypatch):
+    """csrc/cpu_pool.c: 1-5 threads (workers made as needed, then fewer used), and four Python threads
+    calling at once (jobs one at a time), all give the single-threaded logits."""
+    import threading
+
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    path = tiny_gguf(tmp_path, "llama", "Q4_1")
+    with ak.Engine(path, num_slots=256) as engine:
+        engine.generate("warm the pool and fill some slots", max_tokens=4)
+        runner = engine._core.runner
+        model = ctypes.addressof(runner.native_step._model)
+        vocab = runner.native_step._model.vocab
+        table = runner.req_pool.table.clone()
+        table[0, :12] = torch.arange(100, 112)
+        table[1, :9] = torch.arange(120, 129)
+        args = (torch.tensor([5, 9]), torch.tensor([11, 8]), torch.tensor([111, 128]), table, torch.tensor([0, 1]))
+
+        def logits(threads: int) -> torch.Tensor:
+            out = torch.empty(2, vocab)
+            assert kernels.decode_step(model, 2, *args, out, threads=threads) == 0
+            return out
+
+        ref = logits(1)
+        for threads in (2, 5, 3, 1, 4):
+            assert torch.equal(logits(threads), ref), threads
+        failures = []
+
+        def caller(threads: int):
+            for _ in range(20):
+                if not torch.equal(logits(threads), ref):
+                    failures.append(threads)
+
+        callers = [threading.Thread(target=caller, args=(t,)) for t in (1, 2, 3, 2)]
+        for c in callers:
+            c.start()
+        for c in callers:
+            c.join(timeout=120)
+        assert not failures and not any(c.is_alive() for c in callers)

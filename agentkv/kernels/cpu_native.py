@@ -249,15 +249,17 @@ class NativeKernels:
         return out
 
     def decode_step(self, model: int, n: int, ids: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor,
-                    table: torch.Tensor, rows: torch.Tensor, logits: torch.Tensor, generic: bool = False) -> int:
+                    table: torch.Tensor, rows: torch.Tensor, logits: torch.Tensor, generic: bool = False,
+                    threads: int | None = None) -> int:
         """csrc/cpu_step.c over the model described at address `model` (engine/native_step.py): `n`
-        decoding tokens' logits into `logits` [n, vocab]; 0, or the code of what it refused."""
+        decoding tokens' logits into `logits` [n, vocab], on `threads` of the process's pool (torch's
+        thread count by default); 0, or the code of what it refused."""
         for t in (ids, positions, out_loc, rows, table):
             assert t.dtype == torch.int64 and t.is_contiguous()
         assert logits.dtype == torch.float32 and logits.is_contiguous()
         return self._lib.agentkv_decode_step(model, n, ids.data_ptr(), positions.data_ptr(), out_loc.data_ptr(),
                                              table.data_ptr(), table.shape[0], table.shape[1], rows.data_ptr(),
-                                             logits.data_ptr(), torch.get_num_threads(), generic)
+                                             logits.data_ptr(), threads or torch.get_num_threads(), generic)
 
     def pack_linear(self, weight: torch.Tensor) -> PackedLinear:
         """W [in, out] in the layout of csrc/cpu_linear.c, out padded to 16 columns with zeros: bf16
@@ -355,7 +357,7 @@ def _load() -> tuple[NativeKernels | None, str]:
 def _library() -> Path:
     omp = _loaded_openmp()
     # OpenMP from the runtime this process already holds (torch's), found by path and linked by it
-    link = [str(omp), f"-Wl,-rpath,{omp.parent}"] if omp is not None else []
+    link = ([str(omp), f"-Wl,-rpath,{omp.parent}"] if omp is not None else []) + ["-pthread"]  # (csrc/cpu_pool.c)
     openmp = ["-fopenmp"] if omp is not None else []
     # a call of a function with no prototype would pass its float arguments as doubles
     strict = ["-Werror=implicit-function-declaration"]

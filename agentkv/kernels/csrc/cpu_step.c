@@ -1,6 +1,6 @@
 /* The decode step of a dense Llama-family model in one native call: embedding, every layer, the final
-norm and the vocabulary projection, for up to 16 decoding tokens, in one OpenMP parallel region with a
-barrier between ops (ggml's graph-compute structure). The Python path makes ~270 kernel calls a step,
+norm and the vocabulary projection, for up to 16 decoding tokens, as one job of the process's thread
+pool (cpu_pool.c) with a barrier between ops (ggml's graph-compute structure). The Python path makes ~270 kernel calls a step,
 each its own parallel region woken from Python; here the team is woken once and each op is split
 into per-thread shares (tiles of a matrix, tokens x heads, blocks of an activation).
 
@@ -15,6 +15,7 @@ engine/native_step.py): pointers to the tiled weights, norms, KV caches and rota
 
 #include <stdlib.h>
 
+#include "cpu_pool.h"
 #include "cpu_rows.h"
 #include "cpu_tiles.h"
 
@@ -138,9 +139,111 @@ INLINE void place_heads(const StepModel *md, const StepLayer *L, float *qkv, int
     }
 }
 
+typedef struct {  /* one call's inputs and scratch, what every thread of its job reads */
+    const StepModel *md;
+    int64_t M, chunks, ng, width;
+    const int64_t *ids, *pos, *out_loc, *table, *rows;
+    int64_t table_ld;
+    float *logits;
+    int R, generic;
+    Scratch s;
+} StepRun;
+
+/* thread `me` of `nt`: its share of every op, a barrier between ops */
+static void step_job(void *arg, int me, int nt) {
+    StepRun *run = arg;
+    const StepModel *md = run->md;
+    Scratch *s = &run->s;
+    const int64_t M = run->M, H = md->heads, KVH = md->kv_heads, D = md->head_dim, hid = md->hidden;
+    const int64_t inter = md->inter, qkv_n = (H + 2 * KVH) * D, G = H / KVH, V = md->vocab, width = run->width;
+    const int64_t chunks = run->chunks, ng = run->ng, table_ld = run->table_ld;
+    const int64_t *pos = run->pos, *rows = run->rows;
+    const int R = run->R, generic = run->generic;
+    float *logits = run->logits;
+    for (int64_t m = me; m < M; m += nt) embed_row(md, run->ids[m], s->x + m * hid);
+    agentkv_pool_barrier(nt);
+    for (int64_t l = 0; l < md->layers; l++) {
+        const StepLayer *L = md->layer + l;
+        for (int64_t m = me; m < M; m += nt)
+            norm_quant(s->x + m * hid, L->attn_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
+        agentkv_pool_barrier(nt);
+        mat_share(&L->qkv, &s->qa, M, me, nt, NULL, 0, s->qkv, qkv_n, generic);
+        agentkv_pool_barrier(nt);
+        for (int64_t item = me; item < M * (H + KVH); item += nt) {
+            const int64_t m = item / (H + KVH);
+            place_heads(md, L, s->qkv + m * qkv_n, pos[m], run->out_loc[m], item % (H + KVH), generic);
+        }
+        agentkv_pool_barrier(nt);
+        for (int64_t task = me; task < M * KVH * chunks; task += nt) {
+            const int64_t m = task / (KVH * chunks), h = task / chunks % KVH, g0 = task % chunks * ng;
+            agentkv_attend_one(s->qkv + m * qkv_n, L->k_cache, L->v_cache, run->table + rows[m] * table_ld, pos[m] + 1,
+                               (int)h, (int)g0, (int)(G - g0 < ng ? G - g0 : ng), (int)G, (int)KVH, (int)H, (int)D,
+                               md->scale, s->h + m * width, L->window, md->attn_softcap, generic);
+        }
+        agentkv_pool_barrier(nt);
+        for (int64_t item = me; item < M * (H * D / QK); item += nt) {
+            const int64_t m = item / (H * D / QK), b = item % (H * D / QK);
+            quantize_blocks(s->h + m * width, &s->qo, m, b, b + 1);
+        }
+        agentkv_pool_barrier(nt);
+        mat_share(&L->o, &s->qo, M, me, nt, s->x, hid, s->x, hid, generic);
+        agentkv_pool_barrier(nt);
+        for (int64_t m = me; m < M; m += nt)
+            norm_quant(s->x + m * hid, L->mlp_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
+        agentkv_pool_barrier(nt);
+        mat_share(&L->gate_up, &s->qa, M, me, nt, NULL, 0, s->gu, 2 * inter, generic);
+        agentkv_pool_barrier(nt);
+        for (int64_t item = me; item < M * (inter / QK); item += nt) {
+            const int64_t m = item / (inter / QK), b = item % (inter / QK);
+            float act[QK];
+            const float *gate = s->gu + m * 2 * inter + b * QK;
+            silu_mul_row(gate, gate + inter, QK, act, 0, generic);
+            quantize_block32(act, s->qd.q + m * inter + b * QK, s->qd.d + m * (inter / QK) + b,
+                             s->qd.s + m * (inter / QK) + b, s->qd.ds + m * (inter / QK) + b);
+        }
+        agentkv_pool_barrier(nt);
+        mat_share(&L->down, &s->qd, M, me, nt, s->x, hid, s->x, hid, generic);
+        agentkv_pool_barrier(nt);
+    }
+    for (int64_t m = me; m < M; m += nt)
+        norm_quant(s->x + m * hid, md->final_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
+    agentkv_pool_barrier(nt);
+    mat_share(&md->lm_head, &s->qa, M, me, nt, NULL, 0, logits, V, generic);
+    if (R > 0) {  /* this thread's best logits of its own tiles, while they are in cache */
+        const int64_t ntiles = (V + TILE_ROWS - 1) / TILE_ROWS;
+        const int64_t n0 = share(ntiles, me, nt) * TILE_ROWS, n1e = share(ntiles, me + 1, nt) * TILE_ROWS;
+        const int64_t n1 = n1e < V ? n1e : V;
+        for (int64_t m = 0; m < M; m++) {
+            const int64_t at = ((int64_t)me * M + m) * (R + 1);
+            agentkv_top_merge(logits + m * V, n0, n1, R, s->top_idx + at, s->top_val + at, s->top_n + me * M + m);
+        }
+    }
+    agentkv_pool_barrier(nt);
+    for (int64_t m = me; m < M && R > 0; m += nt) {  /* the row's R best of all threads', re-scored */
+        int64_t idx[MAX_RESCORE];
+        float val[MAX_RESCORE];
+        int count = 0;
+        for (int t = 0; t < nt; t++) {
+            const int64_t at = ((int64_t)t * M + m) * (R + 1);
+            for (int c = 0; c < s->top_n[t * M + m]; c++) {
+                /* one candidate at a time through the same insertion (v holds it at its own index) */
+                const int64_t n = s->top_idx[at + c];
+                agentkv_top_merge(logits + m * V, n, n + 1, R, idx, val, &count);
+            }
+        }
+        float w[4096];
+        float *row = hid <= 4096 ? w : malloc((size_t)hid * sizeof(float));
+        for (int c = 0; row && c < count; c++) {
+            agentkv_qtile_row((int)md->lm_head.qtype, md->lm_head.tiles, hid, idx[c], row);
+            logits[m * V + idx[c]] = agentkv_exact_dot(s->h + m * width, row, hid);
+        }
+        if (row != w) free(row);
+    }
+}
+
 /* M decoding tokens (ids, positions, their new slots out_loc, their rows of the slot table) through the
-   model: logits [M, vocab] fp32. Returns 0, an index check's code (1-5: nothing done), 6 for M out of
-   range, 7 when memory ran out. */
+   model: logits [M, vocab] fp32, on `nthreads` threads of the process's pool (cpu_pool.c). Returns 0,
+   an index check's code (1-5: nothing done), 6 for M out of range, 7 when memory ran out. */
 int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, const int64_t *pos, const int64_t *out_loc,
                         const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *rows, float *logits,
                         int nthreads, int generic) {
@@ -148,111 +251,30 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
     const int bad = check(md, M, ids, pos, out_loc, table, table_rows, table_ld, rows);
     if (bad) return bad;
     const int64_t H = md->heads, KVH = md->kv_heads, D = md->head_dim, hid = md->hidden, inter = md->inter;
-    const int64_t qkv_n = (H + 2 * KVH) * D, G = H / KVH, V = md->vocab;
+    const int64_t qkv_n = (H + 2 * KVH) * D, G = H / KVH;
     const int R = md->rescore < MAX_RESCORE ? (int)md->rescore : MAX_RESCORE;
-    nthreads = nthreads > 0 ? nthreads : 1;
+    nthreads = nthreads < 1 ? 1 : nthreads > AGENTKV_POOL_MAX ? AGENTKV_POOL_MAX : nthreads;
     /* query heads a task takes: all G of a KV head (its K/V read once) unless that leaves threads idle */
     int64_t chunks = (2 * nthreads + M * KVH - 1) / (M * KVH);
     chunks = chunks < 1 ? 1 : chunks > G ? G : chunks;
     const int64_t ng = (G + chunks - 1) / chunks;
     chunks = (G + ng - 1) / ng;
     const int64_t width = hid > H * D ? hid : H * D;
-    Scratch s = {0};
-    s.x = malloc((size_t)(M * hid) * sizeof(float));
-    s.h = malloc((size_t)(M * width) * sizeof(float));
-    s.qkv = malloc((size_t)(M * qkv_n) * sizeof(float));
-    s.gu = malloc((size_t)(M * 2 * inter) * sizeof(float));
-    s.top_idx = malloc((size_t)(nthreads * M * (R + 1)) * sizeof(int64_t));
-    s.top_val = malloc((size_t)(nthreads * M * (R + 1)) * sizeof(float));
-    s.top_n = calloc((size_t)(nthreads * M), sizeof(int));
-    if (!s.x || !s.h || !s.qkv || !s.gu || !s.top_idx || !s.top_val || !s.top_n || alloc_rows(&s.qa, M, hid) ||
-        alloc_rows(&s.qo, M, H * D) || alloc_rows(&s.qd, M, inter)) {
-        free_scratch(&s);
+    StepRun run = {md, M, chunks, ng, width, ids, pos, out_loc, table, rows, table_ld, logits, R, generic, {0}};
+    Scratch *s = &run.s;
+    s->x = malloc((size_t)(M * hid) * sizeof(float));
+    s->h = malloc((size_t)(M * width) * sizeof(float));
+    s->qkv = malloc((size_t)(M * qkv_n) * sizeof(float));
+    s->gu = malloc((size_t)(M * 2 * inter) * sizeof(float));
+    s->top_idx = malloc((size_t)(nthreads * M * (R + 1)) * sizeof(int64_t));
+    s->top_val = malloc((size_t)(nthreads * M * (R + 1)) * sizeof(float));
+    s->top_n = calloc((size_t)(nthreads * M), sizeof(int));
+    if (!s->x || !s->h || !s->qkv || !s->gu || !s->top_idx || !s->top_val || !s->top_n ||
+        alloc_rows(&s->qa, M, hid) || alloc_rows(&s->qo, M, H * D) || alloc_rows(&s->qd, M, inter)) {
+        free_scratch(s);
         return 7;
     }
-#pragma omp parallel num_threads(nthreads)
-    {
-        const int me = omp_me(), nt = omp_threads();
-        for (int64_t m = me; m < M; m += nt) embed_row(md, ids[m], s.x + m * hid);
-#pragma omp barrier
-        for (int64_t l = 0; l < md->layers; l++) {
-            const StepLayer *L = md->layer + l;
-            for (int64_t m = me; m < M; m += nt)
-                norm_quant(s.x + m * hid, L->attn_norm, hid, md->eps, s.h + m * width, &s.qa, m, generic);
-#pragma omp barrier
-            mat_share(&L->qkv, &s.qa, M, me, nt, NULL, 0, s.qkv, qkv_n, generic);
-#pragma omp barrier
-            for (int64_t item = me; item < M * (H + KVH); item += nt) {
-                const int64_t m = item / (H + KVH);
-                place_heads(md, L, s.qkv + m * qkv_n, pos[m], out_loc[m], item % (H + KVH), generic);
-            }
-#pragma omp barrier
-            for (int64_t task = me; task < M * KVH * chunks; task += nt) {
-                const int64_t m = task / (KVH * chunks), h = task / chunks % KVH, g0 = task % chunks * ng;
-                agentkv_attend_one(s.qkv + m * qkv_n, L->k_cache, L->v_cache, table + rows[m] * table_ld, pos[m] + 1,
-                                   (int)h, (int)g0, (int)(G - g0 < ng ? G - g0 : ng), (int)G, (int)KVH, (int)H, (int)D,
-                                   md->scale, s.h + m * width, L->window, md->attn_softcap, generic);
-            }
-#pragma omp barrier
-            for (int64_t item = me; item < M * (H * D / QK); item += nt) {
-                const int64_t m = item / (H * D / QK), b = item % (H * D / QK);
-                quantize_blocks(s.h + m * width, &s.qo, m, b, b + 1);
-            }
-#pragma omp barrier
-            mat_share(&L->o, &s.qo, M, me, nt, s.x, hid, s.x, hid, generic);
-#pragma omp barrier
-            for (int64_t m = me; m < M; m += nt)
-                norm_quant(s.x + m * hid, L->mlp_norm, hid, md->eps, s.h + m * width, &s.qa, m, generic);
-#pragma omp barrier
-            mat_share(&L->gate_up, &s.qa, M, me, nt, NULL, 0, s.gu, 2 * inter, generic);
-#pragma omp barrier
-            for (int64_t item = me; item < M * (inter / QK); item += nt) {
-                const int64_t m = item / (inter / QK), b = item % (inter / QK);
-                float act[QK];
-                const float *gate = s.gu + m * 2 * inter + b * QK;
-                silu_mul_row(gate, gate + inter, QK, act, 0, generic);
-                quantize_block32(act, s.qd.q + m * inter + b * QK, s.qd.d + m * (inter / QK) + b,
-                                 s.qd.s + m * (inter / QK) + b, s.qd.ds + m * (inter / QK) + b);
-            }
-#pragma omp barrier
-            mat_share(&L->down, &s.qd, M, me, nt, s.x, hid, s.x, hid, generic);
-#pragma omp barrier
-        }
-        for (int64_t m = me; m < M; m += nt)
-            norm_quant(s.x + m * hid, md->final_norm, hid, md->eps, s.h + m * width, &s.qa, m, generic);
-#pragma omp barrier
-        mat_share(&md->lm_head, &s.qa, M, me, nt, NULL, 0, logits, V, generic);
-        if (R > 0) {  /* this thread's best logits of its own tiles, while they are in cache */
-            const int64_t ntiles = (V + TILE_ROWS - 1) / TILE_ROWS;
-            const int64_t n0 = share(ntiles, me, nt) * TILE_ROWS, n1e = share(ntiles, me + 1, nt) * TILE_ROWS;
-            const int64_t n1 = n1e < V ? n1e : V;
-            for (int64_t m = 0; m < M; m++) {
-                const int64_t at = ((int64_t)me * M + m) * (R + 1);
-                agentkv_top_merge(logits + m * V, n0, n1, R, s.top_idx + at, s.top_val + at, s.top_n + me * M + m);
-            }
-        }
-#pragma omp barrier
-        for (int64_t m = me; m < M && R > 0; m += nt) {  /* the row's R best of all threads', re-scored */
-            int64_t idx[MAX_RESCORE];
-            float val[MAX_RESCORE];
-            int count = 0;
-            for (int t = 0; t < nt; t++) {
-                const int64_t at = ((int64_t)t * M + m) * (R + 1);
-                for (int c = 0; c < s.top_n[t * M + m]; c++) {
-                    /* one candidate at a time through the same insertion (v holds it at its own index) */
-                    const int64_t n = s.top_idx[at + c];
-                    agentkv_top_merge(logits + m * V, n, n + 1, R, idx, val, &count);
-                }
-            }
-            float w[4096];
-            float *row = hid <= 4096 ? w : malloc((size_t)hid * sizeof(float));
-            for (int c = 0; row && c < count; c++) {
-                agentkv_qtile_row((int)md->lm_head.qtype, md->lm_head.tiles, hid, idx[c], row);
-                logits[m * V + idx[c]] = agentkv_exact_dot(s.h + m * width, row, hid);
-            }
-            if (row != w) free(row);
-        }
-    }
-    free_scratch(&s);
+    agentkv_pool_run(step_job, &run, nthreads);
+    free_scratch(s);
     return 0;
 }
