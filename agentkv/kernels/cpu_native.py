@@ -162,21 +162,26 @@ class NativeKernels:
 
     def qlinear(self, x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, exact: bool = False, generic: bool = False) -> torch.Tensor:
-        """x [M, K] @ W^T (+ bias) (+ residual) for W in quantized blocks: the kernel for up to 16
-        rows (a decode batch; x quantized to int8 per block there, as llama.cpp does, unless `exact`
-        or the CPU lacks AVX2; a tiled weight's kernel always quantizes x, and `generic` runs its
-        plain-C body); for a longer x, the weight dequantized (whole where it is
-        small, else a slice of its rows at a time for 64 rows of x and more) and multiplied by torch,
-        or, for 17-63 rows of a large weight (the vocabulary projection of a few drafts), the kernel 16
-        rows at a time."""
+        """x [M, K] @ W^T (+ bias) (+ residual) for W in quantized blocks.
+
+        Up to 16 rows (a decode batch) go through the kernels: a tiled weight's (csrc/cpu_tiles.c),
+        x quantized to int8 per block as llama.cpp does (`generic`: its plain-C body), or a row-major
+        one's (csrc/cpu_quant.c; x as int8 too, unless `exact` or the CPU lacks AVX2). Otherwise
+        (a prompt's rows, or `exact` for a tiled weight) the weight is dequantized, whole where it is
+        small, else a slice of its rows at a time (for 64 rows of x and more, or any exact product of a
+        tiled weight), and multiplied by torch in x's dtype: a prompt is computed as the dequantized
+        model computes it (with int8 rows the embedded model's greedy replies left the exact path's);
+        17-63 rows of a large row-major weight go through its kernel 16 at a time."""
         M = x.shape[0]
         if M == 0:  # (a pass that selects no row's logits)
             return torch.empty(0, w.out_features, dtype=x.dtype)
-        if M > QLINEAR_MAX_ROWS and w.out_features * w.in_features <= QLINEAR_DEQUANT_MAX:
+        if M <= QLINEAR_MAX_ROWS and not (w.tiled and exact):
+            return self._qkernel(x, w, bias, residual, exact, generic)
+        if w.out_features * w.in_features <= QLINEAR_DEQUANT_MAX:
             full = self.qdequant(w, None, x.dtype)
             base = bias if residual is None else residual if bias is None else residual + bias
             return x @ full.t() if base is None else torch.addmm(base, x, full.t())
-        if M >= QLINEAR_SLICED_MIN_ROWS or (exact and w.tiled):  # (the tiled kernel quantizes x)
+        if M >= QLINEAR_SLICED_MIN_ROWS or w.tiled:
             out = torch.empty(M, w.out_features, dtype=x.dtype)
             step = max(1, QLINEAR_DEQUANT_MAX // w.in_features)
             for n in range(0, w.out_features, step):
@@ -188,11 +193,13 @@ class NativeKernels:
                     y += residual[:, cols]
                 out[:, cols] = y
             return out
-        if M > QLINEAR_MAX_ROWS:
-            return torch.cat([self.qlinear(x[i : i + QLINEAR_MAX_ROWS], w, bias,
-                                           None if residual is None else residual[i : i + QLINEAR_MAX_ROWS], exact,
-                                           generic)
-                              for i in range(0, M, QLINEAR_MAX_ROWS)])
+        return torch.cat([self._qkernel(x[i : i + QLINEAR_MAX_ROWS], w, bias,
+                                        None if residual is None else residual[i : i + QLINEAR_MAX_ROWS], exact, generic)
+                          for i in range(0, M, QLINEAR_MAX_ROWS)])
+
+    def _qkernel(self, x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                 exact: bool, generic: bool) -> torch.Tensor:
+        M = x.shape[0]
         assert x.stride(-1) == 1 and (residual is None or (residual.stride(-1) == 1 and residual.dtype == x.dtype))
         out = torch.empty(M, w.out_features, dtype=x.dtype)
         args = (x.data_ptr(), x.stride(0), M, w.in_features, w.data.data_ptr(), w.out_features,

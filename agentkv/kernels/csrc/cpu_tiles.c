@@ -135,6 +135,12 @@ INLINE void tile_generic(const int qtype, const uint8_t *tile, int64_t nb, const
 }
 
 #if AGENTKV_TILES_FAST
+INLINE int32_t load_i32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
 /* the block's 16 rows' weights as 8 registers of unsigned bytes, u[g] holding columns 4g..4g+3 */
 INLINE void unpack_avx512(const int qtype, const uint8_t *qs, __m512i *u) {
     if (qtype == Q8_0) {
@@ -152,18 +158,18 @@ INLINE void unpack_avx512(const int qtype, const uint8_t *qs, __m512i *u) {
 INLINE __m512 block_avx512(const int qtype, const __m512i *u, __m512 dv, __m512 mv, const QRows *x, int64_t m,
                            int64_t b, __m512 acc) {
     const int64_t nb = x->K / QK;
-    const int8_t *xb = x->q + m * x->K + b * QK;
-    int32_t xg[8];
-    memcpy(xg, xb, 32);
-    __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(xg[0]));
-    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_set1_epi32(xg[1]));
-    s0 = _mm512_dpbusd_epi32(s0, u[2], _mm512_set1_epi32(xg[2]));
-    s1 = _mm512_dpbusd_epi32(s1, u[3], _mm512_set1_epi32(xg[3]));
-    s0 = _mm512_dpbusd_epi32(s0, u[4], _mm512_set1_epi32(xg[4]));
-    s1 = _mm512_dpbusd_epi32(s1, u[5], _mm512_set1_epi32(xg[5]));
-    s0 = _mm512_dpbusd_epi32(s0, u[6], _mm512_set1_epi32(xg[6]));
-    s1 = _mm512_dpbusd_epi32(s1, u[7], _mm512_set1_epi32(xg[7]));
-    __m512i dot = _mm512_add_epi32(s0, s1);
+    const int8_t *xb = x->q + m * x->K + b * QK;  /* each group of 4 broadcast from memory */
+    /* four chains of two dot products (a chain's latency is what bounds a prompt's rows) */
+    const __m512i z = _mm512_setzero_si512();
+    __m512i s0 = _mm512_dpbusd_epi32(z, u[0], _mm512_set1_epi32(load_i32(xb)));
+    __m512i s1 = _mm512_dpbusd_epi32(z, u[1], _mm512_set1_epi32(load_i32(xb + 4)));
+    __m512i s2 = _mm512_dpbusd_epi32(z, u[2], _mm512_set1_epi32(load_i32(xb + 8)));
+    __m512i s3 = _mm512_dpbusd_epi32(z, u[3], _mm512_set1_epi32(load_i32(xb + 12)));
+    s0 = _mm512_dpbusd_epi32(s0, u[4], _mm512_set1_epi32(load_i32(xb + 16)));
+    s1 = _mm512_dpbusd_epi32(s1, u[5], _mm512_set1_epi32(load_i32(xb + 20)));
+    s2 = _mm512_dpbusd_epi32(s2, u[6], _mm512_set1_epi32(load_i32(xb + 24)));
+    s3 = _mm512_dpbusd_epi32(s3, u[7], _mm512_set1_epi32(load_i32(xb + 28)));
+    __m512i dot = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
     if (qtype != Q4_1) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32((int32_t)quant_offset(qtype) * x->s[m * nb + b]));
     const __m512 dd = _mm512_mul_ps(dv, _mm512_set1_ps(x->d[m * nb + b]));
     acc = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(dot), acc);
@@ -200,12 +206,12 @@ INLINE void range_body(const int qtype, const int bf, const uint8_t *tiles, int6
     float v[MAX_M][TILE_ROWS];
     for (int64_t t = t0; t < t1; t++) {
         const uint8_t *tile = tiles + t * nb * tb;
+        const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
 #if AGENTKV_TILES_FAST
         if (!generic) tile_avx512(qtype, tile, nb, x, M, v);
         else
 #endif
             tile_generic(qtype, tile, nb, x, M, v);
-        const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
         for (int64_t m = 0; m < M; m++) tile_store(v[m], m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, bf);
     }
     (void)generic;
@@ -225,35 +231,39 @@ void agentkv_qtile_range(int qtype, const uint8_t *tiles, int64_t N, int64_t K, 
 
 int agentkv_qtile_fast(void) { return AGENTKV_TILES_FAST; }
 
-/* x [M, K] quantized into `q` (buffers the caller frees) */
-static int quantize_rows(const void *x, int64_t x_ld, int64_t M, int64_t K, int bf, QRows *q) {
+/* room for x [M, K] quantized (buffers the caller frees, also when this fails: 1) */
+static int alloc_rows(int64_t M, int64_t K, QRows *q) {
     const int64_t nb = K / QK;
     q->K = K;
     q->q = malloc((size_t)(M * K));
     q->d = malloc((size_t)(M * nb) * sizeof(float));
     q->s = malloc((size_t)(M * nb) * sizeof(int32_t));
     q->ds = malloc((size_t)(M * nb) * sizeof(float));
-    if (!q->q || !q->d || !q->s || !q->ds) return 1;
+    return !q->q || !q->d || !q->s || !q->ds;
+}
+
+/* row m of x (bf16 or fp32) into q */
+static void quantize_row(const void *x, int64_t x_ld, int64_t m, int bf, const QRows *q) {
     float v[QK];
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t b = 0; b < nb; b++) {
-            for (int i = 0; i < QK; i++) v[i] = load1(x, m * x_ld + b * QK + i, bf);
-            quantize_block32(v, q->q + m * K + b * QK, q->d + m * nb + b, q->s + m * nb + b, q->ds + m * nb + b);
-        }
-    return 0;
+    const int64_t nb = q->K / QK;
+    for (int64_t b = 0; b < nb; b++) {
+        for (int i = 0; i < QK; i++) v[i] = load1(x, m * x_ld + b * QK + i, bf);
+        quantize_block32(v, q->q + m * q->K + b * QK, q->d + m * nb + b, q->s + m * nb + b, q->ds + m * nb + b);
+    }
 }
 
 static void free_rows(QRows *q) { free(q->q), free(q->d), free(q->s), free(q->ds); }
 
 /* x [M, K] (bf16 or fp32, row stride x_ld) @ W^T for a tiled W [N, K], out [M, N] (+ bias) (+ residual),
-   M <= 16. Returns 0, 1 for a type not tiled or K not a multiple of 32, 2 for M out of range. */
+   M <= 16 (a decode batch). Returns 0, 1 for a type not tiled or K not a multiple of 32, 2 for M out
+   of range or memory short. */
 int agentkv_qtile_linear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *tiles,
                          int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
                          int nthreads, int generic) {
     if (!tiled_type(qtype) || K % QK) return 1;
     if (M < 1 || M > MAX_M) return 2;
     QRows q;
-    if (quantize_rows(x, x_ld, M, K, bf, &q)) {
+    if (alloc_rows(M, K, &q)) {
         free_rows(&q);
         return 2;
     }
@@ -261,6 +271,8 @@ int agentkv_qtile_linear(int qtype, int bf, const void *x, int64_t x_ld, int64_t
 #pragma omp parallel num_threads(nthreads) if (ntiles * K * M > 65536)
     {
         const int64_t nt = omp_threads(), me = omp_me();
+        for (int64_t m = me; m < M; m += nt) quantize_row(x, x_ld, m, bf, &q);
+#pragma omp barrier
         agentkv_qtile_range(qtype, tiles, N, K, &q, M, ntiles * me / nt, ntiles * (me + 1) / nt, bias, res, r_ld, out,
                             out_ld, bf, generic);
     }
