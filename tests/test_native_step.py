@@ -29,9 +29,11 @@ PROMPTS = ["Hello GGUF world", "One two three four five", "a", "The quick brown 
            "The end is near", "Another one", "Numbers 1 2 3", "last but one", "last"]
 
 
-def step_and_python(engine: ak.Engine, prompts: list[str], max_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each decode pass's logits from the native step and from the Python path (which runs first and
-    writes the pass's K/V; the step writes the same slots again)."""
+def step_and_python(engine: ak.Engine, prompts: list[str], max_tokens: int,
+                    **params) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """Each native pass's logits from the step and from the Python path (which runs first and writes
+    the pass's K/V; the step writes the same slots again), with the pass's tokens less its requests
+    (its extends' tokens past their first)."""
     runner = engine._core.runner
     step: NativeStep = runner.native_step
     assert step is not None
@@ -41,12 +43,12 @@ def step_and_python(engine: ak.Engine, prompts: list[str], max_tokens: int) -> l
     def both(dev, ids):
         ref = runner.forward_ids(dev, ids)
         got = run(dev, ids)
-        pairs.append((got, ref))
+        pairs.append((got, ref, len(ids) - len(dev.meta.extend_lens)))
         return got
 
     step.run = both
     try:
-        engine.generate(prompts, max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        engine.generate(prompts, max_tokens=max_tokens, **({"temperature": 0.0, "ignore_eos": True} | params))
     finally:
         step.run = run
     return pairs
@@ -77,10 +79,29 @@ def test_step_logits_are_the_python_paths(tmp_path, monkeypatch, family, quant, 
     path = tiny_gguf(tmp_path, family, quant, **options)
     with ak.Engine(path, num_slots=2048) as engine:
         pairs = step_and_python(engine, PROMPTS[:batch], max_tokens=20)
-    assert len(pairs) == 19  # every decode pass went native (the first token comes from the prefill)
-    for got, ref in pairs:
-        assert got.shape == (batch, ref.shape[1])
+    assert len(pairs) >= 19  # every decode pass went native (and the prefill where it had at most 16 tokens)
+    for got, ref, _ in pairs:
+        assert got.shape == ref.shape
         assert torch.equal(got, ref)
+
+
+def test_extends_are_the_python_paths(tmp_path, monkeypatch):
+    """Short extends go native too: jump-forward's forced tokens under a schema, and n-gram drafts
+    being checked; their logits are the Python path's."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    path = tiny_gguf(tmp_path, "llama", "Q8_0")
+    # (keys short enough that each forced run, and the prompt with the first, fit a pass of 16 tokens)
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}, "b": {"enum": ["xy", "z"]}},
+              "required": ["a", "b"], "additionalProperties": False}
+    with ak.Engine(path, num_slots=2048) as engine:
+        forced = step_and_python(engine, ["zz top"], max_tokens=40, json_schema=schema, ignore_eos=False)
+    with ak.Engine(path, num_slots=2048, speculative="ngram") as engine:
+        engine.generate(["one two one two one two"], max_tokens=24, temperature=0.0, ignore_eos=True)
+        drafts = step_and_python(engine, ["one two one two one two"] * 2, max_tokens=24)
+    for pairs in (forced, drafts):
+        assert any(extra > 0 for _, _, extra in pairs)  # a pass with an extend in it
+        for got, ref, _ in pairs:
+            assert torch.equal(got, ref)
 
 
 def test_plain_c_bodies_stay_close(tmp_path, monkeypatch):
@@ -89,7 +110,7 @@ def test_plain_c_bodies_stay_close(tmp_path, monkeypatch):
     with ak.Engine(path, num_slots=1024) as engine:
         engine._core.runner.native_step.generic = True
         pairs = step_and_python(engine, PROMPTS[:4], max_tokens=8)
-    for got, ref in pairs:  # the generic attention rounds its exps and sums its own way
+    for got, ref, _ in pairs:  # the generic attention rounds its exps and sums its own way
         assert torch.allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -107,9 +128,10 @@ def test_the_step_refuses_bad_indices(tmp_path, monkeypatch):
         cases = {1: (torch.tensor([vocab]), one, one, one), 2: (one, torch.tensor([table.shape[1]]), one, one),
                  3: (one, one, torch.tensor([64]), one), 4: (one, one, one, torch.tensor([table.shape[0]]))}
         for code, (ids, pos, loc, rows) in cases.items():
-            assert kernels.decode_step(model, 1, ids, pos, loc, table, rows, logits) == code
+            assert kernels.decode_step(model, ids, pos, loc, table, rows, one, logits) == code
         table[0, 0] = 10**6
-        assert kernels.decode_step(model, 1, one, one, one, table, one, logits) == 5
+        assert kernels.decode_step(model, one, one, one, table, one, one, logits) == 5
+        assert kernels.decode_step(model, one, one, one, table, one, torch.tensor([1]), logits) == 6  # a token not in the pass
         table[0, 0] = 0
         assert torch.equal(logits, torch.full((1, vocab), 7.0))  # nothing written
         assert engine.generate("still serving", max_tokens=3).finish_reason == "length"
@@ -185,7 +207,7 @@ def test_the_pool_gives_the_same_logits_to_any_threads_and_callers(tmp_path, mon
 
         def logits(threads: int) -> torch.Tensor:
             out = torch.empty(2, vocab)
-            assert kernels.decode_step(model, 2, *args, out, threads=threads) == 0
+            assert kernels.decode_step(model, *args, torch.tensor([1, 0]), out, threads=threads) == 0
             return out
 
         ref = logits(1)

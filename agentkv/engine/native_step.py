@@ -5,9 +5,10 @@ A decode step of the Python path is ~270 kernel calls, each a parallel region wo
 the embedded 135M model they cost more than its arithmetic. Here the model is described to C once
 (pointers to its tiled weights, norms, KV caches and rotation tables, held in ctypes structures that
 this object keeps alive with the tensors they point into), and a decode-only pass of up to 16 tokens
-is one call. It sits where CUDA graphs sit on a GPU (the runner asks `can_run`, then `run`); extends,
-mixed passes, drafts being checked and scoring passes take the Python path. Sampling, grammar masks
-and the scheduler stay in Python.
+is one call, and so is any pass of up to 16 tokens: short extends (jump-forward's forced tokens,
+drafts being checked, a short turn) and mixed passes. It sits where CUDA graphs sit on a GPU (the
+runner asks `can_run`, then `run`); longer passes (prefill) take the Python path. Sampling, grammar
+masks and the scheduler stay in Python.
 
 The step runs the Python path's kernels in its order, so its logits are the same bits (tests check),
 but for attention over 1,024 keys and more, where the Python path splits a token's keys across
@@ -26,7 +27,7 @@ from agentkv.engine.model import MLP, CausalLM, DecoderLayer, QuantEmbedding
 from agentkv.errors import EngineError, RequestError
 from agentkv.kernels.cpu_native import RESCORE_TOP, NativeKernels, QuantWeight
 
-MAX_TOKENS = 16  # decoding tokens one call takes (the tiled kernel's rows)
+MAX_TOKENS = 16  # tokens one call takes, and logit rows it returns (the tiled kernel's rows)
 
 
 class _Mat(ctypes.Structure):
@@ -142,27 +143,26 @@ class NativeStep:
         self.generic = False  # tests: the plain-C bodies on CPUs with AVX-512 too
 
     def can_run(self, inputs) -> bool:
-        """A decode-only pass of at most 16 tokens, each sampling from its own logits in order."""
-        meta = inputs.meta
-        n = meta.num_decodes
-        return (0 < n <= MAX_TOKENS and n == len(meta.extend_lens) and len(inputs.select) == n
-                and inputs.select[-1] == n - 1)
+        """A pass of at most 16 tokens (decodes, short extends) whose logits are wanted for at most 16."""
+        return 0 < len(inputs.ids) <= MAX_TOKENS and len(inputs.select) <= MAX_TOKENS
 
     @torch.inference_mode()
     def run(self, dev, ids: torch.Tensor) -> torch.Tensor:
-        """Logits [n, vocab] (fp32) of a decode-only pass (`dev`: runner.OnDevice; `ids` [n] resolved)."""
-        ids = ids.contiguous()
-        n = ids.shape[0]
-        positions = dev.positions.contiguous()
-        loc = dev.meta.out_cache_loc.contiguous()
-        rows = dev.meta.req_rows.contiguous()
-        table = self.runner.req_pool.table
-        logits = torch.empty(n, self._model.vocab, dtype=torch.float32)
-        bad = self.kernels.decode_step(ctypes.addressof(self._model), n, ids, positions, loc, table, rows, logits,
-                                       self.generic)
+        """Logits [len(select), vocab] (fp32) of a pass (`dev`: runner.OnDevice; `ids` its tokens,
+        placeholders resolved)."""
+        meta = dev.meta
+        rows = meta.req_rows
+        if len(meta.extend_lens) != ids.shape[0]:  # an extend's tokens: its request's row for each
+            rows = rows.repeat_interleave(torch.tensor(meta.extend_lens))
+        select = dev.select.contiguous()
+        logits = torch.empty(select.shape[0], self._model.vocab, dtype=torch.float32)
+        bad = self.kernels.decode_step(ctypes.addressof(self._model), ids.contiguous(), dev.positions.contiguous(),
+                                       meta.out_cache_loc.contiguous(), self.runner.req_pool.table,
+                                       rows.contiguous(), select, logits, self.generic)
         if bad:
             what = {1: "a token id", 2: "a position", 3: "a new token's slot", 4: "a slot-table row",
-                    5: "a slot in the table", 6: "the number of tokens", 7: "memory for the step"}.get(bad, str(bad))
+                    5: "a slot in the table", 6: "the number of tokens or selected rows",
+                    7: "memory for the step"}.get(bad, str(bad))
             raise EngineError(f"the native decode step refused the pass: {what} is out of range (an engine bug; "
                               "native_step=False serves meanwhile)")
         self.calls += 1

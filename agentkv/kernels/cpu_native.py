@@ -51,7 +51,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_qtile_linear": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
     "agentkv_qtile_dequant": ([_INT, _INT, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
     "agentkv_qtile_logits": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _INT, _P, _I64, _INT, _INT], _INT),
-    "agentkv_decode_step": ([_P, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _INT, _INT], _INT),
+    "agentkv_decode_step": ([_P, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P, _INT, _INT], _INT),
     "agentkv_attention_heads_per_task": ([_INT], _INT),
     "agentkv_attention_max_queries": ([], _INT),
     "agentkv_attention_max_head_dim": ([], _INT),
@@ -255,18 +255,21 @@ class NativeKernels:
                 raise EngineError(f"the vocabulary projection refused its inputs ({bad}); an engine bug")
         return out
 
-    def decode_step(self, model: int, n: int, ids: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor,
-                    table: torch.Tensor, rows: torch.Tensor, logits: torch.Tensor, generic: bool = False,
-                    threads: int | None = None) -> int:
-        """csrc/cpu_step.c over the model described at address `model` (engine/native_step.py): `n`
-        decoding tokens' logits into `logits` [n, vocab], on `threads` of the process's pool (torch's
-        thread count by default); 0, or the code of what it refused."""
-        for t in (ids, positions, out_loc, rows, table):
+    def decode_step(self, model: int, ids: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor,
+                    table: torch.Tensor, rows: torch.Tensor, select: torch.Tensor, logits: torch.Tensor,
+                    generic: bool = False, threads: int | None = None) -> int:
+        """csrc/cpu_step.c over the model described at address `model` (engine/native_step.py): a pass
+        of len(ids) tokens (their positions, new slots and slot-table rows), the logits of the tokens
+        `select` into `logits` [len(select), vocab], on `threads` threads (torch's count by default);
+        0, or the code of what it refused."""
+        for t in (ids, positions, out_loc, rows, table, select):
             assert t.dtype == torch.int64 and t.is_contiguous()
-        assert logits.dtype == torch.float32 and logits.is_contiguous()
-        return self._lib.agentkv_decode_step(model, n, ids.data_ptr(), positions.data_ptr(), out_loc.data_ptr(),
-                                             table.data_ptr(), table.shape[0], table.shape[1], rows.data_ptr(),
-                                             logits.data_ptr(), threads or torch.get_num_threads(), generic)
+        assert ids.shape[0] == positions.shape[0] == out_loc.shape[0] == rows.shape[0]  # one each a token
+        assert logits.dtype == torch.float32 and logits.is_contiguous() and logits.shape[0] == select.shape[0]
+        return self._lib.agentkv_decode_step(model, ids.shape[0], ids.data_ptr(), positions.data_ptr(),
+                                             out_loc.data_ptr(), table.data_ptr(), table.shape[0], table.shape[1],
+                                             rows.data_ptr(), select.data_ptr(), select.shape[0], logits.data_ptr(),
+                                             threads or torch.get_num_threads(), generic)
 
     def pack_linear(self, weight: torch.Tensor) -> PackedLinear:
         """W [in, out] in the layout of csrc/cpu_linear.c, out padded to 16 columns with zeros: bf16

@@ -1,12 +1,13 @@
-/* The decode step of a dense Llama-family model in one native call: embedding, every layer, the final
-norm and the vocabulary projection, for up to 16 decoding tokens, as one job of the process's thread
-pool (cpu_pool.c) with a barrier between ops (ggml's graph-compute structure). The Python path makes ~270 kernel calls a step,
-each its own parallel region woken from Python; here the team is woken once and each op is split
-into per-thread shares (tiles of a matrix, tokens x heads, blocks of an activation).
+/* A pass of a dense Llama-family model in one native call: embedding, every layer, the final norm and
+the vocabulary projection, for up to 16 tokens (decodes, and short extends: jump-forward, drafts
+being checked), as one parallel job (cpu_pool.c) with a barrier between ops (ggml's graph-compute
+structure). The Python path makes ~270 kernel calls a decode step, each its own parallel region
+woken from Python; here the team is woken once and each op is split into per-thread shares (tiles
+of a matrix, tokens x heads, blocks of an activation).
 
 Every op is the Python path's own body (cpu_rows.h, the tiled linear of cpu_tiles.c, the attention
 task of cpu_attention.c), called in the same order on the same values, so the logits are the same
-bits, but for attention over 1,024 keys and more, where the Python path splits a token's keys
+bits, but for attention over 1,024 keys and more, where the Python path splits a lone token's keys
 across threads and merges the parts (a different order of the softmax sums).
 
 Activations are fp32; each normed input is quantized to int8 blocks once, and every linear that reads
@@ -55,7 +56,10 @@ void agentkv_attend_one(const float *q, const float *kc, const float *vc, const 
 
 /* 0 when every index the step follows is in bounds, else which kind is not (nothing done) */
 static int check(const StepModel *md, int64_t M, const int64_t *ids, const int64_t *pos, const int64_t *out_loc,
-                 const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *rows) {
+                 const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *rows, const int64_t *sel,
+                 int64_t S) {
+    for (int64_t i = 0; i < S; i++)
+        if (sel[i] < 0 || sel[i] >= M) return 6;
     for (int64_t m = 0; m < M; m++) {
         if (ids[m] < 0 || ids[m] >= md->vocab) return 1;
         if (pos[m] < 0 || pos[m] >= md->positions || pos[m] >= table_ld) return 2;
@@ -141,8 +145,8 @@ INLINE void place_heads(const StepModel *md, const StepLayer *L, float *qkv, int
 
 typedef struct {  /* one call's inputs and scratch, what every thread of its job reads */
     const StepModel *md;
-    int64_t M, chunks, ng, width;
-    const int64_t *ids, *pos, *out_loc, *table, *rows;
+    int64_t M, S, chunks, ng, width;
+    const int64_t *ids, *pos, *out_loc, *table, *rows, *sel;
     int64_t table_ld;
     float *logits;
     int R, generic;
@@ -154,7 +158,7 @@ static void step_job(void *arg, int me, int nt) {
     StepRun *run = arg;
     const StepModel *md = run->md;
     Scratch *s = &run->s;
-    const int64_t M = run->M, H = md->heads, KVH = md->kv_heads, D = md->head_dim, hid = md->hidden;
+    const int64_t M = run->M, S = run->S, H = md->heads, KVH = md->kv_heads, D = md->head_dim, hid = md->hidden;
     const int64_t inter = md->inter, qkv_n = (H + 2 * KVH) * D, G = H / KVH, V = md->vocab, width = run->width;
     const int64_t chunks = run->chunks, ng = run->ng, table_ld = run->table_ld;
     const int64_t *pos = run->pos, *rows = run->rows;
@@ -205,27 +209,27 @@ static void step_job(void *arg, int me, int nt) {
         mat_share(&L->down, &s->qd, M, me, nt, s->x, hid, s->x, hid, generic);
         agentkv_pool_barrier(nt);
     }
-    for (int64_t m = me; m < M; m += nt)
-        norm_quant(s->x + m * hid, md->final_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
+    for (int64_t i = me; i < S; i += nt)  /* the selected tokens only, in their order */
+        norm_quant(s->x + run->sel[i] * hid, md->final_norm, hid, md->eps, s->h + i * width, &s->qa, i, generic);
     agentkv_pool_barrier(nt);
-    mat_share(&md->lm_head, &s->qa, M, me, nt, NULL, 0, logits, V, generic);
+    mat_share(&md->lm_head, &s->qa, S, me, nt, NULL, 0, logits, V, generic);
     if (R > 0) {  /* this thread's best logits of its own tiles, while they are in cache */
         const int64_t ntiles = (V + TILE_ROWS - 1) / TILE_ROWS;
         const int64_t n0 = share(ntiles, me, nt) * TILE_ROWS, n1e = share(ntiles, me + 1, nt) * TILE_ROWS;
         const int64_t n1 = n1e < V ? n1e : V;
-        for (int64_t m = 0; m < M; m++) {
-            const int64_t at = ((int64_t)me * M + m) * (R + 1);
-            agentkv_top_merge(logits + m * V, n0, n1, R, s->top_idx + at, s->top_val + at, s->top_n + me * M + m);
+        for (int64_t m = 0; m < S; m++) {
+            const int64_t at = ((int64_t)me * S + m) * (R + 1);
+            agentkv_top_merge(logits + m * V, n0, n1, R, s->top_idx + at, s->top_val + at, s->top_n + me * S + m);
         }
     }
     agentkv_pool_barrier(nt);
-    for (int64_t m = me; m < M && R > 0; m += nt) {  /* the row's R best of all threads', re-scored */
+    for (int64_t m = me; m < S && R > 0; m += nt) {  /* the row's R best of all threads', re-scored */
         int64_t idx[MAX_RESCORE];
         float val[MAX_RESCORE];
         int count = 0;
         for (int t = 0; t < nt; t++) {
-            const int64_t at = ((int64_t)t * M + m) * (R + 1);
-            for (int c = 0; c < s->top_n[t * M + m]; c++) {
+            const int64_t at = ((int64_t)t * S + m) * (R + 1);
+            for (int c = 0; c < s->top_n[t * S + m]; c++) {
                 /* one candidate at a time through the same insertion (v holds it at its own index) */
                 const int64_t n = s->top_idx[at + c];
                 agentkv_top_merge(logits + m * V, n, n + 1, R, idx, val, &count);
@@ -241,14 +245,16 @@ static void step_job(void *arg, int me, int nt) {
     }
 }
 
-/* M decoding tokens (ids, positions, their new slots out_loc, their rows of the slot table) through the
-   model: logits [M, vocab] fp32, on `nthreads` threads of the process's pool (cpu_pool.c). Returns 0,
-   an index check's code (1-5: nothing done), 6 for M out of range, 7 when memory ran out. */
+/* A pass of M tokens (ids, positions, their new slots out_loc, their requests' rows of the slot table:
+   decodes, and the tokens of short extends, a request's in order) through the model: logits [S, vocab]
+   fp32 of the tokens `sel`, on up to `nthreads` threads (cpu_pool.c). A token attends to its
+   request's first pos + 1 slots, its own and the pass's earlier ones included. Returns 0, an index
+   check's code (1-6: nothing done), 6 also for M or S out of range, 7 when memory ran out. */
 int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, const int64_t *pos, const int64_t *out_loc,
-                        const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *rows, float *logits,
-                        int nthreads, int generic) {
-    if (M < 1 || M > MAX_M) return 6;
-    const int bad = check(md, M, ids, pos, out_loc, table, table_rows, table_ld, rows);
+                        const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *rows,
+                        const int64_t *sel, int64_t S, float *logits, int nthreads, int generic) {
+    if (M < 1 || M > MAX_M || S < 0 || S > MAX_M) return 6;
+    const int bad = check(md, M, ids, pos, out_loc, table, table_rows, table_ld, rows, sel, S);
     if (bad) return bad;
     const int64_t H = md->heads, KVH = md->kv_heads, D = md->head_dim, hid = md->hidden, inter = md->inter;
     const int64_t qkv_n = (H + 2 * KVH) * D, G = H / KVH;
@@ -260,15 +266,15 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
     const int64_t ng = (G + chunks - 1) / chunks;
     chunks = (G + ng - 1) / ng;
     const int64_t width = hid > H * D ? hid : H * D;
-    StepRun run = {md, M, chunks, ng, width, ids, pos, out_loc, table, rows, table_ld, logits, R, generic, {0}};
+    StepRun run = {md, M, S, chunks, ng, width, ids, pos, out_loc, table, rows, sel, table_ld, logits, R, generic, {0}};
     Scratch *s = &run.s;
     s->x = malloc((size_t)(M * hid) * sizeof(float));
     s->h = malloc((size_t)(M * width) * sizeof(float));
     s->qkv = malloc((size_t)(M * qkv_n) * sizeof(float));
     s->gu = malloc((size_t)(M * 2 * inter) * sizeof(float));
-    s->top_idx = malloc((size_t)(nthreads * M * (R + 1)) * sizeof(int64_t));
-    s->top_val = malloc((size_t)(nthreads * M * (R + 1)) * sizeof(float));
-    s->top_n = calloc((size_t)(nthreads * M), sizeof(int));
+    s->top_idx = malloc((size_t)(nthreads * (S + 1) * (R + 1)) * sizeof(int64_t));
+    s->top_val = malloc((size_t)(nthreads * (S + 1) * (R + 1)) * sizeof(float));
+    s->top_n = calloc((size_t)(nthreads * (S + 1)), sizeof(int));
     if (!s->x || !s->h || !s->qkv || !s->gu || !s->top_idx || !s->top_val || !s->top_n ||
         alloc_rows(&s->qa, M, hid) || alloc_rows(&s->qo, M, H * D) || alloc_rows(&s->qd, M, inter)) {
         free_scratch(s);
