@@ -1,4 +1,6 @@
-"""Agents sharing a system prompt: agentkv vs agentkv with the radix cache off vs HF `generate`.
+"""Agents sharing a system prompt: agentkv vs agentkv with the radix cache off vs llama.cpp reusing the
+prefix each prompt shares with the one before (llama_cpp_peer.py, where llama-cpp-python is installed)
+vs HF `generate`.
 
 8 agents x 4 turns. Every agent has the same ~800-token system prompt with tool definitions and its
 own task; each turn appends the agent's previous reply and a new user message, and generates 48
@@ -7,7 +9,7 @@ the same prompts one call at a time, as a request-at-a-time library is used. The
 worker process of this run (see common.py). Prints wall time, prefill tokens computed, cache hit
 rate and the ratios.
 
-    python benchmarks/engine_agents.py [--agents 8] [--turns 4] [--new-tokens 48] [--skip-hf]
+    python benchmarks/engine_agents.py [--agents 8] [--turns 4] [--new-tokens 48] [--skip-hf] [--skip-llama-cpp]
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import llama_cpp_peer
+import torch
 from common import Peer, hf_generate, table
 
 import agentkv as ak
@@ -93,12 +97,21 @@ def replay_agentkv(engine: ak.Engine, prompts_per_turn, new_tokens: int) -> floa
     return time.perf_counter() - start
 
 
+def _common(a: list[int], b: list[int]) -> int:
+    """Tokens two prompts share at their start."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--agents", type=int, default=8)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--skip-hf", action="store_true", help="leave out the (slow) HF run")
+    ap.add_argument("--skip-llama-cpp", action="store_true", help="leave out llama.cpp (llama_cpp_peer.py)")
     args = ap.parse_args()
 
     rows = []
@@ -118,6 +131,21 @@ def main() -> None:
         base = engine.stats()["prefill_tokens_computed"]
         wall_off = replay_agentkv(engine, prompts_per_turn, args.new_tokens)
         rows.append(["agentkv, cache off", wall_off, engine.stats()["prefill_tokens_computed"] - base, 0.0])
+
+    if not args.skip_llama_cpp:
+        from agentkv.engine.loader import embedded_model_path
+
+        wall_cpp = llama_cpp_peer.call(llama_cpp_peer.agents_wall, str(embedded_model_path()), prompts_per_turn,
+                                       args.new_tokens, torch.get_num_threads())
+        if wall_cpp is not None:
+            flat = [p for ps in prompts_per_turn for p in ps]
+            computed = sum(len(p) - _common(a, p) for a, p in zip([[]] + flat, flat))
+            reused = 1 - computed / sum(len(p) for p in flat)
+            rows.append(["llama.cpp, prefix reuse", wall_cpp, computed, reused])
+            print(f"llama.cpp on {llama_cpp_peer.build_of(llama_cpp_peer.agents_wall)}")
+        else:
+            print("llama.cpp: " + ("its process died (see llama_cpp_peer.py)" if llama_cpp_peer.available()
+                                   else "llama-cpp-python not installed"))
 
     if not args.skip_hf:
         peer = Peer()

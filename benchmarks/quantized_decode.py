@@ -7,27 +7,32 @@ SmolLM2-135M-Instruct Q4_1 GGUF (its embedding Q8_0):
     bf16      dequantized at load to bf16 (the C bf16 linear kernel where the CPU has AVX512_BF16)
     fp32      dequantized at load to fp32 (the C fp32 kernel)
     llama.cpp the same file through llama-cpp-python, where it is installed (optional), in a process of
-              its own, decoding after a one-token prompt (see _llama_cpp_best)
+              its own (llama_cpp_peer.py): batch 1 after a one-token prompt, batch 16 as 16 sequences
+              of one llama_batch a step, and a prompt evaluated from an empty context
 
-Greedy, a fixed number of new tokens after a short chat prompt, batch 1 and 16; the best of
-`--repeats` runs each, the variants interleaved, each in a process of its own. Weight memory counts the model's parameters and
+Greedy, a fixed number of new tokens after a short chat prompt already in the radix cache (decode
+alone), batch 1 and 16, and the prefill of a `--prompt-tokens` prompt (kept and llama.cpp); the best of `--repeats` runs each, the variants interleaved, each in a process of its own. Weight memory counts the model's parameters and
 quantized blocks (not the KV pool), against the file's tensor bytes. Beside batch 1, the weight bandwidth
-`kept` achieves (its weight bytes, read once a token, over its time a token: the prefill included, so a
-lower bound) and the host's read bandwidth measured here (a 1 GiB fp32 tensor summed by torch's threads,
+`kept` achieves (its weight bytes, read once a token, over its time a token: the engine's own work
+between steps included, so a lower bound) and the host's read bandwidth measured here (a 1 GiB fp32 tensor summed by torch's threads,
 best of 5): how close decode comes to what the memory gives.
 
-    python benchmarks/quantized_decode.py [--new-tokens 64] [--repeats 3] [--batches 1,16]
+    python benchmarks/quantized_decode.py [--new-tokens 64] [--repeats 3] [--batches 1,16] [--prompt-tokens 256]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import multiprocessing
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import llama_cpp_peer
 
 import agentkv as ak
 from agentkv.engine.loader import embedded_model_path
@@ -51,8 +56,11 @@ def _start(opts: dict) -> int:
 
 
 def decode_rate(batch: int, new_tokens: int) -> float:
+    """Decode tok/s after the prompt is in the radix cache (its last token aside), as llama.cpp's runs
+    decode after a one-token prompt: the prompt's prefill is timed apart (prompt_rate)."""
     engine = _engine
     ids = engine.tokenizer.encode(engine.render([{"role": "user", "content": PROMPT}]))
+    engine.generate([ids], max_tokens=1, temperature=0.0)  # the prompt cached
     start = time.perf_counter()
     outs = engine.generate([ids] * batch, max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     elapsed = time.perf_counter() - start
@@ -72,30 +80,17 @@ def read_bandwidth() -> float:
     return big.numel() * 4 / best
 
 
-def llama_cpp_rate(path, batch: int, new_tokens: int, repeats: int) -> float | None:
-    """llama.cpp's batch-1 decode on the same file, in a process of its own (in ours, its OpenMP
-    runtime and torch's crash each other), with as many threads as ours."""
-    if batch != 1 or importlib.util.find_spec("llama_cpp") is None:
-        return None
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_llama_cpp_best, (str(path), new_tokens, repeats, torch.get_num_threads()))
-
-
-def _llama_cpp_best(path: str, new_tokens: int, repeats: int, threads: int) -> float:
-    # A one-token prompt: llama-cpp-python 0.3.36 as built on this project's machines crashes (SIGSEGV)
-    # evaluating a multi-token prompt on CPU; its decode is what is compared (ours includes a
-    # 40-token prefill, 2-3% of our run)
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=path, n_ctx=512, n_threads=threads, verbose=False)
-    ban_eos = {llm.token_eos(): -1e9}
-    llm.create_completion("Hello", max_tokens=8, temperature=0.0, logit_bias=ban_eos)  # warm up
+def prompt_rate(tokens: int, repeats: int) -> float:
+    """Prefill tok/s of a prompt of `tokens` tokens that shares no prefix with any before it."""
+    engine = _engine
+    base = engine.tokenizer.encode(PROMPT * (tokens // 8 + 1))
     best = 0.0
-    for _ in range(repeats):
-        llm.reset()
+    for r in range(repeats + 1):  # (the first one warms up)
+        ids = engine.tokenizer.encode(f"{r} {time.time()}")[:4] + base  # a new prefix: nothing cached
+        ids = ids[:tokens]
         start = time.perf_counter()
-        out = llm.create_completion("Hello", max_tokens=new_tokens, temperature=0.0, logit_bias=ban_eos)
-        best = max(best, out["usage"]["completion_tokens"] / (time.perf_counter() - start))
+        engine.generate([ids], max_tokens=1, temperature=0.0)
+        best = max(best, tokens / (time.perf_counter() - start))
     return best
 
 
@@ -104,6 +99,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--prompt-tokens", type=int, default=256)
     args = ap.parse_args()
     path = embedded_model_path()
     variants = {"kept": dict(dtype="float32"), "python": dict(dtype="float32", native_step=False),
@@ -117,6 +113,8 @@ def main() -> None:
     weight_bytes = {name: engines[name].submit(_start, opts).result() for name, opts in variants.items()}
     tensor_bytes = file_tensor_bytes(path)
     print(f"{path.name}: {tensor_bytes / 2**20:.1f} MiB of tensors; {torch.get_num_threads()} threads")
+    print(f"llama.cpp: batch 1 on {llama_cpp_peer.build_of(llama_cpp_peer.decode_rate)}; batch 16 and the prompt on "
+          f"{llama_cpp_peer.build_of(llama_cpp_peer.prompt_rate)}")
     print(f"{'weights':8} {'MiB':>8} {'x file':>7}")
     for name, b in weight_bytes.items():
         print(f"{name:8} {b / 2**20:8.1f} {b / tensor_bytes:7.2f}")
@@ -128,19 +126,35 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, e in engines.items():
                 best[name] = max(best[name], e.submit(decode_rate, batch, args.new_tokens).result())
-        peer = llama_cpp_rate(path, batch, args.new_tokens, args.repeats)
+        threads = torch.get_num_threads()
+        peer = llama_cpp_peer.call(llama_cpp_peer.decode_rate, str(path), args.new_tokens, args.repeats, threads) \
+            if batch == 1 else \
+            llama_cpp_peer.call(llama_cpp_peer.batched_rate, str(path), batch, args.new_tokens, args.repeats, threads)
         row = "  ".join(f"{n} {r:7.1f}" for n, r in best.items())
         ratios = (f"kept/python {best['kept'] / best['python']:.2f}x  kept/bf16 {best['kept'] / best['bf16']:.2f}x  "
                   f"kept/fp32 {best['kept'] / best['fp32']:.2f}x")
-        cpp = f"  llama.cpp {peer:7.1f} (kept/llama.cpp {best['kept'] / peer:.2f}x)" if peer else \
-            "  llama.cpp: llama-cpp-python not installed" if batch == 1 else ""
-        print(f"batch {batch:2}: tok/s {row}  {ratios}{cpp}")
+        print(f"batch {batch:2}: tok/s {row}  {ratios}  {_peer(peer, best['kept'])}")
         if batch == 1:
             achieved = weight_bytes["kept"] * best["kept"]
             print(f"          kept reads its weights at {achieved / 1e9:.1f} GB/s; the host reads {read_bandwidth() / 1e9:.1f} "
                   f"GB/s (a 1 GiB tensor)")
+    ours = engines["kept"].submit(prompt_rate, args.prompt_tokens, args.repeats).result()
+    ids = engines["kept"].submit(_prompt_ids, args.prompt_tokens).result()
+    peer = llama_cpp_peer.call(llama_cpp_peer.prompt_rate, str(path), ids, args.repeats, torch.get_num_threads())
+    print(f"prompt of {args.prompt_tokens}: tok/s kept {ours:7.1f}  {_peer(peer, ours)}")
     for e in engines.values():
         e.shutdown()
+
+
+def _prompt_ids(tokens: int) -> list[int]:
+    return _engine.tokenizer.encode(PROMPT * (tokens // 8 + 1))[:tokens]
+
+
+def _peer(rate: float | None, ours: float) -> str:
+    if rate is None:
+        return "llama.cpp: " + ("its process died (see llama_cpp_peer.py)" if llama_cpp_peer.available()
+                                else "llama-cpp-python not installed")
+    return f"llama.cpp {rate:7.1f} (kept/llama.cpp {ours / rate:.2f}x)"
 
 
 if __name__ == "__main__":
