@@ -189,7 +189,10 @@ INLINE void tile_avx512(const int qtype, const uint8_t *tile, int64_t nb, const 
                                         : _mm512_setzero_ps();
         __m512i u[8];
         unpack_avx512(qtype, blk + scale_bytes(qtype), u);
-        __builtin_prefetch(blk + 8 * tb, 0, 0);
+        /* 24 blocks ahead (7.5 KiB of Q4_1) into L1: the hardware's streams restart at each matrix and
+           page; a step of the embedded model with caches cold took 5.3 against 5.8 ms with 8 blocks
+           ahead as non-temporal */
+        __builtin_prefetch(blk + 24 * tb, 0, 3);
         if (b & 1)
             for (int64_t m = 0; m < M; m++) a1[m] = block_avx512(qtype, u, dv, mv, x, m, b, a1[m]);
         else
