@@ -9,8 +9,8 @@ and the two sides alternate so drifts in machine speed hit both:
 - decode attention: 16 requests (and one with a long context, whose keys the kernel splits across
   threads) through the cpu backend against the torch backend (gather + SDPA), a linear between
   layers as in a step;
-- extend attention: one request's new tokens after a cached prefix, the C kernel's tiles against SDPA
-  (the cpu backend's choice between them: NATIVE_EXTEND_MAX, NATIVE_PREFIX_MAX);
+- extend attention: one request's new tokens after a cached prefix, the C kernel's tiles (the cpu
+  backend, which takes every token) against SDPA (the torch backend);
 - with `--quantized`: the linears of 8 layers of a 1B-class model (2048 wide, 5632 MLP: widths every GGUF
   type's blocks divide) kept in each quantized type csrc/cpu_quant.c multiplies (random blocks) against
   the same shapes in the C bf16 kernel, and each one's bytes; then the embedded model's linears of one
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import table  # noqa: E402
 
 from agentkv.engine.linear import _pack, _packed_linear  # noqa: E402
-from agentkv.kernels import cpu_backend, cpu_native, get_backend  # noqa: E402
+from agentkv.kernels import cpu_native, get_backend  # noqa: E402
 from agentkv.kernels.base import AttentionMetadata  # noqa: E402
 
 LAYERS = 30
@@ -227,20 +227,13 @@ def extend_attention(dtype, sizes) -> list:
         table_[0] = torch.arange(1, seq + 1)
         meta = AttentionMetadata(table_, torch.arange(1), [seq], [ext], 0, table_[0, prefix:].clone())
         q, k, v = _split(torch.randn(ext, (HEADS + 2 * KV_HEADS) * HEAD_DIM).to(dtype))
-        be = get_backend("cpu")
-        saved = cpu_backend.NATIVE_EXTEND_MAX, cpu_backend.NATIVE_PREFIX_MAX
-
-        def run(limit):
-            # limit above the extend's sizes: the kernel; -1: SDPA
-            cpu_backend.NATIVE_EXTEND_MAX = cpu_backend.NATIVE_PREFIX_MAX = limit
+        def run(name):
+            be = get_backend(name)
             be.prepare(meta)
             for _ in range(LAYERS):
                 be.forward(q, k, v, kc, vc, HEAD_DIM**-0.5)
 
-        try:
-            t = best({"kernel": lambda: run(1 << 30), "sdpa": lambda: run(-1)}, 5)
-        finally:
-            cpu_backend.NATIVE_EXTEND_MAX, cpu_backend.NATIVE_PREFIX_MAX = saved
+        t = best({"kernel": lambda: run("cpu"), "sdpa": lambda: run("torch")}, 5)
         out.append([prefix, ext, t["kernel"] / LAYERS * 1e6, t["sdpa"] / LAYERS * 1e6, t["sdpa"] / t["kernel"]])
     return out
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from agentkv.engine.rope import _rotate_half
 from agentkv.kernels import cpu_native, get_backend
 from agentkv.kernels.base import AttentionMetadata
-from agentkv.kernels.cpu_backend import NATIVE_EXTEND_MAX, NATIVE_PREFIX_MAX, CpuAttentionBackend
+from agentkv.kernels.cpu_backend import CpuAttentionBackend
 from tests.test_attention import reference
 
 kernels = cpu_native.load()
@@ -145,17 +145,16 @@ def _check(meta, q, k, v, k_cache, v_cache, generic):
 @pytest.mark.parametrize("generic", BODIES)
 @pytest.mark.parametrize("heads,kv_heads,D", [(9, 3, 64), (4, 4, 16), (8, 1, 32), (40, 2, 16), (2, 1, 24)])
 def test_attention_mixed_batch_matches_reference(dtype, generic, heads, kv_heads, D):
-    """Decodes sharing a prefix, an unrelated decode, a short extend after a cached prefix and a
-    fresh prefill (the kernel, in tiles), and a long extend after a long prefix (SDPA), in one pass.
-    40 query heads of one KV head are more than a task takes (split across tasks); D = 24 has no
-    AVX-512 body."""
+    """Decodes sharing a prefix, an unrelated decode, a short extend after a cached prefix, a fresh
+    prefill and a long extend after a long prefix, in one pass, all in the kernel's tiles. 40 query
+    heads of one KV head are more than a task takes (split across tasks); D = 24 has no AVX-512 body."""
     g = torch.Generator().manual_seed(heads * D)
     pool = _prefix_pool(g)
-    shared, long_prefix = pool[:40], pool[:NATIVE_PREFIX_MAX + 20]
-    plans = [(shared, 1), (shared[:25], 1), ([], 1), (shared[:30], 7), ([], 75), (long_prefix, NATIVE_EXTEND_MAX + 5)]
+    shared, long_prefix = pool[:40], pool[:276]
+    plans = [(shared, 1), (shared[:25], 1), ([], 1), (shared[:30], 7), ([], 75), (long_prefix, 37)]
     meta, q, k, v, kc, vc = _batch(plans, heads, kv_heads, D, dtype, seed=heads + D)
     backend = _check(meta, q, k, v, kc, vc, generic)
-    assert backend.native and len(backend.extends) == 1  # the long extend after a long prefix went to SDPA
+    assert backend.native and sum(t[1] for t in backend.tiles.tolist()) == q.shape[0]  # every token in a tile
 
 
 @settings(max_examples=40, deadline=None)

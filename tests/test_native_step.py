@@ -31,9 +31,10 @@ PROMPTS = ["Hello GGUF world", "One two three four five", "a", "The quick brown 
 
 def step_and_python(engine: ak.Engine, prompts: list[str], max_tokens: int,
                     **params) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-    """Each native pass's logits from the step and from the Python path (which runs first and writes
-    the pass's K/V; the step writes the same slots again), with the pass's tokens less its requests
-    (its extends' tokens past their first)."""
+    """Each native pass's logits (and beside them the final normed states a grammar's re-score reads)
+    from the step and from the Python path (which runs first and writes the pass's K/V; the step
+    writes the same slots again), with the pass's tokens less its requests (its extends' tokens past
+    their first)."""
     runner = engine._core.runner
     step: NativeStep = runner.native_step
     assert step is not None
@@ -42,9 +43,12 @@ def step_and_python(engine: ak.Engine, prompts: list[str], max_tokens: int,
 
     def both(dev, ids):
         ref = runner.forward_ids(dev, ids)
-        got = run(dev, ids)
-        pairs.append((got, ref, len(ids) - len(dev.meta.extend_lens)))
-        return got
+        rows = runner.model.logits_proj.approx_rows  # the normed rows a grammar's re-score reads
+        got, hidden = run(dev, ids)
+        assert rows is not None
+        # (the states ride with the logits: compared as a row each)
+        pairs.append((torch.cat([got, hidden], 1), torch.cat([ref, rows], 1), len(ids) - len(dev.meta.extend_lens)))
+        return got, hidden
 
     step.run = both
     try:

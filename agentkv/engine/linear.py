@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agentkv.kernels.cpu_native import QLINEAR_MAX_ROWS, TILED_TYPES, NativeKernels, PackedLinear, QuantWeight
+from agentkv.kernels.cpu_native import TILED_TYPES, NativeKernels, PackedLinear, QuantWeight
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
@@ -103,11 +103,15 @@ class Linear(nn.Module):
             if not keep_plain or self.weight.dtype != torch.float32:
                 self.weight = None  # only the packed copy is kept
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                exact_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`exact_rows` (bool [T], None: none): the rows a tiled quantized weight computes with x in
+        fp32 (a prompt's tokens) rather than as int8 blocks (see by_row_kind)."""
         # a row-parallel shard's output is a partial sum: the residual is added once, after the all-reduce
         add = None if self.all_reduce else residual
         if self.quantized is not None:
-            y = self.native.qlinear(x, self.quantized, self.bias, add)
+            y = by_row_kind(lambda exact, xs, adds: self.native.qlinear(xs, self.quantized, self.bias, adds, exact=exact),
+                            x, add, exact_rows if self.quantized.tiled else None)
         elif self.native_weight is not None:
             y = self.native.linear(x, self.native_weight, self.bias, add)
         elif self.packed is not None and (self.weight is None or x.shape[0] > 1):
@@ -120,6 +124,30 @@ class Linear(nn.Module):
             if residual is not None:
                 y = y + residual
         return y
+
+
+def by_row_kind(run, x: torch.Tensor, add: torch.Tensor | None, exact_rows: torch.Tensor | None) -> torch.Tensor:
+    """run(exact, x rows, their `add` rows) over the rows of x by kind: `exact_rows` (a prompt's tokens)
+    with exact=True, the others (tokens the model wrote: decodes, jump-forward's, drafts) with
+    exact=False. A token's numbers then depend on its kind alone, never on what else its pass holds,
+    so batching and speculation leave outputs as they are; and a prompt is read as the dequantized
+    model reads it: with its rows as int8 blocks too, the embedded model's greedy replies of 48
+    tokens left the exact path's on 5 of 6 prompts (one at its first token), against 2 of 6 with
+    a prompt's rows exact. (A reply's tokens cached as int8 and read back in a later prompt keep
+    their int8 K/V; recomputed after an eviction, they are a prompt's, exact.)"""
+    if exact_rows is None or not bool(exact_rows.any()):
+        return run(False, x, add)
+    if bool(exact_rows.all()):
+        return run(True, x, add)
+    exact = exact_rows.nonzero().squeeze(1)
+    written = (~exact_rows).nonzero().squeeze(1)
+    parts = []
+    for flag, rows in ((True, exact), (False, written)):
+        parts.append((rows, run(flag, x[rows], None if add is None else add[rows])))
+    y = torch.empty(x.shape[0], parts[0][1].shape[1], dtype=parts[0][1].dtype)
+    for rows, part in parts:
+        y[rows] = part
+    return y
 
 
 def tiled(native: NativeKernels, w: QuantWeight) -> QuantWeight:
@@ -139,6 +167,9 @@ class LogitsProjection(nn.Module):
         super().__init__()
         self.weight = weight
         self.native, self.native_weight, self.packed = native, None, None
+        # the last forward's input rows where its logits were the int8 projection's (None: exact):
+        # the best tokens a grammar allows are re-scored from them (ModelRunner.exact_logits)
+        self.approx_rows: torch.Tensor | None = None
         if isinstance(weight, QuantWeight):  # a GGUF's quantized table: multiplied in its blocks
             pass
         elif _native_linear(native, weight.t()):  # see Linear
@@ -146,14 +177,19 @@ class LogitsProjection(nn.Module):
         elif _can_pack(weight):
             self.packed = _pack(weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`exact_rows` (bool [rows of x]): rows whose every logit is exact (a prompt's last token);
+        the others of a tiled weight go through the int8 projection (see by_row_kind)."""
         quant = isinstance(self.weight, QuantWeight)
-        if quant and self.weight.tiled and x.dtype == torch.float32 and x.shape[0] <= QLINEAR_MAX_ROWS:
-            # a decode step's rows: int8 activations for every logit, then the top ones re-scored
-            # with x in fp32: the argmax of 49k logits is decided by margins that int8 activations
-            # erase (SmolLM2's first answer token flips from "The" to "L" with them alone)
-            return self.native.qlogits(x.contiguous(), self.weight)
-        if quant:  # x kept in fp32 for every logit (a prompt's rows scored: the weight dequantized)
+        self.approx_rows = None
+        if quant and self.weight.tiled and x.dtype == torch.float32:
+            # int8 activations for every logit, then each row's top ones re-scored with x in fp32:
+            # the argmax of 49k logits is decided by margins that int8 activations erase (SmolLM2's
+            # first answer token flips from "The" to "L" with them alone)
+            self.approx_rows = x.contiguous()
+            return by_row_kind(lambda exact, xs, _: self.native.qlinear(xs, self.weight, exact=True) if exact
+                               else self.native.qlogits(xs.contiguous(), self.weight), self.approx_rows, None, exact_rows)
+        if quant:  # x kept in fp32 for every logit (see above)
             return self.native.qlinear(x.contiguous(), self.weight, exact=True)
         if self.native_weight is not None:
             return self.native.linear(x.contiguous(), self.native_weight)

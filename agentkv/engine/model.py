@@ -45,6 +45,8 @@ class ForwardContext:
     backend: AttentionBackend  # already prepared for this pass
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: [num_slots, KVH, D] each
     rope: RopeTables | None = None  # set once per pass
+    # bool [T]: the prompt's tokens, which tiled quantized weights compute exactly (linear.by_row_kind)
+    exact_rows: torch.Tensor | None = None
 
 
 class RMSNorm(nn.Module):
@@ -84,7 +86,7 @@ class Attention(nn.Module):
         """residual + attention(x): the residual is added by the output projection (attention(x)
         alone where residual is None)."""
         T = x.shape[0]
-        qkv = self.qkv_proj(x)
+        qkv = self.qkv_proj(x, exact_rows=ctx.exact_rows)
         v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:
             # q and k are adjacent in the fused output: rotate them as one run of heads (half the ops)
@@ -97,7 +99,7 @@ class Attention(nn.Module):
             q, k = rope.apply_one(ctx.rope, q), rope.apply_one(ctx.rope, k)
         k_cache, v_cache = ctx.kv_caches[self.layer_id]
         return self.o_proj(ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale, self.window, self.softcap),
-                           residual)
+                           residual, exact_rows=ctx.exact_rows)
 
 
 class MLP(nn.Module):
@@ -109,16 +111,17 @@ class MLP(nn.Module):
         self.down_proj = Linear(self.intermediate, cfg.hidden_size)
         self.native: NativeKernels | None = None  # set by CausalLM.finalize
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                exact_rows: torch.Tensor | None = None) -> torch.Tensor:
         """residual + mlp(x) (mlp(x) where residual is None)."""
-        gate_up = self.gate_up_proj(x)
+        gate_up = self.gate_up_proj(x, exact_rows=exact_rows)
         if self.gelu:
             gate, up = gate_up.split(self.intermediate, dim=-1)
-            return self.down_proj(F.gelu(gate, approximate="tanh") * up, residual)
+            return self.down_proj(F.gelu(gate, approximate="tanh") * up, residual, exact_rows)
         if self.native is not None and self.native.handles(gate_up):
-            return self.down_proj(self.native.silu_mul(gate_up), residual)
+            return self.down_proj(self.native.silu_mul(gate_up), residual, exact_rows)
         gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up, residual)
+        return self.down_proj(F.silu(gate) * up, residual, exact_rows)
 
 
 class MoE(nn.Module):
@@ -141,9 +144,9 @@ class MoE(nn.Module):
         self.shared_gate = Linear(cfg.hidden_size, 1) if shared else None
         self.all_reduce = False  # tensor parallelism: each rank's experts hold a slice of their width
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
         """residual + moe(x)."""
-        probs = torch.softmax(self.router(x).float(), dim=-1)
+        probs = torch.softmax(self.router(x, exact_rows=exact_rows).float(), dim=-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -157,10 +160,11 @@ class MoE(nn.Module):
             if n:
                 picked = order[start : start + n]
                 rows = picked // self.top_k
-                out.index_add_(0, rows, expert(x[rows], None) * weights[picked, None])
+                kinds = None if exact_rows is None else exact_rows[rows]
+                out.index_add_(0, rows, expert(x[rows], None, kinds) * weights[picked, None])
                 start += n
         if self.shared is not None:
-            out += torch.sigmoid(self.shared_gate(x)) * self.shared(x, None)
+            out += torch.sigmoid(self.shared_gate(x, exact_rows=exact_rows)) * self.shared(x, None, exact_rows)
         if self.all_reduce:  # the experts' partial sums, once for the block (routing is the same on every rank)
             torch.distributed.all_reduce(out)
         return residual + out
@@ -176,7 +180,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding) -> torch.Tensor:
         x = self.self_attn(self.input_layernorm(x), ctx, rope, residual=x)
-        return self.mlp(self.post_attention_layernorm(x), residual=x)
+        return self.mlp(self.post_attention_layernorm(x), x, ctx.exact_rows)
 
 
 class SandwichDecoderLayer(nn.Module):
@@ -194,7 +198,7 @@ class SandwichDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding) -> torch.Tensor:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ctx, rope, residual=None))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), None))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), None, ctx.exact_rows))
 
 
 class CausalLM(nn.Module):
@@ -275,7 +279,8 @@ class CausalLM(nn.Module):
             windowed = local is not None and layer.self_attn.window
             ctx.rope = local if windowed else tables
             x = layer(x, ctx, self.local_rope if windowed else self.rope)
-        logits = self.logits_proj(self.norm(x[logits_indices])).float()
+        exact = None if ctx.exact_rows is None else ctx.exact_rows[logits_indices]
+        logits = self.logits_proj(self.norm(x[logits_indices]), exact).float()
         if self.config.final_softcap:  # Gemma 2
             logits = torch.tanh(logits / self.config.final_softcap) * self.config.final_softcap
         return logits

@@ -5,9 +5,10 @@ A decode step of the Python path is ~270 kernel calls, each a parallel region wo
 the embedded 135M model they cost more than its arithmetic. Here the model is described to C once
 (pointers to its tiled weights, norms, KV caches and rotation tables, held in ctypes structures that
 this object keeps alive with the tensors they point into), and a decode-only pass of up to 16 tokens
-is one call, and so is any pass of up to 16 tokens: short extends (jump-forward's forced tokens,
-drafts being checked, a short turn) and mixed passes. It sits where CUDA graphs sit on a GPU (the
-runner asks `can_run`, then `run`); longer passes (prefill) take the Python path. Sampling, grammar
+is one call, and so is any pass of up to 16 tokens the model wrote: jump-forward's forced tokens,
+drafts being checked. It sits where CUDA graphs sit on a GPU (the
+runner asks `can_run`, then `run`); longer passes and a prompt's tokens (computed exactly:
+linear.by_row_kind) take the Python path. Sampling, grammar
 masks and the scheduler stay in Python.
 
 The step runs the Python path's kernels in its order, so its logits are the same bits (tests check),
@@ -143,22 +144,24 @@ class NativeStep:
         self.generic = False  # tests: the plain-C bodies on CPUs with AVX-512 too
 
     def can_run(self, inputs) -> bool:
-        """A pass of at most 16 tokens (decodes, short extends) whose logits are wanted for at most 16."""
-        return 0 < len(inputs.ids) <= MAX_TOKENS and len(inputs.select) <= MAX_TOKENS
+        """A pass of at most 16 tokens the model wrote (decodes, jump-forward's, drafts: no prompt's,
+        which the Python path computes exactly) whose logits are wanted for at most 16."""
+        return 0 < len(inputs.ids) <= MAX_TOKENS and len(inputs.select) <= MAX_TOKENS and not inputs.prompt_rows
 
     @torch.inference_mode()
-    def run(self, dev, ids: torch.Tensor) -> torch.Tensor:
+    def run(self, dev, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [len(select), vocab] (fp32) of a pass (`dev`: runner.OnDevice; `ids` its tokens,
-        placeholders resolved)."""
+        placeholders resolved), and the selected tokens' final normed states [len(select), hidden]."""
         meta = dev.meta
         rows = meta.req_rows
         if len(meta.extend_lens) != ids.shape[0]:  # an extend's tokens: its request's row for each
             rows = rows.repeat_interleave(torch.tensor(meta.extend_lens))
         select = dev.select.contiguous()
         logits = torch.empty(select.shape[0], self._model.vocab, dtype=torch.float32)
+        hidden = torch.empty(select.shape[0], self._model.hidden, dtype=torch.float32)
         bad = self.kernels.decode_step(ctypes.addressof(self._model), ids.contiguous(), dev.positions.contiguous(),
                                        meta.out_cache_loc.contiguous(), self.runner.req_pool.table,
-                                       rows.contiguous(), select, logits, self.generic)
+                                       rows.contiguous(), select, logits, hidden, self.generic)
         if bad:
             what = {1: "a token id", 2: "a position", 3: "a new token's slot", 4: "a slot-table row",
                     5: "a slot in the table", 6: "the number of tokens or selected rows",
@@ -166,4 +169,4 @@ class NativeStep:
             raise EngineError(f"the native decode step refused the pass: {what} is out of range (an engine bug; "
                               "native_step=False serves meanwhile)")
         self.calls += 1
-        return logits
+        return logits, hidden

@@ -96,7 +96,14 @@ class PassRunner:
         except Exception:
             pass  # its requests are failed by the caller either way
 
-    def _sample_drafts(self, p: Pass, logits: torch.Tensor, rows: list[int], allowed) -> PassResult:
+    def _rescore(self, approx: torch.Tensor | None, logit_rows: list[int]):
+        """sample's `rescore` for a pass whose logits were the int8 projection's (`approx`: its rows'
+        normed states), its sampled rows being those `logit_rows` of them; None where they were exact."""
+        if approx is None:
+            return None
+        return lambda rows, ids: self.runner.exact_logits(approx[[logit_rows[r] for r in rows]], ids)
+
+    def _sample_drafts(self, p: Pass, logits: torch.Tensor, rows: list[int], allowed, approx) -> PassResult:
         """A pass in which requests check drafts (speculation, never with overlap): sampling row k
         has a logits row for its last token and one per draft token. Each row makes its token as
         any row does; the draft is kept as far as those tokens are the draft's."""
@@ -114,7 +121,7 @@ class PassRunner:
                 row_positions.append(p.positions[k] + j)
                 row_before.append(d[:j])
         out = sample(logits[index], row_reqs, self.tokenizer, allowed, logits[starts[-1]:], p.score_targets,
-                     row_positions, row_drafts, row_before)
+                     row_positions, row_drafts, row_before, rescore=self._rescore(approx, index))
         tokens, logprobs, made = [0] * n, [None] * n, {}
         for k in rows:  # (a row the grammar allowed nothing makes -1: not a draft token)
             a, d = first[k], p.drafts[k]
@@ -139,6 +146,7 @@ class PassRunner:
     def _compute(self, p: Pass) -> PassResult:
         try:
             logits = self.runner.forward(p.inputs, self._prev_tokens)
+            approx = self.runner.approx_rows  # (this pass's: the next forward runs after this returns)
         except BaseException:
             self._prev_tokens = None
             plan = p.plan.result()  # wait for the masks too: they read matchers the host moves next
@@ -151,10 +159,10 @@ class PassRunner:
         reqs = p.batch.sampling_reqs
         n = len(plan.live)
         if any(p.drafts):
-            return self._sample_drafts(p, logits, rows, allowed)
+            return self._sample_drafts(p, logits, rows, allowed, approx)
         live = logits[: len(rows)] if len(rows) == n else logits[rows]  # no copy when all are
         out = sample(live, [reqs[k] for k in rows], self.tokenizer, allowed, logits[n:], p.score_targets,
-                     [p.positions[k] for k in rows])
+                     [p.positions[k] for k in rows], rescore=self._rescore(approx, rows))
         tokens = [0] * n
         logprobs: list[TokenLogprob | None] = [None] * n
         for k, t, e in zip(rows, out.tokens, out.logprobs):

@@ -26,6 +26,7 @@ class ForwardInputs:
     placeholder_at: list[int]  # indices into `ids` whose token the previous pass samples...
     placeholder_rows: list[int]  # ...in this sampling row of its output
     table_writes: torch.Tensor | None = None  # [2, N] slot-table writes (ReqToTokenPool.take_writes) made first
+    prompt_rows: list[int] = dataclasses.field(default_factory=list)  # indices into `ids` of prompt tokens
 
 
 @dataclass
@@ -39,13 +40,17 @@ class OnDevice:
     placeholder_at: torch.Tensor
     placeholder_rows: torch.Tensor
     table_writes: torch.Tensor | None
+    exact_rows: torch.Tensor | None = None  # bool [T]: the prompt's tokens (None: no token of a prompt)
 
 
 class ModelRunner:
     def __init__(self, model: CausalLM, pool: KVPool, req_pool: ReqToTokenPool, backend: AttentionBackend, device: str):
         self.model, self.pool, self.req_pool, self.backend, self.device = model, pool, req_pool, backend, device
         self.graphs = None  # DecodeGraphs when CUDA graphs are on: decode-only passes replay one
-        self.native_step = None  # NativeStep on CPU where the model qualifies: decode-only passes are one C call
+        self.native_step = None  # NativeStep on CPU where the model qualifies: passes of up to 16 tokens are one C call
+        # the last pass's final normed rows [len(select), hidden] where its logits were the int8
+        # projection's (only the top ones exact); None where every logit was exact
+        self.approx_rows: torch.Tensor | None = None
         self.tp = None  # TensorParallel when tensor_parallel > 1: each pass goes to the other ranks first
 
     def prepare(self, batch: ScheduledBatch, all_logits: bool = False) -> ForwardInputs:
@@ -58,10 +63,12 @@ class ModelRunner:
         last: list[int] = []
         first_row: dict[int, int] = {}  # request id -> the row of its position 0 in the flat run
         ends: list[int] = []
+        prompt_rows: list[int] = []
         for i, (r, start, n, samples) in enumerate(zip(batch.reqs, batch.starts, batch.extend_lens, batch.sampling)):
             first_row[r.rid] = len(ids) - start
             draft = batch.drafts.get(i, [])
             known = r.all_ids[start : start + n - len(draft)]
+            prompt_rows.extend(range(len(ids), len(ids) + max(0, min(n, len(r.prompt_ids) - start))))
             ids.extend(known + [0] * (n - len(draft) - len(known)) + draft)
             positions.extend(range(start, start + n))
             ends.append(len(ids) - 1)
@@ -82,22 +89,26 @@ class ModelRunner:
         return ForwardInputs(
             ids, positions, meta, list(range(len(ids))) if all_logits else last,
             [ends[i] for i, _ in batch.placeholders], [row for _, row in batch.placeholders],
-            self.req_pool.take_writes(),
+            self.req_pool.take_writes(), prompt_rows,
         )
 
     def upload(self, inputs: ForwardInputs) -> OnDevice:
         """The pass's index tensors on the device, in one copy (pinned and non-blocking on CUDA)."""
         m = inputs.meta
-        lists = (inputs.ids, inputs.positions, inputs.select, inputs.placeholder_at, inputs.placeholder_rows)
+        lists = (inputs.ids, inputs.positions, inputs.select, inputs.placeholder_at, inputs.placeholder_rows,
+                 inputs.prompt_rows)
         tensors = [m.req_rows, m.out_cache_loc] + ([inputs.table_writes.view(-1)] if inputs.table_writes is not None else [])
         host = torch.cat([torch.tensor([x for part in lists for x in part], dtype=torch.int64)]
                          + [t.to(torch.int64) for t in tensors])
         if torch.device(self.device).type != "cpu":
             host = host.pin_memory().to(self.device, non_blocking=True)
         sizes = [len(p) for p in lists] + [len(t) for t in tensors]
-        ids, positions, select, at, rows, req_rows, loc, *writes = host.split(sizes)
+        ids, positions, select, at, rows, prompt, req_rows, loc, *writes = host.split(sizes)
         meta = dataclasses.replace(m, req_rows=req_rows, out_cache_loc=loc)
-        return OnDevice(ids, positions, select, meta, at, rows, writes[0].view(2, -1) if writes else None)
+        exact = None
+        if len(inputs.prompt_rows):
+            exact = torch.zeros(len(inputs.ids), dtype=torch.bool, device=ids.device).index_fill_(0, prompt, True)
+        return OnDevice(ids, positions, select, meta, at, rows, writes[0].view(2, -1) if writes else None, exact)
 
     @torch.inference_mode()
     def forward(self, inputs: ForwardInputs, prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
@@ -111,20 +122,31 @@ class ModelRunner:
             if prev_tokens is None:  # the previous pass failed: its requests are failed too
                 prev_tokens = torch.zeros(max(inputs.placeholder_rows) + 1, dtype=torch.int64, device=ids.device)
             ids = ids.index_put((dev.placeholder_at,), prev_tokens[dev.placeholder_rows])
+        self.approx_rows = None
         if self.tp is not None:
             self.tp.send(inputs, ids, self.req_pool.host)
         elif self.graphs is not None and self.graphs.can_run(inputs):
             return self.graphs.run(dev, ids)
         elif self.native_step is not None and self.native_step.can_run(inputs):
-            return self.native_step.run(dev, ids)
-        return self.forward_ids(dev, ids)
+            logits, self.approx_rows = self.native_step.run(dev, ids)
+            return logits
+        logits = self.forward_ids(dev, ids)
+        self.approx_rows = self.model.logits_proj.approx_rows
+        return logits
+
+    def exact_logits(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The exact logits [n, R] of tokens `ids` [n, R] (-1: none) from rows of a pass's `approx_rows`
+        (the final normed states of a pass whose logits were the int8 projection's)."""
+        proj = self.model.logits_proj
+        return proj.native.qrescore(proj.weight, hidden, ids)
 
     @torch.inference_mode()
     def forward_ids(self, dev: OnDevice, ids: torch.Tensor) -> torch.Tensor:
         """The model over `ids` (placeholders resolved): the whole pass on a single rank, this rank's
         share of it with tensor parallelism."""
         self.backend.prepare(dev.meta)
-        ctx = ForwardContext(positions=dev.positions, backend=self.backend, kv_caches=self.pool.kv_caches)
+        ctx = ForwardContext(positions=dev.positions, backend=self.backend, kv_caches=self.pool.kv_caches,
+                             exact_rows=dev.exact_rows)
         return self.model(ids, ctx, dev.select)
 
     def close(self) -> None:

@@ -19,13 +19,14 @@ draft: speculation changes no output, sampled or greedy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from agentkv.engine.outputs import TokenLogprob
 from agentkv.engine.request import Request
+from agentkv.kernels.cpu_native import RESCORE_TOP
 from agentkv.kernels.token_mask import apply_token_bitmask
 
 M64 = (1 << 64) - 1
@@ -148,11 +149,20 @@ def read_host(packed: torch.Tensor) -> list[float]:
     return packed.tolist()
 
 
+def _rescored(masked: torch.Tensor, rows: list[int], rescore) -> torch.Tensor:
+    """`masked` [n, V] (disallowed tokens -inf) with each row's RESCORE_TOP best allowed tokens exact."""
+    top = masked.topk(min(RESCORE_TOP, masked.shape[1]), dim=-1)
+    ids = torch.where(torch.isneginf(top.values), -1, top.indices)  # fewer allowed: the rest stay -inf
+    exact = rescore(rows, ids)
+    return masked.scatter(1, top.indices, torch.where(ids < 0, top.values, exact.to(masked.device)))
+
+
 def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
            masks: tuple[list[int], torch.Tensor] | None = None,
            score_logits: torch.Tensor | None = None, score_targets: Sequence[int] = (),
            positions: Sequence[int] | None = None, drafts: Sequence[int] | None = None,
-           before: Sequence[list[int]] | None = None) -> Sampled:
+           before: Sequence[list[int]] | None = None,
+           rescore: Callable[[list[int], torch.Tensor], torch.Tensor] | None = None) -> Sampled:
     """One token per row of `logits` [B, V] (fp32), and its logprob entry for requests that asked;
     with `score_logits` [S, V], the logprob of each of `score_targets` under its row. The requests are
     not changed: the token and logprob are recorded when the pass is processed (with overlap that is
@@ -165,6 +175,10 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
     default: right after the sequence). `drafts` (speculation): per row, the draft token that
     follows it in the pass, or -1; `accepted` says per row whether the token made is that draft token.
     `before` (speculation): per row, the draft tokens before it (the penalties count them).
+    `rescore(rows, ids)`: the exact logits [len(rows), R] of tokens ids [len(rows), R] (-1: none),
+    where `logits` are an int8 projection's whose rows' top logits alone are exact: after a grammar's
+    mask, its rows' RESCORE_TOP best allowed tokens are re-scored, so the constrained choice is the
+    exact logits' too.
     """
     dev = logits.device
     if not reqs and not score_targets:
@@ -180,6 +194,8 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request], tokenizer,
         rows, bitmask = masks
         index = torch.tensor(rows, dtype=torch.int64, device=dev)
         masked, rows_alive = apply_token_bitmask(logits[index], bitmask)
+        if rescore is not None:
+            masked = _rescored(masked, rows, rescore)
         logits = logits.index_put((index,), masked)  # out of place: the logits may be an inference tensor
         alive = torch.ones(len(reqs), dtype=torch.bool, device=dev).index_put_((index,), rows_alive.to(dev))
     # max(-1).indices: the same first index of the maximum as argmax, 3x faster on CPU (162 vs 524 us, 16 x 49k)

@@ -7,15 +7,13 @@ in a step (`benchmarks/cpu_kernels.py`): 142 us a layer against 292 at 100 token
 732 at 400, 1,732 against 3,772 at 1,600. The kernel walks each request's slots and attends every
 query head of a KV head with one read of its rows.
 
-Decodes go to the kernel, and so do extends of up to `NATIVE_EXTEND_MAX` new tokens (jump-forward
-runs, short turns) or after at most `NATIVE_PREFIX_MAX` cached ones (a fresh prompt's prefill): the
-kernel reads the cached keys once per tile of 16 query vectors, and past those sizes SDPA's larger
-tiles read them fewer times. In `benchmarks/cpu_kernels.py` (bf16, a layer; these figures move by
-10-30% between runs here) the kernel took 0.36x SDPA's time for a 32-token prompt, 0.81x for 2,048,
-0.70x for 32 tokens after 512 cached, 1.19x for 256 after 512 and 1.37x for 256 after 2,048 (those
-two go to SDPA); in fp32 the crossover comes sooner (0.92x for 32 after 512, 0.81x for 64 after 512:
-a few tokens after a long prefix take the slower side there). One C call a layer stores the pass's
-new K/V and attends the kernel's tokens.
+Every token of a pass goes to the kernel, decodes and extends alike, so a token's attention is
+computed the same way whatever its pass holds (a prompt chunk, a batch, a draft being checked, a
+forced run): outputs then do not depend on caching, batching or speculation. (SDPA's larger tiles
+read a long cached prefix fewer times: in `benchmarks/cpu_kernels.py`, bf16, a layer, the kernel took
+0.36x SDPA's time for a 32-token prompt and 0.81x for 2,048, but 1.19x for 256 tokens after 512
+cached and 1.37x for 256 after 2,048. Routed by size, the embedded model's agent outputs differed
+with n-gram speculation on and off.) One C call a layer stores the pass's new K/V and attends.
 """
 
 from __future__ import annotations
@@ -26,11 +24,6 @@ from agentkv.errors import RequestError
 from agentkv.kernels import cpu_native
 from agentkv.kernels.base import AttentionMetadata
 from agentkv.kernels.torch_backend import TorchAttentionBackend
-
-# an extend attends in the C kernel when it has at most this many new tokens...
-NATIVE_EXTEND_MAX = 32
-# ...or at most this many cached tokens before them; other extends through SDPA
-NATIVE_PREFIX_MAX = 256
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
@@ -50,17 +43,11 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def prepare(self, meta: AttentionMetadata) -> None:
         self.meta = meta
         self.spans: list[tuple[int, int, int, int]] = []  # (first token, new tokens, table row, seq_len)
-        longer: list[int] = []  # requests whose extend goes to SDPA
         offset = 0
-        for i, (row, seq, ext) in enumerate(zip(meta.rows(), meta.seq_lens, meta.extend_lens)):
-            if ext <= NATIVE_EXTEND_MAX or seq - ext <= NATIVE_PREFIX_MAX:
-                self.spans.append((offset, ext, row, seq))
-            else:
-                longer.append(i)
+        for row, seq, ext in zip(meta.rows(), meta.seq_lens, meta.extend_lens):
+            self.spans.append((offset, ext, row, seq))
             offset += ext
         self.tiles = None  # built by the first layer, which knows the heads
-        self.extends = self._plan_extends(meta, longer)
-        self._windowed = {}  # window -> (unused, the extends' plans with it)
 
     def _tiles(self, heads: int, kv_heads: int) -> torch.Tensor:
         """[n, 4] (first token, tokens, table row, keys of the first token): an extend's tokens in
@@ -83,8 +70,4 @@ class CpuAttentionBackend(TorchAttentionBackend):
         meta = self.meta
         self.kernels.attention(q, k, v, k_cache, v_cache, meta.out_cache_loc, meta.req_to_token, self.tiles, scale,
                                out, generic=self.generic, window=window, softcap=softcap)
-        if window and window not in self._windowed:
-            self._windowed[window] = (None, self._window_extends(window))
-        self._attend_extends(q, k_cache, v_cache, scale, out, self._windowed[window][1] if window else self.extends,
-                             softcap)
         return out.view(T, H * D)

@@ -51,7 +51,8 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_qtile_linear": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
     "agentkv_qtile_dequant": ([_INT, _INT, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
     "agentkv_qtile_logits": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _INT, _P, _I64, _INT, _INT], _INT),
-    "agentkv_decode_step": ([_P, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P, _INT, _INT], _INT),
+    "agentkv_decode_step": ([_P, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P, _P, _INT, _INT], _INT),
+    "agentkv_qtile_rescore": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _P, _I64, _P, _INT], _INT),
     "agentkv_attention_heads_per_task": ([_INT], _INT),
     "agentkv_attention_max_queries": ([], _INT),
     "agentkv_attention_max_head_dim": ([], _INT),
@@ -164,18 +165,18 @@ class NativeKernels:
                 residual: torch.Tensor | None = None, exact: bool = False, generic: bool = False) -> torch.Tensor:
         """x [M, K] @ W^T (+ bias) (+ residual) for W in quantized blocks.
 
-        Up to 16 rows (a decode batch) go through the kernels: a tiled weight's (csrc/cpu_tiles.c),
-        x quantized to int8 per block as llama.cpp does (`generic`: its plain-C body), or a row-major
-        one's (csrc/cpu_quant.c; x as int8 too, unless `exact` or the CPU lacks AVX2). Otherwise
-        (a prompt's rows, or `exact` for a tiled weight) the weight is dequantized, whole where it is
-        small, else a slice of its rows at a time (for 64 rows of x and more, or any exact product of a
-        tiled weight), and multiplied by torch in x's dtype: a prompt is computed as the dequantized
-        model computes it (with int8 rows the embedded model's greedy replies left the exact path's);
-        17-63 rows of a large row-major weight go through its kernel 16 at a time."""
+        A tiled weight (csrc/cpu_tiles.c) takes any number of rows, x quantized to int8 per block as
+        llama.cpp does (`generic`: its plain-C body): each row is computed as it would be alone, so a
+        token's numbers never depend on what else its pass holds (a prompt, a batch, a draft). A
+        row-major weight (csrc/cpu_quant.c) takes up to 16 rows in its kernel (x as int8 too, unless
+        `exact` or the CPU lacks AVX2). Otherwise (`exact` for a tiled weight, or a longer x for a
+        row-major one) the weight is dequantized, whole where it is small, else a slice of its rows at
+        a time (for 64 rows of x and more, or any exact product of a tiled weight), and multiplied by
+        torch in x's dtype; 17-63 rows of a large row-major weight go through its kernel 16 at a time."""
         M = x.shape[0]
         if M == 0:  # (a pass that selects no row's logits)
             return torch.empty(0, w.out_features, dtype=x.dtype)
-        if M <= QLINEAR_MAX_ROWS and not (w.tiled and exact):
+        if w.tiled and not exact or not w.tiled and M <= QLINEAR_MAX_ROWS:
             return self._qkernel(x, w, bias, residual, exact, generic)
         if w.out_features * w.in_features <= QLINEAR_DEQUANT_MAX:
             full = self.qdequant(w, None, x.dtype)
@@ -255,13 +256,27 @@ class NativeKernels:
                 raise EngineError(f"the vocabulary projection refused its inputs ({bad}); an engine bug")
         return out
 
+    def qrescore(self, w: QuantWeight, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The exact logits [n, R] of tokens `ids` [n, R] (int64; -1: none, its entry -inf) for x [n, K]
+        (fp32) against a tiled W: x in fp32 against each dequantized row, as qlogits re-scores."""
+        assert w.tiled and x.dtype == torch.float32 and x.stride(-1) == 1 and ids.dtype == torch.int64
+        ids = ids.contiguous()
+        out = torch.full(ids.shape, float("-inf"))
+        bad = self._lib.agentkv_qtile_rescore(w.qtype, w.data.data_ptr(), w.out_features, w.in_features, x.data_ptr(),
+                                              x.stride(0), ids.shape[0], ids.data_ptr(), ids.shape[1], out.data_ptr(),
+                                              torch.get_num_threads())
+        if bad:
+            raise EngineError(f"re-scoring logits refused its inputs ({bad}); an engine bug")
+        return out
+
     def decode_step(self, model: int, ids: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor,
                     table: torch.Tensor, rows: torch.Tensor, select: torch.Tensor, logits: torch.Tensor,
-                    generic: bool = False, threads: int | None = None) -> int:
+                    hidden: torch.Tensor | None = None, generic: bool = False, threads: int | None = None) -> int:
         """csrc/cpu_step.c over the model described at address `model` (engine/native_step.py): a pass
         of len(ids) tokens (their positions, new slots and slot-table rows), the logits of the tokens
-        `select` into `logits` [len(select), vocab], on `threads` threads (torch's count by default);
-        0, or the code of what it refused."""
+        `select` into `logits` [len(select), vocab] (and their final normed states into `hidden`
+        [len(select), hidden size] where given), on `threads` threads (torch's count by default); 0,
+        or the code of what it refused."""
         for t in (ids, positions, out_loc, rows, table, select):
             assert t.dtype == torch.int64 and t.is_contiguous()
         assert ids.shape[0] == positions.shape[0] == out_loc.shape[0] == rows.shape[0]  # one each a token
@@ -269,6 +284,7 @@ class NativeKernels:
         return self._lib.agentkv_decode_step(model, ids.shape[0], ids.data_ptr(), positions.data_ptr(),
                                              out_loc.data_ptr(), table.data_ptr(), table.shape[0], table.shape[1],
                                              rows.data_ptr(), select.data_ptr(), select.shape[0], logits.data_ptr(),
+                                             None if hidden is None else hidden.data_ptr(),
                                              threads or torch.get_num_threads(), generic)
 
     def pack_linear(self, weight: torch.Tensor) -> PackedLinear:

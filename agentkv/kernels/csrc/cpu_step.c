@@ -148,7 +148,7 @@ typedef struct {  /* one call's inputs and scratch, what every thread of its job
     int64_t M, S, chunks, ng, width;
     const int64_t *ids, *pos, *out_loc, *table, *rows, *sel;
     int64_t table_ld;
-    float *logits;
+    float *logits, *hidden;
     int R, generic;
     Scratch s;
 } StepRun;
@@ -212,6 +212,8 @@ static void step_job(void *arg, int me, int nt) {
     for (int64_t i = me; i < S; i += nt)  /* the selected tokens only, in their order */
         norm_quant(s->x + run->sel[i] * hid, md->final_norm, hid, md->eps, s->h + i * width, &s->qa, i, generic);
     agentkv_pool_barrier(nt);
+    for (int64_t i = me; i < S && run->hidden; i += nt)  /* what a re-score after the grammar's mask reads */
+        memcpy(run->hidden + i * hid, s->h + i * width, (size_t)hid * sizeof(float));
     mat_share(&md->lm_head, &s->qa, S, me, nt, NULL, 0, logits, V, generic);
     if (R > 0) {  /* this thread's best logits of its own tiles, while they are in cache */
         const int64_t ntiles = (V + TILE_ROWS - 1) / TILE_ROWS;
@@ -247,12 +249,13 @@ static void step_job(void *arg, int me, int nt) {
 
 /* A pass of M tokens (ids, positions, their new slots out_loc, their requests' rows of the slot table:
    decodes, and the tokens of short extends, a request's in order) through the model: logits [S, vocab]
-   fp32 of the tokens `sel`, on up to `nthreads` threads (cpu_pool.c). A token attends to its
+   fp32 of the tokens `sel`, and their final normed states into `hidden` [S, hidden] (where not NULL: an
+   exact re-score after a grammar's mask reads them), on up to `nthreads` threads (cpu_pool.c). A token attends to its
    request's first pos + 1 slots, its own and the pass's earlier ones included. Returns 0, an index
    check's code (1-6: nothing done), 6 also for M or S out of range, 7 when memory ran out. */
 int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, const int64_t *pos, const int64_t *out_loc,
                         const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *rows,
-                        const int64_t *sel, int64_t S, float *logits, int nthreads, int generic) {
+                        const int64_t *sel, int64_t S, float *logits, float *hidden, int nthreads, int generic) {
     if (M < 1 || M > MAX_M || S < 0 || S > MAX_M) return 6;
     const int bad = check(md, M, ids, pos, out_loc, table, table_rows, table_ld, rows, sel, S);
     if (bad) return bad;
@@ -266,7 +269,8 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
     const int64_t ng = (G + chunks - 1) / chunks;
     chunks = (G + ng - 1) / ng;
     const int64_t width = hid > H * D ? hid : H * D;
-    StepRun run = {md, M, S, chunks, ng, width, ids, pos, out_loc, table, rows, sel, table_ld, logits, R, generic, {0}};
+    StepRun run = {md, M, S, chunks, ng, width, ids, pos, out_loc, table, rows, sel, table_ld, logits, hidden, R,
+                   generic, {0}};
     Scratch *s = &run.s;
     s->x = malloc((size_t)(M * hid) * sizeof(float));
     s->h = malloc((size_t)(M * width) * sizeof(float));

@@ -210,12 +210,19 @@ INLINE void range_body(const int qtype, const int bf, const uint8_t *tiles, int6
     for (int64_t t = t0; t < t1; t++) {
         const uint8_t *tile = tiles + t * nb * tb;
         const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
+        /* a prompt's rows 16 at a time against the tile, which stays in L1 meanwhile (a few KiB): each
+           row is computed as it would be alone, whatever else the pass holds */
+        for (int64_t m0 = 0; m0 < M; m0 += MAX_M) {
+            const int64_t rows = M - m0 < MAX_M ? M - m0 : MAX_M;
+            const QRows part = {x->q + m0 * K, x->d + m0 * nb, x->s + m0 * nb, x->ds + m0 * nb, K};
 #if AGENTKV_TILES_FAST
-        if (!generic) tile_avx512(qtype, tile, nb, x, M, v);
-        else
+            if (!generic) tile_avx512(qtype, tile, nb, &part, rows, v);
+            else
 #endif
-            tile_generic(qtype, tile, nb, x, M, v);
-        for (int64_t m = 0; m < M; m++) tile_store(v[m], m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, bf);
+                tile_generic(qtype, tile, nb, &part, rows, v);
+            for (int64_t m = 0; m < rows; m++)
+                tile_store(v[m], m0 + m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, bf);
+        }
     }
     (void)generic;
 }
@@ -258,13 +265,13 @@ static void quantize_row(const void *x, int64_t x_ld, int64_t m, int bf, const Q
 static void free_rows(QRows *q) { free(q->q), free(q->d), free(q->s), free(q->ds); }
 
 /* x [M, K] (bf16 or fp32, row stride x_ld) @ W^T for a tiled W [N, K], out [M, N] (+ bias) (+ residual),
-   M <= 16 (a decode batch). Returns 0, 1 for a type not tiled or K not a multiple of 32, 2 for M out
-   of range or memory short. */
+   any M (a prompt's rows 16 at a time against each tile). Returns 0, 1 for a type not tiled or K not a
+   multiple of 32, 2 for M < 1 or memory short. */
 int agentkv_qtile_linear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *tiles,
                          int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
                          int nthreads, int generic) {
     if (!tiled_type(qtype) || K % QK) return 1;
-    if (M < 1 || M > MAX_M) return 2;
+    if (M < 1) return 2;
     QRows q;
     if (alloc_rows(M, K, &q)) {
         free_rows(&q);
@@ -352,5 +359,27 @@ int agentkv_qtile_logits(int qtype, const float *x, int64_t x_ld, int64_t M, int
         }
     }
     free(idx), free(val), free(w);
+    return 0;
+}
+
+/* out[m, r] = the exact logit of token ids[m, r] for x's row m (fp32 [M, K], row stride x_ld) against a
+   tiled W: after a grammar's mask, the best allowed tokens of an int8 projection re-scored, so a
+   constrained greedy token is the exact path's too. ids < 0 are left alone. Returns 0, or 3 for an
+   id out of range (nothing done). */
+int agentkv_qtile_rescore(int qtype, const uint8_t *tiles, int64_t N, int64_t K, const float *x, int64_t x_ld,
+                          int64_t M, const int64_t *ids, int64_t R, float *out, int nthreads) {
+    if (!tiled_type(qtype) || K % QK) return 1;
+    for (int64_t i = 0; i < M * R; i++)
+        if (ids[i] >= N) return 3;
+    float *buf = malloc((size_t)K * sizeof(float) * (size_t)(nthreads > 0 ? nthreads : 1));
+    if (!buf) return 2;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M * R * K > 65536)
+    for (int64_t i = 0; i < M * R; i++) {
+        if (ids[i] < 0) continue;
+        float *w = buf + (int64_t)omp_me() * K;
+        agentkv_qtile_row(qtype, tiles, K, ids[i], w);
+        out[i] = agentkv_exact_dot(x + (i / R) * x_ld, w, K);
+    }
+    free(buf);
     return 0;
 }
