@@ -89,3 +89,37 @@ def test_packing_refuses_what_it_does_not_tile():
     with pytest.raises(AssertionError):
         kernels.tile(w)
     assert np.array_equal(kernels.tile(quantized("Q4_0", 16, 32)[0]).data.shape, (1, 1, TILE_ROWS * 18))
+
+
+@pytest.mark.parametrize("name", TILED)
+@pytest.mark.parametrize("rows", [1, 7, 40])
+def test_exact_product_dequantizes_in_registers(name, rows):
+    """`exact` through tiles (a prompt's rows): x in fp32 against the dequantized weights, the plain-C
+    body giving the AVX-512 body's bits; past QTILE_EXACT_MAX_ROWS the weight is dequantized whole."""
+    w, deq = quantized(name, 100, 256, seed=rows)
+    tiled = kernels.tile(w)
+    x = torch.randn(rows, 256)
+    residual = torch.randn(rows, 100)
+    got = kernels.qlinear(x, tiled, None, residual, exact=True)
+    ref = x.double() @ deq.double().t() + residual.double()
+    assert ((got.double() - ref).abs() / (ref.abs() + 1)).max() < 1e-5
+    assert torch.equal(got, kernels.qlinear(x, tiled, None, residual, exact=True, generic=True))
+
+
+def test_rows_by_kind_are_computed_as_alone():
+    """linear.by_row_kind: in a pass mixing a prompt's rows (exact) and written ones (int8), each row
+    is what its kind gives it alone, and so a token's numbers never depend on its pass."""
+    from agentkv.engine.linear import by_row_kind
+
+    w, _ = quantized("Q4_1", 64, 128)
+    tiled = kernels.tile(w)
+    x = torch.randn(20, 128)
+    kinds = torch.tensor([i % 3 == 0 for i in range(20)])
+
+    def run(exact, xs, adds):
+        return kernels.qlinear(xs, tiled, None, adds, exact=exact)
+
+    got = by_row_kind(run, x, None, kinds)
+    for i in range(20):
+        assert torch.equal(got[i], kernels.qlinear(x[i : i + 1], tiled, exact=bool(kinds[i]))[0])
+    assert torch.equal(by_row_kind(run, x, None, None), kernels.qlinear(x, tiled))

@@ -50,6 +50,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_qtile_fast": ([], _INT),
     "agentkv_qtile_linear": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
     "agentkv_qtile_dequant": ([_INT, _INT, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
+    "agentkv_qtile_exact": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
     "agentkv_qtile_logits": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _INT, _P, _I64, _INT, _INT], _INT),
     "agentkv_decode_step": ([_P, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P, _P, _INT, _INT], _INT),
     "agentkv_qtile_rescore": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _P, _I64, _P, _INT], _INT),
@@ -82,6 +83,10 @@ TILED_TYPES = frozenset((0, 1, 2))
 TILE_ROWS = 16
 # logits of each row re-scored exactly after the int8 vocabulary projection (agentkv_qtile_logits)
 RESCORE_TOP = 32
+# an exact product of a tiled weight with up to this many rows dequantizes in registers
+# (agentkv_qtile_exact); with more, the weight is dequantized and multiplied by torch (whose fp32
+# matmul outruns the kernel's broadcast multiply-adds there)
+QTILE_EXACT_MAX_ROWS = 64
 
 
 @dataclass
@@ -176,7 +181,7 @@ class NativeKernels:
         M = x.shape[0]
         if M == 0:  # (a pass that selects no row's logits)
             return torch.empty(0, w.out_features, dtype=x.dtype)
-        if w.tiled and not exact or not w.tiled and M <= QLINEAR_MAX_ROWS:
+        if w.tiled and (not exact or M <= QTILE_EXACT_MAX_ROWS) or not w.tiled and M <= QLINEAR_MAX_ROWS:
             return self._qkernel(x, w, bias, residual, exact, generic)
         if w.out_features * w.in_features <= QLINEAR_DEQUANT_MAX:
             full = self.qdequant(w, None, x.dtype)
@@ -207,7 +212,8 @@ class NativeKernels:
                 None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(),
                 0 if residual is None else residual.stride(0), out.data_ptr(), out.stride(0), torch.get_num_threads())
         if w.tiled:
-            bad = self._lib.agentkv_qtile_linear(w.qtype, _DTYPES[x.dtype], *args, generic)
+            fn = self._lib.agentkv_qtile_exact if exact else self._lib.agentkv_qtile_linear
+            bad = fn(w.qtype, _DTYPES[x.dtype], *args, generic)
         else:
             bad = self._lib.agentkv_qlinear(w.qtype, _DTYPES[x.dtype], *args, exact)
         if bad:

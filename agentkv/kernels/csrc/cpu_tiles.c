@@ -308,6 +308,112 @@ int agentkv_qtile_dequant(int qtype, int bf, const uint8_t *tiles, int64_t N, in
     return 0;
 }
 
+/* ---- the exact product: x in fp32 against the weights dequantized in registers ------------------- */
+
+/* weight k of tile row i in its block (dequantized as dequant_block does, Q4_1's with one fused
+   multiply-add): the plain-C form of exact_block_avx512 */
+INLINE float tile_weight(const int qtype, const uint8_t *blk, int i, int k) {
+    const float d = half_to_f32(blk + 2 * i);
+    const uint8_t *qs = blk + scale_bytes(qtype);
+    if (qtype == Q8_0) return d * (float)((int)qs[(k / 4) * 64 + 4 * i + k % 4] - 128);
+    const int kk = k % 16, v = qs[(kk / 4) * 64 + 4 * i + kk % 4];
+    const int q = k < 16 ? v & 15 : v >> 4;
+    if (qtype == Q4_0) return d * (float)(q - 8);
+    return fmaf(d, (float)q, half_to_f32(blk + 32 + 2 * i));
+}
+
+/* x's rows [M <= 16] against one tile: sums over k in order, even blocks in one accumulator and odd
+   ones in another */
+INLINE void exact_generic(const int qtype, const uint8_t *tile, int64_t nb, const float *x, int64_t K, int64_t M,
+                          float res[MAX_M][TILE_ROWS]) {
+    const int64_t tb = tile_block_bytes(qtype);
+    for (int64_t m = 0; m < M; m++)
+        for (int i = 0; i < TILE_ROWS; i++) {
+            float acc[2] = {0.f, 0.f};
+            for (int64_t b = 0; b < nb; b++)
+                for (int k = 0; k < QK; k++)
+                    acc[b & 1] = fmaf(tile_weight(qtype, tile + b * tb, i, k), x[m * K + b * QK + k], acc[b & 1]);
+            res[m][i] = acc[0] + acc[1];
+        }
+}
+
+#if AGENTKV_TILES_FAST
+#define EXACT_FAST exact_avx512
+INLINE void exact_avx512(const int qtype, const uint8_t *tile, int64_t nb, const float *x, int64_t K, int64_t M,
+                         float res[MAX_M][TILE_ROWS]) {
+    const int64_t tb = tile_block_bytes(qtype);
+    __m512 acc[2][MAX_M];
+    for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
+    const __m512i byte = _mm512_set1_epi32(0xff), low = _mm512_set1_epi32(15);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = tile + b * tb, *qs = blk + scale_bytes(qtype);
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 mv = qtype == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
+                                        : _mm512_setzero_ps();
+        __builtin_prefetch(blk + 24 * tb, 0, 3);
+        __m512 *a = acc[b & 1];
+        for (int k = 0; k < QK; k++) {  /* 16 rows' weight k, then each row of x */
+            const int kk = qtype == Q8_0 ? k : k % 16;
+            const __m512i r = _mm512_loadu_si512((const void *)(qs + (kk / 4) * 64));
+            __m512i q = _mm512_and_si512(_mm512_srli_epi32(r, 8 * (kk % 4)), byte);
+            __m512 w;
+            if (qtype == Q8_0) {
+                w = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(128))));
+            } else {
+                q = k < 16 ? _mm512_and_si512(q, low) : _mm512_srli_epi32(q, 4);
+                w = qtype == Q4_0 ? _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(8))))
+                                  : _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(q), mv);
+            }
+            for (int64_t m = 0; m < M; m++)
+                a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[m * K + b * QK + k]), a[m]);
+        }
+    }
+    for (int64_t m = 0; m < M; m++) _mm512_storeu_ps(res[m], _mm512_add_ps(acc[0][m], acc[1][m]));
+}
+#else
+#define EXACT_FAST exact_generic
+#endif
+
+/* x [M, K] (bf16 or fp32) @ W^T for a tiled W with x kept in fp32 (a prompt's rows: what the dequantized
+   model computes, but the weights never leave registers), out [M, N] (+ bias) (+ residual), any M.
+   Returns as qtile_linear. */
+int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *tiles,
+                        int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
+                        int nthreads, int generic) {
+    if (!tiled_type(qtype) || K % QK) return 1;
+    if (M < 1) return 2;
+    float *xf = malloc((size_t)(M * K) * sizeof(float));
+    if (!xf) return 2;
+    const int64_t ntiles = (N + 15) / 16, nb = K / QK, tb = tile_block_bytes(qtype);
+#pragma omp parallel num_threads(nthreads) if (ntiles * K * M > 65536)
+    {
+        const int64_t nt = omp_threads(), me = omp_me();
+        for (int64_t m = me; m < M; m += nt)
+            for (int64_t k = 0; k < K; k++) xf[m * K + k] = load1(x, m * x_ld + k, bf);
+#pragma omp barrier
+        float v[MAX_M][TILE_ROWS];
+        for (int64_t t = ntiles * me / nt; t < ntiles * (me + 1) / nt; t++) {
+            const uint8_t *tile = tiles + t * nb * tb;
+            const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
+            for (int64_t m0 = 0; m0 < M; m0 += MAX_M) {
+                const int64_t rows = M - m0 < MAX_M ? M - m0 : MAX_M;
+#define BODY(Q) do { \
+        if (!generic && AGENTKV_TILES_FAST) EXACT_FAST(Q, tile, nb, xf + m0 * K, K, rows, v); \
+        else exact_generic(Q, tile, nb, xf + m0 * K, K, rows, v); } while (0)
+                if (qtype == Q8_0) BODY(Q8_0);
+                else if (qtype == Q4_0) BODY(Q4_0);
+                else BODY(Q4_1);
+#undef BODY
+                for (int64_t m = 0; m < rows; m++)
+                    if (bf) tile_store(v[m], m0 + m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, 1);
+                    else tile_store(v[m], m0 + m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, 0);
+            }
+        }
+    }
+    free(xf);
+    return 0;
+}
+
 /* ---- the vocabulary projection: int8 for every logit, the top candidates re-scored exactly --------- */
 
 float agentkv_exact_dot(const float *x, const float *w, int64_t K) {
