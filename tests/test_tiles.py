@@ -94,21 +94,23 @@ def test_packing_refuses_what_it_does_not_tile():
 @pytest.mark.parametrize("name", TILED)
 @pytest.mark.parametrize("rows", [1, 7, 40])
 def test_exact_product_dequantizes_in_registers(name, rows):
-    """`exact` through tiles (a prompt's rows): x in fp32 against the dequantized weights, the plain-C
-    body giving the AVX-512 body's bits; past QTILE_EXACT_MAX_ROWS the weight is dequantized whole."""
+    """agentkv_qtile_exact (a large weight's exact rows, the vocabulary's for a prompt's last token): x
+    in fp32 against the weights dequantized in registers, the plain-C body giving the AVX-512 body's
+    bits."""
     w, deq = quantized(name, 100, 256, seed=rows)
     tiled = kernels.tile(w)
     x = torch.randn(rows, 256)
     residual = torch.randn(rows, 100)
-    got = kernels.qlinear(x, tiled, None, residual, exact=True)
+    got = kernels._qkernel(x, tiled, None, residual, True, False)
     ref = x.double() @ deq.double().t() + residual.double()
     assert ((got.double() - ref).abs() / (ref.abs() + 1)).max() < 1e-5
-    assert torch.equal(got, kernels.qlinear(x, tiled, None, residual, exact=True, generic=True))
+    assert torch.equal(got, kernels._qkernel(x, tiled, None, residual, True, True))
 
 
 def test_rows_by_kind_are_computed_as_alone():
-    """linear.by_row_kind: in a pass mixing a prompt's rows (exact) and written ones (int8), each row
-    is what its kind gives it alone, and so a token's numbers never depend on its pass."""
+    """linear.by_row_kind: in a pass mixing a prompt's rows (exact) and written ones (int8), each written
+    row is what it is alone (its numbers never depend on its pass), and the prompt's rows are their
+    exact product."""
     from agentkv.engine.linear import by_row_kind
 
     w, _ = quantized("Q4_1", 64, 128)
@@ -120,6 +122,7 @@ def test_rows_by_kind_are_computed_as_alone():
         return kernels.qlinear(xs, tiled, None, adds, exact=exact)
 
     got = by_row_kind(run, x, None, kinds)
-    for i in range(20):
-        assert torch.equal(got[i], kernels.qlinear(x[i : i + 1], tiled, exact=bool(kinds[i]))[0])
+    for i in (~kinds).nonzero().squeeze(1).tolist():
+        assert torch.equal(got[i], kernels.qlinear(x[i : i + 1], tiled)[0])
+    assert torch.equal(got[kinds], kernels.qlinear(x[kinds], tiled, exact=True))
     assert torch.equal(by_row_kind(run, x, None, None), kernels.qlinear(x, tiled))

@@ -117,4 +117,21 @@ INLINE void dequant_any(const int qtype, const uint8_t *row, int64_t b, float *w
     else dequant_superblock(Q6_K, blk, w);
 }
 
+/* 32 values to one int8 block; rounding to nearest, ties away from zero, as llama.cpp's quantize_row_q8_0 */
+INLINE void quantize_block32(const float *v, int8_t *q, float *d, int32_t *s, float *ds) {
+    float amax = 0.f;
+    for (int i = 0; i < QK; i++) {
+        const float a = fabsf(v[i]);
+        amax = a > amax ? a : amax;
+    }
+    const float dd = amax / 127.f, id = dd > 0.f ? 1.f / dd : 0.f;
+    int32_t sum = 0;
+    for (int i = 0; i < QK; i++) {
+        const int qi = (int)roundf(v[i] * id);
+        q[i] = (int8_t)qi;
+        sum += qi;
+    }
+    *d = dd, *s = sum, *ds = dd * (float)sum;
+}
+
 #endif

@@ -256,20 +256,10 @@ static void quantize_x(const void *x, int64_t x_ld, int64_t M, int64_t K, int bf
     const int64_t nb = K / QK;
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) {
-            float v[QK], amax = 0.f;
-            for (int i = 0; i < QK; i++) {
-                v[i] = bf ? bf16_to_f32(((const bf16 *)x)[m * x_ld + b * QK + i]) : ((const float *)x)[m * x_ld + b * QK + i];
-                const float a = fabsf(v[i]);
-                amax = a > amax ? a : amax;
-            }
-            const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-            int32_t sum = 0;
-            for (int i = 0; i < QK; i++) {
-                const int q = (int)roundf(v[i] * id);
-                xq[m * K + b * QK + i] = (int8_t)q;
-                sum += q;
-            }
-            dx[m * nb + b] = d, sx[m * nb + b] = d * (float)sum;  /* what the block's integers sum to, scaled */
+            float v[QK];
+            int32_t sum;
+            for (int i = 0; i < QK; i++) v[i] = load1(x, m * x_ld + b * QK + i, bf);
+            quantize_block32(v, xq + m * K + b * QK, dx + m * nb + b, &sum, sx + m * nb + b);
         }
 }
 

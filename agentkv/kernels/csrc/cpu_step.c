@@ -112,20 +112,9 @@ typedef struct {
     int *top_n;
 } Scratch;
 
-static int alloc_rows(QRows *q, int64_t M, int64_t K) {
-    const int64_t nb = K / QK;
-    q->K = K;
-    q->q = malloc((size_t)(M * K));
-    q->d = malloc((size_t)(M * nb) * sizeof(float));
-    q->s = malloc((size_t)(M * nb) * sizeof(int32_t));
-    q->ds = malloc((size_t)(M * nb) * sizeof(float));
-    return !q->q || !q->d || !q->s || !q->ds;
-}
-
 static void free_scratch(Scratch *s) {
     free(s->x), free(s->h), free(s->qkv), free(s->gu), free(s->top_idx), free(s->top_val), free(s->top_n);
-    QRows *rows[3] = {&s->qa, &s->qo, &s->qd};
-    for (int i = 0; i < 3; i++) free(rows[i]->q), free(rows[i]->d), free(rows[i]->s), free(rows[i]->ds);
+    agentkv_qrows_free(&s->qa), agentkv_qrows_free(&s->qo), agentkv_qrows_free(&s->qd);
 }
 
 /* one decoding token's k and v heads into the caches, then its q and k heads normed (Qwen3) and rotated */
@@ -280,7 +269,8 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
     s->top_val = malloc((size_t)(nthreads * (S + 1) * (R + 1)) * sizeof(float));
     s->top_n = calloc((size_t)(nthreads * (S + 1)), sizeof(int));
     if (!s->x || !s->h || !s->qkv || !s->gu || !s->top_idx || !s->top_val || !s->top_n ||
-        alloc_rows(&s->qa, M, hid) || alloc_rows(&s->qo, M, H * D) || alloc_rows(&s->qd, M, inter)) {
+        agentkv_qrows_alloc(&s->qa, M, hid) || agentkv_qrows_alloc(&s->qo, M, H * D) ||
+        agentkv_qrows_alloc(&s->qd, M, inter)) {
         free_scratch(s);
         return 7;
     }

@@ -241,8 +241,7 @@ void agentkv_qtile_range(int qtype, const uint8_t *tiles, int64_t N, int64_t K, 
 
 int agentkv_qtile_fast(void) { return AGENTKV_TILES_FAST; }
 
-/* room for x [M, K] quantized (buffers the caller frees, also when this fails: 1) */
-static int alloc_rows(int64_t M, int64_t K, QRows *q) {
+int agentkv_qrows_alloc(QRows *q, int64_t M, int64_t K) {
     const int64_t nb = K / QK;
     q->K = K;
     q->q = malloc((size_t)(M * K));
@@ -251,6 +250,8 @@ static int alloc_rows(int64_t M, int64_t K, QRows *q) {
     q->ds = malloc((size_t)(M * nb) * sizeof(float));
     return !q->q || !q->d || !q->s || !q->ds;
 }
+
+void agentkv_qrows_free(QRows *q) { free(q->q), free(q->d), free(q->s), free(q->ds); }
 
 /* row m of x (bf16 or fp32) into q */
 static void quantize_row(const void *x, int64_t x_ld, int64_t m, int bf, const QRows *q) {
@@ -262,8 +263,6 @@ static void quantize_row(const void *x, int64_t x_ld, int64_t m, int bf, const Q
     }
 }
 
-static void free_rows(QRows *q) { free(q->q), free(q->d), free(q->s), free(q->ds); }
-
 /* x [M, K] (bf16 or fp32, row stride x_ld) @ W^T for a tiled W [N, K], out [M, N] (+ bias) (+ residual),
    any M (a prompt's rows 16 at a time against each tile). Returns 0, 1 for a type not tiled or K not a
    multiple of 32, 2 for M < 1 or memory short. */
@@ -273,8 +272,8 @@ int agentkv_qtile_linear(int qtype, int bf, const void *x, int64_t x_ld, int64_t
     if (!tiled_type(qtype) || K % QK) return 1;
     if (M < 1) return 2;
     QRows q;
-    if (alloc_rows(M, K, &q)) {
-        free_rows(&q);
+    if (agentkv_qrows_alloc(&q, M, K)) {
+        agentkv_qrows_free(&q);
         return 2;
     }
     const int64_t ntiles = (N + 15) / 16;
@@ -286,7 +285,7 @@ int agentkv_qtile_linear(int qtype, int bf, const void *x, int64_t x_ld, int64_t
         agentkv_qtile_range(qtype, tiles, N, K, &q, M, ntiles * me / nt, ntiles * (me + 1) / nt, bias, res, r_ld, out,
                             out_ld, bf, generic);
     }
-    free_rows(&q);
+    agentkv_qrows_free(&q);
     return 0;
 }
 

@@ -18,23 +18,6 @@ typedef struct {
     int64_t K;
 } QRows;
 
-/* 32 values to one int8 block; rounding to nearest, ties away from zero, as quantize_x (cpu_quant.c) */
-INLINE void quantize_block32(const float *v, int8_t *q, float *d, int32_t *s, float *ds) {
-    float amax = 0.f;
-    for (int i = 0; i < QK; i++) {
-        const float a = fabsf(v[i]);
-        amax = a > amax ? a : amax;
-    }
-    const float dd = amax / 127.f, id = dd > 0.f ? 1.f / dd : 0.f;
-    int32_t sum = 0;
-    for (int i = 0; i < QK; i++) {
-        const int qi = (int)roundf(v[i] * id);
-        q[i] = (int8_t)qi;
-        sum += qi;
-    }
-    *d = dd, *s = sum, *ds = dd * (float)sum;
-}
-
 /* row m, blocks [b0, b1) of x (fp32) into `x` */
 INLINE void quantize_blocks(const float *v, const QRows *x, int64_t m, int64_t b0, int64_t b1) {
     const int64_t nb = x->K / QK;
@@ -42,6 +25,10 @@ INLINE void quantize_blocks(const float *v, const QRows *x, int64_t m, int64_t b
         quantize_block32(v + b * QK, x->q + m * x->K + b * QK, x->d + m * nb + b, x->s + m * nb + b,
                          x->ds + m * nb + b);
 }
+
+/* room for x's M rows of K quantized (agentkv_qrows_free frees it, also after a failure: nonzero) */
+int agentkv_qrows_alloc(QRows *q, int64_t M, int64_t K);
+void agentkv_qrows_free(QRows *q);
 
 /* bytes of one tile's block of 32 columns (TILE_ROWS rows of the type's blocks: the same bytes) */
 INLINE int64_t tile_block_bytes(int qtype) { return (int64_t)TILE_ROWS * BLOCK_BYTES[qtype]; }
