@@ -13,6 +13,7 @@ import pytest
 
 import agentkv as ak
 from agentkv.engine import gguf_convert
+from agentkv.kernels import cpu_native
 from tests.reference import engine_logits, rel_error
 from tests.test_loading import gguf_writer
 from tests.test_model_parity import PHI4_ROPE
@@ -128,8 +129,9 @@ def test_gguf_family_equals_the_hf_dir_with_the_same_weights(tmp_path, monkeypat
         from agentkv.engine.model import Linear
 
         named = dict(kept._core.runner.model.named_modules())
-        assert named["layers.0.self_attn.qkv_proj"].quantized is not None
-        assert all(m.quantized is not None for n, m in named.items() if ".experts." in n and isinstance(m, Linear))
+        if cpu_native.load() is not None:  # (blocks are kept only where the C kernels run)
+            assert named["layers.0.self_attn.qkv_proj"].quantized is not None
+            assert all(m.quantized is not None for n, m in named.items() if ".experts." in n and isinstance(m, Linear))
         ids = ref.tokenizer.encode(text)
         expected = engine_logits(ref, ids)[0]
         assert rel_error(engine_logits(exact, ids)[0], expected) < 1e-4  # the conversion: the same weights
