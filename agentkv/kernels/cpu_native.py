@@ -83,11 +83,10 @@ TILED_TYPES = frozenset((0, 1, 2))
 TILE_ROWS = 16
 # logits of each row re-scored exactly after the int8 vocabulary projection (agentkv_qtile_logits)
 RESCORE_TOP = 32
-# an exact product of a large tiled weight (the vocabulary: dequantized whole it is 28M floats for
-# the embedded model, 50 ms a prompt) with up to this many rows dequantizes in registers
-# (agentkv_qtile_exact, 4 ms a row); a layer's weight is dequantized and multiplied by torch as the
-# exact path multiplies it (the kernel's sums, rounded otherwise, turned the embedded demo agent's
-# near-tied choice of a second tool call another way)
+# an exact product of a tiled weight dequantizes in registers (agentkv_qtile_exact) for up to 16 rows
+# (a prompt's last tokens after a cached prefix: dequantizing the embedded model's layers whole took
+# ~60 ms a pass), and up to this many of a large one (the vocabulary: 28M floats dequantized whole, 50
+# ms; 4 ms a row in registers); with more rows the weight is dequantized and multiplied by torch
 QTILE_EXACT_MAX_ROWS = 64
 
 
@@ -174,8 +173,8 @@ class NativeKernels:
 
         A tiled weight (csrc/cpu_tiles.c) takes any number of rows, x quantized to int8 per block as
         llama.cpp does (`generic`: its plain-C body): each row is computed as it would be alone, so a
-        token's numbers never depend on what else its pass holds (a prompt, a batch, a draft); `exact`
-        rows of a large tiled weight (up to QTILE_EXACT_MAX_ROWS) keep x in fp32 against weights
+        token's numbers never depend on what else its pass holds (a prompt, a batch, a draft); up to 16
+        `exact` rows (QTILE_EXACT_MAX_ROWS of a large weight) keep x in fp32 against weights
         dequantized in registers. A row-major weight (csrc/cpu_quant.c) takes up to 16 rows in its
         kernel (x as int8 too, unless `exact` or the CPU lacks AVX2). Otherwise the weight is
         dequantized, whole where it is small, else a slice of its rows at a time (for 64 rows of x and
@@ -184,7 +183,8 @@ class NativeKernels:
         M = x.shape[0]
         if M == 0:  # (a pass that selects no row's logits)
             return torch.empty(0, w.out_features, dtype=x.dtype)
-        in_registers = w.out_features * w.in_features > QLINEAR_DEQUANT_MAX and M <= QTILE_EXACT_MAX_ROWS
+        in_registers = M <= (QTILE_EXACT_MAX_ROWS if w.out_features * w.in_features > QLINEAR_DEQUANT_MAX
+                             else QLINEAR_MAX_ROWS)
         if w.tiled and (not exact or in_registers) or not w.tiled and M <= QLINEAR_MAX_ROWS:
             return self._qkernel(x, w, bias, residual, exact, generic)
         if w.out_features * w.in_features <= QLINEAR_DEQUANT_MAX:
