@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import table  # noqa: E402
 
 from agentkv.engine.linear import _pack, _packed_linear  # noqa: E402
-from agentkv.kernels import cpu_native, get_backend  # noqa: E402
+from agentkv.kernels import cpu_native, cpu_quant, get_backend  # noqa: E402
 from agentkv.kernels.base import AttentionMetadata  # noqa: E402
 
 LAYERS = 30
@@ -75,7 +75,7 @@ QUANT_LAYERS = 8
 QUANT_SHAPES = [(2048, 2560), (2048, 2048), (2048, 11264), (5632, 2048)]  # [in, out]: qkv (GQA), o, gate_up, down
 
 
-def quant_blocks(name: str, n: int, k: int, rng) -> cpu_native.QuantWeight:
+def quant_blocks(name: str, n: int, k: int, rng) -> cpu_quant.QuantWeight:
     """A random [n, k] weight quantized to a GGUF type by the `gguf` package (not a K-quant: it cannot
     make those)."""
     import gguf
@@ -83,7 +83,7 @@ def quant_blocks(name: str, n: int, k: int, rng) -> cpu_native.QuantWeight:
 
     raw = gguf.quants.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32),
                                getattr(gguf.GGMLQuantizationType, name))
-    return cpu_native.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), cpu_native.QUANT_TYPES[name][0], k, n)
+    return cpu_quant.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), cpu_quant.QUANT_TYPES[name][0], k, n)
 
 
 def quantized_linears(kernels, rows_list) -> list:
@@ -100,14 +100,14 @@ def quantized_linears(kernels, rows_list) -> list:
 
     rng = np.random.default_rng(0)
     sets = {}
-    for name, (code, block, size) in cpu_native.QUANT_TYPES.items():
+    for name, (code, block, size) in cpu_quant.QUANT_TYPES.items():
         kind = getattr(gguf.GGMLQuantizationType, name)
         ws = []
         for _ in range(QUANT_LAYERS):
             for k, n in QUANT_SHAPES:
                 if name in K_QUANTS:
                     raw = k_blocks(kind, (n, k), rng)
-                    ws.append((k, cpu_native.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), code, k, n)))
+                    ws.append((k, cpu_quant.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), code, k, n)))
                 else:
                     ws.append((k, quant_blocks(name, n, k, rng)))
         sets[name] = ws
@@ -163,11 +163,11 @@ def long_inputs(kernels, rows: int = 512) -> list:
     rng, out = np.random.default_rng(1), []
     x = torch.randn(rows, k)
     for name in ("Q4_1", "Q4_K"):
-        code, _, _ = cpu_native.QUANT_TYPES[name]
+        code, _, _ = cpu_quant.QUANT_TYPES[name]
         kind = getattr(gguf.GGMLQuantizationType, name)
         raw = k_blocks(kind, (n, k), rng) if name == "Q4_K" else \
             gguf.quants.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), kind)
-        w = cpu_native.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), code, k, n)
+        w = cpu_quant.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), code, k, n)
         t = best({"kernel": lambda: [kernels.qlinear(x[i : i + 16], w) for i in range(0, rows, 16)],
                   "sliced": lambda: kernels.qlinear(x, w)}, 3)
         out.append([name, rows, f"{n} x {k}", t["kernel"] * 1e3, t["sliced"] * 1e3, t["kernel"] / t["sliced"]])

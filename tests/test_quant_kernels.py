@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from agentkv.kernels import cpu_native
-from agentkv.kernels.cpu_native import QUANT_TYPES, QuantWeight
+from agentkv.kernels import cpu_native, cpu_quant
+from agentkv.kernels.cpu_quant import QUANT_TYPES, QuantWeight
 
 gguf = pytest.importorskip("gguf")
 kernels = cpu_native.load()
@@ -120,7 +120,7 @@ def test_long_inputs_on_a_large_weight(name, rows, monkeypatch):
     """A weight past QLINEAR_DEQUANT_MAX (made small here): 64 rows of x and more multiply slices of its
     rows dequantized (7 rows a slice here, the last one short), fewer go through the kernel 16 rows at
     a time; bias and residual added either way."""
-    monkeypatch.setattr(cpu_native, "QLINEAR_DEQUANT_MAX", 2000)
+    monkeypatch.setattr(cpu_quant, "QLINEAR_DEQUANT_MAX", 2000)
     k = width(name, 160)
     w, dense = quantized(name, 96, k, seed=rows)
     g = torch.Generator().manual_seed(rows)

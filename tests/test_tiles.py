@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentkv.kernels import cpu_native
-from agentkv.kernels.cpu_native import TILE_ROWS
+from agentkv.kernels.cpu_quant import TILE_ROWS
 from tests.test_quant_kernels import quantized
 
 kernels = cpu_native.load()

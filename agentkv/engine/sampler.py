@@ -26,7 +26,7 @@ import torch
 
 from agentkv.engine.outputs import TokenLogprob
 from agentkv.engine.request import Request
-from agentkv.kernels.cpu_native import RESCORE_TOP
+from agentkv.kernels.cpu_quant import RESCORE_TOP
 from agentkv.kernels.token_mask import apply_token_bitmask
 
 M64 = (1 << 64) - 1

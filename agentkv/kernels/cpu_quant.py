@@ -1,0 +1,186 @@
+"""Weights kept in GGUF's quantized blocks on CPU: `QuantWeight`, and the methods of `NativeKernels`
+(cpu_native.py) that multiply them: the row-major kernels (csrc/cpu_quant.c), the tiles of 16 rows
+(csrc/cpu_tiles.c: int8 rows, exact rows in registers, the vocabulary with its re-score) and the
+native decode step (csrc/cpu_step.c). See docs/cpu.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agentkv.errors import EngineError
+
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `bf` flag
+
+# GGUF quantizations csrc/cpu_quant.c multiplies in their blocks: name -> (its type code, weights a block,
+# bytes a block); the K-quants' blocks are super-blocks of 256
+QUANT_TYPES = {"Q8_0": (0, 32, 34), "Q4_0": (1, 32, 18), "Q4_1": (2, 32, 20), "Q4_K": (3, 256, 144), "Q6_K": (4, 256, 210)}
+QLINEAR_MAX_ROWS = 16  # rows the kernel takes at once
+QLINEAR_DEQUANT_MAX = 1 << 24  # weights up to this many elements are dequantized whole for a long input
+# a larger weight, for an input of this many rows or more, is dequantized this many elements at a time
+# (slices of its output rows) and multiplied by torch: 512 rows of a 11264 x 2048 weight took 92-97 ms
+# so against 178 (Q4_1) and 439 (Q4_K) through the kernel 16 rows at a time (benchmarks/cpu_kernels.py)
+QLINEAR_SLICED_MIN_ROWS = 64
+# the types csrc/cpu_tiles.c repacks into tiles of 16 rows, and its tile's rows
+TILED_TYPES = frozenset((0, 1, 2))
+TILE_ROWS = 16
+# logits of each row re-scored exactly after the int8 vocabulary projection (agentkv_qtile_logits)
+RESCORE_TOP = 32
+# an exact product of a tiled weight dequantizes in registers (agentkv_qtile_exact) for up to 16 rows
+# (a prompt's last tokens after a cached prefix: dequantizing the embedded model's layers whole took
+# ~60 ms a pass), and up to this many of a large one (the vocabulary: 28M floats dequantized whole, 50
+# ms; 4 ms a row in registers); with more rows the weight is dequantized and multiplied by torch
+QTILE_EXACT_MAX_ROWS = 64
+
+
+@dataclass
+class QuantWeight:
+    """A weight [out, in] in GGUF's blocks: `data` uint8 [out, in / 32 * bytes a block], row-major as
+    the file holds it, or (`tiled`) the same blocks repacked in tiles of 16 rows (csrc/cpu_tiles.c:
+    [ceil(out / 16), in / 32, 16 * bytes a block])."""
+
+    data: torch.Tensor
+    qtype: int
+    in_features: int
+    out_features: int
+    tiled: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+
+class QuantKernels:
+    """NativeKernels' quantized-weight methods (`self._lib` is the loaded library)."""
+
+
+    def qlinear(self, x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None, exact: bool = False, generic: bool = False) -> torch.Tensor:
+        """x [M, K] @ W^T (+ bias) (+ residual) for W in quantized blocks.
+
+        A tiled weight (csrc/cpu_tiles.c) takes any number of rows, x quantized to int8 per block as
+        llama.cpp does (`generic`: its plain-C body): each row is computed as it would be alone, so a
+        token's numbers never depend on what else its pass holds (a prompt, a batch, a draft); up to 16
+        `exact` rows (QTILE_EXACT_MAX_ROWS of a large weight) keep x in fp32 against weights
+        dequantized in registers. A row-major weight (csrc/cpu_quant.c) takes up to 16 rows in its
+        kernel (x as int8 too, unless `exact` or the CPU lacks AVX2). Otherwise the weight is
+        dequantized, whole where it is small, else a slice of its rows at a time (for 64 rows of x and
+        more, or an exact product of a tiled weight), and multiplied by torch in x's dtype; 17-63 rows
+        of a large row-major weight go through its kernel 16 at a time."""
+        M = x.shape[0]
+        if M == 0:  # (a pass that selects no row's logits)
+            return torch.empty(0, w.out_features, dtype=x.dtype)
+        in_registers = M <= (QTILE_EXACT_MAX_ROWS if w.out_features * w.in_features > QLINEAR_DEQUANT_MAX
+                             else QLINEAR_MAX_ROWS)
+        if w.tiled and (not exact or in_registers) or not w.tiled and M <= QLINEAR_MAX_ROWS:
+            return self._qkernel(x, w, bias, residual, exact, generic)
+        if w.out_features * w.in_features <= QLINEAR_DEQUANT_MAX:
+            full = self.qdequant(w, None, x.dtype)
+            base = bias if residual is None else residual if bias is None else residual + bias
+            return x @ full.t() if base is None else torch.addmm(base, x, full.t())
+        if M >= QLINEAR_SLICED_MIN_ROWS or w.tiled:
+            out = torch.empty(M, w.out_features, dtype=x.dtype)
+            step = max(1, QLINEAR_DEQUANT_MAX // w.in_features)
+            for n in range(0, w.out_features, step):
+                cols = slice(n, min(n + step, w.out_features))
+                y = x @ self.qdequant(w, torch.arange(cols.start, cols.stop), x.dtype).t()
+                if bias is not None:
+                    y += bias[cols]
+                if residual is not None:
+                    y += residual[:, cols]
+                out[:, cols] = y
+            return out
+        return torch.cat([self._qkernel(x[i : i + QLINEAR_MAX_ROWS], w, bias,
+                                        None if residual is None else residual[i : i + QLINEAR_MAX_ROWS], exact, generic)
+                          for i in range(0, M, QLINEAR_MAX_ROWS)])
+
+    def _qkernel(self, x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                 exact: bool, generic: bool) -> torch.Tensor:
+        M = x.shape[0]
+        assert x.stride(-1) == 1 and (residual is None or (residual.stride(-1) == 1 and residual.dtype == x.dtype))
+        out = torch.empty(M, w.out_features, dtype=x.dtype)
+        args = (x.data_ptr(), x.stride(0), M, w.in_features, w.data.data_ptr(), w.out_features,
+                None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(),
+                0 if residual is None else residual.stride(0), out.data_ptr(), out.stride(0), torch.get_num_threads())
+        if w.tiled:
+            fn = self._lib.agentkv_qtile_exact if exact else self._lib.agentkv_qtile_linear
+            bad = fn(w.qtype, _DTYPES[x.dtype], *args, generic)
+        else:
+            bad = self._lib.agentkv_qlinear(w.qtype, _DTYPES[x.dtype], *args, exact)
+        if bad:
+            raise EngineError(f"quantized linear refused its inputs ({bad}); an engine bug")
+        return out
+
+    def qdequant(self, w: QuantWeight, rows: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `rows` (int64 [n]; all when None) of a quantized weight as a [n, K] tensor of `dtype`."""
+        n = w.out_features if rows is None else rows.shape[0]
+        out = torch.empty(n, w.in_features, dtype=dtype)
+        if rows is not None:
+            rows = rows.contiguous()
+        fn = self._lib.agentkv_qtile_dequant if w.tiled else self._lib.agentkv_qdequant
+        bad = fn(w.qtype, _DTYPES[dtype], w.data.data_ptr(), w.out_features, w.in_features,
+                 None if rows is None else rows.data_ptr(), n, out.data_ptr(), out.stride(0), torch.get_num_threads())
+        if bad:
+            raise EngineError(f"dequantizing rows failed ({bad}): a row index out of range")
+        return out
+
+    def tile(self, w: QuantWeight) -> QuantWeight:
+        """`w`'s blocks repacked in tiles of 16 rows (csrc/cpu_tiles.c): the same bytes (the last tile's
+        rows past `out_features` are zero blocks). For Q8_0, Q4_0 and Q4_1 (TILED_TYPES)."""
+        assert w.qtype in TILED_TYPES and not w.tiled
+        tiles = -(-w.out_features // TILE_ROWS)
+        block = QUANT_TYPES[[k for k, v in QUANT_TYPES.items() if v[0] == w.qtype][0]][2]
+        out = torch.empty(tiles, w.in_features // 32, TILE_ROWS * block, dtype=torch.uint8)
+        bad = self._lib.agentkv_qtile_pack(w.qtype, w.data.data_ptr(), w.out_features, w.in_features, out.data_ptr(),
+                                           torch.get_num_threads())
+        if bad:
+            raise EngineError(f"repacking a quantized weight refused its shape {w.out_features} x {w.in_features}")
+        return QuantWeight(out, w.qtype, w.in_features, w.out_features, tiled=True)
+
+    def qlogits(self, x: torch.Tensor, w: QuantWeight, rescore: int = RESCORE_TOP, generic: bool = False) -> torch.Tensor:
+        """Logits [M, out] (fp32) of x [M, in] (fp32) against a tiled W: every logit through the int8
+        product, then each row's `rescore` largest computed exactly (x in fp32 against the dequantized
+        row), so the greedy token and the top log-probabilities are the exact ones."""
+        assert w.tiled and x.dtype == torch.float32 and x.stride(-1) == 1
+        M = x.shape[0]
+        out = torch.empty(M, w.out_features, dtype=torch.float32)
+        for i in range(0, M, QLINEAR_MAX_ROWS):
+            part = x[i : i + QLINEAR_MAX_ROWS]
+            bad = self._lib.agentkv_qtile_logits(w.qtype, part.data_ptr(), part.stride(0), part.shape[0], w.in_features,
+                                                 w.data.data_ptr(), w.out_features, rescore, out[i:].data_ptr(),
+                                                 out.stride(0), torch.get_num_threads(), generic)
+            if bad:
+                raise EngineError(f"the vocabulary projection refused its inputs ({bad}); an engine bug")
+        return out
+
+    def qrescore(self, w: QuantWeight, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The exact logits [n, R] of tokens `ids` [n, R] (int64; -1: none, its entry -inf) for x [n, K]
+        (fp32) against a tiled W: x in fp32 against each dequantized row, as qlogits re-scores."""
+        assert w.tiled and x.dtype == torch.float32 and x.stride(-1) == 1 and ids.dtype == torch.int64
+        ids = ids.contiguous()
+        out = torch.full(ids.shape, float("-inf"))
+        bad = self._lib.agentkv_qtile_rescore(w.qtype, w.data.data_ptr(), w.out_features, w.in_features, x.data_ptr(),
+                                              x.stride(0), ids.shape[0], ids.data_ptr(), ids.shape[1], out.data_ptr(),
+                                              torch.get_num_threads())
+        if bad:
+            raise EngineError(f"re-scoring logits refused its inputs ({bad}); an engine bug")
+        return out
+
+    def decode_step(self, model: int, ids: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor,
+                    table: torch.Tensor, rows: torch.Tensor, select: torch.Tensor, logits: torch.Tensor,
+                    hidden: torch.Tensor | None = None, generic: bool = False, threads: int | None = None) -> int:
+        """csrc/cpu_step.c over the model described at address `model` (engine/native_step.py): a pass
+        of len(ids) tokens (their positions, new slots and slot-table rows), the logits of the tokens
+        `select` into `logits` [len(select), vocab] (and their final normed states into `hidden`
+        [len(select), hidden size] where given), on `threads` threads (torch's count by default); 0,
+        or the code of what it refused."""
+        for t in (ids, positions, out_loc, rows, table, select):
+            assert t.dtype == torch.int64 and t.is_contiguous()
+        assert ids.shape[0] == positions.shape[0] == out_loc.shape[0] == rows.shape[0]  # one each a token
+        assert logits.dtype == torch.float32 and logits.is_contiguous() and logits.shape[0] == select.shape[0]
+        return self._lib.agentkv_decode_step(model, ids.shape[0], ids.data_ptr(), positions.data_ptr(),
+                                             out_loc.data_ptr(), table.data_ptr(), table.shape[0], table.shape[1],
+                                             rows.data_ptr(), select.data_ptr(), select.shape[0], logits.data_ptr(),
+                                             None if hidden is None else hidden.data_ptr(),
+                                             threads or torch.get_num_threads(), generic)
