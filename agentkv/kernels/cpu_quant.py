@@ -143,15 +143,12 @@ class QuantKernels:
         product, then each row's `rescore` largest computed exactly (x in fp32 against the dequantized
         row), so the greedy token and the top log-probabilities are the exact ones."""
         assert w.tiled and x.dtype == torch.float32 and x.stride(-1) == 1
-        M = x.shape[0]
-        out = torch.empty(M, w.out_features, dtype=torch.float32)
-        for i in range(0, M, QLINEAR_MAX_ROWS):
-            part = x[i : i + QLINEAR_MAX_ROWS]
-            bad = self._lib.agentkv_qtile_logits(w.qtype, part.data_ptr(), part.stride(0), part.shape[0], w.in_features,
-                                                 w.data.data_ptr(), w.out_features, rescore, out[i:].data_ptr(),
-                                                 out.stride(0), torch.get_num_threads(), generic)
-            if bad:
-                raise EngineError(f"the vocabulary projection refused its inputs ({bad}); an engine bug")
+        out = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
+        bad = self._lib.agentkv_qtile_logits(w.qtype, x.data_ptr(), x.stride(0), x.shape[0], w.in_features,
+                                             w.data.data_ptr(), w.out_features, rescore, out.data_ptr(), out.stride(0),
+                                             torch.get_num_threads(), generic)
+        if bad:
+            raise EngineError(f"the vocabulary projection refused its inputs ({bad}); an engine bug")
         return out
 
     def qrescore(self, w: QuantWeight, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

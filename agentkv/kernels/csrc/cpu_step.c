@@ -228,10 +228,9 @@ static void step_job(void *arg, int me, int nt) {
         }
         float w[4096];
         float *row = hid <= 4096 ? w : malloc((size_t)hid * sizeof(float));
-        for (int c = 0; row && c < count; c++) {
-            agentkv_qtile_row((int)md->lm_head.qtype, md->lm_head.tiles, hid, idx[c], row);
-            logits[m * V + idx[c]] = agentkv_exact_dot(s->h + m * width, row, hid);
-        }
+        for (int c = 0; row && c < count; c++)
+            logits[m * V + idx[c]] = agentkv_exact_logit((int)md->lm_head.qtype, md->lm_head.tiles, hid,
+                                                         s->h + m * width, idx[c], row);
         if (row != w) free(row);
     }
 }

@@ -35,6 +35,10 @@ INLINE int tiled_type(int qtype) { return qtype == Q8_0 || qtype == Q4_0 || qtyp
 INLINE int64_t quant_offset(int qtype) { return qtype == Q8_0 ? 128 : qtype == Q4_0 ? 8 : 0; }
 INLINE int scale_bytes(int qtype) { return qtype == Q4_1 ? 64 : 32; } /* d (and m) before the weights */
 
+/* where in a tile's block (past its scales) row i keeps byte j of its row-major block's weights:
+   the layout above, in one place for the packing, the reading back and the plain-C bodies */
+INLINE int tile_pos(int i, int j) { return (j / 4) * 64 + 4 * i + j % 4; }
+
 /* ---- repacking and reading back --------------------------------------------------------------- */
 
 /* W row-major [N][K / 32 blocks] into tiles [ceil(N / 16)][K / 32][tile block]; returns 0, or 1 for a
@@ -53,10 +57,8 @@ int agentkv_qtile_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_
                 memcpy(dst + 2 * i, src, 2);                               /* d */
                 if (qtype == Q4_1) memcpy(dst + 32 + 2 * i, src + 2, 2);   /* m */
                 const uint8_t *qs = src + (qtype == Q4_1 ? 4 : 2);
-                const int groups = qtype == Q8_0 ? 8 : 4;
-                for (int g = 0; g < groups; g++)
-                    for (int j = 0; j < 4; j++)
-                        dst[sb + g * 64 + 4 * i + j] = qtype == Q8_0 ? (uint8_t)(qs[4 * g + j] ^ 0x80) : qs[4 * g + j];
+                for (int j = 0; j < (qtype == Q8_0 ? QK : QK / 2); j++)
+                    dst[sb + tile_pos(i, j)] = qtype == Q8_0 ? (uint8_t)(qs[j] ^ 0x80) : qs[j];
             }
         }
     return 0;
@@ -65,18 +67,17 @@ int agentkv_qtile_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_
 /* row n of a tiled W rebuilt as its row-major blocks, then dequantized as they are */
 void agentkv_qtile_row(int qtype, const uint8_t *tiles, int64_t K, int64_t n, float *out) {
     const int64_t nb = K / QK, tb = tile_block_bytes(qtype), t = n / TILE_ROWS;
-    const int i = (int)(n % TILE_ROWS), sb = scale_bytes(qtype), groups = qtype == Q8_0 ? 8 : 4;
+    const int i = (int)(n % TILE_ROWS), sb = scale_bytes(qtype);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *src = tiles + (t * nb + b) * tb;
         uint8_t blk[34];
         memcpy(blk, src + 2 * i, 2);
         if (qtype == Q4_1) memcpy(blk + 2, src + 32 + 2 * i, 2);
         uint8_t *qs = blk + (qtype == Q4_1 ? 4 : 2);
-        for (int g = 0; g < groups; g++)
-            for (int j = 0; j < 4; j++) {
-                const uint8_t v = src[sb + g * 64 + 4 * i + j];
-                qs[4 * g + j] = qtype == Q8_0 ? (uint8_t)(v ^ 0x80) : v;
-            }
+        for (int j = 0; j < (qtype == Q8_0 ? QK : QK / 2); j++) {
+            const uint8_t v = src[sb + tile_pos(i, j)];
+            qs[j] = qtype == Q8_0 ? (uint8_t)(v ^ 0x80) : v;
+        }
         dequant_block(qtype, blk, out + b * QK);
     }
 }
@@ -102,14 +103,12 @@ INLINE float block_generic(const int qtype, const uint8_t *blk, int i, const QRo
     const uint8_t *qs = blk + scale_bytes(qtype);
     int32_t dot = 0;
     if (qtype == Q8_0) {
-        for (int g = 0; g < 8; g++)
-            for (int j = 0; j < 4; j++) dot += (int32_t)qs[g * 64 + 4 * i + j] * xb[4 * g + j];
+        for (int j = 0; j < QK; j++) dot += (int32_t)qs[tile_pos(i, j)] * xb[j];
     } else {
-        for (int c = 0; c < 4; c++)
-            for (int j = 0; j < 4; j++) {
-                const uint8_t v = qs[c * 64 + 4 * i + j];
-                dot += (int32_t)(v & 15) * xb[4 * c + j] + (int32_t)(v >> 4) * xb[16 + 4 * c + j];
-            }
+        for (int j = 0; j < QK / 2; j++) {
+            const uint8_t v = qs[tile_pos(i, j)];
+            dot += (int32_t)(v & 15) * xb[j] + (int32_t)(v >> 4) * xb[QK / 2 + j];
+        }
     }
     dot -= (int32_t)quant_offset(qtype) * x->s[m * nb + b];
     const float dd = half_to_f32(blk + 2 * i) * x->d[m * nb + b];
@@ -314,8 +313,8 @@ int agentkv_qtile_dequant(int qtype, int bf, const uint8_t *tiles, int64_t N, in
 INLINE float tile_weight(const int qtype, const uint8_t *blk, int i, int k) {
     const float d = half_to_f32(blk + 2 * i);
     const uint8_t *qs = blk + scale_bytes(qtype);
-    if (qtype == Q8_0) return d * (float)((int)qs[(k / 4) * 64 + 4 * i + k % 4] - 128);
-    const int kk = k % 16, v = qs[(kk / 4) * 64 + 4 * i + kk % 4];
+    if (qtype == Q8_0) return d * (float)((int)qs[tile_pos(i, k)] - 128);
+    const int v = qs[tile_pos(i, k % 16)];
     const int q = k < 16 ? v & 15 : v >> 4;
     if (qtype == Q4_0) return d * (float)(q - 8);
     return fmaf(d, (float)q, half_to_f32(blk + 32 + 2 * i));
@@ -337,7 +336,6 @@ INLINE void exact_generic(const int qtype, const uint8_t *tile, int64_t nb, cons
 }
 
 #if AGENTKV_TILES_FAST
-#define EXACT_FAST exact_avx512
 INLINE void exact_avx512(const int qtype, const uint8_t *tile, int64_t nb, const float *x, int64_t K, int64_t M,
                          float res[MAX_M][TILE_ROWS]) {
     const int64_t tb = tile_block_bytes(qtype);
@@ -369,8 +367,6 @@ INLINE void exact_avx512(const int qtype, const uint8_t *tile, int64_t nb, const
     }
     for (int64_t m = 0; m < M; m++) _mm512_storeu_ps(res[m], _mm512_add_ps(acc[0][m], acc[1][m]));
 }
-#else
-#define EXACT_FAST exact_generic
 #endif
 
 /* x [M, K] (bf16 or fp32) @ W^T for a tiled W with x kept in fp32 (a prompt's rows: what the dequantized
@@ -396,9 +392,13 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
             const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
             for (int64_t m0 = 0; m0 < M; m0 += MAX_M) {
                 const int64_t rows = M - m0 < MAX_M ? M - m0 : MAX_M;
+#if AGENTKV_TILES_FAST
 #define BODY(Q) do { \
-        if (!generic && AGENTKV_TILES_FAST) EXACT_FAST(Q, tile, nb, xf + m0 * K, K, rows, v); \
+        if (!generic) exact_avx512(Q, tile, nb, xf + m0 * K, K, rows, v); \
         else exact_generic(Q, tile, nb, xf + m0 * K, K, rows, v); } while (0)
+#else
+#define BODY(Q) exact_generic(Q, tile, nb, xf + m0 * K, K, rows, v)
+#endif
                 if (qtype == Q8_0) BODY(Q8_0);
                 else if (qtype == Q4_0) BODY(Q4_0);
                 else BODY(Q4_1);
@@ -422,6 +422,11 @@ float agentkv_exact_dot(const float *x, const float *w, int64_t K) {
     float s = 0.f;
     for (int i = 0; i < QK; i++) s += lane[i];
     return s;
+}
+
+float agentkv_exact_logit(int qtype, const uint8_t *tiles, int64_t K, const float *x, int64_t n, float *w) {
+    agentkv_qtile_row(qtype, tiles, K, n, w);
+    return agentkv_exact_dot(x, w, K);
 }
 
 /* whether (v, i) ranks before (u, j): larger first, the lower index first among equals */
@@ -458,10 +463,8 @@ int agentkv_qtile_logits(int qtype, const float *x, int64_t x_ld, int64_t M, int
     for (int64_t m = 0; m < M; m++) {
         int count = 0;
         agentkv_top_merge(out + m * out_ld, 0, N, R, idx, val, &count);
-        for (int c = 0; c < count; c++) {
-            agentkv_qtile_row(qtype, tiles, K, idx[c], w);
-            out[m * out_ld + idx[c]] = agentkv_exact_dot(x + m * x_ld, w, K);
-        }
+        for (int c = 0; c < count; c++)
+            out[m * out_ld + idx[c]] = agentkv_exact_logit(qtype, tiles, K, x + m * x_ld, idx[c], w);
     }
     free(idx), free(val), free(w);
     return 0;
@@ -481,9 +484,7 @@ int agentkv_qtile_rescore(int qtype, const uint8_t *tiles, int64_t N, int64_t K,
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * R * K > 65536)
     for (int64_t i = 0; i < M * R; i++) {
         if (ids[i] < 0) continue;
-        float *w = buf + (int64_t)omp_me() * K;
-        agentkv_qtile_row(qtype, tiles, K, ids[i], w);
-        out[i] = agentkv_exact_dot(x + (i / R) * x_ld, w, K);
+        out[i] = agentkv_exact_logit(qtype, tiles, K, x + (i / R) * x_ld, ids[i], buf + (int64_t)omp_me() * K);
     }
     free(buf);
     return 0;

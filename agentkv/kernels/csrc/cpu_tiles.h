@@ -45,6 +45,9 @@ void agentkv_qtile_row(int qtype, const uint8_t *tiles, int64_t K, int64_t n, fl
    re-score of a logit */
 float agentkv_exact_dot(const float *x, const float *w, int64_t K);
 
+/* the exact logit of row n of a tiled W for x [K] (fp32): the row dequantized into w [K], dotted as above */
+float agentkv_exact_logit(int qtype, const uint8_t *tiles, int64_t K, const float *x, int64_t n, float *w);
+
 /* The `R` largest of v[n0, n1) (ties: the lower index first) merged into (idx, val)[*count], kept in
    descending order, at most R entries. */
 void agentkv_top_merge(const float *v, int64_t n0, int64_t n1, int R, int64_t *idx, float *val, int *count);
