@@ -144,6 +144,8 @@ class QuantKernels:
         row), so the greedy token and the top log-probabilities are the exact ones."""
         assert w.tiled and x.dtype == torch.float32 and x.stride(-1) == 1
         out = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
+        if x.shape[0] == 0:  # (a pass that selects no row's logits)
+            return out
         bad = self._lib.agentkv_qtile_logits(w.qtype, x.data_ptr(), x.stride(0), x.shape[0], w.in_features,
                                              w.data.data_ptr(), w.out_features, rescore, out.data_ptr(), out.stride(0),
                                              torch.get_num_threads(), generic)
