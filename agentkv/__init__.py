@@ -6,20 +6,27 @@ and the errors.
 The engine names load on first use, so `agentkv.grammar` (pure Python and numpy) never imports torch.
 """
 
-from agentkv.agent import Agent
-from agentkv.agent_result import (
+from agentkv.agents import (
+    Agent,
     AgentResult,
     AgentUsage,
     ApprovalRequired,
+    MCPToolError,
+    MCPToolset,
+    RunContext,
     RunEnd,
     Step,
     StepEnd,
     StepStart,
     TextDelta,
+    Tool,
     ToolCallEvent,
     ToolResult,
     ToolResultEvent,
+    mcp_tools,
+    tool,
 )
+from agentkv.chat.calls import ToolCall
 from agentkv.dsl import (
     Fork,
     ProgramState,
@@ -49,10 +56,6 @@ from agentkv.errors import (
     ToolArgumentsError,
     ToolDefinitionError,
 )
-from agentkv.mcp_tools import MCPToolError, MCPToolset, mcp_tools
-from agentkv.run_context import RunContext
-from agentkv.tool_calls import ToolCall
-from agentkv.tools import Tool, tool
 from agentkv.typed import agenerate, astream, default_engine, generate, set_default_engine, stream
 
 _ENGINE_NAMES = {"Completion", "Engine", "PinHandle", "RequestOutput", "SamplingParams", "StreamDelta", "Usage"}

@@ -17,15 +17,15 @@ import json
 import statistics
 import time
 
+from agentkv.chat.calls import FunctionSpec
+from agentkv.chat.formats import FORMATS
+from agentkv.chat.reasoning import ReasoningFormat, reply_grammar
 from agentkv.engine.loader import resolve_model_dir
 from agentkv.engine.tokenizer import Tokenizer
 from agentkv.grammar import dfa
 from agentkv.grammar.compiler import GrammarCompiler
 from agentkv.grammar.lark import lark_rules
 from agentkv.grammar.vocab import TokenizerInfo
-from agentkv.reasoning import ReasoningFormat, reply_grammar
-from agentkv.tool_calls import FunctionSpec
-from agentkv.tool_formats import FORMATS
 
 CALC = r"""
 ?start: sum

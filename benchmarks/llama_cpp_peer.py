@@ -29,7 +29,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-
 MULTI_TOKEN = (os.environ.get("AGENTKV_LLAMA_CPP_MULTI") or "").strip()
 
 

@@ -126,9 +126,9 @@ async def load(base: str, seconds: float, clients: int, seed: int) -> dict:
 
 
 def gauges(base: str) -> dict:
-    from prometheus_client.parser import text_string_to_metric_families
-
     import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(base.removesuffix("/v1") + "/metrics") as r:
         text = r.read().decode()

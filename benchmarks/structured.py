@@ -127,13 +127,12 @@ def run_agentkv(engine: ak.Engine, jobs, jump_forward: bool, max_tokens: int) ->
 # -- the peer: HF generate + llguidance, in the worker process -------------------------------------------
 
 def _hf_structured(prompts: list[list[int]], schemas: list[dict], max_tokens: int, eos: int) -> tuple[float, list[list[int]]]:
+    import common
     import llguidance
     import llguidance.hf
     import llguidance.torch as ltorch
     import torch
     import transformers
-
-    import common
 
     model = common._hf_model
     if getattr(common, "_lltok", None) is None:

@@ -21,7 +21,6 @@ def walk_mode(request):
     without a compiler or with AGENTKV_NATIVE_GRAMMAR=0). Walks kept across grammars are dropped
     between the two, and compilers made per test compile afresh."""
     from agentkv.grammar import native
-
     from tests.grammar_helpers import clear_walk_caches
 
     if request.param == "native" and native.load() is None:

@@ -7,8 +7,8 @@ import sys
 from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer
-from pydantic import Field
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
 
 server = MCPServer("calc")
 

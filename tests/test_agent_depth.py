@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 import agentkv as ak
-from agentkv.messages import template_messages
+from agentkv.chat.messages import template_messages
 from agentkv.testing import tiny_engine
 
 Small = Annotated[int, Field(ge=0, le=99)]

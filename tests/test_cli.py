@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from cli.main import app
+from agentkv.cli.main import app
 
 
 def test_generate_prints_completion(tiny_dir):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from agentkv.cli.main import app
 from tests.conftest import requires_embedded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def test_help_everywhere():
 ])
 def test_examples_exit_zero(example, args):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", str(ROOT / "examples" / example), *args],
+    proc = subprocess.run([sys.executable, "-m", "agentkv.cli.main", "run", str(ROOT / "examples" / example), *args],
                           capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.strip()
@@ -122,7 +122,7 @@ def test_serve_command_serves(tiny_long_dir):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--model", str(tiny_long_dir), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "agentkv.cli.main", "serve", "--model", str(tiny_long_dir), "--port", str(port),
                              "--served-model-name", "tiny", "--api-key", "k"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -11,9 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, native
+from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, native, walk_tables
 from agentkv.grammar import token_walk as tw
-from agentkv.grammar import walk_tables
 from agentkv.grammar.token_trie import build_trie
 from tests.grammar_helpers import compile_one, masks_along_a_walk
 

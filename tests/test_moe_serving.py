@@ -36,7 +36,7 @@ def moe_server(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--model", str(path), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "agentkv.cli.main", "serve", "--model", str(path), "--port", str(port),
                              "--served-model-name", "moe", "--api-key", "k"], cwd=ROOT, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 import agentkv as ak
+from agentkv.chat.reasoning import ReasoningFormat, reply_grammar
 from agentkv.errors import RequestError
-from agentkv.reasoning import ReasoningFormat, reply_grammar
 from tests.grammar_helpers import BYTE_COMPILER, accepts
 from tests.tiny import make_tiny_model
 

@@ -16,7 +16,9 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 from schemathesis.specs.openapi.checks import (  # noqa: E402
-    content_type_conformance, response_schema_conformance, status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
 )
 
 import agentkv as ak  # noqa: E402

@@ -126,8 +126,15 @@ def test_a_reasoning_model_gives_a_reasoning_item(tmp_path):
 def test_openai_agents_sdk_default_responses_model(live):
     """The Agents SDK's default model speaks the Responses API: a call it runs, a typed output."""
     pytest.importorskip("agents")
-    from agents import Agent, AsyncOpenAI, ModelSettings, OpenAIResponsesModel, Runner, function_tool
-    from agents import set_tracing_disabled
+    from agents import (
+        Agent,
+        AsyncOpenAI,
+        ModelSettings,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
 
     set_tracing_disabled(True)
     model = OpenAIResponsesModel(model="tiny", openai_client=AsyncOpenAI(base_url=live[2], api_key=KEY))

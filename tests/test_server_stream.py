@@ -9,11 +9,11 @@ import json
 
 import pytest
 
+from agentkv.chat.formats import Hermes, Llama3Json, Mistral, Pythonic
+from agentkv.chat.reasoning import ReasoningFormat
 from agentkv.engine.outputs import Completion, StreamDelta, Usage
-from agentkv.reasoning import ReasoningFormat
 from agentkv.server.chat import ChatPlan, chat_stream
 from agentkv.server.protocol import ChatRequest
-from agentkv.tool_formats import Hermes, Llama3Json, Mistral, Pythonic
 
 ADD = {"type": "function", "function": {"name": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agentkv as ak
+from agentkv.chat.calls import FunctionSpec, ToolCall, text_without
+from agentkv.chat.formats import Hermes as ToolCallFormat
 from agentkv.grammar.compiler import closed_schema
-from agentkv.tool_calls import FunctionSpec, ToolCall, text_without
-from agentkv.tool_formats import Hermes as ToolCallFormat
 from tests.grammar_helpers import BYTE_COMPILER, accepts, assert_language
 
 

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 import agentkv as ak
-from agentkv.tool_formats import Hermes
+from agentkv.chat.formats import Hermes
 
 MARKUP = Hermes.words
 
@@ -59,8 +59,8 @@ def test_tool_calls_read_back_whatever_the_sample(engine, choice):
 
 def test_cut_call_keeps_the_completed_ones(engine):
     """A reply cut inside its second call: the first is returned, finish_reason "length", no markup."""
+    from agentkv.chat.turn import ToolChat
     from agentkv.engine.outputs import Completion, RequestOutput, Usage
-    from agentkv.tool_chat import ToolChat
 
     plan = ToolChat.plan(engine.tool_format, [ADD], "required", None)
     first = '<tool_call>\n{"name":"add","arguments":{"a":3}}\n</tool_call>'

@@ -13,8 +13,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 import agentkv as ak
-from agentkv.messages import template_messages
-from agentkv.tool_formats import Hermes, Llama3Json, Mistral, Pythonic
+from agentkv.chat.formats import Hermes, Llama3Json, Mistral, Pythonic
+from agentkv.chat.messages import template_messages
 from tests.tiny import make_tiny_model
 
 FAMILIES = {"qwen2.5": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic}
@@ -199,8 +199,15 @@ def test_openai_agents_sdk(live):
     """The Agents SDK's chat-completions model: a required call it parses, validates and runs (the
     run stops on it), and a typed output under its response_format."""
     pytest.importorskip("agents")
-    from agents import Agent, AsyncOpenAI, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool
-    from agents import set_tracing_disabled
+    from agents import (
+        Agent,
+        AsyncOpenAI,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
 
     set_tracing_disabled(True)
     model = OpenAIChatCompletionsModel(model="tiny", openai_client=AsyncOpenAI(base_url=live[1], api_key=live[2]))

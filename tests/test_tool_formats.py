@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentkv.chat.calls import FunctionSpec, ToolCall
+from agentkv.chat.formats import FORMATS, Hermes, Llama3Json, Mistral, Pythonic, detect, tool_format_for
 from agentkv.errors import RequestError
-from agentkv.tool_calls import FunctionSpec, ToolCall
-from agentkv.tool_formats import FORMATS, Hermes, Llama3Json, Mistral, Pythonic, detect, tool_format_for
 from tests.chat_templates import FAMILIES
 from tests.grammar_helpers import BYTE_COMPILER, accepts
 

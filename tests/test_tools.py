@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 import agentkv as ak
-from agentkv.tools import parse_docstring
+from agentkv.agents._tools import parse_docstring
 
 
 class Unit(str, Enum):

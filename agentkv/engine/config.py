@@ -82,7 +82,7 @@ class EngineConfig:
     # kernels); False dequantizes them at load as other quantizations are
     quantized_weights: bool = True
     tensor_parallel: int = 1  # ranks that each hold 1/N of every layer (worker processes; gloo on CPU, NCCL on CUDA)
-    # the tool-call format (agentkv/tool_formats: "hermes", "llama3_json", "mistral", "pythonic");
+    # the tool-call format (agentkv/chat/formats: "hermes", "llama3_json", "mistral", "pythonic");
     # None: detected from the chat template and special tokens
     tool_format: str | None = None
 

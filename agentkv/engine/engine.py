@@ -12,13 +12,14 @@ import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from agentkv.chat.reasoning import ReasoningFormat
 from agentkv.engine.config import build_config, resolve_device
 from agentkv.engine.constrained import GrammarSupport, output_parser
 from agentkv.engine.core import Components, EngineCore
 from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
-from agentkv.engine.native_step import native_step_for
 from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.memory import KVPool, ReqToTokenPool, free_memory, kv_slots
+from agentkv.engine.native_step import native_step_for
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
 from agentkv.engine.parallel import TensorParallel
 from agentkv.engine.prefixes import Prefixes, is_messages
@@ -29,7 +30,6 @@ from agentkv.engine.sampling_params import SamplingParams
 from agentkv.engine.scheduler import Scheduler
 from agentkv.errors import PromptTooLongError, RequestError
 from agentkv.kernels import cpu_native, get_backend
-from agentkv.reasoning import ReasoningFormat
 
 Prompt = str | Sequence[int]
 Messages = Sequence[dict[str, Any]]
@@ -46,7 +46,7 @@ class Engine(Prefixes):
     """
 
     def __init__(self, model: str | None = None, *, device: str = "auto", dtype: str = "auto", **options: Any):
-        from agentkv.tool_formats import format_class, tool_format_for
+        from agentkv.chat.formats import format_class, tool_format_for
 
         chosen = device, dtype
         device, dtype = resolve_device(device, dtype)
@@ -133,7 +133,7 @@ class Engine(Prefixes):
         kwargs = chat_template_kwargs or {}
         if not tools and self.reasoning is None:
             return self.generate(self.render(messages, **kwargs), params, schema=schema, **sampling)
-        from agentkv.tool_chat import (
+        from agentkv.chat.turn import (
             ToolChat,  # the format is data the engine applies, like the chat template
         )
 

@@ -12,9 +12,9 @@ from agentkv.engine.sampling_params import SamplingParams
 from agentkv.grammar import CompiledGrammar, Matcher
 
 if TYPE_CHECKING:
+    from agentkv.chat.reasoning import ReasoningFormat
     from agentkv.engine.radix_cache import TreeNode
     from agentkv.engine.speculative import Speculation
-    from agentkv.reasoning import ReasoningFormat
     from agentkv.engine.tokenizer import Tokenizer
 
 _ids = itertools.count()
@@ -24,7 +24,7 @@ PREFIX_BLOCK = 16  # tokens per block of `Request.prefix_hashes`
 
 @dataclass(frozen=True)
 class ReasoningBudget:
-    """A reasoning block closed after `tokens` output tokens (agentkv/reasoning.py); `opened`: the
+    """A reasoning block closed after `tokens` output tokens (agentkv/chat/reasoning.py); `opened`: the
     prompt opened it, else the reply may."""
 
     fmt: ReasoningFormat

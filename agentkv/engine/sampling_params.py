@@ -38,7 +38,7 @@ class SamplingParams:
     # unset (as xgrammar's strict mode; a small model otherwise invents keys). False: as the spec says.
     close_objects: bool = True
     # a reasoning model's block (<think>...</think>) is closed after this many output tokens, and the
-    # answer follows (agentkv/reasoning.py); None: it reasons as long as it likes within max_tokens
+    # answer follows (agentkv/chat/reasoning.py); None: it reasons as long as it likes within max_tokens
     max_reasoning_tokens: int | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 

@@ -72,7 +72,7 @@ class Tokenizer:
     @property
     def special_tokens(self) -> tuple[str, ...]:
         """The texts of the special tokens (`<|im_start|>`, `</s>`, ...): markers no generated text
-        should spell out (tool_calls.py keeps those the chat template writes out of free text)."""
+        should spell out (agentkv/chat/calls.py keeps those the chat template writes out of free text)."""
         return tuple(t.content for t in self._tok.get_added_tokens_decoder().values() if t.special)
 
     @property

@@ -9,13 +9,23 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from agentkv.chat.calls import CallProgress
+from agentkv.chat.reasoning import reply_grammar
 from agentkv.errors import RequestError
-from agentkv.tool_calls import CallProgress
 from agentkv.server.protocol import (
-    APIError, ChatRequest, bad_request, call_id, chat_tools, check_max_tokens, finish_reason,
-    logprobs_json, response_schema, template_kwargs, template_messages, tool_calls_json,
+    APIError,
+    ChatRequest,
+    bad_request,
+    call_id,
+    chat_tools,
+    check_max_tokens,
+    finish_reason,
+    logprobs_json,
+    response_schema,
+    template_kwargs,
+    template_messages,
+    tool_calls_json,
 )
-from agentkv.reasoning import reply_grammar
 
 
 class ChatPlan:

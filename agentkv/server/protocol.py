@@ -11,10 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentkv import messages
+from agentkv.chat import messages
+from agentkv.chat.calls import FunctionSpec, ToolCall, tool_name_problem
 from agentkv.errors import RequestError
-from agentkv.tool_calls import FunctionSpec, ToolCall, tool_name_problem
-
 
 # Limits on what one request may carry; past them, a 400 (413 for the body) naming the limit.
 MAX_BODY_BYTES = 16 << 20

@@ -20,7 +20,11 @@ from agentkv.errors import CacheError, EngineClosedError
 from agentkv.server.chat import ChatPlan, _run, chain
 from agentkv.server.protocol import APIError
 from agentkv.server.responses_items import (
-    ResponsesRequest, chat_body, conversation, output_items, response_object,
+    ResponsesRequest,
+    chat_body,
+    conversation,
+    output_items,
+    response_object,
 )
 from agentkv.server.responses_stream import ItemStream
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import re
 
+from agentkv.chat.calls import CallProgress, ToolCall
 from agentkv.grammar.lark_source import balanced_json_end
-from agentkv.tool_calls import CallProgress, ToolCall
 
 _HEADS: dict[str, re.Pattern] = {}
 _DECODER = json.JSONDecoder()

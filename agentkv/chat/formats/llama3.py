@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from agentkv.tool_calls import CallProgress, ToolCall
-from agentkv.tool_formats.base import ToolFormat, json_rule, named_calls_schema
-from agentkv.tool_formats.json_calls import call_object, call_progress, decode_call
+from agentkv.chat.calls import CallProgress, ToolCall
+from agentkv.chat.formats.base import ToolFormat, json_rule, named_calls_schema
+from agentkv.chat.formats.json_calls import call_object, call_progress, decode_call
 
 SEPARATOR = "; "
 

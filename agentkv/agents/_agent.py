@@ -6,7 +6,7 @@
 
 This file is the agent's configuration and its prompt: instructions (static ones pinned in the
 engine's radix cache, functions of the run context rendered after them), tools, handoffs, output
-types and validators. The loop itself is agent_run.py.
+types and validators. The loop itself is _run.py.
 """
 
 from __future__ import annotations
@@ -22,17 +22,18 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv.agent_output import OutputSpec
-from agentkv.agent_result import AgentEvent, AgentResult
+from agentkv.agents._context import RunContext
+from agentkv.agents._engine import AgentEngine
+from agentkv.agents._mcp import MCPToolset
+from agentkv.agents._output import OutputSpec
+from agentkv.agents._result import AgentEvent, AgentResult
+from agentkv.agents._tools import Tool, tool
+from agentkv.chat.calls import tool_name_problem
+from agentkv.chat.formats import ToolFormat
+from agentkv.chat.reasoning import ReasoningFormat
 from agentkv.defaults import LIBRARY_MAX_TOKENS, LIBRARY_TEMPERATURE
 from agentkv.errors import AgentError, EngineClosedError, RequestError
-from agentkv.mcp_tools import MCPToolset
-from agentkv.reasoning import ReasoningFormat
-from agentkv.run_context import RunContext
 from agentkv.syncio import Awaitable, EventStream, iterate_sync, run_sync
-from agentkv.tool_calls import tool_name_problem
-from agentkv.tool_formats import ToolFormat
-from agentkv.tools import Tool, tool
 
 MODES = ("auto", "required", "none")
 
@@ -78,7 +79,7 @@ class Agent:
                  name: str = "agent", description: str = "", output_type: Any = None, deps_type: Any = None,
                  handoffs: Sequence[Agent] = (), prepare_tools: Callable | None = None, tool_choice: str = "auto",
                  max_steps: int = 8, retries: int = 1, output_retries: int | None = None,
-                 parallel_tool_calls: bool = True, rerun_calls: bool = False, engine=None, pin: bool = True,
+                 parallel_tool_calls: bool = True, rerun_calls: bool = False, engine: AgentEngine | None = None, pin: bool = True,
                  chat_template_kwargs: dict | None = None, temperature: float = LIBRARY_TEMPERATURE,
                  max_tokens: int = LIBRARY_MAX_TOKENS, **sampling: Any):
         from agentkv.engine.sampling_params import SamplingParams
@@ -194,7 +195,7 @@ class Agent:
     # ---- running ----------------------------------------------------------------------------------
 
     def run(self, input: str | Sequence[dict] | None = None, *, history: Sequence[dict] | None = None,
-            deps: Any = None, approvals: dict[str, bool | str] | None = None, engine=None) -> Awaitable:
+            deps: Any = None, approvals: dict[str, bool | str] | None = None, engine: AgentEngine | None = None) -> Awaitable:
         """`await agent.run(...)`: run to the output. `input` is the user's message (or messages);
         `history` a previous result's `messages` to continue that conversation (its system messages
         are replaced by this agent's); `deps` what tools and instruction functions get as
@@ -214,7 +215,7 @@ class Agent:
         return await self.run(input, **kw)
 
     async def _run(self, input, **options) -> AgentResult:
-        from agentkv.agent_result import RunEnd
+        from agentkv.agents._result import RunEnd
 
         async for event in self._events(input, where="Agent.run", **options):
             if isinstance(event, RunEnd):
@@ -222,7 +223,7 @@ class Agent:
         raise AgentError("the run ended without a result")  # unreachable: a run ends with RunEnd or raises
 
     def stream(self, input: str | Sequence[dict] | None = None, *, history: Sequence[dict] | None = None,
-               deps: Any = None, approvals: dict | None = None, engine=None) -> EventStream:
+               deps: Any = None, approvals: dict | None = None, engine: AgentEngine | None = None) -> EventStream:
         """`async for event in agent.stream(...)`: the run's events as they happen (StepStart,
         TextDelta, ToolCallEvent, ToolResultEvent, StepEnd, and RunEnd with the result). Iterated
         with a plain `for` (the form before 0.2) it runs synchronously with a DeprecationWarning;
@@ -238,10 +239,10 @@ class Agent:
                       stacklevel=2)
         return self._events(input, **kw)
 
-    def _events(self, input, *, history=None, deps=None, approvals=None, engine=None, where: str = "Agent.stream",
+    def _events(self, input, *, history=None, deps=None, approvals=None, engine: AgentEngine | None = None, where: str = "Agent.stream",
                 **unknown) -> AsyncIterator[AgentEvent]:
         _refuse(unknown, where)
-        from agentkv.agent_run import AgentRun
+        from agentkv.agents._run import AgentRun
 
         if self._closed:
             raise AgentError("this agent is closed; make a new Agent")
@@ -267,13 +268,13 @@ class Agent:
     # ---- prompt and pin -------------------------------------------------------------------------------
 
     @property
-    def engine(self):
+    def engine(self) -> AgentEngine:
         from agentkv.typed import default_engine
 
         return self._engine or default_engine()
 
     @contextlib.contextmanager
-    def override(self, *, engine=None):
+    def override(self, *, engine: AgentEngine | None = None):
         """`with agent.override(engine=test_engine):` runs the agent on another engine (in tests)."""
         saved, self._engine = self._engine, engine if engine is not None else self._engine
         try:
@@ -287,7 +288,7 @@ class Agent:
         the model's chat template does not render them itself)."""
         return self.setup(self.engine).system
 
-    def setup(self, engine) -> Setup:
+    def setup(self, engine: AgentEngine) -> Setup:
         """The agent's prompt on `engine`, made (and its system prompt pinned) on first use there."""
         with self._setup_lock:
             got = self._setups.get(id(engine))
@@ -308,7 +309,7 @@ class Agent:
             return self.static_instructions
         return (self.static_instructions + "\n\n" + self.output_spec.describe()).lstrip()
 
-    def _second_system_renders(self, engine, system: dict) -> bool:
+    def _second_system_renders(self, engine: AgentEngine, system: dict) -> bool:
         """Whether the template renders a system message after the first (Qwen, Llama 3 do; Mistral's
         refuses one): where it does not, per-run instructions join the first (and miss the pin)."""
         if not self._instruction_functions:

@@ -16,9 +16,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from agentkv.chat.calls import CallProgress, ToolCall, free_text, without_partial
 from agentkv.errors import RequestError
 from agentkv.grammar.compiler import closed_schema
-from agentkv.tool_calls import CallProgress, ToolCall, free_text, without_partial
 
 # Free text may not start a tool tag (a small model otherwise imitates a tool's result as
 # `<tool_response>`, `<tool_response]`, `<tool-response>`), whatever the format.

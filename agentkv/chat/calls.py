@@ -1,7 +1,7 @@
 """Tool calls: the nouns every format shares (a call, a tool as the format sees it, a call still
 being written), the rule for tool names, and the regexes of free text that may not write a format's
 markup. The formats themselves (how each model family offers tools and writes its calls) are in
-agentkv/tool_formats/.
+agentkv/chat/formats/.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from agentkv.grammar.json_merge import (
     type_of,
     validating,
 )
+from agentkv.grammar.json_numbers import NUMBER, integer_range, multiple_of, number_range
 from agentkv.grammar.json_objects import (
     ObjectRules,
     dumps,
@@ -49,9 +50,8 @@ from agentkv.grammar.json_objects import (
     schema_count,
 )
 from agentkv.grammar.json_refs import SchemaResources
-from agentkv.grammar.json_numbers import NUMBER, integer_range, multiple_of, number_range
-from agentkv.grammar.json_values import string_body
 from agentkv.grammar.json_strings import StringRules
+from agentkv.grammar.json_values import string_body
 from agentkv.grammar.relaxed import Relaxations
 from agentkv.grammar.validation import metaschema_error
 

@@ -1,6 +1,6 @@
 """One run of an agent: the step loop.
 
-Each step is one generation under one grammar (tool_formats/): tool calls in the model's own format,
+Each step is one generation under one grammar (agentkv/chat/formats/): tool calls in the model's own format,
 free text, or the output under the agent's output schema. A step's calls run concurrently; their
 results (or errors) go back to the model as tool messages and the loop continues, until a step gives
 an output that validates, a handoff passes the conversation to another agent (whose system prompt
@@ -18,8 +18,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agentkv import tracing
-from agentkv.agent_result import (
+from agentkv.agents import _tracing as tracing
+from agentkv.agents._context import RunContext
+from agentkv.agents._engine import AgentEngine
+from agentkv.agents._result import (
     AgentEvent,
     AgentResult,
     AgentUsage,
@@ -33,7 +35,9 @@ from agentkv.agent_result import (
     ToolResult,
     ToolResultEvent,
 )
-from agentkv.agent_step import agent_prompt, history_content, read_step, step_params
+from agentkv.agents._step import agent_prompt, history_content, read_step, step_params
+from agentkv.chat.calls import ToolCall
+from agentkv.chat.messages import assistant_calls_message, tool_message
 from agentkv.errors import (
     AgentRetriesError,
     ModelRetry,
@@ -41,17 +45,14 @@ from agentkv.errors import (
     RequestError,
     ToolArgumentsError,
 )
-from agentkv.messages import assistant_calls_message, tool_message
-from agentkv.run_context import RunContext
-from agentkv.tool_calls import ToolCall
 
 RETRY = "\n\nFix the errors and try again."
 
 
 class AgentRun:
-    def __init__(self, agent, input, history, deps, approvals, engine):
+    def __init__(self, agent, input, history, deps, approvals, engine: AgentEngine | None):
         self.agent, self.input, self.history, self.approvals = agent, input, history, approvals
-        self.engine = engine or agent.engine
+        self.engine: AgentEngine = engine or agent.engine
         self.usage, self.steps, self.errors = AgentUsage(), [], []
         self.tries: dict[str, int] = {}  # refusals / retries, per tool name and "output"
         self.made: dict[str, ToolResult] = {}  # the results of the run's calls, by call

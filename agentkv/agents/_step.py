@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from agentkv.agent_result import Step
-from agentkv.messages import template_messages
-from agentkv.reasoning import reply_grammar
+from agentkv.agents._result import Step
+from agentkv.chat.messages import template_messages
+from agentkv.chat.reasoning import reply_grammar
 
 
 def agent_prompt(agent, setup, engine, messages: list[dict]) -> str:

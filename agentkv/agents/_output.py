@@ -39,7 +39,7 @@ class OutputSpec:
         types = []
         for m in members:
             if inspect.isroutine(m):
-                from agentkv.tools import args_model
+                from agentkv.agents._tools import args_model
 
                 model, takes_context = args_model(m)
                 self._functions[model] = (m, takes_context)

@@ -47,7 +47,7 @@ def run(
     from rich.console import Console
 
     import agentkv as ak
-    from cli.live import format_output
+    from agentkv.cli.live import format_output
 
     path = Path(file)
     if not path.is_file():
@@ -152,7 +152,7 @@ def _run_agent(agent, input: str, console, quiet: bool):
     from rich.live import Live
 
     import agentkv as ak
-    from cli.live import AgentView
+    from agentkv.cli.live import AgentView
 
     if quiet:
         return agent.run_sync(input).output

@@ -23,8 +23,8 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentkv.agents._tools import Tool
 from agentkv.errors import ToolArgumentsError, ToolDefinitionError
-from agentkv.tools import Tool
 
 
 class MCPToolError(RuntimeError):

@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from agentkv.chat.calls import CallProgress, ToolCall
+from agentkv.chat.formats.base import ToolFormat, arguments_schema, lark_literal, lark_schema
 from agentkv.errors import RequestError
-from agentkv.tool_calls import CallProgress, ToolCall
-from agentkv.tool_formats.base import ToolFormat, arguments_schema, lark_literal, lark_schema
 
 SEPARATOR = ", "
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentkv.tool_calls import ToolCall
+from agentkv.chat.calls import ToolCall
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,12 @@ from agentkv.grammar.expr import NOTHING, Diff, Intersect, Ref, Repeat, alt, lit
 from agentkv.grammar.json_merge import excluded_strings
 from agentkv.grammar.json_objects import escape_all, schema_count
 from agentkv.grammar.json_values import (
-    FORMATS, MAX_LENGTH_BOUND, STRING_CHAR, format_expr, length_bounded, string_body,
+    FORMATS,
+    MAX_LENGTH_BOUND,
+    STRING_CHAR,
+    format_expr,
+    length_bounded,
+    string_body,
 )
 from agentkv.grammar.regex import search_expr
 from agentkv.grammar.validation import CHECKED_FORMATS

@@ -1,6 +1,6 @@
 """`engine.chat(messages, tools=[...])`: one reply under the model's tool-call format, read back as calls.
 
-The engine's tool format, which the agent loop and the server use too (tool_formats/): the tool
+The engine's tool format, which the agent loop and the server use too (formats/): the tool
 definitions offered as the chat template expects (or in the system prompt where it does not know
 tools), the reply (after any reasoning block: reasoning.py) generated under the grammar of the
 offered tools' schemas, and read back as the calls it completed and the text before them. A call cut by max_tokens is left out (`finish_reason` "length"); the text
@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from agentkv.chat.calls import FunctionSpec, tool_name_problem
+from agentkv.chat.formats import ToolFormat
+from agentkv.chat.reasoning import ReasoningFormat, State, reply_grammar
 from agentkv.errors import OutputValidationError, RequestError
-from agentkv.tool_calls import FunctionSpec, tool_name_problem
-from agentkv.reasoning import ReasoningFormat, State, reply_grammar
-from agentkv.tool_formats import ToolFormat
 
 MODES = ("auto", "required", "none")
 

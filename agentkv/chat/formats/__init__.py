@@ -9,12 +9,12 @@ The agent loop, the server and `engine.chat(tools=...)` all go through the engin
 
 from __future__ import annotations
 
+from agentkv.chat.formats.base import TAG_STARTS, ToolFormat
+from agentkv.chat.formats.hermes import Hermes
+from agentkv.chat.formats.llama3 import Llama3Json
+from agentkv.chat.formats.mistral import Mistral
+from agentkv.chat.formats.pythonic import Pythonic
 from agentkv.errors import RequestError
-from agentkv.tool_formats.base import TAG_STARTS, ToolFormat
-from agentkv.tool_formats.hermes import Hermes
-from agentkv.tool_formats.llama3 import Llama3Json
-from agentkv.tool_formats.mistral import Mistral
-from agentkv.tool_formats.pythonic import Pythonic
 
 FORMATS: dict[str, type[ToolFormat]] = {f.name: f for f in (Hermes, Llama3Json, Mistral, Pythonic)}
 # Detection order: the most specific mark first (Mistral's [TOOL_CALLS], then Hermes' <tool_call>,

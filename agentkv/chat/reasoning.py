@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from agentkv.tool_calls import text_without, without_partial
-from agentkv.tool_formats.base import lark_literal
+from agentkv.chat.calls import text_without, without_partial
+from agentkv.chat.formats.base import lark_literal
 
 State = Literal["inside", "may", "off"]
 

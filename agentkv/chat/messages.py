@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentkv.chat.calls import ToolCall
 from agentkv.errors import RequestError
-from agentkv.tool_calls import ToolCall
 
 
 class MessageError(RequestError):

@@ -1,7 +1,7 @@
 """OpenTelemetry spans for agent runs, steps and tool calls, where `opentelemetry-api` is installed
 (`pip install agentkv[tracing]`); without it, nothing is recorded and nothing is imported.
 
-    agent run            agentkv.agent, gen_ai.usage.input_tokens / output_tokens, agentkv.cached_tokens, ...
+    agent run            agentkv.agents._agent, gen_ai.usage.input_tokens / output_tokens, agentkv.cached_tokens, ...
       agent step         agentkv.step, agentkv.tool_choice, and the step's engine usage:
                          cached vs computed prompt tokens, jump-forward tokens, forward passes
         tool <name>      gen_ai.tool.name, gen_ai.tool.call.id, agentkv.tool.error
