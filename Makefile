@@ -28,6 +28,7 @@ demo: $(STAMP)
 # The grammar tests again without the native token walk (a user with no C compiler gets the same
 # masks from the Python walk; the SchemaStore check compares both walks itself).
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 	AGENTKV_NATIVE_GRAMMAR=0 $(BIN)/python -m pytest -q tests/test_grammar_*.py tests/test_json_schema*.py
 

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentkv.defaults import LIBRARY_MAX_TOKENS, LIBRARY_TEMPERATURE
+from agentkv.engine.sampling_params import SamplingParams
 from agentkv.errors import RequestError
+from agentkv.typed import choose, default_engine
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,6 @@ def gen(name: str | None = None, *, max_tokens: int = LIBRARY_MAX_TOKENS, stop: 
                                "apply to it: remove them")
         return select(name, choices)
     structured = {k: v for k, v in {"json_schema": schema, "regex": regex}.items() if v is not None}
-    from agentkv.engine.sampling_params import SamplingParams
-
     params = dict(max_tokens=max_tokens, temperature=temperature, stop=stop or (), **structured, **sampling)
     SamplingParams(**params)  # bad options fail here, where the program names them
     return Gen(name, None, structured, {k: v for k, v in params.items() if k not in structured})
@@ -228,8 +228,6 @@ class ProgramState:
     def _run_gen(self, g: Gen) -> str:
         prompt = self._prompt(for_generation=True)
         if g.choices is not None:
-            from agentkv.typed import choose
-
             text = value = choose(self.engine, prompt, g.choices)
         else:
             out = self.engine.generate(prompt, **g.sampling, **g.structured)
@@ -273,8 +271,6 @@ class Program:
         self.__name__, self.__doc__ = func.__name__, func.__doc__
 
     def run(self, *, engine=None, **kwargs: Any) -> ProgramState:
-        from agentkv.typed import default_engine
-
         state = ProgramState(engine or default_engine())
         try:
             self.func(state, **kwargs)

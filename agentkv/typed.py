@@ -20,7 +20,9 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
+from agentkv.chat.messages import is_messages
 from agentkv.defaults import LIBRARY_MAX_TOKENS, LIBRARY_TEMPERATURE
+from agentkv.engine import SamplingParams
 from agentkv.errors import RequestError
 from agentkv.syncio import iterate_sync
 
@@ -33,7 +35,7 @@ def default_engine():
     global _default_engine
     with _default_lock:
         if _default_engine is None:
-            from agentkv.engine import Engine
+            from agentkv.engine import Engine  # here: the engine's module loads torch, `import agentkv` must not
 
             _default_engine = Engine()
         return _default_engine
@@ -58,7 +60,7 @@ def generate(prompt: str | Sequence[dict], schema: Any = None, *, regex: str | N
         _choices_alone(schema, regex, grammar, sampling)
         return choose(engine, prompt, choices)
     params = _params(schema, regex, grammar, sampling)
-    out = engine.chat(prompt, params) if _is_messages(prompt) else engine.generate(prompt, params)
+    out = engine.chat(prompt, params) if is_messages(prompt) else engine.generate(prompt, params)
     return out.parsed if params.structured else out.text
 
 
@@ -125,8 +127,6 @@ async def astream(prompt: str | Sequence[dict], schema: Any = None, *, regex: st
 
 
 def _params(schema, regex, grammar, sampling: dict):
-    from agentkv.engine import SamplingParams
-
     base = sampling.pop("params", None)
     if base is None:
         base = SamplingParams(temperature=LIBRARY_TEMPERATURE, max_tokens=LIBRARY_MAX_TOKENS)
@@ -134,14 +134,6 @@ def _params(schema, regex, grammar, sampling: dict):
         sampling["max_tokens"] = LIBRARY_MAX_TOKENS  # typed outputs end when their grammar does
     given = {"json_schema": schema, "regex": regex, "grammar": grammar}
     return base.with_(**{k: v for k, v in given.items() if v is not None}, **sampling)
-
-
-def _is_messages(prompt: Any) -> bool:
-    from agentkv.engine.prefixes import (
-        is_messages,  # not at import: `import agentkv` must not load torch
-    )
-
-    return is_messages(prompt)
 
 
 def choose(engine, prompt, choices: Sequence[str]) -> str:

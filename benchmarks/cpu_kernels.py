@@ -141,7 +141,8 @@ def embedded_step(kernels) -> list:
     fns = {"Q4_1 layers": lambda: [kernels.qlinear(xs[k], w) for k, w in layers],
            "Q8_0 vocabulary": lambda: kernels.qlinear(xs[576], vocab, exact=True)}
     if torch.bfloat16 in kernels.linear_dtypes:
-        packed = [(k, kernels.pack_linear((torch.randn(k, n) * 0.05).bfloat16())) for _ in range(LAYERS) for k, n in SHAPES]
+        packed = [(k, kernels.pack_linear((torch.randn(k, n) * 0.05).bfloat16()))
+                  for _ in range(LAYERS) for k, n in SHAPES]
         vocab16 = kernels.pack_linear((torch.randn(576, 49152) * 0.05).bfloat16())
         xb = {k: x.bfloat16() for k, x in xs.items()}
         fns["bf16 layers"] = lambda: [kernels.linear(xb[k], w) for k, w in packed]
@@ -165,11 +166,19 @@ def long_inputs(kernels, rows: int = 512) -> list:
     for name in ("Q4_1", "Q4_K"):
         code, _, _ = cpu_quant.QUANT_TYPES[name]
         kind = getattr(gguf.GGMLQuantizationType, name)
-        raw = k_blocks(kind, (n, k), rng) if name == "Q4_K" else \
-            gguf.quants.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), kind)
+        raw = (
+            k_blocks(kind, (n, k), rng)
+            if name == "Q4_K"
+            else gguf.quants.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), kind)
+        )
         w = cpu_quant.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), code, k, n)
-        t = best({"kernel": lambda: [kernels.qlinear(x[i : i + 16], w) for i in range(0, rows, 16)],
-                  "sliced": lambda: kernels.qlinear(x, w)}, 3)
+        t = best(
+            {
+                "kernel": lambda: [kernels.qlinear(x[i : i + 16], w) for i in range(0, rows, 16)],
+                "sliced": lambda: kernels.qlinear(x, w),
+            },
+            3,
+        )
         out.append([name, rows, f"{n} x {k}", t["kernel"] * 1e3, t["sliced"] * 1e3, t["kernel"] / t["sliced"]])
     return out
 
@@ -194,8 +203,10 @@ def _split(qkv):
 
 def decode_attention(dtype, shapes) -> list:
     slots = max(b * n for b, n in shapes) + 1
-    pools = [(torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype), torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype))
-             for _ in range(LAYERS)]
+    pools = [
+        (torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype), torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype))
+        for _ in range(LAYERS)
+    ]
     weights = [_pack(torch.randn(3072, 576).to(dtype)) for _ in range(LAYERS)]
     out = []
     for batch, length in shapes:
@@ -227,6 +238,7 @@ def extend_attention(dtype, sizes) -> list:
         table_[0] = torch.arange(1, seq + 1)
         meta = AttentionMetadata(table_, torch.arange(1), [seq], [ext], 0, table_[0, prefix:].clone())
         q, k, v = _split(torch.randn(ext, (HEADS + 2 * KV_HEADS) * HEAD_DIM).to(dtype))
+
         def run(name):
             be = get_backend(name)
             be.prepare(meta)
@@ -251,24 +263,42 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     if args.quantized:
-        print(f"{torch.get_num_threads()} threads; linears of {QUANT_LAYERS} layers {QUANT_SHAPES} ([in, out]), "
-              "x in fp32 (bf16 for the bf16 kernel)")
-        print(table(quantized_linears(kernels, [int(r) for r in args.rows.split(",") if int(r) <= 16]),
-                    ["rows", "weights", "MiB", "ms", "bf16 / this"]))
+        print(
+            f"{torch.get_num_threads()} threads; linears of {QUANT_LAYERS} layers {QUANT_SHAPES} ([in, out]), "
+            "x in fp32 (bf16 for the bf16 kernel)"
+        )
+        print(
+            table(
+                quantized_linears(kernels, [int(r) for r in args.rows.split(",") if int(r) <= 16]),
+                ["rows", "weights", "MiB", "ms", "bf16 / this"],
+            )
+        )
         print("\nthe embedded model's linears in one batch-1 decode step (ms)")
         print(table(embedded_step(kernels), ["linears", "ms"]))
         print("\na long input on a large weight (ms)")
-        print(table(long_inputs(kernels), ["weights", "rows", "weight", "kernel 16 rows at a time",
-                                           "slices dequantized", "speedup"]))
+        print(
+            table(
+                long_inputs(kernels),
+                ["weights", "rows", "weight", "kernel 16 rows at a time", "slices dequantized", "speedup"],
+            )
+        )
         return
     print(f"{args.dtype}, {torch.get_num_threads()} threads, {LAYERS} layers of distinct tensors per timing")
     print("\nlinears of 30 layers (ms)")
-    print(table(linears(kernels, dtype, [int(r) for r in args.rows.split(",")]),
-                ["rows", "agentkv", "oneDNN packed", "plain matmul", "oneDNN / agentkv"]))
+    print(
+        table(
+            linears(kernels, dtype, [int(r) for r in args.rows.split(",")]),
+            ["rows", "agentkv", "oneDNN packed", "plain matmul", "oneDNN / agentkv"],
+        )
+    )
     if not args.skip_decode:
         print("\ndecode attention, a layer (us)")
-        print(table(decode_attention(dtype, [(16, 100), (16, 400), (16, 1600), (1, 4000)]),
-                    ["requests", "tokens each", "cpu backend", "torch backend", "torch / cpu"]))
+        print(
+            table(
+                decode_attention(dtype, [(16, 100), (16, 400), (16, 1600), (1, 4000)]),
+                ["requests", "tokens each", "cpu backend", "torch backend", "torch / cpu"],
+            )
+        )
     print("\nextend attention after a cached prefix, a layer (us)")
     sizes = [(0, 32), (0, 512), (0, 2048), (256, 64), (512, 32), (512, 64), (512, 256), (2048, 256)]
     print(table(extend_attention(dtype, sizes), ["prefix", "new tokens", "C kernel", "SDPA", "SDPA / C"]))

@@ -29,13 +29,29 @@ import agentkv as ak
 
 TOOLS = [
     ("get_weather", "Current weather and a 3-day forecast for a city.", {"city": "string", "unit": ["C", "F"]}),
-    ("search_web", "Search the web and return the top results with snippets.", {"query": "string", "max_results": "integer"}),
+    (
+        "search_web",
+        "Search the web and return the top results with snippets.",
+        {"query": "string", "max_results": "integer"},
+    ),
     ("read_calendar", "List calendar events between two dates.", {"start_date": "string", "end_date": "string"}),
-    ("create_event", "Create a calendar event with attendees.", {"title": "string", "start": "string", "attendees": "array"}),
+    (
+        "create_event",
+        "Create a calendar event with attendees.",
+        {"title": "string", "start": "string", "attendees": "array"},
+    ),
     ("send_email", "Send an email to one or more recipients.", {"to": "array", "subject": "string", "body": "string"}),
     ("lookup_contact", "Find a contact's email and phone by name.", {"name": "string"}),
-    ("convert_currency", "Convert an amount between two currencies at today's rate.", {"amount": "number", "from": "string", "to": "string"}),
-    ("book_flight", "Search and hold a flight between two airports.", {"origin": "string", "destination": "string", "date": "string"}),
+    (
+        "convert_currency",
+        "Convert an amount between two currencies at today's rate.",
+        {"amount": "number", "from": "string", "to": "string"},
+    ),
+    (
+        "book_flight",
+        "Search and hold a flight between two airports.",
+        {"origin": "string", "destination": "string", "date": "string"},
+    ),
     ("translate_text", "Translate text into a target language.", {"text": "string", "target_language": "string"}),
 ]
 TASKS = [
@@ -60,7 +76,10 @@ def system_prompt() -> str:
                 "description": desc,
                 "parameters": {
                     "type": "object",
-                    "properties": {k: ({"type": "string", "enum": v} if isinstance(v, list) else {"type": v}) for k, v in params.items()},
+                    "properties": {
+                        k: ({"type": "string", "enum": v} if isinstance(v, list) else {"type": v})
+                        for k, v in params.items()
+                    },
                     "required": list(params),
                 },
             },
@@ -69,15 +88,17 @@ def system_prompt() -> str:
     ]
     return (
         "You are a capable assistant that plans and acts on behalf of the user. Think step by step, keep "
-        "answers short, and call a tool when it helps by writing <tool_call>{\"name\": ..., \"arguments\": ...}"
-        "</tool_call>. Never invent tool results. You can use these tools:\n"
-        + json.dumps(tools)
+        'answers short, and call a tool when it helps by writing <tool_call>{"name": ..., "arguments": ...}'
+        "</tool_call>. Never invent tool results. You can use these tools:\n" + json.dumps(tools)
     )
 
 
 def run_agentkv(engine: ak.Engine, agents: int, turns: int, new_tokens: int) -> tuple[float, list[list[list[int]]]]:
     """Returns the wall time and the prompts (token ids) of every turn, for the other runs to replay."""
-    convs = [[{"role": "system", "content": system_prompt()}, {"role": "user", "content": TASKS[i % len(TASKS)]}] for i in range(agents)]
+    convs = [
+        [{"role": "system", "content": system_prompt()}, {"role": "user", "content": TASKS[i % len(TASKS)]}]
+        for i in range(agents)
+    ]
     prompts_per_turn = []
     start = time.perf_counter()
     for t in range(turns):
@@ -135,8 +156,13 @@ def main() -> None:
     if not args.skip_llama_cpp:
         from agentkv.engine.loader import embedded_model_path
 
-        wall_cpp = llama_cpp_peer.call(llama_cpp_peer.agents_wall, str(embedded_model_path()), prompts_per_turn,
-                                       args.new_tokens, torch.get_num_threads())
+        wall_cpp = llama_cpp_peer.call(
+            llama_cpp_peer.agents_wall,
+            str(embedded_model_path()),
+            prompts_per_turn,
+            args.new_tokens,
+            torch.get_num_threads(),
+        )
         if wall_cpp is not None:
             flat = [p for ps in prompts_per_turn for p in ps]
             computed = sum(len(p) - _common(a, p) for a, p in zip([[]] + flat, flat))
@@ -144,14 +170,22 @@ def main() -> None:
             rows.append(["llama.cpp, prefix reuse", wall_cpp, computed, reused])
             print(f"llama.cpp on {llama_cpp_peer.build_of(llama_cpp_peer.agents_wall)}")
         else:
-            print("llama.cpp: " + ("its process died (see llama_cpp_peer.py)" if llama_cpp_peer.available()
-                                   else "llama-cpp-python not installed"))
+            print(
+                "llama.cpp: "
+                + (
+                    "its process died (see llama_cpp_peer.py)"
+                    if llama_cpp_peer.available()
+                    else "llama-cpp-python not installed"
+                )
+            )
 
     if not args.skip_hf:
         peer = Peer()
         pad = 2
         peer.call(hf_generate, [[1, 2, 3]], 2, pad)  # warm up
-        hf_wall = sum(peer.call(hf_generate, [p], args.new_tokens, pad)[0] for prompts in prompts_per_turn for p in prompts)
+        hf_wall = sum(
+            peer.call(hf_generate, [p], args.new_tokens, pad)[0] for prompts in prompts_per_turn for p in prompts
+        )
         rows.append(["HF generate, sequential", hf_wall, sum(len(p) for ps in prompts_per_turn for p in ps), 0.0])
         peer.close()
 
@@ -160,8 +194,12 @@ def main() -> None:
         f"{args.new_tokens} new tokens per turn, greedy, fp32"
     )
     ours = rows[0][1]
-    print(table([[name, wall, comp, f"{hit:.1%}", wall / ours] for name, wall, comp, hit in rows],
-                ["system", "wall s", "prefill tokens computed", "cache hit rate", "time / agentkv"]))
+    print(
+        table(
+            [[name, wall, comp, f"{hit:.1%}", wall / ours] for name, wall, comp, hit in rows],
+            ["system", "wall s", "prefill tokens computed", "cache hit rate", "time / agentkv"],
+        )
+    )
 
 
 if __name__ == "__main__":

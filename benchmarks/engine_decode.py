@@ -35,7 +35,10 @@ PROMPTS = [
 
 
 def prompts_for(engine: ak.Engine, batch: int) -> list[list[int]]:
-    return [engine.tokenizer.encode(engine.render([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])) for i in range(batch)]
+    return [
+        engine.tokenizer.encode(engine.render([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]))
+        for i in range(batch)
+    ]
 
 
 def run_agentkv(engine: ak.Engine, prompts: list[list[int]], new_tokens: int) -> float:
@@ -77,7 +80,9 @@ def main() -> None:
         off, on, hf = min(ours[False, batch]), min(ours[True, batch]), min(theirs[batch])
         rows.append([batch, args.dtype, tok / off, tok / on, tok / hf, hf / off, off / on])
     print(f"decode throughput, {args.new_tokens} new tokens per sequence, greedy, {torch.get_num_threads()} threads")
-    print(table(rows, ["batch", "dtype", "agentkv tok/s", "overlap tok/s", "HF tok/s", "speedup vs HF", "overlap / off"]))
+    print(
+        table(rows, ["batch", "dtype", "agentkv tok/s", "overlap tok/s", "HF tok/s", "speedup vs HF", "overlap / off"])
+    )
     peer.close()
 
 

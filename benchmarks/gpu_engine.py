@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import table  # noqa: E402
 
 import agentkv as ak  # noqa: E402
-from agentkv.kernels.base import auto_backend  # noqa: E402
+from agentkv.kernels.registry import auto_backend  # noqa: E402
 
 MODES = {"eager": dict(cuda_graphs=False, overlap_schedule=False), "graphs": dict(overlap_schedule=False),
          "graphs+overlap": {}}
@@ -34,7 +34,9 @@ _reference: dict[tuple, list] = {}  # (model, batch) -> token ids of the eager r
 def throughput(name, model, device, dtype, batch, prompt_len, new_tokens, vocab, mode="graphs+overlap") -> list:
     opts = dict(MODES[mode]) if device == "cuda" else {}
     try:
-        engine = ak.Engine(model, device=device, dtype=dtype, num_slots=batch * (prompt_len + new_tokens) + 1024, **opts)
+        engine = ak.Engine(
+            model, device=device, dtype=dtype, num_slots=batch * (prompt_len + new_tokens) + 1024, **opts
+        )
     except Exception as e:  # noqa: BLE001 - reported in the table, the other rows still run
         return [name, mode, batch, f"load error: {type(e).__name__}: {e}"[:80], "", "", ""]
     try:
@@ -75,14 +77,26 @@ def main() -> None:
         for b in (1, 16, 64):
             for mode in MODES:
                 rows.append(throughput("SmolLM2-135M", None, device, "bfloat16", b, 512, 128, 49152, mode))
-        big = make_tiny_model(tmp / "llama8b", hidden=4096, layers=args.layers, heads=32, kv_heads=8,
-                              intermediate=14336, max_positions=8192, tie=False)
+        big = make_tiny_model(
+            tmp / "llama8b",
+            hidden=4096,
+            layers=args.layers,
+            heads=32,
+            kv_heads=8,
+            intermediate=14336,
+            max_positions=8192,
+            tie=False,
+        )
         for b in (1, 16, 64):
-            rows.append(throughput(f"Llama-3-8B shape, {args.layers} layers", str(big), device, "bfloat16", b,
-                                   512, 128, 259))
-    text = (f"engine throughput, {device}, attention backend {auto_backend()}, greedy, 512-token prompts "
-            f"(smoke: 16), 128 new tokens (smoke: 8)\n\n```\n"
-            + table(rows, ["model", "mode", "batch", "wall s", "tokens", "tok/s", "same tokens as eager"]) + "\n```\n")
+            rows.append(
+                throughput(f"Llama-3-8B shape, {args.layers} layers", str(big), device, "bfloat16", b, 512, 128, 259)
+            )
+    text = (
+        f"engine throughput, {device}, attention backend {auto_backend()}, greedy, 512-token prompts "
+        f"(smoke: 16), 128 new tokens (smoke: 8)\n\n```\n"
+        + table(rows, ["model", "mode", "batch", "wall s", "tokens", "tok/s", "same tokens as eager"])
+        + "\n```\n"
+    )
     print(text)
     if args.out:
         args.out.write_text(text)

@@ -41,9 +41,9 @@ from common import table  # noqa: E402
 from grammar_gil import gil_row  # noqa: E402
 
 from agentkv.grammar import GrammarCompiler, GrammarError, Matcher, TokenizerInfo  # noqa: E402
-from agentkv.grammar.json_refs import documents_by_id  # noqa: E402
-from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization  # noqa: E402
-from agentkv.grammar.validation import SchemaCheck  # noqa: E402
+from agentkv.grammar.schema.refs import documents_by_id  # noqa: E402
+from agentkv.grammar.schema.validation import SchemaCheck  # noqa: E402
+from agentkv.grammar.schema.walk import SearchBudgetExceeded, find_serialization  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "schemastore"
 MAX_WALK_TOKENS = 400
@@ -135,11 +135,17 @@ class Stats:
         j = np.array(self.jump_s or [0]) * 1e6
         share = 100 * self.forced / max(1, self.walked)
         forced = f"{share:.1f}% ({self.noncanonical})" if self.walked else "n/a"
-        return [name, f"{self.compiled}/{total} ({100 * self.compiled / max(1, total):.0f}%)", self.bad, self.rejected,
-                f"{np.percentile(c, 50):.1f} / {np.percentile(c, 95):.1f}",
-                f"{np.percentile(m, 50):.0f} / {np.percentile(m, 99):.0f} / {np.percentile(m, 99.9):.0f}",
-                f"{np.percentile(f, 50):.0f} / {np.percentile(f, 99):.0f} ({len(self.first_s)})" if self.first_s else "n/a",
-                f"{np.percentile(j, 99):.0f}" if self.jump_s else "n/a", forced]
+        return [
+            name,
+            f"{self.compiled}/{total} ({100 * self.compiled / max(1, total):.0f}%)",
+            self.bad,
+            self.rejected,
+            f"{np.percentile(c, 50):.1f} / {np.percentile(c, 95):.1f}",
+            f"{np.percentile(m, 50):.0f} / {np.percentile(m, 99):.0f} / {np.percentile(m, 99.9):.0f}",
+            f"{np.percentile(f, 50):.0f} / {np.percentile(f, 99):.0f} ({len(self.first_s)})" if self.first_s else "n/a",
+            f"{np.percentile(j, 99):.0f}" if self.jump_s else "n/a",
+            forced,
+        ]
 
 
 def walk(toks: list[int], fill, jump, accept_many, accept_one, st: Stats, first=None) -> None:
@@ -158,7 +164,7 @@ def walk(toks: list[int], fill, jump, accept_many, accept_one, st: Stats, first=
         forced = jump()
         st.jump_s.append(time.perf_counter() - t)
         if forced:
-            if forced != toks[i:i + len(forced)]:
+            if forced != toks[i : i + len(forced)]:
                 st.noncanonical += len(forced)
                 return
             accept_many(forced)
@@ -199,8 +205,15 @@ def run_ours(info: TokenizerInfo, docs, st: Stats, strict: bool = False, walk_ma
                 continue
             walked = True
             m = Matcher(g)
-            walk(info.encode_bytes(text.encode()), lambda m=m: m.fill_next_token_bitmask(bitmask),
-                 m.jump_forward_tokens, m.accept_tokens, m.accept_token, st, first=lambda m=m: m._cfg not in g._masks)
+            walk(
+                info.encode_bytes(text.encode()),
+                lambda m=m: m.fill_next_token_bitmask(bitmask),
+                m.jump_forward_tokens,
+                m.accept_tokens,
+                m.accept_token,
+                st,
+                first=lambda m=m: m._cfg not in g._masks,
+            )
 
 
 def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
@@ -227,8 +240,14 @@ def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
 
         def walk_one(toks, m0=m0):
             m = m0.deep_copy()
-            walk(toks, lambda: lnp.fill_next_token_bitmask(m, bitmask, 0), m.compute_ff_tokens,
-                 m.consume_tokens, m.consume_token, st)
+            walk(
+                toks,
+                lambda: lnp.fill_next_token_bitmask(m, bitmask, 0),
+                m.compute_ff_tokens,
+                m.consume_tokens,
+                m.consume_token,
+                st,
+            )
 
         judge_and_walk(doc["tests"], our_grammar(our, doc["schema"]), accepts, walk_one, st)
 
@@ -247,8 +266,9 @@ def run_xgrammar(info: TokenizerInfo, docs, st: Stats) -> None:
     for doc in docs:
         t = time.perf_counter()
         try:
-            cg = compiler.compile_json_schema(json.dumps(doc["schema"]), any_whitespace=False, strict_mode=False,
-                                          separators=(",", ":"))
+            cg = compiler.compile_json_schema(
+                json.dumps(doc["schema"]), any_whitespace=False, strict_mode=False, separators=(",", ":")
+            )
         except Exception:  # noqa: BLE001 - any refusal counts as "does not compile"
             continue
         st.compile_s.append(time.perf_counter() - t)
@@ -260,8 +280,14 @@ def run_xgrammar(info: TokenizerInfo, docs, st: Stats) -> None:
 
         def walk_one(toks, cg=cg):
             m = xgr.GrammarMatcher(cg)
-            walk(toks, lambda: m.fill_next_token_bitmask(bitmask, 0), m.find_jump_forward_tokens,
-                 lambda ts: all(m.accept_token(x) for x in ts), m.accept_token, st)
+            walk(
+                toks,
+                lambda: m.fill_next_token_bitmask(bitmask, 0),
+                m.find_jump_forward_tokens,
+                lambda ts: all(m.accept_token(x) for x in ts),
+                m.accept_token,
+                st,
+            )
 
         judge_and_walk(doc["tests"], our_grammar(our, doc["schema"]), accepts, walk_one, st)
 
@@ -334,8 +360,9 @@ def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None
         for case in doc["tests"]:
             text = agentkv_text(g, case["data"])
             plain = json.dumps(case["data"], separators=(",", ":"), ensure_ascii=False)
-            cases.append((case["valid"], info.encode_bytes(text.encode()) if text else None,
-                          info.encode_bytes(plain.encode())))
+            cases.append(
+                (case["valid"], info.encode_bytes(text.encode()) if text else None, info.encode_bytes(plain.encode()))
+            )
         fut = pool.submit(_oc_schema, doc["schema"], cases, info.words)
         try:
             r = fut.result(timeout=timeout_s)
@@ -343,8 +370,7 @@ def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None
             for p in pool._processes.values():  # the build cannot be cancelled: end the worker
                 p.kill()
             pool.shutdown(wait=False, cancel_futures=True)
-            pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_oc_init,
-                                       initargs=(info.vocab, info.eos_ids[0]))
+            pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_oc_init, initargs=(info.vocab, info.eos_ids[0]))
             continue
         if not r["compiled"]:
             continue
@@ -359,23 +385,36 @@ def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--every", type=int, default=3, help="take every n-th SchemaStore schema")
-    ap.add_argument("--outlines-timeout", type=float, default=20.0,
-                    help="seconds per schema for outlines-core (compile + checks); 0 leaves it out")
-    ap.add_argument("--engines", default="agentkv,agentkv strict,llguidance,xgrammar,outlines-core",
-                    help="comma-separated engines to run (those not installed are left out)")
-    ap.add_argument("--gil", action=argparse.BooleanOptionalAction, default=True,
-                    help="the matmul-beside-masks row (the token walk should not hold the GIL)")
+    ap.add_argument(
+        "--outlines-timeout",
+        type=float,
+        default=20.0,
+        help="seconds per schema for outlines-core (compile + checks); 0 leaves it out",
+    )
+    ap.add_argument(
+        "--engines",
+        default="agentkv,agentkv strict,llguidance,xgrammar,outlines-core",
+        help="comma-separated engines to run (those not installed are left out)",
+    )
+    ap.add_argument(
+        "--gil",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the matmul-beside-masks row (the token walk should not hold the GIL)",
+    )
     args = ap.parse_args()
     if not DATA.exists():
         sys.exit(f"{DATA} is absent: this benchmark needs ../shared/data/schemastore beside the clone")
-    docs = [json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))[::args.every]]
+    docs = [json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))[:: args.every]]
     rows, gil = [], []
     for name, info, lltok in tokenizers():
         if args.gil:
             gil.append([name, *gil_row(info, docs, documents(), agentkv_text, MAX_WALK_TOKENS)])
-        engines = [("agentkv", lambda st: run_ours(info, docs, st)),
-                   ("agentkv strict", lambda st: run_ours(info, docs, st, strict=True, walk_masks=False)),
-                   ("llguidance", lambda st: run_llguidance(lltok, docs, st, info))]
+        engines = [
+            ("agentkv", lambda st: run_ours(info, docs, st)),
+            ("agentkv strict", lambda st: run_ours(info, docs, st, strict=True, walk_masks=False)),
+            ("llguidance", lambda st: run_llguidance(lltok, docs, st, info)),
+        ]
         if importlib.util.find_spec("xgrammar") is not None:
             engines.append(("xgrammar", lambda st: run_xgrammar(info, docs, st)))
         if args.outlines_timeout > 0 and importlib.util.find_spec("outlines_core") is not None:
@@ -386,8 +425,22 @@ def main() -> None:
             fn(st)
             rows.append(st.row(f"{engine} {name}", len(docs)))
             print(f"{engine} {name}: {time.time() - t:.0f} s", file=sys.stderr)
-    print(table(rows, ["engine / vocab", "compiled", "bad acc.", "good rej.", "compile p50/p95 ms",
-                       "mask p50/p99/p99.9 us", "first mask p50/p99 us (n)", "jump p99 us", "forced (non-canon.)"]))
+    print(
+        table(
+            rows,
+            [
+                "engine / vocab",
+                "compiled",
+                "bad acc.",
+                "good rej.",
+                "compile p50/p95 ms",
+                "mask p50/p99/p99.9 us",
+                "first mask p50/p99 us (n)",
+                "jump p99 us",
+                "forced (non-canon.)",
+            ],
+        )
+    )
     if gil:
         print()
         print(table(gil, ["vocab", "matmul alone", "beside masks", "slowdown", "masks computed"]))

@@ -22,10 +22,10 @@ from agentkv.chat.formats import FORMATS
 from agentkv.chat.reasoning import ReasoningFormat, reply_grammar
 from agentkv.engine.loader import resolve_model_dir
 from agentkv.engine.tokenizer import Tokenizer
-from agentkv.grammar import dfa
+from agentkv.grammar.automata import dfa
 from agentkv.grammar.compiler import GrammarCompiler
-from agentkv.grammar.lark import lark_rules
-from agentkv.grammar.vocab import TokenizerInfo
+from agentkv.grammar.lark.lower import lark_rules
+from agentkv.grammar.tokens.vocab import TokenizerInfo
 
 CALC = r"""
 ?start: sum

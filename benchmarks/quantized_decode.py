@@ -11,11 +11,13 @@ SmolLM2-135M-Instruct Q4_1 GGUF (its embedding Q8_0):
               of one llama_batch a step, and a prompt evaluated from an empty context
 
 Greedy, a fixed number of new tokens after a short chat prompt already in the radix cache (decode
-alone), batch 1 and 16, and the prefill of a `--prompt-tokens` prompt (kept and llama.cpp); the best of `--repeats` runs each, the variants interleaved, each in a process of its own. Weight memory counts the model's parameters and
-quantized blocks (not the KV pool), against the file's tensor bytes. Beside batch 1, the weight bandwidth
-`kept` achieves (its weight bytes, read once a token, over its time a token: the engine's own work
-between steps included, so a lower bound) and the host's read bandwidth measured here (a 1 GiB fp32 tensor summed by torch's threads,
-best of 5): how close decode comes to what the memory gives.
+alone), batch 1 and 16, and the prefill of a `--prompt-tokens` prompt (kept and llama.cpp); the best
+of `--repeats` runs each, the variants interleaved, each in a process of its own. Weight memory
+counts the model's parameters and quantized blocks (not the KV pool), against the file's tensor
+bytes. Beside batch 1, the weight bandwidth `kept` achieves (its weight bytes, read once a token,
+over its time a token: the engine's own work between steps included, so a lower bound) and the
+host's read bandwidth measured here (a 1 GiB fp32 tensor summed by torch's threads, best of 5): how
+close decode comes to what the memory gives.
 
     python benchmarks/quantized_decode.py [--new-tokens 64] [--repeats 3] [--batches 1,16] [--prompt-tokens 256]
 """
@@ -102,9 +104,12 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=256)
     args = ap.parse_args()
     path = embedded_model_path()
-    variants = {"kept": dict(dtype="float32"), "python": dict(dtype="float32", native_step=False),
-                "bf16": dict(dtype="bfloat16", quantized_weights=False),
-                "fp32": dict(dtype="float32", quantized_weights=False)}
+    variants = {
+        "kept": dict(dtype="float32"),
+        "python": dict(dtype="float32", native_step=False),
+        "bf16": dict(dtype="bfloat16", quantized_weights=False),
+        "fp32": dict(dtype="float32", quantized_weights=False),
+    }
     # each variant in a process of its own, as a user runs one engine, and called in turn: engines
     # sharing a process share its cores with one another's OpenMP threads (kept measured 1.39x of
     # bf16 that way in one run, 1.6x with each alone)
@@ -113,8 +118,10 @@ def main() -> None:
     weight_bytes = {name: engines[name].submit(_start, opts).result() for name, opts in variants.items()}
     tensor_bytes = file_tensor_bytes(path)
     print(f"{path.name}: {tensor_bytes / 2**20:.1f} MiB of tensors; {torch.get_num_threads()} threads")
-    print(f"llama.cpp: batch 1 on {llama_cpp_peer.build_of(llama_cpp_peer.decode_rate)}; batch 16 and the prompt on "
-          f"{llama_cpp_peer.build_of(llama_cpp_peer.prompt_rate)}")
+    print(
+        f"llama.cpp: batch 1 on {llama_cpp_peer.build_of(llama_cpp_peer.decode_rate)}; batch 16 and the prompt on "
+        f"{llama_cpp_peer.build_of(llama_cpp_peer.prompt_rate)}"
+    )
     print(f"{'weights':8} {'MiB':>8} {'x file':>7}")
     for name, b in weight_bytes.items():
         print(f"{name:8} {b / 2**20:8.1f} {b / tensor_bytes:7.2f}")
@@ -127,17 +134,26 @@ def main() -> None:
             for name, e in engines.items():
                 best[name] = max(best[name], e.submit(decode_rate, batch, args.new_tokens).result())
         threads = torch.get_num_threads()
-        peer = llama_cpp_peer.call(llama_cpp_peer.decode_rate, str(path), args.new_tokens, args.repeats, threads) \
-            if batch == 1 else \
-            llama_cpp_peer.call(llama_cpp_peer.batched_rate, str(path), batch, args.new_tokens, args.repeats, threads)
+        peer = (
+            llama_cpp_peer.call(llama_cpp_peer.decode_rate, str(path), args.new_tokens, args.repeats, threads)
+            if batch == 1
+            else llama_cpp_peer.call(
+                llama_cpp_peer.batched_rate, str(path), batch, args.new_tokens, args.repeats, threads
+            )
+        )
         row = "  ".join(f"{n} {r:7.1f}" for n, r in best.items())
-        ratios = (f"kept/python {best['kept'] / best['python']:.2f}x  kept/bf16 {best['kept'] / best['bf16']:.2f}x  "
-                  f"kept/fp32 {best['kept'] / best['fp32']:.2f}x")
+        ratios = (
+            f"kept/python {best['kept'] / best['python']:.2f}x  kept/bf16 {best['kept'] / best['bf16']:.2f}x  "
+            f"kept/fp32 {best['kept'] / best['fp32']:.2f}x"
+        )
         print(f"batch {batch:2}: tok/s {row}  {ratios}  {_peer(peer, best['kept'])}")
         if batch == 1:
             achieved = weight_bytes["kept"] * best["kept"]
-            print(f"          kept reads its weights at {achieved / 1e9:.1f} GB/s; the host reads {read_bandwidth() / 1e9:.1f} "
-                  f"GB/s (a 1 GiB tensor)")
+            print(
+                f"          kept reads its weights at {achieved / 1e9:.1f} GB/s; "
+                f"the host reads {read_bandwidth() / 1e9:.1f} "
+                f"GB/s (a 1 GiB tensor)"
+            )
     ours = engines["kept"].submit(prompt_rate, args.prompt_tokens, args.repeats).result()
     ids = engines["kept"].submit(_prompt_ids, args.prompt_tokens).result()
     peer = llama_cpp_peer.call(llama_cpp_peer.prompt_rate, str(path), ids, args.repeats, torch.get_num_threads())
@@ -152,8 +168,11 @@ def _prompt_ids(tokens: int) -> list[int]:
 
 def _peer(rate: float | None, ours: float) -> str:
     if rate is None:
-        return "llama.cpp: " + ("its process died (see llama_cpp_peer.py)" if llama_cpp_peer.available()
-                                else "llama-cpp-python not installed")
+        return "llama.cpp: " + (
+            "its process died (see llama_cpp_peer.py)"
+            if llama_cpp_peer.available()
+            else "llama-cpp-python not installed"
+        )
     return f"llama.cpp {rate:7.1f} (kept/llama.cpp {ours / rate:.2f}x)"
 
 

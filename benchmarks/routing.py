@@ -184,7 +184,8 @@ def main() -> None:
                     help="KV slots per replica, as a share of the tokens of all system prompts together")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--arrival", choices=["closed-loop", "waves"], default="closed-loop",
-                    help="closed-loop: each conversation sends its next turn when answered; waves: all at once per turn")
+                    help="closed-loop: each conversation sends its next turn when answered; "
+                         "waves: all at once per turn")
     ap.add_argument("--model", help="an HF model directory (default: a tiny random-weight model)")
     args = ap.parse_args()
     model = args.model
@@ -196,13 +197,18 @@ def main() -> None:
     systems = [system_prompt(t, args.system_chars, rng) for t in range(args.tenants)]
     rows = [run(name, args, model, systems) for name in ("round-robin", "cache-aware")]
     rr, ca = rows
-    print(f"{args.tenants} tenants x {args.conversations} conversations x {args.turns} turns over {args.replicas} replicas "
-          f"({args.arrival}), "
-          f"system prompts ~{args.system_chars} chars, KV slots per replica {args.slot_share:.0%} of all system prompts")
+    print(
+        f"{args.tenants} tenants x {args.conversations} conversations x {args.turns} turns "
+        f"over {args.replicas} replicas "
+        f"({args.arrival}), "
+        f"system prompts ~{args.system_chars} chars, KV slots per replica {args.slot_share:.0%} of all system prompts"
+    )
     print(table(rows, ["policy", "prompt tokens", "cached", "prefill computed", "hit rate", "best possible", "wall s"]))
     print(f"\ncache-aware / round-robin: hit rate {ca[4] / rr[4]:.2f}x, prefill computed {ca[3] / rr[3]:.2f}x")
-    print(f"best possible / round-robin: hit rate {rr[5] / rr[4]:.2f}x (the most any routing could show here); "
-          f"cache-aware reached {ca[4] / ca[5]:.0%} of its best possible")
+    print(
+        f"best possible / round-robin: hit rate {rr[5] / rr[4]:.2f}x (the most any routing could show here); "
+        f"cache-aware reached {ca[4] / ca[5]:.0%} of its best possible"
+    )
 
 
 if __name__ == "__main__":

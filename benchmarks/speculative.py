@@ -197,8 +197,15 @@ def main() -> None:
     print("targets: >= 1.5x on agent and json edit, >= 0.95x on chat")
     if args.by_pass:
         print("\nforward passes by kind (totals over the repeats; seconds of compute and sampling)")
-        print(table([[w, spec, kind, n, sec, toks, 1000 * sec / n] for (w, spec, kind), (n, sec, toks) in PASS_TIMES.items()],
-                    ["workload", "speculative", "pass", "passes", "seconds", "tokens computed", "ms per pass"]))
+        print(
+            table(
+                [
+                    [w, spec, kind, n, sec, toks, 1000 * sec / n]
+                    for (w, spec, kind), (n, sec, toks) in PASS_TIMES.items()
+                ],
+                ["workload", "speculative", "pass", "passes", "seconds", "tokens computed", "ms per pass"],
+            )
+        )
 
 
 if __name__ == "__main__":

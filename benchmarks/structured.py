@@ -30,41 +30,98 @@ import agentkv as ak
 
 STR = {"type": "string"}
 TOOLS = {
-    "get_weather": ("What's the weather in Paris this weekend, in celsius?", {
-        "city": STR, "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}),
-    "search_flights": ("Find a flight from JFK to LHR on 2025-03-01 for 2 people.", {
-        "origin": {"type": "string", "pattern": "^[A-Z]{3}$"}, "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
-        "date": {"type": "string", "format": "date"}, "passengers": {"type": "integer", "minimum": 1, "maximum": 9}}),
-    "send_email": ("Email bob@example.com that the quarterly report will be late.", {
-        "to": {"type": "string", "format": "email"}, "subject": {"type": "string", "maxLength": 60},
-        "body": {"type": "string", "maxLength": 200}}),
-    "create_event": ("Put a meeting called Launch review on 2025-04-02 with Dana and Omar.", {
-        "title": {"type": "string", "maxLength": 40}, "date": {"type": "string", "format": "date"},
-        "attendees": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 5}}),
-    "convert_currency": ("Convert 250 EUR to JPY.", {
-        "amount": {"type": "number", "minimum": 0}, "from_currency": {"enum": ["EUR", "USD", "JPY", "GBP"]},
-        "to_currency": {"enum": ["EUR", "USD", "JPY", "GBP"]}}),
+    "get_weather": (
+        "What's the weather in Paris this weekend, in celsius?",
+        {
+            "city": STR,
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        },
+    ),
+    "search_flights": (
+        "Find a flight from JFK to LHR on 2025-03-01 for 2 people.",
+        {
+            "origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
+            "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
+            "date": {"type": "string", "format": "date"},
+            "passengers": {"type": "integer", "minimum": 1, "maximum": 9},
+        },
+    ),
+    "send_email": (
+        "Email bob@example.com that the quarterly report will be late.",
+        {
+            "to": {"type": "string", "format": "email"},
+            "subject": {"type": "string", "maxLength": 60},
+            "body": {"type": "string", "maxLength": 200},
+        },
+    ),
+    "create_event": (
+        "Put a meeting called Launch review on 2025-04-02 with Dana and Omar.",
+        {
+            "title": {"type": "string", "maxLength": 40},
+            "date": {"type": "string", "format": "date"},
+            "attendees": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 5},
+        },
+    ),
+    "convert_currency": (
+        "Convert 250 EUR to JPY.",
+        {
+            "amount": {"type": "number", "minimum": 0},
+            "from_currency": {"enum": ["EUR", "USD", "JPY", "GBP"]},
+            "to_currency": {"enum": ["EUR", "USD", "JPY", "GBP"]},
+        },
+    ),
     "lookup_contact": ("What is Dana Smith's phone number?", {"name": {"type": "string", "maxLength": 40}}),
-    "set_reminder": ("Remind me to call mom at 18:30.", {
-        "text": {"type": "string", "maxLength": 80}, "time": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"}}),
-    "query_orders": ("Show my shipped orders from March, at most 5.", {
-        "status": {"enum": ["open", "shipped", "delivered", "cancelled"]}, "month": {"type": "integer", "minimum": 1, "maximum": 12},
-        "limit": {"type": "integer", "minimum": 1, "maximum": 50}}),
+    "set_reminder": (
+        "Remind me to call mom at 18:30.",
+        {"text": {"type": "string", "maxLength": 80}, "time": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"}},
+    ),
+    "query_orders": (
+        "Show my shipped orders from March, at most 5.",
+        {
+            "status": {"enum": ["open", "shipped", "delivered", "cancelled"]},
+            "month": {"type": "integer", "minimum": 1, "maximum": 12},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+        },
+    ),
 }
-PERSON = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 130},
-    "email": {"type": "string", "format": "email"}, "city": {"type": "string", "maxLength": 30},
-    "skills": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4}},
-    "required": ["name", "age", "email", "city", "skills"], "additionalProperties": False}
-INVOICE = {"type": "object", "properties": {
-    "vendor": {"type": "string", "maxLength": 40}, "number": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{4}$"},
-    "date": {"type": "string", "format": "date"}, "currency": {"enum": ["EUR", "USD", "GBP"]},
-    "total": {"type": "number", "minimum": 0, "maximum": 1000000}, "paid": {"type": "boolean"}},
-    "required": ["vendor", "number", "date", "currency", "total", "paid"], "additionalProperties": False}
-EVENT = {"type": "object", "properties": {
-    "title": {"type": "string", "maxLength": 60}, "date": {"type": "string", "format": "date"},
-    "start": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"}, "location": {"type": "string", "maxLength": 40},
-    "online": {"type": "boolean"}}, "required": ["title", "date", "start", "location", "online"], "additionalProperties": False}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 130},
+        "email": {"type": "string", "format": "email"},
+        "city": {"type": "string", "maxLength": 30},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4},
+    },
+    "required": ["name", "age", "email", "city", "skills"],
+    "additionalProperties": False,
+}
+INVOICE = {
+    "type": "object",
+    "properties": {
+        "vendor": {"type": "string", "maxLength": 40},
+        "number": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{4}$"},
+        "date": {"type": "string", "format": "date"},
+        "currency": {"enum": ["EUR", "USD", "GBP"]},
+        "total": {"type": "number", "minimum": 0, "maximum": 1000000},
+        "paid": {"type": "boolean"},
+    },
+    "required": ["vendor", "number", "date", "currency", "total", "paid"],
+    "additionalProperties": False,
+}
+EVENT = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 60},
+        "date": {"type": "string", "format": "date"},
+        "start": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"},
+        "location": {"type": "string", "maxLength": 40},
+        "online": {"type": "boolean"},
+    },
+    "required": ["title", "date", "start", "location", "online"],
+    "additionalProperties": False,
+}
 EXTRACT = [
     ("Maria Lopez, 34, lives in Madrid. Reach her at maria@lopez.es. She knows Python and SQL.", PERSON),
     ("Contact: Ken Ito (ken.ito@example.jp), age 51, based in Osaka; skills: welding, CAD.", PERSON),
@@ -79,13 +136,19 @@ SCHEMASTORE = ["chart-lock", "imgbotconfig", "cdk"]
 def tool_schema(name: str) -> dict:
     props = TOOLS[name][1]
     args = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-    return {"type": "object", "properties": {"name": {"const": name}, "arguments": args},
-            "required": ["name", "arguments"], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": name}, "arguments": args},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
 
 
 def workloads() -> dict[str, list[tuple[list[dict], dict]]]:
-    tools = [([{"role": "user", "content": f"Call the tool {n} with JSON arguments for: {task}"}], tool_schema(n))
-             for n, (task, _) in TOOLS.items()]
+    tools = [
+        ([{"role": "user", "content": f"Call the tool {n} with JSON arguments for: {task}"}], tool_schema(n))
+        for n, (task, _) in TOOLS.items()
+    ]
     extract = [([{"role": "user", "content": f"Extract the record as JSON: {text}"}], s) for text, s in EXTRACT]
     out = {"tool calls": tools, "extraction": extract}
     root = Path(__file__).resolve().parents[2] / "shared" / "data" / "schemastore"
@@ -120,13 +183,22 @@ def run_agentkv(engine: ak.Engine, jobs, jump_forward: bool, max_tokens: int) ->
         jumped += out.usage.jump_forward_tokens
         done += out.finish_reason == "stop"
         ok += out.finish_reason == "stop" and valid(out.text, schema)
-    return {"wall": time.perf_counter() - start, "passes": passes, "tokens": tokens, "jumped": jumped, "valid": ok,
-            "finished": done}
+    return {
+        "wall": time.perf_counter() - start,
+        "passes": passes,
+        "tokens": tokens,
+        "jumped": jumped,
+        "valid": ok,
+        "finished": done,
+    }
 
 
 # -- the peer: HF generate + llguidance, in the worker process -------------------------------------------
 
-def _hf_structured(prompts: list[list[int]], schemas: list[dict], max_tokens: int, eos: int) -> tuple[float, list[list[int]]]:
+
+def _hf_structured(
+    prompts: list[list[int]], schemas: list[dict], max_tokens: int, eos: int
+) -> tuple[float, list[list[int]]]:
     import common
     import llguidance
     import llguidance.hf
@@ -159,13 +231,20 @@ def _hf_structured(prompts: list[list[int]], schemas: list[dict], max_tokens: in
 
     outs, start = [], time.perf_counter()
     for ids, schema in zip(prompts, schemas):
-        m = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_json_schema(
-            schema, defaults={"whitespace_flexible": False}))
+        m = llguidance.LLMatcher(
+            lltok, llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+        )
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
-                                 max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos,
-                                 logits_processor=transformers.LogitsProcessorList([Mask(m)]))
-        outs.append(out[0, len(ids):].tolist())
+            out = model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos,
+                logits_processor=transformers.LogitsProcessorList([Mask(m)]),
+            )
+        outs.append(out[0, len(ids) :].tolist())
     return time.perf_counter() - start, outs
 
 
@@ -185,29 +264,71 @@ def main() -> None:
             run_agentkv(engine, jobs, jf, args.max_tokens)
         res = {"on": [], "off": []}
         for r in range(args.rounds):
-            for arm in (("on", "off") if r % 2 == 0 else ("off", "on")):
+            for arm in ("on", "off") if r % 2 == 0 else ("off", "on"):
                 res[arm].append(run_agentkv(engine, jobs, arm == "on", args.max_tokens))
         best = {arm: min(rs, key=lambda x: x["wall"]) for arm, rs in res.items()}
         off = best["off"]
         for arm, label in (("on", "agentkv jump-forward on"), ("off", "agentkv jump-forward off")):
             b = best[arm]
-            rows.append([group, label, len(jobs), b["finished"], b["valid"], b["passes"], b["tokens"], b["jumped"], b["wall"],
-                         1 - b["passes"] / off["passes"], off["wall"] / b["wall"]])
+            rows.append(
+                [
+                    group,
+                    label,
+                    len(jobs),
+                    b["finished"],
+                    b["valid"],
+                    b["passes"],
+                    b["tokens"],
+                    b["jumped"],
+                    b["wall"],
+                    1 - b["passes"] / off["passes"],
+                    off["wall"] / b["wall"],
+                ]
+            )
         if peer is not None:
             eos = sorted(engine.tokenizer.eos_ids)[0]
             prompts = [engine.tokenizer.encode(engine.render(m)) for m, _ in jobs]
             schemas = [s for _, s in jobs]
             peer.call(_hf_structured, prompts[:1], schemas[:1], 8, eos)  # warm
-            wall, outs = min((peer.call(_hf_structured, prompts, schemas, args.max_tokens, eos) for _ in range(args.rounds)),
-                             key=lambda x: x[0])
+            wall, outs = min(
+                (peer.call(_hf_structured, prompts, schemas, args.max_tokens, eos) for _ in range(args.rounds)),
+                key=lambda x: x[0],
+            )
             texts = [engine.tokenizer.decode([t for t in o if t != eos]) for o in outs]
             passes = sum(len(o) for o in outs)
-            rows.append([group, "HF generate + llguidance", len(jobs), sum(len(o) < args.max_tokens for o in outs),
-                         sum(valid(t, s) for t, s in zip(texts, schemas)),
-                         passes, sum(len([t for t in o if t != eos]) for o in outs), 0, wall,
-                         1 - passes / off["passes"], off["wall"] / wall])
-    print(table(rows, ["workload", "engine", "requests", "finished", "valid", "forward passes", "completion tokens",
-                       "jump-forward tokens", "wall s", "passes saved vs off", "speed vs off"]))
+            rows.append(
+                [
+                    group,
+                    "HF generate + llguidance",
+                    len(jobs),
+                    sum(len(o) < args.max_tokens for o in outs),
+                    sum(valid(t, s) for t, s in zip(texts, schemas)),
+                    passes,
+                    sum(len([t for t in o if t != eos]) for o in outs),
+                    0,
+                    wall,
+                    1 - passes / off["passes"],
+                    off["wall"] / wall,
+                ]
+            )
+    print(
+        table(
+            rows,
+            [
+                "workload",
+                "engine",
+                "requests",
+                "finished",
+                "valid",
+                "forward passes",
+                "completion tokens",
+                "jump-forward tokens",
+                "wall s",
+                "passes saved vs off",
+                "speed vs off",
+            ],
+        )
+    )
     if peer is not None:
         peer.close()
     engine.close()

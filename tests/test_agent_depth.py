@@ -166,8 +166,17 @@ def test_a_handoff_passes_the_conversation_and_both_prompts_stay_pinned(engine):
 def test_an_agent_as_a_tool_merges_its_usage(engine):
     inner = ak.Agent("Add numbers.", name="adder", tools=[add], tool_choice="add", max_steps=2, engine=engine,
                      max_tokens=160)
-    with inner, ak.Agent("Delegate.", tools=[inner.as_tool(description="Ask the adder.", input_type=Annotated[str, Field(max_length=8)])], tool_choice="adder",
-                         max_steps=2, engine=engine, max_tokens=160) as outer:
+    with (
+        inner,
+        ak.Agent(
+            "Delegate.",
+            tools=[inner.as_tool(description="Ask the adder.", input_type=Annotated[str, Field(max_length=8)])],
+            tool_choice="adder",
+            max_steps=2,
+            engine=engine,
+            max_tokens=160,
+        ) as outer,
+    ):
         result = outer.run_sync("1 + 2")
     sub = result.steps[0].tool_results[0]
     assert sub.error is None and isinstance(sub.value, str)
@@ -188,8 +197,16 @@ def test_a_tool_prepare_tools_leaves_out_cannot_be_called(engine):
         """Weather."""
         return f"sun in {city}"
 
-    with ak.Agent("Helper.", tools=[add, weather], prepare_tools=no_add, tool_choice="required", max_steps=2,
-                  engine=engine, temperature=1.0, max_tokens=160) as agent:
+    with ak.Agent(
+        "Helper.",
+        tools=[add, weather],
+        prepare_tools=no_add,
+        tool_choice="required",
+        max_steps=2,
+        engine=engine,
+        temperature=1.0,
+        max_tokens=160,
+    ) as agent:
         results = agent.run_batch_sync([f"q{i}" for i in range(8)])
         assert '"add"' in agent.system_message["content"]  # still defined in the pinned prompt
     assert offered[0] == ["add", "weather"]
@@ -206,8 +223,9 @@ def test_a_call_waits_for_approval_and_the_run_continues(engine):
         ran.append(amount)
         return f"refunded {amount}"
 
-    with ak.Agent("Refunds.", tools=[refund], tool_choice="refund", max_steps=3, engine=engine,
-                  max_tokens=160) as agent:
+    with ak.Agent(
+        "Refunds.", tools=[refund], tool_choice="refund", max_steps=3, engine=engine, max_tokens=160
+    ) as agent:
         paused = agent.run_sync("refund me")
         assert isinstance(paused.output, ak.ApprovalRequired) and not ran
         calls = paused.output.calls
@@ -217,13 +235,13 @@ def test_a_call_waits_for_approval_and_the_run_continues(engine):
             agent.run_sync(history=paused.messages, approvals={"other": True})
     call = calls[0]
     assert ran == [c.arguments["amount"] for c in calls] and isinstance(done.output, str)
-    assert {"role": "tool", "tool_call_id": call.id, "name": "refund",
-            "content": f"refunded {ran[0]}"} in done.messages
+    assert {"role": "tool", "tool_call_id": call.id, "name": "refund", "content": f"refunded {ran[0]}"} in done.messages
     assert any(m.get("content") == "The call was not run: over the limit" for m in refused.messages)
 
 
 def test_async_first_api_and_deprecated_sync_forms(engine):
     with ak.Agent("Hi.", engine=engine, max_tokens=4) as agent:
+
         async def main():
             return await agent.run("x"), [e async for e in agent.stream("y")]
 
@@ -255,12 +273,14 @@ def test_run_batch_caps_concurrency(engine):
 
 
 def test_history_takes_the_receiving_agents_system_and_keeps_structured_calls(engine):
-    with ak.Agent("First.", tools=[add], tool_choice="add", max_steps=2, engine=engine, max_tokens=160) as a, \
-            ak.Agent("Second.", engine=engine, max_tokens=4) as b:
+    with (
+        ak.Agent("First.", tools=[add], tool_choice="add", max_steps=2, engine=engine, max_tokens=160) as a,
+        ak.Agent("Second.", engine=engine, max_tokens=4) as b,
+    ):
         first = a.run_sync("1+1")
         second = b.run_sync("and now?", history=first.messages)
         assert second.messages[0] == b.system_message
-    assert second.messages[1:len(first.messages)] == first.messages[1:]
+    assert second.messages[1 : len(first.messages)] == first.messages[1:]
     turn = first.messages[2]
     jsonschema.validate(json.loads(turn["tool_calls"][0]["function"]["arguments"]), add.parameters)
 

@@ -122,9 +122,27 @@ def test_serve_command_serves(tiny_long_dir):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "agentkv.cli.main", "serve", "--model", str(tiny_long_dir), "--port", str(port),
-                             "--served-model-name", "tiny", "--api-key", "k"], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentkv.cli.main",
+            "serve",
+            "--model",
+            str(tiny_long_dir),
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+            "--api-key",
+            "k",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -133,7 +151,9 @@ def test_serve_command_serves(tiny_long_dir):
                     assert json.loads(r.read()) == {"status": "ok"}
                     break
             except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "timeout"
+                assert proc.poll() is None and time.monotonic() < deadline, (
+                    proc.stderr.read() if proc.poll() else "timeout"
+                )
                 time.sleep(0.2)
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer k"})
         with urllib.request.urlopen(req) as r:

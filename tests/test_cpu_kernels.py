@@ -17,7 +17,9 @@ from agentkv.kernels.cpu_backend import CpuAttentionBackend
 from tests.test_attention import reference
 
 kernels = cpu_native.load()
-pytestmark = pytest.mark.skipif(kernels is None, reason=f"native CPU kernels unavailable: {cpu_native.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(
+    kernels is None, reason=f"native CPU kernels unavailable: {cpu_native.unavailable_reason()}"
+)
 DTYPES = [torch.float32, torch.bfloat16]
 BODIES = [False, True]  # generic: False runs the AVX-512 bodies where the CPU has AVX-512
 PREFIX_SLOTS = 300  # _batch: cached prefixes live in slots 1..299, new tokens above
@@ -134,8 +136,9 @@ def _check(meta, q, k, v, k_cache, v_cache, generic):
     offset = 0
     for row, (s, e) in enumerate(zip(meta.seq_lens, meta.extend_lens)):
         slots = meta.req_to_token[row, :s]
-        expected = reference(q[offset : offset + e].float(), k_cache[slots].float(), v_cache[slots].float(),
-                             D**-0.5, s - e)
+        expected = reference(
+            q[offset : offset + e].float(), k_cache[slots].float(), v_cache[slots].float(), D**-0.5, s - e
+        )
         torch.testing.assert_close(out[offset : offset + e].float(), expected, **_close(q.dtype))
         offset += e
     return backend
@@ -178,17 +181,22 @@ def test_attention_matches_reference_for_any_lengths(shapes, heads_dim, dtype, g
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("generic", BODIES)
-@pytest.mark.parametrize("plans_of,heads,kv_heads", [
-    (lambda p: [(p[:1499], 1), (p[:20], 1)], 4, 1),  # two decodes, one long: its keys in parts
-    (lambda p: [(p[:2600], 1)], 6, 2),  # one decode, two KV heads
-    (lambda p: [(p[1000:2300], 3)], 3, 1),  # a short extend after a long prefix: one tile in parts
-])
+@pytest.mark.parametrize(
+    "plans_of,heads,kv_heads",
+    [
+        (lambda p: [(p[:1499], 1), (p[:20], 1)], 4, 1),  # two decodes, one long: its keys in parts
+        (lambda p: [(p[:2600], 1)], 6, 2),  # one decode, two KV heads
+        (lambda p: [(p[1000:2300], 3)], 3, 1),  # a short extend after a long prefix: one tile in parts
+    ],
+)
 def test_attention_splits_few_long_tasks_into_parts(dtype, generic, plans_of, heads, kv_heads):
     """With fewer tasks than twice the threads and a long context, a task's keys are split across
     threads and the parts merged (parts of a short tile are empty): the same result as the reference."""
     g = torch.Generator().manual_seed(11)
     pool = (torch.randperm(2999, generator=g) + 1).tolist()
-    meta, q, k, v, kc, vc = _batch(plans_of(pool), heads, kv_heads, 64, dtype, seed=3, num_slots=3100, prefix_slots=3000)
+    meta, q, k, v, kc, vc = _batch(
+        plans_of(pool), heads, kv_heads, 64, dtype, seed=3, num_slots=3100, prefix_slots=3000
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the split needs at least two threads' worth of tasks to make
     try:
@@ -266,8 +274,12 @@ def test_engine_on_native_kernels_matches_torch_ops(tiny_dir, dtype):
 
 def _needs_linear(dtype):
     ok = kernels is not None and dtype in kernels.linear_dtypes
-    return pytest.param(dtype, marks=pytest.mark.skipif(not ok, reason=f"csrc/cpu_linear.c is not built for {dtype} "
-                                                              "on this CPU (AVX-512; bf16 needs AVX512_BF16)"))
+    return pytest.param(
+        dtype,
+        marks=pytest.mark.skipif(
+            not ok, reason=f"csrc/cpu_linear.c is not built for {dtype} on this CPU (AVX-512; bf16 needs AVX512_BF16)"
+        ),
+    )
 
 
 LINEAR_DTYPES = [_needs_linear(torch.float32), _needs_linear(torch.bfloat16)]
@@ -333,8 +345,9 @@ def test_attention_checks_every_index_before_it_touches_memory():
     with pytest.raises(EngineError, match="slot in the table"):
         kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, table, tiles, 0.25, out)
     with pytest.raises(EngineError, match="a tile"):
-        kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles + torch.tensor([0, 0, 0, 999]),
-                          0.25, out)
+        kernels.attention(
+            q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles + torch.tensor([0, 0, 0, 999]), 0.25, out
+        )
     assert torch.equal(kc, before)
     kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles, 0.25, out)  # the valid pass runs
     assert torch.equal(kc[meta.out_cache_loc], k)

@@ -86,7 +86,9 @@ def test_stop_token_ids_and_length(tiny_engine):
 
 
 def test_logprobs(tiny_engine):
-    out = tiny_engine.generate(PROMPTS[4], max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=3, ignore_eos=True)
+    out = tiny_engine.generate(
+        PROMPTS[4], max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=3, ignore_eos=True
+    )
     assert len(out.logprobs) == 6
     for tok, lp in zip(out.token_ids, out.logprobs):
         assert lp.token_id == tok and len(lp.top) == 3
@@ -114,7 +116,13 @@ def test_penalties_change_logits_exactly():
     from agentkv.engine.sampler import apply_penalties
 
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
-    r = Request([0, 1], ak.SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25), 0, frozenset(), 8)
+    r = Request(
+        [0, 1],
+        ak.SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
+        0,
+        frozenset(),
+        8,
+    )
     r.output_ids = [2, 2]
     apply_penalties(logits, [r])
     # repetition on 0,1,2 (prompt + output); frequency 0.5 * 2 and presence 0.25 on token 2
@@ -202,6 +210,7 @@ def test_stream_and_agenerate(tiny_engine):
 def test_a_slow_stream_reader_still_gets_the_last_delta(tiny_engine):
     """The request finishes while the reader holds a delta: its last delta (finish_reason, usage,
     the completion) still comes."""
+
     async def read():
         deltas = []
         async for d in tiny_engine.stream("Once", max_tokens=12, temperature=0.0, ignore_eos=True):
@@ -258,8 +267,12 @@ def test_errors_survive_pickling():
 
     from agentkv.server.protocol import APIError
 
-    for e in [ak.OutputValidationError("bad", "{}", "stop"), ak.errors.ToolArgumentsError("f", "x: missing"),
-              ak.errors.AgentRetriesError("gave up", "{}", ["a", "b"]), ak.GrammarError("no", "#/pattern"),
-              APIError(400, "temperature: too low", "temperature")]:
+    for e in [
+        ak.OutputValidationError("bad", "{}", "stop"),
+        ak.errors.ToolArgumentsError("f", "x: missing"),
+        ak.errors.AgentRetriesError("gave up", "{}", ["a", "b"]),
+        ak.GrammarError("no", "#/pattern"),
+        APIError(400, "temperature: too low", "temperature"),
+    ]:
         back = pickle.loads(pickle.dumps(e))
         assert type(back) is type(e) and str(back) == str(e) and vars(back) == vars(e)

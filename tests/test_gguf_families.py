@@ -60,7 +60,9 @@ def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
     if rs.get("type") == "longrope":  # as llama.cpp writes Phi-3's: factors as tensors, the attention factor
         original = cfg["original_max_position_embeddings"]
         w.add_rope_scaling_orig_ctx_len(original)
-        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(cfg["max_position_embeddings"] / original) / math.log(original)))
+        w.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(cfg["max_position_embeddings"] / original) / math.log(original))
+        )
         w.add_tensor("rope_factors_long.weight", np.array(rs["long_factor"], dtype=np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rs["short_factor"], dtype=np.float32))
     experts: dict[tuple[str, str], dict[int, str]] = {}
@@ -74,7 +76,11 @@ def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
     def put(gname: str, data: np.ndarray) -> np.ndarray:
         if data.ndim >= 2:
             # (K-quants: the package cannot make them; random blocks, the weights they hold taken as the model's)
-            q = k_blocks(kind, data.shape, rng) if quant in K_QUANTS else gguf.quants.quantize(data.astype(np.float32), kind)
+            q = (
+                k_blocks(kind, data.shape, rng)
+                if quant in K_QUANTS
+                else gguf.quants.quantize(data.astype(np.float32), kind)
+            )
             w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=kind)
             return gguf.quants.dequantize(q, kind).reshape(data.shape)
         w.add_tensor(gname, data.astype(np.float32))
@@ -96,16 +102,19 @@ def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
     return deq
 
 
-@pytest.mark.parametrize("family,kwargs,quant", [
-    ("qwen3_moe", {"kv_heads": 4}, "Q8_0"),
-    ("qwen3_moe", {"kv_heads": 4}, "Q4_1"),
-    ("qwen2_moe", {"tie": False}, "Q8_0"),
-    ("phi3", {"sliding_window": 20, "tie": False}, "Q8_0"),
-    ("phi3", {"tie": False, "config": PHI4_ROPE}, "Q8_0"),  # partial rotary, LongRoPE's factors as tensors
-    # K-quants (rows of whole 256-weight super-blocks: wider layers), experts and the vocabulary included
-    ("qwen3_moe", {"kv_heads": 4, "hidden": 256, "intermediate": 512}, "Q4_K"),
-    ("phi3", {"tie": False, "hidden": 256, "intermediate": 512}, "Q6_K"),
-])
+@pytest.mark.parametrize(
+    "family,kwargs,quant",
+    [
+        ("qwen3_moe", {"kv_heads": 4}, "Q8_0"),
+        ("qwen3_moe", {"kv_heads": 4}, "Q4_1"),
+        ("qwen2_moe", {"tie": False}, "Q8_0"),
+        ("phi3", {"sliding_window": 20, "tie": False}, "Q8_0"),
+        ("phi3", {"tie": False, "config": PHI4_ROPE}, "Q8_0"),  # partial rotary, LongRoPE's factors as tensors
+        # K-quants (rows of whole 256-weight super-blocks: wider layers), experts and the vocabulary included
+        ("qwen3_moe", {"kv_heads": 4, "hidden": 256, "intermediate": 512}, "Q4_K"),
+        ("phi3", {"tie": False, "hidden": 256, "intermediate": 512}, "Q6_K"),
+    ],
+)
 def test_gguf_family_equals_the_hf_dir_with_the_same_weights(tmp_path, monkeypatch, family, kwargs, quant):
     from safetensors.numpy import save_file
 
@@ -114,9 +123,11 @@ def test_gguf_family_equals_the_hf_dir_with_the_same_weights(tmp_path, monkeypat
     deq = write_gguf(src, tmp_path / "m.gguf", family, quant)
     save_file({k: np.ascontiguousarray(v) for k, v in deq.items()}, str(src / "model.safetensors"))
     text = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
-    with ak.Engine(str(src), num_slots=1024) as ref, \
-            ak.Engine(str(tmp_path / "m.gguf"), num_slots=1024, quantized_weights=False) as exact, \
-            ak.Engine(str(tmp_path / "m.gguf"), num_slots=1024) as kept:
+    with (
+        ak.Engine(str(src), num_slots=1024) as ref,
+        ak.Engine(str(tmp_path / "m.gguf"), num_slots=1024, quantized_weights=False) as exact,
+        ak.Engine(str(tmp_path / "m.gguf"), num_slots=1024) as kept,
+    ):
         for ours in (exact, kept):
             assert ours.model_config.family == family and ours.model_config.num_experts == ref.model_config.num_experts
             assert ours.model_config.layer_windows == ref.model_config.layer_windows

@@ -1,5 +1,5 @@
 """Rule automata built in C (csrc/dfa_build.c, dfa_minimize.c) against the Python twin
-(dfa_python.py, minimize.py), and the linked automaton's live states (csrc/trim.c) against
+(automata/dfa_python.py, automata/minimize.py), and the linked automaton's live states (csrc/trim.c) against
 automaton._live_python.
 
 The C result must be the minimal DFA of the same language: the same language as the Python one
@@ -12,12 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentkv.grammar import automaton, dfa, native
-from agentkv.grammar.dfa_python import product
-from agentkv.grammar.expr import Alt, Diff, Intersect, Ref, Repeat, chars, lit, seq
-from agentkv.grammar.json_numbers import multiple_of
-from agentkv.grammar.minimize import minimize
-from agentkv.grammar.regex import match_expr, search_expr
+from agentkv.grammar import native
+from agentkv.grammar.automata import automaton, dfa
+from agentkv.grammar.automata.dfa_python import product
+from agentkv.grammar.automata.expr import Alt, Diff, Intersect, Ref, Repeat, chars, lit, seq
+from agentkv.grammar.automata.minimize import minimize
+from agentkv.grammar.automata.regex import match_expr, search_expr
+from agentkv.grammar.schema.numbers import multiple_of
 from tests.grammar_helpers import live_and_classes, same_language
 from tests.test_grammar_regex import patterns
 

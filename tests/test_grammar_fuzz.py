@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentkv.grammar import GrammarError, Matcher
-from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization
-from agentkv.grammar.validation import SchemaCheck, validator_class
+from agentkv.grammar.schema.validation import SchemaCheck, validator_class
+from agentkv.grammar.schema.walk import SearchBudgetExceeded, find_serialization
 from tests.conftest import shared_data
 from tests.grammar_helpers import BYTE_COMPILER
 from tests.test_schemastore import schemastore_documents

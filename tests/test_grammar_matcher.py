@@ -193,7 +193,7 @@ def test_mask_cache_is_bounded(monkeypatch):
 
 
 def test_grammar_caches_count_what_they_evict(monkeypatch):
-    from agentkv.grammar import dfa
+    from agentkv.grammar.automata import dfa
 
     info = TokenizerInfo([b"a", b"b", None], eos_ids=[2])
     compiler = GrammarCompiler(info, cache_size=1)

@@ -1,4 +1,4 @@
-"""DFA minimization in Python (minimize.py) and the top-state token sets (token_walk.py).
+"""DFA minimization in Python (automata/minimize.py) and the top-state token sets (tokens/walk.py).
 
 Minimized DFAs are checked against the DFA they came from (same language, explored pair by pair)
 and against a plain Python partition refinement (same number of states); masks built from shared
@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import agentkv.grammar.automata.minimize as minimize_mod
 import agentkv.grammar.compiled as compiled
-import agentkv.grammar.minimize as minimize_mod
 from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
-from agentkv.grammar.dfa import determinize
-from agentkv.grammar.minimize import minimize
-from agentkv.grammar.regex import search_expr
+from agentkv.grammar.automata.dfa import determinize
+from agentkv.grammar.automata.minimize import minimize
+from agentkv.grammar.automata.regex import search_expr
 from tests.grammar_helpers import live_and_classes, same_language
 from tests.test_grammar_matcher import assert_mask_is_brute_force
 from tests.test_grammar_regex import patterns

@@ -1,4 +1,4 @@
-"""Pre-tokenizer cuts (splits.py) and the jump-forward they allow: forced tokens stay the tokenizer's
+"""Pre-tokenizer cuts (tokens/splits.py) and the jump-forward they allow: forced tokens stay the tokenizer's
 own, checked against its encoding of whole texts, at 49k (SmolLM2, HF tokenizers) and 151k (Qwen,
 tiktoken) vocabularies."""
 
@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentkv.grammar import GrammarCompiler, Matcher
-from agentkv.grammar.splits import Splitter
-from agentkv.grammar.vocab import QWEN_PATTERN
+from agentkv.grammar.tokens.splits import Splitter
+from agentkv.grammar.tokens.vocab import QWEN_PATTERN
 
 QWEN = Splitter.from_pattern(QWEN_PATTERN)
 
@@ -179,7 +179,7 @@ def unstable_bpe():
     from tokenizers.models import BPE
 
     from agentkv.grammar import TokenizerInfo
-    from agentkv.grammar.vocab import gpt2_byte_decoder
+    from agentkv.grammar.tokens.vocab import gpt2_byte_decoder
 
     vocab = {c: i for i, c in enumerate(sorted(gpt2_byte_decoder()))}
     for merged in ("cÃ", "cd", "bc", "ab", "Ġx", "<eos>"):  # (Ã: the first byte of é, byte-level)

@@ -1,4 +1,4 @@
-"""The token walk's parts against their definitions: the byte trie (token_trie.py) against the
+"""The token walk's parts against their definitions: the byte trie (tokens/trie.py) against the
 vocabulary it holds, text loops against plain text stepped byte by byte, the native walk against
 the Python one (the same StateTokens from every state), and masks against brute force on shapes
 the walk treats specially (class chains, text loops beside declared names, UTF-8 cut short)."""
@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, native, walk_tables
-from agentkv.grammar import token_walk as tw
-from agentkv.grammar.token_trie import build_trie
+from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, native
+from agentkv.grammar.tokens import walk as tw
+from agentkv.grammar.tokens import walk_tables
+from agentkv.grammar.tokens.trie import build_trie
 from tests.grammar_helpers import compile_one, masks_along_a_walk
 
 E = "é".encode()
@@ -85,26 +86,97 @@ SHAPES = [
     ("schema", {"type": "string", "pattern": "^[a-c0-9-]{1,6}$"}),  # a class chain
     ("schema", {"type": "string", "pattern": "^([a-c]{3})+$"}),
     ("schema", {"type": "string", "pattern": "1.1"}),  # a text loop once matched
-    ("schema", {"type": "object", "propertyNames": {"pattern": "^[a-c_]{2,5}$"}, "additionalProperties": {"type": "integer"}}),
-    ("schema", {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer"}}}),
-    ("schema", {"$defs": {"t": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/t"}}, {"type": "string"}]}},
-                "$ref": "#/$defs/t"}),  # recursion: calls pushed, returns below
+    (
+        "schema",
+        {"type": "object", "propertyNames": {"pattern": "^[a-c_]{2,5}$"}, "additionalProperties": {"type": "integer"}},
+    ),
+    (
+        "schema",
+        {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer"}}},
+    ),
+    (
+        "schema",
+        {
+            "$defs": {"t": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/t"}}, {"type": "string"}]}},
+            "$ref": "#/$defs/t",
+        },
+    ),  # recursion: calls pushed, returns below
     ("regex", "[ab]{2,5}1?"),  # the chain's later states may end the text: forks
     ("lark", 'start: w w\nw: /[^"\\x00-\\x1f]/'),  # a rule returning after each character
     ("lark", 'start: w "y"\nw: /[a-wA-W]+/ | "-" w'),
     ("schema", {"type": "string", "maxLength": 6}),
-    ("regex", '[a-e"]+'), ("regex", "[a-f]+y?"),  # loops over a class, tokens leaving it deep below (abcdefgh)
-    ("regex", "[a-i]{1,5}[0-9]?"), ("regex", "[a-c]{2,4}[0-9]{3}"),  # counted repetitions of a class
+    ("regex", '[a-e"]+'),
+    ("regex", "[a-f]+y?"),  # loops over a class, tokens leaving it deep below (abcdefgh)
+    ("regex", "[a-i]{1,5}[0-9]?"),
+    ("regex", "[a-c]{2,4}[0-9]{3}"),  # counted repetitions of a class
     ("schema", {"type": "object", "additionalProperties": {"type": "string", "minLength": 2, "maxLength": 4}}),
 ]
-WORDS = [bytes([c]) for c in range(0x20, 0x7F)] + [E, E[:1], E[1:], "中".encode(), "中".encode()[:2], b"\n"] + [
-    w.encode() for w in ['"', '":', '":"', '":{"', '":[', '",', '"}', '"],', '\\n', '\\"', '\\u00', 'x":', 'ab\\',
-                         'name":', 'name":1', 'nb":', 'é"', 'é":', 'a\n', 'aaaaaaa', 'abcabc1', 'a1a1', 'ab"', '[["',
-                         '["ab"', '"]]', '-ab', 'aby', 'é中', 'xy', 'é1":', '{"é1":null}', '1.1', 'x1.1y',
-                         # plain text of every length up to 9 characters, across a maximum length's room
-                         'ab', 'abc', 'abcd', 'abcde', 'abcdef', 'abcdefg', 'abcdefgh', 'abcdefghi', 'aéé', '中中中中',
-                         'abcd"', 'abcdef"', 'ab\\n', 'Q1', 'R12', 'S123', 'T1234', 'U12345', 'V123456', 'W1234567',
-                         'X12345678', 'Yé中é中é']]
+WORDS = (
+    [bytes([c]) for c in range(0x20, 0x7F)]
+    + [E, E[:1], E[1:], "中".encode(), "中".encode()[:2], b"\n"]
+    + [
+        w.encode()
+        for w in [
+            '"',
+            '":',
+            '":"',
+            '":{"',
+            '":[',
+            '",',
+            '"}',
+            '"],',
+            "\\n",
+            '\\"',
+            "\\u00",
+            'x":',
+            "ab\\",
+            'name":',
+            'name":1',
+            'nb":',
+            'é"',
+            'é":',
+            "a\n",
+            "aaaaaaa",
+            "abcabc1",
+            "a1a1",
+            'ab"',
+            '[["',
+            '["ab"',
+            '"]]',
+            "-ab",
+            "aby",
+            "é中",
+            "xy",
+            'é1":',
+            '{"é1":null}',
+            "1.1",
+            "x1.1y",
+            # plain text of every length up to 9 characters, across a maximum length's room
+            "ab",
+            "abc",
+            "abcd",
+            "abcde",
+            "abcdef",
+            "abcdefg",
+            "abcdefgh",
+            "abcdefghi",
+            "aéé",
+            "中中中中",
+            'abcd"',
+            'abcdef"',
+            "ab\\n",
+            "Q1",
+            "R12",
+            "S123",
+            "T1234",
+            "U12345",
+            "V123456",
+            "W1234567",
+            "X12345678",
+            "Yé中é中é",
+        ]
+    ]
+)
 
 
 def shape_info() -> TokenizerInfo:
@@ -117,8 +189,10 @@ def compile_shape(info, kind, source):
     return compiler.compile_lark(source) if kind == "lark" else compile_one(compiler, kind, source)
 
 
-@pytest.mark.parametrize("kind,source", SHAPES + [("schema", {"type": "string", "maxLength": 9}),
-                                                  ("schema", {"type": "string", "pattern": "^[^a]{0,4}$"})])
+@pytest.mark.parametrize(
+    "kind,source",
+    SHAPES + [("schema", {"type": "string", "maxLength": 9}), ("schema", {"type": "string", "pattern": "^[^a]{0,4}$"})],
+)
 def test_text_reach_is_what_survives(kind, source):
     # A state's reach: every plain text of that many characters survives (a character of 1-4 bytes,
     # cut short too); a text loop (reach: any token's length) every plain text. A state that is not
@@ -147,8 +221,10 @@ def test_text_reach_is_what_survives(kind, source):
             assert not keeps_ascii or not all(survives(q, t) for t in texts), (source, q)
 
 
-@pytest.mark.parametrize("kind,source", SHAPES + [("schema", {"type": "string", "pattern": "^[^.]{1,5}(\\.[^.]{1,5})*$"}),
-                                                  ("regex", "[a-c]{2,4}[0-9]{3}")])
+@pytest.mark.parametrize(
+    "kind,source",
+    SHAPES + [("schema", {"type": "string", "pattern": "^[^.]{1,5}(\\.[^.]{1,5})*$"}), ("regex", "[a-c]{2,4}[0-9]{3}")],
+)
 def test_class_reach_is_what_survives(kind, source):
     # A state's class of bytes carries any text of that class as far as its reach says (strings of
     # up to 4 bytes tried, drawn from the class).
@@ -213,7 +289,7 @@ def test_masks_on_every_shape(kind, source, path, rnd, monkeypatch):
 
 def test_a_string_body_is_a_text_loop():
     # From a string body the plain-text subtrees are allowed unwalked; the masks stay right.
-    words = [w.encode() for w in ["ab", "abc", "b", "a", "é", "ab\"", "\"", "\",", "x\\n", "\\", "n", ","]]
+    words = [w.encode() for w in ["ab", "abc", "b", "a", "é", 'ab"', '"', '",', "x\\n", "\\", "n", ","]]
     info = TokenizerInfo(words + [None], eos_ids=[len(words)])
     g = GrammarCompiler(info).compile_json_schema({"type": "array", "items": {"type": "string"}})
     m = Matcher(g)
@@ -240,8 +316,9 @@ def test_the_native_walk_builds_wherever_there_is_a_compiler():
     import os
     import shutil
 
-    if os.environ.get("AGENTKV_NATIVE_GRAMMAR") == "0" or not (os.environ.get("CC") or shutil.which("cc")
-                                                                 or shutil.which("gcc") or shutil.which("clang")):
+    if os.environ.get("AGENTKV_NATIVE_GRAMMAR") == "0" or not (
+        os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    ):
         pytest.skip("no C compiler, or the native walk turned off")
     assert native._load()[0] is not None, native.unavailable_reason()
 

@@ -1,11 +1,11 @@
-"""$ref across documents (json_refs.py): relative references read against `$id`, embedded resources,
+"""$ref across documents (schema/refs.py): relative references read against `$id`, embedded resources,
 documents supplied by URI, and references that `allOf` carries from one document into another."""
 
 import pytest
 
 from agentkv.grammar import GrammarError
-from agentkv.grammar.json_refs import SchemaResources
-from agentkv.grammar.json_walk import find_serialization
+from agentkv.grammar.schema.refs import SchemaResources
+from agentkv.grammar.schema.walk import find_serialization
 from tests.grammar_helpers import BYTE_COMPILER, STRICT_BYTE_COMPILER
 
 OTHER = {

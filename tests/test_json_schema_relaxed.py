@@ -9,8 +9,8 @@ import random
 import pytest
 
 from agentkv.grammar import GrammarError
-from agentkv.grammar.json_walk import find_serialization
-from agentkv.grammar.validation import SchemaCheck
+from agentkv.grammar.schema.validation import SchemaCheck
+from agentkv.grammar.schema.walk import find_serialization
 from tests.grammar_helpers import BYTE_COMPILER, STRICT_BYTE_COMPILER, accepts
 from tests.test_json_schema_suite import assert_like_jsonschema, assert_values
 
@@ -162,7 +162,8 @@ def test_probes_read_refs_whose_targets_merge_only_by_relaxing():
     written (possibly overlapping), not refused."""
     schema = {"oneOf": [{"type": "string"},
                         {"$ref": "#/$defs/a", "if": {"properties": {"k": {"const": 2}}}, "then": {"required": ["m"]}}],
-              "$defs": {"a": {"type": "object", "if": {"properties": {"k": {"const": 1}}}, "then": {"required": ["n"]}}}}
+              "$defs": {"a": {"type": "object", "if": {"properties": {"k": {"const": 1}}},
+                              "then": {"required": ["n"]}}}}
     g = BYTE_COMPILER.compile_json_schema(schema)
     assert ("#/oneOf", "oneOf") in [(r.pointer, r.keyword) for r in g.relaxed]
     check = SchemaCheck(schema)
@@ -197,16 +198,19 @@ def test_check_reads_given_documents_and_ecma_patterns():
         BYTE_COMPILER.compile_json_schema({"$ref": "https://example.com/missing.json"})
 
 
-@pytest.mark.parametrize("pattern,good,bad", [
-    (r"^\d+$", ["12"], ["\u0661\u0662", "1\u0663"]),  # ECMA's \d is ASCII; Python's takes any digit
-    (r"^\w+$", ["a_1"], ["\u00e9"]),
-    (r"^\s$", [" ", "\u00a0", "\u2028", "\ufeff"], ["x"]),
-    (r"^.$", ["x", "\u00e9"], ["\n", "\r", "\u2028"]),
-    (r"^[^\d]$", ["x"], ["5"]),
-    # ECMA's [^] is any character, [] none; the grammar's reader relaxes them, the check holds them
-    (r"^a[^]b$", ["a\nb"], ["ab"]),
-    (r"^[]a$", [], ["a", "]a"]),
-])
+@pytest.mark.parametrize(
+    "pattern,good,bad",
+    [
+        (r"^\d+$", ["12"], ["\u0661\u0662", "1\u0663"]),  # ECMA's \d is ASCII; Python's takes any digit
+        (r"^\w+$", ["a_1"], ["\u00e9"]),
+        (r"^\s$", [" ", "\u00a0", "\u2028", "\ufeff"], ["x"]),
+        (r"^.$", ["x", "\u00e9"], ["\n", "\r", "\u2028"]),
+        (r"^[^\d]$", ["x"], ["5"]),
+        # ECMA's [^] is any character, [] none; the grammar's reader relaxes them, the check holds them
+        (r"^a[^]b$", ["a\nb"], ["ab"]),
+        (r"^[]a$", [], ["a", "]a"]),
+    ],
+)
 def test_check_reads_patterns_as_ecma_does_like_the_grammar(pattern, good, bad):
     schema = {"type": "string", "pattern": pattern}
     g, check = BYTE_COMPILER.compile_json_schema(schema), SchemaCheck(schema)
@@ -227,10 +231,21 @@ def test_pydantic_constraints_beyond_its_plain_schema():
     from pydantic import Field, HttpUrl, ValidationError, create_model
 
     cases = [
-        (Annotated[decimal.Decimal, Field(max_digits=5, decimal_places=2)],
-         ["1.5", "-999.99", "123.45", '"12.30"', "0"], ["1234.5", "0.001", "1e2", '"1.234"', '"1000"']),
-        (Annotated[decimal.Decimal, Field(max_digits=3)], ["999", "0.12", "1.5", '"9.99"'], ["1000", "0.1234", '"12.34"']),
-        (HttpUrl, ['"https://example.com/a"', '"http://x.org"'], ['"ftp://x.org"', '"mailto:a@b.c"', '"http://"', '"https://?q"']),
+        (
+            Annotated[decimal.Decimal, Field(max_digits=5, decimal_places=2)],
+            ["1.5", "-999.99", "123.45", '"12.30"', "0"],
+            ["1234.5", "0.001", "1e2", '"1.234"', '"1000"'],
+        ),
+        (
+            Annotated[decimal.Decimal, Field(max_digits=3)],
+            ["999", "0.12", "1.5", '"9.99"'],
+            ["1000", "0.1234", '"12.34"'],
+        ),
+        (
+            HttpUrl,
+            ['"https://example.com/a"', '"http://x.org"'],
+            ['"ftp://x.org"', '"mailto:a@b.c"', '"http://"', '"https://?q"'],
+        ),
         (datetime.datetime, ['"2020-01-01T00:00:00Z"'], ['"0000-01-01T00:00:00Z"', '"2016-12-31T23:59:60Z"']),
         (datetime.date, ['"0001-01-01"'], ['"0000-01-01"']),
         (datetime.timedelta, ['"P999999D"', '"PT1.5S"'], ['"P489916829M"', '"P1234567D"']),
@@ -243,7 +258,11 @@ def test_pydantic_constraints_beyond_its_plain_schema():
             assert accepts(g, f'{{"v":{text}}}'), (annotation, text)  # ...and so does its grammar
         for text in bad:  # (most the model refuses too; 1e2 and P1234567D it takes, in forms not offered)
             assert not accepts(g, f'{{"v":{text}}}'), (annotation, text)
-    for annotation, text in [(datetime.date, '"0000-01-01"'), (datetime.timedelta, '"P489916829M"'),
-                             (HttpUrl, '"mailto:a@b.c"'), (datetime.datetime, '"2016-12-31T23:59:60Z"')]:
+    for annotation, text in [
+        (datetime.date, '"0000-01-01"'),
+        (datetime.timedelta, '"P489916829M"'),
+        (HttpUrl, '"mailto:a@b.c"'),
+        (datetime.datetime, '"2016-12-31T23:59:60Z"'),
+    ]:
         with pytest.raises(ValidationError):  # what the plain schema allowed, and the model refuses
             create_model("M", v=(annotation, ...)).model_validate_json(f'{{"v":{text}}}')

@@ -2,7 +2,7 @@
 
 Every case whose schema compiles is checked by walking the instance through the compiled grammar
 (in whichever key order the grammar writes) and, where the grammar relaxed a keyword, by the check
-after generation (validation.py). A case passes when valid instances are accepted and invalid ones
+after generation (schema/validation.py). A case passes when valid instances are accepted and invalid ones
 refused. `tests/data/json_schema_suite_passing.txt` lists the passing cases: losing one fails this
 test; gaining some is reported, and `AGENTKV_UPDATE_RATCHET=1` rewrites the file. An invalid
 instance accepted is never tolerated, recorded or not. A strict compiler must refuse, not relax.
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from agentkv.grammar import GrammarError
-from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization
-from agentkv.grammar.validation import SchemaCheck
+from agentkv.grammar.schema.validation import SchemaCheck
+from agentkv.grammar.schema.walk import SearchBudgetExceeded, find_serialization
 from tests.conftest import shared_data
 from tests.grammar_helpers import BYTE_COMPILER, STRICT_BYTE_COMPILER, check_ratchet
 

@@ -53,7 +53,9 @@ def write_gguf(src_dir, out_path, quant=gguf.GGMLQuantizationType.Q8_0):
     cfg = json.loads((src_dir / "config.json").read_text())
     hf = load_file(str(src_dir / "model.safetensors"))
     w = gguf_writer(out_path, "llama", cfg)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
     names = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
     dequantized = {}
     for name, t in hf.items():
@@ -228,4 +230,6 @@ def test_embedded_tokenizer_matches_hf_conversion():
         assert ours.encode(t) == hf.encode(t, add_special_tokens=False), t
         assert ours.decode(ours.encode(t), skip_special_tokens=False) == t
     messages = [{"role": "user", "content": "Hi there"}]
-    assert ours.apply_chat_template(messages) == hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(messages) == hf.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )

@@ -40,7 +40,18 @@ def _hf(path, dtype=torch.float32):
         ("qwen2", {"tie": False}),
         ("qwen3", {"kv_heads": 4}),
         ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
-        ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+        (
+            "llama",
+            {
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+        ),
         ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}}),
         # mixtures of experts: 4 experts, top-2 (Qwen3-MoE renormalizes the two, Qwen2-MoE adds its
         # shared expert and keeps layer 1 dense, Mixtral names its experts w1/w3/w2)
@@ -77,7 +88,9 @@ def test_tiny_families_match_hf(tmp_path, family, kwargs):
         last, cached = engine_logits(engine, ids, cached_prefix=len(ids) - 1)  # one row: the batch-1 route
         assert cached == len(ids) - 1 and rel_error(last, ref[-1:]) < 1e-4
         x = torch.tensor([ids])
-        expected = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False, eos_token_id=None)[0, len(ids) :]
+        expected = hf.generate(
+            x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False, eos_token_id=None
+        )[0, len(ids) :]
         assert out.token_ids == expected.tolist()
 
 
@@ -88,8 +101,10 @@ def test_partial_rotary_and_longrope_on_each_path(tmp_path, native):
     HF's bf16 is; HF's model really rotates part of each head (its config says so)."""
     path = make_tiny_model(tmp_path / "phi4", "phi3", tie=False, config=PHI4_ROPE)
     hf = _hf(path)
-    assert hf.config.rope_parameters["rope_type"] == "longrope" and hf.config.rope_parameters.get("partial_rotary_factor",
-                                                                                                    hf.config.partial_rotary_factor) == 0.75
+    assert (
+        hf.config.rope_parameters["rope_type"] == "longrope"
+        and hf.config.rope_parameters.get("partial_rotary_factor", hf.config.partial_rotary_factor) == 0.75
+    )
     with ak.Engine(str(path), num_slots=1024, native_kernels=native) as engine:
         ids = engine.tokenizer.encode(TEXT)
         assert len(ids) > ROTATION_MAX_TOKENS  # the prefill takes the element-wise form on torch ops
@@ -113,10 +128,18 @@ def test_longrope_tables_past_the_pretrained_length():
     from transformers.models.phi3.configuration_phi3 import Phi3Config
     from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
-    hf_cfg = Phi3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
-                        pad_token_id=None, rope_theta=10000.0, **{k: v for k, v in PHI4_ROPE.items()})
-    ours = RotaryEmbedding(ModelConfig.from_hf({**hf_cfg.to_dict(), "architectures": ["Phi3ForCausalLM"],
-                                                **PHI4_ROPE}), 600)
+    hf_cfg = Phi3Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=300,
+        pad_token_id=None,
+        rope_theta=10000.0,
+        **{k: v for k, v in PHI4_ROPE.items()},
+    )
+    ours = RotaryEmbedding(
+        ModelConfig.from_hf({**hf_cfg.to_dict(), "architectures": ["Phi3ForCausalLM"], **PHI4_ROPE}), 600
+    )
     hf = Phi3RotaryEmbedding(hf_cfg)
     x = torch.zeros(1, 1, 16)
     for positions in (torch.arange(0, 256), torch.arange(0, 600)):  # within the pretrained length; past it
@@ -210,8 +233,9 @@ def test_packed_linear_bf16(bias):
             torch.testing.assert_close(lin(x[:t], r[:t]).float(), exact + r[:t].float(), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("scaling", [RopeScaling(),
-                                     RopeScaling("yarn", factor=4.0, original_max_position_embeddings=64)])
+@pytest.mark.parametrize(
+    "scaling", [RopeScaling(), RopeScaling("yarn", factor=4.0, original_max_position_embeddings=64)]
+)
 def test_rope_rotation_matrix_matches_elementwise(scaling):
     """Small CPU passes rotate q/k with one matmul by per-position matrices; larger ones element-wise.
     Both are the half-split rotation."""
@@ -274,7 +298,9 @@ def hf_smollm():
     from agentkv.engine.loader import embedded_model_path
 
     path = embedded_model_path()
-    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
 
 
 def hf_logits(model, ids):
@@ -301,7 +327,9 @@ def test_embedded_greedy_matches_hf_generate(smollm, hf_smollm):
     for ids, out in zip(prompts, outs):
         x = torch.tensor([ids])
         # an explicit mask: otherwise HF masks every <|im_end|> in the prompt, since it is also the pad token
-        expected = hf_smollm.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32, do_sample=False, eos_token_id=None)
+        expected = hf_smollm.generate(
+            x, attention_mask=torch.ones_like(x), max_new_tokens=32, do_sample=False, eos_token_id=None
+        )
         assert out.token_ids == expected[0, len(ids) :].tolist()
 
 

@@ -135,7 +135,8 @@ def test_the_step_refuses_bad_indices(tmp_path, monkeypatch):
             assert kernels.decode_step(model, ids, pos, loc, table, rows, one, logits) == code
         table[0, 0] = 10**6
         assert kernels.decode_step(model, one, one, one, table, one, one, logits) == 5
-        assert kernels.decode_step(model, one, one, one, table, one, torch.tensor([1]), logits) == 6  # a token not in the pass
+        # a token not in the pass
+        assert kernels.decode_step(model, one, one, one, table, one, torch.tensor([1]), logits) == 6
         table[0, 0] = 0
         assert torch.equal(logits, torch.full((1, vocab), 7.0))  # nothing written
         assert engine.generate("still serving", max_tokens=3).finish_reason == "length"
@@ -158,9 +159,11 @@ def test_native_step_option(tmp_path, monkeypatch):
 def test_embedded_greedy_equals_the_exact_path():
     """The default path (int8 activations, the top logits re-scored) decodes what the dequantized fp32
     model decodes, on these prompts."""
-    prompts = [[{"role": "user", "content": "What is the capital of France?"}],
-               [{"role": "user", "content": "Write a short story about a robot learning to paint."}],
-               [{"role": "user", "content": "List three colors."}]]
+    prompts = [
+        [{"role": "user", "content": "What is the capital of France?"}],
+        [{"role": "user", "content": "Write a short story about a robot learning to paint."}],
+        [{"role": "user", "content": "List three colors."}],
+    ]
     with ak.Engine(num_slots=2048) as engine:
         assert engine._core.runner.native_step is not None
         ours = [engine.chat(p, max_tokens=32, temperature=0.0).content for p in prompts]

@@ -253,7 +253,7 @@ def test_a_bare_decimal_is_text_decimal_reads(text):
     bare `{"type": "string"}` let the model write "20721.34MfSBZ"), and every such text validates."""
     from pydantic import TypeAdapter
 
-    from agentkv.grammar.pydantic_schema import constrained_generator
+    from agentkv.grammar.schema.pydantic import constrained_generator
 
     schema = _m("Amount", decimal.Decimal).model_json_schema(schema_generator=constrained_generator())
     text_form = schema["properties"]["value"]["anyOf"][1]

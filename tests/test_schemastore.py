@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from agentkv.grammar import GrammarCompiler, GrammarError, Matcher
-from agentkv.grammar.json_refs import documents_by_id
-from agentkv.grammar.json_walk import SearchBudgetExceeded, find_serialization
-from agentkv.grammar.validation import SchemaCheck
+from agentkv.grammar.schema.refs import documents_by_id
+from agentkv.grammar.schema.validation import SchemaCheck
+from agentkv.grammar.schema.walk import SearchBudgetExceeded, find_serialization
 from tests.conftest import shared_data
 from tests.grammar_helpers import check_ratchet
 

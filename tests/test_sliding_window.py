@@ -1,8 +1,9 @@
-"""Sliding-window attention (and Gemma 2's soft-capped scores) in every backend that does it (torch's padded, shared and in-place
-decode routes and its extends; the C kernel's AVX-512 and plain-C bodies, with split keys; Triton's
-decode and extend kernels, interpreted on CPU) against a dense reference that masks keys more than
-`window - 1` positions before each query. The model-level check against HF is in
-test_model_parity.py (Mistral, Qwen2's upper layers, Mixtral)."""
+"""Sliding-window attention (and Gemma 2's soft-capped scores) in every backend that does it
+(torch's padded, shared and in-place decode routes and its extends; the C kernel's AVX-512 and
+plain-C bodies, with split keys; Triton's decode and extend kernels, interpreted on CPU) against
+a dense reference that masks keys more than `window - 1` positions before each query. The
+model-level check against HF is in test_model_parity.py (Mistral, Qwen2's upper layers,
+Mixtral)."""
 
 from __future__ import annotations
 
@@ -41,8 +42,14 @@ def mixed_batch(seed, heads, kv_heads, decode_only=False, long=False):
         plans = [(free[:1199], 1), ([], 70)]
         free = free[1199:]
     else:
-        plans = [(shared + free[:5], 1), (shared + free[5:17], 1), (shared[:25], 1), (free[17:40], 1),
-                 ([], 9), (shared[:30], 6)]
+        plans = [
+            (shared + free[:5], 1),
+            (shared + free[5:17], 1),
+            (shared[:25], 1),
+            (free[17:40], 1),
+            ([], 9),
+            (shared[:30], 6),
+        ]
         free = free[40:]
         plans = plans[:4] if decode_only else plans
     table = torch.zeros(8, 1300, dtype=torch.int64)
@@ -96,8 +103,14 @@ def test_torch_single_decode_window(in_place):
     slots = torch.arange(50, 50 + seq) if in_place else torch.randperm(199, generator=g)[:seq] + 1
     table = torch.zeros(2, 64, dtype=torch.int64)
     table[0, :seq] = slots
-    batch = (AttentionMetadata(table, torch.arange(1), [seq], [1], 1, slots[-1:], host_table=table), torch.randn(1, 6, D, generator=g),
-             torch.randn(1, 2, D, generator=g), torch.randn(1, 2, D, generator=g), k_cache, v_cache)
+    batch = (
+        AttentionMetadata(table, torch.arange(1), [seq], [1], 1, slots[-1:], host_table=table),
+        torch.randn(1, 6, D, generator=g),
+        torch.randn(1, 2, D, generator=g),
+        torch.randn(1, 2, D, generator=g),
+        k_cache,
+        v_cache,
+    )
     backend = get_backend("torch")
     check(backend, batch, 9)
     assert (backend.decode_run is not None) == in_place

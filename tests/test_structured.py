@@ -212,7 +212,7 @@ def test_pydantic_models_are_closed_unless_they_allow_extra(tiny_engine):
         model_config = ConfigDict(extra="allow")
         a: bool
 
-    from agentkv.grammar.json_walk import find_serialization
+    from agentkv.grammar.schema.walk import find_serialization
 
     compiler = tiny_engine.grammar_compiler
     assert find_serialization(compiler.compile_json_schema(Closed), {"a": True, "b": 1}) is None

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 import agentkv as ak
 from agentkv.grammar import Matcher
-from agentkv.grammar.json_refs import SchemaResources
+from agentkv.grammar.schema.refs import SchemaResources
 from tests.conftest import requires_embedded, shared_data
 
 pytestmark = [pytest.mark.slow, requires_embedded]
@@ -60,22 +60,43 @@ class Order(BaseModel):
 
 
 TOOLS = {
-    "get_weather": {"type": "object", "properties": {
-        "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"],
-        "additionalProperties": False},
-    "search_flights": {"type": "object", "properties": {
-        "origin": {"type": "string", "pattern": "^[A-Z]{3}$"}, "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
-        "date": {"type": "string", "format": "date"}, "passengers": {"type": "integer", "minimum": 1, "maximum": 9}},
-        "required": ["origin", "destination", "date", "passengers"], "additionalProperties": False},
-    "send_email": {"type": "object", "properties": {
-        "to": {"type": "string", "format": "email"}, "subject": {"type": "string", "maxLength": 60},
-        "urgent": {"type": "boolean"}}, "required": ["to", "subject", "urgent"], "additionalProperties": False},
+    "get_weather": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+    "search_flights": {
+        "type": "object",
+        "properties": {
+            "origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
+            "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
+            "date": {"type": "string", "format": "date"},
+            "passengers": {"type": "integer", "minimum": 1, "maximum": 9},
+        },
+        "required": ["origin", "destination", "date", "passengers"],
+        "additionalProperties": False,
+    },
+    "send_email": {
+        "type": "object",
+        "properties": {
+            "to": {"type": "string", "format": "email"},
+            "subject": {"type": "string", "maxLength": 60},
+            "urgent": {"type": "boolean"},
+        },
+        "required": ["to", "subject", "urgent"],
+        "additionalProperties": False,
+    },
 }
 
 
 def tool_call_schema(name: str) -> dict:
-    return {"type": "object", "properties": {"name": {"const": name}, "arguments": TOOLS[name]},
-            "required": ["name", "arguments"], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": name}, "arguments": TOOLS[name]},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +141,13 @@ def test_schemastore_samples_validate(engine):
     schemas = [json.loads((root / f"{n}.json").read_text())["schema"] for n in names]
     # those that need no other document (test_schemastore.py compiles the rest with `documents=`)
     schemas = [s for s in schemas if not SchemaResources(s).missing]
-    jobs = [(ask(f"Write a JSON document for the schema titled {s.get('title', 'data')!r}."),
-             {"schema": s, "temperature": 1.0, "seed": i, "max_tokens": 128}) for i, s in enumerate(schemas)]
+    jobs = [
+        (
+            ask(f"Write a JSON document for the schema titled {s.get('title', 'data')!r}."),
+            {"schema": s, "temperature": 1.0, "seed": i, "max_tokens": 128},
+        )
+        for i, s in enumerate(schemas)
+    ]
     outs = asyncio.run(_gather(engine, jobs))
     finished = caught = 0
     for s, out in zip(schemas, outs):
@@ -137,8 +163,10 @@ def test_schemastore_samples_validate(engine):
             jsonschema.validate(json.loads(out.text), python_regexes(s))
         else:
             assert out.finish_reason == "length", out.finish_reason
-    print(f"\nSchemaStore at temperature 1.0: {finished}/{len(schemas)} finished within 128 tokens, all valid "
-          f"but {caught} refused by the check after generation (relaxed keywords)")
+    print(
+        f"\nSchemaStore at temperature 1.0: {finished}/{len(schemas)} finished within 128 tokens, all valid "
+        f"but {caught} refused by the check after generation (relaxed keywords)"
+    )
     assert finished >= len(schemas) // 4
 
 
@@ -171,14 +199,18 @@ def _canonical_forced_spans(grammar, token_ids) -> bool:
 
 def test_tool_calls_greedy_on_and_off(engine):
     jobs, expected = [], []
-    requests = {"get_weather": "What's the weather in Paris, in celsius?",
-                "search_flights": "Find a flight from JFK to LHR on 2025-03-01 for 2 people.",
-                "send_email": "Email bob@example.com that the report is late. It is urgent."}
+    requests = {
+        "get_weather": "What's the weather in Paris, in celsius?",
+        "search_flights": "Find a flight from JFK to LHR on 2025-03-01 for 2 people.",
+        "send_email": "Email bob@example.com that the report is late. It is urgent.",
+    }
     for name, text in requests.items():
         msgs = ask(f"Call the tool {name} for this request: {text}")
         expected.append((name, engine.render(msgs)))
         for jf in (True, False):
-            jobs.append((msgs, {"schema": tool_call_schema(name), "temperature": 0.0, "max_tokens": 160, "jump_forward": jf}))
+            jobs.append(
+                (msgs, {"schema": tool_call_schema(name), "temperature": 0.0, "max_tokens": 160, "jump_forward": jf})
+            )
     outs = asyncio.run(_gather(engine, jobs))
     compared = 0
     for k, (name, prompt) in enumerate(expected):

@@ -167,19 +167,26 @@ def test_prompts_native_and_injected():
     assert native.system_message("Be brief.", defs) == {"role": "system", "content": "Be brief."}
     assert native.template_tools(defs) == defs
     call = ToolCall("add", {"a": 1, "b": 2}, "call_1_0")
-    assert native.results_messages([(call, "3")]) == [{"role": "tool", "name": "add", "tool_call_id": "call_1_0", "content": "3"}]
+    assert native.results_messages([(call, "3")]) == [
+        {"role": "tool", "name": "add", "tool_call_id": "call_1_0", "content": "3"}]
     injected = ToolCallFormat(False)
     system = injected.system_message("Be brief.", defs)["content"]
     assert system.startswith("Be brief.") and json.dumps(defs[0]) in system and "<tool_call>" in system
     assert injected.template_tools(defs) is None
     assert injected.results_messages([(call, "3"), (call, "4")]) == [
-        {"role": "user", "content": "<tool_response>\n3\n</tool_response>\n<tool_response>\n4\n</tool_response>"}]
+        {"role": "user", "content": "<tool_response>\n3\n</tool_response>\n<tool_response>\n4\n</tool_response>"}
+    ]
 
 
 def test_closed_schema_leaves_values_alone():
-    schema = {"type": "object", "properties": {"properties": {"type": "object", "default": {"type": "object"}},
-                                               "c": {"const": {"properties": {}}}},
-              "$defs": {"D": {"properties": {"x": {}}, "additionalProperties": True}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "default": {"type": "object"}},
+            "c": {"const": {"properties": {}}},
+        },
+        "$defs": {"D": {"properties": {"x": {}}, "additionalProperties": True}},
+    }
     closed = closed_schema(schema)
     assert closed["additionalProperties"] is False
     assert closed["properties"]["properties"]["additionalProperties"] is False

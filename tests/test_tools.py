@@ -44,7 +44,11 @@ def test_schema_from_signature_and_docstring():
     p = get_weather.parameters
     assert p["type"] == "object" and p["required"] == ["where"] and p["additionalProperties"] is False
     props = p["properties"]
-    assert props["days"] == {"type": "integer", "default": 1, "description": "How many days to forecast, counting today."}
+    assert props["days"] == {
+        "type": "integer",
+        "default": 1,
+        "description": "How many days to forecast, counting today.",
+    }
     assert props["mode"]["enum"] == ["brief", "full"]
     assert props["unit"]["description"] == "Celsius or Fahrenheit." and "title" not in props["unit"]
     assert "title" not in p
@@ -66,14 +70,17 @@ def test_validate_converts_and_calls():
     assert asyncio.run(get_weather.acall({"where": {"city": "Oslo"}, "tags": ["x"]})) == "Oslo:C:1:['x']:brief"
 
 
-@pytest.mark.parametrize("args, problem", [
-    ("{not json", "not JSON"),
-    ("[1]", "JSON object"),
-    ({"unit": "C"}, "where: Field required"),
-    ({"where": {"city": "Oslo"}, "days": "many"}, "days"),
-    ({"where": {"city": "Oslo"}, "extra": 1}, "extra"),
-    ({"where": {"city": "Oslo"}, "unit": "K"}, "unit"),
-])
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        ("{not json", "not JSON"),
+        ("[1]", "JSON object"),
+        ({"unit": "C"}, "where: Field required"),
+        ({"where": {"city": "Oslo"}, "days": "many"}, "days"),
+        ({"where": {"city": "Oslo"}, "extra": 1}, "extra"),
+        ({"where": {"city": "Oslo"}, "unit": "K"}, "unit"),
+    ],
+)
 def test_bad_arguments_raise_with_the_field(args, problem):
     with pytest.raises(ak.ToolArgumentsError, match=problem) as err:
         get_weather.validate(args)
@@ -95,9 +102,12 @@ def test_functions_that_cannot_be_tools():
     with pytest.raises(ak.ToolDefinitionError, match="annotation"):
         ak.tool(lambda x: x)
     with pytest.raises(ak.ToolDefinitionError, match=r"\*args"):
+
         @ak.tool
         def f(*args: int) -> None: ...
+
     with pytest.raises(ak.ToolDefinitionError, match="no JSON schema"):
+
         @ak.tool
         def g(callback: type) -> None: ...
 

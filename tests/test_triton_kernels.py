@@ -17,7 +17,8 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
 
 from agentkv.errors import RequestError  # noqa: E402
 from agentkv.kernels import get_backend  # noqa: E402
-from agentkv.kernels.base import AttentionMetadata, auto_backend  # noqa: E402
+from agentkv.kernels.base import AttentionMetadata  # noqa: E402
+from agentkv.kernels.registry import auto_backend  # noqa: E402
 from agentkv.kernels.token_mask import apply_token_bitmask, unpack_bitmask  # noqa: E402
 from agentkv.kernels.triton_decode import decode_attention  # noqa: E402
 from agentkv.kernels.triton_extend import extend_attention  # noqa: E402

@@ -26,14 +26,17 @@ from agentkv.agents._context import RunContext
 from agentkv.agents._engine import AgentEngine
 from agentkv.agents._mcp import MCPToolset
 from agentkv.agents._output import OutputSpec
-from agentkv.agents._result import AgentEvent, AgentResult
+from agentkv.agents._result import AgentEvent, AgentResult, RunEnd
+from agentkv.agents._run import AgentRun
 from agentkv.agents._tools import Tool, tool
 from agentkv.chat.calls import tool_name_problem
 from agentkv.chat.formats import ToolFormat
 from agentkv.chat.reasoning import ReasoningFormat
 from agentkv.defaults import LIBRARY_MAX_TOKENS, LIBRARY_TEMPERATURE
+from agentkv.engine.sampling_params import SamplingParams
 from agentkv.errors import AgentError, EngineClosedError, RequestError
 from agentkv.syncio import Awaitable, EventStream, iterate_sync, run_sync
+from agentkv.typed import default_engine
 
 MODES = ("auto", "required", "none")
 
@@ -75,15 +78,30 @@ class Agent:
     temperature and max_tokens default as the whole library does (agentkv/defaults.py).
     """
 
-    def __init__(self, instructions: str | Callable | Sequence[str | Callable] = "", tools: Sequence[Any] = (), *,
-                 name: str = "agent", description: str = "", output_type: Any = None, deps_type: Any = None,
-                 handoffs: Sequence[Agent] = (), prepare_tools: Callable | None = None, tool_choice: str = "auto",
-                 max_steps: int = 8, retries: int = 1, output_retries: int | None = None,
-                 parallel_tool_calls: bool = True, rerun_calls: bool = False, engine: AgentEngine | None = None, pin: bool = True,
-                 chat_template_kwargs: dict | None = None, temperature: float = LIBRARY_TEMPERATURE,
-                 max_tokens: int = LIBRARY_MAX_TOKENS, **sampling: Any):
-        from agentkv.engine.sampling_params import SamplingParams
-
+    def __init__(
+        self,
+        instructions: str | Callable | Sequence[str | Callable] = "",
+        tools: Sequence[Any] = (),
+        *,
+        name: str = "agent",
+        description: str = "",
+        output_type: Any = None,
+        deps_type: Any = None,
+        handoffs: Sequence[Agent] = (),
+        prepare_tools: Callable | None = None,
+        tool_choice: str = "auto",
+        max_steps: int = 8,
+        retries: int = 1,
+        output_retries: int | None = None,
+        parallel_tool_calls: bool = True,
+        rerun_calls: bool = False,
+        engine: AgentEngine | None = None,
+        pin: bool = True,
+        chat_template_kwargs: dict | None = None,
+        temperature: float = LIBRARY_TEMPERATURE,
+        max_tokens: int = LIBRARY_MAX_TOKENS,
+        **sampling: Any,
+    ):
         parts = list(instructions) if isinstance(instructions, (list, tuple)) else [instructions]
         if not all(isinstance(p, str) or callable(p) for p in parts):
             raise RequestError("instructions must be a string, a function of the run context, or a list of those")
@@ -101,8 +119,10 @@ class Agent:
         for target in handoffs:
             self._add_handoff(target)
         if tool_choice not in MODES and tool_choice not in self.tools:
-            raise RequestError(f"tool_choice={tool_choice!r} is neither one of {list(MODES)} nor a tool's name "
-                               f"({sorted(self.tools) or 'no tools given'})")
+            raise RequestError(
+                f"tool_choice={tool_choice!r} is neither one of {list(MODES)} nor a tool's name "
+                f"({sorted(self.tools) or 'no tools given'})"
+            )
         if tool_choice != "none" and tool_choice != "auto" and not self.tools:
             raise RequestError(f"tool_choice={tool_choice!r} needs tools; pass tools=[...]")
         if not isinstance(max_steps, int) or max_steps < 1:
@@ -119,10 +139,14 @@ class Agent:
         self.tool_choice, self.max_steps, self.retries = tool_choice, max_steps, retries
         self.output_retries = retries if output_retries is None else output_retries
         self.parallel_tool_calls, self.rerun_calls = parallel_tool_calls, rerun_calls
-        self.params = SamplingParams().with_(temperature=temperature, max_tokens=max_tokens, **sampling)  # names unknown ones
+        self.params = SamplingParams().with_(
+            temperature=temperature, max_tokens=max_tokens, **sampling
+        )  # names unknown ones
         if self.params.structured or self.params.n != 1:
-            raise RequestError("an Agent sets the grammar of each step itself; give output_type=, not "
-                               "json_schema/regex/grammar, and n=1")
+            raise RequestError(
+                "an Agent sets the grammar of each step itself; give output_type=, not "
+                "json_schema/regex/grammar, and n=1"
+            )
         self._engine, self._want_pin = engine, pin
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._setup_lock = threading.Lock()
@@ -194,16 +218,24 @@ class Agent:
 
     # ---- running ----------------------------------------------------------------------------------
 
-    def run(self, input: str | Sequence[dict] | None = None, *, history: Sequence[dict] | None = None,
-            deps: Any = None, approvals: dict[str, bool | str] | None = None, engine: AgentEngine | None = None) -> Awaitable:
+    def run(
+        self,
+        input: str | Sequence[dict] | None = None,
+        *,
+        history: Sequence[dict] | None = None,
+        deps: Any = None,
+        approvals: dict[str, bool | str] | None = None,
+        engine: AgentEngine | None = None,
+    ) -> Awaitable:
         """`await agent.run(...)`: run to the output. `input` is the user's message (or messages);
         `history` a previous result's `messages` to continue that conversation (its system messages
         are replaced by this agent's); `deps` what tools and instruction functions get as
         `ctx.deps`; `approvals` answers a run that ended waiting for approval ({call id: True, or
         False / a reason to refuse}). Called without await (the form before 0.2), it runs
         synchronously with a DeprecationWarning; use `run_sync`."""
-        return Awaitable(lambda: self._run(input, history=history, deps=deps, approvals=approvals, engine=engine),
-                         "Agent.run_sync")
+        return Awaitable(
+            lambda: self._run(input, history=history, deps=deps, approvals=approvals, engine=engine), "Agent.run_sync"
+        )
 
     def run_sync(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AgentResult:
         """`run` from synchronous code (also where an event loop is running: on a thread of its own)."""
@@ -215,15 +247,20 @@ class Agent:
         return await self.run(input, **kw)
 
     async def _run(self, input, **options) -> AgentResult:
-        from agentkv.agents._result import RunEnd
-
         async for event in self._events(input, where="Agent.run", **options):
             if isinstance(event, RunEnd):
                 return event.result
         raise AgentError("the run ended without a result")  # unreachable: a run ends with RunEnd or raises
 
-    def stream(self, input: str | Sequence[dict] | None = None, *, history: Sequence[dict] | None = None,
-               deps: Any = None, approvals: dict | None = None, engine: AgentEngine | None = None) -> EventStream:
+    def stream(
+        self,
+        input: str | Sequence[dict] | None = None,
+        *,
+        history: Sequence[dict] | None = None,
+        deps: Any = None,
+        approvals: dict | None = None,
+        engine: AgentEngine | None = None,
+    ) -> EventStream:
         """`async for event in agent.stream(...)`: the run's events as they happen (StepStart,
         TextDelta, ToolCallEvent, ToolResultEvent, StepEnd, and RunEnd with the result). Iterated
         with a plain `for` (the form before 0.2) it runs synchronously with a DeprecationWarning;
@@ -235,21 +272,30 @@ class Agent:
 
     def astream(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AsyncIterator[AgentEvent]:
         """Deprecated: `agent.stream(...)`."""
-        warnings.warn("Agent.astream is deprecated: use `async for event in agent.stream(...)`", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "Agent.astream is deprecated: use `async for event in agent.stream(...)`", DeprecationWarning, stacklevel=2
+        )
         return self._events(input, **kw)
 
-    def _events(self, input, *, history=None, deps=None, approvals=None, engine: AgentEngine | None = None, where: str = "Agent.stream",
-                **unknown) -> AsyncIterator[AgentEvent]:
+    def _events(
+        self,
+        input,
+        *,
+        history=None,
+        deps=None,
+        approvals=None,
+        engine: AgentEngine | None = None,
+        where: str = "Agent.stream",
+        **unknown,
+    ) -> AsyncIterator[AgentEvent]:
         _refuse(unknown, where)
-        from agentkv.agents._run import AgentRun
-
         if self._closed:
             raise AgentError("this agent is closed; make a new Agent")
         return AgentRun(self, input, history, deps, approvals, engine).events()
 
-    async def run_batch(self, inputs: Sequence[str | Sequence[dict]], *, deps: Any = None,
-                        max_concurrency: int | None = None) -> list[AgentResult]:
+    async def run_batch(
+        self, inputs: Sequence[str | Sequence[dict]], *, deps: Any = None, max_concurrency: int | None = None
+    ) -> list[AgentResult]:
         """Run many inputs concurrently (at most `max_concurrency` at once); the engine batches their
         steps, all sharing the pinned prompt. Results are in the order of `inputs`."""
         if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
@@ -269,8 +315,6 @@ class Agent:
 
     @property
     def engine(self) -> AgentEngine:
-        from agentkv.typed import default_engine
-
         return self._engine or default_engine()
 
     @contextlib.contextmanager
@@ -298,8 +342,11 @@ class Agent:
                 system = fmt.system_message(self._instructions_with_output(), defs)
                 s = Setup(fmt, engine.reasoning, system, defs, self._second_system_renders(engine, system))
                 if self._want_pin and engine.config.cache.enable_radix_cache:
-                    s.pin = engine.pin(engine.conversation_prefix([system], tools=fmt.template_tools(defs),
-                                                                  **self.chat_template_kwargs))
+                    s.pin = engine.pin(
+                        engine.conversation_prefix(
+                            [system], tools=fmt.template_tools(defs), **self.chat_template_kwargs
+                        )
+                    )
                     self._held["pins"].append((engine, s.pin))
                 self._setups[id(engine)] = got = (engine, s)
             return got[1]
@@ -316,8 +363,10 @@ class Agent:
             return False
         mark = "\x1fagentkv-instructions\x1f"
         try:
-            text = engine.render([system, {"role": "system", "content": mark}, {"role": "user", "content": "?"}],
-                                 **self.chat_template_kwargs)
+            text = engine.render(
+                [system, {"role": "system", "content": mark}, {"role": "user", "content": "?"}],
+                **self.chat_template_kwargs,
+            )
         except Exception:  # noqa: BLE001 - a template that raises on it (jinja's raise_exception)
             return False
         return mark in text
@@ -368,8 +417,9 @@ class Agent:
 
 def _refuse(unknown: dict, where: str) -> None:
     if unknown:
-        raise RequestError(f"{where} got unknown options {sorted(unknown)}: it takes input, history, deps, "
-                           "approvals and engine")
+        raise RequestError(
+            f"{where} got unknown options {sorted(unknown)}: it takes input, history, deps, approvals and engine"
+        )
 
 
 def _release(held: dict, toolsets: list) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from agentkv.agents._tools import Tool
 from agentkv.errors import ToolArgumentsError, ToolDefinitionError
+from agentkv.grammar.schema.validation import schema_check
 
 
 class MCPToolError(RuntimeError):
@@ -43,8 +44,6 @@ class MCPTool(Tool):
         return True
 
     def validate(self, arguments: dict | str) -> dict[str, Any]:
-        from agentkv.grammar.validation import schema_check
-
         arguments = self.arguments_dict(arguments)
         problem = schema_check(self.parameters).error(arguments)
         if problem is not None:

@@ -20,7 +20,10 @@ import json
 from collections.abc import Callable
 from typing import Any, Union
 
-from agentkv.errors import IncompleteOutputError, OutputValidationError, RequestError
+from agentkv.agents._tools import args_model
+from agentkv.errors import RequestError
+from agentkv.grammar.compiler import output_grammar_schema
+from agentkv.grammar.schema.parse import value_parser
 
 
 class OutputSpec:
@@ -39,34 +42,20 @@ class OutputSpec:
         types = []
         for m in members:
             if inspect.isroutine(m):
-                from agentkv.agents._tools import args_model
-
                 model, takes_context = args_model(m)
                 self._functions[model] = (m, takes_context)
                 m = model
             types.append(m)
         self.type = types[0] if len(types) == 1 else Union[tuple(types)]  # noqa: UP007 - built at run time
-        from agentkv.grammar.compiler import output_grammar_schema
-
         self.schema = output_grammar_schema(self.type)  # a GrammarError now for what has no schema
-        self._adapter = None
+        self._parse = None
 
     def parse(self, text: str) -> Any:
         """The value of the JSON text the model wrote; OutputValidationError (with a message for the
         model) where Pydantic refuses it, IncompleteOutputError where it is not whole JSON."""
-        from pydantic import TypeAdapter, ValidationError
-
-        try:
-            json.loads(text)
-        except json.JSONDecodeError as e:
-            raise IncompleteOutputError(f"the output is not complete JSON ({e})", text, None) from None
-        if self._adapter is None:
-            self._adapter = TypeAdapter(self.type)
-        try:
-            return self._adapter.validate_json(text)
-        except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(output)'}: {err['msg']}" for err in e.errors())
-            raise OutputValidationError(f"the output does not validate: {problems}", text, "stop") from None
+        if self._parse is None:
+            self._parse = value_parser(self.type)
+        return self._parse(text)
 
     async def finish(self, value: Any, ctx: Any) -> Any:
         """The run's output for a parsed value: what an output function returns for its arguments

@@ -139,7 +139,8 @@ class AgentRun:
                 if pending:
                     yield RunEnd(self._result(ApprovalRequired(pending)))
                     return
-                handoff = next((r.value for r in step.tool_results if r.call.name in agent.handoffs and not r.repeated), None)
+                handoffs = [r.value for r in step.tool_results if r.call.name in agent.handoffs and not r.repeated]
+                handoff = handoffs[0] if handoffs else None
                 if handoff is not None:
                     mode = await self._hand_to(handoff)
                 continue
@@ -159,9 +160,12 @@ class AgentRun:
             self.usage.retries += 1
             self.tries["output"] = self.tries.get("output", 0) + 1
             if self.tries["output"] > agent.output_retries or index == max_steps:
-                raise AgentRetriesError(f"the model's output failed {self.tries['output']} times (output_retries="
-                                        f"{agent.output_retries}, max_steps={max_steps}): {step.error}",
-                                        step.text, self.errors)
+                raise AgentRetriesError(
+                    f"the model's output failed {self.tries['output']} times (output_retries="
+                    f"{agent.output_retries}, max_steps={max_steps}): {step.error}",
+                    step.text,
+                    self.errors,
+                )
             messages.append({"role": "user", "content": step.error + RETRY})
 
     # ---- tokens carried from step to step -------------------------------------------------------------
@@ -174,7 +178,7 @@ class AgentRun:
         tok = self.engine.tokenizer
         for before, ids in self._carried:  # the longest first
             if text.startswith(before) and len(text) > len(before):
-                return ids + tok.encode(text[len(before):], add_bos=False)
+                return ids + tok.encode(text[len(before) :], add_bos=False)
         return tok.encode(text)
 
     def _carry(self, prompt: str, prompt_ids: list[int], completion) -> None:
@@ -200,13 +204,16 @@ class AgentRun:
         fresh = [c for c in fresh if c.name not in agent.handoffs or c is handoffs[0]]
         pending = [c for c in fresh if agent.tools[c.name].requires_approval]
         runs = [c for c in fresh if c not in pending]
-        ran = dict(zip((c.id for c in runs), await asyncio.gather(*(self._call(agent, c, step.index, span)
-                                                                      for c in runs))))
+        ran = dict(
+            zip((c.id for c in runs), await asyncio.gather(*(self._call(agent, c, step.index, span) for c in runs)))
+        )
         self.made.update((_call_key(r.call), r) for r in ran.values())
         waiting = {c.id: ToolResult(c, "(waiting for approval)") for c in pending}
-        step.tool_results = [ran.get(c.id) or waiting.get(c.id) or
-                             dataclasses.replace(self.made[_call_key(c)], call=c, repeated=True)
-                             for c in step.tool_calls if c in fresh or _call_key(c) in self.made]
+        step.tool_results = [
+            ran.get(c.id) or waiting.get(c.id) or dataclasses.replace(self.made[_call_key(c)], call=c, repeated=True)
+            for c in step.tool_calls
+            if c in fresh or _call_key(c) in self.made
+        ]
         self.usage.tool_calls += len(runs)
         return pending
 
@@ -214,8 +221,9 @@ class AgentRun:
         t = agent.tools[call.name]  # the grammar only writes offered names
         if call.name in agent.handoffs:
             return ToolResult(call, t.func(), agent.handoffs[call.name])
-        ctx = dataclasses.replace(self.ctx, step=index, retry=self.tries.get(call.name, 0), tool_name=call.name,
-                                  tool_call_id=call.id)
+        ctx = dataclasses.replace(
+            self.ctx, step=index, retry=self.tries.get(call.name, 0), tool_name=call.name, tool_call_id=call.id
+        )
         span = tracing.start(f"tool {call.name}", parent, gen_ai__tool__name=call.name, gen_ai__tool__call__id=call.id)
         try:
             value = await t.acall(call.arguments, ctx)
@@ -240,8 +248,11 @@ class AgentRun:
             limit = agent.tools[r.call.name].retries
             limit = agent.retries if limit is None else limit
             if n > limit:
-                raise AgentRetriesError(f"tool {r.call.name!r} refused the model's call {n} times (retries={limit}): "
-                                        f"{r.error}", r.call, self.errors)
+                raise AgentRetriesError(
+                    f"tool {r.call.name!r} refused the model's call {n} times (retries={limit}): {r.error}",
+                    r.call,
+                    self.errors,
+                )
 
     async def _offered(self, agent, withheld: set[str]) -> list:
         """The tools a step offers: the agent's, less the withheld, as `prepare_tools` selects."""
@@ -253,7 +264,9 @@ class AgentRun:
         names = {t.name for t in tools}
         unknown = [getattr(t, "name", t) for t in chosen if getattr(t, "name", None) not in names]
         if unknown:
-            raise RequestError(f"prepare_tools returned {unknown}, which are not among the step's tools {sorted(names)}")
+            raise RequestError(
+                f"prepare_tools returned {unknown}, which are not among the step's tools {sorted(names)}"
+            )
         return list(chosen)
 
     async def _hand_to(self, target) -> str:
@@ -302,14 +315,18 @@ class AgentRun:
             raise RequestError("approvals= was given, but no call in the history waits for one")
         missing = [c["id"] for c in waiting if c["id"] not in self.approvals]
         if missing:
-            raise RequestError(f"calls {missing} wait for approval: give approvals={{call id: True, or False / a reason}}")
+            raise RequestError(
+                f"calls {missing} wait for approval: give approvals={{call id: True, or False / a reason}}"
+            )
         results = []
         for c in waiting:
             fn = c.get("function") or {}
             call = ToolCall(fn.get("name", ""), json.loads(fn.get("arguments") or "{}"), c["id"], fn.get("arguments"))
             verdict = self.approvals[c["id"]]
             if call.name not in self.agent.tools:
-                raise RequestError(f"the call {c['id']} waiting for approval is of {call.name!r}, not a tool of this agent")
+                raise RequestError(
+                    f"the call {c['id']} waiting for approval is of {call.name!r}, not a tool of this agent"
+                )
             if verdict is True:
                 result = await self._call(self.agent, call, 0)
                 self.usage.tool_calls += 1

@@ -13,8 +13,11 @@ from agentkv.chat.reasoning import reply_grammar
 
 
 def agent_prompt(agent, setup, engine, messages: list[dict]) -> str:
-    return engine.render(template_messages(messages, setup.format), tools=setup.format.template_tools(setup.definitions),
-                         **agent.chat_template_kwargs)
+    return engine.render(
+        template_messages(messages, setup.format),
+        tools=setup.format.template_tools(setup.definitions),
+        **agent.chat_template_kwargs,
+    )
 
 
 def step_params(agent, setup, mode: str, offered: list, state: str, markup_free: bool = False):
@@ -30,8 +33,14 @@ def step_params(agent, setup, mode: str, offered: list, state: str, markup_free:
         tools = offered
     if mode != "none" and not tools:
         mode = "none"
-    answer = setup.format.answer_grammar(tools, mode, schema, agent.parallel_tool_calls,
-                                         close_objects=agent.params.close_objects, markup_free=markup_free)
+    answer = setup.format.answer_grammar(
+        tools,
+        mode,
+        schema,
+        agent.parallel_tool_calls,
+        close_objects=agent.params.close_objects,
+        markup_free=markup_free,
+    )
     grammar = reply_grammar(answer, setup.reasoning, state)
     return agent.params.with_(grammar=grammar) if grammar is not None else agent.params
 
@@ -55,13 +64,15 @@ def read_step(agent, setup, index: int, mode: str, completion, state: str = "off
     step.content, calls, end = fmt.parse(answer, cut=cut)
     step.tool_calls = [dataclasses.replace(c, id=f"call_{index}_{k}") for k, c in enumerate(calls)]
     start = fmt.calls_start(answer)
-    before = text[:len(text) - len(answer) + max(start, 0)]
+    before = text[: len(text) - len(answer) + max(start, 0)]
     if completion.complete or start < 0 and agent.output_spec.text and mode == "auto":
         return step, text, before
     if calls:
-        return step, text[:len(text) - len(answer) + end], before
-    step.error = (f"the reply was cut at max_tokens ({agent.params.max_tokens}) before it was complete; "
-                  "write shorter arguments, or fewer calls")
+        return step, text[: len(text) - len(answer) + end], before
+    step.error = (
+        f"the reply was cut at max_tokens ({agent.params.max_tokens}) before it was complete; "
+        "write shorter arguments, or fewer calls"
+    )
     return step, text, before
 
 
@@ -69,4 +80,4 @@ def history_content(fmt, before_calls: str, step: Step) -> str:
     """The assistant turn's text before its calls, as the conversation keeps it: so that the format
     writing it back (text, its separator, the calls) gives what the model wrote."""
     sep = fmt.between_text_and_calls
-    return before_calls[:-len(sep)] if sep and before_calls.endswith(sep) else before_calls
+    return before_calls[: -len(sep)] if sep and before_calls.endswith(sep) else before_calls

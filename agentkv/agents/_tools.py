@@ -28,6 +28,8 @@ from typing import Any, get_type_hints
 from agentkv.agents._context import is_run_context
 from agentkv.chat.calls import tool_name_problem
 from agentkv.errors import ToolArgumentsError, ToolDefinitionError
+from agentkv.grammar.schema.pydantic import constrained_generator
+from agentkv.syncio import run_sync
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,10 @@ class Tool:
     @property
     def definition(self) -> dict:
         """The OpenAI-style definition: {"type": "function", "function": {name, description, parameters}}."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -62,7 +67,9 @@ class Tool:
         try:
             parsed = self.args_model.model_validate(arguments)
         except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(arguments)'}: {err['msg']}" for err in e.errors())
+            problems = "; ".join(
+                f"{'.'.join(map(str, err['loc'])) or '(arguments)'}: {err['msg']}" for err in e.errors()
+            )
             raise ToolArgumentsError(self.name, problems) from None
         return {name: getattr(parsed, name) for name in self.args_model.model_fields}
 
@@ -80,8 +87,6 @@ class Tool:
     def call(self, arguments: dict | str, ctx: Any = None) -> Any:
         """Validate the arguments and run the tool (an async tool runs to completion here, also
         where an event loop is running). `ctx`: the RunContext of a tool that takes one."""
-        from agentkv.syncio import run_sync
-
         result = self.func(*self._context(ctx), **self.validate(arguments))
         return run_sync(result) if inspect.isawaitable(result) else result
 
@@ -101,14 +106,21 @@ class Tool:
         return (ctx,)
 
 
-def tool(func: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
-         retries: int | None = None, requires_approval: bool = False):
+def tool(
+    func: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    retries: int | None = None,
+    requires_approval: bool = False,
+):
     """Make a Tool of a typed function; use as `@ak.tool` or `@ak.tool(name=..., description=...,
     retries=..., requires_approval=...)`. A first parameter annotated `ak.RunContext` receives the
     agent's run context and is not shown to the model."""
     if func is None:
-        return lambda f: tool(f, name=name, description=description, retries=retries,
-                              requires_approval=requires_approval)
+        return lambda f: tool(
+            f, name=name, description=description, retries=retries, requires_approval=requires_approval
+        )
     if isinstance(func, Tool):
         return func
     if not callable(func) or not hasattr(func, "__name__"):
@@ -119,8 +131,16 @@ def tool(func: Callable[..., Any] | None = None, *, name: str | None = None, des
     model, takes_context = args_model(func, param_docs)
     if problem := tool_name_problem(name or func.__name__):
         raise ToolDefinitionError(f"{problem}; give one with @ak.tool(name=...)")
-    return Tool(name or func.__name__, description if description is not None else summary, func, model,
-                _json_schema(model), takes_context, retries, requires_approval)
+    return Tool(
+        name or func.__name__,
+        description if description is not None else summary,
+        func,
+        model,
+        _json_schema(model),
+        takes_context,
+        retries,
+        requires_approval,
+    )
 
 
 # ---- signature -> Pydantic model -> JSON schema ----------------------------------------------------------
@@ -142,13 +162,18 @@ def args_model(func: Callable[..., Any], param_docs: dict[str, str] | None = Non
         if is_run_context(hints.get(p.name, p.annotation)):
             raise ToolDefinitionError(f"{func.__name__}: a RunContext parameter must come first ({p.name} does not)")
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise ToolDefinitionError(f"tool {func.__name__}: *{p.name} / **{p.name} cannot be described to a model; "
-                                      "name every parameter")
+            raise ToolDefinitionError(
+                f"tool {func.__name__}: *{p.name} / **{p.name} cannot be described to a model; name every parameter"
+            )
         if p.kind is p.POSITIONAL_ONLY:
-            raise ToolDefinitionError(f"tool {func.__name__}: parameter {p.name} is positional-only; tools are called by name")
+            raise ToolDefinitionError(
+                f"tool {func.__name__}: parameter {p.name} is positional-only; tools are called by name"
+            )
         if p.name not in hints:
-            raise ToolDefinitionError(f"tool {func.__name__}: parameter {p.name} has no type annotation; annotate it "
-                                      f"(e.g. `{p.name}: str`) so the model knows what to pass")
+            raise ToolDefinitionError(
+                f"tool {func.__name__}: parameter {p.name} has no type annotation; annotate it "
+                f"(e.g. `{p.name}: str`) so the model knows what to pass"
+            )
         default = ... if p.default is p.empty else p.default
         fields[p.name] = (hints[p.name], Field(default, description=param_docs.get(p.name)))
     try:
@@ -159,8 +184,6 @@ def args_model(func: Callable[..., Any], param_docs: dict[str, str] | None = Non
 
 
 def _json_schema(model) -> dict:
-    from agentkv.grammar.pydantic_schema import constrained_generator
-
     class NoFieldTitles(constrained_generator()):  # (with the constraints validation checks: Decimal places, ...)
         # titles repeat the field names: tokens in every prompt, no information
         def field_title_should_be_set(self, schema) -> bool:
@@ -169,14 +192,18 @@ def _json_schema(model) -> dict:
     try:
         schema = model.model_json_schema(schema_generator=NoFieldTitles)
     except Exception as e:  # e.g. a callable or arbitrary class as a parameter type
-        raise ToolDefinitionError(f"the parameters of {model.__name__.removesuffix('_arguments')} have no JSON schema: {e}") from None
+        raise ToolDefinitionError(
+            f"the parameters of {model.__name__.removesuffix('_arguments')} have no JSON schema: {e}"
+        ) from None
     schema.pop("title", None)
     return schema
 
 
 # ---- docstrings: Google ("Args:"), reST (":param x:") and NumPy ("Parameters\n----------") ------------------
 
-_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Params|Keyword Args|Returns|Return|Raises|Yields|Examples?|Notes?)\s*:?\s*$")
+_SECTION = re.compile(
+    r"^\s*(Args|Arguments|Parameters|Params|Keyword Args|Returns|Return|Raises|Yields|Examples?|Notes?)\s*:?\s*$"
+)
 _PARAM_SECTIONS = {"args", "arguments", "parameters", "params", "keyword args"}
 
 

@@ -102,3 +102,8 @@ def assistant_calls_message(content: str, calls: list[ToolCall]) -> dict:
 
 def tool_message(call: ToolCall, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+
+
+def is_messages(prompt: Any) -> bool:
+    """A chat (a list of message dicts) rather than text or token ids."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], dict)

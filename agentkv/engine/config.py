@@ -118,15 +118,22 @@ def resolve_device(device: str, dtype: str) -> tuple[str, str]:
 def build_config(model: str | None, device: str, dtype: str, overrides: dict[str, Any]) -> EngineConfig:
     """Sort keyword overrides into the engine, cache and scheduler configs by field name."""
     groups = {
-        "engine": {f.name for f in dataclasses.fields(EngineConfig)} - {"cache", "scheduler", "model", "device", "dtype"},
+        "engine": {f.name for f in dataclasses.fields(EngineConfig)}
+        - {"cache", "scheduler", "model", "device", "dtype"},
         "cache": {f.name for f in dataclasses.fields(CacheConfig)},
         "scheduler": {f.name for f in dataclasses.fields(SchedulerConfig)},
     }
     unknown = set(overrides) - set().union(*groups.values())
     if unknown:
-        raise RequestError(f"unknown Engine option(s) {sorted(unknown)}; known: {sorted(set().union(*groups.values()))}")
+        raise RequestError(
+            f"unknown Engine option(s) {sorted(unknown)}; known: {sorted(set().union(*groups.values()))}"
+        )
     pick = lambda g: {k: v for k, v in overrides.items() if k in groups[g]}
     return EngineConfig(
-        model=model, device=device, dtype=dtype,
-        cache=CacheConfig(**pick("cache")), scheduler=SchedulerConfig(**pick("scheduler")), **pick("engine"),
+        model=model,
+        device=device,
+        dtype=dtype,
+        cache=CacheConfig(**pick("cache")),
+        scheduler=SchedulerConfig(**pick("scheduler")),
+        **pick("engine"),
     )

@@ -8,7 +8,6 @@ forward pass, when no other code touches the matchers.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,10 +18,9 @@ import torch
 
 from agentkv.engine.request import Request
 from agentkv.engine.sampling_params import SamplingParams
-from agentkv.errors import IncompleteOutputError, OutputValidationError, RequestError
+from agentkv.errors import RequestError
 from agentkv.grammar import CompiledGrammar, GrammarCompiler, TokenizerInfo
-from agentkv.grammar.pydantic_schema import is_python_type
-from agentkv.grammar.validation import schema_check
+from agentkv.grammar.schema.parse import value_parser
 
 
 class GrammarSupport:
@@ -66,56 +64,12 @@ class GrammarSupport:
 
 
 def output_parser(params: SamplingParams) -> Callable[[str], Any] | None:
-    """text -> the caller's object: a Pydantic instance (the model's own validation is the check), a
-    value of another Python type (`list[int]`, `A | B`: Pydantic's validation of that type), a
-    dict checked against the whole schema (what the grammar relaxed included; grammar/validation.py),
-    or the text. A value that fails raises OutputValidationError with the text."""
-    schema = params.json_schema
-    if schema is None:
+    """text -> the caller's object for a structured request (grammar/schema/parse.py: a Pydantic
+    instance, a value of another Python type, or a dict checked against the whole schema), the text
+    for a regex or grammar, None for free text."""
+    if params.json_schema is None:
         return (lambda text: text) if params.structured else None
-    if hasattr(schema, "model_validate_json"):  # a Pydantic model class
-        def parse_model(text: str) -> Any:
-            _json(text)
-            try:
-                return schema.model_validate_json(text)
-            except ValueError as e:  # pydantic's ValidationError: a validator beyond the schema refused it
-                raise OutputValidationError(f"the output does not validate as {schema.__name__}: {e}", text, "stop") from e
-
-        return parse_model
-    if is_python_type(schema):  # list[int], A | B, a TypedDict: Pydantic validates it as the model's own check
-        from pydantic import TypeAdapter
-
-        adapter = TypeAdapter(schema)
-
-        def parse_type(text: str) -> Any:
-            _json(text)
-            try:
-                return adapter.validate_json(text)
-            except ValueError as e:
-                raise OutputValidationError(f"the output does not validate as {schema!r}: {e}", text, "stop") from e
-
-        return parse_type
-    try:
-        check = schema_check(json.loads(schema) if isinstance(schema, str) else schema)
-    except ImportError as e:  # pragma: no cover - a dependency of agentkv
-        raise RequestError("validating outputs against a dict schema needs `pip install jsonschema`") from e
-
-    def parse_json(text: str) -> Any:
-        value = _json(text)
-        problem = check.error(value)
-        if problem is not None:
-            raise OutputValidationError(f"the output does not validate against the schema: {problem}", text, "stop")
-        return value
-
-    return parse_json
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:  # cut short, e.g. by a stop string
-        raise IncompleteOutputError(f"the output is not complete JSON ({e}); remove stop strings that can "
-                                    "occur inside it, or raise max_tokens", text, None) from e
+    return value_parser(params.json_schema)
 
 
 class MaskWorker:

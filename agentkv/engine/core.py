@@ -129,7 +129,8 @@ class EngineCore:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._inbox and not self.scheduler.has_work() and self._in_flight is None and not self._closed:
+                while (not self._inbox and not self.scheduler.has_work() and self._in_flight is None
+                       and not self._closed):
                     self._cv.wait()
                 if self._closed:
                     break
@@ -170,8 +171,14 @@ class EngineCore:
             result = self.passes.collect(p)
             for (r, _), lp in zip(p.batch.score_positions, result.scores):
                 r.token_scores.append(lp)
-            self.scheduler.process(p.batch, result.tokens, self.tokenizer, result.logprobs,
-                                   after.batch if after is not None else None, result.made)
+            self.scheduler.process(
+                p.batch,
+                result.tokens,
+                self.tokenizer,
+                result.logprobs,
+                after.batch if after is not None else None,
+                result.made,
+            )
         except Exception as e:
             # A failed pass must not take the engine down: fail its requests, free their memory.
             err = EngineError(f"forward pass failed: {type(e).__name__}: {e}")
@@ -230,4 +237,3 @@ def _host_only(worker: ThreadPoolExecutor) -> None:
     torch.get_num_threads()  # settles this thread's own setting first, so that the next line stays its own
     torch.set_num_threads(1)
     worker.submit(torch.set_num_threads, threads).result()  # also the default that new threads take
-

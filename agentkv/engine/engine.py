@@ -12,7 +12,10 @@ import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from agentkv.chat.formats import format_class, tool_format_for
+from agentkv.chat.messages import is_messages
 from agentkv.chat.reasoning import ReasoningFormat
+from agentkv.chat.turn import ToolChat
 from agentkv.engine.config import build_config, resolve_device
 from agentkv.engine.constrained import GrammarSupport, output_parser
 from agentkv.engine.core import Components, EngineCore
@@ -22,7 +25,7 @@ from agentkv.engine.memory import KVPool, ReqToTokenPool, free_memory, kv_slots
 from agentkv.engine.native_step import native_step_for
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
 from agentkv.engine.parallel import TensorParallel
-from agentkv.engine.prefixes import Prefixes, is_messages
+from agentkv.engine.prefixes import Prefixes
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import ReasoningBudget, Request
 from agentkv.engine.runner import ModelRunner
@@ -46,8 +49,6 @@ class Engine(Prefixes):
     """
 
     def __init__(self, model: str | None = None, *, device: str = "auto", dtype: str = "auto", **options: Any):
-        from agentkv.chat.formats import format_class, tool_format_for
-
         chosen = device, dtype
         device, dtype = resolve_device(device, dtype)
         if "auto" in chosen:
@@ -74,28 +75,44 @@ class Engine(Prefixes):
             slots = cfg.cache.num_slots or kv_slots(mc, DTYPES[dtype], context, device, cfg.cache.memory_fraction)
             pool = KVPool(mc, slots, DTYPES[dtype], device)
             req_pool = ReqToTokenPool(cfg.cache.max_running_requests, context + 1, device)
-            tree = RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity)) if cfg.cache.enable_radix_cache else None
+            tree = (
+                RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity))
+                if cfg.cache.enable_radix_cache
+                else None
+            )
             backend = get_backend(cfg.attention_backend, device, native=native is not None)
             if (any(mc.layer_windows) or mc.attn_softcap) and backend.name == "flashinfer":
-                raise RequestError("this model has sliding-window layers or soft-capped attention, which the "
-                                   "flashinfer backend does not do yet: use attention_backend='triton' (or 'auto')")
+                raise RequestError(
+                    "this model has sliding-window layers or soft-capped attention, which the "
+                    "flashinfer backend does not do yet: use attention_backend='triton' (or 'auto')"
+                )
             runner = ModelRunner(loaded.model, pool, req_pool, backend, device)
             if tp > 1:
                 runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, backend.name, native is not None)
             elif cuda_graphs_wanted(cfg, runner.backend):
-                runner.graphs = DecodeGraphs(runner, min(cfg.cuda_graph_max_batch, cfg.cache.max_running_requests), context)
+                runner.graphs = DecodeGraphs(
+                    runner, min(cfg.cuda_graph_max_batch, cfg.cache.max_running_requests), context
+                )
             runner.native_step = native_step_for(cfg.native_step, runner, native)
             return Components(
                 scheduler=Scheduler(cfg.scheduler, pool, req_pool, tree),
                 runner=runner,
-                tokenizer=loaded.tokenizer, pool=pool, req_pool=req_pool, tree=tree,
-                model_config=mc, context_length=context,
+                tokenizer=loaded.tokenizer,
+                pool=pool,
+                req_pool=req_pool,
+                tree=tree,
+                model_config=mc,
+                context_length=context,
                 overlap=overlap,
             )
 
         self._core = EngineCore(build, build_on_worker=overlap and device == "cpu" and cfg.tensor_parallel == 1)
         parts = self._core.parts
-        self.tokenizer, self.model_config, self.context_length = parts.tokenizer, parts.model_config, parts.context_length
+        self.tokenizer, self.model_config, self.context_length = (
+            parts.tokenizer,
+            parts.model_config,
+            parts.context_length,
+        )
         self._pool, self._tree = parts.pool, parts.tree
         self.tool_format = tool_format_for(self.tokenizer, cfg.tool_format)  # how this model calls tools
         self.tokenizer.keep_specials(self.tool_format.special_markers)  # its markup, where it is a special token
@@ -106,7 +123,14 @@ class Engine(Prefixes):
 
     # ---- generation -----------------------------------------------------------------------------
 
-    def generate(self, prompt: Prompt | Sequence[Prompt], params: SamplingParams | None = None, *, schema: Any = None, **sampling: Any):
+    def generate(
+        self,
+        prompt: Prompt | Sequence[Prompt],
+        params: SamplingParams | None = None,
+        *,
+        schema: Any = None,
+        **sampling: Any,
+    ):
         """Complete a prompt (text or token ids), or a list of prompts (batched; list in, list out).
 
         `schema=` (a Pydantic model class, a JSON Schema dict or text) is `json_schema=`: the output then
@@ -119,9 +143,17 @@ class Engine(Prefixes):
         outs = [self._output(g) for g in groups]
         return outs if batch else outs[0]
 
-    def chat(self, messages: Messages, params: SamplingParams | None = None, *, tools: Sequence[Any] | None = None,
-             tool_choice: str = "auto", schema: Any = None, chat_template_kwargs: dict | None = None,
-             **sampling: Any) -> RequestOutput:
+    def chat(
+        self,
+        messages: Messages,
+        params: SamplingParams | None = None,
+        *,
+        tools: Sequence[Any] | None = None,
+        tool_choice: str = "auto",
+        schema: Any = None,
+        chat_template_kwargs: dict | None = None,
+        **sampling: Any,
+    ) -> RequestOutput:
         """Generate the assistant's reply to `messages` rendered with the model's chat template.
 
         With `tools` (`@ak.tool` functions or OpenAI tool definitions) the reply is generated under
@@ -133,25 +165,23 @@ class Engine(Prefixes):
         kwargs = chat_template_kwargs or {}
         if not tools and self.reasoning is None:
             return self.generate(self.render(messages, **kwargs), params, schema=schema, **sampling)
-        from agentkv.chat.turn import (
-            ToolChat,  # the format is data the engine applies, like the chat template
-        )
-
         plan = ToolChat.plan(self.tool_format, tools or [], tool_choice if tools else "none", schema, self.reasoning)
         params = self._params(params, sampling)
         prompt = self.render(plan.messages(messages), tools=plan.template_tools, **kwargs)
         plan = plan.after(prompt)
         return plan.read(self.generate(prompt, plan.params(params)))
 
-    async def agenerate(self, prompt: Prompt | Messages, params: SamplingParams | None = None, *, schema: Any = None,
-                        **sampling: Any) -> RequestOutput:
+    async def agenerate(
+        self, prompt: Prompt | Messages, params: SamplingParams | None = None, *, schema: Any = None, **sampling: Any
+    ) -> RequestOutput:
         result: list[RequestOutput] = []
         async for _ in self._run_async(prompt, self._params(params, sampling, schema), False, result):
             pass
         return result[0]
 
-    async def stream(self, prompt: Prompt | Messages, params: SamplingParams | None = None, *, schema: Any = None,
-                     **sampling: Any) -> AsyncIterator[StreamDelta]:
+    async def stream(
+        self, prompt: Prompt | Messages, params: SamplingParams | None = None, *, schema: Any = None, **sampling: Any
+    ) -> AsyncIterator[StreamDelta]:
         """Yield text deltas as they become stable (stop strings and partial characters held back)."""
         async for delta in self._run_async(prompt, self._params(params, sampling, schema), True, []):
             yield delta
@@ -166,9 +196,13 @@ class Engine(Prefixes):
         conts = [self._encode(c) for c in continuations]
         longest = max((len(c) for c in conts), default=0)
         if len(ids) + longest >= min(self.context_length, self._pool.capacity):
-            raise PromptTooLongError(f"prompt plus continuation is {len(ids) + longest} tokens, over the context; shorten them")
-        reqs = [Request(ids + c, SamplingParams(max_tokens=1), 0, frozenset(), 1, prefill_only=True, score_from=len(ids))
-                for c in conts]
+            raise PromptTooLongError(
+                f"prompt plus continuation is {len(ids) + longest} tokens, over the context; shorten them"
+            )
+        reqs = [
+            Request(ids + c, SamplingParams(max_tokens=1), 0, frozenset(), 1, prefill_only=True, score_from=len(ids))
+            for c in conts
+        ]
         self._run_to_end(reqs)
         for r in reqs:
             if r.error is not None:
@@ -185,7 +219,9 @@ class Engine(Prefixes):
         """Share one compiler (and its cache) between engines that use the same tokenizer."""
         self._grammars.use(compiler)
 
-    async def _run_async(self, prompt, params: SamplingParams, want_deltas: bool, result: list) -> AsyncIterator[StreamDelta]:
+    async def _run_async(
+        self, prompt, params: SamplingParams, want_deltas: bool, result: list
+    ) -> AsyncIterator[StreamDelta]:
         if is_messages(prompt):
             prompt = self.render(prompt)
         group = self._make_requests(self._encode(prompt), params, stream=want_deltas)
@@ -212,8 +248,11 @@ class Engine(Prefixes):
                     text = r.stable_text()
                     if len(text) > sent_text[r.rid] or finished:
                         delta = StreamDelta(
-                            group.index(r), text[sent_text[r.rid] :], r.output_ids[sent_tokens[r.rid] :],
-                            r.finish_reason if finished else None, r.usage if finished else None,
+                            group.index(r),
+                            text[sent_text[r.rid] :],
+                            r.output_ids[sent_tokens[r.rid] :],
+                            r.finish_reason if finished else None,
+                            r.usage if finished else None,
                             _completion(r, output_parser(params)) if finished else None,
                         )
                         sent_text[r.rid], sent_tokens[r.rid] = len(text), len(r.output_ids)
@@ -270,15 +309,24 @@ class Engine(Prefixes):
                 pins=len(t.pins) if t else 0,
                 weight_bytes=self._core.runner.model.weight_bytes(),
                 free_memory_bytes=free_memory(self.config.device),
-                kv_bytes=sum(k.numel() * k.element_size() + v.numel() * v.element_size()
-                             for k, v in self._pool.kv_caches),
+                kv_bytes=sum(
+                    k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self._pool.kv_caches
+                ),
             )
             g = self._grammars.cache_info()
             st.update(
                 grammars_cached=g.get("grammars", 0),
                 grammar_cache_bytes=sum(g.get(k, 0) for k in ("table_bytes", "mask_bytes", "walk_bytes", "dfa_bytes")),
-                grammar_cache_evictions=sum(g.get(k, 0) for k in (
-                    "grammars_evicted", "grammars_renewed", "mask_evictions", "walk_evictions", "dfa_evictions")),
+                grammar_cache_evictions=sum(
+                    g.get(k, 0)
+                    for k in (
+                        "grammars_evicted",
+                        "grammars_renewed",
+                        "mask_evictions",
+                        "walk_evictions",
+                        "dfa_evictions",
+                    )
+                ),
             )
             return st
 
@@ -309,7 +357,9 @@ class Engine(Prefixes):
             ids = list(prompt)
             bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
             if bad:
-                raise RequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
+                raise RequestError(
+                    f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})"
+                )
         else:
             raise RequestError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
@@ -320,14 +370,18 @@ class Engine(Prefixes):
                 "(or raise context_length up to the model's limit)"
             )
         if len(ids) + 1 > self._pool.capacity:
-            raise PromptTooLongError(f"the prompt has {len(ids)} tokens but the KV pool holds {self._pool.capacity}; raise num_slots")
+            raise PromptTooLongError(
+                f"the prompt has {len(ids)} tokens but the KV pool holds {self._pool.capacity}; raise num_slots"
+            )
         return ids
 
     def _make_requests(self, ids: list[int], params: SamplingParams, stream: bool = False) -> list[Request]:
         outside = [t for t, _ in params.logit_bias if t >= self.model_config.vocab_size]
         if outside:
-            raise RequestError(f"SamplingParams.logit_bias names token ids {outside[:5]} outside the vocabulary "
-                               f"[0, {self.model_config.vocab_size})")
+            raise RequestError(
+                f"SamplingParams.logit_bias names token ids {outside[:5]} outside the vocabulary "
+                f"[0, {self.model_config.vocab_size})"
+            )
         limit = min(self.context_length, self._pool.capacity) - len(ids)
         max_new = limit if params.max_tokens is None else min(params.max_tokens, limit)
         eos = self.tokenizer.eos_ids
@@ -343,8 +397,10 @@ class Engine(Prefixes):
         if params.max_reasoning_tokens is None:
             return None
         if self.reasoning is None:
-            raise RequestError("max_reasoning_tokens is set, but this model's chat template has no reasoning markers "
-                               "(<think>); leave it unset")
+            raise RequestError(
+                "max_reasoning_tokens is set, but this model's chat template has no reasoning markers "
+                "(<think>); leave it unset"
+            )
         state = self.reasoning.state(self.tokenizer.decode(ids[-16:], skip_special_tokens=False))
         if state == "off":
             return None
@@ -368,8 +424,14 @@ class Engine(Prefixes):
 
 
 def _completion(r: Request, parser) -> Completion:
-    return Completion(r.text, list(r.output_ids), r.finish_reason or "abort", r.logprobs if r.params.logprobs else None,
-                      parser, r.grammar_complete)
+    return Completion(
+        r.text,
+        list(r.output_ids),
+        r.finish_reason or "abort",
+        r.logprobs if r.params.logprobs else None,
+        parser,
+        r.grammar_complete,
+    )
 
 
 def _is_batch(prompt: Any) -> bool:

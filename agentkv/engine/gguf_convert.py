@@ -21,15 +21,23 @@ from typing import Any
 import numpy as np
 
 from agentkv.engine.model_config import ModelConfig, RopeScaling
+from agentkv.engine.tokenizer import tokenizer_files_from_gguf
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
-CONVERSION_VERSION = "4"  # 2: Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks; 3: dequantized.json; 4: Q4_K / Q6_K kept
+CONVERSION_VERSION = "4"
 # quantizations whose matrices are kept as they are (csrc/cpu_quant.c multiplies them in their blocks);
 # every other tensor is dequantized to fp32 here
 KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
-GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-                      "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}  # (Mixtral is "llama" with experts)
+GGUF_ARCHITECTURES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+    "qwen3moe": "qwen3_moe",
+    "qwen2moe": "qwen2_moe",
+}  # (Mixtral is "llama" with experts)
 
 # GGUF tensor names -> HF names; `{i}` is the layer index.
 _LAYER_NAMES = {
@@ -102,8 +110,11 @@ def _convert(path: Path, out: Path) -> None:
         )
     names = {t.name for t in reader.tensors}
     # LongRoPE's per-frequency factors (Phi-3 128k, Phi-4-mini) are tensors in a GGUF, not metadata
-    factors = {t.name: tuple(float(v) for v in np.asarray(t.data, dtype=np.float32).ravel())
-               for t in reader.tensors if t.name.startswith("rope_factors_")}
+    factors = {
+        t.name: tuple(float(v) for v in np.asarray(t.data, dtype=np.float32).ravel())
+        for t in reader.tensors
+        if t.name.startswith("rope_factors_")
+    }
     config = _model_config(meta, arch, tied="output.weight" not in names, rope_factors=factors)
 
     tensors: dict[str, np.ndarray] = {}
@@ -114,8 +125,9 @@ def _convert(path: Path, out: Path) -> None:
         hf_name = _hf_name(t.name, arch)
         if hf_name is None:
             continue  # e.g. rope_freqs: recomputed from the config
-        if t.tensor_type.name in KEPT_QUANTS and hf_name.endswith(("proj.weight", "lm_head.weight", "embed_tokens.weight",
-                                                                    "_exps")):
+        if t.tensor_type.name in KEPT_QUANTS and hf_name.endswith(
+            ("proj.weight", "lm_head.weight", "embed_tokens.weight", "_exps")
+        ):
             raw = np.asarray(t.data)  # uint8 [(experts,) out, blocks' bytes]: one output's row of blocks a row
             if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
                 raw = _unpermute_qk(raw, config.num_heads if "attn_q" in t.name else config.num_kv_heads)
@@ -142,8 +154,6 @@ def _convert(path: Path, out: Path) -> None:
     # the quantizations whose matrices were dequantized (no kernel keeps them): the loader says so
     (out / "dequantized.json").write_text(json.dumps(sorted(dequantized)))
     (out / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
-
-    from agentkv.engine.tokenizer import tokenizer_files_from_gguf
 
     tokenizer_files_from_gguf(meta, path, out)
 
@@ -189,11 +199,14 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool, rope_factors: dic
     if "rope_factors_short.weight" in rope_factors and "rope_factors_long.weight" in rope_factors:
         original = int(get("rope.scaling.original_context_length"))
         attn = meta.get(f"{arch}.rope.scaling.attn_factor")
-        scaling = RopeScaling(rope_type="longrope", factor=int(get("context_length")) / original,
-                              original_max_position_embeddings=original,
-                              short_factor=rope_factors["rope_factors_short.weight"],
-                              long_factor=rope_factors["rope_factors_long.weight"],
-                              attention_factor=None if attn is None else float(attn))
+        scaling = RopeScaling(
+            rope_type="longrope",
+            factor=int(get("context_length")) / original,
+            original_max_position_embeddings=original,
+            short_factor=rope_factors["rope_factors_short.weight"],
+            long_factor=rope_factors["rope_factors_long.weight"],
+            attention_factor=None if attn is None else float(attn),
+        )
     head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
     rotated = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
     family = GGUF_ARCHITECTURES[arch]
@@ -202,11 +215,14 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool, rope_factors: dic
         family = "mixtral"  # llama.cpp writes Mixtral as a llama with experts
     moe = {}
     if experts:
-        moe = dict(num_experts=experts, experts_per_token=int(get("expert_used_count")),
-                   moe_intermediate_size=int(meta.get(f"{arch}.expert_feed_forward_length") or get("feed_forward_length")),
-                   # llama.cpp renormalizes the chosen experts' weights for Qwen3-MoE and Mixtral, not Qwen2-MoE
-                   norm_topk_prob=family != "qwen2_moe",
-                   shared_expert_intermediate_size=int(meta.get(f"{arch}.expert_shared_feed_forward_length") or 0))
+        moe = dict(
+            num_experts=experts,
+            experts_per_token=int(get("expert_used_count")),
+            moe_intermediate_size=int(meta.get(f"{arch}.expert_feed_forward_length") or get("feed_forward_length")),
+            # llama.cpp renormalizes the chosen experts' weights for Qwen3-MoE and Mixtral, not Qwen2-MoE
+            norm_topk_prob=family != "qwen2_moe",
+            shared_expert_intermediate_size=int(meta.get(f"{arch}.expert_shared_feed_forward_length") or 0),
+        )
     window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
     layers = int(get("block_count"))
     return ModelConfig(

@@ -111,8 +111,12 @@ class Linear(nn.Module):
         # a row-parallel shard's output is a partial sum: the residual is added once, after the all-reduce
         add = None if self.all_reduce else residual
         if self.quantized is not None:
-            y = by_row_kind(lambda exact, xs, adds: self.native.qlinear(xs, self.quantized, self.bias, adds, exact=exact),
-                            x, add, exact_rows if self.quantized.tiled else None)
+            y = by_row_kind(
+                lambda exact, xs, adds: self.native.qlinear(xs, self.quantized, self.bias, adds, exact=exact),
+                x,
+                add,
+                exact_rows if self.quantized.tiled else None,
+            )
         elif self.native_weight is not None:
             y = self.native.linear(x, self.native_weight, self.bias, add)
         elif self.packed is not None and (self.weight is None or x.shape[0] > 1):
@@ -189,8 +193,16 @@ class LogitsProjection(nn.Module):
             # the argmax of 49k logits is decided by margins that int8 activations erase (SmolLM2's
             # first answer token flips from "The" to "L" with them alone)
             self.approx_rows = x.contiguous()
-            return by_row_kind(lambda exact, xs, _: self.native.qlinear(xs, self.weight, exact=True) if exact
-                               else self.native.qlogits(xs.contiguous(), self.weight), self.approx_rows, None, exact_rows)
+            return by_row_kind(
+                lambda exact, xs, _: (
+                    self.native.qlinear(xs, self.weight, exact=True)
+                    if exact
+                    else self.native.qlogits(xs.contiguous(), self.weight)
+                ),
+                self.approx_rows,
+                None,
+                exact_rows,
+            )
         if quant:  # x kept in fp32 for every logit (see above)
             return self.native.qlinear(x.contiguous(), self.weight, exact=True)
         if self.native_weight is not None:

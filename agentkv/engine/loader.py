@@ -17,6 +17,7 @@ import torch
 from agentkv.engine.gguf_convert import converted_dir
 from agentkv.engine.model import CausalLM
 from agentkv.engine.model_config import ModelConfig
+from agentkv.engine.sharding import local_config, mark_reductions, shard_state
 from agentkv.engine.tokenizer import Tokenizer
 from agentkv.errors import ModelLoadError
 from agentkv.kernels.cpu_native import NativeKernels
@@ -72,7 +73,7 @@ def resolve_model_dir(model: str | Path | None) -> Path:
 def load_model(model: str | Path | None, dtype: str = "float32", device: str = "cpu", max_positions: int | None = None,
                shard: tuple[int, int] | None = None, native: NativeKernels | None = None,
                quantized: bool = True) -> LoadedModel:
-    """`shard` = (rank, world): keep that rank's tensor-parallel share (see engine/parallel.py); the
+    """`shard` = (rank, world): keep that rank's tensor-parallel share (see engine/sharding.py); the
     returned config is then the shard's (its heads and MLP width). `native`: the CPU kernels the
     model's linears and element-wise steps run on (kernels/cpu_native.py), or None for torch ops.
     `quantized`: keep a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices in their blocks where `native` runs."""
@@ -90,7 +91,6 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     state = _fused_state_dict(directory, cfg, keep)
     _notice_dequantized(directory, keep)
     if shard is not None:
-        from agentkv.engine.parallel import local_config, shard_state
 
         state = shard_state(state, cfg, *shard)
         cfg = local_config(cfg, shard[1])
@@ -98,7 +98,6 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     net = CausalLM(cfg, max_positions or cfg.max_position_embeddings)
     _load_state(net, state, directory)
     if shard is not None:
-        from agentkv.engine.parallel import mark_reductions
 
         mark_reductions(net)
     net = net.to(device=device, dtype=DTYPES[dtype])
@@ -115,7 +114,9 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
 
     files = sorted(f for f in directory.glob("*.safetensors") if f.name != "quant.safetensors")
     if not files:
-        raise ModelLoadError(f"{directory} has no *.safetensors weights; agentkv loads safetensors or GGUF, not .bin/.pt")
+        raise ModelLoadError(
+            f"{directory} has no *.safetensors weights; agentkv loads safetensors or GGUF, not .bin/.pt"
+        )
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -135,7 +136,10 @@ def _notice_dequantized(directory: Path, kept: bool) -> None:
     if types:
         logging.getLogger("agentkv").warning(
             "agentkv: %s matrices of %s are dequantized at load (no quantized kernel for them here: Q8_0, Q4_0, "
-            "Q4_1, Q4_K and Q6_K run in their blocks on CPU with agentkv's C kernels)", "/".join(types), directory.name)
+            "Q4_1, Q4_K and Q6_K run in their blocks on CPU with agentkv's C kernels)",
+            "/".join(types),
+            directory.name,
+        )
 
 
 def _quantized_kinds(directory: Path) -> dict[str, str]:
@@ -181,7 +185,9 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         else:
             raise ModelLoadError(f"weights in {directory} lack tensor {name!r} that a {cfg.family} model needs")
         if not torch.isfinite(t.float()).all():
-            raise ModelLoadError(f"tensor {name!r} in {directory} holds NaN or infinite values; the weights are corrupt")
+            raise ModelLoadError(
+                f"tensor {name!r} in {directory} holds NaN or infinite values; the weights are corrupt"
+            )
         return t.float()
 
     gemma = cfg.family in ("gemma2", "gemma3")
@@ -205,8 +211,9 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         out["lm_head.weight"] = matrix("lm_head.weight")
     for i in range(cfg.num_layers):
         p, o = f"model.layers.{i}.", f"layers.{i}."
-        norms = ("input_layernorm", "post_attention_layernorm") + \
-            (("pre_feedforward_layernorm", "post_feedforward_layernorm") if gemma else ())
+        norms = ("input_layernorm", "post_attention_layernorm") + (
+            ("pre_feedforward_layernorm", "post_feedforward_layernorm") if gemma else ()
+        )
         out.update({o + n + ".weight": norm(p + n + ".weight") for n in norms})
         if p + "self_attn.qkv_proj.weight" in hf or p + "self_attn.qkv_proj.weight" in quant:  # fused (Phi-3)
             out[o + "self_attn.qkv_proj.weight"] = matrix(p + "self_attn.qkv_proj.weight")
@@ -237,15 +244,22 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
     block = p + ("block_sparse_moe." if p + "block_sparse_moe.gate.weight" in hf else "mlp.")
     out = {o + "router.weight": take(block + "gate.weight")}
     stacked = [block + f"experts.{k}_exps" for k in ("gate", "up", "down")]
-    if keep and all(n in quant for n in stacked) and len({quant[n][1] for n in stacked}) == 1 \
-            and quant[stacked[0]][1] in QUANT_TYPES:
+    if (
+        keep
+        and all(n in quant for n in stacked)
+        and len({quant[n][1] for n in stacked}) == 1
+        and quant[stacked[0]][1] in QUANT_TYPES
+    ):
         (gate, kind), (up, _), (down, _) = (quant[n] for n in stacked)
         code, weights, bytes_ = QUANT_TYPES[kind]
         for e in range(cfg.num_experts):
             gu = torch.cat([gate[e], up[e]])
-            out[o + f"experts.{e}.gate_up_proj.weight"] = QuantWeight(gu, code, gu.shape[1] // bytes_ * weights, gu.shape[0])
-            out[o + f"experts.{e}.down_proj.weight"] = QuantWeight(down[e].contiguous(), code,
-                                                                   down.shape[2] // bytes_ * weights, down.shape[1])
+            out[o + f"experts.{e}.gate_up_proj.weight"] = QuantWeight(
+                gu, code, gu.shape[1] // bytes_ * weights, gu.shape[0]
+            )
+            out[o + f"experts.{e}.down_proj.weight"] = QuantWeight(
+                down[e].contiguous(), code, down.shape[2] // bytes_ * weights, down.shape[1]
+            )
     elif stacked[0] in hf or stacked[0] in quant:
         gate, up, down = (take(n) for n in stacked)
         for e in range(cfg.num_experts):
@@ -275,11 +289,16 @@ def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path) 
     for name, value in state.items():  # quantized matrices: their modules keep the blocks
         if isinstance(value, QuantWeight):
             module = net.get_submodule(name.removesuffix(".weight"))
-            expected = (module.weight.shape[1], module.weight.shape[0]) if name.endswith("proj.weight") \
+            expected = (
+                (module.weight.shape[1], module.weight.shape[0])
+                if name.endswith("proj.weight")
                 else tuple(module.weight.shape)
+            )
             if (value.out_features, value.in_features) != expected:
-                raise ModelLoadError(f"tensor for {name} in {directory} has shape ({value.out_features}, "
-                                     f"{value.in_features}), the config implies {expected}; config and weights disagree")
+                raise ModelLoadError(
+                    f"tensor for {name} in {directory} has shape ({value.out_features}, "
+                    f"{value.in_features}), the config implies {expected}; config and weights disagree"
+                )
             net.set_quantized(name, value)
     params = dict(net.named_parameters())
     for name, param in params.items():
@@ -291,7 +310,8 @@ def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path) 
             t = t.t()  # to our input-major layout
         if tuple(t.shape) != tuple(param.shape):
             raise ModelLoadError(
-                f"tensor for {name} in {directory} has shape {tuple(t.shape)}, the config implies {tuple(param.shape)}; "
+                f"tensor for {name} in {directory} has shape {tuple(t.shape)}, the config implies "
+                f"{tuple(param.shape)}; "
                 "config.json and the weights disagree"
             )
         with torch.no_grad():

@@ -207,15 +207,20 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         # uninitialized (`_weight`): the checkpoint overwrites it, and a random init of a large table is slow
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         layer = SandwichDecoderLayer if cfg.family in ("gemma2", "gemma3") else DecoderLayer
         self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg, max_positions)
         # Gemma 3's windowed layers rotate with their own base (and no scaling)
-        self.local_rope = RotaryEmbedding(dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta,
-                                                              rope_scaling=RopeScaling()), max_positions) \
-            if cfg.local_rope_theta else None
+        self.local_rope = (
+            RotaryEmbedding(
+                dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta, rope_scaling=RopeScaling()), max_positions
+            )
+            if cfg.local_rope_theta
+            else None
+        )
         self.embed_scale = cfg.hidden_size**0.5 if cfg.family in ("gemma2", "gemma3") else None
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.logits_proj: LogitsProjection | None = None  # built by finalize() once weights are loaded
@@ -261,8 +266,11 @@ class CausalLM(nn.Module):
         keep_plain = plain_bytes <= physical_memory() // 8
         for module in linears:
             module.pack(keep_plain, native)
-        weight = self.embed_tokens.weight if self.lm_head is None else \
-            getattr(self.lm_head, "quantized", None) or self.lm_head.weight
+        weight = (
+            self.embed_tokens.weight
+            if self.lm_head is None
+            else getattr(self.lm_head, "quantized", None) or self.lm_head.weight
+        )
         if isinstance(weight, QuantWeight) and native is not None:
             weight = tiled(native, weight)  # its only copy: a tied embedding reads its rows from the tiles
             if self.lm_head is None:

@@ -27,70 +27,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agentkv.engine.model_config import ModelConfig
+from agentkv.engine.loader import DTYPES, load_model
+from agentkv.engine.memory import KVPool, ReqToTokenPool
+from agentkv.engine.runner import ModelRunner
 from agentkv.errors import ModelLoadError, RequestError
+from agentkv.kernels import cpu_native, get_backend
 
 STARTUP_TIMEOUT_S = 600
-
-
-def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
-    """The shapes one rank holds. A mixture of experts shards every expert's width (and the shared
-    expert's) as a dense MLP's: each rank runs every expert on its slice, the router replicated."""
-    for what, n in (("attention heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads),
-                    ("MLP width", cfg.intermediate_size), ("experts' width", cfg.moe_intermediate_size),
-                    ("shared expert's width", cfg.shared_expert_intermediate_size)):
-        if n % world:
-            raise RequestError(f"tensor_parallel={world} does not divide the model's {n} {what}; "
-                               f"choose a tensor_parallel that divides {cfg.num_kv_heads} (the KV heads)")
-    return dataclasses.replace(cfg, num_heads=cfg.num_heads // world, num_kv_heads=cfg.num_kv_heads // world,
-                               intermediate_size=cfg.intermediate_size // world,
-                               moe_intermediate_size=cfg.moe_intermediate_size // world,
-                               shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // world)
-
-
-def shard_state(state: dict[str, torch.Tensor], cfg: ModelConfig, rank: int, world: int) -> dict[str, torch.Tensor]:
-    """Cut the fused HF-layout ([out, in]) state down to this rank's share."""
-    d, h, kvh = cfg.head_dim, cfg.num_heads // world, cfg.num_kv_heads // world
-    q_all, kv_all = cfg.num_heads * d, cfg.num_kv_heads * d
-
-    def qkv(t: torch.Tensor) -> torch.Tensor:  # rows: q heads, then k heads, then v heads
-        q, k, v = t[:q_all], t[q_all : q_all + kv_all], t[q_all + kv_all :]
-        return torch.cat([q[rank * h * d : (rank + 1) * h * d], k[rank * kvh * d : (rank + 1) * kvh * d],
-                          v[rank * kvh * d : (rank + 1) * kvh * d]])
-
-    def width(name: str) -> int:  # the full width of the MLP a gate_up / down belongs to
-        if ".experts." in name:
-            return cfg.moe_intermediate_size
-        return cfg.shared_expert_intermediate_size if ".shared." in name else cfg.intermediate_size
-
-    out = {}
-    for name, t in state.items():
-        if name.endswith(("self_attn.qkv_proj.weight", "self_attn.qkv_proj.bias")):
-            t = qkv(t)
-        elif name.endswith("self_attn.o_proj.weight"):
-            t = t[:, rank * h * d : (rank + 1) * h * d]
-        elif name.endswith("gate_up_proj.weight"):
-            full = width(name)
-            part = full // world
-            gate, up = t[:full], t[full:]
-            t = torch.cat([gate[rank * part : (rank + 1) * part], up[rank * part : (rank + 1) * part]])
-        elif name.endswith("down_proj.weight"):
-            part = width(name) // world
-            t = t[:, rank * part : (rank + 1) * part]
-        out[name] = t.contiguous()
-    return out
-
-
-def mark_reductions(model: torch.nn.Module) -> None:
-    """o_proj and down_proj give partial sums on each rank: all-reduce their outputs (a MoE block's
-    experts and shared expert: their sum, once)."""
-    for layer in model.layers:
-        assert layer.self_attn.o_proj.bias is None, "a row-parallel layer with a bias would add it once per rank"
-        layer.self_attn.o_proj.all_reduce = True
-        if hasattr(layer.mlp, "experts"):
-            layer.mlp.all_reduce = True
-        else:
-            layer.mlp.down_proj.all_reduce = True
 
 
 def worker_device(device: str, rank: int) -> str:
@@ -184,11 +127,6 @@ def _dist_backend(device: str) -> str:
 def _worker_main(rank: int, world: int, rendezvous: str, model: str | None, dtype: str, device: str,
                  num_slots: int, backend_name: str, native: bool, pipe) -> None:
     """A rank > 0: load the shard, then run every pass rank 0 broadcasts until it sends None."""
-    from agentkv.engine.loader import DTYPES, load_model
-    from agentkv.engine.memory import KVPool, ReqToTokenPool
-    from agentkv.engine.runner import ModelRunner
-    from agentkv.kernels import cpu_native, get_backend
-
     try:
         torch.set_num_threads(max(1, torch.get_num_threads() // world))
         device = worker_device(device, rank)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from agentkv.chat.messages import is_messages
 from agentkv.engine.radix_cache import PinHandle, _common_len
 from agentkv.engine.request import Request
 from agentkv.engine.sampling_params import SamplingParams
@@ -56,7 +57,9 @@ class Prefixes:
         ids = self._prefix_ids(prefix, tools)
         budget = self._tree.pin_budget
         if len(ids) > budget:
-            raise PinBudgetError(f"the prefix has {len(ids)} tokens, over the pin budget of {budget}; raise pin_budget_fraction")
+            raise PinBudgetError(
+                f"the prefix has {len(ids)} tokens, over the pin budget of {budget}; raise pin_budget_fraction"
+            )
         # on the engine thread, right after the prefill put the prefix into the tree: pin it before
         # any later step could evict it
         return self._prefill(ids, lambda r: self._tree.pin(ids)).result()
@@ -95,8 +98,3 @@ class Prefixes:
         done = self._core.call(lambda: self._tree.unpin(handle))
         if wait:
             done.result()
-
-
-def is_messages(prompt: Any) -> bool:
-    """A chat (a list of message dicts) rather than text or token ids."""
-    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], dict)

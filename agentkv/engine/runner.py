@@ -97,9 +97,13 @@ class ModelRunner:
         m = inputs.meta
         lists = (inputs.ids, inputs.positions, inputs.select, inputs.placeholder_at, inputs.placeholder_rows,
                  inputs.prompt_rows)
-        tensors = [m.req_rows, m.out_cache_loc] + ([inputs.table_writes.view(-1)] if inputs.table_writes is not None else [])
-        host = torch.cat([torch.tensor([x for part in lists for x in part], dtype=torch.int64)]
-                         + [t.to(torch.int64) for t in tensors])
+        tensors = [m.req_rows, m.out_cache_loc] + (
+            [inputs.table_writes.view(-1)] if inputs.table_writes is not None else []
+        )
+        host = torch.cat(
+            [torch.tensor([x for part in lists for x in part], dtype=torch.int64)]
+            + [t.to(torch.int64) for t in tensors]
+        )
         if torch.device(self.device).type != "cpu":
             host = host.pin_memory().to(self.device, non_blocking=True)
         sizes = [len(p) for p in lists] + [len(t) for t in tensors]
@@ -145,8 +149,9 @@ class ModelRunner:
         """The model over `ids` (placeholders resolved): the whole pass on a single rank, this rank's
         share of it with tensor parallelism."""
         self.backend.prepare(dev.meta)
-        ctx = ForwardContext(positions=dev.positions, backend=self.backend, kv_caches=self.pool.kv_caches,
-                             exact_rows=dev.exact_rows)
+        ctx = ForwardContext(
+            positions=dev.positions, backend=self.backend, kv_caches=self.pool.kv_caches, exact_rows=dev.exact_rows
+        )
         return self.model(ids, ctx, dev.select)
 
     def close(self) -> None:

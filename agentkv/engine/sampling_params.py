@@ -111,5 +111,7 @@ class SamplingParams:
     def with_(self, **changes) -> SamplingParams:
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
-            raise RequestError(f"unknown sampling parameter(s) {sorted(unknown)}; known: {[f.name for f in fields(self)]}")
+            raise RequestError(
+                f"unknown sampling parameter(s) {sorted(unknown)}; known: {[f.name for f in fields(self)]}"
+            )
         return replace(self, **changes)

@@ -15,9 +15,7 @@ from typing import Any
 from agentkv.errors import ModelLoadError, RequestError
 
 # GGUF `tokenizer.ggml.pre` -> the pre-tokenizer regex llama.cpp uses for it (None: GPT-2's ByteLevel).
-_LLAMA3_PAT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+_LLAMA3_PAT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"  # noqa: E501 - the pattern verbatim
 _QWEN2_PAT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
@@ -92,8 +90,13 @@ class Tokenizer:
         format's markup (Mistral's `[TOOL_CALLS]`), which the grammar writes and the parse reads."""
         kept = {t for t in texts if t in self.special_tokens}
         self.kept_specials = frozenset(kept)
-        self._skipped_ids = frozenset(t_id for t_id, t in self._tok.get_added_tokens_decoder().items()
-                                      if t.special and t.content not in kept) if kept else frozenset()
+        self._skipped_ids = (
+            frozenset(
+                t_id for t_id, t in self._tok.get_added_tokens_decoder().items() if t.special and t.content not in kept
+            )
+            if kept
+            else frozenset()
+        )
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         if skip_special_tokens and self._skipped_ids:
@@ -135,7 +138,9 @@ class Tokenizer:
             def raise_exception(message: str) -> None:
                 raise RequestError(f"the chat template refused the messages: {message}")
 
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            )
             env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
             env.globals["raise_exception"] = raise_exception
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -184,7 +189,10 @@ def tokenizer_files_from_gguf(meta: dict[str, Any], gguf_path: Path, out: Path) 
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     elif style == "digits":
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
         )
     else:
         tok.pre_tokenizer = pre_tokenizers.Sequence(

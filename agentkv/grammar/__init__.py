@@ -9,6 +9,6 @@ from agentkv.errors import GrammarError
 from agentkv.grammar.compiled import CompiledGrammar
 from agentkv.grammar.compiler import GrammarCompiler
 from agentkv.grammar.matcher import Matcher, fill_next_token_bitmasks
-from agentkv.grammar.vocab import TokenizerInfo
+from agentkv.grammar.tokens.vocab import TokenizerInfo
 
 __all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarError", "Matcher", "TokenizerInfo", "fill_next_token_bitmasks"]

@@ -15,17 +15,17 @@ from functools import cached_property
 
 import numpy as np
 
-from agentkv.grammar.automaton import Automaton
-from agentkv.grammar.relaxed import Relaxed
-from agentkv.grammar.token_trie import packed_has
-from agentkv.grammar.token_walk import (
+from agentkv.grammar.automata.automaton import Automaton
+from agentkv.grammar.schema.relaxed import Relaxed
+from agentkv.grammar.tokens.trie import packed_has
+from agentkv.grammar.tokens.vocab import TokenizerInfo
+from agentkv.grammar.tokens.walk import (
     StateTokens,
     continue_below,
     stack_walk,
     top_state_tokens,
 )
-from agentkv.grammar.vocab import TokenizerInfo
-from agentkv.grammar.walk_tables import WalkTables
+from agentkv.grammar.tokens.walk_tables import WalkTables
 
 MAX_STACK_DEPTH = 512       # nesting deeper than this is refused (the token that would open it is masked)
 MAX_FORCED_BYTES = 4096
@@ -46,7 +46,7 @@ class CompiledGrammar:
         self.automaton = automaton
         self.info = info
         self.description = description
-        # The JSON schema keywords this grammar does not enforce (relaxed.py): `checked` ones make
+        # The JSON schema keywords this grammar does not enforce (schema/relaxed.py): `checked` ones make
         # an output worth validating against the schema.
         self.relaxed = relaxed
         a = automaton
@@ -160,7 +160,7 @@ class CompiledGrammar:
 
     @cached_property
     def walk_tables(self) -> WalkTables:
-        """The automaton as the token walk reads it (walk_tables.py)."""
+        """The automaton as the token walk reads it (tokens/walk_tables.py)."""
         return WalkTables(self)
 
     def mask(self, cid: int) -> np.ndarray:
@@ -215,7 +215,7 @@ class CompiledGrammar:
         return ids[packed_has(words, ids)].tolist()
 
     def state_tokens(self, q: int) -> StateTokens:
-        """The tokens state `q` allows whatever lies below it, and where they return below (token_walk.py)."""
+        """The tokens state `q` allows whatever lies below it, and where they return below (tokens/walk.py)."""
         st = self._state_tokens.get(q)
         if st is None:
             with self._lock:

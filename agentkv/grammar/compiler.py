@@ -3,7 +3,7 @@
 One compiler per tokenizer, shared by all requests; compiled grammars are cached by their source
 and options (LRU), so an agent's tool schema is compiled once. Compilation is bounded by a timeout
 and fails with a `GrammarError`, never by hanging a request. A JSON schema keyword no grammar
-enforces exactly is relaxed and listed in the compiled grammar's `relaxed` (relaxed.py), or refused
+enforces exactly is relaxed and listed in the compiled grammar's `relaxed` (schema/relaxed.py), or refused
 by a `strict` compiler.
 """
 
@@ -17,17 +17,17 @@ from collections import OrderedDict
 from contextlib import contextmanager
 
 from agentkv.errors import GrammarError
-from agentkv.grammar import dfa
-from agentkv.grammar.automaton import link
+from agentkv.grammar.automata import dfa
+from agentkv.grammar.automata.automaton import link
+from agentkv.grammar.automata.expr import Ref, alt, lit
+from agentkv.grammar.automata.regex import match_expr
 from agentkv.grammar.compiled import MAX_TABLE_BYTES, CompiledGrammar
-from agentkv.grammar.expr import Ref, alt, lit
-from agentkv.grammar.json_refs import SchemaResources
-from agentkv.grammar.json_schema import JsonSchemaConverter
-from agentkv.grammar.lark import lark_rules
-from agentkv.grammar.pydantic_schema import is_python_type, model_schema, type_schema
-from agentkv.grammar.regex import match_expr
-from agentkv.grammar.relaxed import Relaxed
-from agentkv.grammar.vocab import TokenizerInfo
+from agentkv.grammar.lark.lower import lark_rules
+from agentkv.grammar.schema.json_schema import JsonSchemaConverter
+from agentkv.grammar.schema.pydantic import is_python_type, model_schema, type_schema
+from agentkv.grammar.schema.refs import SchemaResources
+from agentkv.grammar.schema.relaxed import Relaxed
+from agentkv.grammar.tokens.vocab import TokenizerInfo
 
 DEFAULT_CACHE_BYTES = 1 << 30
 BUDGET_CHECK_EVERY = 64  # cache hits between two looks at the byte budget
@@ -147,7 +147,7 @@ class GrammarCompiler:
         return self.compile_json_schema(True, whitespace=whitespace)
 
     def compile_lark(self, text: str) -> CompiledGrammar:
-        """A Lark grammar (llguidance's dialect: see lark.py); the start rule is `start`."""
+        """A Lark grammar (llguidance's dialect: see lark/lower.py); the start rule is `start`."""
         if not isinstance(text, str):
             raise GrammarError("a Lark grammar must be given as text")
 
@@ -269,7 +269,7 @@ def output_grammar_schema(schema):
 
 def schema_dict(schema):
     """A schema as a dict (or boolean): parsed from JSON text, or a Pydantic model's JSON schema
-    with the constraints its plain schema leaves out (pydantic_schema.py)."""
+    with the constraints its plain schema leaves out (schema/pydantic.py)."""
     if isinstance(schema, str):
         try:
             return json.loads(schema)

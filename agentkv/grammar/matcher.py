@@ -15,7 +15,7 @@ from agentkv.errors import GrammarError
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
 
 # The last bytes of accepted text, kept so that jump-forward can find the tokenizer's pre-tokenizer
-# pieces around the forced text (splits.py); a tail shorter than this is the whole output.
+# pieces around the forced text (tokens/splits.py); a tail shorter than this is the whole output.
 TAIL_BYTES = 32
 # Past this many allowed tokens that could run past the forced text, the back-off stands without
 # asking the pre-tokenizer about each (a choice that wide is the model's anyway).
@@ -146,7 +146,7 @@ class Matcher:
         cd < bc < ab, "abc" is [a, bc] but "abcd" is [ab, cd]). A token spans a boundary if its
         text stands across it in the forced text, or starts in the forced text and could run past
         its end with text the grammar allows. A token the tokenizer's pre-tokenizer would cut in two
-        where it stands does not count (splits.py); an added token always does.
+        where it stands does not count (tokens/splits.py); an added token always does.
         """
         g, info = self.grammar, self.grammar.info
         forced = self.jump_forward_bytes()

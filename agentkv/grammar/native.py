@@ -5,7 +5,7 @@ the linked automaton's live states (csrc/trim.c).
 
 Portable C (no -march, no OpenMP, no torch), cached in `$AGENTKV_CACHE_DIR/grammar/` by source and
 compiler (native_build.py). Without a C compiler, or with `AGENTKV_NATIVE_GRAMMAR=0`, `load()` returns
-None and the Python twins run (token_walk.py, dfa_python.py): the same languages and masks, slower.
+None and the Python twins run (tokens/walk.py, automata/dfa_python.py): the same languages and masks, slower.
 """
 
 from __future__ import annotations
@@ -26,20 +26,48 @@ _P, _I32, _I64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 
 class GrammarStruct(ctypes.Structure):
     """token_walk.c's Grammar."""
-    _fields_ = [("trans", _P), ("fork", _P), ("accept", _P), ("has_bytes", _P), ("tail", _P),
-                ("text_reach", _P), ("class_bytes", _P), ("class_reach", _P), ("call_off", _P), ("call_rule", _P), ("call_ret", _P), ("starts", _P),
-                ("n_states", _I32), ("max_depth", _I32)]
+    _fields_ = [
+        ("trans", _P),
+        ("fork", _P),
+        ("accept", _P),
+        ("has_bytes", _P),
+        ("tail", _P),
+        ("text_reach", _P),
+        ("class_bytes", _P),
+        ("class_reach", _P),
+        ("call_off", _P),
+        ("call_rule", _P),
+        ("call_ret", _P),
+        ("starts", _P),
+        ("n_states", _I32),
+        ("max_depth", _I32),
+    ]
 
 
 class TrieStruct(ctypes.Structure):
     """token_walk.c's Trie."""
-    _fields_ = [("byte", _P), ("next", _P), ("depth", _P), ("tok", _P), ("n_end", _P), ("text_chars", _P),
-                ("root_chars", _P), ("plain_masks", _P), ("below_bytes", _P), ("depth_below", _P), ("sorted_ids", _P), ("n_nodes", _I32), ("max_len", _I32),
-                ("words", _I32)]
+
+    _fields_ = [
+        ("byte", _P),
+        ("next", _P),
+        ("depth", _P),
+        ("tok", _P),
+        ("n_end", _P),
+        ("text_chars", _P),
+        ("root_chars", _P),
+        ("plain_masks", _P),
+        ("below_bytes", _P),
+        ("depth_below", _P),
+        ("sorted_ids", _P),
+        ("n_nodes", _I32),
+        ("max_len", _I32),
+        ("words", _I32),
+    ]
 
 
 class DfaStruct(ctypes.Structure):
     """dfa.h's agentkv_dfa."""
+
     _fields_ = [("n", _I32), ("n_calls", _I32), ("error", _I32), ("table", _P), ("accept", _P), ("calls", _P)]
 
 
@@ -64,8 +92,19 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     except (OSError, RuntimeError) as e:
         log.warning("agentkv: native token walk unavailable, walking in Python (%s)", e)
         return None, str(e)
-    lib.agentkv_token_walk.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _P, _I32, _I32,
-                                       _P, _I32, _P, _P, _P, _P]
+    lib.agentkv_token_walk.argtypes = [
+        ctypes.POINTER(GrammarStruct),
+        ctypes.POINTER(TrieStruct),
+        _P,
+        _I32,
+        _I32,
+        _P,
+        _I32,
+        _P,
+        _P,
+        _P,
+        _P,
+    ]
     lib.agentkv_token_walk.restype = ctypes.c_int
     lib.agentkv_walks_new.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _I32, _I64]
     lib.agentkv_walks_new.restype = _P

@@ -1,4 +1,4 @@
-"""The attention backend contract and the registry that picks one by name.
+"""The attention backend contract (the registry that picks one by name is registry.py).
 
 A forward pass holds a flat run of tokens from several requests: first `num_decodes` requests with
 one new token each, then extends (new tokens after a cached prefix). Every request's K/V lives in a
@@ -9,12 +9,9 @@ new tokens' slots last. Backends take tensors only, never requests.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from agentkv.errors import RequestError
 
 
 @dataclass
@@ -69,53 +66,3 @@ class AttentionBackend(ABC):
         window: int = 0,
         softcap: float = 0.0,
     ) -> torch.Tensor: ...
-
-
-_REGISTRY: dict[str, Callable[[], AttentionBackend]] = {}
-
-
-def register(name: str, factory: Callable[[], AttentionBackend]) -> None:
-    _REGISTRY[name] = factory
-
-
-def available_backends() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def get_backend(name: str, device: str | None = None, native: bool = True) -> AttentionBackend:
-    """`native` False keeps "auto" off agentkv's C kernel (the engine's native_kernels=False)."""
-    _load_builtin()
-    if name == "auto":
-        name = auto_backend(device, native)
-    if name not in _REGISTRY:
-        raise RequestError(f"unknown attention backend {name!r}; choose one of {available_backends()} or 'auto'")
-    return _REGISTRY[name]()
-
-
-def auto_backend(device: str | None = None, native: bool = True) -> str:
-    """For a CUDA device (`device` None: CUDA if there is one), Triton where triton imports; on CPU,
-    agentkv's C kernels where they build (kernels/cpu_native.py); the torch reference elsewhere (on
-    CPU the Triton kernels only run interpreted, far slower than torch). FlashInfer is chosen by
-    name only until it has been checked on a GPU (benchmarks/gpu.sh)."""
-    from agentkv.kernels import cpu_native
-    from agentkv.kernels.triton_backend import triton_usable
-
-    on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
-    if on_cuda:
-        return "triton" if triton_usable("cuda")[0] else "torch"
-    return "cpu" if native and cpu_native.load() is not None else "torch"
-
-
-def _load_builtin() -> None:
-    if "torch" not in _REGISTRY:
-        from agentkv.kernels.cpu_backend import CpuAttentionBackend
-        from agentkv.kernels.flashinfer_backend import FlashInferAttentionBackend
-        from agentkv.kernels.torch_backend import TorchAttentionBackend
-        from agentkv.kernels.triton_backend import TritonAttentionBackend
-
-        register("torch", TorchAttentionBackend)
-        # These three refuse with a clear error where they cannot run.
-        register("cpu", CpuAttentionBackend)
-        register("triton", TritonAttentionBackend)
-        register("flashinfer", FlashInferAttentionBackend)

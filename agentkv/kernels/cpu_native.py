@@ -6,12 +6,12 @@ K/V into a padded copy and then SDPA. These kernels do each element-wise step of
 attention straight from the paged pool (`cpu_backend.py`), and the linears on weights packed for them
 (`csrc/cpu_linear.c`, which streams each weight while it computes; oneDNN's kernels wait on memory).
 
-The library is built with `-O3 -march=native` (the CPU it runs on; AGENTKV_CPU_ARCH names another) and OpenMP linked against the
-runtime torch has loaded, so both share one thread pool (two pools on the same cores slow each
-other). It is cached in `$AGENTKV_CACHE_DIR/kernels/` (default `~/.cache/agentkv`) under a key of
-the sources, the compiler and the CPU: the first `Engine()` on a machine compiles them (about 4 s
-here), later ones load the file. Without a C compiler, or with `AGENTKV_NATIVE_KERNELS=0`, `load()` returns
-None and the engine runs its torch ops.
+The library is built with `-O3 -march=native` (the CPU it runs on; AGENTKV_CPU_ARCH names another)
+and OpenMP linked against the runtime torch has loaded, so both share one thread pool (two pools on
+the same cores slow each other). It is cached in `$AGENTKV_CACHE_DIR/kernels/` (default
+`~/.cache/agentkv`) under a key of the sources, the compiler and the CPU: the first `Engine()` on a
+machine compiles them (about 4 s here), later ones load the file. Without a C compiler, or with
+`AGENTKV_NATIVE_KERNELS=0`, `load()` returns None and the engine runs its torch ops.
 """
 
 from __future__ import annotations
@@ -36,8 +36,37 @@ log = logging.getLogger(__name__)
 _CSRC = Path(__file__).resolve().parent / "csrc"
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {  # name: (argument types, result type)
-    "agentkv_attention": ([_INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P,
-                           _I64, _INT, _INT, _INT, _F, _P, _I64, _F, _INT, _INT], _INT),
+    "agentkv_attention": (
+        [
+            _INT,
+            _P,
+            _I64,
+            _P,
+            _I64,
+            _P,
+            _I64,
+            _P,
+            _P,
+            _I64,
+            _P,
+            _I64,
+            _P,
+            _I64,
+            _I64,
+            _P,
+            _I64,
+            _INT,
+            _INT,
+            _INT,
+            _F,
+            _P,
+            _I64,
+            _F,
+            _INT,
+            _INT,
+        ],
+        _INT,
+    ),
     "agentkv_rms_norm": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT], None),
     "agentkv_silu_mul": ([_INT, _P, _I64, _I64, _I64, _P, _INT, _INT], None),
     "agentkv_rope": ([_INT, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT], None),
@@ -102,8 +131,19 @@ class NativeKernels(QuantKernels):
         heads = x.shape[1] if x.dim() == 3 else 1
         assert x.stride(-1) == 1 and (heads == 1 or x.stride(1) == n) and weight.dtype == x.dtype
         out = torch.empty(x.shape, dtype=x.dtype)
-        self._lib.agentkv_rms_norm(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), heads, weight.data_ptr(),
-                                   x.shape[0], n, eps, out.data_ptr(), torch.get_num_threads(), generic)
+        self._lib.agentkv_rms_norm(
+            _DTYPES[x.dtype],
+            x.data_ptr(),
+            x.stride(0),
+            heads,
+            weight.data_ptr(),
+            x.shape[0],
+            n,
+            eps,
+            out.data_ptr(),
+            torch.get_num_threads(),
+            generic,
+        )
         return out
 
     def silu_mul(self, gate_up: torch.Tensor, generic: bool = False) -> torch.Tensor:
@@ -111,20 +151,47 @@ class NativeKernels(QuantKernels):
         rows, n = gate_up.shape[0], gate_up.shape[1] // 2
         assert gate_up.stride(-1) == 1
         out = torch.empty(rows, n, dtype=gate_up.dtype)
-        self._lib.agentkv_silu_mul(_DTYPES[gate_up.dtype], gate_up.data_ptr(), gate_up.stride(0), rows, n,
-                                   out.data_ptr(), torch.get_num_threads(), generic)
+        self._lib.agentkv_silu_mul(
+            _DTYPES[gate_up.dtype],
+            gate_up.data_ptr(),
+            gate_up.stride(0),
+            rows,
+            n,
+            out.data_ptr(),
+            torch.get_num_threads(),
+            generic,
+        )
         return out
 
-    def rope_(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              generic: bool = False, rot: int | None = None) -> torch.Tensor:
+    def rope_(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        generic: bool = False,
+        rot: int | None = None,
+    ) -> torch.Tensor:
         """Rotates the first `rot` dims (all: None) of each head of x [T, heads, D] in place (heads
         contiguous) by the fp32 tables cos/sin [P, D] at `positions` [T] (int64); returns x."""
         T, heads, D = x.shape
         rot = D if rot is None else rot
         assert x.stride(2) == 1 and x.stride(1) == D and positions.dtype == torch.int64 and rot % 2 == 0 and rot <= D
         assert cos.dtype == sin.dtype == torch.float32 and cos.is_contiguous() and sin.is_contiguous()
-        self._lib.agentkv_rope(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), T, heads, D, rot, positions.data_ptr(),
-                               cos.data_ptr(), sin.data_ptr(), torch.get_num_threads(), generic)
+        self._lib.agentkv_rope(
+            _DTYPES[x.dtype],
+            x.data_ptr(),
+            x.stride(0),
+            T,
+            heads,
+            D,
+            rot,
+            positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            torch.get_num_threads(),
+            generic,
+        )
         return x
 
     def pack_linear(self, weight: torch.Tensor) -> PackedLinear:
@@ -141,8 +208,9 @@ class NativeKernels(QuantKernels):
             data = padded.view(k, blocks, 16).permute(1, 0, 2)
         return PackedLinear(data.contiguous(), k, n)
 
-    def linear(self, x: torch.Tensor, w: PackedLinear, bias: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(
+        self, x: torch.Tensor, w: PackedLinear, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """x [M, in] @ W (+ bias [out]) (+ residual [M, out]) -> [M, out], all of W's dtype."""
         dt = w.data.dtype
         assert x.dtype == dt and x.stride(-1) == 1 and x.shape[1] == w.in_features
@@ -152,16 +220,38 @@ class NativeKernels(QuantKernels):
             assert residual.dtype == dt and residual.stride(-1) == 1
             r_ld = residual.stride(0)
         self._lib.agentkv_linear(
-            _DTYPES[dt], x.data_ptr(), x.stride(0), x.shape[0], w.in_features, w.data.data_ptr(), w.out_features,
-            None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(), r_ld,
-            out.data_ptr(), w.out_features, torch.get_num_threads(),
+            _DTYPES[dt],
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[0],
+            w.in_features,
+            w.data.data_ptr(),
+            w.out_features,
+            None if bias is None else bias.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            r_ld,
+            out.data_ptr(),
+            w.out_features,
+            torch.get_num_threads(),
         )
         return out
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, out_loc: torch.Tensor, table: torch.Tensor, tiles: torch.Tensor,
-                  scale: float, out: torch.Tensor, generic: bool = False, window: int = 0,
-                  softcap: float = 0.0) -> None:
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out_loc: torch.Tensor,
+        table: torch.Tensor,
+        tiles: torch.Tensor,
+        scale: float,
+        out: torch.Tensor,
+        generic: bool = False,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> None:
         """Writes k, v [T, KVH, D] to the caches at `out_loc` [T], then fills out [T, H, D] at the
         tokens of `tiles` [n, 4] (first token, tokens, table row, keys of the first token): see
         csrc/cpu_attention.c. `generic` runs the plain-C path on CPUs with AVX-512 too (tests);
@@ -174,15 +264,39 @@ class NativeKernels(QuantKernels):
         assert table.dtype == out_loc.dtype == tiles.dtype == torch.int64 and tiles.is_contiguous()
         assert table.is_contiguous() and out_loc.is_contiguous() and k_cache.shape == v_cache.shape
         bad = self._lib.agentkv_attention(
-            _DTYPES[q.dtype], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-            k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], out_loc.data_ptr(), T, table.data_ptr(),
-            table.shape[0], table.shape[1], tiles.data_ptr(), tiles.shape[0], H, kvh, D, scale, out.data_ptr(),
-            window, softcap, torch.get_num_threads(), generic,
+            _DTYPES[q.dtype],
+            q.data_ptr(),
+            q.stride(0),
+            k.data_ptr(),
+            k.stride(0),
+            v.data_ptr(),
+            v.stride(0),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.shape[0],
+            out_loc.data_ptr(),
+            T,
+            table.data_ptr(),
+            table.shape[0],
+            table.shape[1],
+            tiles.data_ptr(),
+            tiles.shape[0],
+            H,
+            kvh,
+            D,
+            scale,
+            out.data_ptr(),
+            window,
+            softcap,
+            torch.get_num_threads(),
+            generic,
         )
         if bad:  # the kernel checks every index before it writes or reads through one
             what = {1: "a new token's slot", 2: "a tile", 3: "a slot in the table"}[bad]
-            raise EngineError(f"native attention refused the pass: {what} is out of bounds (an engine bug; "
-                              "attention_backend='torch' serves meanwhile)")
+            raise EngineError(
+                f"native attention refused the pass: {what} is out of bounds (an engine bug; "
+                "attention_backend='torch' serves meanwhile)"
+            )
 
 
 def for_engine(option: bool | None, device: str, dtype: str) -> NativeKernels | None:
@@ -194,8 +308,10 @@ def for_engine(option: bool | None, device: str, dtype: str) -> NativeKernels | 
     kernels = load() if applies else None
     if option and kernels is None:
         why = unavailable_reason() if applies else f"they run on CPU in float32 or bfloat16, not {device} {dtype}"
-        raise RequestError(f"native_kernels=True, but agentkv's native CPU kernels are unavailable: {why}; "
-                           "leave native_kernels unset to use torch ops where they are")
+        raise RequestError(
+            f"native_kernels=True, but agentkv's native CPU kernels are unavailable: {why}; "
+            "leave native_kernels unset to use torch ops where they are"
+        )
     return kernels
 
 
@@ -227,9 +343,15 @@ def _library() -> Path:
     openmp = ["-fopenmp"] if omp is not None else []
     # a call of a function with no prototype would pass its float arguments as doubles
     strict = ["-Werror=implicit-function-declaration"]
-    return native_build.build("kernels", "agentkv-cpu", sorted(_CSRC.glob("*.c")),
-                              flags=[*strict, *openmp, f"-march={_march()}"], fallback_flags=[*strict, *openmp], link=link,
-                              key=[_cpu_signature()])
+    return native_build.build(
+        "kernels",
+        "agentkv-cpu",
+        sorted(_CSRC.glob("*.c")),
+        flags=[*strict, *openmp, f"-march={_march()}"],
+        fallback_flags=[*strict, *openmp],
+        link=link,
+        key=[_cpu_signature()],
+    )
 
 
 def _march() -> str:

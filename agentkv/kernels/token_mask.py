@@ -24,6 +24,7 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> tuple[to
     bool tensor of rows that allow at least one token."""
     bitmask = bitmask.to(logits.device)
     if logits.is_cuda and triton_usable(logits.device)[0]:
+        # imported here: triton's import takes seconds, and only a CUDA pass needs it
         from agentkv.kernels.triton_small import apply_token_bitmask_inplace
 
         out = logits.contiguous().clone()

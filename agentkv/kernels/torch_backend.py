@@ -120,7 +120,8 @@ class TorchAttentionBackend(AttentionBackend):
             if softcap:  # (SDPA has no soft cap)
                 o = _capped(qd, kd.to(q.dtype), vd.to(q.dtype), scale, softcap, decode_mask)
             else:
-                o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=decode_mask, scale=scale)
+                o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=decode_mask,
+                                                   scale=scale)
             decoded = o.reshape(nd, H, D)
         if not extends:  # a decode-only pass: no output buffer to copy into
             return decoded.reshape(T, H * D)
@@ -135,8 +136,13 @@ class TorchAttentionBackend(AttentionBackend):
     def _masks(self, window: int) -> tuple:
         """(the decodes' mask, the extends' plans) for `window` (0: the pass's own, unwindowed)."""
         if not window:
-            return (self.shared_mask if self.shared_slots is not None else self.decode_mask
-                    if self.meta.num_decodes else None), self.extends
+            return (
+                self.shared_mask
+                if self.shared_slots is not None
+                else self.decode_mask
+                if self.meta.num_decodes
+                else None
+            ), self.extends
         if window not in self._windowed:
             self._windowed[window] = (self._window_decode_mask(window), self._window_extends(window))
         return self._windowed[window]
@@ -194,14 +200,23 @@ class TorchAttentionBackend(AttentionBackend):
             ve = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
             if softcap:
                 g = qe.shape[1] // ke.shape[1]
-                additive = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+                additive = (
+                    None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+                )
                 o = _capped(qe, ke.repeat_interleave(g, 1), ve.repeat_interleave(g, 1), scale, softcap, additive)
             else:
                 o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask, scale=scale, enable_gqa=True)
             out[offset : offset + ext] = o[0].transpose(0, 1)
 
-    def _decode_shared(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
-                       mask: torch.Tensor, softcap: float = 0.0) -> torch.Tensor:
+    def _decode_shared(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        mask: torch.Tensor,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
         B, H, D = q.shape
         kvh = k_cache.shape[1]
         g = H // kvh
@@ -217,8 +232,9 @@ class TorchAttentionBackend(AttentionBackend):
         return o.view(kvh, B, g, D).permute(1, 0, 2, 3).reshape(B, H, D)
 
 
-def _capped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float,
-            mask: torch.Tensor | None) -> torch.Tensor:
+def _capped(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float, mask: torch.Tensor | None
+) -> torch.Tensor:
     """Attention with Gemma 2's soft cap on the scores: q [..., M, D], k and v [..., S, D] (heads
     matched), `mask` additive (-inf where hidden) broadcasting to [..., M, S]."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale

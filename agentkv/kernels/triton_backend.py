@@ -44,6 +44,7 @@ class TritonAttentionBackend(AttentionBackend):
         ok, why = triton_usable()
         if not ok:
             raise RequestError(why)
+        # imported here: triton's import takes seconds, and only an engine on this backend needs it
         from agentkv.kernels import triton_decode, triton_extend, triton_small
 
         self._decode, self._extend, self._store = (triton_decode.decode_attention, triton_extend.extend_attention,

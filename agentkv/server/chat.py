@@ -11,7 +11,11 @@ from typing import Any
 
 from agentkv.chat.calls import CallProgress
 from agentkv.chat.reasoning import reply_grammar
-from agentkv.errors import RequestError
+from agentkv.engine import SamplingParams
+from agentkv.engine.outputs import Usage
+from agentkv.errors import GrammarError, PromptTooLongError, RequestError
+from agentkv.grammar.compiler import output_grammar_schema
+from agentkv.grammar.schema.validation import schema_check
 from agentkv.server.protocol import (
     APIError,
     ChatRequest,
@@ -32,8 +36,6 @@ class ChatPlan:
     """One chat request made ready to run: its prompt, parameters, and how to read its outputs."""
 
     def __init__(self, engine, req: ChatRequest):
-        from agentkv.engine import SamplingParams
-
         self.engine, self.req = engine, req
         self.fmt = engine.tool_format
         specs, defs, mode = chat_tools(req)
@@ -113,8 +115,6 @@ class ChatPlan:
 
     @staticmethod
     def _check(value, schema, what: str) -> None:
-        from agentkv.grammar.validation import schema_check
-
         problem = schema_check(schema).error(value)
         if problem is not None:
             raise APIError(500, f"the model wrote {what} that does not validate against its schema where the "
@@ -238,8 +238,6 @@ def _prompt_tokens(engine, prompt, max_tokens: int | None, param: str = "max_tok
 
 async def _run(awaitable):
     """Await an engine call; its RequestErrors become 400s (413 for a prompt over the context)."""
-    from agentkv.errors import GrammarError, PromptTooLongError
-
     try:
         return await awaitable
     except PromptTooLongError as e:
@@ -300,16 +298,12 @@ def _add(a, b, same_prompt: bool):
     """Usage of two outputs: completions of one prompt count the prompt once."""
     if not same_prompt:
         return a + b
-    from agentkv.engine.outputs import Usage
-
     return Usage(a.prompt_tokens, a.cached_tokens, a.completion_tokens + b.completion_tokens,
                  max(a.forward_passes, b.forward_passes), a.jump_forward_tokens + b.jump_forward_tokens,
                  a.draft_tokens + b.draft_tokens, a.accepted_draft_tokens + b.accepted_draft_tokens)
 
 
 def _schema_dict(schema) -> dict:
-    from agentkv.grammar.compiler import output_grammar_schema
-
     return output_grammar_schema(schema)
 
 

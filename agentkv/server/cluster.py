@@ -26,6 +26,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 import agentkv
+from agentkv.engine import Engine
 from agentkv.errors import AgentKVError
 from agentkv.routing.ray_router import PIN, PIN_ID, CacheAwareRequestRouter
 from agentkv.server.chat import (
@@ -81,9 +82,7 @@ class EngineReplica:
     """One engine. Its methods take the OpenAI body (the router reads the prompt from it)."""
 
     def __init__(self, model: str | None, model_name: str, options: dict[str, Any]):
-        import agentkv as ak
-
-        self.engine = ak.Engine(model, **options)
+        self.engine = Engine(model, **options)
         gc.collect()
         gc.freeze()  # a replica's process is a server's: its long-lived heap out of full collections' way
         self.model_name = model_name

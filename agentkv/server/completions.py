@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+from agentkv.engine import SamplingParams
 from agentkv.errors import RequestError
 from agentkv.server.chat import _add, _id, _prompt_tokens, _run, _sse, _usage, chain
 from agentkv.server.protocol import APIError, CompletionRequest, bad_request, finish_reason
 
 
 def _completion_params(req: CompletionRequest):
-    from agentkv.engine import SamplingParams
-
     if req.suffix is not None:
         raise APIError(400, "suffix (fill-in-the-middle) is not supported", "suffix")
     sampling = req.sampling(16)  # OpenAI's default for this endpoint
@@ -65,11 +64,21 @@ async def completion_stream(engine, req: CompletionRequest, model: str, metrics,
                 if d.text:
                     yield chunk(d.index, d.text)
                 if d.finish_reason is not None:
-                    yield chunk(d.index, "", finish_reason(d.finish_reason, False), _legacy_logprobs(d.completion.logprobs))
+                    yield chunk(
+                        d.index, "", finish_reason(d.finish_reason, False), _legacy_logprobs(d.completion.logprobs)
+                    )
                     usage = d.usage if usage is None else _add(usage, d.usage, same_prompt=True)
             if req.include_usage and usage is not None:
-                yield _sse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                            "choices": [], "usage": _usage(usage)})
+                yield _sse(
+                    {
+                        "id": rid,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": _usage(usage),
+                    }
+                )
             yield "data: [DONE]\n\n"
             finished = True
             metrics.request_done("/v1/completions", 200, time.perf_counter() - started, _usage(usage))
@@ -99,5 +108,9 @@ def _legacy_logprobs(logprobs) -> dict | None:
     for t in logprobs:
         offsets.append(pos)
         pos += len(t.token)
-    return {"tokens": [t.token for t in logprobs], "token_logprobs": [t.logprob for t in logprobs],
-            "top_logprobs": [{s: v for _, s, v in t.top} for t in logprobs], "text_offset": offsets}
+    return {
+        "tokens": [t.token for t in logprobs],
+        "token_logprobs": [t.logprob for t in logprobs],
+        "top_logprobs": [{s: v for _, s, v in t.top} for t in logprobs],
+        "text_offset": offsets,
+    }

@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentkv.chat import messages
 from agentkv.chat.calls import FunctionSpec, ToolCall, tool_name_problem
-from agentkv.errors import RequestError
+from agentkv.errors import CacheError, EngineClosedError, RequestError
+from agentkv.grammar.compiler import closed_schema
+from agentkv.grammar.schema.validation import metaschema_error
 
 # Limits on what one request may carry; past them, a 400 (413 for the body) naming the limit.
 MAX_BODY_BYTES = 16 << 20
@@ -143,8 +145,6 @@ def chat_tools(req: ChatRequest) -> tuple[list[FunctionSpec], list[dict], str]:
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         checked_schema(params, f"tools[{i}].function.parameters")
         if fn.get("strict"):
-            from agentkv.grammar.compiler import closed_schema
-
             params = closed_schema(params)
         specs.append(FunctionSpec(fn["name"], params))
         defs.append({"type": "function", "function": {k: v for k, v in fn.items() if k != "strict"}})
@@ -176,8 +176,6 @@ def response_schema(req: ChatRequest) -> Any:
                            "response_format.json_schema")
         schema = checked_schema(spec.get("schema", True), "response_format.json_schema.schema")
         if spec.get("strict") and isinstance(schema, dict):
-            from agentkv.grammar.compiler import closed_schema
-
             schema = closed_schema(schema)
         return schema
     raise APIError(400, f"response_format.type must be text, json_object or json_schema, not {rf.get('type')!r}",
@@ -200,8 +198,6 @@ def template_kwargs(req: ChatRequest) -> dict[str, Any]:
 def checked_schema(schema: Any, param: str) -> Any:
     """`schema`, or a 400 naming `param` and the pointer where it is not valid JSON Schema, or where
     it is larger or deeper than the server compiles."""
-    from agentkv.grammar.validation import metaschema_error
-
     if len(json.dumps(schema)) > MAX_SCHEMA_BYTES or _depth(schema) > MAX_SCHEMA_DEPTH:
         raise APIError(400, f"{param} is larger than {MAX_SCHEMA_BYTES} bytes of JSON or nested deeper than "
                             f"{MAX_SCHEMA_DEPTH} levels; simplify it", param)
@@ -338,8 +334,6 @@ def validate(kind: type[BaseModel], body: dict) -> Any:
 def engine_error(e: Exception) -> APIError:
     """An engine error as an HTTP error: a bad request or a pin over the budget is 400, a closed engine
     503, anything else 500."""
-    from agentkv.errors import CacheError, EngineClosedError
-
     status = 400 if isinstance(e, (RequestError, CacheError)) else 503 if isinstance(e, EngineClosedError) else 500
     return APIError(status, str(e), type="invalid_request_error" if status == 400 else "server_error")
 

@@ -11,7 +11,7 @@ import json
 import re
 
 from agentkv.chat.calls import CallProgress, ToolCall
-from agentkv.grammar.lark_source import balanced_json_end
+from agentkv.grammar.lark.source import balanced_json_end
 
 _HEADS: dict[str, re.Pattern] = {}
 _DECODER = json.JSONDecoder()

@@ -16,6 +16,7 @@ from typing import ClassVar
 from agentkv.chat.calls import CallProgress, ToolCall
 from agentkv.chat.formats.base import ToolFormat, arguments_schema, lark_literal, lark_schema
 from agentkv.errors import RequestError
+from agentkv.grammar.schema.objects import python_dumps
 
 SEPARATOR = ", "
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -125,6 +126,4 @@ def _calls(source: str) -> list[ToolCall] | None:
 
 
 def _kwargs_text(arguments: dict) -> str:
-    from agentkv.grammar.json_objects import python_dumps
-
     return SEPARATOR.join(f"{k}={python_dumps(v)}" for k, v in arguments.items())

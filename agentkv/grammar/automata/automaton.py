@@ -1,4 +1,4 @@
-"""All rules' DFAs (dfa.py) -> one global transition table.
+"""All rules' DFAs (automata/dfa.py) -> one global transition table.
 
 All rules' states are numbered globally: `trans[state, byte]` is the next state or -1,
 `calls[state]` the (rule, return state) pairs, `accept[state]` whether the rule may return there.
@@ -14,8 +14,8 @@ import numpy as np
 
 from agentkv.errors import GrammarError
 from agentkv.grammar import native
-from agentkv.grammar.dfa import minimal_dfa
-from agentkv.grammar.expr import refs
+from agentkv.grammar.automata.dfa import minimal_dfa
+from agentkv.grammar.automata.expr import refs
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 The expression becomes a Thompson NFA over byte ranges (characters lowered to their UTF-8
 sequences), with call edges for references; subset construction over byte classes makes it
-deterministic and minimization merges the states no input can tell apart, in C (dfa_native.py;
-csrc/nfa_build.c, dfa_build.c, dfa_minimize.c), or in Python (dfa_python.py, minimize.py) where no
+deterministic and minimization merges the states no input can tell apart, in C (automata/dfa_native.py;
+csrc/nfa_build.c, dfa_build.c, dfa_minimize.c), or in Python (automata/dfa_python.py, automata/minimize.py) where no
 compiler is present.
 Intersections and differences of call-free languages (string length bounds, formats, patterns) are
 product automata. Minimal DFAs are cached by expression across compilations, within a byte budget:
@@ -12,17 +12,16 @@ the same strings, numbers and formats recur schema after schema.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import numpy as np
 
 from agentkv.errors import GrammarError
-from agentkv.grammar import dfa_native, dfa_python, native
-from agentkv.grammar.expr import (
+from agentkv.grammar import native
+from agentkv.grammar.automata import dfa_native, dfa_python
+from agentkv.grammar.automata.expr import (
     Alt,
     Anchor,
     ByteSet,
@@ -34,35 +33,16 @@ from agentkv.grammar.expr import (
     Ref,
     Repeat,
     Seq,
-    subtract,
 )
-from agentkv.grammar.minimize import minimize
-
-MAX_NFA_STATES = 400_000
-MAX_DFA_STATES = 200_000
-
-
-def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
-    """Byte-range sequences matching exactly the UTF-8 encodings of code points lo..hi."""
-    out = []
-    for a, b in ((0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, 0x10FFFF)):
-        s, e = max(lo, a), min(hi, b)
-        if s <= e:
-            out.extend(_split_same_length(s, e))
-    return out
-
-
-def _split_same_length(s: int, e: int) -> list[list[tuple[int, int]]]:
-    n = len(chr(s).encode("utf-8", "surrogatepass"))
-    for i in range(1, n):
-        m = (1 << (6 * i)) - 1
-        if (s & ~m) != (e & ~m):
-            if s & m:
-                return _split_same_length(s, s | m) + _split_same_length((s | m) + 1, e)
-            if (e & m) != m:
-                return _split_same_length(s, (e & ~m) - 1) + _split_same_length(e & ~m, e)
-    bs, be = chr(s).encode("utf-8", "surrogatepass"), chr(e).encode("utf-8", "surrogatepass")
-    return [[(bs[i], be[i]) for i in range(n)]]
+from agentkv.grammar.automata.minimize import minimize
+from agentkv.grammar.automata.rule_dfa import (
+    MAX_DFA_STATES,
+    MAX_NFA_STATES,
+    RuleDFA,
+    rows_table,
+    table_edges,
+    utf8_ranges,
+)
 
 
 class NFA:
@@ -146,41 +126,6 @@ class NFA:
             raise GrammarError(f"regex anchor '{e.kind}' is only supported at the start or end of a pattern")
         raise TypeError(f"not a grammar expression: {e!r}")
 
-@dataclass
-class RuleDFA:
-    table: np.ndarray  # [n, 256] int32: the next state per byte, -1 for none
-    calls: list[list[tuple[str, int]]]  # per state: (rule, return state), by rule
-    accept: np.ndarray  # [n] bool
-
-    def targets(self, s: int) -> list[int]:
-        """The states one byte leads to from `s`."""
-        row = self.table[s]
-        return np.unique(row[row >= 0]).tolist()
-
-
-def table_edges(table: np.ndarray, base: int = 0) -> list[tuple[int, int, int, int]]:
-    """A DFA table's transitions as byte-interval edges (source, lo, hi, target), offset by `base`."""
-    src, byte = np.nonzero(table >= 0)
-    if not len(src):
-        return []
-    dst = table[src, byte]
-    start = np.ones(len(src), dtype=bool)
-    start[1:] = (src[1:] != src[:-1]) | (byte[1:] != byte[:-1] + 1) | (dst[1:] != dst[:-1])
-    first = np.nonzero(start)[0]
-    last = np.append(first[1:], len(src)) - 1
-    return list(zip((src[first] + base).tolist(), byte[first].tolist(), byte[last].tolist(),
-                    (dst[first] + base).tolist()))
-
-
-def rows_table(rows) -> np.ndarray:
-    """Rows of (lo, hi, target) byte intervals -> an [n, 256] int32 table (-1: no transition)."""
-    table = np.full((len(rows), 256), -1, dtype=np.int32)
-    for s, row in enumerate(rows):
-        for lo, hi, t in row:
-            table[s, lo:hi + 1] = t
-    return table
-
-
 def determinize(expr, deadline: float) -> RuleDFA:
     """`expr`'s DFA by subset construction in Python, not minimized (the twin; tests compare)."""
     nfa = NFA(deadline)
@@ -201,7 +146,7 @@ _DFAS_LOCK = threading.Lock()
 
 def minimal_dfa(expr, deadline: float) -> RuleDFA:
     """The minimal DFA of `expr` (minimized so that, e.g., a pattern's tail after its match is one
-    state; see minimize.py), cached."""
+    state; see automata/minimize.py), cached."""
     with _DFAS_LOCK:
         hit = _DFAS.get(expr)
         if hit is not None:
@@ -220,7 +165,7 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
         dfa = (dfa_native.machine(lib, table, accept) if lib is not None else
                minimize(RuleDFA(table, [[] for _ in accept], accept), deadline))
     else:
-        dfa = (dfa_native.expression(lib, expr, deadline) if lib is not None else
+        dfa = (dfa_native.expression(lib, expr, deadline, minimal_dfa) if lib is not None else
                minimize(determinize(expr, deadline), deadline))
     size = dfa.table.nbytes + 64 * len(dfa.accept)
     with _DFAS_LOCK:
@@ -232,15 +177,6 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
             _dfa_bytes -= _DFAS.popitem(last=False)[1][1]
             _dfa_evictions += 1
     return dfa
-
-
-@functools.lru_cache(maxsize=4096)
-def utf8_ranges(ranges) -> list[list[tuple[int, int]]]:
-    """A character set's UTF-8 encodings as byte-range sequences."""
-    seqs = []
-    for lo, hi in subtract(ranges, []):
-        seqs.extend(utf8_sequences(lo, hi))
-    return seqs
 
 
 def cache_info() -> dict[str, int]:

@@ -1,6 +1,6 @@
 """Rule automata built in C (csrc/nfa_build.c, dfa_build.c, dfa_minimize.c): an expression is
 encoded as int32 code, each distinct node once, and C builds its Thompson NFA, determinizes and
-minimizes it in one call; products and machines likewise. dfa.py calls this where the library loads.
+minimizes it in one call; products and machines likewise. automata/dfa.py calls this where the library loads.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 import numpy as np
 
 from agentkv.errors import GrammarError
-from agentkv.grammar import dfa, native
-from agentkv.grammar.expr import (
+from agentkv.grammar import native
+from agentkv.grammar.automata.expr import (
     Alt,
     Anchor,
     ByteSet,
@@ -26,14 +26,15 @@ from agentkv.grammar.expr import (
     Repeat,
     Seq,
 )
+from agentkv.grammar.automata.rule_dfa import MAX_DFA_STATES, MAX_NFA_STATES, RuleDFA, utf8_ranges
 
 
 def product(lib, left, right, keep_right: bool, deadline: float):
-    """The minimal intersection (`keep_right`) or difference of two call-free dfa.RuleDFAs."""
+    """The minimal intersection (`keep_right`) or difference of two call-free RuleDFAs."""
     acc1, acc2 = _bytes(left.accept), _bytes(right.accept)  # (held: C reads them)
     return _result(lib.agentkv_dfa_product(
         len(acc1), _ptr(left.table), _ptr(acc1), len(acc2), _ptr(right.table), _ptr(acc2), int(keep_right),
-        dfa.MAX_DFA_STATES, _seconds(deadline)), [])
+        MAX_DFA_STATES, _seconds(deadline)), [])
 
 
 def machine(lib, table: np.ndarray, accept: np.ndarray):
@@ -42,21 +43,23 @@ def machine(lib, table: np.ndarray, accept: np.ndarray):
     return _result(lib.agentkv_dfa_minimize(len(acc), _ptr(table), _ptr(acc)), [])
 
 
-def expression(lib, expr, deadline: float):
-    """The minimal DFA of a rule's expression: encoded, then NFA, subsets and minimization in C."""
-    code, root, names, embedded = encode(expr, deadline)
+def expression(lib, expr, deadline: float, minimal):
+    """The minimal DFA of a rule's expression: encoded, then NFA, subsets and minimization in C.
+    `minimal(e, deadline)` gives the DFAs embedded whole (intersections, differences, machines):
+    dfa.minimal_dfa, with its cache."""
+    code, root, names, embedded = encode(expr, deadline, minimal)
     dfa_off = np.cumsum([0] + [len(d.accept) for d in embedded], dtype=np.int32)
     tables = np.concatenate([d.table for d in embedded]) if embedded else np.zeros((0, 256), dtype=np.int32)
     accepts = _bytes(np.concatenate([d.accept for d in embedded]) if embedded else np.zeros(0, dtype=bool))
     return _result(lib.agentkv_expr_to_dfa(_ptr(code), root, _ptr(dfa_off), _ptr(tables), _ptr(accepts),
-                                           dfa.MAX_NFA_STATES, dfa.MAX_DFA_STATES, _seconds(deadline)), names)
+                                           MAX_NFA_STATES, MAX_DFA_STATES, _seconds(deadline)), names)
 
 
 # Node kinds of the encoding csrc/nfa_build.c builds its NFA from (its X_* constants).
 X_LIT, X_RANGES, X_SEQ, X_ALT, X_REPEAT, X_REF, X_DFA = range(7)
 
 
-def encode(expr, deadline: float) -> tuple[np.ndarray, int, list[str], list]:
+def encode(expr, deadline: float, minimal) -> tuple[np.ndarray, int, list[str], list]:
     """`expr` as int32 code for the C NFA builder: each distinct node once, after its children,
     as its kind and arguments (children by their offset). Returns the code, the root's offset, the
     rule names (a REF's argument indexes them; sorted), and the minimal DFAs of intersections,
@@ -84,7 +87,7 @@ def encode(expr, deadline: float) -> tuple[np.ndarray, int, list[str], list]:
             ref_args.append(len(code) + 1)
             node = [X_REF, names.setdefault(e.name, len(names))]
         elif isinstance(e, (Intersect, Diff, Machine)):
-            embedded.append(dfa.minimal_dfa(e, deadline))
+            embedded.append(minimal(e, deadline))
             node = [X_DFA, len(embedded) - 1]
         elif isinstance(e, Anchor):
             raise GrammarError(f"regex anchor '{e.kind}' is only supported at the start or end of a pattern")
@@ -107,7 +110,7 @@ def encode(expr, deadline: float) -> tuple[np.ndarray, int, list[str], list]:
 @functools.lru_cache(maxsize=4096)
 def _ranges_node(ranges, characters: bool) -> tuple[int, ...]:
     """An X_RANGES node: a character set's UTF-8 byte-range sequences (a byte set's ranges)."""
-    seqs = dfa.utf8_ranges(ranges) if characters else [[r] for r in ranges]
+    seqs = utf8_ranges(ranges) if characters else [[r] for r in ranges]
     node = [X_RANGES, len(seqs)]
     for sq in seqs:
         node.append(len(sq))
@@ -135,9 +138,9 @@ def _result(result: int, names: list[str]):
     try:
         r = native.DfaStruct.from_address(result)
         if r.error == native.DFA_TOO_MANY:
-            raise GrammarError(f"grammar too large: more than {dfa.MAX_DFA_STATES} states in one rule; simplify it")
+            raise GrammarError(f"grammar too large: more than {MAX_DFA_STATES} states in one rule; simplify it")
         if r.error == native.DFA_TOO_MANY_NFA:
-            raise GrammarError(f"grammar too large: more than {dfa.MAX_NFA_STATES} automaton states; lower the "
+            raise GrammarError(f"grammar too large: more than {MAX_NFA_STATES} automaton states; lower the "
                                "repetition bounds (maxLength, maxItems, {m,n}) or simplify the schema")
         if r.error == native.DFA_TIMEOUT:
             raise GrammarError("grammar compilation timed out")
@@ -155,6 +158,6 @@ def _result(result: int, names: list[str]):
             flat = flat.tolist()
             for i in range(0, 3 * nc, 3):
                 calls[flat[i]].append((names[flat[i + 1]], flat[i + 2]))
-        return dfa.RuleDFA(table, calls, accept)
+        return RuleDFA(table, calls, accept)
     finally:
         native.load().agentkv_dfa_free(result)

@@ -1,5 +1,5 @@
 """Subset construction and products in Python: the twin of csrc/dfa_build.c where no compiler is
-present (or AGENTKV_NATIVE_GRAMMAR=0). The same languages; minimize.py then merges equivalent states.
+present (or AGENTKV_NATIVE_GRAMMAR=0). The same languages; automata/minimize.py then merges equivalent states.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from agentkv.errors import GrammarError
+from agentkv.grammar.automata.rule_dfa import RuleDFA, rows_table
 
 
 def _sweep(edges):
@@ -62,7 +63,6 @@ class _States:
 
 def determinize(nfa, start: int, final: int, max_states: int, deadline: float):
     """The DFA of an NFA (dfa.NFA) by subset construction, not minimized."""
-    from agentkv.grammar.dfa import RuleDFA, rows_table
 
     out_bytes: list[list[tuple[int, int, int]]] = [[] for _ in range(nfa.n)]
     eps: list[list[int]] = [[] for _ in range(nfa.n)]
@@ -105,7 +105,6 @@ def determinize(nfa, start: int, final: int, max_states: int, deadline: float):
 
 def product(d1, d2, keep_right: bool, max_states: int, deadline: float):
     """Product automaton: intersection (`keep_right`) or difference d1 - d2 of two call-free DFAs."""
-    from agentkv.grammar.dfa import RuleDFA
 
     states = _States((0, 0), max_states, deadline)
     rows, accept = [], []

@@ -79,7 +79,7 @@ class Diff:
 class Machine:
     """A call-free language given as its DFA over bytes (state 0 starts; rows of (lo, hi, target)
     byte intervals): what no expression writes compactly, such as the texts of multiples of a
-    number (json_numbers.py)."""
+    number (schema/numbers.py)."""
 
     trans: tuple[tuple[tuple[int, int, int], ...], ...]
     accept: tuple[bool, ...]
@@ -92,7 +92,7 @@ class Machine:
 
 @dataclass(frozen=True)
 class Anchor:
-    """`^` or `$` in a regex; only allowed where the front end can resolve it (see regex.py)."""
+    """`^` or `$` in a regex; only allowed where the front end can resolve it (see automata/regex.py)."""
 
     kind: str
 

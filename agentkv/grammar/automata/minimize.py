@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from agentkv.errors import GrammarError
+from agentkv.grammar.automata.rule_dfa import RuleDFA
 
 # Each round tells apart states one more symbol ahead; a long chain (a string with a large maxLength)
 # would take as many rounds as it is long, and such chains rarely have states to merge: past this
@@ -27,7 +28,6 @@ MAX_ROUNDS = 48
 
 def minimize(d, deadline: float):
     """The minimal DFA equivalent to `d` (a RuleDFA), start state still 0."""
-    from agentkv.grammar.dfa import RuleDFA
 
     n = len(d.accept)
     if n < 2:

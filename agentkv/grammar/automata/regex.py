@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.expr import (
+from agentkv.grammar.automata.expr import (
     Alt,
     Anchor,
     Chars,
@@ -250,7 +250,8 @@ class _Parser:
                 break
             first = False
             lo_set = self.escape(in_class=True) if c == "\\" else ((ord(c), ord(c)),)
-            if self.peek() == "-" and self.peek(1) not in ("]", "") and len(lo_set) == 1 and lo_set[0][0] == lo_set[0][1]:
+            single = len(lo_set) == 1 and lo_set[0][0] == lo_set[0][1]
+            if self.peek() == "-" and self.peek(1) not in ("]", "") and single:
                 self.i += 1
                 h = self.take()
                 hi_set = self.escape(in_class=True) if h == "\\" else ((ord(h), ord(h)),)
@@ -321,8 +322,9 @@ def search_expr(pattern: str, where: str | None = None) -> Expr:
         e = seq(*([] if start else [ANY]), body, *([] if end else [ANY]))
         for look in looks:
             # At the start of the string, (?=A) holds where the string starts with a match of A.
-            starts_with = alt(*(seq(b, *([] if e_ else [ANY]))
-                                for b, _, e_ in (_strip_edges(x, where) for x in _branches(look.expr))))
+            starts_with = alt(
+                *(seq(b, *([] if e_ else [ANY])) for b, _, e_ in (_strip_edges(x, where) for x in _branches(look.expr)))
+            )
             e = Diff(e, starts_with) if look.negative else Intersect(e, starts_with)
         out.append(e)
     return alt(*out)

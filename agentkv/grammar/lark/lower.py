@@ -29,9 +29,9 @@ from lark.grammar import NonTerminal, Terminal
 from lark.load_grammar import GrammarBuilder
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.expr import Ref, Repeat, alt, chars, lit, opt, seq, star
-from agentkv.grammar.lark_source import UNBOUNDED, Source
-from agentkv.grammar.regex import match_expr
+from agentkv.grammar.automata.expr import Ref, Repeat, alt, chars, lit, opt, seq, star
+from agentkv.grammar.automata.regex import match_expr
+from agentkv.grammar.lark.source import UNBOUNDED, Source
 
 # common.lark's terminals whose definition relies on a lexer's lazy, lookbehind matching (`/.*?/`,
 # `(?<!\\)`): their language, as a regular expression

@@ -1,10 +1,10 @@
 """A Lark grammar's text as Lark is given it, and the way back to the text as the user wrote it.
 
 Two things of the dialect are not Lark's own and are rewritten before Lark parses the text: an inline
-`%json {...}` (or `%pyjson {...}`) schema becomes a declared terminal that lark.py turns into the
+`%json {...}` (or `%pyjson {...}`) schema becomes a declared terminal that lark/lower.py turns into the
 schema's rules, and a repetition `x{m}` / `x{m,}` / `x{m,n}` becomes Lark's `x ~ m..n`. Strings,
 regexes and comments are skipped over, so their text is never rewritten. Every position Lark (or
-lark.py) reports is in the rewritten text; `error` places it in the original, with the line, the
+lark/lower.py) reports is in the rewritten text; `error` places it in the original, with the line, the
 column and a caret.
 """
 
@@ -23,7 +23,7 @@ MARKS = re.compile(r'//|["/%{]')  # where a comment, string, regex, schema or re
 SCHEMA = re.compile(r"%(py)?json\b")
 REPEAT = re.compile(r"\{[ \t]*([0-9]+)[ \t]*(?:(,)[ \t]*([0-9]*)[ \t]*)?\}")
 IMPORT = re.compile(r"^[ \t]*%import[ \t]*([\w.]*)(.*)$", re.M)
-UNBOUNDED = 2 ** 62  # the upper bound written for `x{m,}`; lark.py reads it back as none
+UNBOUNDED = 2 ** 62  # the upper bound written for `x{m,}`; lark/lower.py reads it back as none
 
 
 class Source:
@@ -97,7 +97,7 @@ class Source:
         for m in IMPORT.finditer(self.text):
             path, rest = m.group(1), m.group(2)
             if not re.fullmatch(r"common(\.\w+)?", path):
-                continue  # (any other import is refused where Lark makes it: lark.py's _Builder)
+                continue  # (any other import is refused where Lark makes it: lark/lower.py's _Builder)
             if "." in path:
                 alias = re.search(r"->\s*(\w+)", rest)
                 found = {alias.group(1) if alias else path.split(".")[-1]: path.split(".")[-1]}

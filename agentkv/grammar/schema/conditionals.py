@@ -13,7 +13,7 @@ conditional lists (the schema's own values for `k` less the listed ones, or, whe
 are strings, any value but those: a `not` of strings, which agentkv enforces), `k` absent, and
 non-objects.
 Each case is the rest of the schema merged with the `then` or `else` of every conditional (allOf
-arithmetic, json_merge.py), and the schema is their union. Any other `if` is a `GrammarError`.
+arithmetic, schema/merge.py), and the schema is their union. Any other `if` is a `GrammarError`.
 
 Dependencies (`dependentRequired`, `dependentSchemas`, draft-07 `dependencies`) split the same way,
 by which of the named properties are present (2^n cases, so at most MAX_PRESENCE_NAMES of them), and
@@ -24,13 +24,13 @@ required and typed properties is rewritten as the schema for what that test refu
 from __future__ import annotations
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.json_merge import (
+from agentkv.grammar.schema.merge import (
     excluded_strings,
     json_equal,
     validating,
     value_types,
 )
-from agentkv.grammar.json_objects import pointer_escape
+from agentkv.grammar.schema.objects import pointer_escape
 
 CONDITIONAL_KEYS = ("if", "then", "else")
 DEPENDENCY_KEYS = ("dependencies", "dependentRequired", "dependentSchemas")
@@ -40,7 +40,7 @@ MAX_NEGATION_DEPTH = 16
 
 
 class ConditionalRules:
-    """Mixed into the converter (json_schema.py), which supplies merge, inline_ref and value."""
+    """Mixed into the converter (schema/json_schema.py), which supplies merge, inline_ref and value."""
 
     def dependency_cases(self, schema: dict, ptr: str) -> object:
         """`dependentRequired` / `dependentSchemas` (and draft-07 `dependencies`, either form) as the

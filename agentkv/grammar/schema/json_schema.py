@@ -4,10 +4,10 @@ Output is compact JSON by default (flexible whitespace, capped per run, as an op
 properties come in schema order (`properties`), each optional one skippable, then additional
 properties (keys other than the declared ones) where `additionalProperties` allows them (it defaults
 to true, as the spec says; `close_objects=True` makes it false). `$ref` targets become rules, so
-recursion is exact; `allOf` is merged keyword by keyword (json_merge.py); `anyOf` becomes
+recursion is exact; `allOf` is merged keyword by keyword (schema/merge.py); `anyOf` becomes
 alternation; `oneOf` too where its branches provably exclude each other; objects are in
-json_objects.py. A validation keyword this compiler cannot enforce exactly is relaxed: dropped from
-the grammar and recorded with its JSON pointer (relaxed.py), or with `strict=True` a `GrammarError`.
+schema/objects.py. A validation keyword this compiler cannot enforce exactly is relaxed: dropped from
+the grammar and recorded with its JSON pointer (schema/relaxed.py), or with `strict=True` a `GrammarError`.
 Keywords outside the JSON Schema vocabularies are annotations (the spec says to ignore them).
 """
 
@@ -18,8 +18,8 @@ import math
 import time
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.dfa import language_matches
-from agentkv.grammar.expr import (
+from agentkv.grammar.automata.dfa import language_matches
+from agentkv.grammar.automata.expr import (
     EMPTY,
     NOTHING,
     Intersect,
@@ -32,8 +32,8 @@ from agentkv.grammar.expr import (
     seq,
     star,
 )
-from agentkv.grammar.json_conditionals import DEPENDENCY_KEYS, ConditionalRules
-from agentkv.grammar.json_merge import (
+from agentkv.grammar.schema.conditionals import DEPENDENCY_KEYS, ConditionalRules
+from agentkv.grammar.schema.merge import (
     DEPENDENT,
     UNSUPPORTED,
     SchemaMerger,
@@ -42,18 +42,18 @@ from agentkv.grammar.json_merge import (
     type_of,
     validating,
 )
-from agentkv.grammar.json_numbers import NUMBER, integer_range, multiple_of, number_range
-from agentkv.grammar.json_objects import (
+from agentkv.grammar.schema.numbers import NUMBER, integer_range, multiple_of, number_range
+from agentkv.grammar.schema.objects import (
     ObjectRules,
     dumps,
     python_dumps,
     schema_count,
 )
-from agentkv.grammar.json_refs import SchemaResources
-from agentkv.grammar.json_strings import StringRules
-from agentkv.grammar.json_values import string_body
-from agentkv.grammar.relaxed import Relaxations
-from agentkv.grammar.validation import metaschema_error
+from agentkv.grammar.schema.refs import SchemaResources
+from agentkv.grammar.schema.relaxed import Relaxations
+from agentkv.grammar.schema.strings import StringRules
+from agentkv.grammar.schema.validation import metaschema_error
+from agentkv.grammar.schema.values import string_body
 
 ALL_TYPES = ("object", "array", "string", "number", "boolean", "null")
 # Keywords next to enum/const that are checked on each listed value (the others are refused there).
@@ -68,7 +68,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
                  max_whitespace: int = 16, deadline: float | None = None, prefix: str = "",
                  refs: SchemaResources | None = None, python_literals: bool = False):
         """`close_objects`: `additionalProperties` false where it is not given. `strict`: refuse what
-        the grammar cannot enforce exactly instead of relaxing it (relaxed.py). `python_literals`:
+        the grammar cannot enforce exactly instead of relaxing it (schema/relaxed.py). `python_literals`:
         true, false and null written True, False and None (values of a pythonic tool call)."""
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
@@ -76,7 +76,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
         if invalid is not None:
             raise GrammarError(f"the schema is not valid JSON Schema: {invalid[0]}", invalid[1])
         self.refs = refs or SchemaResources(schema)  # `refs`: read with the documents a caller supplied
-        self.root = self.refs.root  # its $refs rewritten to one absolute form (json_refs.py)
+        self.root = self.refs.root  # its $refs rewritten to one absolute form (schema/refs.py)
         self.close_objects = close_objects
         self.python_literals = python_literals
         self._init_relaxations(strict)
@@ -102,7 +102,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
     def resolve(self, ref: str, where: str) -> tuple[object, str]:
         # A document not given is a GrammarError even when relaxing: nothing could check a value
         # there either, and SchemaStore shows both ways of pretending cost real instances.
-        return self.refs.resolve(ref, where)  # json_refs.py
+        return self.refs.resolve(ref, where)  # schema/refs.py
 
     def ref_rule(self, ref: str, where: str) -> Ref:
         target, ptr = self.resolve(ref, where)
@@ -132,7 +132,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             return NOTHING
         if not isinstance(schema, dict):
             raise GrammarError(f"a schema must be an object or a boolean, not {type(schema).__name__}", ptr)
-        folded = self.without_not(schema, ptr)  # json_conditionals.py
+        folded = self.without_not(schema, ptr)  # schema/conditionals.py
         if folded is not None:
             return self.value(folded, ptr)
         schema = self._enforceable(schema, ptr)
@@ -143,11 +143,12 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             target, _ = self.resolve(schema["$ref"], f"{ptr}/$ref")
             return self.value(self.merge(target, rest, ptr), ptr)
         if any(k in schema for k in DEPENDENCY_KEYS):
-            return self.value(self.dependency_cases(schema, ptr), ptr)  # json_conditionals.py
+            return self.value(self.dependency_cases(schema, ptr), ptr)  # schema/conditionals.py
         parts = schema.get("allOf")
         if "if" in schema or isinstance(parts, list) and any(
-                isinstance(p, dict) and "if" in _as_dict(self.inline_ref(p, f"{ptr}/allOf/{i}")) for i, p in enumerate(parts)):
-            return self.value(self.conditional_cases(schema, ptr), ptr)  # json_conditionals.py
+                isinstance(p, dict) and "if" in _as_dict(self.inline_ref(p, f"{ptr}/allOf/{i}"))
+                for i, p in enumerate(parts)):
+            return self.value(self.conditional_cases(schema, ptr), ptr)  # schema/conditionals.py
         if "allOf" in schema:
             merged = {k: v for k, v in schema.items() if k != "allOf"}
             for i, part in enumerate(_list(schema["allOf"], f"{ptr}/allOf")):
@@ -158,21 +159,34 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
                 rest = {k: v for k, v in schema.items() if k != key}
                 branches = written = _list(schema[key], f"{ptr}/{key}")
                 if validating(rest):  # siblings apply to every branch (and may make them exclusive)
-                    branches = [self.merge(rest, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}")
-                                for i, b in enumerate(branches)]
+                    branches = [
+                        self.merge(rest, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}")
+                        for i, b in enumerate(branches)
+                    ]
                     if "type" in rest:  # the sibling type alone, which leaves the branches' keywords as written
-                        written = [self.merge({"type": rest["type"]}, self.inline_ref(b, f"{ptr}/{key}/{i}"),
-                                              f"{ptr}/{key}/{i}") for i, b in enumerate(written)]
+                        written = [
+                            self.merge(
+                                {"type": rest["type"]}, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}"
+                            )
+                            for i, b in enumerate(written)
+                        ]
                 # Branches apart with only part of the siblings merged in stay apart with all of them (each
                 # only narrows); the full merge can hide what told them apart (a const inside an allOf).
-                if key == "oneOf" and not self.disjoint(branches) and not (
-                        branches is not written and self.disjoint(written)):
-                    cases = self.one_of_cases(rest, schema[key], f"{ptr}/oneOf")  # json_conditionals.py
+                if (
+                    key == "oneOf"
+                    and not self.disjoint(branches)
+                    and not (branches is not written and self.disjoint(written))
+                ):
+                    cases = self.one_of_cases(rest, schema[key], f"{ptr}/oneOf")  # schema/conditionals.py
                     if cases is not None:
                         return self.value(cases, ptr)
-                    self.relax("oneOf", f"{ptr}/oneOf", "oneOf branches that may overlap cannot be enforced as "
-                               "'exactly one' (the grammar takes them as anyOf); make them exclusive (distinct "
-                               "types or const/enum values) or use anyOf")
+                    self.relax(
+                        "oneOf",
+                        f"{ptr}/oneOf",
+                        "oneOf branches that may overlap cannot be enforced as "
+                        "'exactly one' (the grammar takes them as anyOf); make them exclusive (distinct "
+                        "types or const/enum values) or use anyOf",
+                    )
                 return alt(*[self.value(b, f"{ptr}/{key}/{i}") for i, b in enumerate(branches)])
         if "const" in schema or "enum" in schema:
             return self.enum(schema, ptr)
@@ -213,8 +227,15 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             kv = seq(self.string_expr(string_body()), self.punct(":"), ANY)
             obj = seq(self.punct("{"), opt(seq(kv, star(seq(self.punct(","), kv)))), self.punct("}"))
             arr = seq(self.punct("["), opt(seq(ANY, star(seq(self.punct(","), ANY)))), self.punct("]"))
-            self.rules[name] = alt(obj, arr, self.string_expr(string_body()), NUMBER,
-                                   lit(self.literal(True)), lit(self.literal(False)), lit(self.literal(None)))
+            self.rules[name] = alt(
+                obj,
+                arr,
+                self.string_expr(string_body()),
+                NUMBER,
+                lit(self.literal(True)),
+                lit(self.literal(False)),
+                lit(self.literal(None)),
+            )
         return Ref(name)
 
     def string_expr(self, body):
@@ -226,12 +247,21 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             values = [v for v in values if any(json_equal(v, e) for e in schema["enum"])]
         excluded = excluded_strings(schema.get("not")) or []
         values = [v for v in values if not (isinstance(v, str) and v in excluded)]
-        extra = [k for k in schema if validating({k: schema[k]}) and k not in ("enum", "const", "type", "nullable")
-                 and not (k == "not" and excluded_strings(schema[k]) is not None)]
+        extra = [
+            k
+            for k in schema
+            if validating({k: schema[k]})
+            and k not in ("enum", "const", "type", "nullable")
+            and not (k == "not" and excluded_strings(schema[k]) is not None)
+        ]
         for k in extra:
             if k not in LISTED_VALUE_CHECKS:
-                self.relax(k, f"{ptr}/{k}", f"enum/const together with '{k}' is not supported (the listed "
-                           "values are not checked against it); list only the allowed values")
+                self.relax(
+                    k,
+                    f"{ptr}/{k}",
+                    f"enum/const together with '{k}' is not supported (the listed "
+                    "values are not checked against it); list only the allowed values",
+                )
         extra = [k for k in extra if k in LISTED_VALUE_CHECKS]
         if extra:  # string and number keywords next to the list: keep the values that meet them
             lang = self.string_language(schema, ptr)
@@ -288,7 +318,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
         return self._multiples(number_range(lo, lo_x, hi, hi_x, ptr), schema, False, ptr)
 
     def _multiples(self, numbers, schema: dict, integer: bool, ptr: str):
-        """`numbers` less those that are not multiples of the schema's `multipleOf` (json_numbers.py)."""
+        """`numbers` less those that are not multiples of the schema's `multipleOf` (schema/numbers.py)."""
         step = schema.get("multipleOf")
         if step is None:
             return numbers
@@ -296,8 +326,9 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             raise GrammarError("multipleOf must be a number", f"{ptr}/multipleOf")
         machine = multiple_of(step, integer, f"{ptr}/multipleOf")
         if machine is None:
-            self.relax("multipleOf", f"{ptr}/multipleOf", f"multipleOf {step} needs too many remainders to "
-                       "track in a grammar")
+            self.relax(
+                "multipleOf", f"{ptr}/multipleOf", f"multipleOf {step} needs too many remainders to track in a grammar"
+            )
             return numbers
         return Intersect(numbers, machine)
 
@@ -315,8 +346,11 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             return NOTHING
         for key, bound in (("minItems", lo), ("maxItems", hi)):
             if bound is not None and bound > MAX_COUNTED_ITEMS:
-                self.relax(key, f"{ptr}/{key}", f"{key} {bound} is above the {MAX_COUNTED_ITEMS} items a grammar "
-                           "counts exactly")
+                self.relax(
+                    key,
+                    f"{ptr}/{key}",
+                    f"{key} {bound} is above the {MAX_COUNTED_ITEMS} items a grammar counts exactly",
+                )
                 lo, hi = (0, hi) if key == "minItems" else (lo, None)
         elems = [self.rule_for(p, f"{ptr}/prefixItems/{i}") for i, p in enumerate(prefix)]
         item = self.rule_for(items, f"{ptr}/items") if items is not False else NOTHING
@@ -346,7 +380,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
         if schema is True or (isinstance(schema, dict) and not validating(schema)):
             return self.any_value()
         # Equal sub-schemas (config files repeat one shape under many names) share one rule:
-        # $refs are in one absolute form (json_refs.py), so equal text means an equal language.
+        # $refs are in one absolute form (schema/refs.py), so equal text means an equal language.
         key = json.dumps(schema, sort_keys=True)
         name = self._by_content.get(key)
         if name is None:
@@ -361,8 +395,12 @@ def _meets(value, lang, lo, lo_x: bool, hi, hi_x: bool, deadline: float) -> bool
     if isinstance(value, str):
         return lang is None or language_matches(lang, value, deadline)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return not (lo is not None and (value < lo or lo_x and value == lo)
-                    or hi is not None and (value > hi or hi_x and value == hi))
+        return not (
+            lo is not None
+            and (value < lo or lo_x and value == lo)
+            or hi is not None
+            and (value > hi or hi_x and value == hi)
+        )
     return True  # string and number keywords do not apply to other types
 
 

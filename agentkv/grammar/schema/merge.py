@@ -5,26 +5,26 @@ bounds tighten, properties merge with each side's additionalProperties applied t
 names, arrays merge position by position), raising `GrammarError` where that cannot be written.
 `disjoint(branches)` is a sound (not complete) test that no instance matches two oneOf branches
 (distinct types or values, listed values that each fail the other branch, discriminators).
-The converter (json_schema.py) inherits these; it supplies `resolve` for `$ref` and
+The converter (schema/json_schema.py) inherits these; it supplies `resolve` for `$ref` and
 `string_language` (a string schema's language, for telling string branches apart exactly).
 """
 
 from __future__ import annotations
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.dfa import is_empty, language_matches
-from agentkv.grammar.expr import Intersect
-from agentkv.grammar.regex import search_expr
+from agentkv.grammar.automata.dfa import is_empty, language_matches
+from agentkv.grammar.automata.expr import Intersect
+from agentkv.grammar.automata.regex import search_expr
 
 ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "default", "examples", "example",
                "deprecated", "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$defs", "definitions",
                "contentEncoding", "contentMediaType", "contentSchema", "$vocabulary", "discriminator"}
-# Keywords no grammar enforces exactly (relaxed: dropped and validated after; json_schema.py), and
-# `not` where json_conditionals.py cannot rewrite it.
+# Keywords no grammar enforces exactly (relaxed: dropped and validated after; schema/json_schema.py), and
+# `not` where schema/conditionals.py cannot rewrite it.
 UNSUPPORTED = {"not", "contains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef",
                "uniqueItems"}
 # Keywords that only mean something next to another one (minContains without contains is ignored;
-# then/else without if likewise, and with it they are json_conditionals.py's).
+# then/else without if likewise, and with it they are schema/conditionals.py's).
 DEPENDENT = {"minContains": "contains", "maxContains": "contains"}
 OBJECT_KEYS = {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
                "patternProperties", "propertyNames"}

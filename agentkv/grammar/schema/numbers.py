@@ -14,7 +14,7 @@ from decimal import Decimal, InvalidOperation
 from math import gcd
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.expr import EMPTY, Alt, Intersect, Machine, Repeat, alt, chars, lit, opt, seq, star
+from agentkv.grammar.automata.expr import EMPTY, Alt, Intersect, Machine, Repeat, alt, chars, lit, opt, seq, star
 
 DIGIT = chars(("0", "9"))
 NONZERO = chars(("1", "9"))

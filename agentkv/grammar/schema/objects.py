@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.dfa import is_empty, language_matches
-from agentkv.grammar.expr import (
+from agentkv.grammar.automata.dfa import is_empty, language_matches
+from agentkv.grammar.automata.expr import (
     EMPTY,
     NOTHING,
     Chars,
@@ -27,9 +27,9 @@ from agentkv.grammar.expr import (
     opt,
     seq,
 )
-from agentkv.grammar.json_merge import excluded_strings, validating
-from agentkv.grammar.json_values import escaped
-from agentkv.grammar.regex import search_expr
+from agentkv.grammar.automata.regex import search_expr
+from agentkv.grammar.schema.merge import excluded_strings, validating
+from agentkv.grammar.schema.values import escaped
 
 SHARED_TAIL_AFTER = 4  # objects with more properties than this share their member tails as rules
 MAX_COUNTED_PROPERTIES = 64  # min/maxProperties bounds enforced by counting members
@@ -52,7 +52,7 @@ def python_dumps(value) -> str:
 
 
 class ObjectRules:
-    """The object part of JsonSchemaConverter (json_schema.py), which supplies rules, punct,
+    """The object part of JsonSchemaConverter (schema/json_schema.py), which supplies rules, punct,
     rule_for, string_expr, string_language, inline_ref, relax, close_objects, prefix and deadline."""
 
     def property_names(self, schema, ptr: str):
@@ -64,7 +64,7 @@ class ObjectRules:
         schema = self.inline_ref(schema, ptr)
         if isinstance(schema, bool):  # a $ref to true or false
             return self.property_names(schema, ptr)
-        folded = self.without_not(schema, ptr)  # json_conditionals.py
+        folded = self.without_not(schema, ptr)  # schema/conditionals.py
         if folded is not None:
             return self.property_names(folded, ptr)
         other_not = isinstance(schema, dict) and "not" in schema and excluded_strings(schema["not"]) is None

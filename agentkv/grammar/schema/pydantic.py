@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from agentkv.errors import GrammarError
+
 # Python's date, datetime and time refuse year 0 and a leap second (:60, the only seconds field of 60).
 NO_YEAR_ZERO = "^(?!0000)"
 NO_LEAP_SECOND = "^(?!.*:60)"
@@ -36,8 +38,6 @@ def type_schema(tp) -> dict:
     """The JSON schema of any type Pydantic validates (`list[int]`, `int`, `A | B`, a TypedDict, a
     dataclass, `Literal[...]`), through the same generator; GrammarError for one it cannot describe."""
     from pydantic import TypeAdapter
-
-    from agentkv.errors import GrammarError
 
     try:
         return TypeAdapter(tp).json_schema(schema_generator=constrained_generator())

@@ -18,7 +18,7 @@ from __future__ import annotations
 from urllib.parse import unquote, urldefrag, urljoin
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.json_objects import pointer_escape
+from agentkv.grammar.schema.objects import pointer_escape
 
 NOT_SCHEMAS = ("enum", "const", "default", "examples", "example")  # values, not subschemas
 # Keywords whose value maps names to subschemas: a name there is never a keyword.

@@ -34,7 +34,7 @@ class Relaxed:
 
 
 class Relaxations:
-    """Mixed into the converter (json_schema.py): `relax` records a keyword the grammar drops, or in
+    """Mixed into the converter (schema/json_schema.py): `relax` records a keyword the grammar drops, or in
     strict mode raises the `GrammarError` that says so. While a caller probes (tells oneOf branches
     apart, say), relaxing raises too: a probe must see the schema as written, and its answer is
     thrown away on error."""

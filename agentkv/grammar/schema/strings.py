@@ -17,11 +17,13 @@ generation) where it is above MAX_LENGTH_BOUND or the product could grow past PR
 from __future__ import annotations
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.dfa import minimal_dfa
-from agentkv.grammar.expr import NOTHING, Diff, Intersect, Ref, Repeat, alt, lit, seq
-from agentkv.grammar.json_merge import excluded_strings
-from agentkv.grammar.json_objects import escape_all, schema_count
-from agentkv.grammar.json_values import (
+from agentkv.grammar.automata.dfa import minimal_dfa
+from agentkv.grammar.automata.expr import NOTHING, Diff, Intersect, Ref, Repeat, alt, lit, seq
+from agentkv.grammar.automata.regex import search_expr
+from agentkv.grammar.schema.merge import excluded_strings
+from agentkv.grammar.schema.objects import escape_all, schema_count
+from agentkv.grammar.schema.validation import CHECKED_FORMATS
+from agentkv.grammar.schema.values import (
     FORMATS,
     MAX_LENGTH_BOUND,
     STRING_CHAR,
@@ -29,8 +31,6 @@ from agentkv.grammar.json_values import (
     length_bounded,
     string_body,
 )
-from agentkv.grammar.regex import search_expr
-from agentkv.grammar.validation import CHECKED_FORMATS
 
 BLOCK = 32
 # A length bound beside a pattern is the product of the pattern's automaton with a count of
@@ -40,7 +40,7 @@ PRODUCT_BUDGET = 100_000
 
 
 class StringRules:
-    """Mixed into the converter (json_schema.py), which supplies rules, prefix, relax, deadline and
+    """Mixed into the converter (schema/json_schema.py), which supplies rules, prefix, relax, deadline and
     string_expr."""
 
     def string_language(self, schema: dict, ptr: str):

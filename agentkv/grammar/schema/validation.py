@@ -1,6 +1,6 @@
 r"""The check after generation: a value against its whole JSON schema, with `jsonschema`.
 
-A grammar enforces what it can and relaxes the rest (relaxed.py); this check covers the rest. It
+A grammar enforces what it can and relaxes the rest (schema/relaxed.py); this check covers the rest. It
 reads `$ref`s into the documents given with the schema and the JSON Schema metaschemas, and nowhere
 else (nothing is fetched): a value that reaches a reference to a document not given fails.
 The grammar enforces the formats it knows; of the others, those a grammar cannot hold but a check
@@ -17,7 +17,11 @@ import re
 import threading
 from collections import OrderedDict
 
-# Formats no grammar here enforces that this check does (relaxed.py lists them as checked).
+from agentkv.grammar.automata.regex import DOT, SPACE
+from agentkv.grammar.schema.objects import pointer_escape
+from agentkv.grammar.schema.refs import SchemaResources
+
+# Formats no grammar here enforces that this check does (schema/relaxed.py lists them as checked).
 CHECKED_FORMATS = frozenset({"regex", "hostname", "idn-hostname", "idn-email"})
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
@@ -31,13 +35,11 @@ class SchemaCheck:
         from referencing import Resource
         from referencing.jsonschema import DRAFT202012
 
-        from agentkv.grammar.json_refs import SchemaResources
-
         def resource(doc):
             return Resource.from_contents(doc, default_specification=DRAFT202012)
 
         # The schema and the documents it reaches as the grammar read them: every $ref rewritten to
-        # one absolute form (json_refs.py), so a reference resolves here where it did there (a draft-07
+        # one absolute form (schema/refs.py), so a reference resolves here where it did there (a draft-07
         # root whose $ref ignores its sibling $id included), and only the documents reached are held.
         if isinstance(schema, dict):
             refs = SchemaResources(schema, documents)
@@ -97,8 +99,6 @@ def metaschema_error(schema) -> tuple[str, str] | None:
 def _metaschema_error(text: str) -> tuple[str, str] | None:
     import jsonschema
 
-    from agentkv.grammar.json_objects import pointer_escape
-
     schema = json.loads(text)
     named = jsonschema.validators.validator_for(schema, default=None)
     drafts = [named] if named is not None else [jsonschema.Draft202012Validator, jsonschema.Draft201909Validator,
@@ -149,11 +149,9 @@ def _search(pattern: str, text: str) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _ecma(pattern: str) -> str:
-    """`pattern` with ECMA-262's classes, as the grammar reads them (regex.py): `\\d` and `\\w` are
+    """`pattern` with ECMA-262's classes, as the grammar reads them (automata/regex.py): `\\d` and `\\w` are
     ASCII (`regex` would take any Unicode digit: Devanagari digits in a version number), `\\s` is
     ECMA's whitespace and line terminators, `.` stops at any line terminator."""
-    from agentkv.grammar.regex import DOT, SPACE
-
     def ranges(rs) -> str:
         return "".join(f"\\U{lo:08x}" + (f"-\\U{hi:08x}" if hi > lo else "") for lo, hi in rs)
 

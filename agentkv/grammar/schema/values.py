@@ -1,4 +1,4 @@
-"""Expressions for JSON strings (escaped as JSON writes them) and string formats (numbers: json_numbers.py).
+"""Expressions for JSON strings (escaped as JSON writes them) and string formats (numbers: schema/numbers.py).
 
 Strings are written compactly the way `json.dumps(..., ensure_ascii=False)` writes them: characters
 raw, except `"`, `\\` and control characters, which take their short escape (`\\n`) or `\\u00XX`.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.expr import (
+from agentkv.grammar.automata.expr import (
     Alt,
     ByteSet,
     Chars,
@@ -25,7 +25,7 @@ from agentkv.grammar.expr import (
     seq,
     subtract,
 )
-from agentkv.grammar.regex import match_expr
+from agentkv.grammar.automata.regex import match_expr
 
 HEX = chars(("0", "9"), ("a", "f"), ("A", "F"))
 DIGIT = chars(("0", "9"))
@@ -37,7 +37,7 @@ U_ESCAPE = seq(lit("\\u"), alt(seq(chars(("0", "9"), ("a", "c"), ("A", "C"), ("e
                               seq(chars("d", "D"), chars(("0", "7")), HEX, HEX)))
 STRING_CHAR = alt(Chars(complement(NEEDS_ESCAPE)),
                   seq(lit("\\"), chars('"', "\\", "/", "b", "f", "n", "r", "t")), U_ESCAPE)
-MAX_LENGTH_BOUND = 256  # longer bounds: counted in blocks (json_strings.py), or relaxed beside a pattern
+MAX_LENGTH_BOUND = 256  # longer bounds: counted in blocks (schema/strings.py), or relaxed beside a pattern
 
 
 def _escape_of(cp: int):
@@ -173,5 +173,5 @@ FORMATS = {
 
 def format_expr(name: str, where: str | None):
     """A format agentkv enforces (FORMATS), as a character-level expression; the converter treats
-    any other format as an annotation (json_schema.py)."""
+    any other format as an annotation (schema/json_schema.py)."""
     return match_expr(FORMATS[name], where)

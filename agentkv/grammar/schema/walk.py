@@ -9,7 +9,7 @@ benchmarks use it to check schema instances; users can use it to validate few-sh
 from __future__ import annotations
 
 from agentkv.grammar.compiled import DEAD, CompiledGrammar
-from agentkv.grammar.json_objects import dumps
+from agentkv.grammar.schema.objects import dumps
 
 
 class SearchBudgetExceeded(Exception):

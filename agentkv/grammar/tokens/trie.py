@@ -1,4 +1,4 @@
-"""The tokenizer's byte trie, flattened as the token walk reads it (token_walk.py, csrc/token_walk.c).
+"""The tokenizer's byte trie, flattened as the token walk reads it (tokens/walk.py, csrc/token_walk.c).
 
 Nodes in pre-order over the tokens sorted by their bytes: node i is a byte at some depth, its
 subtree is nodes [i + 1, next[i]) and its tokens are the sorted tokens [tok[i], tok[next[i]]) (a

@@ -2,11 +2,11 @@
 
 Token id -> the bytes it writes (None for special and unused ids, which never match grammar text),
 the EOS ids, and an encoder used only to turn forced text into the tokenizer's own tokens (with the
-pre-tokenizer's cuts, which tell jump-forward where no token can span; splits.py). Built
+pre-tokenizer's cuts, which tell jump-forward where no token can span; tokens/splits.py). Built
 from a HF/`tokenizers` tokenizer (byte-level BPE through the GPT-2 byte map, or SentencePiece with
 `<0xNN>` byte fallback), from a tiktoken ranks file, or from a plain list of bytes.
 The arrays here are per tokenizer and shared by every grammar compiled for it; the byte trie the token
-walk reads is built on first use (token_trie.py).
+walk reads is built on first use (tokens/trie.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from agentkv.errors import GrammarError
-from agentkv.grammar.splits import Splitter
-from agentkv.grammar.token_trie import TokenTrie, build_trie
+from agentkv.grammar.tokens.splits import Splitter
+from agentkv.grammar.tokens.trie import TokenTrie, build_trie
+from agentkv.grammar.tokens.walk_tables import trie_struct
 
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -65,7 +66,7 @@ class TokenizerInfo:
 
     @functools.cached_property
     def trie(self) -> TokenTrie:
-        """The byte trie of the text tokens, as the token walk reads it (token_trie.py)."""
+        """The byte trie of the text tokens, as the token walk reads it (tokens/trie.py)."""
         return build_trie(self)
 
     @functools.cached_property
@@ -79,8 +80,7 @@ class TokenizerInfo:
 
     @functools.cached_property
     def trie_struct(self):
-        """`trie` as the native walk's struct (walk_tables.py)."""
-        from agentkv.grammar.walk_tables import trie_struct
+        """`trie` as the native walk's struct (tokens/walk_tables.py)."""
         return trie_struct(self.trie)
 
     # -- construction -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The token walk: which tokens a parser stack can read next, walked over the tokenizer's byte trie.
 
 The walk (csrc/token_walk.c has the full account; this module is its Python twin, used where the
-native code is off or cannot be built) goes depth first through the trie (token_trie.py) with, at
+native code is off or cannot be built) goes depth first through the trie (tokens/trie.py) with, at
 each depth, the set of parser stacks the path so far can have left. A byte no stack reads skips the
 node's subtree; a shared prefix is stepped once; a token ending at a node where some stack read its
 last byte is allowed. Stacks are (top state, frame) pairs over interned frames; where a top can call

@@ -1,4 +1,4 @@
-"""A grammar's automaton as the token walk reads it (token_walk.py, csrc/token_walk.c): flat call
+"""A grammar's automaton as the token walk reads it (tokens/walk.py, csrc/token_walk.c): flat call
 tables, fork and tail flags, each state's reach in plain text and the bytes that loop on it; on the
 native path, the grammar's C mask cache too (csrc/mask_cache.c), freed with these tables.
 
@@ -18,8 +18,8 @@ from functools import cached_property
 import numpy as np
 
 from agentkv.grammar import native
-from agentkv.grammar.token_trie import BOUNDARY, TEXT_PHASES
-from agentkv.grammar.token_walk import walk_python
+from agentkv.grammar.tokens.trie import BOUNDARY, TEXT_PHASES
+from agentkv.grammar.tokens.walk import walk_python
 
 MAX_WALK_BYTES = 64 << 20  # per grammar: the native walks kept (~3,400 at a 151k vocabulary)
 MAX_TEXT_PAIRS = 4096  # a text loop check that visits more (state, phase) pairs than this says no
@@ -34,7 +34,9 @@ def text_reach(automaton, cap: int) -> np.ndarray:
     n = len(trans)
     nxt = np.full(n, -1, dtype=np.int64)
     ta = trans[:, ord("a")]  # (a cheap first cut: a few plain bytes going one way)
-    cands = np.flatnonzero((ta >= 0) & (ta == trans[:, ord(" ")]) & (ta == trans[:, ord("~")]) & (ta == trans[:, ord("0")]))
+    cands = np.flatnonzero(
+        (ta >= 0) & (ta == trans[:, ord(" ")]) & (ta == trans[:, ord("~")]) & (ta == trans[:, ord("0")])
+    )
     nxt[cands] = _char_end(trans, cands, BOUNDARY)
     loops = nxt == np.arange(n)  # every plain character leads back: a loop (others searched state by state)
     loops[_text_loops(trans, np.flatnonzero((ta == np.arange(n)) & ~loops))] = True
@@ -77,7 +79,7 @@ def _char_end(trans, states: np.ndarray, phase: int) -> np.ndarray:
     end at different states)."""
     out = None
     for lo, hi, after in TEXT_PHASES[phase]:
-        block = trans[np.maximum(states, 0), lo:hi + 1]
+        block = trans[np.maximum(states, 0), lo : hi + 1]
         first = block[:, 0]
         to = np.where((states >= 0) & (block == first[:, None]).all(axis=1), first, -1)
         if after != BOUNDARY:
@@ -98,7 +100,7 @@ def _text_loops(trans, candidates: np.ndarray) -> np.ndarray:
         while todo and ok:
             s, phase = todo.pop()
             for lo, hi, nxt in TEXT_PHASES[phase]:
-                to = trans[s, lo:hi + 1]
+                to = trans[s, lo : hi + 1]
                 if (to < 0).any():
                     ok = False
                     break
@@ -161,16 +163,33 @@ class WalkTables:
         self.calls = a.calls  # (the Python walk's)
         self.starts_list = list(a.starts)
         self.struct = native.GrammarStruct(
-            *(x.ctypes.data for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_reach,
-                                      self.class_bytes, self.class_reach, self.call_off, self.call_rule, self.call_ret,
-                                      self.starts)),
-            n, self.max_depth)
+            *(
+                x.ctypes.data
+                for x in (
+                    self.trans,
+                    self.fork,
+                    self.accept,
+                    self.has_bytes,
+                    self.tail,
+                    self.text_reach,
+                    self.class_bytes,
+                    self.class_reach,
+                    self.call_off,
+                    self.call_rule,
+                    self.call_ret,
+                    self.starts,
+                )
+            ),
+            n,
+            self.max_depth,
+        )
         self.info = grammar.info
         self.lib = native.load()
         self.cache = None
         if self.lib is not None:
-            self.cache = self.lib.agentkv_walks_new(ctypes.byref(self.struct), ctypes.byref(grammar.info.trie_struct),
-                                                    grammar.info.words, MAX_WALK_BYTES)
+            self.cache = self.lib.agentkv_walks_new(
+                ctypes.byref(self.struct), ctypes.byref(grammar.info.trie_struct), grammar.info.words, MAX_WALK_BYTES
+            )
             if not self.cache:
                 raise MemoryError("no memory for the grammar's mask cache")
             weakref.finalize(self, self.lib.agentkv_walks_free, self.cache)
@@ -179,8 +198,12 @@ class WalkTables:
         """OR into `words` the tokens each of `stacks` (tuples of states, bottom first) can read in
         full, in one native call (self.cache must be there)."""
         flat, offsets = _flatten(stacks)
-        if self.lib.agentkv_walks_mask(self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks),
-                                       words.ctypes.data) != 0:
+        if (
+            self.lib.agentkv_walks_mask(
+                self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks), words.ctypes.data
+            )
+            != 0
+        ):
             raise MemoryError("the native token walk ran out of memory")
 
     def past_into(self, stacks, node: int, base: int, words: np.ndarray) -> None:
@@ -191,8 +214,12 @@ class WalkTables:
                 walk_python(self, stack, False, [(node, base)], words)
             return
         flat, offsets = _flatten(stacks)
-        if self.lib.agentkv_walks_past(self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks), node, base,
-                                       words.ctypes.data) != 0:
+        if (
+            self.lib.agentkv_walks_past(
+                self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks), node, base, words.ctypes.data
+            )
+            != 0
+        ):
             raise MemoryError("the native token walk ran out of memory")
 
     def clear(self) -> None:
@@ -218,7 +245,24 @@ def _flatten(stacks) -> tuple[np.ndarray, np.ndarray]:
 
 
 def trie_struct(trie) -> native.TrieStruct:
-    return native.TrieStruct(*(x.ctypes.data for x in (trie.byte, trie.next, trie.depth, trie.tok, trie.n_end,
-                                                       trie.text_chars, trie.root_chars, trie.plain_masks,
-                                                       trie.below_bytes, trie.depth_below, trie.sorted_ids)),
-                             trie.n_nodes, trie.max_len, trie.plain_masks.shape[1])
+    return native.TrieStruct(
+        *(
+            x.ctypes.data
+            for x in (
+                trie.byte,
+                trie.next,
+                trie.depth,
+                trie.tok,
+                trie.n_end,
+                trie.text_chars,
+                trie.root_chars,
+                trie.plain_masks,
+                trie.below_bytes,
+                trie.depth_below,
+                trie.sorted_ids,
+            )
+        ),
+        trie.n_nodes,
+        trie.max_len,
+        trie.plain_masks.shape[1],
+    )
