@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import table  # noqa: E402
 
 import agentkv as ak  # noqa: E402
-from agentkv.routing import CacheAwareRouter, PrefixTree  # noqa: E402
+from agentkv.server.cluster import CacheAwareRouter, PrefixTree  # noqa: E402
 
 WORDS = "search fetch weather flight hotel email invoice order refund ticket calendar meeting report".split()
 

@@ -91,7 +91,7 @@ def test_engine_options_reach_the_engine_from_every_command(monkeypatch):
 
 
 def test_engine_options_reach_every_replica(monkeypatch):
-    import agentkv.server.cluster as cluster
+    import agentkv.server.cluster.deploy as cluster
 
     seen = {}
     monkeypatch.setattr(cluster, "serve_cluster", lambda *a, **k: seen.update(k))

@@ -1,7 +1,9 @@
 """`agentkv serve --replicas`: two engine replicas of a tiny model on a local Ray instance, behind the
 OpenAI HTTP surface, serving several agents' conversations. The cache-aware router must send each
 agent's later requests to the replica that holds its system prompt (round-robin would miss it about
-half the time), and errors keep their HTTP status across the Ray hop."""
+half the time), and errors keep their HTTP status across the Ray hop. The routes are the single
+engine's: /v1/responses (a stored response continued on the replica that stores it), /metrics
+(every replica's gauges) and 429s past the in-flight limit."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the cluster extra is not installed: pip install 'agentkv[cluster]'")
 requests = pytest.importorskip("requests")  # a dependency of ray
 
+MAX_INFLIGHT = 3  # the concurrent test below sends three at once
 TENANTS = [f"You are agent {t}. " + f"Tool {t}: " + "look up records and report them briefly. " * 6 for t in range(3)]
 
 
@@ -27,13 +30,14 @@ def free_port() -> int:
 def cluster(tiny_long_dir):
     from ray import serve
 
-    from agentkv.server.cluster import build_app
+    from agentkv.server.cluster.deploy import build_app
 
     port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(str(tiny_long_dir), "tiny", 2, engine_options={"num_slots": 8192}), name="agentkv",
+        serve.run(build_app(str(tiny_long_dir), "tiny", 2, engine_options={"num_slots": 8192},
+                            max_inflight=MAX_INFLIGHT), name="agentkv",
                   route_prefix="/")
         yield Client(f"http://127.0.0.1:{port}")
     finally:
@@ -117,3 +121,46 @@ def test_pins_follow_their_agent(cluster):
     r = cluster.session.delete(cluster.base + f"/v1/pins/{pin['id']}", timeout=120)
     assert r.status_code == 404 and r.json()["error"]["code"] == "pin_not_found"
     assert cluster.post("/v1/pins", json={"messages": []}).status_code == 400
+
+
+def test_responses_continue_on_the_replica_that_stores_them(cluster):
+    """Each first turn lands where the router puts it; its continuation (previous_response_id) goes
+    to that replica and starts from its cached prompt and reply, whatever the other replica holds."""
+    for t in range(3):
+        first = cluster.post("/v1/responses", json={"model": "tiny", "instructions": TENANTS[t], "input": f"hello {t}",
+                                                    "max_output_tokens": 8, "temperature": 0.0})
+        assert first.status_code == 200, first.text
+        first = first.json()
+        # (instructions are not carried over by previous_response_id: the request gives them again)
+        second = cluster.post("/v1/responses", json={"model": "tiny", "instructions": TENANTS[t],
+                                                     "previous_response_id": first["id"], "input": "and again",
+                                                     "max_output_tokens": 8, "temperature": 0.0})
+        assert second.status_code == 200, second.text
+        second = second.json()
+        covered = first["usage"]["input_tokens"] + first["usage"]["output_tokens"] - 2
+        assert second["usage"]["input_tokens_details"]["cached_tokens"] >= covered, (first["usage"], second["usage"])
+        assert cluster.get(f"/v1/responses/{first['id']}").json()["id"] == first["id"]
+        assert cluster.session.delete(cluster.base + f"/v1/responses/{second['id']}", timeout=120).status_code == 200
+        assert cluster.get(f"/v1/responses/{second['id']}").status_code == 404
+    r = cluster.post("/v1/responses", json={"model": "tiny", "previous_response_id": "resp_missing", "input": "x"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id", r.text
+
+
+def test_metrics_and_admission(cluster):
+    chat(cluster, [{"role": "user", "content": "count me"}])
+    text = cluster.get("/metrics").text
+    assert 'agentkv_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+    free = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("agentkv_free_kv_slots "))
+    assert free > 8192  # both replicas' pools (8191 free slots each when idle)
+    # streams hold their in-flight slot until they end: one more than the limit is refused
+    streams = [cluster.post("/v1/chat/completions", stream=True, json={
+        "model": "tiny", "messages": [{"role": "user", "content": f"long {i}"}], "max_tokens": 3000,
+        "stream": True, "temperature": 1.0, "ignore_eos": True}) for i in range(MAX_INFLIGHT)]
+    try:
+        assert all(s.status_code == 200 for s in streams)
+        r = cluster.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                                                       "max_tokens": 2})
+        assert r.status_code == 429 and r.json()["error"]["code"] == "server_busy", r.text
+    finally:
+        for s in streams:
+            s.close()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentkv.routing import CacheAwareRouter, NoReplicaError, PrefixTree, RouterConfig
+from agentkv.server.cluster import CacheAwareRouter, NoReplicaError, PrefixTree, RouterConfig
 
 SYSTEM_A = "You are agent A. Tools: search(query), fetch(url). " * 4
 SYSTEM_B = "You are agent B. Tools: add(a, b), mul(a, b). " * 4

@@ -60,7 +60,7 @@ def test_after_fuzzing_the_engine_serves_with_its_kv_back(served):
     client = TestClient(app)
     for pin in client.get("/v1/pins").json()["data"]:  # pins the fuzzer made
         assert client.delete(f"/v1/pins/{pin['id']}").status_code == 200
-    for rid in app.state.responses.ids():  # responses it stored (each pins its conversation)
+    for rid in app.state.handle.responses.ids():  # responses it stored (each pins its conversation)
         assert client.delete(f"/v1/responses/{rid}").status_code == 200
     r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                                                   "max_tokens": 4})

@@ -59,10 +59,10 @@ def test_tool_calls_read_back_whatever_the_sample(engine, choice):
 
 def test_cut_call_keeps_the_completed_ones(engine):
     """A reply cut inside its second call: the first is returned, finish_reason "length", no markup."""
-    from agentkv.chat.turn import ToolChat
+    from agentkv.chat.turn import Turn
     from agentkv.engine.outputs import Completion, RequestOutput, Usage
 
-    plan = ToolChat.plan(engine.tool_format, [ADD], "required", None)
+    plan = Turn.plan(engine.tool_format, [ADD], "required", None)
     first = '<tool_call>\n{"name":"add","arguments":{"a":3}}\n</tool_call>'
     text = "Sure.\n" + first + '\n<tool_call>\n{"name":"add","argu'
     out = plan.read(RequestOutput([1], [Completion(text, [2], "length")], Usage()))

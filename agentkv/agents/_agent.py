@@ -32,13 +32,12 @@ from agentkv.agents._tools import Tool, tool
 from agentkv.chat.calls import tool_name_problem
 from agentkv.chat.formats import ToolFormat
 from agentkv.chat.reasoning import ReasoningFormat
+from agentkv.chat.turn import MODES
 from agentkv.defaults import LIBRARY_MAX_TOKENS, LIBRARY_TEMPERATURE
 from agentkv.engine.sampling_params import SamplingParams
 from agentkv.errors import AgentError, EngineClosedError, RequestError
 from agentkv.syncio import Awaitable, EventStream, iterate_sync, run_sync
 from agentkv.typed import default_engine
-
-MODES = ("auto", "required", "none")
 
 
 @dataclass

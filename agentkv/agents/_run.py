@@ -35,8 +35,9 @@ from agentkv.agents._result import (
     ToolResult,
     ToolResultEvent,
 )
-from agentkv.agents._step import agent_prompt, history_content, read_step, step_params
+from agentkv.agents._step import agent_prompt, history_content, read_step, step_turn
 from agentkv.chat.calls import ToolCall
+from agentkv.chat.carry import TokenCarry
 from agentkv.chat.messages import assistant_calls_message, tool_message
 from agentkv.errors import (
     AgentRetriesError,
@@ -57,7 +58,7 @@ class AgentRun:
         self.tries: dict[str, int] = {}  # refusals / retries, per tool name and "output"
         self.made: dict[str, ToolResult] = {}  # the results of the run's calls, by call
         self.ctx = RunContext(deps, agent, self.engine, self.usage)
-        self._carried: list[tuple[str, list[int]]] = []  # (text, its tokens) a next prompt may start with
+        self.carry = TokenCarry(self.engine.tokenizer)  # each prompt starts with the last one's tokens as written
 
     async def events(self) -> AsyncIterator[AgentEvent]:
         span, ended = tracing.start("agent run", agentkv__agent=self.agent.name), False
@@ -100,20 +101,21 @@ class AgentRun:
                                  agentkv__tool_choice=step_mode)
             prompt = agent_prompt(agent, setup, self.engine, messages)
             state = setup.reasoning.state(prompt) if setup.reasoning is not None else "off"
-            params = step_params(agent, setup, step_mode, offered, state,
-                                 markup_free=any(m.get("role") == "tool" for m in messages))
-            prompt_ids = self._prompt_ids(prompt)
+            turn = step_turn(agent, setup, step_mode, offered, state,
+                             markup_free=any(m.get("role") == "tool" for m in messages))
+            params = turn.params(agent.params)
+            prompt_ids = self.carry.encode(prompt)
             async for delta in self.engine.stream(prompt_ids, params):
                 if delta.text:
                     yield TextDelta(index, delta.text)
                 if delta.completion is not None:
                     done = [delta.completion, delta.usage]
             completion, step_usage = done
-            self._carry(prompt, prompt_ids, completion)
+            self.carry.written(prompt, prompt_ids, completion)
             self.usage.steps += 1
             self.usage.add_generation(step_usage)
             tracing.end(span, **tracing.usage_attributes(step_usage))
-            step, kept, before = read_step(agent, setup, index, step_mode, completion, state)
+            step, kept, before = read_step(agent, turn, index, step_mode, completion)
             step.usage, step.agent, step.forced = step_usage, agent.name, answer and mode != "none"
             self.steps.append(step)
             withheld = set()
@@ -167,28 +169,6 @@ class AgentRun:
                     self.errors,
                 )
             messages.append({"role": "user", "content": step.error + RETRY})
-
-    # ---- tokens carried from step to step -------------------------------------------------------------
-
-    def _prompt_ids(self, text: str) -> list[int]:
-        """The step's prompt as tokens: the earlier step's prompt and generated tokens as they were,
-        then the new text. A grammar's output is often not tokenized as the tokenizer would (a
-        jump-forward `":` then `"S` where it would write `":"` then `S`): re-tokenized, the next
-        prompt would part from the cached tokens there and recompute the reply."""
-        tok = self.engine.tokenizer
-        for before, ids in self._carried:  # the longest first
-            if text.startswith(before) and len(text) > len(before):
-                return ids + tok.encode(text[len(before) :], add_bos=False)
-        return tok.encode(text)
-
-    def _carry(self, prompt: str, prompt_ids: list[int], completion) -> None:
-        ids = list(completion.token_ids)
-        if ids and ids[-1] in self.engine.tokenizer.eos_ids and completion.finish_reason == "stop":
-            ids.pop()  # the end of turn is in the template's text, which the next prompt renders
-        written = prompt_ids + ids
-        self._carried = [(prompt, prompt_ids)]
-        if self.engine.tokenizer.decode(ids) == completion.text:  # (not where a stop string cut the text)
-            self._carried.insert(0, (prompt + completion.text, written))
 
     # ---- calls ------------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
-"""One step of an agent run: its prompt (the conversation rendered in the model's format), its
-grammar (the step's mode over the offered tools and the output, after any reasoning block), and how
-the completion reads back as a Step.
+"""One step of an agent run: its prompt (the conversation rendered in the model's format), its turn
+(chat/turn.py: the step's mode over the offered tools and the output, after any reasoning block),
+and how the completion reads back as a Step.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import dataclasses
 
 from agentkv.agents._result import Step
 from agentkv.chat.messages import template_messages
-from agentkv.chat.reasoning import reply_grammar
+from agentkv.chat.turn import Turn
 
 
 def agent_prompt(agent, setup, engine, messages: list[dict]) -> str:
@@ -20,55 +20,43 @@ def agent_prompt(agent, setup, engine, messages: list[dict]) -> str:
     )
 
 
-def step_params(agent, setup, mode: str, offered: list, state: str, markup_free: bool = False):
-    """The sampling parameters of a step: the agent's, with the grammar of the step's mode over the
-    offered tools, after a reasoning block where the model reasons. `markup_free`: the conversation
-    holds calls, so text may not write the format's markup even where this agent has no tools."""
-    schema = agent.output_spec.schema
+def step_turn(agent, setup, mode: str, offered: list, state: str, markup_free: bool = False) -> Turn:
+    """The step's turn: the grammar of its mode over the offered tools and the output, after a
+    reasoning block where the model reasons. `markup_free`: the conversation holds calls, so text
+    may not write the format's markup even where this agent has no tools."""
     if mode in agent.tools:  # a named tool: calls of it only
         tools, mode = [agent.tools[mode]], "required"
     elif mode == "none":
         tools = list(agent.tools.values())  # the answer's text may not imitate their markup
     else:
         tools = offered
-    if mode != "none" and not tools:
-        mode = "none"
-    answer = setup.format.answer_grammar(
-        tools,
-        mode,
-        schema,
-        agent.parallel_tool_calls,
-        close_objects=agent.params.close_objects,
-        markup_free=markup_free,
-    )
-    grammar = reply_grammar(answer, setup.reasoning, state)
-    return agent.params.with_(grammar=grammar) if grammar is not None else agent.params
+    return Turn(setup.format, tuple(tools), mode=mode, schema=agent.output_spec.schema,
+                parallel=agent.parallel_tool_calls, markup_free=markup_free, reasoning=setup.reasoning, state=state)
 
 
-def read_step(agent, setup, index: int, mode: str, completion, state: str = "off") -> tuple[Step, str, str]:
+def read_step(agent, turn: Turn, index: int, mode: str, completion) -> tuple[Step, str, str]:
     """The step a completion makes, the text the conversation keeps of it (its reasoning included:
     the chat template keeps or drops it, as the model was trained), and of that the part before its
     calls.
 
     A reply cut by max_tokens keeps the calls it completed (the cut one is dropped); cut before any
     call, it is an error the model is asked to correct, unless it is free text, which is returned as
-    it is (as `ak.generate` returns a cut free-text reply)."""
-    text, fmt = completion.text, setup.format
-    thought, answer = setup.reasoning.split(text, state) if state != "off" else (None, text)
-    step = Step(index, mode, text, content=answer, reasoning=thought)
-    cut = completion.finish_reason == "length"
-    if mode == "none":
+    it is (as `ak.generate` returns a cut free-text reply). Arguments are not checked here: the run
+    validates them with the tool's own model and asks the model to correct a refusal."""
+    text, cut = completion.text, completion.finish_reason == "length"
+    reply = turn.read_text(text, cut, check=False)
+    step = Step(index, mode, text, content=reply.content, reasoning=reply.reasoning)
+    if turn.mode == "none":
         if cut and not agent.output_spec.text:
             step.error = f"the reply was cut at max_tokens ({agent.params.max_tokens}) before it was complete"
         return step, text, text
-    step.content, calls, end = fmt.parse(answer, cut=cut)
-    step.tool_calls = [dataclasses.replace(c, id=f"call_{index}_{k}") for k, c in enumerate(calls)]
-    start = fmt.calls_start(answer)
-    before = text[: len(text) - len(answer) + max(start, 0)]
-    if completion.complete or start < 0 and agent.output_spec.text and mode == "auto":
+    step.tool_calls = [dataclasses.replace(c, id=f"call_{index}_{k}") for k, c in enumerate(reply.calls)]
+    head = len(text) - len(reply.answer)  # the reasoning block's length
+    before = text[: head + max(reply.calls_start, 0)]
+    if completion.complete or reply.calls_start < 0 and agent.output_spec.text and mode == "auto":
         return step, text, before
-    if calls:
-        return step, text[: len(text) - len(answer) + end], before
+    if reply.calls:
+        return step, text[: head + reply.calls_end], before
     step.error = (
         f"the reply was cut at max_tokens ({agent.params.max_tokens}) before it was complete; "
         "write shorter arguments, or fewer calls"

@@ -156,7 +156,7 @@ def serve(
 
     import uvicorn
 
-    from agentkv.server import create_app
+    from agentkv.server import create_app  # here: the web stack loads with it
 
     name = served_model_name or (Path(model).stem if model else "SmolLM2-135M-Instruct")
     options = _options(
@@ -173,23 +173,14 @@ def serve(
         raise _fail(f"--replicas must be at least 1, got {replicas}")
     if replicas > 1 or ray_address is not None:
         try:
-            from agentkv.server.cluster import serve_cluster
+            from agentkv.server.cluster.deploy import serve_cluster  # here: Ray loads with it
         except ImportError as e:
             raise _fail(f"--replicas needs Ray Serve ({e}); install it with pip install 'agentkv[cluster]'") from None
         typer.echo(
             f"agentkv: serving {name!r} on http://{host}:{port}/v1 with {replicas} replicas (Ray Serve)", err=True
         )
-        serve_cluster(
-            model,
-            name,
-            replicas,
-            host,
-            port,
-            api_key,
-            ray_address,
-            engine_options=options,
-            close_objects=not open_objects,
-        )
+        serve_cluster(model, name, replicas, host, port, api_key, ray_address, engine_options=options,
+                      close_objects=not open_objects, max_inflight=max_inflight)
         return
     engine = _engine(model, **options)
     _freeze_heap()

@@ -15,7 +15,7 @@ from typing import Any
 from agentkv.chat.formats import format_class, tool_format_for
 from agentkv.chat.messages import is_messages
 from agentkv.chat.reasoning import ReasoningFormat
-from agentkv.chat.turn import ToolChat
+from agentkv.chat.turn import Turn
 from agentkv.engine.config import build_config, resolve_device
 from agentkv.engine.constrained import GrammarSupport, output_parser
 from agentkv.engine.core import Components, EngineCore
@@ -165,11 +165,11 @@ class Engine(Prefixes):
         kwargs = chat_template_kwargs or {}
         if not tools and self.reasoning is None:
             return self.generate(self.render(messages, **kwargs), params, schema=schema, **sampling)
-        plan = ToolChat.plan(self.tool_format, tools or [], tool_choice if tools else "none", schema, self.reasoning)
+        turn = Turn.plan(self.tool_format, tools or [], tool_choice if tools else "none", schema, self.reasoning)
         params = self._params(params, sampling)
-        prompt = self.render(plan.messages(messages), tools=plan.template_tools, **kwargs)
-        plan = plan.after(prompt)
-        return plan.read(self.generate(prompt, plan.params(params)))
+        prompt = self.render(turn.messages(messages), tools=turn.template_tools, **kwargs)
+        turn = turn.after(prompt)
+        return turn.read(self.generate(prompt, turn.params(params)))
 
     async def agenerate(
         self, prompt: Prompt | Messages, params: SamplingParams | None = None, *, schema: Any = None, **sampling: Any

@@ -1,14 +1,14 @@
-"""The OpenAI-compatible HTTP app: routes, the API key, errors in OpenAI's shape.
+"""The OpenAI-compatible HTTP app: one route table over an engine handle (server/handle.py).
 
     app = create_app(engine, model_name="smollm2", api_key=None)
     uvicorn.run(app, host="127.0.0.1", port=8000)            # what `agentkv serve` does
 
-One engine serves every request; handlers are async and await the engine thread, so the event loop
-keeps accepting while requests run. A client that disconnects mid-stream aborts its request, which
-frees its KV.
+The routes own the HTTP contract, the same over one engine and over a cluster's replicas: the API
+key, the model check, body limits, admission (429 past `max_inflight`), errors in OpenAI's shape and
+/metrics. Handlers are async and await the engine, so the event loop keeps accepting while requests
+run. A client that disconnects mid-stream aborts its request, which frees its KV.
 """
 
-import asyncio
 import time
 from typing import Any
 
@@ -18,12 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 import agentkv
 from agentkv.errors import AgentKVError
-from agentkv.server.chat import (
-    ChatPlan,
-    chat_completion,
-    chat_stream,
-)
-from agentkv.server.completions import completion, completion_stream
+from agentkv.server.handle import LocalHandle
 from agentkv.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentkv.server.metrics import Metrics
 from agentkv.server.openapi import ERRORS, generation_doc, pin_doc
@@ -38,23 +33,24 @@ from agentkv.server.protocol import (
     read_json,
     validate,
 )
-from agentkv.server.responses import ResponseStore, create_response, stream_response
 from agentkv.server.responses_items import ResponsesRequest
 
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_inflight: int = 256,
                close_objects: bool = True, stored_responses: int = 1024, response_ttl_s: float = 3600.0) -> FastAPI:
-    """`max_inflight`: requests accepted at once (running, queued, streaming); more get a 429.
-    `close_objects`: the default of a chat request's `close_objects` (schemas' objects closed where
-    they leave additionalProperties unset). `stored_responses`, `response_ttl_s`: how many
-    /v1/responses are kept for `previous_response_id`, and for how long (their tokens pinned)."""
+    """`engine`: an Engine, or an EngineHandle (a cluster's replicas). `max_inflight`: requests
+    accepted at once (running, queued, streaming); more get a 429. `close_objects`: the default of a
+    chat request's `close_objects` (schemas' objects closed where they leave additionalProperties
+    unset). `stored_responses`, `response_ttl_s`: how many /v1/responses an engine keeps for
+    `previous_response_id`, and for how long (their tokens pinned)."""
     # (no `from __future__ import annotations` here: FastAPI reads the handlers' annotations at runtime)
+    handle = engine if hasattr(engine, "chat_stream") else LocalHandle(engine, model_name, close_objects,
+                                                                       stored_responses, response_ttl_s)
     app = FastAPI(title="agentkv", version=agentkv.__version__, docs_url=None, redoc_url=None)
+    app.state.handle = handle
     created = int(time.time())
     metrics = Metrics()
     inflight = [0]
-    pins: dict[str, tuple[Any, int]] = {}  # id -> (PinHandle, tokens)
-    responses = app.state.responses = ResponseStore(engine, stored_responses, response_ttl_s)
 
     def admit() -> None:
         if inflight[0] >= max_inflight:
@@ -68,15 +64,16 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     def check(request: Request, body: dict | None = None) -> None:
         check_access(request.headers.get("authorization"), body, api_key, model_name)
 
-    async def parse(request: Request, kind):
+    async def parse(request: Request, kind) -> tuple[dict, Any]:
         return await parse_dict(request, await read_json(request), kind)
 
-    async def parse_dict(request: Request, raw: Any, kind):
+    async def parse_dict(request: Request, raw: Any, kind) -> tuple[dict, Any]:
+        """(the body, checked and with its defaults, as a replica is sent it; the validated request)"""
         body = json_object(raw)
         check(request, body)
         if kind is ChatRequest:
             body = {"close_objects": close_objects, **body}
-        return validate(kind, body)
+        return body, validate(kind, body)
 
     def failed(request: Request, status: int) -> None:
         # counted by the route's template (`/v1/models/{name}`), never by the path a client made up:
@@ -118,19 +115,19 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_text() -> PlainTextResponse:
-        stats = {**await asyncio.to_thread(engine.stats), "inflight": inflight[0]}
+        stats = {**await handle.stats(), "inflight": inflight[0]}
         return PlainTextResponse(metrics.render(stats), media_type=METRICS_CONTENT_TYPE)
 
     async def generation(request: Request, kind, endpoint: str, respond, stream) -> Any:
         """Parse, admit (429 past max_inflight), run; a stream releases its slot when it ends."""
         started = time.perf_counter()
-        req = await parse(request, kind)
+        body, req = await parse(request, kind)
         admit()
         try:
             if req.stream:
-                events = await stream(engine, req, model_name, metrics, started, release)
+                events = await stream(req, body, metrics, started, release)
                 return StreamingResponse(events, media_type="text/event-stream")
-            out = await respond(engine, req, model_name)
+            out = await respond(req, body)
         except BaseException:
             release()
             raise
@@ -140,60 +137,47 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
 
     @app.post("/v1/chat/completions", **generation_doc(ChatRequest, model_name, streams=True))
     async def chat(request: Request) -> Any:
-        return await generation(request, ChatRequest, "/v1/chat/completions", chat_completion, chat_stream)
+        return await generation(request, ChatRequest, "/v1/chat/completions", handle.chat, handle.chat_stream)
 
     @app.post("/v1/completions", **generation_doc(CompletionRequest, model_name, streams=True))
     async def completions(request: Request) -> Any:
-        return await generation(request, CompletionRequest, "/v1/completions", completion, completion_stream)
+        return await generation(request, CompletionRequest, "/v1/completions", handle.completion,
+                                handle.completion_stream)
 
     @app.post("/v1/responses", **generation_doc(ResponsesRequest, model_name, streams=True))
     async def create(request: Request) -> Any:
-        async def respond(engine, req, model):
-            return await create_response(engine, req, model, responses, close_objects)
-
-        async def stream(engine, req, model, metrics, started, done):
-            return await stream_response(engine, req, model, responses, metrics, started, done, close_objects)
-
-        return await generation(request, ResponsesRequest, "/v1/responses", respond, stream)
+        return await generation(request, ResponsesRequest, "/v1/responses", handle.create_response,
+                                handle.stream_response)
 
     @app.get("/v1/responses/{response_id}", responses=ERRORS)
     async def get_response(response_id: str, request: Request) -> dict:
         check(request)
-        return responses.get(response_id).response
+        return await handle.get_response(response_id)
 
     @app.delete("/v1/responses/{response_id}", responses=ERRORS)
     async def delete_response(response_id: str, request: Request) -> dict:
         check(request)
-        await responses.delete(response_id)
+        await handle.delete_response(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
     # ---- pins: keep a system prompt + tool definitions resident for the requests that start with it ----
 
     @app.post("/v1/pins", **pin_doc(model_name))
     async def pin(request: Request) -> dict:
-        body = await read_json(request) if await request.body() else {}
-        body = {"model": model_name, **body} if isinstance(body, dict) else body
-        req = await parse_dict(request, body, ChatRequest)
-        plan = ChatPlan(engine, req)  # rendered as a chat request with these messages and tools renders them
-        ids = engine.conversation_prefix(plan.messages, tools=plan.template_tools)
-        handle = await asyncio.to_thread(engine.pin, ids)
-        pin_id = f"pin-{handle.id}"
-        pins[pin_id] = (handle, len(ids))
-        return {"id": pin_id, "object": "pin", "tokens": len(ids)}
+        raw = await read_json(request) if await request.body() else {}
+        raw = {"model": model_name, **raw} if isinstance(raw, dict) else raw
+        body, req = await parse_dict(request, raw, ChatRequest)
+        return await handle.pin(req, body)
 
     @app.get("/v1/pins", responses=ERRORS)
     async def list_pins(request: Request) -> dict:
         check(request)
-        return {"object": "list", "data": [{"id": k, "object": "pin", "tokens": n} for k, (_, n) in pins.items()]}
+        return {"object": "list", "data": handle.pins()}
 
     @app.delete("/v1/pins/{pin_id}", responses=ERRORS)
     async def unpin(pin_id: str, request: Request) -> dict:
         check(request)
-        if pin_id not in pins:
-            raise APIError(404, f"no pin {pin_id!r}; GET /v1/pins lists them", "pin_id", code="pin_not_found")
-        handle, _ = pins.pop(pin_id)
-        await asyncio.to_thread(engine.unpin, handle)
+        await handle.unpin(pin_id)
         return {"id": pin_id, "object": "pin", "deleted": True}
 
     return app
-

@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from agentkv.chat.calls import CallProgress
-from agentkv.chat.reasoning import reply_grammar
+from agentkv.chat.carry import TokenCarry
+from agentkv.chat.turn import Turn
 from agentkv.engine import SamplingParams
 from agentkv.engine.outputs import Usage
-from agentkv.errors import GrammarError, PromptTooLongError, RequestError
-from agentkv.grammar.compiler import output_grammar_schema
+from agentkv.errors import GrammarError, OutputValidationError, PromptTooLongError, RequestError
 from agentkv.grammar.schema.validation import schema_check
 from agentkv.server.protocol import (
     APIError,
@@ -35,17 +35,20 @@ from agentkv.server.protocol import (
 class ChatPlan:
     """One chat request made ready to run: its prompt, parameters, and how to read its outputs."""
 
-    def __init__(self, engine, req: ChatRequest):
-        self.engine, self.req = engine, req
+    def __init__(self, engine, req: ChatRequest, carry: TokenCarry | None = None):
+        self.engine, self.req, self.carry = engine, req, carry
         self.fmt = engine.tool_format
         specs, defs, mode = chat_tools(req)
         schema = response_schema(req)
-        self.messages = self.fmt.offered(template_messages(req, self.fmt), defs)
-        self.template_tools = self.fmt.template_tools(defs)
+        output = None if schema is None else ({} if schema is True else schema)
+        turn = Turn(self.fmt, tuple(specs), tuple(defs), mode if specs else "none", output, req.parallel_tool_calls,
+                    reasoning=engine.reasoning)
+        self.messages = turn.messages(template_messages(req, self.fmt))
+        self.template_tools = turn.template_tools
         self.prompt = _render(engine, self.messages, self.template_tools, req)
         # a reasoning model thinks first, free of the grammar, unless the prompt turned reasoning off
+        self.turn = turn.after(self.prompt)
         self.reasoning = engine.reasoning
-        self.state = self.reasoning.state(self.prompt) if self.reasoning is not None else "off"
         sampling = req.sampling(None)
         if req.max_completion_tokens is not None:
             sampling["max_tokens"] = req.max_completion_tokens
@@ -56,16 +59,13 @@ class ChatPlan:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
             sampling["top_logprobs"] = req.top_logprobs
-        self.calls_possible = bool(specs) and mode != "none"
-        self.specs = {s.name: s for s in specs}
-        self.output_schema = None if schema is None else ({} if schema is True else _schema_dict(schema))
-        if specs or (schema is not None and self.state != "off"):
-            answer = self.fmt.answer_grammar(specs, mode if specs else "none", self.output_schema,
-                                             req.parallel_tool_calls, close_objects=req.close_objects)
+        self.calls_possible = self.turn.calls_possible
+        self.output_schema = self.turn.output_schema
+        if specs or (schema is not None and self.turn.state != "off"):
             if "regex" in sampling or "grammar" in sampling:
                 what = "tools" if specs else "response_format"
                 raise APIError(400, f"regex / grammar cannot be combined with {what}", what)
-            grammar = reply_grammar(answer, self.reasoning, self.state)
+            grammar = self.turn.grammar(req.close_objects)
             if grammar is not None:
                 sampling["grammar"] = grammar
         elif schema is not None:
@@ -79,9 +79,11 @@ class ChatPlan:
             raise bad_request(e) from None
 
     def prompt_ids(self) -> list[int]:
-        """The prompt's tokens (what the engine is given), its max_tokens checked against the context
-        (a prompt over the context itself is the engine's 413)."""
-        return _prompt_tokens(self.engine, self.prompt, self.params.max_tokens,
+        """The prompt's tokens (what the engine is given: a continued conversation's carried tokens,
+        then the new text's), its max_tokens checked against the context (a prompt over the context
+        itself is the engine's 413)."""
+        ids = self.carry.encode(self.prompt) if self.carry is not None else self.prompt
+        return _prompt_tokens(self.engine, ids, self.params.max_tokens,
                               "max_completion_tokens" if self.req.max_completion_tokens is not None else "max_tokens")
 
     def message(self, completion, call_prefix: str) -> tuple[dict, str]:
@@ -89,38 +91,33 @@ class ChatPlan:
         cut by max_tokens dropped), the text before them with none of the format's markup, each
         call's arguments and a finished JSON output checked against their whole schemas (what the
         grammar relaxed; an output that fails is a 500, which OpenAI's clients retry)."""
-        thought, text = self.split(completion.text)
-        calls = []
-        if self.calls_possible:
-            text, calls, _ = self.fmt.parse(text, cut=completion.finish_reason == "length")
-        for c in calls:
-            self._check(c.arguments, self.specs[c.name].parameters, f"the arguments of the call of {c.name!r}")
-        if not calls and completion.complete and self.output_schema is not None:
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                value = None  # free text beside the output (tool_choice auto): not JSON, nothing to check
-            else:
-                self._check(value, self.output_schema, "the output")
+        try:
+            reply = self.turn.read_text(completion.text, cut=completion.finish_reason == "length")
+            text, calls = reply.content, reply.calls
+            if not calls and completion.complete and self.output_schema is not None:
+                try:
+                    value = json.loads(text)
+                except json.JSONDecodeError:
+                    pass  # free text beside the output (tool_choice auto): not JSON, nothing to check
+                else:
+                    problem = schema_check(self.output_schema).error(value)
+                    if problem is not None:
+                        raise OutputValidationError(f"the output does not validate against its schema: {problem}",
+                                                    completion.text, completion.finish_reason)
+        except OutputValidationError as e:
+            raise APIError(500, f"the model wrote what the grammar could not enforce exactly: {e.args[0]}; retry, "
+                                "or make the schema enforceable (see GrammarCompiler(strict=True))", None,
+                           "server_error", "invalid_model_output") from None
         msg: dict[str, Any] = {"role": "assistant", "content": (text or None) if calls else text}
-        if thought is not None:
-            msg["reasoning_content"] = thought
+        if reply.reasoning is not None:
+            msg["reasoning_content"] = reply.reasoning
         if calls:
             msg["tool_calls"] = tool_calls_json(calls, call_prefix)
         return msg, finish_reason(completion.finish_reason, bool(calls))
 
     def split(self, text: str, final: bool = True) -> tuple[str | None, str]:
         """(the reasoning, the answer) of a reply (still being written, unless `final`)."""
-        return self.reasoning.split(text, self.state, final) if self.state != "off" else (None, text)
-
-    @staticmethod
-    def _check(value, schema, what: str) -> None:
-        problem = schema_check(schema).error(value)
-        if problem is not None:
-            raise APIError(500, f"the model wrote {what} that does not validate against its schema where the "
-                                f"grammar could not enforce it exactly: {problem}; retry, or make the schema "
-                                "enforceable (see GrammarCompiler(strict=True))", None, "server_error",
-                           "invalid_model_output")
+        return self.turn.split(text, final)
 
 
 async def chat_completion(engine, req: ChatRequest, model: str) -> dict:
@@ -301,10 +298,6 @@ def _add(a, b, same_prompt: bool):
     return Usage(a.prompt_tokens, a.cached_tokens, a.completion_tokens + b.completion_tokens,
                  max(a.forward_passes, b.forward_passes), a.jump_forward_tokens + b.jump_forward_tokens,
                  a.draft_tokens + b.draft_tokens, a.accepted_draft_tokens + b.accepted_draft_tokens)
-
-
-def _schema_dict(schema) -> dict:
-    return output_grammar_schema(schema)
 
 
 def _sse(body: dict) -> str:

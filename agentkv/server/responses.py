@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentkv.chat.carry import TokenCarry
 from agentkv.errors import CacheError, EngineClosedError
 from agentkv.server.chat import ChatPlan, _run, chain
 from agentkv.server.protocol import APIError
@@ -36,6 +38,7 @@ class Stored:
     expires: float
     pin: Any = None
     tokens: list[int] = field(default_factory=list)
+    carry: TokenCarry | None = None  # its prompt and reply as tokens, for the response that continues it
 
 
 class ResponseStore:
@@ -90,34 +93,38 @@ class ResponseStore:
 
 
 def _plan(engine, req: ResponsesRequest, store: ResponseStore, close_objects: bool) -> tuple[ChatPlan, list[dict]]:
-    history = store.get(req.previous_response_id).messages if req.previous_response_id else []
-    messages = history + conversation(req.input)
-    return ChatPlan(engine, chat_body(req, messages, close_objects)), messages
+    """The plan of a response; one that continues a stored response starts with that one's tokens."""
+    previous = store.get(req.previous_response_id) if req.previous_response_id else None
+    messages = (previous.messages if previous else []) + conversation(req.input)
+    return ChatPlan(engine, chat_body(req, messages, close_objects), previous.carry if previous else None), messages
 
 
 async def create_response(engine, req: ResponsesRequest, model: str, store: ResponseStore,
-                          close_objects: bool = True) -> dict:
+                          close_objects: bool = True, response_id: str | None = None) -> dict:
+    """The response; `response_id` where the caller chose it (a cluster's ingress, to route the
+    response's continuations to this engine)."""
     plan, messages = _plan(engine, req, store, close_objects)
     ids = _prompt_ids(plan)
     out = await _run(engine.agenerate(ids, plan.params))
-    rid = _response_id()
+    rid = response_id or _response_id()
     completion = out.completions[0]
     msg, _ = plan.message(completion, rid[-8:])
     body = response_object(req, rid, model, output_items(msg, rid), completion.finish_reason, out.usage,
                            reasoning_tokens(engine, msg))
-    await _keep(req, store, plan, rid, body, messages, msg, ids + completion.token_ids)
+    await _keep(req, store, plan, rid, body, messages, msg, ids, completion)
     return body
 
 
 async def stream_response(engine, req: ResponsesRequest, model: str, store: ResponseStore, metrics,
-                          started: float, done, close_objects: bool = True) -> AsyncIterator[str]:
+                          started: float, done, close_objects: bool = True,
+                          response_id: str | None = None) -> AsyncIterator[str]:
     """The typed event stream: response.created and .in_progress, then each output item added,
     its deltas (reasoning text, output text, call arguments) and done, then response.completed."""
     plan, messages = _plan(engine, req, store, close_objects)
     ids = _prompt_ids(plan)
     deltas = engine.stream(ids, plan.params)
     first = await _run(deltas.__anext__())
-    rid = _response_id()
+    rid = response_id or _response_id()
     metrics.first_token(time.perf_counter() - started)
 
     async def events() -> AsyncIterator[str]:
@@ -144,7 +151,7 @@ async def stream_response(engine, req: ResponsesRequest, model: str, store: Resp
                         yield event
                     body = response_object(req, rid, model, final, d.completion.finish_reason, d.usage,
                                            reasoning_tokens(engine, msg))
-                    await _keep(req, store, plan, rid, body, messages, msg, ids + d.completion.token_ids)
+                    await _keep(req, store, plan, rid, body, messages, msg, ids, d.completion)
                     kind = "response.completed" if body["status"] == "completed" else "response.incomplete"
                     yield items.event(kind, response=body)
                     status = 200
@@ -158,11 +165,14 @@ async def stream_response(engine, req: ResponsesRequest, model: str, store: Resp
 
 
 async def _keep(req: ResponsesRequest, store: ResponseStore, plan: ChatPlan, rid: str, body: dict,
-                messages: list[dict], msg: dict, tokens: list[int]) -> None:
+                messages: list[dict], msg: dict, prompt_ids: list[int], completion) -> None:
     """Store the response with its conversation: the reply as the model wrote it (its reasoning block
-    in its content, for the template to keep or drop as the model was trained)."""
+    in its content, for the template to keep or drop as the model was trained), and its tokens, pinned
+    and carried to the prompt of the response that continues it."""
     if not req.store:
         return
+    carry = TokenCarry(plan.engine.tokenizer)
+    carry.written(plan.prompt, prompt_ids, completion)
     content = msg.get("content") or ""
     if msg.get("reasoning_content") is not None:
         r = plan.reasoning
@@ -170,7 +180,8 @@ async def _keep(req: ResponsesRequest, store: ResponseStore, plan: ChatPlan, rid
     reply = {"role": "assistant", "content": content}
     if msg.get("tool_calls"):
         reply["tool_calls"] = msg["tool_calls"]
-    await store.put(rid, Stored(body, messages + [reply], time.monotonic() + store.ttl_s, tokens=tokens),
+    await store.put(rid, Stored(body, messages + [reply], time.monotonic() + store.ttl_s,
+                                tokens=prompt_ids + list(completion.token_ids), carry=carry),
                     req.previous_response_id)
 
 
@@ -190,6 +201,4 @@ def reasoning_tokens(engine, msg: dict) -> int:
 
 
 def _response_id() -> str:
-    import uuid
-
     return f"resp_{uuid.uuid4().hex}"

@@ -36,7 +36,7 @@ class ItemStream:
         plan, out = self.plan, []
         thought, answer = plan.split(text, final=False)
         fmt = plan.reasoning
-        if thought is not None and (plan.state == "inside" or text.lstrip().startswith(fmt.open)):
+        if thought is not None and (plan.turn.state == "inside" or text.lstrip().startswith(fmt.open)):
             out += self._write("reasoning", thought)
         content = plan.fmt.content(answer) if plan.calls_possible else answer
         if content:

@@ -4,7 +4,8 @@ Round-robin throws the radix cache away: every replica ends up recomputing every
 prompt. This policy keeps an approximate prefix tree of what each replica was sent (prefix_tree.py)
 and decides, per request:
 
-1. a pinned prefix's requests go to the replica that holds the pin (pins follow their agents);
+1. a pinned prefix's requests go to the replica that holds the pin (pins follow their agents), and
+   what reads or continues a stored response to the replica that stores it (`holder`);
 2. when load is imbalanced (the longest and shortest queues differ by more than `balance_abs` and
    by a factor over `balance_rel`), to the least loaded replica;
 3. otherwise to the replica with the longest match, when it covers more than `cache_threshold` of
@@ -17,10 +18,13 @@ or `set_load`), failures (`mark_failed`) and new replicas (`add_replica`).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from agentkv.errors import EngineError
-from agentkv.routing.prefix_tree import PrefixTree
+from agentkv.server.cluster.prefix_tree import PrefixTree
+
+MAX_RESPONSES = 1 << 20  # stored responses remembered (their ids), across all replicas
 
 
 class NoReplicaError(EngineError):
@@ -45,6 +49,7 @@ class CacheAwareRouter:
         self.tree = PrefixTree(config.max_chars_per_replica)
         self.load: dict[str, int] = {r: 0 for r in replicas}
         self.pins: dict[str, str] = {}  # pinned prefix text -> replica
+        self.responses: OrderedDict[str, str] = OrderedDict()  # stored response id -> the replica holding it
 
     # -- what the serving layer reports -----------------------------------------------------------------
 
@@ -56,6 +61,7 @@ class CacheAwareRouter:
         self.load.pop(replica, None)
         self.tree.remove_replica(replica)
         self.pins = {p: r for p, r in self.pins.items() if r != replica}
+        self.responses = OrderedDict((k, r) for k, r in self.responses.items() if r != replica)
 
     def started(self, replica: str) -> None:
         if replica in self.load:  # a failed replica stays out until add_replica
@@ -97,6 +103,19 @@ class CacheAwareRouter:
 
     def unpin(self, prefix: str) -> None:
         self.pins.pop(prefix, None)
+
+    def stored(self, response_id: str, replica: str) -> None:
+        """`replica` stores the response `response_id`: what reads or continues it goes there. The
+        oldest are forgotten past MAX_RESPONSES (a replica keeps fewer than that itself)."""
+        self.responses[response_id] = replica
+        self.responses.move_to_end(response_id)
+        while len(self.responses) > MAX_RESPONSES:
+            self.responses.popitem(last=False)
+
+    def holder(self, response_id: str) -> str | None:
+        """The healthy replica that stores `response_id` (None: unknown, or its replica failed)."""
+        replica = self.responses.get(response_id)
+        return replica if replica in self.load else None
 
     def _pinned(self, text: str) -> str | None:
         best = max((p for p in self.pins if text.startswith(p)), key=len, default=None)

@@ -27,15 +27,17 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from agentkv.routing.policy import CacheAwareRouter, RouterConfig
+from agentkv.server.cluster.policy import CacheAwareRouter, RouterConfig
 
 # keys the ingress adds to a body that creates ("create") or deletes ("delete") a pin of its prefix
 PIN, PIN_ID = "agentkv_pin", "agentkv_pin_id"
+# the stored response a body creates, the one it reads or continues, and a replica by its index
+RESPONSE_ID, RESPONSE_OF, REPLICA = "agentkv_response_id", "agentkv_response_of", "agentkv_replica"
 
 
 def body_text(body: dict[str, Any]) -> str | None:
     """The text whose prefixes identify an OpenAI request's cached prompt: tool definitions, then each
-    message in order (chat), or the prompt (completions)."""
+    message in order (chat), the instructions and input (responses), or the prompt (completions)."""
     if isinstance(body.get("messages"), list):
         parts = [json.dumps(body["tools"], sort_keys=True)] if body.get("tools") else []
         for m in body["messages"]:
@@ -43,6 +45,12 @@ def body_text(body: dict[str, Any]) -> str | None:
             if not isinstance(content, str):
                 content = json.dumps(content, sort_keys=True)
             parts.append(f"{m.get('role') if isinstance(m, dict) else ''}: {content}")
+        return "\n".join(parts)
+    if "input" in body:  # the Responses API: instructions, then the input as text or items
+        parts = [json.dumps(body["tools"], sort_keys=True)] if body.get("tools") else []
+        parts.append(str(body.get("instructions") or ""))
+        items = body["input"]
+        parts.append(items if isinstance(items, str) else json.dumps(items, sort_keys=True))
         return "\n".join(parts)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -56,10 +64,14 @@ def request_text(pending: PendingRequest | None) -> str | None:
     return body_text(pending.args[0])
 
 
-def pin_op(pending: PendingRequest | None) -> str | None:
+def body_of(pending: PendingRequest | None) -> dict:
     if pending is None or not pending.args or not isinstance(pending.args[0], dict):
-        return None
-    return pending.args[0].get(PIN)
+        return {}
+    return pending.args[0]
+
+
+def pin_op(pending: PendingRequest | None) -> str | None:
+    return body_of(pending).get(PIN)
 
 
 class CacheAwareRequestRouter(FIFOMixin, RequestRouter):
@@ -88,10 +100,16 @@ class CacheAwareRequestRouter(FIFOMixin, RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
-        text = request_text(pending_request)
-        if text is None or self._policy is None or not candidate_replicas:
+        if self._policy is None or not candidate_replicas:
             return [candidate_replicas]
         by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
+        body = body_of(pending_request)
+        target = self._addressed(body)
+        if target is not None:  # only that replica can answer: wait for it (an empty choice makes Ray retry)
+            return [[by_id[target]]] if target in by_id else []
+        text = request_text(pending_request)
+        if text is None:
+            return [candidate_replicas]
         chosen = by_id.get(self._policy.choose(text))
         if pin_op(pending_request) == "delete":
             # only the pinned replica holds it: wait for it (an empty choice makes Ray retry)
@@ -100,11 +118,25 @@ class CacheAwareRequestRouter(FIFOMixin, RequestRouter):
             return [candidate_replicas]
         return [[chosen], [r for r in candidate_replicas if r is not chosen]]
 
+    def _addressed(self, body: dict) -> str | None:
+        """The one replica a request must go to: the one stats were asked of (by index, in the order
+        of the replicas' ids), or the one that stores the response it reads or continues."""
+        if isinstance(body.get(REPLICA), int):
+            replicas = sorted(self._policy.load)
+            return replicas[body[REPLICA] % len(replicas)] if replicas else None
+        of = body.get(RESPONSE_OF)
+        return self._policy.holder(of) if isinstance(of, str) else None  # unknown: any replica answers 404
+
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
-        text = request_text(pending_request)
-        if text is None or self._policy is None:
+        if self._policy is None:
             return
         replica = replica_id.to_full_id_str()
+        created = body_of(pending_request).get(RESPONSE_ID)
+        if isinstance(created, str):  # the response it creates is stored there
+            self._policy.stored(created, replica)
+        text = request_text(pending_request)
+        if text is None:
+            return
         op = pin_op(pending_request)
         if op == "create":  # requests starting with this prefix go where it is pinned
             self._policy.pin(text, replica)

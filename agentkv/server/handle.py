@@ -1,0 +1,114 @@
+"""What the HTTP routes run on: an `EngineHandle` (as vLLM's server runs over its EngineClient).
+
+The routes (app.py) own the HTTP contract: the API key, the model check, body limits, admission
+(429 past the in-flight limit) and /metrics. Behind them, a handle answers each validated request:
+`LocalHandle` with one engine in this process (`agentkv serve`), the cluster's handle with Ray Serve
+replicas (server/cluster/handle.py, `agentkv serve --replicas N`). Both take the validated request
+and the body it came from: a local engine reads the first, a replica is sent the second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+from agentkv.server.chat import ChatPlan, chat_completion, chat_stream
+from agentkv.server.completions import completion, completion_stream
+from agentkv.server.metrics import Metrics
+from agentkv.server.protocol import APIError, ChatRequest, CompletionRequest
+from agentkv.server.responses import ResponseStore, create_response, stream_response
+from agentkv.server.responses_items import ResponsesRequest
+
+
+class EngineHandle(Protocol):
+    """An engine (or several) as the routes see it. The `*_stream` methods return the server-sent
+    events; their first is computed before they return (a request that cannot run fails with its
+    HTTP status), and `done()` runs when the stream ends, however it ends."""
+
+    async def chat(self, req: ChatRequest, body: dict) -> dict: ...
+
+    async def chat_stream(self, req: ChatRequest, body: dict, metrics: Metrics, started: float,
+                          done: Callable[[], None]) -> AsyncIterator[str]: ...
+
+    async def completion(self, req: CompletionRequest, body: dict) -> dict: ...
+
+    async def completion_stream(self, req: CompletionRequest, body: dict, metrics: Metrics, started: float,
+                                done: Callable[[], None]) -> AsyncIterator[str]: ...
+
+    async def create_response(self, req: ResponsesRequest, body: dict) -> dict: ...
+
+    async def stream_response(self, req: ResponsesRequest, body: dict, metrics: Metrics, started: float,
+                              done: Callable[[], None]) -> AsyncIterator[str]: ...
+
+    async def get_response(self, response_id: str) -> dict: ...
+
+    async def delete_response(self, response_id: str) -> None: ...
+
+    async def pin(self, req: ChatRequest, body: dict) -> dict: ...
+
+    async def unpin(self, pin_id: str) -> None: ...
+
+    def pins(self) -> list[dict]: ...
+
+    async def stats(self) -> dict: ...
+
+
+class LocalHandle:
+    """One engine in this process. Stored responses and pins are kept here, their tokens pinned in
+    the engine's radix cache."""
+
+    def __init__(self, engine, model_name: str, close_objects: bool = True, stored_responses: int = 1024,
+                 response_ttl_s: float = 3600.0):
+        self.engine, self.model_name, self.close_objects = engine, model_name, close_objects
+        self.responses = ResponseStore(engine, stored_responses, response_ttl_s)
+        self._pins: dict[str, tuple[Any, int]] = {}  # id -> (PinHandle, tokens)
+        self.id_prefix = "pin-"
+
+    async def chat(self, req: ChatRequest, body: dict) -> dict:
+        return await chat_completion(self.engine, req, self.model_name)
+
+    async def chat_stream(self, req, body, metrics, started, done) -> AsyncIterator[str]:
+        return await chat_stream(self.engine, req, self.model_name, metrics, started, done)
+
+    async def completion(self, req: CompletionRequest, body: dict) -> dict:
+        return await completion(self.engine, req, self.model_name)
+
+    async def completion_stream(self, req, body, metrics, started, done) -> AsyncIterator[str]:
+        return await completion_stream(self.engine, req, self.model_name, metrics, started, done)
+
+    async def create_response(self, req: ResponsesRequest, body: dict, response_id: str | None = None) -> dict:
+        return await create_response(self.engine, req, self.model_name, self.responses, self.close_objects,
+                                     response_id)
+
+    async def stream_response(self, req, body, metrics, started, done,
+                              response_id: str | None = None) -> AsyncIterator[str]:
+        return await stream_response(self.engine, req, self.model_name, self.responses, metrics, started, done,
+                                     self.close_objects, response_id)
+
+    async def get_response(self, response_id: str) -> dict:
+        return self.responses.get(response_id).response
+
+    async def delete_response(self, response_id: str) -> None:
+        await self.responses.delete(response_id)
+
+    async def pin(self, req: ChatRequest, body: dict) -> dict:
+        """Pin the prefix every conversation with these messages and tools starts with."""
+        plan = ChatPlan(self.engine, req)  # rendered as a chat request with these messages and tools renders them
+        ids = self.engine.conversation_prefix(plan.messages, tools=plan.template_tools)
+        handle = await asyncio.to_thread(self.engine.pin, ids)
+        pin_id = f"{self.id_prefix}{handle.id}"
+        self._pins[pin_id] = (handle, len(ids))
+        return {"id": pin_id, "object": "pin", "tokens": len(ids)}
+
+    async def unpin(self, pin_id: str) -> None:
+        if pin_id not in self._pins:
+            raise APIError(404, f"no pin {pin_id!r}; GET /v1/pins lists them", "pin_id", code="pin_not_found")
+        handle, _ = self._pins.pop(pin_id)
+        await asyncio.to_thread(self.engine.unpin, handle)
+
+    def pins(self) -> list[dict]:
+        return [{"id": k, "object": "pin", "tokens": n} for k, (_, n) in self._pins.items()]
+
+    async def stats(self) -> dict:
+        return await asyncio.to_thread(self.engine.stats)
