@@ -68,41 +68,17 @@ def write_byte_tokenizer(
     return len(vocab)
 
 
-ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
+                 "gemma3_text": "Gemma3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "mixtral": "MixtralForCausalLM"}
 
 
-def write_tiny_model(
-    out: Path,
-    family: str = "llama",
-    *,
-    hidden: int = 64,
-    layers: int = 2,
-    heads: int = 4,
-    kv_heads: int = 2,
-    intermediate: int = 128,
-    rope_scaling: dict | None = None,
-    max_positions: int = 512,
-    tie: bool = True,
-    seed: int = 0,
-    tokenizer: dict | None = None,
-    experts: int = 4,
-    top_k: int = 2,
-    dense_layers: tuple[int, ...] = (),
-    sliding_window: int | None = None,
-    max_window_layers: int = 0,
-    config: dict | None = None,
-) -> Path:
+def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, layers: int = 2, heads: int = 4,
+                     kv_heads: int = 2, intermediate: int = 128, rope_scaling: dict | None = None,
+                     max_positions: int = 512, tie: bool = True, seed: int = 0, tokenizer: dict | None = None,
+                     experts: int = 4, top_k: int = 2, dense_layers: tuple[int, ...] = (),
+                     sliding_window: int | None = None, max_window_layers: int = 0, config: dict | None = None) -> Path:
     """Write config.json, model.safetensors and a byte tokenizer (`tokenizer`: write_byte_tokenizer's
     options) for a random model of `family` (llama, mistral, phi3, gemma3_text, qwen2, qwen3, or the mixtures of experts
     qwen3_moe, qwen2_moe with a shared expert, mixtral: `experts`, `top_k`, Qwen's `dense_layers`),
@@ -117,47 +93,25 @@ def write_tiny_model(
     head_dim = hidden // heads
     arch = ARCHITECTURES[family]
     cfg = {
-        "architectures": [arch],
-        "model_type": family,
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": intermediate,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "max_position_embeddings": max_positions,
-        "tie_word_embeddings": tie,
-        "hidden_act": "silu",
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": "float32",
-    }
+        "architectures": [arch], "model_type": family, "vocab_size": vocab, "hidden_size": hidden,
+        "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "max_position_embeddings": max_positions, "tie_word_embeddings": tie, "hidden_act": "silu", "bos_token_id": 1,
+        "eos_token_id": 2, "torch_dtype": "float32"}
     if rope_scaling:
         cfg["rope_scaling"] = rope_scaling
     cfg["sliding_window"] = sliding_window
     if family in ("phi3", "gemma3_text", "gemma2"):
         cfg["pad_token_id"] = None  # their configs' defaults are past a byte vocabulary
     if family == "gemma3_text":  # windowed layers with the local rope base, every third layer global
-        cfg.update(
-            query_pre_attn_scalar=head_dim * 2,
-            rope_theta=1_000_000.0,
-            rope_local_base_freq=10_000.0,
-            hidden_activation="gelu_pytorch_tanh",
-            sliding_window=sliding_window or 4096,
-            layer_types=["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(layers)],
-        )
+        cfg.update(query_pre_attn_scalar=head_dim * 2, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+                   hidden_activation="gelu_pytorch_tanh", sliding_window=sliding_window or 4096,
+                   layer_types=["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(layers)])
     if family == "gemma2":  # soft caps low enough to bite on random weights; every other layer windowed
         cfg.update(
-            query_pre_attn_scalar=head_dim * 2,
-            hidden_activation="gelu_pytorch_tanh",
-            attn_logit_softcapping=2.0,
-            final_logit_softcapping=3.0,
-            sliding_window=sliding_window or 4096,
-            layer_types=["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)],
-        )
+            query_pre_attn_scalar=head_dim * 2, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0, sliding_window=sliding_window or 4096,
+            layer_types=["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)])
     if sliding_window and family.startswith("qwen"):
         cfg.update(use_sliding_window=True, max_window_layers=max_window_layers)
     cfg.update(config or {})
@@ -165,14 +119,8 @@ def write_tiny_model(
     if family == "mixtral":
         cfg.update(num_local_experts=experts, num_experts_per_tok=top_k)
     elif moe:
-        cfg.update(
-            num_experts=experts,
-            num_experts_per_tok=top_k,
-            moe_intermediate_size=intermediate // 2,
-            norm_topk_prob=family == "qwen3_moe",
-            mlp_only_layers=list(dense_layers),
-            decoder_sparse_step=1,
-        )
+        cfg.update(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=intermediate // 2,
+                   norm_topk_prob=family == "qwen3_moe", mlp_only_layers=list(dense_layers), decoder_sparse_step=1)
         if family == "qwen2_moe":
             cfg.update(shared_expert_intermediate_size=intermediate, qkv_bias=True)
     g = torch.Generator().manual_seed(seed)
@@ -224,24 +172,17 @@ def write_tiny_model(
 def _experts(p: str, family: str, hidden: int, intermediate: int, experts: int, rnd) -> dict:
     """One MoE layer's tensors under the Hub's names (Mixtral: block_sparse_moe and w1/w3/w2)."""
     if family == "mixtral":
-        w = {p + "block_sparse_moe.gate.weight": rnd(experts, hidden, scale=0.5)}
-        for e in range(experts):
-            x = p + f"block_sparse_moe.experts.{e}."
-            w[x + "w1.weight"], w[x + "w3.weight"] = (
-                rnd(intermediate, hidden, scale=0.3),
-                rnd(intermediate, hidden, scale=0.3),
-            )
-            w[x + "w2.weight"] = rnd(hidden, intermediate, scale=0.3)
-        return w
-    width = intermediate // 2
-    w = {p + "mlp.gate.weight": rnd(experts, hidden, scale=0.5)}
+        router, each, (gate, up, down) = "block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2")
+        width = intermediate
+    else:  # the Qwen MoE families' names; their experts here are half the MLP's width
+        router, each, (gate, up, down) = "mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")
+        width = intermediate // 2
+    w = {p + router + ".weight": rnd(experts, hidden, scale=0.5)}
     for e in range(experts):
-        x = p + f"mlp.experts.{e}."
-        w[x + "gate_proj.weight"], w[x + "up_proj.weight"] = (
-            rnd(width, hidden, scale=0.3),
-            rnd(width, hidden, scale=0.3),
-        )
-        w[x + "down_proj.weight"] = rnd(hidden, width, scale=0.3)
+        x = f"{p}{each}.{e}."
+        w[x + gate + ".weight"] = rnd(width, hidden, scale=0.3)
+        w[x + up + ".weight"] = rnd(width, hidden, scale=0.3)
+        w[x + down + ".weight"] = rnd(hidden, width, scale=0.3)
     if family == "qwen2_moe":
         x = p + "mlp.shared_expert."
         w[x + "gate_proj.weight"] = rnd(intermediate, hidden, scale=0.3)

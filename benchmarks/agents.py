@@ -45,8 +45,7 @@ def get_weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -
 
 @ak.tool
 def convert_currency(
-    amount: float, source: Literal["EUR", "USD", "GBP", "JPY"], target: Literal["EUR", "USD", "GBP", "JPY"]
-) -> float:
+    amount: float, source: Literal["EUR", "USD", "GBP", "JPY"], target: Literal["EUR", "USD", "GBP", "JPY"]) -> float:
     """Convert an amount between currencies at today's rate."""
     return round(amount * 1.07, 2)
 
@@ -72,12 +71,10 @@ INSTRUCTIONS = (
 
 def task(i: int) -> str:
     a, b = CITIES[i % len(CITIES)], CITIES[(i * 3 + 1 + i // len(CITIES)) % len(CITIES)]
-    return [
-        f"I fly from {a} to {b} on 2026-03-{10 + i % 18}. What weather should I expect there?",
-        f"Find me a flight from {a} to {b} on 2026-04-0{1 + i % 9} and a hotel for 3 nights.",
-        f"How much is {100 + 25 * i} EUR in JPY, and is it warm in {b}?",
-        f"Book 2 nights in {b} under 150 per night and tell me the weather.",
-    ][i % 4]
+    return [f"I fly from {a} to {b} on 2026-03-{10 + i % 18}. What weather should I expect there?",
+            f"Find me a flight from {a} to {b} on 2026-04-0{1 + i % 9} and a hotel for 3 nights.",
+            f"How much is {100 + 25 * i} EUR in JPY, and is it warm in {b}?",
+            f"Book 2 nights in {b} under 150 per night and tell me the weather."][i % 4]
 
 
 def other_traffic(n: int) -> list[str]:
@@ -91,16 +88,8 @@ FOLLOW_UP = "Thanks. In one sentence: what should I pack?"
 
 
 def make_agent(engine, pin: bool, tool_choice: str = "required") -> ak.Agent:
-    return ak.Agent(
-        INSTRUCTIONS,
-        tools=TOOLS,
-        engine=engine,
-        tool_choice=tool_choice,
-        max_steps=3,
-        max_tokens=96,
-        parallel_tool_calls=False,
-        pin=pin,
-    )
+    return ak.Agent(INSTRUCTIONS, tools=TOOLS, engine=engine, tool_choice=tool_choice, max_steps=3, max_tokens=96,
+                    parallel_tool_calls=False, pin=pin)
 
 
 def wave(first: ak.Agent, follow: ak.Agent, tasks: list[str]) -> list[ak.AgentResult]:
@@ -137,20 +126,12 @@ def run_config(label: str, compiler, args, pin: bool = True, **engine_options) -
     prompt = sum(r.usage.prompt_tokens for r in runs)
     cached = sum(r.usage.cached_tokens for r in runs)
     wave2 = waves[1]
-    return {
-        "label": label,
-        "wall": wall,
-        "steps": sum(r.usage.steps for r in runs),
-        "jumped": sum(r.usage.jump_forward_tokens for r in runs),
-        "calls": sum(r.usage.tool_calls for r in runs),
-        "hit": cached / prompt,
-        "hit2": sum(r.usage.cached_tokens for r in wave2) / sum(r.usage.prompt_tokens for r in wave2),
-        "prefill": st["prefill_tokens_computed"],
-        "passes": sum(r.usage.forward_passes for r in runs),
-        "tokens": sum(r.usage.completion_tokens for r in runs),
-        "waves": waves,
-        "engine": engine,
-    }
+    return {"label": label, "wall": wall, "steps": sum(r.usage.steps for r in runs),
+            "jumped": sum(r.usage.jump_forward_tokens for r in runs), "calls": sum(r.usage.tool_calls for r in runs),
+            "hit": cached / prompt,
+            "hit2": sum(r.usage.cached_tokens for r in wave2) / sum(r.usage.prompt_tokens for r in wave2),
+            "prefill": st["prefill_tokens_computed"], "passes": sum(r.usage.forward_passes for r in runs),
+            "tokens": sum(r.usage.completion_tokens for r in runs), "waves": waves, "engine": engine}
 
 
 def replay_hf(peer: Peer, engine, waves, pad: int) -> tuple[float, int]:
@@ -195,26 +176,13 @@ def main() -> None:
         compiler = warm.grammar_compiler
         system_tokens = len(warm.tokenizer.encode(warm.render([agent.system_message], add_generation_prompt=False)))
 
-    results = [
-        run_config("agentkv, pinned prompt", compiler, args),
-        run_config("agentkv, no pin", compiler, args, pin=False),
-        run_config("agentkv, radix cache off", compiler, args, pin=False, enable_radix_cache=False),
-    ]
+    results = [run_config("agentkv, pinned prompt", compiler, args),
+               run_config("agentkv, no pin", compiler, args, pin=False),
+               run_config("agentkv, radix cache off", compiler, args, pin=False, enable_radix_cache=False)]
     ours = results[0]["wall"]
     rows = [
-        [
-            r["label"],
-            r["wall"],
-            r["steps"],
-            r["calls"],
-            r["tokens"],
-            r["jumped"],
-            r["passes"],
-            r["prefill"],
-            f"{r['hit']:.1%}",
-            f"{r['hit2']:.1%}",
-            r["wall"] / ours,
-        ]
+        [r["label"], r["wall"], r["steps"], r["calls"], r["tokens"], r["jumped"], r["passes"], r["prefill"],
+         f"{r['hit']:.1%}", f"{r['hit2']:.1%}", r["wall"] / ours]
         for r in results
     ]
     if not args.skip_hf:
@@ -224,19 +192,8 @@ def main() -> None:
         wall, computed = replay_hf(peer, results[0]["engine"], results[0]["waves"], pad)
         peer.close()
         rows.append(
-            [
-                "HF generate, batch per step",
-                wall,
-                results[0]["steps"],
-                "-",
-                "-",
-                "-",
-                "-",
-                computed,
-                "0.0%",
-                "0.0%",
-                wall / ours,
-            ]
+            ["HF generate, batch per step", wall, results[0]["steps"], "-", "-", "-", "-", computed, "0.0%", "0.0%",
+             wall / ours]
         )
     print("wall s: the two waves of agents (the traffic between them is not timed)")
     print(
@@ -247,19 +204,8 @@ def main() -> None:
     print(
         table(
             rows,
-            [
-                "system",
-                "wall s",
-                "steps",
-                "tool calls",
-                "completion tokens",
-                "jump-forward tokens",
-                "forward passes",
-                "prefill tokens computed",
-                "cache hit",
-                "cache hit, wave 2",
-                "time / pinned",
-            ],
+            ["system", "wall s", "steps", "tool calls", "completion tokens", "jump-forward tokens", "forward passes",
+             "prefill tokens computed", "cache hit", "cache hit, wave 2", "time / pinned"],
         )
     )
 

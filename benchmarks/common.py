@@ -47,8 +47,7 @@ def _load(dtype: str) -> None:
 
     path = embedded_model_path()
     _hf_model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
-    ).eval()
+        path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)).eval()
 
 
 def hf_generate(prompts: list[list[int]], new_tokens: int, pad_id: int) -> tuple[float, list[list[int]]]:
@@ -61,14 +60,8 @@ def hf_generate(prompts: list[list[int]], new_tokens: int, pad_id: int) -> tuple
         mask[i, width - len(p) :] = 1
     start = time.perf_counter()
     with torch.no_grad():
-        out = _hf_model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=pad_id,
-        )
+        out = _hf_model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                 do_sample=False, pad_token_id=pad_id)
     elapsed = time.perf_counter() - start
     return elapsed, out[:, width:].tolist()
 

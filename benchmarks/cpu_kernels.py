@@ -173,10 +173,8 @@ def long_inputs(kernels, rows: int = 512) -> list:
         )
         w = cpu_quant.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), code, k, n)
         t = best(
-            {
-                "kernel": lambda: [kernels.qlinear(x[i : i + 16], w) for i in range(0, rows, 16)],
-                "sliced": lambda: kernels.qlinear(x, w),
-            },
+            {"kernel": lambda: [kernels.qlinear(x[i : i + 16], w) for i in range(0, rows, 16)],
+             "sliced": lambda: kernels.qlinear(x, w)},
             3,
         )
         out.append([name, rows, f"{n} x {k}", t["kernel"] * 1e3, t["sliced"] * 1e3, t["kernel"] / t["sliced"]])
@@ -268,36 +266,28 @@ def main() -> None:
             "x in fp32 (bf16 for the bf16 kernel)"
         )
         print(
-            table(
-                quantized_linears(kernels, [int(r) for r in args.rows.split(",") if int(r) <= 16]),
-                ["rows", "weights", "MiB", "ms", "bf16 / this"],
-            )
+            table(quantized_linears(kernels, [int(r) for r in args.rows.split(",") if int(r) <= 16]),
+                  ["rows", "weights", "MiB", "ms", "bf16 / this"])
         )
         print("\nthe embedded model's linears in one batch-1 decode step (ms)")
         print(table(embedded_step(kernels), ["linears", "ms"]))
         print("\na long input on a large weight (ms)")
         print(
-            table(
-                long_inputs(kernels),
-                ["weights", "rows", "weight", "kernel 16 rows at a time", "slices dequantized", "speedup"],
-            )
+            table(long_inputs(kernels),
+                  ["weights", "rows", "weight", "kernel 16 rows at a time", "slices dequantized", "speedup"])
         )
         return
     print(f"{args.dtype}, {torch.get_num_threads()} threads, {LAYERS} layers of distinct tensors per timing")
     print("\nlinears of 30 layers (ms)")
     print(
-        table(
-            linears(kernels, dtype, [int(r) for r in args.rows.split(",")]),
-            ["rows", "agentkv", "oneDNN packed", "plain matmul", "oneDNN / agentkv"],
-        )
+        table(linears(kernels, dtype, [int(r) for r in args.rows.split(",")]),
+              ["rows", "agentkv", "oneDNN packed", "plain matmul", "oneDNN / agentkv"])
     )
     if not args.skip_decode:
         print("\ndecode attention, a layer (us)")
         print(
-            table(
-                decode_attention(dtype, [(16, 100), (16, 400), (16, 1600), (1, 4000)]),
-                ["requests", "tokens each", "cpu backend", "torch backend", "torch / cpu"],
-            )
+            table(decode_attention(dtype, [(16, 100), (16, 400), (16, 1600), (1, 4000)]),
+                  ["requests", "tokens each", "cpu backend", "torch backend", "torch / cpu"])
         )
     print("\nextend attention after a cached prefix, a layer (us)")
     sizes = [(0, 32), (0, 512), (0, 2048), (256, 64), (512, 32), (512, 64), (512, 256), (2048, 256)]

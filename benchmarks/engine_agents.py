@@ -29,29 +29,17 @@ import agentkv as ak
 
 TOOLS = [
     ("get_weather", "Current weather and a 3-day forecast for a city.", {"city": "string", "unit": ["C", "F"]}),
-    (
-        "search_web",
-        "Search the web and return the top results with snippets.",
-        {"query": "string", "max_results": "integer"},
-    ),
+    ("search_web", "Search the web and return the top results with snippets.",
+     {"query": "string", "max_results": "integer"}),
     ("read_calendar", "List calendar events between two dates.", {"start_date": "string", "end_date": "string"}),
-    (
-        "create_event",
-        "Create a calendar event with attendees.",
-        {"title": "string", "start": "string", "attendees": "array"},
-    ),
+    ("create_event", "Create a calendar event with attendees.",
+     {"title": "string", "start": "string", "attendees": "array"}),
     ("send_email", "Send an email to one or more recipients.", {"to": "array", "subject": "string", "body": "string"}),
     ("lookup_contact", "Find a contact's email and phone by name.", {"name": "string"}),
-    (
-        "convert_currency",
-        "Convert an amount between two currencies at today's rate.",
-        {"amount": "number", "from": "string", "to": "string"},
-    ),
-    (
-        "book_flight",
-        "Search and hold a flight between two airports.",
-        {"origin": "string", "destination": "string", "date": "string"},
-    ),
+    ("convert_currency", "Convert an amount between two currencies at today's rate.",
+     {"amount": "number", "from": "string", "to": "string"}),
+    ("book_flight", "Search and hold a flight between two airports.",
+     {"origin": "string", "destination": "string", "date": "string"}),
     ("translate_text", "Translate text into a target language.", {"text": "string", "target_language": "string"}),
 ]
 TASKS = [
@@ -156,13 +144,8 @@ def main() -> None:
     if not args.skip_llama_cpp:
         from agentkv.engine.loader import embedded_model_path
 
-        wall_cpp = llama_cpp_peer.call(
-            llama_cpp_peer.agents_wall,
-            str(embedded_model_path()),
-            prompts_per_turn,
-            args.new_tokens,
-            torch.get_num_threads(),
-        )
+        wall_cpp = llama_cpp_peer.call(llama_cpp_peer.agents_wall, str(embedded_model_path()), prompts_per_turn,
+                                       args.new_tokens, torch.get_num_threads())
         if wall_cpp is not None:
             flat = [p for ps in prompts_per_turn for p in ps]
             computed = sum(len(p) - _common(a, p) for a, p in zip([[]] + flat, flat))
@@ -184,8 +167,7 @@ def main() -> None:
         pad = 2
         peer.call(hf_generate, [[1, 2, 3]], 2, pad)  # warm up
         hf_wall = sum(
-            peer.call(hf_generate, [p], args.new_tokens, pad)[0] for prompts in prompts_per_turn for p in prompts
-        )
+            peer.call(hf_generate, [p], args.new_tokens, pad)[0] for prompts in prompts_per_turn for p in prompts)
         rows.append(["HF generate, sequential", hf_wall, sum(len(p) for ps in prompts_per_turn for p in ps), 0.0])
         peer.close()
 
@@ -195,10 +177,8 @@ def main() -> None:
     )
     ours = rows[0][1]
     print(
-        table(
-            [[name, wall, comp, f"{hit:.1%}", wall / ours] for name, wall, comp, hit in rows],
-            ["system", "wall s", "prefill tokens computed", "cache hit rate", "time / agentkv"],
-        )
+        table([[name, wall, comp, f"{hit:.1%}", wall / ours] for name, wall, comp, hit in rows],
+              ["system", "wall s", "prefill tokens computed", "cache hit rate", "time / agentkv"])
     )
 
 

@@ -81,8 +81,7 @@ def main() -> None:
         rows.append([batch, args.dtype, tok / off, tok / on, tok / hf, hf / off, off / on])
     print(f"decode throughput, {args.new_tokens} new tokens per sequence, greedy, {torch.get_num_threads()} threads")
     print(
-        table(rows, ["batch", "dtype", "agentkv tok/s", "overlap tok/s", "HF tok/s", "speedup vs HF", "overlap / off"])
-    )
+        table(rows, ["batch", "dtype", "agentkv tok/s", "overlap tok/s", "HF tok/s", "speedup vs HF", "overlap / off"]))
     peer.close()
 
 

@@ -35,8 +35,7 @@ def throughput(name, model, device, dtype, batch, prompt_len, new_tokens, vocab,
     opts = dict(MODES[mode]) if device == "cuda" else {}
     try:
         engine = ak.Engine(
-            model, device=device, dtype=dtype, num_slots=batch * (prompt_len + new_tokens) + 1024, **opts
-        )
+            model, device=device, dtype=dtype, num_slots=batch * (prompt_len + new_tokens) + 1024, **opts)
     except Exception as e:  # noqa: BLE001 - reported in the table, the other rows still run
         return [name, mode, batch, f"load error: {type(e).__name__}: {e}"[:80], "", "", ""]
     try:
@@ -78,19 +77,11 @@ def main() -> None:
             for mode in MODES:
                 rows.append(throughput("SmolLM2-135M", None, device, "bfloat16", b, 512, 128, 49152, mode))
         big = make_tiny_model(
-            tmp / "llama8b",
-            hidden=4096,
-            layers=args.layers,
-            heads=32,
-            kv_heads=8,
-            intermediate=14336,
-            max_positions=8192,
-            tie=False,
-        )
+            tmp / "llama8b", hidden=4096, layers=args.layers, heads=32, kv_heads=8, intermediate=14336,
+            max_positions=8192, tie=False)
         for b in (1, 16, 64):
             rows.append(
-                throughput(f"Llama-3-8B shape, {args.layers} layers", str(big), device, "bfloat16", b, 512, 128, 259)
-            )
+                throughput(f"Llama-3-8B shape, {args.layers} layers", str(big), device, "bfloat16", b, 512, 128, 259))
     text = (
         f"engine throughput, {device}, attention backend {auto_backend()}, greedy, 512-token prompts "
         f"(smoke: 16), 128 new tokens (smoke: 8)\n\n```\n"

@@ -136,16 +136,11 @@ class Stats:
         share = 100 * self.forced / max(1, self.walked)
         forced = f"{share:.1f}% ({self.noncanonical})" if self.walked else "n/a"
         return [
-            name,
-            f"{self.compiled}/{total} ({100 * self.compiled / max(1, total):.0f}%)",
-            self.bad,
-            self.rejected,
+            name, f"{self.compiled}/{total} ({100 * self.compiled / max(1, total):.0f}%)", self.bad, self.rejected,
             f"{np.percentile(c, 50):.1f} / {np.percentile(c, 95):.1f}",
             f"{np.percentile(m, 50):.0f} / {np.percentile(m, 99):.0f} / {np.percentile(m, 99.9):.0f}",
             f"{np.percentile(f, 50):.0f} / {np.percentile(f, 99):.0f} ({len(self.first_s)})" if self.first_s else "n/a",
-            f"{np.percentile(j, 99):.0f}" if self.jump_s else "n/a",
-            forced,
-        ]
+            f"{np.percentile(j, 99):.0f}" if self.jump_s else "n/a", forced]
 
 
 def walk(toks: list[int], fill, jump, accept_many, accept_one, st: Stats, first=None) -> None:
@@ -206,14 +201,8 @@ def run_ours(info: TokenizerInfo, docs, st: Stats, strict: bool = False, walk_ma
             walked = True
             m = Matcher(g)
             walk(
-                info.encode_bytes(text.encode()),
-                lambda m=m: m.fill_next_token_bitmask(bitmask),
-                m.jump_forward_tokens,
-                m.accept_tokens,
-                m.accept_token,
-                st,
-                first=lambda m=m: m._cfg not in g._masks,
-            )
+                info.encode_bytes(text.encode()), lambda m=m: m.fill_next_token_bitmask(bitmask), m.jump_forward_tokens,
+                m.accept_tokens, m.accept_token, st, first=lambda m=m: m._cfg not in g._masks)
 
 
 def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
@@ -240,14 +229,8 @@ def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
 
         def walk_one(toks, m0=m0):
             m = m0.deep_copy()
-            walk(
-                toks,
-                lambda: lnp.fill_next_token_bitmask(m, bitmask, 0),
-                m.compute_ff_tokens,
-                m.consume_tokens,
-                m.consume_token,
-                st,
-            )
+            walk(toks, lambda: lnp.fill_next_token_bitmask(m, bitmask, 0), m.compute_ff_tokens, m.consume_tokens,
+                 m.consume_token, st)
 
         judge_and_walk(doc["tests"], our_grammar(our, doc["schema"]), accepts, walk_one, st)
 
@@ -267,8 +250,7 @@ def run_xgrammar(info: TokenizerInfo, docs, st: Stats) -> None:
         t = time.perf_counter()
         try:
             cg = compiler.compile_json_schema(
-                json.dumps(doc["schema"]), any_whitespace=False, strict_mode=False, separators=(",", ":")
-            )
+                json.dumps(doc["schema"]), any_whitespace=False, strict_mode=False, separators=(",", ":"))
         except Exception:  # noqa: BLE001 - any refusal counts as "does not compile"
             continue
         st.compile_s.append(time.perf_counter() - t)
@@ -280,14 +262,8 @@ def run_xgrammar(info: TokenizerInfo, docs, st: Stats) -> None:
 
         def walk_one(toks, cg=cg):
             m = xgr.GrammarMatcher(cg)
-            walk(
-                toks,
-                lambda: m.fill_next_token_bitmask(bitmask, 0),
-                m.find_jump_forward_tokens,
-                lambda ts: all(m.accept_token(x) for x in ts),
-                m.accept_token,
-                st,
-            )
+            walk(toks, lambda: m.fill_next_token_bitmask(bitmask, 0), m.find_jump_forward_tokens,
+                 lambda ts: all(m.accept_token(x) for x in ts), m.accept_token, st)
 
         judge_and_walk(doc["tests"], our_grammar(our, doc["schema"]), accepts, walk_one, st)
 
@@ -361,8 +337,7 @@ def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None
             text = agentkv_text(g, case["data"])
             plain = json.dumps(case["data"], separators=(",", ":"), ensure_ascii=False)
             cases.append(
-                (case["valid"], info.encode_bytes(text.encode()) if text else None, info.encode_bytes(plain.encode()))
-            )
+                (case["valid"], info.encode_bytes(text.encode()) if text else None, info.encode_bytes(plain.encode())))
         fut = pool.submit(_oc_schema, doc["schema"], cases, info.words)
         try:
             r = fut.result(timeout=timeout_s)
@@ -385,23 +360,12 @@ def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--every", type=int, default=3, help="take every n-th SchemaStore schema")
-    ap.add_argument(
-        "--outlines-timeout",
-        type=float,
-        default=20.0,
-        help="seconds per schema for outlines-core (compile + checks); 0 leaves it out",
-    )
-    ap.add_argument(
-        "--engines",
-        default="agentkv,agentkv strict,llguidance,xgrammar,outlines-core",
-        help="comma-separated engines to run (those not installed are left out)",
-    )
-    ap.add_argument(
-        "--gil",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the matmul-beside-masks row (the token walk should not hold the GIL)",
-    )
+    ap.add_argument("--outlines-timeout", type=float, default=20.0,
+                    help="seconds per schema for outlines-core (compile + checks); 0 leaves it out")
+    ap.add_argument("--engines", default="agentkv,agentkv strict,llguidance,xgrammar,outlines-core",
+                    help="comma-separated engines to run (those not installed are left out)")
+    ap.add_argument("--gil", action=argparse.BooleanOptionalAction, default=True,
+                    help="the matmul-beside-masks row (the token walk should not hold the GIL)")
     args = ap.parse_args()
     if not DATA.exists():
         sys.exit(f"{DATA} is absent: this benchmark needs ../shared/data/schemastore beside the clone")
@@ -410,11 +374,9 @@ def main() -> None:
     for name, info, lltok in tokenizers():
         if args.gil:
             gil.append([name, *gil_row(info, docs, documents(), agentkv_text, MAX_WALK_TOKENS)])
-        engines = [
-            ("agentkv", lambda st: run_ours(info, docs, st)),
-            ("agentkv strict", lambda st: run_ours(info, docs, st, strict=True, walk_masks=False)),
-            ("llguidance", lambda st: run_llguidance(lltok, docs, st, info)),
-        ]
+        engines = [("agentkv", lambda st: run_ours(info, docs, st)),
+                   ("agentkv strict", lambda st: run_ours(info, docs, st, strict=True, walk_masks=False)),
+                   ("llguidance", lambda st: run_llguidance(lltok, docs, st, info))]
         if importlib.util.find_spec("xgrammar") is not None:
             engines.append(("xgrammar", lambda st: run_xgrammar(info, docs, st)))
         if args.outlines_timeout > 0 and importlib.util.find_spec("outlines_core") is not None:
@@ -428,17 +390,8 @@ def main() -> None:
     print(
         table(
             rows,
-            [
-                "engine / vocab",
-                "compiled",
-                "bad acc.",
-                "good rej.",
-                "compile p50/p95 ms",
-                "mask p50/p99/p99.9 us",
-                "first mask p50/p99 us (n)",
-                "jump p99 us",
-                "forced (non-canon.)",
-            ],
+            ["engine / vocab", "compiled", "bad acc.", "good rej.", "compile p50/p95 ms", "mask p50/p99/p99.9 us",
+             "first mask p50/p99 us (n)", "jump p99 us", "forced (non-canon.)"],
         )
     )
     if gil:

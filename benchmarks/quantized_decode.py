@@ -104,12 +104,9 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=256)
     args = ap.parse_args()
     path = embedded_model_path()
-    variants = {
-        "kept": dict(dtype="float32"),
-        "python": dict(dtype="float32", native_step=False),
-        "bf16": dict(dtype="bfloat16", quantized_weights=False),
-        "fp32": dict(dtype="float32", quantized_weights=False),
-    }
+    variants = {"kept": dict(dtype="float32"), "python": dict(dtype="float32", native_step=False),
+                "bf16": dict(dtype="bfloat16", quantized_weights=False),
+                "fp32": dict(dtype="float32", quantized_weights=False)}
     # each variant in a process of its own, as a user runs one engine, and called in turn: engines
     # sharing a process share its cores with one another's OpenMP threads (kept measured 1.39x of
     # bf16 that way in one run, 1.6x with each alone)
@@ -138,8 +135,7 @@ def main() -> None:
             llama_cpp_peer.call(llama_cpp_peer.decode_rate, str(path), args.new_tokens, args.repeats, threads)
             if batch == 1
             else llama_cpp_peer.call(
-                llama_cpp_peer.batched_rate, str(path), batch, args.new_tokens, args.repeats, threads
-            )
+                llama_cpp_peer.batched_rate, str(path), batch, args.new_tokens, args.repeats, threads)
         )
         row = "  ".join(f"{n} {r:7.1f}" for n, r in best.items())
         ratios = (

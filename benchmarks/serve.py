@@ -94,13 +94,9 @@ async def load(base: str, args, engine) -> dict:
         await asyncio.gather(*(conversation(client, i, args, ttfts, tokens, cached)
                                for i in range(half, args.clients)))
         wall += time.perf_counter() - start
-    return {
-        "wall": wall,
-        "tokens": sum(tokens),
-        "ttft_p50": statistics.median(ttfts),
-        "ttft_p90": statistics.quantiles(ttfts, n=10)[-1],
-        "hit": sum(c for c, _ in cached) / sum(p for _, p in cached),
-    }
+    return {"wall": wall, "tokens": sum(tokens), "ttft_p50": statistics.median(ttfts),
+            "ttft_p90": statistics.quantiles(ttfts, n=10)[-1],
+            "hit": sum(c for c, _ in cached) / sum(p for _, p in cached)}
 
 
 def run(label: str, args, pin: bool, **options) -> list:
@@ -123,13 +119,8 @@ async def continued_chat(client, i: int, args, engine) -> tuple[float, float]:
     for turn in range(5):
         start, first, text, usage = time.perf_counter(), None, "", None
         stream = await client.chat.completions.create(
-            model="smollm2",
-            messages=messages,
-            max_tokens=args.max_tokens,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
+            model="smollm2", messages=messages, max_tokens=args.max_tokens, temperature=0, stream=True,
+            stream_options={"include_usage": True})
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 first = first or time.perf_counter() - start
@@ -145,15 +136,9 @@ async def continued_responses(client, i: int, args, engine) -> tuple[float, floa
     previous, text_in = None, task(i)
     for turn in range(5):
         start, first, done = time.perf_counter(), None, None
-        stream = await client.responses.create(
-            model="smollm2",
-            instructions=SYSTEM,
-            input=text_in,
-            previous_response_id=previous,
-            max_output_tokens=args.max_tokens,
-            temperature=0,
-            stream=True,
-        )
+        stream = await client.responses.create(model="smollm2", instructions=SYSTEM, input=text_in,
+                                               previous_response_id=previous, max_output_tokens=args.max_tokens,
+                                               temperature=0, stream=True)
         async for event in stream:
             if event.type == "response.output_text.delta":
                 first = first or time.perf_counter() - start
@@ -181,10 +166,8 @@ def run_continued(args) -> None:
             async with openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=600) as client:
                 return await asyncio.gather(*(how(client, i, args, engine) for i in range(args.clients)))
 
-        for label, how in (
-            ("chat completions, transcript re-sent", continued_chat),
-            ("responses, previous_response_id", continued_responses),
-        ):
+        for label, how in (("chat completions, transcript re-sent", continued_chat),
+                           ("responses, previous_response_id", continued_responses)):
             results = asyncio.run(phase(how))
             ttfts = [t for t, _ in results]
             rows.append([label, statistics.median(ttfts), max(ttfts), f"{statistics.mean(h for _, h in results):.1%}"])
@@ -211,11 +194,8 @@ def main() -> None:
     if args.continued:
         run_continued(args)
         return
-    rows = [
-        run("pins on", args, True),
-        run("pins off", args, False),
-        run("radix cache off", args, False, enable_radix_cache=False),
-    ]
+    rows = [run("pins on", args, True), run("pins off", args, False),
+            run("radix cache off", args, False, enable_radix_cache=False)]
     for r in rows:
         r.append(r[1] / rows[0][1])
     print(
@@ -225,16 +205,8 @@ def main() -> None:
     print(
         table(
             rows,
-            [
-                "server",
-                "wall s",
-                "completion tokens",
-                "tokens/s",
-                "TTFT p50 s",
-                "TTFT p90 s",
-                "cache hit",
-                "time / pins on",
-            ],
+            ["server", "wall s", "completion tokens", "tokens/s", "TTFT p50 s", "TTFT p90 s", "cache hit",
+             "time / pins on"],
         )
     )
 

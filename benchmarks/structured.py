@@ -32,44 +32,29 @@ STR = {"type": "string"}
 TOOLS = {
     "get_weather": (
         "What's the weather in Paris this weekend, in celsius?",
-        {
-            "city": STR,
-            "unit": {"enum": ["celsius", "fahrenheit"]},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-        },
+        {"city": STR, "unit": {"enum": ["celsius", "fahrenheit"]},
+         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
     ),
     "search_flights": (
         "Find a flight from JFK to LHR on 2025-03-01 for 2 people.",
-        {
-            "origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
-            "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
-            "date": {"type": "string", "format": "date"},
-            "passengers": {"type": "integer", "minimum": 1, "maximum": 9},
-        },
+        {"origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
+         "destination": {"type": "string", "pattern": "^[A-Z]{3}$"}, "date": {"type": "string", "format": "date"},
+         "passengers": {"type": "integer", "minimum": 1, "maximum": 9}},
     ),
     "send_email": (
         "Email bob@example.com that the quarterly report will be late.",
-        {
-            "to": {"type": "string", "format": "email"},
-            "subject": {"type": "string", "maxLength": 60},
-            "body": {"type": "string", "maxLength": 200},
-        },
+        {"to": {"type": "string", "format": "email"}, "subject": {"type": "string", "maxLength": 60},
+         "body": {"type": "string", "maxLength": 200}},
     ),
     "create_event": (
         "Put a meeting called Launch review on 2025-04-02 with Dana and Omar.",
-        {
-            "title": {"type": "string", "maxLength": 40},
-            "date": {"type": "string", "format": "date"},
-            "attendees": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 5},
-        },
+        {"title": {"type": "string", "maxLength": 40}, "date": {"type": "string", "format": "date"},
+         "attendees": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 5}},
     ),
     "convert_currency": (
         "Convert 250 EUR to JPY.",
-        {
-            "amount": {"type": "number", "minimum": 0},
-            "from_currency": {"enum": ["EUR", "USD", "JPY", "GBP"]},
-            "to_currency": {"enum": ["EUR", "USD", "JPY", "GBP"]},
-        },
+        {"amount": {"type": "number", "minimum": 0}, "from_currency": {"enum": ["EUR", "USD", "JPY", "GBP"]},
+         "to_currency": {"enum": ["EUR", "USD", "JPY", "GBP"]}},
     ),
     "lookup_contact": ("What is Dana Smith's phone number?", {"name": {"type": "string", "maxLength": 40}}),
     "set_reminder": (
@@ -78,47 +63,34 @@ TOOLS = {
     ),
     "query_orders": (
         "Show my shipped orders from March, at most 5.",
-        {
-            "status": {"enum": ["open", "shipped", "delivered", "cancelled"]},
-            "month": {"type": "integer", "minimum": 1, "maximum": 12},
-            "limit": {"type": "integer", "minimum": 1, "maximum": 50},
-        },
+        {"status": {"enum": ["open", "shipped", "delivered", "cancelled"]},
+         "month": {"type": "integer", "minimum": 1, "maximum": 12},
+         "limit": {"type": "integer", "minimum": 1, "maximum": 50}},
     ),
 }
 PERSON = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "maxLength": 40},
-        "age": {"type": "integer", "minimum": 0, "maximum": 130},
-        "email": {"type": "string", "format": "email"},
-        "city": {"type": "string", "maxLength": 30},
-        "skills": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4},
-    },
+        "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 130},
+        "email": {"type": "string", "format": "email"}, "city": {"type": "string", "maxLength": 30},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4}},
     "required": ["name", "age", "email", "city", "skills"],
     "additionalProperties": False,
 }
 INVOICE = {
     "type": "object",
-    "properties": {
-        "vendor": {"type": "string", "maxLength": 40},
-        "number": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{4}$"},
-        "date": {"type": "string", "format": "date"},
-        "currency": {"enum": ["EUR", "USD", "GBP"]},
-        "total": {"type": "number", "minimum": 0, "maximum": 1000000},
-        "paid": {"type": "boolean"},
-    },
+    "properties": {"vendor": {"type": "string", "maxLength": 40},
+                   "number": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{4}$"},
+                   "date": {"type": "string", "format": "date"}, "currency": {"enum": ["EUR", "USD", "GBP"]},
+                   "total": {"type": "number", "minimum": 0, "maximum": 1000000}, "paid": {"type": "boolean"}},
     "required": ["vendor", "number", "date", "currency", "total", "paid"],
     "additionalProperties": False,
 }
 EVENT = {
     "type": "object",
-    "properties": {
-        "title": {"type": "string", "maxLength": 60},
-        "date": {"type": "string", "format": "date"},
-        "start": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"},
-        "location": {"type": "string", "maxLength": 40},
-        "online": {"type": "boolean"},
-    },
+    "properties": {"title": {"type": "string", "maxLength": 60}, "date": {"type": "string", "format": "date"},
+                   "start": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"},
+                   "location": {"type": "string", "maxLength": 40}, "online": {"type": "boolean"}},
     "required": ["title", "date", "start", "location", "online"],
     "additionalProperties": False,
 }
@@ -136,12 +108,8 @@ SCHEMASTORE = ["chart-lock", "imgbotconfig", "cdk"]
 def tool_schema(name: str) -> dict:
     props = TOOLS[name][1]
     args = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-    return {
-        "type": "object",
-        "properties": {"name": {"const": name}, "arguments": args},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
+    return {"type": "object", "properties": {"name": {"const": name}, "arguments": args},
+            "required": ["name", "arguments"], "additionalProperties": False}
 
 
 def workloads() -> dict[str, list[tuple[list[dict], dict]]]:
@@ -183,22 +151,15 @@ def run_agentkv(engine: ak.Engine, jobs, jump_forward: bool, max_tokens: int) ->
         jumped += out.usage.jump_forward_tokens
         done += out.finish_reason == "stop"
         ok += out.finish_reason == "stop" and valid(out.text, schema)
-    return {
-        "wall": time.perf_counter() - start,
-        "passes": passes,
-        "tokens": tokens,
-        "jumped": jumped,
-        "valid": ok,
-        "finished": done,
-    }
+    return {"wall": time.perf_counter() - start, "passes": passes, "tokens": tokens, "jumped": jumped, "valid": ok,
+            "finished": done}
 
 
 # -- the peer: HF generate + llguidance, in the worker process -------------------------------------------
 
 
 def _hf_structured(
-    prompts: list[list[int]], schemas: list[dict], max_tokens: int, eos: int
-) -> tuple[float, list[list[int]]]:
+    prompts: list[list[int]], schemas: list[dict], max_tokens: int, eos: int) -> tuple[float, list[list[int]]]:
     import common
     import llguidance
     import llguidance.hf
@@ -232,18 +193,11 @@ def _hf_structured(
     outs, start = [], time.perf_counter()
     for ids, schema in zip(prompts, schemas):
         m = llguidance.LLMatcher(
-            lltok, llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
-        )
+            lltok, llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False}))
         with torch.no_grad():
-            out = model.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
-                max_new_tokens=max_tokens,
-                do_sample=False,
-                eos_token_id=eos,
-                pad_token_id=eos,
-                logits_processor=transformers.LogitsProcessorList([Mask(m)]),
-            )
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
+                                 max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos,
+                                 logits_processor=transformers.LogitsProcessorList([Mask(m)]))
         outs.append(out[0, len(ids) :].tolist())
     return time.perf_counter() - start, outs
 
@@ -271,19 +225,8 @@ def main() -> None:
         for arm, label in (("on", "agentkv jump-forward on"), ("off", "agentkv jump-forward off")):
             b = best[arm]
             rows.append(
-                [
-                    group,
-                    label,
-                    len(jobs),
-                    b["finished"],
-                    b["valid"],
-                    b["passes"],
-                    b["tokens"],
-                    b["jumped"],
-                    b["wall"],
-                    1 - b["passes"] / off["passes"],
-                    off["wall"] / b["wall"],
-                ]
+                [group, label, len(jobs), b["finished"], b["valid"], b["passes"], b["tokens"], b["jumped"], b["wall"],
+                 1 - b["passes"] / off["passes"], off["wall"] / b["wall"]]
             )
         if peer is not None:
             eos = sorted(engine.tokenizer.eos_ids)[0]
@@ -292,41 +235,20 @@ def main() -> None:
             peer.call(_hf_structured, prompts[:1], schemas[:1], 8, eos)  # warm
             wall, outs = min(
                 (peer.call(_hf_structured, prompts, schemas, args.max_tokens, eos) for _ in range(args.rounds)),
-                key=lambda x: x[0],
-            )
+                key=lambda x: x[0])
             texts = [engine.tokenizer.decode([t for t in o if t != eos]) for o in outs]
             passes = sum(len(o) for o in outs)
             rows.append(
-                [
-                    group,
-                    "HF generate + llguidance",
-                    len(jobs),
-                    sum(len(o) < args.max_tokens for o in outs),
-                    sum(valid(t, s) for t, s in zip(texts, schemas)),
-                    passes,
-                    sum(len([t for t in o if t != eos]) for o in outs),
-                    0,
-                    wall,
-                    1 - passes / off["passes"],
-                    off["wall"] / wall,
-                ]
+                [group, "HF generate + llguidance", len(jobs), sum(len(o) < args.max_tokens for o in outs),
+                 sum(valid(t, s) for t, s in zip(texts, schemas)), passes,
+                 sum(len([t for t in o if t != eos]) for o in outs), 0, wall, 1 - passes / off["passes"],
+                 off["wall"] / wall]
             )
     print(
         table(
             rows,
-            [
-                "workload",
-                "engine",
-                "requests",
-                "finished",
-                "valid",
-                "forward passes",
-                "completion tokens",
-                "jump-forward tokens",
-                "wall s",
-                "passes saved vs off",
-                "speed vs off",
-            ],
+            ["workload", "engine", "requests", "finished", "valid", "forward passes", "completion tokens",
+             "jump-forward tokens", "wall s", "passes saved vs off", "speed vs off"],
         )
     )
     if peer is not None:

@@ -70,8 +70,7 @@ class TravelAnswer(BaseModel):
 def answer(ctx: ak.RunContext) -> TravelAnswer:
     """Give the final answer once the tools have run."""
     calls = {
-        c["id"]: c["function"] for m in ctx.messages if m["role"] == "assistant" for c in m.get("tool_calls") or []
-    }
+        c["id"]: c["function"] for m in ctx.messages if m["role"] == "assistant" for c in m.get("tool_calls") or []}
     runs = {
         m["name"]: (json.loads(calls[m["tool_call_id"]]["arguments"]), m["content"])
         for m in ctx.messages

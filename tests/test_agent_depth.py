@@ -168,14 +168,9 @@ def test_an_agent_as_a_tool_merges_its_usage(engine):
                      max_tokens=160)
     with (
         inner,
-        ak.Agent(
-            "Delegate.",
-            tools=[inner.as_tool(description="Ask the adder.", input_type=Annotated[str, Field(max_length=8)])],
-            tool_choice="adder",
-            max_steps=2,
-            engine=engine,
-            max_tokens=160,
-        ) as outer,
+        ak.Agent("Delegate.",
+                 tools=[inner.as_tool(description="Ask the adder.", input_type=Annotated[str, Field(max_length=8)])],
+                 tool_choice="adder", max_steps=2, engine=engine, max_tokens=160) as outer,
     ):
         result = outer.run_sync("1 + 2")
     sub = result.steps[0].tool_results[0]
@@ -197,16 +192,8 @@ def test_a_tool_prepare_tools_leaves_out_cannot_be_called(engine):
         """Weather."""
         return f"sun in {city}"
 
-    with ak.Agent(
-        "Helper.",
-        tools=[add, weather],
-        prepare_tools=no_add,
-        tool_choice="required",
-        max_steps=2,
-        engine=engine,
-        temperature=1.0,
-        max_tokens=160,
-    ) as agent:
+    with ak.Agent("Helper.", tools=[add, weather], prepare_tools=no_add, tool_choice="required", max_steps=2,
+                  engine=engine, temperature=1.0, max_tokens=160) as agent:
         results = agent.run_batch_sync([f"q{i}" for i in range(8)])
         assert '"add"' in agent.system_message["content"]  # still defined in the pinned prompt
     assert offered[0] == ["add", "weather"]
@@ -224,8 +211,7 @@ def test_a_call_waits_for_approval_and_the_run_continues(engine):
         return f"refunded {amount}"
 
     with ak.Agent(
-        "Refunds.", tools=[refund], tool_choice="refund", max_steps=3, engine=engine, max_tokens=160
-    ) as agent:
+        "Refunds.", tools=[refund], tool_choice="refund", max_steps=3, engine=engine, max_tokens=160) as agent:
         paused = agent.run_sync("refund me")
         assert isinstance(paused.output, ak.ApprovalRequired) and not ran
         calls = paused.output.calls
@@ -273,10 +259,8 @@ def test_run_batch_caps_concurrency(engine):
 
 
 def test_history_takes_the_receiving_agents_system_and_keeps_structured_calls(engine):
-    with (
-        ak.Agent("First.", tools=[add], tool_choice="add", max_steps=2, engine=engine, max_tokens=160) as a,
-        ak.Agent("Second.", engine=engine, max_tokens=4) as b,
-    ):
+    with (ak.Agent("First.", tools=[add], tool_choice="add", max_steps=2, engine=engine, max_tokens=160) as a,
+          ak.Agent("Second.", engine=engine, max_tokens=4) as b):
         first = a.run_sync("1+1")
         second = b.run_sync("and now?", history=first.messages)
         assert second.messages[0] == b.system_message

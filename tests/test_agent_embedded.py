@@ -184,10 +184,8 @@ def test_the_demo_answers_from_its_tool_results(engine):
         r = demo.agent.run_sync("What is the weather in Lisbon, and how much is 200 EUR in USD?")
     demo.agent.close()
     assert [c.name for s in r.steps for c in s.tool_calls] == ["get_weather", "convert_currency"]
-    assert r.output == demo.TravelAnswer(
-        weather=demo.Weather(city="Lisbon", report="24 degrees celsius, clear"),
-        money=demo.Conversion(amount=200, source="EUR", target="USD", converted=216.0),
-    )
+    assert r.output == demo.TravelAnswer(weather=demo.Weather(city="Lisbon", report="24 degrees celsius, clear"),
+                                         money=demo.Conversion(amount=200, source="EUR", target="USD", converted=216.0))
 
 
 def test_a_validator_retry_prefills_only_the_retry_message(engine):
@@ -211,8 +209,7 @@ def test_a_validator_retry_prefills_only_the_retry_message(engine):
     assert isinstance(result.output, Trip) and first.error == "The trip must be to London."
     assert first.usage.cached_tokens >= pinned > 0
     message = engine.tokenizer.encode(
-        engine.render([{"role": "user", "content": result.messages[4]["content"]}], add_generation_prompt=True)
-    )
+        engine.render([{"role": "user", "content": result.messages[4]["content"]}], add_generation_prompt=True))
     computed = retry.usage.prompt_tokens - retry.usage.cached_tokens
     # (the end-of-turn token the reply ended with was never fed to the model: its KV is not there)
     assert retry.usage.cached_tokens >= first.usage.prompt_tokens + first.usage.completion_tokens - 2

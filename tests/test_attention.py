@@ -37,14 +37,8 @@ def test_mixed_batch_matches_reference(monkeypatch, route, heads, kv_heads, deco
     shared = free[:40].tolist()  # a common prefix held by the first three decodes
     free = free[40:].tolist()
     # (prefix slots, new tokens): 3 decodes sharing a prefix, 1 unrelated decode, 2 extends (one with a prefix hit)
-    plans = [
-        (shared + free[:5], 1),
-        (shared + free[5:17], 1),
-        (shared[:25], 1),
-        (free[17:40], 1),
-        ([], 9),
-        (shared[:30], 6),
-    ]
+    plans = [(shared + free[:5], 1), (shared + free[5:17], 1), (shared[:25], 1), (free[17:40], 1), ([], 9),
+             (shared[:30], 6)]
     plans = plans[:4] if decode_only else plans
     free = free[40:]
     table = torch.zeros(8, 128, dtype=torch.int64)

@@ -33,12 +33,8 @@ def test_help():
 def test_generate_with_schema_and_regex(tiny_dir, tmp_path):
     import json
 
-    schema = {
-        "type": "object",
-        "properties": {"ok": {"type": "boolean"}},
-        "required": ["ok"],
-        "additionalProperties": False,
-    }
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
     (tmp_path / "s.json").write_text(json.dumps(schema))
     result = CliRunner().invoke(app, ["generate", "Hi", "--model", str(tiny_dir), "--schema", str(tmp_path / "s.json")])
     assert result.exit_code == 0, result.output
@@ -46,8 +42,7 @@ def test_generate_with_schema_and_regex(tiny_dir, tmp_path):
     result = CliRunner().invoke(app, ["generate", "Hi", "--model", str(tiny_dir), "--regex", "[0-9]{3}"])
     assert result.exit_code == 0 and len(result.output.strip()) == 3 and result.output.strip().isdigit()
     cut = CliRunner().invoke(
-        app, ["generate", "Hi", "--model", str(tiny_dir), "--regex", "[a-z]{50}", "--max-tokens", "5"]
-    )
+        app, ["generate", "Hi", "--model", str(tiny_dir), "--regex", "[a-z]{50}", "--max-tokens", "5"])
     assert cut.exit_code == 1 and "ended before it was complete" in cut.output
     assert len(cut.output.strip().splitlines()) == 1
 
@@ -62,18 +57,8 @@ class RecordingEngine:
         raise SystemExit(0)  # far enough: the options reached the engine
 
 
-ENGINE_FLAGS = [
-    "--device",
-    "cpu",
-    "--dtype",
-    "bfloat16",
-    "--tensor-parallel",
-    "2",
-    "--context-length",
-    "256",
-    "--num-slots",
-    "1000",
-]
+ENGINE_FLAGS = ["--device", "cpu", "--dtype", "bfloat16", "--tensor-parallel", "2", "--context-length", "256",
+                "--num-slots", "1000"]
 EXPECTED = {"device": "cpu", "dtype": "bfloat16", "tensor_parallel": 2, "context_length": 256, "num_slots": 1000}
 
 
@@ -96,8 +81,7 @@ def test_engine_options_reach_every_replica(monkeypatch):
     seen = {}
     monkeypatch.setattr(cluster, "serve_cluster", lambda *a, **k: seen.update(k))
     result = CliRunner().invoke(
-        app, ["serve", "--replicas", "2", *ENGINE_FLAGS, "--tool-format", "mistral", "--speculative", "ngram"]
-    )
+        app, ["serve", "--replicas", "2", *ENGINE_FLAGS, "--tool-format", "mistral", "--speculative", "ngram"])
     assert result.exit_code == 0, result.output
     assert seen["engine_options"] == {**EXPECTED, "tool_format": "mistral", "speculative": "ngram"}
 

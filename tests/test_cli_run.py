@@ -123,20 +123,8 @@ def test_serve_command_serves(tiny_long_dir):
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agentkv.cli.main",
-            "serve",
-            "--model",
-            str(tiny_long_dir),
-            "--port",
-            str(port),
-            "--served-model-name",
-            "tiny",
-            "--api-key",
-            "k",
-        ],
+        [sys.executable, "-m", "agentkv.cli.main", "serve", "--model", str(tiny_long_dir), "--port", str(port),
+         "--served-model-name", "tiny", "--api-key", "k"],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -152,8 +140,7 @@ def test_serve_command_serves(tiny_long_dir):
                     break
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, (
-                    proc.stderr.read() if proc.poll() else "timeout"
-                )
+                    proc.stderr.read() if proc.poll() else "timeout")
                 time.sleep(0.2)
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer k"})
         with urllib.request.urlopen(req) as r:

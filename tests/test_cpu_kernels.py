@@ -18,8 +18,7 @@ from tests.test_attention import reference
 
 kernels = cpu_native.load()
 pytestmark = pytest.mark.skipif(
-    kernels is None, reason=f"native CPU kernels unavailable: {cpu_native.unavailable_reason()}"
-)
+    kernels is None, reason=f"native CPU kernels unavailable: {cpu_native.unavailable_reason()}")
 DTYPES = [torch.float32, torch.bfloat16]
 BODIES = [False, True]  # generic: False runs the AVX-512 bodies where the CPU has AVX-512
 PREFIX_SLOTS = 300  # _batch: cached prefixes live in slots 1..299, new tokens above
@@ -137,8 +136,7 @@ def _check(meta, q, k, v, k_cache, v_cache, generic):
     for row, (s, e) in enumerate(zip(meta.seq_lens, meta.extend_lens)):
         slots = meta.req_to_token[row, :s]
         expected = reference(
-            q[offset : offset + e].float(), k_cache[slots].float(), v_cache[slots].float(), D**-0.5, s - e
-        )
+            q[offset : offset + e].float(), k_cache[slots].float(), v_cache[slots].float(), D**-0.5, s - e)
         torch.testing.assert_close(out[offset : offset + e].float(), expected, **_close(q.dtype))
         offset += e
     return backend
@@ -195,8 +193,7 @@ def test_attention_splits_few_long_tasks_into_parts(dtype, generic, plans_of, he
     g = torch.Generator().manual_seed(11)
     pool = (torch.randperm(2999, generator=g) + 1).tolist()
     meta, q, k, v, kc, vc = _batch(
-        plans_of(pool), heads, kv_heads, 64, dtype, seed=3, num_slots=3100, prefix_slots=3000
-    )
+        plans_of(pool), heads, kv_heads, 64, dtype, seed=3, num_slots=3100, prefix_slots=3000)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the split needs at least two threads' worth of tasks to make
     try:
@@ -277,8 +274,7 @@ def _needs_linear(dtype):
     return pytest.param(
         dtype,
         marks=pytest.mark.skipif(
-            not ok, reason=f"csrc/cpu_linear.c is not built for {dtype} on this CPU (AVX-512; bf16 needs AVX512_BF16)"
-        ),
+            not ok, reason=f"csrc/cpu_linear.c is not built for {dtype} on this CPU (AVX-512; bf16 needs AVX512_BF16)"),
     )
 
 
@@ -346,8 +342,7 @@ def test_attention_checks_every_index_before_it_touches_memory():
         kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, table, tiles, 0.25, out)
     with pytest.raises(EngineError, match="a tile"):
         kernels.attention(
-            q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles + torch.tensor([0, 0, 0, 999]), 0.25, out
-        )
+            q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles + torch.tensor([0, 0, 0, 999]), 0.25, out)
     assert torch.equal(kc, before)
     kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles, 0.25, out)  # the valid pass runs
     assert torch.equal(kc[meta.out_cache_loc], k)

@@ -87,8 +87,7 @@ def test_stop_token_ids_and_length(tiny_engine):
 
 def test_logprobs(tiny_engine):
     out = tiny_engine.generate(
-        PROMPTS[4], max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=3, ignore_eos=True
-    )
+        PROMPTS[4], max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=3, ignore_eos=True)
     assert len(out.logprobs) == 6
     for tok, lp in zip(out.token_ids, out.logprobs):
         assert lp.token_id == tok and len(lp.top) == 3
@@ -116,13 +115,8 @@ def test_penalties_change_logits_exactly():
     from agentkv.engine.sampler import apply_penalties
 
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
-    r = Request(
-        [0, 1],
-        ak.SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
-        0,
-        frozenset(),
-        8,
-    )
+    r = Request([0, 1], ak.SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25), 0,
+                frozenset(), 8)
     r.output_ids = [2, 2]
     apply_penalties(logits, [r])
     # repetition on 0,1,2 (prompt + output); frequency 0.5 * 2 and presence 0.25 on token 2

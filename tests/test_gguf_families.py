@@ -61,8 +61,7 @@ def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
         original = cfg["original_max_position_embeddings"]
         w.add_rope_scaling_orig_ctx_len(original)
         w.add_rope_scaling_attn_factors(
-            math.sqrt(1 + math.log(cfg["max_position_embeddings"] / original) / math.log(original))
-        )
+            math.sqrt(1 + math.log(cfg["max_position_embeddings"] / original) / math.log(original)))
         w.add_tensor("rope_factors_long.weight", np.array(rs["long_factor"], dtype=np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rs["short_factor"], dtype=np.float32))
     experts: dict[tuple[str, str], dict[int, str]] = {}
@@ -123,11 +122,9 @@ def test_gguf_family_equals_the_hf_dir_with_the_same_weights(tmp_path, monkeypat
     deq = write_gguf(src, tmp_path / "m.gguf", family, quant)
     save_file({k: np.ascontiguousarray(v) for k, v in deq.items()}, str(src / "model.safetensors"))
     text = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
-    with (
-        ak.Engine(str(src), num_slots=1024) as ref,
-        ak.Engine(str(tmp_path / "m.gguf"), num_slots=1024, quantized_weights=False) as exact,
-        ak.Engine(str(tmp_path / "m.gguf"), num_slots=1024) as kept,
-    ):
+    with (ak.Engine(str(src), num_slots=1024) as ref,
+          ak.Engine(str(tmp_path / "m.gguf"), num_slots=1024, quantized_weights=False) as exact,
+          ak.Engine(str(tmp_path / "m.gguf"), num_slots=1024) as kept):
         for ours in (exact, kept):
             assert ours.model_config.family == family and ours.model_config.num_experts == ref.model_config.num_experts
             assert ours.model_config.layer_windows == ref.model_config.layer_windows

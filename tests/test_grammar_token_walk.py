@@ -86,14 +86,10 @@ SHAPES = [
     ("schema", {"type": "string", "pattern": "^[a-c0-9-]{1,6}$"}),  # a class chain
     ("schema", {"type": "string", "pattern": "^([a-c]{3})+$"}),
     ("schema", {"type": "string", "pattern": "1.1"}),  # a text loop once matched
-    (
-        "schema",
-        {"type": "object", "propertyNames": {"pattern": "^[a-c_]{2,5}$"}, "additionalProperties": {"type": "integer"}},
-    ),
-    (
-        "schema",
-        {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer"}}},
-    ),
+    ("schema",
+     {"type": "object", "propertyNames": {"pattern": "^[a-c_]{2,5}$"}, "additionalProperties": {"type": "integer"}}),
+    ("schema",
+     {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer"}}}),
     (
         "schema",
         {
@@ -191,8 +187,7 @@ def compile_shape(info, kind, source):
 
 @pytest.mark.parametrize(
     "kind,source",
-    SHAPES + [("schema", {"type": "string", "maxLength": 9}), ("schema", {"type": "string", "pattern": "^[^a]{0,4}$"})],
-)
+    SHAPES + [("schema", {"type": "string", "maxLength": 9}), ("schema", {"type": "string", "pattern": "^[^a]{0,4}$"})])
 def test_text_reach_is_what_survives(kind, source):
     # A state's reach: every plain text of that many characters survives (a character of 1-4 bytes,
     # cut short too); a text loop (reach: any token's length) every plain text. A state that is not
@@ -223,8 +218,7 @@ def test_text_reach_is_what_survives(kind, source):
 
 @pytest.mark.parametrize(
     "kind,source",
-    SHAPES + [("schema", {"type": "string", "pattern": "^[^.]{1,5}(\\.[^.]{1,5})*$"}), ("regex", "[a-c]{2,4}[0-9]{3}")],
-)
+    SHAPES + [("schema", {"type": "string", "pattern": "^[^.]{1,5}(\\.[^.]{1,5})*$"}), ("regex", "[a-c]{2,4}[0-9]{3}")])
 def test_class_reach_is_what_survives(kind, source):
     # A state's class of bytes carries any text of that class as far as its reach says (strings of
     # up to 4 bytes tried, drawn from the class).
@@ -317,8 +311,7 @@ def test_the_native_walk_builds_wherever_there_is_a_compiler():
     import shutil
 
     if os.environ.get("AGENTKV_NATIVE_GRAMMAR") == "0" or not (
-        os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    ):
+        os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
         pytest.skip("no C compiler, or the native walk turned off")
     assert native._load()[0] is not None, native.unavailable_reason()
 

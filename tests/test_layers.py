@@ -34,8 +34,7 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
             base = node.module or ""
             if node.level:
                 base = ".".join(
-                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
-                )
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
             # `from agentkv.x import y` imports agentkv.x.y where y is a module, else agentkv.x
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         else:

@@ -54,8 +54,7 @@ def write_gguf(src_dir, out_path, quant=gguf.GGMLQuantizationType.Q8_0):
     hf = load_file(str(src_dir / "model.safetensors"))
     w = gguf_writer(out_path, "llama", cfg)
     w.add_chat_template(
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    )
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
     names = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
     dequantized = {}
     for name, t in hf.items():
@@ -231,5 +230,4 @@ def test_embedded_tokenizer_matches_hf_conversion():
         assert ours.decode(ours.encode(t), skip_special_tokens=False) == t
     messages = [{"role": "user", "content": "Hi there"}]
     assert ours.apply_chat_template(messages) == hf.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True
-    )
+        messages, tokenize=False, add_generation_prompt=True)

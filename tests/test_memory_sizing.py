@@ -17,8 +17,7 @@ def test_pool_takes_the_fraction_of_available_memory(tiny_dir, monkeypatch):
         per_token = KVPool.bytes_per_token(e._core.runner.model.config, e._core.runner.model.embed_tokens.weight.dtype)
         context = e.context_length
         assert st["total_slots"] + 1 == min(
-            int(0.01 * (1 << 30)) // per_token, memory_module.MAX_POOL_CONTEXTS * context
-        )
+            int(0.01 * (1 << 30)) // per_token, memory_module.MAX_POOL_CONTEXTS * context)
         assert st["kv_bytes"] == (st["total_slots"] + 1) * per_token
         assert 0 < st["weight_bytes"] and st["free_memory_bytes"] == 1 << 30
 

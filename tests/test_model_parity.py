@@ -43,13 +43,8 @@ def _hf(path, dtype=torch.float32):
         (
             "llama",
             {
-                "rope_scaling": {
-                    "rope_type": "llama3",
-                    "factor": 8.0,
-                    "low_freq_factor": 1.0,
-                    "high_freq_factor": 4.0,
-                    "original_max_position_embeddings": 64,
-                }
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 64}
             },
         ),
         ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}}),
@@ -89,8 +84,7 @@ def test_tiny_families_match_hf(tmp_path, family, kwargs):
         assert cached == len(ids) - 1 and rel_error(last, ref[-1:]) < 1e-4
         x = torch.tensor([ids])
         expected = hf.generate(
-            x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False, eos_token_id=None
-        )[0, len(ids) :]
+            x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False, eos_token_id=None)[0, len(ids) :]
         assert out.token_ids == expected.tolist()
 
 
@@ -128,18 +122,10 @@ def test_longrope_tables_past_the_pretrained_length():
     from transformers.models.phi3.configuration_phi3 import Phi3Config
     from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
-    hf_cfg = Phi3Config(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=300,
-        pad_token_id=None,
-        rope_theta=10000.0,
-        **{k: v for k, v in PHI4_ROPE.items()},
-    )
+    hf_cfg = Phi3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=300, pad_token_id=None,
+                        rope_theta=10000.0, **{k: v for k, v in PHI4_ROPE.items()})
     ours = RotaryEmbedding(
-        ModelConfig.from_hf({**hf_cfg.to_dict(), "architectures": ["Phi3ForCausalLM"], **PHI4_ROPE}), 600
-    )
+        ModelConfig.from_hf({**hf_cfg.to_dict(), "architectures": ["Phi3ForCausalLM"], **PHI4_ROPE}), 600)
     hf = Phi3RotaryEmbedding(hf_cfg)
     x = torch.zeros(1, 1, 16)
     for positions in (torch.arange(0, 256), torch.arange(0, 600)):  # within the pretrained length; past it
@@ -234,8 +220,7 @@ def test_packed_linear_bf16(bias):
 
 
 @pytest.mark.parametrize(
-    "scaling", [RopeScaling(), RopeScaling("yarn", factor=4.0, original_max_position_embeddings=64)]
-)
+    "scaling", [RopeScaling(), RopeScaling("yarn", factor=4.0, original_max_position_embeddings=64)])
 def test_rope_rotation_matrix_matches_elementwise(scaling):
     """Small CPU passes rotate q/k with one matmul by per-position matrices; larger ones element-wise.
     Both are the half-split rotation."""
@@ -299,8 +284,7 @@ def hf_smollm():
 
     path = embedded_model_path()
     return transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
+        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
 
 
 def hf_logits(model, ids):
@@ -328,8 +312,7 @@ def test_embedded_greedy_matches_hf_generate(smollm, hf_smollm):
         x = torch.tensor([ids])
         # an explicit mask: otherwise HF masks every <|im_end|> in the prompt, since it is also the pad token
         expected = hf_smollm.generate(
-            x, attention_mask=torch.ones_like(x), max_new_tokens=32, do_sample=False, eos_token_id=None
-        )
+            x, attention_mask=torch.ones_like(x), max_new_tokens=32, do_sample=False, eos_token_id=None)
         assert out.token_ids == expected[0, len(ids) :].tolist()
 
 

@@ -26,12 +26,9 @@ ADD = {"type": "function", "function": {"name": "add", "description": "Add two d
     "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
                                      "b": {"type": "integer", "minimum": 0, "maximum": 9}},
     "required": ["a", "b"], "additionalProperties": False}}}
-PAIR = {
-    "type": "object",
-    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"}},
-    "required": ["n", "ok"],
-    "additionalProperties": False,
-}
+PAIR = {"type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"}},
+        "required": ["n", "ok"], "additionalProperties": False}
 
 
 @pytest.fixture(scope="module")
@@ -41,20 +38,8 @@ def moe_server(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agentkv.cli.main",
-            "serve",
-            "--model",
-            str(path),
-            "--port",
-            str(port),
-            "--served-model-name",
-            "moe",
-            "--api-key",
-            "k",
-        ],
+        [sys.executable, "-m", "agentkv.cli.main", "serve", "--model", str(path), "--port", str(port),
+         "--served-model-name", "moe", "--api-key", "k"],
         cwd=ROOT,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -69,8 +54,7 @@ def moe_server(tmp_path_factory):
                     break
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, (
-                    proc.stderr.read() if proc.poll() else "timeout"
-                )
+                    proc.stderr.read() if proc.poll() else "timeout")
                 time.sleep(0.2)
         yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=120), path
     finally:
@@ -81,27 +65,17 @@ def moe_server(tmp_path_factory):
 def test_moe_serves_tools_and_schemas(moe_server):
     client, _ = moe_server
     for seed in range(3):
-        r = client.chat.completions.create(
-            model="moe",
-            messages=[{"role": "user", "content": "add 2 and 3"}],
-            tools=[ADD],
-            tool_choice="required",
-            max_tokens=160,
-            temperature=1.0,
-            seed=seed,
-        )
+        r = client.chat.completions.create(model="moe", messages=[{"role": "user", "content": "add 2 and 3"}],
+                                           tools=[ADD], tool_choice="required", max_tokens=160, temperature=1.0,
+                                           seed=seed)
         calls = r.choices[0].message.tool_calls
         assert calls and r.choices[0].finish_reason == "tool_calls"
         for c in calls:
             jsonschema.validate(json.loads(c.function.arguments), ADD["function"]["parameters"])
         r = client.chat.completions.create(
-            model="moe",
-            messages=[{"role": "user", "content": "a pair"}],
-            seed=seed,
+            model="moe", messages=[{"role": "user", "content": "a pair"}], seed=seed,
             response_format={"type": "json_schema", "json_schema": {"name": "pair", "schema": PAIR, "strict": True}},
-            max_tokens=64,
-            temperature=1.0,
-        )
+            max_tokens=64, temperature=1.0)
         jsonschema.validate(json.loads(r.choices[0].message.content), PAIR)
 
 
@@ -109,8 +83,7 @@ def test_moe_greedy_text_matches_hf(moe_server):
     client, path = moe_server
     prompt = "The quick brown fox"
     r = client.completions.create(
-        model="moe", prompt=prompt, max_tokens=16, temperature=0.0, extra_body={"ignore_eos": True}
-    )
+        model="moe", prompt=prompt, max_tokens=16, temperature=0.0, extra_body={"ignore_eos": True})
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tok = transformers.AutoTokenizer.from_pretrained(path)
     ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])

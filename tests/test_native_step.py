@@ -159,11 +159,9 @@ def test_native_step_option(tmp_path, monkeypatch):
 def test_embedded_greedy_equals_the_exact_path():
     """The default path (int8 activations, the top logits re-scored) decodes what the dequantized fp32
     model decodes, on these prompts."""
-    prompts = [
-        [{"role": "user", "content": "What is the capital of France?"}],
-        [{"role": "user", "content": "Write a short story about a robot learning to paint."}],
-        [{"role": "user", "content": "List three colors."}],
-    ]
+    prompts = [[{"role": "user", "content": "What is the capital of France?"}],
+               [{"role": "user", "content": "Write a short story about a robot learning to paint."}],
+               [{"role": "user", "content": "List three colors."}]]
     with ak.Engine(num_slots=2048) as engine:
         assert engine._core.runner.native_step is not None
         ours = [engine.chat(p, max_tokens=32, temperature=0.0).content for p in prompts]

@@ -92,19 +92,13 @@ def test_chat_plain_n_logprobs_stop_and_seed(any_client, any_live):
     two = client.chat.completions.create(model=live[2], messages=ask("hi"), max_tokens=6, n=2, temperature=1.0, seed=5)
     assert [c.index for c in two.choices] == [0, 1]
     again = client.chat.completions.create(
-        model=live[2], messages=ask("hi"), max_tokens=6, n=2, temperature=1.0, seed=5
-    )
+        model=live[2], messages=ask("hi"), max_tokens=6, n=2, temperature=1.0, seed=5)
     assert [c.message.content for c in two.choices] == [c.message.content for c in again.choices]
     lp = client.chat.completions.create(model=live[2], messages=ask("hi"), max_tokens=4, logprobs=True, top_logprobs=2)
     content = lp.choices[0].logprobs.content
     assert len(content) == lp.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)
-    stopped = client.chat.completions.create(
-        model=live[2],
-        messages=ask("hi"),
-        max_tokens=30,
-        temperature=0,
-        stop=[ref.text[2:4]] if len(ref.text) > 4 else ["\x00"],
-    )
+    stopped = client.chat.completions.create(model=live[2], messages=ask("hi"), max_tokens=30, temperature=0,
+                                             stop=[ref.text[2:4]] if len(ref.text) > 4 else ["\x00"])
     assert ref.text[2:4] not in stopped.choices[0].message.content or len(ref.text) <= 4
 
 
@@ -121,14 +115,8 @@ def test_stream(any_client, any_live):
     engine = live[1]
     ref = engine.chat(ask("stream"), max_tokens=12, temperature=0.0)
     chunks = list(
-        client.chat.completions.create(
-            model=live[2],
-            messages=ask("stream"),
-            max_tokens=12,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
+        client.chat.completions.create(model=live[2], messages=ask("stream"), max_tokens=12, temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
     )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -140,32 +128,18 @@ def test_stream(any_client, any_live):
 def test_parse_with_a_pydantic_model(any_client, any_live):
     client, live = any_client, any_live
     r = client.chat.completions.parse(
-        model=live[2], messages=ask("a pair"), response_format=Pair, max_tokens=60, temperature=1.0, seed=1
-    )
+        model=live[2], messages=ask("a pair"), response_format=Pair, max_tokens=60, temperature=1.0, seed=1)
     assert isinstance(r.choices[0].message.parsed, Pair)
-    obj = client.chat.completions.create(
-        model=live[2],
-        messages=ask("json"),
-        response_format={"type": "json_object"},
-        max_tokens=40,
-        temperature=0,
-        extra_body={"top_k": 1},
-    )
+    obj = client.chat.completions.create(model=live[2], messages=ask("json"), response_format={"type": "json_object"},
+                                         max_tokens=40, temperature=0, extra_body={"top_k": 1})
     if obj.choices[0].finish_reason == "stop":
         json.loads(obj.choices[0].message.content)
 
 
 @pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "add"}}, "none"])
 def test_tools_with_each_tool_choice(client, choice):
-    r = client.chat.completions.create(
-        model="tiny",
-        messages=ask("use a tool"),
-        tools=[WEATHER, ADD],
-        tool_choice=choice,
-        max_tokens=120,
-        temperature=1.0,
-        seed=2,
-    )
+    r = client.chat.completions.create(model="tiny", messages=ask("use a tool"), tools=[WEATHER, ADD],
+                                       tool_choice=choice, max_tokens=120, temperature=1.0, seed=2)
     msg = r.choices[0].message
     schemas = {"get_weather": WEATHER, "add": ADD}
     if choice == "none" or choice == "auto" and not msg.tool_calls:
@@ -180,11 +154,8 @@ def test_tools_with_each_tool_choice(client, choice):
     follow = client.chat.completions.create(
         model="tiny",
         max_tokens=4,
-        messages=[
-            *ask("use a tool"),
-            msg.model_dump(exclude_none=True),
-            *[{"role": "tool", "tool_call_id": c.id, "content": "42"} for c in msg.tool_calls],
-        ],
+        messages=[*ask("use a tool"), msg.model_dump(exclude_none=True),
+                  *[{"role": "tool", "tool_call_id": c.id, "content": "42"} for c in msg.tool_calls]],
     )
     assert follow.choices[0].message.role == "assistant"
 
@@ -192,15 +163,8 @@ def test_tools_with_each_tool_choice(client, choice):
 def test_tools_stream(client):
     """A call streams as OpenAI's do: its id and name first, then its arguments in deltas that add up
     to the arguments of the same request answered whole."""
-    request = dict(
-        model="tiny",
-        messages=ask("tool"),
-        tools=[ADD, WEATHER],
-        tool_choice="required",
-        max_tokens=120,
-        temperature=1.0,
-        seed=4,
-    )
+    request = dict(model="tiny", messages=ask("tool"), tools=[ADD, WEATHER], tool_choice="required", max_tokens=120,
+                   temperature=1.0, seed=4)
     whole = client.chat.completions.create(**request).choices[0].message.tool_calls
     chunks = list(client.chat.completions.create(**request, stream=True))
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
@@ -214,8 +178,7 @@ def test_tools_stream(client):
             calls[tc.index]["arguments"] += tc.function.arguments
             calls[tc.index]["deltas"] += 1
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [
-        (c.function.name, c.function.arguments) for c in whole
-    ]
+        (c.function.name, c.function.arguments) for c in whole]
     assert max(c["deltas"] for c in calls.values()) > 1  # the arguments came in pieces
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -229,15 +192,8 @@ def test_completions(any_client, any_live):
     batch = client.completions.create(model=live[2], prompt=["a", "b"], max_tokens=2, echo=True)
     assert [c.text[:1] for c in batch.choices] == ["a", "b"]
     chunks = list(
-        client.completions.create(
-            model=live[2],
-            prompt="Once",
-            max_tokens=5,
-            temperature=0,
-            stream=True,
-            echo=True,
-            stream_options={"include_usage": True},
-        )
+        client.completions.create(model=live[2], prompt="Once", max_tokens=5, temperature=0, stream=True, echo=True,
+                                  stream_options={"include_usage": True})
     )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "Once" + r.choices[0].text
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
@@ -250,10 +206,8 @@ def test_errors(any_client, any_live):
     assert e.value.body["param"] == "temperature"
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
-            model=live[2],
-            messages=ask("x"),
-            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}},
-        )
+            model=live[2], messages=ask("x"),
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}})
     assert "'strnig' is not valid" in str(e.value) and e.value.body["param"] == "response_format.json_schema.schema"
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=live[2], messages=[{"role": "wizard", "content": "x"}])
@@ -269,8 +223,7 @@ def test_errors(any_client, any_live):
     assert e.value.status_code == 413
     # unknown fields newer clients send are accepted
     ok = client.chat.completions.create(
-        model=live[2], messages=ask("x"), max_tokens=1, extra_body={"some_future_field": {"a": 1}}
-    )
+        model=live[2], messages=ask("x"), max_tokens=1, extra_body={"some_future_field": {"a": 1}})
     assert ok.choices[0].message.role == "assistant"
     # the engine kept serving through all of it, and holds no request
     assert live[1].stats()["running"] == 0
@@ -302,37 +255,22 @@ def embedded_client(embedded_live):
 
 @pytest.mark.slow
 def test_embedded_parse_and_tools(embedded_client):
-    r = embedded_client.chat.completions.parse(
-        model="smollm2",
-        messages=ask("Extract: Ada is 36 years old and her name is Ada."),
-        response_format=Pair,
-        temperature=0,
-    )
+    r = embedded_client.chat.completions.parse(model="smollm2",
+                                               messages=ask("Extract: Ada is 36 years old and her name is Ada."),
+                                               response_format=Pair, temperature=0)
     assert isinstance(r.choices[0].message.parsed, Pair)
     tool = openai.pydantic_function_tool(GetWeather)
     for choice in ("auto", "none"):  # the model may answer in text; a call it makes is well-formed
-        t = embedded_client.chat.completions.create(
-            model="smollm2",
-            messages=ask("What's the weather in Paris?"),
-            tools=[tool],
-            tool_choice=choice,
-            temperature=0,
-            max_tokens=60,
-        )
+        t = embedded_client.chat.completions.create(model="smollm2", messages=ask("What's the weather in Paris?"),
+                                                    tools=[tool], tool_choice=choice, temperature=0, max_tokens=60)
         msg = t.choices[0].message
         if choice == "none" or not msg.tool_calls:
             assert not msg.tool_calls and "<tool_call>" not in (msg.content or "")
         for c in msg.tool_calls or []:
             GetWeather.model_validate_json(c.function.arguments)
     for choice in ("required", {"type": "function", "function": {"name": "GetWeather"}}):
-        t = embedded_client.chat.completions.create(
-            model="smollm2",
-            messages=ask("What's the weather in Paris?"),
-            tools=[tool],
-            tool_choice=choice,
-            temperature=0,
-            max_tokens=200,
-        )
+        t = embedded_client.chat.completions.create(model="smollm2", messages=ask("What's the weather in Paris?"),
+                                                    tools=[tool], tool_choice=choice, temperature=0, max_tokens=200)
         calls = t.choices[0].message.tool_calls
         assert calls and t.choices[0].finish_reason == "tool_calls"
         for c in calls:
@@ -345,14 +283,8 @@ def test_cut_tool_calls_come_back_as_length_without_markup(client):
     for seed in range(3):
         for stream in (False, True):
             args = dict(
-                model="tiny",
-                messages=[{"role": "user", "content": "add"}],
-                tools=[ADD],
-                tool_choice="required",
-                temperature=1.0,
-                seed=seed,
-                max_tokens=12,
-            )
+                model="tiny", messages=[{"role": "user", "content": "add"}], tools=[ADD], tool_choice="required",
+                temperature=1.0, seed=seed, max_tokens=12)
             if stream:
                 chunks = list(client.chat.completions.create(stream=True, **args))
                 content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -370,23 +302,13 @@ def test_dict_tool_schemas_are_closed_unless_the_server_opens_them(client):
         "type": "function",
         "function": {
             "name": "f",
-            "parameters": {
-                "type": "object",
-                "properties": {"q": {"type": "integer", "minimum": 0, "maximum": 9}},
-                "required": ["q"],
-            },
+            "parameters": {"type": "object", "properties": {"q": {"type": "integer", "minimum": 0, "maximum": 9}},
+                           "required": ["q"]},
         },
     }
     for seed in range(4):
-        r = client.chat.completions.create(
-            model="tiny",
-            messages=[{"role": "user", "content": "f"}],
-            tools=[loose],
-            tool_choice="required",
-            temperature=1.0,
-            seed=seed,
-            max_tokens=200,
-        )
+        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "f"}], tools=[loose],
+                                           tool_choice="required", temperature=1.0, seed=seed, max_tokens=200)
         for call in r.choices[0].message.tool_calls or []:
             assert set(json.loads(call.function.arguments)) == {"q"}
 
@@ -396,9 +318,6 @@ def test_relaxed_schema_output_failing_its_check_is_a_500(client):
     schema = {"type": "array", "items": {"enum": [1, 2]}, "minItems": 3, "maxItems": 3, "uniqueItems": True}
     with pytest.raises(openai.InternalServerError) as e:  # three items of two values always repeat one
         client.chat.completions.create(
-            model="tiny",
-            messages=[{"role": "user", "content": "x"}],
-            temperature=1.0,
-            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
-        )
+            model="tiny", messages=[{"role": "user", "content": "x"}], temperature=1.0,
+            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
     assert "uniqueItems" in str(e.value) or "non-unique" in str(e.value)

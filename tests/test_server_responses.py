@@ -41,8 +41,7 @@ def client(live):
 
 def test_create_parse_retrieve_delete(client):
     r = client.responses.create(
-        model="tiny", input="hello", max_output_tokens=12, temperature=1.0, extra_body={"seed": 1}
-    )
+        model="tiny", input="hello", max_output_tokens=12, temperature=1.0, extra_body={"seed": 1})
     assert r.object == "response" and r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == 12 and r.output[0].type == "message" and r.output_text
     p = client.responses.parse(model="tiny", input="x?", text_format=X, max_output_tokens=40, extra_body={"seed": 2})
@@ -52,8 +51,7 @@ def test_create_parse_retrieve_delete(client):
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(p.id)
     unstored = client.responses.create(
-        model="tiny", input="x?", text={"format": {"type": "json_object"}}, max_output_tokens=20, store=False
-    )
+        model="tiny", input="x?", text={"format": {"type": "json_object"}}, max_output_tokens=20, store=False)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(unstored.id)
 
@@ -61,28 +59,15 @@ def test_create_parse_retrieve_delete(client):
 def test_tool_calls_and_their_stream(client):
     """A required call comes back as a function_call item whose arguments validate; streamed, the
     events come in OpenAI's order and the argument deltas add up to the final arguments."""
-    r = client.responses.create(
-        model="tiny",
-        input="add one",
-        tools=[ADD],
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_output_tokens=60,
-        extra_body={"seed": 3},
-    )
+    r = client.responses.create(model="tiny", input="add one", tools=[ADD], tool_choice="required",
+                                parallel_tool_calls=False, max_output_tokens=60, extra_body={"seed": 3})
     (call,) = [o for o in r.output if o.type == "function_call"]
     assert call.name == "add" and call.call_id and r.status == "completed"
     jsonschema.validate(json.loads(call.arguments), ADD["parameters"])
     kinds, args, seqs = [], "", []
-    with client.responses.stream(
-        model="tiny",
-        input="add one",
-        tools=[ADD],
-        tool_choice={"type": "function", "name": "add"},
-        parallel_tool_calls=False,
-        max_output_tokens=60,
-        extra_body={"seed": 3},
-    ) as stream:
+    with client.responses.stream(model="tiny", input="add one", tools=[ADD],
+                                 tool_choice={"type": "function", "name": "add"}, parallel_tool_calls=False,
+                                 max_output_tokens=60, extra_body={"seed": 3}) as stream:
         for event in stream:
             kinds.append(event.type)
             seqs.append(event.sequence_number)
@@ -99,26 +84,13 @@ def test_tool_calls_and_their_stream(client):
 def test_a_continued_response_starts_from_cache(client):
     """Turn two sends only the tool's result and previous_response_id: its prompt's cached tokens
     cover turn one's prompt and reply (kept pinned while the response is stored)."""
-    first = client.responses.create(
-        model="tiny",
-        instructions="You add.",
-        input="add one",
-        tools=[ADD],
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_output_tokens=60,
-        extra_body={"seed": 4},
-    )
+    first = client.responses.create(model="tiny", instructions="You add.", input="add one", tools=[ADD],
+                                    tool_choice="required", parallel_tool_calls=False, max_output_tokens=60,
+                                    extra_body={"seed": 4})
     (call,) = [o for o in first.output if o.type == "function_call"]
-    second = client.responses.create(
-        model="tiny",
-        instructions="You add.",
-        tools=[ADD],
-        previous_response_id=first.id,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "7"}],
-        max_output_tokens=16,
-        extra_body={"seed": 5},
-    )
+    second = client.responses.create(model="tiny", instructions="You add.", tools=[ADD], previous_response_id=first.id,
+                                     input=[{"type": "function_call_output", "call_id": call.call_id, "output": "7"}],
+                                     max_output_tokens=16, extra_body={"seed": 5})
     assert second.previous_response_id == first.id
     covered = first.usage.input_tokens + first.usage.output_tokens - 2
     assert second.usage.input_tokens_details.cached_tokens >= covered
@@ -145,13 +117,8 @@ def test_a_reasoning_model_gives_a_reasoning_item(tmp_path):
         with serving(create_app(engine, "tiny", KEY)) as base:
             client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0)
             bias = {str(engine.tokenizer.token_to_id("<think>")): 100}
-            r = client.responses.parse(
-                model="tiny",
-                input="x?",
-                text_format=X,
-                max_output_tokens=80,
-                extra_body={"max_reasoning_tokens": 8, "logit_bias": bias},
-            )
+            r = client.responses.parse(model="tiny", input="x?", text_format=X, max_output_tokens=80,
+                                       extra_body={"max_reasoning_tokens": 8, "logit_bias": bias})
             kinds = [o.type for o in r.output]
             assert kinds == ["reasoning", "message"] and r.output[0].content[0].text
             assert isinstance(r.output_parsed, X)
@@ -181,17 +148,11 @@ def test_openai_agents_sdk_default_responses_model(live):
         calls.append(a)
         return a + 1
 
-    caller = Agent(
-        name="calc",
-        instructions="Add.",
-        tools=[function_tool(add)],
-        model=model,
-        tool_use_behavior="stop_on_first_tool",
-        model_settings=ModelSettings(max_tokens=60, tool_choice="required", parallel_tool_calls=False),
-    )
+    caller = Agent(name="calc", instructions="Add.", tools=[function_tool(add)], model=model,
+                   tool_use_behavior="stop_on_first_tool",
+                   model_settings=ModelSettings(max_tokens=60, tool_choice="required", parallel_tool_calls=False))
     result = Runner.run_sync(caller, "add one to 2", max_turns=2)
     assert calls and str(result.final_output) == str(calls[0] + 1)
     typed = Agent(
-        name="calc", instructions="Answer.", output_type=X, model=model, model_settings=ModelSettings(max_tokens=40)
-    )
+        name="calc", instructions="Answer.", output_type=X, model=model, model_settings=ModelSettings(max_tokens=40))
     assert isinstance(Runner.run_sync(typed, "x?", max_turns=1).final_output, X)

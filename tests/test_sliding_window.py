@@ -42,14 +42,8 @@ def mixed_batch(seed, heads, kv_heads, decode_only=False, long=False):
         plans = [(free[:1199], 1), ([], 70)]
         free = free[1199:]
     else:
-        plans = [
-            (shared + free[:5], 1),
-            (shared + free[5:17], 1),
-            (shared[:25], 1),
-            (free[17:40], 1),
-            ([], 9),
-            (shared[:30], 6),
-        ]
+        plans = [(shared + free[:5], 1), (shared + free[5:17], 1), (shared[:25], 1), (free[17:40], 1), ([], 9),
+                 (shared[:30], 6)]
         free = free[40:]
         plans = plans[:4] if decode_only else plans
     table = torch.zeros(8, 1300, dtype=torch.int64)
@@ -103,14 +97,9 @@ def test_torch_single_decode_window(in_place):
     slots = torch.arange(50, 50 + seq) if in_place else torch.randperm(199, generator=g)[:seq] + 1
     table = torch.zeros(2, 64, dtype=torch.int64)
     table[0, :seq] = slots
-    batch = (
-        AttentionMetadata(table, torch.arange(1), [seq], [1], 1, slots[-1:], host_table=table),
-        torch.randn(1, 6, D, generator=g),
-        torch.randn(1, 2, D, generator=g),
-        torch.randn(1, 2, D, generator=g),
-        k_cache,
-        v_cache,
-    )
+    batch = (AttentionMetadata(table, torch.arange(1), [seq], [1], 1, slots[-1:], host_table=table),
+             torch.randn(1, 6, D, generator=g), torch.randn(1, 2, D, generator=g), torch.randn(1, 2, D, generator=g),
+             k_cache, v_cache)
     backend = get_backend("torch")
     check(backend, batch, 9)
     assert (backend.decode_run is not None) == in_place

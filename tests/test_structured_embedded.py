@@ -60,30 +60,22 @@ class Order(BaseModel):
 
 
 TOOLS = {
-    "get_weather": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
+    "get_weather": {"type": "object",
+                    "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                    "required": ["city", "unit"], "additionalProperties": False},
     "search_flights": {
         "type": "object",
-        "properties": {
-            "origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
-            "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
-            "date": {"type": "string", "format": "date"},
-            "passengers": {"type": "integer", "minimum": 1, "maximum": 9},
-        },
+        "properties": {"origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                       "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                       "date": {"type": "string", "format": "date"},
+                       "passengers": {"type": "integer", "minimum": 1, "maximum": 9}},
         "required": ["origin", "destination", "date", "passengers"],
         "additionalProperties": False,
     },
     "send_email": {
         "type": "object",
-        "properties": {
-            "to": {"type": "string", "format": "email"},
-            "subject": {"type": "string", "maxLength": 60},
-            "urgent": {"type": "boolean"},
-        },
+        "properties": {"to": {"type": "string", "format": "email"}, "subject": {"type": "string", "maxLength": 60},
+                       "urgent": {"type": "boolean"}},
         "required": ["to", "subject", "urgent"],
         "additionalProperties": False,
     },
@@ -91,12 +83,8 @@ TOOLS = {
 
 
 def tool_call_schema(name: str) -> dict:
-    return {
-        "type": "object",
-        "properties": {"name": {"const": name}, "arguments": TOOLS[name]},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
+    return {"type": "object", "properties": {"name": {"const": name}, "arguments": TOOLS[name]},
+            "required": ["name", "arguments"], "additionalProperties": False}
 
 
 @pytest.fixture(scope="module")
@@ -142,10 +130,8 @@ def test_schemastore_samples_validate(engine):
     # those that need no other document (test_schemastore.py compiles the rest with `documents=`)
     schemas = [s for s in schemas if not SchemaResources(s).missing]
     jobs = [
-        (
-            ask(f"Write a JSON document for the schema titled {s.get('title', 'data')!r}."),
-            {"schema": s, "temperature": 1.0, "seed": i, "max_tokens": 128},
-        )
+        (ask(f"Write a JSON document for the schema titled {s.get('title', 'data')!r}."),
+         {"schema": s, "temperature": 1.0, "seed": i, "max_tokens": 128})
         for i, s in enumerate(schemas)
     ]
     outs = asyncio.run(_gather(engine, jobs))
@@ -199,18 +185,15 @@ def _canonical_forced_spans(grammar, token_ids) -> bool:
 
 def test_tool_calls_greedy_on_and_off(engine):
     jobs, expected = [], []
-    requests = {
-        "get_weather": "What's the weather in Paris, in celsius?",
-        "search_flights": "Find a flight from JFK to LHR on 2025-03-01 for 2 people.",
-        "send_email": "Email bob@example.com that the report is late. It is urgent.",
-    }
+    requests = {"get_weather": "What's the weather in Paris, in celsius?",
+                "search_flights": "Find a flight from JFK to LHR on 2025-03-01 for 2 people.",
+                "send_email": "Email bob@example.com that the report is late. It is urgent."}
     for name, text in requests.items():
         msgs = ask(f"Call the tool {name} for this request: {text}")
         expected.append((name, engine.render(msgs)))
         for jf in (True, False):
             jobs.append(
-                (msgs, {"schema": tool_call_schema(name), "temperature": 0.0, "max_tokens": 160, "jump_forward": jf})
-            )
+                (msgs, {"schema": tool_call_schema(name), "temperature": 0.0, "max_tokens": 160, "jump_forward": jf}))
     outs = asyncio.run(_gather(engine, jobs))
     compared = 0
     for k, (name, prompt) in enumerate(expected):

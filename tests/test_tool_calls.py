@@ -174,17 +174,14 @@ def test_prompts_native_and_injected():
     assert system.startswith("Be brief.") and json.dumps(defs[0]) in system and "<tool_call>" in system
     assert injected.template_tools(defs) is None
     assert injected.results_messages([(call, "3"), (call, "4")]) == [
-        {"role": "user", "content": "<tool_response>\n3\n</tool_response>\n<tool_response>\n4\n</tool_response>"}
-    ]
+        {"role": "user", "content": "<tool_response>\n3\n</tool_response>\n<tool_response>\n4\n</tool_response>"}]
 
 
 def test_closed_schema_leaves_values_alone():
     schema = {
         "type": "object",
-        "properties": {
-            "properties": {"type": "object", "default": {"type": "object"}},
-            "c": {"const": {"properties": {}}},
-        },
+        "properties": {"properties": {"type": "object", "default": {"type": "object"}},
+                       "c": {"const": {"properties": {}}}},
         "$defs": {"D": {"properties": {"x": {}}, "additionalProperties": True}},
     }
     closed = closed_schema(schema)

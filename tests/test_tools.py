@@ -45,10 +45,7 @@ def test_schema_from_signature_and_docstring():
     assert p["type"] == "object" and p["required"] == ["where"] and p["additionalProperties"] is False
     props = p["properties"]
     assert props["days"] == {
-        "type": "integer",
-        "default": 1,
-        "description": "How many days to forecast, counting today.",
-    }
+        "type": "integer", "default": 1, "description": "How many days to forecast, counting today."}
     assert props["mode"]["enum"] == ["brief", "full"]
     assert props["unit"]["description"] == "Celsius or Fahrenheit." and "title" not in props["unit"]
     assert "title" not in p
@@ -72,14 +69,9 @@ def test_validate_converts_and_calls():
 
 @pytest.mark.parametrize(
     "args, problem",
-    [
-        ("{not json", "not JSON"),
-        ("[1]", "JSON object"),
-        ({"unit": "C"}, "where: Field required"),
-        ({"where": {"city": "Oslo"}, "days": "many"}, "days"),
-        ({"where": {"city": "Oslo"}, "extra": 1}, "extra"),
-        ({"where": {"city": "Oslo"}, "unit": "K"}, "unit"),
-    ],
+    [("{not json", "not JSON"), ("[1]", "JSON object"), ({"unit": "C"}, "where: Field required"),
+     ({"where": {"city": "Oslo"}, "days": "many"}, "days"), ({"where": {"city": "Oslo"}, "extra": 1}, "extra"),
+     ({"where": {"city": "Oslo"}, "unit": "K"}, "unit")],
 )
 def test_bad_arguments_raise_with_the_field(args, problem):
     with pytest.raises(ak.ToolArgumentsError, match=problem) as err:

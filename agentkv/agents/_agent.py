@@ -77,30 +77,13 @@ class Agent:
     temperature and max_tokens default as the whole library does (agentkv/defaults.py).
     """
 
-    def __init__(
-        self,
-        instructions: str | Callable | Sequence[str | Callable] = "",
-        tools: Sequence[Any] = (),
-        *,
-        name: str = "agent",
-        description: str = "",
-        output_type: Any = None,
-        deps_type: Any = None,
-        handoffs: Sequence[Agent] = (),
-        prepare_tools: Callable | None = None,
-        tool_choice: str = "auto",
-        max_steps: int = 8,
-        retries: int = 1,
-        output_retries: int | None = None,
-        parallel_tool_calls: bool = True,
-        rerun_calls: bool = False,
-        engine: AgentEngine | None = None,
-        pin: bool = True,
-        chat_template_kwargs: dict | None = None,
-        temperature: float = LIBRARY_TEMPERATURE,
-        max_tokens: int = LIBRARY_MAX_TOKENS,
-        **sampling: Any,
-    ):
+    def __init__(self, instructions: str | Callable | Sequence[str | Callable] = "", tools: Sequence[Any] = (), *,
+                 name: str = "agent", description: str = "", output_type: Any = None, deps_type: Any = None,
+                 handoffs: Sequence[Agent] = (), prepare_tools: Callable | None = None, tool_choice: str = "auto",
+                 max_steps: int = 8, retries: int = 1, output_retries: int | None = None,
+                 parallel_tool_calls: bool = True, rerun_calls: bool = False, engine: AgentEngine | None = None,
+                 pin: bool = True, chat_template_kwargs: dict | None = None, temperature: float = LIBRARY_TEMPERATURE,
+                 max_tokens: int = LIBRARY_MAX_TOKENS, **sampling: Any):
         parts = list(instructions) if isinstance(instructions, (list, tuple)) else [instructions]
         if not all(isinstance(p, str) or callable(p) for p in parts):
             raise RequestError("instructions must be a string, a function of the run context, or a list of those")
@@ -139,8 +122,7 @@ class Agent:
         self.output_retries = retries if output_retries is None else output_retries
         self.parallel_tool_calls, self.rerun_calls = parallel_tool_calls, rerun_calls
         self.params = SamplingParams().with_(
-            temperature=temperature, max_tokens=max_tokens, **sampling
-        )  # names unknown ones
+            temperature=temperature, max_tokens=max_tokens, **sampling)  # names unknown ones
         if self.params.structured or self.params.n != 1:
             raise RequestError(
                 "an Agent sets the grammar of each step itself; give output_type=, not "
@@ -217,15 +199,8 @@ class Agent:
 
     # ---- running ----------------------------------------------------------------------------------
 
-    def run(
-        self,
-        input: str | Sequence[dict] | None = None,
-        *,
-        history: Sequence[dict] | None = None,
-        deps: Any = None,
-        approvals: dict[str, bool | str] | None = None,
-        engine: AgentEngine | None = None,
-    ) -> Awaitable:
+    def run(self, input: str | Sequence[dict] | None = None, *, history: Sequence[dict] | None = None, deps: Any = None,
+            approvals: dict[str, bool | str] | None = None, engine: AgentEngine | None = None) -> Awaitable:
         """`await agent.run(...)`: run to the output. `input` is the user's message (or messages);
         `history` a previous result's `messages` to continue that conversation (its system messages
         are replaced by this agent's); `deps` what tools and instruction functions get as
@@ -233,8 +208,7 @@ class Agent:
         False / a reason to refuse}). Called without await (the form before 0.2), it runs
         synchronously with a DeprecationWarning; use `run_sync`."""
         return Awaitable(
-            lambda: self._run(input, history=history, deps=deps, approvals=approvals, engine=engine), "Agent.run_sync"
-        )
+            lambda: self._run(input, history=history, deps=deps, approvals=approvals, engine=engine), "Agent.run_sync")
 
     def run_sync(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AgentResult:
         """`run` from synchronous code (also where an event loop is running: on a thread of its own)."""
@@ -251,15 +225,8 @@ class Agent:
                 return event.result
         raise AgentError("the run ended without a result")  # unreachable: a run ends with RunEnd or raises
 
-    def stream(
-        self,
-        input: str | Sequence[dict] | None = None,
-        *,
-        history: Sequence[dict] | None = None,
-        deps: Any = None,
-        approvals: dict | None = None,
-        engine: AgentEngine | None = None,
-    ) -> EventStream:
+    def stream(self, input: str | Sequence[dict] | None = None, *, history: Sequence[dict] | None = None,
+               deps: Any = None, approvals: dict | None = None, engine: AgentEngine | None = None) -> EventStream:
         """`async for event in agent.stream(...)`: the run's events as they happen (StepStart,
         TextDelta, ToolCallEvent, ToolResultEvent, StepEnd, and RunEnd with the result). Iterated
         with a plain `for` (the form before 0.2) it runs synchronously with a DeprecationWarning;
@@ -272,21 +239,11 @@ class Agent:
     def astream(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AsyncIterator[AgentEvent]:
         """Deprecated: `agent.stream(...)`."""
         warnings.warn(
-            "Agent.astream is deprecated: use `async for event in agent.stream(...)`", DeprecationWarning, stacklevel=2
-        )
+            "Agent.astream is deprecated: use `async for event in agent.stream(...)`", DeprecationWarning, stacklevel=2)
         return self._events(input, **kw)
 
-    def _events(
-        self,
-        input,
-        *,
-        history=None,
-        deps=None,
-        approvals=None,
-        engine: AgentEngine | None = None,
-        where: str = "Agent.stream",
-        **unknown,
-    ) -> AsyncIterator[AgentEvent]:
+    def _events(self, input, *, history=None, deps=None, approvals=None, engine: AgentEngine | None = None,
+                where: str = "Agent.stream", **unknown) -> AsyncIterator[AgentEvent]:
         _refuse(unknown, where)
         if self._closed:
             raise AgentError("this agent is closed; make a new Agent")
@@ -343,8 +300,7 @@ class Agent:
                 if self._want_pin and engine.config.cache.enable_radix_cache:
                     s.pin = engine.pin(
                         engine.conversation_prefix(
-                            [system], tools=fmt.template_tools(defs), **self.chat_template_kwargs
-                        )
+                            [system], tools=fmt.template_tools(defs), **self.chat_template_kwargs)
                     )
                     self._held["pins"].append((engine, s.pin))
                 self._setups[id(engine)] = got = (engine, s)
@@ -362,10 +318,8 @@ class Agent:
             return False
         mark = "\x1fagentkv-instructions\x1f"
         try:
-            text = engine.render(
-                [system, {"role": "system", "content": mark}, {"role": "user", "content": "?"}],
-                **self.chat_template_kwargs,
-            )
+            text = engine.render([system, {"role": "system", "content": mark}, {"role": "user", "content": "?"}],
+                                 **self.chat_template_kwargs)
         except Exception:  # noqa: BLE001 - a template that raises on it (jinja's raise_exception)
             return False
         return mark in text
@@ -417,8 +371,7 @@ class Agent:
 def _refuse(unknown: dict, where: str) -> None:
     if unknown:
         raise RequestError(
-            f"{where} got unknown options {sorted(unknown)}: it takes input, history, deps, approvals and engine"
-        )
+            f"{where} got unknown options {sorted(unknown)}: it takes input, history, deps, approvals and engine")
 
 
 def _release(held: dict, toolsets: list) -> None:

@@ -185,8 +185,7 @@ class AgentRun:
         pending = [c for c in fresh if agent.tools[c.name].requires_approval]
         runs = [c for c in fresh if c not in pending]
         ran = dict(
-            zip((c.id for c in runs), await asyncio.gather(*(self._call(agent, c, step.index, span) for c in runs)))
-        )
+            zip((c.id for c in runs), await asyncio.gather(*(self._call(agent, c, step.index, span) for c in runs))))
         self.made.update((_call_key(r.call), r) for r in ran.values())
         waiting = {c.id: ToolResult(c, "(waiting for approval)") for c in pending}
         step.tool_results = [
@@ -202,8 +201,7 @@ class AgentRun:
         if call.name in agent.handoffs:
             return ToolResult(call, t.func(), agent.handoffs[call.name])
         ctx = dataclasses.replace(
-            self.ctx, step=index, retry=self.tries.get(call.name, 0), tool_name=call.name, tool_call_id=call.id
-        )
+            self.ctx, step=index, retry=self.tries.get(call.name, 0), tool_name=call.name, tool_call_id=call.id)
         span = tracing.start(f"tool {call.name}", parent, gen_ai__tool__name=call.name, gen_ai__tool__call__id=call.id)
         try:
             value = await t.acall(call.arguments, ctx)
@@ -229,10 +227,8 @@ class AgentRun:
             limit = agent.retries if limit is None else limit
             if n > limit:
                 raise AgentRetriesError(
-                    f"tool {r.call.name!r} refused the model's call {n} times (retries={limit}): {r.error}",
-                    r.call,
-                    self.errors,
-                )
+                    f"tool {r.call.name!r} refused the model's call {n} times (retries={limit}): {r.error}", r.call,
+                    self.errors)
 
     async def _offered(self, agent, withheld: set[str]) -> list:
         """The tools a step offers: the agent's, less the withheld, as `prepare_tools` selects."""
@@ -245,8 +241,7 @@ class AgentRun:
         unknown = [getattr(t, "name", t) for t in chosen if getattr(t, "name", None) not in names]
         if unknown:
             raise RequestError(
-                f"prepare_tools returned {unknown}, which are not among the step's tools {sorted(names)}"
-            )
+                f"prepare_tools returned {unknown}, which are not among the step's tools {sorted(names)}")
         return list(chosen)
 
     async def _hand_to(self, target) -> str:
@@ -296,8 +291,7 @@ class AgentRun:
         missing = [c["id"] for c in waiting if c["id"] not in self.approvals]
         if missing:
             raise RequestError(
-                f"calls {missing} wait for approval: give approvals={{call id: True, or False / a reason}}"
-            )
+                f"calls {missing} wait for approval: give approvals={{call id: True, or False / a reason}}")
         results = []
         for c in waiting:
             fn = c.get("function") or {}
@@ -305,8 +299,7 @@ class AgentRun:
             verdict = self.approvals[c["id"]]
             if call.name not in self.agent.tools:
                 raise RequestError(
-                    f"the call {c['id']} waiting for approval is of {call.name!r}, not a tool of this agent"
-                )
+                    f"the call {c['id']} waiting for approval is of {call.name!r}, not a tool of this agent")
             if verdict is True:
                 result = await self._call(self.agent, call, 0)
                 self.usage.tool_calls += 1

@@ -14,10 +14,8 @@ from agentkv.chat.turn import Turn
 
 def agent_prompt(agent, setup, engine, messages: list[dict]) -> str:
     return engine.render(
-        template_messages(messages, setup.format),
-        tools=setup.format.template_tools(setup.definitions),
-        **agent.chat_template_kwargs,
-    )
+        template_messages(messages, setup.format), tools=setup.format.template_tools(setup.definitions),
+        **agent.chat_template_kwargs)
 
 
 def step_turn(agent, setup, mode: str, offered: list, state: str, markup_free: bool = False) -> Turn:

@@ -50,10 +50,8 @@ class Tool:
     @property
     def definition(self) -> dict:
         """The OpenAI-style definition: {"type": "function", "function": {name, description, parameters}}."""
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
-        }
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -68,8 +66,7 @@ class Tool:
             parsed = self.args_model.model_validate(arguments)
         except ValidationError as e:
             problems = "; ".join(
-                f"{'.'.join(map(str, err['loc'])) or '(arguments)'}: {err['msg']}" for err in e.errors()
-            )
+                f"{'.'.join(map(str, err['loc'])) or '(arguments)'}: {err['msg']}" for err in e.errors())
             raise ToolArgumentsError(self.name, problems) from None
         return {name: getattr(parsed, name) for name in self.args_model.model_fields}
 
@@ -106,21 +103,14 @@ class Tool:
         return (ctx,)
 
 
-def tool(
-    func: Callable[..., Any] | None = None,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    retries: int | None = None,
-    requires_approval: bool = False,
-):
+def tool(func: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
+         retries: int | None = None, requires_approval: bool = False):
     """Make a Tool of a typed function; use as `@ak.tool` or `@ak.tool(name=..., description=...,
     retries=..., requires_approval=...)`. A first parameter annotated `ak.RunContext` receives the
     agent's run context and is not shown to the model."""
     if func is None:
         return lambda f: tool(
-            f, name=name, description=description, retries=retries, requires_approval=requires_approval
-        )
+            f, name=name, description=description, retries=retries, requires_approval=requires_approval)
     if isinstance(func, Tool):
         return func
     if not callable(func) or not hasattr(func, "__name__"):
@@ -131,16 +121,8 @@ def tool(
     model, takes_context = args_model(func, param_docs)
     if problem := tool_name_problem(name or func.__name__):
         raise ToolDefinitionError(f"{problem}; give one with @ak.tool(name=...)")
-    return Tool(
-        name or func.__name__,
-        description if description is not None else summary,
-        func,
-        model,
-        _json_schema(model),
-        takes_context,
-        retries,
-        requires_approval,
-    )
+    return Tool(name or func.__name__, description if description is not None else summary, func, model,
+                _json_schema(model), takes_context, retries, requires_approval)
 
 
 # ---- signature -> Pydantic model -> JSON schema ----------------------------------------------------------
@@ -163,12 +145,10 @@ def args_model(func: Callable[..., Any], param_docs: dict[str, str] | None = Non
             raise ToolDefinitionError(f"{func.__name__}: a RunContext parameter must come first ({p.name} does not)")
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise ToolDefinitionError(
-                f"tool {func.__name__}: *{p.name} / **{p.name} cannot be described to a model; name every parameter"
-            )
+                f"tool {func.__name__}: *{p.name} / **{p.name} cannot be described to a model; name every parameter")
         if p.kind is p.POSITIONAL_ONLY:
             raise ToolDefinitionError(
-                f"tool {func.__name__}: parameter {p.name} is positional-only; tools are called by name"
-            )
+                f"tool {func.__name__}: parameter {p.name} is positional-only; tools are called by name")
         if p.name not in hints:
             raise ToolDefinitionError(
                 f"tool {func.__name__}: parameter {p.name} has no type annotation; annotate it "
@@ -193,8 +173,7 @@ def _json_schema(model) -> dict:
         schema = model.model_json_schema(schema_generator=NoFieldTitles)
     except Exception as e:  # e.g. a callable or arbitrary class as a parameter type
         raise ToolDefinitionError(
-            f"the parameters of {model.__name__.removesuffix('_arguments')} have no JSON schema: {e}"
-        ) from None
+            f"the parameters of {model.__name__.removesuffix('_arguments')} have no JSON schema: {e}") from None
     schema.pop("title", None)
     return schema
 
@@ -202,8 +181,7 @@ def _json_schema(model) -> dict:
 # ---- docstrings: Google ("Args:"), reST (":param x:") and NumPy ("Parameters\n----------") ------------------
 
 _SECTION = re.compile(
-    r"^\s*(Args|Arguments|Parameters|Params|Keyword Args|Returns|Return|Raises|Yields|Examples?|Notes?)\s*:?\s*$"
-)
+    r"^\s*(Args|Arguments|Parameters|Params|Keyword Args|Returns|Return|Raises|Yields|Examples?|Notes?)\s*:?\s*$")
 _PARAM_SECTIONS = {"args", "arguments", "parameters", "params", "keyword args"}
 
 

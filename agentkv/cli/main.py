@@ -15,8 +15,7 @@ app = typer.Typer(help="agentkv: structured output and agents on an LLM engine t
 ModelOpt = Annotated[
     str | None,
     typer.Option(
-        "--model", "-m", help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
-    ),
+        "--model", "-m", help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)"),
 ]
 MaxTokens = Annotated[int, typer.Option(help="most tokens to generate per reply")]
 Temperature = Annotated[float, typer.Option(help="sampling temperature; 0 is greedy")]
@@ -28,8 +27,7 @@ ContextLength = Annotated[int | None, typer.Option(help="the longest sequence se
 NumSlots = Annotated[int | None, typer.Option(help="KV pool size in tokens (default: from --memory-fraction)")]
 MemoryFraction = Annotated[
     float | None,
-    typer.Option(help="the share of memory the KV pool may take (default: 0.85 of a GPU's, 0.2 of the free RAM)"),
-]
+    typer.Option(help="the share of memory the KV pool may take (default: 0.85 of a GPU's, 0.2 of the free RAM)")]
 
 
 def _fail(message: str) -> typer.Exit:
@@ -44,12 +42,8 @@ def run(
     arg: Annotated[list[str] | None, typer.Option("--arg", "-a", help="key=value for `main` (repeatable)")] = None,
     model: ModelOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print the output only, no live view")] = False,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    tensor_parallel: TensorParallel = 1,
-    context_length: ContextLength = None,
-    num_slots: NumSlots = None,
-) -> None:
+    device: Device = "auto", dtype: Dtype = "auto", tensor_parallel: TensorParallel = 1,
+    context_length: ContextLength = None, num_slots: NumSlots = None) -> None:
     """Run FILE's module-level `agent` (an ak.Agent) on --input with a live view of its steps, or,
     without --input, call its `main(**args)`; print the output. --model becomes the engine of
     everything in FILE that names none."""
@@ -115,12 +109,10 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
     api_key: Annotated[str | None, typer.Option(help="require `Authorization: Bearer KEY` on /v1 routes")] = None,
     served_model_name: Annotated[
-        str | None, typer.Option(help="the model id clients send (default: from the path)")
-    ] = None,
+        str | None, typer.Option(help="the model id clients send (default: from the path)")] = None,
     max_inflight: Annotated[int, typer.Option(help="requests accepted at once; more get HTTP 429")] = 256,
     replicas: Annotated[
-        int, typer.Option(help="engine replicas on Ray Serve, with cache-aware routing between them")
-    ] = 1,
+        int, typer.Option(help="engine replicas on Ray Serve, with cache-aware routing between them")] = 1,
     ray_address: Annotated[str | None, typer.Option(help="join this Ray cluster (default: start a local one)")] = None,
     open_objects: Annotated[
         bool,
@@ -159,16 +151,8 @@ def serve(
     from agentkv.server import create_app  # here: the web stack loads with it
 
     name = served_model_name or (Path(model).stem if model else "SmolLM2-135M-Instruct")
-    options = _options(
-        device,
-        dtype,
-        tensor_parallel,
-        context_length,
-        num_slots,
-        memory_fraction=memory_fraction,
-        speculative=speculative,
-        **({"tool_format": tool_format} if tool_format else {}),
-    )
+    options = _options(device, dtype, tensor_parallel, context_length, num_slots, memory_fraction=memory_fraction,
+                       speculative=speculative, **({"tool_format": tool_format} if tool_format else {}))
     if replicas < 1:
         raise _fail(f"--replicas must be at least 1, got {replicas}")
     if replicas > 1 or ray_address is not None:
@@ -177,24 +161,17 @@ def serve(
         except ImportError as e:
             raise _fail(f"--replicas needs Ray Serve ({e}); install it with pip install 'agentkv[cluster]'") from None
         typer.echo(
-            f"agentkv: serving {name!r} on http://{host}:{port}/v1 with {replicas} replicas (Ray Serve)", err=True
-        )
+            f"agentkv: serving {name!r} on http://{host}:{port}/v1 with {replicas} replicas (Ray Serve)", err=True)
         serve_cluster(model, name, replicas, host, port, api_key, ray_address, engine_options=options,
                       close_objects=not open_objects, max_inflight=max_inflight)
         return
     engine = _engine(model, **options)
     _freeze_heap()
-    typer.echo(
-        f"agentkv: serving {name!r} on http://{host}:{port}/v1 ({engine.config.device}, {engine.config.dtype})",
-        err=True,
-    )
+    typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1 ({engine.config.device}, {engine.config.dtype})",
+               err=True)
     try:
-        uvicorn.run(
-            create_app(engine, name, api_key, max_inflight, close_objects=not open_objects),
-            host=host,
-            port=port,
-            log_level="warning",
-        )
+        uvicorn.run(create_app(engine, name, api_key, max_inflight, close_objects=not open_objects), host=host,
+                    port=port, log_level="warning")
     finally:
         engine.close()
 
@@ -228,23 +205,11 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
-def _options(
-    device: str = "auto",
-    dtype: str = "auto",
-    tensor_parallel: int = 1,
-    context_length: int | None = None,
-    num_slots: int | None = None,
-    **more,
-) -> dict:
+def _options(device: str = "auto", dtype: str = "auto", tensor_parallel: int = 1, context_length: int | None = None,
+             num_slots: int | None = None, **more) -> dict:
     """Engine(...) options from the command line, leaving out what is the engine's default."""
-    given = {
-        "device": device,
-        "dtype": dtype,
-        "tensor_parallel": tensor_parallel,
-        "context_length": context_length,
-        "num_slots": num_slots,
-        **more,
-    }
+    given = {"device": device, "dtype": dtype, "tensor_parallel": tensor_parallel, "context_length": context_length,
+             "num_slots": num_slots, **more}
     defaults = {"device": "auto", "dtype": "auto", "tensor_parallel": 1}
     return {k: v for k, v in given.items() if v is not None and defaults.get(k) != v}
 
@@ -265,8 +230,7 @@ def generate(
     max_tokens: MaxTokens = 128,
     temperature: Temperature = 0.0,
     schema: Annotated[
-        str | None, typer.Option(help="a JSON Schema file (or inline JSON) the output must match")
-    ] = None,
+        str | None, typer.Option(help="a JSON Schema file (or inline JSON) the output must match")] = None,
     regex: Annotated[str | None, typer.Option(help="a regex the whole output must match")] = None,
     grammar: Annotated[str | None, typer.Option(help="a Lark grammar file the output must match")] = None,
     device: Device = "auto",
@@ -285,11 +249,8 @@ def generate(
         return Path(value).read_text() if value is not None and Path(value).is_file() else value
 
     try:
-        structured = {
-            "json_schema": json.loads(read(schema)) if schema else None,
-            "regex": regex,
-            "grammar": read(grammar),
-        }
+        structured = {"json_schema": json.loads(read(schema)) if schema else None, "regex": regex,
+                      "grammar": read(grammar)}
     except (json.JSONDecodeError, OSError) as e:
         typer.echo(f"error: --schema is neither a readable file nor JSON: {e}", err=True)
         raise typer.Exit(1) from None
@@ -307,16 +268,9 @@ def generate(
 
 @app.command()
 def chat(
-    model: ModelOpt = None,
-    system: Annotated[str | None, typer.Option(help="system prompt")] = None,
-    max_tokens: MaxTokens = 256,
-    temperature: Temperature = 0.7,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    tensor_parallel: TensorParallel = 1,
-    context_length: ContextLength = None,
-    num_slots: NumSlots = None,
-) -> None:
+    model: ModelOpt = None, system: Annotated[str | None, typer.Option(help="system prompt")] = None,
+    max_tokens: MaxTokens = 256, temperature: Temperature = 0.7, device: Device = "auto", dtype: Dtype = "auto",
+    tensor_parallel: TensorParallel = 1, context_length: ContextLength = None, num_slots: NumSlots = None) -> None:
     """Chat with a model in the terminal; earlier turns are served from the radix cache."""
     import asyncio
 

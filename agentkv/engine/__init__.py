@@ -9,16 +9,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-_WHERE = {
-    "Engine": "agentkv.engine.engine",
-    "Completion": "agentkv.engine.outputs",
-    "RequestOutput": "agentkv.engine.outputs",
-    "StreamDelta": "agentkv.engine.outputs",
-    "TokenLogprob": "agentkv.engine.outputs",
-    "Usage": "agentkv.engine.outputs",
-    "PinHandle": "agentkv.engine.radix_cache",
-    "SamplingParams": "agentkv.engine.sampling_params",
-}
+_WHERE = {"Engine": "agentkv.engine.engine", "Completion": "agentkv.engine.outputs",
+          "RequestOutput": "agentkv.engine.outputs", "StreamDelta": "agentkv.engine.outputs",
+          "TokenLogprob": "agentkv.engine.outputs", "Usage": "agentkv.engine.outputs",
+          "PinHandle": "agentkv.engine.radix_cache", "SamplingParams": "agentkv.engine.sampling_params"}
 
 if TYPE_CHECKING:
     from agentkv.engine.engine import Engine
@@ -36,12 +30,4 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Completion",
-    "Engine",
-    "PinHandle",
-    "RequestOutput",
-    "SamplingParams",
-    "StreamDelta",
-    "TokenLogprob",
-    "Usage",
-]
+    "Completion", "Engine", "PinHandle", "RequestOutput", "SamplingParams", "StreamDelta", "TokenLogprob", "Usage"]

@@ -171,14 +171,8 @@ class EngineCore:
             result = self.passes.collect(p)
             for (r, _), lp in zip(p.batch.score_positions, result.scores):
                 r.token_scores.append(lp)
-            self.scheduler.process(
-                p.batch,
-                result.tokens,
-                self.tokenizer,
-                result.logprobs,
-                after.batch if after is not None else None,
-                result.made,
-            )
+            self.scheduler.process(p.batch, result.tokens, self.tokenizer, result.logprobs,
+                                   after.batch if after is not None else None, result.made)
         except Exception as e:
             # A failed pass must not take the engine down: fail its requests, free their memory.
             err = EngineError(f"forward pass failed: {type(e).__name__}: {e}")

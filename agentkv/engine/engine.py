@@ -91,8 +91,7 @@ class Engine(Prefixes):
                 runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, backend.name, native is not None)
             elif cuda_graphs_wanted(cfg, runner.backend):
                 runner.graphs = DecodeGraphs(
-                    runner, min(cfg.cuda_graph_max_batch, cfg.cache.max_running_requests), context
-                )
+                    runner, min(cfg.cuda_graph_max_batch, cfg.cache.max_running_requests), context)
             runner.native_step = native_step_for(cfg.native_step, runner, native)
             return Components(
                 scheduler=Scheduler(cfg.scheduler, pool, req_pool, tree),
@@ -108,11 +107,8 @@ class Engine(Prefixes):
 
         self._core = EngineCore(build, build_on_worker=overlap and device == "cpu" and cfg.tensor_parallel == 1)
         parts = self._core.parts
-        self.tokenizer, self.model_config, self.context_length = (
-            parts.tokenizer,
-            parts.model_config,
-            parts.context_length,
-        )
+        self.tokenizer, self.model_config, self.context_length = (parts.tokenizer, parts.model_config,
+                                                                  parts.context_length)
         self._pool, self._tree = parts.pool, parts.tree
         self.tool_format = tool_format_for(self.tokenizer, cfg.tool_format)  # how this model calls tools
         self.tokenizer.keep_specials(self.tool_format.special_markers)  # its markup, where it is a special token
@@ -123,14 +119,8 @@ class Engine(Prefixes):
 
     # ---- generation -----------------------------------------------------------------------------
 
-    def generate(
-        self,
-        prompt: Prompt | Sequence[Prompt],
-        params: SamplingParams | None = None,
-        *,
-        schema: Any = None,
-        **sampling: Any,
-    ):
+    def generate(self, prompt: Prompt | Sequence[Prompt], params: SamplingParams | None = None, *, schema: Any = None,
+                 **sampling: Any):
         """Complete a prompt (text or token ids), or a list of prompts (batched; list in, list out).
 
         `schema=` (a Pydantic model class, a JSON Schema dict or text) is `json_schema=`: the output then
@@ -197,8 +187,7 @@ class Engine(Prefixes):
         longest = max((len(c) for c in conts), default=0)
         if len(ids) + longest >= min(self.context_length, self._pool.capacity):
             raise PromptTooLongError(
-                f"prompt plus continuation is {len(ids) + longest} tokens, over the context; shorten them"
-            )
+                f"prompt plus continuation is {len(ids) + longest} tokens, over the context; shorten them")
         reqs = [
             Request(ids + c, SamplingParams(max_tokens=1), 0, frozenset(), 1, prefill_only=True, score_from=len(ids))
             for c in conts
@@ -220,8 +209,7 @@ class Engine(Prefixes):
         self._grammars.use(compiler)
 
     async def _run_async(
-        self, prompt, params: SamplingParams, want_deltas: bool, result: list
-    ) -> AsyncIterator[StreamDelta]:
+        self, prompt, params: SamplingParams, want_deltas: bool, result: list) -> AsyncIterator[StreamDelta]:
         if is_messages(prompt):
             prompt = self.render(prompt)
         group = self._make_requests(self._encode(prompt), params, stream=want_deltas)
@@ -310,8 +298,7 @@ class Engine(Prefixes):
                 weight_bytes=self._core.runner.model.weight_bytes(),
                 free_memory_bytes=free_memory(self.config.device),
                 kv_bytes=sum(
-                    k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self._pool.kv_caches
-                ),
+                    k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self._pool.kv_caches),
             )
             g = self._grammars.cache_info()
             st.update(
@@ -320,12 +307,7 @@ class Engine(Prefixes):
                 grammar_cache_evictions=sum(
                     g.get(k, 0)
                     for k in (
-                        "grammars_evicted",
-                        "grammars_renewed",
-                        "mask_evictions",
-                        "walk_evictions",
-                        "dfa_evictions",
-                    )
+                        "grammars_evicted", "grammars_renewed", "mask_evictions", "walk_evictions", "dfa_evictions")
                 ),
             )
             return st
@@ -358,8 +340,7 @@ class Engine(Prefixes):
             bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
             if bad:
                 raise RequestError(
-                    f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})"
-                )
+                    f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
         else:
             raise RequestError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
@@ -371,8 +352,7 @@ class Engine(Prefixes):
             )
         if len(ids) + 1 > self._pool.capacity:
             raise PromptTooLongError(
-                f"the prompt has {len(ids)} tokens but the KV pool holds {self._pool.capacity}; raise num_slots"
-            )
+                f"the prompt has {len(ids)} tokens but the KV pool holds {self._pool.capacity}; raise num_slots")
         return ids
 
     def _make_requests(self, ids: list[int], params: SamplingParams, stream: bool = False) -> list[Request]:
@@ -424,14 +404,8 @@ class Engine(Prefixes):
 
 
 def _completion(r: Request, parser) -> Completion:
-    return Completion(
-        r.text,
-        list(r.output_ids),
-        r.finish_reason or "abort",
-        r.logprobs if r.params.logprobs else None,
-        parser,
-        r.grammar_complete,
-    )
+    return Completion(r.text, list(r.output_ids), r.finish_reason or "abort", r.logprobs if r.params.logprobs else None,
+                      parser, r.grammar_complete)
 
 
 def _is_batch(prompt: Any) -> bool:

@@ -29,15 +29,8 @@ CONVERSION_VERSION = "4"
 # quantizations whose matrices are kept as they are (csrc/cpu_quant.c multiplies them in their blocks);
 # every other tensor is dequantized to fp32 here
 KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
-GGUF_ARCHITECTURES = {
-    "llama": "llama",
-    "mistral": "llama",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "phi3": "phi3",
-    "qwen3moe": "qwen3_moe",
-    "qwen2moe": "qwen2_moe",
-}  # (Mixtral is "llama" with experts)
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+                      "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}  # (Mixtral is "llama" with experts)
 
 # GGUF tensor names -> HF names; `{i}` is the layer index.
 _LAYER_NAMES = {
@@ -126,8 +119,7 @@ def _convert(path: Path, out: Path) -> None:
         if hf_name is None:
             continue  # e.g. rope_freqs: recomputed from the config
         if t.tensor_type.name in KEPT_QUANTS and hf_name.endswith(
-            ("proj.weight", "lm_head.weight", "embed_tokens.weight", "_exps")
-        ):
+            ("proj.weight", "lm_head.weight", "embed_tokens.weight", "_exps")):
             raw = np.asarray(t.data)  # uint8 [(experts,) out, blocks' bytes]: one output's row of blocks a row
             if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
                 raw = _unpermute_qk(raw, config.num_heads if "attn_q" in t.name else config.num_kv_heads)
@@ -199,14 +191,11 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool, rope_factors: dic
     if "rope_factors_short.weight" in rope_factors and "rope_factors_long.weight" in rope_factors:
         original = int(get("rope.scaling.original_context_length"))
         attn = meta.get(f"{arch}.rope.scaling.attn_factor")
-        scaling = RopeScaling(
-            rope_type="longrope",
-            factor=int(get("context_length")) / original,
-            original_max_position_embeddings=original,
-            short_factor=rope_factors["rope_factors_short.weight"],
-            long_factor=rope_factors["rope_factors_long.weight"],
-            attention_factor=None if attn is None else float(attn),
-        )
+        scaling = RopeScaling(rope_type="longrope", factor=int(get("context_length")) / original,
+                              original_max_position_embeddings=original,
+                              short_factor=rope_factors["rope_factors_short.weight"],
+                              long_factor=rope_factors["rope_factors_long.weight"],
+                              attention_factor=None if attn is None else float(attn))
     head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
     rotated = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
     family = GGUF_ARCHITECTURES[arch]

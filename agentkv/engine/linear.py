@@ -112,11 +112,8 @@ class Linear(nn.Module):
         add = None if self.all_reduce else residual
         if self.quantized is not None:
             y = by_row_kind(
-                lambda exact, xs, adds: self.native.qlinear(xs, self.quantized, self.bias, adds, exact=exact),
-                x,
-                add,
-                exact_rows if self.quantized.tiled else None,
-            )
+                lambda exact, xs, adds: self.native.qlinear(xs, self.quantized, self.bias, adds, exact=exact), x, add,
+                exact_rows if self.quantized.tiled else None)
         elif self.native_weight is not None:
             y = self.native.linear(x, self.native_weight, self.bias, add)
         elif self.packed is not None and (self.weight is None or x.shape[0] > 1):

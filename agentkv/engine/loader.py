@@ -115,8 +115,7 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     files = sorted(f for f in directory.glob("*.safetensors") if f.name != "quant.safetensors")
     if not files:
         raise ModelLoadError(
-            f"{directory} has no *.safetensors weights; agentkv loads safetensors or GGUF, not .bin/.pt"
-        )
+            f"{directory} has no *.safetensors weights; agentkv loads safetensors or GGUF, not .bin/.pt")
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -186,8 +185,7 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
             raise ModelLoadError(f"weights in {directory} lack tensor {name!r} that a {cfg.family} model needs")
         if not torch.isfinite(t.float()).all():
             raise ModelLoadError(
-                f"tensor {name!r} in {directory} holds NaN or infinite values; the weights are corrupt"
-            )
+                f"tensor {name!r} in {directory} holds NaN or infinite values; the weights are corrupt")
         return t.float()
 
     gemma = cfg.family in ("gemma2", "gemma3")
@@ -212,8 +210,7 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
     for i in range(cfg.num_layers):
         p, o = f"model.layers.{i}.", f"layers.{i}."
         norms = ("input_layernorm", "post_attention_layernorm") + (
-            ("pre_feedforward_layernorm", "post_feedforward_layernorm") if gemma else ()
-        )
+            ("pre_feedforward_layernorm", "post_feedforward_layernorm") if gemma else ())
         out.update({o + n + ".weight": norm(p + n + ".weight") for n in norms})
         if p + "self_attn.qkv_proj.weight" in hf or p + "self_attn.qkv_proj.weight" in quant:  # fused (Phi-3)
             out[o + "self_attn.qkv_proj.weight"] = matrix(p + "self_attn.qkv_proj.weight")
@@ -255,11 +252,9 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
         for e in range(cfg.num_experts):
             gu = torch.cat([gate[e], up[e]])
             out[o + f"experts.{e}.gate_up_proj.weight"] = QuantWeight(
-                gu, code, gu.shape[1] // bytes_ * weights, gu.shape[0]
-            )
+                gu, code, gu.shape[1] // bytes_ * weights, gu.shape[0])
             out[o + f"experts.{e}.down_proj.weight"] = QuantWeight(
-                down[e].contiguous(), code, down.shape[2] // bytes_ * weights, down.shape[1]
-            )
+                down[e].contiguous(), code, down.shape[2] // bytes_ * weights, down.shape[1])
     elif stacked[0] in hf or stacked[0] in quant:
         gate, up, down = (take(n) for n in stacked)
         for e in range(cfg.num_experts):

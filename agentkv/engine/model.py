@@ -216,8 +216,7 @@ class CausalLM(nn.Module):
         # Gemma 3's windowed layers rotate with their own base (and no scaling)
         self.local_rope = (
             RotaryEmbedding(
-                dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta, rope_scaling=RopeScaling()), max_positions
-            )
+                dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta, rope_scaling=RopeScaling()), max_positions)
             if cfg.local_rope_theta
             else None
         )

@@ -96,18 +96,9 @@ class ModelConfig:
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if family is None:
             model_type = cfg.get("model_type")
-            family = {
-                "llama": "llama",
-                "mistral": "llama",
-                "phi3": "phi3",
-                "gemma3_text": "gemma3",
-                "gemma2": "gemma2",
-                "qwen2": "qwen2",
-                "qwen3": "qwen3",
-                "qwen3_moe": "qwen3_moe",
-                "qwen2_moe": "qwen2_moe",
-                "mixtral": "mixtral",
-            }.get(model_type)
+            family = {"llama": "llama", "mistral": "llama", "phi3": "phi3", "gemma3_text": "gemma3", "gemma2": "gemma2",
+                      "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "qwen2_moe": "qwen2_moe",
+                      "mixtral": "mixtral"}.get(model_type)
         if family is None:
             raise ModelLoadError(
                 f"unsupported architecture {archs or cfg.get('model_type')!r}; agentkv implements "
@@ -147,16 +138,9 @@ class ModelConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """A config.json that `from_hf` reads back (used by the GGUF conversion cache)."""
-        arch = {
-            "llama": "LlamaForCausalLM",
-            "phi3": "Phi3ForCausalLM",
-            "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM",
-            "qwen3_moe": "Qwen3MoeForCausalLM",
-            "qwen2_moe": "Qwen2MoeForCausalLM",
-            "mixtral": "MixtralForCausalLM",
-            "gemma3": "Gemma3ForCausalLM",
-        }[self.family]
+        arch = {"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                "mixtral": "MixtralForCausalLM", "gemma3": "Gemma3ForCausalLM"}[self.family]
         out: dict[str, Any] = {
             "architectures": [arch],
             "model_type": self.family,
@@ -184,14 +168,10 @@ class ModelConfig:
             out["use_sliding_window"] = True  # (Qwen reads the window only with it)
         if self.num_experts:
             out.update(
-                {
-                    "num_local_experts" if self.family == "mixtral" else "num_experts": self.num_experts,
-                    "num_experts_per_tok": self.experts_per_token,
-                    "norm_topk_prob": self.norm_topk_prob,
-                    "moe_intermediate_size": self.moe_intermediate_size,
-                    "mlp_only_layers": list(self.dense_layers),
-                    "shared_expert_intermediate_size": self.shared_expert_intermediate_size,
-                }
+                {"num_local_experts" if self.family == "mixtral" else "num_experts": self.num_experts,
+                 "num_experts_per_tok": self.experts_per_token, "norm_topk_prob": self.norm_topk_prob,
+                 "moe_intermediate_size": self.moe_intermediate_size, "mlp_only_layers": list(self.dense_layers),
+                 "shared_expert_intermediate_size": self.shared_expert_intermediate_size}
             )
             if self.family == "mixtral":
                 out["intermediate_size"] = self.moe_intermediate_size
@@ -223,14 +203,10 @@ def _windows(archs: list[str], cfg: dict[str, Any]) -> tuple[int, ...]:
         or model_type == "gemma2"
     ):  # every `sliding_window_pattern`-th layer full (Gemma 2: every other)
         pattern = int(
-            cfg.get("sliding_window_pattern") or (2 if "gemma2" in model_type or "Gemma2ForCausalLM" in archs else 6)
-        )
+            cfg.get("sliding_window_pattern") or (2 if "gemma2" in model_type or "Gemma2ForCausalLM" in archs else 6))
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
     elif any(a in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM") for a in archs) or model_type in (
-        "mistral",
-        "mixtral",
-        "phi3",
-    ):
+        "mistral", "mixtral", "phi3"):
         types = ["sliding_attention"] * layers
     else:
         return ()
@@ -246,13 +222,10 @@ def _gemma(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
         act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
         if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
             raise ModelLoadError(f"Gemma 2 with activation {act!r} is not implemented (gelu_pytorch_tanh is)")
-        return {
-            "hidden_act": "gelu_tanh",
-            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
-            "attention_scale": float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 256) ** -0.5,
-            "attn_softcap": float(cfg.get("attn_logit_softcapping") or 0.0),
-            "final_softcap": float(cfg.get("final_logit_softcapping") or 0.0),
-        }
+        return {"hidden_act": "gelu_tanh", "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+                "attention_scale": float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 256) ** -0.5,
+                "attn_softcap": float(cfg.get("attn_logit_softcapping") or 0.0),
+                "final_softcap": float(cfg.get("final_logit_softcapping") or 0.0)}
     if family != "gemma3":
         return {}
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
@@ -268,15 +241,12 @@ def _gemma(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
         raise ModelLoadError(f"Gemma 3 with activation {act!r} is not implemented (gelu_pytorch_tanh is)")
-    return {
-        "hidden_act": "gelu_tanh",
-        "qk_norm": True,
-        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
-        "attention_scale": float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 256) ** -0.5,
-        "rope_theta": float(glob.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))),
-        "rope_scaling": _rope_scaling({"rope_scaling": glob}) if glob else RopeScaling(),
-        "local_rope_theta": float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))),
-    }
+    return {"hidden_act": "gelu_tanh", "qk_norm": True,
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+            "attention_scale": float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 256) ** -0.5,
+            "rope_theta": float(glob.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))),
+            "rope_scaling": _rope_scaling({"rope_scaling": glob}) if glob else RopeScaling(),
+            "local_rope_theta": float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))}
 
 
 def _moe(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -333,11 +303,9 @@ def _rope_scaling(cfg: dict[str, Any]) -> RopeScaling:
                 "in the config; this one lacks some"
             )
         kwargs.update(
-            original_max_position_embeddings=int(original),
-            short_factor=tuple(map(float, rs["short_factor"])),
+            original_max_position_embeddings=int(original), short_factor=tuple(map(float, rs["short_factor"])),
             long_factor=tuple(map(float, rs["long_factor"])),
-            factor=float(rs.get("factor") or int(cfg.get("max_position_embeddings", original)) / int(original)),
-        )
+            factor=float(rs.get("factor") or int(cfg.get("max_position_embeddings", original)) / int(original)))
     return RopeScaling(**kwargs)
 
 

@@ -58,8 +58,7 @@ class Prefixes:
         budget = self._tree.pin_budget
         if len(ids) > budget:
             raise PinBudgetError(
-                f"the prefix has {len(ids)} tokens, over the pin budget of {budget}; raise pin_budget_fraction"
-            )
+                f"the prefix has {len(ids)} tokens, over the pin budget of {budget}; raise pin_budget_fraction")
         # on the engine thread, right after the prefill put the prefix into the tree: pin it before
         # any later step could evict it
         return self._prefill(ids, lambda r: self._tree.pin(ids)).result()

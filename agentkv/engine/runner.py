@@ -98,8 +98,7 @@ class ModelRunner:
         lists = (inputs.ids, inputs.positions, inputs.select, inputs.placeholder_at, inputs.placeholder_rows,
                  inputs.prompt_rows)
         tensors = [m.req_rows, m.out_cache_loc] + (
-            [inputs.table_writes.view(-1)] if inputs.table_writes is not None else []
-        )
+            [inputs.table_writes.view(-1)] if inputs.table_writes is not None else [])
         host = torch.cat(
             [torch.tensor([x for part in lists for x in part], dtype=torch.int64)]
             + [t.to(torch.int64) for t in tensors]
@@ -150,8 +149,7 @@ class ModelRunner:
         share of it with tensor parallelism."""
         self.backend.prepare(dev.meta)
         ctx = ForwardContext(
-            positions=dev.positions, backend=self.backend, kv_caches=self.pool.kv_caches, exact_rows=dev.exact_rows
-        )
+            positions=dev.positions, backend=self.backend, kv_caches=self.pool.kv_caches, exact_rows=dev.exact_rows)
         return self.model(ids, ctx, dev.select)
 
     def close(self) -> None:

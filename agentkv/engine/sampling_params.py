@@ -112,6 +112,5 @@ class SamplingParams:
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise RequestError(
-                f"unknown sampling parameter(s) {sorted(unknown)}; known: {[f.name for f in fields(self)]}"
-            )
+                f"unknown sampling parameter(s) {sorted(unknown)}; known: {[f.name for f in fields(self)]}")
         return replace(self, **changes)

@@ -147,8 +147,7 @@ class Scheduler:
         reserved = sum(min(r.remaining_tokens, clip) for r in self.running) * self.new_token_ratio
         # requests prefilling in this batch or in one still in flight (their prefix is not in the tree yet)
         in_progress = reqs[num_decodes:] + [
-            o for b in self.flight.batches for o in b.reqs[b.num_decodes + b.num_jumps :]
-        ]
+            o for b in self.flight.batches for o in b.reqs[b.num_decodes + b.num_jumps :]]
         shared: PrefixSet | None = None  # made when a request first needs the check
         for r in self._ordered_waiting():
             if r.inflight:
@@ -235,15 +234,8 @@ class Scheduler:
 
     # ---- after the forward pass -------------------------------------------------------------------
 
-    def process(
-        self,
-        batch: ScheduledBatch,
-        tokens: list[int],
-        tokenizer,
-        logprobs: list | None = None,
-        after: ScheduledBatch | None = None,
-        made: dict[int, list[int]] | None = None,
-    ) -> list[Request]:
+    def process(self, batch: ScheduledBatch, tokens: list[int], tokenizer, logprobs: list | None = None,
+                after: ScheduledBatch | None = None, made: dict[int, list[int]] | None = None) -> list[Request]:
         """Advance each request by its computed tokens and sampled token (-1: the grammar allowed
         none; one per live sampling row), then append what its grammar forces next; returns the
         finished requests. `after` is the pass launched since (overlap): a request that finished
@@ -275,14 +267,8 @@ class Scheduler:
                 if not batch.live[k]:
                     continue  # its grammar forced tokens after the previous one: this sample is stale
                 lps = (logprobs[k] if draft is not None else [logprobs[k]]) if logprobs else None
-                self._take(
-                    r,
-                    made[k] if draft is not None else [tokens[k]],
-                    tokenizer,
-                    lps,
-                    after,
-                    draft.forced if draft is not None else (),
-                )
+                self._take(r, made[k] if draft is not None else [tokens[k]], tokenizer, lps, after,
+                           draft.forced if draft is not None else ())
                 if draft is not None:
                     self._give_back_past_end(r)
             elif r.prefill_only and r.kv_len == r.seq_len:
@@ -324,15 +310,8 @@ class Scheduler:
             self.kv.give_back(r, len(r.all_ids), r.kv_len)
             r.kv_len -= extra
 
-    def _take(
-        self,
-        r: Request,
-        made: list[int],
-        tokenizer,
-        logprobs: list | None,
-        after: ScheduledBatch | None,
-        forced: frozenset[int] | tuple = (),
-    ) -> None:
+    def _take(self, r: Request, made: list[int], tokenizer, logprobs: list | None, after: ScheduledBatch | None,
+              forced: frozenset[int] | tuple = ()) -> None:
         """Append the tokens a pass made for r (its sampled token; after a draft, the kept draft
         tokens before it, of which those at `forced` are a forced run the grammar took as a whole)
         up to one that ends r (-1: the grammar allowed nothing), then the tokens the grammar forces

@@ -92,8 +92,7 @@ class Tokenizer:
         self.kept_specials = frozenset(kept)
         self._skipped_ids = (
             frozenset(
-                t_id for t_id, t in self._tok.get_added_tokens_decoder().items() if t.special and t.content not in kept
-            )
+                t_id for t_id, t in self._tok.get_added_tokens_decoder().items() if t.special and t.content not in kept)
             if kept
             else frozenset()
         )
@@ -139,8 +138,7 @@ class Tokenizer:
                 raise RequestError(f"the chat template refused the messages: {message}")
 
             env = ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-            )
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
             env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
             env.globals["raise_exception"] = raise_exception
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -189,10 +187,8 @@ def tokenizer_files_from_gguf(meta: dict[str, Any], gguf_path: Path, out: Path) 
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     elif style == "digits":
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-            ]
+            [pre_tokenizers.Digits(individual_digits=True),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
         )
     else:
         tok.pre_tokenizer = pre_tokenizers.Sequence(

@@ -26,43 +26,17 @@ _P, _I32, _I64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 
 class GrammarStruct(ctypes.Structure):
     """token_walk.c's Grammar."""
-    _fields_ = [
-        ("trans", _P),
-        ("fork", _P),
-        ("accept", _P),
-        ("has_bytes", _P),
-        ("tail", _P),
-        ("text_reach", _P),
-        ("class_bytes", _P),
-        ("class_reach", _P),
-        ("call_off", _P),
-        ("call_rule", _P),
-        ("call_ret", _P),
-        ("starts", _P),
-        ("n_states", _I32),
-        ("max_depth", _I32),
-    ]
+    _fields_ = [("trans", _P), ("fork", _P), ("accept", _P), ("has_bytes", _P), ("tail", _P), ("text_reach", _P),
+                ("class_bytes", _P), ("class_reach", _P), ("call_off", _P), ("call_rule", _P), ("call_ret", _P),
+                ("starts", _P), ("n_states", _I32), ("max_depth", _I32)]
 
 
 class TrieStruct(ctypes.Structure):
     """token_walk.c's Trie."""
 
-    _fields_ = [
-        ("byte", _P),
-        ("next", _P),
-        ("depth", _P),
-        ("tok", _P),
-        ("n_end", _P),
-        ("text_chars", _P),
-        ("root_chars", _P),
-        ("plain_masks", _P),
-        ("below_bytes", _P),
-        ("depth_below", _P),
-        ("sorted_ids", _P),
-        ("n_nodes", _I32),
-        ("max_len", _I32),
-        ("words", _I32),
-    ]
+    _fields_ = [("byte", _P), ("next", _P), ("depth", _P), ("tok", _P), ("n_end", _P), ("text_chars", _P),
+                ("root_chars", _P), ("plain_masks", _P), ("below_bytes", _P), ("depth_below", _P), ("sorted_ids", _P),
+                ("n_nodes", _I32), ("max_len", _I32), ("words", _I32)]
 
 
 class DfaStruct(ctypes.Structure):
@@ -92,19 +66,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     except (OSError, RuntimeError) as e:
         log.warning("agentkv: native token walk unavailable, walking in Python (%s)", e)
         return None, str(e)
-    lib.agentkv_token_walk.argtypes = [
-        ctypes.POINTER(GrammarStruct),
-        ctypes.POINTER(TrieStruct),
-        _P,
-        _I32,
-        _I32,
-        _P,
-        _I32,
-        _P,
-        _P,
-        _P,
-        _P,
-    ]
+    lib.agentkv_token_walk.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _P, _I32, _I32, _P,
+                                       _I32, _P, _P, _P, _P]
     lib.agentkv_token_walk.restype = ctypes.c_int
     lib.agentkv_walks_new.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _I32, _I64]
     lib.agentkv_walks_new.restype = _P

@@ -37,34 +37,8 @@ _CSRC = Path(__file__).resolve().parent / "csrc"
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_attention": (
-        [
-            _INT,
-            _P,
-            _I64,
-            _P,
-            _I64,
-            _P,
-            _I64,
-            _P,
-            _P,
-            _I64,
-            _P,
-            _I64,
-            _P,
-            _I64,
-            _I64,
-            _P,
-            _I64,
-            _INT,
-            _INT,
-            _INT,
-            _F,
-            _P,
-            _I64,
-            _F,
-            _INT,
-            _INT,
-        ],
+        [_INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P, _I64, _INT, _INT, _INT, _F, _P,
+         _I64, _F, _INT, _INT],
         _INT,
     ),
     "agentkv_rms_norm": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT], None),
@@ -131,19 +105,8 @@ class NativeKernels(QuantKernels):
         heads = x.shape[1] if x.dim() == 3 else 1
         assert x.stride(-1) == 1 and (heads == 1 or x.stride(1) == n) and weight.dtype == x.dtype
         out = torch.empty(x.shape, dtype=x.dtype)
-        self._lib.agentkv_rms_norm(
-            _DTYPES[x.dtype],
-            x.data_ptr(),
-            x.stride(0),
-            heads,
-            weight.data_ptr(),
-            x.shape[0],
-            n,
-            eps,
-            out.data_ptr(),
-            torch.get_num_threads(),
-            generic,
-        )
+        self._lib.agentkv_rms_norm(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), heads, weight.data_ptr(), x.shape[0], n,
+                                   eps, out.data_ptr(), torch.get_num_threads(), generic)
         return out
 
     def silu_mul(self, gate_up: torch.Tensor, generic: bool = False) -> torch.Tensor:
@@ -151,47 +114,20 @@ class NativeKernels(QuantKernels):
         rows, n = gate_up.shape[0], gate_up.shape[1] // 2
         assert gate_up.stride(-1) == 1
         out = torch.empty(rows, n, dtype=gate_up.dtype)
-        self._lib.agentkv_silu_mul(
-            _DTYPES[gate_up.dtype],
-            gate_up.data_ptr(),
-            gate_up.stride(0),
-            rows,
-            n,
-            out.data_ptr(),
-            torch.get_num_threads(),
-            generic,
-        )
+        self._lib.agentkv_silu_mul(_DTYPES[gate_up.dtype], gate_up.data_ptr(), gate_up.stride(0), rows, n,
+                                   out.data_ptr(), torch.get_num_threads(), generic)
         return out
 
-    def rope_(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        generic: bool = False,
-        rot: int | None = None,
-    ) -> torch.Tensor:
+    def rope_(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              generic: bool = False, rot: int | None = None) -> torch.Tensor:
         """Rotates the first `rot` dims (all: None) of each head of x [T, heads, D] in place (heads
         contiguous) by the fp32 tables cos/sin [P, D] at `positions` [T] (int64); returns x."""
         T, heads, D = x.shape
         rot = D if rot is None else rot
         assert x.stride(2) == 1 and x.stride(1) == D and positions.dtype == torch.int64 and rot % 2 == 0 and rot <= D
         assert cos.dtype == sin.dtype == torch.float32 and cos.is_contiguous() and sin.is_contiguous()
-        self._lib.agentkv_rope(
-            _DTYPES[x.dtype],
-            x.data_ptr(),
-            x.stride(0),
-            T,
-            heads,
-            D,
-            rot,
-            positions.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            torch.get_num_threads(),
-            generic,
-        )
+        self._lib.agentkv_rope(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), T, heads, D, rot, positions.data_ptr(),
+                               cos.data_ptr(), sin.data_ptr(), torch.get_num_threads(), generic)
         return x
 
     def pack_linear(self, weight: torch.Tensor) -> PackedLinear:
@@ -220,38 +156,14 @@ class NativeKernels(QuantKernels):
             assert residual.dtype == dt and residual.stride(-1) == 1
             r_ld = residual.stride(0)
         self._lib.agentkv_linear(
-            _DTYPES[dt],
-            x.data_ptr(),
-            x.stride(0),
-            x.shape[0],
-            w.in_features,
-            w.data.data_ptr(),
-            w.out_features,
-            None if bias is None else bias.data_ptr(),
-            None if residual is None else residual.data_ptr(),
-            r_ld,
-            out.data_ptr(),
-            w.out_features,
-            torch.get_num_threads(),
-        )
+            _DTYPES[dt], x.data_ptr(), x.stride(0), x.shape[0], w.in_features, w.data.data_ptr(), w.out_features,
+            None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(), r_ld,
+            out.data_ptr(), w.out_features, torch.get_num_threads())
         return out
 
-    def attention(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        out_loc: torch.Tensor,
-        table: torch.Tensor,
-        tiles: torch.Tensor,
-        scale: float,
-        out: torch.Tensor,
-        generic: bool = False,
-        window: int = 0,
-        softcap: float = 0.0,
-    ) -> None:
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  out_loc: torch.Tensor, table: torch.Tensor, tiles: torch.Tensor, scale: float, out: torch.Tensor,
+                  generic: bool = False, window: int = 0, softcap: float = 0.0) -> None:
         """Writes k, v [T, KVH, D] to the caches at `out_loc` [T], then fills out [T, H, D] at the
         tokens of `tiles` [n, 4] (first token, tokens, table row, keys of the first token): see
         csrc/cpu_attention.c. `generic` runs the plain-C path on CPUs with AVX-512 too (tests);
@@ -263,34 +175,11 @@ class NativeKernels(QuantKernels):
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == q.dtype and out.is_contiguous()
         assert table.dtype == out_loc.dtype == tiles.dtype == torch.int64 and tiles.is_contiguous()
         assert table.is_contiguous() and out_loc.is_contiguous() and k_cache.shape == v_cache.shape
-        bad = self._lib.agentkv_attention(
-            _DTYPES[q.dtype],
-            q.data_ptr(),
-            q.stride(0),
-            k.data_ptr(),
-            k.stride(0),
-            v.data_ptr(),
-            v.stride(0),
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            k_cache.shape[0],
-            out_loc.data_ptr(),
-            T,
-            table.data_ptr(),
-            table.shape[0],
-            table.shape[1],
-            tiles.data_ptr(),
-            tiles.shape[0],
-            H,
-            kvh,
-            D,
-            scale,
-            out.data_ptr(),
-            window,
-            softcap,
-            torch.get_num_threads(),
-            generic,
-        )
+        bad = self._lib.agentkv_attention(_DTYPES[q.dtype], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
+                                          v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                                          k_cache.shape[0], out_loc.data_ptr(), T, table.data_ptr(), table.shape[0],
+                                          table.shape[1], tiles.data_ptr(), tiles.shape[0], H, kvh, D, scale,
+                                          out.data_ptr(), window, softcap, torch.get_num_threads(), generic)
         if bad:  # the kernel checks every index before it writes or reads through one
             what = {1: "a new token's slot", 2: "a tile", 3: "a slot in the table"}[bad]
             raise EngineError(
@@ -343,15 +232,9 @@ def _library() -> Path:
     openmp = ["-fopenmp"] if omp is not None else []
     # a call of a function with no prototype would pass its float arguments as doubles
     strict = ["-Werror=implicit-function-declaration"]
-    return native_build.build(
-        "kernels",
-        "agentkv-cpu",
-        sorted(_CSRC.glob("*.c")),
-        flags=[*strict, *openmp, f"-march={_march()}"],
-        fallback_flags=[*strict, *openmp],
-        link=link,
-        key=[_cpu_signature()],
-    )
+    return native_build.build("kernels", "agentkv-cpu", sorted(_CSRC.glob("*.c")),
+                              flags=[*strict, *openmp, f"-march={_march()}"], fallback_flags=[*strict, *openmp],
+                              link=link, key=[_cpu_signature()])
 
 
 def _march() -> str:

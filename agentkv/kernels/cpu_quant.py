@@ -15,13 +15,8 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `bf` flag
 
 # GGUF quantizations csrc/cpu_quant.c multiplies in their blocks: name -> (its type code, weights a block,
 # bytes a block); the K-quants' blocks are super-blocks of 256
-QUANT_TYPES = {
-    "Q8_0": (0, 32, 34),
-    "Q4_0": (1, 32, 18),
-    "Q4_1": (2, 32, 20),
-    "Q4_K": (3, 256, 144),
-    "Q6_K": (4, 256, 210),
-}
+QUANT_TYPES = {"Q8_0": (0, 32, 34), "Q4_0": (1, 32, 18), "Q4_1": (2, 32, 20), "Q4_K": (3, 256, 144),
+               "Q6_K": (4, 256, 210)}
 QLINEAR_MAX_ROWS = 16  # rows the kernel takes at once
 QLINEAR_DEQUANT_MAX = 1 << 24  # weights up to this many elements are dequantized whole for a long input
 # a larger weight, for an input of this many rows or more, is dequantized this many elements at a time
@@ -60,15 +55,8 @@ class QuantWeight:
 class QuantKernels:
     """NativeKernels' quantized-weight methods (`self._lib` is the loaded library)."""
 
-    def qlinear(
-        self,
-        x: torch.Tensor,
-        w: QuantWeight,
-        bias: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-        exact: bool = False,
-        generic: bool = False,
-    ) -> torch.Tensor:
+    def qlinear(self, x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None, exact: bool = False, generic: bool = False) -> torch.Tensor:
         """x [M, K] @ W^T (+ bias) (+ residual) for W in quantized blocks.
 
         A tiled weight (csrc/cpu_tiles.c) takes any number of rows, x quantized to int8 per block as
@@ -84,8 +72,7 @@ class QuantKernels:
         if M == 0:  # (a pass that selects no row's logits)
             return torch.empty(0, w.out_features, dtype=x.dtype)
         in_registers = M <= (
-            QTILE_EXACT_MAX_ROWS if w.out_features * w.in_features > QLINEAR_DEQUANT_MAX else QLINEAR_MAX_ROWS
-        )
+            QTILE_EXACT_MAX_ROWS if w.out_features * w.in_features > QLINEAR_DEQUANT_MAX else QLINEAR_MAX_ROWS)
         if w.tiled and (not exact or in_registers) or not w.tiled and M <= QLINEAR_MAX_ROWS:
             return self._qkernel(x, w, bias, residual, exact, generic)
         if w.out_features * w.in_features <= QLINEAR_DEQUANT_MAX:
@@ -106,44 +93,20 @@ class QuantKernels:
             return out
         return torch.cat(
             [
-                self._qkernel(
-                    x[i : i + QLINEAR_MAX_ROWS],
-                    w,
-                    bias,
-                    None if residual is None else residual[i : i + QLINEAR_MAX_ROWS],
-                    exact,
-                    generic,
-                )
+                self._qkernel(x[i : i + QLINEAR_MAX_ROWS], w, bias,
+                              None if residual is None else residual[i : i + QLINEAR_MAX_ROWS], exact, generic)
                 for i in range(0, M, QLINEAR_MAX_ROWS)
             ]
         )
 
-    def _qkernel(
-        self,
-        x: torch.Tensor,
-        w: QuantWeight,
-        bias: torch.Tensor | None,
-        residual: torch.Tensor | None,
-        exact: bool,
-        generic: bool,
-    ) -> torch.Tensor:
+    def _qkernel(self, x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                 exact: bool, generic: bool) -> torch.Tensor:
         M = x.shape[0]
         assert x.stride(-1) == 1 and (residual is None or (residual.stride(-1) == 1 and residual.dtype == x.dtype))
         out = torch.empty(M, w.out_features, dtype=x.dtype)
-        args = (
-            x.data_ptr(),
-            x.stride(0),
-            M,
-            w.in_features,
-            w.data.data_ptr(),
-            w.out_features,
-            None if bias is None else bias.data_ptr(),
-            None if residual is None else residual.data_ptr(),
-            0 if residual is None else residual.stride(0),
-            out.data_ptr(),
-            out.stride(0),
-            torch.get_num_threads(),
-        )
+        args = (x.data_ptr(), x.stride(0), M, w.in_features, w.data.data_ptr(), w.out_features,
+                None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(),
+                0 if residual is None else residual.stride(0), out.data_ptr(), out.stride(0), torch.get_num_threads())
         if w.tiled:
             fn = self._lib.agentkv_qtile_exact if exact else self._lib.agentkv_qtile_linear
             bad = fn(w.qtype, _DTYPES[x.dtype], *args, generic)
@@ -160,18 +123,8 @@ class QuantKernels:
         if rows is not None:
             rows = rows.contiguous()
         fn = self._lib.agentkv_qtile_dequant if w.tiled else self._lib.agentkv_qdequant
-        bad = fn(
-            w.qtype,
-            _DTYPES[dtype],
-            w.data.data_ptr(),
-            w.out_features,
-            w.in_features,
-            None if rows is None else rows.data_ptr(),
-            n,
-            out.data_ptr(),
-            out.stride(0),
-            torch.get_num_threads(),
-        )
+        bad = fn(w.qtype, _DTYPES[dtype], w.data.data_ptr(), w.out_features, w.in_features,
+                 None if rows is None else rows.data_ptr(), n, out.data_ptr(), out.stride(0), torch.get_num_threads())
         if bad:
             raise EngineError(f"dequantizing rows failed ({bad}): a row index out of range")
         return out
@@ -184,15 +137,13 @@ class QuantKernels:
         block = QUANT_TYPES[[k for k, v in QUANT_TYPES.items() if v[0] == w.qtype][0]][2]
         out = torch.empty(tiles, w.in_features // 32, TILE_ROWS * block, dtype=torch.uint8)
         bad = self._lib.agentkv_qtile_pack(
-            w.qtype, w.data.data_ptr(), w.out_features, w.in_features, out.data_ptr(), torch.get_num_threads()
-        )
+            w.qtype, w.data.data_ptr(), w.out_features, w.in_features, out.data_ptr(), torch.get_num_threads())
         if bad:
             raise EngineError(f"repacking a quantized weight refused its shape {w.out_features} x {w.in_features}")
         return QuantWeight(out, w.qtype, w.in_features, w.out_features, tiled=True)
 
     def qlogits(
-        self, x: torch.Tensor, w: QuantWeight, rescore: int = RESCORE_TOP, generic: bool = False
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, w: QuantWeight, rescore: int = RESCORE_TOP, generic: bool = False) -> torch.Tensor:
         """Logits [M, out] (fp32) of x [M, in] (fp32) against a tiled W: every logit through the int8
         product, then each row's `rescore` largest computed exactly (x in fp32 against the dequantized
         row), so the greedy token and the top log-probabilities are the exact ones."""
@@ -200,20 +151,9 @@ class QuantKernels:
         out = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
         if x.shape[0] == 0:  # (a pass that selects no row's logits)
             return out
-        bad = self._lib.agentkv_qtile_logits(
-            w.qtype,
-            x.data_ptr(),
-            x.stride(0),
-            x.shape[0],
-            w.in_features,
-            w.data.data_ptr(),
-            w.out_features,
-            rescore,
-            out.data_ptr(),
-            out.stride(0),
-            torch.get_num_threads(),
-            generic,
-        )
+        bad = self._lib.agentkv_qtile_logits(w.qtype, x.data_ptr(), x.stride(0), x.shape[0], w.in_features,
+                                             w.data.data_ptr(), w.out_features, rescore, out.data_ptr(), out.stride(0),
+                                             torch.get_num_threads(), generic)
         if bad:
             raise EngineError(f"the vocabulary projection refused its inputs ({bad}); an engine bug")
         return out
@@ -224,37 +164,16 @@ class QuantKernels:
         assert w.tiled and x.dtype == torch.float32 and x.stride(-1) == 1 and ids.dtype == torch.int64
         ids = ids.contiguous()
         out = torch.full(ids.shape, float("-inf"))
-        bad = self._lib.agentkv_qtile_rescore(
-            w.qtype,
-            w.data.data_ptr(),
-            w.out_features,
-            w.in_features,
-            x.data_ptr(),
-            x.stride(0),
-            ids.shape[0],
-            ids.data_ptr(),
-            ids.shape[1],
-            out.data_ptr(),
-            torch.get_num_threads(),
-        )
+        bad = self._lib.agentkv_qtile_rescore(w.qtype, w.data.data_ptr(), w.out_features, w.in_features, x.data_ptr(),
+                                              x.stride(0), ids.shape[0], ids.data_ptr(), ids.shape[1], out.data_ptr(),
+                                              torch.get_num_threads())
         if bad:
             raise EngineError(f"re-scoring logits refused its inputs ({bad}); an engine bug")
         return out
 
-    def decode_step(
-        self,
-        model: int,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        out_loc: torch.Tensor,
-        table: torch.Tensor,
-        rows: torch.Tensor,
-        select: torch.Tensor,
-        logits: torch.Tensor,
-        hidden: torch.Tensor | None = None,
-        generic: bool = False,
-        threads: int | None = None,
-    ) -> int:
+    def decode_step(self, model: int, ids: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor,
+                    table: torch.Tensor, rows: torch.Tensor, select: torch.Tensor, logits: torch.Tensor,
+                    hidden: torch.Tensor | None = None, generic: bool = False, threads: int | None = None) -> int:
         """csrc/cpu_step.c over the model described at address `model` (engine/native_step.py): a pass
         of len(ids) tokens (their positions, new slots and slot-table rows), the logits of the tokens
         `select` into `logits` [len(select), vocab] (and their final normed states into `hidden`
@@ -264,20 +183,8 @@ class QuantKernels:
             assert t.dtype == torch.int64 and t.is_contiguous()
         assert ids.shape[0] == positions.shape[0] == out_loc.shape[0] == rows.shape[0]  # one each a token
         assert logits.dtype == torch.float32 and logits.is_contiguous() and logits.shape[0] == select.shape[0]
-        return self._lib.agentkv_decode_step(
-            model,
-            ids.shape[0],
-            ids.data_ptr(),
-            positions.data_ptr(),
-            out_loc.data_ptr(),
-            table.data_ptr(),
-            table.shape[0],
-            table.shape[1],
-            rows.data_ptr(),
-            select.data_ptr(),
-            select.shape[0],
-            logits.data_ptr(),
-            None if hidden is None else hidden.data_ptr(),
-            threads or torch.get_num_threads(),
-            generic,
-        )
+        return self._lib.agentkv_decode_step(model, ids.shape[0], ids.data_ptr(), positions.data_ptr(),
+                                             out_loc.data_ptr(), table.data_ptr(), table.shape[0], table.shape[1],
+                                             rows.data_ptr(), select.data_ptr(), select.shape[0], logits.data_ptr(),
+                                             None if hidden is None else hidden.data_ptr(),
+                                             threads or torch.get_num_threads(), generic)

@@ -201,22 +201,14 @@ class TorchAttentionBackend(AttentionBackend):
             if softcap:
                 g = qe.shape[1] // ke.shape[1]
                 additive = (
-                    None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
-                )
+                    None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf")))
                 o = _capped(qe, ke.repeat_interleave(g, 1), ve.repeat_interleave(g, 1), scale, softcap, additive)
             else:
                 o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask, scale=scale, enable_gqa=True)
             out[offset : offset + ext] = o[0].transpose(0, 1)
 
-    def _decode_shared(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        scale: float,
-        mask: torch.Tensor,
-        softcap: float = 0.0,
-    ) -> torch.Tensor:
+    def _decode_shared(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
+                       mask: torch.Tensor, softcap: float = 0.0) -> torch.Tensor:
         B, H, D = q.shape
         kvh = k_cache.shape[1]
         g = H // kvh

@@ -65,19 +65,12 @@ async def completion_stream(engine, req: CompletionRequest, model: str, metrics,
                     yield chunk(d.index, d.text)
                 if d.finish_reason is not None:
                     yield chunk(
-                        d.index, "", finish_reason(d.finish_reason, False), _legacy_logprobs(d.completion.logprobs)
-                    )
+                        d.index, "", finish_reason(d.finish_reason, False), _legacy_logprobs(d.completion.logprobs))
                     usage = d.usage if usage is None else _add(usage, d.usage, same_prompt=True)
             if req.include_usage and usage is not None:
                 yield _sse(
-                    {
-                        "id": rid,
-                        "object": "text_completion",
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": _usage(usage),
-                    }
+                    {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
+                     "usage": _usage(usage)}
                 )
             yield "data: [DONE]\n\n"
             finished = True
@@ -108,9 +101,5 @@ def _legacy_logprobs(logprobs) -> dict | None:
     for t in logprobs:
         offsets.append(pos)
         pos += len(t.token)
-    return {
-        "tokens": [t.token for t in logprobs],
-        "token_logprobs": [t.logprob for t in logprobs],
-        "top_logprobs": [{s: v for _, s, v in t.top} for t in logprobs],
-        "text_offset": offsets,
-    }
+    return {"tokens": [t.token for t in logprobs], "token_logprobs": [t.logprob for t in logprobs],
+            "top_logprobs": [{s: v for _, s, v in t.top} for t in logprobs], "text_offset": offsets}

@@ -52,17 +52,12 @@ def conversation(items: str | list[dict]) -> list[dict]:
         kind = item.get("type", "message")
         if kind == "message":
             out.append(
-                {
-                    "role": item.get("role"),
-                    "content": text_content(item.get("content"), f"input[{i}].content", TEXT_PARTS),
-                }
+                {"role": item.get("role"),
+                 "content": text_content(item.get("content"), f"input[{i}].content", TEXT_PARTS)}
             )
         elif kind == "function_call":
-            call = {
-                "id": item.get("call_id", ""),
-                "type": "function",
-                "function": {"name": item.get("name", ""), "arguments": item.get("arguments") or "{}"},
-            }
+            call = {"id": item.get("call_id", ""), "type": "function",
+                    "function": {"name": item.get("name", ""), "arguments": item.get("arguments") or "{}"}}
             if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") is not None:
                 out[-1]["tool_calls"].append(call)
             else:
@@ -93,12 +88,8 @@ def conversation(items: str | list[dict]) -> list[dict]:
 def chat_body(req: ResponsesRequest, messages: list[dict], close_objects: bool) -> ChatRequest:
     """The chat request that plans this response: instructions first, tools and formats translated."""
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    body: dict[str, Any] = {
-        "model": req.model or "",
-        "messages": system + messages,
-        "parallel_tool_calls": req.parallel_tool_calls,
-        "close_objects": close_objects,
-    }
+    body: dict[str, Any] = {"model": req.model or "", "messages": system + messages,
+                            "parallel_tool_calls": req.parallel_tool_calls, "close_objects": close_objects}
     if not body["messages"]:
         raise APIError(400, "input is empty; give a message", "input")
     if req.tools:
@@ -110,14 +101,9 @@ def chat_body(req: ResponsesRequest, messages: list[dict], close_objects: bool) 
     fmt = (req.text or {}).get("format")
     if fmt:
         body["response_format"] = _chat_format(fmt)
-    for ours, theirs in (
-        ("max_tokens", req.max_output_tokens),
-        ("temperature", req.temperature),
-        ("top_p", req.top_p),
-        ("seed", req.seed),
-        ("chat_template_kwargs", req.chat_template_kwargs),
-        ("max_reasoning_tokens", req.max_reasoning_tokens),
-    ):
+    for ours, theirs in (("max_tokens", req.max_output_tokens), ("temperature", req.temperature), ("top_p", req.top_p),
+                         ("seed", req.seed), ("chat_template_kwargs", req.chat_template_kwargs),
+                         ("max_reasoning_tokens", req.max_reasoning_tokens)):
         if theirs is not None:
             body[ours] = theirs
     try:
@@ -155,37 +141,24 @@ def output_items(msg: dict, rid: str) -> list[dict]:
     if msg.get("content") or not calls:
         items.append(message_item(key, msg.get("content") or ""))
     items.extend(
-        call_item(key, k, c["id"], c["function"]["name"], c["function"]["arguments"]) for k, c in enumerate(calls)
-    )
+        call_item(key, k, c["id"], c["function"]["name"], c["function"]["arguments"]) for k, c in enumerate(calls))
     return items
 
 
 def reasoning_item(key: str, text: str) -> dict:
-    return {
-        "type": "reasoning",
-        "id": f"rs_{key}",
-        "summary": [],
-        "status": "completed",
-        "content": [{"type": "reasoning_text", "text": text}],
-    }
+    return {"type": "reasoning", "id": f"rs_{key}", "summary": [], "status": "completed",
+            "content": [{"type": "reasoning_text", "text": text}]}
 
 
 def message_item(key: str, text: str, status: str = "completed") -> dict:
     content = (
-        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
-    )
+        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else [])
     return {"type": "message", "id": f"msg_{key}", "role": "assistant", "status": status, "content": content}
 
 
 def call_item(key: str, k: int, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
-    return {
-        "type": "function_call",
-        "id": f"fc_{key}_{k}",
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
+    return {"type": "function_call", "id": f"fc_{key}_{k}", "call_id": call_id, "name": name, "arguments": arguments,
+            "status": status}
 
 
 def response_object(
@@ -216,11 +189,9 @@ def response_object(
         "usage": None,
     }
     if usage is not None:
-        body["usage"] = {
-            "input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "output_tokens": usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        }
+        body["usage"] = {"input_tokens": usage.prompt_tokens,
+                         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+                         "output_tokens": usage.completion_tokens,
+                         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+                         "total_tokens": usage.prompt_tokens + usage.completion_tokens}
     return body

@@ -166,8 +166,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
                     if "type" in rest:  # the sibling type alone, which leaves the branches' keywords as written
                         written = [
                             self.merge(
-                                {"type": rest["type"]}, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}"
-                            )
+                                {"type": rest["type"]}, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}")
                             for i, b in enumerate(written)
                         ]
                 # Branches apart with only part of the siblings merged in stay apart with all of them (each
@@ -227,15 +226,8 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             kv = seq(self.string_expr(string_body()), self.punct(":"), ANY)
             obj = seq(self.punct("{"), opt(seq(kv, star(seq(self.punct(","), kv)))), self.punct("}"))
             arr = seq(self.punct("["), opt(seq(ANY, star(seq(self.punct(","), ANY)))), self.punct("]"))
-            self.rules[name] = alt(
-                obj,
-                arr,
-                self.string_expr(string_body()),
-                NUMBER,
-                lit(self.literal(True)),
-                lit(self.literal(False)),
-                lit(self.literal(None)),
-            )
+            self.rules[name] = alt(obj, arr, self.string_expr(string_body()), NUMBER, lit(self.literal(True)),
+                                   lit(self.literal(False)), lit(self.literal(None)))
         return Ref(name)
 
     def string_expr(self, body):
@@ -327,8 +319,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
         machine = multiple_of(step, integer, f"{ptr}/multipleOf")
         if machine is None:
             self.relax(
-                "multipleOf", f"{ptr}/multipleOf", f"multipleOf {step} needs too many remainders to track in a grammar"
-            )
+                "multipleOf", f"{ptr}/multipleOf", f"multipleOf {step} needs too many remainders to track in a grammar")
             return numbers
         return Intersect(numbers, machine)
 
@@ -346,11 +337,8 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             return NOTHING
         for key, bound in (("minItems", lo), ("maxItems", hi)):
             if bound is not None and bound > MAX_COUNTED_ITEMS:
-                self.relax(
-                    key,
-                    f"{ptr}/{key}",
-                    f"{key} {bound} is above the {MAX_COUNTED_ITEMS} items a grammar counts exactly",
-                )
+                self.relax(key, f"{ptr}/{key}",
+                           f"{key} {bound} is above the {MAX_COUNTED_ITEMS} items a grammar counts exactly")
                 lo, hi = (0, hi) if key == "minItems" else (lo, None)
         elems = [self.rule_for(p, f"{ptr}/prefixItems/{i}") for i, p in enumerate(prefix)]
         item = self.rule_for(items, f"{ptr}/items") if items is not False else NOTHING

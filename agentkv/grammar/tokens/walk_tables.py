@@ -35,8 +35,7 @@ def text_reach(automaton, cap: int) -> np.ndarray:
     nxt = np.full(n, -1, dtype=np.int64)
     ta = trans[:, ord("a")]  # (a cheap first cut: a few plain bytes going one way)
     cands = np.flatnonzero(
-        (ta >= 0) & (ta == trans[:, ord(" ")]) & (ta == trans[:, ord("~")]) & (ta == trans[:, ord("0")])
-    )
+        (ta >= 0) & (ta == trans[:, ord(" ")]) & (ta == trans[:, ord("~")]) & (ta == trans[:, ord("0")]))
     nxt[cands] = _char_end(trans, cands, BOUNDARY)
     loops = nxt == np.arange(n)  # every plain character leads back: a loop (others searched state by state)
     loops[_text_loops(trans, np.flatnonzero((ta == np.arange(n)) & ~loops))] = True
@@ -165,20 +164,8 @@ class WalkTables:
         self.struct = native.GrammarStruct(
             *(
                 x.ctypes.data
-                for x in (
-                    self.trans,
-                    self.fork,
-                    self.accept,
-                    self.has_bytes,
-                    self.tail,
-                    self.text_reach,
-                    self.class_bytes,
-                    self.class_reach,
-                    self.call_off,
-                    self.call_rule,
-                    self.call_ret,
-                    self.starts,
-                )
+                for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_reach,
+                          self.class_bytes, self.class_reach, self.call_off, self.call_rule, self.call_ret, self.starts)
             ),
             n,
             self.max_depth,
@@ -188,8 +175,7 @@ class WalkTables:
         self.cache = None
         if self.lib is not None:
             self.cache = self.lib.agentkv_walks_new(
-                ctypes.byref(self.struct), ctypes.byref(grammar.info.trie_struct), grammar.info.words, MAX_WALK_BYTES
-            )
+                ctypes.byref(self.struct), ctypes.byref(grammar.info.trie_struct), grammar.info.words, MAX_WALK_BYTES)
             if not self.cache:
                 raise MemoryError("no memory for the grammar's mask cache")
             weakref.finalize(self, self.lib.agentkv_walks_free, self.cache)
@@ -200,8 +186,7 @@ class WalkTables:
         flat, offsets = _flatten(stacks)
         if (
             self.lib.agentkv_walks_mask(
-                self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks), words.ctypes.data
-            )
+                self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks), words.ctypes.data)
             != 0
         ):
             raise MemoryError("the native token walk ran out of memory")
@@ -216,8 +201,7 @@ class WalkTables:
         flat, offsets = _flatten(stacks)
         if (
             self.lib.agentkv_walks_past(
-                self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks), node, base, words.ctypes.data
-            )
+                self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks), node, base, words.ctypes.data)
             != 0
         ):
             raise MemoryError("the native token walk ran out of memory")
@@ -248,19 +232,8 @@ def trie_struct(trie) -> native.TrieStruct:
     return native.TrieStruct(
         *(
             x.ctypes.data
-            for x in (
-                trie.byte,
-                trie.next,
-                trie.depth,
-                trie.tok,
-                trie.n_end,
-                trie.text_chars,
-                trie.root_chars,
-                trie.plain_masks,
-                trie.below_bytes,
-                trie.depth_below,
-                trie.sorted_ids,
-            )
+            for x in (trie.byte, trie.next, trie.depth, trie.tok, trie.n_end, trie.text_chars, trie.root_chars,
+                      trie.plain_masks, trie.below_bytes, trie.depth_below, trie.sorted_ids)
         ),
         trie.n_nodes,
         trie.max_len,
