@@ -30,7 +30,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
-	AGENTKV_NATIVE_GRAMMAR=0 $(BIN)/python -m pytest -q tests/test_grammar_*.py tests/test_json_schema*.py
+	AGENTKV_NATIVE_GRAMMAR=0 $(BIN)/python -m pytest -q tests/grammar/test_grammar_*.py tests/grammar/test_json_schema*.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_agents.py

@@ -113,12 +113,12 @@ def qwen_info():
 
 @pytest.fixture(scope="module")
 def live(tiny_long_dir):
-    """The tiny model served on a free loopback port (tests/test_server.py's `serving`): (its /v1 base URL,
+    """The tiny model served on a free loopback port (tests/server/test_server.py's `serving`): (its /v1 base URL,
     the engine, the model's name). Modules with a server of their own define their own `live`."""
     pytest.importorskip("openai")
     import agentkv as ak
     from agentkv.server import create_app
-    from tests.test_server import KEY, serving
+    from tests.server.test_server import KEY, serving
 
     engine = ak.Engine(str(tiny_long_dir), num_slots=16384)
     with serving(create_app(engine, "tiny", KEY)) as base:
@@ -130,6 +130,6 @@ def live(tiny_long_dir):
 def client(live):
     """An `openai` client of `live`."""
     openai = pytest.importorskip("openai")
-    from tests.test_server import KEY
+    from tests.server.test_server import KEY
 
     return openai.OpenAI(base_url=live[0], api_key=KEY, max_retries=0, timeout=120)

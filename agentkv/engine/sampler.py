@@ -2,7 +2,7 @@
 
 Everything a pass samples is computed where the logits are (penalties, grammar masks, filters,
 noise, picks, logprobs, scores) and packed into one tensor that `read_host` copies to the host: the
-one device-to-host read of a pass (tests/test_device_reads.py holds the engine to it).
+one device-to-host read of a pass (tests/engine/test_device_reads.py holds the engine to it).
 
 Noise is counter-based: the token at position t of a request's sequence races the exponential noise
 -log(U), where U is SplitMix64 of a key made from (seed, t) and the token's index. The noise is a

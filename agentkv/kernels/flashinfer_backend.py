@@ -9,7 +9,7 @@ are FlashInfer's causal prefill over the paged cache, queries aligned to the end
 
 It needs `flashinfer-python` (the `[gpu]` extra) and a CUDA device; elsewhere asking for it is an
 error that says so. It has not run on a GPU yet: `benchmarks/gpu.sh` checks it against the torch
-backend (tests/test_flashinfer_backend.py) when one is lent.
+backend (tests/kernels/test_flashinfer_backend.py) when one is lent.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the server publishes at /openapi.json: the request bodies as clients send them and every
-answer a route gives, so that a fuzzer (schemathesis, tests/test_server_fuzz.py) knows the fields.
+answer a route gives, so that a fuzzer (schemathesis, tests/server/test_server_fuzz.py) knows the fields.
 
 The handlers read raw JSON and check it themselves (protocol.py), for errors in OpenAI's shape; the
 document describes the same bodies: the roles and content parts a message takes, the ranges

@@ -25,7 +25,7 @@ from tests.conftest import requires_embedded, shared_data
 
 pytestmark = [pytest.mark.slow, requires_embedded]
 
-COMPILED = Path(__file__).parent / "data" / "schemastore_compiled.txt"
+COMPILED = Path(__file__).parents[1] / "data" / "schemastore_compiled.txt"
 
 
 class Color(str, Enum):

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 from tests.tiny import make_tiny_model  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two digits.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
                                      "b": {"type": "integer", "minimum": 0, "maximum": 9}},

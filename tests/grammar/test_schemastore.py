@@ -23,7 +23,7 @@ from agentkv.grammar.schema.walk import SearchBudgetExceeded, find_serialization
 from tests.conftest import shared_data
 from tests.grammar_helpers import check_ratchet
 
-RATCHET = Path(__file__).parent / "data" / "schemastore_compiled.txt"
+RATCHET = Path(__file__).parents[1] / "data" / "schemastore_compiled.txt"
 # Instances the data calls valid only because its validator treats `format` as an annotation; the
 # grammar asserts formats (docs/grammar.md), as a generator should.
 FORMAT_ASSERTED = {

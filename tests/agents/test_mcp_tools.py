@@ -1,4 +1,4 @@
-"""MCP tools in agents: an MCP server written with the `mcp` package's server side (tests/mcp_server.py),
+"""MCP tools in agents: an MCP server written with the `mcp` package's server side (tests/agents/mcp_server.py),
 reached over stdio and over streamable HTTP, whose tools an `ak.Agent` calls with arguments the
 grammar made valid; the server's errors reach the model; the session closes with the agent."""
 
@@ -13,7 +13,7 @@ pytest.importorskip("mcp")
 
 import agentkv as ak  # noqa: E402
 from agentkv.errors import ToolDefinitionError  # noqa: E402
-from tests.test_server import serving  # noqa: E402
+from tests.server.test_server import serving  # noqa: E402
 
 SERVER = Path(__file__).with_name("mcp_server.py")
 
@@ -55,7 +55,7 @@ def test_a_server_error_reaches_the_model(engine):
 
 
 def test_streamable_http(engine):
-    from tests.mcp_server import server
+    from tests.agents.mcp_server import server
 
     with serving(server.streamable_http_app()) as base:
         url = base.removesuffix("/v1") + "/mcp"

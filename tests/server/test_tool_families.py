@@ -119,7 +119,7 @@ openai = pytest.importorskip("openai")
 @pytest.fixture(scope="module")
 def live(family):
     from agentkv.server import create_app
-    from tests.test_server import KEY, serving
+    from tests.server.test_server import KEY, serving
 
     name, engine = family
     with serving(create_app(engine, "tiny", KEY)) as base:

@@ -22,7 +22,7 @@ from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import Request
 from agentkv.engine.scheduler import Scheduler
-from tests.test_scheduler import CFG, FakeTokenizer
+from tests.engine.test_scheduler import CFG, FakeTokenizer
 
 VOCAB = 50
 

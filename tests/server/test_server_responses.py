@@ -13,7 +13,7 @@ openai = pytest.importorskip("openai")
 
 import agentkv as ak  # noqa: E402
 from agentkv.server import create_app  # noqa: E402
-from tests.test_server import KEY, serving  # noqa: E402
+from tests.server.test_server import KEY, serving  # noqa: E402
 from tests.tiny import make_tiny_model  # noqa: E402
 
 ADD = {"type": "function", "name": "add", "description": "Add a number.", "parameters": {

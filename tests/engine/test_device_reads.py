@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import agentkv as ak
-from tests.test_overlap import assert_same, run
+from tests.engine.test_overlap import assert_same, run
 from tests.test_structured import TOOL_CALL
 
 READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__int__, torch.Tensor.__float__,

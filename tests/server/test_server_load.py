@@ -1,6 +1,6 @@
 """The OpenAI-compatible server under load and past its limits, on the tiny model: a client that goes
 away mid-stream, pins and the metrics, the in-flight limit's 429, and 32 streams with a quarter of
-them disconnecting (tests/test_server.py has the API itself; `live` and `client` are
+them disconnecting (tests/server/test_server.py has the API itself; `live` and `client` are
 tests/conftest.py's)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from agentkv.server import create_app  # noqa: E402
-from tests.test_server import KEY, WEATHER, ask, serving  # noqa: E402
+from tests.server.test_server import KEY, WEATHER, ask, serving  # noqa: E402
 
 
 def test_disconnect_mid_stream_frees_the_request(client, live):

@@ -176,7 +176,7 @@ def test_the_demo_answers_from_its_tool_results(engine):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples/agent.py"
+    path = Path(__file__).resolve().parents[2] / "examples/agent.py"
     spec = importlib.util.spec_from_file_location("demo_agent", path)
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)

@@ -14,7 +14,7 @@ from agentkv.engine.rope import _rotate_half
 from agentkv.kernels import cpu_native, get_backend
 from agentkv.kernels.base import AttentionMetadata
 from agentkv.kernels.cpu_backend import CpuAttentionBackend
-from tests.test_attention import reference
+from tests.kernels.test_attention import reference
 
 kernels = cpu_native.load()
 pytestmark = pytest.mark.skipif(

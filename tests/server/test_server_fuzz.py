@@ -2,7 +2,7 @@
 answer's status and body as documented, and afterwards the engine serving with its KV back.
 
 A bounded run on the tiny model (a 512-token context, so every generation is short). A longer one:
-AGENTKV_FUZZ_EXAMPLES=500 pytest tests/test_server_fuzz.py
+AGENTKV_FUZZ_EXAMPLES=500 pytest tests/server/test_server_fuzz.py
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import pytest
 from agentkv.grammar import GrammarError
 from agentkv.grammar.schema.validation import SchemaCheck
 from agentkv.grammar.schema.walk import find_serialization
+from tests.grammar.test_json_schema_suite import assert_like_jsonschema, assert_values
 from tests.grammar_helpers import BYTE_COMPILER, STRICT_BYTE_COMPILER, accepts
-from tests.test_json_schema_suite import assert_like_jsonschema, assert_values
 
 NUMBERS = [0, 1, -1, 2, 0.5, -0.5, 0.25, 0.49, 0.51, 1.5, 2.5, 3.75, 99.99, 100, 100.01, -99.99, 7, 21, 0.1, 0.3,
            0.01, 0.001, 12.34, 12.345, -12.34, 1000, 999.99, -1000]  # (not 0.07: jsonschema's float division)

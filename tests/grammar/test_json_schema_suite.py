@@ -20,7 +20,7 @@ from agentkv.grammar.schema.walk import SearchBudgetExceeded, find_serialization
 from tests.conftest import shared_data
 from tests.grammar_helpers import BYTE_COMPILER, STRICT_BYTE_COMPILER, check_ratchet
 
-RATCHET = Path(__file__).parent / "data" / "json_schema_suite_passing.txt"
+RATCHET = Path(__file__).parents[1] / "data" / "json_schema_suite_passing.txt"
 
 
 def run_suite(root: Path, compiler=BYTE_COMPILER) -> tuple[set[str], list[str], int]:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from agentkv.cli.main import app
 from tests.conftest import requires_embedded
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 AGENT_FILE = '''
 from typing import Annotated
 

@@ -131,7 +131,7 @@ def test_pins_follow_their_agents():
 def _routing_benchmark():
     """benchmarks/routing.py as a module (its ceiling of the hit rate is checked here); the paths it
     puts on sys.path for its own imports are taken off again."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "routing.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "routing.py"
     spec = importlib.util.spec_from_file_location("routing_benchmark", path)
     module = importlib.util.module_from_spec(spec)
     saved = list(sys.path)

@@ -14,10 +14,10 @@ import pytest
 import agentkv as ak
 from agentkv.engine import gguf_convert
 from agentkv.kernels import cpu_native
+from tests.engine.test_loading import gguf_writer
+from tests.engine.test_model_parity import PHI4_ROPE
+from tests.kernels.test_quant_kernels import K_QUANTS, k_blocks
 from tests.reference import engine_logits, rel_error
-from tests.test_loading import gguf_writer
-from tests.test_model_parity import PHI4_ROPE
-from tests.test_quant_kernels import K_QUANTS, k_blocks
 from tests.tiny import make_tiny_model
 
 gguf = pytest.importorskip("gguf")

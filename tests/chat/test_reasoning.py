@@ -148,7 +148,7 @@ openai = pytest.importorskip("openai")
 @pytest.fixture(scope="module")
 def client(thinker):
     from agentkv.server import create_app
-    from tests.test_server import KEY, serving
+    from tests.server.test_server import KEY, serving
 
     with serving(create_app(thinker, "tiny", KEY)) as base:
         yield openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=120)

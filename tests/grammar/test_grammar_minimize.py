@@ -16,9 +16,9 @@ from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
 from agentkv.grammar.automata.dfa import determinize
 from agentkv.grammar.automata.minimize import minimize
 from agentkv.grammar.automata.regex import search_expr
+from tests.grammar.test_grammar_matcher import assert_mask_is_brute_force
+from tests.grammar.test_grammar_regex import patterns
 from tests.grammar_helpers import live_and_classes, same_language
-from tests.test_grammar_matcher import assert_mask_is_brute_force
-from tests.test_grammar_regex import patterns
 
 pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: the native walk and the Python one
 

@@ -14,9 +14,9 @@ import agentkv as ak
 from agentkv.engine.native_step import NativeStep
 from agentkv.kernels import cpu_native
 from tests.conftest import requires_embedded
-from tests.test_gguf_families import ARCH
-from tests.test_gguf_families import write_gguf as write_family_gguf
-from tests.test_loading import write_gguf
+from tests.engine.test_gguf_families import ARCH
+from tests.engine.test_gguf_families import write_gguf as write_family_gguf
+from tests.engine.test_loading import write_gguf
 from tests.tiny import make_tiny_model
 
 gguf = pytest.importorskip("gguf")

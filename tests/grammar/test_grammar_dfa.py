@@ -19,8 +19,8 @@ from agentkv.grammar.automata.expr import Alt, Diff, Intersect, Ref, Repeat, cha
 from agentkv.grammar.automata.minimize import minimize
 from agentkv.grammar.automata.regex import match_expr, search_expr
 from agentkv.grammar.schema.numbers import multiple_of
+from tests.grammar.test_grammar_regex import patterns
 from tests.grammar_helpers import live_and_classes, same_language
-from tests.test_grammar_regex import patterns
 
 FAR = float("inf")
 

@@ -23,8 +23,8 @@ from agentkv.grammar import GrammarError, Matcher
 from agentkv.grammar.schema.validation import SchemaCheck, validator_class
 from agentkv.grammar.schema.walk import SearchBudgetExceeded, find_serialization
 from tests.conftest import shared_data
+from tests.grammar.test_schemastore import schemastore_documents
 from tests.grammar_helpers import BYTE_COMPILER
-from tests.test_schemastore import schemastore_documents
 
 hypothesis_jsonschema = pytest.importorskip("hypothesis_jsonschema")
 

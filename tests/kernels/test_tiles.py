@@ -11,7 +11,7 @@ import torch
 
 from agentkv.kernels import cpu_native
 from agentkv.kernels.cpu_quant import TILE_ROWS
-from tests.test_quant_kernels import quantized
+from tests.kernels.test_quant_kernels import quantized
 
 kernels = cpu_native.load()
 pytestmark = pytest.mark.skipif(kernels is None, reason="agentkv's C kernels do not build here")

@@ -348,7 +348,7 @@ def test_the_server_reports_kept_and_rejected_drafts_as_openai_does(cycle_dir):
     """usage.completion_tokens_details: OpenAI's accepted / rejected prediction tokens."""
     openai = pytest.importorskip("openai")
     from agentkv.server import create_app
-    from tests.test_server import KEY, serving
+    from tests.server.test_server import KEY, serving
 
     with ak.Engine(str(cycle_dir), speculative="ngram") as engine, serving(create_app(engine, "tiny", KEY)) as base:
         client = openai.OpenAI(base_url=base, api_key=KEY)

@@ -23,7 +23,7 @@ from agentkv.kernels.token_mask import apply_token_bitmask, unpack_bitmask  # no
 from agentkv.kernels.triton_decode import decode_attention  # noqa: E402
 from agentkv.kernels.triton_extend import extend_attention  # noqa: E402
 from agentkv.kernels.triton_small import apply_token_bitmask_inplace, store_kv  # noqa: E402
-from tests.test_attention import reference  # noqa: E402
+from tests.kernels.test_attention import reference  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
 
