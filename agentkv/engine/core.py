@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from agentkv.engine.memory import KVPool, ReqToTokenPool
+from agentkv.engine.null_cache import PrefixCache
 from agentkv.engine.passes import Pass, PassRunner
-from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import Request
 from agentkv.engine.runner import ModelRunner
 from agentkv.engine.scheduler import Scheduler
@@ -33,7 +33,7 @@ class Components:
     tokenizer: Any
     pool: KVPool
     req_pool: ReqToTokenPool
-    tree: RadixCache | None
+    tree: PrefixCache
     model_config: Any
     context_length: int
     overlap: bool = False  # overlap scheduling: the host prepares the next pass while one runs
@@ -187,7 +187,7 @@ class EngineCore:
         s = self.scheduler
         if s.waiting and not s.running:
             r = s.waiting[0]
-            pinned = self.tree.pinned_size if self.tree else 0
+            pinned = self.tree.pinned_size
             r.error = RequestError(
                 f"request needs {r.seq_len + 1} tokens of KV but only {self.pool.capacity - pinned} can be free "
                 f"({pinned} are pinned); unpin prefixes or give the engine more num_slots"

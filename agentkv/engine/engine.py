@@ -23,6 +23,7 @@ from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
 from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.memory import KVPool, ReqToTokenPool, free_memory, kv_slots
 from agentkv.engine.native_step import native_step_for
+from agentkv.engine.null_cache import NullPrefixCache
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
 from agentkv.engine.parallel import TensorParallel
 from agentkv.engine.prefixes import Prefixes
@@ -75,11 +76,8 @@ class Engine(Prefixes):
             slots = cfg.cache.num_slots or kv_slots(mc, DTYPES[dtype], context, device, cfg.cache.memory_fraction)
             pool = KVPool(mc, slots, DTYPES[dtype], device)
             req_pool = ReqToTokenPool(cfg.cache.max_running_requests, context + 1, device)
-            tree = (
-                RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity))
-                if cfg.cache.enable_radix_cache
-                else None
-            )
+            tree = (RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity))
+                    if cfg.cache.enable_radix_cache else NullPrefixCache())
             backend = get_backend(cfg.attention_backend, device, native=native is not None)
             if (any(mc.layer_windows) or mc.attn_softcap) and backend.name == "flashinfer":
                 raise RequestError(
@@ -288,13 +286,13 @@ class Engine(Prefixes):
                 running=len(s.running),
                 free_slots=self._pool.num_free,
                 total_slots=self._pool.capacity,
-                cached_tokens=t.total_size if t else 0,
-                evictable_tokens=t.evictable_size if t else 0,
-                protected_tokens=t.protected_size if t else 0,
-                pinned_tokens=t.pinned_size if t else 0,
-                pin_budget=t.pin_budget if t else 0,
-                evicted_tokens=t.num_evicted_tokens if t else 0,
-                pins=len(t.pins) if t else 0,
+                cached_tokens=t.total_size,
+                evictable_tokens=t.evictable_size,
+                protected_tokens=t.protected_size,
+                pinned_tokens=t.pinned_size,
+                pin_budget=t.pin_budget,
+                evicted_tokens=t.num_evicted_tokens,
+                pins=len(t.pins),
                 weight_bytes=self._core.runner.model.weight_bytes(),
                 free_memory_bytes=free_memory(self.config.device),
                 kv_bytes=sum(

@@ -14,12 +14,12 @@ import torch
 
 from agentkv.engine.inflight import InFlight
 from agentkv.engine.memory import KVPool, ReqToTokenPool
-from agentkv.engine.radix_cache import RadixCache
+from agentkv.engine.null_cache import PrefixCache
 from agentkv.engine.request import Request
 
 
 class KVOwner:
-    def __init__(self, pool: KVPool, req_pool: ReqToTokenPool, tree: RadixCache | None, flight: InFlight):
+    def __init__(self, pool: KVPool, req_pool: ReqToTokenPool, tree: PrefixCache, flight: InFlight):
         self.pool, self.req_pool, self.tree, self.flight = pool, req_pool, tree, flight
 
     @staticmethod
@@ -29,9 +29,7 @@ class KVOwner:
         return r.seq_len - 1 if r.score_from is None else min(r.seq_len - 1, r.score_from - 1)
 
     def match(self, r: Request, touch: bool = True):
-        """The slots of r's longest cached prefix and the tree node where it ends (None without a tree)."""
-        if self.tree is None:
-            return torch.empty(0, dtype=torch.int64), None
+        """The slots of r's longest cached prefix and the tree node where it ends (None: nothing cached)."""
         return self.tree.match_prefix(r.all_ids[: self.matchable_len(r)], touch)
 
     def start(self, r: Request, prefix_slots: torch.Tensor, node) -> None:
@@ -50,7 +48,7 @@ class KVOwner:
 
     def alloc(self, n: int) -> torch.Tensor:
         slots = self.pool.alloc(n)
-        if slots is None and self.tree is not None:
+        if slots is None:
             self.tree.evict(n - self.pool.num_free)
             slots = self.pool.alloc(n)
         assert slots is not None, "admission let in more than memory holds"
@@ -61,8 +59,9 @@ class KVOwner:
         self.pool.free(self.req_pool.host[r.row, start:end].clone())
 
     def cache_prefix(self, r: Request) -> None:
-        """Insert r's computed tokens into the tree and switch r onto the tree's slots."""
-        if self.tree is None:
+        """Insert r's computed tokens into the tree and switch r onto the tree's slots (a cache that
+        keeps nothing leaves r on its own)."""
+        if not self.tree.keeps_kv:
             return
         ids = r.all_ids[: r.kv_len]
         kv = self.req_pool.host[r.row, : r.kv_len].clone()
@@ -82,7 +81,7 @@ class KVOwner:
         start, pending = self.flight.pending_slots(r)  # slots of passes not processed (in flight, or failed)
         self.pool.free(table[start : start + pending].clone())
         kv = table[: r.kv_len].clone()
-        if self.tree is not None:
+        if self.tree.keeps_kv:
             existing = self.tree.insert(r.all_ids[: r.kv_len], kv)
             self.pool.free(kv[r.prefix_len : existing])
             self.tree.unlock(r.last_node)

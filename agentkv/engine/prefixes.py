@@ -43,7 +43,7 @@ class Prefixes:
         """Compute the KV of `prefix` into the radix cache (not pinned: it may be evicted), so that
         requests starting with it skip its prefill, e.g. the branches of a fork. Returns its length
         in tokens. A list of messages is rendered without a generation prompt."""
-        if self._tree is None:
+        if not self._tree.keeps_kv:
             raise RequestError("prefill warms the radix cache; create the Engine with enable_radix_cache=True")
         ids = self._prefix_ids(prefix, None)
         self._prefill(ids, lambda r: None).result()
@@ -52,7 +52,7 @@ class Prefixes:
     def pin(self, prefix: str | Messages | Sequence[int], *, tools: Sequence[dict] | None = None) -> PinHandle:
         """Compute the KV of `prefix` (text, token ids, or messages rendered without a generation prompt)
         and keep it resident until `unpin`. Raises PinBudgetError over the pin budget."""
-        if self._tree is None:
+        if not self._tree.keeps_kv:  # (before the prefill, which would compute the prefix for nothing)
             raise RequestError("pins need the radix cache; create the Engine with enable_radix_cache=True")
         ids = self._prefix_ids(prefix, tools)
         budget = self._tree.pin_budget
@@ -92,8 +92,6 @@ class Prefixes:
     def unpin(self, handle: PinHandle, wait: bool = True) -> None:
         """Release a pin. `wait=False` only posts it to the engine thread: what a finalizer, which
         may run on any thread (the engine's own included), must do."""
-        if self._tree is None:
-            raise RequestError("this engine has no radix cache, so it holds no pins")
         done = self._core.call(lambda: self._tree.unpin(handle))
         if wait:
             done.result()

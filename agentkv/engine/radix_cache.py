@@ -76,6 +76,8 @@ EVICT_GRANULE = 64  # the least a cut leaf gives up: fewer cuts and evictions wh
 
 
 class RadixCache:
+    keeps_kv = True  # a finished request's KV is inserted here (null_cache.py: an engine without the cache)
+
     def __init__(self, free_slots: Callable[[torch.Tensor], None], pin_budget: int,
                  evict_granule: int = EVICT_GRANULE):
         self._free_slots = free_slots

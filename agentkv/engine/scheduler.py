@@ -19,7 +19,7 @@ from agentkv.engine.config import SchedulerConfig
 from agentkv.engine.inflight import InFlight
 from agentkv.engine.kv_owner import KVOwner
 from agentkv.engine.memory import KVPool, ReqToTokenPool
-from agentkv.engine.radix_cache import RadixCache
+from agentkv.engine.null_cache import PrefixCache
 from agentkv.engine.request import PrefixSet, Request
 from agentkv.engine.speculative import Draft, Drafter
 
@@ -30,7 +30,7 @@ class Scheduler:
         cfg: SchedulerConfig,
         pool: KVPool,
         req_pool: ReqToTokenPool,
-        tree: RadixCache | None,
+        tree: PrefixCache,
     ):
         self.cfg = cfg
         self.waiting: deque[Request] = deque()
@@ -42,7 +42,7 @@ class Scheduler:
         self.kv = KVOwner(pool, req_pool, tree, self.flight)  # who holds which slot
         self.drafter = Drafter(cfg.speculative_tokens, tree) if cfg.speculative else None
 
-    # the memory (the KV pool, the slot table, the radix tree or None) is the KV owner's; read here
+    # the memory (the KV pool, the slot table, the prefix cache) is the KV owner's; read here
     @property
     def pool(self) -> KVPool:
         return self.kv.pool
@@ -52,7 +52,7 @@ class Scheduler:
         return self.kv.req_pool
 
     @property
-    def tree(self) -> RadixCache | None:
+    def tree(self) -> PrefixCache:
         return self.kv.tree
 
     # ---- queue ---------------------------------------------------------------------------------
@@ -111,7 +111,7 @@ class Scheduler:
         if self.chunked is not None and budget > 0:
             r = self.chunked
             # its next chunk takes what memory is left: decodes may have used what its admission counted on
-            room = self.pool.num_free + (self.tree.evictable_size if self.tree else 0)
+            room = self.pool.num_free + self.tree.evictable_size
             n = min(r.seq_len - r.computed, budget, room)
             if n > 0:
                 locs.append(self.kv.place(r, n))
@@ -159,7 +159,7 @@ class Scheduler:
             prefix_slots, node = self.kv.match(r, touch=False)
             prefix = len(prefix_slots)
             # only a request with a long uncached part can share it with one in progress
-            if self.tree is not None and r.seq_len - prefix > self.cfg.dedup_min_tokens:
+            if self.tree.keeps_kv and r.seq_len - prefix > self.cfg.dedup_min_tokens:
                 shared = shared if shared is not None else PrefixSet(in_progress)
                 if shared.holds(r, prefix + self.cfg.dedup_min_tokens):
                     # another request in progress computes the same long prefix: wait, then reuse it
@@ -169,7 +169,7 @@ class Scheduler:
                 self.tree.lock(node)  # lock first: its own prefix must not count as evictable room
             uncached = r.seq_len - prefix
             future = min(r.remaining_tokens, clip) * self.new_token_ratio
-            room = self.pool.num_free + (self.tree.evictable_size if self.tree else 0) - reserved
+            room = self.pool.num_free + self.tree.evictable_size - reserved
             if uncached + future > room:
                 if node is not None:
                     self.tree.unlock(node)
@@ -194,7 +194,7 @@ class Scheduler:
 
     def _ordered_waiting(self) -> list[Request]:
         waiting = list(self.waiting)
-        if self.tree is None or len(waiting) > self.cfg.lpm_max_queue:
+        if len(waiting) > self.cfg.lpm_max_queue:
             return waiting  # FCFS: matching every request costs more than it saves on long queues
         # how much of each is cached, measured without a split or an LRU use: waiting keeps nothing warm
         matched = {r.rid: self.tree.cached_length(r.all_ids, KVOwner.matchable_len(r)) for r in waiting}
@@ -217,7 +217,7 @@ class Scheduler:
         admit it again while a pass in flight still computes its last chunk."""
         while active:
             short = sum(r.seq_len - r.computed for r in active) - self.pool.num_free
-            if short > 0 and self.tree is not None:
+            if short > 0:
                 self.tree.evict(short)
                 short = sum(r.seq_len - r.computed for r in active) - self.pool.num_free
             if short <= 0:

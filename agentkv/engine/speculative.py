@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agentkv.engine.radix_cache import RadixCache
+    from agentkv.engine.null_cache import PrefixCache
     from agentkv.engine.request import Request
 
 # the suffix looked up (its longest match that occurred before wins): 3 tokens at least, since a
@@ -129,7 +129,7 @@ class Speculation:
     def __post_init__(self) -> None:
         self.k = max(1, self.max_tokens // 2)
 
-    def draft(self, ids: list[int], k: int, tree: RadixCache | None = None,
+    def draft(self, ids: list[int], k: int, tree: PrefixCache | None = None,
               shared: SharedNgrams | None = None) -> list[int]:
         """Up to k tokens proposed to follow `ids`: the radix tree's path beyond them, else the longer
         n-gram match of the request's own and of earlier requests'. (`self.k` bounds the drafted
@@ -169,11 +169,11 @@ def kept_prefix(accepted: list[bool]) -> int:
 
 @dataclass
 class Drafter:
-    """A scheduler's drafting: which decoding requests draft, from what (`tree`: the radix cache,
-    None where it is off; `shared`: earlier requests' n-grams, fed by `learn`)."""
+    """A scheduler's drafting: which decoding requests draft, from what (`tree`: the engine's prefix
+    cache; `shared`: earlier requests' n-grams, fed by `learn`)."""
 
     max_tokens: int
-    tree: RadixCache | None = None
+    tree: PrefixCache | None = None
     shared: SharedNgrams = field(default_factory=SharedNgrams)
 
     def drafts(self, decodes: list[Request], spare: int) -> dict[Request, list[int]]:

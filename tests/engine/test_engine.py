@@ -270,3 +270,20 @@ def test_errors_survive_pickling():
     ]:
         back = pickle.loads(pickle.dumps(e))
         assert type(back) is type(e) and str(back) == str(e) and vars(back) == vars(e)
+
+
+def test_without_the_radix_cache_every_slot_comes_back(tiny_dir, tiny_engine):
+    """enable_radix_cache=False (a NullPrefixCache): the same outputs as with the cache, nothing
+    cached, every slot free once the requests finish (retractions under a small pool included), and
+    the cache's own features refused with a message naming the option."""
+    prompts = [f"story {i}: once upon a time" for i in range(6)]
+    want = [o.text for o in tiny_engine.generate(prompts, temperature=0.0, max_tokens=24)]
+    with ak.Engine(str(tiny_dir), num_slots=160, enable_radix_cache=False) as plain:
+        for _ in range(2):
+            assert [o.text for o in plain.generate(prompts, temperature=0.0, max_tokens=24)] == want
+            st = plain.stats()
+            assert st["free_slots"] == st["total_slots"] and st["cached_tokens"] == st["pins"] == 0
+            assert st["cached_prompt_tokens"] == 0
+        for call in (lambda: plain.pin("a prefix"), lambda: plain.prefill("a prefix")):
+            with pytest.raises(ak.RequestError, match="enable_radix_cache=True"):
+                call()

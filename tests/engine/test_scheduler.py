@@ -11,6 +11,7 @@ import agentkv as ak
 from agentkv.engine.config import SchedulerConfig
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.model_config import ModelConfig
+from agentkv.engine.null_cache import NullPrefixCache
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import Request
 from agentkv.engine.scheduler import Scheduler
@@ -144,7 +145,7 @@ def test_prompt_mid_prefill_gets_the_room_decodes_left():
 
 def test_no_dedup_without_a_cache():
     pool = KVPool(CFG, 1000, torch.float32)
-    s = Scheduler(SchedulerConfig(dedup_min_tokens=8), pool, ReqToTokenPool(16, 512), None)
+    s = Scheduler(SchedulerConfig(dedup_min_tokens=8), pool, ReqToTokenPool(16, 512), NullPrefixCache())
     shared = list(range(10, 50))
     a, b = req(shared + [1]), req(shared + [2])
     s.add(a)
