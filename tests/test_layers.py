@@ -105,3 +105,32 @@ def test_layers_import_without_torch(package):
     code = f"import sys, {package}; assert 'torch' not in sys.modules, [m for m in sys.modules if 'agentkv' in m]"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# what each torch-free layer may not reach, directly or through the modules it imports (the engine's
+# lazy __init__, SamplingParams and its outputs are torch-free and open to all)
+FORBIDDEN = {
+    "agentkv.grammar": ("agentkv.engine.", "agentkv.kernels", "agentkv.chat", "agentkv.agents", "agentkv.server",
+                        "agentkv.cli"),
+    "agentkv.chat": ("agentkv.engine.", "agentkv.kernels", "agentkv.agents", "agentkv.server", "agentkv.cli"),
+    "agentkv.agents": ("agentkv.engine.", "agentkv.kernels", "agentkv.server", "agentkv.cli"),
+}
+OPEN_TO_ALL = {"agentkv.engine.sampling_params", "agentkv.engine.outputs"}
+
+
+def reachable(graph: dict[str, set[str]], start: set[str]) -> set[str]:
+    seen, todo = set(start), list(start)
+    while todo:
+        for m in graph.get(todo.pop(), ()):
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layers_do_not_reach_up(layer):
+    graph = import_graph()
+    reach = reachable(graph, {m for m in graph if m == layer or m.startswith(layer + ".")})
+    bad = sorted(m for m in reach - OPEN_TO_ALL if m.startswith(FORBIDDEN[layer]))
+    assert not bad, f"{layer} reaches {bad}"
