@@ -134,3 +134,15 @@ def test_layers_do_not_reach_up(layer):
     reach = reachable(graph, {m for m in graph if m == layer or m.startswith(layer + ".")})
     bad = sorted(m for m in reach - OPEN_TO_ALL if m.startswith(FORBIDDEN[layer]))
     assert not bad, f"{layer} reaches {bad}"
+
+
+@pytest.mark.parametrize("old, names", [("agentkv.tools", ["Tool", "tool"]), ("agentkv.run_context", ["RunContext"])])
+def test_old_import_paths_still_work_and_warn(old, names):
+    import importlib
+
+    import agentkv as ak
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=old):
+        module = importlib.import_module(old)
+    assert all(getattr(module, n) is getattr(ak, n) for n in names)
