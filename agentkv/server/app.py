@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 import agentkv
 from agentkv.errors import AgentKVError
+from agentkv.server.anthropic import CountTokensRequest, MessagesRequest, error_body
 from agentkv.server.handle import LocalHandle
 from agentkv.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentkv.server.metrics import Metrics
@@ -62,7 +63,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
         inflight[0] -= 1
 
     def check(request: Request, body: dict | None = None) -> None:
-        check_access(request.headers.get("authorization"), body, api_key, model_name)
+        key = request.headers.get("x-api-key")  # Anthropic's clients send the key so
+        check_access(request.headers.get("authorization") or (f"Bearer {key}" if key else None), body, api_key,
+                     model_name)
 
     async def parse(request: Request, kind) -> tuple[dict, Any]:
         return await parse_dict(request, await read_json(request), kind)
@@ -82,22 +85,24 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
         if request.url.path.startswith("/v1/"):
             metrics.request_done(route.path if route is not None else "/v1/(no such route)", status, 0.0)
 
+    def answer(request: Request, e: APIError) -> JSONResponse:
+        """The error in the shape of the API the route serves: Anthropic's under /v1/messages."""
+        failed(request, e.status)
+        anthropic = request.url.path.startswith("/v1/messages")
+        return JSONResponse(error_body(e) if anthropic else e.body(), status_code=e.status)
+
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
-        failed(request, e.status)
-        return JSONResponse(e.body(), status_code=e.status)
+        return answer(request, e)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):
-        failed(request, 400)
         err = e.errors()[0]
-        return JSONResponse(APIError(400, err["msg"], ".".join(map(str, err["loc"]))).body(), status_code=400)
+        return answer(request, APIError(400, err["msg"], ".".join(map(str, err["loc"]))))
 
     @app.exception_handler(AgentKVError)
     async def on_engine_error(request: Request, e: AgentKVError):
-        err = engine_error(e)
-        failed(request, err.status)
-        return JSONResponse(err.body(), status_code=err.status)
+        return answer(request, engine_error(e))
 
     @app.get("/health")
     async def health() -> dict:
@@ -148,6 +153,15 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     async def create(request: Request) -> Any:
         return await generation(request, ResponsesRequest, "/v1/responses", handle.create_response,
                                 handle.stream_response)
+
+    @app.post("/v1/messages", **generation_doc(MessagesRequest, model_name, streams=True))
+    async def messages(request: Request) -> Any:
+        return await generation(request, MessagesRequest, "/v1/messages", handle.message, handle.message_stream)
+
+    @app.post("/v1/messages/count_tokens", **generation_doc(CountTokensRequest, model_name, streams=False))
+    async def count_tokens(request: Request) -> dict:
+        body, req = await parse(request, CountTokensRequest)
+        return await handle.count_tokens(req, body)
 
     @app.get("/v1/responses/{response_id}", responses=ERRORS)
     async def get_response(response_id: str, request: Request) -> dict:

@@ -13,6 +13,13 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+from agentkv.server.anthropic import (
+    CountTokensRequest,
+    MessagesRequest,
+    count_tokens,
+    create_message,
+    stream_message,
+)
 from agentkv.server.chat import ChatPlan, chat_completion, chat_stream
 from agentkv.server.completions import completion, completion_stream
 from agentkv.server.metrics import Metrics
@@ -42,6 +49,13 @@ class EngineHandle(Protocol):
                               done: Callable[[], None]) -> AsyncIterator[str]: ...
 
     async def get_response(self, response_id: str) -> dict: ...
+
+    async def message(self, req: MessagesRequest, body: dict) -> dict: ...
+
+    async def message_stream(self, req: MessagesRequest, body: dict, metrics: Metrics, started: float,
+                             done: Callable[[], None]) -> AsyncIterator[str]: ...
+
+    async def count_tokens(self, req: CountTokensRequest, body: dict) -> dict: ...
 
     async def delete_response(self, response_id: str) -> None: ...
 
@@ -88,6 +102,15 @@ class LocalHandle:
 
     async def get_response(self, response_id: str) -> dict:
         return self.responses.get(response_id).response
+
+    async def message(self, req: MessagesRequest, body: dict) -> dict:
+        return await create_message(self.engine, req, self.model_name, self.close_objects)
+
+    async def message_stream(self, req, body, metrics, started, done) -> AsyncIterator[str]:
+        return await stream_message(self.engine, req, self.model_name, metrics, started, done, self.close_objects)
+
+    async def count_tokens(self, req: CountTokensRequest, body: dict) -> dict:
+        return await count_tokens(self.engine, req, self.close_objects)
 
     async def delete_response(self, response_id: str) -> None:
         await self.responses.delete(response_id)

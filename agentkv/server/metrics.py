@@ -67,14 +67,22 @@ class Metrics:
         r.register(_EngineGauges(lambda: self._stats))
 
     def request_done(self, endpoint: str, status: int, seconds: float, usage: dict | None = None) -> None:
-        """A finished request; `usage` is the response's usage object (chat's or the Responses API's)."""
+        """A finished request; `usage` is the response's usage object (chat's, the Responses API's or
+        Anthropic's)."""
         self.requests.labels(endpoint, str(status)).inc()
         self.duration.observe(seconds)
-        if usage:
-            chat = "prompt_tokens" in usage
-            self.prompt_tokens.inc(usage["prompt_tokens" if chat else "input_tokens"])
-            self.cached_tokens.inc(usage["prompt_tokens_details" if chat else "input_tokens_details"]["cached_tokens"])
-            self.completion_tokens.inc(usage["completion_tokens" if chat else "output_tokens"])
+        if not usage:
+            return
+        if "prompt_tokens" in usage:  # chat, completions
+            prompt, cached = usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+        elif "cache_read_input_tokens" in usage:  # Anthropic's: input_tokens are the uncached ones
+            cached = usage["cache_read_input_tokens"]
+            prompt = usage["input_tokens"] + cached
+        else:  # responses
+            prompt, cached = usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
+        self.prompt_tokens.inc(prompt)
+        self.cached_tokens.inc(cached)
+        self.completion_tokens.inc(usage.get("completion_tokens", usage.get("output_tokens", 0)))
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)

@@ -48,12 +48,31 @@ ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],
     "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                    "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
-ERRORS = {status: {"description": what, "content": {"application/json": {"schema": ERROR}}} for status, what in [
+_STATUSES = [
     (400, "a field to change (named in error.param)"), (401, "a missing or wrong API key"),
     (404, "another model, or an unknown pin"), (413, "a prompt over the context, or a body over its limit"),
     (429, "more requests in flight than --max-inflight"),
     (500, "an output that failed the check of a keyword its grammar relaxed (invalid_model_output)"),
-    (503, "the engine is shutting down")]}
+    (503, "the engine is shutting down")]
+ERRORS = {status: {"description": what, "content": {"application/json": {"schema": ERROR}}}
+          for status, what in _STATUSES}
+# Anthropic's routes (/v1/messages): its message and block shapes, its error shape
+_BLOCK = {"type": "object", "required": ["type"], "properties": {
+    "type": {"enum": ["text", "tool_use", "tool_result", "thinking"]}, "text": {"type": "string"},
+    "id": {"type": "string"}, "name": {"type": "string"}, "input": {"type": "object"},
+    "tool_use_id": {"type": "string"}, "content": {"type": "string"}, "is_error": {"type": "boolean"},
+    "thinking": {"type": "string"}}}
+ANTHROPIC_MESSAGE = {"type": "object", "required": ["role", "content"], "properties": {
+    "role": {"enum": ["user", "assistant"]},
+    "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _BLOCK}]}}}
+ANTHROPIC_TOOL = {"type": "object", "required": ["name", "input_schema"], "properties": {
+    "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": {"type": "string"},
+    "input_schema": {"type": "object"}}}
+ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
+                                          "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}
+ANTHROPIC_ERRORS = {status: {"description": what, "content": {"application/json": {"schema": ANTHROPIC_ERROR}}}
+                    for status, what in _STATUSES}
 
 
 def generation_doc(kind: type, model_name: str, streams: bool) -> dict[str, Any]:
@@ -70,8 +89,13 @@ def generation_doc(kind: type, model_name: str, streams: bool) -> dict[str, Any]
         props["tools"] = {"anyOf": [{"type": "array", "items": TOOL}, {"type": "null"}]}
     if kind.__name__ == "ResponsesRequest":
         props["input"] = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
-    answer = "output" if kind.__name__ == "ResponsesRequest" else "choices"
-    ok: dict[str, Any] = {"application/json": {"schema": {"type": "object", "required": ["id", "object", answer]}}}
+    anthropic = kind.__name__ in ("MessagesRequest", "CountTokensRequest")
+    if anthropic:
+        props["messages"] = {"type": "array", "items": ANTHROPIC_MESSAGE, "minItems": 1}
+        props["tools"] = {"anyOf": [{"type": "array", "items": ANTHROPIC_TOOL}, {"type": "null"}]}
+    required = {"ResponsesRequest": ["id", "object", "output"], "MessagesRequest": ["id", "type", "content"],
+                "CountTokensRequest": ["input_tokens"]}.get(kind.__name__, ["id", "object", "choices"])
+    ok: dict[str, Any] = {"application/json": {"schema": {"type": "object", "required": required}}}
     if streams:
         # one event as the OpenAPI spec's generic text/event-stream schema has it (schemathesis checks
         # each parsed event against it); `data` is a JSON chunk, or `[DONE]`
@@ -79,7 +103,8 @@ def generation_doc(kind: type, model_name: str, streams: bool) -> dict[str, Any]
             "data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
             "retry": {"type": "integer"}}}}
     extra = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-    return {"openapi_extra": extra, "responses": {200: {"description": "the completion", "content": ok}, **ERRORS}}
+    errors = ANTHROPIC_ERRORS if anthropic else ERRORS
+    return {"openapi_extra": extra, "responses": {200: {"description": "the completion", "content": ok}, **errors}}
 
 
 def pin_doc(model_name: str) -> dict[str, Any]:

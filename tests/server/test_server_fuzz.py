@@ -42,7 +42,8 @@ def operations(app):
 
 def test_api_fuzz(served):
     ops = operations(served[1])
-    assert {op.label for op in ops} >= {"POST /v1/chat/completions", "POST /v1/completions", "POST /v1/pins"}
+    assert {op.label for op in ops} >= {"POST /v1/chat/completions", "POST /v1/completions", "POST /v1/pins",
+                                        "POST /v1/messages", "POST /v1/messages/count_tokens"}
     for op in ops:
         @given(case=op.as_strategy())
         @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

@@ -21,6 +21,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from agentkv.engine import Engine
+from agentkv.server.anthropic import CountTokensRequest, MessagesRequest
 from agentkv.server.app import create_app
 from agentkv.server.cluster.handle import ClusterHandle
 from agentkv.server.cluster.ray_router import PIN_ID, RESPONSE_ID, RESPONSE_OF, CacheAwareRequestRouter
@@ -72,6 +73,17 @@ class EngineReplica:
                                                             self.metrics, time.perf_counter(), _nothing,
                                                             body[RESPONSE_ID]):
             yield event
+
+    async def message(self, body: dict) -> dict:
+        return await self.local.message(MessagesRequest.model_validate(body), body)
+
+    async def message_stream(self, body: dict):
+        async for event in await self.local.message_stream(MessagesRequest.model_validate(body), body, self.metrics,
+                                                           time.perf_counter(), _nothing):
+            yield event
+
+    async def count_tokens(self, body: dict) -> dict:
+        return await self.local.count_tokens(CountTokensRequest.model_validate(body), body)
 
     async def get_response(self, body: dict) -> dict:
         return await self.local.get_response(body[RESPONSE_OF])

@@ -51,6 +51,15 @@ class ClusterHandle:
         return await self._stream("stream_response", _response_body(req, body), "/v1/responses", metrics, started,
                                   done)
 
+    async def message(self, req, body: dict) -> dict:
+        return await _answer(self.engines.message.remote(body))
+
+    async def message_stream(self, req, body, metrics, started, done) -> AsyncIterator[str]:
+        return await self._stream("message_stream", body, "/v1/messages", metrics, started, done)
+
+    async def count_tokens(self, req, body: dict) -> dict:
+        return await _answer(self.engines.count_tokens.remote(body))
+
     async def get_response(self, response_id: str) -> dict:
         return await _answer(self.engines.get_response.remote({RESPONSE_OF: response_id}))
 

@@ -40,6 +40,8 @@ def body_text(body: dict[str, Any]) -> str | None:
     message in order (chat), the instructions and input (responses), or the prompt (completions)."""
     if isinstance(body.get("messages"), list):
         parts = [json.dumps(body["tools"], sort_keys=True)] if body.get("tools") else []
+        if body.get("system"):  # Anthropic's Messages API: the system prompt beside the messages
+            parts.append(json.dumps(body["system"], sort_keys=True))
         for m in body["messages"]:
             content = m.get("content") if isinstance(m, dict) else None
             if not isinstance(content, str):

@@ -1,0 +1,368 @@
+"""/v1/messages: Anthropic's Messages API over the same plan as chat (the prompt, tool format,
+grammar and reasoning are chat.py's ChatPlan, so a tool call is generated under the model's own
+format exactly as for /v1/chat/completions).
+
+A request becomes a chat request: the system prompt (a string or text blocks), messages whose
+blocks are text, `tool_use` (an assistant's calls), `tool_result` (role "tool" messages, `is_error`
+marked) and `thinking` (the reasoning block as the template keeps it); tools' `input_schema`;
+`tool_choice` auto / any / tool / none and `disable_parallel_tool_use`; `thinking` enabled (its
+budget closes the block) or disabled. `cache_control` is accepted anywhere and changes nothing: the
+radix cache keeps every prefix without being asked, and its hits come back as
+`cache_read_input_tokens`. The reply is content blocks (thinking, text, tool_use) with Anthropic's
+stop reasons, streamed as its events.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentkv.server.chat import ChatPlan, _run, chain
+from agentkv.server.protocol import MAX_STOP, MAX_STOP_CHARS, APIError, ChatRequest, call_id
+
+# HTTP status -> Anthropic's error type
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
+
+
+def error_body(e: APIError) -> dict:
+    """An error in Anthropic's shape, naming the field where there is one."""
+    message = f"{e.param}: {e.message}" if e.param and not e.message.startswith(e.param) else e.message
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(e.status, "api_error"), "message": message}}
+
+
+class CountTokensRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+    def check_limits(self) -> None:
+        pass
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)  # required, as Anthropic requires it
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = None
+    top_k: int | None = None
+    metadata: dict[str, Any] | None = None
+    stream: bool = False
+
+    def check_limits(self) -> None:
+        stops = self.stop_sequences or []
+        if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise APIError(400, f"at most {MAX_STOP} stop sequences of at most {MAX_STOP_CHARS} characters each",
+                           "stop_sequences")
+
+
+def chat_request(req: CountTokensRequest, reasoning, close_objects: bool = True) -> ChatRequest:
+    """The chat request a Messages request is (400s name the Messages field)."""
+    body: dict[str, Any] = {"model": req.model, "messages": _system(req.system) + _messages(req.messages, reasoning),
+                            "close_objects": close_objects}
+    if req.tools:
+        body["tools"] = [_tool(t, i) for i, t in enumerate(req.tools)]
+    if req.tool_choice is not None:
+        body["tool_choice"], body["parallel_tool_calls"] = _tool_choice(req.tool_choice)
+    thinking = req.thinking or {}
+    if thinking.get("type") == "enabled" and isinstance(thinking.get("budget_tokens"), int):
+        body["max_reasoning_tokens"] = thinking["budget_tokens"]
+    elif thinking.get("type") == "disabled":
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    if isinstance(req, MessagesRequest):
+        body.update(max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
+                    top_p=req.top_p, top_k=req.top_k, stream=req.stream)
+    return ChatRequest.model_validate({k: v for k, v in body.items() if v is not None})
+
+
+def _system(system) -> list[dict]:
+    if system is None:
+        return []
+    if isinstance(system, str):
+        return [{"role": "system", "content": system}]
+    return [{"role": "system", "content": "".join(_text(b, f"system[{i}]") for i, b in enumerate(system))}]
+
+
+def _text(block: Any, where: str) -> str:
+    if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+        raise APIError(400, "must be a text block {\"type\": \"text\", \"text\": ...}", where)
+    return block["text"]
+
+
+def _messages(messages: list[dict], reasoning) -> list[dict]:
+    out = []
+    for i, m in enumerate(messages):
+        role, content = m.get("role"), m.get("content")
+        if role not in ("user", "assistant"):
+            raise APIError(400, "role must be 'user' or 'assistant' (the system prompt is the top-level `system`)",
+                           f"messages[{i}].role")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise APIError(400, "content must be a string or a list of content blocks", f"messages[{i}].content")
+        out.extend(_user(content, i) if role == "user" else [_assistant(content, i, reasoning)])
+    return out
+
+
+def _user(blocks: list, i: int) -> list[dict]:
+    """A user turn: its tool results (role "tool" messages, in order), then its text."""
+    results, text = [], []
+    for j, b in enumerate(blocks):
+        where = f"messages[{i}].content[{j}]"
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "tool_result":
+            content = b.get("content", "")
+            if isinstance(content, list):
+                content = "".join(_text(c, f"{where}.content[{k}]") for k, c in enumerate(content))
+            if not isinstance(content, str) or not isinstance(b.get("tool_use_id"), str):
+                raise APIError(400, "a tool_result needs a tool_use_id and text content", where)
+            results.append({"role": "tool", "tool_call_id": b["tool_use_id"],
+                            "content": ("Error: " + content) if b.get("is_error") else content})
+        elif kind == "text":
+            text.append(b["text"] if isinstance(b.get("text"), str) else _text(b, where))
+        else:
+            raise APIError(400, f"a user message's blocks are text and tool_result here, not {kind!r} (this server "
+                                "takes no images or documents)", f"{where}.type")
+    return results + ([{"role": "user", "content": "".join(text)}] if text or not results else [])
+
+
+def _assistant(blocks: list, i: int, reasoning) -> dict:
+    thought, text, calls = "", [], []
+    for j, b in enumerate(blocks):
+        where = f"messages[{i}].content[{j}]"
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "text":
+            text.append(_text(b, where))
+        elif kind == "thinking":
+            thought += str(b.get("thinking", ""))
+        elif kind == "redacted_thinking":
+            continue
+        elif kind == "tool_use":
+            if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
+                raise APIError(400, "a tool_use block needs an id and a name", where)
+            calls.append({"id": b["id"], "type": "function",
+                          "function": {"name": b["name"], "arguments": json.dumps(b.get("input") or {})}})
+        else:
+            raise APIError(400, f"an assistant message's blocks are text, thinking and tool_use, not {kind!r}",
+                           f"{where}.type")
+    content = "".join(text)
+    if thought and reasoning is not None:  # the block as the template keeps (or drops) it
+        content = reasoning.open_text + thought + reasoning.close_text + content
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _tool(tool: Any, i: int) -> dict:
+    if not isinstance(tool, dict) or tool.get("type") not in (None, "custom") or not isinstance(tool.get("name"), str):
+        raise APIError(400, "a tool is {\"name\": ..., \"description\": ..., \"input_schema\": {...}} "
+                            "(this server runs no server tools)", f"tools[{i}]")
+    fn = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object", "properties": {}}}
+    if tool.get("description"):
+        fn["description"] = tool["description"]
+    return {"type": "function", "function": fn}
+
+
+def _tool_choice(choice: dict) -> tuple[Any, bool]:
+    """(chat's tool_choice, parallel_tool_calls) of Anthropic's tool_choice."""
+    kind = choice.get("type")
+    parallel = not choice.get("disable_parallel_tool_use", False)
+    if kind == "tool":
+        if not isinstance(choice.get("name"), str):
+            raise APIError(400, "tool_choice {\"type\": \"tool\"} names the tool: {\"type\": \"tool\", \"name\": ...}",
+                           "tool_choice.name")
+        return {"type": "function", "function": {"name": choice["name"]}}, parallel
+    modes = {"auto": "auto", "any": "required", "none": "none"}
+    if kind not in modes:
+        raise APIError(400, f"tool_choice.type must be auto, any, tool or none, not {kind!r}", "tool_choice.type")
+    return modes[kind], parallel
+
+
+def plan_of(engine, req: CountTokensRequest, close_objects: bool = True) -> ChatPlan:
+    try:
+        return ChatPlan(engine, chat_request(req, engine.reasoning, close_objects))
+    except APIError as e:  # chat's names for the fields a Messages request names otherwise
+        param = (e.param or "").replace(".function.parameters", ".input_schema").replace(".function.name", ".name")
+        raise APIError(e.status, e.message, param or None, e.type, e.code) from None
+
+
+async def count_tokens(engine, req: CountTokensRequest, close_objects: bool = True) -> dict:
+    plan = plan_of(engine, req, close_objects)
+    return {"input_tokens": len(engine.tokenizer.encode(plan.prompt))}
+
+
+async def create_message(engine, req: MessagesRequest, model: str, close_objects: bool = True) -> dict:
+    plan = plan_of(engine, req, close_objects)
+    out = await _run(engine.agenerate(plan.prompt_ids(), plan.params))
+    mid = _message_id()
+    completion = out.completions[0]
+    msg, reason = plan.message(completion, mid[-8:])
+    return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": blocks(msg),
+            **_stop(engine, req, completion, reason), "usage": usage(out.usage)}
+
+
+def blocks(msg: dict) -> list[dict]:
+    """A chat message's reasoning, text and calls as Anthropic's content blocks."""
+    out: list[dict] = []
+    if msg.get("reasoning_content") is not None:
+        out.append({"type": "thinking", "thinking": msg["reasoning_content"], "signature": ""})
+    if msg.get("content"):
+        out.append({"type": "text", "text": msg["content"]})
+    for c in msg.get("tool_calls") or []:
+        out.append({"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                    "input": json.loads(c["function"]["arguments"])})
+    return out
+
+
+def _stop(engine, req: MessagesRequest, completion, reason: str) -> dict:
+    """stop_reason and stop_sequence: a stop sequence is the one the text stopped before."""
+    if reason == "stop" and req.stop_sequences:
+        after = engine.tokenizer.decode(completion.token_ids)[len(completion.text):]
+        hit = next((s for s in req.stop_sequences if after.startswith(s)), None)
+        if hit is not None:
+            return {"stop_reason": "stop_sequence", "stop_sequence": hit}
+    return {"stop_reason": STOP_REASONS.get(reason, "end_turn"), "stop_sequence": None}
+
+
+def usage(u) -> dict:
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
+            "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0}
+
+
+async def stream_message(engine, req: MessagesRequest, model: str, metrics, started: float, done,
+                         close_objects: bool = True) -> AsyncIterator[str]:
+    """Anthropic's events: message_start, each content block's start, deltas and stop (thinking,
+    text, then the calls with their input's JSON as it grows), message_delta, message_stop."""
+    plan = plan_of(engine, req, close_objects)
+    ids = plan.prompt_ids()
+    deltas = engine.stream(ids, plan.params)
+    first = await _run(deltas.__anext__())
+    mid = _message_id()
+    metrics.first_token(time.perf_counter() - started)
+    blocks_out = BlockStream(mid[-8:])
+
+    async def events() -> AsyncIterator[str]:
+        status = 499
+        try:
+            yield event("message_start", message={
+                "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
+                "stop_reason": None, "stop_sequence": None,
+                "usage": {"input_tokens": len(ids), "output_tokens": 0}})
+            yield event("ping")
+            text, last = "", time.perf_counter()
+            async for d in chain(first, deltas):
+                now = time.perf_counter()
+                if d is not first:
+                    metrics.between_tokens(now - last, len(d.token_ids))
+                last = now
+                text += d.text
+                thought, answer = plan.split(text, final=False)
+                for e in blocks_out.grow(plan, thought or "", answer, final=False):
+                    yield e
+                if d.finish_reason is None:
+                    continue
+                try:
+                    msg, reason = plan.message(d.completion, mid[-8:])
+                except APIError as e:  # the output failed its check: the stream ends with the error
+                    status = e.status
+                    yield event("error", error=error_body(e)["error"])
+                    return
+                for e in blocks_out.finish(msg):
+                    yield e
+                stop = _stop(engine, req, d.completion, reason)
+                yield event("message_delta", delta=stop, usage=usage(d.usage))
+                yield event("message_stop")
+                status = 200
+                metrics.request_done("/v1/messages", 200, time.perf_counter() - started)
+        finally:
+            if status != 200:
+                metrics.request_done("/v1/messages", status, time.perf_counter() - started)
+            done()
+
+    return events()
+
+
+class BlockStream:
+    """The content blocks of a reply as it is written, one open at a time: thinking, then text, then
+    each call (its id and name at its start, its input's JSON text as it grows)."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix  # of the calls' ids, as the final message names them
+        self.index, self.kind = -1, None  # the open block
+        self.sent = {"thinking": 0, "text": 0}
+        self.calls: list[int] = []  # per call, how much of its arguments went out
+
+    def grow(self, plan: ChatPlan, thought: str, answer: str, final: bool) -> list[str]:
+        out = []
+        if len(thought) > self.sent["thinking"] and self.kind in (None, "thinking"):
+            out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            out.append(self._delta({"type": "thinking_delta", "thinking": thought[self.sent["thinking"]:]}))
+            self.sent["thinking"] = len(thought)
+        safe = plan.fmt.content(answer) if plan.calls_possible and not final else answer
+        if len(safe) > self.sent["text"] and not self.calls:
+            out += self._open("text", {"type": "text", "text": ""})
+            out.append(self._delta({"type": "text_delta", "text": safe[self.sent["text"]:]}))
+            self.sent["text"] = len(safe)
+        if plan.calls_possible and not final:
+            out += self._calls([(p.name, p.arguments_text) for p in plan.fmt.progress(answer)])
+        return out
+
+    def finish(self, msg: dict) -> list[str]:
+        """What the final message holds that the stream has not sent (text held back while it might
+        have begun a call, a call's last arguments), and the last block's stop."""
+        out = []
+        thought = msg.get("reasoning_content") or ""
+        if len(thought) > self.sent["thinking"] and self.kind in (None, "thinking"):
+            out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            out.append(self._delta({"type": "thinking_delta", "thinking": thought[self.sent["thinking"]:]}))
+        content = msg.get("content") or ""
+        if len(content) > self.sent["text"] and not self.calls:
+            out += self._open("text", {"type": "text", "text": ""})
+            out.append(self._delta({"type": "text_delta", "text": content[self.sent["text"]:]}))
+        out += self._calls([(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []])
+        if self.kind is not None:
+            out.append(event("content_block_stop", index=self.index))
+        return out
+
+    def _calls(self, calls: list[tuple[str, str]]) -> list[str]:
+        out = []
+        for k, (name, arguments) in enumerate(calls):
+            if k == len(self.calls):
+                out += self._open(f"call {k}", {"type": "tool_use", "id": call_id(self.prefix, k), "name": name,
+                                                "input": {}})
+                self.calls.append(0)
+            if len(arguments) > self.calls[k]:  # the text only grows: the grammar wrote it
+                out.append(self._delta({"type": "input_json_delta", "partial_json": arguments[self.calls[k]:]}))
+                self.calls[k] = len(arguments)
+        return out
+
+    def _open(self, kind: str, block: dict) -> list[str]:
+        if self.kind == kind:
+            return []
+        out = [event("content_block_stop", index=self.index)] if self.kind is not None else []
+        self.index, self.kind = self.index + 1, kind
+        return out + [event("content_block_start", index=self.index, content_block=block)]
+
+    def _delta(self, delta: dict) -> str:
+        return event("content_block_delta", index=self.index, delta=delta)
+
+
+def event(kind: str, **fields: Any) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields}, ensure_ascii=False)}\n\n"
+
+
+def _message_id() -> str:
+    return f"msg_{uuid.uuid4().hex[:24]}"
