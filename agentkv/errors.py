@@ -69,7 +69,17 @@ class IncompleteOutputError(OutputError):
 
 
 class OutputValidationError(OutputError):
-    """The output is complete JSON for the schema but the model's own validators refused it."""
+    """The output is complete JSON for the schema but fails a check after generation: a keyword the
+    grammar could not enforce exactly (`keyword` and its schema `pointer`, where known), or a model's
+    own validators."""
+
+    def __init__(self, message: str, text: str, finish_reason: str | None, keyword: str | None = None,
+                 pointer: str | None = None):
+        super().__init__(message, text, finish_reason)
+        self.keyword, self.pointer = keyword, pointer
+
+    def __reduce__(self):
+        return type(self), (self.args[0], self.text, self.finish_reason, self.keyword, self.pointer)
 
 
 class ToolDefinitionError(AgentKVError, TypeError):

@@ -23,7 +23,7 @@ from typing import Any
 from agentkv.chat.messages import is_messages
 from agentkv.defaults import LIBRARY_MAX_TOKENS, LIBRARY_TEMPERATURE
 from agentkv.engine import SamplingParams
-from agentkv.errors import RequestError
+from agentkv.errors import OutputValidationError, RequestError
 from agentkv.syncio import iterate_sync
 
 _default_engine = None
@@ -41,6 +41,9 @@ def default_engine():
         return _default_engine
 
 
+RESAMPLES = 2  # an output failing a keyword its grammar relaxed is generated again at most this many times
+
+
 def set_default_engine(engine) -> None:
     """Use `engine` wherever a call names none (e.g. one loaded with a bigger model)."""
     global _default_engine
@@ -53,15 +56,21 @@ def generate(prompt: str | Sequence[dict], schema: Any = None, *, regex: str | N
     """One typed generation: a validated Pydantic instance for a model class (a value of the type
     for `list[int]`, `A | B`, ...), a dict (checked with jsonschema) for a dict schema, the text for
     a regex or grammar, the chosen option for `choices`, and plain text when none is given. Raises
-    GrammarError for a schema that does not compile and IncompleteOutputError (carrying the partial
-    text) when max_tokens cut the output."""
+    GrammarError for a schema that does not compile (with `strict=True`, also for one with a keyword
+    the grammar cannot enforce exactly) and IncompleteOutputError (carrying the partial text) when
+    max_tokens cut the output. Sampled (temperature > 0), an output that fails a keyword its grammar
+    relaxed is generated again, at most RESAMPLES times, before OutputValidationError."""
     engine = engine or default_engine()
     if choices is not None:
         _choices_alone(schema, regex, grammar, sampling)
         return choose(engine, prompt, choices)
     params = _params(schema, regex, grammar, sampling)
-    out = engine.chat(prompt, params) if is_messages(prompt) else engine.generate(prompt, params)
-    return out.parsed if params.structured else out.text
+    for attempt in range(RESAMPLES + 1):
+        out = engine.chat(prompt, params) if is_messages(prompt) else engine.generate(prompt, params)
+        try:
+            return out.parsed if params.structured else out.text
+        except OutputValidationError as e:
+            params = _resample(params, e, attempt)
 
 
 async def agenerate(prompt: str | Sequence[dict], schema: Any = None, *, regex: str | None = None,
@@ -75,8 +84,12 @@ async def agenerate(prompt: str | Sequence[dict], schema: Any = None, *, regex: 
         _choices_alone(schema, regex, grammar, sampling)
         return await asyncio.to_thread(choose, engine, prompt, choices)
     params = _params(schema, regex, grammar, sampling)
-    out = await engine.agenerate(prompt, params)  # renders a list of messages
-    return out.parsed if params.structured else out.text
+    for attempt in range(RESAMPLES + 1):
+        out = await engine.agenerate(prompt, params)  # renders a list of messages
+        try:
+            return out.parsed if params.structured else out.text
+        except OutputValidationError as e:
+            params = _resample(params, e, attempt)
 
 
 def _choices_alone(schema, regex, grammar, sampling: dict) -> None:
@@ -124,6 +137,16 @@ async def astream(prompt: str | Sequence[dict], schema: Any = None, *, regex: st
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
+
+
+def _resample(params, error: OutputValidationError, attempt: int):
+    """The parameters to generate again with after an output failed a keyword its grammar relaxed
+    (as the server does: `strict=True` refuses such a schema up front instead); the error again
+    where resampling cannot help: a validator of a model's own, greedy decoding (the same output),
+    or the resamples spent."""
+    if error.keyword is None or params.temperature == 0 or attempt == RESAMPLES:
+        raise error
+    return params.with_(seed=params.seed + 1) if params.seed is not None else params
 
 
 def _params(schema, regex, grammar, sampling: dict):

@@ -243,3 +243,33 @@ def test_engine_stats_report_the_grammar_caches(tiny_engine):
     tiny_engine.generate("x", regex="[ab]{3}c", max_tokens=8)
     st = tiny_engine.stats()
     assert st["grammars_cached"] >= 1 and st["grammar_cache_bytes"] > 0 and st["grammar_cache_evictions"] >= 0
+
+
+def test_generate_follows_the_schema_contract(tiny_engine, monkeypatch):
+    from agentkv import typed
+
+    """strict=True refuses a keyword the grammar cannot enforce, naming its pointer; without it, a
+    sampled output failing a relaxed keyword is generated again, and one that always fails raises
+    OutputValidationError carrying the keyword."""
+    with pytest.raises(ak.GrammarError, match="#/pattern"):
+        ak.generate("x", {"type": "string", "pattern": "^(a)\\1$"}, strict=True, engine=tiny_engine)
+    maybe = {"type": "array", "items": {"enum": [1, 2, 3]}, "minItems": 2, "maxItems": 2, "uniqueItems": True}
+
+    def failures() -> int:
+        failed = 0
+        for seed in range(12):
+            try:
+                assert len(set(ak.generate("x", maybe, temperature=1.0, seed=seed, engine=tiny_engine))) == 2
+            except ak.OutputValidationError as e:
+                assert e.keyword == "uniqueItems"
+                failed += 1
+        return failed
+
+    with_resamples = failures()
+    monkeypatch.setattr(typed, "RESAMPLES", 0)
+    assert with_resamples < failures()  # a third of first tries repeat an item; their resamples mostly do not
+    monkeypatch.undo()
+    never = {"type": "array", "items": {"enum": [1, 2]}, "minItems": 3, "maxItems": 3, "uniqueItems": True}
+    with pytest.raises(ak.OutputValidationError) as e:
+        ak.generate("x", never, temperature=1.0, engine=tiny_engine)
+    assert e.value.keyword == "uniqueItems" and e.value.pointer == "#/uniqueItems"

@@ -134,10 +134,11 @@ class Turn:
         content, calls, end = self.fmt.parse(answer, cut)
         specs = {s.name: s for s in self.specs}
         for call in calls if check else ():
-            problem = schema_check(specs[call.name].parameters).error(call.arguments)
-            if problem is not None:
+            failure = schema_check(specs[call.name].parameters).failure(call.arguments)
+            if failure is not None:
                 raise OutputValidationError(f"the arguments of the call of {call.name!r} do not validate against "
-                                            f"its schema: {problem}", text, "length" if cut else "stop")
+                                            f"its schema: {failure.message}", text, "length" if cut else "stop",
+                                            failure.keyword, failure.pointer)
         return Reply(thought, answer, content, calls, end, self.fmt.calls_start(answer))
 
     def read(self, out):

@@ -18,7 +18,7 @@ import torch
 
 from agentkv.engine.request import Request
 from agentkv.engine.sampling_params import SamplingParams
-from agentkv.errors import RequestError
+from agentkv.errors import GrammarError, RequestError
 from agentkv.grammar import CompiledGrammar, GrammarCompiler, TokenizerInfo
 from agentkv.grammar.schema.parse import value_parser
 
@@ -53,14 +53,23 @@ class GrammarSupport:
             self._compiler = compiler
 
     def compile(self, params: SamplingParams) -> CompiledGrammar | None:
-        """The request's grammar (cached by source), or None for free text. Raises GrammarError."""
+        """The request's grammar (cached by source), or None for free text. Raises GrammarError, also
+        for a strict request whose grammar relaxed a keyword."""
         if params.json_schema is not None:
-            return self.compiler.compile_json_schema(params.json_schema, close_objects=params.close_objects)
-        if params.regex is not None:
-            return self.compiler.compile_regex(params.regex)
-        if params.grammar is not None:
-            return self.compiler.compile_lark(params.grammar)
-        return None
+            grammar = self.compiler.compile_json_schema(params.json_schema, close_objects=params.close_objects)
+        elif params.regex is not None:
+            grammar = self.compiler.compile_regex(params.regex)
+        elif params.grammar is not None:
+            grammar = self.compiler.compile_lark(params.grammar)
+        else:
+            return None
+        if params.strict and grammar.relaxed:
+            first = grammar.relaxed[0]
+            more = f" (and {len(grammar.relaxed) - 1} more)" if len(grammar.relaxed) > 1 else ""
+            raise GrammarError(f"strict: the grammar cannot enforce `{first.keyword}` exactly ({first.reason}){more}; "
+                               "change the schema, or drop strict to have it validated after generation",
+                               first.pointer)
+        return grammar
 
 
 def output_parser(params: SamplingParams) -> Callable[[str], Any] | None:

@@ -37,6 +37,10 @@ class SamplingParams:
     # A dict schema's objects take no keys beyond those declared where it leaves additionalProperties
     # unset (as xgrammar's strict mode; a small model otherwise invents keys). False: as the spec says.
     close_objects: bool = True
+    # Every keyword of the grammar's schemas enforced exactly, or a GrammarError (naming the keyword and
+    # its JSON pointer) before anything is generated. False: a keyword the grammar cannot enforce is
+    # dropped from it and the finished output validated against the whole schema.
+    strict: bool = False
     # a reasoning model's block (<think>...</think>) is closed after this many output tokens, and the
     # answer follows (agentkv/chat/reasoning.py); None: it reasons as long as it likes within max_tokens
     max_reasoning_tokens: int | None = None

@@ -22,12 +22,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentkv.server.chat import ChatPlan, _run, chain
+from agentkv.server.chat import ChatPlan, _run, chain, generate_checked
 from agentkv.server.protocol import MAX_STOP, MAX_STOP_CHARS, APIError, ChatRequest, call_id
 
 # HTTP status -> Anthropic's error type
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+               404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
+               429: "rate_limit_error", 503: "overloaded_error"}
 STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
 
 
@@ -204,12 +205,12 @@ async def count_tokens(engine, req: CountTokensRequest, close_objects: bool = Tr
     return {"input_tokens": len(engine.tokenizer.encode(plan.prompt))}
 
 
-async def create_message(engine, req: MessagesRequest, model: str, close_objects: bool = True) -> dict:
+async def create_message(engine, req: MessagesRequest, model: str, close_objects: bool = True,
+                         resamples: int = 0) -> dict:
     plan = plan_of(engine, req, close_objects)
-    out = await _run(engine.agenerate(plan.prompt_ids(), plan.params))
     mid = _message_id()
+    out, [(msg, reason)], _ = await generate_checked(engine, plan, plan.prompt_ids(), lambda i: mid[-8:], resamples)
     completion = out.completions[0]
-    msg, reason = plan.message(completion, mid[-8:])
     return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": blocks(msg),
             **_stop(engine, req, completion, reason), "usage": usage(out.usage)}
 

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from agentkv.chat.calls import CallProgress
@@ -24,11 +25,13 @@ from agentkv.server.protocol import (
     chat_tools,
     check_max_tokens,
     finish_reason,
+    invalid_output,
     logprobs_json,
     response_schema,
     template_kwargs,
     template_messages,
     tool_calls_json,
+    wants_strict,
 )
 
 
@@ -53,6 +56,7 @@ class ChatPlan:
         if req.max_completion_tokens is not None:
             sampling["max_tokens"] = req.max_completion_tokens
         sampling["logprobs"] = req.logprobs
+        sampling["strict"] = wants_strict(req)
         if req.max_reasoning_tokens is not None:
             sampling["max_reasoning_tokens"] = req.max_reasoning_tokens
         if req.top_logprobs is not None:
@@ -90,7 +94,8 @@ class ChatPlan:
         """(the response message, its finish_reason) of one completion: the calls it completed (a call
         cut by max_tokens dropped), the text before them with none of the format's markup, each
         call's arguments and a finished JSON output checked against their whole schemas (what the
-        grammar relaxed; an output that fails is a 500, which OpenAI's clients retry)."""
+        grammar relaxed; an output that fails is a 422 carrying it and the keyword: `generate_checked`
+        resamples first)."""
         try:
             reply = self.turn.read_text(completion.text, cut=completion.finish_reason == "length")
             text, calls = reply.content, reply.calls
@@ -100,14 +105,13 @@ class ChatPlan:
                 except json.JSONDecodeError:
                     pass  # free text beside the output (tool_choice auto): not JSON, nothing to check
                 else:
-                    problem = schema_check(self.output_schema).error(value)
-                    if problem is not None:
-                        raise OutputValidationError(f"the output does not validate against its schema: {problem}",
-                                                    completion.text, completion.finish_reason)
+                    failure = schema_check(self.output_schema).failure(value)
+                    if failure is not None:
+                        raise OutputValidationError(f"the output does not validate against its schema: "
+                                                    f"{failure.message}", completion.text, completion.finish_reason,
+                                                    failure.keyword, failure.pointer)
         except OutputValidationError as e:
-            raise APIError(500, f"the model wrote what the grammar could not enforce exactly: {e.args[0]}; retry, "
-                                "or make the schema enforceable (see GrammarCompiler(strict=True))", None,
-                           "server_error", "invalid_model_output") from None
+            raise invalid_output(e) from None
         msg: dict[str, Any] = {"role": "assistant", "content": (text or None) if calls else text}
         if reply.reasoning is not None:
             msg["reasoning_content"] = reply.reasoning
@@ -120,16 +124,36 @@ class ChatPlan:
         return self.turn.split(text, final)
 
 
-async def chat_completion(engine, req: ChatRequest, model: str) -> dict:
+async def generate_checked(engine, plan: ChatPlan, ids: list[int], prefix: Callable[[int], str], resamples: int):
+    """(the output, each completion's (message, finish_reason), how many times it was resampled): an
+    output that fails a keyword its grammar relaxed is generated again, up to `resamples` times, its
+    usage counted; after that the 422 stands. (A stream cannot take back what it sent: it ends with
+    the 422 as its last event instead.) `prefix(i)`: the call ids' prefix of completion i."""
+    usage, params = None, plan.params
+    for attempt in range(resamples + 1):
+        out = await _run(engine.agenerate(ids, params))
+        usage = out.usage if usage is None else usage + out.usage
+        try:
+            read = [plan.message(c, prefix(i)) for i, c in enumerate(out.completions)]
+        except APIError as e:
+            if e.code != "invalid_model_output" or attempt == resamples:
+                raise
+            if params.seed is not None:  # a seeded request would write the same output again
+                params = params.with_(seed=params.seed + 1)
+            continue
+        return dataclasses.replace(out, usage=usage), read, attempt
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def chat_completion(engine, req: ChatRequest, model: str, resamples: int = 0) -> dict:
     plan = ChatPlan(engine, req)
-    out = await _run(engine.agenerate(plan.prompt_ids(), plan.params))
     rid = _id("chatcmpl")
-    choices = []
-    for i, c in enumerate(out.completions):
-        msg, reason = plan.message(c, f"{rid[-8:]}_{i}")
-        choices.append({"index": i, "message": msg, "logprobs": logprobs_json(c.logprobs), "finish_reason": reason})
+    out, read, resampled = await generate_checked(engine, plan, plan.prompt_ids(), lambda i: f"{rid[-8:]}_{i}",
+                                                  resamples)
+    choices = [{"index": i, "message": msg, "logprobs": logprobs_json(c.logprobs), "finish_reason": reason}
+               for i, (c, (msg, reason)) in enumerate(zip(out.completions, read))]
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": _usage(out.usage)}
+            "choices": choices, "usage": _usage(out.usage, resampled)}
 
 
 async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: float, done) -> AsyncIterator[str]:
@@ -281,10 +305,12 @@ def call_deltas(progress: list[CallProgress], streamed: list[int], prefix: str) 
     return out
 
 
-def _usage(u) -> dict:
+def _usage(u, resampled: int = 0) -> dict:
     out = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
            "total_tokens": u.prompt_tokens + u.completion_tokens,
            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+    if resampled:  # outputs generated again after failing a relaxed keyword (their tokens counted above)
+        out["resampled"] = resampled
     if u.draft_tokens:  # speculative decoding: OpenAI's fields for predicted tokens kept and not
         out["completion_tokens_details"] = {"accepted_prediction_tokens": u.accepted_draft_tokens,
                                             "rejected_prediction_tokens": u.draft_tokens - u.accepted_draft_tokens}

@@ -73,14 +73,15 @@ class LocalHandle:
     the engine's radix cache."""
 
     def __init__(self, engine, model_name: str, close_objects: bool = True, stored_responses: int = 1024,
-                 response_ttl_s: float = 3600.0):
+                 response_ttl_s: float = 3600.0, resamples: int = 2):
         self.engine, self.model_name, self.close_objects = engine, model_name, close_objects
+        self.resamples = resamples  # an output failing a relaxed keyword is generated again, this many times
         self.responses = ResponseStore(engine, stored_responses, response_ttl_s)
         self._pins: dict[str, tuple[Any, int]] = {}  # id -> (PinHandle, tokens)
         self.id_prefix = "pin-"
 
     async def chat(self, req: ChatRequest, body: dict) -> dict:
-        return await chat_completion(self.engine, req, self.model_name)
+        return await chat_completion(self.engine, req, self.model_name, self.resamples)
 
     async def chat_stream(self, req, body, metrics, started, done) -> AsyncIterator[str]:
         return await chat_stream(self.engine, req, self.model_name, metrics, started, done)
@@ -93,7 +94,7 @@ class LocalHandle:
 
     async def create_response(self, req: ResponsesRequest, body: dict, response_id: str | None = None) -> dict:
         return await create_response(self.engine, req, self.model_name, self.responses, self.close_objects,
-                                     response_id)
+                                     response_id, self.resamples)
 
     async def stream_response(self, req, body, metrics, started, done,
                               response_id: str | None = None) -> AsyncIterator[str]:
@@ -104,7 +105,7 @@ class LocalHandle:
         return self.responses.get(response_id).response
 
     async def message(self, req: MessagesRequest, body: dict) -> dict:
-        return await create_message(self.engine, req, self.model_name, self.close_objects)
+        return await create_message(self.engine, req, self.model_name, self.close_objects, self.resamples)
 
     async def message_stream(self, req, body, metrics, started, done) -> AsyncIterator[str]:
         return await stream_message(self.engine, req, self.model_name, metrics, started, done, self.close_objects)

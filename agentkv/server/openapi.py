@@ -52,7 +52,8 @@ _STATUSES = [
     (400, "a field to change (named in error.param)"), (401, "a missing or wrong API key"),
     (404, "another model, or an unknown pin"), (413, "a prompt over the context, or a body over its limit"),
     (429, "more requests in flight than --max-inflight"),
-    (500, "an output that failed the check of a keyword its grammar relaxed (invalid_model_output)"),
+    (422, "an output that failed a keyword its grammar relaxed, after its resamples (invalid_model_output: "
+          "error.output, error.keyword, error.pointer)"),
     (503, "the engine is shutting down")]
 ERRORS = {status: {"description": what, "content": {"application/json": {"schema": ERROR}}}
           for status, what in _STATUSES}

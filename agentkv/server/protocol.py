@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentkv.chat import messages
 from agentkv.chat.calls import FunctionSpec, ToolCall, tool_name_problem
-from agentkv.errors import CacheError, EngineClosedError, RequestError
+from agentkv.errors import CacheError, EngineClosedError, OutputValidationError, RequestError
 from agentkv.grammar.compiler import closed_schema
 from agentkv.grammar.schema.validation import metaschema_error
 
@@ -28,15 +28,17 @@ class APIError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, param: str | None = None, type: str = "invalid_request_error",
-                 code: str | None = None):
+                 code: str | None = None, extra: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+        self.extra = extra or {}  # more fields of the error object (an invalid output's text and keyword)
 
     def __reduce__(self):  # raised in Ray replicas and re-raised in the ingress
-        return type(self), (self.status, self.message, self.param, self.type, self.code)
+        return type(self), (self.status, self.message, self.param, self.type, self.code, self.extra)
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
+                          **self.extra}}
 
 
 class _Request(BaseModel):
@@ -160,6 +162,25 @@ def chat_tools(req: ChatRequest) -> tuple[list[FunctionSpec], list[dict], str]:
     if choice == "required" and not specs:
         raise APIError(400, "tool_choice 'required' needs tools", "tool_choice")
     return specs, defs, choice
+
+
+def wants_strict(req: ChatRequest) -> bool:
+    """A request whose response_format or any tool says `strict: true`: every keyword of its grammar
+    enforced exactly, or a 400 before anything is generated."""
+    rf = req.response_format or {}
+    spec = rf.get("json_schema") if rf.get("type") == "json_schema" else None
+    tools = [t.get("function") for t in req.tools or [] if isinstance(t, dict)]
+    return bool(isinstance(spec, dict) and spec.get("strict")) or any(
+        isinstance(fn, dict) and fn.get("strict") is True for fn in tools)
+
+
+def invalid_output(e: OutputValidationError) -> APIError:
+    """An output that failed the check after generation (each resample too): a 422 carrying the
+    output and the keyword that failed, so a client can tell it from a server fault and act on it."""
+    return APIError(422, f"the model's output failed a keyword the grammar could not enforce exactly: {e.args[0]}; "
+                         "retry, or give strict: true to be told up front which keywords cannot be enforced",
+                    None, "invalid_request_error", "invalid_model_output",
+                    {"output": e.text, "keyword": e.keyword, "pointer": e.pointer})
 
 
 def response_schema(req: ChatRequest) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 
 from agentkv.chat.carry import TokenCarry
 from agentkv.errors import CacheError, EngineClosedError
-from agentkv.server.chat import ChatPlan, _run, chain
+from agentkv.server.chat import ChatPlan, _run, chain, generate_checked
 from agentkv.server.protocol import APIError
 from agentkv.server.responses_items import (
     ResponsesRequest,
@@ -100,15 +100,14 @@ def _plan(engine, req: ResponsesRequest, store: ResponseStore, close_objects: bo
 
 
 async def create_response(engine, req: ResponsesRequest, model: str, store: ResponseStore,
-                          close_objects: bool = True, response_id: str | None = None) -> dict:
+                          close_objects: bool = True, response_id: str | None = None, resamples: int = 0) -> dict:
     """The response; `response_id` where the caller chose it (a cluster's ingress, to route the
     response's continuations to this engine)."""
     plan, messages = _plan(engine, req, store, close_objects)
     ids = _prompt_ids(plan)
-    out = await _run(engine.agenerate(ids, plan.params))
     rid = response_id or _response_id()
+    out, [(msg, _)], _ = await generate_checked(engine, plan, ids, lambda i: rid[-8:], resamples)
     completion = out.completions[0]
-    msg, _ = plan.message(completion, rid[-8:])
     body = response_object(req, rid, model, output_items(msg, rid), completion.finish_reason, out.usage,
                            reasoning_tokens(engine, msg))
     await _keep(req, store, plan, rid, body, messages, msg, ids, completion)

@@ -305,3 +305,11 @@ def test_a_collected_agent_releases_its_pin(engine):
     del closed
     gc.collect()
     assert engine.stats()["pins"] == before
+
+
+def test_a_strict_agent_refuses_an_output_its_grammar_cannot_enforce(tiny_engine):
+    """strict=True (the schema contract, docs/structured.md): a set's uniqueItems cannot be in the
+    grammar, so the run is refused, naming the keyword, before anything is generated."""
+    with ak.Agent("x", output_type=set[int], strict=True, engine=tiny_engine) as agent:
+        with pytest.raises(ak.GrammarError, match="uniqueItems"):
+            agent.run_sync("x")

@@ -313,11 +313,61 @@ def test_dict_tool_schemas_are_closed_unless_the_server_opens_them(client):
             assert set(json.loads(call.function.arguments)) == {"q"}
 
 
-def test_relaxed_schema_output_failing_its_check_is_a_500(client):
-    """uniqueItems is not in the grammar; an output that repeats an item fails the check after."""
+def test_relaxed_output_that_always_fails_is_a_422_carrying_it(client):
+    """uniqueItems is not in the grammar; three items of two values always repeat one: every resample
+    fails too, and the answer is a 422 (not a 5xx) with the output and the keyword that failed, in a
+    stream as its last event."""
     schema = {"type": "array", "items": {"enum": [1, 2]}, "minItems": 3, "maxItems": 3, "uniqueItems": True}
-    with pytest.raises(openai.InternalServerError) as e:  # three items of two values always repeat one
+    body = dict(model="tiny", messages=[{"role": "user", "content": "x"}], temperature=1.0,
+                response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        client.chat.completions.create(**body)
+    err = e.value.body
+    assert err["code"] == "invalid_model_output"
+    assert err["keyword"] == "uniqueItems" and err["pointer"] == "#/uniqueItems"
+    assert len(set(json.loads(err["output"]))) < 3
+    with pytest.raises(openai.APIError) as e:  # the stream's last event: the same error
+        list(client.chat.completions.create(**body, stream=True))
+    assert "non-unique" in str(e.value) and not isinstance(e.value, openai.InternalServerError)
+
+
+def test_relaxed_outputs_are_resampled_not_refused(client):
+    """Two of three items of three values repeat one a third of the time: the failures are generated
+    again (counted in usage), and no answer is a 5xx."""
+    schema = {"type": "array", "items": {"enum": [1, 2, 3]}, "minItems": 2, "maxItems": 2, "uniqueItems": True}
+    resampled = 0
+    for seed in range(20):
+        try:
+            r = client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "x"}], temperature=1.0, seed=seed,
+                response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+        except openai.UnprocessableEntityError as e:  # all three attempts repeated an item
+            assert e.body["keyword"] == "uniqueItems"
+            continue
+        values = json.loads(r.choices[0].message.content)
+        assert len(set(values)) == 2
+        resampled += (r.usage.model_extra or {}).get("resampled", 0)
+    assert resampled > 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_strict_refuses_what_the_grammar_cannot_enforce(client, stream):
+    """strict: true with a backreference: a 400 naming the keyword and its pointer before anything is
+    generated (streamed or not); a strict tool the same."""
+    schema = {"type": "string", "pattern": "^(a)\\1$"}
+    with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "x"}], temperature=1.0,
-            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
-    assert "uniqueItems" in str(e.value) or "non-unique" in str(e.value)
+            model="tiny", messages=[{"role": "user", "content": "x"}], stream=stream, response_format={
+                "type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}})
+    assert "#/pattern" in e.value.body["message"] and "pattern" in e.value.body["message"]
+    tool = {"type": "function", "function": {"name": "t", "strict": True, "parameters": {
+        "type": "object", "properties": {"s": schema}, "required": ["s"], "additionalProperties": False}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], tools=[tool],
+                                       tool_choice="required", stream=stream)
+    assert "pattern" in e.value.body["message"]
+    # without strict, the same schema is generated (and validated after)
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    assert r.choices

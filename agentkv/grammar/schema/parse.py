@@ -45,9 +45,10 @@ def value_parser(schema: Any) -> Callable[[str], Any]:
 
     def parse_json(text: str) -> Any:
         value = whole_json(text)
-        problem = check.error(value)
-        if problem is not None:
-            raise OutputValidationError(f"the output does not validate against the schema: {problem}", text, "stop")
+        failure = check.failure(value)
+        if failure is not None:
+            raise OutputValidationError(f"the output does not validate against the schema: {failure.message}", text,
+                                        "stop", failure.keyword, failure.pointer)
         return value
 
     return parse_json

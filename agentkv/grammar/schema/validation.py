@@ -16,6 +16,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from agentkv.grammar.automata.regex import DOT, SPACE
 from agentkv.grammar.schema.objects import pointer_escape
@@ -24,6 +25,16 @@ from agentkv.grammar.schema.refs import SchemaResources
 # Formats no grammar here enforces that this check does (schema/relaxed.py lists them as checked).
 CHECKED_FORMATS = frozenset({"regex", "hostname", "idn-hostname", "idn-email"})
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a value failed its schema: the keyword (`uniqueItems`), its JSON pointer in the schema
+    (`#/properties/tags/uniqueItems`) and the message."""
+
+    keyword: str | None
+    pointer: str | None
+    message: str
 
 
 class SchemaCheck:
@@ -54,21 +65,28 @@ class SchemaCheck:
 
     def error(self, value) -> str | None:
         """Why `value` is not valid (the most relevant failure, with its path), or None where it is."""
+        failure = self.failure(value)
+        return None if failure is None else failure.message
+
+    def failure(self, value) -> Failure | None:
+        """The most relevant failure of `value`: the keyword, its pointer in the schema, and why."""
         from referencing.exceptions import Unresolvable
 
         try:
             err = next(iter(self._validator.iter_errors(value)), None)
         except Unresolvable as e:
-            return f"a $ref the value reaches cannot be resolved ({e}); pass that document with the schema"
+            return Failure("$ref", None, f"a $ref the value reaches cannot be resolved ({e}); pass that document "
+                                         "with the schema")
         except Exception as e:  # noqa: BLE001 - a schema jsonschema cannot read: the value is not vouched for
-            return f"the schema could not be checked ({type(e).__name__}: {e})"
+            return Failure(None, None, f"the schema could not be checked ({type(e).__name__}: {e})")
         if err is None:
             return None
         import jsonschema
 
         err = jsonschema.exceptions.best_match([err]) or err
         where = "".join(f"[{p!r}]" for p in err.absolute_path)
-        return f"{err.message}" + (f" (at value{where})" if where else "")
+        pointer = "#" + "".join("/" + pointer_escape(str(p)) for p in err.absolute_schema_path)
+        return Failure(err.validator, pointer, f"{err.message}" + (f" (at value{where})" if where else ""))
 
 
 def validator_class(schema):
