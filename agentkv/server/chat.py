@@ -12,6 +12,7 @@ from typing import Any
 
 from agentkv.chat.calls import CallProgress
 from agentkv.chat.carry import TokenCarry
+from agentkv.chat.reasoning import reply_grammar
 from agentkv.chat.turn import Turn
 from agentkv.engine import SamplingParams
 from agentkv.engine.outputs import Usage
@@ -28,6 +29,7 @@ from agentkv.server.protocol import (
     invalid_output,
     logprobs_json,
     response_schema,
+    structural_tag,
     template_kwargs,
     template_messages,
     tool_calls_json,
@@ -65,7 +67,12 @@ class ChatPlan:
             sampling["top_logprobs"] = req.top_logprobs
         self.calls_possible = self.turn.calls_possible
         self.output_schema = self.turn.output_schema
-        if specs or (schema is not None and self.turn.state != "off"):
+        self.tag = structural_tag(req)
+        if self.tag is not None:  # free text, each tag exactly (after any reasoning)
+            if "regex" in sampling or "grammar" in sampling:
+                raise APIError(400, "regex / grammar cannot be combined with response_format", "response_format")
+            sampling["grammar"] = reply_grammar(self.tag.grammar(), self.reasoning, self.turn.state)
+        elif specs or (schema is not None and self.turn.state != "off"):
             if "regex" in sampling or "grammar" in sampling:
                 what = "tools" if specs else "response_format"
                 raise APIError(400, f"regex / grammar cannot be combined with {what}", what)
@@ -99,6 +106,8 @@ class ChatPlan:
         try:
             reply = self.turn.read_text(completion.text, cut=completion.finish_reason == "length")
             text, calls = reply.content, reply.calls
+            if self.tag is not None:
+                self.tag.check(text, completion.finish_reason)
             if not calls and completion.complete and self.output_schema is not None:
                 try:
                     value = json.loads(text)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentkv.chat import messages
 from agentkv.chat.calls import FunctionSpec, ToolCall, tool_name_problem
+from agentkv.chat.structural import StructuralTag
 from agentkv.errors import CacheError, EngineClosedError, OutputValidationError, RequestError
 from agentkv.grammar.compiler import closed_schema
 from agentkv.grammar.schema.validation import metaschema_error
@@ -186,7 +187,7 @@ def invalid_output(e: OutputValidationError) -> APIError:
 def response_schema(req: ChatRequest) -> Any:
     """The json_schema of `response_format` (True for json_object), or None for text."""
     rf = req.response_format
-    if rf is None or rf.get("type") == "text":
+    if rf is None or rf.get("type") in ("text", "structural_tag"):  # (a structural tag: structural_tag below)
         return None
     if rf.get("type") == "json_object":
         return True
@@ -199,8 +200,22 @@ def response_schema(req: ChatRequest) -> Any:
         if spec.get("strict") and isinstance(schema, dict):
             schema = closed_schema(schema)
         return schema
-    raise APIError(400, f"response_format.type must be text, json_object or json_schema, not {rf.get('type')!r}",
-                   "response_format.type")
+    raise APIError(400, f"response_format.type must be text, json_object, json_schema or structural_tag, not "
+                        f"{rf.get('type')!r}", "response_format.type")
+
+
+def structural_tag(req: ChatRequest) -> StructuralTag | None:
+    """The structural tag of `response_format` (chat/structural.py), or None; a 400 naming the field."""
+    rf = req.response_format
+    if rf is None or rf.get("type") != "structural_tag":
+        return None
+    if req.tools:
+        raise APIError(400, "a structural_tag response_format cannot be combined with tools: a tag is how a reply "
+                            "writes its own calls", "response_format")
+    try:
+        return StructuralTag.parse(rf)
+    except RequestError as e:
+        raise APIError(400, str(e), "response_format") from None
 
 
 RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")

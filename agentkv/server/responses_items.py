@@ -127,7 +127,10 @@ def _chat_format(fmt: dict) -> dict:
         return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
     if kind in ("json_object", "text"):
         return {"type": kind}
-    raise APIError(400, f"text.format.type must be text, json_object or json_schema, not {kind!r}", "text.format.type")
+    if kind == "structural_tag":
+        return {k: fmt[k] for k in ("type", "structures", "triggers") if k in fmt}
+    raise APIError(400, f"text.format.type must be text, json_object, json_schema or structural_tag, not {kind!r}",
+                   "text.format.type")
 
 
 def output_items(msg: dict, rid: str) -> list[dict]:
