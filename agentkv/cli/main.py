@@ -53,8 +53,8 @@ def run(
 
     from rich.console import Console
 
-    import agentkv as ak
-    from agentkv.cli.live import format_output
+    import agentkv as ak  # here, not at the top: `agentkv --help` answers without loading the library
+    from agentkv.cli.live import format_output  # (rich, with the library)
 
     path = Path(file)
     if not path.is_file():
@@ -180,8 +180,8 @@ def _run_agent(agent, input: str, console, quiet: bool):
     """The agent's output, with the live view of its steps unless quiet."""
     from rich.live import Live
 
-    import agentkv as ak
-    from agentkv.cli.live import AgentView
+    import agentkv as ak  # here, not at the top: `agentkv --help` answers without loading the library
+    from agentkv.cli.live import AgentView  # (rich, with the library)
 
     if quiet:
         return agent.run_sync(input).output
@@ -215,7 +215,7 @@ def _options(device: str = "auto", dtype: str = "auto", tensor_parallel: int = 1
 
 
 def _engine(model: str | None, **options):
-    import agentkv as ak
+    import agentkv as ak  # here, not at the top: `agentkv --help` answers without loading the library
 
     try:
         return ak.Engine(model, **options)
@@ -243,7 +243,7 @@ def generate(
     import json
     from pathlib import Path
 
-    import agentkv as ak
+    import agentkv as ak  # here, not at the top: `agentkv --help` answers without loading the library
 
     def read(value: str | None) -> str | None:
         return Path(value).read_text() if value is not None and Path(value).is_file() else value
@@ -276,7 +276,7 @@ def chat(
 
     from rich.console import Console
 
-    import agentkv as ak
+    import agentkv as ak  # here, not at the top: `agentkv --help` answers without loading the library
 
     console = Console()
     engine = _engine(model, **_options(device, dtype, tensor_parallel, context_length, num_slots))
