@@ -131,12 +131,15 @@ class EngineCore:
             with self._cv:
                 while (not self._inbox and not self.scheduler.has_work() and self._in_flight is None
                        and not self._closed):
-                    self._cv.wait()
+                    left = self.tree.leases.seconds_left()  # a pin's lease may run out while idle
+                    if left == 0.0 or not self._cv.wait(timeout=left):  # (False: it timed out)
+                        break
                 if self._closed:
                     break
                 commands, self._inbox = self._inbox, []
             for command in commands:
                 command()
+            self.tree.expire_pins()
             if self.scheduler.has_work() or self._in_flight is not None:
                 try:
                     self.step()

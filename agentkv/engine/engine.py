@@ -293,6 +293,7 @@ class Engine(Prefixes):
                 pin_budget=t.pin_budget,
                 evicted_tokens=t.num_evicted_tokens,
                 pins=len(t.pins),
+                pin_expiries=t.leases.expired,
                 weight_bytes=self._core.runner.model.weight_bytes(),
                 free_memory_bytes=free_memory(self.config.device),
                 kv_bytes=sum(

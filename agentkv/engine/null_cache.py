@@ -11,10 +11,12 @@ from collections.abc import Sequence
 
 import torch
 
+from agentkv.engine.pin_leases import PinLeases
 from agentkv.engine.radix_cache import RadixCache
 from agentkv.errors import RequestError
 
 _NO_SLOTS = torch.empty(0, dtype=torch.int64)
+_NO_LEASES = PinLeases()
 
 
 class NullPrefixCache:
@@ -47,6 +49,13 @@ class NullPrefixCache:
 
     def unpin(self, handle) -> None:
         raise RequestError("this engine has no radix cache, so it holds no pins")
+
+    def expire_pins(self) -> int:
+        return 0
+
+    @property
+    def leases(self) -> PinLeases:
+        return _NO_LEASES
 
     @property
     def pins(self) -> list:

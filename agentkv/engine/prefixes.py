@@ -49,9 +49,14 @@ class Prefixes:
         self._prefill(ids, lambda r: None).result()
         return len(ids)
 
-    def pin(self, prefix: str | Messages | Sequence[int], *, tools: Sequence[dict] | None = None) -> PinHandle:
+    def pin(self, prefix: str | Messages | Sequence[int], *, tools: Sequence[dict] | None = None,
+            ttl_s: float | None = None) -> PinHandle:
         """Compute the KV of `prefix` (text, token ids, or messages rendered without a generation prompt)
-        and keep it resident until `unpin`. Raises PinBudgetError over the pin budget."""
+        and keep it resident until `unpin`, or with `ttl_s`, until that many seconds pass without a
+        request whose prompt starts with it (each renews it; `stats()["pin_expiries"]` counts the
+        ends). Raises PinBudgetError over the pin budget."""
+        if ttl_s is not None and not ttl_s > 0:
+            raise RequestError(f"ttl_s must be a positive number of seconds, not {ttl_s!r}")
         if not self._tree.keeps_kv:  # (before the prefill, which would compute the prefix for nothing)
             raise RequestError("pins need the radix cache; create the Engine with enable_radix_cache=True")
         ids = self._prefix_ids(prefix, tools)
@@ -61,7 +66,7 @@ class Prefixes:
                 f"the prefix has {len(ids)} tokens, over the pin budget of {budget}; raise pin_budget_fraction")
         # on the engine thread, right after the prefill put the prefix into the tree: pin it before
         # any later step could evict it
-        return self._prefill(ids, lambda r: self._tree.pin(ids)).result()
+        return self._prefill(ids, lambda r: self._tree.pin(ids, ttl_s)).result()
 
     def _prefix_ids(self, prefix, tools) -> list[int]:
         if is_messages(prefix):
@@ -88,6 +93,10 @@ class Prefixes:
         req.on_update = on_update
         self._core.submit([req])
         return result
+
+    def pins(self) -> list[PinHandle]:
+        """The pins held now (a pin whose time to live ran out is not among them)."""
+        return self._core.call(lambda: self._tree.pins).result()
 
     def unpin(self, handle: PinHandle, wait: bool = True) -> None:
         """Release a pin. `wait=False` only posts it to the engine thread: what a finalizer, which

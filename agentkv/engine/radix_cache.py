@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from agentkv.engine.pin_leases import PinLeases
 from agentkv.errors import CacheError, PinBudgetError
 
 
@@ -97,6 +98,7 @@ class RadixCache:
         self.pinned_size = 0
         self.num_evicted_tokens = 0
         self._pins.clear()
+        self.leases = PinLeases()  # pins with a time to live (pin_leases.py)
         self._evictable: set[TreeNode] = set()  # the unprotected leaves, kept up to date (what evict takes from)
 
     # ---- lookup and insertion -------------------------------------------------------------
@@ -156,6 +158,8 @@ class RadixCache:
     def touch(self, node: TreeNode) -> None:
         """Count the path from the root to `node` as used now (LRU)."""
         now = next(self._clock)
+        if self.leases:
+            self.leases.renew(node)
         while node is not None:
             node.last_access = now
             node = node.parent
@@ -237,8 +241,9 @@ class RadixCache:
 
     # ---- pins (resident prefixes, bounded by a budget) ------------------------------------
 
-    def pin(self, tokens: Sequence[int]) -> PinHandle:
-        """Pin the cached prefix `tokens` (it must be fully cached) and its ancestors."""
+    def pin(self, tokens: Sequence[int], ttl_s: float | None = None) -> PinHandle:
+        """Pin the cached prefix `tokens` (it must be fully cached) and its ancestors; with `ttl_s`,
+        until that long passes without a request through it (`expire_pins`)."""
         slots, node = self.match_prefix(tokens)
         if len(slots) < len(tokens):
             raise CacheError(f"only {len(slots)} of {len(tokens)} tokens are cached; prefill them before pinning")
@@ -264,12 +269,27 @@ class RadixCache:
             n = n.parent
         handle = PinHandle(next(self._pin_ids), len(tokens))
         self._pins[handle.id] = node
+        if ttl_s is not None:
+            self.leases.add(handle.id, node, ttl_s)
         return handle
 
+    def expire_pins(self) -> int:
+        """Release the pins whose time to live ran out; how many."""
+        due = self.leases.due()
+        for pin_id in due:
+            self._release(pin_id)
+        return len(due)
+
     def unpin(self, handle: PinHandle) -> None:
-        node = self._pins.pop(handle.id, None)
+        if handle.id in self.leases.gone:
+            return  # its lease ran out: already released
+        self.leases.drop(handle.id)
+        self._release(handle.id)
+
+    def _release(self, pin_id: int) -> None:
+        node = self._pins.pop(pin_id, None)
         if node is None:
-            raise CacheError(f"pin {handle.id} is not active (already unpinned, or from another engine)")
+            raise CacheError(f"pin {pin_id} is not active (already unpinned, or from another engine)")
         while node is not self.root:
             node.pin_ref -= 1
             if node.pin_ref == 0:

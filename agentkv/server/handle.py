@@ -118,9 +118,13 @@ class LocalHandle:
 
     async def pin(self, req: ChatRequest, body: dict) -> dict:
         """Pin the prefix every conversation with these messages and tools starts with."""
+        ttl = (req.model_extra or {}).get("ttl_s")
+        if ttl is not None and (not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or ttl <= 0):
+            raise APIError(400, "ttl_s must be a positive number of seconds (the pin ends when that long passes "
+                                "without a request that starts with it)", "ttl_s")
         plan = ChatPlan(self.engine, req)  # rendered as a chat request with these messages and tools renders them
         ids = self.engine.conversation_prefix(plan.messages, tools=plan.template_tools)
-        handle = await asyncio.to_thread(self.engine.pin, ids)
+        handle = await asyncio.to_thread(self.engine.pin, ids, ttl_s=ttl)
         pin_id = f"{self.id_prefix}{handle.id}"
         self._pins[pin_id] = (handle, len(ids))
         return {"id": pin_id, "object": "pin", "tokens": len(ids)}
@@ -132,6 +136,8 @@ class LocalHandle:
         await asyncio.to_thread(self.engine.unpin, handle)
 
     def pins(self) -> list[dict]:
+        active = {p.id for p in self.engine.pins()}  # (a pin whose time to live ran out is gone)
+        self._pins = {k: v for k, v in self._pins.items() if v[0].id in active}
         return [{"id": k, "object": "pin", "tokens": n} for k, (_, n) in self._pins.items()]
 
     async def stats(self) -> dict:

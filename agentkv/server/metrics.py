@@ -24,6 +24,7 @@ _GAUGES = (
     ("agentkv_cached_tokens", "cached_tokens", "Tokens held by the radix cache."),
     ("agentkv_pinned_tokens", "pinned_tokens", "Tokens pinned in the radix cache."),
     ("agentkv_pins", "pins", "Pinned prefixes."),
+    ("agentkv_pin_expiries", "pin_expiries", "Pins released because their time to live ran out (since start)."),
     ("agentkv_grammar_cache_bytes", "grammar_cache_bytes",
      "Bytes the grammar caches hold: token masks, token walks, rule automata."),
     ("agentkv_grammar_cache_evictions", "grammar_cache_evictions",

@@ -287,3 +287,24 @@ def test_without_the_radix_cache_every_slot_comes_back(tiny_dir, tiny_engine):
         for call in (lambda: plain.pin("a prefix"), lambda: plain.prefill("a prefix")):
             with pytest.raises(ak.RequestError, match="enable_radix_cache=True"):
                 call()
+
+
+def test_a_pin_with_a_lifetime_is_renewed_by_use_then_ends(tiny_dir):
+    """ttl_s: a request through the pinned prefix renews it; idle past its time, it is released on its
+    own (the engine wakes for it), counted, and unpinning it then is a no-op."""
+    import time
+
+    prefix = "You are the pinned agent. " * 6
+    with ak.Engine(str(tiny_dir), num_slots=1024) as engine:
+        pin = engine.pin(prefix, ttl_s=0.6)
+        for _ in range(3):  # 0.9 s in all, each request within the time to live: it stays
+            time.sleep(0.3)
+            engine.generate(prefix + "go", max_tokens=2)
+        st = engine.stats()
+        assert st["pins"] == 1 and st["pin_expiries"] == 0 and [p.id for p in engine.pins()] == [pin.id]
+        time.sleep(1.0)  # idle: nothing renews it
+        st = engine.stats()
+        assert st["pins"] == 0 and st["pin_expiries"] == 1 and st["pinned_tokens"] == 0 and engine.pins() == []
+        engine.unpin(pin)  # already released: nothing to do
+        with pytest.raises(ak.RequestError, match="ttl_s"):
+            engine.pin(prefix, ttl_s=0)

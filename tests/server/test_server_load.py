@@ -75,6 +75,20 @@ def test_pins_metrics_and_capacity(client, live):
     assert {"agentkv_grammar_cache_bytes", "agentkv_grammar_cache_evictions"} <= set(families)
 
 
+def test_a_pin_with_ttl_ends_on_its_own(live):
+    """POST /v1/pins with ttl_s: listed while alive, gone (and counted in /metrics) once idle past it."""
+    base, engine, _ = live
+    system = {"role": "system", "content": "You answer in Dutch. " * 12}
+    assert http("POST", f"{base}/pins", {"messages": [system], "ttl_s": -1})[0] == 400
+    pinned = json.loads(http("POST", f"{base}/pins", {"messages": [system], "ttl_s": 0.3})[1])
+    assert pinned["id"] in [p["id"] for p in json.loads(http("GET", f"{base}/pins")[1])["data"]]
+    before = engine.stats()["pin_expiries"]
+    time.sleep(0.8)
+    assert pinned["id"] not in [p["id"] for p in json.loads(http("GET", f"{base}/pins")[1])["data"]]
+    assert engine.stats()["pin_expiries"] == before + 1
+    assert "agentkv_pin_expiries" in http("GET", base.removesuffix("/v1") + "/metrics")[1]
+
+
 def test_busy_server_answers_429(tiny_long_dir, live):
     engine = live[1]
     with serving(create_app(engine, "tiny", max_inflight=1)) as base:

@@ -23,8 +23,8 @@ from agentkv.server.cluster.ray_router import PIN, PIN_ID, REPLICA, RESPONSE_ID,
 from agentkv.server.metrics import Metrics
 from agentkv.server.protocol import APIError
 
-_SUMMED = ("waiting", "running", "free_slots", "cached_tokens", "pinned_tokens", "pins", "grammar_cache_bytes",
-           "grammar_cache_evictions")
+_SUMMED = ("waiting", "running", "free_slots", "cached_tokens", "pinned_tokens", "pins", "pin_expiries",
+           "grammar_cache_bytes", "grammar_cache_evictions")
 
 
 class ClusterHandle:
