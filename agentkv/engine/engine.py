@@ -240,6 +240,7 @@ class Engine(Prefixes):
                             r.finish_reason if finished else None,
                             r.usage if finished else None,
                             _completion(r, output_parser(params)) if finished else None,
+                            group[0].cache_miss if finished else None,
                         )
                         sent_text[r.rid], sent_tokens[r.rid] = len(text), len(r.output_ids)
                         yield delta
@@ -399,7 +400,8 @@ class Engine(Prefixes):
             accepted_draft_tokens=sum(r.usage.accepted_draft_tokens for r in group),
         )
         parser = output_parser(group[0].params)
-        return RequestOutput(list(group[0].prompt_ids), [_completion(r, parser) for r in group], usage)
+        return RequestOutput(list(group[0].prompt_ids), [_completion(r, parser) for r in group], usage,
+                             group[0].cache_miss)
 
 
 def _completion(r: Request, parser) -> Completion:

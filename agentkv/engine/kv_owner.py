@@ -15,7 +15,10 @@ import torch
 from agentkv.engine.inflight import InFlight
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.null_cache import PrefixCache
+from agentkv.engine.outputs import CacheMiss
 from agentkv.engine.request import Request
+
+MISS_TOKENS = 16  # of what the cache held and what the prompt has, where they part
 
 
 class KVOwner:
@@ -31,6 +34,14 @@ class KVOwner:
     def match(self, r: Request, touch: bool = True):
         """The slots of r's longest cached prefix and the tree node where it ends (None: nothing cached)."""
         return self.tree.match_prefix(r.all_ids[: self.matchable_len(r)], touch)
+
+    def miss(self, r: Request, cached: int) -> CacheMiss | None:
+        """Where r's prompt parts from a longer path the cache holds (None: it matched all it could,
+        or the cache holds nothing past its cached part)."""
+        if cached >= min(self.matchable_len(r), len(r.prompt_ids)):
+            return None
+        held = self.tree.continuation(r.all_ids[:cached], MISS_TOKENS)
+        return CacheMiss(cached, held, list(r.all_ids[cached : cached + MISS_TOKENS])) if held else None
 
     def start(self, r: Request, prefix_slots: torch.Tensor, node) -> None:
         """Give admitted r a row that starts with its cached prefix (`node`: locked by the caller)."""

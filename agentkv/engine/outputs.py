@@ -65,6 +65,17 @@ class Completion:
         return self.parser(self.text if self.content is None else self.content)
 
 
+@dataclass(frozen=True)
+class CacheMiss:
+    """Where a prompt parted from a longer path the radix cache held: its first uncached token's index,
+    what the cache held there and what the prompt has (up to 16 tokens each). A prompt that matched
+    all it could, or met the end of what the cache held, has none."""
+
+    token: int
+    cached: list[int]
+    sent: list[int]
+
+
 @dataclass
 class RequestOutput:
     """One prompt's result. `text`, `token_ids` and `finish_reason` are those of the first completion;
@@ -73,6 +84,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     completions: list[Completion]
     usage: Usage
+    cache_miss: CacheMiss | None = None  # why the prompt's cached part stopped short, where it did
 
     @property
     def text(self) -> str:
@@ -117,3 +129,4 @@ class StreamDelta:
     finish_reason: str | None = None
     usage: Usage | None = None
     completion: Completion | None = None
+    cache_miss: CacheMiss | None = None  # (the last delta) as RequestOutput.cache_miss

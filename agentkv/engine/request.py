@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from agentkv.engine.outputs import TokenLogprob, Usage
+from agentkv.engine.outputs import CacheMiss, TokenLogprob, Usage
 from agentkv.engine.sampling_params import SamplingParams
 from agentkv.grammar import CompiledGrammar, Matcher
 
@@ -59,6 +59,7 @@ class Request:
     last_node: TreeNode | None = None
     admitted_once: bool = False
     usage: Usage = field(default_factory=Usage)
+    cache_miss: CacheMiss | None = None  # where its prompt parted from a longer cached path (first admission)
     # output state
     text: str = ""
     finish_reason: str | None = None

@@ -205,6 +205,7 @@ class Scheduler:
         if not r.admitted_once:
             r.admitted_once = True
             r.usage.cached_tokens = min(len(prefix_slots), len(r.prompt_ids))
+            r.cache_miss = self.kv.miss(r, len(prefix_slots))
             self.stats.prompt_tokens += len(r.prompt_ids)
             self.stats.cached_prompt_tokens += r.usage.cached_tokens
 

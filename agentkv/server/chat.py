@@ -12,6 +12,7 @@ from typing import Any
 
 from agentkv.chat.calls import CallProgress
 from agentkv.chat.carry import TokenCarry
+from agentkv.chat.miss import describe
 from agentkv.chat.reasoning import reply_grammar
 from agentkv.chat.turn import Turn
 from agentkv.engine import SamplingParams
@@ -48,7 +49,8 @@ class ChatPlan:
         output = None if schema is None else ({} if schema is True else schema)
         turn = Turn(self.fmt, tuple(specs), tuple(defs), mode if specs else "none", output, req.parallel_tool_calls,
                     reasoning=engine.reasoning)
-        self.messages = turn.messages(template_messages(req, self.fmt))
+        self.bare_messages = template_messages(req, self.fmt)  # (without the tool definitions a format adds)
+        self.messages = turn.messages(self.bare_messages)
         self.template_tools = turn.template_tools
         self.prompt = _render(engine, self.messages, self.template_tools, req)
         # a reasoning model thinks first, free of the grammar, unless the prompt turned reasoning off
@@ -94,8 +96,19 @@ class ChatPlan:
         then the new text's), its max_tokens checked against the context (a prompt over the context
         itself is the engine's 413)."""
         ids = self.carry.encode(self.prompt) if self.carry is not None else self.prompt
-        return _prompt_tokens(self.engine, ids, self.params.max_tokens,
-                              "max_completion_tokens" if self.req.max_completion_tokens is not None else "max_tokens")
+        param = "max_completion_tokens" if self.req.max_completion_tokens is not None else "max_tokens"
+        self.ids = _prompt_tokens(self.engine, ids, self.params.max_tokens, param)
+        return self.ids
+
+    def cache_miss(self, miss) -> dict | None:
+        """Where the prompt parted from a longer cached path, named (chat/miss.py); None where it
+        did not."""
+        if miss is None:
+            return None
+        tok = self.engine.tokenizer
+        return describe(miss, self.ids, lambda ids: tok.decode(ids, skip_special_tokens=False), self.messages,
+                        self.bare_messages, self.template_tools, self.engine.render, self.reasoning,
+                        **template_kwargs(self.req))
 
     def message(self, completion, call_prefix: str) -> tuple[dict, str]:
         """(the response message, its finish_reason) of one completion: the calls it completed (a call
@@ -138,10 +151,11 @@ async def generate_checked(engine, plan: ChatPlan, ids: list[int], prefix: Calla
     output that fails a keyword its grammar relaxed is generated again, up to `resamples` times, its
     usage counted; after that the 422 stands. (A stream cannot take back what it sent: it ends with
     the 422 as its last event instead.) `prefix(i)`: the call ids' prefix of completion i."""
-    usage, params = None, plan.params
+    usage, params, miss = None, plan.params, None
     for attempt in range(resamples + 1):
         out = await _run(engine.agenerate(ids, params))
         usage = out.usage if usage is None else usage + out.usage
+        miss = out.cache_miss if attempt == 0 else miss  # (a resample meets its own first try in the cache)
         try:
             read = [plan.message(c, prefix(i)) for i, c in enumerate(out.completions)]
         except APIError as e:
@@ -150,7 +164,7 @@ async def generate_checked(engine, plan: ChatPlan, ids: list[int], prefix: Calla
             if params.seed is not None:  # a seeded request would write the same output again
                 params = params.with_(seed=params.seed + 1)
             continue
-        return dataclasses.replace(out, usage=usage), read, attempt
+        return dataclasses.replace(out, usage=usage, cache_miss=miss), read, attempt
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -162,7 +176,7 @@ async def chat_completion(engine, req: ChatRequest, model: str, resamples: int =
     choices = [{"index": i, "message": msg, "logprobs": logprobs_json(c.logprobs), "finish_reason": reason}
                for i, (c, (msg, reason)) in enumerate(zip(out.completions, read))]
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": _usage(out.usage, resampled)}
+            "choices": choices, "usage": _usage(out.usage, resampled, plan.cache_miss(out.cache_miss))}
 
 
 async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: float, done) -> AsyncIterator[str]:
@@ -314,10 +328,12 @@ def call_deltas(progress: list[CallProgress], streamed: list[int], prefix: str) 
     return out
 
 
-def _usage(u, resampled: int = 0) -> dict:
+def _usage(u, resampled: int = 0, cache_miss: dict | None = None) -> dict:
     out = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
            "total_tokens": u.prompt_tokens + u.completion_tokens,
            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+    if cache_miss is not None:  # where the prompt parted from a longer cached path, and why
+        out["prompt_tokens_details"]["cache_miss"] = cache_miss
     if resampled:  # outputs generated again after failing a relaxed keyword (their tokens counted above)
         out["resampled"] = resampled
     if u.draft_tokens:  # speculative decoding: OpenAI's fields for predicted tokens kept and not
