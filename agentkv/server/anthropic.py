@@ -6,8 +6,9 @@ A request becomes a chat request: the system prompt (a string or text blocks), m
 blocks are text, `tool_use` (an assistant's calls), `tool_result` (role "tool" messages, `is_error`
 marked) and `thinking` (the reasoning block as the template keeps it); tools' `input_schema`;
 `tool_choice` auto / any / tool / none and `disable_parallel_tool_use`; `thinking` enabled (its
-budget closes the block) or disabled. `cache_control` is accepted anywhere and changes nothing: the
-radix cache keeps every prefix without being asked, and its hits come back as
+budget closes the block) or disabled. `cache_control` is accepted anywhere; on the system prompt or a
+tool it pins the prefix through it for a while (server/sessions.py), as Anthropic keeps a cache
+breakpoint; the radix cache keeps every other prefix unasked, and its hits come back as
 `cache_read_input_tokens`. The reply is content blocks (thinking, text, tool_use) with Anthropic's
 stop reasons, streamed as its events.
 """
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentkv.server.chat import ChatPlan, _run, chain, generate_checked
 from agentkv.server.protocol import MAX_STOP, MAX_STOP_CHARS, APIError, ChatRequest, call_id
+from agentkv.server.sessions import Sessions
 
 # HTTP status -> Anthropic's error type
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -205,9 +207,19 @@ async def count_tokens(engine, req: CountTokensRequest, close_objects: bool = Tr
     return {"input_tokens": len(engine.tokenizer.encode(plan.prompt))}
 
 
+def marked(req: CountTokensRequest) -> int | None:
+    """Where a `cache_control` hint ends (server/sessions.py): the system prompt (message 0) where a
+    system block carries one, -1 where only a tool does, None where neither does."""
+    if isinstance(req.system, list) and any(isinstance(b, dict) and b.get("cache_control") for b in req.system):
+        return 0
+    return -1 if any(isinstance(t, dict) and t.get("cache_control") for t in req.tools or []) else None
+
+
 async def create_message(engine, req: MessagesRequest, model: str, close_objects: bool = True,
-                         resamples: int = 0) -> dict:
+                         resamples: int = 0, sessions: Sessions | None = None) -> dict:
     plan = plan_of(engine, req, close_objects)
+    if sessions is not None:
+        await sessions.hinted(plan.messages, plan.template_tools, marked(req))
     mid = _message_id()
     out, [(msg, reason)], _ = await generate_checked(engine, plan, plan.prompt_ids(), lambda i: mid[-8:], resamples)
     completion = out.completions[0]

@@ -36,6 +36,7 @@ from agentkv.server.protocol import (
     tool_calls_json,
     wants_strict,
 )
+from agentkv.server.sessions import Sessions, marked_prefix
 
 
 class ChatPlan:
@@ -146,6 +147,12 @@ class ChatPlan:
         return self.turn.split(text, final)
 
 
+async def hint(sessions: Sessions | None, plan: ChatPlan) -> None:
+    """The request's cache_control hint, pinned before it runs (sessions.py)."""
+    if sessions is not None:
+        await sessions.hinted(plan.messages, plan.template_tools, marked_prefix(plan.req.messages, plan.req.tools))
+
+
 async def generate_checked(engine, plan: ChatPlan, ids: list[int], prefix: Callable[[int], str], resamples: int):
     """(the output, each completion's (message, finish_reason), how many times it was resampled): an
     output that fails a keyword its grammar relaxed is generated again, up to `resamples` times, its
@@ -168,23 +175,29 @@ async def generate_checked(engine, plan: ChatPlan, ids: list[int], prefix: Calla
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def chat_completion(engine, req: ChatRequest, model: str, resamples: int = 0) -> dict:
+async def chat_completion(engine, req: ChatRequest, model: str, resamples: int = 0,
+                          sessions: Sessions | None = None) -> dict:
     plan = ChatPlan(engine, req)
     rid = _id("chatcmpl")
+    await hint(sessions, plan)
     out, read, resampled = await generate_checked(engine, plan, plan.prompt_ids(), lambda i: f"{rid[-8:]}_{i}",
                                                   resamples)
+    if sessions is not None:
+        await sessions.keep(req.prompt_cache_key, plan.ids + out.completions[0].token_ids)
     choices = [{"index": i, "message": msg, "logprobs": logprobs_json(c.logprobs), "finish_reason": reason}
                for i, (c, (msg, reason)) in enumerate(zip(out.completions, read))]
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": _usage(out.usage, resampled, plan.cache_miss(out.cache_miss))}
 
 
-async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: float, done) -> AsyncIterator[str]:
+async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: float, done,
+                      sessions: Sessions | None = None) -> AsyncIterator[str]:
     """Server-sent events; the first is computed before this returns, so a request that cannot run
     fails with its HTTP status instead of inside a 200 stream. `done()` runs when the stream ends,
     however it ends (a client that goes away included)."""
     plan = ChatPlan(engine, req)
     rid, created = _id("chatcmpl"), int(time.time())
+    await hint(sessions, plan)
     deltas = engine.stream(plan.prompt_ids(), plan.params)
     first = await _run(deltas.__anext__())
 
@@ -257,6 +270,8 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                 # a streamed choice's logprobs come whole, with its finish_reason
                 yield chunk(d.index, {}, reason, logprobs_json(d.completion.logprobs))
                 usage = d.usage if usage is None else _add(usage, d.usage, same_prompt=True)
+                if sessions is not None and d.index == 0:
+                    await sessions.keep(req.prompt_cache_key, plan.ids + d.completion.token_ids)
         if req.include_usage and usage is not None:
             yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": [], "usage": _usage(usage)})

@@ -26,6 +26,7 @@ from agentkv.server.metrics import Metrics
 from agentkv.server.protocol import APIError, ChatRequest, CompletionRequest
 from agentkv.server.responses import ResponseStore, create_response, stream_response
 from agentkv.server.responses_items import ResponsesRequest
+from agentkv.server.sessions import Sessions
 
 
 class EngineHandle(Protocol):
@@ -73,18 +74,19 @@ class LocalHandle:
     the engine's radix cache."""
 
     def __init__(self, engine, model_name: str, close_objects: bool = True, stored_responses: int = 1024,
-                 response_ttl_s: float = 3600.0, resamples: int = 2):
+                 response_ttl_s: float = 3600.0, resamples: int = 2, session_ttl_s: float = 300.0):
         self.engine, self.model_name, self.close_objects = engine, model_name, close_objects
+        self.sessions = Sessions(engine, session_ttl_s)  # prompt_cache_key and cache_control hints
         self.resamples = resamples  # an output failing a relaxed keyword is generated again, this many times
         self.responses = ResponseStore(engine, stored_responses, response_ttl_s)
         self._pins: dict[str, tuple[Any, int]] = {}  # id -> (PinHandle, tokens)
         self.id_prefix = "pin-"
 
     async def chat(self, req: ChatRequest, body: dict) -> dict:
-        return await chat_completion(self.engine, req, self.model_name, self.resamples)
+        return await chat_completion(self.engine, req, self.model_name, self.resamples, self.sessions)
 
     async def chat_stream(self, req, body, metrics, started, done) -> AsyncIterator[str]:
-        return await chat_stream(self.engine, req, self.model_name, metrics, started, done)
+        return await chat_stream(self.engine, req, self.model_name, metrics, started, done, self.sessions)
 
     async def completion(self, req: CompletionRequest, body: dict) -> dict:
         return await completion(self.engine, req, self.model_name)
@@ -94,7 +96,7 @@ class LocalHandle:
 
     async def create_response(self, req: ResponsesRequest, body: dict, response_id: str | None = None) -> dict:
         return await create_response(self.engine, req, self.model_name, self.responses, self.close_objects,
-                                     response_id, self.resamples)
+                                     response_id, self.resamples, self.sessions)
 
     async def stream_response(self, req, body, metrics, started, done,
                               response_id: str | None = None) -> AsyncIterator[str]:
@@ -105,7 +107,8 @@ class LocalHandle:
         return self.responses.get(response_id).response
 
     async def message(self, req: MessagesRequest, body: dict) -> dict:
-        return await create_message(self.engine, req, self.model_name, self.close_objects, self.resamples)
+        return await create_message(self.engine, req, self.model_name, self.close_objects, self.resamples,
+                                    self.sessions)
 
     async def message_stream(self, req, body, metrics, started, done) -> AsyncIterator[str]:
         return await stream_message(self.engine, req, self.model_name, metrics, started, done, self.close_objects)

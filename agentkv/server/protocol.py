@@ -120,6 +120,8 @@ class ChatRequest(_Request):
     # enable_thinking), and a budget after which a reasoning block is closed
     chat_template_kwargs: dict[str, Any] | None = None
     max_reasoning_tokens: int | None = None
+    # OpenAI's: a session whose conversation stays pinned between its turns (server/sessions.py)
+    prompt_cache_key: str | None = None
     # extension: False lets a schema's objects take undeclared keys where it does not say (the server's
     # default, `agentkv serve --open-objects`, fills it in)
     close_objects: bool = True

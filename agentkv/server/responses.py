@@ -19,7 +19,7 @@ from typing import Any
 
 from agentkv.chat.carry import TokenCarry
 from agentkv.errors import CacheError, EngineClosedError
-from agentkv.server.chat import ChatPlan, _run, chain, generate_checked
+from agentkv.server.chat import ChatPlan, _run, chain, generate_checked, hint
 from agentkv.server.protocol import APIError
 from agentkv.server.responses_items import (
     ResponsesRequest,
@@ -29,6 +29,7 @@ from agentkv.server.responses_items import (
     response_object,
 )
 from agentkv.server.responses_stream import ItemStream
+from agentkv.server.sessions import Sessions
 
 
 @dataclass
@@ -100,14 +101,18 @@ def _plan(engine, req: ResponsesRequest, store: ResponseStore, close_objects: bo
 
 
 async def create_response(engine, req: ResponsesRequest, model: str, store: ResponseStore,
-                          close_objects: bool = True, response_id: str | None = None, resamples: int = 0) -> dict:
+                          close_objects: bool = True, response_id: str | None = None, resamples: int = 0,
+                          sessions: Sessions | None = None) -> dict:
     """The response; `response_id` where the caller chose it (a cluster's ingress, to route the
     response's continuations to this engine)."""
     plan, messages = _plan(engine, req, store, close_objects)
     ids = _prompt_ids(plan)
     rid = response_id or _response_id()
+    await hint(sessions, plan)
     out, [(msg, _)], _ = await generate_checked(engine, plan, ids, lambda i: rid[-8:], resamples)
     completion = out.completions[0]
+    if sessions is not None:
+        await sessions.keep(req.prompt_cache_key, ids + completion.token_ids)
     body = response_object(req, rid, model, output_items(msg, rid), completion.finish_reason, out.usage,
                            reasoning_tokens(engine, msg))
     await _keep(req, store, plan, rid, body, messages, msg, ids, completion)

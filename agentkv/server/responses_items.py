@@ -31,6 +31,7 @@ class ResponsesRequest(BaseModel):
     store: bool = True
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None  # a session: its conversation stays pinned between turns (sessions.py)
     # extensions, as for chat
     seed: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -103,7 +104,8 @@ def chat_body(req: ResponsesRequest, messages: list[dict], close_objects: bool) 
         body["response_format"] = _chat_format(fmt)
     for ours, theirs in (("max_tokens", req.max_output_tokens), ("temperature", req.temperature), ("top_p", req.top_p),
                          ("seed", req.seed), ("chat_template_kwargs", req.chat_template_kwargs),
-                         ("max_reasoning_tokens", req.max_reasoning_tokens)):
+                         ("max_reasoning_tokens", req.max_reasoning_tokens),
+                         ("prompt_cache_key", req.prompt_cache_key)):
         if theirs is not None:
             body[ours] = theirs
     try:

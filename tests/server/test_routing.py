@@ -112,6 +112,20 @@ def test_failed_replica_is_removed():
         router.route("anything")
 
 
+def test_sessions_and_stored_responses_stay_with_their_replica():
+    """A prompt_cache_key's turns and a stored response's reads go to the replica recorded for them,
+    while it is healthy; a failed replica's records go with it."""
+    router = CacheAwareRouter(["r0", "r1"])
+    assert router.session("s1") is None and router.holder("resp_1") is None
+    router.session("s1", "r1")
+    router.stored("resp_1", "r1")
+    assert router.session("s1") == "r1" and router.holder("resp_1") == "r1"
+    router.session("s1", "r0")  # its latest turn went elsewhere (r1 was full): follow it
+    assert router.session("s1") == "r0"
+    router.mark_failed("r1")
+    assert router.holder("resp_1") is None and router.session("s1") == "r0"
+
+
 def test_pins_follow_their_agents():
     router = CacheAwareRouter(["r0", "r1"], RouterConfig(balance_abs=2))
     assert router.pin(SYSTEM_B, "r1") == "r1"

@@ -50,6 +50,7 @@ class CacheAwareRouter:
         self.load: dict[str, int] = {r: 0 for r in replicas}
         self.pins: dict[str, str] = {}  # pinned prefix text -> replica
         self.responses: OrderedDict[str, str] = OrderedDict()  # stored response id -> the replica holding it
+        self.sessions: OrderedDict[str, str] = OrderedDict()  # prompt_cache_key -> the replica its turns go to
 
     # -- what the serving layer reports -----------------------------------------------------------------
 
@@ -62,6 +63,7 @@ class CacheAwareRouter:
         self.tree.remove_replica(replica)
         self.pins = {p: r for p, r in self.pins.items() if r != replica}
         self.responses = OrderedDict((k, r) for k, r in self.responses.items() if r != replica)
+        self.sessions = OrderedDict((k, r) for k, r in self.sessions.items() if r != replica)
 
     def started(self, replica: str) -> None:
         if replica in self.load:  # a failed replica stays out until add_replica
@@ -111,6 +113,17 @@ class CacheAwareRouter:
         self.responses.move_to_end(response_id)
         while len(self.responses) > MAX_RESPONSES:
             self.responses.popitem(last=False)
+
+    def session(self, key: str, replica: str | None = None) -> str | None:
+        """The healthy replica session `key`'s turns go to (where its conversation is pinned); with
+        `replica`, record that its latest turn went there."""
+        if replica is not None:
+            self.sessions[key] = replica
+            self.sessions.move_to_end(key)
+            while len(self.sessions) > MAX_RESPONSES:
+                self.sessions.popitem(last=False)
+        held = self.sessions.get(key)
+        return held if held in self.load else None
 
     def holder(self, response_id: str) -> str | None:
         """The healthy replica that stores `response_id` (None: unknown, or its replica failed)."""

@@ -109,6 +109,10 @@ class CacheAwareRequestRouter(FIFOMixin, RequestRouter):
         target = self._addressed(body)
         if target is not None:  # only that replica can answer: wait for it (an empty choice makes Ray retry)
             return [[by_id[target]]] if target in by_id else []
+        key = body.get("prompt_cache_key")
+        if isinstance(key, str) and by_id.get(self._policy.session(key) or "") is not None:
+            sticky = by_id[self._policy.session(key)]  # a session's turns where its conversation is pinned
+            return [[sticky], [r for r in candidate_replicas if r is not sticky]]
         text = request_text(pending_request)
         if text is None:
             return [candidate_replicas]
@@ -133,9 +137,11 @@ class CacheAwareRequestRouter(FIFOMixin, RequestRouter):
         if self._policy is None:
             return
         replica = replica_id.to_full_id_str()
-        created = body_of(pending_request).get(RESPONSE_ID)
-        if isinstance(created, str):  # the response it creates is stored there
-            self._policy.stored(created, replica)
+        body = body_of(pending_request)
+        if isinstance(body.get(RESPONSE_ID), str):  # the response it creates is stored there
+            self._policy.stored(body[RESPONSE_ID], replica)
+        if isinstance(body.get("prompt_cache_key"), str):  # the session's conversation is pinned there
+            self._policy.session(body["prompt_cache_key"], replica)
         text = request_text(pending_request)
         if text is None:
             return

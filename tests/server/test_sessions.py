@@ -1,0 +1,63 @@
+"""The clients' cache hints (server/sessions.py): prompt_cache_key keeps a session's conversation
+pinned between turns, and cache_control pins a marked system prompt, so pool pressure that evicts
+the same conversation without a hint leaves these cached."""
+
+from __future__ import annotations
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+import agentkv as ak  # noqa: E402
+from agentkv.server import create_app  # noqa: E402
+from tests.server.test_server import KEY, serving  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small(tiny_long_dir):
+    """A server over a pool a few conversations fill."""
+    with ak.Engine(str(tiny_long_dir), num_slots=1600) as engine:
+        with serving(create_app(engine, "tiny", KEY, session_ttl_s=60)) as base:
+            yield engine, openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=120)
+
+
+def ask(client, messages, **extra):
+    return client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0.0,
+                                          extra_body=extra)
+
+
+def flood(client, tag: str) -> None:
+    for i in range(6):  # ~2,700 tokens of other prompts: more than the pool holds besides pins
+        ask(client, [{"role": "system", "content": f"flood {tag} {i}: " + "other tenants' text " * 22},
+                     {"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("key", ["session-1", None])
+def test_prompt_cache_key_keeps_the_next_turn_cached(small, key):
+    _, client = small
+    system = {"role": "system", "content": f"Session {key}. " + "Keep this session's records. " * 10}
+    first = [system, {"role": "user", "content": "turn one"}]
+    r1 = ask(client, first, **({"prompt_cache_key": key} if key else {}))
+    flood(client, str(key))
+    second = first + [{"role": "assistant", "content": r1.choices[0].message.content},
+                      {"role": "user", "content": "turn two"}]
+    r2 = ask(client, second, **({"prompt_cache_key": key} if key else {}))
+    covered = r1.usage.prompt_tokens - 1  # (the random model's reply may not re-tokenize as it was written)
+    if key:
+        assert r2.usage.prompt_tokens_details.cached_tokens >= covered
+    else:  # the same conversation without the hint: the flood evicted it
+        assert r2.usage.prompt_tokens_details.cached_tokens < covered
+
+
+def test_cache_control_pins_the_marked_system_prompt(small):
+    engine, client = small
+    text = "Pinned by its hint. " * 16
+    system = {"role": "system", "content": [{"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}]}
+    pins = engine.stats()["pins"]
+    ask(client, [system, {"role": "user", "content": "a"}])
+    assert engine.stats()["pins"] == pins + 1
+    flood(client, "cc")
+    r = ask(client, [system, {"role": "user", "content": "b"}])
+    assert r.usage.prompt_tokens_details.cached_tokens >= len(text)  # one token a character
+    ask(client, [system, {"role": "user", "content": "c"}])
+    assert engine.stats()["pins"] == pins + 1  # the same prefix is pinned once
