@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentkv.chat.carry import TokenCarry
 from agentkv.server.chat import ChatPlan, _run, chain, generate_checked
 from agentkv.server.protocol import MAX_STOP, MAX_STOP_CHARS, APIError, ChatRequest, call_id
 from agentkv.server.sessions import Sessions
@@ -194,9 +195,9 @@ def _tool_choice(choice: dict) -> tuple[Any, bool]:
     return modes[kind], parallel
 
 
-def plan_of(engine, req: CountTokensRequest, close_objects: bool = True) -> ChatPlan:
+def plan_of(engine, req: CountTokensRequest, close_objects: bool = True, replies: TokenCarry | None = None) -> ChatPlan:
     try:
-        return ChatPlan(engine, chat_request(req, engine.reasoning, close_objects))
+        return ChatPlan(engine, chat_request(req, engine.reasoning, close_objects), replies)
     except APIError as e:  # chat's names for the fields a Messages request names otherwise
         param = (e.param or "").replace(".function.parameters", ".input_schema").replace(".function.name", ".name")
         raise APIError(e.status, e.message, param or None, e.type, e.code) from None
@@ -215,14 +216,18 @@ def marked(req: CountTokensRequest) -> int | None:
     return -1 if any(isinstance(t, dict) and t.get("cache_control") for t in req.tools or []) else None
 
 
-async def create_message(engine, req: MessagesRequest, model: str, close_objects: bool = True,
-                         resamples: int = 0, sessions: Sessions | None = None) -> dict:
-    plan = plan_of(engine, req, close_objects)
+async def create_message(engine, req: MessagesRequest, model: str, close_objects: bool = True, resamples: int = 0,
+                         sessions: Sessions | None = None, replies: TokenCarry | None = None) -> dict:
+    """`replies`: the server's carry of its replies' tokens (a client re-sending its whole
+    conversation each turn, as Anthropic's do, meets them)."""
+    plan = plan_of(engine, req, close_objects, replies)
     if sessions is not None:
         await sessions.hinted(plan.messages, plan.template_tools, marked(req))
     mid = _message_id()
     out, [(msg, reason)], _ = await generate_checked(engine, plan, plan.prompt_ids(), lambda i: mid[-8:], resamples)
     completion = out.completions[0]
+    if replies is not None:
+        replies.written(plan.prompt, plan.ids, completion)
     return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": blocks(msg),
             **_stop(engine, req, completion, reason), "usage": usage(out.usage)}
 
@@ -256,10 +261,10 @@ def usage(u) -> dict:
 
 
 async def stream_message(engine, req: MessagesRequest, model: str, metrics, started: float, done,
-                         close_objects: bool = True) -> AsyncIterator[str]:
+                         close_objects: bool = True, replies: TokenCarry | None = None) -> AsyncIterator[str]:
     """Anthropic's events: message_start, each content block's start, deltas and stop (thinking,
     text, then the calls with their input's JSON as it grows), message_delta, message_stop."""
-    plan = plan_of(engine, req, close_objects)
+    plan = plan_of(engine, req, close_objects, replies)
     ids = plan.prompt_ids()
     deltas = engine.stream(ids, plan.params)
     first = await _run(deltas.__anext__())
@@ -295,6 +300,8 @@ async def stream_message(engine, req: MessagesRequest, model: str, metrics, star
                     return
                 for e in blocks_out.finish(msg):
                     yield e
+                if replies is not None:
+                    replies.written(plan.prompt, ids, d.completion)
                 stop = _stop(engine, req, d.completion, reason)
                 yield event("message_delta", delta=stop, usage=usage(d.usage))
                 yield event("message_stop")

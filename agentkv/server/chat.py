@@ -176,14 +176,17 @@ async def generate_checked(engine, plan: ChatPlan, ids: list[int], prefix: Calla
 
 
 async def chat_completion(engine, req: ChatRequest, model: str, resamples: int = 0,
-                          sessions: Sessions | None = None) -> dict:
-    plan = ChatPlan(engine, req)
+                          sessions: Sessions | None = None, replies: TokenCarry | None = None) -> dict:
+    """`replies`: the server's carry of its replies' tokens (a transcript sent back meets them)."""
+    plan = ChatPlan(engine, req, replies)
     rid = _id("chatcmpl")
     await hint(sessions, plan)
     out, read, resampled = await generate_checked(engine, plan, plan.prompt_ids(), lambda i: f"{rid[-8:]}_{i}",
                                                   resamples)
     if sessions is not None:
         await sessions.keep(req.prompt_cache_key, plan.ids + out.completions[0].token_ids)
+    for c in out.completions if replies is not None else ():
+        replies.written(plan.prompt, plan.ids, c)
     choices = [{"index": i, "message": msg, "logprobs": logprobs_json(c.logprobs), "finish_reason": reason}
                for i, (c, (msg, reason)) in enumerate(zip(out.completions, read))]
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
@@ -191,11 +194,11 @@ async def chat_completion(engine, req: ChatRequest, model: str, resamples: int =
 
 
 async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: float, done,
-                      sessions: Sessions | None = None) -> AsyncIterator[str]:
+                      sessions: Sessions | None = None, replies: TokenCarry | None = None) -> AsyncIterator[str]:
     """Server-sent events; the first is computed before this returns, so a request that cannot run
     fails with its HTTP status instead of inside a 200 stream. `done()` runs when the stream ends,
     however it ends (a client that goes away included)."""
-    plan = ChatPlan(engine, req)
+    plan = ChatPlan(engine, req, replies)
     rid, created = _id("chatcmpl"), int(time.time())
     await hint(sessions, plan)
     deltas = engine.stream(plan.prompt_ids(), plan.params)
@@ -272,6 +275,8 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                 usage = d.usage if usage is None else _add(usage, d.usage, same_prompt=True)
                 if sessions is not None and d.index == 0:
                     await sessions.keep(req.prompt_cache_key, plan.ids + d.completion.token_ids)
+                if replies is not None:
+                    replies.written(plan.prompt, plan.ids, d.completion)
         if req.include_usage and usage is not None:
             yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": [], "usage": _usage(usage)})

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+from agentkv.chat.carry import TokenCarry
 from agentkv.server.anthropic import (
     CountTokensRequest,
     MessagesRequest,
@@ -27,6 +28,8 @@ from agentkv.server.protocol import APIError, ChatRequest, CompletionRequest
 from agentkv.server.responses import ResponseStore, create_response, stream_response
 from agentkv.server.responses_items import ResponsesRequest
 from agentkv.server.sessions import Sessions
+
+REPLIES = 1024  # replies whose tokens the chat routes carry, the least recent out first
 
 
 class EngineHandle(Protocol):
@@ -77,16 +80,18 @@ class LocalHandle:
                  response_ttl_s: float = 3600.0, resamples: int = 2, session_ttl_s: float = 300.0):
         self.engine, self.model_name, self.close_objects = engine, model_name, close_objects
         self.sessions = Sessions(engine, session_ttl_s)  # prompt_cache_key and cache_control hints
+        self.replies = TokenCarry(engine.tokenizer, REPLIES)  # a transcript sent back meets its replies' tokens
         self.resamples = resamples  # an output failing a relaxed keyword is generated again, this many times
         self.responses = ResponseStore(engine, stored_responses, response_ttl_s)
         self._pins: dict[str, tuple[Any, int]] = {}  # id -> (PinHandle, tokens)
         self.id_prefix = "pin-"
 
     async def chat(self, req: ChatRequest, body: dict) -> dict:
-        return await chat_completion(self.engine, req, self.model_name, self.resamples, self.sessions)
+        return await chat_completion(self.engine, req, self.model_name, self.resamples, self.sessions, self.replies)
 
     async def chat_stream(self, req, body, metrics, started, done) -> AsyncIterator[str]:
-        return await chat_stream(self.engine, req, self.model_name, metrics, started, done, self.sessions)
+        return await chat_stream(self.engine, req, self.model_name, metrics, started, done, self.sessions,
+                                 self.replies)
 
     async def completion(self, req: CompletionRequest, body: dict) -> dict:
         return await completion(self.engine, req, self.model_name)
@@ -108,10 +113,11 @@ class LocalHandle:
 
     async def message(self, req: MessagesRequest, body: dict) -> dict:
         return await create_message(self.engine, req, self.model_name, self.close_objects, self.resamples,
-                                    self.sessions)
+                                    self.sessions, self.replies)
 
     async def message_stream(self, req, body, metrics, started, done) -> AsyncIterator[str]:
-        return await stream_message(self.engine, req, self.model_name, metrics, started, done, self.close_objects)
+        return await stream_message(self.engine, req, self.model_name, metrics, started, done, self.close_objects,
+                                    self.replies)
 
     async def count_tokens(self, req: CountTokensRequest, body: dict) -> dict:
         return await count_tokens(self.engine, req, self.close_objects)

@@ -42,7 +42,7 @@ def test_prompt_cache_key_keeps_the_next_turn_cached(small, key):
     second = first + [{"role": "assistant", "content": r1.choices[0].message.content},
                       {"role": "user", "content": "turn two"}]
     r2 = ask(client, second, **({"prompt_cache_key": key} if key else {}))
-    covered = r1.usage.prompt_tokens - 1  # (the random model's reply may not re-tokenize as it was written)
+    covered = r1.usage.prompt_tokens + r1.usage.completion_tokens - 1  # (an end-of-turn token is not fed back)
     if key:
         assert r2.usage.prompt_tokens_details.cached_tokens >= covered
     else:  # the same conversation without the hint: the flood evicted it
@@ -61,3 +61,19 @@ def test_cache_control_pins_the_marked_system_prompt(small):
     assert r.usage.prompt_tokens_details.cached_tokens >= len(text)  # one token a character
     ask(client, [system, {"role": "user", "content": "c"}])
     assert engine.stats()["pins"] == pins + 1  # the same prefix is pinned once
+
+
+def test_a_transcript_sent_back_meets_its_replies_tokens(client):
+    """Chat completions re-sent whole, turn after turn: each turn's prompt starts from the previous
+    prompt and reply as the engine wrote them (the random model's bytes do not re-tokenize as they
+    were written: a plain re-encoding parts from the cache inside each reply)."""
+    messages = [{"role": "system", "content": "You keep the carry test's transcript."}]
+    before = None
+    for turn in range(5):
+        messages.append({"role": "user", "content": f"turn {turn}"})
+        r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=1.0,
+                                           seed=turn)
+        if before is not None:
+            assert r.usage.prompt_tokens_details.cached_tokens >= before, (turn, r.usage)
+        before = r.usage.prompt_tokens + r.usage.completion_tokens - 1
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
