@@ -13,10 +13,11 @@ is the request-at-a-time engine's behaviour (every prompt prefilled whole).
     python benchmarks/serve.py [--clients 16] [--turns 3] [--max-tokens 32] [--num-slots 12000]
 
 `--continued` measures instead a conversation continued for 5 turns, in one run: through chat
-completions re-sending the whole transcript each turn, and through /v1/responses sending only the
-new message with `previous_response_id` (the stored response keeps its conversation pinned). The
-same unrelated traffic passes between turns. Reported: time to first token of turn 5, and its
-cached share of the prompt.
+completions re-sending the whole transcript each turn (without a hint, then with a
+`prompt_cache_key`, which keeps the session's conversation pinned between turns), and through
+/v1/responses sending only the new message with `previous_response_id` (the stored response keeps
+its conversation pinned). The same unrelated traffic passes between turns. Reported: time to first
+token of turn 5, and its cached share of the prompt.
 
     python benchmarks/serve.py --continued [--clients 8] [--max-tokens 32] [--num-slots 12000]
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import socket
 import statistics
@@ -113,14 +115,16 @@ def run(label: str, args, pin: bool, **options) -> list:
     return [label, r["wall"], r["tokens"], r["tokens"] / r["wall"], r["ttft_p50"], r["ttft_p90"], f"{r['hit']:.1%}"]
 
 
-async def continued_chat(client, i: int, args, engine) -> tuple[float, float]:
-    """(TTFT, cached share) of the last of 5 turns, each re-sending the conversation."""
+async def continued_chat(client, i: int, args, engine, key: bool = False) -> tuple[float, float]:
+    """(TTFT, cached share) of the last of 5 turns, each re-sending the conversation (`key`: with a
+    prompt_cache_key, which keeps the session's conversation pinned between its turns)."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task(i)}]
     for turn in range(5):
         start, first, text, usage = time.perf_counter(), None, "", None
         stream = await client.chat.completions.create(
             model="smollm2", messages=messages, max_tokens=args.max_tokens, temperature=0, stream=True,
-            stream_options={"include_usage": True})
+            stream_options={"include_usage": True},
+            extra_body={"prompt_cache_key": f"conversation-{i}"} if key else None)
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 first = first or time.perf_counter() - start
@@ -166,7 +170,9 @@ def run_continued(args) -> None:
             async with openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=600) as client:
                 return await asyncio.gather(*(how(client, i, args, engine) for i in range(args.clients)))
 
+        keyed = functools.partial(continued_chat, key=True)
         for label, how in (("chat completions, transcript re-sent", continued_chat),
+                           ("chat completions, re-sent with prompt_cache_key", keyed),
                            ("responses, previous_response_id", continued_responses)):
             results = asyncio.run(phase(how))
             ttfts = [t for t, _ in results]

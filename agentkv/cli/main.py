@@ -266,6 +266,36 @@ def generate(
     typer.echo(out.text)
 
 
+@app.command("why-miss")
+def why_miss(
+    before: Annotated[str, typer.Argument(help="a JSON file: a chat request (messages, tools) or a list of messages")],
+    after: Annotated[str, typer.Argument(help="the same for the request that followed it")],
+    model: ModelOpt = None,
+) -> None:
+    """Say where AFTER's prompt parts from BEFORE's (what BEFORE left in the cache) and in which message
+    and section: a timestamp in the system prompt, tools in another order, an edited or stripped turn."""
+    import json
+    from pathlib import Path
+
+    def read(path: str) -> tuple[list, list | None]:
+        try:
+            body = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise _fail(f"{path}: not a readable JSON file ({e})") from None
+        return (body, None) if isinstance(body, list) else (body.get("messages") or [], body.get("tools"))
+
+    (old, tools), (new, new_tools) = read(before), read(after)
+    engine = _engine(model)
+    try:
+        miss = engine.explain_miss(old, new, tools=tools, after_tools=new_tools)
+    finally:
+        engine.close()
+    if miss is None:
+        typer.echo("no miss: the second prompt starts with all of the first")
+        return
+    typer.echo(json.dumps(miss, ensure_ascii=False, indent=2))
+
+
 @app.command()
 def chat(
     model: ModelOpt = None, system: Annotated[str | None, typer.Option(help="system prompt")] = None,

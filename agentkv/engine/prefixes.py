@@ -10,6 +10,10 @@ from concurrent.futures import Future
 from typing import Any
 
 from agentkv.chat.messages import is_messages
+from agentkv.chat.miss import describe
+from agentkv.chat.turn import Turn
+from agentkv.engine.kv_owner import MISS_TOKENS
+from agentkv.engine.outputs import CacheMiss
 from agentkv.engine.radix_cache import PinHandle, _common_len
 from agentkv.engine.request import Request
 from agentkv.engine.sampling_params import SamplingParams
@@ -38,6 +42,30 @@ class Prefixes:
         probe = self.tokenizer.encode(self.render([*messages, {"role": "user", "content": "?"}], tools=tools,
                                                   **template_kwargs))
         return alone[: _common_len(alone, probe)]
+
+    def explain_miss(self, before: Messages, after: Messages, *, tools: Sequence[Any] | None = None,
+                     after_tools: Sequence[Any] | None = None, **template_kwargs: Any) -> dict | None:
+        """Why the conversation `after` would miss what `before` left in the cache: where their
+        prompts (rendered as chat renders them, with `tools`, and `after_tools` for `after` where
+        they differ, in the model's format) part, named as a response's
+        `usage.prompt_tokens_details.cache_miss` names it; None where `after` starts with all of
+        `before`'s prompt but its generation prompt."""
+        def plan(given):
+            return Turn.plan(self.tool_format, given or [], "auto" if given else "none")
+
+        def ids(messages: Messages, turn) -> list[int]:
+            return self.tokenizer.encode(self.render(turn.messages(list(messages)), tools=turn.template_tools,
+                                                     **template_kwargs))  # (nothing runs: any length)
+
+        turn = plan(after_tools if after_tools is not None else tools)
+        old, new = ids(before, plan(tools)), ids(after, turn)
+        n = _common_len(old, new)
+        if n >= len(old) - 1 or n >= len(new) - 1:  # (the last token's logits are always computed)
+            return None
+        miss = CacheMiss(n, old[n : n + MISS_TOKENS], new[n : n + MISS_TOKENS])
+        return describe(miss, new, lambda t: self.tokenizer.decode(t, skip_special_tokens=False),
+                        turn.messages(list(after)), list(after), turn.template_tools, self.render, self.reasoning,
+                        **template_kwargs)
 
     def prefill(self, prefix: str | Messages | Sequence[int]) -> int:
         """Compute the KV of `prefix` into the radix cache (not pinned: it may be evicted), so that

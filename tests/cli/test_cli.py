@@ -102,3 +102,20 @@ def test_auto_device_and_dtype(monkeypatch):
 
     with pytest.raises(RequestError, match="dtype"):
         resolve_device("cpu", "fp8")
+
+
+def test_why_miss(tiny_dir, tmp_path):
+    import json
+
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
+             for n in ("alpha", "beta")]
+    ask = [{"role": "system", "content": "You run the tools."}, {"role": "user", "content": "go"}]
+    (tmp_path / "a.json").write_text(json.dumps({"messages": ask, "tools": tools}))
+    (tmp_path / "b.json").write_text(json.dumps({"messages": ask, "tools": tools[::-1]}))
+    result = CliRunner().invoke(app, ["why-miss", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                                      "--model", str(tiny_dir)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["section"] == "tools"
+    same = CliRunner().invoke(app, ["why-miss", str(tmp_path / "a.json"), str(tmp_path / "a.json"),
+                                    "--model", str(tiny_dir)])
+    assert same.exit_code == 0 and same.output.startswith("no miss")

@@ -308,3 +308,12 @@ def test_a_pin_with_a_lifetime_is_renewed_by_use_then_ends(tiny_dir):
         engine.unpin(pin)  # already released: nothing to do
         with pytest.raises(ak.RequestError, match="ttl_s"):
             engine.pin(prefix, ttl_s=0)
+
+
+def test_explain_miss_names_where_two_conversations_part(tiny_engine):
+    system = {"role": "system", "content": "It is 10:41 now. You keep records."}
+    turn = [{"role": "user", "content": "What is on the list?"}]
+    assert tiny_engine.explain_miss([system, *turn], [system, *turn, {"role": "assistant", "content": "x"}]) is None
+    later = tiny_engine.explain_miss([system, *turn], [{**system, "content": "It is 10:42 now. You keep records."},
+                                                      *turn])
+    assert later["message"] == 0 and later["section"] == "system" and later["cached"].startswith("1")
