@@ -119,3 +119,13 @@ def test_thinking_blocks_on_a_reasoning_template(tmp_path):
             {"role": "assistant", "content": [b.model_dump() for b in r.content]},
             {"role": "user", "content": "and again"}])
         assert again.type == "message"
+
+
+def test_cache_control_on_the_system_prompt_pins_it(client, live):
+    engine = live[1]
+    system = [{"type": "text", "text": "The pinned Anthropic system prompt. " * 8,
+               "cache_control": {"type": "ephemeral"}}]
+    pins = engine.stats()["pins"]
+    client.messages.create(model="tiny", max_tokens=4, system=system, messages=ASK)
+    client.messages.create(model="tiny", max_tokens=4, system=system, messages=[{"role": "user", "content": "again"}])
+    assert engine.stats()["pins"] == pins + 1  # once for the prefix, renewed by the second request
