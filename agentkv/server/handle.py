@@ -14,13 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from agentkv.chat.carry import TokenCarry
-from agentkv.server.anthropic import (
-    CountTokensRequest,
-    MessagesRequest,
-    count_tokens,
-    create_message,
-    stream_message,
-)
+from agentkv.server.anthropic import CountTokensRequest, MessagesRequest, count_tokens, create_message
+from agentkv.server.anthropic_stream import stream_message
 from agentkv.server.chat import ChatPlan, chat_completion, chat_stream
 from agentkv.server.completions import completion, completion_stream
 from agentkv.server.metrics import Metrics
