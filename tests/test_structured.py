@@ -250,7 +250,9 @@ def test_generate_follows_the_schema_contract(tiny_engine, monkeypatch):
 
     """strict=True refuses a keyword the grammar cannot enforce, naming its pointer; without it, a
     sampled output failing a relaxed keyword is generated again, and one that always fails raises
-    OutputValidationError carrying the keyword."""
+    OutputValidationError carrying the keyword, from ak.generate and from the engine's `.parsed`.
+    Checked against a planted bug: the dict schema's check after generation skipped (value_parser
+    returning the value unchecked): it fails."""
     with pytest.raises(ak.GrammarError, match="#/pattern"):
         ak.generate("x", {"type": "string", "pattern": "^(a)\\1$"}, strict=True, engine=tiny_engine)
     maybe = {"type": "array", "items": {"enum": [1, 2, 3]}, "minItems": 2, "maxItems": 2, "uniqueItems": True}
@@ -273,3 +275,7 @@ def test_generate_follows_the_schema_contract(tiny_engine, monkeypatch):
     with pytest.raises(ak.OutputValidationError) as e:
         ak.generate("x", never, temperature=1.0, engine=tiny_engine)
     assert e.value.keyword == "uniqueItems" and e.value.pointer == "#/uniqueItems"
+    out = tiny_engine.generate("x", json_schema=never, temperature=1.0, seed=1)  # the engine's own path
+    assert out.completions[0].complete  # the grammar let it finish: only the check after can refuse it
+    with pytest.raises(ak.OutputValidationError, match="non-unique"):
+        out.parsed

@@ -27,6 +27,7 @@ from agentkv.server.responses_items import (
     conversation,
     output_items,
     response_object,
+    responses_names,
 )
 from agentkv.server.responses_stream import ItemStream
 from agentkv.server.sessions import Sessions
@@ -97,7 +98,11 @@ def _plan(engine, req: ResponsesRequest, store: ResponseStore, close_objects: bo
     """The plan of a response; one that continues a stored response starts with that one's tokens."""
     previous = store.get(req.previous_response_id) if req.previous_response_id else None
     messages = (previous.messages if previous else []) + conversation(req.input)
-    return ChatPlan(engine, chat_body(req, messages, close_objects), previous.carry if previous else None), messages
+    try:
+        return ChatPlan(engine, chat_body(req, messages, close_objects), previous.carry if previous else None), messages
+    except APIError as e:  # the chat plan's 400s, in the Responses API's field names
+        raise APIError(e.status, responses_names(e.message), responses_names(e.param or "") or None, e.type,
+                       e.code) from None
 
 
 async def create_response(engine, req: ResponsesRequest, model: str, store: ResponseStore,

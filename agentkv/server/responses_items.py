@@ -111,8 +111,15 @@ def chat_body(req: ResponsesRequest, messages: list[dict], close_objects: bool) 
     try:
         return validate(ChatRequest, body)
     except APIError as e:  # name the Responses field where chat's differs
-        param = (e.param or "").replace("max_tokens", "max_output_tokens").replace("messages", "input")
-        raise APIError(e.status, e.message.replace("max_tokens", "max_output_tokens"), param or None) from None
+        raise APIError(e.status, responses_names(e.message), responses_names(e.param or "") or None) from None
+
+
+def responses_names(text: str) -> str:
+    """Chat's field names in `text` as the Responses API names them."""
+    for chat, responses in (("response_format.json_schema.", "text.format."), ("response_format", "text.format"),
+                            ("max_tokens", "max_output_tokens"), ("messages", "input")):
+        text = text.replace(chat, responses)
+    return text
 
 
 def _chat_tool(tool: dict, i: int) -> dict:

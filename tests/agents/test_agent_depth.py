@@ -289,3 +289,40 @@ def test_choices_refuse_sampling_options(engine):
 def test_unknown_agent_options_are_named():
     with pytest.raises(ak.RequestError, match="unknown sampling parameter.*foo"):
         ak.Agent("x", foo=1)
+
+
+class GrammarSpy:
+    """An engine (what an agent needs of one: agents/_engine.py) that records each step's grammar."""
+
+    def __init__(self, engine):
+        self._engine, self.grammars = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def stream(self, prompt, params=None, **sampling):
+        self.grammars.append(params.grammar)
+        return self._engine.stream(prompt, params, **sampling)
+
+
+@ak.tool
+def refund(invoice: Small) -> str:
+    """Refund an invoice."""
+    return f"refunded {invoice}"
+
+
+def test_a_handoff_gives_the_receiving_agent_its_own_tools(engine):
+    """The first step after a handoff runs under a grammar that offers the receiving agent's tools,
+    not the first agent's (checked on the grammar, not on the step's label). Checked against a planted
+    bug: the run keeping the first agent after the transfer; the receiving step's grammar then offers
+    `add`, and the test fails."""
+    spy = GrammarSpy(engine)
+    billing = ak.Agent("You handle billing.", name="billing", tools=[refund], tool_choice="required", engine=spy,
+                       max_tokens=160, max_steps=2)
+    with billing, ak.Agent("You triage.", name="triage", tools=[add], handoffs=[billing], engine=spy,
+                           tool_choice="transfer_to_billing", max_tokens=160, max_steps=3) as triage:
+        result = triage.run_sync("I was charged twice")
+    assert [s.agent for s in result.steps][:2] == ["triage", "billing"]
+    first, second = spy.grammars[0], spy.grammars[1]
+    assert "transfer_to_billing" in first and "refund" not in first
+    assert "refund" in second and '"add"' not in second and "transfer_to_billing" not in second

@@ -177,3 +177,27 @@ def test_server_refuses_template_variables_it_sets(client):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2,
                                        extra_body={"chat_template_kwargs": {"messages": []}})
     assert e.value.body["param"] == "chat_template_kwargs"
+
+
+def test_the_budget_closes_the_block_at_exactly_its_token(tmp_path):
+    """max_reasoning_tokens=N: the block's close starts at output token N, unless a character is
+    unfinished there (a byte-level tokenizer's character takes up to 4 tokens), then where it ends.
+    Checked against a planted off-by-one (closing once N tokens were exceeded, at N + 1): it fails."""
+    engine = ak.Engine(str(make_tiny_model(tmp_path / "r1", chat="r1", max_positions=4096)), num_slots=8192)
+    try:
+        budget, exact = 9, 0
+        close = engine.tokenizer.encode(engine.reasoning.close_text, add_bos=False)
+        out = engine.chat([{"role": "user", "content": "x?"}], schema=SCHEMA, temperature=1.0, seed=3, n=8,
+                          max_tokens=80, max_reasoning_tokens=budget)
+        for c in out.completions:
+            ids = c.token_ids
+            at = next(k for k in range(len(ids)) if ids[k : k + len(close)] == close)
+            head = engine.tokenizer.decode(ids[:budget], skip_special_tokens=False)
+            if head.endswith("\ufffd"):  # a character unfinished at N: closed where it ends
+                assert at > budget and not engine.tokenizer.decode(ids[:at]).endswith("\ufffd")
+            else:
+                assert at == budget, (at, ids)
+                exact += 1
+        assert exact > 0
+    finally:
+        engine.close()

@@ -126,3 +126,47 @@ def test_the_library_refuses_them_too(engine):
         ak.tool(_add, name="</tool_call>")
     with pytest.raises(RequestError, match="1 to 64 letters"):
         engine.chat(HI, tools=[tool("a b")], max_tokens=4)
+
+
+A_TOOL = {"type": "function", "function": {"name": "a"}}
+
+
+@pytest.mark.parametrize("route,body,param", [
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content[0]"),
+    ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools[0]"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"tools": [A_TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+    ("/v1/chat/completions", {"tools": [A_TOOL], "tool_choice": {"type": "function", "function": {"name": "b"}}},
+     "tool_choice"),
+    ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format.type"),
+    ("/v1/chat/completions", {"temperature": -1}, "temperature"),
+    ("/v1/chat/completions", {"top_p": 0}, "top_p"),
+    ("/v1/responses", {"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ("/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x",
+                                                          "schema": {"required": "a"}}}}, "text.format.schema"),
+    ("/v1/responses", {"input": [{"type": "image_generation_call"}]}, "input[0].type"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 10 ** 9}, "max_output_tokens"),
+    ("/v1/responses", {"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+])
+def test_every_field_family_gets_a_400_naming_it(client, route, body, param):
+    """One table over the request-field families (messages, tools, tool_choice, response_format,
+    text.format, sampling parameters) and both OpenAI routes: the 400 names the field. Checked against
+    a planted bug: the Responses route naming chat's field (response_format.json_schema.schema) for
+    text.format's schema, as it once did; that row fails."""
+    base = {"model": "m", "max_tokens": 4} if route == "/v1/chat/completions" else {"model": "m"}
+    if route == "/v1/chat/completions" and "messages" not in body:
+        base["messages"] = HI
+    error(client.post(route, json={**base, **body}), 400, param)
+
+
+@pytest.mark.parametrize("body,names", [
+    ({"messages": HI}, "max_tokens"),
+    ({"messages": HI, "max_tokens": 4, "tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
+    ({"messages": [{"role": "user", "content": [{"type": "image"}]}], "max_tokens": 4}, "messages[0].content[0]"),
+])
+def test_the_anthropic_route_names_the_field_in_its_message(client, body, names):
+    r = client.post("/v1/messages", json={"model": "m", **body})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert names in r.json()["error"]["message"]

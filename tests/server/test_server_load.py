@@ -16,12 +16,27 @@ from agentkv.server import create_app  # noqa: E402
 from tests.server.test_server import KEY, WEATHER, ask, serving  # noqa: E402
 
 
-def test_disconnect_mid_stream_frees_the_request(client, live):
+def open_stream(client, route: str):
+    long = "a long story " * 20
+    if route == "chat":
+        return client.chat.completions.create(model="tiny", messages=ask(long), max_tokens=2000, stream=True,
+                                              extra_body={"ignore_eos": True})
+    if route == "completions":
+        return client.completions.create(model="tiny", prompt=long, max_tokens=2000, stream=True,
+                                         extra_body={"ignore_eos": True})
+    return client.responses.create(model="tiny", input=long, max_output_tokens=2000, stream=True,
+                                   extra_body={"ignore_eos": True})
+
+
+@pytest.mark.parametrize("route", ["chat", "completions", "responses"])
+def test_disconnect_mid_stream_frees_the_request(client, live, route):
+    """Every streamed route: a client that goes away aborts its request (KV back) and releases its
+    in-flight slot. Checked against a planted bug: the completions stream's `done()` not called when
+    the client leaves (its slot held for ever): the in-flight assertion fails."""
     engine = live[1]
     idle = engine.stats()["free_slots"] + engine.stats()["evictable_tokens"]
     decoded = engine.stats()["decode_tokens"]
-    stream = client.chat.completions.create(model="tiny", messages=ask("a long story " * 20), max_tokens=2000,
-                                            stream=True, extra_body={"ignore_eos": True})
+    stream = open_stream(client, route)
     for k, _ in enumerate(stream):
         if k == 3:
             break
@@ -33,6 +48,9 @@ def test_disconnect_mid_stream_frees_the_request(client, live):
     assert st["running"] == 0 and st["waiting"] == 0
     assert st["decode_tokens"] - decoded < 1000  # aborted, not run to its 2000 tokens
     assert st["free_slots"] + st["evictable_tokens"] >= idle  # nothing held but what the cache may evict
+    metrics = http("GET", live[0].removesuffix("/v1") + "/metrics")[1]
+    inflight = next(line for line in metrics.splitlines() if line.startswith("agentkv_inflight_requests "))
+    assert float(inflight.split()[-1]) == 0, inflight
 
 
 def http(method: str, url: str, body: dict | None = None) -> tuple[int, str]:

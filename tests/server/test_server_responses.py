@@ -156,3 +156,21 @@ def test_openai_agents_sdk_default_responses_model(live):
     typed = Agent(
         name="calc", instructions="Answer.", output_type=X, model=model, model_settings=ModelSettings(max_tokens=40))
     assert isinstance(Runner.run_sync(typed, "x?", max_turns=1).final_output, X)
+
+
+def test_a_continued_response_keeps_its_tokens_under_pressure(tiny_long_dir):
+    """Between the turns, other prompts fill the pool and evict what is not held; the stored response's
+    pinned conversation stays: turn two's cached tokens cover turn one's prompt and reply. Checked
+    against a planted bug: ResponseStore.put not pinning the stored conversation; it fails."""
+    with ak.Engine(str(tiny_long_dir), num_slots=1600) as engine, serving(create_app(engine, "tiny", KEY)) as base:
+        client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=120)
+        first = client.responses.create(model="tiny", instructions="You keep records. " * 12, input="turn one",
+                                        max_output_tokens=12, temperature=1.0, extra_body={"seed": 1})
+        for i in range(6):  # ~2,700 tokens of other prompts through a 1,600-token pool
+            client.chat.completions.create(model="tiny", max_tokens=2, messages=[
+                {"role": "system", "content": f"other {i}: " + "unrelated text " * 28},
+                {"role": "user", "content": "x"}])
+        second = client.responses.create(model="tiny", instructions="You keep records. " * 12, input="turn two",
+                                         previous_response_id=first.id, max_output_tokens=4)
+        covered = first.usage.input_tokens + first.usage.output_tokens - 1
+        assert second.usage.input_tokens_details.cached_tokens >= covered
