@@ -164,3 +164,16 @@ def test_metrics_and_admission(cluster):
     finally:
         for s in streams:
             s.close()
+
+
+def test_a_prompt_cache_key_session_stays_on_one_replica(cluster):
+    """Two turns of one prompt_cache_key session: the second lands where the first pinned the
+    conversation, and starts from its prompt and reply."""
+    messages = [{"role": "system", "content": "You keep the keyed session. " * 8},
+                {"role": "user", "content": "turn one"}]
+    first = chat(cluster, messages, prompt_cache_key="cluster-session")
+    messages += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "turn two"}]
+    second = chat(cluster, messages, prompt_cache_key="cluster-session")
+    covered = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 1
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= covered, (first["usage"], second["usage"])
