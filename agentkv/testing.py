@@ -44,9 +44,8 @@ def tiny_engine(*, seed: int = 0, context: int = 4096, **engine_options):
     return Engine(str(_written[key]), seed=seed, device="cpu", dtype="float32", **engine_options)
 
 
-def write_byte_tokenizer(
-    out: Path, specials=SPECIALS, added=(), bos: str = "<|im_start|>", eos: str = "<|im_end|>", template: str = CHATML
-) -> int:
+def write_byte_tokenizer(out: Path, specials=SPECIALS, added=(), bos: str = "<|im_start|>", eos: str = "<|im_end|>",
+                         template: str = CHATML) -> int:
     """A byte tokenizer (no merges: any text encodes, the vocabulary stays tiny) with `specials`,
     `added` tokens and a chat template; returns the vocabulary size."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -96,8 +95,9 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
         "architectures": [arch], "model_type": family, "vocab_size": vocab, "hidden_size": hidden,
         "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
         "num_key_value_heads": kv_heads, "head_dim": head_dim, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "max_position_embeddings": max_positions, "tie_word_embeddings": tie, "hidden_act": "silu", "bos_token_id": 1,
-        "eos_token_id": 2, "torch_dtype": "float32"}
+        "max_position_embeddings": max_positions, "tie_word_embeddings": tie, "hidden_act": "silu",
+        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+    }
     if rope_scaling:
         cfg["rope_scaling"] = rope_scaling
     cfg["sliding_window"] = sliding_window
@@ -108,10 +108,9 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
                    hidden_activation="gelu_pytorch_tanh", sliding_window=sliding_window or 4096,
                    layer_types=["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(layers)])
     if family == "gemma2":  # soft caps low enough to bite on random weights; every other layer windowed
-        cfg.update(
-            query_pre_attn_scalar=head_dim * 2, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=2.0,
-            final_logit_softcapping=3.0, sliding_window=sliding_window or 4096,
-            layer_types=["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)])
+        cfg.update(query_pre_attn_scalar=head_dim * 2, hidden_activation="gelu_pytorch_tanh",
+                   attn_logit_softcapping=2.0, final_logit_softcapping=3.0, sliding_window=sliding_window or 4096,
+                   layer_types=["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)])
     if sliding_window and family.startswith("qwen"):
         cfg.update(use_sliding_window=True, max_window_layers=max_window_layers)
     cfg.update(config or {})
@@ -146,12 +145,9 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
             w[p + "self_attn.q_norm.weight"] = 1 + rnd(head_dim)
             w[p + "self_attn.k_norm.weight"] = 1 + rnd(head_dim)
         if family in ("gemma3_text", "gemma2"):  # (their norms scale by 1 + weight: weights near 0)
-            for name in (
-                "input_layernorm",
-                "post_attention_layernorm",
-                "pre_feedforward_layernorm",
-                "post_feedforward_layernorm",
-            ) + (("self_attn.q_norm", "self_attn.k_norm") if family == "gemma3_text" else ()):
+            for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                         "post_feedforward_layernorm") + (("self_attn.q_norm", "self_attn.k_norm")
+                                                          if family == "gemma3_text" else ()):
                 w[p + name + ".weight"] = rnd(hidden if "attn." not in name else head_dim, scale=0.3)
         if moe and i not in dense_layers:
             w.update(_experts(p, family, hidden, intermediate, experts, rnd))

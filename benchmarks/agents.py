@@ -63,10 +63,8 @@ def book_hotel(city: str, nights: int, max_price: float) -> str:
 
 
 TOOLS = [get_weather, convert_currency, search_flights, book_hotel]
-INSTRUCTIONS = (
-    "You are a travel agent. Use the tools to look up weather, prices, flights and hotels, "
-    "one call at a time, then answer the traveller in two sentences with the facts you found."
-)
+INSTRUCTIONS = ("You are a travel agent. Use the tools to look up weather, prices, flights and hotels, "
+                "one call at a time, then answer the traveller in two sentences with the facts you found.")
 
 
 def task(i: int) -> str:
@@ -78,10 +76,8 @@ def task(i: int) -> str:
 
 
 def other_traffic(n: int) -> list[str]:
-    return [
-        f"Document {k}: " + " ".join(f"line {k}.{j} of an unrelated report about logistics" for j in range(120))
-        for k in range(n)
-    ]
+    return [f"Document {k}: " + " ".join(f"line {k}.{j} of an unrelated report about logistics" for j in range(120))
+            for k in range(n)]
 
 
 FOLLOW_UP = "Thanks. In one sentence: what should I pack?"
@@ -127,8 +123,8 @@ def run_config(label: str, compiler, args, pin: bool = True, **engine_options) -
     cached = sum(r.usage.cached_tokens for r in runs)
     wave2 = waves[1]
     return {"label": label, "wall": wall, "steps": sum(r.usage.steps for r in runs),
-            "jumped": sum(r.usage.jump_forward_tokens for r in runs), "calls": sum(r.usage.tool_calls for r in runs),
-            "hit": cached / prompt,
+            "jumped": sum(r.usage.jump_forward_tokens for r in runs),
+            "calls": sum(r.usage.tool_calls for r in runs), "hit": cached / prompt,
             "hit2": sum(r.usage.cached_tokens for r in wave2) / sum(r.usage.prompt_tokens for r in wave2),
             "prefill": st["prefill_tokens_computed"], "passes": sum(r.usage.forward_passes for r in runs),
             "tokens": sum(r.usage.completion_tokens for r in runs), "waves": waves, "engine": engine}

@@ -201,10 +201,8 @@ def _split(qkv):
 
 def decode_attention(dtype, shapes) -> list:
     slots = max(b * n for b, n in shapes) + 1
-    pools = [
-        (torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype), torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype))
-        for _ in range(LAYERS)
-    ]
+    pools = [(torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype), torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype))
+             for _ in range(LAYERS)]
     weights = [_pack(torch.randn(3072, 576).to(dtype)) for _ in range(LAYERS)]
     out = []
     for batch, length in shapes:
@@ -261,34 +259,24 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     if args.quantized:
-        print(
-            f"{torch.get_num_threads()} threads; linears of {QUANT_LAYERS} layers {QUANT_SHAPES} ([in, out]), "
-            "x in fp32 (bf16 for the bf16 kernel)"
-        )
-        print(
-            table(quantized_linears(kernels, [int(r) for r in args.rows.split(",") if int(r) <= 16]),
-                  ["rows", "weights", "MiB", "ms", "bf16 / this"])
-        )
+        print(f"{torch.get_num_threads()} threads; linears of {QUANT_LAYERS} layers {QUANT_SHAPES} ([in, out]), "
+              "x in fp32 (bf16 for the bf16 kernel)")
+        print(table(quantized_linears(kernels, [int(r) for r in args.rows.split(",") if int(r) <= 16]),
+                    ["rows", "weights", "MiB", "ms", "bf16 / this"]))
         print("\nthe embedded model's linears in one batch-1 decode step (ms)")
         print(table(embedded_step(kernels), ["linears", "ms"]))
         print("\na long input on a large weight (ms)")
-        print(
-            table(long_inputs(kernels),
-                  ["weights", "rows", "weight", "kernel 16 rows at a time", "slices dequantized", "speedup"])
-        )
+        print(table(long_inputs(kernels), ["weights", "rows", "weight", "kernel 16 rows at a time",
+                                           "slices dequantized", "speedup"]))
         return
     print(f"{args.dtype}, {torch.get_num_threads()} threads, {LAYERS} layers of distinct tensors per timing")
     print("\nlinears of 30 layers (ms)")
-    print(
-        table(linears(kernels, dtype, [int(r) for r in args.rows.split(",")]),
-              ["rows", "agentkv", "oneDNN packed", "plain matmul", "oneDNN / agentkv"])
-    )
+    print(table(linears(kernels, dtype, [int(r) for r in args.rows.split(",")]),
+                ["rows", "agentkv", "oneDNN packed", "plain matmul", "oneDNN / agentkv"]))
     if not args.skip_decode:
         print("\ndecode attention, a layer (us)")
-        print(
-            table(decode_attention(dtype, [(16, 100), (16, 400), (16, 1600), (1, 4000)]),
-                  ["requests", "tokens each", "cpu backend", "torch backend", "torch / cpu"])
-        )
+        print(table(decode_attention(dtype, [(16, 100), (16, 400), (16, 1600), (1, 4000)]),
+                    ["requests", "tokens each", "cpu backend", "torch backend", "torch / cpu"]))
     print("\nextend attention after a cached prefix, a layer (us)")
     sizes = [(0, 32), (0, 512), (0, 2048), (256, 64), (512, 32), (512, 64), (512, 256), (2048, 256)]
     print(table(extend_attention(dtype, sizes), ["prefix", "new tokens", "C kernel", "SDPA", "SDPA / C"]))

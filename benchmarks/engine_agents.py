@@ -153,14 +153,8 @@ def main() -> None:
             rows.append(["llama.cpp, prefix reuse", wall_cpp, computed, reused])
             print(f"llama.cpp on {llama_cpp_peer.build_of(llama_cpp_peer.agents_wall)}")
         else:
-            print(
-                "llama.cpp: "
-                + (
-                    "its process died (see llama_cpp_peer.py)"
-                    if llama_cpp_peer.available()
-                    else "llama-cpp-python not installed"
-                )
-            )
+            print("llama.cpp: " + ("its process died (see llama_cpp_peer.py)" if llama_cpp_peer.available()
+                                   else "llama-cpp-python not installed"))
 
     if not args.skip_hf:
         peer = Peer()
@@ -176,10 +170,8 @@ def main() -> None:
         f"{args.new_tokens} new tokens per turn, greedy, fp32"
     )
     ours = rows[0][1]
-    print(
-        table([[name, wall, comp, f"{hit:.1%}", wall / ours] for name, wall, comp, hit in rows],
-              ["system", "wall s", "prefill tokens computed", "cache hit rate", "time / agentkv"])
-    )
+    print(table([[name, wall, comp, f"{hit:.1%}", wall / ours] for name, wall, comp, hit in rows],
+                ["system", "wall s", "prefill tokens computed", "cache hit rate", "time / agentkv"]))
 
 
 if __name__ == "__main__":

@@ -76,18 +76,14 @@ def main() -> None:
         for b in (1, 16, 64):
             for mode in MODES:
                 rows.append(throughput("SmolLM2-135M", None, device, "bfloat16", b, 512, 128, 49152, mode))
-        big = make_tiny_model(
-            tmp / "llama8b", hidden=4096, layers=args.layers, heads=32, kv_heads=8, intermediate=14336,
-            max_positions=8192, tie=False)
+        big = make_tiny_model(tmp / "llama8b", hidden=4096, layers=args.layers, heads=32, kv_heads=8,
+                              intermediate=14336, max_positions=8192, tie=False)
         for b in (1, 16, 64):
-            rows.append(
-                throughput(f"Llama-3-8B shape, {args.layers} layers", str(big), device, "bfloat16", b, 512, 128, 259))
-    text = (
-        f"engine throughput, {device}, attention backend {auto_backend()}, greedy, 512-token prompts "
-        f"(smoke: 16), 128 new tokens (smoke: 8)\n\n```\n"
-        + table(rows, ["model", "mode", "batch", "wall s", "tokens", "tok/s", "same tokens as eager"])
-        + "\n```\n"
-    )
+            rows.append(throughput(f"Llama-3-8B shape, {args.layers} layers", str(big), device, "bfloat16", b,
+                                   512, 128, 259))
+    text = (f"engine throughput, {device}, attention backend {auto_backend()}, greedy, 512-token prompts "
+            f"(smoke: 16), 128 new tokens (smoke: 8)\n\n```\n"
+            + table(rows, ["model", "mode", "batch", "wall s", "tokens", "tok/s", "same tokens as eager"]) + "\n```\n")
     print(text)
     if args.out:
         args.out.write_text(text)

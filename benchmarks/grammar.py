@@ -159,7 +159,7 @@ def walk(toks: list[int], fill, jump, accept_many, accept_one, st: Stats, first=
         forced = jump()
         st.jump_s.append(time.perf_counter() - t)
         if forced:
-            if forced != toks[i : i + len(forced)]:
+            if forced != toks[i:i + len(forced)]:
                 st.noncanonical += len(forced)
                 return
             accept_many(forced)
@@ -200,9 +200,8 @@ def run_ours(info: TokenizerInfo, docs, st: Stats, strict: bool = False, walk_ma
                 continue
             walked = True
             m = Matcher(g)
-            walk(
-                info.encode_bytes(text.encode()), lambda m=m: m.fill_next_token_bitmask(bitmask), m.jump_forward_tokens,
-                m.accept_tokens, m.accept_token, st, first=lambda m=m: m._cfg not in g._masks)
+            walk(info.encode_bytes(text.encode()), lambda m=m: m.fill_next_token_bitmask(bitmask),
+                 m.jump_forward_tokens, m.accept_tokens, m.accept_token, st, first=lambda m=m: m._cfg not in g._masks)
 
 
 def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
@@ -229,8 +228,8 @@ def run_llguidance(lltok, docs, st: Stats, our_info: TokenizerInfo) -> None:
 
         def walk_one(toks, m0=m0):
             m = m0.deep_copy()
-            walk(toks, lambda: lnp.fill_next_token_bitmask(m, bitmask, 0), m.compute_ff_tokens, m.consume_tokens,
-                 m.consume_token, st)
+            walk(toks, lambda: lnp.fill_next_token_bitmask(m, bitmask, 0), m.compute_ff_tokens,
+                 m.consume_tokens, m.consume_token, st)
 
         judge_and_walk(doc["tests"], our_grammar(our, doc["schema"]), accepts, walk_one, st)
 
@@ -249,8 +248,8 @@ def run_xgrammar(info: TokenizerInfo, docs, st: Stats) -> None:
     for doc in docs:
         t = time.perf_counter()
         try:
-            cg = compiler.compile_json_schema(
-                json.dumps(doc["schema"]), any_whitespace=False, strict_mode=False, separators=(",", ":"))
+            cg = compiler.compile_json_schema(json.dumps(doc["schema"]), any_whitespace=False, strict_mode=False,
+                                          separators=(",", ":"))
         except Exception:  # noqa: BLE001 - any refusal counts as "does not compile"
             continue
         st.compile_s.append(time.perf_counter() - t)
@@ -336,8 +335,8 @@ def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None
         for case in doc["tests"]:
             text = agentkv_text(g, case["data"])
             plain = json.dumps(case["data"], separators=(",", ":"), ensure_ascii=False)
-            cases.append(
-                (case["valid"], info.encode_bytes(text.encode()) if text else None, info.encode_bytes(plain.encode())))
+            cases.append((case["valid"], info.encode_bytes(text.encode()) if text else None,
+                          info.encode_bytes(plain.encode())))
         fut = pool.submit(_oc_schema, doc["schema"], cases, info.words)
         try:
             r = fut.result(timeout=timeout_s)
@@ -345,7 +344,8 @@ def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None
             for p in pool._processes.values():  # the build cannot be cancelled: end the worker
                 p.kill()
             pool.shutdown(wait=False, cancel_futures=True)
-            pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_oc_init, initargs=(info.vocab, info.eos_ids[0]))
+            pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_oc_init,
+                                       initargs=(info.vocab, info.eos_ids[0]))
             continue
         if not r["compiled"]:
             continue
@@ -369,7 +369,7 @@ def main() -> None:
     args = ap.parse_args()
     if not DATA.exists():
         sys.exit(f"{DATA} is absent: this benchmark needs ../shared/data/schemastore beside the clone")
-    docs = [json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))[:: args.every]]
+    docs = [json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))[::args.every]]
     rows, gil = [], []
     for name, info, lltok in tokenizers():
         if args.gil:
@@ -387,13 +387,8 @@ def main() -> None:
             fn(st)
             rows.append(st.row(f"{engine} {name}", len(docs)))
             print(f"{engine} {name}: {time.time() - t:.0f} s", file=sys.stderr)
-    print(
-        table(
-            rows,
-            ["engine / vocab", "compiled", "bad acc.", "good rej.", "compile p50/p95 ms", "mask p50/p99/p99.9 us",
-             "first mask p50/p99 us (n)", "jump p99 us", "forced (non-canon.)"],
-        )
-    )
+    print(table(rows, ["engine / vocab", "compiled", "bad acc.", "good rej.", "compile p50/p95 ms",
+                       "mask p50/p99/p99.9 us", "first mask p50/p99 us (n)", "jump p99 us", "forced (non-canon.)"]))
     if gil:
         print()
         print(table(gil, ["vocab", "matmul alone", "beside masks", "slowdown", "masks computed"]))

@@ -115,10 +115,8 @@ def main() -> None:
     weight_bytes = {name: engines[name].submit(_start, opts).result() for name, opts in variants.items()}
     tensor_bytes = file_tensor_bytes(path)
     print(f"{path.name}: {tensor_bytes / 2**20:.1f} MiB of tensors; {torch.get_num_threads()} threads")
-    print(
-        f"llama.cpp: batch 1 on {llama_cpp_peer.build_of(llama_cpp_peer.decode_rate)}; batch 16 and the prompt on "
-        f"{llama_cpp_peer.build_of(llama_cpp_peer.prompt_rate)}"
-    )
+    print(f"llama.cpp: batch 1 on {llama_cpp_peer.build_of(llama_cpp_peer.decode_rate)}; batch 16 and the prompt on "
+          f"{llama_cpp_peer.build_of(llama_cpp_peer.prompt_rate)}")
     print(f"{'weights':8} {'MiB':>8} {'x file':>7}")
     for name, b in weight_bytes.items():
         print(f"{name:8} {b / 2**20:8.1f} {b / tensor_bytes:7.2f}")
@@ -138,10 +136,8 @@ def main() -> None:
                 llama_cpp_peer.batched_rate, str(path), batch, args.new_tokens, args.repeats, threads)
         )
         row = "  ".join(f"{n} {r:7.1f}" for n, r in best.items())
-        ratios = (
-            f"kept/python {best['kept'] / best['python']:.2f}x  kept/bf16 {best['kept'] / best['bf16']:.2f}x  "
-            f"kept/fp32 {best['kept'] / best['fp32']:.2f}x"
-        )
+        ratios = (f"kept/python {best['kept'] / best['python']:.2f}x  kept/bf16 {best['kept'] / best['bf16']:.2f}x  "
+                  f"kept/fp32 {best['kept'] / best['fp32']:.2f}x")
         print(f"batch {batch:2}: tok/s {row}  {ratios}  {_peer(peer, best['kept'])}")
         if batch == 1:
             achieved = weight_bytes["kept"] * best["kept"]
@@ -164,11 +160,8 @@ def _prompt_ids(tokens: int) -> list[int]:
 
 def _peer(rate: float | None, ours: float) -> str:
     if rate is None:
-        return "llama.cpp: " + (
-            "its process died (see llama_cpp_peer.py)"
-            if llama_cpp_peer.available()
-            else "llama-cpp-python not installed"
-        )
+        return "llama.cpp: " + ("its process died (see llama_cpp_peer.py)" if llama_cpp_peer.available()
+                                else "llama-cpp-python not installed")
     return f"llama.cpp {rate:7.1f} (kept/llama.cpp {ours / rate:.2f}x)"
 
 

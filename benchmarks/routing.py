@@ -205,10 +205,8 @@ def main() -> None:
     )
     print(table(rows, ["policy", "prompt tokens", "cached", "prefill computed", "hit rate", "best possible", "wall s"]))
     print(f"\ncache-aware / round-robin: hit rate {ca[4] / rr[4]:.2f}x, prefill computed {ca[3] / rr[3]:.2f}x")
-    print(
-        f"best possible / round-robin: hit rate {rr[5] / rr[4]:.2f}x (the most any routing could show here); "
-        f"cache-aware reached {ca[4] / ca[5]:.0%} of its best possible"
-    )
+    print(f"best possible / round-robin: hit rate {rr[5] / rr[4]:.2f}x (the most any routing could show here); "
+          f"cache-aware reached {ca[4] / ca[5]:.0%} of its best possible")
 
 
 if __name__ == "__main__":

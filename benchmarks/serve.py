@@ -140,9 +140,9 @@ async def continued_responses(client, i: int, args, engine) -> tuple[float, floa
     previous, text_in = None, task(i)
     for turn in range(5):
         start, first, done = time.perf_counter(), None, None
-        stream = await client.responses.create(model="smollm2", instructions=SYSTEM, input=text_in,
-                                               previous_response_id=previous, max_output_tokens=args.max_tokens,
-                                               temperature=0, stream=True)
+        stream = await client.responses.create(
+            model="smollm2", instructions=SYSTEM, input=text_in, previous_response_id=previous,
+            max_output_tokens=args.max_tokens, temperature=0, stream=True)
         async for event in stream:
             if event.type == "response.output_text.delta":
                 first = first or time.perf_counter() - start
@@ -155,7 +155,7 @@ async def continued_responses(client, i: int, args, engine) -> tuple[float, floa
 
 async def between_turns(engine, args, i: int) -> None:
     """Unrelated prompts through the small pool: what is not pinned may be evicted (not timed)."""
-    await asyncio.to_thread(engine.generate, other_traffic(args.traffic)[i % 2 :: 2], max_tokens=1)
+    await asyncio.to_thread(engine.generate, other_traffic(args.traffic)[i % 2::2], max_tokens=1)
 
 
 def run_continued(args) -> None:
@@ -206,17 +206,10 @@ def main() -> None:
             run("radix cache off", args, False, enable_radix_cache=False)]
     for r in rows:
         r.append(r[1] / rows[0][1])
-    print(
-        f"{args.clients} streaming clients (two halves around unrelated traffic), {args.turns} turns each, "
-        f"{args.max_tokens} tokens per reply, greedy, embedded SmolLM2-135M, KV pool {args.num_slots} tokens"
-    )
-    print(
-        table(
-            rows,
-            ["server", "wall s", "completion tokens", "tokens/s", "TTFT p50 s", "TTFT p90 s", "cache hit",
-             "time / pins on"],
-        )
-    )
+    print(f"{args.clients} streaming clients (two halves around unrelated traffic), {args.turns} turns each, "
+          f"{args.max_tokens} tokens per reply, greedy, embedded SmolLM2-135M, KV pool {args.num_slots} tokens")
+    print(table(rows, ["server", "wall s", "completion tokens", "tokens/s", "TTFT p50 s", "TTFT p90 s",
+                       "cache hit", "time / pins on"]))
 
 
 if __name__ == "__main__":

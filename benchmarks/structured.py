@@ -113,10 +113,8 @@ def tool_schema(name: str) -> dict:
 
 
 def workloads() -> dict[str, list[tuple[list[dict], dict]]]:
-    tools = [
-        ([{"role": "user", "content": f"Call the tool {n} with JSON arguments for: {task}"}], tool_schema(n))
-        for n, (task, _) in TOOLS.items()
-    ]
+    tools = [([{"role": "user", "content": f"Call the tool {n} with JSON arguments for: {task}"}], tool_schema(n))
+             for n, (task, _) in TOOLS.items()]
     extract = [([{"role": "user", "content": f"Extract the record as JSON: {text}"}], s) for text, s in EXTRACT]
     out = {"tool calls": tools, "extraction": extract}
     root = Path(__file__).resolve().parents[2] / "shared" / "data" / "schemastore"
@@ -192,13 +190,13 @@ def _hf_structured(
 
     outs, start = [], time.perf_counter()
     for ids, schema in zip(prompts, schemas):
-        m = llguidance.LLMatcher(
-            lltok, llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False}))
+        m = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_json_schema(
+            schema, defaults={"whitespace_flexible": False}))
         with torch.no_grad():
             out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
                                  max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos,
                                  logits_processor=transformers.LogitsProcessorList([Mask(m)]))
-        outs.append(out[0, len(ids) :].tolist())
+        outs.append(out[0, len(ids):].tolist())
     return time.perf_counter() - start, outs
 
 
@@ -238,19 +236,12 @@ def main() -> None:
                 key=lambda x: x[0])
             texts = [engine.tokenizer.decode([t for t in o if t != eos]) for o in outs]
             passes = sum(len(o) for o in outs)
-            rows.append(
-                [group, "HF generate + llguidance", len(jobs), sum(len(o) < args.max_tokens for o in outs),
-                 sum(valid(t, s) for t, s in zip(texts, schemas)), passes,
-                 sum(len([t for t in o if t != eos]) for o in outs), 0, wall, 1 - passes / off["passes"],
-                 off["wall"] / wall]
-            )
-    print(
-        table(
-            rows,
-            ["workload", "engine", "requests", "finished", "valid", "forward passes", "completion tokens",
-             "jump-forward tokens", "wall s", "passes saved vs off", "speed vs off"],
-        )
-    )
+            rows.append([group, "HF generate + llguidance", len(jobs), sum(len(o) < args.max_tokens for o in outs),
+                         sum(valid(t, s) for t, s in zip(texts, schemas)),
+                         passes, sum(len([t for t in o if t != eos]) for o in outs), 0, wall,
+                         1 - passes / off["passes"], off["wall"] / wall])
+    print(table(rows, ["workload", "engine", "requests", "finished", "valid", "forward passes", "completion tokens",
+                       "jump-forward tokens", "wall s", "passes saved vs off", "speed vs off"]))
     if peer is not None:
         peer.close()
     engine.close()

@@ -111,10 +111,8 @@ def main(question: str = "What is the weather in Lisbon, and how much is 200 EUR
         for call, res in zip(step.tool_calls, step.tool_results):
             print(f"step {step.index}: {call.name}({call.arguments}) -> {res.content}")
     u = result.usage
-    print(
-        f"{u.steps} steps, {u.tool_calls} tool calls, cache hit {u.cache_hit_rate:.0%}, "
-        f"{u.jump_forward_tokens} of {u.completion_tokens} tokens forced by the grammar"
-    )
+    print(f"{u.steps} steps, {u.tool_calls} tool calls, cache hit {u.cache_hit_rate:.0%}, "
+          f"{u.jump_forward_tokens} of {u.completion_tokens} tokens forced by the grammar")
     return result.output
 
 

@@ -101,10 +101,8 @@ class Agent:
         for target in handoffs:
             self._add_handoff(target)
         if tool_choice not in MODES and tool_choice not in self.tools:
-            raise RequestError(
-                f"tool_choice={tool_choice!r} is neither one of {list(MODES)} nor a tool's name "
-                f"({sorted(self.tools) or 'no tools given'})"
-            )
+            raise RequestError(f"tool_choice={tool_choice!r} is neither one of {list(MODES)} nor a tool's name "
+                               f"({sorted(self.tools) or 'no tools given'})")
         if tool_choice != "none" and tool_choice != "auto" and not self.tools:
             raise RequestError(f"tool_choice={tool_choice!r} needs tools; pass tools=[...]")
         if not isinstance(max_steps, int) or max_steps < 1:
@@ -124,10 +122,8 @@ class Agent:
         self.params = SamplingParams().with_(
             temperature=temperature, max_tokens=max_tokens, **sampling)  # names unknown ones
         if self.params.structured or self.params.n != 1:
-            raise RequestError(
-                "an Agent sets the grammar of each step itself; give output_type=, not "
-                "json_schema/regex/grammar, and n=1"
-            )
+            raise RequestError("an Agent sets the grammar of each step itself; give output_type=, not "
+                               "json_schema/regex/grammar, and n=1")
         self._engine, self._want_pin = engine, pin
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._setup_lock = threading.Lock()
@@ -207,8 +203,8 @@ class Agent:
         `ctx.deps`; `approvals` answers a run that ended waiting for approval ({call id: True, or
         False / a reason to refuse}). Called without await (the form before 0.2), it runs
         synchronously with a DeprecationWarning; use `run_sync`."""
-        return Awaitable(
-            lambda: self._run(input, history=history, deps=deps, approvals=approvals, engine=engine), "Agent.run_sync")
+        return Awaitable(lambda: self._run(input, history=history, deps=deps, approvals=approvals, engine=engine),
+                         "Agent.run_sync")
 
     def run_sync(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AgentResult:
         """`run` from synchronous code (also where an event loop is running: on a thread of its own)."""
@@ -238,8 +234,8 @@ class Agent:
 
     def astream(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AsyncIterator[AgentEvent]:
         """Deprecated: `agent.stream(...)`."""
-        warnings.warn(
-            "Agent.astream is deprecated: use `async for event in agent.stream(...)`", DeprecationWarning, stacklevel=2)
+        warnings.warn("Agent.astream is deprecated: use `async for event in agent.stream(...)`", DeprecationWarning,
+                      stacklevel=2)
         return self._events(input, **kw)
 
     def _events(self, input, *, history=None, deps=None, approvals=None, engine: AgentEngine | None = None,
@@ -249,9 +245,8 @@ class Agent:
             raise AgentError("this agent is closed; make a new Agent")
         return AgentRun(self, input, history, deps, approvals, engine).events()
 
-    async def run_batch(
-        self, inputs: Sequence[str | Sequence[dict]], *, deps: Any = None, max_concurrency: int | None = None
-    ) -> list[AgentResult]:
+    async def run_batch(self, inputs: Sequence[str | Sequence[dict]], *, deps: Any = None,
+                        max_concurrency: int | None = None) -> list[AgentResult]:
         """Run many inputs concurrently (at most `max_concurrency` at once); the engine batches their
         steps, all sharing the pinned prompt. Results are in the order of `inputs`."""
         if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
@@ -298,10 +293,8 @@ class Agent:
                 system = fmt.system_message(self._instructions_with_output(), defs)
                 s = Setup(fmt, engine.reasoning, system, defs, self._second_system_renders(engine, system))
                 if self._want_pin and engine.config.cache.enable_radix_cache:
-                    s.pin = engine.pin(
-                        engine.conversation_prefix(
-                            [system], tools=fmt.template_tools(defs), **self.chat_template_kwargs)
-                    )
+                    s.pin = engine.pin(engine.conversation_prefix([system], tools=fmt.template_tools(defs),
+                                                                  **self.chat_template_kwargs))
                     self._held["pins"].append((engine, s.pin))
                 self._setups[id(engine)] = got = (engine, s)
             return got[1]

@@ -162,12 +162,9 @@ class AgentRun:
             self.usage.retries += 1
             self.tries["output"] = self.tries.get("output", 0) + 1
             if self.tries["output"] > agent.output_retries or index == max_steps:
-                raise AgentRetriesError(
-                    f"the model's output failed {self.tries['output']} times (output_retries="
-                    f"{agent.output_retries}, max_steps={max_steps}): {step.error}",
-                    step.text,
-                    self.errors,
-                )
+                raise AgentRetriesError(f"the model's output failed {self.tries['output']} times (output_retries="
+                                        f"{agent.output_retries}, max_steps={max_steps}): {step.error}",
+                                        step.text, self.errors)
             messages.append({"role": "user", "content": step.error + RETRY})
 
     # ---- calls ------------------------------------------------------------------------------------------
@@ -184,15 +181,13 @@ class AgentRun:
         fresh = [c for c in fresh if c.name not in agent.handoffs or c is handoffs[0]]
         pending = [c for c in fresh if agent.tools[c.name].requires_approval]
         runs = [c for c in fresh if c not in pending]
-        ran = dict(
-            zip((c.id for c in runs), await asyncio.gather(*(self._call(agent, c, step.index, span) for c in runs))))
+        ran = dict(zip((c.id for c in runs), await asyncio.gather(*(self._call(agent, c, step.index, span)
+                                                                      for c in runs))))
         self.made.update((_call_key(r.call), r) for r in ran.values())
         waiting = {c.id: ToolResult(c, "(waiting for approval)") for c in pending}
-        step.tool_results = [
-            ran.get(c.id) or waiting.get(c.id) or dataclasses.replace(self.made[_call_key(c)], call=c, repeated=True)
-            for c in step.tool_calls
-            if c in fresh or _call_key(c) in self.made
-        ]
+        step.tool_results = [ran.get(c.id) or waiting.get(c.id) or
+                             dataclasses.replace(self.made[_call_key(c)], call=c, repeated=True)
+                             for c in step.tool_calls if c in fresh or _call_key(c) in self.made]
         self.usage.tool_calls += len(runs)
         return pending
 
@@ -200,8 +195,8 @@ class AgentRun:
         t = agent.tools[call.name]  # the grammar only writes offered names
         if call.name in agent.handoffs:
             return ToolResult(call, t.func(), agent.handoffs[call.name])
-        ctx = dataclasses.replace(
-            self.ctx, step=index, retry=self.tries.get(call.name, 0), tool_name=call.name, tool_call_id=call.id)
+        ctx = dataclasses.replace(self.ctx, step=index, retry=self.tries.get(call.name, 0), tool_name=call.name,
+                                  tool_call_id=call.id)
         span = tracing.start(f"tool {call.name}", parent, gen_ai__tool__name=call.name, gen_ai__tool__call__id=call.id)
         try:
             value = await t.acall(call.arguments, ctx)

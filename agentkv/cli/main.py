@@ -43,7 +43,8 @@ def run(
     model: ModelOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print the output only, no live view")] = False,
     device: Device = "auto", dtype: Dtype = "auto", tensor_parallel: TensorParallel = 1,
-    context_length: ContextLength = None, num_slots: NumSlots = None) -> None:
+    context_length: ContextLength = None, num_slots: NumSlots = None,
+) -> None:
     """Run FILE's module-level `agent` (an ak.Agent) on --input with a live view of its steps, or,
     without --input, call its `main(**args)`; print the output. --model becomes the engine of
     everything in FILE that names none."""
@@ -233,11 +234,8 @@ def generate(
         str | None, typer.Option(help="a JSON Schema file (or inline JSON) the output must match")] = None,
     regex: Annotated[str | None, typer.Option(help="a regex the whole output must match")] = None,
     grammar: Annotated[str | None, typer.Option(help="a Lark grammar file the output must match")] = None,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    tensor_parallel: TensorParallel = 1,
-    context_length: ContextLength = None,
-    num_slots: NumSlots = None,
+    device: Device = "auto", dtype: Dtype = "auto", tensor_parallel: TensorParallel = 1,
+    context_length: ContextLength = None, num_slots: NumSlots = None,
 ) -> None:
     """Complete a plain-text prompt and print the completion (constrained by --schema, --regex or --grammar)."""
     import json
@@ -298,9 +296,13 @@ def why_miss(
 
 @app.command()
 def chat(
-    model: ModelOpt = None, system: Annotated[str | None, typer.Option(help="system prompt")] = None,
-    max_tokens: MaxTokens = 256, temperature: Temperature = 0.7, device: Device = "auto", dtype: Dtype = "auto",
-    tensor_parallel: TensorParallel = 1, context_length: ContextLength = None, num_slots: NumSlots = None) -> None:
+    model: ModelOpt = None,
+    system: Annotated[str | None, typer.Option(help="system prompt")] = None,
+    max_tokens: MaxTokens = 256,
+    temperature: Temperature = 0.7,
+    device: Device = "auto", dtype: Dtype = "auto", tensor_parallel: TensorParallel = 1,
+    context_length: ContextLength = None, num_slots: NumSlots = None,
+) -> None:
     """Chat with a model in the terminal; earlier turns are served from the radix cache."""
     import asyncio
 

@@ -128,5 +128,7 @@ def build_config(model: str | None, device: str, dtype: str, overrides: dict[str
         raise RequestError(
             f"unknown Engine option(s) {sorted(unknown)}; known: {sorted(set().union(*groups.values()))}")
     pick = lambda g: {k: v for k, v in overrides.items() if k in groups[g]}
-    return EngineConfig(model=model, device=device, dtype=dtype, cache=CacheConfig(**pick("cache")),
-                        scheduler=SchedulerConfig(**pick("scheduler")), **pick("engine"))
+    return EngineConfig(
+        model=model, device=device, dtype=dtype,
+        cache=CacheConfig(**pick("cache")), scheduler=SchedulerConfig(**pick("scheduler")), **pick("engine"),
+    )

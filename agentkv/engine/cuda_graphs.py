@@ -98,8 +98,10 @@ class DecodeGraphs:
     def _forward(self, bs: int) -> torch.Tensor:
         """The captured region: the model over the static buffers' first `bs` rows."""
         r = self.runner
-        meta = AttentionMetadata(req_to_token=r.req_pool.table, req_rows=self.rows[:bs], seq_lens=[1] * bs,
-                                 extend_lens=[1] * bs, num_decodes=bs, out_cache_loc=self.out_loc[:bs])
+        meta = AttentionMetadata(
+            req_to_token=r.req_pool.table, req_rows=self.rows[:bs], seq_lens=[1] * bs, extend_lens=[1] * bs,
+            num_decodes=bs, out_cache_loc=self.out_loc[:bs],
+        )
         r.backend.prepare_graph(meta, self.rows[:bs], self.lens[:bs], self.max_context)
         ctx = ForwardContext(positions=self.positions[:bs], backend=r.backend, kv_caches=r.pool.kv_caches)
         return r.model(self.ids[:bs], ctx, self.select[:bs])

@@ -80,10 +80,8 @@ class Engine(Prefixes):
                     if cfg.cache.enable_radix_cache else NullPrefixCache())
             backend = get_backend(cfg.attention_backend, device, native=native is not None)
             if (any(mc.layer_windows) or mc.attn_softcap) and backend.name == "flashinfer":
-                raise RequestError(
-                    "this model has sliding-window layers or soft-capped attention, which the "
-                    "flashinfer backend does not do yet: use attention_backend='triton' (or 'auto')"
-                )
+                raise RequestError("this model has sliding-window layers or soft-capped attention, which the "
+                                   "flashinfer backend does not do yet: use attention_backend='triton' (or 'auto')")
             runner = ModelRunner(loaded.model, pool, req_pool, backend, device)
             if tp > 1:
                 runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, backend.name, native is not None)
@@ -94,12 +92,8 @@ class Engine(Prefixes):
             return Components(
                 scheduler=Scheduler(cfg.scheduler, pool, req_pool, tree),
                 runner=runner,
-                tokenizer=loaded.tokenizer,
-                pool=pool,
-                req_pool=req_pool,
-                tree=tree,
-                model_config=mc,
-                context_length=context,
+                tokenizer=loaded.tokenizer, pool=pool, req_pool=req_pool, tree=tree,
+                model_config=mc, context_length=context,
                 overlap=overlap,
             )
 
@@ -131,17 +125,9 @@ class Engine(Prefixes):
         outs = [self._output(g) for g in groups]
         return outs if batch else outs[0]
 
-    def chat(
-        self,
-        messages: Messages,
-        params: SamplingParams | None = None,
-        *,
-        tools: Sequence[Any] | None = None,
-        tool_choice: str = "auto",
-        schema: Any = None,
-        chat_template_kwargs: dict | None = None,
-        **sampling: Any,
-    ) -> RequestOutput:
+    def chat(self, messages: Messages, params: SamplingParams | None = None, *, tools: Sequence[Any] | None = None,
+             tool_choice: str = "auto", schema: Any = None, chat_template_kwargs: dict | None = None,
+             **sampling: Any) -> RequestOutput:
         """Generate the assistant's reply to `messages` rendered with the model's chat template.
 
         With `tools` (`@ak.tool` functions or OpenAI tool definitions) the reply is generated under
@@ -167,9 +153,8 @@ class Engine(Prefixes):
             pass
         return result[0]
 
-    async def stream(
-        self, prompt: Prompt | Messages, params: SamplingParams | None = None, *, schema: Any = None, **sampling: Any
-    ) -> AsyncIterator[StreamDelta]:
+    async def stream(self, prompt: Prompt | Messages, params: SamplingParams | None = None, *, schema: Any = None,
+                     **sampling: Any) -> AsyncIterator[StreamDelta]:
         """Yield text deltas as they become stable (stop strings and partial characters held back)."""
         async for delta in self._run_async(prompt, self._params(params, sampling, schema), True, []):
             yield delta
@@ -234,11 +219,8 @@ class Engine(Prefixes):
                     text = r.stable_text()
                     if len(text) > sent_text[r.rid] or finished:
                         delta = StreamDelta(
-                            group.index(r),
-                            text[sent_text[r.rid] :],
-                            r.output_ids[sent_tokens[r.rid] :],
-                            r.finish_reason if finished else None,
-                            r.usage if finished else None,
+                            group.index(r), text[sent_text[r.rid] :], r.output_ids[sent_tokens[r.rid] :],
+                            r.finish_reason if finished else None, r.usage if finished else None,
                             _completion(r, output_parser(params)) if finished else None,
                             group[0].cache_miss if finished else None,
                         )
@@ -297,18 +279,15 @@ class Engine(Prefixes):
                 pin_expiries=t.leases.expired,
                 weight_bytes=self._core.runner.model.weight_bytes(),
                 free_memory_bytes=free_memory(self.config.device),
-                kv_bytes=sum(
-                    k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self._pool.kv_caches),
+                kv_bytes=sum(k.numel() * k.element_size() + v.numel() * v.element_size()
+                             for k, v in self._pool.kv_caches),
             )
             g = self._grammars.cache_info()
             st.update(
                 grammars_cached=g.get("grammars", 0),
                 grammar_cache_bytes=sum(g.get(k, 0) for k in ("table_bytes", "mask_bytes", "walk_bytes", "dfa_bytes")),
-                grammar_cache_evictions=sum(
-                    g.get(k, 0)
-                    for k in (
-                        "grammars_evicted", "grammars_renewed", "mask_evictions", "walk_evictions", "dfa_evictions")
-                ),
+                grammar_cache_evictions=sum(g.get(k, 0) for k in (
+                    "grammars_evicted", "grammars_renewed", "mask_evictions", "walk_evictions", "dfa_evictions")),
             )
             return st
 
@@ -358,10 +337,8 @@ class Engine(Prefixes):
     def _make_requests(self, ids: list[int], params: SamplingParams, stream: bool = False) -> list[Request]:
         outside = [t for t, _ in params.logit_bias if t >= self.model_config.vocab_size]
         if outside:
-            raise RequestError(
-                f"SamplingParams.logit_bias names token ids {outside[:5]} outside the vocabulary "
-                f"[0, {self.model_config.vocab_size})"
-            )
+            raise RequestError(f"SamplingParams.logit_bias names token ids {outside[:5]} outside the vocabulary "
+                               f"[0, {self.model_config.vocab_size})")
         limit = min(self.context_length, self._pool.capacity) - len(ids)
         max_new = limit if params.max_tokens is None else min(params.max_tokens, limit)
         eos = self.tokenizer.eos_ids
@@ -377,10 +354,8 @@ class Engine(Prefixes):
         if params.max_reasoning_tokens is None:
             return None
         if self.reasoning is None:
-            raise RequestError(
-                "max_reasoning_tokens is set, but this model's chat template has no reasoning markers "
-                "(<think>); leave it unset"
-            )
+            raise RequestError("max_reasoning_tokens is set, but this model's chat template has no reasoning markers "
+                               "(<think>); leave it unset")
         state = self.reasoning.state(self.tokenizer.decode(ids[-16:], skip_special_tokens=False))
         if state == "off":
             return None

@@ -103,11 +103,8 @@ def _convert(path: Path, out: Path) -> None:
         )
     names = {t.name for t in reader.tensors}
     # LongRoPE's per-frequency factors (Phi-3 128k, Phi-4-mini) are tensors in a GGUF, not metadata
-    factors = {
-        t.name: tuple(float(v) for v in np.asarray(t.data, dtype=np.float32).ravel())
-        for t in reader.tensors
-        if t.name.startswith("rope_factors_")
-    }
+    factors = {t.name: tuple(float(v) for v in np.asarray(t.data, dtype=np.float32).ravel())
+               for t in reader.tensors if t.name.startswith("rope_factors_")}
     config = _model_config(meta, arch, tied="output.weight" not in names, rope_factors=factors)
 
     tensors: dict[str, np.ndarray] = {}

@@ -123,9 +123,7 @@ class ModelConfig:
                 rope_theta=float(_rope_params(cfg).get("rope_theta", cfg.get("rope_theta", 10000.0))),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=family == "qwen2"
-                or family == "qwen2_moe"
-                and bool(cfg.get("qkv_bias", True))
+                attention_bias=family == "qwen2" or family == "qwen2_moe" and bool(cfg.get("qkv_bias", True))
                 or bool(cfg.get("attention_bias", False)),
                 qk_norm=family in ("qwen3", "qwen3_moe"),
                 rope_scaling=_rope_scaling(cfg) if family != "gemma3" else RopeScaling(),
@@ -167,12 +165,10 @@ class ModelConfig:
             out["layer_types"] = ["sliding_attention" if w else "full_attention" for w in self.layer_windows]
             out["use_sliding_window"] = True  # (Qwen reads the window only with it)
         if self.num_experts:
-            out.update(
-                {"num_local_experts" if self.family == "mixtral" else "num_experts": self.num_experts,
-                 "num_experts_per_tok": self.experts_per_token, "norm_topk_prob": self.norm_topk_prob,
-                 "moe_intermediate_size": self.moe_intermediate_size, "mlp_only_layers": list(self.dense_layers),
-                 "shared_expert_intermediate_size": self.shared_expert_intermediate_size}
-            )
+            out.update({"num_local_experts" if self.family == "mixtral" else "num_experts": self.num_experts,
+                        "num_experts_per_tok": self.experts_per_token, "norm_topk_prob": self.norm_topk_prob,
+                        "moe_intermediate_size": self.moe_intermediate_size, "mlp_only_layers": list(self.dense_layers),
+                        "shared_expert_intermediate_size": self.shared_expert_intermediate_size})
             if self.family == "mixtral":
                 out["intermediate_size"] = self.moe_intermediate_size
         return out
@@ -190,10 +186,8 @@ def _windows(archs: list[str], cfg: dict[str, Any]) -> tuple[int, ...]:
     if any(a.startswith(("Qwen2", "Qwen3")) for a in archs) or model_type.startswith(("qwen2", "qwen3")):
         if not cfg.get("use_sliding_window"):
             return ()
-        types = cfg.get("layer_types") or [
-            "sliding_attention" if i >= int(cfg.get("max_window_layers", 0)) else "full_attention"
-            for i in range(layers)
-        ]
+        types = cfg.get("layer_types") or ["sliding_attention" if i >= int(cfg.get("max_window_layers", 0)) else
+                                           "full_attention" for i in range(layers)]
     elif cfg.get("layer_types"):
         types = cfg["layer_types"]
     elif (
@@ -267,16 +261,9 @@ def _moe(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     k = int(cfg.get("num_experts_per_tok") or 2)
     if not 1 <= k <= n:
         raise ModelLoadError(f"num_experts_per_tok={k} must be between 1 and the {n} experts")
-    return {
-        "num_experts": n,
-        "experts_per_token": k,
-        "moe_intermediate_size": width,
-        "norm_topk_prob": norm,
-        "shared_expert_intermediate_size": int(cfg.get("shared_expert_intermediate_size") or 0)
-        if family == "qwen2_moe"
-        else 0,
-        "dense_layers": dense,
-    }
+    return {"num_experts": n, "experts_per_token": k, "moe_intermediate_size": width, "norm_topk_prob": norm,
+            "shared_expert_intermediate_size": int(cfg.get("shared_expert_intermediate_size") or 0)
+            if family == "qwen2_moe" else 0, "dense_layers": dense}
 
 
 def _rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -315,8 +302,6 @@ def _rotary_dim(head_dim: int, partial: float) -> int:
         return 0
     dim = int(head_dim * partial)
     if not 0 < dim <= head_dim or dim % 2:
-        raise ModelLoadError(
-            f"partial_rotary_factor={partial} of head_dim {head_dim} gives {dim} rotated dims; "
-            "it must be an even count between 2 and head_dim"
-        )
+        raise ModelLoadError(f"partial_rotary_factor={partial} of head_dim {head_dim} gives {dim} rotated dims; "
+                             "it must be an even count between 2 and head_dim")
     return dim

@@ -148,8 +148,8 @@ class ModelRunner:
         """The model over `ids` (placeholders resolved): the whole pass on a single rank, this rank's
         share of it with tensor parallelism."""
         self.backend.prepare(dev.meta)
-        ctx = ForwardContext(
-            positions=dev.positions, backend=self.backend, kv_caches=self.pool.kv_caches, exact_rows=dev.exact_rows)
+        ctx = ForwardContext(positions=dev.positions, backend=self.backend, kv_caches=self.pool.kv_caches,
+                             exact_rows=dev.exact_rows)
         return self.model(ids, ctx, dev.select)
 
     def close(self) -> None:

@@ -66,8 +66,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     except (OSError, RuntimeError) as e:
         log.warning("agentkv: native token walk unavailable, walking in Python (%s)", e)
         return None, str(e)
-    lib.agentkv_token_walk.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _P, _I32, _I32, _P,
-                                       _I32, _P, _P, _P, _P]
+    lib.agentkv_token_walk.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _P, _I32, _I32,
+                                       _P, _I32, _P, _P, _P, _P]
     lib.agentkv_token_walk.restype = ctypes.c_int
     lib.agentkv_walks_new.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _I32, _I64]
     lib.agentkv_walks_new.restype = _P

@@ -36,11 +36,8 @@ log = logging.getLogger(__name__)
 _CSRC = Path(__file__).resolve().parent / "csrc"
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {  # name: (argument types, result type)
-    "agentkv_attention": (
-        [_INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P, _I64, _INT, _INT, _INT, _F, _P,
-         _I64, _F, _INT, _INT],
-        _INT,
-    ),
+    "agentkv_attention": ([_INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P,
+                           _I64, _INT, _INT, _INT, _F, _P, _I64, _F, _INT, _INT], _INT),
     "agentkv_rms_norm": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT], None),
     "agentkv_silu_mul": ([_INT, _P, _I64, _I64, _I64, _P, _INT, _INT], None),
     "agentkv_rope": ([_INT, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT], None),
@@ -105,8 +102,8 @@ class NativeKernels(QuantKernels):
         heads = x.shape[1] if x.dim() == 3 else 1
         assert x.stride(-1) == 1 and (heads == 1 or x.stride(1) == n) and weight.dtype == x.dtype
         out = torch.empty(x.shape, dtype=x.dtype)
-        self._lib.agentkv_rms_norm(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), heads, weight.data_ptr(), x.shape[0], n,
-                                   eps, out.data_ptr(), torch.get_num_threads(), generic)
+        self._lib.agentkv_rms_norm(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), heads, weight.data_ptr(),
+                                   x.shape[0], n, eps, out.data_ptr(), torch.get_num_threads(), generic)
         return out
 
     def silu_mul(self, gate_up: torch.Tensor, generic: bool = False) -> torch.Tensor:
@@ -144,9 +141,8 @@ class NativeKernels(QuantKernels):
             data = padded.view(k, blocks, 16).permute(1, 0, 2)
         return PackedLinear(data.contiguous(), k, n)
 
-    def linear(
-        self, x: torch.Tensor, w: PackedLinear, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, w: PackedLinear, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, in] @ W (+ bias [out]) (+ residual [M, out]) -> [M, out], all of W's dtype."""
         dt = w.data.dtype
         assert x.dtype == dt and x.stride(-1) == 1 and x.shape[1] == w.in_features
@@ -158,12 +154,14 @@ class NativeKernels(QuantKernels):
         self._lib.agentkv_linear(
             _DTYPES[dt], x.data_ptr(), x.stride(0), x.shape[0], w.in_features, w.data.data_ptr(), w.out_features,
             None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(), r_ld,
-            out.data_ptr(), w.out_features, torch.get_num_threads())
+            out.data_ptr(), w.out_features, torch.get_num_threads(),
+        )
         return out
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  out_loc: torch.Tensor, table: torch.Tensor, tiles: torch.Tensor, scale: float, out: torch.Tensor,
-                  generic: bool = False, window: int = 0, softcap: float = 0.0) -> None:
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, out_loc: torch.Tensor, table: torch.Tensor, tiles: torch.Tensor,
+                  scale: float, out: torch.Tensor, generic: bool = False, window: int = 0,
+                  softcap: float = 0.0) -> None:
         """Writes k, v [T, KVH, D] to the caches at `out_loc` [T], then fills out [T, H, D] at the
         tokens of `tiles` [n, 4] (first token, tokens, table row, keys of the first token): see
         csrc/cpu_attention.c. `generic` runs the plain-C path on CPUs with AVX-512 too (tests);
@@ -175,17 +173,16 @@ class NativeKernels(QuantKernels):
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == q.dtype and out.is_contiguous()
         assert table.dtype == out_loc.dtype == tiles.dtype == torch.int64 and tiles.is_contiguous()
         assert table.is_contiguous() and out_loc.is_contiguous() and k_cache.shape == v_cache.shape
-        bad = self._lib.agentkv_attention(_DTYPES[q.dtype], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
-                                          v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-                                          k_cache.shape[0], out_loc.data_ptr(), T, table.data_ptr(), table.shape[0],
-                                          table.shape[1], tiles.data_ptr(), tiles.shape[0], H, kvh, D, scale,
-                                          out.data_ptr(), window, softcap, torch.get_num_threads(), generic)
+        bad = self._lib.agentkv_attention(
+            _DTYPES[q.dtype], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+            k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], out_loc.data_ptr(), T, table.data_ptr(),
+            table.shape[0], table.shape[1], tiles.data_ptr(), tiles.shape[0], H, kvh, D, scale, out.data_ptr(),
+            window, softcap, torch.get_num_threads(), generic,
+        )
         if bad:  # the kernel checks every index before it writes or reads through one
             what = {1: "a new token's slot", 2: "a tile", 3: "a slot in the table"}[bad]
-            raise EngineError(
-                f"native attention refused the pass: {what} is out of bounds (an engine bug; "
-                "attention_backend='torch' serves meanwhile)"
-            )
+            raise EngineError(f"native attention refused the pass: {what} is out of bounds (an engine bug; "
+                              "attention_backend='torch' serves meanwhile)")
 
 
 def for_engine(option: bool | None, device: str, dtype: str) -> NativeKernels | None:
@@ -197,10 +194,8 @@ def for_engine(option: bool | None, device: str, dtype: str) -> NativeKernels | 
     kernels = load() if applies else None
     if option and kernels is None:
         why = unavailable_reason() if applies else f"they run on CPU in float32 or bfloat16, not {device} {dtype}"
-        raise RequestError(
-            f"native_kernels=True, but agentkv's native CPU kernels are unavailable: {why}; "
-            "leave native_kernels unset to use torch ops where they are"
-        )
+        raise RequestError(f"native_kernels=True, but agentkv's native CPU kernels are unavailable: {why}; "
+                           "leave native_kernels unset to use torch ops where they are")
     return kernels
 
 

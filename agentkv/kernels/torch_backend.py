@@ -136,13 +136,8 @@ class TorchAttentionBackend(AttentionBackend):
     def _masks(self, window: int) -> tuple:
         """(the decodes' mask, the extends' plans) for `window` (0: the pass's own, unwindowed)."""
         if not window:
-            return (
-                self.shared_mask
-                if self.shared_slots is not None
-                else self.decode_mask
-                if self.meta.num_decodes
-                else None
-            ), self.extends
+            return (self.shared_mask if self.shared_slots is not None else self.decode_mask
+                    if self.meta.num_decodes else None), self.extends
         if window not in self._windowed:
             self._windowed[window] = (self._window_decode_mask(window), self._window_extends(window))
         return self._windowed[window]
@@ -224,9 +219,8 @@ class TorchAttentionBackend(AttentionBackend):
         return o.view(kvh, B, g, D).permute(1, 0, 2, 3).reshape(B, H, D)
 
 
-def _capped(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float, mask: torch.Tensor | None
-) -> torch.Tensor:
+def _capped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float,
+            mask: torch.Tensor | None) -> torch.Tensor:
     """Attention with Gemma 2's soft cap on the scores: q [..., M, D], k and v [..., S, D] (heads
     matched), `mask` additive (-inf where hidden) broadcasting to [..., M, S]."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale

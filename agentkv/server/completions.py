@@ -68,10 +68,8 @@ async def completion_stream(engine, req: CompletionRequest, model: str, metrics,
                         d.index, "", finish_reason(d.finish_reason, False), _legacy_logprobs(d.completion.logprobs))
                     usage = d.usage if usage is None else _add(usage, d.usage, same_prompt=True)
             if req.include_usage and usage is not None:
-                yield _sse(
-                    {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                     "usage": _usage(usage)}
-                )
+                yield _sse({"id": rid, "object": "text_completion", "created": created, "model": model,
+                            "choices": [], "usage": _usage(usage)})
             yield "data: [DONE]\n\n"
             finished = True
             metrics.request_done("/v1/completions", 200, time.perf_counter() - started, _usage(usage))

@@ -210,8 +210,8 @@ def test_a_call_waits_for_approval_and_the_run_continues(engine):
         ran.append(amount)
         return f"refunded {amount}"
 
-    with ak.Agent(
-        "Refunds.", tools=[refund], tool_choice="refund", max_steps=3, engine=engine, max_tokens=160) as agent:
+    with ak.Agent("Refunds.", tools=[refund], tool_choice="refund", max_steps=3, engine=engine,
+                  max_tokens=160) as agent:
         paused = agent.run_sync("refund me")
         assert isinstance(paused.output, ak.ApprovalRequired) and not ran
         calls = paused.output.calls
@@ -221,7 +221,8 @@ def test_a_call_waits_for_approval_and_the_run_continues(engine):
             agent.run_sync(history=paused.messages, approvals={"other": True})
     call = calls[0]
     assert ran == [c.arguments["amount"] for c in calls] and isinstance(done.output, str)
-    assert {"role": "tool", "tool_call_id": call.id, "name": "refund", "content": f"refunded {ran[0]}"} in done.messages
+    assert {"role": "tool", "tool_call_id": call.id, "name": "refund",
+            "content": f"refunded {ran[0]}"} in done.messages
     assert any(m.get("content") == "The call was not run: over the limit" for m in refused.messages)
 
 
@@ -264,7 +265,7 @@ def test_history_takes_the_receiving_agents_system_and_keeps_structured_calls(en
         first = a.run_sync("1+1")
         second = b.run_sync("and now?", history=first.messages)
         assert second.messages[0] == b.system_message
-    assert second.messages[1 : len(first.messages)] == first.messages[1:]
+    assert second.messages[1:len(first.messages)] == first.messages[1:]
     turn = first.messages[2]
     jsonschema.validate(json.loads(turn["tool_calls"][0]["function"]["arguments"]), add.parameters)
 

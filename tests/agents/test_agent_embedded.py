@@ -208,8 +208,8 @@ def test_a_validator_retry_prefills_only_the_retry_message(engine):
     first, retry = result.steps
     assert isinstance(result.output, Trip) and first.error == "The trip must be to London."
     assert first.usage.cached_tokens >= pinned > 0
-    message = engine.tokenizer.encode(
-        engine.render([{"role": "user", "content": result.messages[4]["content"]}], add_generation_prompt=True))
+    message = engine.tokenizer.encode(engine.render([{"role": "user", "content": result.messages[4]["content"]}],
+                                                    add_generation_prompt=True))
     computed = retry.usage.prompt_tokens - retry.usage.cached_tokens
     # (the end-of-turn token the reply ended with was never fed to the model: its KV is not there)
     assert retry.usage.cached_tokens >= first.usage.prompt_tokens + first.usage.completion_tokens - 2

@@ -67,12 +67,14 @@ def test_validate_converts_and_calls():
     assert asyncio.run(get_weather.acall({"where": {"city": "Oslo"}, "tags": ["x"]})) == "Oslo:C:1:['x']:brief"
 
 
-@pytest.mark.parametrize(
-    "args, problem",
-    [("{not json", "not JSON"), ("[1]", "JSON object"), ({"unit": "C"}, "where: Field required"),
-     ({"where": {"city": "Oslo"}, "days": "many"}, "days"), ({"where": {"city": "Oslo"}, "extra": 1}, "extra"),
-     ({"where": {"city": "Oslo"}, "unit": "K"}, "unit")],
-)
+@pytest.mark.parametrize("args, problem", [
+    ("{not json", "not JSON"),
+    ("[1]", "JSON object"),
+    ({"unit": "C"}, "where: Field required"),
+    ({"where": {"city": "Oslo"}, "days": "many"}, "days"),
+    ({"where": {"city": "Oslo"}, "extra": 1}, "extra"),
+    ({"where": {"city": "Oslo"}, "unit": "K"}, "unit"),
+])
 def test_bad_arguments_raise_with_the_field(args, problem):
     with pytest.raises(ak.ToolArgumentsError, match=problem) as err:
         get_weather.validate(args)

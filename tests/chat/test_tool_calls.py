@@ -178,12 +178,9 @@ def test_prompts_native_and_injected():
 
 
 def test_closed_schema_leaves_values_alone():
-    schema = {
-        "type": "object",
-        "properties": {"properties": {"type": "object", "default": {"type": "object"}},
-                       "c": {"const": {"properties": {}}}},
-        "$defs": {"D": {"properties": {"x": {}}, "additionalProperties": True}},
-    }
+    schema = {"type": "object", "properties": {"properties": {"type": "object", "default": {"type": "object"}},
+                                               "c": {"const": {"properties": {}}}},
+              "$defs": {"D": {"properties": {"x": {}}, "additionalProperties": True}}}
     closed = closed_schema(schema)
     assert closed["additionalProperties"] is False
     assert closed["properties"]["properties"]["additionalProperties"] is False

@@ -80,8 +80,8 @@ def test_engine_options_reach_every_replica(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(cluster, "serve_cluster", lambda *a, **k: seen.update(k))
-    result = CliRunner().invoke(
-        app, ["serve", "--replicas", "2", *ENGINE_FLAGS, "--tool-format", "mistral", "--speculative", "ngram"])
+    result = CliRunner().invoke(app, ["serve", "--replicas", "2", *ENGINE_FLAGS, "--tool-format", "mistral",
+                                      "--speculative", "ngram"])
     assert result.exit_code == 0, result.output
     assert seen["engine_options"] == {**EXPECTED, "tool_format": "mistral", "speculative": "ngram"}
 

@@ -261,13 +261,9 @@ def test_errors_survive_pickling():
 
     from agentkv.server.protocol import APIError
 
-    for e in [
-        ak.OutputValidationError("bad", "{}", "stop"),
-        ak.errors.ToolArgumentsError("f", "x: missing"),
-        ak.errors.AgentRetriesError("gave up", "{}", ["a", "b"]),
-        ak.GrammarError("no", "#/pattern"),
-        APIError(400, "temperature: too low", "temperature"),
-    ]:
+    for e in [ak.OutputValidationError("bad", "{}", "stop"), ak.errors.ToolArgumentsError("f", "x: missing"),
+              ak.errors.AgentRetriesError("gave up", "{}", ["a", "b"]), ak.GrammarError("no", "#/pattern"),
+              APIError(400, "temperature: too low", "temperature")]:
         back = pickle.loads(pickle.dumps(e))
         assert type(back) is type(e) and str(back) == str(e) and vars(back) == vars(e)
 

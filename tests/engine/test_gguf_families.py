@@ -101,19 +101,16 @@ def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
     return deq
 
 
-@pytest.mark.parametrize(
-    "family,kwargs,quant",
-    [
-        ("qwen3_moe", {"kv_heads": 4}, "Q8_0"),
-        ("qwen3_moe", {"kv_heads": 4}, "Q4_1"),
-        ("qwen2_moe", {"tie": False}, "Q8_0"),
-        ("phi3", {"sliding_window": 20, "tie": False}, "Q8_0"),
-        ("phi3", {"tie": False, "config": PHI4_ROPE}, "Q8_0"),  # partial rotary, LongRoPE's factors as tensors
-        # K-quants (rows of whole 256-weight super-blocks: wider layers), experts and the vocabulary included
-        ("qwen3_moe", {"kv_heads": 4, "hidden": 256, "intermediate": 512}, "Q4_K"),
-        ("phi3", {"tie": False, "hidden": 256, "intermediate": 512}, "Q6_K"),
-    ],
-)
+@pytest.mark.parametrize("family,kwargs,quant", [
+    ("qwen3_moe", {"kv_heads": 4}, "Q8_0"),
+    ("qwen3_moe", {"kv_heads": 4}, "Q4_1"),
+    ("qwen2_moe", {"tie": False}, "Q8_0"),
+    ("phi3", {"sliding_window": 20, "tie": False}, "Q8_0"),
+    ("phi3", {"tie": False, "config": PHI4_ROPE}, "Q8_0"),  # partial rotary, LongRoPE's factors as tensors
+    # K-quants (rows of whole 256-weight super-blocks: wider layers), experts and the vocabulary included
+    ("qwen3_moe", {"kv_heads": 4, "hidden": 256, "intermediate": 512}, "Q4_K"),
+    ("phi3", {"tie": False, "hidden": 256, "intermediate": 512}, "Q6_K"),
+])
 def test_gguf_family_equals_the_hf_dir_with_the_same_weights(tmp_path, monkeypatch, family, kwargs, quant):
     from safetensors.numpy import save_file
 

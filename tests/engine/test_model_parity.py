@@ -122,10 +122,10 @@ def test_longrope_tables_past_the_pretrained_length():
     from transformers.models.phi3.configuration_phi3 import Phi3Config
     from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
-    hf_cfg = Phi3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=300, pad_token_id=None,
-                        rope_theta=10000.0, **{k: v for k, v in PHI4_ROPE.items()})
-    ours = RotaryEmbedding(
-        ModelConfig.from_hf({**hf_cfg.to_dict(), "architectures": ["Phi3ForCausalLM"], **PHI4_ROPE}), 600)
+    hf_cfg = Phi3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                        pad_token_id=None, rope_theta=10000.0, **{k: v for k, v in PHI4_ROPE.items()})
+    ours = RotaryEmbedding(ModelConfig.from_hf({**hf_cfg.to_dict(), "architectures": ["Phi3ForCausalLM"],
+                                                **PHI4_ROPE}), 600)
     hf = Phi3RotaryEmbedding(hf_cfg)
     x = torch.zeros(1, 1, 16)
     for positions in (torch.arange(0, 256), torch.arange(0, 600)):  # within the pretrained length; past it
@@ -219,8 +219,8 @@ def test_packed_linear_bf16(bias):
             torch.testing.assert_close(lin(x[:t], r[:t]).float(), exact + r[:t].float(), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize(
-    "scaling", [RopeScaling(), RopeScaling("yarn", factor=4.0, original_max_position_embeddings=64)])
+@pytest.mark.parametrize("scaling", [RopeScaling(),
+                                     RopeScaling("yarn", factor=4.0, original_max_position_embeddings=64)])
 def test_rope_rotation_matrix_matches_elementwise(scaling):
     """Small CPU passes rotate q/k with one matmul by per-position matrices; larger ones element-wise.
     Both are the half-split rotation."""

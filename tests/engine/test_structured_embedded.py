@@ -129,11 +129,8 @@ def test_schemastore_samples_validate(engine):
     schemas = [json.loads((root / f"{n}.json").read_text())["schema"] for n in names]
     # those that need no other document (test_schemastore.py compiles the rest with `documents=`)
     schemas = [s for s in schemas if not SchemaResources(s).missing]
-    jobs = [
-        (ask(f"Write a JSON document for the schema titled {s.get('title', 'data')!r}."),
-         {"schema": s, "temperature": 1.0, "seed": i, "max_tokens": 128})
-        for i, s in enumerate(schemas)
-    ]
+    jobs = [(ask(f"Write a JSON document for the schema titled {s.get('title', 'data')!r}."),
+             {"schema": s, "temperature": 1.0, "seed": i, "max_tokens": 128}) for i, s in enumerate(schemas)]
     outs = asyncio.run(_gather(engine, jobs))
     finished = caught = 0
     for s, out in zip(schemas, outs):
@@ -149,10 +146,8 @@ def test_schemastore_samples_validate(engine):
             jsonschema.validate(json.loads(out.text), python_regexes(s))
         else:
             assert out.finish_reason == "length", out.finish_reason
-    print(
-        f"\nSchemaStore at temperature 1.0: {finished}/{len(schemas)} finished within 128 tokens, all valid "
-        f"but {caught} refused by the check after generation (relaxed keywords)"
-    )
+    print(f"\nSchemaStore at temperature 1.0: {finished}/{len(schemas)} finished within 128 tokens, all valid "
+          f"but {caught} refused by the check after generation (relaxed keywords)")
     assert finished >= len(schemas) // 4
 
 

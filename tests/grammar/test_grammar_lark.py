@@ -159,19 +159,19 @@ SEEDS = [CALC, TOOL_CALL,
          'start: _sep{item, ","}\n_sep{x, sep}: x (sep x)*\nitem: "a" | "b"{2,3} | ITEM\nITEM: "c".."f" ~ 1..3',
          'start: x | y -> alias\nx.2: A\ny: "b"\n    | "c"\nA.3: "a"i\n%ignore " "\n%import common.INT']
 PIECES = list('()[]{}|?*+~.:,"/%\\-> \n_aAx0') + ["%json", "%import", "%ignore", "%declare", "%override", "%extend",
-                                                  "common.", "..", "->", "{2,}", "%pyjson {}"]
+                                                 "common.", "..", "->", "{2,}", "%pyjson {}"]
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(SEEDS),
-       st.lists(st.tuples(st.floats(0, 1), st.sampled_from(PIECES), st.booleans()), min_size=1, max_size=4))
+@given(st.sampled_from(SEEDS), st.lists(st.tuples(st.floats(0, 1), st.sampled_from(PIECES), st.booleans()),
+                                        min_size=1, max_size=4))
 def test_mutated_grammars_compile_or_say_why(seed, edits):
     """Whatever a request sends as grammar text, the answer is a compiled grammar or a GrammarError
     (a server's 400), never another exception (a 500)."""
     text = seed
     for where, piece, insert in edits:
         i = int(where * len(text))
-        text = text[:i] + piece + text[i:] if insert else text[:i] + text[i + len(piece) :]
+        text = text[:i] + piece + text[i:] if insert else text[:i] + text[i + len(piece):]
     try:
         BYTE_COMPILER.compile_lark(text)
     except GrammarError:

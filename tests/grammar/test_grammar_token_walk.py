@@ -101,10 +101,8 @@ SHAPES = [
     ("lark", 'start: w w\nw: /[^"\\x00-\\x1f]/'),  # a rule returning after each character
     ("lark", 'start: w "y"\nw: /[a-wA-W]+/ | "-" w'),
     ("schema", {"type": "string", "maxLength": 6}),
-    ("regex", '[a-e"]+'),
-    ("regex", "[a-f]+y?"),  # loops over a class, tokens leaving it deep below (abcdefgh)
-    ("regex", "[a-i]{1,5}[0-9]?"),
-    ("regex", "[a-c]{2,4}[0-9]{3}"),  # counted repetitions of a class
+    ("regex", '[a-e"]+'), ("regex", "[a-f]+y?"),  # loops over a class, tokens leaving it deep below (abcdefgh)
+    ("regex", "[a-i]{1,5}[0-9]?"), ("regex", "[a-c]{2,4}[0-9]{3}"),  # counted repetitions of a class
     ("schema", {"type": "object", "additionalProperties": {"type": "string", "minLength": 2, "maxLength": 4}}),
 ]
 WORDS = (
@@ -185,9 +183,8 @@ def compile_shape(info, kind, source):
     return compiler.compile_lark(source) if kind == "lark" else compile_one(compiler, kind, source)
 
 
-@pytest.mark.parametrize(
-    "kind,source",
-    SHAPES + [("schema", {"type": "string", "maxLength": 9}), ("schema", {"type": "string", "pattern": "^[^a]{0,4}$"})])
+@pytest.mark.parametrize("kind,source", SHAPES + [("schema", {"type": "string", "maxLength": 9}),
+                                                  ("schema", {"type": "string", "pattern": "^[^a]{0,4}$"})])
 def test_text_reach_is_what_survives(kind, source):
     # A state's reach: every plain text of that many characters survives (a character of 1-4 bytes,
     # cut short too); a text loop (reach: any token's length) every plain text. A state that is not
@@ -310,8 +307,8 @@ def test_the_native_walk_builds_wherever_there_is_a_compiler():
     import os
     import shutil
 
-    if os.environ.get("AGENTKV_NATIVE_GRAMMAR") == "0" or not (
-        os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
+    if os.environ.get("AGENTKV_NATIVE_GRAMMAR") == "0" or not (os.environ.get("CC") or shutil.which("cc")
+                                                                 or shutil.which("gcc") or shutil.which("clang")):
         pytest.skip("no C compiler, or the native walk turned off")
     assert native._load()[0] is not None, native.unavailable_reason()
 

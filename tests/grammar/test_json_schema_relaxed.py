@@ -198,19 +198,16 @@ def test_check_reads_given_documents_and_ecma_patterns():
         BYTE_COMPILER.compile_json_schema({"$ref": "https://example.com/missing.json"})
 
 
-@pytest.mark.parametrize(
-    "pattern,good,bad",
-    [
-        (r"^\d+$", ["12"], ["\u0661\u0662", "1\u0663"]),  # ECMA's \d is ASCII; Python's takes any digit
-        (r"^\w+$", ["a_1"], ["\u00e9"]),
-        (r"^\s$", [" ", "\u00a0", "\u2028", "\ufeff"], ["x"]),
-        (r"^.$", ["x", "\u00e9"], ["\n", "\r", "\u2028"]),
-        (r"^[^\d]$", ["x"], ["5"]),
-        # ECMA's [^] is any character, [] none; the grammar's reader relaxes them, the check holds them
-        (r"^a[^]b$", ["a\nb"], ["ab"]),
-        (r"^[]a$", [], ["a", "]a"]),
-    ],
-)
+@pytest.mark.parametrize("pattern,good,bad", [
+    (r"^\d+$", ["12"], ["\u0661\u0662", "1\u0663"]),  # ECMA's \d is ASCII; Python's takes any digit
+    (r"^\w+$", ["a_1"], ["\u00e9"]),
+    (r"^\s$", [" ", "\u00a0", "\u2028", "\ufeff"], ["x"]),
+    (r"^.$", ["x", "\u00e9"], ["\n", "\r", "\u2028"]),
+    (r"^[^\d]$", ["x"], ["5"]),
+    # ECMA's [^] is any character, [] none; the grammar's reader relaxes them, the check holds them
+    (r"^a[^]b$", ["a\nb"], ["ab"]),
+    (r"^[]a$", [], ["a", "]a"]),
+])
 def test_check_reads_patterns_as_ecma_does_like_the_grammar(pattern, good, bad):
     schema = {"type": "string", "pattern": pattern}
     g, check = BYTE_COMPILER.compile_json_schema(schema), SchemaCheck(schema)

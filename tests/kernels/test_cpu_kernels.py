@@ -135,8 +135,8 @@ def _check(meta, q, k, v, k_cache, v_cache, generic):
     offset = 0
     for row, (s, e) in enumerate(zip(meta.seq_lens, meta.extend_lens)):
         slots = meta.req_to_token[row, :s]
-        expected = reference(
-            q[offset : offset + e].float(), k_cache[slots].float(), v_cache[slots].float(), D**-0.5, s - e)
+        expected = reference(q[offset : offset + e].float(), k_cache[slots].float(), v_cache[slots].float(),
+                             D**-0.5, s - e)
         torch.testing.assert_close(out[offset : offset + e].float(), expected, **_close(q.dtype))
         offset += e
     return backend
@@ -179,14 +179,11 @@ def test_attention_matches_reference_for_any_lengths(shapes, heads_dim, dtype, g
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("generic", BODIES)
-@pytest.mark.parametrize(
-    "plans_of,heads,kv_heads",
-    [
-        (lambda p: [(p[:1499], 1), (p[:20], 1)], 4, 1),  # two decodes, one long: its keys in parts
-        (lambda p: [(p[:2600], 1)], 6, 2),  # one decode, two KV heads
-        (lambda p: [(p[1000:2300], 3)], 3, 1),  # a short extend after a long prefix: one tile in parts
-    ],
-)
+@pytest.mark.parametrize("plans_of,heads,kv_heads", [
+    (lambda p: [(p[:1499], 1), (p[:20], 1)], 4, 1),  # two decodes, one long: its keys in parts
+    (lambda p: [(p[:2600], 1)], 6, 2),  # one decode, two KV heads
+    (lambda p: [(p[1000:2300], 3)], 3, 1),  # a short extend after a long prefix: one tile in parts
+])
 def test_attention_splits_few_long_tasks_into_parts(dtype, generic, plans_of, heads, kv_heads):
     """With fewer tasks than twice the threads and a long context, a task's keys are split across
     threads and the parts merged (parts of a short tile are empty): the same result as the reference."""
@@ -341,8 +338,8 @@ def test_attention_checks_every_index_before_it_touches_memory():
     with pytest.raises(EngineError, match="slot in the table"):
         kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, table, tiles, 0.25, out)
     with pytest.raises(EngineError, match="a tile"):
-        kernels.attention(
-            q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles + torch.tensor([0, 0, 0, 999]), 0.25, out)
+        kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles + torch.tensor([0, 0, 0, 999]),
+                          0.25, out)
     assert torch.equal(kc, before)
     kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles, 0.25, out)  # the valid pass runs
     assert torch.equal(kc[meta.out_cache_loc], k)

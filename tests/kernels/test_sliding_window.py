@@ -42,8 +42,8 @@ def mixed_batch(seed, heads, kv_heads, decode_only=False, long=False):
         plans = [(free[:1199], 1), ([], 70)]
         free = free[1199:]
     else:
-        plans = [(shared + free[:5], 1), (shared + free[5:17], 1), (shared[:25], 1), (free[17:40], 1), ([], 9),
-                 (shared[:30], 6)]
+        plans = [(shared + free[:5], 1), (shared + free[5:17], 1), (shared[:25], 1), (free[17:40], 1),
+                 ([], 9), (shared[:30], 6)]
         free = free[40:]
         plans = plans[:4] if decode_only else plans
     table = torch.zeros(8, 1300, dtype=torch.int64)

@@ -72,20 +72,20 @@ def test_moe_serves_tools_and_schemas(moe_server):
         assert calls and r.choices[0].finish_reason == "tool_calls"
         for c in calls:
             jsonschema.validate(json.loads(c.function.arguments), ADD["function"]["parameters"])
-        r = client.chat.completions.create(
-            model="moe", messages=[{"role": "user", "content": "a pair"}], seed=seed,
-            response_format={"type": "json_schema", "json_schema": {"name": "pair", "schema": PAIR, "strict": True}},
-            max_tokens=64, temperature=1.0)
+        r = client.chat.completions.create(model="moe", messages=[{"role": "user", "content": "a pair"}], seed=seed,
+                                           response_format={"type": "json_schema", "json_schema": {
+                                               "name": "pair", "schema": PAIR, "strict": True}},
+                                           max_tokens=64, temperature=1.0)
         jsonschema.validate(json.loads(r.choices[0].message.content), PAIR)
 
 
 def test_moe_greedy_text_matches_hf(moe_server):
     client, path = moe_server
     prompt = "The quick brown fox"
-    r = client.completions.create(
-        model="moe", prompt=prompt, max_tokens=16, temperature=0.0, extra_body={"ignore_eos": True})
+    r = client.completions.create(model="moe", prompt=prompt, max_tokens=16, temperature=0.0,
+                                  extra_body={"ignore_eos": True})
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tok = transformers.AutoTokenizer.from_pretrained(path)
     ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
     out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False, eos_token_id=None)
-    assert r.choices[0].text == tok.decode(out[0, ids.shape[1] :])
+    assert r.choices[0].text == tok.decode(out[0, ids.shape[1]:])

@@ -114,10 +114,8 @@ def test_stream(any_client, any_live):
     client, live = any_client, any_live
     engine = live[1]
     ref = engine.chat(ask("stream"), max_tokens=12, temperature=0.0)
-    chunks = list(
-        client.chat.completions.create(model=live[2], messages=ask("stream"), max_tokens=12, temperature=0, stream=True,
-                                       stream_options={"include_usage": True})
-    )
+    chunks = list(client.chat.completions.create(model=live[2], messages=ask("stream"), max_tokens=12, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == ref.text
@@ -127,8 +125,8 @@ def test_stream(any_client, any_live):
 
 def test_parse_with_a_pydantic_model(any_client, any_live):
     client, live = any_client, any_live
-    r = client.chat.completions.parse(
-        model=live[2], messages=ask("a pair"), response_format=Pair, max_tokens=60, temperature=1.0, seed=1)
+    r = client.chat.completions.parse(model=live[2], messages=ask("a pair"), response_format=Pair, max_tokens=60,
+                                      temperature=1.0, seed=1)
     assert isinstance(r.choices[0].message.parsed, Pair)
     obj = client.chat.completions.create(model=live[2], messages=ask("json"), response_format={"type": "json_object"},
                                          max_tokens=40, temperature=0, extra_body={"top_k": 1})
@@ -151,12 +149,9 @@ def test_tools_with_each_tool_choice(client, choice):
             assert call.function.name == "add"
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name]["function"]["parameters"])
     # the call goes back with its result; the conversation continues
-    follow = client.chat.completions.create(
-        model="tiny",
-        max_tokens=4,
-        messages=[*ask("use a tool"), msg.model_dump(exclude_none=True),
-                  *[{"role": "tool", "tool_call_id": c.id, "content": "42"} for c in msg.tool_calls]],
-    )
+    follow = client.chat.completions.create(model="tiny", max_tokens=4, messages=[
+        *ask("use a tool"), msg.model_dump(exclude_none=True),
+        *[{"role": "tool", "tool_call_id": c.id, "content": "42"} for c in msg.tool_calls]])
     assert follow.choices[0].message.role == "assistant"
 
 
@@ -191,10 +186,8 @@ def test_completions(any_client, any_live):
     assert len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens
     batch = client.completions.create(model=live[2], prompt=["a", "b"], max_tokens=2, echo=True)
     assert [c.text[:1] for c in batch.choices] == ["a", "b"]
-    chunks = list(
-        client.completions.create(model=live[2], prompt="Once", max_tokens=5, temperature=0, stream=True, echo=True,
-                                  stream_options={"include_usage": True})
-    )
+    chunks = list(client.completions.create(model=live[2], prompt="Once", max_tokens=5, temperature=0, stream=True,
+                                            echo=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "Once" + r.choices[0].text
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
@@ -205,9 +198,8 @@ def test_errors(any_client, any_live):
         client.chat.completions.create(model=live[2], messages=ask("x"), temperature=-1)
     assert e.value.body["param"] == "temperature"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(
-            model=live[2], messages=ask("x"),
-            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}})
+        client.chat.completions.create(model=live[2], messages=ask("x"), response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}})
     assert "'strnig' is not valid" in str(e.value) and e.value.body["param"] == "response_format.json_schema.schema"
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=live[2], messages=[{"role": "wizard", "content": "x"}])
@@ -222,8 +214,8 @@ def test_errors(any_client, any_live):
         client.chat.completions.create(model=live[2], messages=ask("hello " * 9000), max_tokens=2)
     assert e.value.status_code == 413
     # unknown fields newer clients send are accepted
-    ok = client.chat.completions.create(
-        model=live[2], messages=ask("x"), max_tokens=1, extra_body={"some_future_field": {"a": 1}})
+    ok = client.chat.completions.create(model=live[2], messages=ask("x"), max_tokens=1,
+                                        extra_body={"some_future_field": {"a": 1}})
     assert ok.choices[0].message.role == "assistant"
     # the engine kept serving through all of it, and holds no request
     assert live[1].stats()["running"] == 0
@@ -255,9 +247,9 @@ def embedded_client(embedded_live):
 
 @pytest.mark.slow
 def test_embedded_parse_and_tools(embedded_client):
-    r = embedded_client.chat.completions.parse(model="smollm2",
-                                               messages=ask("Extract: Ada is 36 years old and her name is Ada."),
-                                               response_format=Pair, temperature=0)
+    r = embedded_client.chat.completions.parse(
+        model="smollm2", messages=ask("Extract: Ada is 36 years old and her name is Ada."), response_format=Pair,
+        temperature=0)
     assert isinstance(r.choices[0].message.parsed, Pair)
     tool = openai.pydantic_function_tool(GetWeather)
     for choice in ("auto", "none"):  # the model may answer in text; a call it makes is well-formed
@@ -282,9 +274,8 @@ def test_cut_tool_calls_come_back_as_length_without_markup(client):
     """max_tokens inside a call: finish_reason "length", the completed calls (none here), no markup."""
     for seed in range(3):
         for stream in (False, True):
-            args = dict(
-                model="tiny", messages=[{"role": "user", "content": "add"}], tools=[ADD], tool_choice="required",
-                temperature=1.0, seed=seed, max_tokens=12)
+            args = dict(model="tiny", messages=[{"role": "user", "content": "add"}], tools=[ADD],
+                        tool_choice="required", temperature=1.0, seed=seed, max_tokens=12)
             if stream:
                 chunks = list(client.chat.completions.create(stream=True, **args))
                 content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -298,14 +289,8 @@ def test_cut_tool_calls_come_back_as_length_without_markup(client):
 
 def test_dict_tool_schemas_are_closed_unless_the_server_opens_them(client):
     """A LangChain-style tool leaves additionalProperties unset: no invented keys by default."""
-    loose = {
-        "type": "function",
-        "function": {
-            "name": "f",
-            "parameters": {"type": "object", "properties": {"q": {"type": "integer", "minimum": 0, "maximum": 9}},
-                           "required": ["q"]},
-        },
-    }
+    loose = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"q": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["q"]}}}
     for seed in range(4):
         r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "f"}], tools=[loose],
                                            tool_choice="required", temperature=1.0, seed=seed, max_tokens=200)

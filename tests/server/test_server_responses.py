@@ -50,8 +50,8 @@ def test_create_parse_retrieve_delete(client):
     client.responses.delete(p.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(p.id)
-    unstored = client.responses.create(
-        model="tiny", input="x?", text={"format": {"type": "json_object"}}, max_output_tokens=20, store=False)
+    unstored = client.responses.create(model="tiny", input="x?", text={"format": {"type": "json_object"}},
+                                       max_output_tokens=20, store=False)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(unstored.id)
 
@@ -107,7 +107,7 @@ def test_bad_input_is_a_400_naming_it(client):
         client.responses.create(model="tiny", input="x", tools=[{"type": "web_search"}], max_output_tokens=4)
     assert e.value.body["param"] == "tools[0].type"
     with pytest.raises(openai.BadRequestError) as e:
-        client.responses.create(model="tiny", input="x", max_output_tokens=10**6)
+        client.responses.create(model="tiny", input="x", max_output_tokens=10 ** 6)
     assert e.value.body["param"] == "max_output_tokens"
 
 
@@ -153,8 +153,8 @@ def test_openai_agents_sdk_default_responses_model(live):
                    model_settings=ModelSettings(max_tokens=60, tool_choice="required", parallel_tool_calls=False))
     result = Runner.run_sync(caller, "add one to 2", max_turns=2)
     assert calls and str(result.final_output) == str(calls[0] + 1)
-    typed = Agent(
-        name="calc", instructions="Answer.", output_type=X, model=model, model_settings=ModelSettings(max_tokens=40))
+    typed = Agent(name="calc", instructions="Answer.", output_type=X, model=model,
+                  model_settings=ModelSettings(max_tokens=40))
     assert isinstance(Runner.run_sync(typed, "x?", max_turns=1).final_output, X)
 
 

@@ -322,9 +322,8 @@ def search_expr(pattern: str, where: str | None = None) -> Expr:
         e = seq(*([] if start else [ANY]), body, *([] if end else [ANY]))
         for look in looks:
             # At the start of the string, (?=A) holds where the string starts with a match of A.
-            starts_with = alt(
-                *(seq(b, *([] if e_ else [ANY])) for b, _, e_ in (_strip_edges(x, where) for x in _branches(look.expr)))
-            )
+            starts_with = alt(*(seq(b, *([] if e_ else [ANY]))
+                                for b, _, e_ in (_strip_edges(x, where) for x in _branches(look.expr))))
             e = Diff(e, starts_with) if look.negative else Intersect(e, starts_with)
         out.append(e)
     return alt(*out)

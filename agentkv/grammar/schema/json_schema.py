@@ -159,16 +159,11 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
                 rest = {k: v for k, v in schema.items() if k != key}
                 branches = written = _list(schema[key], f"{ptr}/{key}")
                 if validating(rest):  # siblings apply to every branch (and may make them exclusive)
-                    branches = [
-                        self.merge(rest, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}")
-                        for i, b in enumerate(branches)
-                    ]
+                    branches = [self.merge(rest, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}")
+                                for i, b in enumerate(branches)]
                     if "type" in rest:  # the sibling type alone, which leaves the branches' keywords as written
-                        written = [
-                            self.merge(
-                                {"type": rest["type"]}, self.inline_ref(b, f"{ptr}/{key}/{i}"), f"{ptr}/{key}/{i}")
-                            for i, b in enumerate(written)
-                        ]
+                        written = [self.merge({"type": rest["type"]}, self.inline_ref(b, f"{ptr}/{key}/{i}"),
+                                              f"{ptr}/{key}/{i}") for i, b in enumerate(written)]
                 # Branches apart with only part of the siblings merged in stay apart with all of them (each
                 # only narrows); the full merge can hide what told them apart (a const inside an allOf).
                 if (
@@ -179,13 +174,9 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
                     cases = self.one_of_cases(rest, schema[key], f"{ptr}/oneOf")  # schema/conditionals.py
                     if cases is not None:
                         return self.value(cases, ptr)
-                    self.relax(
-                        "oneOf",
-                        f"{ptr}/oneOf",
-                        "oneOf branches that may overlap cannot be enforced as "
-                        "'exactly one' (the grammar takes them as anyOf); make them exclusive (distinct "
-                        "types or const/enum values) or use anyOf",
-                    )
+                    self.relax("oneOf", f"{ptr}/oneOf", "oneOf branches that may overlap cannot be enforced as "
+                               "'exactly one' (the grammar takes them as anyOf); make them exclusive (distinct "
+                               "types or const/enum values) or use anyOf")
                 return alt(*[self.value(b, f"{ptr}/{key}/{i}") for i, b in enumerate(branches)])
         if "const" in schema or "enum" in schema:
             return self.enum(schema, ptr)
@@ -226,8 +217,8 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             kv = seq(self.string_expr(string_body()), self.punct(":"), ANY)
             obj = seq(self.punct("{"), opt(seq(kv, star(seq(self.punct(","), kv)))), self.punct("}"))
             arr = seq(self.punct("["), opt(seq(ANY, star(seq(self.punct(","), ANY)))), self.punct("]"))
-            self.rules[name] = alt(obj, arr, self.string_expr(string_body()), NUMBER, lit(self.literal(True)),
-                                   lit(self.literal(False)), lit(self.literal(None)))
+            self.rules[name] = alt(obj, arr, self.string_expr(string_body()), NUMBER,
+                                   lit(self.literal(True)), lit(self.literal(False)), lit(self.literal(None)))
         return Ref(name)
 
     def string_expr(self, body):
@@ -239,21 +230,12 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             values = [v for v in values if any(json_equal(v, e) for e in schema["enum"])]
         excluded = excluded_strings(schema.get("not")) or []
         values = [v for v in values if not (isinstance(v, str) and v in excluded)]
-        extra = [
-            k
-            for k in schema
-            if validating({k: schema[k]})
-            and k not in ("enum", "const", "type", "nullable")
-            and not (k == "not" and excluded_strings(schema[k]) is not None)
-        ]
+        extra = [k for k in schema if validating({k: schema[k]}) and k not in ("enum", "const", "type", "nullable")
+                 and not (k == "not" and excluded_strings(schema[k]) is not None)]
         for k in extra:
             if k not in LISTED_VALUE_CHECKS:
-                self.relax(
-                    k,
-                    f"{ptr}/{k}",
-                    f"enum/const together with '{k}' is not supported (the listed "
-                    "values are not checked against it); list only the allowed values",
-                )
+                self.relax(k, f"{ptr}/{k}", f"enum/const together with '{k}' is not supported (the listed "
+                           "values are not checked against it); list only the allowed values")
         extra = [k for k in extra if k in LISTED_VALUE_CHECKS]
         if extra:  # string and number keywords next to the list: keep the values that meet them
             lang = self.string_language(schema, ptr)
@@ -383,12 +365,8 @@ def _meets(value, lang, lo, lo_x: bool, hi, hi_x: bool, deadline: float) -> bool
     if isinstance(value, str):
         return lang is None or language_matches(lang, value, deadline)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return not (
-            lo is not None
-            and (value < lo or lo_x and value == lo)
-            or hi is not None
-            and (value > hi or hi_x and value == hi)
-        )
+        return not (lo is not None and (value < lo or lo_x and value == lo)
+                    or hi is not None and (value > hi or hi_x and value == hi))
     return True  # string and number keywords do not apply to other types
 
 

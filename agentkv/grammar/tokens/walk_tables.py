@@ -78,7 +78,7 @@ def _char_end(trans, states: np.ndarray, phase: int) -> np.ndarray:
     end at different states)."""
     out = None
     for lo, hi, after in TEXT_PHASES[phase]:
-        block = trans[np.maximum(states, 0), lo : hi + 1]
+        block = trans[np.maximum(states, 0), lo:hi + 1]
         first = block[:, 0]
         to = np.where((states >= 0) & (block == first[:, None]).all(axis=1), first, -1)
         if after != BOUNDARY:
@@ -99,7 +99,7 @@ def _text_loops(trans, candidates: np.ndarray) -> np.ndarray:
         while todo and ok:
             s, phase = todo.pop()
             for lo, hi, nxt in TEXT_PHASES[phase]:
-                to = trans[s, lo : hi + 1]
+                to = trans[s, lo:hi + 1]
                 if (to < 0).any():
                     ok = False
                     break
@@ -162,20 +162,16 @@ class WalkTables:
         self.calls = a.calls  # (the Python walk's)
         self.starts_list = list(a.starts)
         self.struct = native.GrammarStruct(
-            *(
-                x.ctypes.data
-                for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_reach,
-                          self.class_bytes, self.class_reach, self.call_off, self.call_rule, self.call_ret, self.starts)
-            ),
-            n,
-            self.max_depth,
-        )
+            *(x.ctypes.data for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_reach,
+                                      self.class_bytes, self.class_reach, self.call_off, self.call_rule, self.call_ret,
+                                      self.starts)),
+            n, self.max_depth)
         self.info = grammar.info
         self.lib = native.load()
         self.cache = None
         if self.lib is not None:
-            self.cache = self.lib.agentkv_walks_new(
-                ctypes.byref(self.struct), ctypes.byref(grammar.info.trie_struct), grammar.info.words, MAX_WALK_BYTES)
+            self.cache = self.lib.agentkv_walks_new(ctypes.byref(self.struct), ctypes.byref(grammar.info.trie_struct),
+                                                    grammar.info.words, MAX_WALK_BYTES)
             if not self.cache:
                 raise MemoryError("no memory for the grammar's mask cache")
             weakref.finalize(self, self.lib.agentkv_walks_free, self.cache)
@@ -229,13 +225,7 @@ def _flatten(stacks) -> tuple[np.ndarray, np.ndarray]:
 
 
 def trie_struct(trie) -> native.TrieStruct:
-    return native.TrieStruct(
-        *(
-            x.ctypes.data
-            for x in (trie.byte, trie.next, trie.depth, trie.tok, trie.n_end, trie.text_chars, trie.root_chars,
-                      trie.plain_masks, trie.below_bytes, trie.depth_below, trie.sorted_ids)
-        ),
-        trie.n_nodes,
-        trie.max_len,
-        trie.plain_masks.shape[1],
-    )
+    return native.TrieStruct(*(x.ctypes.data for x in (trie.byte, trie.next, trie.depth, trie.tok, trie.n_end,
+                                                       trie.text_chars, trie.root_chars, trie.plain_masks,
+                                                       trie.below_bytes, trie.depth_below, trie.sorted_ids)),
+                             trie.n_nodes, trie.max_len, trie.plain_masks.shape[1])
