@@ -19,7 +19,7 @@ from agentkv.server.anthropic_stream import stream_message
 from agentkv.server.chat import ChatPlan, chat_completion, chat_stream
 from agentkv.server.completions import completion, completion_stream
 from agentkv.server.metrics import Metrics
-from agentkv.server.protocol import APIError, ChatRequest, CompletionRequest
+from agentkv.server.protocol import APIError, ChatRequest, CompletionRequest, no_pin
 from agentkv.server.responses import ResponseStore, create_response, stream_response
 from agentkv.server.responses_items import ResponsesRequest
 from agentkv.server.sessions import Sessions
@@ -135,7 +135,7 @@ class LocalHandle:
 
     async def unpin(self, pin_id: str) -> None:
         if pin_id not in self._pins:
-            raise APIError(404, f"no pin {pin_id!r}; GET /v1/pins lists them", "pin_id", code="pin_not_found")
+            raise no_pin(pin_id)
         handle, _ = self._pins.pop(pin_id)
         await asyncio.to_thread(self.engine.unpin, handle)
 

@@ -33,6 +33,9 @@ _GAUGES = (
 )
 
 
+ENGINE_GAUGE_KEYS = tuple(key for _, key, _ in _GAUGES if key != "inflight")  # read from engine.stats()
+
+
 class _EngineGauges:
     """A collector that reads the engine's stats (and the app's in-flight count) when scraped."""
 

@@ -334,6 +334,10 @@ def check_access(authorization: str | None, body: dict | None, api_key: str | No
                        "model", "invalid_request_error", "model_not_found")
 
 
+def no_pin(pin_id: str) -> APIError:
+    return APIError(404, f"no pin {pin_id!r}; GET /v1/pins lists them", "pin_id", code="pin_not_found")
+
+
 def json_object(raw: Any) -> dict:
     if not isinstance(raw, dict):
         raise APIError(400, "the request body must be a JSON object")

@@ -100,7 +100,7 @@ def _plan(engine, req: ResponsesRequest, store: ResponseStore, close_objects: bo
     messages = (previous.messages if previous else []) + conversation(req.input)
     try:
         return ChatPlan(engine, chat_body(req, messages, close_objects), previous.carry if previous else None), messages
-    except APIError as e:  # the chat plan's 400s, in the Responses API's field names
+    except APIError as e:  # the chat request's and plan's 400s, in the Responses API's field names
         raise APIError(e.status, responses_names(e.message), responses_names(e.param or "") or None, e.type,
                        e.code) from None
 

@@ -77,12 +77,8 @@ def conversation(items: str | list[dict]) -> list[dict]:
         elif kind == "reasoning":
             continue  # a client sending back our reasoning: the conversation already has it, or drops it
         else:
-            raise APIError(
-                400,
-                f"input[{i}].type {kind!r} is not supported; send message, function_call, "
-                "function_call_output or reasoning items",
-                f"input[{i}].type",
-            )
+            raise APIError(400, f"input[{i}].type {kind!r} is not supported; send message, function_call, "
+                                "function_call_output or reasoning items", f"input[{i}].type")
     return out
 
 
@@ -108,10 +104,7 @@ def chat_body(req: ResponsesRequest, messages: list[dict], close_objects: bool) 
                          ("prompt_cache_key", req.prompt_cache_key)):
         if theirs is not None:
             body[ours] = theirs
-    try:
-        return validate(ChatRequest, body)
-    except APIError as e:  # name the Responses field where chat's differs
-        raise APIError(e.status, responses_names(e.message), responses_names(e.param or "") or None) from None
+    return validate(ChatRequest, body)  # (its 400s are named in the Responses API's terms by the caller)
 
 
 def responses_names(text: str) -> str:
@@ -152,8 +145,8 @@ def output_items(msg: dict, rid: str) -> list[dict]:
     calls = msg.get("tool_calls") or []
     if msg.get("content") or not calls:
         items.append(message_item(key, msg.get("content") or ""))
-    items.extend(
-        call_item(key, k, c["id"], c["function"]["name"], c["function"]["arguments"]) for k, c in enumerate(calls))
+    items.extend(call_item(key, k, c["id"], c["function"]["name"], c["function"]["arguments"])
+                 for k, c in enumerate(calls))
     return items
 
 
@@ -169,36 +162,24 @@ def message_item(key: str, text: str, status: str = "completed") -> dict:
 
 
 def call_item(key: str, k: int, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": f"fc_{key}_{k}", "call_id": call_id, "name": name, "arguments": arguments,
-            "status": status}
+    return {"type": "function_call", "id": f"fc_{key}_{k}", "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
 
 
-def response_object(
-    req: ResponsesRequest, rid: str, model: str, output: list[dict], finish: str | None, usage, reasoning_tokens: int
-) -> dict:
+def response_object(req: ResponsesRequest, rid: str, model: str, output: list[dict], finish: str | None, usage,
+                    reasoning_tokens: int) -> dict:
     """The response; `finish` None: still in progress."""
     status = "in_progress" if finish is None else "incomplete" if finish == "length" else "completed"
     body: dict[str, Any] = {
-        "id": rid,
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": status,
-        "model": model,
-        "output": output,
-        "error": None,
+        "id": rid, "object": "response", "created_at": int(time.time()), "status": status, "model": model,
+        "output": output, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "parallel_tool_calls": req.parallel_tool_calls,
-        "previous_response_id": req.previous_response_id,
-        "store": req.store,
-        "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
-        "text": req.text or {"format": {"type": "text"}},
-        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-        "tools": req.tools or [],
-        "metadata": req.metadata or {},
-        "usage": None,
+        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+        "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": req.previous_response_id,
+        "store": req.store, "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p, "text": req.text or {"format": {"type": "text"}},
+        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto", "tools": req.tools or [],
+        "metadata": req.metadata or {}, "usage": None,
     }
     if usage is not None:
         body["usage"] = {"input_tokens": usage.prompt_tokens,

@@ -20,11 +20,11 @@ from typing import Any
 from agentkv.errors import AgentKVError
 from agentkv.server.chat import chain
 from agentkv.server.cluster.ray_router import PIN, PIN_ID, REPLICA, RESPONSE_ID, RESPONSE_OF
-from agentkv.server.metrics import Metrics
-from agentkv.server.protocol import APIError
+from agentkv.server.metrics import ENGINE_GAUGE_KEYS, Metrics
+from agentkv.server.protocol import APIError, no_pin
 
-_SUMMED = ("waiting", "running", "free_slots", "cached_tokens", "pinned_tokens", "pins", "pin_expiries",
-           "grammar_cache_bytes", "grammar_cache_evictions")
+# the engine gauges /metrics shows, added up over the replicas (the hit rate is their mean)
+_SUMMED = tuple(key for key in ENGINE_GAUGE_KEYS if key != "cache_hit_rate")
 
 
 class ClusterHandle:
@@ -75,7 +75,7 @@ class ClusterHandle:
 
     async def unpin(self, pin_id: str) -> None:
         if pin_id not in self._pins:
-            raise APIError(404, f"no pin {pin_id!r}; GET /v1/pins lists them", "pin_id", code="pin_not_found")
+            raise no_pin(pin_id)
         body, _ = self._pins[pin_id]
         await _answer(self.engines.unpin.remote({**body, PIN: "delete", PIN_ID: pin_id}))  # routed to the pin
         del self._pins[pin_id]
