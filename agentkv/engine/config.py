@@ -15,7 +15,7 @@ from agentkv.errors import RequestError
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """KV memory: how many token slots, and how much of them pins may hold."""
+    """KV memory: how many token slots, how much of them pins may hold, and the disk tier under them."""
 
     num_slots: int | None = None  # None: sized from `memory_fraction` of the memory there is
     # the share of memory the KV pool may take, SGLang's mem-fraction: on a GPU of its total memory
@@ -25,8 +25,19 @@ class CacheConfig:
     max_running_requests: int = 64
     pin_budget_fraction: float = 0.5
     enable_radix_cache: bool = True
+    # a disk tier under the radix tree (engine/disk/): KV evicted from the pool or pinned is kept in files
+    # under kv_dir within kv_disk_bytes, read back instead of recomputed, and found again after a restart
+    kv_dir: str | None = None
+    kv_disk_bytes: int = 10 * 2**30
+    kv_block_tokens: int = 64  # tokens a disk block holds (a prefix is read back in whole blocks)
 
     def __post_init__(self) -> None:
+        if self.kv_dir is not None and not self.enable_radix_cache:
+            raise RequestError("kv_dir keeps the radix cache's KV on disk; leave enable_radix_cache on or kv_dir unset")
+        if self.kv_disk_bytes < 0:
+            raise RequestError(f"kv_disk_bytes must be at least 0, got {self.kv_disk_bytes}")
+        if self.kv_block_tokens < 1:
+            raise RequestError(f"kv_block_tokens must be at least 1, got {self.kv_block_tokens}")
         if not 0.0 <= self.pin_budget_fraction <= 1.0:
             raise RequestError(f"pin_budget_fraction must be in [0, 1], got {self.pin_budget_fraction}")
         if self.num_slots is not None and self.num_slots < 16:
@@ -93,6 +104,9 @@ class EngineConfig:
             raise RequestError("cuda_graphs are not supported with tensor_parallel > 1 yet; leave cuda_graphs unset")
         if self.cuda_graphs and not self.device.startswith("cuda"):
             raise RequestError(f"cuda_graphs=True needs a CUDA device, not {self.device!r}; leave cuda_graphs unset")
+        if self.cache.kv_dir is not None and self.tensor_parallel > 1:
+            raise RequestError("kv_dir does not work with tensor_parallel > 1 yet (each rank holds a share of the "
+                               "KV); leave kv_dir unset or use one rank")
         if self.cuda_graph_max_batch < 1:
             raise RequestError(f"cuda_graph_max_batch must be at least 1, got {self.cuda_graph_max_batch}")
     context_length: int | None = None  # None: the model's max_position_embeddings

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from agentkv.engine.disk import DiskTier
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.null_cache import PrefixCache
 from agentkv.engine.passes import Pass, PassRunner
@@ -37,6 +38,7 @@ class Components:
     model_config: Any
     context_length: int
     overlap: bool = False  # overlap scheduling: the host prepares the next pass while one runs
+    tier: DiskTier | None = None  # the KV disk tier under the tree (engine/disk/)
 
 
 class EngineCore:

@@ -20,6 +20,7 @@ from agentkv.engine.config import build_config, resolve_device
 from agentkv.engine.constrained import GrammarSupport, output_parser
 from agentkv.engine.core import Components, EngineCore
 from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
+from agentkv.engine.disk.setup import tier_for
 from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.memory import KVPool, ReqToTokenPool, free_memory, kv_slots
 from agentkv.engine.native_step import native_step_for
@@ -89,19 +90,16 @@ class Engine(Prefixes):
                 runner.graphs = DecodeGraphs(
                     runner, min(cfg.cuda_graph_max_batch, cfg.cache.max_running_requests), context)
             runner.native_step = native_step_for(cfg.native_step, runner, native)
-            return Components(
-                scheduler=Scheduler(cfg.scheduler, pool, req_pool, tree),
-                runner=runner,
-                tokenizer=loaded.tokenizer, pool=pool, req_pool=req_pool, tree=tree,
-                model_config=mc, context_length=context,
-                overlap=overlap,
-            )
+            tier = tier_for(cfg, loaded.path, mc, DTYPES[dtype], native is not None)
+            return Components(scheduler=Scheduler(cfg.scheduler, pool, req_pool, tree, tier), runner=runner,
+                              tokenizer=loaded.tokenizer, pool=pool, req_pool=req_pool, tree=tree, model_config=mc,
+                              context_length=context, overlap=overlap, tier=tier)
 
         self._core = EngineCore(build, build_on_worker=overlap and device == "cpu" and cfg.tensor_parallel == 1)
         parts = self._core.parts
         self.tokenizer, self.model_config, self.context_length = (parts.tokenizer, parts.model_config,
                                                                   parts.context_length)
-        self._pool, self._tree = parts.pool, parts.tree
+        self._pool, self._tree, self._tier = parts.pool, parts.tree, parts.tier
         self.tool_format = tool_format_for(self.tokenizer, cfg.tool_format)  # how this model calls tools
         self.tokenizer.keep_specials(self.tool_format.special_markers)  # its markup, where it is a special token
         self.reasoning = ReasoningFormat.for_template(self.tokenizer.chat_template)  # None: it does not reason
@@ -282,6 +280,8 @@ class Engine(Prefixes):
                 kv_bytes=sum(k.numel() * k.element_size() + v.numel() * v.element_size()
                              for k, v in self._pool.kv_caches),
             )
+            if self._tier is not None:
+                st.update(self._tier.stats())
             g = self._grammars.cache_info()
             st.update(
                 grammars_cached=g.get("grammars", 0),
@@ -295,6 +295,8 @@ class Engine(Prefixes):
 
     def close(self) -> None:
         self._core.close()
+        if self._tier is not None:
+            self._tier.close()  # what it was writing reaches the disk: a restart finds it
         _live_engines.discard(self)
 
     def __enter__(self) -> Engine:
@@ -373,6 +375,7 @@ class Engine(Prefixes):
             jump_forward_tokens=sum(r.usage.jump_forward_tokens for r in group),
             draft_tokens=sum(r.usage.draft_tokens for r in group),
             accepted_draft_tokens=sum(r.usage.accepted_draft_tokens for r in group),
+            disk_cached_tokens=group[0].usage.disk_cached_tokens,
         )
         parser = output_parser(group[0].params)
         return RequestOutput(list(group[0].prompt_ids), [_completion(r, parser) for r in group], usage,

@@ -5,13 +5,16 @@ radix tree, whose last node it keeps locked, then the slots of the tokens it com
 prefill ends its computed tokens go into the tree (`cache_prefix`), so requests that arrive later share
 them; when it finishes or is retracted all of it goes to the tree, or back to the pool without one
 (`release`). Slots of tokens a pass computed and the request does not keep (a rejected draft, a draft
-past the request's end) go back to the pool at once (`give_back`).
+past the request's end) go back to the pool at once (`give_back`). With a disk tier (engine/disk/), KV
+leaving the pool is written there, and a prefix it holds is read back into new slots and the tree
+before the request is matched (`restore`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from agentkv.engine.disk import DiskTier
 from agentkv.engine.inflight import InFlight
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.null_cache import PrefixCache
@@ -22,8 +25,47 @@ MISS_TOKENS = 16  # of what the cache held and what the prompt has, where they p
 
 
 class KVOwner:
-    def __init__(self, pool: KVPool, req_pool: ReqToTokenPool, tree: PrefixCache, flight: InFlight):
-        self.pool, self.req_pool, self.tree, self.flight = pool, req_pool, tree, flight
+    def __init__(self, pool: KVPool, req_pool: ReqToTokenPool, tree: PrefixCache, flight: InFlight,
+                 tier: DiskTier | None = None):
+        self.pool, self.req_pool, self.tree, self.flight, self.tier = pool, req_pool, tree, flight, tier
+        if tier is not None:
+            tree.spill = self._spill
+
+    def _spill(self, node, whole: bool) -> None:
+        tokens, slots = self.tree.path(node)
+        self.tier.spill(tokens, 0 if whole else len(tokens) - len(node.key), lambda a, b: self.pool.gather(slots[a:b]))
+
+    def prefetch(self, r: Request) -> None:
+        """Start reading what the disk tier holds past r's cached prefix while r waits."""
+        if self.tier is not None:
+            limit = self.matchable_len(r)
+            r.disk_prefetch = self.tier.prefetch(r.all_ids, self.tree.cached_length(r.all_ids, limit), limit)
+
+    def restore(self, r: Request) -> int:
+        """Read the disk tier's continuation of r's cached prefix into new slots and the tree (where the
+        pool has room for it); how many tokens."""
+        if self.tier is None:
+            return 0
+        limit, ids = self.matchable_len(r), r.all_ids
+        cached = self.tree.cached_length(ids, limit)
+        kv = self.tier.take(ids, cached, limit, r.disk_prefetch)
+        r.disk_prefetch = None
+        if kv is None:
+            return 0
+        n = kv.shape[2]
+        prefix_slots, node = self.tree.match_prefix(ids[:cached], touch=False)
+        self.tree.lock(node)  # its own prefix must not be evicted to make room for the rest
+        try:
+            if n > self.pool.num_free + self.tree.evictable_size:
+                return 0
+            slots = self.alloc(n)
+            self.pool.scatter(slots, kv)
+            existing = self.tree.insert(ids[: cached + n], torch.cat([prefix_slots, slots]))
+            self.pool.free(slots[: existing - cached])  # (none: the prefix is locked and nothing else inserts)
+        finally:
+            self.tree.unlock(node)
+        self.tier.restored_tokens += n
+        return n
 
     @staticmethod
     def matchable_len(r: Request) -> int:

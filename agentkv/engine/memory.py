@@ -57,6 +57,18 @@ class KVPool:
             self._stack[self._top:self._top + k] = slots.to("cpu", torch.int64)
             self._top += k
 
+    def gather(self, slots: torch.Tensor) -> torch.Tensor:
+        """A copy of the K and V of `slots`, [layers, 2, len(slots), kv_heads, head_dim] on the CPU."""
+        idx = slots.to(self.kv_caches[0][0].device)
+        return torch.stack([torch.stack((k[idx], v[idx])) for k, v in self.kv_caches]).cpu()
+
+    def scatter(self, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        """Write `kv` (as `gather` returns it) into `slots`."""
+        idx = slots.to(self.kv_caches[0][0].device)
+        for (k, v), layer in zip(self.kv_caches, kv.to(self.kv_caches[0][0].device)):
+            k[idx] = layer[0]
+            v[idx] = layer[1]
+
     @staticmethod
     def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8

@@ -18,6 +18,7 @@ class Usage:
     jump_forward_tokens: int = 0  # tokens appended without a forward pass (structured generation)
     draft_tokens: int = 0  # speculative decoding: draft tokens checked by the model
     accepted_draft_tokens: int = 0  # of those, kept (each a token made without a pass of its own)
+    disk_cached_tokens: int = 0  # of cached_tokens, those read back from the disk tier (engine/disk/)
 
     @property
     def total_tokens(self) -> int:

@@ -87,6 +87,9 @@ class RadixCache:
         self._clock = itertools.count(1)
         self._pins: dict[int, TreeNode] = {}
         self._pin_ids = itertools.count(1)
+        # called with a node whose KV is about to leave the pool (an evicted leaf: its own tokens) or is
+        # pinned (the whole path), while its slots still hold it: the disk tier's write (kv_owner.py)
+        self.spill: Callable[[TreeNode, bool], None] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -269,6 +272,8 @@ class RadixCache:
             n = n.parent
         handle = PinHandle(next(self._pin_ids), len(tokens))
         self._pins[handle.id] = node
+        if self.spill is not None:
+            self.spill(node, True)  # written through: a restart finds it on disk
         if ttl_s is not None:
             self.leases.add(handle.id, node, ttl_s)
         return handle
@@ -304,6 +309,16 @@ class RadixCache:
     def pins(self) -> list[PinHandle]:
         return [PinHandle(i, self._depth(n)) for i, n in self._pins.items()]
 
+    def path(self, node: TreeNode) -> tuple[list[int], torch.Tensor]:
+        """The tokens from the root to the end of `node`, and their slots."""
+        nodes = []
+        while node is not self.root:
+            nodes.append(node)
+            node = node.parent
+        nodes.reverse()
+        tokens = [t for n in nodes for t in n.key]
+        return tokens, (torch.cat([n.value for n in nodes]) if nodes else torch.empty(0, dtype=torch.int64))
+
     def _depth(self, node: TreeNode) -> int:
         d = 0
         while node is not self.root:
@@ -330,6 +345,8 @@ class RadixCache:
             tail = max(num_tokens - freed, self.evict_granule)
             if len(leaf.key) > tail:
                 self._split(leaf, len(leaf.key) - tail)  # `leaf` is now the tail, under its kept head
+            if self.spill is not None:
+                self.spill(leaf, False)
             self._free_slots(leaf.value)
             freed += len(leaf.key)
             self.total_size -= len(leaf.key)

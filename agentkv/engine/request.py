@@ -58,6 +58,8 @@ class Request:
     future_row: int = -1  # this request's sampling row in the latest scheduled pass
     last_node: TreeNode | None = None
     admitted_once: bool = False
+    disk_prefetch: dict | None = None  # the disk tier's reads started while it waits (kv_owner.prefetch)
+    disk_tokens: int = 0  # prompt tokens read back from the disk tier before its first admission
     usage: Usage = field(default_factory=Usage)
     cache_miss: CacheMiss | None = None  # where its prompt parted from a longer cached path (first admission)
     # output state

@@ -16,6 +16,7 @@ import torch
 
 from agentkv.engine.batch import ScheduledBatch, SchedulerStats
 from agentkv.engine.config import SchedulerConfig
+from agentkv.engine.disk import DiskTier
 from agentkv.engine.inflight import InFlight
 from agentkv.engine.kv_owner import KVOwner
 from agentkv.engine.memory import KVPool, ReqToTokenPool
@@ -25,13 +26,8 @@ from agentkv.engine.speculative import Draft, Drafter
 
 
 class Scheduler:
-    def __init__(
-        self,
-        cfg: SchedulerConfig,
-        pool: KVPool,
-        req_pool: ReqToTokenPool,
-        tree: PrefixCache,
-    ):
+    def __init__(self, cfg: SchedulerConfig, pool: KVPool, req_pool: ReqToTokenPool, tree: PrefixCache,
+                 tier: DiskTier | None = None):
         self.cfg = cfg
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -39,7 +35,7 @@ class Scheduler:
         self.new_token_ratio = cfg.new_token_ratio
         self.stats = SchedulerStats()
         self.flight = InFlight()  # what passes scheduled and not yet processed owe (overlap)
-        self.kv = KVOwner(pool, req_pool, tree, self.flight)  # who holds which slot
+        self.kv = KVOwner(pool, req_pool, tree, self.flight, tier)  # who holds which slot
         self.drafter = Drafter(cfg.speculative_tokens, tree) if cfg.speculative else None
 
     # the memory (the KV pool, the slot table, the prefix cache) is the KV owner's; read here
@@ -59,6 +55,7 @@ class Scheduler:
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
+        self.kv.prefetch(req)  # what a disk tier holds of it is read while it waits
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -154,6 +151,9 @@ class Scheduler:
                 continue  # retracted while its token was in flight: admitted once that token is known
             if budget <= 0 or self.req_pool.num_free == 0:
                 break
+            restored = self.kv.restore(r)  # (a disk tier's continuation of its cached prefix, into the tree)
+            if not r.admitted_once:
+                r.disk_tokens += restored
             # matched here, not in the ordering (which only measured, changing nothing): admitting the
             # requests before this one may have evicted part of what it saw
             prefix_slots, node = self.kv.match(r, touch=False)
@@ -205,6 +205,7 @@ class Scheduler:
         if not r.admitted_once:
             r.admitted_once = True
             r.usage.cached_tokens = min(len(prefix_slots), len(r.prompt_ids))
+            r.usage.disk_cached_tokens = min(r.disk_tokens, r.usage.cached_tokens)
             r.cache_miss = self.kv.miss(r, len(prefix_slots))
             self.stats.prompt_tokens += len(r.prompt_ids)
             self.stats.cached_prompt_tokens += r.usage.cached_tokens

@@ -1,0 +1,336 @@
+"""The disk tier: KV blocks the pool evicted (or a pin wrote through), kept in files under a byte
+budget with their own LRU, read back into the pool when a request's prefix reaches them.
+
+The engine thread only copies: a block's KV out of the pool before its slots are freed (`spill`), and
+read-back KV into new slots (`take`). Files are written by one writer thread and read ahead by a
+reader pool while a request waits in the queue (`prefetch`); a block waiting to be written is served
+from memory. Blocks are keyed by a hash chain over token ids (blocks.py), so one digest names a whole
+prefix; the tier's folder is named by the engine's fingerprint (fingerprint.py).
+
+Nothing wrong is served: a block is read only if its length, checksum, tier, shape and token ids all
+agree; anything else (a cut or damaged file, a full or read-only disk) costs a recompute and one
+warning, never the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from agentkv.engine.disk.blocks import SUFFIX, BlockError, BlockHeader, chain, read_block, read_header, write_block
+from agentkv.engine.disk.fingerprint import differences, tier_id
+
+log = logging.getLogger("agentkv")
+MAX_PENDING_BYTES = 512 << 20  # KV copied out of the pool and not yet on disk; past it, evictions are dropped
+WRITE_PAUSE_S = 30.0  # after a failed write (full or read-only disk), how long writes wait before trying again
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The shape of one token's KV in the pool: a block is [layers, 2, tokens, kv_heads, head_dim]."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    def shape(self, tokens: int) -> tuple[int, ...]:
+        return (self.layers, 2, tokens, self.kv_heads, self.head_dim)
+
+    def nbytes(self, tokens: int) -> int:
+        return self.layers * 2 * tokens * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+
+@dataclass
+class _Entry:
+    header: BlockHeader
+    path: Path
+    size: int  # bytes on disk
+
+
+class DiskTier:
+    def __init__(self, kv_dir: str | Path, budget_bytes: int, fp: dict[str, str], layout: KVLayout,
+                 block_tokens: int = 64):
+        self.root, self.budget, self.layout, self.block_tokens = Path(kv_dir), budget_bytes, layout, block_tokens
+        self.id = tier_id(fp)
+        self.dir = self.root / self.id
+        self._salt = bytes.fromhex(self.id)
+        self._dtype = str(layout.dtype).removeprefix("torch.")
+        self._lock = threading.Lock()
+        self._index: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
+        self._pending: dict[str, tuple[BlockHeader, torch.Tensor]] = {}
+        self._pending_bytes = self._disk_bytes = 0
+        self._warned: set[str] = set()
+        self._paused_until = 0.0
+        self.written_blocks = self.errors = self.dropped_blocks = 0
+        self.restored_tokens = 0  # counted by the pool's owner, which may find no room for what `take` read
+        self.writable = self._open(fp)
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="agentkv-kv-writer", daemon=True)
+        self._writer.start()
+        self._readers = ThreadPoolExecutor(2, thread_name_prefix="agentkv-kv-reader")
+
+    # ---- opening: the fingerprint, and the index of an earlier run --------------------------------
+
+    def _open(self, fp: dict[str, str]) -> bool:
+        """Read the index of what an earlier run left (headers only); True if the tier can be written."""
+        others = []
+        if self.root.is_dir():
+            for sub in self.root.iterdir():
+                try:
+                    stored = json.loads((sub / "tier.json").read_text())
+                except (OSError, ValueError):
+                    continue
+                if differences(stored, fp):
+                    others.append(", ".join(differences(stored, fp)))
+        if others:
+            log.warning("agentkv: %s also holds %d KV tier(s) of another model setup (%s differ); they are "
+                        "ignored, never served", self.root, len(others), "; ".join(sorted(set(others))))
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            meta = self.dir / "tier.json"
+            if not meta.exists():
+                meta.write_text(json.dumps(fp, indent=1, sort_keys=True))
+            writable = os.access(self.dir, os.W_OK)
+        except OSError as e:
+            self._warn("open", f"agentkv: the KV disk tier cannot use {self.dir} ({e.strerror or e}); "
+                               "evicted prefixes are recomputed instead of read back")
+            writable = False
+        if self.dir.is_dir():
+            self._scan()
+        return writable
+
+    def _scan(self) -> None:
+        found, bad, torn = [], 0, 0
+        for path in self.dir.iterdir():
+            if path.suffix == ".tmp" and not _writer_alive(path):
+                torn += 1  # a write a process stopped in the middle of: never under a block's name
+                _unlink(path)
+            elif path.suffix == SUFFIX:
+                try:
+                    header, _ = read_header(path)
+                    st = path.stat()
+                except (BlockError, OSError):
+                    bad += 1
+                    _unlink(path)
+                    continue
+                if header.tier != self.id or path.stem != header.digest:
+                    bad += 1
+                    continue
+                found.append((st.st_mtime_ns, header, path, st.st_size))
+        for _, header, path, size in sorted(found, key=lambda f: f[0]):
+            self._index[header.digest] = _Entry(header, path, size)
+            self._disk_bytes += size
+        if torn:
+            self._warn("torn", f"agentkv: {torn} unfinished KV block write(s) (a process stopped mid-write) were "
+                               f"removed from {self.dir}")
+        if bad:
+            self._warn("scan", f"agentkv: {bad} unreadable KV block file(s) in {self.dir} were skipped")
+        if found:
+            tokens = sum(len(e.header.tokens) for e in self._index.values())
+            log.info("agentkv: KV disk tier %s: %d blocks (%d tokens, %.1f MB) from an earlier run", self.dir,
+                     len(self._index), tokens, self._disk_bytes / 1e6)
+        with self._lock:
+            self._shrink(0)
+
+    # ---- the engine thread: out of the pool, and back --------------------------------------------------
+
+    def spill(self, tokens: Sequence[int], start: int, read_kv: Callable[[int, int], torch.Tensor]) -> int:
+        """Queue for writing the full blocks of `tokens` from the one holding position `start` on, those
+        not on disk yet; `read_kv(a, b)` copies the KV of positions [a, b) out of the pool. Returns the
+        number of blocks queued."""
+        B = self.block_tokens
+        first, end = start // B, len(tokens) // B
+        if end <= first or not self.writable or self.budget <= 0 or time.monotonic() < self._paused_until:
+            return 0
+        digests = chain(tokens, end * B, B, self._salt)
+        with self._lock:
+            todo = [k for k in range(first, end) if digests[k] not in self._index and digests[k] not in self._pending]
+        if not todo:
+            return 0
+        kv = read_kv(todo[0] * B, (todo[-1] + 1) * B)
+        queued = 0
+        for k in todo:
+            size = self.layout.nbytes(B)
+            if self._pending_bytes + size > MAX_PENDING_BYTES or size > self.budget:
+                self.dropped_blocks += 1
+                continue
+            block = kv[:, :, (k - todo[0]) * B : (k - todo[0] + 1) * B].contiguous()
+            header = BlockHeader(digests[k], digests[k - 1] if k else "", self.id, k * B,
+                                 tuple(tokens[k * B : (k + 1) * B]), self.layout.shape(B), self._dtype, size, 0)
+            with self._lock:
+                self._pending[header.digest] = (header, block)
+                self._pending_bytes += size
+            self._queue.put(header.digest)
+            queued += 1
+        return queued
+
+    def prefetch(self, tokens: Sequence[int], cached: int, limit: int) -> dict[str, Future] | None:
+        """Start reading the blocks on disk that continue `tokens[:cached]` (up to `limit`), so that they
+        are in memory when the request is admitted (`take`)."""
+        B = self.block_tokens
+        if limit // B <= cached // B:
+            return None
+        futures = {}
+        for k, d in enumerate(chain(tokens, limit // B * B, B, self._salt)):
+            if k < cached // B:
+                continue
+            with self._lock:
+                entry, pending = self._index.get(d), d in self._pending
+            if entry is None and not pending:
+                break
+            if entry is not None:
+                futures[d] = self._readers.submit(read_block, entry.path, entry.header)
+        return futures or None
+
+    def take(self, tokens: Sequence[int], cached: int, limit: int,
+             prefetched: dict[str, Future] | None = None) -> torch.Tensor | None:
+        """The KV of `tokens[cached:end]` for the longest `end <= limit` the tier holds, as
+        [layers, 2, end - cached, kv_heads, head_dim] on the CPU, or None."""
+        B = self.block_tokens
+        first, last = cached // B, limit // B
+        if last <= first:
+            return None
+        digests, blocks, used = chain(tokens, last * B, B, self._salt), [], []
+        for k in range(first, last):
+            d = digests[k]
+            with self._lock:
+                pending, entry = self._pending.get(d), self._index.get(d)
+            if pending is not None:
+                header, kv = pending
+            elif entry is not None:
+                header, kv = entry.header, self._load(entry, prefetched.get(d) if prefetched else None)
+                if kv is None:
+                    break
+                used.append(entry)
+            else:
+                break
+            if header.tokens != tuple(tokens[k * B : (k + 1) * B]):  # (a hash collision: never served)
+                break
+            blocks.append(kv)
+        if not blocks:
+            return None
+        with self._lock:
+            for entry in reversed(used):  # the deepest block least recent: the tier keeps prefixes' heads longest
+                if entry.header.digest in self._index:
+                    self._index.move_to_end(entry.header.digest)
+        for entry in used:
+            try:
+                os.utime(entry.path)  # the LRU order a restarted engine reads back
+            except OSError:
+                pass
+        return torch.cat(blocks, dim=2)[:, :, cached - first * B:]
+
+    def _load(self, entry: _Entry, future: Future | None) -> torch.Tensor | None:
+        try:
+            payload = future.result() if future is not None else read_block(entry.path, entry.header)
+        except (BlockError, OSError) as e:
+            self.errors += 1
+            self._warn("read", f"agentkv: a KV block on disk could not be served and is recomputed ({e}); "
+                               "the file is removed")
+            with self._lock:
+                if self._index.pop(entry.header.digest, None) is not None:
+                    self._disk_bytes -= entry.size
+            _unlink(entry.path)
+            return None
+        return torch.frombuffer(payload, dtype=self.layout.dtype).view(entry.header.shape)
+
+    # ---- the writer thread -----------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while (digest := self._queue.get()) is not None:
+            with self._lock:
+                header, kv = self._pending[digest]
+            payload = kv.view(torch.uint8).numpy().data
+            header = replace(header, crc32=zlib.crc32(payload))
+            size = len(header.encode()) + header.payload_bytes
+            if time.monotonic() < self._paused_until:  # (queued before a write failed)
+                with self._lock:
+                    self._drop_pending(digest)
+                self.dropped_blocks += 1
+                continue
+            try:
+                with self._lock:
+                    self._shrink(size)
+                path = write_block(self.dir, header, payload)
+            except OSError as e:
+                self.errors += 1
+                self._paused_until = time.monotonic() + WRITE_PAUSE_S
+                self._warn(f"write{e.errno}", f"agentkv: the KV disk tier cannot write to {self.dir} "
+                                              f"({e.strerror or e}); evicted prefixes are dropped (recomputed when "
+                                              "needed) until it can")
+                with self._lock:
+                    self._drop_pending(digest)
+                continue
+            with self._lock:
+                self._drop_pending(digest)
+                self._index[digest] = _Entry(header, path, size)
+                self._disk_bytes += size
+                self.written_blocks += 1
+
+    def _drop_pending(self, digest: str) -> None:
+        header, _ = self._pending.pop(digest)
+        self._pending_bytes -= header.payload_bytes
+
+    def _shrink(self, room: int) -> None:
+        """Remove least recently used blocks until `room` more bytes fit in the budget (lock held)."""
+        while self._index and self._disk_bytes + room > self.budget:
+            _, entry = self._index.popitem(last=False)
+            self._disk_bytes -= entry.size
+            _unlink(entry.path)
+
+    # ---- reporting and lifetime ------------------------------------------------------------------------
+
+    def _warn(self, kind: str, message: str) -> None:
+        if kind not in self._warned:  # one line a kind of fault, not one a block
+            self._warned.add(kind)
+            log.warning(message)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"disk_blocks": len(self._index), "disk_bytes": self._disk_bytes, "disk_budget": self.budget,
+                    "disk_tokens": len(self._index) * self.block_tokens, "disk_pending_bytes": self._pending_bytes,
+                    "disk_written_blocks": self.written_blocks, "disk_restored_tokens": self.restored_tokens,
+                    "disk_dropped_blocks": self.dropped_blocks, "disk_errors": self.errors}
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Wait until every queued block is on disk (or failed)."""
+        deadline = time.monotonic() + timeout
+        while self._pending and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        """Write what is queued, then stop the threads (the tier's files stay for the next run)."""
+        self._queue.put(None)
+        self._writer.join(timeout=60)
+        self._readers.shutdown(wait=True)
+
+
+def _writer_alive(tmp: Path) -> bool:
+    """Whether the process that is writing `tmp` (named digest.pid.tmp) still runs."""
+    try:
+        os.kill(int(tmp.name.split(".")[-2]), 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    return True
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
