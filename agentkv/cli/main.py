@@ -142,6 +142,10 @@ def serve(
             "own tokens: for replies that repeat their context)"
         ),
     ] = None,
+    kv_dir: Annotated[str | None, typer.Option(
+        help="keep evicted and pinned KV in this folder and read it back instead of recomputing, also after "
+             "a restart")] = None,
+    kv_disk_size: Annotated[str, typer.Option(help="the most the --kv-dir tier holds, e.g. 20GB or 512MiB")] = "10GiB",
 ) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /v1/pins, /health,
     /metrics) on one engine, or on --replicas engines behind a cache-aware router (Ray Serve)."""
@@ -156,6 +160,11 @@ def serve(
                        speculative=speculative, **({"tool_format": tool_format} if tool_format else {}))
     if replicas < 1:
         raise _fail(f"--replicas must be at least 1, got {replicas}")
+    if kv_dir is not None:
+        if replicas > 1:
+            raise _fail("--kv-dir serves one engine; with --replicas each replica's tier would need its own "
+                        "folder, which is not built yet: leave one of them out")
+        options.update(kv_dir=kv_dir, kv_disk_bytes=_size(kv_disk_size, "--kv-disk-size"))
     if replicas > 1 or ray_address is not None:
         try:
             from agentkv.server.cluster.deploy import serve_cluster  # here: Ray loads with it
@@ -204,6 +213,20 @@ def _freeze_heap() -> None:
 
     gc.collect()
     gc.freeze()
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
+          "GIB": 2**30, "TIB": 2**40}
+
+
+def _size(text: str, option: str) -> int:
+    """'20GB', '512MiB', '1.5GiB' or a number of bytes -> bytes."""
+    number = text.strip().upper().rstrip("BIKMGT") or "x"
+    unit = text.strip().upper()[len(number):]
+    try:
+        return int(float(number) * _UNITS[unit])
+    except (ValueError, KeyError):
+        raise _fail(f"{option} {text!r} is not a size; write e.g. 20GB, 512MiB or a number of bytes") from None
 
 
 def _options(device: str = "auto", dtype: str = "auto", tensor_parallel: int = 1, context_length: int | None = None,

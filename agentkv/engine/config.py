@@ -29,7 +29,7 @@ class CacheConfig:
     # under kv_dir within kv_disk_bytes, read back instead of recomputed, and found again after a restart
     kv_dir: str | None = None
     kv_disk_bytes: int = 10 * 2**30
-    kv_block_tokens: int = 64  # tokens a disk block holds (a prefix is read back in whole blocks)
+    kv_block_tokens: int = 16  # tokens a disk block holds (a prefix is read back in whole blocks)
 
     def __post_init__(self) -> None:
         if self.kv_dir is not None and not self.enable_radix_cache:

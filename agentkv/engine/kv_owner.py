@@ -52,7 +52,7 @@ class KVOwner:
         r.disk_prefetch = None
         if kv is None:
             return 0
-        n = kv.shape[2]
+        n = kv.shape[0]
         prefix_slots, node = self.tree.match_prefix(ids[:cached], touch=False)
         self.tree.lock(node)  # its own prefix must not be evicted to make room for the rest
         try:

@@ -132,3 +132,11 @@ class Prefixes:
         done = self._core.call(lambda: self._tree.unpin(handle))
         if wait:
             done.result()
+
+    def flush_cache(self) -> int:
+        """Evict every prefix no pin or running request holds from the KV pool (to the disk tier, where
+        the engine has one, and waits until it is written); returns how many tokens left the pool."""
+        freed = self._core.call(lambda: self._tree.evict(self._tree.evictable_size)).result()
+        if self._tier is not None:
+            self._tier.flush()
+        return freed

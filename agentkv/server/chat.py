@@ -351,7 +351,9 @@ def call_deltas(progress: list[CallProgress], streamed: list[int], prefix: str) 
 def _usage(u, resampled: int = 0, cache_miss: dict | None = None) -> dict:
     out = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
            "total_tokens": u.prompt_tokens + u.completion_tokens,
-           "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+           "prompt_tokens_details": {"cached_tokens": u.cached_tokens,
+                                     # of those, read back from the engine's disk tier (kv_dir)
+                                     "disk_cached_tokens": u.disk_cached_tokens}}
     if cache_miss is not None:  # where the prompt parted from a longer cached path, and why
         out["prompt_tokens_details"]["cache_miss"] = cache_miss
     if resampled:  # outputs generated again after failing a relaxed keyword (their tokens counted above)
@@ -368,7 +370,8 @@ def _add(a, b, same_prompt: bool):
         return a + b
     return Usage(a.prompt_tokens, a.cached_tokens, a.completion_tokens + b.completion_tokens,
                  max(a.forward_passes, b.forward_passes), a.jump_forward_tokens + b.jump_forward_tokens,
-                 a.draft_tokens + b.draft_tokens, a.accepted_draft_tokens + b.accepted_draft_tokens)
+                 a.draft_tokens + b.draft_tokens, a.accepted_draft_tokens + b.accepted_draft_tokens,
+                 a.disk_cached_tokens)
 
 
 def _sse(body: dict) -> str:

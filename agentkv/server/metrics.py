@@ -29,6 +29,12 @@ _GAUGES = (
      "Bytes the grammar caches hold: token masks, token walks, rule automata."),
     ("agentkv_grammar_cache_evictions", "grammar_cache_evictions",
      "Grammars, masks, walks and rule automata evicted from the grammar caches."),
+    ("agentkv_disk_tier_bytes", "disk_bytes", "Bytes of KV blocks in the disk tier (kv_dir)."),
+    ("agentkv_disk_tier_blocks", "disk_blocks", "KV blocks in the disk tier."),
+    ("agentkv_disk_tier_restored_tokens", "disk_restored_tokens",
+     "Tokens read back from the disk tier into the pool instead of computed (since start)."),
+    ("agentkv_disk_tier_errors", "disk_errors",
+     "Disk tier blocks that could not be written or served (recomputed instead; since start)."),
     ("agentkv_inflight_requests", "inflight", "HTTP requests accepted and not yet answered (streams included)."),
 )
 
@@ -60,6 +66,9 @@ class Metrics:
         self.prompt_tokens = Counter("agentkv_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
         self.cached_tokens = Counter("agentkv_cached_prompt_tokens", "Prompt tokens read from the radix cache.",
                                      registry=r)
+        self.disk_cached_tokens = Counter("agentkv_disk_cached_prompt_tokens",
+                                          "Of the cached prompt tokens, those read back from the disk tier.",
+                                          registry=r)
         self.completion_tokens = Counter("agentkv_completion_tokens", "Generated tokens of finished requests.",
                                          registry=r)
         self.ttft = Histogram("agentkv_time_to_first_token_seconds", "Time from request to first streamed token.",
@@ -77,6 +86,8 @@ class Metrics:
         self.duration.observe(seconds)
         if not usage:
             return
+        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+        self.disk_cached_tokens.inc(details.get("disk_cached_tokens", 0))
         if "prompt_tokens" in usage:  # chat, completions
             prompt, cached = usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
         elif "cache_read_input_tokens" in usage:  # Anthropic's: input_tokens are the uncached ones

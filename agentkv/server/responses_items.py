@@ -183,7 +183,8 @@ def response_object(req: ResponsesRequest, rid: str, model: str, output: list[di
     }
     if usage is not None:
         body["usage"] = {"input_tokens": usage.prompt_tokens,
-                         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+                         "input_tokens_details": {"cached_tokens": usage.cached_tokens,
+                                                  "disk_cached_tokens": usage.disk_cached_tokens},
                          "output_tokens": usage.completion_tokens,
                          "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                          "total_tokens": usage.prompt_tokens + usage.completion_tokens}

@@ -86,6 +86,19 @@ def test_engine_options_reach_every_replica(monkeypatch):
     assert seen["engine_options"] == {**EXPECTED, "tool_format": "mistral", "speculative": "ngram"}
 
 
+def test_serve_takes_a_disk_tier(monkeypatch, tmp_path):
+    import agentkv as ak
+
+    monkeypatch.setattr(ak, "Engine", RecordingEngine)
+    RecordingEngine.made.clear()
+    CliRunner().invoke(app, ["serve", "--kv-dir", str(tmp_path), "--kv-disk-size", "1.5GiB"])
+    assert RecordingEngine.made[0]["kv_dir"] == str(tmp_path) and RecordingEngine.made[0]["kv_disk_bytes"] == 3 * 2**29
+    bad = CliRunner().invoke(app, ["serve", "--kv-dir", str(tmp_path), "--kv-disk-size", "lots"])
+    assert bad.exit_code == 1 and "--kv-disk-size 'lots' is not a size" in bad.output
+    replicas = CliRunner().invoke(app, ["serve", "--kv-dir", str(tmp_path), "--replicas", "2"])
+    assert replicas.exit_code == 1 and "--kv-dir serves one engine" in replicas.output
+
+
 def test_auto_device_and_dtype(monkeypatch):
     import torch
 

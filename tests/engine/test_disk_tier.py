@@ -32,12 +32,6 @@ def engine(model: Path, kv_dir=None, **kw) -> ak.Engine:
     return ak.Engine(str(model), num_slots=2048, seed=0, **kw)
 
 
-def evict_all(e: ak.Engine) -> None:
-    e._core.call(lambda: e._tree.evict(10**9)).result()
-    if e._tier is not None:
-        e._tier.flush()
-
-
 def answer(e: ak.Engine, prompt: str = P + Q):
     out = e.generate(prompt, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
     c = out.completions[0]
@@ -58,7 +52,7 @@ def cold(tiny_dir):
 def test_evicted_prefix_is_read_back_bit_for_bit(tiny_dir, tmp_path, cold):
     with engine(tiny_dir, tmp_path) as e:
         assert e.prefill(P) == 256
-        evict_all(e)
+        e.flush_cache()
         st = e.stats()
         assert st["cached_tokens"] == 0 and st["disk_blocks"] == 4 and st["disk_written_blocks"] == 4
         ids, logprobs, usage = answer(e)
@@ -168,9 +162,9 @@ def test_an_unwritable_disk_leaves_the_engine_serving(tiny_dir, tmp_path, cold, 
     monkeypatch.setattr(tier_module, "write_block", refuse)
     with caplog.at_level(logging.WARNING, logger="agentkv"), engine(tiny_dir, tmp_path) as e:
         e.prefill(P)
-        evict_all(e)
+        e.flush_cache()
         ids, logprobs, usage = answer(e)
-        evict_all(e)
+        e.flush_cache()
         assert (ids, logprobs) == cold[1][:2] and usage.disk_cached_tokens == 0
         assert e.stats()["disk_blocks"] == 0 and e.stats()["disk_errors"] >= 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -194,7 +188,7 @@ def test_a_read_only_directory_is_still_read(tiny_dir, tmp_path, cold, caplog):
 def test_a_zero_budget_writes_nothing(tiny_dir, tmp_path, cold):
     with engine(tiny_dir, tmp_path, kv_disk_bytes=0) as e:
         e.prefill(P)
-        evict_all(e)
+        e.flush_cache()
         ids, logprobs, usage = answer(e)
         assert (ids, logprobs) == cold[1][:2] and usage.disk_cached_tokens == 0 and e.stats()["disk_blocks"] == 0
     assert not list(tmp_path.rglob("*.kvb"))
@@ -206,7 +200,7 @@ def test_the_budget_keeps_the_most_recent_blocks(tiny_dir, tmp_path):
     with engine(tiny_dir, tmp_path, kv_disk_bytes=6 * size) as e:
         for i in range(4):  # 4 prefixes of 2 blocks each through a budget of 6
             e.prefill(f"{i}" * 128)
-            evict_all(e)
+            e.flush_cache()
         st = e.stats()
         assert st["disk_blocks"] == 6 and st["disk_bytes"] <= 6 * size
         # the first prefix's blocks went first; the last one's are read back
@@ -248,7 +242,7 @@ def test_a_writer_killed_mid_write_leaves_nothing_served(tiny_dir, tmp_path, col
     with caplog.at_level(logging.WARNING, logger="agentkv"), engine(tiny_dir, tmp_path) as e:
         ids, _, usage = answer(e)
         assert ids == cold[1][0] and usage.disk_cached_tokens == 0
-        evict_all(e)
+        e.flush_cache()
     assert not list(tmp_path.rglob("*.tmp")) and "unfinished" in caplog.text
     assert len(list(tmp_path.rglob("*.kvb"))) == 4  # this run wrote its own
 
@@ -256,12 +250,46 @@ def test_a_writer_killed_mid_write_leaves_nothing_served(tiny_dir, tmp_path, col
 def test_block_files_refuse_other_tokens(tmp_path):
     """A block is served only for the tokens it holds: the header's tokens and shape must be the ones
     the index expects, whatever the file's name."""
-    header = block_files.BlockHeader("ab" * 16, "", "t", 0, (1, 2), (1, 2, 2, 1, 1), "float32", 16, 0)
     import zlib
 
     payload = memoryview(bytes(range(16)))
-    path = block_files.write_block(tmp_path, block_files.BlockHeader(**{**header.__dict__,
-                                                                       "crc32": zlib.crc32(payload)}), payload)
-    assert bytes(block_files.read_block(path, header)) == bytes(range(16))
+    header = block_files.BlockHeader("ab" * 16, "", "t", 0, (1, 2), (2, 1, 2, 1, 1), "float32", 16,
+                                     zlib.crc32(payload))
+    path = block_files.write_block(tmp_path, header, payload)
+    into = bytearray(16)
+    block_files.read_block(path, header, memoryview(into))
+    assert bytes(into) == bytes(range(16))
     with pytest.raises(block_files.BlockError, match="tokens differs"):
-        block_files.read_block(path, block_files.BlockHeader(**{**header.__dict__, "tokens": (1, 3)}))
+        block_files.read_block(path, block_files.BlockHeader(**{**header.__dict__, "tokens": (1, 3)}),
+                               memoryview(into))
+
+
+def test_a_pool_too_small_for_its_prefixes_gives_the_same_outputs(tiny_dir, tmp_path):
+    """Four agents' prompts through a pool that holds about two, concurrently, three rounds: with the
+    tier their prefixes come back from disk (under evictions, retractions and restores in one step)
+    and every output equals the one computed without it."""
+    prompts = [f"agent {i}: " + "".join(f"step {j} of agent {i}. " for j in range(14)) for i in range(4)]
+
+    def rounds(kv_dir=None):
+        outs = []
+        kw = {"kv_dir": str(kv_dir), "kv_block_tokens": 16} if kv_dir else {}
+        with ak.Engine(str(tiny_dir), num_slots=700, seed=0, **kw) as e:
+            for r in range(3):
+                outs += [(o.completions[0].token_ids, [t.logprob for t in o.completions[0].logprobs])
+                         for o in e.generate([p + f" round {r}" for p in prompts], max_tokens=16, temperature=0,
+                                             logprobs=True)]
+            return outs, e.stats()
+
+    plain, _ = rounds()
+    tiered, st = rounds(tmp_path)
+    assert tiered == plain
+    assert st["disk_restored_tokens"] > 0 and st["disk_errors"] == 0
+
+
+def test_options_that_cannot_hold_a_disk_tier_are_refused(tiny_dir, tmp_path):
+    with pytest.raises(ak.RequestError, match="enable_radix_cache"):
+        ak.Engine(str(tiny_dir), kv_dir=str(tmp_path), enable_radix_cache=False)
+    with pytest.raises(ak.RequestError, match="tensor_parallel"):
+        ak.Engine(str(tiny_dir), kv_dir=str(tmp_path), tensor_parallel=2)
+    with pytest.raises(ak.RequestError, match="kv_disk_bytes"):
+        ak.Engine(str(tiny_dir), kv_dir=str(tmp_path), kv_disk_bytes=-1)

@@ -2,7 +2,8 @@
 its end, holding its token ids, its KV and a checksum.
 
 A file is `MAGIC`, a little-endian uint32 header length, a JSON header, then the payload: the block's
-K and V for every layer, [layers, 2, tokens, kv_heads, head_dim] in the pool's dtype, raw bytes. The
+K and V for every layer, [tokens, layers, 2, kv_heads, head_dim] in the pool's dtype, raw bytes
+(token-major, so that consecutive blocks read into one buffer are one tensor). The
 header alone (a few hundred bytes) is what a restarted engine reads to rebuild its index; the payload
 is read only when a request needs it, and then checked: its length, its CRC-32, the tier, the shape
 and the token ids must all agree, or the block is not served.
@@ -101,21 +102,20 @@ def read_header(path: Path) -> tuple[BlockHeader, int]:
     return header, len(MAGIC) + _LEN.size + n
 
 
-def read_block(path: Path, expect: BlockHeader) -> bytearray:
-    """The payload of the block at `path`, checked against what the index expects of it (the same
-    digest, tier, tokens, shape and dtype) and against its own length and checksum."""
+def read_block(path: Path, expect: BlockHeader, into: memoryview) -> None:
+    """Read the payload of the block at `path` into `into` (payload_bytes long), checked against what
+    the index expects of it (the same digest, tier, tokens, shape and dtype) and against its own
+    length and checksum."""
     header, offset = read_header(path)
-    for field in ("digest", "tier", "tokens", "shape", "dtype", "start"):
+    for field in ("digest", "tier", "tokens", "shape", "dtype", "start", "payload_bytes"):
         if getattr(header, field) != getattr(expect, field):
             raise BlockError(f"{path.name} holds another block ({field} differs)")
-    payload = bytearray(header.payload_bytes + 1)  # (writable: the pool's tensor views it without a copy)
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         f.seek(offset)
-        got = f.readinto(payload)
-    if got != header.payload_bytes:
+        got = f.readinto(into)
+    if got != header.payload_bytes or size != offset + header.payload_bytes:
         raise BlockError(f"{path.name} is cut short: {got} of {header.payload_bytes} payload bytes"
                          if got < header.payload_bytes else f"{path.name} has bytes past its payload")
-    del payload[-1]
-    if zlib.crc32(payload) != header.crc32:
+    if zlib.crc32(into) != header.crc32:
         raise BlockError(f"{path.name} fails its checksum (damaged on disk)")
-    return payload

@@ -39,7 +39,7 @@ WRITE_PAUSE_S = 30.0  # after a failed write (full or read-only disk), how long 
 
 @dataclass(frozen=True)
 class KVLayout:
-    """The shape of one token's KV in the pool: a block is [layers, 2, tokens, kv_heads, head_dim]."""
+    """The shape of one token's KV in the pool: a block is [tokens, layers, 2, kv_heads, head_dim]."""
 
     layers: int
     kv_heads: int
@@ -47,7 +47,7 @@ class KVLayout:
     dtype: torch.dtype
 
     def shape(self, tokens: int) -> tuple[int, ...]:
-        return (self.layers, 2, tokens, self.kv_heads, self.head_dim)
+        return (tokens, self.layers, 2, self.kv_heads, self.head_dim)
 
     def nbytes(self, tokens: int) -> int:
         return self.layers * 2 * tokens * self.kv_heads * self.head_dim * self.dtype.itemsize
@@ -62,7 +62,7 @@ class _Entry:
 
 class DiskTier:
     def __init__(self, kv_dir: str | Path, budget_bytes: int, fp: dict[str, str], layout: KVLayout,
-                 block_tokens: int = 64):
+                 block_tokens: int = 16):
         self.root, self.budget, self.layout, self.block_tokens = Path(kv_dir), budget_bytes, layout, block_tokens
         self.id = tier_id(fp)
         self.dir = self.root / self.id
@@ -167,7 +167,7 @@ class DiskTier:
             if self._pending_bytes + size > MAX_PENDING_BYTES or size > self.budget:
                 self.dropped_blocks += 1
                 continue
-            block = kv[:, :, (k - todo[0]) * B : (k - todo[0] + 1) * B].contiguous()
+            block = kv[(k - todo[0]) * B : (k - todo[0] + 1) * B]
             header = BlockHeader(digests[k], digests[k - 1] if k else "", self.id, k * B,
                                  tuple(tokens[k * B : (k + 1) * B]), self.layout.shape(B), self._dtype, size, 0)
             with self._lock:
@@ -192,35 +192,40 @@ class DiskTier:
             if entry is None and not pending:
                 break
             if entry is not None:
-                futures[d] = self._readers.submit(read_block, entry.path, entry.header)
+                futures[d] = self._readers.submit(self._read, entry, None)
         return futures or None
 
     def take(self, tokens: Sequence[int], cached: int, limit: int,
              prefetched: dict[str, Future] | None = None) -> torch.Tensor | None:
         """The KV of `tokens[cached:end]` for the longest `end <= limit` the tier holds, as
-        [layers, 2, end - cached, kv_heads, head_dim] on the CPU, or None."""
+        [end - cached, layers, 2, kv_heads, head_dim] on the CPU, or None."""
         B = self.block_tokens
         first, last = cached // B, limit // B
         if last <= first:
             return None
-        digests, blocks, used = chain(tokens, last * B, B, self._salt), [], []
-        for k in range(first, last):
-            d = digests[k]
+        digests, found = chain(tokens, last * B, B, self._salt), []
+        for k in range(first, last):  # the blocks the tier holds, in order, each of the prompt's tokens
             with self._lock:
-                pending, entry = self._pending.get(d), self._index.get(d)
+                pending, entry = self._pending.get(digests[k]), self._index.get(digests[k])
+            header = pending[0] if pending is not None else entry.header if entry is not None else None
+            if header is None or header.tokens != tuple(tokens[k * B : (k + 1) * B]):  # (a collision: not served)
+                break
+            found.append((pending, entry))
+        if not found:
+            return None
+        out = torch.empty(self.layout.shape(len(found) * B), dtype=self.layout.dtype)  # filled block by block
+        used = []
+        for i, (pending, entry) in enumerate(found):
+            dst = out[i * B : (i + 1) * B]
+            future = prefetched.get(entry.header.digest) if prefetched and entry is not None else None
             if pending is not None:
-                header, kv = pending
-            elif entry is not None:
-                header, kv = entry.header, self._load(entry, prefetched.get(d) if prefetched else None)
-                if kv is None:
-                    break
-                used.append(entry)
+                dst.copy_(pending[1])
+            elif not self._load(entry, future, dst):
+                out = out[: i * B]
+                break
             else:
-                break
-            if header.tokens != tuple(tokens[k * B : (k + 1) * B]):  # (a hash collision: never served)
-                break
-            blocks.append(kv)
-        if not blocks:
+                used.append(entry)
+        if not len(out):
             return None
         with self._lock:
             for entry in reversed(used):  # the deepest block least recent: the tier keeps prefixes' heads longest
@@ -231,11 +236,24 @@ class DiskTier:
                 os.utime(entry.path)  # the LRU order a restarted engine reads back
             except OSError:
                 pass
-        return torch.cat(blocks, dim=2)[:, :, cached - first * B:]
+        return out[cached - first * B :]
 
-    def _load(self, entry: _Entry, future: Future | None) -> torch.Tensor | None:
+    def _read(self, entry: _Entry, dst: torch.Tensor | None) -> torch.Tensor:
+        """Read `entry`'s block into `dst` (or a new tensor), checked; raises BlockError or OSError."""
+        if dst is None:
+            dst = torch.empty(self.layout.shape(self.block_tokens), dtype=self.layout.dtype)
+        read_block(entry.path, entry.header, memoryview(dst.view(torch.uint8).numpy()).cast("B"))
+        return dst
+
+    def _load(self, entry: _Entry, future: Future | None, dst: torch.Tensor) -> bool:
+        """Fill `dst` with `entry`'s block (read ahead by `future`, or read now); False where it cannot be
+        served (the block is then dropped, with one warning)."""
         try:
-            payload = future.result() if future is not None else read_block(entry.path, entry.header)
+            if future is not None:
+                dst.copy_(future.result())
+            else:
+                self._read(entry, dst)
+            return True
         except (BlockError, OSError) as e:
             self.errors += 1
             self._warn("read", f"agentkv: a KV block on disk could not be served and is recomputed ({e}); "
@@ -244,8 +262,7 @@ class DiskTier:
                 if self._index.pop(entry.header.digest, None) is not None:
                     self._disk_bytes -= entry.size
             _unlink(entry.path)
-            return None
-        return torch.frombuffer(payload, dtype=self.layout.dtype).view(entry.header.shape)
+            return False
 
     # ---- the writer thread -----------------------------------------------------------------------------
 
