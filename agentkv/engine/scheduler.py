@@ -54,8 +54,9 @@ class Scheduler:
     # ---- queue ---------------------------------------------------------------------------------
 
     def add(self, req: Request) -> None:
+        if self.waiting or self.running:  # it will wait: what a disk tier holds of it is read meanwhile
+            self.kv.prefetch(req)  # (an idle engine admits it at once, reading straight into one buffer)
         self.waiting.append(req)
-        self.kv.prefetch(req)  # what a disk tier holds of it is read while it waits
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

@@ -250,11 +250,11 @@ def test_a_writer_killed_mid_write_leaves_nothing_served(tiny_dir, tmp_path, col
 def test_block_files_refuse_other_tokens(tmp_path):
     """A block is served only for the tokens it holds: the header's tokens and shape must be the ones
     the index expects, whatever the file's name."""
-    import zlib
+    from crc32c import crc32c
 
     payload = memoryview(bytes(range(16)))
     header = block_files.BlockHeader("ab" * 16, "", "t", 0, (1, 2), (2, 1, 2, 1, 1), "float32", 16,
-                                     zlib.crc32(payload))
+                                     crc32c(payload))
     path = block_files.write_block(tmp_path, header, payload)
     into = bytearray(16)
     block_files.read_block(path, header, memoryview(into))
@@ -293,3 +293,24 @@ def test_options_that_cannot_hold_a_disk_tier_are_refused(tiny_dir, tmp_path):
         ak.Engine(str(tiny_dir), kv_dir=str(tmp_path), tensor_parallel=2)
     with pytest.raises(ak.RequestError, match="kv_disk_bytes"):
         ak.Engine(str(tiny_dir), kv_dir=str(tmp_path), kv_disk_bytes=-1)
+
+
+def test_a_waiting_request_reads_its_prefix_ahead(tiny_dir, tmp_path):
+    """With one request running at a time, the second waits: its blocks are read while it waits and
+    copied in at its admission, giving what the same prefix gives computed."""
+    prefixes = [P, P[::-1]]
+    with engine(tiny_dir) as e:
+        for p in prefixes:
+            e.prefill(p)
+        want = [answer(e, p + Q)[:2] for p in prefixes]
+    with engine(tiny_dir, tmp_path, max_running_requests=1) as e:
+        for p in prefixes:
+            e.pin(p)
+        e.flush_cache()  # (pinned: still in the pool)
+        for h in e.pins():
+            e.unpin(h)
+        assert e.flush_cache() == 2 * 256
+        outs = e.generate([p + Q for p in prefixes], max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+        assert e.stats()["disk_read_ahead_blocks"] == 256 // B  # the second's, read while the first ran
+    got = [(o.completions[0].token_ids, [(t.logprob, t.top) for t in o.completions[0].logprobs]) for o in outs]
+    assert got == want and [o.usage.disk_cached_tokens for o in outs] == [256, 256]

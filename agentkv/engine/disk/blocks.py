@@ -5,7 +5,7 @@ A file is `MAGIC`, a little-endian uint32 header length, a JSON header, then the
 K and V for every layer, [tokens, layers, 2, kv_heads, head_dim] in the pool's dtype, raw bytes
 (token-major, so that consecutive blocks read into one buffer are one tensor). The
 header alone (a few hundred bytes) is what a restarted engine reads to rebuild its index; the payload
-is read only when a request needs it, and then checked: its length, its CRC-32, the tier, the shape
+is read only when a request needs it, and then checked: its length, its CRC-32C, the tier, the shape
 and the token ids must all agree, or the block is not served.
 
 A file is written under a temporary name and renamed into place, so a process killed mid-write leaves
@@ -18,11 +18,12 @@ import hashlib
 import json
 import os
 import struct
-import zlib
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from crc32c import crc32c
 
 MAGIC = b"AKVB1\n"
 SUFFIX = ".kvb"
@@ -44,12 +45,12 @@ class BlockHeader:
     shape: tuple[int, ...]  # [layers, 2, tokens, kv_heads, head_dim]
     dtype: str
     payload_bytes: int
-    crc32: int
+    crc32c: int
 
     def encode(self) -> bytes:
         body = json.dumps({"digest": self.digest, "parent": self.parent, "tier": self.tier, "start": self.start,
                            "tokens": list(self.tokens), "shape": list(self.shape), "dtype": self.dtype,
-                           "payload_bytes": self.payload_bytes, "crc32": self.crc32}, separators=(",", ":"))
+                           "payload_bytes": self.payload_bytes, "crc32c": self.crc32c}, separators=(",", ":"))
         raw = body.encode()
         return MAGIC + _LEN.pack(len(raw)) + raw
 
@@ -96,7 +97,7 @@ def read_header(path: Path) -> tuple[BlockHeader, int]:
     try:
         d = json.loads(raw)
         header = BlockHeader(d["digest"], d["parent"], d["tier"], int(d["start"]), tuple(d["tokens"]),
-                             tuple(d["shape"]), d["dtype"], int(d["payload_bytes"]), int(d["crc32"]))
+                             tuple(d["shape"]), d["dtype"], int(d["payload_bytes"]), int(d["crc32c"]))
     except (ValueError, KeyError, TypeError) as e:
         raise BlockError(f"{path.name}'s header does not parse ({type(e).__name__}: {e})") from None
     return header, len(MAGIC) + _LEN.size + n
@@ -117,5 +118,5 @@ def read_block(path: Path, expect: BlockHeader, into: memoryview) -> None:
     if got != header.payload_bytes or size != offset + header.payload_bytes:
         raise BlockError(f"{path.name} is cut short: {got} of {header.payload_bytes} payload bytes"
                          if got < header.payload_bytes else f"{path.name} has bytes past its payload")
-    if zlib.crc32(into) != header.crc32:
+    if crc32c(into) != header.crc32c:
         raise BlockError(f"{path.name} fails its checksum (damaged on disk)")

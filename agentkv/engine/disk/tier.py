@@ -20,20 +20,21 @@ import os
 import queue
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from crc32c import crc32c
 
 from agentkv.engine.disk.blocks import SUFFIX, BlockError, BlockHeader, chain, read_block, read_header, write_block
 from agentkv.engine.disk.fingerprint import differences, tier_id
 
 log = logging.getLogger("agentkv")
 MAX_PENDING_BYTES = 512 << 20  # KV copied out of the pool and not yet on disk; past it, evictions are dropped
+STAGING_BYTES = 1 << 30  # the most take's buffer keeps between calls
 WRITE_PAUSE_S = 30.0  # after a failed write (full or read-only disk), how long writes wait before trying again
 
 
@@ -74,8 +75,9 @@ class DiskTier:
         self._pending_bytes = self._disk_bytes = 0
         self._warned: set[str] = set()
         self._paused_until = 0.0
-        self.written_blocks = self.errors = self.dropped_blocks = 0
+        self.written_blocks = self.errors = self.dropped_blocks = self.read_ahead_blocks = 0
         self.restored_tokens = 0  # counted by the pool's owner, which may find no room for what `take` read
+        self._stage: torch.Tensor | None = None  # take's buffer (_staging)
         self.writable = self._open(fp)
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="agentkv-kv-writer", daemon=True)
@@ -158,6 +160,9 @@ class DiskTier:
         digests = chain(tokens, end * B, B, self._salt)
         with self._lock:
             todo = [k for k in range(first, end) if digests[k] not in self._index and digests[k] not in self._pending]
+            for k in reversed(range(first, end)):  # on disk already: used now, as take counts a hit
+                if digests[k] in self._index:
+                    self._index.move_to_end(digests[k])
         if not todo:
             return 0
         kv = read_kv(todo[0] * B, (todo[-1] + 1) * B)
@@ -213,18 +218,29 @@ class DiskTier:
             found.append((pending, entry))
         if not found:
             return None
-        out = torch.empty(self.layout.shape(len(found) * B), dtype=self.layout.dtype)  # filled block by block
-        used = []
+        out = self._staging(len(found) * B)
+        reads = []  # blocks not read ahead are read now, by the reader threads side by side, straight into out
         for i, (pending, entry) in enumerate(found):
             dst = out[i * B : (i + 1) * B]
-            future = prefetched.get(entry.header.digest) if prefetched and entry is not None else None
             if pending is not None:
                 dst.copy_(pending[1])
-            elif not self._load(entry, future, dst):
+                reads.append(None)
+            elif prefetched and entry.header.digest in prefetched:
+                reads.append(prefetched[entry.header.digest])
+                self.read_ahead_blocks += 1
+            else:
+                reads.append(self._readers.submit(self._read, entry, dst))
+        used = []
+        for i, ((pending, entry), read) in enumerate(zip(found, reads)):
+            if read is None:
+                continue
+            if not self._load(entry, read, out[i * B : (i + 1) * B]):
+                for later in reads[i + 1 :]:  # none may write into the buffer once it is handed out
+                    if later is not None and not later.cancel():
+                        wait([later])
                 out = out[: i * B]
                 break
-            else:
-                used.append(entry)
+            used.append(entry)
         if not len(out):
             return None
         with self._lock:
@@ -238,6 +254,17 @@ class DiskTier:
                 pass
         return out[cached - first * B :]
 
+    def _staging(self, tokens: int) -> torch.Tensor:
+        """A tensor of `tokens` tokens' KV that `take` fills and its caller copies into the pool before the
+        next `take`: kept from one call to the next (up to STAGING_BYTES), since a fresh 100 MB buffer
+        costs its first-touch page faults (~30 ms) on every read-back."""
+        nbytes = self.layout.nbytes(tokens)
+        if nbytes > STAGING_BYTES:
+            return torch.empty(self.layout.shape(tokens), dtype=self.layout.dtype)
+        if self._stage is None or self._stage.numel() < nbytes:
+            self._stage = torch.empty(nbytes, dtype=torch.uint8)
+        return self._stage[:nbytes].view(self.layout.dtype).view(self.layout.shape(tokens))
+
     def _read(self, entry: _Entry, dst: torch.Tensor | None) -> torch.Tensor:
         """Read `entry`'s block into `dst` (or a new tensor), checked; raises BlockError or OSError."""
         if dst is None:
@@ -245,16 +272,18 @@ class DiskTier:
         read_block(entry.path, entry.header, memoryview(dst.view(torch.uint8).numpy()).cast("B"))
         return dst
 
-    def _load(self, entry: _Entry, future: Future | None, dst: torch.Tensor) -> bool:
-        """Fill `dst` with `entry`'s block (read ahead by `future`, or read now); False where it cannot be
-        served (the block is then dropped, with one warning)."""
+    def _load(self, entry: _Entry, read: Future, dst: torch.Tensor) -> bool:
+        """Wait for `entry`'s block to be read into `dst` (or read ahead: then copied there); False where it
+        cannot be served (the block is then dropped, with one warning)."""
         try:
-            if future is not None:
-                dst.copy_(future.result())
-            else:
-                self._read(entry, dst)
+            block = read.result()
+            if block.data_ptr() != dst.data_ptr():
+                dst.copy_(block)
             return True
         except (BlockError, OSError) as e:
+            with self._lock:
+                if self._index.get(entry.header.digest) is not entry:
+                    return False  # the budget removed it meanwhile: a miss, not a fault
             self.errors += 1
             self._warn("read", f"agentkv: a KV block on disk could not be served and is recomputed ({e}); "
                                "the file is removed")
@@ -271,7 +300,7 @@ class DiskTier:
             with self._lock:
                 header, kv = self._pending[digest]
             payload = kv.view(torch.uint8).numpy().data
-            header = replace(header, crc32=zlib.crc32(payload))
+            header = replace(header, crc32c=crc32c(payload))
             size = len(header.encode()) + header.payload_bytes
             if time.monotonic() < self._paused_until:  # (queued before a write failed)
                 with self._lock:
@@ -320,7 +349,8 @@ class DiskTier:
             return {"disk_blocks": len(self._index), "disk_bytes": self._disk_bytes, "disk_budget": self.budget,
                     "disk_tokens": len(self._index) * self.block_tokens, "disk_pending_bytes": self._pending_bytes,
                     "disk_written_blocks": self.written_blocks, "disk_restored_tokens": self.restored_tokens,
-                    "disk_dropped_blocks": self.dropped_blocks, "disk_errors": self.errors}
+                    "disk_dropped_blocks": self.dropped_blocks, "disk_read_ahead_blocks": self.read_ahead_blocks,
+                    "disk_errors": self.errors}
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every queued block is on disk (or failed)."""
