@@ -46,18 +46,17 @@ class KVOwner:
         pool has room for it); how many tokens."""
         if self.tier is None:
             return 0
-        limit, ids = self.matchable_len(r), r.all_ids
+        limit, ids, prefetched, r.disk_prefetch = self.matchable_len(r), r.all_ids, r.disk_prefetch, None
         cached = self.tree.cached_length(ids, limit)
-        kv = self.tier.take(ids, cached, limit, r.disk_prefetch)
-        r.disk_prefetch = None
-        if kv is None:
+        if cached >= limit:
             return 0
-        n = kv.shape[0]
         prefix_slots, node = self.tree.match_prefix(ids[:cached], touch=False)
         self.tree.lock(node)  # its own prefix must not be evicted to make room for the rest
         try:
-            if n > self.pool.num_free + self.tree.evictable_size:
+            kv = self.tier.take(ids, cached, limit, self.pool.num_free + self.tree.evictable_size, prefetched)
+            if kv is None:
                 return 0
+            n = kv.shape[0]
             slots = self.alloc(n)
             self.pool.scatter(slots, kv)
             existing = self.tree.insert(ids[: cached + n], torch.cat([prefix_slots, slots]))

@@ -200,12 +200,12 @@ class DiskTier:
                 futures[d] = self._readers.submit(self._read, entry, None)
         return futures or None
 
-    def take(self, tokens: Sequence[int], cached: int, limit: int,
+    def take(self, tokens: Sequence[int], cached: int, limit: int, room: int,
              prefetched: dict[str, Future] | None = None) -> torch.Tensor | None:
-        """The KV of `tokens[cached:end]` for the longest `end <= limit` the tier holds, as
-        [end - cached, layers, 2, kv_heads, head_dim] on the CPU, or None."""
+        """The KV of `tokens[cached:end]` for the longest `end <= limit` the tier holds and `room` slots
+        take, as [end - cached, layers, 2, kv_heads, head_dim] on the CPU, or None."""
         B = self.block_tokens
-        first, last = cached // B, limit // B
+        first, last = cached // B, min(limit, cached + room) // B
         if last <= first:
             return None
         digests, found = chain(tokens, last * B, B, self._salt), []
