@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -121,6 +122,16 @@ def test_pins_follow_their_agent(cluster):
     r = cluster.session.delete(cluster.base + f"/v1/pins/{pin['id']}", timeout=120)
     assert r.status_code == 404 and r.json()["error"]["code"] == "pin_not_found"
     assert cluster.post("/v1/pins", json={"messages": []}).status_code == 400
+
+
+def test_a_pin_whose_time_ran_out_leaves_the_list(cluster):
+    system = [{"role": "system", "content": "You are the short-lived pin's agent. " + "Answer briefly. " * 8}]
+    pin = cluster.post("/v1/pins", json={"messages": system, "ttl_s": 1.0}).json()
+    assert pin["id"] in [p["id"] for p in cluster.get("/v1/pins").json()["data"]]
+    deadline = time.monotonic() + 30
+    while pin["id"] in [p["id"] for p in cluster.get("/v1/pins").json()["data"]]:
+        assert time.monotonic() < deadline, "the expired pin is still listed"
+        time.sleep(0.5)
 
 
 def test_responses_continue_on_the_replica_that_stores_them(cluster):

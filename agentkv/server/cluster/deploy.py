@@ -100,6 +100,10 @@ class EngineReplica:
     async def stats(self, body: dict) -> dict:
         return {"replica": self.tag, **await self.local.stats()}
 
+    async def pins(self, body: dict) -> dict:
+        """The ids of the pins this replica holds now (one whose time to live ran out is not among them)."""
+        return {"replica": self.tag, "pins": [p["id"] for p in await asyncio.to_thread(self.local.pins)]}
+
 
 def _nothing() -> None:
     pass

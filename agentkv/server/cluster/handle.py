@@ -81,6 +81,13 @@ class ClusterHandle:
         del self._pins[pin_id]
 
     def pins(self) -> list[dict]:
+        """The pins made here that their replicas still hold: each replica, asked by index (on the
+        route's worker thread), names its live pins, and a pin of a replica that answered and no longer
+        holds it (its time to live ran out there) is dropped."""
+        answers = [self.engines.pins.remote({REPLICA: i}).result() for i in range(self.replicas)]
+        live = {a["replica"]: set(a["pins"]) for a in answers}
+        self._pins = {k: v for k, v in self._pins.items()
+                      if not (_replica_of(k) in live and k not in live[_replica_of(k)])}
         return [{"id": k, "object": "pin", "tokens": n} for k, (_, n) in self._pins.items()]
 
     async def stats(self) -> dict:
@@ -152,3 +159,8 @@ def _data(event: str) -> dict:
             except json.JSONDecodeError:
                 return {}
     return {}
+
+
+def _replica_of(pin_id: str) -> str:
+    """The tag of the replica a pin id names (deploy.EngineReplica: "pin-<tag>-<n>")."""
+    return pin_id.split("-")[1] if pin_id.count("-") >= 2 else ""
