@@ -92,6 +92,9 @@ class EngineConfig:
     # a GGUF's Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks and multiplied there (CPU, native
     # kernels); False dequantizes them at load as other quantizations are
     quantized_weights: bool = True
+    # the KV pool's dtype ("float32", "bfloat16", "float16"); None: the model's dtype. bfloat16 under float32
+    # activations on CPU halves the pool's memory and what each step's attention reads (docs/cpu.md)
+    kv_dtype: str | None = None
     tensor_parallel: int = 1  # ranks that each hold 1/N of every layer (worker processes; gloo on CPU, NCCL on CUDA)
     # the tool-call format (agentkv/chat/formats: "hermes", "llama3_json", "mistral", "pythonic");
     # None: detected from the chat template and special tokens
@@ -104,6 +107,9 @@ class EngineConfig:
             raise RequestError("cuda_graphs are not supported with tensor_parallel > 1 yet; leave cuda_graphs unset")
         if self.cuda_graphs and not self.device.startswith("cuda"):
             raise RequestError(f"cuda_graphs=True needs a CUDA device, not {self.device!r}; leave cuda_graphs unset")
+        if self.kv_dtype not in (None, "float32", "bfloat16", "float16"):
+            raise RequestError(f"kv_dtype={self.kv_dtype!r} is not one of 'float32', 'bfloat16', 'float16' (or None: "
+                               "the model's dtype)")
         if self.cache.kv_dir is not None and self.tensor_parallel > 1:
             raise RequestError("kv_dir does not work with tensor_parallel > 1 yet (each rank holds a share of the "
                                "KV); leave kv_dir unset or use one rank")

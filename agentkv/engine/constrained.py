@@ -44,6 +44,16 @@ class GrammarSupport:
             compiler = self._compiler
         return compiler.cache_info() if compiler is not None else {}
 
+    def stats(self) -> dict[str, int]:
+        """The engine's stats() of its grammars: how many are cached, their bytes, what was evicted."""
+        g = self.cache_info()
+        return dict(
+            grammars_cached=g.get("grammars", 0),
+            grammar_cache_bytes=sum(g.get(k, 0) for k in ("table_bytes", "mask_bytes", "walk_bytes", "dfa_bytes")),
+            grammar_cache_evictions=sum(g.get(k, 0) for k in (
+                "grammars_evicted", "grammars_renewed", "mask_evictions", "walk_evictions", "dfa_evictions")),
+        )
+
     def use(self, compiler: GrammarCompiler) -> None:
         vocab = self._tokenizer.backend.get_vocab_size(with_added_tokens=True)
         if not isinstance(compiler, GrammarCompiler) or compiler.info.vocab_size != vocab:

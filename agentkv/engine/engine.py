@@ -74,8 +74,9 @@ class Engine(Prefixes):
                                 quantized=cfg.quantized_weights)
             mc = loaded.config  # with tensor parallelism, this rank's share of the heads
             context = min(cfg.context_length or mc.max_position_embeddings, mc.max_position_embeddings)
-            slots = cfg.cache.num_slots or kv_slots(mc, DTYPES[dtype], context, device, cfg.cache.memory_fraction)
-            pool = KVPool(mc, slots, DTYPES[dtype], device)
+            kv_dtype = DTYPES[cfg.kv_dtype or dtype]
+            slots = cfg.cache.num_slots or kv_slots(mc, kv_dtype, context, device, cfg.cache.memory_fraction)
+            pool = KVPool(mc, slots, kv_dtype, device)
             req_pool = ReqToTokenPool(cfg.cache.max_running_requests, context + 1, device)
             tree = (RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity))
                     if cfg.cache.enable_radix_cache else NullPrefixCache())
@@ -85,12 +86,13 @@ class Engine(Prefixes):
                                    "flashinfer backend does not do yet: use attention_backend='triton' (or 'auto')")
             runner = ModelRunner(loaded.model, pool, req_pool, backend, device)
             if tp > 1:
-                runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, backend.name, native is not None)
+                runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, backend.name, native is not None,
+                                           cfg.kv_dtype or dtype)
             elif cuda_graphs_wanted(cfg, runner.backend):
                 runner.graphs = DecodeGraphs(
                     runner, min(cfg.cuda_graph_max_batch, cfg.cache.max_running_requests), context)
             runner.native_step = native_step_for(cfg.native_step, runner, native)
-            tier = tier_for(cfg, loaded.path, mc, DTYPES[dtype], native is not None)
+            tier = tier_for(cfg, loaded.path, mc, kv_dtype, native is not None)
             return Components(scheduler=Scheduler(cfg.scheduler, pool, req_pool, tree, tier), runner=runner,
                               tokenizer=loaded.tokenizer, pool=pool, req_pool=req_pool, tree=tree, model_config=mc,
                               context_length=context, overlap=overlap, tier=tier)
@@ -277,18 +279,11 @@ class Engine(Prefixes):
                 pin_expiries=t.leases.expired,
                 weight_bytes=self._core.runner.model.weight_bytes(),
                 free_memory_bytes=free_memory(self.config.device),
-                kv_bytes=sum(k.numel() * k.element_size() + v.numel() * v.element_size()
-                             for k, v in self._pool.kv_caches),
+                kv_bytes=self._pool.nbytes,
             )
             if self._tier is not None:
                 st.update(self._tier.stats())
-            g = self._grammars.cache_info()
-            st.update(
-                grammars_cached=g.get("grammars", 0),
-                grammar_cache_bytes=sum(g.get(k, 0) for k in ("table_bytes", "mask_bytes", "walk_bytes", "dfa_bytes")),
-                grammar_cache_evictions=sum(g.get(k, 0) for k in (
-                    "grammars_evicted", "grammars_renewed", "mask_evictions", "walk_evictions", "dfa_evictions")),
-            )
+            st.update(self._grammars.stats())
             return st
 
         return self._core.call(read).result()

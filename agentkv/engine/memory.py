@@ -42,6 +42,10 @@ class KVPool:
     def num_free(self) -> int:
         return self._top
 
+    @property
+    def nbytes(self) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv_caches)
+
     def alloc(self, n: int) -> torch.Tensor | None:
         """`n` free slots, or None when fewer are free (the caller evicts or retracts, then retries)."""
         if n > self._top:

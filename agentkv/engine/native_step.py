@@ -48,7 +48,7 @@ class _Model(ctypes.Structure):
                                              "vocab", "num_slots", "positions")] + \
                [(name, c_float) for name in ("eps", "scale", "attn_softcap", "pad")] + \
                [("embed_qtype", c_int64), ("embed_tiled", c_int64), ("embed", c_void_p), ("final_norm", c_void_p),
-                ("lm_head", _Mat), ("rescore", c_int64), ("layer", c_void_p)]
+                ("lm_head", _Mat), ("rescore", c_int64), ("layer", c_void_p), ("kv_bf16", c_int64)]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -62,8 +62,10 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
         return "the native kernels or their tiled (AVX-512 VNNI) body are not on this CPU"
     if cfg.family in ("gemma2", "gemma3") or cfg.final_softcap or cfg.attn_softcap or model.embed_scale:
         return f"the {cfg.family} family's layer (norms around attention and MLP) is the Python path's"
-    if kv_dtype != torch.float32 or model.norm.weight.dtype != torch.float32:
+    if model.norm.weight.dtype != torch.float32:
         return "the step computes in float32"
+    if kv_dtype not in (torch.float32, torch.bfloat16):
+        return f"the step keeps KV in float32 or bfloat16, not {kv_dtype}"
     if cfg.head_dim > kernels.max_head_dim:
         return f"head_dim {cfg.head_dim} is over the attention kernel's {kernels.max_head_dim}"
     for width in (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size):
@@ -141,7 +143,7 @@ class NativeStep:
                              rope.rot, cfg.intermediate_size, cfg.vocab_size, runner.pool.kv_caches[0][0].shape[0],
                              rope.cos.shape[0], cfg.rms_norm_eps, attn0.scale, 0.0, 0.0, *embed_args,
                              vec(model.norm.weight), mat(model.logits_proj.weight), RESCORE_TOP,
-                             ctypes.addressof(layers))
+                             ctypes.addressof(layers), int(runner.pool.kv_caches[0][0].dtype == torch.bfloat16))
         self.generic = False  # tests: the plain-C bodies on CPUs with AVX-512 too
 
     def can_run(self, inputs) -> bool:

@@ -57,8 +57,9 @@ class TensorParallel:
     """Rank 0's side: starts the worker processes, sends them each pass, stops them."""
 
     def __init__(self, world: int, model: str | None, dtype: str, device: str, num_slots: int, backend: str,
-                 native: bool = False):
-        """`backend`: rank 0's attention backend by name; `native`: whether it runs the C kernels."""
+                 native: bool = False, kv_dtype: str | None = None):
+        """`backend`: rank 0's attention backend by name; `native`: whether it runs the C kernels;
+        `kv_dtype`: the pools' dtype (None: `dtype`)."""
         if dist.is_initialized():
             raise RequestError("a tensor-parallel engine is already running in this process; close it first")
         self.world = world
@@ -71,7 +72,7 @@ class TensorParallel:
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker_main, name=f"agentkv-tp{rank}", daemon=True,
                             args=(rank, world, self._rendezvous, model, dtype, device, num_slots, backend, native,
-                                  child))
+                                  kv_dtype or dtype, child))
             p.start()
             self._procs.append(p)
             pipes.append(parent)
@@ -125,7 +126,7 @@ def _dist_backend(device: str) -> str:
 
 
 def _worker_main(rank: int, world: int, rendezvous: str, model: str | None, dtype: str, device: str,
-                 num_slots: int, backend_name: str, native: bool, pipe) -> None:
+                 num_slots: int, backend_name: str, native: bool, kv_dtype: str, pipe) -> None:
     """A rank > 0: load the shard, then run every pass rank 0 broadcasts until it sends None."""
     try:
         torch.set_num_threads(max(1, torch.get_num_threads() // world))
@@ -134,7 +135,7 @@ def _worker_main(rank: int, world: int, rendezvous: str, model: str | None, dtyp
             torch.cuda.set_device(device)
         kernels = cpu_native.load() if native else None
         loaded = load_model(model, dtype=dtype, device=device, shard=(rank, world), native=kernels)
-        pool = KVPool(loaded.config, num_slots, DTYPES[dtype], device)  # the shard's config: its KV heads
+        pool = KVPool(loaded.config, num_slots, DTYPES[kv_dtype], device)  # the shard's config: its KV heads
         runner = ModelRunner(loaded.model, pool, ReqToTokenPool(1, 1, device), get_backend(backend_name), device)
     except BaseException as e:
         pipe.send(f"{type(e).__name__}: {e}")

@@ -60,7 +60,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0):
         T, H, D = q.shape
         if self.tiles is None:  # the first layer of the pass
-            self.native = (self.kernels.handles(q) and k_cache.dtype == q.dtype and D <= self.kernels.max_head_dim)
+            self.native = (self.kernels.handles(q) and self.kernels.handles(k_cache) and D <= self.kernels.max_head_dim)
             if not self.native:
                 TorchAttentionBackend.prepare(self, self.meta)
             self.tiles = self._tiles(H, k.shape[1])

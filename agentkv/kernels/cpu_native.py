@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 _CSRC = Path(__file__).resolve().parent / "csrc"
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {  # name: (argument types, result type)
-    "agentkv_attention": ([_INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P,
+    "agentkv_attention": ([_INT, _INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P,
                            _I64, _INT, _INT, _INT, _F, _P, _I64, _F, _INT, _INT], _INT),
     "agentkv_rms_norm": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT], None),
     "agentkv_silu_mul": ([_INT, _P, _I64, _I64, _I64, _P, _INT, _INT], None),
@@ -170,14 +170,15 @@ class NativeKernels(QuantKernels):
         kvh = k.shape[1]
         for t in (q, k, v):
             assert t.stride(2) == 1 and t.stride(1) == D and t.dtype == q.dtype
-        assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == q.dtype and out.is_contiguous()
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and out.is_contiguous()
+        assert k_cache.dtype == v_cache.dtype and k_cache.dtype in _DTYPES  # (16-bit KV under fp32 activations too)
         assert table.dtype == out_loc.dtype == tiles.dtype == torch.int64 and tiles.is_contiguous()
         assert table.is_contiguous() and out_loc.is_contiguous() and k_cache.shape == v_cache.shape
         bad = self._lib.agentkv_attention(
-            _DTYPES[q.dtype], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-            k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], out_loc.data_ptr(), T, table.data_ptr(),
-            table.shape[0], table.shape[1], tiles.data_ptr(), tiles.shape[0], H, kvh, D, scale, out.data_ptr(),
-            window, softcap, torch.get_num_threads(), generic,
+            _DTYPES[q.dtype], _DTYPES[k_cache.dtype], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
+            v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], out_loc.data_ptr(),
+            T, table.data_ptr(), table.shape[0], table.shape[1], tiles.data_ptr(), tiles.shape[0], H, kvh, D, scale,
+            out.data_ptr(), window, softcap, torch.get_num_threads(), generic,
         )
         if bad:  # the kernel checks every index before it writes or reads through one
             what = {1: "a new token's slot", 2: "a tile", 3: "a slot in the table"}[bad]

@@ -89,6 +89,24 @@ def test_step_logits_are_the_python_paths(tmp_path, monkeypatch, family, quant, 
         assert torch.equal(got, ref)
 
 
+@pytest.mark.parametrize("family,quant,options", [("llama", "Q4_1", {}), ("phi3", "Q8_0", {"sliding_window": 12,
+                                                                                      "tie": False})])
+def test_a_16_bit_kv_pool_gives_the_python_paths_logits(tmp_path, monkeypatch, family, quant, options):
+    """kv_dtype="bfloat16" under fp32 activations: the step stores each K/V rounded as torch rounds and
+    attends over the bf16 values, as the Python path's kernel does, bit for bit; the pool is half the bytes."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    path = tiny_gguf(tmp_path, family, quant, **options)
+    with ak.Engine(path, num_slots=2048, kv_dtype="bfloat16") as engine:
+        assert engine._pool.kv_caches[0][0].dtype == torch.bfloat16
+        pairs = step_and_python(engine, PROMPTS[:16], max_tokens=20)
+        half = engine.stats()["kv_bytes"]
+    with ak.Engine(path, num_slots=2048) as engine:
+        assert engine.stats()["kv_bytes"] == 2 * half
+    assert len(pairs) >= 19
+    for got, ref, _ in pairs:
+        assert torch.equal(got, ref)
+
+
 def test_extends_are_the_python_paths(tmp_path, monkeypatch):
     """Short extends go native too: jump-forward's forced tokens under a schema, and n-gram drafts
     being checked; their logits are the Python path's."""

@@ -158,6 +158,32 @@ def test_attention_mixed_batch_matches_reference(dtype, generic, heads, kv_heads
     assert backend.native and sum(t[1] for t in backend.tiles.tolist()) == q.shape[0]  # every token in a tile
 
 
+@pytest.mark.parametrize("generic", BODIES)
+@pytest.mark.parametrize("heads,kv_heads,D", [(9, 3, 64), (8, 1, 32), (2, 1, 24)])
+def test_attention_keeps_16_bit_kv_under_fp32_activations(generic, heads, kv_heads, D):
+    """fp32 q/k/v over a bf16 pool: the new K/V stored rounded as torch rounds them, every query
+    attending over the bf16 keys and values in fp32 (the fp32 reference over the same values)."""
+    g = torch.Generator().manual_seed(D)
+    pool = (torch.randperm(1999, generator=g) + 1).tolist()
+    plans = [(pool[:40], 1), ([], 1), (pool[:30], 7), ([], 75), (pool[:1300], 3)]
+    meta, q, k, v, kc, vc = _batch(plans, heads, kv_heads, D, torch.float32, seed=D, num_slots=2200,
+                                   prefix_slots=2000)
+    kc, vc = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
+    backend = get_backend("cpu")
+    backend.generic = generic
+    backend.prepare(meta)
+    out = backend.forward(q, k, v, kc, vc, D**-0.5).view(*q.shape)
+    assert backend.native and out.dtype == torch.float32
+    loc = meta.out_cache_loc
+    assert torch.equal(kc[loc], k.to(torch.bfloat16)) and torch.equal(vc[loc], v.to(torch.bfloat16))
+    offset = 0
+    for row, (seq, ext) in enumerate(zip(meta.seq_lens, meta.extend_lens)):
+        slots = meta.req_to_token[row, :seq]
+        expected = reference(q[offset : offset + ext], kc[slots].float(), vc[slots].float(), D**-0.5, seq - ext)
+        torch.testing.assert_close(out[offset : offset + ext], expected, **_close(torch.float32))
+        offset += ext
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 90), st.integers(1, 40)), min_size=1, max_size=6),

@@ -70,8 +70,8 @@ INLINE __m512 cap16(__m512 x, float c) {
    L1 with its accumulators in registers (kept there across the block's keys because NV is a
    constant of each specialization), rather than every key updating every query's accumulators in
    memory. */
-INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
-    const int D = NV * 16, nq = (int)t->m * t->ng, es = bf ? 2 : 4;
+INLINE void attend_avx512(const Task *t, const int NV, const int bf, const int kbf) {
+    const int D = NV * 16, nq = (int)t->m * t->ng, es = bf ? 2 : 4, kes = kbf ? 2 : 4;
     __m512 qf[MAX_Q][MAX_D / 16], acc[MAX_Q][MAX_D / 16];
     float mx[MAX_Q], l[MAX_Q];
     int64_t lim[MAX_Q], lo[MAX_Q];
@@ -90,17 +90,17 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
     for (int64_t b0 = t->k0; b0 < n; b0 += BLOCK) {
         const int nb = (int)(n - b0 < BLOCK ? n - b0 : BLOCK);
         for (int j = 0; j < nb; j++) {
-            const int64_t off = (t->slots[b0 + j] * row + (int64_t)t->h * D) * es;
+            const int64_t off = (t->slots[b0 + j] * row + (int64_t)t->h * D) * kes;
             for (int c = 0; c < NV; c++) {
-                kf[j][c] = load16((const char *)t->kc + off + c * 16 * es, bf);
-                vf[j][c] = load16((const char *)t->vc + off + c * 16 * es, bf);
+                kf[j][c] = load16((const char *)t->kc + off + c * 16 * kes, kbf);
+                vf[j][c] = load16((const char *)t->vc + off + c * 16 * kes, kbf);
             }
         }
         /* the next block's rows are scattered over the pool and out of cache by now (a step reads
            every layer's K/V once): ask for them while this block is computed */
         for (int64_t j = b0 + BLOCK; j < b0 + 2 * BLOCK && j < n; j++) {
-            const int64_t off = (t->slots[j] * row + (int64_t)t->h * D) * es;
-            for (int b = 0; b < D * es; b += 64) {
+            const int64_t off = (t->slots[j] * row + (int64_t)t->h * D) * kes;
+            for (int b = 0; b < D * kes; b += 64) {
                 __builtin_prefetch((const char *)t->kc + off + b, 0, 3);
                 __builtin_prefetch((const char *)t->vc + off + b, 0, 3);
             }
@@ -155,7 +155,7 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf) {
 #endif
 
 /* the same recurrence in plain C, for any head_dim up to MAX_D and any CPU */
-INLINE void attend_generic(const Task *t, const int bf) {
+INLINE void attend_generic(const Task *t, const int bf, const int kbf) {
     const int D = t->D, nq = (int)t->m * t->ng;
     float qf[MAX_Q][MAX_D], acc[MAX_Q][MAX_D], mx[MAX_Q], l[MAX_Q];
     int64_t lim[MAX_Q], lo[MAX_Q];
@@ -171,7 +171,7 @@ INLINE void attend_generic(const Task *t, const int bf) {
         float s[MAX_Q][BLOCK], kf[MAX_D];
         for (int j = 0; j < nb; j++) {
             int64_t off = t->slots[b0 + j] * row + (int64_t)t->h * D;
-            for (int d = 0; d < D; d++) kf[d] = load1(t->kc, off + d, bf);
+            for (int d = 0; d < D; d++) kf[d] = load1(t->kc, off + d, kbf);
             for (int i = 0; i < nq; i++) {
                 float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
@@ -198,7 +198,7 @@ INLINE void attend_generic(const Task *t, const int bf) {
         }
         for (int j = 0; j < nb; j++) {
             int64_t off = t->slots[b0 + j] * row + (int64_t)t->h * D;
-            for (int d = 0; d < D; d++) kf[d] = load1(t->vc, off + d, bf);
+            for (int d = 0; d < D; d++) kf[d] = load1(t->vc, off + d, kbf);
             for (int i = 0; i < nq; i++) {
                 float p = s[i][j];
 #pragma omp simd
@@ -209,14 +209,30 @@ INLINE void attend_generic(const Task *t, const int bf) {
     for (int i = 0; i < nq; i++) finish(t, i, mx[i], l[i], acc[i], bf);
 }
 
-INLINE void attend(const Task *t, const int bf, const int generic) {
+/* bf: q, k, v and out in bf16 (else fp32); kbf: the caches in bf16 (else fp32) */
+INLINE void attend(const Task *t, const int bf, const int kbf, const int generic) {
 #if AGENTKV_AVX512
-    if (!generic && t->D == 64) return attend_avx512(t, 4, bf);
-    if (!generic && t->D == 128) return attend_avx512(t, 8, bf);
-    if (!generic && t->D % 16 == 0) return attend_avx512(t, t->D / 16, bf);
+    if (!generic && t->D == 64) return attend_avx512(t, 4, bf, kbf);
+    if (!generic && t->D == 128) return attend_avx512(t, 8, bf, kbf);
+    if (!generic && t->D % 16 == 0) return attend_avx512(t, t->D / 16, bf, kbf);
 #endif
     (void)generic;
-    attend_generic(t, bf);
+    attend_generic(t, bf, kbf);
+}
+
+/* the specializations a call picks from at run time (each flag a constant inside) */
+static void attend_any(const Task *t, const int bf, const int kbf, const int generic) {
+    if (bf && kbf) attend(t, 1, 1, generic);
+    else if (bf) attend(t, 1, 0, generic);
+    else if (kbf) attend(t, 0, 1, generic);
+    else attend(t, 0, 0, generic);
+}
+
+/* n K or V values from x (bf16 where bf, else fp32) into a cache row (bf16 where kbf, else fp32),
+   rounded to nearest even as torch's conversion rounds */
+INLINE void store_row(void *cache, const void *x, int64_t n, const int bf, const int kbf) {
+    if (bf == kbf) memcpy(cache, x, (size_t)n * (bf ? 2 : 4));
+    else for (int64_t d = 0; d < n; d++) store1(cache, d, load1(x, d, bf), kbf);
 }
 
 /* Query heads of a KV head per task: all G of them when the tile's tokens times G fit in MAX_Q. */
@@ -294,19 +310,20 @@ static void merge_parts(const Call *c, int64_t ntasks, int64_t parts, const floa
    caches [num_slots, KVH, D]; table [table_rows, table_ld].
    tiles [ntiles, 4]: (first token, tokens m, slot-table row, keys of the first token); tokens of no
    tile are left to the caller (their K/V are still stored). `window` > 0: sliding-window attention.
-   `generic` forces the plain-C path (tests).
+   `generic` forces the plain-C path (tests). `bf`: q, k, v and out are bf16 (else fp32); `kvbf`: the
+   caches are (else fp32), so fp32 activations can keep 16-bit KV.
    Returns check_indices' verdict: 0, or nonzero with nothing done. */
-int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_t k_ld, const void *v,
+int agentkv_attention(int bf, int kvbf, const void *q, int64_t q_ld, const void *k, int64_t k_ld, const void *v,
                       int64_t v_ld, void *k_cache, void *v_cache, int64_t num_slots, const int64_t *out_loc, int64_t T,
                       const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *tiles,
                       int64_t ntiles, int H, int KVH, int D, float scale, void *out, int64_t window, float softcap,
                       int nthreads, int generic) {
     const int bad = check_indices(out_loc, T, num_slots, table, table_rows, table_ld, tiles, ntiles);
     if (bad) return bad;
-    const int64_t es = bf ? 2 : 4, row = (int64_t)KVH * D;
+    const int64_t es = bf ? 2 : 4, kes = kvbf ? 2 : 4, row = (int64_t)KVH * D;
     for (int64_t i = 0; i < T; i++) {
-        memcpy((char *)k_cache + out_loc[i] * row * es, (const char *)k + i * k_ld * es, row * es);
-        memcpy((char *)v_cache + out_loc[i] * row * es, (const char *)v + i * v_ld * es, row * es);
+        store_row((char *)k_cache + out_loc[i] * row * kes, (const char *)k + i * k_ld * es, row, bf, kvbf);
+        store_row((char *)v_cache + out_loc[i] * row * kes, (const char *)v + i * v_ld * es, row, bf, kvbf);
     }
     const int G = H / KVH, ng = agentkv_attention_heads_per_task(G), chunks = (G + ng - 1) / ng;
     const Call call = {q, q_ld, k_cache, v_cache, table, tiles, table_ld, G, ng, chunks, KVH, H, D, scale, out, window,
@@ -336,8 +353,7 @@ int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_
             t.k1 = t.k0 + each < t.k1 ? t.k0 + each : t.k1;
             t.partial = scratch + work * stride;
         }
-        if (bf) attend(&t, 1, generic);
-        else attend(&t, 0, generic);
+        attend_any(&t, bf, kvbf, generic);
     }
     if (parts > 1) {
         merge_parts(&call, ntasks, parts, scratch, stride, bf);
@@ -348,12 +364,14 @@ int agentkv_attention(int bf, const void *q, int64_t q_ld, const void *k, int64_
 
 /* One decoding token's attention, fp32, for query heads h * G + g0 .. + ng of KV head h, its first
    `len` keys read through `slots` (its own K/V already stored): a task of the native decode step
-   (cpu_step.c), which checked every index. q and out: the token's rows [H, D]. */
-void agentkv_attend_one(const float *q, const float *kc, const float *vc, const int64_t *slots, int64_t len, int h,
+   (cpu_step.c), which checked every index. q and out: the token's rows [H, D]; the caches bf16 where
+   `kvbf`, else fp32. */
+void agentkv_attend_one(const float *q, const void *kc, const void *vc, const int64_t *slots, int64_t len, int h,
                         int g0, int ng, int G, int KVH, int H, int D, float scale, float *out, int64_t window,
-                        float softcap, int generic) {
+                        float softcap, int kvbf, int generic) {
     const int64_t k0 = window && len > window ? len - window : 0;
     const Task t = {q, (int64_t)H * D, kc, vc, slots, 0, 1, len, g0, ng, G, KVH, h, H, D, scale, out, k0, len, window,
                     softcap, NULL};
-    attend(&t, 0, generic);
+    if (kvbf) attend(&t, 0, 1, generic);
+    else attend(&t, 0, 0, generic);
 }

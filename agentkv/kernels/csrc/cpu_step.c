@@ -30,7 +30,7 @@ typedef struct {
     const float *attn_norm, *mlp_norm;  /* [hidden] */
     const float *q_norm, *k_norm;       /* [head_dim] (Qwen3's per-head norms) or NULL */
     StepMat qkv, o, gate_up, down;      /* qkv: q, k, v side by side; gate_up: gate, up */
-    float *k_cache, *v_cache;           /* [num_slots, kv_heads, head_dim] */
+    void *k_cache, *v_cache;            /* [num_slots, kv_heads, head_dim], fp32 or bf16 (StepModel.kv_bf16) */
     const float *cos, *sin;             /* [positions, head_dim] */
     int64_t window;                     /* keys a query sees, its own included; 0: all */
 } StepLayer;
@@ -45,14 +45,15 @@ typedef struct {
     StepMat lm_head;
     int64_t rescore;       /* each token's this many top logits re-scored exactly */
     const StepLayer *layer;
+    int64_t kv_bf16;       /* the KV caches hold bf16 (rounded to nearest even), else fp32 */
 } StepModel;
 
 #define MAX_RESCORE 64
 
 /* cpu_attention.c: one decoding token's attention for some query heads of a KV head */
-void agentkv_attend_one(const float *q, const float *kc, const float *vc, const int64_t *slots, int64_t len, int h,
+void agentkv_attend_one(const float *q, const void *kc, const void *vc, const int64_t *slots, int64_t len, int h,
                         int g0, int ng, int G, int KVH, int H, int D, float scale, float *out, int64_t window,
-                        float softcap, int generic);
+                        float softcap, int kvbf, int generic);
 
 /* 0 when every index the step follows is in bounds, else which kind is not (nothing done) */
 static int check(const StepModel *md, int64_t M, const int64_t *ids, const int64_t *pos, const int64_t *out_loc,
@@ -127,8 +128,16 @@ INLINE void place_heads(const StepModel *md, const StepLayer *L, float *qkv, int
     rope_head(head, md->rot, L->cos + pos * D, L->sin + pos * D, 0, generic);
     if (hh >= H) {  /* a k head: it and its v head go to the token's slot */
         const int64_t kv = hh - H, at = (slot * KVH + kv) * D;
-        memcpy(L->k_cache + at, head, (size_t)D * sizeof(float));
-        memcpy(L->v_cache + at, qkv + (H + KVH + kv) * D, (size_t)D * sizeof(float));
+        const float *v = qkv + (H + KVH + kv) * D;
+        if (md->kv_bf16) {
+            for (int64_t d = 0; d < D; d++) {
+                store1(L->k_cache, at + d, head[d], 1);
+                store1(L->v_cache, at + d, v[d], 1);
+            }
+        } else {
+            memcpy((float *)L->k_cache + at, head, (size_t)D * sizeof(float));
+            memcpy((float *)L->v_cache + at, v, (size_t)D * sizeof(float));
+        }
     }
 }
 
@@ -171,7 +180,7 @@ static void step_job(void *arg, int me, int nt) {
             const int64_t m = task / (KVH * chunks), h = task / chunks % KVH, g0 = task % chunks * ng;
             agentkv_attend_one(s->qkv + m * qkv_n, L->k_cache, L->v_cache, run->table + rows[m] * table_ld, pos[m] + 1,
                                (int)h, (int)g0, (int)(G - g0 < ng ? G - g0 : ng), (int)G, (int)KVH, (int)H, (int)D,
-                               md->scale, s->h + m * width, L->window, md->attn_softcap, generic);
+                               md->scale, s->h + m * width, L->window, md->attn_softcap, (int)md->kv_bf16, generic);
         }
         agentkv_pool_barrier(nt);
         for (int64_t item = me; item < M * (H * D / QK); item += nt) {
