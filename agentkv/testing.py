@@ -45,18 +45,22 @@ def tiny_engine(*, seed: int = 0, context: int = 4096, **engine_options):
 
 
 def write_byte_tokenizer(out: Path, specials=SPECIALS, added=(), bos: str = "<|im_start|>", eos: str = "<|im_end|>",
-                         template: str = CHATML) -> int:
+                         template: str = CHATML, merges: int = 0) -> int:
     """A byte tokenizer (no merges: any text encodes, the vocabulary stays tiny) with `specials`,
-    `added` tokens and a chat template; returns the vocabulary size."""
+    `added` tokens and a chat template; returns the vocabulary size. `merges`: that many BPE merges
+    learnt from a fixed English text, for tests where text does not re-tokenize as it was written."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
 
     vocab = {s: i for i, s in enumerate(specials)}
     for ch in sorted(ByteLevel.alphabet()):
         vocab[ch] = len(vocab)
+    learnt = _learn_merges(vocab, merges) if merges else []
+    for a, b in learnt:
+        vocab.setdefault(a + b, len(vocab))
     for a in added:
         vocab[a] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=learnt))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
@@ -65,6 +69,31 @@ def write_byte_tokenizer(out: Path, specials=SPECIALS, added=(), bos: str = "<|i
     cfg = {"bos_token": bos, "eos_token": eos, "add_bos_token": False, "chat_template": template}
     (out / "tokenizer_config.json").write_text(json.dumps(cfg))
     return len(vocab)
+
+
+def _learn_merges(vocab: dict[str, int], n: int) -> list[tuple[str, str]]:
+    """`n` merges by byte-pair counts over a fixed text (pre-tokenized as the tokenizer splits)."""
+    from collections import Counter
+
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    text = ("the turn of the conversation is kept in the cache and the reply is written back by the template "
+            "while the agent thinks about the answer and then calls a tool with its arguments ") * 4
+    words = [list(w) for w, _ in ByteLevel(add_prefix_space=False).pre_tokenize_str(text)]
+    merges: list[tuple[str, str]] = []
+    while len(merges) < n:
+        pairs = Counter((w[i], w[i + 1]) for w in words for i in range(len(w) - 1))
+        if not pairs:
+            break
+        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        merges.append((a, b))
+        for w in words:
+            i = 0
+            while i < len(w) - 1:
+                if (w[i], w[i + 1]) == (a, b):
+                    w[i:i + 2] = [a + b]
+                i += 1
+    return merges
 
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",

@@ -10,14 +10,16 @@ from agentkv.testing import CHATML, SPECIALS, write_tiny_model
 __all__ = ["CHATML", "SPECIALS", "make_tiny_model"]
 
 
-def make_tiny_model(out: Path, family: str = "llama", *, chat: str | None = None, **options) -> Path:
+def make_tiny_model(out: Path, family: str = "llama", *, chat: str | None = None, merges: int = 0,
+                    **options) -> Path:
     """write_tiny_model's random model; `chat`: a family of tests/chat_templates.py whose template,
-    special and added tokens its tokenizer carries (ChatML without)."""
-    tokenizer = None
+    special and added tokens its tokenizer carries (ChatML without); `merges`: BPE merges its
+    tokenizer learns (none: a byte tokenizer)."""
+    tokenizer = {"merges": merges} if merges else None
     if chat:
         from tests.chat_templates import FAMILIES
 
         f = FAMILIES[chat]
         tokenizer = {"specials": list(f.specials), "added": list(f.added), "bos": f.bos, "eos": f.eos,
-                     "template": f.template}
+                     "template": f.template, "merges": merges}
     return write_tiny_model(out, family, tokenizer=tokenizer, **options)

@@ -50,6 +50,11 @@ class TokenCarry:
         if self.tokenizer.decode(ids) == completion.text:  # (not where a stop string cut the text)
             self._keep(prompt + completion.text, list(prompt_ids) + ids)
 
+    def remember(self, text: str, ids: list[int]) -> None:
+        """Carry `ids` for `text` (they must decode to it): a next prompt that starts with `text`
+        starts with them."""
+        self._keep(text, list(ids))
+
     def _keep(self, text: str, ids: list[int]) -> None:
         self._known[text] = ids
         self._known.move_to_end(text)

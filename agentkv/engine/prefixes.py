@@ -5,6 +5,7 @@ format, the radix tree and the engine thread."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -67,14 +68,19 @@ class Prefixes:
                         turn.messages(list(after)), list(after), turn.template_tools, self.render, self.reasoning,
                         **template_kwargs)
 
-    def prefill(self, prefix: str | Messages | Sequence[int]) -> int:
+    def prefill(self, prefix: str | Messages | Sequence[int], *, wait: bool = True) -> int:
         """Compute the KV of `prefix` into the radix cache (not pinned: it may be evicted), so that
         requests starting with it skip its prefill, e.g. the branches of a fork. Returns its length
-        in tokens. A list of messages is rendered without a generation prompt."""
+        in tokens. A list of messages is rendered without a generation prompt. `wait=False` queues
+        the prefill and returns at once (a warm-up: one that fails is logged, not raised)."""
         if not self._tree.keeps_kv:
             raise RequestError("prefill warms the radix cache; create the Engine with enable_radix_cache=True")
         ids = self._prefix_ids(prefix, None)
-        self._prefill(ids, lambda r: None).result()
+        done = self._prefill(ids, lambda r: None)
+        if wait:
+            done.result()
+        else:
+            done.add_done_callback(_log_failure)
         return len(ids)
 
     def pin(self, prefix: str | Messages | Sequence[int], *, tools: Sequence[dict] | None = None,
@@ -140,3 +146,8 @@ class Prefixes:
         if self._tier is not None:
             self._tier.flush()
         return freed
+
+
+def _log_failure(done: Future) -> None:
+    if done.exception() is not None:
+        logging.getLogger("agentkv").debug("agentkv: a warm-up prefill failed: %s", done.exception())

@@ -19,6 +19,7 @@ from agentkv.engine import SamplingParams
 from agentkv.engine.outputs import Usage
 from agentkv.errors import GrammarError, OutputValidationError, PromptTooLongError, RequestError
 from agentkv.grammar.schema.validation import schema_check
+from agentkv.server.history import warm_next_turn
 from agentkv.server.protocol import (
     APIError,
     ChatRequest,
@@ -183,10 +184,11 @@ async def chat_completion(engine, req: ChatRequest, model: str, resamples: int =
     await hint(sessions, plan)
     out, read, resampled = await generate_checked(engine, plan, plan.prompt_ids(), lambda i: f"{rid[-8:]}_{i}",
                                                   resamples)
-    if sessions is not None:
-        await sessions.keep(req.prompt_cache_key, plan.ids + out.completions[0].token_ids)
     for c in out.completions if replies is not None else ():
         replies.written(plan.prompt, plan.ids, c)
+    start = warm_next_turn(plan, read[0][0], out.completions[0], replies)
+    if sessions is not None:
+        await sessions.keep(req.prompt_cache_key, start or plan.ids + out.completions[0].token_ids)
     choices = [{"index": i, "message": msg, "logprobs": logprobs_json(c.logprobs), "finish_reason": reason}
                for i, (c, (msg, reason)) in enumerate(zip(out.completions, read))]
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
@@ -273,10 +275,12 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                 # a streamed choice's logprobs come whole, with its finish_reason
                 yield chunk(d.index, {}, reason, logprobs_json(d.completion.logprobs))
                 usage = d.usage if usage is None else _add(usage, d.usage, same_prompt=True)
-                if sessions is not None and d.index == 0:
-                    await sessions.keep(req.prompt_cache_key, plan.ids + d.completion.token_ids)
                 if replies is not None:
                     replies.written(plan.prompt, plan.ids, d.completion)
+                if d.index == 0:
+                    start = warm_next_turn(plan, msg, d.completion, replies)
+                    if sessions is not None:
+                        await sessions.keep(req.prompt_cache_key, start or plan.ids + d.completion.token_ids)
         if req.include_usage and usage is not None:
             yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": [], "usage": _usage(usage)})

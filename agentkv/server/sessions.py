@@ -1,7 +1,8 @@
 """The clients' cache hints, honoured with pins that have a lifetime (engine/pin_leases.py).
 
 - `prompt_cache_key` (OpenAI's, on chat and Responses requests): after each turn the session's whole
-  conversation (the prompt and the reply, as the tokens the engine computed) stays pinned for
+  conversation (the prompt and the reply, as the tokens the engine computed, or where the template
+  writes the reply back in another form, the next turn's start: server/history.py) stays pinned for
   `ttl_s`, so the next turn starts from cache however much other traffic came between. One pin per
   session, moved to the longer conversation each turn; where the pin budget is full, the least
   recently used sessions give theirs up first.

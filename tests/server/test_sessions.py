@@ -77,3 +77,47 @@ def test_a_transcript_sent_back_meets_its_replies_tokens(client):
             assert r.usage.prompt_tokens_details.cached_tokens >= before, (turn, r.usage)
         before = r.usage.prompt_tokens + r.usage.completion_tokens - 1
         messages.append({"role": "assistant", "content": r.choices[0].message.content})
+
+
+def test_a_reasoning_conversation_on_bpe_meets_the_cache_every_turn(tmp_path):
+    """Five turns of chat completions, each re-sending the transcript (replies as the server gave
+    them, without their reasoning), on a BPE tokenizer (the random model's bytes do not re-tokenize
+    as written) and DeepSeek-R1's template (Qwen3's, the block opened by the generation prompt), which
+    drops each earlier turn's reasoning: every turn's prompt is cached up to its new user message
+    (the previous prompt and the reply in the template's form, prefilled by the server after the
+    reply: server/history.py). Checked against a planted bug (the warm-up not queued): from the second
+    turn on, the reply and the user header are computed again and it fails."""
+    from tests.tiny import make_tiny_model
+
+    engine = ak.Engine(str(make_tiny_model(tmp_path / "r1", chat="r1", merges=60, max_positions=4096)),
+                       num_slots=8192)
+    try:
+        with serving(create_app(engine, "tiny", KEY)) as base:
+            client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=120)
+            messages = [{"role": "system", "content": "You keep the reasoning carry test's transcript."}]
+            for turn in range(5):
+                messages.append({"role": "user", "content": f"turn {turn}: the template writes the reply back"})
+                r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=24, seed=turn,
+                                                   temperature=1.0, extra_body={"max_reasoning_tokens": 6})
+                reply = r.choices[0].message
+                assert reply.reasoning_content and reply.content  # (the template has reasoning to drop)
+                # what the prompt adds to the last one's start: the new message and the generation prompt
+                new = engine.tokenizer.encode(f"{messages[-1]['content']}<|im_end|>\n<|im_start|>assistant\n<think>\n",
+                                              add_bos=False)
+                if turn:
+                    assert r.usage.prompt_tokens - r.usage.prompt_tokens_details.cached_tokens <= len(new), (
+                        turn, r.usage)
+                messages.append({"role": "assistant", "content": reply.content})
+                _wait_idle(engine)  # (the warm-up is queued before the reply returns, and runs as the client reads)
+    finally:
+        engine.close()
+
+
+def _wait_idle(engine) -> None:
+    import time
+
+    for _ in range(200):
+        st = engine.stats()
+        if not st["running"] and not st["waiting"]:
+            return
+        time.sleep(0.01)
