@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentkv.chat.carry import TokenCarry
 from agentkv.server.chat import ChatPlan, generate_checked
+from agentkv.server.history import warm_next_turn
 from agentkv.server.protocol import MAX_STOP, MAX_STOP_CHARS, APIError, ChatRequest
 from agentkv.server.sessions import Sessions
 
@@ -226,6 +227,7 @@ async def create_message(engine, req: MessagesRequest, model: str, close_objects
     completion = out.completions[0]
     if replies is not None:
         replies.written(plan.prompt, plan.ids, completion)
+    warm_next_turn(plan, sent_back(msg, engine.reasoning), completion, replies)
     return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": blocks(msg),
             **stop_of(engine, req, completion, reason), "usage": usage(out.usage)}
 
@@ -241,6 +243,11 @@ def blocks(msg: dict) -> list[dict]:
         out.append({"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
                     "input": json.loads(c["function"]["arguments"])})
     return out
+
+
+def sent_back(msg: dict, reasoning) -> dict:
+    """A reply as Anthropic's clients send it back (its thinking block included), as a chat message."""
+    return _assistant(blocks(msg), 0, reasoning)
 
 
 def stop_of(engine, req: MessagesRequest, completion, reason: str) -> dict:

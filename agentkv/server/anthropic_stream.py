@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from agentkv.chat.carry import TokenCarry
-from agentkv.server.anthropic import MessagesRequest, error_body, message_id, plan_of, stop_of, usage
+from agentkv.server.anthropic import MessagesRequest, error_body, message_id, plan_of, sent_back, stop_of, usage
 from agentkv.server.chat import ChatPlan, _run, chain
+from agentkv.server.history import warm_next_turn
 from agentkv.server.protocol import APIError, call_id
 
 
@@ -58,6 +59,7 @@ async def stream_message(engine, req: MessagesRequest, model: str, metrics, star
                     yield e
                 if replies is not None:
                     replies.written(plan.prompt, ids, d.completion)
+                warm_next_turn(plan, sent_back(msg, engine.reasoning), d.completion, replies)
                 stop = stop_of(engine, req, d.completion, reason)
                 yield event("message_delta", delta=stop, usage=usage(d.usage))
                 yield event("message_stop")

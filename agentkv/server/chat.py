@@ -19,7 +19,7 @@ from agentkv.engine import SamplingParams
 from agentkv.engine.outputs import Usage
 from agentkv.errors import GrammarError, OutputValidationError, PromptTooLongError, RequestError
 from agentkv.grammar.schema.validation import schema_check
-from agentkv.server.history import warm_next_turn
+from agentkv.server.history import chat_reply_back, warm_next_turn
 from agentkv.server.protocol import (
     APIError,
     ChatRequest,
@@ -186,7 +186,7 @@ async def chat_completion(engine, req: ChatRequest, model: str, resamples: int =
                                                   resamples)
     for c in out.completions if replies is not None else ():
         replies.written(plan.prompt, plan.ids, c)
-    start = warm_next_turn(plan, read[0][0], out.completions[0], replies)
+    start = warm_next_turn(plan, chat_reply_back(read[0][0]), out.completions[0], replies)
     if sessions is not None:
         await sessions.keep(req.prompt_cache_key, start or plan.ids + out.completions[0].token_ids)
     choices = [{"index": i, "message": msg, "logprobs": logprobs_json(c.logprobs), "finish_reason": reason}
@@ -278,7 +278,7 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                 if replies is not None:
                     replies.written(plan.prompt, plan.ids, d.completion)
                 if d.index == 0:
-                    start = warm_next_turn(plan, msg, d.completion, replies)
+                    start = warm_next_turn(plan, chat_reply_back(msg), d.completion, replies)
                     if sessions is not None:
                         await sessions.keep(req.prompt_cache_key, start or plan.ids + d.completion.token_ids)
         if req.include_usage and usage is not None:

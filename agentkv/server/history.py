@@ -21,14 +21,12 @@ from agentkv.server.protocol import template_kwargs
 PROBES = ("x", "y")  # two contents of the message that follows: its text starts where they part
 
 
-def next_turn_start(plan, reply: dict) -> str | None:
-    """The text each next request of `plan`'s conversation begins with: its messages, `reply` (the
-    response message) as clients send it back (without its reasoning), and the following message's
-    opening (a tool result where the reply calls tools, else a user message). None where the
-    template fails on it (the next turn is then computed when it comes)."""
-    back = {k: v for k, v in reply.items() if k != "reasoning_content" and v is not None}
-    back.setdefault("content", "")
-    calls = reply.get("tool_calls")
+def next_turn_start(plan, back: dict) -> str | None:
+    """The text each next request of `plan`'s conversation begins with: its messages, the reply as
+    the client sends it back (`back`, a chat message), and the following message's opening (a tool
+    result where the reply calls tools, else a user message). None where the template fails on it
+    (the next turn is then computed when it comes)."""
+    calls = back.get("tool_calls")
     follow = {"role": "tool", "tool_call_id": calls[0]["id"]} if calls else {"role": "user"}
     texts = []
     try:
@@ -44,13 +42,21 @@ def next_turn_start(plan, reply: dict) -> str | None:
     return a[:n]
 
 
-def warm_next_turn(plan, reply: dict, completion, replies: TokenCarry | None) -> list[int] | None:
-    """Where the template writes `reply` back other than as `completion` wrote it: queue the next
-    turn's start for prefill, teach the carry its ids, and return them (what a session's pin should
-    hold); None where the prompt and the reply as written are already that start's beginning."""
+def chat_reply_back(msg: dict) -> dict:
+    """A chat reply as OpenAI clients send it back: without its reasoning."""
+    back = {k: v for k, v in msg.items() if k != "reasoning_content" and v is not None}
+    back.setdefault("content", "")
+    return back
+
+
+def warm_next_turn(plan, back: dict, completion, replies: TokenCarry | None) -> list[int] | None:
+    """Where the template writes the reply back (`back`: as the client sends it) other than as
+    `completion` wrote it: queue the next turn's start for prefill, give the carry its ids, and
+    return them (what a session's pin should hold); None where the prompt and the reply as written
+    already begin that start."""
     if replies is None:
         return None
-    start = next_turn_start(plan, reply)
+    start = next_turn_start(plan, back)
     if start is None or start.startswith(plan.prompt + completion.text):
         return None
     ids = replies.encode(start)
