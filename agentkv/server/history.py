@@ -2,13 +2,14 @@
 
 A chat template writes a conversation's earlier replies back in a form of its own: Qwen3's and
 DeepSeek-R1's drop the reasoning of every turn before the last user message, many write a tool
-call's JSON with spacing of their own, some trim the reply's whitespace. The next prompt then parts from what the engine cached (the prompt and the reply
-as they were written) where the reply starts, and its prefill computes the reply again. So after a
-reply whose written form is not the template's, the server renders the conversation as the next
-turn will begin (its messages, the reply as a client sends it back, the start of the message that
-follows) and queues that prefix's prefill at once: the template's form of the reply is computed
-off the next request's path, and the carry (chat/carry.py) encodes the next prompt with those very
-ids. The prompt is never changed: the cache is given the text the template will write.
+call's JSON with spacing of their own, some trim the reply's whitespace. The next prompt then parts
+from what the engine cached (the prompt and the reply as they were written) where the reply starts,
+and its prefill computes the reply again. So after a reply whose written form is not the
+template's, the server renders the conversation as the next turn will begin (its messages, the
+reply as a client sends it back, the start of the message that follows) and queues that prefix's
+prefill at once: the template's form of the reply is computed off the next request's path, and the
+carry (chat/carry.py) encodes the next prompt with those very ids. The prompt is never changed:
+the cache is given the text the template will write.
 """
 
 from __future__ import annotations
