@@ -30,7 +30,7 @@ _PRE_TOKENIZERS = {
     "smaug-bpe": ("regex", _LLAMA3_PAT),
     "qwen2": ("regex", _QWEN2_PAT),
 }
-TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 3, 4
+TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 1, 2, 3, 4
 
 
 class Tokenizer:
@@ -163,16 +163,48 @@ def _token_text(tok: Any) -> str | None:
 
 def tokenizer_files_from_gguf(meta: dict[str, Any], gguf_path: Path, out: Path) -> None:
     """Write tokenizer.json and tokenizer_config.json for a GGUF file's embedded tokenizer."""
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import AddedToken
 
     kind = meta.get("tokenizer.ggml.model")
     tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
-    if kind != "gpt2" or not tokens:
+    if kind == "gpt2" and tokens:
+        tok = _byte_level_bpe(meta, tokens, gguf_path)
+    elif kind == "llama" and tokens:
+        tok = _sentencepiece_bpe(meta, tokens)
+    else:
         raise ModelLoadError(
-            f"{gguf_path.name}: tokenizer model {kind!r} is not supported; agentkv reads byte-level BPE ('gpt2') "
-            "GGUF tokenizers (Llama 3, Qwen, SmolLM). Use the model's HF directory instead."
+            f"{gguf_path.name}: tokenizer model {kind!r} is not supported; agentkv reads byte-level BPE ('gpt2': "
+            "Llama 3, Qwen, SmolLM) and SentencePiece ('llama': Llama 2, Mistral v0.1, Phi-3) GGUF tokenizers. "
+            "Use the model's HF directory instead."
         )
+    types = list(meta.get("tokenizer.ggml.token_type") or [])
+    added = [
+        AddedToken(tokens[i], special=types[i] == TOKEN_TYPE_CONTROL, normalized=False)
+        for i in range(len(types))
+        if types[i] in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
+    ]
+    tok.add_special_tokens([a for a in added if a.special])
+    tok.add_tokens([a for a in added if not a.special])
+    tok.save(str(out / "tokenizer.json"))
+
+    def token(key: str) -> str | None:
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+    cfg = {
+        "bos_token": token("bos"),
+        "eos_token": token("eos"),
+        "pad_token": token("padding"),
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "chat_template": meta.get("tokenizer.chat_template"),
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1, ensure_ascii=False))
+
+
+def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], gguf_path: Path):
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
     pre = meta.get("tokenizer.ggml.pre") or "default"
     if pre not in _PRE_TOKENIZERS:
         raise ModelLoadError(
@@ -198,25 +230,37 @@ def tokenizer_files_from_gguf(meta: dict[str, Any], gguf_path: Path, out: Path) 
             ]
         )
     tok.decoder = decoders.ByteLevel()
-    types = list(meta.get("tokenizer.ggml.token_type") or [])
-    added = [
-        AddedToken(tokens[i], special=types[i] == TOKEN_TYPE_CONTROL, normalized=False)
-        for i in range(len(types))
-        if types[i] in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
-    ]
-    tok.add_special_tokens([a for a in added if a.special])
-    tok.add_tokens([a for a in added if not a.special])
-    tok.save(str(out / "tokenizer.json"))
+    return tok
 
-    def token(key: str) -> str | None:
-        i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
 
-    cfg = {
-        "bos_token": token("bos"),
-        "eos_token": token("eos"),
-        "pad_token": token("padding"),
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        "chat_template": meta.get("tokenizer.chat_template"),
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1, ensure_ascii=False))
+def _sentencepiece_bpe(meta: dict[str, Any], tokens: list[str]):
+    """llama.cpp's SentencePiece tokenizer ("llama" GGUF vocabularies) as a `tokenizers` BPE.
+
+    llama.cpp writes spaces as `▁` (one more before the text and after each special token, where
+    `add_space_prefix`), starts from the text's characters, and merges first the adjacent pair whose
+    joined piece has the highest score (the leftmost of equals); a character outside the vocabulary
+    is its UTF-8 bytes' `<0xNN>` tokens. The same as a BPE whose merges are every split of a piece
+    into two pieces, ranked by the joined piece's score, with byte fallback, as transformers converts
+    SentencePiece models. (Pieces of equal score merge by the order of their splits here rather than
+    leftmost first: real vocabularies score every piece differently.)"""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers
+
+    scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+    types = list(meta.get("tokenizer.ggml.token_type") or [TOKEN_TYPE_NORMAL] * len(tokens))
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab[t if t not in vocab else f"<agentkv duplicate {i}>"] = i  # (ids are what the model knows)
+    pieces = {t: scores[i] for i, t in enumerate(tokens) if types[i] in (TOKEN_TYPE_NORMAL, TOKEN_TYPE_USER_DEFINED)}
+    splits = [(score, len(p[:k]), len(p[k:]), p[:k], p[k:]) for p, score in pieces.items()
+              for k in range(1, len(p)) if p[:k] in pieces and p[k:] in pieces]
+    splits.sort(key=lambda s: (-s[0], -s[1], -s[2]))
+    unk = next((tokens[i] for i, ty in enumerate(types) if ty == TOKEN_TYPE_UNKNOWN), None)
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in splits], unk_token=unk,
+                                 fuse_unk=False, byte_fallback=True))
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    spaces = normalizers.Replace(" ", "\u2581")
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), spaces]) if prefix else spaces
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return tok
