@@ -1,6 +1,6 @@
 """Chat templates and special tokens of the model families agentkv's tool formats serve, written for
 the tiny test models from the families' published formats (Qwen2.5's, Qwen3's with thinking, Llama
-3.1's JSON tools, Mistral v0.3's [TOOL_CALLS], Llama 3.2's pythonic tool prompt). Whitespace
+3.1's JSON tools, Mistral v0.3's [TOOL_CALLS], Llama 3.2's pythonic tool prompt, Qwen3.5's XML calls). Whitespace
 control and the branches a test does not reach are simplified; what a prompt says to the model
 (markers, where tools and results go, how calls are written back) is the families' own."""
 
@@ -224,6 +224,140 @@ QWEN25 = r"""{%- if tools %}
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"""
 
+# Qwen3.5's (and Qwen3-Coder's) XML calls: <tool_call><function=...><parameter=...>, arguments written
+# raw (strings) or as JSON; the generation prompt opens a reasoning block (without the vision parts)
+QWEN35_XML = r"""{%- if tools and tools is iterable and tools is not mapping %}
+    {{- '<|im_start|>system\n' }}
+    {{- "# Tools\n\nYou have access to the following functions:\n\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>" }}
+    {{- '\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural language BEFORE the function call, but NOT after\n- If there is no function call available, answer the question like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>' }}
+    {%- if messages[0].role == 'system' %}
+        {%- set content = messages[0].content|trim %}
+        {%- if content %}
+            {{- '\n\n' + content }}
+        {%- endif %}
+    {%- endif %}
+    {{- '<|im_end|>\n' }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content|trim + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" %}
+        {%- set content = message.content|trim %}
+        {%- if not(content.startswith('<tool_response>') and content.endswith('</tool_response>')) %}
+            {%- set ns.multi_step_tool = false %}
+            {%- set ns.last_query_index = index %}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = (message.content or '')|trim %}
+    {%- if message.role == "system" %}
+    {%- elif message.role == "user" %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- set reasoning_content = reasoning_content|trim %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content + '\n</think>\n\n' + content }}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls and message.tool_calls is iterable and message.tool_calls is not mapping %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if tool_call.function is defined %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {%- if loop.first %}
+                    {%- if content|trim %}
+                        {{- '\n\n<tool_call>\n<function=' + tool_call.name + '>\n' }}
+                    {%- else %}
+                        {{- '<tool_call>\n<function=' + tool_call.name + '>\n' }}
+                    {%- endif %}
+                {%- else %}
+                    {{- '\n<tool_call>\n<function=' + tool_call.name + '>\n' }}
+                {%- endif %}
+                {%- if tool_call.arguments is defined %}
+                    {%- for args_name, args_value in tool_call.arguments|items %}
+                        {{- '<parameter=' + args_name + '>\n' }}
+                        {%- set args_value = args_value | tojson | safe if args_value is mapping or (args_value is sequence and args_value is not string) else args_value | string %}
+                        {{- args_value }}
+                        {{- '\n</parameter>\n' }}
+                    {%- endfor %}
+                {%- endif %}
+                {{- '</function>\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.previtem and loop.previtem.role != "tool" %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- content }}
+        {{- '\n</tool_response>' }}
+        {%- if not loop.last and loop.nextitem.role != "tool" %}
+            {{- '<|im_end|>\n' }}
+        {%- elif loop.last %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- else %}
+        {{- '<think>\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+# Qwen3-Coder's: the same calls, no reasoning (its replies start with the answer)
+QWEN3_CODER = QWEN35_XML
+for _old, _new in [
+        (r"""        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- set reasoning_content = reasoning_content|trim %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content + '\n</think>\n\n' + content }}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+""", r"""        {{- '<|im_start|>' + message.role + '\n' + content }}
+"""),
+        (r"""    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- else %}
+        {{- '<think>\n' }}
+    {%- endif %}
+""", "")]:
+    assert _old in QWEN3_CODER, _old
+    QWEN3_CODER = QWEN3_CODER.replace(_old, _new)
+assert "think>" not in QWEN3_CODER
+
 # DeepSeek-R1's templates open the block in the generation prompt: the reply starts inside it
 R1_OPENED = QWEN3.replace("{{- '<|im_start|>assistant\\n' }}\n{%- if enable_thinking",
                           "{{- '<|im_start|>assistant\\n<think>\\n' }}\n{%- if enable_thinking")
@@ -249,6 +383,10 @@ FAMILIES = {
                         ("<think>", "</think>", "<tool_call>", "</tool_call>")),
     "qwen2.5": ChatFamily(QWEN25, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
                           ("<tool_call>", "</tool_call>")),
+    "qwen3_coder": ChatFamily(QWEN3_CODER, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
+                              ("<tool_call>", "</tool_call>")),
+    "qwen3_xml": ChatFamily(QWEN35_XML, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
+                            ("<think>", "</think>", "<tool_call>", "</tool_call>")),
     "r1": ChatFamily(R1_OPENED, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
                      ("<think>", "</think>", "<tool_call>", "</tool_call>")),
     "llama3": ChatFamily(LLAMA31, tuple(LLAMA3_SPECIALS), "<|begin_of_text|>", "<|eot_id|>"),

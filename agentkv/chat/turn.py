@@ -54,6 +54,9 @@ class Turn:
     reasoning: ReasoningFormat | None = None  # the model's reasoning markers
     state: State = "off"  # where the reply starts: inside a block, free to open one, or not reasoning
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fmt", self.fmt.bind(self.specs))  # (frozen: set once, here)
+
     @classmethod
     def plan(cls, fmt: ToolFormat, tools=(), tool_choice: str = "auto", schema: Any = None,
              reasoning: ReasoningFormat | None = None, parallel: bool = True) -> Turn:

@@ -125,8 +125,8 @@ def serve(
     tool_format: Annotated[
         str | None,
         typer.Option(
-            help="the model's tool-call format: hermes, llama3_json, mistral "
-            "or pythonic (default: detected from the chat template)"
+            help="the model's tool-call format: hermes, llama3_json, mistral, "
+            "pythonic or qwen3_xml (default: detected from the chat template)"
         ),
     ] = None,
     device: Device = "auto",

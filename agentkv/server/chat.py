@@ -45,12 +45,12 @@ class ChatPlan:
 
     def __init__(self, engine, req: ChatRequest, carry: TokenCarry | None = None):
         self.engine, self.req, self.carry = engine, req, carry
-        self.fmt = engine.tool_format
         specs, defs, mode = chat_tools(req)
         schema = response_schema(req)
         output = None if schema is None else ({} if schema is True else schema)
-        turn = Turn(self.fmt, tuple(specs), tuple(defs), mode if specs else "none", output, req.parallel_tool_calls,
-                    reasoning=engine.reasoning)
+        turn = Turn(engine.tool_format, tuple(specs), tuple(defs), mode if specs else "none", output,
+                    req.parallel_tool_calls, reasoning=engine.reasoning)
+        self.fmt = turn.fmt  # the engine's format, bound to the offered tools
         self.bare_messages = template_messages(req, self.fmt)  # (without the tool definitions a format adds)
         self.messages = turn.messages(self.bare_messages)
         self.template_tools = turn.template_tools

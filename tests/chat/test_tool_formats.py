@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentkv.chat.calls import FunctionSpec, ToolCall
-from agentkv.chat.formats import FORMATS, Hermes, Llama3Json, Mistral, Pythonic, detect, tool_format_for
+from agentkv.chat.formats import FORMATS, Hermes, Llama3Json, Mistral, Pythonic, QwenXml, detect, tool_format_for
 from agentkv.errors import RequestError
 from tests.chat_templates import FAMILIES
 from tests.grammar_helpers import BYTE_COMPILER, accepts
@@ -21,7 +21,7 @@ ADD = FunctionSpec("add", {"type": "object", "properties": {
 WEATHER = FunctionSpec("get_weather", {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]})
 TOOLS = [ADD, WEATHER]
-ALL = [Hermes(), Llama3Json(), Mistral(), Pythonic()]
+ALL = [Hermes(), Llama3Json(), Mistral(), Pythonic(), QwenXml().bind(TOOLS)]
 GOOD_CALLS = [[ToolCall("add", {"a": 1})], [ToolCall("add", {"a": 9, "ok": True, "note": None})],
               [ToolCall("add", {"a": 0, "note": "x]\")<"})],
               [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("add", {"a": 2, "ok": False})]]
@@ -144,7 +144,8 @@ def test_mistral_ids_and_structured_history():
 
 
 @pytest.mark.parametrize("family,expected", [("qwen3", Hermes), ("qwen2.5", Hermes), ("r1", Hermes),
-                                             ("llama3", Llama3Json), ("mistral", Mistral), ("pythonic", Pythonic)])
+                                             ("llama3", Llama3Json), ("mistral", Mistral), ("pythonic", Pythonic),
+                                             ("qwen3_xml", QwenXml), ("qwen3_coder", QwenXml)])
 def test_detection_from_the_families_templates(family, expected):
     fam = FAMILIES[family]
     assert detect(fam.template, fam.specials) is expected
@@ -166,7 +167,7 @@ def test_detection_without_a_tool_template_and_by_name():
     assert "func_name1(" in tool_format_for(Tok(), "pythonic").system_message("", [ADD.definition])["content"]
     with pytest.raises(RequestError, match="hermes"):
         tool_format_for(Tok(), "qwen")
-    assert sorted(FORMATS) == ["hermes", "llama3_json", "mistral", "pythonic"]
+    assert sorted(FORMATS) == ["hermes", "llama3_json", "mistral", "pythonic", "qwen3_xml"]
 
 
 def test_definitions_are_offered_only_where_the_template_does_not_render_them():
@@ -178,3 +179,33 @@ def test_definitions_are_offered_only_where_the_template_does_not_render_them():
     assert alone[0]["role"] == "system" and alone[0]["content"].startswith("# Tools")
     assert Hermes(native=False).offered(chat[1:], []) == chat[1:]  # no tools: nothing added
     assert Hermes(native=True).offered(chat, [ADD.definition]) == chat
+
+
+def test_qwen_xml_reads_strings_raw_and_the_rest_by_schema():
+    """Qwen3.5's XML calls: a string argument is its raw text (quotes, newlines and JSON-looking text
+    kept), other values JSON or the template's Python spelling; read by the offered tools' schemas.
+    Checked against a planted bug (every value read as JSON first): it fails here."""
+    fmt = QwenXml().bind([FunctionSpec("run", {"type": "object", "properties": {
+        "cmd": {"type": "string"}, "n": {"type": "integer"}, "dry": {"type": "boolean"}, "env": {"type": "object"},
+        "note": {"type": ["string", "null"]}}, "required": ["cmd"]})])
+    text = ('Running it.\n\n<tool_call>\n<function=run>\n<parameter=cmd>\necho "1"\nls -la\n</parameter>\n'
+            '<parameter=n>\n3\n</parameter>\n<parameter=dry>\nTrue\n</parameter>\n<parameter=env>\n{"A": [1]}\n'
+            '</parameter>\n<parameter=note>\nNone\n</parameter>\n</function>\n</tool_call>')
+    content, calls, end = fmt.parse(text)
+    assert content == "Running it." and end == len(text)
+    assert calls == [ToolCall("run", {"cmd": 'echo "1"\nls -la', "n": 3, "dry": True, "env": {"A": [1]}, "note": None})]
+    assert fmt.parse(text.replace("echo \"1\"\nls -la", "42"))[1][0].arguments["cmd"] == "42"
+    run = FunctionSpec("run", {"type": "object", "properties": {"cmd": {"type": "string"}, "n": {"type": "integer"}},
+                               "required": ["cmd"]})
+    g = BYTE_COMPILER.compile_lark(fmt.grammar([run], "required", None))
+    ok = "<tool_call>\n<function=run>\n<parameter=cmd>\na\n</parameter>\n</function>\n</tool_call>"
+    assert accepts(g, ok) and not accepts(g, ok.replace("<parameter=cmd>\na\n</parameter>\n", ""))  # required
+    assert not accepts(g, ok.replace("\na\n", "\na\n</parameter>\nb\n"))  # a value cannot end its tag early
+    nested = FunctionSpec("go", {"$defs": {"Loc": {"type": "object", "properties": {"x": {"type": "integer"}},
+                                                     "required": ["x"]}},
+                                 "type": "object", "properties": {"at": {"$ref": "#/$defs/Loc"}}, "required": ["at"]})
+    g = BYTE_COMPILER.compile_lark(fmt.grammar([nested], "required", None))  # a $ref reaches the tool's $defs
+    assert accepts(g, '<tool_call>\n<function=go>\n<parameter=at>\n{"x":3}\n</parameter>\n</function>\n</tool_call>')
+    with pytest.raises(RequestError, match="rename it"):
+        fmt.grammar([FunctionSpec("bad", {"type": "object", "properties": {"a>b": {"type": "string"}}})], "required",
+                    None)

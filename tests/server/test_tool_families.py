@@ -13,14 +13,15 @@ import pytest
 from pydantic import BaseModel, Field
 
 import agentkv as ak
-from agentkv.chat.formats import Hermes, Llama3Json, Mistral, Pythonic
+from agentkv.chat.formats import Hermes, Llama3Json, Mistral, Pythonic, QwenXml
 from agentkv.chat.messages import template_messages
 from tests.tiny import make_tiny_model
 
-FAMILIES = {"qwen2.5": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic}
+FAMILIES = {"qwen2.5": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic, "qwen3_coder": QwenXml}
 # How each family's template gives a tool's result back
 RESULT_MARK = {"qwen2.5": "<tool_response>\n", "llama3": "<|start_header_id|>ipython<|end_header_id|>",
-               "mistral": "[TOOL_RESULTS] {", "pythonic": "<|start_header_id|>ipython<|end_header_id|>"}
+               "mistral": "[TOOL_RESULTS] {", "pythonic": "<|start_header_id|>ipython<|end_header_id|>",
+               "qwen3_coder": "<tool_response>\n"}
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"},
                                      "note": {"type": ["string", "null"], "maxLength": 4}},
@@ -32,7 +33,7 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (ADD, WEA
 Small = Annotated[int, Field(ge=0, le=99)]
 # Random weights whose choice between two tool names is not one-sided (at seed 0, the Llama-token
 # models pick one name 40 times in 40), so a framework's run can both call a tool and then answer.
-WEIGHT_SEEDS = {"qwen2.5": 0, "llama3": 5, "mistral": 0, "pythonic": 1}
+WEIGHT_SEEDS = {"qwen2.5": 0, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_coder": 0}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -58,7 +59,7 @@ def test_the_family_is_detected_and_its_prompt_rendered(family):
         system = prompt.split("<|eot_id|>")[0]
         assert "Environment: ipython" in system and '"name": "add"' in system
     expected = {"qwen2.5": "<tools>", "llama3": '"parameters": dictionary', "mistral": "[AVAILABLE_TOOLS] [",
-                "pythonic": "[func_name1("}[name]
+                "pythonic": "[func_name1(", "qwen3_coder": "<function=example_function_name>"}[name]
     assert expected in prompt
 
 
@@ -107,8 +108,11 @@ def test_agent_round_trip_in_the_familys_format(family):
     assert RESULT_MARK[name] in prompt and str(sum(seen[0])) in prompt.split(RESULT_MARK[name], 1)[1]
     if name != "mistral":
         # all but the reply's end: its last sampled token and the closing text the grammar forced
-        # after it (`}}` and the call's close, up to 6 tokens) were never fed to the model
-        assert second.usage.cached_tokens >= first.usage.prompt_tokens + first.usage.completion_tokens - 8
+        # after it were never fed to the model (`}}` and the call's close, up to 6 tokens; the XML
+        # call's `\n</parameter>\n</function>\n</tool_call>`, 36 of the byte tokenizer's)
+        tail = engine.tokenizer.encode("\n</parameter>\n</function>\n</tool_call>", add_bos=False)
+        slack = len(tail) + 2 if name == "qwen3_coder" else 8
+        assert second.usage.cached_tokens >= first.usage.prompt_tokens + first.usage.completion_tokens - slack
 
 
 # ---- the server, with the clients people use -------------------------------------------------------------
@@ -236,3 +240,20 @@ def test_langchain_openai(live):
     for chunk in bound.stream("add 2 and 3"):  # langchain joins the argument deltas itself
         merged = chunk if merged is None else merged + chunk
     assert [(c["name"], c["args"]) for c in merged.tool_calls] == [(c["name"], c["args"]) for c in whole]
+
+
+def test_qwen35_reasons_then_calls_in_xml(tmp_path):
+    """Qwen3.5's template opens a reasoning block; the reply reasons (its budget closes the block),
+    then calls in the XML format, each call's arguments valid, read back by the tools' schemas."""
+    path = make_tiny_model(tmp_path / "q35", chat="qwen3_xml", max_positions=4096)
+    with ak.Engine(str(path), num_slots=8192) as engine:
+        assert isinstance(engine.tool_format, QwenXml) and engine.reasoning is not None
+        out = engine.chat(ask("add 1"), tools=[ADD, WEATHER], tool_choice="required", max_tokens=160, temperature=1.0,
+                          seed=5, n=4, max_reasoning_tokens=6)
+        made = 0
+        for c in out.completions:
+            assert c.reasoning is not None
+            for call in c.tool_calls:
+                jsonschema.validate(call.arguments, SCHEMAS[call.name])
+            made += len(c.tool_calls)
+        assert made

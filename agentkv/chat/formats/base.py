@@ -1,7 +1,7 @@
 """What every tool-call format shares: how tools are offered, the shape of a step's grammar, and the
-text rules around the calls. Each family's module (hermes.py, llama3.py, mistral.py, pythonic.py)
-says only what is its own: the call syntax as grammar rules, its parse, and how calls and results
-are written back into the conversation.
+text rules around the calls. Each family's module (hermes.py, llama3.py, mistral.py, pythonic.py,
+qwen_xml.py) says only what is its own: the call syntax as grammar rules, its parse, and how calls
+and results are written back into the conversation.
 
 A step's grammar is one of: free text; the output (JSON under a schema); calls; or text or output
 *or* calls (tool_choice "auto"). Free text may not start a tool tag (`<tool`, `</tool`), nor write
@@ -72,6 +72,11 @@ class ToolFormat:
         markers = tuple(t for t in special_tokens if chat_template and t in chat_template and t not in own)
         return cls(native=bool(chat_template) and "tools" in chat_template and cls.knows(chat_template),
                    markers=markers)
+
+    def bind(self, specs) -> ToolFormat:
+        """This format for one turn's offered tools (`FunctionSpec`s): most formats read calls without
+        them; one that writes arguments in a syntax of its own reads them by their schemas."""
+        return self
 
     # ---- prompts ------------------------------------------------------------------------------------
 
