@@ -358,6 +358,54 @@ for _old, _new in [
     QWEN3_CODER = QWEN3_CODER.replace(_old, _new)
 assert "think>" not in QWEN3_CODER
 
+# Magistral Small 2509's (Mistral's v11+ tokenizers): [TOOL_CALLS]name[ARGS]{...} per call, reasoning in
+# [THINK]...[/THINK] (special tokens) kept in the assistant's content (the image blocks left out)
+MAGISTRAL = r"""{%- set default_system_message = 'First draft your thinking process (inner monologue) until you arrive at a response. Format your response using Markdown, and use LaTeX for any mathematical equations. Write both your thoughts and the response in the same language as the input.\n\nYour thinking process must follow the template below:[THINK]Your thoughts or/and draft, like working through an exercise on scratch paper. Be as casual and as long as you want until you are confident to generate the response. Use the same language as the input.[/THINK]Here, provide a self-contained response.' %}
+{{- bos_token }}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = default_system_message %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}
+{%- if tools is defined and tools is not none and tools|length > 0 %}
+    {{- "[AVAILABLE_TOOLS]" + (tools | tojson) + "[/AVAILABLE_TOOLS]" }}
+{%- endif %}
+{%- for message in loop_messages %}
+    {%- if message['role'] == 'user' %}
+        {{- '[INST]' + message['content'] + '[/INST]' }}
+    {%- elif message['role'] == 'system' %}
+        {{- '[SYSTEM_PROMPT]' + message['content'] + '[/SYSTEM_PROMPT]' }}
+    {%- elif message['role'] == 'assistant' %}
+        {%- if message['content'] is string %}
+            {{- message['content'] }}
+        {%- endif %}
+        {%- if message['tool_calls'] is defined and message['tool_calls'] is not none %}
+            {%- for tool in message['tool_calls'] %}
+                {%- set arguments = tool['function']['arguments'] %}
+                {%- if arguments is not string %}
+                    {%- set arguments = arguments|tojson %}
+                {%- endif %}
+                {{- "[TOOL_CALLS]" + tool['function']['name'] + "[ARGS]" + arguments }}
+            {%- endfor %}
+        {%- endif %}
+        {{- eos_token }}
+    {%- elif message["role"] == "tool_results" or message["role"] == "tool" %}
+        {{- "[TOOL_RESULTS]" + message.content|string + "[/TOOL_RESULTS]" }}
+    {%- else %}
+        {{- raise_exception('Only user, system, assistant and tool roles are supported!') }}
+    {%- endif %}
+{%- endfor %}"""
+# the same without reasoning (Mistral Small 3.x's calls, a plain default system prompt)
+MISTRAL_V11 = MAGISTRAL.replace(MAGISTRAL[MAGISTRAL.index("'First draft"):MAGISTRAL.index(" %}")],
+                                "'You are a helpful assistant.'")
+assert "THINK" not in MISTRAL_V11
+MISTRAL_V11_SPECIALS = ("<s>", "<unk>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[ARGS]", "[AVAILABLE_TOOLS]",
+                        "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                        "[THINK]", "[/THINK]")
+
 # DeepSeek-R1's templates open the block in the generation prompt: the reply starts inside it
 R1_OPENED = QWEN3.replace("{{- '<|im_start|>assistant\\n' }}\n{%- if enable_thinking",
                           "{{- '<|im_start|>assistant\\n<think>\\n' }}\n{%- if enable_thinking")
@@ -383,6 +431,8 @@ FAMILIES = {
                         ("<think>", "</think>", "<tool_call>", "</tool_call>")),
     "qwen2.5": ChatFamily(QWEN25, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
                           ("<tool_call>", "</tool_call>")),
+    "magistral": ChatFamily(MAGISTRAL, MISTRAL_V11_SPECIALS, "<s>", "</s>"),
+    "mistral_v11": ChatFamily(MISTRAL_V11, MISTRAL_V11_SPECIALS, "<s>", "</s>"),
     "qwen3_coder": ChatFamily(QWEN3_CODER, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
                               ("<tool_call>", "</tool_call>")),
     "qwen3_xml": ChatFamily(QWEN35_XML, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",

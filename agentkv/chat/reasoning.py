@@ -1,5 +1,6 @@
 """Reasoning blocks: a model that thinks in `<think>...</think>` before it answers (Qwen3,
-DeepSeek-R1 and their distillations).
+DeepSeek-R1 and their distillations), or in `[THINK]...[/THINK]` (Magistral): formats as data,
+each its markers and the whitespace its templates write around them.
 
 While the model reasons no grammar applies but one rule: the block ends with its closing marker.
 After it, the step's grammar (a schema, tool calls, free text) applies. The rendered prompt says
@@ -25,22 +26,29 @@ State = Literal["inside", "may", "off"]
 class ReasoningFormat:
     open: str = "<think>"
     close: str = "</think>"
+    after_open: str = "\n"  # the whitespace the templates write around the markers
+    before_close: str = "\n"
+    after_close: str = "\n\n"
 
     @property
     def open_text(self) -> str:
-        return self.open + "\n"
+        return self.open + self.after_open
 
     @property
     def close_text(self) -> str:
         """What ends a block: also what a spent budget appends."""
-        return "\n" + self.close + "\n\n"
+        return self.before_close + self.close + self.after_close
+
+    @property
+    def markers(self) -> tuple[str, str]:
+        return self.open, self.close
 
     @classmethod
     def for_template(cls, chat_template: str | None) -> ReasoningFormat | None:
         """The reasoning markers a chat template renders, or None for a model that does not reason."""
-        fmt = cls()
-        if chat_template and fmt.open in chat_template and fmt.close in chat_template:
-            return fmt
+        for fmt in KNOWN:
+            if chat_template and fmt.open in chat_template and fmt.close in chat_template:
+                return fmt
         return None
 
     def state(self, prompt: str) -> State:
@@ -86,6 +94,11 @@ class ReasoningFormat:
             # less a start of the closing marker, and the newline that may come before it
             return without_partial(head, self.close).rstrip("\n").lstrip("\n"), ""
         return head.strip("\n"), ""
+
+
+# Qwen3's and DeepSeek-R1's `<think>\n...\n</think>\n\n`; Magistral's `[THINK]...[/THINK]` (special
+# tokens of its tokenizer, written without whitespace of their own)
+KNOWN = (ReasoningFormat(), ReasoningFormat("[THINK]", "[/THINK]", "", "", ""))
 
 
 def reply_grammar(answer: str | None, reasoning: ReasoningFormat | None, state: State) -> str | None:

@@ -125,7 +125,7 @@ def serve(
     tool_format: Annotated[
         str | None,
         typer.Option(
-            help="the model's tool-call format: hermes, llama3_json, mistral, "
+            help="the model's tool-call format: hermes, llama3_json, mistral, mistral_args, "
             "pythonic or qwen3_xml (default: detected from the chat template)"
         ),
     ] = None,

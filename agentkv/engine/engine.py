@@ -103,8 +103,10 @@ class Engine(Prefixes):
                                                                   parts.context_length)
         self._pool, self._tree, self._tier = parts.pool, parts.tree, parts.tier
         self.tool_format = tool_format_for(self.tokenizer, cfg.tool_format)  # how this model calls tools
-        self.tokenizer.keep_specials(self.tool_format.special_markers)  # its markup, where it is a special token
         self.reasoning = ReasoningFormat.for_template(self.tokenizer.chat_template)  # None: it does not reason
+        # the format's and the reasoning's markup, where they are special tokens, decode to their text
+        markers = self.reasoning.markers if self.reasoning else ()
+        self.tokenizer.keep_specials(self.tool_format.special_markers + markers)
         self._grammars = GrammarSupport(self.tokenizer)
         self._rng = random.Random(cfg.seed) if options.get("seed") is not None else random.SystemRandom()
         _live_engines.add(self)

@@ -13,15 +13,16 @@ import pytest
 from pydantic import BaseModel, Field
 
 import agentkv as ak
-from agentkv.chat.formats import Hermes, Llama3Json, Mistral, Pythonic, QwenXml
+from agentkv.chat.formats import Hermes, Llama3Json, Mistral, MistralArgs, Pythonic, QwenXml
 from agentkv.chat.messages import template_messages
 from tests.tiny import make_tiny_model
 
-FAMILIES = {"qwen2.5": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic, "qwen3_coder": QwenXml}
+FAMILIES = {"qwen2.5": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic, "qwen3_coder": QwenXml,
+            "mistral_v11": MistralArgs}
 # How each family's template gives a tool's result back
 RESULT_MARK = {"qwen2.5": "<tool_response>\n", "llama3": "<|start_header_id|>ipython<|end_header_id|>",
                "mistral": "[TOOL_RESULTS] {", "pythonic": "<|start_header_id|>ipython<|end_header_id|>",
-               "qwen3_coder": "<tool_response>\n"}
+               "qwen3_coder": "<tool_response>\n", "mistral_v11": "[TOOL_RESULTS]"}
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"},
                                      "note": {"type": ["string", "null"], "maxLength": 4}},
@@ -33,7 +34,7 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (ADD, WEA
 Small = Annotated[int, Field(ge=0, le=99)]
 # Random weights whose choice between two tool names is not one-sided (at seed 0, the Llama-token
 # models pick one name 40 times in 40), so a framework's run can both call a tool and then answer.
-WEIGHT_SEEDS = {"qwen2.5": 0, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_coder": 0}
+WEIGHT_SEEDS = {"qwen2.5": 0, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_coder": 0, "mistral_v11": 0}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -59,7 +60,8 @@ def test_the_family_is_detected_and_its_prompt_rendered(family):
         system = prompt.split("<|eot_id|>")[0]
         assert "Environment: ipython" in system and '"name": "add"' in system
     expected = {"qwen2.5": "<tools>", "llama3": '"parameters": dictionary', "mistral": "[AVAILABLE_TOOLS] [",
-                "pythonic": "[func_name1(", "qwen3_coder": "<function=example_function_name>"}[name]
+                "pythonic": "[func_name1(", "qwen3_coder": "<function=example_function_name>",
+                "mistral_v11": "[AVAILABLE_TOOLS]["}[name]
     assert expected in prompt
 
 
@@ -257,3 +259,36 @@ def test_qwen35_reasons_then_calls_in_xml(tmp_path):
                 jsonschema.validate(call.arguments, SCHEMAS[call.name])
             made += len(c.tool_calls)
         assert made
+
+
+def test_magistral_reasons_in_think_tokens_then_calls_with_args(tmp_path):
+    """Magistral's [THINK]...[/THINK] (special tokens, kept in the decoded text so the reply splits
+    there) before [TOOL_CALLS]name[ARGS]{...} calls, each valid; through the server too, where the
+    block comes back as reasoning_content. Checked against a planted bug (the reasoning markers not
+    kept as text): the reply has no reasoning and this fails."""
+    from agentkv.chat.reasoning import ReasoningFormat
+
+    path = make_tiny_model(tmp_path / "mag", chat="magistral", max_positions=4096)
+    with ak.Engine(str(path), num_slots=8192) as engine:
+        assert isinstance(engine.tool_format, MistralArgs)
+        assert engine.reasoning == ReasoningFormat("[THINK]", "[/THINK]", "", "", "")
+        think = engine.tokenizer.token_to_id("[THINK]")
+        out = engine.chat(ask("add 1"), tools=[ADD, WEATHER], tool_choice="required", max_tokens=160, temperature=1.0,
+                          seed=5, n=4, max_reasoning_tokens=6, logit_bias={think: 50})
+        made = 0
+        for c in out.completions:
+            assert c.reasoning is not None and c.text.startswith("[THINK]")
+            for call in c.tool_calls:
+                jsonschema.validate(call.arguments, SCHEMAS[call.name])
+            made += len(c.tool_calls)
+        assert made
+        from agentkv.server import create_app
+        from tests.server.test_server import KEY, serving
+
+        with serving(create_app(engine, "tiny", KEY)) as base:
+            client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=120)
+            msg = client.chat.completions.create(
+                model="tiny", messages=ask("add 1"), tools=[ADD], tool_choice="required", max_tokens=160, seed=1,
+                temperature=1.0, extra_body={"max_reasoning_tokens": 6, "logit_bias": {str(think): 50}}
+            ).choices[0].message
+            assert msg.model_extra.get("reasoning_content") and msg.tool_calls

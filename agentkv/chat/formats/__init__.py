@@ -13,14 +13,16 @@ from agentkv.chat.formats.base import TAG_STARTS, ToolFormat
 from agentkv.chat.formats.hermes import Hermes
 from agentkv.chat.formats.llama3 import Llama3Json
 from agentkv.chat.formats.mistral import Mistral
+from agentkv.chat.formats.mistral_args import MistralArgs
 from agentkv.chat.formats.pythonic import Pythonic
 from agentkv.chat.formats.qwen_xml import QwenXml
 from agentkv.errors import RequestError
 
-FORMATS: dict[str, type[ToolFormat]] = {f.name: f for f in (Hermes, Llama3Json, Mistral, Pythonic, QwenXml)}
-# Detection order: the most specific mark first (Mistral's [TOOL_CALLS], Qwen's XML <function=, then
-# Hermes' <tool_call>, which the XML templates and Llama-based Hermes templates hold too).
-DETECTION = (Mistral, QwenXml, Hermes, Pythonic, Llama3Json)
+FORMATS: dict[str, type[ToolFormat]] = {f.name: f for f in (Hermes, Llama3Json, Mistral, MistralArgs, Pythonic,
+                                                              QwenXml)}
+# Detection order: the most specific mark first (Mistral's [ARGS], then its [TOOL_CALLS], Qwen's XML
+# <function=, then Hermes' <tool_call>, which the XML templates and Llama-based Hermes templates hold too).
+DETECTION = (MistralArgs, Mistral, QwenXml, Hermes, Pythonic, Llama3Json)
 
 
 def detect(chat_template: str | None, special_tokens=()) -> type[ToolFormat]:
@@ -29,6 +31,8 @@ def detect(chat_template: str | None, special_tokens=()) -> type[ToolFormat]:
     for fmt in DETECTION:
         if chat_template and fmt.knows(chat_template):
             return fmt
+    if "[ARGS]" in special_tokens:
+        return MistralArgs
     if Mistral.opening in special_tokens:
         return Mistral
     return Hermes
@@ -50,5 +54,5 @@ def format_class(name: str) -> type[ToolFormat]:
     return FORMATS[name]
 
 
-__all__ = ["FORMATS", "TAG_STARTS", "Hermes", "Llama3Json", "Mistral", "Pythonic", "QwenXml", "ToolFormat", "detect",
-           "format_class", "tool_format_for"]
+__all__ = ["FORMATS", "TAG_STARTS", "Hermes", "Llama3Json", "Mistral", "MistralArgs", "Pythonic", "QwenXml",
+           "ToolFormat", "detect", "format_class", "tool_format_for"]
