@@ -25,12 +25,13 @@ from agentkv.engine.tokenizer import tokenizer_files_from_gguf
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
-CONVERSION_VERSION = "4"
+CONVERSION_VERSION = "5"
 # quantizations whose matrices are kept as they are (csrc/cpu_quant.c multiplies them in their blocks);
 # every other tensor is dequantized to fp32 here
 KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-                      "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}  # (Mixtral is "llama" with experts)
+                      "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",  # (Mixtral is "llama" with experts)
+                      "gemma2": "gemma2", "gemma3": "gemma3"}
 
 # GGUF tensor names -> HF names; `{i}` is the layer index.
 _LAYER_NAMES = {
@@ -58,6 +59,13 @@ _LAYER_NAMES = {
     "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
     "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+}
+# Gemma's norms around each block, where they differ from the names above (llama.cpp's ffn_norm is the
+# norm before the MLP, which Llama's HF names post_attention_layernorm and Gemma's pre_feedforward_layernorm)
+_GEMMA_NAMES = {
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -132,6 +140,8 @@ def _convert(path: Path, out: Path) -> None:
                 f"package cannot dequantize; upgrade `gguf` or use a Q4_0/Q4_1/Q8_0/K-quant/F16/BF16/F32 file"
             ) from None
         w = w.reshape([int(d) for d in reversed(t.shape)])
+        if arch.startswith("gemma") and t.name.endswith("norm.weight"):
+            w = w - np.float32(1.0)  # llama.cpp's converter stores Gemma's norms with their 1 added; the loader adds it
         if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
             # llama.cpp permutes q/k rows for its interleaved RoPE; undo it for the half-split RoPE.
             n_head = config.num_heads if "attn_q" in t.name else config.num_kv_heads
@@ -152,6 +162,8 @@ def _hf_name(name: str, arch: str = "llama") -> str | None:
         return _GLOBAL_NAMES[name]
     if name.startswith("blk."):
         _, idx, rest = name.split(".", 2)
+        if arch.startswith("gemma") and rest in _GEMMA_NAMES:
+            return f"model.layers.{idx}.{_GEMMA_NAMES[rest]}"
         if arch == "phi3" and rest == "ffn_up.weight":  # Phi-3's gate and up, fused (gate first)
             return f"model.layers.{idx}.mlp.gate_up_proj.weight"
         if rest in _LAYER_NAMES:
@@ -211,6 +223,8 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool, rope_factors: dic
         )
     window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
     layers = int(get("block_count"))
+    if family in ("gemma2", "gemma3"):
+        return _gemma_config(meta, arch, family, vocab, hidden, heads, head_dim, layers, window, scaling, get)
     return ModelConfig(
         family=family,
         vocab_size=int(vocab),
@@ -231,6 +245,25 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool, rope_factors: dic
         layer_windows=(window,) * layers if window and family in ("phi3", "mixtral") else (),
         **moe,
     )
+
+
+def _gemma_config(meta, arch, family, vocab, hidden, heads, head_dim, layers, window, scaling, get) -> ModelConfig:
+    """Gemma 2 / 3 as llama.cpp reads their GGUF files: what their configs say and a GGUF does not is
+    fixed there by family and size (every 2nd / 6th layer global, the windowed layers' rope base
+    10,000, the attention scale from the head size but for the 27B models, whose is hidden / heads)."""
+    big = layers == (46 if family == "gemma2" else 62)  # (llama.cpp's LLM_TYPE_27B)
+    pattern = 2 if family == "gemma2" else 6
+    windows = tuple(window if (i + 1) % pattern else 0 for i in range(layers)) if window else ()
+    return ModelConfig(
+        family=family, vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
+        num_layers=layers, num_heads=heads, num_kv_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(get("rope.freq_base", 10000.0)), max_position_embeddings=int(get("context_length", 8192)),
+        tie_word_embeddings=True, attention_bias=False, qk_norm=family == "gemma3", rope_scaling=scaling,
+        layer_windows=windows, hidden_act="gelu_tanh", attention_scale=(hidden / heads if big else head_dim) ** -0.5,
+        local_rope_theta=float(meta.get(f"{arch}.rope.freq_base_swa") or 10_000.0) if family == "gemma3" else 0.0,
+        attn_softcap=float(meta.get(f"{arch}.attn_logit_softcapping") or 0.0),
+        final_softcap=float(meta.get(f"{arch}.final_logit_softcapping") or 0.0))
 
 
 def _field_value(field: Any) -> Any:

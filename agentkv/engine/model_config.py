@@ -138,7 +138,8 @@ class ModelConfig:
         """A config.json that `from_hf` reads back (used by the GGUF conversion cache)."""
         arch = {"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
                 "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                "mixtral": "MixtralForCausalLM", "gemma3": "Gemma3ForCausalLM"}[self.family]
+                "mixtral": "MixtralForCausalLM", "gemma3": "Gemma3ForCausalLM",
+                "gemma2": "Gemma2ForCausalLM"}[self.family]
         out: dict[str, Any] = {
             "architectures": [arch],
             "model_type": self.family,
@@ -164,6 +165,12 @@ class ModelConfig:
             out["sliding_window"] = max(self.layer_windows)
             out["layer_types"] = ["sliding_attention" if w else "full_attention" for w in self.layer_windows]
             out["use_sliding_window"] = True  # (Qwen reads the window only with it)
+        if self.family in ("gemma2", "gemma3"):
+            out.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=self.attention_scale ** -2,
+                       attn_logit_softcapping=self.attn_softcap or None,
+                       final_logit_softcapping=self.final_softcap or None)
+            if self.family == "gemma3":
+                out.update(rope_local_base_freq=self.local_rope_theta)
         if self.num_experts:
             out.update({"num_local_experts" if self.family == "mixtral" else "num_experts": self.num_experts,
                         "num_experts_per_tok": self.experts_per_token, "norm_topk_prob": self.norm_topk_prob,

@@ -174,7 +174,7 @@ def tokenizer_files_from_gguf(meta: dict[str, Any], gguf_path: Path, out: Path) 
     else:
         raise ModelLoadError(
             f"{gguf_path.name}: tokenizer model {kind!r} is not supported; agentkv reads byte-level BPE ('gpt2': "
-            "Llama 3, Qwen, SmolLM) and SentencePiece ('llama': Llama 2, Mistral v0.1, Phi-3) GGUF tokenizers. "
+            "Llama 3, Qwen, SmolLM) and SentencePiece ('llama': Llama 2, Mistral v0.1, Phi-3, Gemma) GGUF tokenizers. "
             "Use the model's HF directory instead."
         )
     types = list(meta.get("tokenizer.ggml.token_type") or [])
@@ -199,6 +199,11 @@ def tokenizer_files_from_gguf(meta: dict[str, Any], gguf_path: Path, out: Path) 
         "chat_template": meta.get("tokenizer.chat_template"),
     }
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1, ensure_ascii=False))
+    # a turn also ends at the end-of-turn / end-of-message tokens the GGUF names (Gemma's <end_of_turn>)
+    ends = [int(meta[f"tokenizer.ggml.{k}_token_id"]) for k in ("eos", "eot", "eom")
+            if meta.get(f"tokenizer.ggml.{k}_token_id") is not None]
+    if ends:
+        (out / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(set(ends))}))
 
 
 def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], gguf_path: Path):

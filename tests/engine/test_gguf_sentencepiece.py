@@ -26,13 +26,13 @@ CORPUS = ["The agent read the record and kept its summary.", "Numbers 12345 and 
 TEMPLATE = "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
 
 
-def _sentencepiece(vocab_size: int = 320):
+def _sentencepiece(vocab_size: int = 320, prefix: bool = True):
     """A SentencePiece BPE model trained as Llama's was (identity normalization, a dummy prefix,
-    byte fallback, digits split)."""
+    byte fallback, digits split); `prefix=False`: without the dummy prefix, as Gemma's."""
     out = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(CORPUS), model_writer=out, model_type="bpe", vocab_size=vocab_size,
-        byte_fallback=True, normalization_rule_name="identity", add_dummy_prefix=True, remove_extra_whitespaces=False,
+        byte_fallback=True, normalization_rule_name="identity", add_dummy_prefix=prefix, remove_extra_whitespaces=False,
         split_digits=True, allow_whitespace_only_pieces=True, character_coverage=1.0, hard_vocab_limit=False,
         minloglevel=2)
     return spm.SentencePieceProcessor(model_proto=out.getvalue())
@@ -43,9 +43,9 @@ def _token_type(sp, i: int) -> int:
     return 2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1
 
 
-def write_spm_gguf(tmp_path, sp):
+def write_spm_gguf(tmp_path, sp, prefix: bool = True):
     """A tiny random llama GGUF whose vocabulary is `sp`'s, written as llama.cpp's converter writes
-    a SentencePiece tokenizer."""
+    a SentencePiece tokenizer (`prefix`: its add_space_prefix)."""
     from safetensors.numpy import load_file
 
     src = make_tiny_model(tmp_path / "src", "llama")
@@ -71,6 +71,7 @@ def write_spm_gguf(tmp_path, sp):
     w.add_bos_token_id(sp.bos_id())
     w.add_eos_token_id(sp.eos_id())
     w.add_add_bos_token(True)
+    w.add_add_space_prefix(prefix)
     w.add_chat_template(TEMPLATE)
     names = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
     layer_names = {v: k for k, v in gguf_convert._LAYER_NAMES.items()}
@@ -150,3 +151,14 @@ def test_generation_under_a_grammar_on_a_sentencepiece_vocabulary(spm_engine):
               "required": ["city", "n"], "additionalProperties": False}
     out = engine.generate("The agent", json_schema=schema, max_tokens=120, temperature=1.0, seed=3)
     jsonschema.validate(json.loads(out.text), schema)
+
+
+def test_without_the_space_prefix(tmp_path, monkeypatch):
+    """Gemma's GGUF says add_space_prefix = false: no `▁` before the text, as its SentencePiece model."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    sp = _sentencepiece(prefix=False)
+    with ak.Engine(str(write_spm_gguf(tmp_path, sp, prefix=False)), num_slots=512) as engine:
+        for text in TEXTS:
+            ids = engine.tokenizer.encode(text, add_bos=False)
+            assert ids == sp.encode(text), text
+            assert engine.tokenizer.decode(ids) == text
