@@ -406,6 +406,124 @@ MISTRAL_V11_SPECIALS = ("<s>", "<unk>", "</s>", "[INST]", "[/INST]", "[TOOL_CALL
                         "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
                         "[THINK]", "[/THINK]")
 
+# GLM-4.5's: <tool_call>name, then <arg_key>/<arg_value> pairs; results in an <|observation|> turn
+GLM45 = r"""[gMASK]<sop>
+{%- if tools -%}
+<|system|>
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{% for tool in tools %}
+{{ tool | tojson }}
+{% endfor %}
+</tools>
+
+For each function call, output the function name and arguments within the following XML format:
+<tool_call>{function-name}
+<arg_key>{arg-key-1}</arg_key>
+<arg_value>{arg-value-1}</arg_value>
+<arg_key>{arg-key-2}</arg_key>
+<arg_value>{arg-value-2}</arg_value>
+...
+</tool_call>{%- endif -%}
+{%- macro visible_text(content) -%}
+    {%- if content is string -%}
+        {{- content }}
+    {%- elif content is iterable and content is not mapping -%}
+        {%- for item in content -%}
+            {%- if item is mapping and item.type == 'text' -%}
+                {{- item.text }}
+            {%- elif item is string -%}
+                {{- item }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{- content }}
+    {%- endif -%}
+{%- endmacro -%}
+{%- set ns = namespace(last_user_index=-1) %}
+{%- for m in messages %}
+    {%- if m.role == 'user' %}
+        {% set ns.last_user_index = loop.index0 -%}
+    {%- endif %}
+{%- endfor %}
+{% for m in messages %}
+{%- if m.role == 'user' -%}<|user|>
+{%- set user_content = visible_text(m.content) -%}
+{{ user_content }}
+{%- if enable_thinking is defined and not enable_thinking -%}
+{%- if not user_content.endswith("/nothink") -%}
+{{- '/nothink' -}}
+{%- endif -%}
+{%- endif -%}
+{%- elif m.role == 'assistant' -%}
+<|assistant|>
+{%- set reasoning_content = '' %}
+{%- set content = visible_text(m.content) %}
+{%- if m.reasoning_content is string %}
+    {%- set reasoning_content = m.reasoning_content %}
+{%- else %}
+    {%- if '</think>' in content %}
+        {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+        {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+    {%- endif %}
+{%- endif %}
+{%- if loop.index0 > ns.last_user_index and reasoning_content -%}
+{{ '\n<think>' + reasoning_content.strip() +  '</think>'}}
+{%- else -%}
+{{ '\n<think></think>' }}
+{%- endif -%}
+{%- if content.strip() -%}
+{{ '\n' + content.strip() }}
+{%- endif -%}
+{% if m.tool_calls %}
+{% for tc in m.tool_calls %}
+{%- if tc.function %}
+    {%- set tc = tc.function %}
+{%- endif %}
+{{ '\n<tool_call>' + tc.name }}
+{% set _args = tc.arguments %}
+{% for k, v in _args.items() %}
+<arg_key>{{ k }}</arg_key>
+<arg_value>{{ v | tojson if v is not string else v }}</arg_value>
+{% endfor %}
+</tool_call>{% endfor %}
+{% endif %}
+{%- elif m.role == 'tool' -%}
+{%- if m.content is string -%}
+{%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+    {{- '<|observation|>' }}
+{%- endif %}
+{{- '\n<tool_response>\n' }}
+{{- m.content }}
+{{- '\n</tool_response>' }}
+{%- else -%}
+<|observation|>{% for tr in m.content %}
+
+<tool_response>
+{{ tr.output if tr.output is defined else tr }}
+</tool_response>{% endfor -%}
+{% endif -%}
+{%- elif m.role == 'system' -%}
+<|system|>
+{{ visible_text(m.content) }}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    <|assistant|>{{- '\n<think></think>' if (enable_thinking is defined and not enable_thinking) else '' -}}
+{%- endif -%}"""
+# served with thinking off (its reply starts after a closed empty block: the tests' random model
+# would otherwise open a block it never closes)
+GLM45_NOTHINK = GLM45.replace(r"'\n<think></think>' if (enable_thinking is defined and not enable_thinking) else ''",
+                              r"'\n<think></think>'")
+assert GLM45_NOTHINK != GLM45
+GLM_SPECIALS = ("<|endoftext|>", "[gMASK]", "<|user|>", "<sop>", "<|system|>", "<|assistant|>", "<|observation|>")
+GLM_ADDED = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+             "</arg_value>", "<tool_response>", "</tool_response>")
+
 # DeepSeek-R1's templates open the block in the generation prompt: the reply starts inside it
 R1_OPENED = QWEN3.replace("{{- '<|im_start|>assistant\\n' }}\n{%- if enable_thinking",
                           "{{- '<|im_start|>assistant\\n<think>\\n' }}\n{%- if enable_thinking")
@@ -431,6 +549,7 @@ FAMILIES = {
                         ("<think>", "</think>", "<tool_call>", "</tool_call>")),
     "qwen2.5": ChatFamily(QWEN25, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
                           ("<tool_call>", "</tool_call>")),
+    "glm45": ChatFamily(GLM45_NOTHINK, GLM_SPECIALS, None, "<|user|>", GLM_ADDED),
     "magistral": ChatFamily(MAGISTRAL, MISTRAL_V11_SPECIALS, "<s>", "</s>"),
     "mistral_v11": ChatFamily(MISTRAL_V11, MISTRAL_V11_SPECIALS, "<s>", "</s>"),
     "qwen3_coder": ChatFamily(QWEN3_CODER, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",

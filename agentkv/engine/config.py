@@ -97,7 +97,7 @@ class EngineConfig:
     kv_dtype: str | None = None
     tensor_parallel: int = 1  # ranks that each hold 1/N of every layer (worker processes; gloo on CPU, NCCL on CUDA)
     # the tool-call format (agentkv/chat/formats: "hermes", "llama3_json", "mistral", "mistral_args", "pythonic",
-    # "qwen3_xml"); None: detected from the chat template and special tokens
+    # "qwen3_xml", "glm"); None: detected from the chat template and special tokens
     tool_format: str | None = None
 
     def __post_init__(self) -> None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from agentkv.chat.calls import FunctionSpec, ToolCall
 from agentkv.chat.formats import (
     FORMATS,
+    Glm,
     Hermes,
     Llama3Json,
     Mistral,
@@ -31,7 +32,7 @@ ADD = FunctionSpec("add", {"type": "object", "properties": {
 WEATHER = FunctionSpec("get_weather", {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]})
 TOOLS = [ADD, WEATHER]
-ALL = [Hermes(), Llama3Json(), Mistral(), MistralArgs(), Pythonic(), QwenXml().bind(TOOLS)]
+ALL = [Hermes(), Llama3Json(), Mistral(), MistralArgs(), Pythonic(), QwenXml().bind(TOOLS), Glm().bind(TOOLS)]
 GOOD_CALLS = [[ToolCall("add", {"a": 1})], [ToolCall("add", {"a": 9, "ok": True, "note": None})],
               [ToolCall("add", {"a": 0, "note": "x]\")<"})],
               [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("add", {"a": 2, "ok": False})]]
@@ -156,7 +157,8 @@ def test_mistral_ids_and_structured_history():
 @pytest.mark.parametrize("family,expected", [("qwen3", Hermes), ("qwen2.5", Hermes), ("r1", Hermes),
                                              ("llama3", Llama3Json), ("mistral", Mistral), ("pythonic", Pythonic),
                                              ("qwen3_xml", QwenXml), ("qwen3_coder", QwenXml),
-                                             ("magistral", MistralArgs), ("mistral_v11", MistralArgs)])
+                                             ("magistral", MistralArgs), ("mistral_v11", MistralArgs),
+                                             ("glm45", Glm)])
 def test_detection_from_the_families_templates(family, expected):
     fam = FAMILIES[family]
     assert detect(fam.template, fam.specials) is expected
@@ -178,7 +180,7 @@ def test_detection_without_a_tool_template_and_by_name():
     assert "func_name1(" in tool_format_for(Tok(), "pythonic").system_message("", [ADD.definition])["content"]
     with pytest.raises(RequestError, match="hermes"):
         tool_format_for(Tok(), "qwen")
-    assert sorted(FORMATS) == ["hermes", "llama3_json", "mistral", "mistral_args", "pythonic", "qwen3_xml"]
+    assert sorted(FORMATS) == ["glm", "hermes", "llama3_json", "mistral", "mistral_args", "pythonic", "qwen3_xml"]
 
 
 def test_definitions_are_offered_only_where_the_template_does_not_render_them():
