@@ -329,33 +329,15 @@ QWEN35_XML = r"""{%- if tools and tools is iterable and tools is not mapping %}
 {%- endif %}"""
 
 # Qwen3-Coder's: the same calls, no reasoning (its replies start with the answer)
-QWEN3_CODER = QWEN35_XML
-for _old, _new in [
-        (r"""        {%- set reasoning_content = '' %}
-        {%- if message.reasoning_content is string %}
-            {%- set reasoning_content = message.reasoning_content %}
-        {%- else %}
-            {%- if '</think>' in content %}
-                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
-                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
-            {%- endif %}
-        {%- endif %}
-        {%- set reasoning_content = reasoning_content|trim %}
-        {%- if loop.index0 > ns.last_query_index %}
-            {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content + '\n</think>\n\n' + content }}
-        {%- else %}
-            {{- '<|im_start|>' + message.role + '\n' + content }}
-        {%- endif %}
-""", r"""        {{- '<|im_start|>' + message.role + '\n' + content }}
-"""),
-        (r"""    {%- if enable_thinking is defined and enable_thinking is false %}
-        {{- '<think>\n\n</think>\n\n' }}
-    {%- else %}
-        {{- '<think>\n' }}
-    {%- endif %}
-""", "")]:
-    assert _old in QWEN3_CODER, _old
-    QWEN3_CODER = QWEN3_CODER.replace(_old, _new)
+def _cut(text: str, start: str, end: str, new: str = "") -> str:
+    """`text` with its part from `start` up to `end` (not included) replaced by `new`."""
+    i = text.index(start)
+    return text[:i] + new + text[text.index(end, i):]
+
+
+QWEN3_CODER = _cut(_cut(QWEN35_XML, "        {%- set reasoning_content = ''", "        {%- if message.tool_calls and",
+                        "        {{- '<|im_start|>' + message.role + '\\n' + content }}\n"),  # no reasoning kept
+                   "    {%- if enable_thinking is defined", "\n{%- endif %}")  # nor opened
 assert "think>" not in QWEN3_CODER
 
 # Magistral Small 2509's (Mistral's v11+ tokenizers): [TOOL_CALLS]name[ARGS]{...} per call, reasoning in

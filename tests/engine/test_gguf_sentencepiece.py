@@ -13,6 +13,7 @@ import pytest
 
 import agentkv as ak
 from agentkv.engine import gguf_convert
+from tests.engine.test_loading import gguf_writer
 from tests.tiny import make_tiny_model
 
 gguf = pytest.importorskip("gguf")
@@ -54,15 +55,7 @@ def write_spm_gguf(tmp_path, sp, prefix: bool = True):
     n = sp.get_piece_size()
     hf["model.embed_tokens.weight"] = np.random.default_rng(0).normal(0, 0.5, (n, cfg["hidden_size"]))
     path = tmp_path / "spm.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w = gguf_writer(path, "llama", cfg, byte_tokenizer=False)
     w.add_tokenizer_model("llama")
     w.add_token_list([sp.id_to_piece(i) for i in range(n)])
     w.add_token_scores([sp.get_score(i) for i in range(n)])

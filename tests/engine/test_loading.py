@@ -21,9 +21,9 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_writer(out_path, arch: str, cfg: dict):
+def gguf_writer(out_path, arch: str, cfg: dict, byte_tokenizer: bool = True):
     """A GGUFWriter for `arch` with the tiny checkpoint's hyperparameters (`cfg`, its config.json)
-    and the byte tokenizer's vocabulary, as llama.cpp's converter writes them."""
+    and (`byte_tokenizer`) the byte tokenizer's vocabulary, as llama.cpp's converter writes them."""
     from tokenizers.pre_tokenizers import ByteLevel
 
     w = gguf.GGUFWriter(str(out_path), arch)
@@ -35,6 +35,8 @@ def gguf_writer(out_path, arch: str, cfg: dict):
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if not byte_tokenizer:
+        return w
     tokens = list(SPECIALS) + sorted(ByteLevel.alphabet())
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
