@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from agentkv.chat import messages as chat_messages
 from agentkv.chat.carry import TokenCarry
-from agentkv.errors import AgentKVError, RequestError
+from agentkv.errors import AgentKVError, EngineError, RequestError
 from agentkv.server.protocol import template_kwargs
 
 PROBES = ("x", "y")  # two contents of the message that follows: its text starts where they part
@@ -63,7 +63,7 @@ def warm_next_turn(plan, back: dict, completion, replies: TokenCarry | None) -> 
     ids = replies.encode(start)
     try:
         plan.engine.prefill(ids, wait=False)
-    except RequestError:  # no radix cache, or over the context or the pool: nothing to warm
+    except (RequestError, EngineError):  # no radix cache, over the context or the pool, closing: nothing to warm
         return None
     replies.remember(start, ids)
     return ids
