@@ -73,6 +73,8 @@ def test_lark_table(grammar, good, bad):
     ('start: X\nX: y\ny: "a"', 2, "terminal X uses the rule 'y'"),
     ('start: X\nX: "a" %json {}', 2, "%json cannot appear inside a terminal"),
     ('start: X\n%declare X', 1, "terminal 'X' is declared but never defined"),
+    # found by mutating grammars: a lowercase %declare is a rule with no definition (an AttributeError before)
+    ('start: x\n%declare x', 1, "rule 'x' is declared but never defined"),
     ('start: X\n%import common.NOPE', 2, "Lark's common grammar has no NOPE"),
     ('start: "a"\n%ignore B', 2, "terminal 'B' is not defined"),
     ('start: _t{"a"}\n_t{x, y}: x y', None, "Wrong number of template arguments"),

@@ -104,6 +104,9 @@ class _Grammar:
             if params:
                 self.templates[name] = (params, tree)
         for name, params, tree, _ in grammar.rule_defs:
+            if tree is None:  # (`%declare` of a lowercase name: a rule nothing defines)
+                raise self.error(self.src.definition(name), f"rule '{name}' is declared but never defined: "
+                                                            "give it a definition")
             if not params:
                 self.rules[name] = self.convert(tree, {})
         for name, (tree, _) in grammar.term_defs:
