@@ -146,6 +146,9 @@ def serve(
         help="keep evicted and pinned KV in this folder and read it back instead of recomputing, also after "
              "a restart")] = None,
     kv_disk_size: Annotated[str, typer.Option(help="the most the --kv-dir tier holds, e.g. 20GB or 512MiB")] = "10GiB",
+    kv_dtype: Annotated[str | None, typer.Option(
+        help="the KV pool's dtype: float32, bfloat16 or float16 (default: the model's); bfloat16 on the CPU "
+             "halves the pool and what decode's attention reads")] = None,
 ) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /v1/pins, /health,
     /metrics) on one engine, or on --replicas engines behind a cache-aware router (Ray Serve)."""
@@ -157,7 +160,8 @@ def serve(
 
     name = served_model_name or (Path(model).stem if model else "SmolLM2-135M-Instruct")
     options = _options(device, dtype, tensor_parallel, context_length, num_slots, memory_fraction=memory_fraction,
-                       speculative=speculative, **({"tool_format": tool_format} if tool_format else {}))
+                       speculative=speculative, kv_dtype=kv_dtype,
+                       **({"tool_format": tool_format} if tool_format else {}))
     if replicas < 1:
         raise _fail(f"--replicas must be at least 1, got {replicas}")
     if kv_dir is not None:

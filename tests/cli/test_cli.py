@@ -97,6 +97,8 @@ def test_serve_takes_a_disk_tier(monkeypatch, tmp_path):
     assert bad.exit_code == 1 and "--kv-disk-size 'lots' is not a size" in bad.output
     replicas = CliRunner().invoke(app, ["serve", "--kv-dir", str(tmp_path), "--replicas", "2"])
     assert replicas.exit_code == 1 and "--kv-dir serves one engine" in replicas.output
+    CliRunner().invoke(app, ["serve", "--kv-dtype", "bfloat16"])
+    assert RecordingEngine.made[-1]["kv_dtype"] == "bfloat16"
 
 
 def test_auto_device_and_dtype(monkeypatch):
