@@ -1,7 +1,7 @@
 """What every tool-call format shares: how tools are offered, the shape of a step's grammar, and the
 text rules around the calls. Each family's module (hermes.py, llama3.py, mistral.py, mistral_args.py,
-pythonic.py, qwen_xml.py, glm.py) says only what is its own: the call syntax as grammar rules, its parse, and how calls
-and results are written back into the conversation.
+pythonic.py, qwen_xml.py, glm.py) says only what is its own: the call syntax as grammar rules, its
+parse, and how calls and results are written back into the conversation.
 
 A step's grammar is one of: free text; the output (JSON under a schema); calls; or text or output
 *or* calls (tool_choice "auto"). Free text may not start a tool tag (`<tool`, `</tool`), nor write
