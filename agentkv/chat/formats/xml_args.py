@@ -43,7 +43,7 @@ class XmlArgs(ToolFormat):
     @property
     def _end_word(self) -> str:
         """What a raw value may not contain: the tag that ends it (less the newline after it)."""
-        return self.VALUE_END.rstrip("\n") if self.VALUE_END.rstrip("\n") else self.VALUE_END
+        return self.VALUE_END.rstrip("\n")
 
     # ---- grammar ------------------------------------------------------------------------------------
 
