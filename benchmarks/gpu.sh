@@ -32,8 +32,8 @@ step() {  # name, seconds, command...
     echo "- $name: rc=$rc, $((SECONDS - t0)) s (log: $name.log)" >> "$summary"
 }
 
-step kernel-tests 150 $PY -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_attention.py \
-    tests/test_flashinfer_backend.py tests/test_gpu_engine.py
+step kernel-tests 150 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/kernels/test_attention.py \
+    tests/kernels/test_flashinfer_backend.py tests/engine/test_gpu_engine.py
 tail -3 "$OUT/kernel-tests.log" >> "$summary"
 step kernels 120 $PY benchmarks/gpu_kernels.py --out "$OUT/kernels.md"
 step engine 210 $PY benchmarks/gpu_engine.py --out "$OUT/engine.md"
