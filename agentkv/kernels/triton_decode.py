@@ -32,7 +32,7 @@ def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, 
     s = tl.program_id(2)
     kvh = h // GROUP
     row = tl.load(req_rows + b)
-    seq_len = tl.load(seq_lens + b)
+    seq_len = tl.load(seq_lens + b).to(tl.int32)  # (int32 like the split bounds: Triton's if-blocks keep types)
     start = s * split_len
     end = tl.minimum(start + split_len, seq_len)
     if window > 0:  # a sliding window: the last `window` keys only (splits before them stay empty)

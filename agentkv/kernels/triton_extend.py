@@ -32,11 +32,11 @@ def _extend_kernel(q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, e
     h = tl.program_id(1)
     mblock = tl.program_id(2)
     kvh = h // GROUP
-    ext = tl.load(ext_lens + r)
+    ext = tl.load(ext_lens + r).to(tl.int32)  # (int32 like `first`: Triton's if-blocks keep types)
     if mblock * BLOCK_M >= ext:
         return
     row = tl.load(req_rows + r)
-    seq_len = tl.load(seq_lens + r)
+    seq_len = tl.load(seq_lens + r).to(tl.int32)
     tok0 = tl.load(ext_starts + r)
     prefix = seq_len - ext
     offs_m = mblock * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -18,8 +18,8 @@ def reference(q, k_all, v_all, scale, prefix_len):
     v = v_all.repeat_interleave(g, dim=1).transpose(0, 1)
     scores = torch.einsum("thd,hsd->hts", q, k) * scale
     S = k_all.shape[0]
-    pos = torch.arange(prefix_len, prefix_len + ext)[:, None]
-    scores = scores.masked_fill(torch.arange(S)[None, :] > pos, float("-inf"))
+    pos = torch.arange(prefix_len, prefix_len + ext, device=q.device)[:, None]
+    scores = scores.masked_fill(torch.arange(S, device=q.device)[None, :] > pos, float("-inf"))
     return torch.einsum("hts,hsd->thd", scores.softmax(-1), v)
 
 

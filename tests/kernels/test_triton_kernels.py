@@ -1,7 +1,8 @@
 """Triton kernels against the torch reference, in interpreter mode on CPU (TRITON_INTERPRET=1, set in
-conftest.py before triton is imported). Fresh random inputs: ragged lengths, prefix hits, several GQA
-ratios, fp32 and bf16, a head size that is not a power of two; outputs are poisoned (NaN) before each
-run so an element a kernel never writes fails the comparison.
+conftest.py before triton is imported), or compiled on a GPU (inputs drawn on the CPU, then moved).
+Fresh random inputs: ragged lengths, prefix hits, several GQA ratios, fp32 and bf16, a head size that
+is not a power of two; outputs are poisoned (NaN) before each run so an element a kernel never writes
+fails the comparison.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from agentkv.kernels.triton_small import apply_token_bitmask_inplace, store_kv  
 from tests.kernels.test_attention import reference  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
+DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # where the kernels run
 
 
 def tol(dtype):
@@ -43,21 +45,21 @@ def random_batch(g, lens, kv_heads, D, dtype, num_slots=600, max_ctx=256):
     for i, n in enumerate(lens):
         slots = (shared[:min(n, 20)] if i < 2 else []) + [free.pop() for _ in range(n - (min(n, 20) if i < 2 else 0))]
         table[i + 1, :n] = torch.tensor(slots)  # row 0 left unused: rows need not start at 0
-    return k_cache, v_cache, table, torch.arange(1, len(lens) + 1)
+    return k_cache.to(DEV), v_cache.to(DEV), table.to(DEV), torch.arange(1, len(lens) + 1, device=DEV)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_store_kv_writes_exactly_the_new_slots(dtype):
     g = torch.Generator().manual_seed(1)
     T, kvh, D = 7, 3, 20
-    fused = torch.randn(T, 2 * kvh + 1, D, generator=g).to(dtype)  # the model runs in the cache dtype
+    fused = torch.randn(T, 2 * kvh + 1, D, generator=g).to(DEV, dtype)  # the model runs in the cache dtype
     k, v = fused[:, :kvh], fused[:, kvh:2 * kvh]  # views with a row stride wider than the row
-    k_cache = torch.full((50, kvh, D), float("nan"), dtype=dtype)
+    k_cache = torch.full((50, kvh, D), float("nan"), dtype=dtype, device=DEV)
     v_cache = k_cache.clone()
-    loc = torch.randperm(49, generator=g)[:T] + 1
+    loc = (torch.randperm(49, generator=g)[:T] + 1).to(DEV)
     store_kv(k, v, k_cache, v_cache, loc)
     assert torch.equal(k_cache[loc], k.to(dtype)) and torch.equal(v_cache[loc], v.to(dtype))
-    others = torch.ones(50, dtype=torch.bool)
+    others = torch.ones(50, dtype=torch.bool, device=DEV)
     others[loc] = False
     assert k_cache[others].isnan().all() and v_cache[others].isnan().all()
 
@@ -66,8 +68,8 @@ def test_triton_store_kv_writes_exactly_the_new_slots(dtype):
 def test_triton_bitmask_apply_matches_reference(dtype):
     g = torch.Generator().manual_seed(2)
     B, V = 3, 1000  # not a multiple of 32: the last word is partly outside the vocabulary
-    logits = torch.randn(B, V, generator=g).to(dtype)
-    bitmask = torch.randint(-2**31, 2**31 - 1, (B, (V + 31) // 32), generator=g, dtype=torch.int64).to(torch.int32)
+    logits = torch.randn(B, V, generator=g).to(DEV, dtype)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (B, (V + 31) // 32), generator=g, dtype=torch.int64).to(DEV, torch.int32)
     bitmask[2] = 0  # a row that allows nothing
     expected, alive = apply_token_bitmask(logits, bitmask)
     out = logits.clone()
@@ -83,9 +85,9 @@ def test_triton_decode_matches_reference(dtype, heads, kv_heads):
     D = 24
     lens = [45, 3, 70, 17]  # split_len 16: several splits each, and empty splits for the short ones
     k_cache, v_cache, table, rows = random_batch(g, lens, kv_heads, D, dtype)
-    q = torch.randn(len(lens), heads, D, generator=g).to(dtype)
+    q = torch.randn(len(lens), heads, D, generator=g).to(DEV, dtype)
     out = torch.full_like(q, float("nan"))
-    decode_attention(q, k_cache, v_cache, table, rows, torch.tensor(lens), max(lens), D**-0.5, out=out,
+    decode_attention(q, k_cache, v_cache, table, rows, torch.tensor(lens, device=DEV), max(lens), D**-0.5, out=out,
                      split_len=16, block_n=8)
     for i, n in enumerate(lens):
         slots = table[rows[i], :n]
@@ -101,10 +103,11 @@ def test_triton_extend_matches_reference(dtype, heads, kv_heads):
     lens, exts = [60, 41, 9], [40, 17, 9]  # a prefix hit, a shorter one, and no prefix at all
     k_cache, v_cache, table, rows = random_batch(g, lens, kv_heads, D, dtype)
     T = sum(exts)
-    q = torch.randn(T, heads, D, generator=g).to(dtype)
+    q = torch.randn(T, heads, D, generator=g).to(DEV, dtype)
     out = torch.full_like(q, float("nan"))
-    starts = torch.tensor([0, exts[0], exts[0] + exts[1]])
-    extend_attention(q, k_cache, v_cache, out, table, rows, torch.tensor(lens), torch.tensor(exts), starts,
+    starts = torch.tensor([0, exts[0], exts[0] + exts[1]], device=DEV)
+    extend_attention(q, k_cache, v_cache, out, table, rows, torch.tensor(lens, device=DEV),
+                     torch.tensor(exts, device=DEV), starts,
                      max(exts), D**-0.5, block_m=16, block_n=16)
     for i, (n, e) in enumerate(zip(lens, exts)):
         slots = table[rows[i], :n]
@@ -122,9 +125,9 @@ def test_triton_backend_matches_torch_backend_on_a_mixed_batch(dtype):
     k_cache, v_cache, table, rows = random_batch(g, lens, kv_heads, D, dtype)
     out_loc = torch.cat([table[rows[i], n - e:n] for i, (n, e) in enumerate(zip(lens, exts))])
     T = sum(exts)
-    q = torch.randn(T, heads, D, generator=g).to(dtype)
-    k_new = torch.randn(T, kv_heads, D, generator=g).to(dtype)
-    v_new = torch.randn(T, kv_heads, D, generator=g).to(dtype)
+    q = torch.randn(T, heads, D, generator=g).to(DEV, dtype)
+    k_new = torch.randn(T, kv_heads, D, generator=g).to(DEV, dtype)
+    v_new = torch.randn(T, kv_heads, D, generator=g).to(DEV, dtype)
     meta = AttentionMetadata(table, rows, lens, exts, 3, out_loc)
     results = []
     for name in ("torch", "triton"):
