@@ -223,9 +223,7 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool, rope_factors: dic
         )
     window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
     layers = int(get("block_count"))
-    if family in ("gemma2", "gemma3"):
-        return _gemma_config(meta, arch, family, vocab, hidden, heads, head_dim, layers, window, scaling, get)
-    return ModelConfig(
+    fields = dict(
         family=family,
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -245,22 +243,22 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool, rope_factors: dic
         layer_windows=(window,) * layers if window and family in ("phi3", "mixtral") else (),
         **moe,
     )
+    if family in ("gemma2", "gemma3"):
+        fields.update(_gemma_fields(meta, arch, family, hidden, heads, head_dim, layers, window))
+    return ModelConfig(**fields)
 
 
-def _gemma_config(meta, arch, family, vocab, hidden, heads, head_dim, layers, window, scaling, get) -> ModelConfig:
+def _gemma_fields(meta, arch, family, hidden, heads, head_dim, layers, window) -> dict[str, Any]:
     """Gemma 2 / 3 as llama.cpp reads their GGUF files: what their configs say and a GGUF does not is
     fixed there by family and size (every 2nd / 6th layer global, the windowed layers' rope base
     10,000, the attention scale from the head size but for the 27B models, whose is hidden / heads)."""
     big = layers == (46 if family == "gemma2" else 62)  # (llama.cpp's LLM_TYPE_27B)
     pattern = 2 if family == "gemma2" else 6
-    windows = tuple(window if (i + 1) % pattern else 0 for i in range(layers)) if window else ()
-    return ModelConfig(
-        family=family, vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
-        num_layers=layers, num_heads=heads, num_kv_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim,
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(get("rope.freq_base", 10000.0)), max_position_embeddings=int(get("context_length", 8192)),
-        tie_word_embeddings=True, attention_bias=False, qk_norm=family == "gemma3", rope_scaling=scaling,
-        layer_windows=windows, hidden_act="gelu_tanh", attention_scale=(hidden / heads if big else head_dim) ** -0.5,
+    return dict(
+        max_position_embeddings=int(meta.get(f"{arch}.context_length") or 8192), tie_word_embeddings=True,
+        qk_norm=family == "gemma3", hidden_act="gelu_tanh",
+        attention_scale=(hidden / heads if big else head_dim) ** -0.5,
+        layer_windows=tuple(window if (i + 1) % pattern else 0 for i in range(layers)) if window else (),
         local_rope_theta=float(meta.get(f"{arch}.rope.freq_base_swa") or 10_000.0) if family == "gemma3" else 0.0,
         attn_softcap=float(meta.get(f"{arch}.attn_logit_softcapping") or 0.0),
         final_softcap=float(meta.get(f"{arch}.final_logit_softcapping") or 0.0))

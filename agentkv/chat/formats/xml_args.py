@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from agentkv.chat.calls import CallProgress, ToolCall, text_without
 from agentkv.chat.formats.base import ToolFormat, arguments_schema, json_rule, lark_literal
+from agentkv.chat.formats.json_calls import compact
 from agentkv.errors import RequestError
 
 PYTHON = {"True": True, "False": False, "None": None}  # a template's `| string` of these
@@ -104,7 +105,7 @@ class XmlArgs(ToolFormat):
         out, i = [], start
         while (got := self._call(text, i)) is not None:
             name, args, done, end = got
-            body = ",".join(f"{_compact(k)}:{_compact(v)}" for k, v in args.items())
+            body = ",".join(f"{compact(k)}:{compact(v)}" for k, v in args.items())
             out.append(CallProgress(name, "{" + body + ("}" if done else ""), done))
             if not done:
                 break
@@ -160,9 +161,9 @@ class XmlArgs(ToolFormat):
         scalars as the template writes them."""
         sub = ((dict(self.schemas).get(tool) or {}).get("properties") or {}).get(param) or {}
         if isinstance(value, str):
-            return value if self._raw(sub) or not _is_string(sub) else _compact(value)
+            return value if self._raw(sub) or not _is_string(sub) else compact(value)
         if isinstance(value, (dict, list)) or not self.python_literals:
-            return _compact(value)
+            return compact(value)
         return str(value)
 
     def assistant_message(self, content: str, calls: list[ToolCall], text: str | None = None) -> dict:
@@ -177,7 +178,3 @@ def _is_string(schema: dict) -> bool:
     kind = schema.get("type")
     return kind == "string" or isinstance(kind, list) and "string" in kind or (
         "enum" in schema and all(isinstance(v, str) for v in schema["enum"])) or isinstance(schema.get("const"), str)
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
