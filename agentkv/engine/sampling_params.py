@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from agentkv.errors import RequestError
+from agentkv.grammar.composed import ComposedGrammar
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class SamplingParams:
     # Structured output: at most one of these. The output then always matches it (see docs/structured.md).
     json_schema: Any = field(default=None, hash=False)  # a dict, JSON text, a Pydantic model or a Python type
     regex: str | None = None  # the whole output matches this pattern
-    grammar: str | None = None  # a Lark grammar (llguidance dialect)
+    grammar: str | ComposedGrammar | None = None  # a Lark grammar (llguidance dialect)
     jump_forward: bool = True  # append the tokens a grammar forces without a forward pass
     # A dict schema's objects take no keys beyond those declared where it leaves additionalProperties
     # unset (as xgrammar's strict mode; a small model otherwise invents keys). False: as the spec says.
@@ -99,9 +100,10 @@ class SamplingParams:
             raise bad("seed", "it must be an integer or None")
         if sum(x is not None for x in (self.json_schema, self.regex, self.grammar)) > 1:
             raise RequestError("give at most one of SamplingParams.json_schema, regex and grammar")
-        for name in ("regex", "grammar"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise bad(name, "it must be a string")
+        if self.regex is not None and not isinstance(self.regex, str):
+            raise bad("regex", "it must be a string")
+        if self.grammar is not None and not isinstance(self.grammar, (str, ComposedGrammar)):
+            raise bad("grammar", "it must be Lark grammar text (or a ComposedGrammar)")
 
     @property
     def structured(self) -> bool:

@@ -50,13 +50,17 @@ class CompiledGrammar:
         # an output worth validating against the schema.
         self.relaxed = relaxed
         a = automaton
-        # A state needs a fork in the token walk when it can call a rule or return from one.
-        self.fork_states = a.accept.copy()
-        self.fork_states[list(a.calls)] = True
-        # A return state with nothing after it: a call from there replaces the frame (tail call), so
-        # right-recursive chains (object member tails, Lark lists) do not deepen the stack.
-        self.tail_states = a.accept & ~a.has_bytes
-        self.tail_states[list(a.calls)] = False
+        if a.tables:  # (composed in a state pool: computed once per part, automata/pool.py)
+            self.fork_states = a.tables["fork"].view(bool)
+            self.tail_states = a.tables["tail"].view(bool)
+        else:
+            # A state needs a fork in the token walk when it can call a rule or return from one.
+            self.fork_states = a.accept.copy()
+            self.fork_states[list(a.calls)] = True
+            # A return state with nothing after it: a call from there replaces the frame (tail call), so
+            # right-recursive chains (object member tails, Lark lists) do not deepen the stack.
+            self.tail_states = a.accept & ~a.has_bytes
+            self.tail_states[list(a.calls)] = False
         self.max_depth = MAX_STACK_DEPTH if shared is None else shared.max_depth  # (read here: tests lower it)
         self._lock = threading.RLock() if shared is None else shared._lock
         self._expanded: dict[tuple, tuple[tuple[tuple, ...], bool]] = {}
@@ -70,10 +74,10 @@ class CompiledGrammar:
         self._forced: dict[int, bytes] = {}
         self._table_bytes = 0  # what the four tables above hold, estimated as they grow (table_bytes)
         self._mask_evictions = 0
-        self.initial = self._intern([(a.starts[0],)])
+        self.initial = self._intern([(a.starts[a.root],)])
 
     def __repr__(self) -> str:
-        return f"CompiledGrammar({self.description}, {len(self.automaton.accept)} states)"
+        return f"CompiledGrammar({self.description}, {self.num_states} states)"
 
     @property
     def needs_validation(self) -> bool:
@@ -82,7 +86,8 @@ class CompiledGrammar:
 
     @property
     def num_states(self) -> int:
-        return len(self.automaton.accept)
+        a = self.automaton
+        return len(a.accept) if a.own_states < 0 else a.own_states
 
     # -- configurations ----------------------------------------------------------------------------
 
@@ -263,7 +268,7 @@ class CompiledGrammar:
         """What this grammar holds, in bytes: its automaton, configuration tables, token masks and the
         native walks kept (as cache_info counts them)."""
         info = self.cache_info()
-        return int(self.automaton.trans.nbytes + info["table_bytes"] + info["mask_bytes"] + info.get("walk_bytes", 0))
+        return int(self.automaton.nbytes + info["table_bytes"] + info["mask_bytes"] + info.get("walk_bytes", 0))
 
     def cache_info(self) -> dict[str, int]:
         """What this grammar keeps: configurations, byte steps, masks (and their bytes), top-state

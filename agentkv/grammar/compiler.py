@@ -22,6 +22,8 @@ from agentkv.grammar.automata.automaton import link
 from agentkv.grammar.automata.expr import Ref, alt, lit
 from agentkv.grammar.automata.regex import match_expr
 from agentkv.grammar.compiled import MAX_TABLE_BYTES, CompiledGrammar
+from agentkv.grammar.composed import ComposedGrammar
+from agentkv.grammar.composer import Composer
 from agentkv.grammar.lark.lower import lark_rules
 from agentkv.grammar.schema.json_schema import JsonSchemaConverter
 from agentkv.grammar.schema.pydantic import is_python_type, model_schema, type_schema
@@ -57,6 +59,7 @@ class GrammarCompiler:
         self._renewed = 0  # grammars whose configuration tables outgrew MAX_TABLE_BYTES
         self._lookups = 0
         self._lock = threading.Lock()
+        self.composer = Composer(self)
 
     def _cached(self, key, build) -> CompiledGrammar:
         check = False
@@ -103,15 +106,18 @@ class GrammarCompiler:
                 del self._cache[key]
                 self._evicted += 1
 
-    def _from_rules(self, rules: dict, root: str, description: str, deadline: float,
+    def from_rules(self, rules: dict, root: str, description: str, deadline: float,
                     relaxed: tuple[Relaxed, ...] = ()) -> CompiledGrammar:
         auto = link(rules, root, deadline)
-        if time.monotonic() > deadline:
-            raise GrammarError(f"compiling {description} took longer than {self.timeout_s} s; simplify it "
-                               "or raise GrammarCompiler(timeout_s=...)")
+        self.check_deadline(deadline, description)
         g = CompiledGrammar(auto, self.info, description, relaxed)
         g.walk_tables  # noqa: B018  (built with the grammar, not in its first mask)
         return g
+
+    def check_deadline(self, deadline: float, description: str) -> None:
+        if time.monotonic() > deadline:
+            raise GrammarError(f"compiling {description} took longer than {self.timeout_s} s; simplify it "
+                               "or raise GrammarCompiler(timeout_s=...)")
 
     def compile_json_schema(self, schema, *, close_objects: bool = False, whitespace: bool = False,
                             max_whitespace: int = 16, documents: dict | None = None) -> CompiledGrammar:
@@ -138,7 +144,7 @@ class GrammarCompiler:
             conv = JsonSchemaConverter(schema, close_objects=close_objects, strict=self.strict, whitespace=whitespace,
                                        max_whitespace=max_whitespace, deadline=deadline, refs=refs)
             rules = conv.convert()
-            return self._from_rules(rules, "root", "json schema", deadline, tuple(conv.relaxed.values()))
+            return self.from_rules(rules, "root", "json schema", deadline, tuple(conv.relaxed.values()))
 
         return self._cached(key, build)
 
@@ -146,37 +152,46 @@ class GrammarCompiler:
         """Any JSON value."""
         return self.compile_json_schema(True, whitespace=whitespace)
 
-    def compile_lark(self, text: str) -> CompiledGrammar:
-        """A Lark grammar (llguidance's dialect: see lark/lower.py); the start rule is `start`."""
+    def compile_lark(self, text: str | ComposedGrammar) -> CompiledGrammar:
+        """A Lark grammar (llguidance's dialect: see lark/lower.py); the start rule is `start`. A
+        `ComposedGrammar` is composed from its parts, each compiled once (grammar/composer.py)."""
+        if isinstance(text, ComposedGrammar):
+            return self._cached(("composed", text), lambda deadline: self.composer.compose(text, deadline))
         if not isinstance(text, str):
             raise GrammarError("a Lark grammar must be given as text")
 
         def build(deadline):
-            relaxed: dict = {}
-
-            def json_rules(schema, name, python=False):
-                conv = JsonSchemaConverter(schema, strict=self.strict, deadline=deadline, prefix=name + "/",
-                                           python_literals=python)
-                rules = conv.convert()
-                relaxed.update(conv.relaxed)
-                rules[name] = Ref(name + "/root")
-                return rules
-
-            rules = lark_rules(text, json_rules)
-            return self._from_rules(rules, "r:start", "lark grammar", deadline, tuple(relaxed.values()))
+            rules, relaxed = self.lark_rules(text, deadline)
+            return self.from_rules(rules, "r:start", "lark grammar", deadline, relaxed)
 
         return self._cached(("lark", text), build)
 
+    def lark_rules(self, text: str, deadline: float) -> tuple[dict, tuple[Relaxed, ...]]:
+        """Lark text -> its rules (`%json` blocks converted under this compiler's strictness), and
+        the keywords those relaxed."""
+        relaxed: dict = {}
+
+        def json_rules(schema, name, python=False):
+            conv = JsonSchemaConverter(schema, strict=self.strict, deadline=deadline, prefix=name + "/",
+                                       python_literals=python)
+            rules = conv.convert()
+            relaxed.update(conv.relaxed)
+            rules[name] = Ref(name + "/root")
+            return rules
+
+        rules = lark_rules(text, json_rules)
+        return rules, tuple(relaxed.values())
+
     def compile_regex(self, pattern: str) -> CompiledGrammar:
         """Strings matching `pattern` in full."""
-        return self._cached(("regex", pattern), lambda d: self._from_rules(
+        return self._cached(("regex", pattern), lambda d: self.from_rules(
             {"root": match_expr(pattern)}, "root", f"regex {pattern!r}", d))
 
     def compile_choices(self, choices: list[str]) -> CompiledGrammar:
         """Exactly one of the given strings."""
         if not choices or not all(isinstance(c, str) for c in choices):
             raise GrammarError("choices must be a non-empty list of strings")
-        return self._cached(("choices", tuple(choices)), lambda d: self._from_rules(
+        return self._cached(("choices", tuple(choices)), lambda d: self.from_rules(
             {"root": alt(*[lit(c) for c in choices])}, "root", "choices", d))
 
     def cache_size(self) -> int:
@@ -192,7 +207,7 @@ class GrammarCompiler:
         for g in grammars:
             for k, v in g.cache_info().items():
                 out[k] = out.get(k, 0) + v
-        return {**out, **dfa.cache_info()}
+        return {**out, **self.composer.cache_info(), **dfa.cache_info()}
 
 
 _pause_lock = threading.Lock()

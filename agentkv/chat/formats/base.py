@@ -19,6 +19,9 @@ from typing import Any, ClassVar
 from agentkv.chat.calls import CallProgress, ToolCall, free_text, without_partial
 from agentkv.errors import RequestError
 from agentkv.grammar.compiler import closed_schema
+from agentkv.grammar.composed import ComposedGrammar
+
+TOOL = "tool"  # the rule of a step's grammar that its offered tools' calls compose (one part a tool)
 
 # Free text may not start a tool tag (a small model otherwise imitates a tool's result as
 # `<tool_response>`, `<tool_response]`, `<tool-response>`), whatever the format.
@@ -56,6 +59,7 @@ class ToolFormat:
     special_markers: ClassVar[tuple[str, ...]] = ()  # markup the tokenizer holds as special tokens
     template_kwargs: ClassVar[dict[str, Any]] = {}  # what the chat template is rendered with
     instruction: ClassVar[str]  # how to call, after the injected definitions
+    call_opening: ClassVar[str] = ""  # what every call starts with, before the tool's own part (call_part)
 
     # ---- detection ----------------------------------------------------------------------------------
 
@@ -123,7 +127,7 @@ class ToolFormat:
     # ---- grammar ------------------------------------------------------------------------------------
 
     def grammar(self, tools: list[Any], mode: str, output_schema: dict | None, parallel: bool = True,
-                close_objects: bool = True) -> str | None:
+                close_objects: bool = True) -> str | ComposedGrammar | None:
         """The Lark grammar of one step (start rule `start`), or None for unconstrained text.
 
         mode: "auto" (text, or the output, or tool calls), "required" (calls of `tools`), "none" (the
@@ -134,7 +138,7 @@ class ToolFormat:
         return None if body is None else "start: answer\n" + body
 
     def answer_grammar(self, tools, mode, output_schema, parallel=True, close_objects=True,
-                       markup_free: bool = False) -> str | None:
+                       markup_free: bool = False) -> str | ComposedGrammar | None:
         """`grammar` with its start rule named `answer` (a reasoning block may come before it).
         `markup_free`: text without tools still may not write the format's markup (a conversation
         that holds calls and results, which a small model would otherwise copy)."""
@@ -145,13 +149,21 @@ class ToolFormat:
         text = f"TEXT: /{free_text(self.text_words(tools), self.opening[0])}/\n"
         if mode == "none" or not tools:
             return f"answer: {json_rule(output_schema)}\n" if output_schema is not None else "answer: TEXT\n" + text
-        calls = self.calls_grammar(list(tools), parallel, close_objects)
+        # each offered tool's call is a part the compiler builds once (grammar/composed.py), so a step
+        # whose tools differ from an earlier one's by one tool compiles that tool alone. The opening all
+        # calls share stays in the head: where text may run into a call, a mask's walk from the text on
+        # into the call then branches to every tool only once a token has passed the opening.
+        parts = tuple(self.call_part(t, close_objects) for t in tools)
+        opening = f"{lark_literal(self.call_opening)} " if self.call_opening else ""
+        calls = self.calls_rules(parallel) + f"call: {opening}{TOOL}\n"
         if mode == "required":
-            return "answer: calls\n" + calls
-        if output_schema is not None:
-            return f"answer: {json_rule(output_schema)} | calls\n" + calls
-        before = "TEXT? " if self.text_before_calls else ""
-        return f"answer: TEXT | {before}calls\n" + text + calls
+            head = "answer: calls\n" + calls
+        elif output_schema is not None:
+            head = f"answer: {json_rule(output_schema)} | calls\n" + calls
+        else:
+            before = "TEXT? " if self.text_before_calls else ""
+            head = f"answer: TEXT | {before}calls\n" + text + calls
+        return ComposedGrammar(head, TOOL, parts)
 
     @property
     def forbidden(self) -> tuple[str, ...]:
@@ -161,8 +173,14 @@ class ToolFormat:
         """What free text may not contain, beside `tools`."""
         return self.forbidden
 
-    def calls_grammar(self, tools: list[Any], parallel: bool, close_objects: bool) -> str:
-        """Lark rules that define `calls`: one call of an offered tool, or several when `parallel`."""
+    def calls_rules(self, parallel: bool) -> str:
+        """Lark rules that define `calls`: one call (the rule `call`, any offered tool's), or several
+        when `parallel`."""
+        raise NotImplementedError
+
+    def call_part(self, tool: Any, close_objects: bool) -> str:
+        """The Lark grammar (start rule `start`) of one call of `tool` after `call_opening`; it depends
+        on the tool alone (the compiler keeps it by its text)."""
         raise NotImplementedError
 
     # ---- reading ------------------------------------------------------------------------------------
@@ -232,9 +250,13 @@ def arguments_schema(tool: Any, close_objects: bool) -> dict:
     return closed_schema(tool.parameters) if close_objects else tool.parameters
 
 
-def named_calls_schema(tools: list[Any], arguments_key: str, close_objects: bool) -> dict:
-    """The JSON schema of one call `{"name": ..., <arguments_key>: {...}}` of any of `tools`."""
-    branches = [{"type": "object", "properties": {"name": {"const": t.name},
-                                                  arguments_key: arguments_schema(t, close_objects)},
-                 "required": ["name", arguments_key], "additionalProperties": False} for t in tools]
-    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+JSON_CALL_OPENING = '{"name":'
+
+
+def json_call_part(tool: Any, arguments_key: str, close_objects: bool, after: str = "") -> str:
+    """The grammar of one call `{"name":"<tool>","<arguments_key>":{...}}` (compact, the name first:
+    the closed object schema with the name's const and both keys required) after its opening
+    (JSON_CALL_OPENING), then `after`."""
+    head = json.dumps(tool.name, ensure_ascii=False) + f',"{arguments_key}":'
+    arguments = json_rule(arguments_schema(tool, close_objects))
+    return f"start: {lark_literal(head)} {arguments} {lark_literal('}' + after)}\n"

@@ -30,6 +30,7 @@ class Glm(XmlArgs):
     TAIL: ClassVar[str] = "</tool_call>"
     BETWEEN: ClassVar[str] = ""
     opening: ClassVar[str] = HEAD
+    call_opening: ClassVar[str] = HEAD
     between_text_and_calls: ClassVar[str] = ""
     words: ClassVar[tuple[str, ...]] = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
                                         "</arg_value>", "<tool_response>", "</tool_response>")

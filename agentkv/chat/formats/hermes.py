@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from agentkv.chat.calls import CallProgress, ToolCall
-from agentkv.chat.formats.base import ToolFormat, json_rule, named_calls_schema
+from agentkv.chat.formats.base import JSON_CALL_OPENING, ToolFormat, json_call_part
 from agentkv.chat.formats.json_calls import call_object, call_progress, decode_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -20,6 +20,7 @@ class Hermes(ToolFormat):
     name: ClassVar[str] = "hermes"
     opening: ClassVar[str] = OPEN
     text_before_calls: ClassVar[bool] = True
+    call_opening: ClassVar[str] = OPEN + "\n" + JSON_CALL_OPENING
     between_text_and_calls: ClassVar[str] = "\n"
     words: ClassVar[tuple[str, ...]] = (OPEN, CLOSE, "<tool_response>", "</tool_response>")
     instruction: ClassVar[str] = (
@@ -31,10 +32,12 @@ class Hermes(ToolFormat):
     def knows(cls, chat_template: str) -> bool:
         return OPEN in chat_template
 
-    def calls_grammar(self, tools, parallel, close_objects) -> str:
+    def calls_rules(self, parallel) -> str:
         more = ' ("\\n" call)*' if parallel else ""
-        schema = named_calls_schema(tools, "arguments", close_objects)
-        return f'call: "{OPEN}\\n" {json_rule(schema)} "\\n{CLOSE}"\ncalls: call{more}\n'
+        return f"calls: call{more}\n"
+
+    def call_part(self, tool, close_objects) -> str:
+        return json_call_part(tool, "arguments", close_objects, "\n" + CLOSE)
 
     def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
         calls, end, i = [], 0, start

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from agentkv.chat.calls import CallProgress, ToolCall
-from agentkv.chat.formats.base import ToolFormat, json_rule, named_calls_schema
+from agentkv.chat.formats.base import JSON_CALL_OPENING, ToolFormat, json_call_part
 from agentkv.chat.formats.json_calls import call_object, call_progress, decode_call
 
 SEPARATOR = "; "
@@ -22,6 +22,7 @@ class Llama3Json(ToolFormat):
     # The model is trained to reply with the call alone, but may write a sentence first: the call
     # head is kept out of free text, so a call written after text is a call, never content.
     opening: ClassVar[str] = '{"name":'
+    call_opening: ClassVar[str] = JSON_CALL_OPENING
     text_before_calls: ClassVar[bool] = True
     between_text_and_calls: ClassVar[str] = " "
     words: ClassVar[tuple[str, ...]] = ('{"name":',)
@@ -36,9 +37,12 @@ class Llama3Json(ToolFormat):
         return "<|start_header_id|>" in chat_template and ("<|python_tag|>" in chat_template
                                                             or '"parameters"' in chat_template)
 
-    def calls_grammar(self, tools, parallel, close_objects) -> str:
+    def calls_rules(self, parallel) -> str:
         more = f' ("{SEPARATOR}" call)*' if parallel else ""
-        return f"call: {json_rule(named_calls_schema(tools, 'parameters', close_objects))}\ncalls: call{more}\n"
+        return f"calls: call{more}\n"
+
+    def call_part(self, tool, close_objects) -> str:
+        return json_call_part(tool, "parameters", close_objects)
 
     def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
         calls, end, i = [], 0, start

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from agentkv.chat.calls import CallProgress, ToolCall
-from agentkv.chat.formats.base import ToolFormat, json_rule, named_calls_schema
+from agentkv.chat.formats.base import JSON_CALL_OPENING, ToolFormat, json_call_part
 from agentkv.chat.formats.json_calls import call_object, call_progress, decode_call
 
 OPEN = "[TOOL_CALLS]"
@@ -27,6 +27,7 @@ def mistral_id(call_id: str) -> str:
 class Mistral(ToolFormat):
     name: ClassVar[str] = "mistral"
     opening: ClassVar[str] = OPEN
+    call_opening: ClassVar[str] = JSON_CALL_OPENING
     text_before_calls: ClassVar[bool] = True
     words: ClassVar[tuple[str, ...]] = (OPEN, "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[AVAILABLE_TOOLS]",
                                         "[/AVAILABLE_TOOLS]")
@@ -39,10 +40,12 @@ class Mistral(ToolFormat):
     def knows(cls, chat_template: str) -> bool:
         return OPEN in chat_template
 
-    def calls_grammar(self, tools, parallel, close_objects) -> str:
+    def calls_rules(self, parallel) -> str:
         more = ' ("," " "? call)*' if parallel else ""
-        call = f"call: {json_rule(named_calls_schema(tools, 'arguments', close_objects))}\n"
-        return f'{call}calls: "{OPEN}" " "? "[" call{more} "]"\n'
+        return f'calls: "{OPEN}" " "? "[" call{more} "]"\n'
+
+    def call_part(self, tool, close_objects) -> str:
+        return json_call_part(tool, "arguments", close_objects)
 
     def _first(self, text: str, start: int) -> int:
         i = start + len(OPEN)

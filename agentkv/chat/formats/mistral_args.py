@@ -24,6 +24,7 @@ _DECODER = json.JSONDecoder()
 class MistralArgs(ToolFormat):
     name: ClassVar[str] = "mistral_args"
     opening: ClassVar[str] = OPEN
+    call_opening: ClassVar[str] = OPEN
     text_before_calls: ClassVar[bool] = True
     words: ClassVar[tuple[str, ...]] = (OPEN, ARGS, "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[AVAILABLE_TOOLS]",
                                         "[/AVAILABLE_TOOLS]")
@@ -36,10 +37,11 @@ class MistralArgs(ToolFormat):
     def knows(cls, chat_template: str) -> bool:
         return OPEN in chat_template and ARGS in chat_template
 
-    def calls_grammar(self, tools, parallel, close_objects) -> str:
-        calls = [f"{lark_literal(OPEN + t.name + ARGS)} {json_rule(arguments_schema(t, close_objects))}" for t in tools]
-        more = " call*" if parallel else ""
-        return "call: " + " | ".join(calls) + f"\ncalls: call{more}\n"
+    def calls_rules(self, parallel) -> str:
+        return "calls: call call*\n" if parallel else "calls: call\n"
+
+    def call_part(self, tool, close_objects) -> str:
+        return f"start: {lark_literal(tool.name + ARGS)} {json_rule(arguments_schema(tool, close_objects))}\n"
 
     def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
         calls, end, i = [], 0, start

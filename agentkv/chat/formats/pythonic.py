@@ -40,17 +40,17 @@ class Pythonic(ToolFormat):
         # a call is the whole reply: text may not write one of an offered tool (it would be content)
         return self.forbidden + tuple(f"[{t.name}(" for t in tools if _IDENTIFIER.fullmatch(t.name))
 
-    def calls_grammar(self, tools, parallel, close_objects) -> str:
-        rules, names = [], []
-        for k, t in enumerate(tools):
-            if not _IDENTIFIER.fullmatch(t.name):
-                raise RequestError(f"the tool name {t.name!r} is not a Python identifier, which the pythonic tool "
-                                   "format needs; rename the tool, or choose another tool_format")
-            kwargs = _kwargs(rules, f"a{k}", arguments_schema(t, close_objects))
-            rules.append(f"c{k}: {lark_literal(t.name + '(')} {kwargs} {lark_literal(')')}")
-            names.append(f"c{k}")
+    def calls_rules(self, parallel) -> str:
         more = f' ({lark_literal(SEPARATOR)} call)*' if parallel else ""
-        return f"call: {' | '.join(names)}\n" + "\n".join(rules) + f'\ncalls: "[" call{more} "]"\n'
+        return f'calls: "[" call{more} "]"\n'
+
+    def call_part(self, tool, close_objects) -> str:
+        if not _IDENTIFIER.fullmatch(tool.name):
+            raise RequestError(f"the tool name {tool.name!r} is not a Python identifier, which the pythonic tool "
+                               "format needs; rename the tool, or choose another tool_format")
+        rules: list[str] = []
+        kwargs = _kwargs(rules, "a", arguments_schema(tool, close_objects))
+        return f"start: {lark_literal(tool.name + '(')} {kwargs} {lark_literal(')')}\n" + "\n".join(rules) + "\n"
 
     def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
         # the longest run of complete calls: the whole list, or the part before a call cut short

@@ -33,6 +33,7 @@ class QwenXml(XmlArgs):
     TAIL: ClassVar[str] = "</function>\n</tool_call>"
     python_literals: ClassVar[bool] = True
     opening: ClassVar[str] = HEAD
+    call_opening: ClassVar[str] = HEAD
     between_text_and_calls: ClassVar[str] = "\n\n"
     words: ClassVar[tuple[str, ...]] = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=",
                                         "</parameter>", "<tool_response>", "</tool_response>")

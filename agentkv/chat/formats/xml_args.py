@@ -48,26 +48,24 @@ class XmlArgs(ToolFormat):
 
     # ---- grammar ------------------------------------------------------------------------------------
 
-    def calls_grammar(self, tools, parallel, close_objects) -> str:
-        rules, calls = [f"XSTR: /{text_without(self._end_word)}/"], []
-        for t, tool in enumerate(tools):
-            schema = arguments_schema(tool, close_objects)
-            required = set(schema.get("required") or ())
-            defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}  # what a parameter's $refs name
-            parts = []
-            for p, (name, sub) in enumerate((schema.get("properties") or {}).items()):
-                if any(c in name for c in "<>\n"):
-                    raise RequestError(f"tool {tool.name!r}: the {self.name} format writes parameter names inside "
-                                       f"tags, so a name may not hold '<', '>' or a newline ({name!r}); rename it")
-                rule = f"x{t}p{p}"
-                rules.append(f"{rule}: {lark_literal(self.KEY + name + self.KEY_END)} {self._value({**sub, **defs})} "
-                             f"{lark_literal(self.VALUE_END)}")
-                parts.append(rule if name in required else rule + "?")
-            rules.append(f"x{t}: {lark_literal(self.HEAD + tool.name + self.NAME_END)} {' '.join(parts)} "
-                         f"{lark_literal(self.TAIL)}")
-            calls.append(f"x{t}")
+    def calls_rules(self, parallel) -> str:
         more = f" ({lark_literal(self.BETWEEN)} call)*" if parallel else ""
-        return "\n".join([f"call: {' | '.join(calls)}", *rules, f"calls: call{more}"]) + "\n"
+        return f"calls: call{more}\n"
+
+    def call_part(self, tool, close_objects) -> str:
+        schema = arguments_schema(tool, close_objects)
+        required = set(schema.get("required") or ())
+        defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}  # what a parameter's $refs name
+        rules, params = [f"XSTR: /{text_without(self._end_word)}/"], []
+        for p, (name, sub) in enumerate((schema.get("properties") or {}).items()):
+            if any(c in name for c in "<>\n"):
+                raise RequestError(f"tool {tool.name!r}: the {self.name} format writes parameter names inside "
+                                   f"tags, so a name may not hold '<', '>' or a newline ({name!r}); rename it")
+            rules.append(f"p{p}: {lark_literal(self.KEY + name + self.KEY_END)} {self._value({**sub, **defs})} "
+                         f"{lark_literal(self.VALUE_END)}")
+            params.append(f"p{p}" if name in required else f"p{p}?")
+        name = lark_literal(tool.name + self.NAME_END)
+        return "\n".join([f"start: {name} {' '.join(params)} {lark_literal(self.TAIL)}", *rules]) + "\n"
 
     def _value(self, schema: dict) -> str:
         """The grammar of one argument's text: a string raw (its enum as literals), anything else

@@ -8,7 +8,7 @@ recursion and rules that accept nothing are compile errors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +28,17 @@ class Automaton:
     has_bytes: np.ndarray      # [n_states] bool
     starts: list[int]          # rule index -> start state
     rule_names: list[str]
+    # A grammar composed in a state pool (automata/pool.py) sees the pool's states, of which it reaches
+    # `own_states`, and takes the walk's per-state tables from the pool (`tables`) instead of
+    # deriving them from the states (tokens/walk_tables.py).
+    own_states: int = -1
+    tables: dict = field(default_factory=dict)
+    root: int = 0              # the start rule's index
+
+    @property
+    def nbytes(self) -> int:
+        """The transition rows this grammar holds (in a pool: those it reaches)."""
+        return self.trans.nbytes if self.own_states < 0 else self.own_states * 256 * 4
 
 
 def link(rules: dict[str, object], root: str, deadline: float) -> Automaton:
@@ -150,8 +161,8 @@ def _live_python(a: Automaton) -> tuple[np.ndarray, list[bool]]:
     return live, productive
 
 
-def _check_left_recursion(a: Automaton) -> None:
-    """A rule that can call itself before reading a byte would make the stack grow forever."""
+def nullable_rules(a: Automaton) -> list[bool]:
+    """Per rule, whether it can return without reading a byte."""
     nullable = [False] * len(a.starts)
     changed = True
     while changed:
@@ -159,6 +170,12 @@ def _check_left_recursion(a: Automaton) -> None:
         for r, start in enumerate(a.starts):
             if not nullable[r] and _reach_end_without_bytes(a, start, nullable):
                 nullable[r] = changed = True
+    return nullable
+
+
+def _check_left_recursion(a: Automaton) -> None:
+    """A rule that can call itself before reading a byte would make the stack grow forever."""
+    nullable = nullable_rules(a)
     left: list[set[int]] = []
     for start in a.starts:
         seen, stack, callees = {start}, [start], set()

@@ -229,6 +229,25 @@ def refs(expr) -> frozenset[str]:
     return frozenset(_refs(expr))
 
 
+def renamed(expr, prefix: str, memo: dict | None = None):
+    """`expr` with every rule it calls named `prefix + name` (a grammar's rules moved into another's)."""
+    if not refs(expr):
+        return expr
+    memo = {} if memo is None else memo
+    hit = memo.get(id(expr))
+    if hit is None:
+        if isinstance(expr, Ref):
+            hit = Ref(prefix + expr.name)
+        elif isinstance(expr, Seq):
+            hit = Seq(tuple(renamed(e, prefix, memo) for e in expr.items))
+        elif isinstance(expr, Alt):
+            hit = Alt(tuple(renamed(e, prefix, memo) for e in expr.items))
+        else:  # Repeat (Intersect and Diff are regular: they call no rule)
+            hit = Repeat(renamed(expr.item, prefix, memo), expr.min, expr.max)
+        memo[id(expr)] = hit
+    return hit
+
+
 def _refs(expr) -> set[str]:
     out: set[str] = set()
     stack, seen = [expr], set()

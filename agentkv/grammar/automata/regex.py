@@ -12,6 +12,7 @@ than being approximated: a pattern we cannot enforce exactly is never enforced l
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from agentkv.errors import GrammarError
@@ -329,6 +330,7 @@ def search_expr(pattern: str, where: str | None = None) -> Expr:
     return alt(*out)
 
 
+@functools.lru_cache(maxsize=1024)  # (a terminal every part of a composed grammar repeats is parsed once)
 def match_expr(pattern: str, where: str | None = None) -> Expr:
     """The strings that match `pattern` entirely (Lark terminals, `compile_regex`)."""
     out = []

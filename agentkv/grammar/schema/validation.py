@@ -113,11 +113,13 @@ def metaschema_error(schema) -> tuple[str, str] | None:
     return _metaschema_error(json.dumps(schema, sort_keys=True))
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def _metaschema_error(text: str) -> tuple[str, str] | None:
     import jsonschema
 
     schema = json.loads(text)
+    if _rust_says_valid(schema):
+        return None
     named = jsonschema.validators.validator_for(schema, default=None)
     drafts = [named] if named is not None else [jsonschema.Draft202012Validator, jsonschema.Draft201909Validator,
                                                 jsonschema.Draft7Validator, jsonschema.Draft4Validator]
@@ -129,6 +131,21 @@ def _metaschema_error(text: str) -> tuple[str, str] | None:
         errors.append(err)
     err = max(errors, key=lambda e: len(e.absolute_path))  # the draft that read furthest says most
     return err.message, "#" + "".join("/" + pointer_escape(str(p)) for p in err.absolute_path)
+
+
+def _rust_says_valid(schema: dict) -> bool:
+    """Whether jsonschema-rs finds `schema` valid against its metaschema (its `$schema`'s draft, else
+    2020-12's): 300x faster than `jsonschema` (3 ms a tool's schema here, 0.5 s a compile of 128 tools
+    before). Only its yes is taken; a no, an error or its absence leaves the answer, and the message
+    and pointer, to `jsonschema` (tests/grammar/test_schema_errors.py checks the two agree)."""
+    try:
+        import jsonschema_rs
+    except ImportError:  # (a platform without its wheel: the pure-Python check alone)
+        return False
+    try:
+        return bool(jsonschema_rs.meta.is_valid(schema))
+    except Exception:  # noqa: BLE001  (an unknown $schema, a remote $ref: the slow path decides)
+        return False
 
 
 def _format_checker():

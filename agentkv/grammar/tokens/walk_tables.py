@@ -147,17 +147,21 @@ class WalkTables:
         self.has_bytes = a.has_bytes.astype(np.uint8)
         self.tail = np.asarray(grammar.tail_states, dtype=np.uint8)
         self.cap = grammar.info.trie.max_len
-        self.text_reach = text_reach(a, self.cap)
-        self.class_bytes, self.class_reach = byte_classes(self.trans, self.cap)
-        callers = sorted(a.calls)
-        per = [len(a.calls[c]) for c in callers]
-        self.call_off = np.zeros(n + 1, dtype=np.int32)
-        np.add.at(self.call_off, np.array(callers, dtype=np.int64) + 1, per)
-        self.call_off = np.cumsum(self.call_off, dtype=np.int32)  # a state's calls: [off[s], off[s + 1])
-        pairs = [rt for c in callers for rt in a.calls[c]] or [(0, 0)]
-        self.call_rule = np.array([r for r, _ in pairs], dtype=np.int32)
-        self.call_ret = np.array([t for _, t in pairs], dtype=np.int32)
-        self.starts = np.array(a.starts, dtype=np.int32)
+        if a.tables:  # composed in a state pool: each part's tables were made with it (automata/pool.py)
+            for name in ("text_reach", "class_bytes", "class_reach", "call_off", "call_rule", "call_ret", "starts"):
+                setattr(self, name, a.tables[name])
+        else:
+            self.text_reach = text_reach(a, self.cap)
+            self.class_bytes, self.class_reach = byte_classes(self.trans, self.cap)
+            callers = sorted(a.calls)
+            per = [len(a.calls[c]) for c in callers]
+            self.call_off = np.zeros(n + 1, dtype=np.int32)
+            np.add.at(self.call_off, np.array(callers, dtype=np.int64) + 1, per)
+            self.call_off = np.cumsum(self.call_off, dtype=np.int32)  # a state's calls: [off[s], off[s + 1])
+            pairs = [rt for c in callers for rt in a.calls[c]] or [(0, 0)]
+            self.call_rule = np.array([r for r, _ in pairs], dtype=np.int32)
+            self.call_ret = np.array([t for _, t in pairs], dtype=np.int32)
+            self.starts = np.array(a.starts, dtype=np.int32)
         self.max_depth = grammar.max_depth
         self.calls = a.calls  # (the Python walk's)
         self.starts_list = list(a.starts)

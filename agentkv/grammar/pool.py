@@ -1,0 +1,178 @@
+"""Fragments and the state pool: what lets a grammar be composed from parts compiled apart.
+
+A `Fragment` is a grammar's rules linked and trimmed in their own numbering (automaton.py), with the
+per-state tables the token walk reads (tokens/walk_tables.py: reach in plain text, byte classes,
+fork and tail flags, calls in rows): all of them depend on the fragment's states alone, so they are
+computed once, when the fragment is built, however many grammars use it.
+
+A `StatePool` is one append-only state space that fragments are placed in, each once: its rows
+written with their state and rule numbers moved by where it lands. A composed grammar is then a
+view of the pool's first `n` states with its own copy of the rule starts (the one rule it gives as
+alternatives starts at a two-state rule made for it: calls to the parts' roots); nothing a part
+holds is copied again. A view never changes: later placements write past its end, and a pool that
+outgrows its arrays moves to bigger ones, leaving the old ones to the grammars that use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentkv.grammar.automata.automaton import Automaton, nullable_rules
+from agentkv.grammar.tokens.walk_tables import byte_classes, text_reach
+
+MAX_POOL_STATES = 1 << 16  # a pool's states (256 bytes of transitions each, 64 MiB); past it a new pool starts
+
+
+@dataclass
+class Fragment:
+    """One grammar's automaton in its own numbering, with the walk's per-state tables."""
+
+    automaton: Automaton
+    text_reach: np.ndarray   # [n] int32
+    class_bytes: np.ndarray  # [n, 4] uint64
+    class_reach: np.ndarray  # [n] int32
+    fork: np.ndarray         # [n] bool: the state can call a rule or return
+    tail: np.ndarray         # [n] bool: a return state with nothing after it
+    nullable: bool           # the root rule matches the empty string
+    relaxed: tuple = ()      # the JSON schema keywords its %json blocks relaxed (schema/relaxed.py)
+
+    @classmethod
+    def of(cls, automaton: Automaton, cap: int, relaxed: tuple = ()) -> Fragment:
+        a = automaton
+        called = np.zeros(len(a.accept), dtype=bool)
+        called[list(a.calls)] = True
+        reach = text_reach(a, cap)
+        sets, class_reach = byte_classes(np.ascontiguousarray(a.trans, dtype=np.int32), cap)
+        return cls(a, reach, sets, class_reach, a.accept | called, a.accept & ~a.has_bytes & ~called,
+                   nullable_rules(a)[0], relaxed)
+
+    @property
+    def n_states(self) -> int:
+        return len(self.automaton.accept)
+
+    @property
+    def nbytes(self) -> int:
+        return self.automaton.trans.nbytes + self.class_bytes.nbytes + 16 * self.n_states
+
+    @property
+    def n_calls(self) -> int:
+        return sum(len(c) for c in self.automaton.calls.values())
+
+
+class StatePool:
+    """Append-only arrays of states, calls and rule starts (see the module docstring). Not thread-safe:
+    its compiler places fragments under a lock."""
+
+    def __init__(self, states: int = 1024, calls: int = 1024, rules: int = 256):
+        self.n = self.n_calls = self.n_rules = 0
+        self.trans = np.full((states, 256), -1, dtype=np.int32)
+        self.accept = np.zeros(states, dtype=bool)
+        self.has_bytes = np.zeros(states, dtype=bool)
+        self.fork = np.zeros(states, dtype=np.uint8)
+        self.tail = np.zeros(states, dtype=np.uint8)
+        self.text_reach = np.zeros(states, dtype=np.int32)
+        self.class_bytes = np.zeros((states, 4), dtype=np.uint64)
+        self.class_reach = np.zeros(states, dtype=np.int32)
+        self.call_off = np.zeros(states + 1, dtype=np.int32)
+        self.call_rule = np.zeros(calls, dtype=np.int32)
+        self.call_ret = np.zeros(calls, dtype=np.int32)
+        self.starts = np.zeros(rules, dtype=np.int32)
+        self.calls: dict[int, tuple[tuple[int, int], ...]] = {}  # (the Python walk's and expand's form)
+        self.rule_names: list[str] = []
+        self.placed: dict[int, tuple[int, int]] = {}  # id(fragment) -> (state base, rule base)
+        self.keep: list[Fragment] = []  # (their ids stay theirs while placed)
+
+    def full(self, states: int) -> bool:
+        return self.n + states > MAX_POOL_STATES
+
+    def place(self, frag: Fragment) -> tuple[int, int]:
+        """Where `frag`'s states and rules are in the pool: (state base, rule base), placing it once."""
+        hit = self.placed.get(id(frag))
+        if hit is not None:
+            return hit
+        a = frag.automaton
+        s0, r0 = self._grow(frag.n_states, frag.n_calls, len(a.starts))
+        n = frag.n_states
+        rows = slice(s0, s0 + n)
+        self.trans[rows] = a.trans
+        np.add(self.trans[rows], s0, out=self.trans[rows], where=self.trans[rows] >= 0)
+        self.accept[rows] = a.accept
+        self.has_bytes[rows] = a.has_bytes
+        self.fork[rows] = frag.fork
+        self.tail[rows] = frag.tail
+        self.text_reach[rows] = frag.text_reach
+        self.class_bytes[rows] = frag.class_bytes
+        self.class_reach[rows] = frag.class_reach
+        self.starts[r0:r0 + len(a.starts)] = np.asarray(a.starts, dtype=np.int32) + s0
+        self.rule_names.extend(a.rule_names)
+        self._add_calls(s0, {s + s0: tuple((r + r0, t + s0) for r, t in c) for s, c in a.calls.items()}, n)
+        self.placed[id(frag)] = (s0, r0)
+        self.keep.append(frag)
+        return s0, r0
+
+    def alternation(self, roots: list[int], name: str) -> int:
+        """A rule of two states, the first calling each rule of `roots` and returning to the second
+        (which accepts); its rule index."""
+        s0, r0 = self._grow(2, len(roots), 1)
+        self.accept[s0 + 1] = True
+        self.fork[s0:s0 + 2] = 1
+        self.tail[s0 + 1] = 1
+        self.starts[r0] = s0
+        self.rule_names.append(name)
+        self._add_calls(s0, {s0: tuple((r, s0 + 1) for r in roots)}, 2)
+        return r0
+
+    def automaton(self, starts: np.ndarray, own_states: int) -> Automaton:
+        """The pool's states so far as one grammar's automaton, with its rule `starts` (the pool's, or
+        a copy with one rule moved); `own_states` counts what the grammar reaches (its bytes)."""
+        n = self.n
+        return Automaton(self.trans[:n], self.calls, self.accept[:n], self.has_bytes[:n], starts.tolist(),
+                         self.rule_names, own_states=own_states,
+                         tables=dict(fork=self.fork[:n], tail=self.tail[:n], text_reach=self.text_reach[:n],
+                                     class_bytes=self.class_bytes[:n], class_reach=self.class_reach[:n],
+                                     call_off=self.call_off[:n + 1], call_rule=self.call_rule[:max(self.n_calls, 1)],
+                                     call_ret=self.call_ret[:max(self.n_calls, 1)], starts=starts))
+
+    # ---- growth ---------------------------------------------------------------------------------------
+
+    def _add_calls(self, s0: int, calls: dict[int, tuple], n: int) -> None:
+        """Rows s0..s0+n of the call table (CSR: a state's calls are [call_off[s], call_off[s + 1]))."""
+        counts = np.zeros(n, dtype=np.int32)
+        k = self.n_calls
+        for s in sorted(calls):
+            c = calls[s]
+            counts[s - s0] = len(c)
+            self.call_rule[k:k + len(c)] = [r for r, _ in c]
+            self.call_ret[k:k + len(c)] = [t for _, t in c]
+            k += len(c)
+        self.call_off[s0 + 1:s0 + n + 1] = self.n_calls + np.cumsum(counts)
+        self.n_calls = k
+        self.calls.update(calls)
+
+    def _grow(self, states: int, calls: int, rules: int) -> tuple[int, int]:
+        """Room for that much more (arrays doubled as needed: the old ones stay with their views);
+        the new states' and rules' first numbers."""
+        def bigger(arr, need):
+            if need <= len(arr):
+                return arr
+            out = np.zeros((max(need, 2 * len(arr)),) + arr.shape[1:], dtype=arr.dtype)
+            out[:len(arr)] = arr
+            return out
+
+        need = self.n + states
+        if need > len(self.accept):
+            old = len(self.trans)
+            self.trans = bigger(self.trans, need)
+            self.trans[old:] = -1
+            for name in ("accept", "has_bytes", "fork", "tail", "text_reach", "class_bytes", "class_reach"):
+                setattr(self, name, bigger(getattr(self, name), need))
+            self.call_off = bigger(self.call_off, need + 1)
+        self.call_rule = bigger(self.call_rule, self.n_calls + calls)
+        self.call_ret = bigger(self.call_ret, self.n_calls + calls)
+        self.starts = bigger(self.starts, self.n_rules + rules)
+        s0, r0 = self.n, self.n_rules
+        self.n += states
+        self.n_rules += rules
+        return s0, r0

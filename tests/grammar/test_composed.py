@@ -1,0 +1,163 @@
+"""Composed grammars (grammar/composed.py, composer.py, pool.py): a step's tools as parts compiled
+once. A composed grammar's masks equal, token by token, those of the same language compiled whole
+(the parts' rules renamed into one rule set) and those of brute force, over random subsets of
+varied tools in four formats; Hermes' parts equal the single anyOf schema it wrote before. A subset
+that differs by one tool compiles that tool alone; a pool that fills starts another without
+changing the grammars already made."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentkv.chat.calls import FunctionSpec
+from agentkv.chat.formats.base import arguments_schema, json_rule
+from agentkv.chat.formats.hermes import Hermes
+from agentkv.chat.formats.llama3 import Llama3Json
+from agentkv.chat.formats.pythonic import Pythonic
+from agentkv.chat.formats.qwen_xml import QwenXml
+from agentkv.errors import GrammarError
+from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
+from agentkv.grammar import pool as pool_module
+from agentkv.grammar.composed import ComposedGrammar
+from tests.grammar_helpers import assert_mask_is_brute_force
+
+pytestmark = pytest.mark.usefixtures("walk_mode")  # conftest.py: the native walk and the Python one
+
+TOOLS = [
+    FunctionSpec("get_weather", {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 6}, "unit": {"enum": ["C", "F"]}}, "required": ["city"]}),
+    FunctionSpec("add", {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
+                                                         "b": {"type": "integer", "minimum": 0, "maximum": 9}},
+                         "required": ["a", "b"]}),
+    FunctionSpec("tag", {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["x", "y"]},
+                                                                   "maxItems": 2}}}),
+    FunctionSpec("flag", {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}),
+    FunctionSpec("move", {"type": "object", "properties": {"to": {"type": "object", "properties": {
+        "x": {"type": "integer", "minimum": 0, "maximum": 5}}, "required": ["x"]}}, "required": ["to"]}),
+    FunctionSpec("note", {"type": "object", "properties": {"text": {"type": "string", "maxLength": 3}}}),
+    FunctionSpec("pick", {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"]}),
+]
+FORMATS = [Hermes(), Llama3Json(), Pythonic(), QwenXml()]
+
+
+def _vocab(words: list[bytes]) -> TokenizerInfo:
+    singles = [bytes([c]) for c in range(32, 127)] + [b"\n", "é".encode()]
+    vocab = list(dict.fromkeys(singles + words)) + [None]
+    return TokenizerInfo(vocab, eos_ids=[len(vocab) - 1])
+
+
+WORDS = [b"<tool_call>", b"<tool_call>\n", b'{"name":"', b'","arguments":{"', b'":', b"get_", b"weather", b"add",
+         b"</tool_call>", b"<function=", b"<parameter=", b"</parameter>\n", b"true", b"false", b'"}', b"},",
+         b'"a":', b"(a=", b", ", b"\n</", b"ta", b"g", b"]", b"[\"x", b'":{"x":']
+
+
+def _walk_same(a: Matcher, b: Matcher, rnd: random.Random, steps: int) -> None:
+    """`a` and `b` give the same mask, brute force's, at every token of one random walk."""
+    ma = np.zeros((1, a.grammar.info.words), dtype=np.int32)
+    mb = np.zeros_like(ma)
+    for _ in range(steps):
+        allowed = assert_mask_is_brute_force(a, ma)
+        b.fill_next_token_bitmask(mb)
+        assert (ma == mb).all()
+        if not allowed or a.is_terminated():
+            return
+        t = rnd.choice(sorted(allowed - set(a.grammar.info.eos_ids)) or sorted(allowed))
+        assert a.accept_token(t) and b.accept_token(t)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(words=st.lists(st.sampled_from(WORDS), unique=True, max_size=len(WORDS)),
+       subsets=st.lists(st.lists(st.integers(0, len(TOOLS) - 1), min_size=1, max_size=5, unique=True),
+                        min_size=1, max_size=3),
+       fmt=st.sampled_from(FORMATS), mode=st.sampled_from(["auto", "required"]), seed=st.integers(0, 99))
+def test_composed_masks_equal_the_whole_grammar_and_brute_force(words, subsets, fmt, mode, seed):
+    compiler = GrammarCompiler(_vocab(words))
+    rnd = random.Random(seed)
+    for subset in subsets:  # (later subsets reuse the earlier ones' parts, placed in the same pool)
+        g = "start: answer\n" + fmt.answer_grammar([TOOLS[i] for i in subset], mode, None)
+        composed = compiler.compile_lark(g)
+        whole = compiler.composer.whole(g, time.monotonic() + 60)
+        assert composed.relaxed == whole.relaxed
+        for _ in range(2):
+            _walk_same(Matcher(composed), Matcher(whole), rnd, 80)
+
+
+def test_hermes_parts_are_the_anyof_schema_it_wrote_before():
+    """The language of Hermes' composed calls is that of its former single `%json` block: an anyOf of
+    closed `{"name": const, "arguments": ...}` objects."""
+    compiler = GrammarCompiler(_vocab(WORDS))
+    tools = TOOLS[:5]
+    g = "start: answer\n" + Hermes().answer_grammar(tools, "required", None)
+    branches = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": arguments_schema(t, True)},
+                 "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    before = g.text.replace('call: "<tool_call>\\n{\\"name\\":" tool\n', "") + (
+        f'call: "<tool_call>\\n" {json_rule({"anyOf": branches})} "\\n</tool_call>"\n')
+    assert before.count("call: ") == 1  # (the composed call rule replaced)
+    rnd = random.Random(0)
+    for _ in range(12):
+        _walk_same(Matcher(compiler.compile_lark(g)), Matcher(compiler.compile_lark(before)), rnd, 120)
+
+
+def test_a_subset_one_tool_apart_compiles_that_tool_alone(monkeypatch):
+    compiler = GrammarCompiler(_vocab(WORDS))
+    fmt = Hermes()
+    compiler.compile_lark(fmt.grammar(TOOLS[:5], "auto", None))
+    assert compiler.cache_info()["parts"] == 6  # five tools and the head
+    texts: list[str] = []
+    lark_rules = compiler.lark_rules
+    monkeypatch.setattr(compiler, "lark_rules", lambda text, deadline: texts.append(text) or lark_rules(text, deadline))
+    text = fmt.grammar(TOOLS[1:6], "auto", None)
+    g = compiler.compile_lark(text)
+    assert texts == [fmt.call_part(TOOLS[5], True)]  # the new tool's part, nothing else
+    assert compiler.cache_info()["parts"] == 7
+    whole = compiler.composer.whole(text, time.monotonic() + 60)
+    rnd = random.Random(1)
+    for _ in range(6):
+        _walk_same(Matcher(g), Matcher(whole), rnd, 80)
+
+
+def test_grammars_stay_whole_when_the_pool_fills(monkeypatch):
+    """Pools that fill start anew, and arrays that grow move: a grammar made before keeps its own."""
+    monkeypatch.setattr(pool_module, "MAX_POOL_STATES", 600)
+    compiler = GrammarCompiler(_vocab(WORDS))
+    fmt = QwenXml()
+    made = []
+    for k in range(len(TOOLS)):
+        subset = [TOOLS[(k + j) % len(TOOLS)] for j in range(3)]
+        text = fmt.grammar(subset, "required", None)
+        made.append((compiler.compile_lark(text), compiler.composer.whole(text, time.monotonic() + 60)))
+    assert compiler.cache_info()["pools"] > 1
+    rnd = random.Random(2)
+    for composed, whole in made:
+        _walk_same(Matcher(composed), Matcher(whole), rnd, 60)
+
+
+def test_a_part_that_may_be_empty_is_refused():
+    compiler = GrammarCompiler(_vocab(WORDS))
+    with pytest.raises(GrammarError, match="part 1 of the composed rule .call. matches the empty string"):
+        compiler.compile_lark(ComposedGrammar('start: "[" call "]"', "call", ('start: "a"', 'start: "b"?')))
+    with pytest.raises(GrammarError, match="at least one part"):
+        ComposedGrammar("start: call", "call", ())
+
+
+def test_relaxed_keywords_of_parts_reach_the_grammar():
+    """A part's schema keyword the grammar cannot enforce is listed (and refused when strict)."""
+    tool = FunctionSpec("uniq", {"type": "object", "properties": {"v": {"type": "array", "uniqueItems": True}}})
+    text = Hermes().grammar([tool, TOOLS[0]], "required", None)
+    assert [r.keyword for r in GrammarCompiler(_vocab(WORDS)).compile_lark(text).relaxed] == ["uniqueItems"]
+    with pytest.raises(GrammarError, match="uniqueItems"):
+        GrammarCompiler(_vocab(WORDS), strict=True).compile_lark(text)
+
+
+def test_the_composed_grammar_is_read_as_its_text_plus_parts():
+    g = Hermes().grammar(TOOLS[:2], "required", None)
+    assert isinstance(g, ComposedGrammar) and g.text.startswith("start: answer\n")
+    assert [json.loads(p.split("%json ", 1)[1].rsplit(' "}', 1)[0]) for p in g.parts] == [
+        arguments_schema(t, True) for t in TOOLS[:2]]
