@@ -59,6 +59,10 @@ class Sessions:
         if handle is not None:
             self._prefixes[ids] = handle
 
+    def held(self) -> list[Any]:
+        """The pins these hints hold now (each ends with its time to live)."""
+        return [*self._by_key.values(), *self._prefixes.values()]
+
     async def _pin(self, ids: list[int]):
         """A pin of `ids` for `ttl_s`, making room by ending the least recently used sessions' pins;
         None where it does not fit even so (or the engine keeps no cache)."""
