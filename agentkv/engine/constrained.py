@@ -76,7 +76,9 @@ class GrammarSupport:
         if params.strict and grammar.relaxed:
             first = grammar.relaxed[0]
             more = f" (and {len(grammar.relaxed) - 1} more)" if len(grammar.relaxed) > 1 else ""
-            raise GrammarError(f"strict: the grammar cannot enforce `{first.keyword}` exactly ({first.reason}){more}; "
+            where = f"{first.part}: " if first.part else ""
+            raise GrammarError(f"strict: {where}the grammar cannot enforce `{first.keyword}` exactly ({first.reason})"
+                               f"{more}; "
                                "change the schema, or drop strict to have it validated after generation",
                                first.pointer)
         return grammar

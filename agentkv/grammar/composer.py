@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from agentkv.errors import GrammarError
@@ -30,6 +31,7 @@ from agentkv.grammar.pool import Fragment, StatePool
 if TYPE_CHECKING:
     from agentkv.grammar.compiler import GrammarCompiler
 
+MAX_COMPOSED_STATES = 1 << 18  # a composed grammar's states (1 KiB of transitions each: 256 MiB)
 MAX_FRAGMENTS = 4096
 MAX_FRAGMENT_BYTES = 256 << 20  # the fragments kept: their transition rows and the walk's tables
 STAND_IN = lit(b"\x00")
@@ -47,11 +49,23 @@ class Composer:
 
     def compose(self, g: ComposedGrammar, deadline: float) -> CompiledGrammar:
         head = self._fragment(("head", g.text, g.rule), g.text, deadline, stand_in=g.rule)
-        parts = [self._fragment(("part", p), p, deadline) for p in g.parts]
-        for k, f in enumerate(parts):
+        parts, total = [], head.n_states + 2
+        for k, text in enumerate(g.parts):
+            try:
+                f = self._fragment(("part", text), text, deadline)
+            except GrammarError as e:  # (which part: its own pointers are within it)
+                err = GrammarError(f"{g.label(k)}: {e}")
+                err.pointer = e.pointer
+                raise err from None
             if f.nullable:
-                raise GrammarError(f"part {k} of the composed rule {g.rule!r} matches the empty string; every part "
-                                   "must read at least one byte")
+                raise GrammarError(f"{g.label(k)} matches the empty string; every part must read at least one byte")
+            parts.append(f)
+            total += f.n_states
+            if total > MAX_COMPOSED_STATES:  # (before compiling the parts after it)
+                big = max(range(len(parts)), key=lambda i: parts[i].n_states)
+                raise GrammarError(f"the grammar would hold more than {MAX_COMPOSED_STATES:,} states; its largest part "
+                                   f"so far is {g.label(big)} ({parts[big].n_states:,} states): offer fewer at once "
+                                   "or simplify that one")
         with self._lock:
             pool = self._pool
             new = [f for f in [head, *parts] if id(f) not in pool.placed]
@@ -65,7 +79,8 @@ class Composer:
             own = head.n_states + 2 + sum(f.n_states for f in {id(f): f for f in parts}.values())
             auto = pool.automaton(starts, own)
         auto.root = head_rules
-        relaxed = tuple(dict.fromkeys(r for f in [head, *parts] for r in f.relaxed))
+        relaxed = tuple(dict.fromkeys([*head.relaxed, *(replace(r, part=g.label(k)) for k, f in enumerate(parts)
+                                                         for r in f.relaxed)]))
         return CompiledGrammar(auto, self.compiler.info, f"composed grammar ({len(parts)} parts)", relaxed)
 
     def whole(self, g: ComposedGrammar, deadline: float) -> CompiledGrammar:
@@ -77,7 +92,7 @@ class Composer:
             memo: dict = {}
             rules.update({f"p{k}/{name}": renamed(expr, f"p{k}/", memo) for name, expr in part.items()})
             roots.append(Ref(f"p{k}/r:start"))
-            relaxed += more
+            relaxed += tuple(replace(r, part=g.label(k)) for r in more)
         rules["r:" + g.rule] = alt(*roots)
         return self.compiler.from_rules(rules, "r:start", "composed grammar, whole", deadline,
                                          tuple(dict.fromkeys(relaxed)))

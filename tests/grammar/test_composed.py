@@ -151,9 +151,32 @@ def test_relaxed_keywords_of_parts_reach_the_grammar():
     """A part's schema keyword the grammar cannot enforce is listed (and refused when strict)."""
     tool = FunctionSpec("uniq", {"type": "object", "properties": {"v": {"type": "array", "uniqueItems": True}}})
     text = Hermes().grammar([tool, TOOLS[0]], "required", None)
-    assert [r.keyword for r in GrammarCompiler(_vocab(WORDS)).compile_lark(text).relaxed] == ["uniqueItems"]
-    with pytest.raises(GrammarError, match="uniqueItems"):
+    relaxed = GrammarCompiler(_vocab(WORDS)).compile_lark(text).relaxed
+    assert [(r.part, r.pointer, r.keyword) for r in relaxed] == [("tool 'uniq'", "#/properties/v/uniqueItems",
+                                                                  "uniqueItems")]
+    with pytest.raises(GrammarError, match="^tool 'uniq': keyword 'uniqueItems' is not supported") as e:
         GrammarCompiler(_vocab(WORDS), strict=True).compile_lark(text)
+    assert e.value.pointer == "#/properties/v/uniqueItems"  # (within the tool's schema)
+
+
+def test_a_step_over_the_state_budget_names_its_largest_tool(monkeypatch):
+    """Past the budget the compile stops (the parts after it are not compiled) and names the
+    largest tool so far."""
+    from agentkv.grammar import composer
+
+    compiler = GrammarCompiler(_vocab(WORDS))
+    fmt = Hermes()
+    sizes = {t.name: compiler.compile_lark(fmt.grammar([t], "required", None)).num_states for t in TOOLS}
+    # (a one-tool grammar's states: the head's, the two of the composed rule's and the tool's)
+    monkeypatch.setattr(composer, "MAX_COMPOSED_STATES", sizes["get_weather"])  # passed at the second tool
+    compiler = GrammarCompiler(_vocab(WORDS))
+    texts: list[str] = []
+    lark_rules = compiler.lark_rules
+    monkeypatch.setattr(compiler, "lark_rules", lambda text, deadline: texts.append(text) or lark_rules(text, deadline))
+    largest = max(TOOLS[:2], key=lambda t: sizes[t.name]).name
+    with pytest.raises(GrammarError, match=f"largest part so far is tool '{largest}'"):
+        compiler.compile_lark(fmt.grammar(TOOLS, "required", None))
+    assert len(texts) == 1 + 2  # the head and two tools: the others are never compiled
 
 
 def test_the_composed_grammar_is_read_as_its_text_plus_parts():

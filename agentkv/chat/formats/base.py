@@ -163,7 +163,7 @@ class ToolFormat:
         else:
             before = "TEXT? " if self.text_before_calls else ""
             head = f"answer: TEXT | {before}calls\n" + text + calls
-        return ComposedGrammar(head, TOOL, parts)
+        return ComposedGrammar(head, TOOL, parts, tuple(f"tool {t.name!r}" for t in tools))
 
     @property
     def forbidden(self) -> tuple[str, ...]:

@@ -21,16 +21,20 @@ class Relaxed:
     """One keyword the grammar does not enforce.
 
     `pointer`: its JSON pointer (`#/properties/tags/uniqueItems`); `reason`: why; `checked`: whether
-    validating the output against the schema checks it (False for an annotation-only format)."""
+    validating the output against the schema checks it (False for an annotation-only format);
+    `part`: in a composed grammar, the part whose schema it is in ("tool 'search'"; the pointer is
+    within that part's schema)."""
 
     pointer: str
     keyword: str
     reason: str
     checked: bool = True
+    part: str = ""
 
     def __str__(self) -> str:
         after = "validated after generation" if self.checked else "not enforced"
-        return f"{self.pointer}: {self.keyword} ({after}: {self.reason})"
+        where = f"{self.part} " if self.part else ""
+        return f"{where}{self.pointer}: {self.keyword} ({after}: {self.reason})"
 
 
 class Relaxations:
