@@ -15,6 +15,7 @@ outgrows its arrays moves to bigger ones, leaving the old ones to the grammars t
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,8 +63,8 @@ class Fragment:
 
 
 class StatePool:
-    """Append-only arrays of states, calls and rule starts (see the module docstring). Not thread-safe:
-    its compiler places fragments under a lock."""
+    """Append-only arrays of states, calls and rule starts (see the module docstring). Its compiler
+    places fragments under a lock; `row_lists` takes its own."""
 
     def __init__(self, states: int = 1024, calls: int = 1024, rules: int = 256):
         self.n = self.n_calls = self.n_rules = 0
@@ -81,6 +82,8 @@ class StatePool:
         self.starts = np.zeros(rules, dtype=np.int32)
         self.calls: dict[int, tuple[tuple[int, int], ...]] = {}  # (the Python walk's and expand's form)
         self.rule_names: list[str] = []
+        self._rows: list[list[int]] = []  # transition rows as lists, made once (the Python walk's)
+        self._rows_lock = threading.Lock()  # (grammars' mask threads ask for them)
         self.placed: dict[int, tuple[int, int]] = {}  # id(fragment) -> (state base, rule base)
         self.keep: list[Fragment] = []  # (their ids stay theirs while placed)
 
@@ -133,7 +136,17 @@ class StatePool:
                          tables=dict(fork=self.fork[:n], tail=self.tail[:n], text_reach=self.text_reach[:n],
                                      class_bytes=self.class_bytes[:n], class_reach=self.class_reach[:n],
                                      call_off=self.call_off[:n + 1], call_rule=self.call_rule[:max(self.n_calls, 1)],
-                                     call_ret=self.call_ret[:max(self.n_calls, 1)], starts=starts))
+                                     call_ret=self.call_ret[:max(self.n_calls, 1)], starts=starts,
+                                     rows=lambda: self.row_lists(n)))
+
+    def row_lists(self, n: int) -> list[list[int]]:
+        """The first `n` transition rows as lists (the Python walk reads them one entry at a time),
+        shared by the pool's grammars: each row is made once, not once a grammar."""
+        with self._rows_lock:
+            rows = self._rows
+            if len(rows) < n:
+                rows.extend(self.trans[len(rows):n].tolist())
+        return rows
 
     # ---- growth ---------------------------------------------------------------------------------------
 

@@ -135,8 +135,9 @@ class WalkTables:
 
     @cached_property
     def rows(self) -> list[list[int]]:
-        """The transition table as lists (the Python walk indexes it one entry at a time)."""
-        return self.trans.tolist()
+        """The transition table as lists (the Python walk indexes it one entry at a time); a
+        composed grammar's are its pool's, made once for all its grammars."""
+        return self.row_lists() if self.row_lists is not None else self.trans.tolist()
 
     def __init__(self, grammar):
         a = grammar.automaton
@@ -147,7 +148,8 @@ class WalkTables:
         self.has_bytes = a.has_bytes.astype(np.uint8)
         self.tail = np.asarray(grammar.tail_states, dtype=np.uint8)
         self.cap = grammar.info.trie.max_len
-        if a.tables:  # composed in a state pool: each part's tables were made with it (automata/pool.py)
+        self.row_lists = a.tables.get("rows")
+        if a.tables:  # composed in a state pool: each part's tables were made with it (grammar/pool.py)
             for name in ("text_reach", "class_bytes", "class_reach", "call_off", "call_rule", "call_ret", "starts"):
                 setattr(self, name, a.tables[name])
         else:
