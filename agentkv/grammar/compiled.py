@@ -50,7 +50,7 @@ class CompiledGrammar:
         # an output worth validating against the schema.
         self.relaxed = relaxed
         a = automaton
-        if a.tables:  # (composed in a state pool: computed once per part, automata/pool.py)
+        if a.tables:  # (composed in a state pool: computed once per part, grammar/pool.py)
             self.fork_states = a.tables["fork"].view(bool)
             self.tail_states = a.tables["tail"].view(bool)
         else:

@@ -107,7 +107,7 @@ class GrammarCompiler:
                 self._evicted += 1
 
     def from_rules(self, rules: dict, root: str, description: str, deadline: float,
-                    relaxed: tuple[Relaxed, ...] = ()) -> CompiledGrammar:
+                   relaxed: tuple[Relaxed, ...] = ()) -> CompiledGrammar:
         auto = link(rules, root, deadline)
         self.check_deadline(deadline, description)
         g = CompiledGrammar(auto, self.info, description, relaxed)

@@ -128,7 +128,8 @@ class ToolFormat:
 
     def grammar(self, tools: list[Any], mode: str, output_schema: dict | None, parallel: bool = True,
                 close_objects: bool = True) -> str | ComposedGrammar | None:
-        """The Lark grammar of one step (start rule `start`), or None for unconstrained text.
+        """The grammar of one step (start rule `start`): Lark text, a ComposedGrammar whose parts are the
+        offered tools' calls, or None for unconstrained text.
 
         mode: "auto" (text, or the output, or tool calls), "required" (calls of `tools`), "none" (the
         output only: text, or JSON under `output_schema`). `parallel`: several calls in one step.

@@ -28,7 +28,7 @@ class Automaton:
     has_bytes: np.ndarray      # [n_states] bool
     starts: list[int]          # rule index -> start state
     rule_names: list[str]
-    # A grammar composed in a state pool (automata/pool.py) sees the pool's states, of which it reaches
+    # A grammar composed in a state pool (grammar/pool.py) sees the pool's states, of which it reaches
     # `own_states`, and takes the walk's per-state tables from the pool (`tables`) instead of
     # deriving them from the states (tokens/walk_tables.py).
     own_states: int = -1
