@@ -15,7 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
-from agentkv.grammar.automata.automaton import Automaton
+from agentkv.grammar.automata.automaton import Automaton, fork_and_tail
 from agentkv.grammar.schema.relaxed import Relaxed
 from agentkv.grammar.tokens.trie import packed_has
 from agentkv.grammar.tokens.vocab import TokenizerInfo
@@ -54,13 +54,7 @@ class CompiledGrammar:
             self.fork_states = a.tables["fork"].view(bool)
             self.tail_states = a.tables["tail"].view(bool)
         else:
-            # A state needs a fork in the token walk when it can call a rule or return from one.
-            self.fork_states = a.accept.copy()
-            self.fork_states[list(a.calls)] = True
-            # A return state with nothing after it: a call from there replaces the frame (tail call), so
-            # right-recursive chains (object member tails, Lark lists) do not deepen the stack.
-            self.tail_states = a.accept & ~a.has_bytes
-            self.tail_states[list(a.calls)] = False
+            self.fork_states, self.tail_states = fork_and_tail(a)
         self.max_depth = MAX_STACK_DEPTH if shared is None else shared.max_depth  # (read here: tests lower it)
         self._lock = threading.RLock() if shared is None else shared._lock
         self._expanded: dict[tuple, tuple[tuple[tuple, ...], bool]] = {}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentkv.grammar.automata.automaton import Automaton, nullable_rules
+from agentkv.grammar.automata.automaton import Automaton, fork_and_tail, nullable_rules
 from agentkv.grammar.tokens.walk_tables import byte_classes, text_reach
 
 MAX_POOL_STATES = 1 << 16  # a pool's states (256 bytes of transitions each, 64 MiB); past it a new pool starts
@@ -42,12 +42,8 @@ class Fragment:
     @classmethod
     def of(cls, automaton: Automaton, cap: int, relaxed: tuple = ()) -> Fragment:
         a = automaton
-        called = np.zeros(len(a.accept), dtype=bool)
-        called[list(a.calls)] = True
-        reach = text_reach(a, cap)
         sets, class_reach = byte_classes(np.ascontiguousarray(a.trans, dtype=np.int32), cap)
-        return cls(a, reach, sets, class_reach, a.accept | called, a.accept & ~a.has_bytes & ~called,
-                   nullable_rules(a)[0], relaxed)
+        return cls(a, text_reach(a, cap), sets, class_reach, *fork_and_tail(a), nullable_rules(a)[0], relaxed)
 
     @property
     def n_states(self) -> int:

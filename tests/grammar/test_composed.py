@@ -58,6 +58,14 @@ WORDS = [b"<tool_call>", b"<tool_call>\n", b'{"name":"', b'","arguments":{"', b'
          b'"a":', b"(a=", b", ", b"\n</", b"ta", b"g", b"]", b"[\"x", b'":{"x":']
 
 
+def _texts_compiled(compiler: GrammarCompiler, monkeypatch) -> list[str]:
+    """The Lark texts `compiler` lowers from now on (each head or part it compiles), in order."""
+    texts: list[str] = []
+    lark_rules = compiler.lark_rules
+    monkeypatch.setattr(compiler, "lark_rules", lambda text, deadline: texts.append(text) or lark_rules(text, deadline))
+    return texts
+
+
 def _walk_same(a: Matcher, b: Matcher, rnd: random.Random, steps: int) -> None:
     """`a` and `b` give the same mask, brute force's, at every token of one random walk."""
     ma = np.zeros((1, a.grammar.info.words), dtype=np.int32)
@@ -110,9 +118,7 @@ def test_a_subset_one_tool_apart_compiles_that_tool_alone(monkeypatch):
     fmt = Hermes()
     compiler.compile_lark(fmt.grammar(TOOLS[:5], "auto", None))
     assert compiler.cache_info()["parts"] == 6  # five tools and the head
-    texts: list[str] = []
-    lark_rules = compiler.lark_rules
-    monkeypatch.setattr(compiler, "lark_rules", lambda text, deadline: texts.append(text) or lark_rules(text, deadline))
+    texts = _texts_compiled(compiler, monkeypatch)
     text = fmt.grammar(TOOLS[1:6], "auto", None)
     g = compiler.compile_lark(text)
     assert texts == [fmt.call_part(TOOLS[5], True)]  # the new tool's part, nothing else
@@ -170,9 +176,7 @@ def test_a_step_over_the_state_budget_names_its_largest_tool(monkeypatch):
     # (a one-tool grammar's states: the head's, the two of the composed rule's and the tool's)
     monkeypatch.setattr(composer, "MAX_COMPOSED_STATES", sizes["get_weather"])  # passed at the second tool
     compiler = GrammarCompiler(_vocab(WORDS))
-    texts: list[str] = []
-    lark_rules = compiler.lark_rules
-    monkeypatch.setattr(compiler, "lark_rules", lambda text, deadline: texts.append(text) or lark_rules(text, deadline))
+    texts = _texts_compiled(compiler, monkeypatch)
     largest = max(TOOLS[:2], key=lambda t: sizes[t.name]).name
     with pytest.raises(GrammarError, match=f"largest part so far is tool '{largest}'"):
         compiler.compile_lark(fmt.grammar(TOOLS, "required", None))

@@ -161,6 +161,15 @@ def _live_python(a: Automaton) -> tuple[np.ndarray, list[bool]]:
     return live, productive
 
 
+def fork_and_tail(a: Automaton) -> tuple[np.ndarray, np.ndarray]:
+    """Per state: `fork`, it can call a rule or return from one (the token walk forks there); `tail`,
+    a return state with nothing after it (a call from there replaces the frame, so right-recursive
+    chains such as object member tails and Lark lists do not deepen the stack)."""
+    called = np.zeros(len(a.accept), dtype=bool)
+    called[list(a.calls)] = True
+    return a.accept | called, a.accept & ~a.has_bytes & ~called
+
+
 def nullable_rules(a: Automaton) -> list[bool]:
     """Per rule, whether it can return without reading a byte."""
     nullable = [False] * len(a.starts)
