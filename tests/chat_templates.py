@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tests.chat_templates_markers import DEEPSEEK_ADDED, DEEPSEEK_SPECIALS, DEEPSEEK_V31, KIMI_K2, KIMI_SPECIALS
 from tests.chat_templates_tags import (
     GLM45_NOTHINK,
     GLM_ADDED,
@@ -273,4 +274,7 @@ FAMILIES = {
     "mistral": ChatFamily(MISTRAL_V3, ("<s>", "<unk>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                                        "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), "<s>", "</s>"),
     "pythonic": ChatFamily(LLAMA32_PYTHONIC, tuple(LLAMA3_SPECIALS), "<|begin_of_text|>", "<|eot_id|>"),
+    "kimi_k2": ChatFamily(KIMI_K2, KIMI_SPECIALS, None, "<|im_end|>"),
+    "deepseek_v31": ChatFamily(DEEPSEEK_V31, DEEPSEEK_SPECIALS, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
+                               DEEPSEEK_ADDED),
 }

@@ -48,7 +48,7 @@ def read_step(agent, turn: Turn, index: int, mode: str, completion) -> tuple[Ste
         if cut and not agent.output_spec.text:
             step.error = f"the reply was cut at max_tokens ({agent.params.max_tokens}) before it was complete"
         return step, text, text
-    step.tool_calls = [dataclasses.replace(c, id=f"call_{index}_{k}") for k, c in enumerate(reply.calls)]
+    step.tool_calls = [dataclasses.replace(c, id=c.id or f"call_{index}_{k}") for k, c in enumerate(reply.calls)]
     head = len(text) - len(reply.answer)  # the reasoning block's length
     before = text[: head + max(reply.calls_start, 0)]
     if completion.complete or reply.calls_start < 0 and agent.output_spec.text and mode == "auto":

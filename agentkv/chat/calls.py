@@ -18,7 +18,7 @@ TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for function nam
 class ToolCall:
     name: str
     arguments: dict[str, Any]
-    id: str = ""
+    id: str = ""  # set by a format whose calls carry one (Kimi K2's), else by who returns the call
     # the arguments as the model wrote them (JSON), where it wrote JSON; not part of a call's identity
     arguments_text: str | None = field(default=None, compare=False, repr=False)
 
@@ -40,6 +40,7 @@ class CallProgress:
     name: str
     arguments_text: str
     done: bool
+    id: str = ""  # the id the call wrote, in a format whose calls carry one (Kimi K2's)
 
 
 @dataclass(frozen=True)

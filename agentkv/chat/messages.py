@@ -53,6 +53,7 @@ def template_messages(messages: list[dict], fmt, where: str = "messages") -> lis
     them, "developer" as "system"."""
     out: list[dict] = []
     names: dict[str, str] = {}
+    ids: dict[str, str] = {}  # a call's id as the client sent it -> as the template writes it
     pending: list[tuple[ToolCall, str]] = []
 
     def flush() -> None:
@@ -65,7 +66,7 @@ def template_messages(messages: list[dict], fmt, where: str = "messages") -> lis
         content = text_content(m.get("content"), f"{where}[{i}].content")
         if role == "tool":
             call_id = m.get("tool_call_id", "")
-            pending.append((ToolCall(names.get(call_id, m.get("name", "")), {}, call_id), content))
+            pending.append((ToolCall(names.get(call_id, m.get("name", "")), {}, ids.get(call_id, call_id)), content))
             continue
         flush()
         if role == "developer":
@@ -76,6 +77,7 @@ def template_messages(messages: list[dict], fmt, where: str = "messages") -> lis
         if role == "assistant" and m.get("tool_calls"):
             calls = [_call(c, f"{where}[{i}].tool_calls[{k}]") for k, c in enumerate(m["tool_calls"])]
             names.update((c.id, c.name) for c in calls)
+            ids.update((c.id, fmt.written_id(c, k)) for k, c in enumerate(calls))
             out.append(fmt.assistant_message(content, calls))
             continue
         out.append({"role": role, "content": content})

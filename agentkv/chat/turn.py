@@ -145,13 +145,13 @@ class Turn:
         return Reply(thought, answer, content, calls, end, self.fmt.calls_start(answer))
 
     def read(self, out):
-        """A RequestOutput with each completion's reasoning, calls (ids `call_{k}_{i}`) and content
+        """A RequestOutput with each completion's reasoning, calls (ids `call_{k}_{i}` unless written) and content
         read from its text, and its parser (the output's value) where it made no call."""
         completions = []
         parse = value_parser(self.schema) if self.schema is not None else None
         for k, c in enumerate(out.completions):
             reply = self.read_text(c.text, cut=c.finish_reason == "length")
-            calls = [replace(call, id=f"call_{k}_{i}") for i, call in enumerate(reply.calls)]
+            calls = [replace(call, id=call.id or f"call_{k}_{i}") for i, call in enumerate(reply.calls)]
             reason = "tool_calls" if calls and c.finish_reason != "length" else c.finish_reason
             completions.append(replace(c, tool_calls=calls, content=reply.content, finish_reason=reason,
                                        reasoning=reply.reasoning,

@@ -139,7 +139,7 @@ class Tokenizer:
 
             env = ImmutableSandboxedEnvironment(
                 trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-            env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
+            env.filters["tojson"] = _tojson
             env.globals["raise_exception"] = raise_exception
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             self._chat_env = env
@@ -269,3 +269,11 @@ def _sentencepiece_bpe(meta: dict[str, Any], tokens: list[str]):
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     return tok
+
+
+def _tojson(value: Any, indent: int | None = None, separators: tuple[str, str] | None = None,
+            sort_keys: bool = False, **_) -> str:
+    """Jinja's `tojson` as chat templates use it (HF's arguments: Kimi K2's writes its tools compact
+    with `separators=(',', ':')`), without HTML escaping."""
+    return json.dumps(value, ensure_ascii=False, indent=indent, separators=tuple(separators) if separators else None,
+                      sort_keys=sort_keys)

@@ -95,7 +95,7 @@ class BlockStream:
             out.append(self._delta({"type": "text_delta", "text": safe[self.sent["text"]:]}))
             self.sent["text"] = len(safe)
         if plan.calls_possible and not final:
-            out += self._calls([(p.name, p.arguments_text) for p in plan.fmt.progress(answer)])
+            out += self._calls([(p.name, p.arguments_text, p.id) for p in plan.fmt.progress(answer)])
         return out
 
     def finish(self, msg: dict) -> list[str]:
@@ -110,16 +110,18 @@ class BlockStream:
         if len(content) > self.sent["text"] and not self.calls:
             out += self._open("text", {"type": "text", "text": ""})
             out.append(self._delta({"type": "text_delta", "text": content[self.sent["text"]:]}))
-        out += self._calls([(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []])
+        out += self._calls([(c["function"]["name"], c["function"]["arguments"], c["id"])
+                           for c in msg.get("tool_calls") or []])
         if self.kind is not None:
             out.append(event("content_block_stop", index=self.index))
         return out
 
-    def _calls(self, calls: list[tuple[str, str]]) -> list[str]:
+    def _calls(self, calls: list[tuple[str, str, str]]) -> list[str]:
         out = []
-        for k, (name, arguments) in enumerate(calls):
+        for k, (name, arguments, written_id) in enumerate(calls):
             if k == len(self.calls):
-                out += self._open(f"call {k}", {"type": "tool_use", "id": call_id(self.prefix, k), "name": name,
+                out += self._open(f"call {k}", {"type": "tool_use", "id": written_id or call_id(self.prefix, k),
+                                                "name": name,
                                                 "input": {}})
                 self.calls.append(0)
             if len(arguments) > self.calls[k]:  # the text only grows: the grammar wrote it

@@ -269,7 +269,8 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                     if len(final) > len(out) and final.startswith(out) and not (field == "content" and calls):
                         yield chunk(d.index, {field: final[len(out):]})
                 if calls:  # what the stream has not sent of them yet
-                    done = [CallProgress(c["function"]["name"], c["function"]["arguments"], True) for c in calls]
+                    done = [CallProgress(c["function"]["name"], c["function"]["arguments"], True, c["id"])
+                            for c in calls]
                     for delta in call_deltas(done, streamed.setdefault(d.index, []), f"{rid[-8:]}_{d.index}"):
                         yield chunk(d.index, {"tool_calls": [delta]})
                 # a streamed choice's logprobs come whole, with its finish_reason
@@ -343,7 +344,7 @@ def call_deltas(progress: list[CallProgress], streamed: list[int], prefix: str) 
     out = []
     for k, p in enumerate(progress):
         if k == len(streamed):
-            out.append({"index": k, "id": call_id(prefix, k), "type": "function",
+            out.append({"index": k, "id": p.id or call_id(prefix, k), "type": "function",
                         "function": {"name": p.name, "arguments": ""}})
             streamed.append(0)
         if len(p.arguments_text) > streamed[k]:  # the text only grows: the grammar wrote it

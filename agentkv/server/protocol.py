@@ -286,8 +286,8 @@ def text_content(content: Any, where: str, kinds: tuple[str, ...] = ("text",)) -
 
 def tool_calls_json(calls: list[ToolCall], prefix: str) -> list[dict]:
     """Calls in OpenAI's shape; the arguments as the model wrote them (what streamed deltas add up to)."""
-    return [{"id": call_id(prefix, k), "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
-            for k, c in enumerate(calls)]
+    return [{"id": c.id or call_id(prefix, k), "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments_json}} for k, c in enumerate(calls)]
 
 
 def call_id(prefix: str, k: int) -> str:

@@ -43,7 +43,7 @@ class ItemStream:
             out += self._write("message", content)
         if plan.calls_possible:
             for k, p in enumerate(plan.fmt.progress(answer)):
-                out += self._write(f"call{k}", p.arguments_text, p.name)
+                out += self._write(f"call{k}", p.arguments_text, p.name, p.id or None)
         return out
 
     def finish(self, final: list[dict]) -> list[str]:

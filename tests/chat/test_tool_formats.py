@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from agentkv.chat.calls import FunctionSpec, ToolCall
 from agentkv.chat.formats import (
     FORMATS,
+    DeepSeekV31,
     Glm,
     Hermes,
+    Kimi,
     Llama3Json,
     Mistral,
     MistralArgs,
@@ -22,6 +24,7 @@ from agentkv.chat.formats import (
     detect,
     tool_format_for,
 )
+from agentkv.chat.messages import template_messages
 from agentkv.errors import RequestError
 from tests.chat_templates import FAMILIES
 from tests.grammar_helpers import BYTE_COMPILER, accepts
@@ -32,13 +35,19 @@ ADD = FunctionSpec("add", {"type": "object", "properties": {
 WEATHER = FunctionSpec("get_weather", {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]})
 TOOLS = [ADD, WEATHER]
-ALL = [Hermes(), Llama3Json(), Mistral(), MistralArgs(), Pythonic(), QwenXml().bind(TOOLS), Glm().bind(TOOLS)]
+ALL = [Hermes(), Llama3Json(), Mistral(), MistralArgs(), Pythonic(), QwenXml().bind(TOOLS), Glm().bind(TOOLS), Kimi(),
+       DeepSeekV31()]
 GOOD_CALLS = [[ToolCall("add", {"a": 1})], [ToolCall("add", {"a": 9, "ok": True, "note": None})],
               [ToolCall("add", {"a": 0, "note": "x]\")<"})],
               [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("add", {"a": 2, "ok": False})]]
 BAD_CALLS = [[ToolCall("nope", {})], [ToolCall("add", {})], [ToolCall("add", {"a": 10})],
              [ToolCall("add", {"a": 1, "z": 1})], [ToolCall("get_weather", {"city": "X", "unit": "K"})],
              [ToolCall("get_weather", {"city": "X"})]]
+
+
+def plain(calls: list[ToolCall]) -> list[ToolCall]:
+    """`calls` without the ids a format's calls may carry (Kimi's)."""
+    return [ToolCall(c.name, c.arguments) for c in calls]
 
 
 def grammar(fmt, mode="required", parallel=True, output=None):
@@ -68,7 +77,8 @@ def test_auto_text_cannot_start_a_call_nor_write_markup(fmt):
         assert not accepts(g, "Sure. " + word + " x") or word.startswith("<") and not accepts(g, word)
     with_text = "Let me check." + fmt.between_text_and_calls + fmt.calls_text(GOOD_CALLS[0])
     if fmt.text_before_calls:  # calls after text are calls
-        assert accepts(g, with_text) and fmt.parse(with_text)[:2] == ("Let me check.", GOOD_CALLS[0])
+        content, calls, _ = fmt.parse(with_text)
+        assert accepts(g, with_text) and (content, plain(calls)) == ("Let me check.", GOOD_CALLS[0])
     else:  # pythonic calls are a whole reply: text cannot write one (it would come back as content)
         assert not accepts(g, with_text) and accepts(g, "See [1] and [x(2)].")
 
@@ -101,14 +111,14 @@ def test_parse_round_trip_and_every_cut(fmt, values):
     text = fmt.calls_text(calls)
     assert accepts(grammar(fmt), text)
     content, parsed, end = fmt.parse(text)
-    assert (content, parsed, end) == ("", calls, len(text))
+    assert (content, plain(parsed), end) == ("", calls, len(text))
     final = [c.arguments_json for c in parsed]
     assert [json.loads(a) for a in final] == [c.arguments for c in calls]
     shown: list[str] = []
     for k in range(len(text) + 1):
         cut = text[:k]
         content, got, _ = fmt.parse(cut, cut=True)
-        assert got == calls[:len(got)] and content == ""
+        assert plain(got) == calls[:len(got)] and content == ""
         progress = fmt.progress(cut)
         assert [p.name for p in progress] == [c.name for c in calls[:len(progress)]]
         for i, p in enumerate(progress):
@@ -158,12 +168,12 @@ def test_mistral_ids_and_structured_history():
                                              ("llama3", Llama3Json), ("mistral", Mistral), ("pythonic", Pythonic),
                                              ("qwen3_xml", QwenXml), ("qwen3_coder", QwenXml),
                                              ("magistral", MistralArgs), ("mistral_v11", MistralArgs),
-                                             ("glm45", Glm)])
+                                             ("glm45", Glm), ("kimi_k2", Kimi), ("deepseek_v31", DeepSeekV31)])
 def test_detection_from_the_families_templates(family, expected):
     fam = FAMILIES[family]
     assert detect(fam.template, fam.specials) is expected
     fmt = expected.for_template(fam.template, fam.specials)
-    assert fmt.native and fmt.opening not in fmt.markers
+    assert fmt.native == (expected is not DeepSeekV31) and fmt.opening not in fmt.markers  # (DeepSeek's: calls only)
     assert set(fmt.markers) <= set(fam.specials)
 
 
@@ -180,7 +190,8 @@ def test_detection_without_a_tool_template_and_by_name():
     assert "func_name1(" in tool_format_for(Tok(), "pythonic").system_message("", [ADD.definition])["content"]
     with pytest.raises(RequestError, match="hermes"):
         tool_format_for(Tok(), "qwen")
-    assert sorted(FORMATS) == ["glm", "hermes", "llama3_json", "mistral", "mistral_args", "pythonic", "qwen3_xml"]
+    assert sorted(FORMATS) == ["deepseek_v31", "glm", "hermes", "kimi_k2", "llama3_json", "mistral", "mistral_args",
+                               "pythonic", "qwen3_xml"]
 
 
 def test_definitions_are_offered_only_where_the_template_does_not_render_them():
@@ -222,3 +233,40 @@ def test_qwen_xml_reads_strings_raw_and_the_rest_by_schema():
     with pytest.raises(RequestError, match="rename it"):
         fmt.grammar([FunctionSpec("bad", {"type": "object", "properties": {"a>b": {"type": "string"}}})], "required",
                     None)
+
+
+def test_kimi_calls_keep_the_ids_they_wrote():
+    """Kimi K2's calls carry ids (`functions.<name>:<index>`) its template writes back verbatim: a
+    call keeps the id it wrote (one repeating an earlier call's id in the reply takes its place's),
+    and a conversation whose calls a client named otherwise writes them, and their results' headers,
+    by their place in the turn. Checked against a planted bug (results keeping the client's id)."""
+    fmt = Kimi(native=True)
+    text = fmt.calls_text([ToolCall("add", {"a": 1}, "functions.add:3"), ToolCall("add", {"a": 2}, "functions.add:3")])
+    assert text.count("functions.add:3") == 2 and accepts(grammar(fmt), text)
+    _, calls, _ = fmt.parse(text)
+    assert [c.id for c in calls] == ["functions.add:3", "functions.add:1"]
+    assert [p.id for p in fmt.progress(text)] == ["functions.add:3", "functions.add:1"]
+    assert "functions.add:05" not in fmt.calls_text(calls) and not accepts(grammar(fmt), text.replace(":3", ":03", 1))
+    chat = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_x", "type": "function", "function": {"name": "add", "arguments": '{"a":1}'}},
+                {"id": "functions.get_weather:7", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city":"P","unit":"C"}'}}]},
+            {"role": "tool", "tool_call_id": "functions.get_weather:7", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "call_x", "content": "2"}]
+    rendered = template_messages(chat, fmt)
+    assert [c["id"] for c in rendered[1]["tool_calls"]] == ["functions.add:0", "functions.get_weather:7"]
+    assert [(m["name"], m["tool_call_id"]) for m in rendered[2:]] == [("get_weather", "functions.get_weather:7"),
+                                                                      ("add", "functions.add:0")]
+
+
+def test_deepseek_offers_tools_in_its_words_and_its_template_writes_calls():
+    fmt = DeepSeekV31()
+    system = fmt.system_message("Be brief.", [ADD.definition])["content"]
+    assert system.startswith("Be brief.\n\n## Tools\nYou have access to the following tools:\n\n### add\n")
+    assert '\nParameters: {"type": "object"' in system
+    assert "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name" in system
+    call = ToolCall("add", {"a": 1}, "call_1_0", arguments_text='{"a": 1}')
+    assert fmt.assistant_message("", [call])["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
+    assert fmt.results_messages([(call, "2")]) == [{"role": "tool", "name": "add", "tool_call_id": "call_1_0",
+                                                    "content": "2"}]

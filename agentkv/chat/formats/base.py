@@ -117,6 +117,11 @@ class ToolFormat:
 
     between_text_and_calls: ClassVar[str] = ""
 
+    def written_id(self, call: ToolCall, k: int) -> str:
+        """The id the template writes for the `k`th call of a turn (and in its result): the call's
+        own, but for a format whose calls carry an id of their own shape (Kimi K2's)."""
+        return call.id
+
     def results_messages(self, results: list[tuple[ToolCall, str]]) -> list[dict]:
         """The messages that give the model its tool calls' results, in the order of the calls."""
         if self.native:
