@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.chat_templates_markers import DEEPSEEK_ADDED, DEEPSEEK_SPECIALS, DEEPSEEK_V31, KIMI_K2, KIMI_SPECIALS
+from tests.chat_templates_markers import (
+    DEEPSEEK_ADDED,
+    DEEPSEEK_SPECIALS,
+    DEEPSEEK_V31,
+    GRANITE_33,
+    GRANITE_SPECIALS,
+    KIMI_K2,
+    KIMI_SPECIALS,
+)
 from tests.chat_templates_tags import (
     GLM45_NOTHINK,
     GLM_ADDED,
@@ -277,4 +285,5 @@ FAMILIES = {
     "kimi_k2": ChatFamily(KIMI_K2, KIMI_SPECIALS, None, "<|im_end|>"),
     "deepseek_v31": ChatFamily(DEEPSEEK_V31, DEEPSEEK_SPECIALS, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
                                DEEPSEEK_ADDED),
+    "granite33": ChatFamily(GRANITE_33, GRANITE_SPECIALS, None, "<|end_of_text|>"),
 }

@@ -1,8 +1,10 @@
-"""Chat templates of the families whose calls sit between marker tokens (Kimi K2's, DeepSeek V3.1's),
-for the tiny test models (tests/chat_templates.py lists them). DeepSeek V3.1's is its published
-template; Kimi K2's is written from its published template's behaviour (the `tool_declare` turn, the
-default system turn, `<|im_{role}|>{name}<|im_middle|>`, calls by id, `## Return of <id>` results),
-the branches for media content left out."""
+"""Chat templates of the families whose calls follow marker tokens (Kimi K2's, DeepSeek V3.1's,
+Granite 3.3's), for the tiny test models (tests/chat_templates.py lists them). DeepSeek V3.1's is its
+published template, Granite 3.3's the published one less its documents, thinking and controls
+branches; Kimi
+K2's is written from its published template's behaviour (the `tool_declare` turn, the default system
+turn, `<|im_{role}|>{name}<|im_middle|>`, calls by id, `## Return of <id>` results), the branches
+for media content left out."""
 
 from __future__ import annotations
 
@@ -48,3 +50,37 @@ DEEPSEEK_V31 = r"""{% if not add_generation_prompt is defined %}{% set add_gener
 DEEPSEEK_SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜end▁of▁sentence｜>", "<｜Assistant｜>")
 DEEPSEEK_ADDED = ("<think>", "</think>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
                   "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
+
+GRANITE_33 = r"""{# Alias tools -> available_tools #}
+{%- if tools and not available_tools -%}
+    {%- set available_tools = tools -%}
+{%- endif -%}
+
+{%- if messages[0]['role'] == 'system' %}
+     {%- set system_message = messages[0]['content'] %}
+     {%- set loop_messages = messages[1:] %}
+ {%- else %}
+     {%- set system_message = " Knowledge Cutoff Date: April 2024.\n. You are Granite, developed by IBM." %}
+     {%- if available_tools %}
+         {%- set system_message = system_message + " You are a helpful assistant with access to the following tools. When a tool is required to answer the user's query, respond only with <|tool_call|> followed by a JSON list of tools used. If a tool does not exist in the provided list of tools, notify the user that you do not have the ability to fulfill the request." %}
+     {%- else %}
+         {%- set system_message = system_message + " You are a helpful AI assistant." %}
+     {%- endif %}
+     {%- set loop_messages = messages %}
+ {%- endif %}
+ {{- '<|start_of_role|>system<|end_of_role|>' + system_message + '<|end_of_text|>\n' }}
+ {%- if available_tools %}
+     {{- '<|start_of_role|>available_tools<|end_of_role|>' }}
+     {{- available_tools | tojson(indent=4) }}
+     {{- '<|end_of_text|>\n' }}
+ {%- endif %}
+ {%- for message in loop_messages %}
+     {{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + message['content'] + '<|end_of_text|>\n' }}
+     {%- if loop.last and add_generation_prompt %}
+         {{- '<|start_of_role|>assistant' }}
+         {{- '<|end_of_role|>' }}
+     {%- endif %}
+ {%- endfor %}
+"""
+
+GRANITE_SPECIALS = ("<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>")

@@ -14,6 +14,7 @@ from agentkv.chat.formats import (
     FORMATS,
     DeepSeekV31,
     Glm,
+    Granite,
     Hermes,
     Kimi,
     Llama3Json,
@@ -36,7 +37,7 @@ WEATHER = FunctionSpec("get_weather", {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]})
 TOOLS = [ADD, WEATHER]
 ALL = [Hermes(), Llama3Json(), Mistral(), MistralArgs(), Pythonic(), QwenXml().bind(TOOLS), Glm().bind(TOOLS), Kimi(),
-       DeepSeekV31()]
+       DeepSeekV31(), Granite()]
 GOOD_CALLS = [[ToolCall("add", {"a": 1})], [ToolCall("add", {"a": 9, "ok": True, "note": None})],
               [ToolCall("add", {"a": 0, "note": "x]\")<"})],
               [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("add", {"a": 2, "ok": False})]]
@@ -168,7 +169,8 @@ def test_mistral_ids_and_structured_history():
                                              ("llama3", Llama3Json), ("mistral", Mistral), ("pythonic", Pythonic),
                                              ("qwen3_xml", QwenXml), ("qwen3_coder", QwenXml),
                                              ("magistral", MistralArgs), ("mistral_v11", MistralArgs),
-                                             ("glm45", Glm), ("kimi_k2", Kimi), ("deepseek_v31", DeepSeekV31)])
+                                             ("glm45", Glm), ("kimi_k2", Kimi), ("deepseek_v31", DeepSeekV31),
+                                             ("granite33", Granite)])
 def test_detection_from_the_families_templates(family, expected):
     fam = FAMILIES[family]
     assert detect(fam.template, fam.specials) is expected
@@ -190,8 +192,8 @@ def test_detection_without_a_tool_template_and_by_name():
     assert "func_name1(" in tool_format_for(Tok(), "pythonic").system_message("", [ADD.definition])["content"]
     with pytest.raises(RequestError, match="hermes"):
         tool_format_for(Tok(), "qwen")
-    assert sorted(FORMATS) == ["deepseek_v31", "glm", "hermes", "kimi_k2", "llama3_json", "mistral", "mistral_args",
-                               "pythonic", "qwen3_xml"]
+    assert sorted(FORMATS) == ["deepseek_v31", "glm", "granite", "hermes", "kimi_k2", "llama3_json", "mistral",
+                               "mistral_args", "pythonic", "qwen3_xml"]
 
 
 def test_definitions_are_offered_only_where_the_template_does_not_render_them():

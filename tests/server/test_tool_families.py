@@ -13,12 +13,24 @@ import pytest
 from pydantic import BaseModel, Field
 
 import agentkv as ak
-from agentkv.chat.formats import DeepSeekV31, Glm, Hermes, Kimi, Llama3Json, Mistral, MistralArgs, Pythonic, QwenXml
+from agentkv.chat.formats import (
+    DeepSeekV31,
+    Glm,
+    Granite,
+    Hermes,
+    Kimi,
+    Llama3Json,
+    Mistral,
+    MistralArgs,
+    Pythonic,
+    QwenXml,
+)
 from agentkv.chat.messages import template_messages
 from tests.tiny import make_tiny_model
 
 FAMILIES = {"qwen2.5": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic, "qwen3_coder": QwenXml,
-            "mistral_v11": MistralArgs, "glm45": Glm, "kimi_k2": Kimi, "deepseek_v31": DeepSeekV31}
+            "mistral_v11": MistralArgs, "glm45": Glm, "kimi_k2": Kimi, "deepseek_v31": DeepSeekV31,
+            "granite33": Granite}
 # Families whose template writes calls and results but not the tools (their definitions go into the
 # system prompt in the family's words)
 NOT_NATIVE = {"deepseek_v31"}
@@ -27,7 +39,8 @@ RESULT_MARK = {"qwen2.5": "<tool_response>\n", "llama3": "<|start_header_id|>ipy
                "mistral": "[TOOL_RESULTS] {", "pythonic": "<|start_header_id|>ipython<|end_header_id|>",
                "qwen3_coder": "<tool_response>\n", "mistral_v11": "[TOOL_RESULTS]", "glm45": "<tool_response>\n",
                # Kimi's result names the call by the id it wrote
-               "kimi_k2": "<|im_middle|>## Return of functions.add:", "deepseek_v31": "<｜tool▁output▁begin｜>"}
+               "kimi_k2": "<|im_middle|>## Return of functions.add:", "deepseek_v31": "<｜tool▁output▁begin｜>",
+               "granite33": "<|start_of_role|>tool<|end_of_role|>"}
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"},
                                      "note": {"type": ["string", "null"], "maxLength": 4}},
@@ -40,7 +53,7 @@ Small = Annotated[int, Field(ge=0, le=99)]
 # Random weights whose choice between two tool names is not one-sided (at seed 0, the Llama-token
 # models pick one name 40 times in 40), so a framework's run can both call a tool and then answer.
 WEIGHT_SEEDS = {"qwen2.5": 0, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_coder": 0, "mistral_v11": 0, "glm45": 0,
-                "kimi_k2": 0, "deepseek_v31": 1}
+                "kimi_k2": 0, "deepseek_v31": 1, "granite33": 5}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -69,7 +82,8 @@ def test_the_family_is_detected_and_its_prompt_rendered(family):
                 "pythonic": "[func_name1(", "qwen3_coder": "<function=example_function_name>",
                 "mistral_v11": "[AVAILABLE_TOOLS][", "glm45": "<arg_key>{arg-key-1}</arg_key>",
                 "kimi_k2": '<|im_system|>tool_declare<|im_middle|>[{"type":"function","function":{"name":"add"',
-                "deepseek_v31": "## Tools\nYou have access to the following tools:\n\n### add\nDescription: Add"}[name]
+                "deepseek_v31": "## Tools\nYou have access to the following tools:\n\n### add\nDescription: Add",
+                "granite33": '<|start_of_role|>available_tools<|end_of_role|>[\n    {\n        "type"'}[name]
     assert expected in prompt
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from agentkv.chat.calls import CallProgress, ToolCall
-from agentkv.chat.formats.base import JSON_CALL_OPENING, ToolFormat, json_call_part
+from agentkv.chat.formats.base import JSON_CALL_OPENING, ToolFormat, json_call_part, lark_literal
 from agentkv.chat.formats.json_calls import call_object, call_progress, decode_call
 
 OPEN = "[TOOL_CALLS]"
@@ -32,6 +32,7 @@ class Mistral(ToolFormat):
     words: ClassVar[tuple[str, ...]] = (OPEN, "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[AVAILABLE_TOOLS]",
                                         "[/AVAILABLE_TOOLS]")
     special_markers: ClassVar[tuple[str, ...]] = (OPEN,)
+    list_space: ClassVar[str] = " "  # what the format writes between its marker and the list
     instruction: ClassVar[str] = (
         "To call functions, write [TOOL_CALLS] followed by a JSON list of the calls: "
         "[TOOL_CALLS] [{\"name\": <function-name>, \"arguments\": <args-json-object>}]")
@@ -42,13 +43,13 @@ class Mistral(ToolFormat):
 
     def calls_rules(self, parallel) -> str:
         more = ' ("," " "? call)*' if parallel else ""
-        return f'calls: "{OPEN}" " "? "[" call{more} "]"\n'
+        return f'calls: {lark_literal(self.opening)} " "? "[" call{more} "]"\n'
 
     def call_part(self, tool, close_objects) -> str:
         return json_call_part(tool, "arguments", close_objects)
 
     def _first(self, text: str, start: int) -> int:
-        i = start + len(OPEN)
+        i = start + len(self.opening)
         i += text.startswith(" ", i)
         return i + 1 if text.startswith("[", i) else -1
 
@@ -71,7 +72,7 @@ class Mistral(ToolFormat):
         return out
 
     def calls_text(self, calls: list[ToolCall]) -> str:
-        return f"{OPEN} [" + ", ".join(call_object(c, "arguments") for c in calls) + "]"
+        return f"{self.opening}{self.list_space}[" + ", ".join(call_object(c, "arguments") for c in calls) + "]"
 
     def assistant_message(self, content: str, calls: list[ToolCall], text: str | None = None) -> dict:
         if not self.native:
