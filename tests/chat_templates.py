@@ -12,6 +12,8 @@ from tests.chat_templates_markers import (
     DEEPSEEK_ADDED,
     DEEPSEEK_SPECIALS,
     DEEPSEEK_V31,
+    GPT_OSS,
+    GPT_OSS_SPECIALS,
     GRANITE_33,
     GRANITE_SPECIALS,
     KIMI_K2,
@@ -255,13 +257,15 @@ LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|star
 @dataclass(frozen=True)
 class ChatFamily:
     """A family's template and tokens: `specials` are special tokens (the first is BOS, the third
-    EOS, as the tiny models' configs say), `added` ordinary added tokens (Qwen's `<think>`)."""
+    EOS, as the tiny models' configs say), `added` ordinary added tokens (Qwen's `<think>`), `ends`
+    more tokens that end a reply (gpt-oss's `<|call|>`, in its generation config)."""
 
     template: str
     specials: tuple[str, ...]
     bos: str | None
     eos: str
     added: tuple[str, ...] = ()
+    ends: tuple[str, ...] = ()
 
 
 FAMILIES = {
@@ -286,4 +290,5 @@ FAMILIES = {
     "deepseek_v31": ChatFamily(DEEPSEEK_V31, DEEPSEEK_SPECIALS, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
                                DEEPSEEK_ADDED),
     "granite33": ChatFamily(GRANITE_33, GRANITE_SPECIALS, None, "<|end_of_text|>"),
+    "gpt_oss": ChatFamily(GPT_OSS, GPT_OSS_SPECIALS, "<|startoftext|>", "<|return|>", ends=("<|call|>",)),
 }

@@ -3,6 +3,7 @@ with a family's chat template and special tokens from tests/chat_templates.py wh
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from agentkv.testing import CHATML, SPECIALS, write_tiny_model
@@ -22,4 +23,8 @@ def make_tiny_model(out: Path, family: str = "llama", *, chat: str | None = None
         f = FAMILIES[chat]
         tokenizer = {"specials": list(f.specials), "added": list(f.added), "bos": f.bos, "eos": f.eos,
                      "template": f.template, "merges": merges}
-    return write_tiny_model(out, family, tokenizer=tokenizer, **options)
+    path = write_tiny_model(out, family, tokenizer=tokenizer, **options)
+    if chat and f.ends:  # (a special token's id is its place among the specials)
+        ends = [f.specials.index(t) for t in (f.eos, *f.ends)]
+        (path / "generation_config.json").write_text(json.dumps({"eos_token_id": ends}))
+    return path

@@ -1,6 +1,7 @@
 """Reasoning blocks: a model that thinks in `<think>...</think>` before it answers (Qwen3,
-DeepSeek-R1 and their distillations), or in `[THINK]...[/THINK]` (Magistral): formats as data,
-each its markers and the whitespace its templates write around them.
+DeepSeek-R1 and their distillations), in `[THINK]...[/THINK]` (Magistral), or in an analysis message
+(gpt-oss's harmony channels): formats as data, each its markers and the whitespace its templates
+write around them.
 
 While the model reasons no grammar applies but one rule: the block ends with its closing marker.
 After it, the step's grammar (a schema, tool calls, free text) applies. The rendered prompt says
@@ -67,8 +68,9 @@ class ReasoningFormat:
             return None
         if state == "off":
             return "start: answer\n" + answer
-        # neither marker inside: a template reads the block back by splitting at them
-        think = f"THINK: /{text_without((self.close, self.open))}/\n"
+        # neither marker inside: a template reads the block back by splitting at them (a marker of
+        # several special tokens, harmony's, by its first: no `<|channel|>` inside)
+        think = f"THINK: /{text_without(tuple(_head(m) for m in (self.close, self.open)))}/\n"
         block = f"THINK {lark_literal(self.close_text)}"
         if state == "inside":
             return f"start: {block} answer\n" + think + answer
@@ -89,7 +91,12 @@ class ReasoningFormat:
             body = stripped[len(self.open):]
         head, sep, rest = body.partition(self.close)
         if sep:
-            return head.strip("\n"), rest.lstrip()
+            rest, after = rest.lstrip(), self.after_close.strip()  # (harmony's next header, `<|start|>assistant`)
+            if after and rest.startswith(after):
+                rest = rest[len(after):]
+            elif after and not final and after.startswith(rest):
+                rest = ""  # the header still being written
+            return head.strip("\n"), rest
         if not final:
             # less a start of the closing marker, and the newline that may come before it
             return without_partial(head, self.close).rstrip("\n").lstrip("\n"), ""
@@ -97,8 +104,15 @@ class ReasoningFormat:
 
 
 # Qwen3's and DeepSeek-R1's `<think>\n...\n</think>\n\n`; Magistral's `[THINK]...[/THINK]` (special
-# tokens of its tokenizer, written without whitespace of their own)
-KNOWN = (ReasoningFormat(), ReasoningFormat("[THINK]", "[/THINK]", "", "", ""))
+# tokens of its tokenizer, written without whitespace of their own); gpt-oss's analysis channel (its
+# message ends, and the next one, the answer, opens: `<|end|><|start|>assistant`)
+HARMONY = ReasoningFormat("<|channel|>analysis<|message|>", "<|end|>", "", "", "<|start|>assistant")
+KNOWN = (HARMONY, ReasoningFormat(), ReasoningFormat("[THINK]", "[/THINK]", "", "", ""))
+
+
+def _head(marker: str) -> str:
+    """A marker's first special token where it is several (`<|channel|>analysis<|message|>` -> `<|channel|>`)."""
+    return marker[:marker.index("|>") + 2] if marker.startswith("<|") and "|>" in marker else marker
 
 
 def reply_grammar(answer: str | None, reasoning: ReasoningFormat | None, state: State) -> str | None:

@@ -133,7 +133,7 @@ class Turn:
         (OutputValidationError); an agent checks them itself, as a refusal the model corrects."""
         thought, answer = self.split(text)
         if self.mode == "none":
-            return Reply(thought, answer, answer)
+            return Reply(thought, answer, self.fmt.text(answer))
         content, calls, end = self.fmt.parse(answer, cut)
         specs = {s.name: s for s in self.specs}
         for call in calls if check else ():

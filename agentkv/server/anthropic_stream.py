@@ -89,7 +89,7 @@ class BlockStream:
             out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
             out.append(self._delta({"type": "thinking_delta", "thinking": thought[self.sent["thinking"]:]}))
             self.sent["thinking"] = len(thought)
-        safe = plan.fmt.content(answer) if plan.calls_possible and not final else answer
+        safe = plan.fmt.content(answer) if plan.calls_possible and not final else plan.fmt.text(answer, final)
         if len(safe) > self.sent["text"] and not self.calls:
             out += self._open("text", {"type": "text", "text": ""})
             out.append(self._delta({"type": "text_delta", "text": safe[self.sent["text"]:]}))

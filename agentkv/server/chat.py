@@ -242,7 +242,7 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                 yield chunk(d.index, {"reasoning_content": thought[thought_sent.get(d.index, 0):]})
                 thought_sent[d.index] = len(thought)
             # with tools, text stops where the calls start (and holds back what may begin them)
-            safe = plan.fmt.content(full) if plan.calls_possible else full
+            safe = plan.fmt.content(full) if plan.calls_possible else plan.fmt.text(full, final=False)
             start = sent.get(d.index, 0)
             if len(safe) > start:
                 yield chunk(d.index, {"content": safe[start:]})
@@ -263,7 +263,7 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                 calls = msg.get("tool_calls")
                 # text held back while it might have begun a call or a marker, and was none
                 went = {"reasoning_content": (thought or "")[:thought_sent.get(d.index, 0)],
-                        "content": full[:sent.get(d.index, 0)]}
+                        "content": safe[:sent.get(d.index, 0)]}
                 for field, out in went.items():
                     final = msg.get(field) or ""
                     if len(final) > len(out) and final.startswith(out) and not (field == "content" and calls):

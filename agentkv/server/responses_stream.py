@@ -38,7 +38,7 @@ class ItemStream:
         fmt = plan.reasoning
         if thought is not None and (plan.turn.state == "inside" or text.lstrip().startswith(fmt.open)):
             out += self._write("reasoning", thought)
-        content = plan.fmt.content(answer) if plan.calls_possible else answer
+        content = plan.fmt.content(answer) if plan.calls_possible else plan.fmt.text(answer, final=False)
         if content:
             out += self._write("message", content)
         if plan.calls_possible:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 import agentkv as ak
-from agentkv.chat.reasoning import ReasoningFormat, reply_grammar
+from agentkv.chat.reasoning import HARMONY, ReasoningFormat, reply_grammar
 from agentkv.errors import RequestError
 from tests.grammar_helpers import BYTE_COMPILER, accepts
 from tests.tiny import make_tiny_model
@@ -59,6 +59,23 @@ def test_a_streamed_split_only_grows_into_the_final_one(state, thought, answer):
     for k in range(len(text) + 1):
         part = R.split(text[:k], state, final=False)
         assert (final[0] or "").startswith(part[0] or "") and final[1].startswith(part[1])
+
+
+def test_harmonys_analysis_channel():
+    """gpt-oss's reasoning is an analysis message before the answer's own message: the prompt's
+    `<|start|>assistant` leaves it free to open one, which ends with `<|end|><|start|>assistant`."""
+    prompt = "<|start|>user<|message|>hi<|end|><|start|>assistant"
+    assert HARMONY.state(prompt) == "may" and HARMONY.close_text == "<|end|><|start|>assistant"
+    final = "<|channel|>final<|message|>"
+    g = BYTE_COMPILER.compile_lark(reply_grammar(f'answer: "{final}" /[a-z]+/\n', HARMONY, "may"))
+    assert accepts(g, f"<|channel|>analysis<|message|>hm, ok<|end|><|start|>assistant{final}yes")
+    assert accepts(g, final + "yes") and not accepts(g, "<|channel|>analysis<|message|>a<|channel|>b<|end|>"
+                                                      f"<|start|>assistant{final}yes")
+    text = f"<|channel|>analysis<|message|>hm<|end|><|start|>assistant{final}yes"
+    assert HARMONY.split(text, "may") == ("hm", final + "yes")
+    parts = [HARMONY.split(text[:k], "may", final=False) for k in range(len(text) + 1)]
+    assert all(final.startswith(a) or a.startswith(final) for _, a in parts)  # no header streamed as text
+    assert all((b or "").startswith(a or "") for (a, _), (b, _) in zip(parts, parts[1:]))
 
 
 @pytest.fixture(scope="module")

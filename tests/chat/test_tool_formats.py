@@ -15,6 +15,7 @@ from agentkv.chat.formats import (
     DeepSeekV31,
     Glm,
     Granite,
+    Harmony,
     Hermes,
     Kimi,
     Llama3Json,
@@ -37,7 +38,7 @@ WEATHER = FunctionSpec("get_weather", {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]})
 TOOLS = [ADD, WEATHER]
 ALL = [Hermes(), Llama3Json(), Mistral(), MistralArgs(), Pythonic(), QwenXml().bind(TOOLS), Glm().bind(TOOLS), Kimi(),
-       DeepSeekV31(), Granite()]
+       DeepSeekV31(), Granite(), Harmony()]
 GOOD_CALLS = [[ToolCall("add", {"a": 1})], [ToolCall("add", {"a": 9, "ok": True, "note": None})],
               [ToolCall("add", {"a": 0, "note": "x]\")<"})],
               [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("add", {"a": 2, "ok": False})]]
@@ -61,37 +62,45 @@ def test_calls_are_the_grammars_language(fmt):
     back re-reads them as generated), and calls of unknown tools or invalid arguments are not."""
     g = grammar(fmt)
     for calls in GOOD_CALLS:
+        if len(calls) > 1 and fmt.one_call:  # (one call a reply: harmony's; calls_text writes the first)
+            assert not accepts(g, fmt.calls_text(calls) + fmt.calls_text(calls[1:]))
+            continue
         assert accepts(g, fmt.calls_text(calls)), fmt.calls_text(calls)
     for calls in BAD_CALLS:
         assert not accepts(g, fmt.calls_text(calls)), fmt.calls_text(calls)
     assert not accepts(g, "") and not accepts(g, "hello")
     single = grammar(fmt, parallel=False)
-    assert accepts(single, fmt.calls_text(GOOD_CALLS[0])) and not accepts(single, fmt.calls_text(GOOD_CALLS[3]))
+    assert accepts(single, fmt.calls_text(GOOD_CALLS[0]))
+    assert not accepts(single, fmt.calls_text(GOOD_CALLS[3]) + fmt.calls_text(GOOD_CALLS[3][1:]) * fmt.one_call)
 
 
 @pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
 def test_auto_text_cannot_start_a_call_nor_write_markup(fmt):
     g = grammar(fmt, "auto")
-    assert accepts(g, "The answer is 4.") and accepts(g, "") and accepts(g, fmt.calls_text(GOOD_CALLS[3]))
+    head = fmt.text_opening  # (the header before text: harmony's final channel)
+    assert accepts(g, head + "The answer is 4.") and accepts(g, head) and accepts(g, fmt.calls_text(GOOD_CALLS[3]))
     assert not accepts(g, fmt.opening + " the answer")  # a reply that starts like a call is one
+    assert not head or not accepts(g, "The answer is 4.")
     for word in (*fmt.words, "<tool_response>", "<tool", "<answer>"):
-        assert not accepts(g, "Sure. " + word + " x") or word.startswith("<") and not accepts(g, word)
+        assert not accepts(g, head + "Sure. " + word + " x") or word.startswith("<") and not accepts(g, head + word)
     with_text = "Let me check." + fmt.between_text_and_calls + fmt.calls_text(GOOD_CALLS[0])
     if fmt.text_before_calls:  # calls after text are calls
         content, calls, _ = fmt.parse(with_text)
         assert accepts(g, with_text) and (content, plain(calls)) == ("Let me check.", GOOD_CALLS[0])
     else:  # pythonic calls are a whole reply: text cannot write one (it would come back as content)
-        assert not accepts(g, with_text) and accepts(g, "See [1] and [x(2)].")
+        assert not accepts(g, with_text) and accepts(g, head + "See [1] and [x(2)].")
 
 
 @pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
 def test_output_or_calls(fmt):
     out = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
     g = grammar(fmt, "auto", output=out)
-    assert accepts(g, '{"x":3}') and accepts(g, fmt.calls_text(GOOD_CALLS[0]))
-    assert not accepts(g, "text") and not accepts(g, '{"x":3,"y":1}')
+    head = fmt.text_opening
+    assert accepts(g, head + '{"x":3}') and accepts(g, fmt.calls_text(GOOD_CALLS[0]))
+    assert not accepts(g, head + "text") and not accepts(g, head + '{"x":3,"y":1}')
     none = BYTE_COMPILER.compile_lark(fmt.grammar(TOOLS, "none", out))
-    assert accepts(none, '{"x":3}') and not accepts(none, fmt.calls_text(GOOD_CALLS[0]))
+    assert accepts(none, head + '{"x":3}') and not accepts(none, fmt.calls_text(GOOD_CALLS[0]))
+    assert fmt.parse(head + '{"x":3}') == ('{"x":3}', [], 0) and fmt.text(head + '{"x":3}') == '{"x":3}'
 
 
 ARG = st.lists(st.sampled_from(list("ab \"\\\n]){}<>,;=é") + ["</tool_call>", "[TOOL_CALLS]", '{"name":']),
@@ -106,6 +115,7 @@ def test_parse_round_trip_and_every_cut(fmt, values):
     before the cut and nothing of the cut one, and a stream's progress never takes back what it
     showed: names once complete, argument text that only grows into the final arguments."""
     calls = [ToolCall("add", {"a": a, **({} if ok is None else {"ok": ok}), "note": note}) for a, ok, note in values]
+    calls = calls[:1] if fmt.one_call else calls
     for c in calls:
         if len(c.arguments["note"]) > 6:
             del c.arguments["note"]  # past the schema's maxLength
@@ -135,6 +145,9 @@ def test_content_holds_back_what_may_start_a_call(fmt):
     if fmt.text_before_calls:
         assert fmt.content("Sure " + fmt.opening[:3]) == "Sure"
         assert fmt.content("Sure " + fmt.opening + "...") == "Sure"
+    elif fmt.text_opening:  # the text's header held back, then taken off
+        assert fmt.content(fmt.text_opening[:5]) == "" and fmt.content(fmt.opening) == ""
+        assert fmt.content(fmt.text_opening + "Hel") == "Hel" and fmt.content(fmt.opening[:3]) == ""
     else:
         assert fmt.content("  ") == "" and fmt.content(fmt.opening) == ""
     assert fmt.content("Hello") == "Hello"
@@ -170,7 +183,7 @@ def test_mistral_ids_and_structured_history():
                                              ("qwen3_xml", QwenXml), ("qwen3_coder", QwenXml),
                                              ("magistral", MistralArgs), ("mistral_v11", MistralArgs),
                                              ("glm45", Glm), ("kimi_k2", Kimi), ("deepseek_v31", DeepSeekV31),
-                                             ("granite33", Granite)])
+                                             ("granite33", Granite), ("gpt_oss", Harmony)])
 def test_detection_from_the_families_templates(family, expected):
     fam = FAMILIES[family]
     assert detect(fam.template, fam.specials) is expected
@@ -192,8 +205,8 @@ def test_detection_without_a_tool_template_and_by_name():
     assert "func_name1(" in tool_format_for(Tok(), "pythonic").system_message("", [ADD.definition])["content"]
     with pytest.raises(RequestError, match="hermes"):
         tool_format_for(Tok(), "qwen")
-    assert sorted(FORMATS) == ["deepseek_v31", "glm", "granite", "hermes", "kimi_k2", "llama3_json", "mistral",
-                               "mistral_args", "pythonic", "qwen3_xml"]
+    assert sorted(FORMATS) == ["deepseek_v31", "glm", "granite", "harmony", "hermes", "kimi_k2", "llama3_json",
+                               "mistral", "mistral_args", "pythonic", "qwen3_xml"]
 
 
 def test_definitions_are_offered_only_where_the_template_does_not_render_them():

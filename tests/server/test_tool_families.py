@@ -17,6 +17,7 @@ from agentkv.chat.formats import (
     DeepSeekV31,
     Glm,
     Granite,
+    Harmony,
     Hermes,
     Kimi,
     Llama3Json,
@@ -30,7 +31,7 @@ from tests.tiny import make_tiny_model
 
 FAMILIES = {"qwen2.5": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic, "qwen3_coder": QwenXml,
             "mistral_v11": MistralArgs, "glm45": Glm, "kimi_k2": Kimi, "deepseek_v31": DeepSeekV31,
-            "granite33": Granite}
+            "granite33": Granite, "gpt_oss": Harmony}
 # Families whose template writes calls and results but not the tools (their definitions go into the
 # system prompt in the family's words)
 NOT_NATIVE = {"deepseek_v31"}
@@ -40,7 +41,8 @@ RESULT_MARK = {"qwen2.5": "<tool_response>\n", "llama3": "<|start_header_id|>ipy
                "qwen3_coder": "<tool_response>\n", "mistral_v11": "[TOOL_RESULTS]", "glm45": "<tool_response>\n",
                # Kimi's result names the call by the id it wrote
                "kimi_k2": "<|im_middle|>## Return of functions.add:", "deepseek_v31": "<｜tool▁output▁begin｜>",
-               "granite33": "<|start_of_role|>tool<|end_of_role|>"}
+               "granite33": "<|start_of_role|>tool<|end_of_role|>",
+               "gpt_oss": "<|start|>functions.add to=assistant<|channel|>commentary<|message|>"}
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"},
                                      "note": {"type": ["string", "null"], "maxLength": 4}},
@@ -53,7 +55,7 @@ Small = Annotated[int, Field(ge=0, le=99)]
 # Random weights whose choice between two tool names is not one-sided (at seed 0, the Llama-token
 # models pick one name 40 times in 40), so a framework's run can both call a tool and then answer.
 WEIGHT_SEEDS = {"qwen2.5": 0, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_coder": 0, "mistral_v11": 0, "glm45": 0,
-                "kimi_k2": 0, "deepseek_v31": 1, "granite33": 5}
+                "kimi_k2": 0, "deepseek_v31": 1, "granite33": 5, "gpt_oss": 0}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -74,7 +76,8 @@ def test_the_family_is_detected_and_its_prompt_rendered(family):
     fmt = engine.tool_format
     assert type(fmt) is FAMILIES[name] and fmt.native == (name not in NOT_NATIVE)
     prompt = engine.render(fmt.offered(ask("add 1"), [ADD]), tools=fmt.template_tools([ADD]))
-    assert "You add numbers." in prompt and ('"add"' in prompt or name in NOT_NATIVE)  # (DeepSeek's: "### add")
+    # the tool by its JSON name (DeepSeek's prompt writes "### add", gpt-oss's "type add =")
+    assert "You add numbers." in prompt and ('"add"' in prompt or name in ("deepseek_v31", "gpt_oss"))
     if name == "llama3":  # definitions in the system turn (tools_in_user_message=False), which an agent pins
         system = prompt.split("<|eot_id|>")[0]
         assert "Environment: ipython" in system and '"name": "add"' in system
@@ -83,7 +86,8 @@ def test_the_family_is_detected_and_its_prompt_rendered(family):
                 "mistral_v11": "[AVAILABLE_TOOLS][", "glm45": "<arg_key>{arg-key-1}</arg_key>",
                 "kimi_k2": '<|im_system|>tool_declare<|im_middle|>[{"type":"function","function":{"name":"add"',
                 "deepseek_v31": "## Tools\nYou have access to the following tools:\n\n### add\nDescription: Add",
-                "granite33": '<|start_of_role|>available_tools<|end_of_role|>[\n    {\n        "type"'}[name]
+                "granite33": '<|start_of_role|>available_tools<|end_of_role|>[\n    {\n        "type"',
+                "gpt_oss": "namespace functions {\n\n// Add two numbers.\ntype add = (_: {\na: number,"}[name]
     assert expected in prompt
 
 
@@ -111,7 +115,7 @@ def test_calls_parse_and_validate_in_every_mode(family, choice):
 def test_agent_round_trip_in_the_familys_format(family):
     """The agent's call runs, its result goes back as the family's template writes results, and the
     next step's prompt starts with the last one's (its KV reused), except where the template itself
-    rewrites a call (Mistral's adds ids and spacing)."""
+    rewrites a call (Mistral's adds ids and spacing, gpt-oss's re-spaces the arguments)."""
     name, engine = family
     seen = []
 
@@ -130,7 +134,9 @@ def test_agent_round_trip_in_the_familys_format(family):
     # the conversation is in OpenAI's shape; rendered as the agent renders it, in the family's format
     prompt = engine.render(template_messages(result.messages[:-1], engine.tool_format))
     assert RESULT_MARK[name] in prompt and str(sum(seen[0])) in prompt.split(RESULT_MARK[name], 1)[1]
-    if name != "mistral":
+    if name == "gpt_oss":  # its template re-spaces a call's arguments (`tojson`): the prompt before them re-reads
+        assert second.usage.cached_tokens >= first.usage.prompt_tokens
+    elif name != "mistral":
         # all but the reply's end: its last sampled token and the closing text the grammar forced
         # after it were never fed to the model (`}}` and the call's close, up to 6 tokens; an XML
         # call's closing tags, up to a byte token a character where the model sampled their first
@@ -315,3 +321,36 @@ def test_magistral_reasons_in_think_tokens_then_calls_with_args(tmp_path):
                 temperature=1.0, extra_body={"max_reasoning_tokens": 6, "logit_bias": {str(think): 50}}
             ).choices[0].message
             assert msg.model_extra.get("reasoning_content") and msg.tool_calls
+
+
+def test_gpt_oss_reasons_in_the_analysis_channel_and_answers_in_final(tmp_path):
+    """gpt-oss's harmony channels: the analysis message is the reasoning (reasoning_content), a call
+    follows in its commentary header, and a text answer comes from the final channel without its
+    header, streamed or not. Checked against planted bugs (the next message's header left on the
+    answer; the final channel's header left in the content): each fails here."""
+    from agentkv.chat.reasoning import HARMONY
+
+    path = make_tiny_model(tmp_path / "oss", chat="gpt_oss", max_positions=4096)
+    with ak.Engine(str(path), num_slots=8192) as engine:
+        assert isinstance(engine.tool_format, Harmony) and engine.reasoning == HARMONY
+        channel = engine.tokenizer.token_to_id("<|channel|>")
+        out = engine.chat(ask("add 1"), tools=[ADD, WEATHER], tool_choice="required", max_tokens=120, temperature=1.0,
+                          seed=5, n=4, max_reasoning_tokens=4, logit_bias={channel: 30})
+        for c in out.completions:
+            assert c.text.startswith("<|channel|>analysis<|message|>") and c.reasoning is not None
+            assert len(c.tool_calls) == 1 or c.finish_reason == "length"
+            for call in c.tool_calls:
+                jsonschema.validate(call.arguments, SCHEMAS[call.name])
+        from agentkv.server import create_app
+        from tests.server.test_server import KEY, serving
+
+        with serving(create_app(engine, "tiny", KEY)) as base:
+            client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=120)
+            request = dict(model="tiny", messages=ask("add 1"), tools=[ADD], max_tokens=100, seed=3, temperature=1.0,
+                           extra_body={"max_reasoning_tokens": 4, "logit_bias": {str(channel): 30}})
+            msg = client.chat.completions.create(**request, tool_choice="required").choices[0].message
+            assert msg.model_extra.get("reasoning_content") is not None and msg.tool_calls
+            whole = client.chat.completions.create(**request, tool_choice="none").choices[0].message
+            streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                **request, tool_choice="none", stream=True) if c.choices)
+            assert whole.content and "<|" not in whole.content and streamed == whole.content

@@ -60,6 +60,8 @@ class ToolFormat:
     template_kwargs: ClassVar[dict[str, Any]] = {}  # what the chat template is rendered with
     instruction: ClassVar[str]  # how to call, after the injected definitions
     call_opening: ClassVar[str] = ""  # what every call starts with, before the tool's own part (call_part)
+    text_opening: ClassVar[str] = ""  # what a reply's text or output starts with (harmony's final channel)
+    one_call: ClassVar[bool] = False  # a reply makes one call at most (the template writes no more)
 
     # ---- detection ----------------------------------------------------------------------------------
 
@@ -153,8 +155,10 @@ class ToolFormat:
         if output_schema is not None and close_objects:
             output_schema = closed_schema(output_schema)
         text = f"TEXT: /{free_text(self.text_words(tools), self.opening[0])}/\n"
+        lead = f"{lark_literal(self.text_opening)} " if self.text_opening else ""
         if mode == "none" or not tools:
-            return f"answer: {json_rule(output_schema)}\n" if output_schema is not None else "answer: TEXT\n" + text
+            return f"answer: {lead}{json_rule(output_schema)}\n" if output_schema is not None else \
+                f"answer: {lead}TEXT\n" + text
         # each offered tool's call is a part the compiler builds once (grammar/composed.py), so a step
         # whose tools differ from an earlier one's by one tool compiles that tool alone. The opening all
         # calls share stays in the head: where text may run into a call, a mask's walk from the text on
@@ -165,10 +169,10 @@ class ToolFormat:
         if mode == "required":
             head = "answer: calls\n" + calls
         elif output_schema is not None:
-            head = f"answer: {json_rule(output_schema)} | calls\n" + calls
+            head = f"answer: {lead}{json_rule(output_schema)} | calls\n" + calls
         else:
             before = "TEXT? " if self.text_before_calls else ""
-            head = f"answer: TEXT | {before}calls\n" + text + calls
+            head = f"answer: {lead}TEXT | {before}calls\n" + text + calls
         return ComposedGrammar(head, TOOL, parts, tuple(f"tool {t.name!r}" for t in tools))
 
     @property
@@ -211,6 +215,15 @@ class ToolFormat:
     def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
         """The complete calls from `start` (where `opening` is), and where the last of them ends."""
         raise NotImplementedError
+
+    def text(self, answer: str, final: bool = True) -> str:
+        """A reply's answer that is text (no calls), less the header the format writes before text
+        (`text_opening`: harmony's final channel), which a stream (`final` False) holds back while it
+        may be writing it."""
+        head = self.text_opening
+        if not head or answer.startswith(head):
+            return answer[len(head):]
+        return "" if not final and head.startswith(answer) else answer
 
     def content(self, text: str) -> str:
         """The part of a reply (perhaps still growing) that is surely text: before its calls, less a
