@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from tests.chat_templates_markers import (
     DEEPSEEK_ADDED,
+    DEEPSEEK_R1_0528,
     DEEPSEEK_SPECIALS,
+    DEEPSEEK_V3_ADDED,
     DEEPSEEK_V31,
     GPT_OSS,
     GPT_OSS_SPECIALS,
@@ -289,6 +291,8 @@ FAMILIES = {
     "kimi_k2": ChatFamily(KIMI_K2, KIMI_SPECIALS, None, "<|im_end|>"),
     "deepseek_v31": ChatFamily(DEEPSEEK_V31, DEEPSEEK_SPECIALS, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
                                DEEPSEEK_ADDED),
+    "deepseek_r1": ChatFamily(DEEPSEEK_R1_0528, DEEPSEEK_SPECIALS, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
+                              DEEPSEEK_V3_ADDED),
     "granite33": ChatFamily(GRANITE_33, GRANITE_SPECIALS, None, "<|end_of_text|>"),
     "gpt_oss": ChatFamily(GPT_OSS, GPT_OSS_SPECIALS, "<|startoftext|>", "<|return|>", ends=("<|call|>",)),
 }

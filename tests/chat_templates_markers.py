@@ -1,10 +1,11 @@
-"""Chat templates of the families whose calls follow marker tokens (Kimi K2's, DeepSeek V3.1's,
-Granite 3.3's), for the tiny test models (tests/chat_templates.py lists them). DeepSeek V3.1's is its
-published template, Granite 3.3's the published one less its documents, thinking and controls
-branches; Kimi
-K2's is written from its published template's behaviour (the `tool_declare` turn, the default system
-turn, `<|im_{role}|>{name}<|im_middle|>`, calls by id, `## Return of <id>` results), the branches
-for media content left out."""
+"""Chat templates of the families whose calls follow marker tokens (Kimi K2's, DeepSeek V3.1's and
+R1-0528's, Granite 3.3's, gpt-oss's), for the tiny test models (tests/chat_templates.py lists them).
+DeepSeek V3.1's is its published template; R1-0528's (V3-0324's calls and results) the published one
+as a copy that adds an `enable_thinking` switch has it, the switch taken out; Granite 3.3's the
+published one less its documents, thinking and controls branches; gpt-oss's the published one
+less its builtin tools; Kimi K2's is written from its published template's behaviour (the
+`tool_declare` turn, the default system turn, `<|im_{role}|>{name}<|im_middle|>`, calls by id,
+`## Return of <id>` results), the branches for media content left out."""
 
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ DEEPSEEK_V31 = r"""{% if not add_generation_prompt is defined %}{% set add_gener
 DEEPSEEK_SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜end▁of▁sentence｜>", "<｜Assistant｜>")
 DEEPSEEK_ADDED = ("<think>", "</think>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
                   "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
+
+DEEPSEEK_R1_0528 = r"""{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}{% set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='', is_first_sp=true, is_last_user=false) %}{%- for message in messages %}{%- if message['role'] == 'system' %}{%- if ns.is_first_sp %}{% set ns.system_prompt = ns.system_prompt + message['content'] %}{% set ns.is_first_sp = false %}{%- else %}{% set ns.system_prompt = ns.system_prompt + '\n\n' + message['content'] %}{%- endif %}{%- endif %}{%- endfor %}{{ bos_token }}{{ ns.system_prompt }}{%- for message in messages %}{% set content = message['content'] %}{%- if message['role'] == 'user' %}{%- set ns.is_tool = false -%}{%- set ns.is_first = false -%}{%- set ns.is_last_user = true -%}{{'<｜User｜>' + content + '<｜Assistant｜>'}}{%- endif %}{%- if message['role'] == 'assistant' %}{% if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% endif %}{% endif %}{%- if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] is not none %}{%- set ns.is_last_user = false -%}{%- if ns.is_tool %}{{'<｜tool▁outputs▁end｜>'}}{%- endif %}{%- set ns.is_first = false %}{%- set ns.is_tool = false -%}{%- set ns.is_output_first = true %}{%- for tool in message['tool_calls'] %}{%- if not ns.is_first %}{%- if content is none %}{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments'] + '\n' + '```' + '<｜tool▁call▁end｜>'}}{%- else %}{{content + '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments'] + '\n' + '```' + '<｜tool▁call▁end｜>'}}{%- endif %}{%- set ns.is_first = true -%}{%- else %}{{'\n' + '<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments'] + '\n' + '```' + '<｜tool▁call▁end｜>'}}{%- endif %}{%- endfor %}{{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}{%- endif %}{%- if message['role'] == 'assistant' and (message['tool_calls'] is not defined or message['tool_calls'] is none)%}{%- set ns.is_last_user = false -%}{%- if ns.is_tool %}{{'<｜tool▁outputs▁end｜>' + content + '<｜end▁of▁sentence｜>'}}{%- set ns.is_tool = false -%}{%- else %}{{content + '<｜end▁of▁sentence｜>'}}{%- endif %}{%- endif %}{%- if message['role'] == 'tool' %}{%- set ns.is_last_user = false -%}{%- set ns.is_tool = true -%}{%- if ns.is_output_first %}{{'<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + content + '<｜tool▁output▁end｜>'}}{%- set ns.is_output_first = false %}{%- else %}{{'\n<｜tool▁output▁begin｜>' + content + '<｜tool▁output▁end｜>'}}{%- endif %}{%- endif %}{%- endfor -%}{% if ns.is_tool %}{{'<｜tool▁outputs▁end｜>'}}{% endif %}{% if add_generation_prompt and not ns.is_last_user and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}"""
+
+DEEPSEEK_V3_ADDED = DEEPSEEK_ADDED + ("<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>")
 
 GRANITE_33 = r"""{# Alias tools -> available_tools #}
 {%- if tools and not available_tools -%}

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from agentkv.chat.calls import FunctionSpec, ToolCall
 from agentkv.chat.formats import (
     FORMATS,
+    DeepSeekV3,
     DeepSeekV31,
     Glm,
     Granite,
@@ -38,7 +39,7 @@ WEATHER = FunctionSpec("get_weather", {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]})
 TOOLS = [ADD, WEATHER]
 ALL = [Hermes(), Llama3Json(), Mistral(), MistralArgs(), Pythonic(), QwenXml().bind(TOOLS), Glm().bind(TOOLS), Kimi(),
-       DeepSeekV31(), Granite(), Harmony()]
+       DeepSeekV31(), DeepSeekV3(), Granite(), Harmony()]
 GOOD_CALLS = [[ToolCall("add", {"a": 1})], [ToolCall("add", {"a": 9, "ok": True, "note": None})],
               [ToolCall("add", {"a": 0, "note": "x]\")<"})],
               [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("add", {"a": 2, "ok": False})]]
@@ -183,12 +184,14 @@ def test_mistral_ids_and_structured_history():
                                              ("qwen3_xml", QwenXml), ("qwen3_coder", QwenXml),
                                              ("magistral", MistralArgs), ("mistral_v11", MistralArgs),
                                              ("glm45", Glm), ("kimi_k2", Kimi), ("deepseek_v31", DeepSeekV31),
+                                             ("deepseek_r1", DeepSeekV3),
                                              ("granite33", Granite), ("gpt_oss", Harmony)])
 def test_detection_from_the_families_templates(family, expected):
     fam = FAMILIES[family]
     assert detect(fam.template, fam.specials) is expected
     fmt = expected.for_template(fam.template, fam.specials)
-    assert fmt.native == (expected is not DeepSeekV31) and fmt.opening not in fmt.markers  # (DeepSeek's: calls only)
+    # (DeepSeek's templates write calls, not tools)
+    assert fmt.native == (expected not in (DeepSeekV3, DeepSeekV31)) and fmt.opening not in fmt.markers
     assert set(fmt.markers) <= set(fam.specials)
 
 
@@ -205,8 +208,8 @@ def test_detection_without_a_tool_template_and_by_name():
     assert "func_name1(" in tool_format_for(Tok(), "pythonic").system_message("", [ADD.definition])["content"]
     with pytest.raises(RequestError, match="hermes"):
         tool_format_for(Tok(), "qwen")
-    assert sorted(FORMATS) == ["deepseek_v31", "glm", "granite", "harmony", "hermes", "kimi_k2", "llama3_json",
-                               "mistral", "mistral_args", "pythonic", "qwen3_xml"]
+    assert sorted(FORMATS) == ["deepseek_v3", "deepseek_v31", "glm", "granite", "harmony", "hermes", "kimi_k2",
+                               "llama3_json", "mistral", "mistral_args", "pythonic", "qwen3_xml"]
 
 
 def test_definitions_are_offered_only_where_the_template_does_not_render_them():
@@ -285,3 +288,20 @@ def test_deepseek_offers_tools_in_its_words_and_its_template_writes_calls():
     assert fmt.assistant_message("", [call])["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
     assert fmt.results_messages([(call, "2")]) == [{"role": "tool", "name": "add", "tool_call_id": "call_1_0",
                                                     "content": "2"}]
+
+
+def test_deepseek_v3_fences_its_arguments_and_offers_tools_in_its_words():
+    """V3-0324's and R1's calls: `function<｜tool▁sep｜>name`, the arguments in a fenced block, one
+    call a line; the tools listed as DeepSeek's prompt lists them."""
+    fmt = DeepSeekV3()
+    text = fmt.calls_text([ToolCall("add", {"a": 1}), ToolCall("get_weather", {"city": "P", "unit": "C"})])
+    assert text == ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{"a":1}\n```'
+                    '<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+                    '{"city":"P","unit":"C"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+    assert not accepts(grammar(fmt), text.replace("\n<｜tool▁call▁begin｜>", "<｜tool▁call▁begin｜>"))
+    assert not accepts(grammar(fmt), text.replace("```json", "```"))
+    system = fmt.system_message("Be brief.", [ADD.definition])["content"]
+    assert system.startswith("Be brief.\n\n## Tools\n\n### Function\n\nYou have the following functions "
+                             'available:\n\n- `add`:\n```json\n{\n    "name": "add",')
+    assert system.endswith("}\n```\n") and DeepSeekV31.knows(FAMILIES["deepseek_v31"].template)
+    assert not DeepSeekV31.knows(FAMILIES["deepseek_r1"].template)

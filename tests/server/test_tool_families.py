@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 import agentkv as ak
 from agentkv.chat.formats import (
+    DeepSeekV3,
     DeepSeekV31,
     Glm,
     Granite,
@@ -31,16 +32,17 @@ from tests.tiny import make_tiny_model
 
 FAMILIES = {"qwen2.5": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic, "qwen3_coder": QwenXml,
             "mistral_v11": MistralArgs, "glm45": Glm, "kimi_k2": Kimi, "deepseek_v31": DeepSeekV31,
-            "granite33": Granite, "gpt_oss": Harmony}
+            "deepseek_r1": DeepSeekV3, "granite33": Granite, "gpt_oss": Harmony}
 # Families whose template writes calls and results but not the tools (their definitions go into the
 # system prompt in the family's words)
-NOT_NATIVE = {"deepseek_v31"}
+NOT_NATIVE = {"deepseek_v31", "deepseek_r1"}
 # How each family's template gives a tool's result back
 RESULT_MARK = {"qwen2.5": "<tool_response>\n", "llama3": "<|start_header_id|>ipython<|end_header_id|>",
                "mistral": "[TOOL_RESULTS] {", "pythonic": "<|start_header_id|>ipython<|end_header_id|>",
                "qwen3_coder": "<tool_response>\n", "mistral_v11": "[TOOL_RESULTS]", "glm45": "<tool_response>\n",
                # Kimi's result names the call by the id it wrote
                "kimi_k2": "<|im_middle|>## Return of functions.add:", "deepseek_v31": "<｜tool▁output▁begin｜>",
+               "deepseek_r1": "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>",
                "granite33": "<|start_of_role|>tool<|end_of_role|>",
                "gpt_oss": "<|start|>functions.add to=assistant<|channel|>commentary<|message|>"}
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers.", "parameters": {
@@ -55,7 +57,7 @@ Small = Annotated[int, Field(ge=0, le=99)]
 # Random weights whose choice between two tool names is not one-sided (at seed 0, the Llama-token
 # models pick one name 40 times in 40), so a framework's run can both call a tool and then answer.
 WEIGHT_SEEDS = {"qwen2.5": 0, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_coder": 0, "mistral_v11": 0, "glm45": 0,
-                "kimi_k2": 0, "deepseek_v31": 1, "granite33": 5, "gpt_oss": 0}
+                "kimi_k2": 0, "deepseek_v31": 1, "deepseek_r1": 1, "granite33": 5, "gpt_oss": 0}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -86,6 +88,7 @@ def test_the_family_is_detected_and_its_prompt_rendered(family):
                 "mistral_v11": "[AVAILABLE_TOOLS][", "glm45": "<arg_key>{arg-key-1}</arg_key>",
                 "kimi_k2": '<|im_system|>tool_declare<|im_middle|>[{"type":"function","function":{"name":"add"',
                 "deepseek_v31": "## Tools\nYou have access to the following tools:\n\n### add\nDescription: Add",
+                "deepseek_r1": "## Tools\n\n### Function\n\nYou have the following functions available:\n\n- `add`:",
                 "granite33": '<|start_of_role|>available_tools<|end_of_role|>[\n    {\n        "type"',
                 "gpt_oss": "namespace functions {\n\n// Add two numbers.\ntype add = (_: {\na: number,"}[name]
     assert expected in prompt

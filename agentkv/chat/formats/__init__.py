@@ -10,7 +10,7 @@ The agent loop, the server and `engine.chat(tools=...)` all go through the engin
 from __future__ import annotations
 
 from agentkv.chat.formats.base import TAG_STARTS, ToolFormat
-from agentkv.chat.formats.deepseek import DeepSeekV31
+from agentkv.chat.formats.deepseek import DeepSeekV3, DeepSeekV31
 from agentkv.chat.formats.glm import Glm
 from agentkv.chat.formats.granite import Granite
 from agentkv.chat.formats.harmony import Harmony
@@ -23,12 +23,13 @@ from agentkv.chat.formats.pythonic import Pythonic
 from agentkv.chat.formats.qwen_xml import QwenXml
 from agentkv.errors import RequestError
 
-FORMATS: dict[str, type[ToolFormat]] = {f.name: f for f in (DeepSeekV31, Glm, Granite, Harmony, Hermes, Kimi,
-                                                              Llama3Json, Mistral, MistralArgs, Pythonic, QwenXml)}
+FORMATS: dict[str, type[ToolFormat]] = {f.name: f for f in (
+    DeepSeekV3, DeepSeekV31, Glm, Granite, Harmony, Hermes, Kimi, Llama3Json, Mistral, MistralArgs, Pythonic, QwenXml)}
 # Detection order: the most specific mark first (gpt-oss's channels, Kimi's and DeepSeek's marker tokens,
 # Granite's roles, Mistral's [ARGS], then its [TOOL_CALLS], Qwen's XML <function=, GLM's <arg_key>, then
 # Hermes' <tool_call>, which those templates and Llama-based Hermes templates hold too).
-DETECTION = (Harmony, Kimi, DeepSeekV31, Granite, MistralArgs, Mistral, QwenXml, Glm, Hermes, Pythonic, Llama3Json)
+DETECTION = (Harmony, Kimi, DeepSeekV3, DeepSeekV31, Granite, MistralArgs, Mistral, QwenXml, Glm, Hermes, Pythonic,
+             Llama3Json)
 
 
 def detect(chat_template: str | None, special_tokens=()) -> type[ToolFormat]:
@@ -60,5 +61,6 @@ def format_class(name: str) -> type[ToolFormat]:
     return FORMATS[name]
 
 
-__all__ = ["FORMATS", "TAG_STARTS", "DeepSeekV31", "Glm", "Granite", "Harmony", "Hermes", "Kimi", "Llama3Json",
-           "Mistral", "MistralArgs", "Pythonic", "QwenXml", "ToolFormat", "detect", "format_class", "tool_format_for"]
+__all__ = ["FORMATS", "TAG_STARTS", "DeepSeekV3", "DeepSeekV31", "Glm", "Granite", "Harmony", "Hermes", "Kimi",
+           "Llama3Json", "Mistral", "MistralArgs", "Pythonic", "QwenXml", "ToolFormat", "detect", "format_class",
+           "tool_format_for"]

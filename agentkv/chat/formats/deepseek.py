@@ -1,12 +1,19 @@
-"""DeepSeek V3.1's calls (and V3.2-Exp's, on the same template), in a section of its marker tokens
-after any text, the arguments straight after the name:
+"""DeepSeek's calls, in a section of its marker tokens after any text. V3.1's (and V3.2-Exp's, on the
+same template) have the arguments straight after the name:
 
     <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city":"Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
-The template writes calls (`tool_calls`, the arguments as the text the model wrote) and results
-(`<｜tool▁output▁begin｜>`) itself but not the tools: their definitions go into the system prompt in
-the words of DeepSeek's own tool prompt. (V3-0324's and R1's calls, `function<｜tool▁sep｜>name` and
-the arguments in a fenced block, are not this format.)"""
+V3's and R1's (V3-0324, R1-0528 and R1's distilled models) name the call's type and fence the
+arguments, one call a line:
+
+    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather
+    ```json
+    {"city":"Paris"}
+    ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+
+Both templates write calls (`tool_calls`, the arguments as the text the model wrote) and results
+(`<｜tool▁output▁begin｜>`) themselves but not the tools: their definitions go into the system prompt
+in the words of DeepSeek's own tool prompts (V3.1's model card; V2.5's and V3's, "## Tools")."""
 
 from __future__ import annotations
 
@@ -44,7 +51,7 @@ class DeepSeekV31(TaggedJson):
 
     @classmethod
     def knows(cls, chat_template: str) -> bool:
-        return SEP in chat_template and "```json" not in chat_template  # (V3's and R1's fence their arguments)
+        return SEP in chat_template and "```json" not in chat_template  # (V3's and R1's fence theirs)
 
     def system_message(self, instructions: str, definitions: list[dict]) -> dict:
         if self.native or not definitions:
@@ -66,3 +73,27 @@ class DeepSeekV31(TaggedJson):
     def results_messages(self, results: list[tuple[ToolCall, str]]) -> list[dict]:
         return [{"role": "tool", "name": c.name, "tool_call_id": c.id, "content": text} for c, text in results]
 
+
+
+@dataclass(frozen=True)
+class DeepSeekV3(DeepSeekV31):
+    name: ClassVar[str] = "deepseek_v3"
+    CALL_OPEN: ClassVar[str] = CALL + "function" + SEP
+    NAME_END: ClassVar[str] = "\n```json\n"
+    CALL_CLOSE: ClassVar[str] = "\n```" + CALL_END
+    BETWEEN: ClassVar[str] = "\n"
+    call_opening: ClassVar[str] = CALL + "function" + SEP
+    instruction: ClassVar[str] = ""  # DeepSeek's prompt lists the functions alone
+
+    @classmethod
+    def knows(cls, chat_template: str) -> bool:
+        return SEP in chat_template and "```json" in chat_template
+
+    def system_message(self, instructions: str, definitions: list[dict]) -> dict:
+        if self.native or not definitions:
+            return super().system_message(instructions, definitions)
+        tools = "".join(f"- `{fn['name']}`:\n```json\n{json.dumps(fn, indent=4, ensure_ascii=False)}\n```\n"
+                        for fn in (d.get("function", d) for d in definitions))
+        head = instructions + "\n\n" if instructions else ""
+        return {"role": "system",
+                "content": f"{head}## Tools\n\n### Function\n\nYou have the following functions available:\n\n{tools}"}
