@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tests.chat_templates_gemma import GEMMA3, GEMMA3_PYTHONIC, GEMMA3_SPECIALS, GEMMA4, GEMMA4_SPECIALS
 from tests.chat_templates_markers import (
     DEEPSEEK_ADDED,
     DEEPSEEK_R1_0528,
@@ -20,6 +21,8 @@ from tests.chat_templates_markers import (
     GRANITE_SPECIALS,
     KIMI_K2,
     KIMI_SPECIALS,
+    PHI4_MINI,
+    PHI4_MINI_SPECIALS,
 )
 from tests.chat_templates_tags import (
     GLM45_NOTHINK,
@@ -294,5 +297,9 @@ FAMILIES = {
     "deepseek_r1": ChatFamily(DEEPSEEK_R1_0528, DEEPSEEK_SPECIALS, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
                               DEEPSEEK_V3_ADDED),
     "granite33": ChatFamily(GRANITE_33, GRANITE_SPECIALS, None, "<|end_of_text|>"),
+    "gemma3": ChatFamily(GEMMA3, GEMMA3_SPECIALS, "<bos>", "<end_of_turn>", ends=("<eos>",)),
+    "gemma3_pythonic": ChatFamily(GEMMA3_PYTHONIC, GEMMA3_SPECIALS, "<bos>", "<end_of_turn>", ends=("<eos>",)),
+    "gemma4": ChatFamily(GEMMA4, GEMMA4_SPECIALS, "<bos>", "<turn|>", ends=("<|tool_response>", "<eos>")),
+    "phi4_mini": ChatFamily(PHI4_MINI, PHI4_MINI_SPECIALS, None, "<|endoftext|>", ends=("<|end|>",)),
     "gpt_oss": ChatFamily(GPT_OSS, GPT_OSS_SPECIALS, "<|startoftext|>", "<|return|>", ends=("<|call|>",)),
 }

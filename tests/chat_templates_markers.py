@@ -1,11 +1,12 @@
 """Chat templates of the families whose calls follow marker tokens (Kimi K2's, DeepSeek V3.1's and
-R1-0528's, Granite 3.3's, gpt-oss's), for the tiny test models (tests/chat_templates.py lists them).
-DeepSeek V3.1's is its published template; R1-0528's (V3-0324's calls and results) the published one
-as a copy that adds an `enable_thinking` switch has it, the switch taken out; Granite 3.3's the
-published one less its documents, thinking and controls branches; gpt-oss's the published one
-less its builtin tools; Kimi K2's is written from its published template's behaviour (the
-`tool_declare` turn, the default system turn, `<|im_{role}|>{name}<|im_middle|>`, calls by id,
-`## Return of <id>` results), the branches for media content left out."""
+R1-0528's, Granite 3.3's, Phi-4-mini's, gpt-oss's), for the tiny test models (tests/chat_templates.py
+lists them). DeepSeek V3.1's and Phi-4-mini's are their published templates; R1-0528's (V3-0324's
+calls and results) the published one as a copy that adds an `enable_thinking` switch has it, the
+switch taken out; Granite 3.3's the published one less its documents, thinking and controls
+branches; gpt-oss's the published one less its builtin tools; Kimi K2's is written from its
+published template's behaviour (the `tool_declare` turn, the default system turn,
+`<|im_{role}|>{name}<|im_middle|>`, calls by id, `## Return of <id>` results), the branches for
+media content left out."""
 
 from __future__ import annotations
 
@@ -89,6 +90,12 @@ GRANITE_33 = r"""{# Alias tools -> available_tools #}
 """
 
 GRANITE_SPECIALS = ("<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>")
+
+# Phi-4-mini-instruct's template: the tools as JSON text in a system message's `tools` field
+PHI4_MINI = r"""{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and message['tools'] is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}"""
+
+PHI4_MINI_SPECIALS = ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>", "<|/tool|>",
+                      "<|tool_call|>", "<|/tool_call|>", "<|tool_response|>")
 
 # gpt-oss's template (harmony), less its built-in browser / python tools' text
 GPT_OSS = r"""{#- Tool Definition Rendering ============================================== #}

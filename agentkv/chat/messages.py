@@ -50,7 +50,7 @@ def text_content(content: Any, where: str, kinds: tuple[str, ...] = ("text",)) -
 def template_messages(messages: list[dict], fmt, where: str = "messages") -> list[dict]:
     """`messages` as the chat template renders them: an assistant's tool_calls written in the
     model's format (`fmt`, a ToolFormat: as we generate them), tool results as the format returns
-    them, "developer" as "system"."""
+    them, "developer" as "system" (a system message keeps the `tools` text a format writes there)."""
     out: list[dict] = []
     names: dict[str, str] = {}
     ids: dict[str, str] = {}  # a call's id as the client sent it -> as the template writes it
@@ -79,6 +79,9 @@ def template_messages(messages: list[dict], fmt, where: str = "messages") -> lis
             names.update((c.id, c.name) for c in calls)
             ids.update((c.id, fmt.written_id(c, k)) for k, c in enumerate(calls))
             out.append(fmt.assistant_message(content, calls))
+            continue
+        if role == "system" and isinstance(m.get("tools"), str):  # definitions a format put there (Phi-4-mini's)
+            out.append({"role": role, "content": content, "tools": m["tools"]})
             continue
         out.append({"role": role, "content": content})
     flush()

@@ -1,7 +1,7 @@
 """Reasoning blocks: a model that thinks in `<think>...</think>` before it answers (Qwen3,
-DeepSeek-R1 and their distillations), in `[THINK]...[/THINK]` (Magistral), or in an analysis message
-(gpt-oss's harmony channels): formats as data, each its markers and the whitespace its templates
-write around them.
+DeepSeek-R1 and their distillations), in `[THINK]...[/THINK]` (Magistral), in an analysis message
+(gpt-oss's harmony channels) or a thought channel (Gemma 4's): formats as data, each its markers and
+the whitespace its templates write around them.
 
 While the model reasons no grammar applies but one rule: the block ends with its closing marker.
 After it, the step's grammar (a schema, tool calls, free text) applies. The rendered prompt says
@@ -30,6 +30,7 @@ class ReasoningFormat:
     after_open: str = "\n"  # the whitespace the templates write around the markers
     before_close: str = "\n"
     after_close: str = "\n\n"
+    switch: str = ""  # what a prompt holds where reasoning is on (Gemma 4's <|think|>); none: the markers say
 
     @property
     def open_text(self) -> str:
@@ -54,6 +55,8 @@ class ReasoningFormat:
 
     def state(self, prompt: str) -> State:
         """Where a reply to `prompt` starts: inside a block, free to open one, or with reasoning off."""
+        if self.switch and self.switch not in prompt:
+            return "off"
         tail = prompt.rstrip()
         if tail.endswith(self.open):
             return "inside"
@@ -89,6 +92,11 @@ class ReasoningFormat:
                     return "", ""  # it may be opening one
                 return None, text
             body = stripped[len(self.open):]
+            lead = self.after_open.strip()  # (Gemma 4's channel name, `thought`)
+            if lead and body.lstrip().startswith(lead):
+                body = body.lstrip()[len(lead):]
+            elif lead and not final and lead.startswith(body.lstrip()):
+                return "", ""
         head, sep, rest = body.partition(self.close)
         if sep:
             rest, after = rest.lstrip(), self.after_close.strip()  # (harmony's next header, `<|start|>assistant`)
@@ -105,9 +113,12 @@ class ReasoningFormat:
 
 # Qwen3's and DeepSeek-R1's `<think>\n...\n</think>\n\n`; Magistral's `[THINK]...[/THINK]` (special
 # tokens of its tokenizer, written without whitespace of their own); gpt-oss's analysis channel (its
-# message ends, and the next one, the answer, opens: `<|end|><|start|>assistant`)
+# message ends, and the next one, the answer, opens: `<|end|><|start|>assistant`); Gemma 4's thought
+# channel (`<|channel>thought\n...\n<channel|>`, as its template writes kept reasoning), on where the
+# system turn holds `<|think|>` (the template's enable_thinking)
 HARMONY = ReasoningFormat("<|channel|>analysis<|message|>", "<|end|>", "", "", "<|start|>assistant")
-KNOWN = (HARMONY, ReasoningFormat(), ReasoningFormat("[THINK]", "[/THINK]", "", "", ""))
+GEMMA4 = ReasoningFormat("<|channel>", "<channel|>", "thought\n", "\n", "", switch="<|think|>")
+KNOWN = (HARMONY, GEMMA4, ReasoningFormat(), ReasoningFormat("[THINK]", "[/THINK]", "", "", ""))
 
 
 def _head(marker: str) -> str:

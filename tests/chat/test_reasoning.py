@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 import agentkv as ak
-from agentkv.chat.reasoning import HARMONY, ReasoningFormat, reply_grammar
+from agentkv.chat.reasoning import GEMMA4, HARMONY, ReasoningFormat, reply_grammar
 from agentkv.errors import RequestError
+from tests.chat_templates import FAMILIES
 from tests.grammar_helpers import BYTE_COMPILER, accepts
 from tests.tiny import make_tiny_model
 
@@ -76,6 +77,19 @@ def test_harmonys_analysis_channel():
     parts = [HARMONY.split(text[:k], "may", final=False) for k in range(len(text) + 1)]
     assert all(final.startswith(a) or a.startswith(final) for _, a in parts)  # no header streamed as text
     assert all((b or "").startswith(a or "") for (a, _), (b, _) in zip(parts, parts[1:]))
+
+
+def test_gemma4s_thought_channel_is_on_only_where_the_prompt_says_think():
+    """Gemma 4 reasons in a thought channel, and only where its system turn holds `<|think|>` (the
+    template's enable_thinking): without it, a reply is its answer (no block to open)."""
+    assert ReasoningFormat.for_template(FAMILIES["gemma4"].template) is GEMMA4
+    assert GEMMA4.state("<|turn>user\nhi<turn|>\n<|turn>model\n") == "off"
+    assert GEMMA4.state("<|turn>system\n<|think|>\n<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\n") == "may"
+    g = BYTE_COMPILER.compile_lark(reply_grammar('answer: /[a-z]+/\n', GEMMA4, "may"))
+    assert accepts(g, "<|channel>thought\nhm, ok\n<channel|>yes") and accepts(g, "yes")
+    assert GEMMA4.split("<|channel>thought\nhm\n<channel|>yes", "may") == ("hm", "yes")
+    assert GEMMA4.split("<|channel>thou", "may", final=False) == ("", "")  # (the channel's name held back)
+    assert reply_grammar("answer: /[a-z]+/\n", GEMMA4, "off") == "start: answer\nanswer: /[a-z]+/\n"  # no block
 
 
 @pytest.fixture(scope="module")

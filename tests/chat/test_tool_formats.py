@@ -14,6 +14,7 @@ from agentkv.chat.formats import (
     FORMATS,
     DeepSeekV3,
     DeepSeekV31,
+    Gemma4,
     Glm,
     Granite,
     Harmony,
@@ -22,6 +23,7 @@ from agentkv.chat.formats import (
     Llama3Json,
     Mistral,
     MistralArgs,
+    Phi4Mini,
     Pythonic,
     QwenXml,
     detect,
@@ -39,7 +41,7 @@ WEATHER = FunctionSpec("get_weather", {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]})
 TOOLS = [ADD, WEATHER]
 ALL = [Hermes(), Llama3Json(), Mistral(), MistralArgs(), Pythonic(), QwenXml().bind(TOOLS), Glm().bind(TOOLS), Kimi(),
-       DeepSeekV31(), DeepSeekV3(), Granite(), Harmony()]
+       DeepSeekV31(), DeepSeekV3(), Granite(), Phi4Mini(), Harmony(), Gemma4()]
 GOOD_CALLS = [[ToolCall("add", {"a": 1})], [ToolCall("add", {"a": 9, "ok": True, "note": None})],
               [ToolCall("add", {"a": 0, "note": "x]\")<"})],
               [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("add", {"a": 2, "ok": False})]]
@@ -185,13 +187,16 @@ def test_mistral_ids_and_structured_history():
                                              ("magistral", MistralArgs), ("mistral_v11", MistralArgs),
                                              ("glm45", Glm), ("kimi_k2", Kimi), ("deepseek_v31", DeepSeekV31),
                                              ("deepseek_r1", DeepSeekV3),
-                                             ("granite33", Granite), ("gpt_oss", Harmony)])
+                                             ("granite33", Granite), ("phi4_mini", Phi4Mini), ("gpt_oss", Harmony),
+                                             ("gemma4", Gemma4), ("gemma3_pythonic", Pythonic),
+                                             ("gemma3", Pythonic)])
 def test_detection_from_the_families_templates(family, expected):
     fam = FAMILIES[family]
     assert detect(fam.template, fam.specials) is expected
     fmt = expected.for_template(fam.template, fam.specials)
     # (DeepSeek's templates write calls, not tools)
-    assert fmt.native == (expected not in (DeepSeekV3, DeepSeekV31)) and fmt.opening not in fmt.markers
+    assert fmt.native == (expected not in (DeepSeekV3, DeepSeekV31) and family != "gemma3")
+    assert fmt.opening not in fmt.markers
     assert set(fmt.markers) <= set(fam.specials)
 
 
@@ -208,8 +213,9 @@ def test_detection_without_a_tool_template_and_by_name():
     assert "func_name1(" in tool_format_for(Tok(), "pythonic").system_message("", [ADD.definition])["content"]
     with pytest.raises(RequestError, match="hermes"):
         tool_format_for(Tok(), "qwen")
-    assert sorted(FORMATS) == ["deepseek_v3", "deepseek_v31", "glm", "granite", "harmony", "hermes", "kimi_k2",
-                               "llama3_json", "mistral", "mistral_args", "pythonic", "qwen3_xml"]
+    assert sorted(FORMATS) == ["deepseek_v3", "deepseek_v31", "gemma4", "glm", "granite", "harmony", "hermes",
+                               "kimi_k2", "llama3_json", "mistral", "mistral_args", "phi4_mini", "pythonic",
+                               "qwen3_xml"]
 
 
 def test_definitions_are_offered_only_where_the_template_does_not_render_them():
@@ -305,3 +311,64 @@ def test_deepseek_v3_fences_its_arguments_and_offers_tools_in_its_words():
                              'available:\n\n- `add`:\n```json\n{\n    "name": "add",')
     assert system.endswith("}\n```\n") and DeepSeekV31.knows(FAMILIES["deepseek_v31"].template)
     assert not DeepSeekV31.knows(FAMILIES["deepseek_r1"].template)
+
+
+def test_phi4_mini_offers_tools_in_a_system_field_and_closes_its_calls():
+    """Phi-4-mini's template reads the definitions from a system message's `tools` text (made with
+    Microsoft's sentence where the conversation has none) and its calls end with <|/tool_call|>."""
+    fmt = Phi4Mini.for_template(FAMILIES["phi4_mini"].template, FAMILIES["phi4_mini"].specials)
+    assert fmt.native and fmt.template_tools([ADD.definition]) is None
+    chat = [{"role": "user", "content": "hi"}]
+    (system, user) = fmt.offered(chat, [ADD.definition])
+    assert system["content"] == "You are a helpful assistant with some tools." and user == chat[0]
+    assert json.loads(system["tools"])[0]["name"] == "add"
+    assert template_messages([system, user], fmt)[0]["tools"] == system["tools"]  # kept for the template
+    text = fmt.calls_text([ToolCall("add", {"a": 1})])
+    assert text == '<|tool_call|>[{"name":"add","arguments":{"a":1}}]<|/tool_call|>'
+    assert not accepts(grammar(fmt), text.removesuffix("<|/tool_call|>"))
+    assert fmt.parse("ok" + text)[2] == len(text) + 2
+
+
+def test_gemma4_writes_values_in_its_notation_under_the_schema():
+    """Gemma 4's arguments: keys bare, strings raw between <|"|> tokens, nested objects and arrays in
+    the same notation, under the schema (required keys, counts, bounds, a local $ref); what the
+    notation cannot carry is a RequestError naming the tool and the keyword."""
+    q = '<|"|>'
+    spec = FunctionSpec("plan", {"$defs": {"Stop": {"type": "object", "properties": {
+        "at": {"type": "string"}, "mins": {"type": "integer", "minimum": 1}}, "required": ["at"]}},
+        "type": "object", "properties": {
+            "title": {"type": "string", "maxLength": 9}, "stops": {"type": "array", "items": {"$ref": "#/$defs/Stop"},
+                                                                   "minItems": 1, "maxItems": 2},
+            "mode": {"enum": ["walk", "bus"]}, "fast": {"type": ["boolean", "null"]}},
+        "required": ["stops"]})
+    fmt = Gemma4()
+    g = BYTE_COMPILER.compile_lark(fmt.grammar([spec], "required", None))
+    args = {"title": 'a "b",{c}', "stops": [{"at": "x<y\n", "mins": 3}, {"at": ""}], "mode": "bus", "fast": None}
+    text = fmt.calls_text([ToolCall("plan", args)])
+    assert text == (f"<|tool_call>call:plan{{title:{q}a \"b\",{{c}}{q},stops:[{{at:{q}x<y\n{q},mins:3}},{{at:{q}{q}}}],"
+                    f"mode:{q}bus{q},fast:null}}<tool_call|>")
+    assert accepts(g, text) and fmt.parse(text)[1] == [ToolCall("plan", args)]
+    for bad in ({**args, "stops": []}, {**args, "stops": args["stops"] * 2}, {"title": "t"},
+                {**args, "title": "1234567890"}, {**args, "title": "a|b"}, {**args, "mode": "car"},
+                {**args, "stops": [{"mins": 3}]}, {**args, "stops": [{"at": "x", "mins": 0}]}):
+        assert not accepts(g, fmt.calls_text([ToolCall("plan", bad)])), bad
+    progress = fmt.progress(text[:text.index("mode:")])
+    assert progress[0].arguments_text == '{"title":"a \\"b\\",{c}","stops":[{"at":"x<y\\n","mins":3},{"at":""}]'
+    for schema, word in (({"type": "object", "properties": {"s": {"type": "string", "pattern": "^a"}}}, "pattern"),
+                         ({"type": "object", "properties": {"a b": {"type": "string"}}}, "rename it"),
+                         ({"type": "object", "properties": {"o": {"type": "object", "additionalProperties": True}}},
+                          "additionalProperties")):
+        with pytest.raises(RequestError, match=f"tool 'bad'.*{word}|{word}.*"):
+            fmt.grammar([FunctionSpec("bad", schema)], "required", None, close_objects=False)
+
+
+def test_pythonic_calls_go_back_structured_only_where_the_template_needs_them():
+    """vLLM's Gemma 3 template checks that the turns without `tool_calls` alternate, so calls go back
+    to it structured (it writes them); Llama 3.2's take them as the text the model wrote."""
+    fam = FAMILIES["gemma3_pythonic"]
+    fmt = Pythonic.for_template(fam.template, fam.specials)
+    msg = fmt.assistant_message("", [ToolCall("add", {"a": 1}, "call_1")])
+    assert fmt.structured and msg["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    llama = Pythonic.for_template(FAMILIES["pythonic"].template, FAMILIES["pythonic"].specials)
+    assert not llama.structured and llama.assistant_message("", [ToolCall("add", {"a": 1})]) == {
+        "role": "assistant", "content": "[add(a=1)]"}

@@ -16,6 +16,7 @@ import agentkv as ak
 from agentkv.chat.formats import (
     DeepSeekV3,
     DeepSeekV31,
+    Gemma4,
     Glm,
     Granite,
     Harmony,
@@ -24,6 +25,7 @@ from agentkv.chat.formats import (
     Llama3Json,
     Mistral,
     MistralArgs,
+    Phi4Mini,
     Pythonic,
     QwenXml,
 )
@@ -32,10 +34,11 @@ from tests.tiny import make_tiny_model
 
 FAMILIES = {"qwen2.5": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic, "qwen3_coder": QwenXml,
             "mistral_v11": MistralArgs, "glm45": Glm, "kimi_k2": Kimi, "deepseek_v31": DeepSeekV31,
-            "deepseek_r1": DeepSeekV3, "granite33": Granite, "gpt_oss": Harmony}
+            "deepseek_r1": DeepSeekV3, "granite33": Granite, "phi4_mini": Phi4Mini, "gpt_oss": Harmony,
+            "gemma4": Gemma4, "gemma3_pythonic": Pythonic, "gemma3": Pythonic}
 # Families whose template writes calls and results but not the tools (their definitions go into the
 # system prompt in the family's words)
-NOT_NATIVE = {"deepseek_v31", "deepseek_r1"}
+NOT_NATIVE = {"deepseek_v31", "deepseek_r1", "gemma3"}
 # How each family's template gives a tool's result back
 RESULT_MARK = {"qwen2.5": "<tool_response>\n", "llama3": "<|start_header_id|>ipython<|end_header_id|>",
                "mistral": "[TOOL_RESULTS] {", "pythonic": "<|start_header_id|>ipython<|end_header_id|>",
@@ -43,7 +46,10 @@ RESULT_MARK = {"qwen2.5": "<tool_response>\n", "llama3": "<|start_header_id|>ipy
                # Kimi's result names the call by the id it wrote
                "kimi_k2": "<|im_middle|>## Return of functions.add:", "deepseek_v31": "<｜tool▁output▁begin｜>",
                "deepseek_r1": "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>",
-               "granite33": "<|start_of_role|>tool<|end_of_role|>",
+               "granite33": "<|start_of_role|>tool<|end_of_role|>", "phi4_mini": "<|tool|>",
+               "gemma4": "<|tool_response>response:add{value:<|\"|>",
+               "gemma3_pythonic": "<start_of_turn>user\n<tool_response>\n",
+               "gemma3": "<start_of_turn>user\n<tool_response>\n",
                "gpt_oss": "<|start|>functions.add to=assistant<|channel|>commentary<|message|>"}
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"},
@@ -57,7 +63,8 @@ Small = Annotated[int, Field(ge=0, le=99)]
 # Random weights whose choice between two tool names is not one-sided (at seed 0, the Llama-token
 # models pick one name 40 times in 40), so a framework's run can both call a tool and then answer.
 WEIGHT_SEEDS = {"qwen2.5": 0, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_coder": 0, "mistral_v11": 0, "glm45": 0,
-                "kimi_k2": 0, "deepseek_v31": 1, "deepseek_r1": 1, "granite33": 5, "gpt_oss": 0}
+                "kimi_k2": 0, "deepseek_v31": 1, "deepseek_r1": 1, "granite33": 5, "phi4_mini": 0, "gemma4": 0,
+                "gemma3_pythonic": 1, "gemma3": 1, "gpt_oss": 0}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -79,7 +86,7 @@ def test_the_family_is_detected_and_its_prompt_rendered(family):
     assert type(fmt) is FAMILIES[name] and fmt.native == (name not in NOT_NATIVE)
     prompt = engine.render(fmt.offered(ask("add 1"), [ADD]), tools=fmt.template_tools([ADD]))
     # the tool by its JSON name (DeepSeek's prompt writes "### add", gpt-oss's "type add =")
-    assert "You add numbers." in prompt and ('"add"' in prompt or name in ("deepseek_v31", "gpt_oss"))
+    assert "You add numbers." in prompt and ('"add"' in prompt or name in ("deepseek_v31", "gpt_oss", "gemma4"))
     if name == "llama3":  # definitions in the system turn (tools_in_user_message=False), which an agent pins
         system = prompt.split("<|eot_id|>")[0]
         assert "Environment: ipython" in system and '"name": "add"' in system
@@ -90,6 +97,10 @@ def test_the_family_is_detected_and_its_prompt_rendered(family):
                 "deepseek_v31": "## Tools\nYou have access to the following tools:\n\n### add\nDescription: Add",
                 "deepseek_r1": "## Tools\n\n### Function\n\nYou have the following functions available:\n\n- `add`:",
                 "granite33": '<|start_of_role|>available_tools<|end_of_role|>[\n    {\n        "type"',
+                "phi4_mini": '<|system|>You add numbers.<|tool|>[{"name": "add", "description": "Add two numbers.", ',
+                "gemma3_pythonic": 'Example Format: [func_name1(params_name1=params_value1, ',
+                "gemma3": "<start_of_turn>user\nYou add numbers.\n\n# Tools\n\nYou may call one or more functions",
+                "gemma4": '<|tool>declaration:add{description:<|"|>Add two numbers.<|"|>,parameters:{properties:{a:{',
                 "gpt_oss": "namespace functions {\n\n// Add two numbers.\ntype add = (_: {\na: number,"}[name]
     assert expected in prompt
 
@@ -118,7 +129,8 @@ def test_calls_parse_and_validate_in_every_mode(family, choice):
 def test_agent_round_trip_in_the_familys_format(family):
     """The agent's call runs, its result goes back as the family's template writes results, and the
     next step's prompt starts with the last one's (its KV reused), except where the template itself
-    rewrites a call (Mistral's adds ids and spacing, gpt-oss's re-spaces the arguments)."""
+    rewrites a call (Mistral's adds ids and spacing, gpt-oss's re-spaces the arguments, vLLM's Gemma 3
+    template drops the commas between them)."""
     name, engine = family
     seen = []
 
@@ -137,7 +149,10 @@ def test_agent_round_trip_in_the_familys_format(family):
     # the conversation is in OpenAI's shape; rendered as the agent renders it, in the family's format
     prompt = engine.render(template_messages(result.messages[:-1], engine.tool_format))
     assert RESULT_MARK[name] in prompt and str(sum(seen[0])) in prompt.split(RESULT_MARK[name], 1)[1]
-    if name == "gpt_oss":  # its template re-spaces a call's arguments (`tojson`): the prompt before them re-reads
+    if name in ("gpt_oss", "gemma3_pythonic"):
+        # gpt-oss's template re-spaces a call's arguments (`tojson`); vLLM's Gemma 3 template drops the
+        # comma between them (its `first` flag, set inside the loop, never outlives an iteration): the
+        # prompt before the call re-reads
         assert second.usage.cached_tokens >= first.usage.prompt_tokens
     elif name != "mistral":
         # all but the reply's end: its last sampled token and the closing text the grammar forced
@@ -357,3 +372,26 @@ def test_gpt_oss_reasons_in_the_analysis_channel_and_answers_in_final(tmp_path):
             streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
                 **request, tool_choice="none", stream=True) if c.choices)
             assert whole.content and "<|" not in whole.content and streamed == whole.content
+
+
+def test_gemma4_thinks_in_its_thought_channel_where_thinking_is_on(tmp_path):
+    """Gemma 4 reasons only where the prompt turns thinking on (`enable_thinking`: `<|think|>` in
+    the system turn): the thought channel comes back as reasoning, then the call in its notation;
+    with thinking off no channel is opened at all. Checked against a planted bug (the channel's
+    name, `thought`, left on the reasoning): it fails here."""
+    from agentkv.chat.reasoning import GEMMA4
+
+    path = make_tiny_model(tmp_path / "gemma4", chat="gemma4", max_positions=4096)
+    with ak.Engine(str(path), num_slots=8192) as engine:
+        assert isinstance(engine.tool_format, Gemma4) and engine.reasoning == GEMMA4
+        channel = engine.tokenizer.token_to_id("<|channel>")
+        kw = dict(tools=[ADD, WEATHER], tool_choice="required", max_tokens=120, temperature=1.0, seed=5, n=4,
+                  max_reasoning_tokens=4, logit_bias={channel: 30})
+        out = engine.chat(ask("add 1"), chat_template_kwargs={"enable_thinking": True}, **kw)
+        for c in out.completions:
+            assert c.text.startswith("<|channel>thought\n") and c.reasoning is not None
+            assert not c.reasoning.startswith("thought") and (c.tool_calls or c.finish_reason == "length")
+            for call in c.tool_calls:
+                jsonschema.validate(call.arguments, SCHEMAS[call.name])
+        for c in engine.chat(ask("add 1"), **kw).completions:  # thinking off: the channel is not open to it
+            assert c.reasoning is None and c.text.startswith("<|tool_call>call:")

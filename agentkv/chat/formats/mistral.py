@@ -33,6 +33,7 @@ class Mistral(ToolFormat):
                                         "[/AVAILABLE_TOOLS]")
     special_markers: ClassVar[tuple[str, ...]] = (OPEN,)
     list_space: ClassVar[str] = " "  # what the format writes between its marker and the list
+    closing: ClassVar[str] = ""  # what the format writes after the list (Phi-4-mini's <|/tool_call|>)
     instruction: ClassVar[str] = (
         "To call functions, write [TOOL_CALLS] followed by a JSON list of the calls: "
         "[TOOL_CALLS] [{\"name\": <function-name>, \"arguments\": <args-json-object>}]")
@@ -42,8 +43,10 @@ class Mistral(ToolFormat):
         return OPEN in chat_template
 
     def calls_rules(self, parallel) -> str:
-        more = ' ("," " "? call)*' if parallel else ""
-        return f'calls: {lark_literal(self.opening)} " "? "[" call{more} "]"\n'
+        # the spacing calls_text writes, which a conversation sends back: the next prompt re-reads it
+        more = ' (", " call)*' if parallel else ""
+        closing = f" {lark_literal(self.closing)}" if self.closing else ""
+        return f'calls: {lark_literal(self.opening + self.list_space + "[")} call{more} "]"{closing}\n'
 
     def call_part(self, tool, close_objects) -> str:
         return json_call_part(tool, "arguments", close_objects)
@@ -59,7 +62,8 @@ class Mistral(ToolFormat):
             calls.append(got[0])
             end = got[1]
             if text.startswith("]", end):
-                return calls, end + 1
+                end += 1
+                return calls, end + len(self.closing) if text.startswith(self.closing, end) else end
             i = end + 1 + text.startswith(" ", end + 1) if text.startswith(",", end) else -1
         return calls, end
 
@@ -72,7 +76,8 @@ class Mistral(ToolFormat):
         return out
 
     def calls_text(self, calls: list[ToolCall]) -> str:
-        return f"{self.opening}{self.list_space}[" + ", ".join(call_object(c, "arguments") for c in calls) + "]"
+        return (f"{self.opening}{self.list_space}[" + ", ".join(call_object(c, "arguments") for c in calls)
+                + "]" + self.closing)
 
     def assistant_message(self, content: str, calls: list[ToolCall], text: str | None = None) -> dict:
         if not self.native:

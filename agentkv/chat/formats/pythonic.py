@@ -1,16 +1,18 @@
-"""The pythonic format (Llama 3.2's and Llama 4's tool prompts, ToolACE and others): a reply that
+"""The pythonic format (Llama 3.2's and Llama 4's tool prompts, Gemma 3's, ToolACE and others): a reply that
 calls tools is a Python list of calls, `[get_weather(city="Paris", unit="C"), add(a=1)]` (the whole
 reply: free text may not write `[get_weather(` or another offered tool's head), each
 argument a keyword whose value is a Python literal (True, False, None where JSON has true, false,
 null). The grammar writes each argument under its own property schema (`%pyjson`), required ones
 in the schema's order and optional ones where they stand, so a call always evaluates and validates.
+A reply's calls go back as the text the model wrote, but to a template that writes them itself and
+must (vLLM's Gemma 3 template checks that the turns without `tool_calls` alternate), as `tool_calls`.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from agentkv.chat.calls import CallProgress, ToolCall
@@ -25,6 +27,8 @@ _PARTIAL = re.compile(r"(?:\[|, )([A-Za-z_][A-Za-z0-9_]*)\(")
 
 @dataclass(frozen=True)
 class Pythonic(ToolFormat):
+    structured: bool = False  # calls go back as `tool_calls` (the template's rendering of them), not as text
+
     name: ClassVar[str] = "pythonic"
     opening: ClassVar[str] = "["
     instruction: ClassVar[str] = (
@@ -34,7 +38,25 @@ class Pythonic(ToolFormat):
 
     @classmethod
     def knows(cls, chat_template: str) -> bool:
-        return "func_name1(" in chat_template
+        # or Gemma 3's own template, which takes no tools: Google's function-calling guide prompts
+        # the model for these calls
+        return "func_name1(" in chat_template or ("<start_of_turn>" in chat_template
+                                                   and "first_user_prefix" in chat_template)
+
+    @classmethod
+    def for_template(cls, chat_template: str | None, special_tokens=()) -> ToolFormat:
+        fmt = super().for_template(chat_template, special_tokens)
+        # a template that counts the turns without tool_calls (its roles must alternate) needs them
+        counts = bool(chat_template) and 'selectattr("tool_calls", "undefined")' in chat_template
+        return replace(fmt, structured=fmt.native and counts)
+
+    def assistant_message(self, content: str, calls: list[ToolCall], text: str | None = None) -> dict:
+        if not self.structured:
+            return super().assistant_message(content, calls, text)
+        # the template writes each value `| tojson`: numbers and strings as the grammar wrote them
+        return {"role": "assistant", "content": content,
+                "tool_calls": [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                               for c in calls]}
 
     def text_words(self, tools) -> tuple[str, ...]:
         # a call is the whole reply: text may not write one of an offered tool (it would be content)

@@ -55,6 +55,9 @@ class TokenizerInfo:
         for e in self.eos_ids:
             if not 0 <= e < self.vocab_size:
                 raise GrammarError(f"EOS id {e} is outside the vocabulary of {self.vocab_size} tokens")
+            # an end token ends the output wherever it is sampled (Matcher.accept_token), so it is never
+            # text a grammar matches, even one a tool format keeps as text (Gemma 4's <|tool_response>)
+            self.vocab[e] = None
         self.encode_bytes = encode
         self.splitter = splitter  # the pre-tokenizer's pieces, where the encoder cuts text first
         self.lengths = np.array([0 if b is None else len(b) for b in self.vocab], dtype=np.int32)

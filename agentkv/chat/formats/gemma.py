@@ -1,0 +1,100 @@
+"""Gemma 4's calls: each `<|tool_call>call:name{key:value,...}<tool_call|>`, its arguments in Gemma's
+value notation (gemma_values.py: keys bare, strings between `<|"|>` tokens), calls one after another
+and nothing before them, every marker a special token:
+
+    <|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3}<tool_call|>
+
+The model then writes `<|tool_response>` (a stop token), which is where the template puts each
+result: `<|tool_response>response:get_weather{value:<|"|>...<|"|>}<tool_response|>`, the model's
+turn going on after it. The template renders the tools itself (`<|tool>declaration:...<tool|>` in
+the system turn) and writes a call's arguments given as text as they are, so a reply's calls go
+back as the notation the model wrote. A schema the notation cannot carry is a RequestError at
+request time naming the tool and the keyword."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from agentkv.chat.calls import TOOL_NAME, CallProgress, ToolCall
+from agentkv.chat.formats.base import ToolFormat, arguments_schema, lark_literal
+from agentkv.chat.formats.gemma_values import Notation
+from agentkv.chat.formats.json_calls import compact
+
+OPEN, CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+CALL = OPEN + "call:"
+NOTATION = Notation(QUOTE)
+
+
+@dataclass(frozen=True)
+class Gemma4(ToolFormat):
+    name: ClassVar[str] = "gemma4"
+    opening: ClassVar[str] = OPEN
+    call_opening: ClassVar[str] = CALL
+    words: ClassVar[tuple[str, ...]] = (OPEN, CLOSE, "<|tool_response>", "<tool_response|>", "<|tool>", "<tool|>",
+                                        QUOTE)
+    special_markers: ClassVar[tuple[str, ...]] = words
+    instruction: ClassVar[str] = (
+        "To call a function, write <|tool_call>call:<function-name>{<key>:<value>,...}<tool_call|>, a "
+        "string value between <|\"|> tokens, other values as JSON, keys bare")
+
+    @classmethod
+    def knows(cls, chat_template: str) -> bool:
+        return CALL in chat_template
+
+    # ---- grammar ------------------------------------------------------------------------------------
+
+    def calls_rules(self, parallel) -> str:
+        return "calls: call+\n" if parallel else "calls: call\n"
+
+    def call_part(self, tool, close_objects) -> str:
+        members, rules = NOTATION.arguments(arguments_schema(tool, close_objects), f"tool {tool.name!r}")
+        return "\n".join([f"start: {lark_literal(tool.name + '{')} {members} {lark_literal('}' + CLOSE)}",
+                          *rules]) + "\n"
+
+    # ---- reading ------------------------------------------------------------------------------------
+
+    def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
+        calls, end, i = [], 0, start
+        while (got := self._call(text, i)) is not None and got[2]:
+            calls.append(ToolCall(got[0], got[1]))
+            end = i = got[3]
+        return calls, end
+
+    def calls_progress(self, text: str, start: int) -> list[CallProgress]:
+        out, i = [], start
+        while (got := self._call(text, i)) is not None:
+            name, args, done, end = got
+            body = ",".join(f"{compact(k)}:{compact(v)}" for k, v in args.items())
+            out.append(CallProgress(name, "{" + body + ("}" if done else ""), done))
+            if not done:
+                break
+            i = end
+        return out
+
+    def _call(self, text: str, i: int) -> tuple[str, dict, bool, int] | None:
+        """(name, the arguments complete so far, whether the call is complete, where it ends) of the
+        call at `i`; None before its name is complete."""
+        if not text.startswith(CALL, i):
+            return None
+        m = TOOL_NAME.match(text, i + len(CALL))
+        if m is None or not text.startswith("{", m.end()):
+            return None
+        args, j, closed = NOTATION.read_members(text, m.end() + 1, "}")
+        if closed and text.startswith("}" + CLOSE, j):
+            return m.group(), args, True, j + 1 + len(CLOSE)
+        return m.group(), args, False, len(text)
+
+    # ---- writing ------------------------------------------------------------------------------------
+
+    def calls_text(self, calls: list[ToolCall]) -> str:
+        return "".join(f"{CALL}{c.name}{{{NOTATION.members(c.arguments)}}}{CLOSE}" for c in calls)
+
+    def assistant_message(self, content: str, calls: list[ToolCall], text: str | None = None) -> dict:
+        if not self.native:
+            return super().assistant_message(content, calls, text)
+        # the template writes arguments given as text between the call's braces as they are
+        return {"role": "assistant", "content": content,
+                "tool_calls": [{"id": c.id, "type": "function",
+                                "function": {"name": c.name, "arguments": NOTATION.members(c.arguments)}}
+                               for c in calls]}
