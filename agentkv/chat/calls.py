@@ -7,7 +7,9 @@ agentkv/chat/formats/.
 from __future__ import annotations
 
 import functools
+import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,11 +28,7 @@ class ToolCall:
     def arguments_json(self) -> str:
         """The arguments as a JSON string (OpenAI's `function.arguments`): the model's own text
         where it wrote JSON, so streamed argument deltas add up to it."""
-        if self.arguments_text is not None:
-            return self.arguments_text
-        import json
-
-        return json.dumps(self.arguments, ensure_ascii=False, separators=(",", ":"))
+        return self.arguments_text if self.arguments_text is not None else compact(self.arguments)
 
 
 @dataclass(frozen=True)
@@ -53,6 +51,40 @@ class FunctionSpec:
     @property
     def definition(self) -> dict:
         return {"type": "function", "function": {"name": self.name, "parameters": self.parameters}}
+
+
+# A format whose arguments are not JSON text reads the call at an index as (its name, its arguments
+# complete so far, whether the call is complete, where it ends), or None before its name is complete.
+CallReader = Callable[[str, int], "tuple[str, dict, bool, int] | None"]
+
+
+def read_calls(read: CallReader, text: str, start: int, between: str = "") -> tuple[list[ToolCall], int]:
+    """The complete calls from `start` (each `between` the last), and where the last of them ends."""
+    calls, end, i = [], 0, start
+    while (got := read(text, i)) is not None and got[2]:
+        calls.append(ToolCall(got[0], got[1]))
+        end = got[3]
+        i = end + len(between)
+    return calls, end
+
+
+def read_progress(read: CallReader, text: str, start: int, between: str = "") -> list[CallProgress]:
+    """The calls from `start` as far as they are written: each one's arguments complete so far as
+    compact JSON (closed once the call is), so streamed deltas add up to `ToolCall.arguments_json`."""
+    out, i = [], start
+    while (got := read(text, i)) is not None:
+        name, args, done, end = got
+        body = ",".join(f"{compact(k)}:{compact(v)}" for k, v in args.items())
+        out.append(CallProgress(name, "{" + body + ("}" if done else ""), done))
+        if not done:
+            break
+        i = end + len(between)
+    return out
+
+
+def compact(value) -> str:
+    """JSON as the grammar writes it: no spaces, characters as they are."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def tool_name_problem(name: Any) -> str | None:

@@ -16,10 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from agentkv.chat.calls import TOOL_NAME, CallProgress, ToolCall
+from agentkv.chat.calls import TOOL_NAME, CallProgress, ToolCall, read_calls, read_progress
 from agentkv.chat.formats.base import ToolFormat, arguments_schema, lark_literal
 from agentkv.chat.formats.gemma_values import Notation
-from agentkv.chat.formats.json_calls import compact
 
 OPEN, CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 CALL = OPEN + "call:"
@@ -55,22 +54,10 @@ class Gemma4(ToolFormat):
     # ---- reading ------------------------------------------------------------------------------------
 
     def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
-        calls, end, i = [], 0, start
-        while (got := self._call(text, i)) is not None and got[2]:
-            calls.append(ToolCall(got[0], got[1]))
-            end = i = got[3]
-        return calls, end
+        return read_calls(self._call, text, start)
 
     def calls_progress(self, text: str, start: int) -> list[CallProgress]:
-        out, i = [], start
-        while (got := self._call(text, i)) is not None:
-            name, args, done, end = got
-            body = ",".join(f"{compact(k)}:{compact(v)}" for k, v in args.items())
-            out.append(CallProgress(name, "{" + body + ("}" if done else ""), done))
-            if not done:
-                break
-            i = end
-        return out
+        return read_progress(self._call, text, start)
 
     def _call(self, text: str, i: int) -> tuple[str, dict, bool, int] | None:
         """(name, the arguments complete so far, whether the call is complete, where it ends) of the

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from agentkv.chat.calls import CallProgress, ToolCall
+from agentkv.chat.calls import CallProgress, ToolCall, compact
 from agentkv.grammar.lark.source import balanced_json_end
 
 _HEADS: dict[str, re.Pattern] = {}
@@ -63,10 +63,6 @@ def value_end(text: str, i: int) -> int:
             return -1
         return end if end < len(text) else -1
     return balanced_json_end(text, i)
-
-
-def compact(value) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def call_object(call: ToolCall, key: str) -> str:

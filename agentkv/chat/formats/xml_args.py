@@ -13,9 +13,8 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from agentkv.chat.calls import CallProgress, ToolCall, text_without
+from agentkv.chat.calls import CallProgress, ToolCall, compact, read_calls, read_progress, text_without
 from agentkv.chat.formats.base import ToolFormat, arguments_schema, json_rule, lark_literal
-from agentkv.chat.formats.json_calls import compact
 from agentkv.errors import RequestError
 
 PYTHON = {"True": True, "False": False, "None": None}  # a template's `| string` of these
@@ -92,23 +91,10 @@ class XmlArgs(ToolFormat):
     # ---- reading ------------------------------------------------------------------------------------
 
     def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
-        calls, end, i = [], 0, start
-        while (got := self._call(text, i)) is not None and got[2]:
-            calls.append(ToolCall(got[0], got[1]))
-            end = got[3]
-            i = end + len(self.BETWEEN)
-        return calls, end
+        return read_calls(self._call, text, start, self.BETWEEN)
 
     def calls_progress(self, text: str, start: int) -> list[CallProgress]:
-        out, i = [], start
-        while (got := self._call(text, i)) is not None:
-            name, args, done, end = got
-            body = ",".join(f"{compact(k)}:{compact(v)}" for k, v in args.items())
-            out.append(CallProgress(name, "{" + body + ("}" if done else ""), done))
-            if not done:
-                break
-            i = end + len(self.BETWEEN)
-        return out
+        return read_progress(self._call, text, start, self.BETWEEN)
 
     def _call(self, text: str, i: int) -> tuple[str, dict, bool, int] | None:
         """(name, the arguments complete so far, whether the call is complete, where it ends) of the
