@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.chat_templates_gemma import GEMMA3, GEMMA3_PYTHONIC, GEMMA3_SPECIALS, GEMMA4, GEMMA4_SPECIALS
+from tests.chat_templates_gemma import (
+    FUNCTIONGEMMA,
+    FUNCTIONGEMMA_SPECIALS,
+    GEMMA3,
+    GEMMA3_PYTHONIC,
+    GEMMA3_SPECIALS,
+    GEMMA4,
+    GEMMA4_SPECIALS,
+)
 from tests.chat_templates_markers import (
     DEEPSEEK_ADDED,
     DEEPSEEK_R1_0528,
@@ -297,6 +305,8 @@ FAMILIES = {
     "deepseek_r1": ChatFamily(DEEPSEEK_R1_0528, DEEPSEEK_SPECIALS, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
                               DEEPSEEK_V3_ADDED),
     "granite33": ChatFamily(GRANITE_33, GRANITE_SPECIALS, None, "<|end_of_text|>"),
+    "functiongemma": ChatFamily(FUNCTIONGEMMA, FUNCTIONGEMMA_SPECIALS, "<bos>", "<end_of_turn>",
+                                ends=("<start_function_response>", "<eos>")),
     "gemma3": ChatFamily(GEMMA3, GEMMA3_SPECIALS, "<bos>", "<end_of_turn>", ends=("<eos>",)),
     "gemma3_pythonic": ChatFamily(GEMMA3_PYTHONIC, GEMMA3_SPECIALS, "<bos>", "<end_of_turn>", ends=("<eos>",)),
     "gemma4": ChatFamily(GEMMA4, GEMMA4_SPECIALS, "<bos>", "<turn|>", ends=("<|tool_response>", "<eos>")),

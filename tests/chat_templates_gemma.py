@@ -3,7 +3,10 @@ Gemma 4's is the published one (google/gemma-4-E2B-it's chat_template.jinja), wh
 results and tool declarations are written in Gemma's value notation (agentkv/chat/formats/
 gemma_values.py). Gemma 3's own template (as LiteRT-LM carries google/gemma-3's) takes no tools:
 Google's function-calling guide prompts it for pythonic calls; the template people serve it with for
-function calling is vLLM's examples/tool_chat_template_gemma3_pythonic.jinja, here whole."""
+function calling is vLLM's examples/tool_chat_template_gemma3_pythonic.jinja, here whole.
+FunctionGemma's is written from Google's description of its format (its developer turn, declarations,
+`<escape>` strings, calls, `<start_function_response>` results, the turn going on after them), with
+Gemma 4's declaration and value macros, and LiteRT-LM's FunctionGemma template's turn structure."""
 
 from __future__ import annotations
 
@@ -498,3 +501,234 @@ GEMMA3_PYTHONIC = r"""{#- Begin-of-sequence token to start the model prompt -#}
 {%- endif -%}"""
 
 GEMMA3_SPECIALS = ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>")
+
+FUNCTIONGEMMA = r"""{%- macro format_parameters(properties, required) -%}
+    {%- set standard_keys = ['description', 'type', 'properties', 'required', 'nullable'] -%}
+    {%- set ns = namespace(found_first=false) -%}
+    {%- for key, value in properties | dictsort -%}
+        {%- set add_comma = false -%}
+        {%- if key not in standard_keys -%}
+            {%- if ns.found_first %},{% endif -%}
+            {%- set ns.found_first = true -%}
+            {{ key }}:{
+            {%- if value['description'] -%}
+                description:<escape>{{ value['description'] }}<escape>
+                {%- set add_comma = true -%}
+            {%- endif -%}
+            {%- if value['type'] | upper == 'STRING' -%}
+                {%- if value['enum'] -%}
+                    {%- if add_comma %},{%- else -%} {%- set add_comma = true -%} {% endif -%}
+                    enum:{{ format_argument(value['enum']) }}
+                {%- endif -%}
+            {%- elif value['type'] | upper == 'ARRAY' -%}
+                {%- if value['items'] is mapping and value['items'] -%}
+                    {%- if add_comma %},{%- else -%} {%- set add_comma = true -%} {% endif -%}
+                    items:{
+                    {%- set ns_items = namespace(found_first=false) -%}
+                    {%- for item_key, item_value in value['items'] | dictsort -%}
+                        {%- if item_value is not none -%}
+                            {%- if ns_items.found_first %},{% endif -%}
+                            {%- set ns_items.found_first = true -%}
+                            {%- if item_key == 'properties' -%}
+                                properties:{
+                                {%- if item_value is mapping -%}
+                                    {{- format_parameters(item_value, value['items']['required'] | default([])) -}}
+                                {%- endif -%}
+                                }
+                            {%- elif item_key == 'required' -%}
+                                required:[
+                                {%- for req_item in item_value -%}
+                                    <escape>{{- req_item -}}<escape>
+                                    {%- if not loop.last %},{% endif -%}
+                                {%- endfor -%}
+                                ]
+                            {%- elif item_key == 'type' -%}
+                                {%- if item_value is string -%}
+                                    type:{{ format_argument(item_value | upper) }}
+                                {%- else -%}
+                                    type:{{ format_argument(item_value | map('upper') | list) }}
+                                {%- endif -%}
+                            {%- else -%}
+                                {{ item_key }}:{{ format_argument(item_value) }}
+                            {%- endif -%}
+                        {%- endif -%}
+                    {%- endfor -%}
+                    }
+                {%- endif -%}
+            {%- endif -%}
+            {%- if value['nullable'] %}
+                {%- if add_comma %},{%- else -%} {%- set add_comma = true -%} {% endif -%}
+                nullable:true
+            {%- endif -%}
+            {%- if value['type'] | upper == 'OBJECT' -%}
+                {%- if value['properties'] is defined and value['properties'] is mapping -%}
+                    {%- if add_comma %},{%- else -%} {%- set add_comma = true -%} {% endif -%}
+                    properties:{
+                    {{- format_parameters(value['properties'], value['required'] | default([])) -}}
+                    }
+                {%- elif value is mapping -%}
+                    {%- if add_comma %},{%- else -%} {%- set add_comma = true -%} {% endif -%}
+                    properties:{
+                    {{- format_parameters(value, value['required'] | default([])) -}}
+                    }
+                {%- endif -%}
+                {%- if value['required'] -%}
+                    {%- if add_comma %},{%- else -%} {%- set add_comma = true -%} {% endif -%}
+                    required:[
+                    {%- for item in value['required'] | default([]) -%}
+                        <escape>{{- item -}}<escape>
+                        {%- if not loop.last %},{% endif -%}
+                    {%- endfor -%}
+                    ]
+                {%- endif -%}
+            {%- endif -%}
+            {%- if add_comma %},{%- else -%} {%- set add_comma = true -%} {% endif -%}
+            type:<escape>{{ value['type'] | upper }}<escape>}
+        {%- endif -%}
+    {%- endfor -%}
+{%- endmacro -%}
+{%- macro format_function_declaration(tool_data) -%}
+    declaration:{{- tool_data['function']['name'] -}}{description:<escape>{{- tool_data['function']['description'] -}}<escape>
+    {%- set params = tool_data['function']['parameters'] -%}
+    {%- if params -%}
+        ,parameters:{
+        {%- if params['properties'] -%}
+            properties:{ {{- format_parameters(params['properties'], params['required']) -}} },
+        {%- endif -%}
+        {%- if params['required'] -%}
+            required:[
+            {%- for item in params['required'] -%}
+                <escape>{{- item -}}<escape>
+                {{- ',' if not loop.last -}}
+            {%- endfor -%}
+            ],
+        {%- endif -%}
+        {%- if params['type'] -%}
+            type:<escape>{{- params['type'] | upper -}}<escape>}
+        {%- endif -%}
+    {%- endif -%}
+    {%- if 'response' in tool_data['function'] -%}
+        {%- set response_declaration = tool_data['function']['response'] -%}
+        ,response:{
+        {%- if response_declaration['description'] -%}
+            description:<escape>{{- response_declaration['description'] -}}<escape>,
+        {%- endif -%}
+        {%- if response_declaration['type'] | upper == 'OBJECT' -%}
+            type:<escape>{{- response_declaration['type'] | upper -}}<escape>}
+        {%- endif -%}
+    {%- endif -%}
+    }
+{%- endmacro -%}
+{%- macro format_argument(argument, escape_keys=True) -%}
+    {%- if argument is string -%}
+        {{- '<escape>' + argument + '<escape>' -}}
+    {%- elif argument is boolean -%}
+        {{- 'true' if argument else 'false' -}}
+    {%- elif argument is mapping -%}
+        {{- '{' -}}
+        {%- set ns = namespace(found_first=false) -%}
+        {%- for key, value in argument | dictsort -%}
+            {%- if ns.found_first %},{% endif -%}
+            {%- set ns.found_first = true -%}
+            {%- if escape_keys -%}
+                {{- '<escape>' + key + '<escape>' -}}
+            {%- else -%}
+                {{- key -}}
+            {%- endif -%}
+            :{{- format_argument(value, escape_keys=escape_keys) -}}
+        {%- endfor -%}
+        {{- '}' -}}
+    {%- elif argument is sequence -%}
+        {{- '[' -}}
+        {%- for item in argument -%}
+            {{- format_argument(item, escape_keys=escape_keys) -}}
+            {%- if not loop.last %},{% endif -%}
+        {%- endfor -%}
+        {{- ']' -}}
+    {%- else -%}
+        {{- argument -}}
+    {%- endif -%}
+{%- endmacro -%}
+{%- macro format_tool_response_block(tool_name, response) -%}
+    {{- '<start_function_response>' -}}
+    {%- if response is mapping -%}
+        {{- 'response:' + tool_name + '{' -}}
+        {%- for key, value in response | dictsort -%}
+            {{- key -}}:{{- format_argument(value, escape_keys=False) -}}
+            {%- if not loop.last %},{% endif -%}
+        {%- endfor -%}
+        {{- '}' -}}
+    {%- else -%}
+        {{- 'response:' + tool_name + '{value:' + format_argument(response, escape_keys=False) + '}' -}}
+    {%- endif -%}
+    {{- '<end_function_response>' -}}
+{%- endmacro -%}
+{{ bos_token }}
+{%- set ns = namespace(prev_message_type=None) -%}
+{%- set loop_messages = messages -%}
+{%- if tools or messages[0]['role'] in ['system', 'developer'] -%}
+    {{- '<start_of_turn>developer\n' -}}
+    {%- if messages[0]['role'] in ['system', 'developer'] -%}
+        {{- messages[0]['content'] | trim -}}
+        {%- set loop_messages = messages[1:] -%}
+    {%- endif -%}
+    {%- if tools -%}
+        {%- for tool in tools %}
+            {{- '<start_function_declaration>' -}}
+            {{- format_function_declaration(tool) | trim -}}
+            {{- '<end_function_declaration>' -}}
+        {%- endfor %}
+    {%- endif -%}
+    {{- '<end_of_turn>\n' -}}
+{%- endif %}
+{%- for message in loop_messages -%}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+    {%- if role != 'tool' -%}
+        {%- if ns.prev_message_type == 'tool_call' -%}
+            {{ raise_exception("Tool call must be followed by a tool response.") }}
+        {%- endif -%}
+        {%- if ns.prev_message_type != 'tool_response' -%}
+            {{- '<start_of_turn>' + role + '\n' -}}
+        {%- endif -%}
+        {%- set ns.prev_message_type = None -%}
+        {%- if message['content'] is string -%}
+            {{- message['content'] | trim -}}
+        {%- endif -%}
+        {%- if message.get('tool_calls') -%}
+            {%- for tool_call in message['tool_calls'] -%}
+                {%- set function = tool_call['function'] -%}
+                {{- '<start_function_call>call:' + function['name'] + '{' -}}
+                {%- if function['arguments'] is mapping -%}
+                    {%- set ns_args = namespace(found_first=false) -%}
+                    {%- for key, value in function['arguments'] | dictsort -%}
+                        {%- if ns_args.found_first %},{% endif -%}
+                        {%- set ns_args.found_first = true -%}
+                        {{- key -}}:{{- format_argument(value, escape_keys=False) -}}
+                    {%- endfor -%}
+                {%- elif function['arguments'] is string -%}
+                    {{- function['arguments'] -}}
+                {%- endif -%}
+                {{- '}<end_function_call>' -}}
+            {%- endfor -%}
+            {%- if loop.last -%}
+                {{- '<start_function_response>' -}}
+            {%- endif -%}
+            {%- set ns.prev_message_type = 'tool_call' -%}
+        {%- endif -%}
+    {%- else -%}
+        {{- format_tool_response_block(message.get('name') or 'unknown', message['content']) -}}
+        {%- set ns.prev_message_type = 'tool_response' -%}
+    {%- endif -%}
+    {%- if ns.prev_message_type not in ['tool_call', 'tool_response'] -%}
+        {{- '<end_of_turn>\n' -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {%- if ns.prev_message_type != 'tool_response' and ns.prev_message_type != 'tool_call' -%}
+        {{- '<start_of_turn>model\n' -}}
+    {%- endif -%}
+{%- endif -%}"""
+
+FUNCTIONGEMMA_SPECIALS = ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<start_function_declaration>",
+                          "<end_function_declaration>", "<start_function_call>", "<end_function_call>",
+                          "<start_function_response>", "<end_function_response>", "<escape>")

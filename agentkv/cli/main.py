@@ -126,8 +126,8 @@ def serve(
         str | None,
         typer.Option(
             help="the model's tool-call format: hermes, llama3_json, mistral, mistral_args, "
-            "pythonic, qwen3_xml, glm, kimi_k2, deepseek_v3, deepseek_v31, granite, phi4_mini, harmony or gemma4 "
-            "(default: detected from the chat template)"
+            "pythonic, qwen3_xml, glm, kimi_k2, deepseek_v3, deepseek_v31, granite, phi4_mini, harmony, gemma4 or "
+            "functiongemma (default: detected from the chat template)"
         ),
     ] = None,
     device: Device = "auto",

@@ -14,6 +14,7 @@ from agentkv.chat.formats import (
     FORMATS,
     DeepSeekV3,
     DeepSeekV31,
+    FunctionGemma,
     Gemma4,
     Glm,
     Granite,
@@ -41,7 +42,8 @@ WEATHER = FunctionSpec("get_weather", {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"]})
 TOOLS = [ADD, WEATHER]
 ALL = [Hermes(), Llama3Json(), Mistral(), MistralArgs(), Pythonic(), QwenXml().bind(TOOLS), Glm().bind(TOOLS), Kimi(),
-       DeepSeekV31(), DeepSeekV3(), Granite(), Phi4Mini(), Harmony(), Gemma4()]
+       DeepSeekV31(), DeepSeekV3(), Granite(), Phi4Mini(), Harmony(), Gemma4(),
+       FunctionGemma()]
 GOOD_CALLS = [[ToolCall("add", {"a": 1})], [ToolCall("add", {"a": 9, "ok": True, "note": None})],
               [ToolCall("add", {"a": 0, "note": "x]\")<"})],
               [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("add", {"a": 2, "ok": False})]]
@@ -189,7 +191,7 @@ def test_mistral_ids_and_structured_history():
                                              ("deepseek_r1", DeepSeekV3),
                                              ("granite33", Granite), ("phi4_mini", Phi4Mini), ("gpt_oss", Harmony),
                                              ("gemma4", Gemma4), ("gemma3_pythonic", Pythonic),
-                                             ("gemma3", Pythonic)])
+                                             ("gemma3", Pythonic), ("functiongemma", FunctionGemma)])
 def test_detection_from_the_families_templates(family, expected):
     fam = FAMILIES[family]
     assert detect(fam.template, fam.specials) is expected
@@ -213,8 +215,8 @@ def test_detection_without_a_tool_template_and_by_name():
     assert "func_name1(" in tool_format_for(Tok(), "pythonic").system_message("", [ADD.definition])["content"]
     with pytest.raises(RequestError, match="hermes"):
         tool_format_for(Tok(), "qwen")
-    assert sorted(FORMATS) == ["deepseek_v3", "deepseek_v31", "gemma4", "glm", "granite", "harmony", "hermes",
-                               "kimi_k2", "llama3_json", "mistral", "mistral_args", "phi4_mini", "pythonic",
+    assert sorted(FORMATS) == ["deepseek_v3", "deepseek_v31", "functiongemma", "gemma4", "glm", "granite", "harmony",
+                               "hermes", "kimi_k2", "llama3_json", "mistral", "mistral_args", "phi4_mini", "pythonic",
                                "qwen3_xml"]
 
 
@@ -372,3 +374,19 @@ def test_pythonic_calls_go_back_structured_only_where_the_template_needs_them():
     llama = Pythonic.for_template(FAMILIES["pythonic"].template, FAMILIES["pythonic"].specials)
     assert not llama.structured and llama.assistant_message("", [ToolCall("add", {"a": 1})]) == {
         "role": "assistant", "content": "[add(a=1)]"}
+
+
+def test_functiongemma_writes_googles_notation_after_its_trigger():
+    """FunctionGemma's calls are Gemma 4's notation with its own markers and `<escape>` strings, and
+    the developer turn ends with the sentence Google's guide says switches it to calling (once)."""
+    fam = FAMILIES["functiongemma"]
+    fmt = FunctionGemma.for_template(fam.template, fam.specials)
+    text = fmt.calls_text([ToolCall("get_weather", {"city": "Tokyo, JP", "unit": "C"})])
+    assert text == "<start_function_call>call:get_weather{city:<escape>Tokyo, JP<escape>,unit:<escape>C<escape>}" \
+                   "<end_function_call>"
+    assert accepts(grammar(fmt), text) and fmt.parse(text)[1] == [ToolCall("get_weather", {"city": "Tokyo, JP",
+                                                                                            "unit": "C"})]
+    offered = fmt.offered([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+                          [WEATHER.definition])
+    assert offered[0]["content"] == f"Be brief.\n\n{FunctionGemma.TRIGGER}"
+    assert fmt.offered(offered, [WEATHER.definition]) == offered

@@ -16,6 +16,7 @@ import agentkv as ak
 from agentkv.chat.formats import (
     DeepSeekV3,
     DeepSeekV31,
+    FunctionGemma,
     Gemma4,
     Glm,
     Granite,
@@ -35,7 +36,8 @@ from tests.tiny import make_tiny_model
 FAMILIES = {"qwen2.5": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic, "qwen3_coder": QwenXml,
             "mistral_v11": MistralArgs, "glm45": Glm, "kimi_k2": Kimi, "deepseek_v31": DeepSeekV31,
             "deepseek_r1": DeepSeekV3, "granite33": Granite, "phi4_mini": Phi4Mini, "gpt_oss": Harmony,
-            "gemma4": Gemma4, "gemma3_pythonic": Pythonic, "gemma3": Pythonic}
+            "gemma4": Gemma4, "gemma3_pythonic": Pythonic, "gemma3": Pythonic,
+            "functiongemma": FunctionGemma}
 # Families whose template writes calls and results but not the tools (their definitions go into the
 # system prompt in the family's words)
 NOT_NATIVE = {"deepseek_v31", "deepseek_r1", "gemma3"}
@@ -48,6 +50,7 @@ RESULT_MARK = {"qwen2.5": "<tool_response>\n", "llama3": "<|start_header_id|>ipy
                "deepseek_r1": "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>",
                "granite33": "<|start_of_role|>tool<|end_of_role|>", "phi4_mini": "<|tool|>",
                "gemma4": "<|tool_response>response:add{value:<|\"|>",
+               "functiongemma": "<start_function_response>response:add{value:<escape>",
                "gemma3_pythonic": "<start_of_turn>user\n<tool_response>\n",
                "gemma3": "<start_of_turn>user\n<tool_response>\n",
                "gpt_oss": "<|start|>functions.add to=assistant<|channel|>commentary<|message|>"}
@@ -64,7 +67,8 @@ Small = Annotated[int, Field(ge=0, le=99)]
 # models pick one name 40 times in 40), so a framework's run can both call a tool and then answer.
 WEIGHT_SEEDS = {"qwen2.5": 0, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_coder": 0, "mistral_v11": 0, "glm45": 0,
                 "kimi_k2": 0, "deepseek_v31": 1, "deepseek_r1": 1, "granite33": 5, "phi4_mini": 0, "gemma4": 0,
-                "gemma3_pythonic": 1, "gemma3": 1, "gpt_oss": 0}
+                "gemma3_pythonic": 1, "gemma3": 1, "functiongemma": 0,
+                "gpt_oss": 0}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -86,7 +90,8 @@ def test_the_family_is_detected_and_its_prompt_rendered(family):
     assert type(fmt) is FAMILIES[name] and fmt.native == (name not in NOT_NATIVE)
     prompt = engine.render(fmt.offered(ask("add 1"), [ADD]), tools=fmt.template_tools([ADD]))
     # the tool by its JSON name (DeepSeek's prompt writes "### add", gpt-oss's "type add =")
-    assert "You add numbers." in prompt and ('"add"' in prompt or name in ("deepseek_v31", "gpt_oss", "gemma4"))
+    assert "You add numbers." in prompt and ('"add"' in prompt or name in ("deepseek_v31", "gpt_oss", "gemma4",
+                                                                                   "functiongemma"))
     if name == "llama3":  # definitions in the system turn (tools_in_user_message=False), which an agent pins
         system = prompt.split("<|eot_id|>")[0]
         assert "Environment: ipython" in system and '"name": "add"' in system
@@ -100,6 +105,8 @@ def test_the_family_is_detected_and_its_prompt_rendered(family):
                 "phi4_mini": '<|system|>You add numbers.<|tool|>[{"name": "add", "description": "Add two numbers.", ',
                 "gemma3_pythonic": 'Example Format: [func_name1(params_name1=params_value1, ',
                 "gemma3": "<start_of_turn>user\nYou add numbers.\n\n# Tools\n\nYou may call one or more functions",
+                "functiongemma": "You add numbers.\n\nYou are a model that can do function calling with the following "
+                                 "functions<start_function_declaration>declaration:add{description:<escape>Add two",
                 "gemma4": '<|tool>declaration:add{description:<|"|>Add two numbers.<|"|>,parameters:{properties:{a:{',
                 "gpt_oss": "namespace functions {\n\n// Add two numbers.\ntype add = (_: {\na: number,"}[name]
     assert expected in prompt

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from agentkv.chat.formats.base import TAG_STARTS, ToolFormat
 from agentkv.chat.formats.deepseek import DeepSeekV3, DeepSeekV31
-from agentkv.chat.formats.gemma import Gemma4
+from agentkv.chat.formats.gemma import FunctionGemma, Gemma4
 from agentkv.chat.formats.glm import Glm
 from agentkv.chat.formats.granite import Granite
 from agentkv.chat.formats.harmony import Harmony
@@ -26,14 +26,15 @@ from agentkv.chat.formats.qwen_xml import QwenXml
 from agentkv.errors import RequestError
 
 FORMATS: dict[str, type[ToolFormat]] = {f.name: f for f in (
-    DeepSeekV3, DeepSeekV31, Gemma4, Glm, Granite, Harmony, Hermes, Kimi, Llama3Json, Mistral, MistralArgs, Phi4Mini,
-    Pythonic, QwenXml)}
-# Detection order: the most specific mark first (gpt-oss's channels, Gemma 4's `call:`, Kimi's and
-# DeepSeek's marker tokens, Granite's roles, Phi-4-mini's <|tool|>, Mistral's [ARGS], then its
-# [TOOL_CALLS], Qwen's XML <function=, GLM's <arg_key>, then Hermes' <tool_call>, which those templates
-# and Llama-based Hermes templates hold too).
-DETECTION = (Harmony, Gemma4, Kimi, DeepSeekV3, DeepSeekV31, Granite, Phi4Mini, MistralArgs, Mistral, QwenXml, Glm,
-             Hermes, Pythonic, Llama3Json)
+    DeepSeekV3, DeepSeekV31, FunctionGemma, Gemma4, Glm, Granite, Harmony, Hermes, Kimi, Llama3Json, Mistral,
+    MistralArgs, Phi4Mini, Pythonic, QwenXml)}
+# Detection order: the most specific mark first (gpt-oss's channels, Gemma 4's and FunctionGemma's
+# `call:`, Kimi's and DeepSeek's marker tokens, Granite's roles, Phi-4-mini's <|tool|>, Mistral's
+# [ARGS], then its [TOOL_CALLS], Qwen's XML <function=, GLM's <arg_key>, then Hermes' <tool_call>,
+# which those templates and Llama-based Hermes templates hold too).
+DETECTION = (Harmony, Gemma4, FunctionGemma, Kimi, DeepSeekV3, DeepSeekV31, Granite, Phi4Mini, MistralArgs, Mistral,
+             QwenXml, Glm, Hermes, Pythonic, Llama3Json)
+
 
 def detect(chat_template: str | None, special_tokens=()) -> type[ToolFormat]:
     """The format a chat template (and the tokenizer's special tokens) was written for; Hermes'
@@ -64,6 +65,6 @@ def format_class(name: str) -> type[ToolFormat]:
     return FORMATS[name]
 
 
-__all__ = ["FORMATS", "TAG_STARTS", "DeepSeekV3", "DeepSeekV31", "Gemma4", "Glm", "Granite", "Harmony", "Hermes",
-           "Kimi", "Llama3Json", "Mistral", "MistralArgs", "Phi4Mini", "Pythonic", "QwenXml", "ToolFormat", "detect",
-           "format_class", "tool_format_for"]
+__all__ = ["FORMATS", "TAG_STARTS", "DeepSeekV3", "DeepSeekV31", "FunctionGemma", "Gemma4", "Glm", "Granite",
+           "Harmony", "Hermes", "Kimi", "Llama3Json", "Mistral", "MistralArgs", "Phi4Mini", "Pythonic", "QwenXml",
+           "ToolFormat", "detect", "format_class", "tool_format_for"]
