@@ -12,8 +12,9 @@ and the two sides alternate so drifts in machine speed hit both:
 - extend attention: one request's new tokens after a cached prefix, the C kernel's tiles (the cpu
   backend, which takes every token) against SDPA (the torch backend);
 - with `--quantized`: the linears of 8 layers of a 1B-class model (2048 wide, 5632 MLP: widths every GGUF
-  type's blocks divide) kept in each quantized type csrc/cpu_quant.c multiplies (random blocks) against
-  the same shapes in the C bf16 kernel, and each one's bytes; then the embedded model's linears of one
+  type's blocks divide) kept in each quantized type csrc/cpu_quant.c multiplies (random blocks), row-major
+  and in tiles (csrc/cpu_tiles.c, cpu_ktiles.c, where the CPU has AVX-512 VNNI), against the same shapes
+  in the C bf16 kernel, and each one's bytes; then the embedded model's linears of one
   batch-1 decode step, kept in its file's Q4_1 / Q8_0 blocks, against bf16.
 
     python benchmarks/cpu_kernels.py [--dtype bfloat16|float32] [--rows 1,16,64,550] [--quantized]
@@ -89,14 +90,10 @@ def quant_blocks(name: str, n: int, k: int, rng) -> cpu_quant.QuantWeight:
 def quantized_linears(kernels, rows_list) -> list:
     """ms for QUANT_LAYERS layers' linears per type (random blocks of each; the bf16 kernel's packed
     weights as the reference), and the weights' MiB."""
+    import gguf
     import numpy as np
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import gguf
-    from test_quant_kernels import (  # random K-quant blocks with sane scales
-        K_QUANTS,
-        k_blocks,
-    )
+    from tests.kernels.test_quant_kernels import K_QUANTS, k_blocks  # random K-quant blocks with sane scales
 
     rng = np.random.default_rng(0)
     sets = {}
@@ -111,6 +108,8 @@ def quantized_linears(kernels, rows_list) -> list:
                 else:
                     ws.append((k, quant_blocks(name, n, k, rng)))
         sets[name] = ws
+        if kernels.qtile_fast:  # the same blocks in tiles of 16 rows (csrc/cpu_tiles.c, cpu_ktiles.c)
+            sets[f"{name} tiles"] = [(k, kernels.tile(w)) for k, w in ws]
     bf16 = [(k, kernels.pack_linear((torch.randn(k, n) * 0.05).bfloat16())) for _ in range(QUANT_LAYERS)
             for k, n in QUANT_SHAPES] if torch.bfloat16 in kernels.linear_dtypes else []
     out = []
@@ -154,11 +153,10 @@ def embedded_step(kernels) -> list:
 def long_inputs(kernels, rows: int = 512) -> list:
     """ms for `rows` rows of x on one large weight (the MLP's gate_up): the kernel 16 rows at a time
     against what qlinear does from QLINEAR_SLICED_MIN_ROWS rows on (slices of the weight dequantized)."""
+    import gguf
     import numpy as np
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import gguf
-    from test_quant_kernels import k_blocks
+    from tests.kernels.test_quant_kernels import k_blocks
 
     k, n = QUANT_SHAPES[2]
     rng, out = np.random.default_rng(1), []

@@ -1,5 +1,5 @@
 """The decode step in one native call (csrc/cpu_step.c) for dense Llama-family models on CPU whose
-linears are tiled quantized weights (a GGUF's Q8_0 / Q4_0 / Q4_1 on a CPU with AVX-512 VNNI).
+linears are tiled quantized weights (a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K on a CPU with AVX-512 VNNI).
 
 A decode step of the Python path is ~270 kernel calls, each a parallel region woken from Python: for
 the embedded 135M model they cost more than its arithmetic. Here the model is described to C once
@@ -76,7 +76,7 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
             return "a layer is not the dense SwiGLU layer (a mixture of experts or GeGLU)"
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             if lin.all_reduce or lin.quantized is None or not lin.quantized.tiled:
-                return "a linear is not a tiled quantized weight (a Q8_0 / Q4_0 / Q4_1 GGUF's)"
+                return "a linear is not a tiled quantized weight (a Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K GGUF's)"
     head = model.logits_proj.weight if model.logits_proj is not None else None
     if not (isinstance(head, QuantWeight) and head.tiled):
         return "the vocabulary projection is not a tiled quantized weight"

@@ -48,6 +48,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_qdequant": ([_INT, _INT, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
     "agentkv_qtile_pack": ([_INT, _P, _I64, _I64, _P, _INT], _INT),
     "agentkv_qtile_fast": ([], _INT),
+    "agentkv_qtile_block_bytes": ([_INT], _I64),
     "agentkv_qtile_linear": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
     "agentkv_qtile_dequant": ([_INT, _INT, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
     "agentkv_qtile_exact": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
@@ -85,7 +86,7 @@ class NativeKernels(QuantKernels):
         # the dtypes csrc/cpu_linear.c multiplies on this CPU: float32 with AVX-512, bfloat16 with AVX512_BF16
         self.linear_dtypes = {dt for dt, bf in _DTYPES.items() if lib.agentkv_linear_available(bf)}
         self.qlinear_fast = bool(lib.agentkv_qlinear_fast())  # int8 dot products (AVX2) for quantized weights
-        # the tiled kernels' AVX-512 VNNI body: where it is, Q8_0 / Q4_0 / Q4_1 weights are repacked at load
+        # the tiled kernels' AVX-512 VNNI body: where it is, every kept GGUF type is repacked in tiles at load
         self.qtile_fast = bool(lib.agentkv_qtile_fast())
 
     @staticmethod

@@ -23,8 +23,8 @@ QLINEAR_DEQUANT_MAX = 1 << 24  # weights up to this many elements are dequantize
 # (slices of its output rows) and multiplied by torch: 512 rows of a 11264 x 2048 weight took 92-97 ms
 # so against 178 (Q4_1) and 439 (Q4_K) through the kernel 16 rows at a time (benchmarks/cpu_kernels.py)
 QLINEAR_SLICED_MIN_ROWS = 64
-# the types csrc/cpu_tiles.c repacks into tiles of 16 rows, and its tile's rows
-TILED_TYPES = frozenset((0, 1, 2))
+# the types csrc/cpu_tiles.c (and cpu_ktiles.c: the K-quants) repack into tiles of 16 rows, and a tile's rows
+TILED_TYPES = frozenset((0, 1, 2, 3, 4))
 TILE_ROWS = 16
 # logits of each row re-scored exactly after the int8 vocabulary projection (agentkv_qtile_logits)
 RESCORE_TOP = 32
@@ -37,9 +37,9 @@ QTILE_EXACT_MAX_ROWS = 64
 
 @dataclass
 class QuantWeight:
-    """A weight [out, in] in GGUF's blocks: `data` uint8 [out, in / 32 * bytes a block], row-major as
-    the file holds it, or (`tiled`) the same blocks repacked in tiles of 16 rows (csrc/cpu_tiles.c:
-    [ceil(out / 16), in / 32, 16 * bytes a block])."""
+    """A weight [out, in] in GGUF's blocks: `data` uint8 [out, in / 32 * bytes a block] (a K-quant's
+    blocks: 256 weights), row-major as the file holds it, or (`tiled`) the same blocks repacked in tiles of
+    16 rows (csrc/cpu_tiles.c: [ceil(out / 16), in / weights a block, a tile's block])."""
 
     data: torch.Tensor
     qtype: int
@@ -130,12 +130,13 @@ class QuantKernels:
         return out
 
     def tile(self, w: QuantWeight) -> QuantWeight:
-        """`w`'s blocks repacked in tiles of 16 rows (csrc/cpu_tiles.c): the same bytes (the last tile's
-        rows past `out_features` are zero blocks). For Q8_0, Q4_0 and Q4_1 (TILED_TYPES)."""
+        """`w`'s blocks repacked in tiles of 16 rows (csrc/cpu_tiles.c, cpu_ktiles.c): the same bytes, but
+        Q4_K's 6-bit scales a byte each (the last tile's rows past `out_features` are zero blocks)."""
         assert w.qtype in TILED_TYPES and not w.tiled
         tiles = -(-w.out_features // TILE_ROWS)
-        block = QUANT_TYPES[[k for k, v in QUANT_TYPES.items() if v[0] == w.qtype][0]][2]
-        out = torch.empty(tiles, w.in_features // 32, TILE_ROWS * block, dtype=torch.uint8)
+        per_block = next(v[1] for v in QUANT_TYPES.values() if v[0] == w.qtype)
+        out = torch.empty(tiles, w.in_features // per_block, self._lib.agentkv_qtile_block_bytes(w.qtype),
+                          dtype=torch.uint8)
         bad = self._lib.agentkv_qtile_pack(
             w.qtype, w.data.data_ptr(), w.out_features, w.in_features, out.data_ptr(), torch.get_num_threads())
         if bad:

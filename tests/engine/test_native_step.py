@@ -1,6 +1,6 @@
 """The decode step in one native call (engine/native_step.py, csrc/cpu_step.c) against the Python path
 running the same kernels: the same logits, bit for bit, at batch 1 and 16, for plain Llama GGUFs, a
-sliding window (Phi-3) and per-head q/k norms (Qwen3); its plain-C bodies close to them; refused
+sliding window (Phi-3), per-head q/k norms (Qwen3) and K-quant tiles; its plain-C bodies close to them; refused
 indices; and the embedded model's greedy output equal to the exact (dequantized) path's."""
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def step_and_python(engine: ak.Engine, prompts: list[str], max_tokens: int,
 
 
 def tiny_gguf(tmp_path, family: str, quant: str, **options):
-    src = make_tiny_model(tmp_path / "src", "llama" if family == "llama" else family, hidden=64, heads=4,
-                          kv_heads=2, **options)
+    src = make_tiny_model(tmp_path / "src", "llama" if family == "llama" else family,
+                          **({"hidden": 64, "heads": 4, "kv_heads": 2} | options))
     path = tmp_path / "tiny.gguf"
     if family == "llama":
         write_gguf(src, path, getattr(gguf.GGMLQuantizationType, quant))
@@ -75,6 +75,8 @@ def tiny_gguf(tmp_path, family: str, quant: str, **options):
     ("llama", "Q4_0", {}),
     ("phi3", "Q8_0", {"sliding_window": 12, "tie": False}),  # fused q/k/v, a window the decodes pass
     ("qwen3", "Q4_1", {}),  # per-head q and k norms
+    ("qwen3", "Q4_K", {"hidden": 256, "intermediate": 512}),  # K-quants: rows of whole super-blocks of 256
+    ("qwen3", "Q6_K", {"hidden": 256, "intermediate": 512}),
 ])
 @pytest.mark.parametrize("batch", [1, 16])
 def test_step_logits_are_the_python_paths(tmp_path, monkeypatch, family, quant, options, batch):

@@ -1,4 +1,5 @@
-"""The tiled quantized linear (csrc/cpu_tiles.c): Q8_0 / Q4_0 / Q4_1 blocks repacked in tiles of 16 rows,
+"""The tiled quantized linear (csrc/cpu_tiles.c, cpu_ktiles.c): Q8_0 / Q4_0 / Q4_1 blocks and Q4_K / Q6_K
+super-blocks repacked in tiles of 16 rows,
 against a reference written here from the formats alone (x quantized to int8 blocks as llama.cpp does,
 times the weights the `gguf` package dequantizes); the plain-C body against the AVX-512 one, bit for
 bit; rows read back from tiles; and the vocabulary projection whose top logits are re-scored exactly."""
@@ -9,13 +10,26 @@ import numpy as np
 import pytest
 import torch
 
+from agentkv.errors import EngineError
 from agentkv.kernels import cpu_native
-from agentkv.kernels.cpu_quant import TILE_ROWS
+from agentkv.kernels.cpu_quant import QUANT_TYPES, TILE_ROWS
 from tests.kernels.test_quant_kernels import quantized
 
 kernels = cpu_native.load()
 pytestmark = pytest.mark.skipif(kernels is None, reason="agentkv's C kernels do not build here")
-TILED = ("Q8_0", "Q4_0", "Q4_1")
+TILED = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+
+
+def width(name: str) -> int:
+    """Columns of a test weight: the embedded model's 576, or for a K-quant three super-blocks (an odd
+    count: the even and odd sub-blocks' accumulators both end mid-run)."""
+    return 768 if name in ("Q4_K", "Q6_K") else 576
+
+
+def tile_row_bytes(name: str, k: int) -> int:
+    """A row's bytes in tiles: its blocks' (Q4_K: its 6-bit scales and minimums a byte each, 148 a
+    super-block against 144)."""
+    return k // 256 * 148 if name == "Q4_K" else k // QUANT_TYPES[name][1] * QUANT_TYPES[name][2]
 
 
 def int8_reference(x: torch.Tensor) -> torch.Tensor:
@@ -32,12 +46,12 @@ def int8_reference(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("rows", [1, 5, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tiled_linear_matches_the_formats(name, rows, dtype):
-    out_features = 100  # 6 whole tiles and 4 rows of a seventh
-    w, deq = quantized(name, out_features, 576)
+    out_features, k = 100, width(name)  # 6 whole tiles and 4 rows of a seventh
+    w, deq = quantized(name, out_features, k)
     tiled = kernels.tile(w)
-    assert tiled.data.numel() == -(-out_features // TILE_ROWS) * TILE_ROWS * w.data.shape[1]  # the same bytes a row
+    assert tiled.data.numel() == -(-out_features // TILE_ROWS) * TILE_ROWS * tile_row_bytes(name, k)
     torch.manual_seed(rows)
-    x = torch.randn(rows, 576).to(dtype)
+    x = torch.randn(rows, k).to(dtype)
     bias = torch.randn(out_features).to(dtype)
     residual = torch.randn(rows, out_features).to(dtype)
     got = kernels.qlinear(x, tiled, bias, residual)
@@ -50,7 +64,7 @@ def test_tiled_linear_matches_the_formats(name, rows, dtype):
 
 @pytest.mark.parametrize("name", TILED)
 def test_rows_read_back_from_tiles(name):
-    w, deq = quantized(name, 37, 256)
+    w, deq = quantized(name, 37, 512)
     tiled = kernels.tile(w)
     assert torch.equal(kernels.qdequant(tiled, None, torch.float32), deq)
     rows = torch.tensor([36, 0, 17, 17])
@@ -60,10 +74,11 @@ def test_rows_read_back_from_tiles(name):
 @pytest.mark.parametrize("name", TILED)
 def test_logits_rescore_the_top_exactly(name):
     """The greedy token and the top logits are the fp32 product's; the rest are the int8 product's."""
-    w, deq = quantized(name, 4000, 576, seed=3)
+    k = width(name)
+    w, deq = quantized(name, 4000, k, seed=3)
     tiled = kernels.tile(w)
     torch.manual_seed(0)
-    x = torch.randn(3, 576)
+    x = torch.randn(3, k)
     exact = (x.double() @ deq.double().t()).float()
     got = kernels.qlogits(x, tiled, rescore=32)
     approx = kernels.qlinear(x, tiled)
@@ -84,11 +99,13 @@ def test_exact_linear_of_a_tiled_weight_dequantizes():
     assert torch.allclose(got, x @ deq.t(), rtol=1e-5, atol=1e-5)
 
 
-def test_packing_refuses_what_it_does_not_tile():
+def test_packing_refuses_a_row_of_partial_blocks():
     w, _ = quantized("Q4_K", 16, 256)
-    with pytest.raises(AssertionError):
+    w.in_features = 288  # not whole super-blocks
+    with pytest.raises(EngineError, match="refused its shape"):
         kernels.tile(w)
     assert np.array_equal(kernels.tile(quantized("Q4_0", 16, 32)[0]).data.shape, (1, 1, TILE_ROWS * 18))
+    assert np.array_equal(kernels.tile(quantized("Q4_K", 16, 512)[0]).data.shape, (1, 2, TILE_ROWS * 148))
 
 
 @pytest.mark.parametrize("name", TILED)

@@ -74,6 +74,19 @@ INLINE void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
     }
 }
 
+/* a Q6_K super-block's 6-bit integers (0..63) in weight order (plain byte loops, vectorized) */
+INLINE void q6k_integers(const uint8_t *b, uint8_t *q) {
+    const uint8_t *ql = b, *qh = b + 128;
+    for (int n = 0; n < QK_K; n += 128, ql += 64, qh += 32) {
+        for (int l = 0; l < 32; l++) {
+            q[n + l] = (uint8_t)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
+            q[n + l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+            q[n + l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+            q[n + l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+        }
+    }
+}
+
 /* one super-block's 256 weights as fp32 (llama.cpp's dequantize_row_q4_K / _q6_K) */
 INLINE void dequant_superblock(const int qtype, const uint8_t *b, float *w) {
     if (qtype == Q4_K) {  /* fp16 d, fp16 dmin, 12 bytes of scales and minimums, 128 bytes of nibbles */
@@ -88,18 +101,10 @@ INLINE void dequant_superblock(const int qtype, const uint8_t *b, float *w) {
             for (int l = 0; l < 32; l++) w[64 * j + 32 + l] = d1 * (float)(q[l] >> 4) - c1;
         }
     } else {  /* Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, fp16 d */
-        const uint8_t *ql = b, *qh = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
         const float d = half_to_f32(b + 208);
-        uint8_t q[QK_K];  /* the 6-bit quants in weight order first (plain byte loops, vectorized), */
-        for (int n = 0; n < QK_K; n += 128, ql += 64, qh += 32) {
-            for (int l = 0; l < 32; l++) {
-                q[n + l] = (uint8_t)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
-                q[n + l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
-                q[n + l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-                q[n + l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
-            }
-        }
+        uint8_t q[QK_K];  /* the 6-bit quants in weight order first, */
+        q6k_integers(b, q);
         for (int g = 0; g < QK_K / 16; g++) {  /* then weight i's scale is sc[i / 16] */
             const float s = d * (float)sc[g];
             for (int i = 0; i < 16; i++) w[16 * g + i] = s * (float)((int)q[16 * g + i] - 32);

@@ -21,7 +21,7 @@ engine/native_step.py): pointers to the tiled weights, norms, KV caches and rota
 #include "cpu_tiles.h"
 
 typedef struct {
-    int64_t qtype, N, K;   /* a tiled type (Q8_0, Q4_0, Q4_1) */
+    int64_t qtype, N, K;   /* a tiled type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) */
     const uint8_t *tiles;
     const float *bias;     /* [N] or NULL */
 } StepMat;
@@ -200,8 +200,7 @@ static void step_job(void *arg, int me, int nt) {
             float act[QK];
             const float *gate = s->gu + m * 2 * inter + b * QK;
             silu_mul_row(gate, gate + inter, QK, act, 0, generic);
-            quantize_block32(act, s->qd.q + m * inter + b * QK, s->qd.d + m * (inter / QK) + b,
-                             s->qd.s + m * (inter / QK) + b, s->qd.ds + m * (inter / QK) + b);
+            quantize_into(act, &s->qd, m, b);
         }
         agentkv_pool_barrier(nt);
         mat_share(&L->down, &s->qd, M, me, nt, s->x, hid, s->x, hid, generic);

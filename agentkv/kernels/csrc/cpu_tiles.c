@@ -25,27 +25,22 @@ operations in the same order as the AVX-512 one, so both give the same bits (the
 
 #include "cpu_tiles.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define AGENTKV_TILES_FAST 1
-#else
-#define AGENTKV_TILES_FAST 0
-#endif
-
-INLINE int tiled_type(int qtype) { return qtype == Q8_0 || qtype == Q4_0 || qtype == Q4_1; }
+INLINE int tiled_type(int qtype) { return qtype >= Q8_0 && qtype <= Q6_K; }
+/* whether a tiled W of K columns can be: its type tiled, K whole blocks */
+INLINE int tiled_shape(int qtype, int64_t K) { return tiled_type(qtype) && K % BLOCK_WEIGHTS[qtype] == 0; }
+/* bytes of one tile of W (16 rows of K columns) */
+INLINE int64_t tile_bytes(int qtype, int64_t K) { return K / BLOCK_WEIGHTS[qtype] * tile_block_bytes(qtype); }
 INLINE int64_t quant_offset(int qtype) { return qtype == Q8_0 ? 128 : qtype == Q4_0 ? 8 : 0; }
 INLINE int scale_bytes(int qtype) { return qtype == Q4_1 ? 64 : 32; } /* d (and m) before the weights */
-
-/* where in a tile's block (past its scales) row i keeps byte j of its row-major block's weights:
-   the layout above, in one place for the packing, the reading back and the plain-C bodies */
-INLINE int tile_pos(int i, int j) { return (j / 4) * 64 + 4 * i + j % 4; }
 
 /* ---- repacking and reading back --------------------------------------------------------------- */
 
 /* W row-major [N][K / 32 blocks] into tiles [ceil(N / 16)][K / 32][tile block]; returns 0, or 1 for a
    type that is not tiled or K not a multiple of 32 */
 int agentkv_qtile_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_t *out, int nthreads) {
-    if (!tiled_type(qtype) || K % QK) return 1;
-    const int64_t nb = K / QK, bb = BLOCK_BYTES[qtype], tb = tile_block_bytes(qtype), ntiles = (N + 15) / 16;
+    if (!tiled_shape(qtype, K)) return 1;
+    const int64_t nb = K / BLOCK_WEIGHTS[qtype], bb = BLOCK_BYTES[qtype], tb = tile_block_bytes(qtype);
+    const int64_t ntiles = (N + 15) / 16;
     const int sb = scale_bytes(qtype);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t t = 0; t < ntiles; t++)
@@ -54,6 +49,10 @@ int agentkv_qtile_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_
             memset(dst, 0, (size_t)tb);
             for (int i = 0; i < TILE_ROWS && t * TILE_ROWS + i < N; i++) {
                 const uint8_t *src = w + (t * TILE_ROWS + i) * nb * bb + b * bb;
+                if (is_kquant(qtype)) {
+                    agentkv_ktile_pack_row(qtype, src, i, dst);
+                    continue;
+                }
                 memcpy(dst + 2 * i, src, 2);                               /* d */
                 if (qtype == Q4_1) memcpy(dst + 32 + 2 * i, src + 2, 2);   /* m */
                 const uint8_t *qs = src + (qtype == Q4_1 ? 4 : 2);
@@ -66,8 +65,12 @@ int agentkv_qtile_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_
 
 /* row n of a tiled W rebuilt as its row-major blocks, then dequantized as they are */
 void agentkv_qtile_row(int qtype, const uint8_t *tiles, int64_t K, int64_t n, float *out) {
-    const int64_t nb = K / QK, tb = tile_block_bytes(qtype), t = n / TILE_ROWS;
+    const int64_t nb = K / BLOCK_WEIGHTS[qtype], tb = tile_block_bytes(qtype), t = n / TILE_ROWS;
     const int i = (int)(n % TILE_ROWS), sb = scale_bytes(qtype);
+    if (is_kquant(qtype)) {
+        for (int64_t b = 0; b < nb; b++) agentkv_ktile_weights(qtype, tiles + (t * nb + b) * tb, i, out + b * QK_K);
+        return;
+    }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *src = tiles + (t * nb + b) * tb;
         uint8_t blk[34];
@@ -83,17 +86,6 @@ void agentkv_qtile_row(int qtype, const uint8_t *tiles, int64_t K, int64_t n, fl
 }
 
 /* ---- the products -------------------------------------------------------------------------------- */
-
-/* the result of one tile for x's M rows: out[m, 16 t + i] for i < valid, plus bias and residual */
-INLINE void tile_store(const float *v, int64_t m, int64_t n0, int valid, const void *bias, const void *res,
-                       int64_t r_ld, void *out, int64_t out_ld, const int bf) {
-    for (int i = 0; i < valid; i++) {
-        float y = v[i];
-        if (bias) y += load1(bias, n0 + i, bf);
-        if (res) y += load1(res, m * r_ld + n0 + i, bf);
-        store1(out, m * out_ld + n0 + i, y, bf);
-    }
-}
 
 /* one block's contribution to one row's accumulator: the plain-C form of the AVX-512 body below */
 INLINE float block_generic(const int qtype, const uint8_t *blk, int i, const QRows *x, int64_t m, int64_t b,
@@ -134,26 +126,6 @@ INLINE void tile_generic(const int qtype, const uint8_t *tile, int64_t nb, const
 }
 
 #if AGENTKV_TILES_FAST
-INLINE int32_t load_i32(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-/* the block's 16 rows' weights as 8 registers of unsigned bytes, u[g] holding columns 4g..4g+3 */
-INLINE void unpack_avx512(const int qtype, const uint8_t *qs, __m512i *u) {
-    if (qtype == Q8_0) {
-        for (int g = 0; g < 8; g++) u[g] = _mm512_loadu_si512((const void *)(qs + 64 * g));
-        return;
-    }
-    const __m512i low = _mm512_set1_epi8(0x0f);
-    for (int c = 0; c < 4; c++) {
-        const __m512i r = _mm512_loadu_si512((const void *)(qs + 64 * c));
-        u[c] = _mm512_and_si512(r, low);
-        u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(r, 4), low);
-    }
-}
-
 INLINE __m512 block_avx512(const int qtype, const __m512i *u, __m512 dv, __m512 mv, const QRows *x, int64_t m,
                            int64_t b, __m512 acc) {
     const int64_t nb = x->K / QK;
@@ -204,21 +176,21 @@ INLINE void tile_avx512(const int qtype, const uint8_t *tile, int64_t nb, const 
 INLINE void range_body(const int qtype, const int bf, const uint8_t *tiles, int64_t N, int64_t K, const QRows *x,
                        int64_t M, int64_t t0, int64_t t1, const void *bias, const void *res, int64_t r_ld, void *out,
                        int64_t out_ld, int generic) {
-    const int64_t nb = K / QK, tb = tile_block_bytes(qtype);
+    const int64_t nb = K / QK;
     float v[MAX_M][TILE_ROWS];
     for (int64_t t = t0; t < t1; t++) {
-        const uint8_t *tile = tiles + t * nb * tb;
+        const uint8_t *tile = tiles + t * tile_bytes(qtype, K);
         const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
         /* a prompt's rows 16 at a time against the tile, which stays in L1 meanwhile (a few KiB): each
            row is computed as it would be alone, whatever else the pass holds */
         for (int64_t m0 = 0; m0 < M; m0 += MAX_M) {
             const int64_t rows = M - m0 < MAX_M ? M - m0 : MAX_M;
-            const QRows part = {x->q + m0 * K, x->d + m0 * nb, x->s + m0 * nb, x->ds + m0 * nb, K};
+            const QRows part = {x->q + m0 * K, x->d + m0 * nb, x->s + m0 * nb, x->ds + m0 * nb, x->s16 + m0 * nb, K};
+            if (is_kquant(qtype)) agentkv_ktile_rows(qtype, tile, K / QK_K, &part, rows, v, generic);
 #if AGENTKV_TILES_FAST
-            if (!generic) tile_avx512(qtype, tile, nb, &part, rows, v);
-            else
+            else if (!generic) tile_avx512(qtype, tile, nb, &part, rows, v);
 #endif
-                tile_generic(qtype, tile, nb, &part, rows, v);
+            else tile_generic(qtype, tile, nb, &part, rows, v);
             for (int64_t m = 0; m < rows; m++)
                 tile_store(v[m], m0 + m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, bf);
         }
@@ -234,11 +206,15 @@ void agentkv_qtile_range(int qtype, const uint8_t *tiles, int64_t N, int64_t K, 
         else range_body(Q, 0, tiles, N, K, x, M, t0, t1, bias, res, r_ld, out, out_ld, generic); } while (0)
     if (qtype == Q8_0) CASE(Q8_0);
     else if (qtype == Q4_0) CASE(Q4_0);
-    else CASE(Q4_1);
+    else if (qtype == Q4_1) CASE(Q4_1);
+    else if (qtype == Q4_K) CASE(Q4_K);
+    else CASE(Q6_K);
 #undef CASE
 }
 
 int agentkv_qtile_fast(void) { return AGENTKV_TILES_FAST; }
+
+int64_t agentkv_qtile_block_bytes(int qtype) { return tiled_type(qtype) ? tile_block_bytes(qtype) : 0; }
 
 int agentkv_qrows_alloc(QRows *q, int64_t M, int64_t K) {
     const int64_t nb = K / QK;
@@ -247,10 +223,11 @@ int agentkv_qrows_alloc(QRows *q, int64_t M, int64_t K) {
     q->d = malloc((size_t)(M * nb) * sizeof(float));
     q->s = malloc((size_t)(M * nb) * sizeof(int32_t));
     q->ds = malloc((size_t)(M * nb) * sizeof(float));
-    return !q->q || !q->d || !q->s || !q->ds;
+    q->s16 = malloc((size_t)(M * nb) * sizeof(int32_t));
+    return !q->q || !q->d || !q->s || !q->ds || !q->s16;
 }
 
-void agentkv_qrows_free(QRows *q) { free(q->q), free(q->d), free(q->s), free(q->ds); }
+void agentkv_qrows_free(QRows *q) { free(q->q), free(q->d), free(q->s), free(q->ds), free(q->s16); }
 
 /* row m of x (bf16 or fp32) into q */
 static void quantize_row(const void *x, int64_t x_ld, int64_t m, int bf, const QRows *q) {
@@ -258,7 +235,7 @@ static void quantize_row(const void *x, int64_t x_ld, int64_t m, int bf, const Q
     const int64_t nb = q->K / QK;
     for (int64_t b = 0; b < nb; b++) {
         for (int i = 0; i < QK; i++) v[i] = load1(x, m * x_ld + b * QK + i, bf);
-        quantize_block32(v, q->q + m * q->K + b * QK, q->d + m * nb + b, q->s + m * nb + b, q->ds + m * nb + b);
+        quantize_into(v, q, m, b);
     }
 }
 
@@ -268,7 +245,7 @@ static void quantize_row(const void *x, int64_t x_ld, int64_t m, int bf, const Q
 int agentkv_qtile_linear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *tiles,
                          int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
                          int nthreads, int generic) {
-    if (!tiled_type(qtype) || K % QK) return 1;
+    if (!tiled_shape(qtype, K)) return 1;
     if (M < 1) return 2;
     QRows q;
     if (agentkv_qrows_alloc(&q, M, K)) {
@@ -291,7 +268,7 @@ int agentkv_qtile_linear(int qtype, int bf, const void *x, int64_t x_ld, int64_t
 /* rows `rows[0..n)` of a tiled W (all N in order when NULL) into out [n, K] (row stride out_ld) */
 int agentkv_qtile_dequant(int qtype, int bf, const uint8_t *tiles, int64_t N, int64_t K, const int64_t *rows, int64_t n,
                           void *out, int64_t out_ld, int nthreads) {
-    if (!tiled_type(qtype) || K % QK) return 1;
+    if (!tiled_shape(qtype, K)) return 1;
     for (int64_t r = 0; r < n; r++)
         if (rows && (rows[r] < 0 || rows[r] >= N)) return 3;
     float *buf = malloc((size_t)K * sizeof(float) * (size_t)(nthreads > 0 ? nthreads : 1));
@@ -375,11 +352,11 @@ INLINE void exact_avx512(const int qtype, const uint8_t *tile, int64_t nb, const
 int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *tiles,
                         int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
                         int nthreads, int generic) {
-    if (!tiled_type(qtype) || K % QK) return 1;
+    if (!tiled_shape(qtype, K)) return 1;
     if (M < 1) return 2;
     float *xf = malloc((size_t)(M * K) * sizeof(float));
     if (!xf) return 2;
-    const int64_t ntiles = (N + 15) / 16, nb = K / QK, tb = tile_block_bytes(qtype);
+    const int64_t ntiles = (N + 15) / 16, nb = K / QK;
 #pragma omp parallel num_threads(nthreads) if (ntiles * K * M > 65536)
     {
         const int64_t nt = omp_threads(), me = omp_me();
@@ -388,7 +365,7 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
 #pragma omp barrier
         float v[MAX_M][TILE_ROWS];
         for (int64_t t = ntiles * me / nt; t < ntiles * (me + 1) / nt; t++) {
-            const uint8_t *tile = tiles + t * nb * tb;
+            const uint8_t *tile = tiles + t * tile_bytes(qtype, K);
             const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
             for (int64_t m0 = 0; m0 < M; m0 += MAX_M) {
                 const int64_t rows = M - m0 < MAX_M ? M - m0 : MAX_M;
@@ -399,7 +376,8 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
 #else
 #define BODY(Q) exact_generic(Q, tile, nb, xf + m0 * K, K, rows, v)
 #endif
-                if (qtype == Q8_0) BODY(Q8_0);
+                if (is_kquant(qtype)) agentkv_ktile_exact_rows(qtype, tile, K / QK_K, xf + m0 * K, K, rows, v, generic);
+                else if (qtype == Q8_0) BODY(Q8_0);
                 else if (qtype == Q4_0) BODY(Q4_0);
                 else BODY(Q4_1);
 #undef BODY
@@ -476,7 +454,7 @@ int agentkv_qtile_logits(int qtype, const float *x, int64_t x_ld, int64_t M, int
    id out of range (nothing done). */
 int agentkv_qtile_rescore(int qtype, const uint8_t *tiles, int64_t N, int64_t K, const float *x, int64_t x_ld,
                           int64_t M, const int64_t *ids, int64_t R, float *out, int nthreads) {
-    if (!tiled_type(qtype) || K % QK) return 1;
+    if (!tiled_shape(qtype, K)) return 1;
     for (int64_t i = 0; i < M * R; i++)
         if (ids[i] >= N) return 3;
     float *buf = malloc((size_t)K * sizeof(float) * (size_t)(nthreads > 0 ? nthreads : 1));

@@ -8,30 +8,87 @@ thread's share of a matrix's tiles, x quantized once per normed input, rows dequ
 
 #define TILE_ROWS 16 /* output rows interleaved in a tile: one 32-bit lane each of an AVX-512 register */
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define AGENTKV_TILES_FAST 1 /* the AVX-512 VNNI bodies */
+#else
+#define AGENTKV_TILES_FAST 0
+#endif
+
 /* x's rows quantized to int8 per block of 32 (scale amax / 127, as llama.cpp's Q8_0): q [M][K]; per
-   block d (the scale), s (the integers' sum) and ds (d * s) [M][K / 32] */
+   block d (the scale), s (the integers' sum), ds (d * s) and s16 (the sum of its first 16 integers:
+   Q6_K's scales change every 16 columns) [M][K / 32] */
 typedef struct {
     int8_t *q;
     float *d;
     int32_t *s;
     float *ds;
+    int32_t *s16;
     int64_t K;
 } QRows;
 
+/* row m, block b of x (32 fp32 values at v) into `x` */
+INLINE void quantize_into(const float *v, const QRows *x, int64_t m, int64_t b) {
+    const int64_t nb = x->K / QK, at = m * nb + b;
+    int8_t *q = x->q + m * x->K + b * QK;
+    quantize_block32(v, q, x->d + at, x->s + at, x->ds + at);
+    int32_t s16 = 0;
+    for (int i = 0; i < QK / 2; i++) s16 += q[i];
+    x->s16[at] = s16;
+}
+
 /* row m, blocks [b0, b1) of x (fp32) into `x` */
 INLINE void quantize_blocks(const float *v, const QRows *x, int64_t m, int64_t b0, int64_t b1) {
-    const int64_t nb = x->K / QK;
-    for (int64_t b = b0; b < b1; b++)
-        quantize_block32(v + b * QK, x->q + m * x->K + b * QK, x->d + m * nb + b, x->s + m * nb + b,
-                         x->ds + m * nb + b);
+    for (int64_t b = b0; b < b1; b++) quantize_into(v + b * QK, x, m, b);
 }
+
+/* where in a tile's block (past its scales) row i keeps byte j of its row-major block's weights:
+   the layout above, in one place for the packing, the reading back and the plain-C bodies */
+INLINE int tile_pos(int i, int j) { return (j / 4) * 64 + 4 * i + j % 4; }
+
+/* the result of one tile for x's M rows: out[m, 16 t + i] for i < valid, plus bias and residual */
+INLINE void tile_store(const float *v, int64_t m, int64_t n0, int valid, const void *bias, const void *res,
+                       int64_t r_ld, void *out, int64_t out_ld, const int bf) {
+    for (int i = 0; i < valid; i++) {
+        float y = v[i];
+        if (bias) y += load1(bias, n0 + i, bf);
+        if (res) y += load1(res, m * r_ld + n0 + i, bf);
+        store1(out, m * out_ld + n0 + i, y, bf);
+    }
+}
+
+#if AGENTKV_TILES_FAST
+INLINE int32_t load_i32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* the block's 16 rows' weights as 8 registers of unsigned bytes, u[g] holding columns 4g..4g+3 */
+INLINE void unpack_avx512(const int qtype, const uint8_t *qs, __m512i *u) {
+    if (qtype == Q8_0) {
+        for (int g = 0; g < 8; g++) u[g] = _mm512_loadu_si512((const void *)(qs + 64 * g));
+        return;
+    }
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int c = 0; c < 4; c++) {
+        const __m512i r = _mm512_loadu_si512((const void *)(qs + 64 * c));
+        u[c] = _mm512_and_si512(r, low);
+        u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(r, 4), low);
+    }
+}
+
+#endif
 
 /* room for x's M rows of K quantized (agentkv_qrows_free frees it, also after a failure: nonzero) */
 int agentkv_qrows_alloc(QRows *q, int64_t M, int64_t K);
 void agentkv_qrows_free(QRows *q);
 
-/* bytes of one tile's block of 32 columns (TILE_ROWS rows of the type's blocks: the same bytes) */
-INLINE int64_t tile_block_bytes(int qtype) { return (int64_t)TILE_ROWS * BLOCK_BYTES[qtype]; }
+/* bytes of one tile's block: 32 columns of TILE_ROWS rows (the same bytes as their blocks), or of a
+   K-quant, its super-block of 256 columns (Q4_K's 6-bit scales and minimums one byte each: 148 bytes a
+   row against the file's 144; Q6_K's 210 as in the file) */
+INLINE int64_t tile_block_bytes(int qtype) {
+    return qtype == Q4_K ? 2368 : qtype == Q6_K ? 3360 : (int64_t)TILE_ROWS * BLOCK_BYTES[qtype];
+}
 
 /* tiles [t0, t1) of W (N rows, K columns) times x's M rows: out[m, n] (+ bias[n]) (+ res[m, n]) */
 void agentkv_qtile_range(int qtype, const uint8_t *tiles, int64_t N, int64_t K, const QRows *x, int64_t M,
@@ -40,6 +97,22 @@ void agentkv_qtile_range(int qtype, const uint8_t *tiles, int64_t N, int64_t K, 
 
 /* row n of a tiled W as fp32 [K] */
 void agentkv_qtile_row(int qtype, const uint8_t *tiles, int64_t K, int64_t n, float *out);
+
+/* ---- K-quants (cpu_ktiles.c): tiles of super-blocks of 256 columns ---- */
+
+INLINE int is_kquant(int qtype) { return qtype == Q4_K || qtype == Q6_K; }
+
+/* row i of a tile's super-block (dst, zeroed before its first row) from the row's super-block `src` */
+void agentkv_ktile_pack_row(int qtype, const uint8_t *src, int i, uint8_t *dst);
+
+/* row i of a tile's super-block as its 256 fp32 weights */
+void agentkv_ktile_weights(int qtype, const uint8_t *sblk, int i, float *w);
+
+/* one tile (nsb super-blocks) against x's M <= 16 int8 rows, or (exact_rows) fp32 rows [M, K] */
+void agentkv_ktile_rows(int qtype, const uint8_t *tile, int64_t nsb, const QRows *x, int64_t M,
+                        float res[MAX_M][TILE_ROWS], int generic);
+void agentkv_ktile_exact_rows(int qtype, const uint8_t *tile, int64_t nsb, const float *x, int64_t K, int64_t M,
+                              float res[MAX_M][TILE_ROWS], int generic);
 
 /* x . w over K in fp32, summed in 32 lanes (lane i the columns i mod 32) then across them: the exact
    re-score of a logit */

@@ -1,0 +1,249 @@
+/* GGUF's K-quants (Q4_K, Q6_K) in tiles of 16 rows, as cpu_tiles.c keeps Q8_0 / Q4_0 / Q4_1: a tile holds
+super-blocks of 256 columns of its 16 rows, each sub-block of 32 columns in Q4_0's tile layout (so the
+same unpacking and VNNI dot products serve) and the scales as vectors of the 16 rows. A Q4_K_M file
+(most of its matrices Q4_K, some Q6_K) then streams its weights as the tiled types do.
+
+A tile's super-block (row i of the tile = output row 16 t + i):
+  Q4_K (2368 bytes): fp16 d[16], fp16 dmin[16]; each sub-block j's 6-bit scale sc[j][16] and minimum
+                     mn[j][16], a byte each (148 bytes a row against the file's 144: unpacked once at
+                     load instead of in every step); then each sub-block's nibbles as a Q4_0 tile block
+                     (256 bytes: row i's byte l at tile_pos(i, l) holds column l low, 16 + l high)
+  Q6_K (3360 bytes): fp16 d[16], int8 sc[g][16] for the 16 groups of 16 columns; then each sub-block's
+                     low 4 bits as a Q4_0 tile block (256 bytes) and its high 2 bits (128 bytes, two
+                     registers: register h's byte 4 i + e holds from bit 0 the pairs of columns 4 h + e,
+                     16 + 4 h + e, 4 (h + 2) + e and 16 + 4 (h + 2) + e, where a 16-bit shift and a mask
+                     put them over the low nibbles)
+A weight is d sc q - dmin mn (Q4_K, q 0..15) or d sc (q - 32) (Q6_K, q 0..63), as llama.cpp's
+dequantize_row_q4_K / _q6_K compute it; rows read back from tiles are those fp32 values.
+
+With x quantized to int8 blocks of 32 (QRows), sub-block j of a Q4_K row adds
+  (d sc_j d_x) dot - (dmin mn_j) d_x s_x                                  (Q4_1's form)
+and of a Q6_K row
+  (d d_x) (sc_a (dot_a - 32 s_a) + sc_b (dot_b - 32 s_b))                 (integer within: < 5e7)
+over its halves a and b of 16 columns. Even and odd sub-blocks sum in two accumulators, as the tiled
+types' blocks do. The plain-C bodies make the AVX-512 ones' fp32 operations in their order: the same
+bits. The exact product (x in fp32) dequantizes a super-block of the tile's 16 rows into a buffer
+that both bodies read. */
+
+#include "cpu_tiles.h"
+
+#define K4_DMIN 32
+#define K4_SC 64
+#define K4_MN 192
+#define K4_Q 320
+#define K6_SC 32
+#define K6_Q 288
+#define K6_SUB 384 /* a Q6_K sub-block in a tile: 256 bytes of low nibbles, 128 of high pairs */
+
+INLINE uint8_t *ksub(int qtype, const uint8_t *sblk, int j) {
+    return (uint8_t *)sblk + (qtype == Q4_K ? K4_Q + 256 * j : K6_Q + K6_SUB * j);
+}
+
+/* where column c (0..31) of row i keeps its high pair in a Q6_K sub-block's last 128 bytes */
+INLINE int k6_high_byte(int i, int c) { return 64 * ((c % 16 / 4) % 2) + 4 * i + c % 4; }
+INLINE int k6_high_shift(int c) { return 4 * ((c % 16 / 4) / 2) + 2 * (c >= 16); }
+
+/* the unsigned integer of column c (0..31) of row i in a tile's sub-block */
+INLINE int ksub_q(int qtype, const uint8_t *qs, int i, int c) {
+    const int v = qs[tile_pos(i, c % 16)];
+    const int q = c < 16 ? v & 15 : v >> 4;
+    return qtype == Q4_K ? q : q | ((qs[256 + k6_high_byte(i, c)] >> k6_high_shift(c)) & 3) << 4;
+}
+
+void agentkv_ktile_pack_row(int qtype, const uint8_t *src, int i, uint8_t *dst) {
+    uint8_t q[QK_K]; /* the row's unsigned integers in column order */
+    if (qtype == Q4_K) {
+        memcpy(dst + 2 * i, src, 2);
+        memcpy(dst + K4_DMIN + 2 * i, src + 2, 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            scale_min_k4(j, src + 4, &sc, &mn);
+            dst[K4_SC + 16 * j + i] = (uint8_t)sc, dst[K4_MN + 16 * j + i] = (uint8_t)mn;
+        }
+        for (int c = 0; c < 4; c++) /* each 32 bytes: 32 weights low, the next 32 high */
+            for (int l = 0; l < 32; l++) {
+                q[64 * c + l] = src[16 + 32 * c + l] & 15;
+                q[64 * c + 32 + l] = src[16 + 32 * c + l] >> 4;
+            }
+    } else {
+        memcpy(dst + 2 * i, src + 208, 2);
+        for (int g = 0; g < 16; g++) dst[K6_SC + 16 * g + i] = src[192 + g];
+        q6k_integers(src, q);
+    }
+    for (int j = 0; j < 8; j++) {
+        uint8_t *qs = ksub(qtype, dst, j);
+        const uint8_t *w = q + 32 * j;
+        for (int l = 0; l < 16; l++) qs[tile_pos(i, l)] = (uint8_t)((w[l] & 15) | (w[16 + l] & 15) << 4);
+        if (qtype == Q6_K)
+            for (int c = 0; c < 32; c++) qs[256 + k6_high_byte(i, c)] |= (uint8_t)((w[c] >> 4) << k6_high_shift(c));
+    }
+}
+
+void agentkv_ktile_weights(int qtype, const uint8_t *sblk, int i, float *w) {
+    const float d = half_to_f32(sblk + 2 * i);
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *qs = ksub(qtype, sblk, j);
+        if (qtype == Q4_K) {
+            const float d1 = d * (float)sblk[K4_SC + 16 * j + i];
+            const float c1 = half_to_f32(sblk + K4_DMIN + 2 * i) * (float)sblk[K4_MN + 16 * j + i];
+            for (int c = 0; c < QK; c++) w[QK * j + c] = d1 * (float)ksub_q(Q4_K, qs, i, c) - c1;
+        } else {
+            for (int c = 0; c < QK; c++) {
+                const float s = d * (float)(int8_t)sblk[K6_SC + 16 * (2 * j + c / 16) + i];
+                w[QK * j + c] = s * (float)(ksub_q(Q6_K, qs, i, c) - 32);
+            }
+        }
+    }
+}
+
+/* ---- int8 rows ---------------------------------------------------------------------------------------- */
+
+/* sub-block j (x's block b) of row i for x's row m: the plain-C form of ksub_avx512 */
+INLINE float ksub_generic(const int qtype, const uint8_t *sblk, int j, int i, const QRows *x, int64_t m, int64_t b,
+                          float acc) {
+    const int64_t at = m * (x->K / QK) + b;
+    const int8_t *xb = x->q + m * x->K + b * QK;
+    const uint8_t *qs = ksub(qtype, sblk, j);
+    int32_t dot[2] = {0, 0};
+    for (int c = 0; c < QK; c++) dot[c >= 16] += ksub_q(qtype, qs, i, c) * xb[c];
+    const float d = half_to_f32(sblk + 2 * i);
+    if (qtype == Q4_K) {
+        const float dv = d * (float)sblk[K4_SC + 16 * j + i];
+        const float mv = -(half_to_f32(sblk + K4_DMIN + 2 * i) * (float)sblk[K4_MN + 16 * j + i]);
+        acc = fmaf(dv * x->d[at], (float)(dot[0] + dot[1]), acc);
+        return fmaf(mv, x->ds[at], acc);
+    }
+    const int32_t sa = x->s16[at], sb = x->s[at] - sa;
+    const int32_t sum = (int8_t)sblk[K6_SC + 32 * j + i] * (dot[0] - 32 * sa) +
+                        (int8_t)sblk[K6_SC + 32 * j + 16 + i] * (dot[1] - 32 * sb);
+    return fmaf(d * x->d[at], (float)sum, acc);
+}
+
+static void ktile_generic(const int qtype, const uint8_t *tile, int64_t nsb, const QRows *x, int64_t M,
+                          float res[MAX_M][TILE_ROWS]) {
+    const int64_t tb = tile_block_bytes(qtype);
+    for (int64_t m = 0; m < M; m++)
+        for (int i = 0; i < TILE_ROWS; i++) {
+            float a[2] = {0.f, 0.f};
+            for (int64_t s = 0; s < nsb; s++)
+                for (int j = 0; j < 8; j++) a[j & 1] = ksub_generic(qtype, tile + s * tb, j, i, x, m, 8 * s + j, a[j & 1]);
+            res[m][i] = a[0] + a[1];
+        }
+}
+
+#if AGENTKV_TILES_FAST
+/* the 16 rows' high pairs of a Q6_K sub-block over its low nibbles (u as unpack_avx512 leaves them) */
+INLINE void k6_high_avx512(const uint8_t *qs, __m512i *u) {
+    const __m512i h[2] = {_mm512_loadu_si512((const void *)(qs + 256)), _mm512_loadu_si512((const void *)(qs + 320))};
+    const __m512i pair = _mm512_set1_epi8(0x30);
+    for (int c = 0; c < 4; c++) { /* the pairs at bits 0 / 2 (c < 2) or 4 / 6, moved to bits 4 and 5 */
+        const __m512i r = h[c % 2];
+        const __m512i lo = c < 2 ? _mm512_slli_epi16(r, 4) : r, hi = c < 2 ? _mm512_slli_epi16(r, 2) : _mm512_srli_epi16(r, 2);
+        u[c] = _mm512_or_si512(u[c], _mm512_and_si512(lo, pair));
+        u[c + 4] = _mm512_or_si512(u[c + 4], _mm512_and_si512(hi, pair));
+    }
+}
+
+INLINE __m512i dots4(const __m512i *u, const int8_t *xb) {
+    const __m512i z = _mm512_setzero_si512();
+    __m512i a = _mm512_dpbusd_epi32(z, u[0], _mm512_set1_epi32(load_i32(xb)));
+    __m512i b = _mm512_dpbusd_epi32(z, u[1], _mm512_set1_epi32(load_i32(xb + 4)));
+    a = _mm512_dpbusd_epi32(a, u[2], _mm512_set1_epi32(load_i32(xb + 8)));
+    b = _mm512_dpbusd_epi32(b, u[3], _mm512_set1_epi32(load_i32(xb + 12)));
+    return _mm512_add_epi32(a, b);
+}
+
+static void ktile_avx512(const int qtype, const uint8_t *tile, int64_t nsb, const QRows *x, int64_t M,
+                         float res[MAX_M][TILE_ROWS]) {
+    const int64_t tb = tile_block_bytes(qtype), nb = x->K / QK;
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    __m512 acc[2][MAX_M];
+    for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++) {
+        const uint8_t *sblk = tile + s * tb;
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sblk));
+        const __m512 dmin = qtype == Q4_K ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sblk + K4_DMIN)))
+                                          : _mm512_setzero_ps();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = ksub(qtype, sblk, j);
+            __builtin_prefetch(qs + 6 * tb / 2, 0, 3); /* ~3 super-blocks ahead, as the tiled types' 24 blocks */
+            __m512i u[8];
+            unpack_avx512(Q4_0, qs, u);
+            const int64_t b = 8 * s + j;
+            __m512 *a = acc[j & 1];
+            if (qtype == Q4_K) {
+                const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sblk + K4_SC + 16 * j))));
+                const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sblk + K4_MN + 16 * j))));
+                const __m512 dj = _mm512_mul_ps(dv, sc);
+                const __m512 mj = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, mn)), sign));
+                for (int64_t m = 0; m < M; m++) {
+                    const int8_t *xb = x->q + m * x->K + b * QK;
+                    const __m512i dot = _mm512_add_epi32(dots4(u, xb), dots4(u + 4, xb + 16));
+                    const __m512 dd = _mm512_mul_ps(dj, _mm512_set1_ps(x->d[m * nb + b]));
+                    a[m] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(dot), a[m]);
+                    a[m] = _mm512_fmadd_ps(mj, _mm512_set1_ps(x->ds[m * nb + b]), a[m]);
+                }
+            } else {
+                k6_high_avx512(qs, u);
+                const __m512i sa = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sblk + K6_SC + 32 * j)));
+                const __m512i sb = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sblk + K6_SC + 32 * j + 16)));
+                for (int64_t m = 0; m < M; m++) {
+                    const int8_t *xb = x->q + m * x->K + b * QK;
+                    const int32_t xa = x->s16[m * nb + b], xs = x->s[m * nb + b] - xa;
+                    const __m512i da = _mm512_sub_epi32(dots4(u, xb), _mm512_set1_epi32(32 * xa));
+                    const __m512i db = _mm512_sub_epi32(dots4(u + 4, xb + 16), _mm512_set1_epi32(32 * xs));
+                    const __m512i sum = _mm512_add_epi32(_mm512_mullo_epi32(sa, da), _mm512_mullo_epi32(sb, db));
+                    const __m512 dd = _mm512_mul_ps(dv, _mm512_set1_ps(x->d[m * nb + b]));
+                    a[m] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sum), a[m]);
+                }
+            }
+        }
+    }
+    for (int64_t m = 0; m < M; m++) _mm512_storeu_ps(res[m], _mm512_add_ps(acc[0][m], acc[1][m]));
+}
+#endif
+
+void agentkv_ktile_rows(int qtype, const uint8_t *tile, int64_t nsb, const QRows *x, int64_t M,
+                        float res[MAX_M][TILE_ROWS], int generic) {
+#if AGENTKV_TILES_FAST
+    if (!generic) {
+        ktile_avx512(qtype, tile, nsb, x, M, res);
+        return;
+    }
+#endif
+    ktile_generic(qtype, tile, nsb, x, M, res);
+    (void)generic;
+}
+
+/* ---- exact rows: x in fp32 against the tile's weights ----------------------------------------------- */
+
+void agentkv_ktile_exact_rows(int qtype, const uint8_t *tile, int64_t nsb, const float *x, int64_t K, int64_t M,
+                              float res[MAX_M][TILE_ROWS], int generic) {
+    const int64_t tb = tile_block_bytes(qtype);
+    float w[QK_K][TILE_ROWS]; /* a super-block of the 16 rows, column by column */
+    float acc[2][MAX_M][TILE_ROWS] = {{{0.f}}};
+    for (int64_t s = 0; s < nsb; s++) {
+        float row[QK_K];
+        for (int i = 0; i < TILE_ROWS; i++) {
+            agentkv_ktile_weights(qtype, tile + s * tb, i, row);
+            for (int k = 0; k < QK_K; k++) w[k][i] = row[k];
+        }
+        for (int k = 0; k < QK_K; k++) { /* sums over k in order, even blocks of 32 in one accumulator */
+            float(*a)[TILE_ROWS] = acc[(k / QK) & 1];
+            const float *xk = x + s * QK_K + k;
+#if AGENTKV_TILES_FAST
+            if (!generic) {
+                const __m512 wv = _mm512_loadu_ps(w[k]);
+                for (int64_t m = 0; m < M; m++)
+                    _mm512_storeu_ps(a[m], _mm512_fmadd_ps(wv, _mm512_set1_ps(xk[m * K]), _mm512_loadu_ps(a[m])));
+                continue;
+            }
+#endif
+            for (int64_t m = 0; m < M; m++)
+                for (int i = 0; i < TILE_ROWS; i++) a[m][i] = fmaf(w[k][i], xk[m * K], a[m][i]);
+        }
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int i = 0; i < TILE_ROWS; i++) res[m][i] = acc[0][m][i] + acc[1][m][i];
+    (void)generic;
+}
