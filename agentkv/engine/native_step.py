@@ -1,5 +1,5 @@
 """The decode step in one native call (csrc/cpu_step.c) for dense Llama-family models on CPU whose
-linears are tiled quantized weights (a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K on a CPU with AVX-512 VNNI).
+linears are tiled quantized weights (a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K on a CPU with AVX-512 VNNI or AVX2).
 
 A decode step of the Python path is ~270 kernel calls, each a parallel region woken from Python: for
 the embedded 135M model they cost more than its arithmetic. Here the model is described to C once
@@ -59,7 +59,7 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
     """Why this model's decode cannot be the native step; None when it can."""
     cfg = model.config
     if kernels is None or not kernels.qtile_fast:
-        return "the native kernels or their tiled (AVX-512 VNNI) body are not on this CPU"
+        return "the native kernels or their tiled bodies (AVX-512 VNNI or AVX2) are not on this CPU"
     if cfg.family in ("gemma2", "gemma3") or cfg.final_softcap or cfg.attn_softcap or model.embed_scale:
         return f"the {cfg.family} family's layer (norms around attention and MLP) is the Python path's"
     if model.norm.weight.dtype != torch.float32:

@@ -86,7 +86,8 @@ class NativeKernels(QuantKernels):
         # the dtypes csrc/cpu_linear.c multiplies on this CPU: float32 with AVX-512, bfloat16 with AVX512_BF16
         self.linear_dtypes = {dt for dt, bf in _DTYPES.items() if lib.agentkv_linear_available(bf)}
         self.qlinear_fast = bool(lib.agentkv_qlinear_fast())  # int8 dot products (AVX2) for quantized weights
-        # the tiled kernels' AVX-512 VNNI body: where it is, every kept GGUF type is repacked in tiles at load
+        # the tiled kernels' SIMD bodies (AVX-512 VNNI, or AVX2): where they are, every kept GGUF type is repacked
+        # in tiles at load
         self.qtile_fast = bool(lib.agentkv_qtile_fast())
 
     @staticmethod

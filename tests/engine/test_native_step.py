@@ -22,7 +22,7 @@ from tests.tiny import make_tiny_model
 gguf = pytest.importorskip("gguf")
 kernels = cpu_native.load()
 pytestmark = pytest.mark.skipif(kernels is None or not kernels.qtile_fast,
-                                reason="the native step needs the C kernels' tiled (AVX-512 VNNI) body")
+                                reason="the native step needs the C kernels' tiled bodies (AVX-512 VNNI or AVX2)")
 
 PROMPTS = ["Hello GGUF world", "One two three four five", "a", "The quick brown fox jumps over the lazy dog",
            "zz top", "Kept in tiles", "Sixteen prompts at once", "x y z", "quantized", "permuted!", "hello",

@@ -21,8 +21,8 @@ With x quantized to int8 blocks of 32 (QRows), sub-block j of a Q4_K row adds
 and of a Q6_K row
   (d d_x) (sc_a (dot_a - 32 s_a) + sc_b (dot_b - 32 s_b))                 (integer within: < 5e7)
 over its halves a and b of 16 columns. Even and odd sub-blocks sum in two accumulators, as the tiled
-types' blocks do. The plain-C bodies make the AVX-512 ones' fp32 operations in their order: the same
-bits. The exact product (x in fp32) dequantizes a super-block of the tile's 16 rows into a buffer
+types' blocks do. The plain-C bodies make the AVX-512 (and AVX2: two halves of 8 rows) ones' fp32
+operations in their order: the same bits. The exact product (x in fp32) dequantizes a super-block of the tile's 16 rows into a buffer
 that both bodies read. */
 
 #include "cpu_tiles.h"
@@ -203,11 +203,72 @@ static void ktile_avx512(const int qtype, const uint8_t *tile, int64_t nsb, cons
 }
 #endif
 
+#if AGENTKV_TILES_AVX2
+/* ktile_avx512's sums in two halves of 8 rows, each sub-block unpacked once for all rows of x */
+static void ktile_avx2(const int qtype, const uint8_t *tile, int64_t nsb, const QRows *x, int64_t M,
+                       float res[MAX_M][TILE_ROWS]) {
+    const int64_t tb = tile_block_bytes(qtype), nb = x->K / QK;
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[2][MAX_M];
+        for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
+        for (int64_t s = 0; s < nsb; s++) {
+            const uint8_t *sblk = tile + s * tb;
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sblk + 16 * h)));
+            const __m256 dmin = qtype == Q4_K
+                                    ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sblk + K4_DMIN + 16 * h)))
+                                    : _mm256_setzero_ps();
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *qs = ksub(qtype, sblk, j);
+                if (h == 0) __builtin_prefetch(qs + 6 * tb / 2, 0, 3);
+                const int64_t b = 8 * s + j;
+                __m256i u[8];
+                nib_unpack_avx2(qs, qtype == Q6_K ? qs + 256 : NULL, h, u);
+                __m256 *a = acc[j & 1];
+                if (qtype == Q4_K) {
+                    const __m128i scb = _mm_loadl_epi64((const __m128i *)(sblk + K4_SC + 16 * j + 8 * h));
+                    const __m128i mnb = _mm_loadl_epi64((const __m128i *)(sblk + K4_MN + 16 * j + 8 * h));
+                    const __m256 dj = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scb)));
+                    const __m256 mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mnb)));
+                    const __m256 mj = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(mn), sign));
+                    for (int64_t m = 0; m < M; m++) {
+                        const int8_t *xb = x->q + m * x->K + b * QK;
+                        const __m256i dot = _mm256_add_epi32(dots4_avx2(u, xb), dots4_avx2(u + 4, xb + 16));
+                        const __m256 dd = _mm256_mul_ps(dj, _mm256_set1_ps(x->d[m * nb + b]));
+                        a[m] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), a[m]);
+                        a[m] = _mm256_fmadd_ps(mj, _mm256_set1_ps(x->ds[m * nb + b]), a[m]);
+                    }
+                } else {
+                    const uint8_t *sc = sblk + K6_SC + 32 * j + 8 * h;
+                    const __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc));
+                    const __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 16)));
+                    for (int64_t m = 0; m < M; m++) {
+                        const int8_t *xb = x->q + m * x->K + b * QK;
+                        const int32_t xa = x->s16[m * nb + b], xs = x->s[m * nb + b] - xa;
+                        const __m256i da = _mm256_sub_epi32(dots4_avx2(u, xb), _mm256_set1_epi32(32 * xa));
+                        const __m256i db = _mm256_sub_epi32(dots4_avx2(u + 4, xb + 16), _mm256_set1_epi32(32 * xs));
+                        const __m256i sum = _mm256_add_epi32(_mm256_mullo_epi32(sa, da), _mm256_mullo_epi32(sb, db));
+                        const __m256 dd = _mm256_mul_ps(dv, _mm256_set1_ps(x->d[m * nb + b]));
+                        a[m] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sum), a[m]);
+                    }
+                }
+            }
+        }
+        for (int64_t m = 0; m < M; m++) _mm256_storeu_ps(res[m] + 8 * h, _mm256_add_ps(acc[0][m], acc[1][m]));
+    }
+}
+#endif
+
 void agentkv_ktile_rows(int qtype, const uint8_t *tile, int64_t nsb, const QRows *x, int64_t M,
                         float res[MAX_M][TILE_ROWS], int generic) {
 #if AGENTKV_TILES_FAST
     if (!generic) {
         ktile_avx512(qtype, tile, nsb, x, M, res);
+        return;
+    }
+#elif AGENTKV_TILES_AVX2
+    if (!generic) {
+        ktile_avx2(qtype, tile, nsb, x, M, res);
         return;
     }
 #endif
@@ -236,6 +297,16 @@ void agentkv_ktile_exact_rows(int qtype, const uint8_t *tile, int64_t nsb, const
                 const __m512 wv = _mm512_loadu_ps(w[k]);
                 for (int64_t m = 0; m < M; m++)
                     _mm512_storeu_ps(a[m], _mm512_fmadd_ps(wv, _mm512_set1_ps(xk[m * K]), _mm512_loadu_ps(a[m])));
+                continue;
+            }
+#elif AGENTKV_TILES_AVX2
+            if (!generic) {
+                for (int h = 0; h < 2; h++) {
+                    const __m256 wv = _mm256_loadu_ps(w[k] + 8 * h);
+                    for (int64_t m = 0; m < M; m++)
+                        _mm256_storeu_ps(a[m] + 8 * h, _mm256_fmadd_ps(wv, _mm256_set1_ps(xk[m * K]),
+                                                                       _mm256_loadu_ps(a[m] + 8 * h)));
+                }
                 continue;
             }
 #endif

@@ -19,7 +19,12 @@ x is quantized once per input to int8 blocks (QRows: scale d_x, integer sum s_x)
   sum over blocks of (d_w * d_x) * (int dot - off * s_x)  (+ m_w * d_x s_x for Q4_1)
 with off = 128 (Q8_0's stored + 128) or 8 (Q4_0's), summed in two accumulators (even and odd
 blocks) added at the end. The integer parts are exact; the plain-C body makes the same fp32
-operations in the same order as the AVX-512 one, so both give the same bits (the tests check). */
+operations in the same order as the AVX-512 one, so both give the same bits (the tests check).
+
+CPUs with AVX2 but not AVX-512 VNNI (most laptops and desktops) run the same tiles through 256-bit
+bodies: a tile's rows as two halves of 8 lanes, each block unpacked once per half for all rows of x,
+the dots by maddubs + madd (Q8_0's weights back to signed bytes whose sign moves onto x, so that each
+pair stays below 2^15); the same integers, the same fp32 operations per row, the same bits. */
 
 #include <stdlib.h>
 
@@ -173,6 +178,55 @@ INLINE void tile_avx512(const int qtype, const uint8_t *tile, int64_t nb, const 
 }
 #endif
 
+#if AGENTKV_TILES_AVX2
+/* tile_avx512's sums in two halves of 8 rows, each block unpacked once for all rows of x. Q8_0's weights
+   go back to signed bytes whose sign moves onto x (|w| <= 128 and |x| <= 127 keep maddubs' pairs in
+   range): its dot is signed already, the offset's correction made. */
+INLINE void tile_avx2(const int qtype, const uint8_t *tile, int64_t nb, const QRows *x, int64_t M,
+                      float res[MAX_M][TILE_ROWS]) {
+    const int64_t tb = tile_block_bytes(qtype);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[2][MAX_M];
+        for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = tile + b * tb, *qs = blk + scale_bytes(qtype);
+            if (h == 0) __builtin_prefetch(blk + 24 * tb, 0, 3);
+            __m256i u[8], w[8];
+            if (qtype == Q8_0)
+                for (int g = 0; g < 8; g++) {
+                    w[g] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 64 * g + 32 * h)), flip);
+                    u[g] = _mm256_abs_epi8(w[g]);
+                }
+            else
+                nib_unpack_avx2(qs, NULL, h, u);
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+            const __m256 mv = qtype == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)))
+                                            : _mm256_setzero_ps();
+            __m256 *a = acc[b & 1];
+            for (int64_t m = 0; m < M; m++) {
+                const int64_t at = m * nb + b;
+                const int8_t *xb = x->q + m * x->K + b * QK;
+                __m256i dot;
+                if (qtype == Q8_0) {
+                    dot = _mm256_setzero_si256();
+                    for (int g = 0; g < 8; g++)
+                        dot = _mm256_add_epi32(dot, madd_u8s8(u[g], _mm256_sign_epi8(
+                                                                    _mm256_set1_epi32(load_i32(xb + 4 * g)), w[g])));
+                } else {
+                    dot = _mm256_add_epi32(dots4_avx2(u, xb), dots4_avx2(u + 4, xb + 16));
+                    if (qtype == Q4_0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * x->s[at]));
+                }
+                const __m256 dd = _mm256_mul_ps(dv, _mm256_set1_ps(x->d[at]));
+                a[m] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), a[m]);
+                if (qtype == Q4_1) a[m] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x->ds[at]), a[m]);
+            }
+        }
+        for (int64_t m = 0; m < M; m++) _mm256_storeu_ps(res[m] + 8 * h, _mm256_add_ps(acc[0][m], acc[1][m]));
+    }
+}
+#endif
+
 INLINE void range_body(const int qtype, const int bf, const uint8_t *tiles, int64_t N, int64_t K, const QRows *x,
                        int64_t M, int64_t t0, int64_t t1, const void *bias, const void *res, int64_t r_ld, void *out,
                        int64_t out_ld, int generic) {
@@ -189,6 +243,8 @@ INLINE void range_body(const int qtype, const int bf, const uint8_t *tiles, int6
             if (is_kquant(qtype)) agentkv_ktile_rows(qtype, tile, K / QK_K, &part, rows, v, generic);
 #if AGENTKV_TILES_FAST
             else if (!generic) tile_avx512(qtype, tile, nb, &part, rows, v);
+#elif AGENTKV_TILES_AVX2
+            else if (!generic) tile_avx2(qtype, tile, nb, &part, rows, v);
 #endif
             else tile_generic(qtype, tile, nb, &part, rows, v);
             for (int64_t m = 0; m < rows; m++)
@@ -212,7 +268,7 @@ void agentkv_qtile_range(int qtype, const uint8_t *tiles, int64_t N, int64_t K, 
 #undef CASE
 }
 
-int agentkv_qtile_fast(void) { return AGENTKV_TILES_FAST; }
+int agentkv_qtile_fast(void) { return AGENTKV_TILES_FAST || AGENTKV_TILES_AVX2; }
 
 int64_t agentkv_qtile_block_bytes(int qtype) { return tiled_type(qtype) ? tile_block_bytes(qtype) : 0; }
 
@@ -346,6 +402,42 @@ INLINE void exact_avx512(const int qtype, const uint8_t *tile, int64_t nb, const
 }
 #endif
 
+#if AGENTKV_TILES_AVX2
+/* exact_avx512 in two halves of 8 rows */
+INLINE void exact_avx2(const int qtype, const uint8_t *tile, int64_t nb, const float *x, int64_t K, int64_t M,
+                       float res[MAX_M][TILE_ROWS]) {
+    const int64_t tb = tile_block_bytes(qtype);
+    const __m256i byte = _mm256_set1_epi32(0xff), low = _mm256_set1_epi32(15);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[2][MAX_M];
+        for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = tile + b * tb, *qs = blk + scale_bytes(qtype);
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+            const __m256 mv = qtype == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)))
+                                            : _mm256_setzero_ps();
+            __m256 *a = acc[b & 1];
+            for (int k = 0; k < QK; k++) {
+                const int kk = qtype == Q8_0 ? k : k % 16;
+                const __m256i r = _mm256_loadu_si256((const __m256i *)(qs + (kk / 4) * 64 + 32 * h));
+                __m256i q = _mm256_and_si256(_mm256_srli_epi32(r, 8 * (kk % 4)), byte);
+                __m256 w;
+                if (qtype == Q8_0) {
+                    w = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(128))));
+                } else {
+                    q = k < 16 ? _mm256_and_si256(q, low) : _mm256_srli_epi32(q, 4);
+                    w = qtype == Q4_0 ? _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))))
+                                      : _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(q), mv);
+                }
+                for (int64_t m = 0; m < M; m++)
+                    a[m] = _mm256_fmadd_ps(w, _mm256_set1_ps(x[m * K + b * QK + k]), a[m]);
+            }
+        }
+        for (int64_t m = 0; m < M; m++) _mm256_storeu_ps(res[m] + 8 * h, _mm256_add_ps(acc[0][m], acc[1][m]));
+    }
+}
+#endif
+
 /* x [M, K] (bf16 or fp32) @ W^T for a tiled W with x kept in fp32 (a prompt's rows: what the dequantized
    model computes, but the weights never leave registers), out [M, N] (+ bias) (+ residual), any M.
    Returns as qtile_linear. */
@@ -372,6 +464,10 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
 #if AGENTKV_TILES_FAST
 #define BODY(Q) do { \
         if (!generic) exact_avx512(Q, tile, nb, xf + m0 * K, K, rows, v); \
+        else exact_generic(Q, tile, nb, xf + m0 * K, K, rows, v); } while (0)
+#elif AGENTKV_TILES_AVX2
+#define BODY(Q) do { \
+        if (!generic) exact_avx2(Q, tile, nb, xf + m0 * K, K, rows, v); \
         else exact_generic(Q, tile, nb, xf + m0 * K, K, rows, v); } while (0)
 #else
 #define BODY(Q) exact_generic(Q, tile, nb, xf + m0 * K, K, rows, v)

@@ -10,8 +10,13 @@ thread's share of a matrix's tiles, x quantized once per normed input, rows dequ
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define AGENTKV_TILES_FAST 1 /* the AVX-512 VNNI bodies */
+#define AGENTKV_TILES_AVX2 0
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define AGENTKV_TILES_FAST 0
+#define AGENTKV_TILES_AVX2 1 /* the AVX2 bodies: each tile's rows as two halves of 8 lanes, maddubs for the dots */
 #else
 #define AGENTKV_TILES_FAST 0
+#define AGENTKV_TILES_AVX2 0
 #endif
 
 /* x's rows quantized to int8 per block of 32 (scale amax / 127, as llama.cpp's Q8_0): q [M][K]; per
@@ -56,12 +61,13 @@ INLINE void tile_store(const float *v, int64_t m, int64_t n0, int valid, const v
     }
 }
 
-#if AGENTKV_TILES_FAST
 INLINE int32_t load_i32(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return v;
 }
+
+#if AGENTKV_TILES_FAST
 
 /* the block's 16 rows' weights as 8 registers of unsigned bytes, u[g] holding columns 4g..4g+3 */
 INLINE void unpack_avx512(const int qtype, const uint8_t *qs, __m512i *u) {
@@ -77,6 +83,40 @@ INLINE void unpack_avx512(const int qtype, const uint8_t *qs, __m512i *u) {
     }
 }
 
+#endif
+
+#if AGENTKV_TILES_AVX2
+/* unsigned bytes times signed ones, each 4 summed into an int32 lane (a pair's sum stays below 2^15:
+   at most 2 x 63 x 127 here) */
+INLINE __m256i madd_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* rows 8 h..8 h + 7 of a block of 32 columns in Q4_0's tile layout (`qs`, 256 bytes; with Q6_K's high
+   pairs `high` over them) as 8 registers of unsigned bytes: u[c] columns 4 c.., u[c + 4] 16 + 4 c.. */
+INLINE void nib_unpack_avx2(const uint8_t *qs, const uint8_t *high, int h, __m256i *u) {
+    const __m256i low = _mm256_set1_epi8(0x0f), pair = _mm256_set1_epi8(0x30);
+    for (int c = 0; c < 4; c++) {
+        const __m256i r = _mm256_loadu_si256((const __m256i *)(qs + 64 * c + 32 * h));
+        u[c] = _mm256_and_si256(r, low), u[c + 4] = _mm256_and_si256(_mm256_srli_epi16(r, 4), low);
+        if (high) { /* the pairs at bits 0 / 2 (c < 2) or 4 / 6, moved to bits 4 and 5 */
+            const __m256i p = _mm256_loadu_si256((const __m256i *)(high + 64 * (c % 2) + 32 * h));
+            const __m256i pl = c < 2 ? _mm256_slli_epi16(p, 4) : p;
+            const __m256i ph = c < 2 ? _mm256_slli_epi16(p, 2) : _mm256_srli_epi16(p, 2);
+            u[c] = _mm256_or_si256(u[c], _mm256_and_si256(pl, pair));
+            u[c + 4] = _mm256_or_si256(u[c + 4], _mm256_and_si256(ph, pair));
+        }
+    }
+}
+
+/* 4 registers of unsigned bytes (columns 4 c..4 c + 3 of 8 rows) against x's 16 bytes: each row's dot */
+INLINE __m256i dots4_avx2(const __m256i *u, const int8_t *xb) {
+    __m256i a = madd_u8s8(u[0], _mm256_set1_epi32(load_i32(xb)));
+    __m256i b = madd_u8s8(u[1], _mm256_set1_epi32(load_i32(xb + 4)));
+    a = _mm256_add_epi32(a, madd_u8s8(u[2], _mm256_set1_epi32(load_i32(xb + 8))));
+    b = _mm256_add_epi32(b, madd_u8s8(u[3], _mm256_set1_epi32(load_i32(xb + 12))));
+    return _mm256_add_epi32(a, b);
+}
 #endif
 
 /* room for x's M rows of K quantized (agentkv_qrows_free frees it, also after a failure: nonzero) */
