@@ -116,13 +116,11 @@ class MLP(nn.Module):
                 exact_rows: torch.Tensor | None = None) -> torch.Tensor:
         """residual + mlp(x) (mlp(x) where residual is None)."""
         gate_up = self.gate_up_proj(x, exact_rows=exact_rows)
-        if self.gelu:
-            gate, up = gate_up.split(self.intermediate, dim=-1)
-            return self.down_proj(F.gelu(gate, approximate="tanh") * up, residual, exact_rows)
-        if self.native is not None and self.native.handles(gate_up):
-            return self.down_proj(self.native.silu_mul(gate_up), residual, exact_rows)
+        if self.native is not None and self.native.handles(gate_up):  # (the native step's own body)
+            return self.down_proj(self.native.glu_mul(gate_up, self.gelu), residual, exact_rows)
         gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up, residual, exact_rows)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(act * up, residual, exact_rows)
 
 
 class MoE(nn.Module):

@@ -1,4 +1,6 @@
-"""The decode step in one native call (csrc/cpu_step.c) for dense Llama-family models on CPU whose
+"""The decode step in one native call (csrc/cpu_step.c) for dense Llama-family models (and Gemma 2 / 3:
+norms around attention and the MLP, GeGLU, scaled embeddings, soft caps, their own rotation for
+windowed layers) on CPU whose
 linears are tiled quantized weights (a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K on a CPU with AVX-512 VNNI or AVX2).
 
 A decode step of the Python path is ~270 kernel calls, each a parallel region woken from Python: for
@@ -24,7 +26,7 @@ from ctypes import c_float, c_int64, c_void_p
 import torch
 
 from agentkv.engine.linear import Linear
-from agentkv.engine.model import MLP, CausalLM, DecoderLayer, QuantEmbedding
+from agentkv.engine.model import MLP, CausalLM, DecoderLayer, QuantEmbedding, SandwichDecoderLayer
 from agentkv.errors import EngineError, RequestError
 from agentkv.kernels.cpu_native import NativeKernels
 from agentkv.kernels.cpu_quant import RESCORE_TOP, QuantWeight
@@ -40,15 +42,15 @@ class _Layer(ctypes.Structure):
     _fields_ = [("attn_norm", c_void_p), ("mlp_norm", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p),
                 ("qkv", _Mat), ("o", _Mat), ("gate_up", _Mat), ("down", _Mat),
                 ("k_cache", c_void_p), ("v_cache", c_void_p), ("cos", c_void_p), ("sin", c_void_p),
-                ("window", c_int64)]
+                ("window", c_int64), ("post_attn_norm", c_void_p), ("post_mlp_norm", c_void_p)]
 
 
 class _Model(ctypes.Structure):
     _fields_ = [(name, c_int64) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "rot", "inter",
                                              "vocab", "num_slots", "positions")] + \
-               [(name, c_float) for name in ("eps", "scale", "attn_softcap", "pad")] + \
+               [(name, c_float) for name in ("eps", "scale", "attn_softcap", "embed_scale")] + \
                [("embed_qtype", c_int64), ("embed_tiled", c_int64), ("embed", c_void_p), ("final_norm", c_void_p),
-                ("lm_head", _Mat), ("rescore", c_int64), ("layer", c_void_p), ("kv_bf16", c_int64)]
+                ("lm_head", _Mat), ("rescore", c_int64), ("layer", c_void_p), ("kv_bf16", c_int64), ("gelu", c_int64)]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -60,8 +62,8 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
     cfg = model.config
     if kernels is None or not kernels.qtile_fast:
         return "the native kernels or their tiled bodies (AVX-512 VNNI or AVX2) are not on this CPU"
-    if cfg.family in ("gemma2", "gemma3") or cfg.final_softcap or cfg.attn_softcap or model.embed_scale:
-        return f"the {cfg.family} family's layer (norms around attention and MLP) is the Python path's"
+    if model.local_rope is not None and model.local_rope.rot != model.rope.rot:
+        return "the windowed layers rotate another number of dimensions"
     if model.norm.weight.dtype != torch.float32:
         return "the step computes in float32"
     if kv_dtype not in (torch.float32, torch.bfloat16):
@@ -72,8 +74,8 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
         if width % 32:
             return f"a width of {width} is not whole blocks of 32"
     for layer in model.layers:
-        if not isinstance(layer, DecoderLayer) or not isinstance(layer.mlp, MLP) or layer.mlp.gelu:
-            return "a layer is not the dense SwiGLU layer (a mixture of experts or GeGLU)"
+        if not isinstance(layer, (DecoderLayer, SandwichDecoderLayer)) or not isinstance(layer.mlp, MLP):
+            return "a layer is not a dense one (a mixture of experts)"
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             if lin.all_reduce or lin.quantized is None or not lin.quantized.tiled:
                 return "a linear is not a tiled quantized weight (a Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K GGUF's)"
@@ -122,15 +124,22 @@ class NativeStep:
             return _Mat(w.qtype, w.out_features, w.in_features, w.data.data_ptr(), vec(bias))
 
         rope = model.rope
+        tables = {id(r): (vec(r.cos), vec(r.sin)) for r in (model.rope, model.local_rope) if r is not None}
         layers = (_Layer * cfg.num_layers)()
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             k_cache, v_cache = runner.pool.kv_caches[i]
-            layers[i] = _Layer(vec(layer.input_layernorm.weight), vec(layer.post_attention_layernorm.weight),
+            # Gemma 3's windowed layers rotate by their own tables, as CausalLM.forward picks them
+            cos, sin = tables[id(model.local_rope if model.local_rope is not None and attn.window else rope)]
+            sandwich = isinstance(layer, SandwichDecoderLayer)
+            mlp_norm = layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
+            layers[i] = _Layer(vec(layer.input_layernorm.weight), vec(mlp_norm.weight),
                                vec(attn.q_norm.weight if attn.q_norm else None),
                                vec(attn.k_norm.weight if attn.k_norm else None),
                                mat(attn.qkv_proj), mat(attn.o_proj), mat(mlp.gate_up_proj), mat(mlp.down_proj),
-                               k_cache.data_ptr(), v_cache.data_ptr(), vec(rope.cos), vec(rope.sin), attn.window)
+                               k_cache.data_ptr(), v_cache.data_ptr(), cos, sin, attn.window,
+                               vec(layer.post_attention_layernorm.weight) if sandwich else None,
+                               vec(layer.post_feedforward_layernorm.weight) if sandwich else None)
         embed = model.embed_tokens
         if isinstance(embed, QuantEmbedding):
             self._keep.append(embed.weight.data)
@@ -141,9 +150,12 @@ class NativeStep:
         self._layers = layers
         self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                              rope.rot, cfg.intermediate_size, cfg.vocab_size, runner.pool.kv_caches[0][0].shape[0],
-                             rope.cos.shape[0], cfg.rms_norm_eps, attn0.scale, 0.0, 0.0, *embed_args,
+                             rope.cos.shape[0], cfg.rms_norm_eps, attn0.scale, attn0.softcap or 0.0,
+                             model.embed_scale or 0.0, *embed_args,
                              vec(model.norm.weight), mat(model.logits_proj.weight), RESCORE_TOP,
-                             ctypes.addressof(layers), int(runner.pool.kv_caches[0][0].dtype == torch.bfloat16))
+                             ctypes.addressof(layers), int(runner.pool.kv_caches[0][0].dtype == torch.bfloat16),
+                             int(model.layers[0].mlp.gelu))
+        self.final_softcap = cfg.final_softcap
         self.generic = False  # tests: the plain-C bodies on CPUs with AVX-512 too
 
     def can_run(self, inputs) -> bool:
@@ -172,4 +184,6 @@ class NativeStep:
             raise EngineError(f"the native decode step refused the pass: {what} is out of range (an engine bug; "
                               "native_step=False serves meanwhile)")
         self.calls += 1
+        if self.final_softcap:  # Gemma 2's, as CausalLM.forward applies it (after the re-score: tanh keeps order)
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits, hidden

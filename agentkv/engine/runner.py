@@ -140,8 +140,9 @@ class ModelRunner:
     def exact_logits(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The exact logits [n, R] of tokens `ids` [n, R] (-1: none) from rows of a pass's `approx_rows`
         (the final normed states of a pass whose logits were the int8 projection's)."""
-        proj = self.model.logits_proj
-        return proj.native.qrescore(proj.weight, hidden, ids)
+        proj, cap = self.model.logits_proj, self.model.config.final_softcap
+        exact = proj.native.qrescore(proj.weight, hidden, ids)
+        return torch.tanh(exact / cap) * cap if cap else exact  # Gemma 2's cap, as the pass's logits have it
 
     @torch.inference_mode()
     def forward_ids(self, dev: OnDevice, ids: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_attention": ([_INT, _INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P,
                            _I64, _INT, _INT, _INT, _F, _P, _I64, _F, _INT, _INT], _INT),
     "agentkv_rms_norm": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT], None),
-    "agentkv_silu_mul": ([_INT, _P, _I64, _I64, _I64, _P, _INT, _INT], None),
+    "agentkv_glu_mul": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _INT, _INT], None),
     "agentkv_rope": ([_INT, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT], None),
     "agentkv_linear": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT], None),
     "agentkv_linear_available": ([_INT], _INT),
@@ -108,13 +108,14 @@ class NativeKernels(QuantKernels):
                                    x.shape[0], n, eps, out.data_ptr(), torch.get_num_threads(), generic)
         return out
 
-    def silu_mul(self, gate_up: torch.Tensor, generic: bool = False) -> torch.Tensor:
-        """silu(gate) * up for gate_up [T, 2n] holding the two halves side by side: [T, n]."""
+    def glu_mul(self, gate_up: torch.Tensor, gelu: bool = False, generic: bool = False) -> torch.Tensor:
+        """silu(gate) * up, or (`gelu`) GELU's tanh form, for gate_up [T, 2n] holding the two halves side
+        by side: [T, n]."""
         rows, n = gate_up.shape[0], gate_up.shape[1] // 2
         assert gate_up.stride(-1) == 1
         out = torch.empty(rows, n, dtype=gate_up.dtype)
-        self._lib.agentkv_silu_mul(_DTYPES[gate_up.dtype], gate_up.data_ptr(), gate_up.stride(0), rows, n,
-                                   out.data_ptr(), torch.get_num_threads(), generic)
+        self._lib.agentkv_glu_mul(_DTYPES[gate_up.dtype], int(gelu), gate_up.data_ptr(), gate_up.stride(0), rows, n,
+                                  out.data_ptr(), torch.get_num_threads(), generic)
         return out
 
     def rope_(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

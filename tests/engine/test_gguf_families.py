@@ -150,10 +150,11 @@ GEMMA_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post
                "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 
 
-def write_gemma_gguf(src, out) -> None:
+def write_gemma_gguf(src, out, quant: str | None = None) -> None:
     """The tiny HF Gemma 2 / 3 checkpoint `src` as llama.cpp's converter writes it: its norms with the 1
     added that Gemma's RMSNorm adds, the hyperparameters a GGUF holds (not the attention scale, the
-    layer pattern or the local rope base, which llama.cpp fixes by family), fp32 tensors."""
+    layer pattern or the local rope base, which llama.cpp fixes by family), fp32 tensors (or the
+    matrices in `quant`, a type the `gguf` package makes)."""
     from safetensors.numpy import load_file
 
     cfg = json.loads((src / "config.json").read_text())
@@ -178,7 +179,12 @@ def write_gemma_gguf(src, out) -> None:
             gname = f"blk.{i}.{norm}.weight" if norm else gguf_name(name, arch)
         if gname.endswith("norm.weight"):
             data = data + np.float32(1.0)
-        w.add_tensor(gname, np.ascontiguousarray(data))
+        if quant and data.ndim == 2:
+            kind = getattr(gguf.GGMLQuantizationType, quant)
+            q = gguf.quants.quantize(data, kind)
+            w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=kind)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(data))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

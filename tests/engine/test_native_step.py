@@ -1,7 +1,8 @@
 """The decode step in one native call (engine/native_step.py, csrc/cpu_step.c) against the Python path
 running the same kernels: the same logits, bit for bit, at batch 1 and 16, for plain Llama GGUFs, a
-sliding window (Phi-3), per-head q/k norms (Qwen3) and K-quant tiles; its plain-C bodies close to them; refused
-indices; and the embedded model's greedy output equal to the exact (dequantized) path's."""
+sliding window (Phi-3), per-head q/k norms (Qwen3), K-quant tiles and Gemma 2 / 3 (with its cap on
+re-scored logits); its plain-C bodies close to them; refused indices; and the embedded model's greedy
+output equal to the exact (dequantized) path's."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import agentkv as ak
 from agentkv.engine.native_step import NativeStep
 from agentkv.kernels import cpu_native
 from tests.conftest import requires_embedded
-from tests.engine.test_gguf_families import ARCH
+from tests.engine.test_gguf_families import ARCH, write_gemma_gguf
 from tests.engine.test_gguf_families import write_gguf as write_family_gguf
 from tests.engine.test_loading import write_gguf
 from tests.tiny import make_tiny_model
@@ -24,6 +25,7 @@ kernels = cpu_native.load()
 pytestmark = pytest.mark.skipif(kernels is None or not kernels.qtile_fast,
                                 reason="the native step needs the C kernels' tiled bodies (AVX-512 VNNI or AVX2)")
 
+GEMMA = {"gemma2": 2, "gemma3_text": 6}  # every n-th layer global, the others windowed
 PROMPTS = ["Hello GGUF world", "One two three four five", "a", "The quick brown fox jumps over the lazy dog",
            "zz top", "Kept in tiles", "Sixteen prompts at once", "x y z", "quantized", "permuted!", "hello",
            "The end is near", "Another one", "Numbers 1 2 3", "last but one", "last"]
@@ -59,9 +61,17 @@ def step_and_python(engine: ak.Engine, prompts: list[str], max_tokens: int,
 
 
 def tiny_gguf(tmp_path, family: str, quant: str, **options):
+    path = tmp_path / "tiny.gguf"
+    if family in GEMMA:  # windowed layers and a global one, as llama.cpp lays out the family's
+        layers, pattern = options.pop("layers", 4), GEMMA[family]
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+        src = make_tiny_model(tmp_path / "src", family, layers=layers,
+                              config={"query_pre_attn_scalar": 16, "layer_types": types},
+                              **({"hidden": 64, "heads": 4, "kv_heads": 2} | options))
+        write_gemma_gguf(src, path, quant)
+        return str(path)
     src = make_tiny_model(tmp_path / "src", "llama" if family == "llama" else family,
                           **({"hidden": 64, "heads": 4, "kv_heads": 2} | options))
-    path = tmp_path / "tiny.gguf"
     if family == "llama":
         write_gguf(src, path, getattr(gguf.GGMLQuantizationType, quant))
     else:
@@ -77,6 +87,10 @@ def tiny_gguf(tmp_path, family: str, quant: str, **options):
     ("qwen3", "Q4_1", {}),  # per-head q and k norms
     ("qwen3", "Q4_K", {"hidden": 256, "intermediate": 512}),  # K-quants: rows of whole super-blocks of 256
     ("qwen3", "Q6_K", {"hidden": 256, "intermediate": 512}),
+    # sandwich norms, GeGLU, scaled embeddings, soft caps on attention and logits, every other layer windowed
+    ("gemma2", "Q8_0", {"sliding_window": 12}),
+    # q/k norms, five windowed layers (their own rotation base) and a global one
+    ("gemma3_text", "Q4_1", {"layers": 6, "kv_heads": 1, "sliding_window": 10}),
 ])
 @pytest.mark.parametrize("batch", [1, 16])
 def test_step_logits_are_the_python_paths(tmp_path, monkeypatch, family, quant, options, batch):
@@ -251,3 +265,24 @@ def test_the_pool_gives_the_same_logits_to_any_threads_and_callers(tmp_path, mon
         for c in callers:
             c.join(timeout=120)
         assert not failures and not any(c.is_alive() for c in callers)
+
+
+def test_gemma2s_rescored_logits_carry_its_cap(tmp_path, monkeypatch):
+    """After a grammar's mask the sampler re-scores a row's best allowed tokens (runner.exact_logits):
+    for Gemma 2 they carry the final soft cap as the pass's logits do (uncapped, they would outrank
+    every capped logit)."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    path = tiny_gguf(tmp_path, "gemma2", "Q8_0", sliding_window=12)
+    with ak.Engine(path, num_slots=1024) as engine:
+        runner = engine._core.runner
+        seen, run = [], runner.native_step.run
+
+        def keep(dev, ids):
+            seen.append(run(dev, ids))
+            return seen[-1]
+
+        runner.native_step.run = keep
+        engine.generate(["hello"], max_tokens=3, temperature=0.0, ignore_eos=True)
+        logits, hidden = seen[-1]
+        top = logits.topk(8, dim=-1).indices  # within the 32 the pass re-scored exactly
+        assert torch.equal(runner.exact_logits(hidden, top), logits.gather(1, top))

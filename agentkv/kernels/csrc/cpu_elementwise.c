@@ -1,5 +1,5 @@
 /* The element-wise steps of a decoder layer, one call each instead of the 3-8 torch ops they take:
-RMSNorm, silu(gate) * up, and the rotary embedding (in place). bf16 results are rounded where HF's
+RMSNorm, silu(gate) * up (or GELU's), and the rotary embedding (in place). bf16 results are rounded where HF's
 bf16 modules round (see each), so they match them up to the last bit of a sum or an exp.
 
 Each has an AVX-512 body for rows whose length is a multiple of 16 and a plain-C body for the rest
@@ -19,13 +19,14 @@ void agentkv_rms_norm(int bf, const void *x, int64_t x_ld, int64_t heads, const 
     }
 }
 
-/* out [rows, n]; gate and up are the two halves of gu's rows [rows, 2n] (row stride ld) */
-void agentkv_silu_mul(int bf, const void *gu, int64_t ld, int64_t rows, int64_t n, void *out, int nthreads,
-                      int generic) {
+/* out [rows, n] = act(gate) * up, act silu or (gelu) GELU's tanh form; gate and up are the two halves of
+   gu's rows [rows, 2n] (row stride ld) */
+void agentkv_glu_mul(int bf, int gelu, const void *gu, int64_t ld, int64_t rows, int64_t n, void *out, int nthreads,
+                     int generic) {
 #pragma omp parallel for num_threads(nthreads) if (rows * n >= 65536)
     for (int64_t r = 0; r < rows; r++) {
-        if (bf) silu_mul_row(AT(gu, r * ld, 1), AT(gu, r * ld + n, 1), n, AT_MUT(out, r * n, 1), 1, generic);
-        else silu_mul_row(AT(gu, r * ld, 0), AT(gu, r * ld + n, 0), n, AT_MUT(out, r * n, 0), 0, generic);
+        if (bf) glu_row(AT(gu, r * ld, 1), AT(gu, r * ld + n, 1), n, AT_MUT(out, r * n, 1), 1, gelu, generic);
+        else glu_row(AT(gu, r * ld, 0), AT(gu, r * ld + n, 0), n, AT_MUT(out, r * n, 0), 0, gelu, generic);
     }
 }
 

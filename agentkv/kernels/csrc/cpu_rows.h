@@ -1,4 +1,4 @@
-/* The per-row bodies of the element-wise steps (RMSNorm, silu(gate) * up, the rotation), shared by
+/* The per-row bodies of the element-wise steps (RMSNorm, silu(gate) * up or GELU's, the rotation), shared by
 their entry points (cpu_elementwise.c) and the native decode step (cpu_step.c), so both round alike. */
 
 #ifndef AGENTKV_CPU_ROWS_H
@@ -40,14 +40,22 @@ INLINE void rms_row(const void *x, const void *w, int64_t n, float eps, void *ou
     }
 }
 
-/* silu(gate) * up over one row; bf16 as HF's MLP: silu rounded to bf16, then the product rounded */
-INLINE void silu_mul_row(const void *g, const void *u, int64_t n, void *out, const int bf, const int generic) {
+#define GELU_K 0.7978845608f /* sqrt(2 / pi) */
+#define GELU_C 0.044715f
+
+/* act(gate) * up over one row, act silu or (gelu) GELU's tanh form: 0.5 x (1 + tanh(y)) is x / (1 + e^-2y),
+   y = sqrt(2 / pi) (x + 0.044715 x^3), silu's form with another exponent. bf16 as HF's MLP: the
+   activation rounded to bf16, then the product rounded */
+INLINE void glu_row(const void *g, const void *u, int64_t n, void *out, const int bf, const int gelu,
+                    const int generic) {
 #if AGENTKV_AVX512
     if (!generic && n % 16 == 0) {
-        const __m512 one = _mm512_set1_ps(1.f);
+        const __m512 one = _mm512_set1_ps(1.f), c = _mm512_set1_ps(GELU_C), k2 = _mm512_set1_ps(-2.f * GELU_K);
         for (int64_t i = 0; i < n; i += 16) {
             __m512 gv = load16(AT(g, i, bf), bf);
-            __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+            const __m512 e = gelu ? _mm512_mul_ps(k2, _mm512_fmadd_ps(_mm512_mul_ps(c, gv), _mm512_mul_ps(gv, gv), gv))
+                                  : _mm512_sub_ps(_mm512_setzero_ps(), gv);
+            __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(e)));
             store16(AT_MUT(out, i, bf), _mm512_mul_ps(bf ? through_bf16_16(s) : s, load16(AT(u, i, bf), bf)), bf);
         }
         return;
@@ -56,7 +64,8 @@ INLINE void silu_mul_row(const void *g, const void *u, int64_t n, void *out, con
     (void)generic;
     for (int64_t i = 0; i < n; i++) {
         float gv = load1(g, i, bf);
-        float s = gv / (1.f + exp_approx(-gv));
+        const float e = gelu ? -2.f * GELU_K * fmaf(GELU_C * gv, gv * gv, gv) : -gv;
+        float s = gv / (1.f + exp_approx(e));
         store1(out, i, (bf ? through_bf16(s) : s) * load1(u, i, bf), bf);
     }
 }

@@ -31,13 +31,16 @@ typedef struct {
     const float *q_norm, *k_norm;       /* [head_dim] (Qwen3's per-head norms) or NULL */
     StepMat qkv, o, gate_up, down;      /* qkv: q, k, v side by side; gate_up: gate, up */
     void *k_cache, *v_cache;            /* [num_slots, kv_heads, head_dim], fp32 or bf16 (StepModel.kv_bf16) */
-    const float *cos, *sin;             /* [positions, head_dim] */
+    const float *cos, *sin;             /* [positions, head_dim] (Gemma 3's windowed layers: their own base) */
     int64_t window;                     /* keys a query sees, its own included; 0: all */
+    /* Gemma's sandwich: attention's and the MLP's outputs normed before they join the residual (mlp_norm
+       then the norm before the MLP); NULL for the other families */
+    const float *post_attn_norm, *post_mlp_norm;
 } StepLayer;
 
 typedef struct {
     int64_t layers, hidden, heads, kv_heads, head_dim, rot, inter, vocab, num_slots, positions;
-    float eps, scale, attn_softcap, pad;
+    float eps, scale, attn_softcap, embed_scale;  /* embed_scale: Gemma's sqrt(hidden) (fp32), else 0 */
     int64_t embed_qtype;   /* -1: an fp32 table [vocab, hidden]; else a quantized one */
     int64_t embed_tiled;   /* its blocks in tiles (a tied vocabulary projection's) */
     const void *embed;
@@ -46,6 +49,7 @@ typedef struct {
     int64_t rescore;       /* each token's this many top logits re-scored exactly */
     const StepLayer *layer;
     int64_t kv_bf16;       /* the KV caches hold bf16 (rounded to nearest even), else fp32 */
+    int64_t gelu;          /* the MLP's activation GELU's tanh form (Gemma), else silu */
 } StepModel;
 
 #define MAX_RESCORE 64
@@ -151,6 +155,27 @@ typedef struct {  /* one call's inputs and scratch, what every thread of its job
     Scratch s;
 } StepRun;
 
+/* x += W q (the residual added in the tiles' stores), or for Gemma's sandwich x += norm(W q): the
+   product into h first, then each row normed in place and added (the Python path's rms_norm and add) */
+static void residual_out(const StepModel *md, const StepMat *w, const QRows *q, const float *post_norm,
+                         const StepRun *run, int me, int nt) {
+    const Scratch *s = &run->s;
+    const int64_t M = run->M, hid = md->hidden, width = run->width;
+    if (!post_norm) {
+        mat_share(w, q, M, me, nt, s->x, hid, s->x, hid, run->generic);
+        agentkv_pool_barrier(nt);
+        return;
+    }
+    mat_share(w, q, M, me, nt, NULL, 0, s->h, width, run->generic);
+    agentkv_pool_barrier(nt);
+    for (int64_t m = me; m < M; m += nt) {
+        float *h = s->h + m * width, *x = s->x + m * hid;
+        rms_row(h, post_norm, hid, md->eps, h, 0, run->generic);
+        for (int64_t i = 0; i < hid; i++) x[i] += h[i];
+    }
+    agentkv_pool_barrier(nt);
+}
+
 /* thread `me` of `nt`: its share of every op, a barrier between ops */
 static void step_job(void *arg, int me, int nt) {
     StepRun *run = arg;
@@ -162,7 +187,11 @@ static void step_job(void *arg, int me, int nt) {
     const int64_t *pos = run->pos, *rows = run->rows;
     const int R = run->R, generic = run->generic;
     float *logits = run->logits;
-    for (int64_t m = me; m < M; m += nt) embed_row(md, run->ids[m], s->x + m * hid);
+    for (int64_t m = me; m < M; m += nt) {
+        embed_row(md, run->ids[m], s->x + m * hid);
+        if (md->embed_scale != 0.f)
+            for (int64_t i = 0; i < hid; i++) s->x[m * hid + i] *= md->embed_scale;
+    }
     agentkv_pool_barrier(nt);
     for (int64_t l = 0; l < md->layers; l++) {
         const StepLayer *L = md->layer + l;
@@ -188,8 +217,7 @@ static void step_job(void *arg, int me, int nt) {
             quantize_blocks(s->h + m * width, &s->qo, m, b, b + 1);
         }
         agentkv_pool_barrier(nt);
-        mat_share(&L->o, &s->qo, M, me, nt, s->x, hid, s->x, hid, generic);
-        agentkv_pool_barrier(nt);
+        residual_out(md, &L->o, &s->qo, L->post_attn_norm, run, me, nt);
         for (int64_t m = me; m < M; m += nt)
             norm_quant(s->x + m * hid, L->mlp_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
         agentkv_pool_barrier(nt);
@@ -199,12 +227,11 @@ static void step_job(void *arg, int me, int nt) {
             const int64_t m = item / (inter / QK), b = item % (inter / QK);
             float act[QK];
             const float *gate = s->gu + m * 2 * inter + b * QK;
-            silu_mul_row(gate, gate + inter, QK, act, 0, generic);
+            glu_row(gate, gate + inter, QK, act, 0, (int)md->gelu, generic);
             quantize_into(act, &s->qd, m, b);
         }
         agentkv_pool_barrier(nt);
-        mat_share(&L->down, &s->qd, M, me, nt, s->x, hid, s->x, hid, generic);
-        agentkv_pool_barrier(nt);
+        residual_out(md, &L->down, &s->qd, L->post_mlp_norm, run, me, nt);
     }
     for (int64_t i = me; i < S; i += nt)  /* the selected tokens only, in their order */
         norm_quant(s->x + run->sel[i] * hid, md->final_norm, hid, md->eps, s->h + i * width, &s->qa, i, generic);
