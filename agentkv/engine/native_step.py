@@ -1,7 +1,7 @@
 """The decode step in one native call (csrc/cpu_step.c) for dense Llama-family models (and Gemma 2 / 3:
 norms around attention and the MLP, GeGLU, scaled embeddings, soft caps, their own rotation for
-windowed layers) on CPU whose
-linears are tiled quantized weights (a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K on a CPU with AVX-512 VNNI or AVX2).
+windowed layers) on CPU whose linears are tiled quantized weights (a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K /
+Q6_K on a CPU with AVX-512 VNNI or AVX2).
 
 A decode step of the Python path is ~270 kernel calls, each a parallel region woken from Python: for
 the embedded 135M model they cost more than its arithmetic. Here the model is described to C once

@@ -268,6 +268,11 @@ def test_a_pool_too_small_for_its_prefixes_gives_the_same_outputs(tiny_dir, tmp_
     """Four agents' prompts through a pool that holds about two, concurrently, three rounds: with the
     tier their prefixes come back from disk (under evictions, retractions and restores in one step)
     and every output equals the one computed without it."""
+    from agentkv.kernels import cpu_native
+
+    if cpu_native.load() is None:  # (equal bits are the C kernels' property: each token computed as alone)
+        pytest.skip("torch's ops give a token numbers that depend on how its pass groups tokens (the same "
+                    "prompts with the radix cache off differ by up to 0.006 in logprob here)")
     prompts = [f"agent {i}: " + "".join(f"step {j} of agent {i}. " for j in range(14)) for i in range(4)]
 
     def rounds(kv_dir=None):

@@ -22,8 +22,8 @@ and of a Q6_K row
   (d d_x) (sc_a (dot_a - 32 s_a) + sc_b (dot_b - 32 s_b))                 (integer within: < 5e7)
 over its halves a and b of 16 columns. Even and odd sub-blocks sum in two accumulators, as the tiled
 types' blocks do. The plain-C bodies make the AVX-512 (and AVX2: two halves of 8 rows) ones' fp32
-operations in their order: the same bits. The exact product (x in fp32) dequantizes a super-block of the tile's 16 rows into a buffer
-that both bodies read. */
+operations in their order: the same bits. The exact product (x in fp32) dequantizes a super-block of
+the tile's 16 rows into a buffer that both bodies read. */
 
 #include "cpu_tiles.h"
 
@@ -126,7 +126,8 @@ static void ktile_generic(const int qtype, const uint8_t *tile, int64_t nsb, con
         for (int i = 0; i < TILE_ROWS; i++) {
             float a[2] = {0.f, 0.f};
             for (int64_t s = 0; s < nsb; s++)
-                for (int j = 0; j < 8; j++) a[j & 1] = ksub_generic(qtype, tile + s * tb, j, i, x, m, 8 * s + j, a[j & 1]);
+                for (int j = 0; j < 8; j++)
+                    a[j & 1] = ksub_generic(qtype, tile + s * tb, j, i, x, m, 8 * s + j, a[j & 1]);
             res[m][i] = a[0] + a[1];
         }
 }
@@ -138,7 +139,8 @@ INLINE void k6_high_avx512(const uint8_t *qs, __m512i *u) {
     const __m512i pair = _mm512_set1_epi8(0x30);
     for (int c = 0; c < 4; c++) { /* the pairs at bits 0 / 2 (c < 2) or 4 / 6, moved to bits 4 and 5 */
         const __m512i r = h[c % 2];
-        const __m512i lo = c < 2 ? _mm512_slli_epi16(r, 4) : r, hi = c < 2 ? _mm512_slli_epi16(r, 2) : _mm512_srli_epi16(r, 2);
+        const __m512i lo = c < 2 ? _mm512_slli_epi16(r, 4) : r;
+        const __m512i hi = c < 2 ? _mm512_slli_epi16(r, 2) : _mm512_srli_epi16(r, 2);
         u[c] = _mm512_or_si512(u[c], _mm512_and_si512(lo, pair));
         u[c + 4] = _mm512_or_si512(u[c + 4], _mm512_and_si512(hi, pair));
     }
@@ -172,10 +174,11 @@ static void ktile_avx512(const int qtype, const uint8_t *tile, int64_t nsb, cons
             const int64_t b = 8 * s + j;
             __m512 *a = acc[j & 1];
             if (qtype == Q4_K) {
-                const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sblk + K4_SC + 16 * j))));
-                const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sblk + K4_MN + 16 * j))));
-                const __m512 dj = _mm512_mul_ps(dv, sc);
-                const __m512 mj = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, mn)), sign));
+                const __m128i scb = _mm_loadu_si128((const __m128i *)(sblk + K4_SC + 16 * j));
+                const __m128i mnb = _mm_loadu_si128((const __m128i *)(sblk + K4_MN + 16 * j));
+                const __m512 dj = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scb)));
+                const __m512 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mnb)));
+                const __m512 mj = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(mn), sign));
                 for (int64_t m = 0; m < M; m++) {
                     const int8_t *xb = x->q + m * x->K + b * QK;
                     const __m512i dot = _mm512_add_epi32(dots4(u, xb), dots4(u + 4, xb + 16));
