@@ -255,9 +255,11 @@ def test_pydantic_ai(live):
     assert calls, "no run called the tool"
 
 
-def test_openai_agents_sdk(live):
+def test_openai_agents_sdk(live, family):
     """The Agents SDK's chat-completions model: a required call it parses, validates and runs (the
-    run stops on it), and a typed output under its response_format."""
+    run stops on it), and a typed output under its response_format. The runs are seeded, and a family
+    that reasons first gets a reasoning budget: random weights can reason past max_tokens otherwise
+    (finish_reason "length" with no output, which the SDK rightly refuses)."""
     pytest.importorskip("agents")
     from agents import (
         Agent,
@@ -274,11 +276,14 @@ def test_openai_agents_sdk(live):
     calls: list = []
     caller = Agent(name="calc", instructions="Add numbers.", tools=[function_tool(framework_add(calls))], model=model,
                    tool_use_behavior="stop_on_first_tool",
-                   model_settings=ModelSettings(temperature=1.0, max_tokens=100, tool_choice="required"))
+                   model_settings=ModelSettings(temperature=1.0, max_tokens=100, tool_choice="required",
+                                                extra_args={"seed": 4}))
     result = Runner.run_sync(caller, "add 2 and 3", max_turns=2)
     assert calls and str(result.final_output) == str(sum(calls[0]))
+    budget = {"max_reasoning_tokens": 40} if family[1].reasoning is not None else None
     typed = Agent(name="calc", instructions="Add numbers.", output_type=Sum, model=model,
-                  model_settings=ModelSettings(temperature=1.0, max_tokens=100))
+                  model_settings=ModelSettings(temperature=1.0, max_tokens=100, extra_args={"seed": 4},
+                                               extra_body=budget))
     assert isinstance(Runner.run_sync(typed, "add 2 and 3", max_turns=1).final_output, Sum)
 
 
