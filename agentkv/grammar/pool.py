@@ -177,7 +177,9 @@ class StatePool:
             self.trans[old:] = -1
             for name in ("accept", "has_bytes", "fork", "tail", "text_reach", "class_bytes", "class_reach"):
                 setattr(self, name, bigger(getattr(self, name), need))
-            self.call_off = bigger(self.call_off, need + 1)
+            # (one past the states' room, not past `need`: doubled apart from them, its length drifts
+            # ahead of theirs and a later growth would leave it short)
+            self.call_off = bigger(self.call_off, len(self.accept) + 1)
         self.call_rule = bigger(self.call_rule, self.n_calls + calls)
         self.call_ret = bigger(self.call_ret, self.n_calls + calls)
         self.starts = bigger(self.starts, self.n_rules + rules)

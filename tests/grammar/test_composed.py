@@ -145,6 +145,25 @@ def test_grammars_stay_whole_when_the_pool_fills(monkeypatch):
         _walk_same(Matcher(composed), Matcher(whole), rnd, 60)
 
 
+@given(st.lists(st.integers(0, len(TOOLS) - 1), min_size=1, max_size=12), st.integers(1, 40))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_pool_grows_by_any_steps(picks, room):
+    """Fragments placed one after another into a pool that starts small: every array grows with the
+    states (the call table's offsets once fell one growth behind and a placement failed)."""
+    compiler = GrammarCompiler(_vocab(WORDS))
+    pool = pool_module.StatePool(states=room, calls=room, rules=room)
+    fmt = Hermes()
+    for k in picks:
+        frag = compiler.composer._fragment(("part", fmt.call_part(TOOLS[k], True)), fmt.call_part(TOOLS[k], True),
+                                           time.monotonic() + 60)
+        pool.placed.clear()  # (placed again each time: the pool grows by every pick)
+        s0, _ = pool.place(frag)
+        n = frag.n_states
+        assert len(pool.call_off) >= len(pool.accept) + 1 and s0 + n <= len(pool.accept)
+        calls = pool.call_off[s0 + 1:s0 + n + 1] - pool.call_off[s0:s0 + n]
+        assert calls.tolist() == [len(frag.automaton.calls.get(s, ())) for s in range(n)]
+
+
 def test_a_part_that_may_be_empty_is_refused():
     compiler = GrammarCompiler(_vocab(WORDS))
     with pytest.raises(GrammarError, match="part 1 of the composed rule .call. matches the empty string"):
