@@ -188,22 +188,37 @@ def test_native_step_option(tmp_path, monkeypatch):
         assert engine._core.runner.native_step is None
 
 
+TIE = 0.02  # nats
+
+
 @requires_embedded
 @pytest.mark.slow
 def test_embedded_greedy_equals_the_exact_path():
     """The default path (int8 activations, the top logits re-scored) decodes what the dequantized fp32
-    model decodes, on these prompts."""
+    model decodes, on these prompts, up to a near tie: where the two part, the exact model ranks the
+    token ours chose within TIE nats of its own (the int8 path's noise, and the float sums' order that
+    each CPU's build picks, decide such ties: " to" / " of" 0.0098 nats apart on the second prompt
+    flips on an AVX2 build and on an AMD EPYC host's AVX-512 build)."""
     prompts = [[{"role": "user", "content": "What is the capital of France?"}],
                [{"role": "user", "content": "Write a short story about a robot learning to paint."}],
                [{"role": "user", "content": "List three colors."}]]
     with ak.Engine(num_slots=2048) as engine:
         assert engine._core.runner.native_step is not None
-        ours = [engine.chat(p, max_tokens=32, temperature=0.0).content for p in prompts]
+        ours = [engine.chat(p, max_tokens=32, temperature=0.0).token_ids for p in prompts]
         assert engine._core.runner.native_step.calls > 0
     with ak.Engine(num_slots=2048, quantized_weights=False) as exact:
         assert exact._core.runner.native_step is None
-        ref = [exact.chat(p, max_tokens=32, temperature=0.0).content for p in prompts]
-    assert ours == ref
+        ref = [exact.chat(p, max_tokens=32, temperature=0.0, logprobs=True, top_logprobs=5) for p in prompts]
+    same = 0
+    for got, want in zip(ours, ref):
+        part = next((i for i, (a, b) in enumerate(zip(got, want.token_ids)) if a != b), None)
+        if part is None:
+            assert got == want.token_ids
+            same += 1
+            continue
+        top = {t: lp for t, _, lp in want.logprobs[part].top}
+        assert got[part] in top and top[want.token_ids[part]] - top[got[part]] < TIE, (part, top)
+    assert same >= 2  # (a near tie is rare: most prompts decode alike in full)
 
 
 def test_overlap_and_speculation_decode_what_the_plain_engine_does(tmp_path, monkeypatch):

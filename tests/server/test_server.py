@@ -161,22 +161,30 @@ def test_tools_stream(client):
     request = dict(model="tiny", messages=ask("tool"), tools=[ADD, WEATHER], tool_choice="required", max_tokens=120,
                    temperature=1.0, seed=4)
     whole = client.chat.completions.create(**request).choices[0].message.tool_calls
-    chunks = list(client.chat.completions.create(**request, stream=True))
-    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    calls: dict[int, dict] = {}
-    for tc in deltas:
-        if tc.index not in calls:  # the first delta of a call names it
-            assert tc.id and tc.function.name and tc.function.arguments == ""
-            calls[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": "", "deltas": 0}
-        else:
-            assert tc.id is None and tc.function.name is None
-            calls[tc.index]["arguments"] += tc.function.arguments
-            calls[tc.index]["deltas"] += 1
-    assert [(c["name"], c["arguments"]) for c in calls.values()] == [
-        (c.function.name, c.function.arguments) for c in whole]
-    assert max(c["deltas"] for c in calls.values()) > 1  # the arguments came in pieces
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
-    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    pieces = 0
+    for _ in range(3):
+        chunks = list(client.chat.completions.create(**request, stream=True))
+        deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        calls: dict[int, dict] = {}
+        for tc in deltas:
+            if tc.index not in calls:  # the first delta of a call names it
+                assert tc.id and tc.function.name and tc.function.arguments == ""
+                calls[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": "", "deltas": 0}
+            else:
+                assert tc.id is None and tc.function.name is None
+                calls[tc.index]["arguments"] += tc.function.arguments
+                calls[tc.index]["deltas"] += 1
+        assert [(c["name"], c["arguments"]) for c in calls.values()] == [
+            (c.function.name, c.function.arguments) for c in whole]
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+        assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        pieces = max(pieces, *(c["deltas"] for c in calls.values()))
+        if pieces > 1:
+            break
+    # the arguments came in pieces: a stream sends what the engine wrote since the server last read it,
+    # so on a loaded host the engine can finish between two reads (three tries; the pieces at every cut
+    # of the text are tests/chat/test_tool_formats.py's)
+    assert pieces > 1
 
 
 def test_completions(any_client, any_live):
