@@ -43,7 +43,7 @@ class Composer:
         self.compiler = compiler
         self._fragments: OrderedDict[tuple, Fragment] = OrderedDict()
         self._fragment_bytes = 0
-        self._pool = StatePool()
+        self._pool = StatePool(words=compiler.info.words)
         self._pools = 1
         self._lock = threading.Lock()
 
@@ -70,14 +70,15 @@ class Composer:
             pool = self._pool
             new = [f for f in [head, *parts] if id(f) not in pool.placed]
             if pool.full(sum(f.n_states for f in new) + 2):
-                pool = self._pool = StatePool()
+                pool = self._pool = StatePool(words=self.compiler.info.words)
                 self._pools += 1
             _, head_rules = pool.place(head)
             alternation = pool.alternation([pool.place(f)[1] for f in parts], g.rule)
             starts = pool.starts[:pool.n_rules].copy()
-            starts[head_rules + head.automaton.rule_names.index("r:" + g.rule)] = starts[alternation]
+            variable = head_rules + head.automaton.rule_names.index("r:" + g.rule)
+            starts[variable] = starts[alternation]
             own = head.n_states + 2 + sum(f.n_states for f in {id(f): f for f in parts}.values())
-            auto = pool.automaton(starts, own)
+            auto = pool.automaton(starts, own, variable)
         auto.root = head_rules
         relaxed = tuple(dict.fromkeys([*head.relaxed, *(replace(r, part=g.label(k)) for k, f in enumerate(parts)
                                                          for r in f.relaxed)]))
@@ -122,5 +123,6 @@ class Composer:
 
     def cache_info(self) -> dict[str, int]:
         with self._lock:
+            store = self._pool.walk_store.stats() if self._pool.walk_store is not None else {}
             return {"parts": len(self._fragments), "part_bytes": self._fragment_bytes, "pool_states": self._pool.n,
-                    "pools": self._pools}
+                    "pools": self._pools, **store}

@@ -28,7 +28,7 @@ class GrammarStruct(ctypes.Structure):
     """token_walk.c's Grammar."""
     _fields_ = [("trans", _P), ("fork", _P), ("accept", _P), ("has_bytes", _P), ("tail", _P), ("text_reach", _P),
                 ("class_bytes", _P), ("class_reach", _P), ("call_off", _P), ("call_rule", _P), ("call_ret", _P),
-                ("starts", _P), ("n_states", _I32), ("max_depth", _I32)]
+                ("starts", _P), ("n_states", _I32), ("max_depth", _I32), ("variable_rule", _I32)]
 
 
 class TrieStruct(ctypes.Structure):
@@ -67,10 +67,16 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         log.warning("agentkv: native token walk unavailable, walking in Python (%s)", e)
         return None, str(e)
     lib.agentkv_token_walk.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _P, _I32, _I32,
-                                       _P, _I32, _P, _P, _P, _P]
+                                       _P, _I32, _P, _P, _P, _P, _P]
     lib.agentkv_token_walk.restype = ctypes.c_int
-    lib.agentkv_walks_new.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _I32, _I64]
+    lib.agentkv_walks_new.argtypes = [ctypes.POINTER(GrammarStruct), ctypes.POINTER(TrieStruct), _I32, _I64, _P]
     lib.agentkv_walks_new.restype = _P
+    lib.agentkv_store_new.argtypes = [_I32, _I32, _I64]
+    lib.agentkv_store_new.restype = _P
+    lib.agentkv_store_free.argtypes = [_P]
+    lib.agentkv_store_free.restype = None
+    lib.agentkv_store_stats.argtypes = [_P, _P]
+    lib.agentkv_store_stats.restype = None
     lib.agentkv_walks_free.argtypes = [_P]
     lib.agentkv_walks_free.restype = None
     lib.agentkv_walks_mask.argtypes = [_P, _P, _P, _I32, _P]

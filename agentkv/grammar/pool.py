@@ -11,6 +11,10 @@ view of the pool's first `n` states with its own copy of the rule starts (the on
 alternatives starts at a two-state rule made for it: calls to the parts' roots); nothing a part
 holds is copied again. A view never changes: later placements write past its end, and a pool that
 outgrows its arrays moves to bigger ones, leaving the old ones to the grammars that use them.
+
+A pool's grammars differ only in where their composed rule starts, so a token walk that never
+expanded a call of that rule holds in all of them: the pool keeps such walks (`walk_store`,
+csrc/mask_cache.c), and a new step's first mask over the text before its calls is walked once.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentkv.grammar.automata.automaton import Automaton, fork_and_tail, nullable_rules
-from agentkv.grammar.tokens.walk_tables import byte_classes, text_reach
+from agentkv.grammar.tokens.walk_tables import WalkStore, byte_classes, text_reach
 
 MAX_POOL_STATES = 1 << 16  # a pool's states (256 bytes of transitions each, 64 MiB); past it a new pool starts
 
@@ -62,8 +66,10 @@ class StatePool:
     """Append-only arrays of states, calls and rule starts (see the module docstring). Its compiler
     places fragments under a lock; `row_lists` takes its own."""
 
-    def __init__(self, states: int = 1024, calls: int = 1024, rules: int = 256):
+    def __init__(self, states: int = 1024, calls: int = 1024, rules: int = 256, words: int = 0):
+        """`words`: the tokenizer's mask words, for the walks the pool's grammars share (0: none)."""
         self.n = self.n_calls = self.n_rules = 0
+        self.walk_store = WalkStore(MAX_POOL_STATES, words) if words else None
         self.trans = np.full((states, 256), -1, dtype=np.int32)
         self.accept = np.zeros(states, dtype=bool)
         self.has_bytes = np.zeros(states, dtype=bool)
@@ -123,9 +129,10 @@ class StatePool:
         self._add_calls(s0, {s0: tuple((r, s0 + 1) for r in roots)}, 2)
         return r0
 
-    def automaton(self, starts: np.ndarray, own_states: int) -> Automaton:
+    def automaton(self, starts: np.ndarray, own_states: int, variable_rule: int = -1) -> Automaton:
         """The pool's states so far as one grammar's automaton, with its rule `starts` (the pool's, or
-        a copy with one rule moved); `own_states` counts what the grammar reaches (its bytes)."""
+        a copy in which `variable_rule` starts elsewhere); `own_states` counts what the grammar
+        reaches (its bytes)."""
         n = self.n
         return Automaton(self.trans[:n], self.calls, self.accept[:n], self.has_bytes[:n], starts.tolist(),
                          self.rule_names, own_states=own_states,
@@ -133,7 +140,8 @@ class StatePool:
                                      class_bytes=self.class_bytes[:n], class_reach=self.class_reach[:n],
                                      call_off=self.call_off[:n + 1], call_rule=self.call_rule[:max(self.n_calls, 1)],
                                      call_ret=self.call_ret[:max(self.n_calls, 1)], starts=starts,
-                                     rows=lambda: self.row_lists(n)))
+                                     rows=lambda: self.row_lists(n), variable_rule=variable_rule,
+                                     walk_store=self.walk_store))
 
     def row_lists(self, n: int) -> list[list[int]]:
         """The first `n` transition rows as lists (the Python walk reads them one entry at a time),

@@ -23,7 +23,7 @@ from agentkv.chat.formats.llama3 import Llama3Json
 from agentkv.chat.formats.pythonic import Pythonic
 from agentkv.chat.formats.qwen_xml import QwenXml
 from agentkv.errors import GrammarError
-from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo
+from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, native
 from agentkv.grammar import pool as pool_module
 from agentkv.grammar.composed import ComposedGrammar
 from tests.grammar_helpers import assert_mask_is_brute_force
@@ -95,6 +95,32 @@ def test_composed_masks_equal_the_whole_grammar_and_brute_force(words, subsets, 
         assert composed.relaxed == whole.relaxed
         for _ in range(2):
             _walk_same(Matcher(composed), Matcher(whole), rnd, 80)
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_steps_share_the_walks_that_hold_in_each(mode):
+    """A pool's grammars share a state's walk only where it never reached the calls' alternatives:
+    tokens that run from the opening into one tool's name (here `{"name":"get_weather"`) must not
+    carry from a step offering that tool to one that does not."""
+    words = WORDS + [b'{"name":"get_weather"', b'\n{"name":"add"', b'{"name":"flag']
+    info = _vocab(words)
+    compiler = GrammarCompiler(info)
+    fmt = Hermes()
+    rnd = random.Random(3)
+    opening = [info.vocab.index(b"<tool_call>"), info.vocab.index(b"\n")]
+    for subset in ([0, 1, 3], [1, 2, 4], [0, 5], [2, 3, 4, 6]):
+        g = "start: answer\n" + fmt.answer_grammar([TOOLS[i] for i in subset], mode, None)
+        composed = compiler.compile_lark(g)
+        whole = compiler.composer.whole(g, time.monotonic() + 60)
+        for _ in range(3):
+            _walk_same(Matcher(composed), Matcher(whole), rnd, 40)
+        for cut in range(3):  # from each state of the opening, where the tokens into the names start
+            a, b = Matcher(composed), Matcher(whole)
+            for t in opening[:cut]:
+                assert a.accept_token(t) and b.accept_token(t)
+            _walk_same(a, b, rnd, 4)
+    if native.load() is not None:
+        assert compiler.cache_info()["shared_walks_taken"] > 0
 
 
 def test_hermes_parts_are_the_anyof_schema_it_wrote_before():

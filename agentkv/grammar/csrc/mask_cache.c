@@ -7,8 +7,16 @@ plus those tokens walked on through the stack's real frames; a stack so deep tha
 could cut a token short is walked whole. The walks are kept least recently used first out once their
 bytes pass the budget (evictions counted). The caller serializes calls on one cache (compiled.py
 holds the grammar's lock); the GIL is released throughout.
+
+Grammars composed in one state pool (grammar/pool.py) differ only in where their variable rule (the
+rule of parts) starts, so a walk that never expanded a call of that rule is the same in each of
+them. Such walks are also kept in the pool's `Store` (its own budget, least recently used out;
+a spin lock, since the grammars' mask threads share it), and a grammar that misses a state takes
+the store's copy before walking: a step whose tools changed reuses the walks of the text around
+its calls, such as the first mask's walk of free text over the whole vocabulary.
 */
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,18 +32,28 @@ typedef struct {
 } StateWalk;
 
 typedef struct {
+    StateWalk *walks;    /* [n_states]: a pool's grammar-independent walks, by state */
+    int32_t n_states, words;
+    int64_t budget, used, shared, evictions;
+    int32_t head, tail;
+    atomic_flag lock;
+} Store;
+
+typedef struct {
     Grammar g;           /* copies of the structs; the arrays stay the caller's */
     Trie t;
     int32_t words;
-    int64_t budget, used, evictions, computed;
+    int64_t budget, used, evictions, computed, shared;
     StateWalk *walks;    /* [n_states]; allowed == NULL: none kept */
+    Store *store;        /* the pool's, or NULL */
     int32_t head, tail;  /* most and least recently used */
     int32_t *scratch;    /* [2 * (n_nodes + 1)]: a relative walk's returns, before they are kept */
 } Walks;
 
-Walks *agentkv_walks_new(const Grammar *g, const Trie *t, int32_t words, int64_t budget) {
+Walks *agentkv_walks_new(const Grammar *g, const Trie *t, int32_t words, int64_t budget, Store *store) {
     Walks *ws = calloc(1, sizeof(Walks));
     if (!ws) return NULL;
+    ws->store = store;
     ws->g = *g;
     ws->t = *t;
     ws->words = words;
@@ -50,29 +68,122 @@ Walks *agentkv_walks_new(const Grammar *g, const Trie *t, int32_t words, int64_t
     return ws;
 }
 
-static void unlink_walk(Walks *ws, int32_t q) {
-    StateWalk *w = &ws->walks[q];
-    if (w->prev >= 0) ws->walks[w->prev].next = w->next; else ws->head = w->next;
-    if (w->next >= 0) ws->walks[w->next].prev = w->prev; else ws->tail = w->prev;
+static void unlink_walk(StateWalk *walks, int32_t *head, int32_t *tail, int32_t q) {
+    StateWalk *w = &walks[q];
+    if (w->prev >= 0) walks[w->prev].next = w->next; else *head = w->next;
+    if (w->next >= 0) walks[w->next].prev = w->prev; else *tail = w->prev;
 }
 
-static void push_front(Walks *ws, int32_t q) {
-    StateWalk *w = &ws->walks[q];
+static void push_front(StateWalk *walks, int32_t *head, int32_t *tail, int32_t q) {
+    StateWalk *w = &walks[q];
     w->prev = -1;
-    w->next = ws->head;
-    if (ws->head >= 0) ws->walks[ws->head].prev = q;
-    ws->head = q;
-    if (ws->tail < 0) ws->tail = q;
+    w->next = *head;
+    if (*head >= 0) walks[*head].prev = q;
+    *head = q;
+    if (*tail < 0) *tail = q;
+}
+
+/* Forget q's walk; its bytes. */
+static int64_t forget(StateWalk *walks, int32_t *head, int32_t *tail, int32_t q) {
+    StateWalk *w = &walks[q];
+    int64_t bytes = w->bytes;
+    unlink_walk(walks, head, tail, q);
+    free(w->allowed); free(w->below);
+    memset(w, 0, sizeof *w);
+    return bytes;
 }
 
 static void drop(Walks *ws, int32_t q) {
-    StateWalk *w = &ws->walks[q];
-    unlink_walk(ws, q);
-    ws->used -= w->bytes;
-    free(w->allowed); free(w->below);
-    memset(w, 0, sizeof *w);
+    ws->used -= forget(ws->walks, &ws->head, &ws->tail, q);
     ws->evictions++;
 }
+
+/* A copy of `from` into `to` (unlinked); 0 where memory ran out. */
+static int copy_walk(StateWalk *to, const StateWalk *from, int32_t words) {
+    uint32_t *allowed = malloc((size_t)words * sizeof(uint32_t));
+    int32_t *below = from->n_below ? malloc((size_t)from->n_below * 2 * sizeof(int32_t)) : NULL;
+    if (!allowed || (from->n_below && !below)) {
+        free(allowed); free(below);
+        return 0;
+    }
+    memcpy(allowed, from->allowed, (size_t)words * sizeof(uint32_t));
+    if (below) memcpy(below, from->below, (size_t)from->n_below * 2 * sizeof(int32_t));
+    *to = *from;
+    to->allowed = allowed;
+    to->below = below;
+    return 1;
+}
+
+/* ---- the pool's store ------------------------------------------------------------------------------ */
+
+Store *agentkv_store_new(int32_t n_states, int32_t words, int64_t budget) {
+    Store *st = calloc(1, sizeof(Store));
+    if (!st) return NULL;
+    st->walks = calloc((size_t)n_states, sizeof(StateWalk));
+    if (!st->walks) { free(st); return NULL; }
+    st->n_states = n_states;
+    st->words = words;
+    st->budget = budget;
+    st->head = st->tail = -1;
+    atomic_flag_clear(&st->lock);
+    return st;
+}
+
+void agentkv_store_free(Store *st) {
+    if (!st) return;
+    for (int32_t q = 0; q < st->n_states; q++) {
+        free(st->walks[q].allowed);
+        free(st->walks[q].below);
+    }
+    free(st->walks); free(st);
+}
+
+static void lock(Store *st) { while (atomic_flag_test_and_set_explicit(&st->lock, memory_order_acquire)) {} }
+static void unlock(Store *st) { atomic_flag_clear_explicit(&st->lock, memory_order_release); }
+
+/* Copy the store's walk of q into `to`; 0 where it has none (or memory ran out). */
+static int store_get(Store *st, int32_t q, StateWalk *to) {
+    if (!st || q >= st->n_states) return 0;
+    lock(st);
+    int got = 0;
+    if (st->walks[q].allowed && copy_walk(to, &st->walks[q], st->words)) {
+        unlink_walk(st->walks, &st->head, &st->tail, q);
+        push_front(st->walks, &st->head, &st->tail, q);
+        st->shared++;
+        got = 1;
+    }
+    unlock(st);
+    return got;
+}
+
+/* Keep a copy of `w` as q's walk in the store (where it has none and memory allows). */
+static void store_put(Store *st, int32_t q, const StateWalk *w) {
+    if (!st || q >= st->n_states) return;
+    lock(st);
+    if (!st->walks[q].allowed && copy_walk(&st->walks[q], w, st->words)) {
+        st->used += w->bytes;
+        push_front(st->walks, &st->head, &st->tail, q);
+        while (st->used > st->budget && st->tail >= 0 && st->tail != q) {
+            st->used -= forget(st->walks, &st->head, &st->tail, st->tail);
+            st->evictions++;
+        }
+    }
+    unlock(st);
+}
+
+/* walks kept, their bytes, walks handed to grammars, walks evicted */
+void agentkv_store_stats(Store *st, int64_t *out) {
+    lock(st);
+    int64_t kept = 0;
+    for (int32_t q = st->head; q >= 0; q = st->walks[q].next) kept++;
+    out[0] = kept;
+    out[1] = st->used;
+    out[2] = st->shared;
+    out[3] = st->evictions;
+    unlock(st);
+}
+
+/* ---- a grammar's walks ----------------------------------------------------------------------------- */
 
 void agentkv_walks_free(Walks *ws) {
     if (!ws) return;
@@ -83,36 +194,43 @@ void agentkv_walks_free(Walks *ws) {
     free(ws->walks); free(ws->scratch); free(ws);
 }
 
-/* State q's walk, kept or computed now (and made the most recently used); NULL where memory ran out. */
+/* State q's walk, kept, taken from the store or computed now (and made the most recently used); NULL
+   where memory ran out. */
 static StateWalk *state_walk(Walks *ws, int32_t q) {
     StateWalk *w = &ws->walks[q];
     if (w->allowed) {
-        unlink_walk(ws, q);
-        push_front(ws, q);
+        unlink_walk(ws->walks, &ws->head, &ws->tail, q);
+        push_front(ws->walks, &ws->head, &ws->tail, q);
         return w;
     }
-    uint32_t *allowed = calloc((size_t)ws->words, sizeof(uint32_t));
-    if (!allowed) return NULL;
-    int64_t n_below = 0;
-    int32_t depth = 0, root[2] = {-1, 0};
-    if (agentkv_token_walk(&ws->g, &ws->t, &q, 1, 1, root, 1, allowed, ws->scratch, &n_below, &depth) != 0) {
-        free(allowed);
-        return NULL;
+    if (store_get(ws->store, q, w)) {
+        ws->shared++;
+    } else {
+        uint32_t *allowed = calloc((size_t)ws->words, sizeof(uint32_t));
+        if (!allowed) return NULL;
+        int64_t n_below = 0;
+        int32_t depth = 0, variable = 0, root[2] = {-1, 0};
+        if (agentkv_token_walk(&ws->g, &ws->t, &q, 1, 1, root, 1, allowed, ws->scratch, &n_below, &depth,
+                               &variable) != 0) {
+            free(allowed);
+            return NULL;
+        }
+        int32_t *below = NULL;
+        if (n_below) {
+            below = malloc((size_t)n_below * 2 * sizeof(int32_t));
+            if (!below) { free(allowed); return NULL; }
+            memcpy(below, ws->scratch, (size_t)n_below * 2 * sizeof(int32_t));
+        }
+        w->allowed = allowed;
+        w->below = below;
+        w->n_below = n_below;
+        w->depth = depth;
+        w->bytes = (int64_t)ws->words * 4 + n_below * 8 + (int64_t)sizeof(StateWalk);
+        ws->computed++;
+        if (!variable) store_put(ws->store, q, w);
     }
-    int32_t *below = NULL;
-    if (n_below) {
-        below = malloc((size_t)n_below * 2 * sizeof(int32_t));
-        if (!below) { free(allowed); return NULL; }
-        memcpy(below, ws->scratch, (size_t)n_below * 2 * sizeof(int32_t));
-    }
-    w->allowed = allowed;
-    w->below = below;
-    w->n_below = n_below;
-    w->depth = depth;
-    w->bytes = (int64_t)ws->words * 4 + n_below * 8 + (int64_t)sizeof(StateWalk);
     ws->used += w->bytes;
-    ws->computed++;
-    push_front(ws, q);
+    push_front(ws->walks, &ws->head, &ws->tail, q);
     while (ws->used > ws->budget && ws->tail >= 0 && ws->tail != q) drop(ws, ws->tail);
     return w;
 }
@@ -132,9 +250,10 @@ int agentkv_walks_mask(Walks *ws, const int32_t *flat, const int32_t *offsets, i
             for (int32_t i = 0; i < ws->words; i++) out[i] |= w->allowed[i];
             if (len > 1 && w->n_below  /* the tokens returning below, walked on through the real frames */
                 && agentkv_token_walk(&ws->g, &ws->t, stack, len - 1, 0, w->below, (int32_t)w->n_below, out,
-                                      ws->scratch, &n_below, &depth) != 0)
+                                      ws->scratch, &n_below, &depth, NULL) != 0)
                 return -1;
-        } else if (agentkv_token_walk(&ws->g, &ws->t, stack, len, 0, root, 1, out, ws->scratch, &n_below, &depth) != 0) {
+        } else if (agentkv_token_walk(&ws->g, &ws->t, stack, len, 0, root, 1, out, ws->scratch, &n_below, &depth,
+                                      NULL) != 0) {
             return -1;  /* (so deep that the nesting limit may cut a token short: walked whole) */
         }
     }
@@ -151,7 +270,7 @@ int agentkv_walks_past(Walks *ws, const int32_t *flat, const int32_t *offsets, i
         int64_t n_below = 0;
         int32_t depth = 0;
         if (agentkv_token_walk(&ws->g, &ws->t, flat + offsets[k], offsets[k + 1] - offsets[k], 0, start, 1, out,
-                               ws->scratch, &n_below, &depth) != 0)
+                               ws->scratch, &n_below, &depth, NULL) != 0)
             return -1;
     }
     return 0;
@@ -165,7 +284,7 @@ void agentkv_walks_clear(Walks *ws) {
     }
 }
 
-/* walks kept, their bytes, walks computed, walks evicted */
+/* walks kept, their bytes, walks computed, walks evicted, walks taken from the store */
 void agentkv_walks_stats(const Walks *ws, int64_t *out) {
     int64_t kept = 0;
     for (int32_t q = ws->head; q >= 0; q = ws->walks[q].next) kept++;
@@ -173,4 +292,5 @@ void agentkv_walks_stats(const Walks *ws, int64_t *out) {
     out[1] = ws->used;
     out[2] = ws->computed;
     out[3] = ws->evictions;
+    out[4] = ws->shared;
 }

@@ -54,6 +54,7 @@ typedef struct {
     uint32_t *allowed;
     int32_t *below;
     int64_t n_below;
+    int variable;           /* the walk expanded a call of g->variable_rule */
     int oom;
 } Walk;
 
@@ -178,6 +179,7 @@ static int32_t expansion(Walk *w, Pair p) {
         if (len < g->max_depth) {
             for (int32_t c = g->call_off[s.top]; c < g->call_off[s.top + 1]; c++) {
                 int32_t ret = g->call_ret[c];
+                if (g->call_rule[c] == g->variable_rule) w->variable = 1;
                 int32_t parent = g->tail[ret] ? s.parent : frame(w, ret, s.parent);
                 push(w, &w->work, (Pair){g->starts[g->call_rule[c]], parent});
             }
@@ -320,10 +322,12 @@ static void walk_free(Walk *w) {
 /* Walk the tokens from a stack (bottom first; `relative`: the frames below it unknown).
    `starts` are (node, bytes read) pairs: the tokens below that node, past that many bytes (node -1:
    every token, from its first byte). Sets `allowed` bits; a relative walk writes (node, depth) pairs
-   to `below` (room for n_nodes + 1 pairs). Returns 0, or -1 where memory ran out. */
+   to `below` (room for n_nodes + 1 pairs). `variable` (may be NULL) is set to whether the walk
+   expanded a call of the grammar's variable rule: a walk that did not gives the same result in every
+   grammar sharing the states. Returns 0, or -1 where memory ran out. */
 int agentkv_token_walk(const Grammar *g, const Trie *t, const int32_t *stack, int32_t stack_len, int32_t relative,
                        const int32_t *starts, int32_t n_starts, uint32_t *allowed, int32_t *below,
-                       int64_t *n_below, int32_t *depth) {
+                       int64_t *n_below, int32_t *depth, int32_t *variable) {
     Walk w;
     memset(&w, 0, sizeof w);
     w.g = g; w.t = t; w.rel = relative; w.allowed = allowed; w.below = below;
@@ -370,6 +374,7 @@ int agentkv_token_walk(const Grammar *g, const Trie *t, const int32_t *stack, in
     }
     *n_below = w.n_below;
     *depth = w.depth;
+    if (variable) *variable = w.variable;
     int rc = w.oom ? -1 : 0;
     walk_free(&w);
     return rc;

@@ -20,6 +20,8 @@ typedef struct {
     const int32_t *starts;    /* rule -> its start state */
     int32_t n_states;
     int32_t max_depth;        /* a stack this long pushes no more (compiled.py's MAX_STACK_DEPTH) */
+    int32_t variable_rule;    /* the rule whose start differs between grammars sharing these states (a
+                                 composed grammar's rule of parts); -1: none */
 } Grammar;
 
 typedef struct {
@@ -41,6 +43,6 @@ typedef struct {
 
 int agentkv_token_walk(const Grammar *g, const Trie *t, const int32_t *stack, int32_t stack_len, int32_t relative,
                        const int32_t *starts, int32_t n_starts, uint32_t *allowed, int32_t *below,
-                       int64_t *n_below, int32_t *depth);
+                       int64_t *n_below, int32_t *depth, int32_t *variable);
 
 #endif

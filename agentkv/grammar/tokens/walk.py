@@ -76,7 +76,8 @@ def _walk(grammar, stack: tuple, relative: bool, starts: np.ndarray, words: np.n
     n_below, depth = ctypes.c_int64(0), ctypes.c_int32(0)
     rc = lib.agentkv_token_walk(ctypes.byref(grammar.walk_tables.struct), ctypes.byref(info.trie_struct),
                                 stack_arr.ctypes.data, len(stack), int(relative), starts.ctypes.data, len(starts),
-                                words.ctypes.data, below.ctypes.data, ctypes.byref(n_below), ctypes.byref(depth))
+                                words.ctypes.data, below.ctypes.data, ctypes.byref(n_below), ctypes.byref(depth),
+                                None)
     if rc != 0:
         raise MemoryError("the native token walk ran out of memory")
     return below[:n_below.value].copy(), depth.value

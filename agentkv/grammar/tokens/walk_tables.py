@@ -22,6 +22,7 @@ from agentkv.grammar.tokens.trie import BOUNDARY, TEXT_PHASES
 from agentkv.grammar.tokens.walk import walk_python
 
 MAX_WALK_BYTES = 64 << 20  # per grammar: the native walks kept (~3,400 at a 151k vocabulary)
+MAX_SHARED_WALK_BYTES = 64 << 20  # per state pool: the walks its grammars share (csrc/mask_cache.c's Store)
 MAX_TEXT_PAIRS = 4096  # a text loop check that visits more (state, phase) pairs than this says no
 
 
@@ -114,6 +115,30 @@ def _text_loops(trans, candidates: np.ndarray) -> np.ndarray:
     return np.array(out, dtype=np.int64)
 
 
+class WalkStore:
+    """A state pool's walks that hold in each of its grammars (those that never expanded a call of
+    the composed rule): csrc/mask_cache.c's Store, freed with the last grammar or pool using it.
+    `None`-like where the native walk is off (`ptr` None)."""
+
+    def __init__(self, n_states: int, words: int, budget: int = MAX_SHARED_WALK_BYTES):
+        self.lib = native.load()
+        self.ptr = None
+        if self.lib is not None:
+            self.ptr = self.lib.agentkv_store_new(n_states, words, budget)
+            if not self.ptr:
+                raise MemoryError("no memory for a state pool's shared walks")
+            weakref.finalize(self, self.lib.agentkv_store_free, self.ptr)
+
+    def stats(self) -> dict[str, int]:
+        """Walks kept, their bytes, walks handed to grammars, walks evicted (empty in Python)."""
+        if self.ptr is None:
+            return {}
+        out = np.zeros(4, dtype=np.int64)
+        self.lib.agentkv_store_stats(self.ptr, out.ctypes.data)
+        return dict(zip(("shared_walks", "shared_walk_bytes", "shared_walks_taken", "shared_walk_evictions"),
+                        out.tolist()))
+
+
 class WalkTables:
     """One grammar's automaton as the walk reads it; on the native path, the C mask cache too
     (csrc/mask_cache.c: walks per top state under MAX_WALK_BYTES, freed with these tables)."""
@@ -171,13 +196,15 @@ class WalkTables:
             *(x.ctypes.data for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_reach,
                                       self.class_bytes, self.class_reach, self.call_off, self.call_rule, self.call_ret,
                                       self.starts)),
-            n, self.max_depth)
+            n, self.max_depth, a.tables.get("variable_rule", -1))
         self.info = grammar.info
         self.lib = native.load()
         self.cache = None
+        self.store = a.tables.get("walk_store")  # (kept alive as long as these tables use it)
         if self.lib is not None:
             self.cache = self.lib.agentkv_walks_new(ctypes.byref(self.struct), ctypes.byref(grammar.info.trie_struct),
-                                                    grammar.info.words, MAX_WALK_BYTES)
+                                                    grammar.info.words, MAX_WALK_BYTES,
+                                                    self.store.ptr if self.store is not None else None)
             if not self.cache:
                 raise MemoryError("no memory for the grammar's mask cache")
             weakref.finalize(self, self.lib.agentkv_walks_free, self.cache)
@@ -217,9 +244,9 @@ class WalkTables:
         """The native walks kept, their bytes, those computed and those evicted (empty in Python)."""
         if self.cache is None:
             return {}
-        out = np.zeros(4, dtype=np.int64)
+        out = np.zeros(5, dtype=np.int64)
         self.lib.agentkv_walks_stats(self.cache, out.ctypes.data)
-        return dict(zip(("walks", "walk_bytes", "walks_computed", "walk_evictions"), out.tolist()))
+        return dict(zip(("walks", "walk_bytes", "walks_computed", "walk_evictions", "walks_shared"), out.tolist()))
 
 
 def _flatten(stacks) -> tuple[np.ndarray, np.ndarray]:
