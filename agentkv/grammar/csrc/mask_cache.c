@@ -83,6 +83,13 @@ static void push_front(StateWalk *walks, int32_t *head, int32_t *tail, int32_t q
     if (*tail < 0) *tail = q;
 }
 
+/* How many walks the list from `head` holds. */
+static int64_t count_kept(const StateWalk *walks, int32_t head) {
+    int64_t kept = 0;
+    for (int32_t q = head; q >= 0; q = walks[q].next) kept++;
+    return kept;
+}
+
 /* Forget q's walk; its bytes. */
 static int64_t forget(StateWalk *walks, int32_t *head, int32_t *tail, int32_t q) {
     StateWalk *w = &walks[q];
@@ -174,9 +181,7 @@ static void store_put(Store *st, int32_t q, const StateWalk *w) {
 /* walks kept, their bytes, walks handed to grammars, walks evicted */
 void agentkv_store_stats(Store *st, int64_t *out) {
     lock(st);
-    int64_t kept = 0;
-    for (int32_t q = st->head; q >= 0; q = st->walks[q].next) kept++;
-    out[0] = kept;
+    out[0] = count_kept(st->walks, st->head);
     out[1] = st->used;
     out[2] = st->shared;
     out[3] = st->evictions;
@@ -286,9 +291,7 @@ void agentkv_walks_clear(Walks *ws) {
 
 /* walks kept, their bytes, walks computed, walks evicted, walks taken from the store */
 void agentkv_walks_stats(const Walks *ws, int64_t *out) {
-    int64_t kept = 0;
-    for (int32_t q = ws->head; q >= 0; q = ws->walks[q].next) kept++;
-    out[0] = kept;
+    out[0] = count_kept(ws->walks, ws->head);
     out[1] = ws->used;
     out[2] = ws->computed;
     out[3] = ws->evictions;
