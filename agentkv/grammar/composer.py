@@ -72,6 +72,10 @@ class Composer:
             if pool.full(sum(f.n_states for f in new) + 2):
                 pool = self._pool = StatePool(words=self.compiler.info.words)
                 self._pools += 1
+                new = [head, *parts]
+            new = list({id(f): f for f in new}.values())
+            pool.reserve(sum(f.n_states for f in new) + 2, sum(f.n_calls for f in new) + len(parts),
+                         sum(len(f.automaton.starts) for f in new) + 1)
             _, head_rules = pool.place(head)
             alternation = pool.alternation([pool.place(f)[1] for f in parts], g.rule)
             starts = pool.starts[:pool.n_rules].copy()

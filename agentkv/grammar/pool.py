@@ -121,9 +121,15 @@ class StatePool:
         """A rule of two states, the first calling each rule of `roots` and returning to the second
         (which accepts); its rule index."""
         s0, r0 = self._grow(2, len(roots), 1)
-        self.accept[s0 + 1] = True
-        self.fork[s0:s0 + 2] = 1
-        self.tail[s0 + 1] = 1
+        rows = slice(s0, s0 + 2)
+        self.trans[rows] = -1
+        self.accept[rows] = (False, True)
+        self.has_bytes[rows] = False
+        self.fork[rows] = 1
+        self.tail[rows] = (0, 1)
+        self.text_reach[rows] = 0
+        self.class_bytes[rows] = 0
+        self.class_reach[rows] = 0
         self.starts[r0] = s0
         self.rule_names.append(name)
         self._add_calls(s0, {s0: tuple((r, s0 + 1) for r in roots)}, 2)
@@ -168,30 +174,37 @@ class StatePool:
         self.n_calls = k
         self.calls.update(calls)
 
-    def _grow(self, states: int, calls: int, rules: int) -> tuple[int, int]:
-        """Room for that much more (arrays doubled as needed: the old ones stay with their views);
-        the new states' and rules' first numbers."""
-        def bigger(arr, need):
-            if need <= len(arr):
-                return arr
-            out = np.zeros((max(need, 2 * len(arr)),) + arr.shape[1:], dtype=arr.dtype)
-            out[:len(arr)] = arr
-            return out
+    def reserve(self, states: int, calls: int, rules: int) -> None:
+        """Room for that much more at once: a composition places its new fragments one by one, and
+        growing for each would copy the arrays (16 MiB of transitions at 128 tools) several times."""
+        self._room(self.n + states, self.n_calls + calls, self.n_rules + rules)
 
-        need = self.n + states
-        if need > len(self.accept):
-            old = len(self.trans)
-            self.trans = bigger(self.trans, need)
-            self.trans[old:] = -1
-            for name in ("accept", "has_bytes", "fork", "tail", "text_reach", "class_bytes", "class_reach"):
-                setattr(self, name, bigger(getattr(self, name), need))
-            # (one past the states' room, not past `need`: doubled apart from them, its length drifts
-            # ahead of theirs and a later growth would leave it short)
-            self.call_off = bigger(self.call_off, len(self.accept) + 1)
-        self.call_rule = bigger(self.call_rule, self.n_calls + calls)
-        self.call_ret = bigger(self.call_ret, self.n_calls + calls)
-        self.starts = bigger(self.starts, self.n_rules + rules)
+    def _grow(self, states: int, calls: int, rules: int) -> tuple[int, int]:
+        """Room for that much more (see `_room`); the new states' and rules' first numbers."""
+        self._room(self.n + states, self.n_calls + calls, self.n_rules + rules)
         s0, r0 = self.n, self.n_rules
         self.n += states
         self.n_rules += rules
         return s0, r0
+
+    def _room(self, states: int, calls: int, rules: int) -> None:
+        """Arrays that hold `states`, `calls` and `rules` in all: doubled as needed, the old ones
+        left to the views that use them. Rows past `n` are never read (a placement writes each row
+        whole before `n` passes it), so new rows are left unwritten: writing them would touch every
+        page of a pool that may never fill."""
+        def bigger(arr, need):
+            if need <= len(arr):
+                return arr
+            out = np.empty((max(need, 2 * len(arr)),) + arr.shape[1:], dtype=arr.dtype)
+            out[:len(arr)] = arr
+            return out
+
+        if states > len(self.accept):
+            for name in ("trans", "accept", "has_bytes", "fork", "tail", "text_reach", "class_bytes", "class_reach"):
+                setattr(self, name, bigger(getattr(self, name), states))
+            # (one past the states' room: doubled apart from them, its length would drift ahead of
+            # theirs and a later growth would leave it short)
+            self.call_off = bigger(self.call_off, len(self.accept) + 1)
+        self.call_rule = bigger(self.call_rule, calls)
+        self.call_ret = bigger(self.call_ret, calls)
+        self.starts = bigger(self.starts, rules)
