@@ -23,6 +23,7 @@ MARKS = re.compile(r'//|["/%{]')  # where a comment, string, regex, schema or re
 SCHEMA = re.compile(r"%(py)?json\b")
 REPEAT = re.compile(r"\{[ \t]*([0-9]+)[ \t]*(?:(,)[ \t]*([0-9]*)[ \t]*)?\}")
 IMPORT = re.compile(r"^[ \t]*%import[ \t]*([\w.]*)(.*)$", re.M)
+_JSON = json.JSONDecoder()
 UNBOUNDED = 2 ** 62  # the upper bound written for `x{m,}`; lark/lower.py reads it back as none
 
 
@@ -77,15 +78,19 @@ class Source:
             raise self.error_original(i, f"{kind} cannot appear inside a terminal: use it in a lowercase rule")
         if j >= len(t) or t[j] != "{":
             raise self.error_original(i, f"{kind} needs a JSON schema object after it")
-        end = balanced_json_end(t, j)
-        if end < 0:
-            raise self.error_original(j, f"the {kind} schema is not closed")
-        key = (t[j:end], python)
-        if key not in self._names:  # a schema written twice (tool formats do) is one set of rules
+        try:  # (parsed and measured in one C call; the scans below only word an error)
+            schema, end = _JSON.raw_decode(t, j)
+        except json.JSONDecodeError:
+            end = balanced_json_end(t, j)
+            if end < 0:
+                raise self.error_original(j, f"the {kind} schema is not closed") from None
             try:
-                schema = json.loads(t[j:end])
+                json.loads(t[j:end])
             except json.JSONDecodeError as e:
                 raise self.error_original(j, f"{kind} schema is not valid JSON: {e}") from None
+            raise
+        key = (t[j:end], python)
+        if key not in self._names:  # a schema written twice (tool formats do) is one set of rules
             self._names[key] = f"{self._prefix}{len(self.json) + 1}"
             self.json[self._names[key]] = (schema, python)
         return end, self._names[key]
@@ -236,18 +241,17 @@ def _line_end(t: str, i: int) -> int:
     return len(t) if end < 0 else end
 
 
+_QUOTED_BODY = {q: re.compile(rf"(?:[^{q}\\\n]|\\[\s\S])*") for q in "\"/"}  # (an escape skips the next character)
+
+
 def _quoted_end(t: str, i: int) -> int:
     """The end of the string or regex opened at i: after its closing mark, or at the end of the line
     (Lark reports one left open)."""
-    quote, i = t[i], i + 1
-    while i < len(t) and t[i] != "\n":
-        if t[i] == "\\":
-            i += 2
-        elif t[i] == quote:
-            return i + 1
-        else:
-            i += 1
-    return i
+    quote = t[i]
+    end = _QUOTED_BODY[quote].match(t, i + 1).end()
+    if end < len(t) and t[end] == quote:
+        return end + 1
+    return end + 2 if end < len(t) and t[end] == "\\" else end  # (a backslash that ends the text)
 
 
 def balanced_json_end(text: str, start: int) -> int:
