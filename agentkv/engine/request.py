@@ -187,8 +187,13 @@ class Request:
         return len(ids)
 
     def end_at_dead_end(self, tokenizer: Tokenizer) -> None:
-        """The grammar allows no token here (and cannot end): stop with a finish reason that says so."""
+        """The grammar allows no token here (and cannot end): stop with a finish reason that says so,
+        or with the error that emptied the mask (Matcher.error)."""
         self._update_text(tokenizer, None)
+        if self.matcher is not None and self.matcher.error is not None:
+            self.error = self.matcher.error
+            self.finish_reason = "error"
+            return
         self.finish_reason = "grammar_dead_end"
 
     def _append(self, ids: list[int], tokenizer: Tokenizer) -> None:

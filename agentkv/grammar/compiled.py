@@ -15,11 +15,13 @@ from functools import cached_property
 
 import numpy as np
 
+from agentkv.errors import GrammarError
 from agentkv.grammar.automata.automaton import Automaton, fork_and_tail
 from agentkv.grammar.schema.relaxed import Relaxed
 from agentkv.grammar.tokens.trie import packed_has
 from agentkv.grammar.tokens.vocab import TokenizerInfo
 from agentkv.grammar.tokens.walk import (
+    PendingRule,
     StateTokens,
     continue_below,
     stack_walk,
@@ -68,7 +70,7 @@ class CompiledGrammar:
         self._forced: dict[int, bytes] = {}
         self._table_bytes = 0  # what the four tables above hold, estimated as they grow (table_bytes)
         self._mask_evictions = 0
-        self.initial = self._intern([(a.starts[a.root],)])
+        self.initial = self._linking(self._intern, [(a.starts[a.root],)])
 
     def __repr__(self) -> str:
         return f"CompiledGrammar({self.description}, {self.num_states} states)"
@@ -102,6 +104,8 @@ class CompiledGrammar:
                 out.append(s)
             if len(s) < self.max_depth:
                 for rule, ret in a.calls.get(top, ()):
+                    if a.starts[rule] < 0:  # (nothing of this expansion is kept: it is asked again)
+                        raise PendingRule(rule)
                     todo.append(s[:-1] + ((a.starts[rule],) if self.tail_states[ret] else (ret, a.starts[rule])))
             if a.accept[top]:
                 if len(s) == 1:
@@ -141,12 +145,35 @@ class CompiledGrammar:
         nxt = self._steps.get(key)
         if nxt is None:
             with self._lock:
-                trans = self.automaton.trans
-                moved = [s[:-1] + (int(trans[s[-1], byte]),) for s in self._configs[cid][0] if trans[s[-1], byte] >= 0]
-                nxt = self._intern(moved) if moved else DEAD
+                nxt = self._linking(self._step, cid, byte)
                 self._steps[key] = nxt
                 self._table_bytes += 72
         return nxt
+
+    def _step(self, cid: int, byte: int) -> int:
+        trans = self.automaton.trans
+        moved = [s[:-1] + (int(trans[s[-1], byte]),) for s in self._configs[cid][0] if trans[s[-1], byte] >= 0]
+        return self._intern(moved) if moved else DEAD
+
+    def _linking(self, fn, *args):
+        """`fn(*args)`, after linking each composed part it reaches that is not linked yet (a part's
+        call from its name's end: grammar/composer.py). Held under the lock."""
+        while True:
+            try:
+                return fn(*args)
+            except PendingRule as p:
+                self._link_part(p.rule)
+
+    def _link_part(self, rule: int) -> None:
+        """Link the part `rule` stands for, and take the automaton that holds it: its states are
+        placed past this one's, so everything computed so far (which never reached them) stays."""
+        a = self.automaton.tables["link_part"](rule)
+        if a.starts[rule] < 0:  # (asked again, it would never end)
+            raise GrammarError(f"{self.description}: rule {a.rule_names[rule]!r} could not be linked")
+        self.automaton = a
+        self.fork_states = a.tables["fork"].view(bool)
+        self.tail_states = a.tables["tail"].view(bool)
+        self.__dict__.pop("walk_tables", None)  # (made again over the longer view when next asked)
 
     def advance(self, cid: int, data: bytes) -> int:
         for b in data:
@@ -167,12 +194,7 @@ class CompiledGrammar:
         m = self._masks.get(cid)
         if m is None:
             with self._lock:
-                m = np.zeros(self.info.words, dtype="<i4")
-                stacks = self._configs[cid][0]
-                if self.walk_tables.cache is not None:
-                    self.walk_tables.mask_into(stacks, m)  # (in C, without the GIL)
-                else:
-                    self._mask_in_python(stacks, m)
+                m = self._linking(self._walk_mask, self._configs[cid][0])
                 if self._configs[cid][1]:
                     bits = m.view(np.uint32)
                     for e in self.info.eos_ids:
@@ -182,6 +204,14 @@ class CompiledGrammar:
                     del self._masks[next(iter(self._masks))]
                     self._mask_evictions += 1
                 self._masks[cid] = m
+        return m
+
+    def _walk_mask(self, stacks) -> np.ndarray:
+        m = np.zeros(self.info.words, dtype="<i4")
+        if self.walk_tables.cache is not None:
+            self.walk_tables.mask_into(stacks, m)  # (in C, without the GIL)
+        else:
+            self._mask_in_python(stacks, m)
         return m
 
     def _mask_in_python(self, stacks, m: np.ndarray) -> None:
@@ -208,9 +238,13 @@ class CompiledGrammar:
         ids = trie.sorted_ids[trie.tok[node] + trie.n_end[node]:trie.tok[trie.next[node]]]
         if not len(ids):
             return []
-        words = np.zeros(self.info.words, dtype="<i4")
-        with self._lock:
+        def past() -> np.ndarray:
+            words = np.zeros(self.info.words, dtype="<i4")
             self.walk_tables.past_into(self.stacks(end), node, len(text), words)
+            return words
+
+        with self._lock:
+            words = self._linking(past)
         return ids[packed_has(words, ids)].tolist()
 
     def state_tokens(self, q: int) -> StateTokens:

@@ -1,11 +1,15 @@
 """Composer: a GrammarCompiler's composed grammars (grammar/composed.py), built from cached fragments.
 
-Each part and each head is compiled once into a `Fragment` (grammar/pool.py), kept by its text (LRU,
-MAX_FRAGMENTS and MAX_FRAGMENT_BYTES), and placed once in the compiler's state pool. Composing a
-grammar is then: the head's and parts' fragments looked up (compiled where new), placed where new,
-one two-state rule that calls the parts' roots, and a copy of the pool's rule starts in which the
-head's stand-in for the composed rule starts at that rule. A step whose tools differ from a
-compiled one by one tool compiles that tool alone.
+Each head is compiled once into a `Fragment` (grammar/pool.py), kept by its text (LRU,
+MAX_FRAGMENTS and MAX_FRAGMENT_BYTES), and placed once in the compiler's state pool. Each part's front
+end runs once (its errors are the composition's), and a part whose start rule opens with a literal
+(a tool's name) becomes a `LazyPart`: a stub of that literal then a call of a rule not linked yet,
+the rest linked and placed when a step first reaches the call (`_view`'s `link_part`, asked by
+CompiledGrammar when a walk or a step stops there): a step offers many tools and calls a few.
+Composing a grammar is then: the head's and parts' fragments looked up (compiled where new), placed
+where new, one two-state rule that calls the parts' roots, and a copy of the pool's rule starts in
+which the head's stand-in for the composed rule starts at that rule. A step whose tools differ from
+a compiled one by one tool runs that tool's front end alone.
 
 The head is compiled with a stand-in for the composed rule (a rule reading one NUL byte: it is
 productive and never empty, as every part must be), so the head's trimming and left-recursion check
@@ -17,13 +21,16 @@ reference the tests compare composed masks with.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from agentkv.errors import GrammarError
-from agentkv.grammar.automata.automaton import link
-from agentkv.grammar.automata.expr import Ref, alt, lit, renamed
+from agentkv.grammar.automata.automaton import Automaton, link
+from agentkv.grammar.automata.expr import Lit, Ref, Seq, alt, lit, renamed, seq
 from agentkv.grammar.compiled import CompiledGrammar
 from agentkv.grammar.composed import ComposedGrammar
 from agentkv.grammar.pool import Fragment, StatePool
@@ -45,6 +52,7 @@ class Composer:
         self._fragment_bytes = 0
         self._pool = StatePool(words=compiler.info.words)
         self._pools = 1
+        self._linked = 0  # lazy parts' rests linked into a pool
         self._lock = threading.Lock()
 
     def compose(self, g: ComposedGrammar, deadline: float) -> CompiledGrammar:
@@ -52,41 +60,71 @@ class Composer:
         parts, total = [], head.n_states + 2
         for k, text in enumerate(g.parts):
             try:
-                f = self._fragment(("part", text), text, deadline)
+                part = self._part(text, deadline)
             except GrammarError as e:  # (which part: its own pointers are within it)
                 err = GrammarError(f"{g.label(k)}: {e}")
                 err.pointer = e.pointer
                 raise err from None
+            f = part.stub if isinstance(part, LazyPart) else part
             if f.nullable:
                 raise GrammarError(f"{g.label(k)} matches the empty string; every part must read at least one byte")
-            parts.append(f)
+            parts.append(part)
             total += f.n_states
             if total > MAX_COMPOSED_STATES:  # (before compiling the parts after it)
-                big = max(range(len(parts)), key=lambda i: parts[i].n_states)
+                big = max(range(len(parts)), key=lambda i: _placed(parts[i]).n_states)
                 raise GrammarError(f"the grammar would hold more than {MAX_COMPOSED_STATES:,} states; its largest part "
-                                   f"so far is {g.label(big)} ({parts[big].n_states:,} states): offer fewer at once "
-                                   "or simplify that one")
+                                   f"so far is {g.label(big)} ({_placed(parts[big]).n_states:,} states): offer fewer "
+                                   "at once or simplify that one")
         with self._lock:
             pool = self._pool
-            new = [f for f in [head, *parts] if id(f) not in pool.placed]
+            frags = list({id(f): f for f in [head, *map(_placed, parts)]}.values())
+            new = [f for f in frags if id(f) not in pool.placed]
             if pool.full(sum(f.n_states for f in new) + 2):
                 pool = self._pool = StatePool(words=self.compiler.info.words)
                 self._pools += 1
-                new = [head, *parts]
-            new = list({id(f): f for f in new}.values())
+                new = frags
             pool.reserve(sum(f.n_states for f in new) + 2, sum(f.n_calls for f in new) + len(parts),
                          sum(len(f.automaton.starts) for f in new) + 1)
             _, head_rules = pool.place(head)
-            alternation = pool.alternation([pool.place(f)[1] for f in parts], g.rule)
+            alternation = pool.alternation([self._place(pool, part) for part in parts], g.rule)
             starts = pool.starts[:pool.n_rules].copy()
             variable = head_rules + head.automaton.rule_names.index("r:" + g.rule)
             starts[variable] = starts[alternation]
-            own = head.n_states + 2 + sum(f.n_states for f in {id(f): f for f in parts}.values())
-            auto = pool.automaton(starts, own, variable)
-        auto.root = head_rules
+            own = sum(f.n_states for f in frags) + 2
+            auto = self._view(pool, starts, own, variable, head_rules)
         relaxed = tuple(dict.fromkeys([*head.relaxed, *(replace(r, part=g.label(k)) for k, f in enumerate(parts)
                                                          for r in f.relaxed)]))
         return CompiledGrammar(auto, self.compiler.info, f"composed grammar ({len(parts)} parts)", relaxed)
+
+    def _place(self, pool: StatePool, part: Fragment | LazyPart) -> int:
+        """Place a part (a lazy one's stub) in `pool`; its root rule."""
+        if isinstance(part, Fragment):
+            return pool.place(part)[1]
+        _, r0 = pool.place(part.stub)
+        pool.stubbed[r0 + 1] = part
+        return r0
+
+    def _view(self, pool: StatePool, starts, own: int, variable: int, root: int) -> Automaton:
+        """A composed grammar's automaton over `pool`, and how it links a lazy part's rest when a
+        walk or a step first reaches it (CompiledGrammar._link_part): the part placed in the pool once,
+        the grammar's view made again over the longer pool, with its own rule starts."""
+        auto = pool.automaton(starts, own, variable)
+        auto.root = root
+
+        def link_part(rule: int) -> Automaton:
+            with self._lock:
+                part = pool.stubbed[rule]
+                rest = part.linked(self.compiler, time.monotonic() + self.compiler.timeout_s)
+                if pool.starts[rule] < 0:
+                    pool.reserve(rest.n_states, rest.n_calls, len(rest.automaton.starts))
+                    pool.starts[rule] = pool.starts[pool.place(rest)[1]]
+                    self._linked += 1
+                more = np.concatenate([starts, pool.starts[len(starts):pool.n_rules]])  # (the rest's rules too)
+                more[rule] = pool.starts[rule]
+                return self._view(pool, more, own + rest.n_states, variable, root)
+
+        auto.tables["link_part"] = link_part
+        return auto
 
     def whole(self, g: ComposedGrammar, deadline: float) -> CompiledGrammar:
         """The same language as `compose` gives, compiled as one rule set (the reference)."""
@@ -103,18 +141,44 @@ class Composer:
                                          tuple(dict.fromkeys(relaxed)))
 
     def _fragment(self, key: tuple, text: str, deadline: float, stand_in: str | None = None) -> Fragment:
-        with self._lock:
-            hit = self._fragments.get(key)
-            if hit is not None:
-                self._fragments.move_to_end(key)
-                return hit
+        hit = self._cached(key)
+        if hit is not None:
+            return hit
         if stand_in is not None:
             text += f"\n{stand_in}: {STAND_IN_TEXT}\n"
         rules, relaxed = self.compiler.lark_rules(text, deadline)
         if stand_in is not None:
             rules["r:" + stand_in] = STAND_IN
-        frag = Fragment.of(link(rules, "r:start", deadline), self.compiler.info.trie.max_len, relaxed)
+        return self._keep(key, self._linked_fragment(rules, "r:start", relaxed, deadline))
+
+    def _part(self, text: str, deadline: float) -> Fragment | LazyPart:
+        """A part, kept by its text: its front end run now (so that its errors are the composition's),
+        and, where its start rule begins with a literal (a tool's name, as every format writes it),
+        its automaton left to be linked when a step first reads past that literal (LazyPart)."""
+        key = ("part", text)
+        hit = self._cached(key)
+        if hit is not None:
+            return hit
+        rules, relaxed = self.compiler.lark_rules(text, deadline)
+        root = rules["r:start"]
+        if not (isinstance(root, Seq) and isinstance(root.items[0], Lit) and root.items[0].data):
+            return self._keep(key, self._linked_fragment(rules, "r:start", relaxed, deadline))
+        rules["r:start:rest"] = seq(*root.items[1:])
+        return self._keep(key, LazyPart(Fragment.stub(root.items[0].data), rules, relaxed))
+
+    def _linked_fragment(self, rules: dict, root: str, relaxed: tuple, deadline: float) -> Fragment:
+        frag = Fragment.of(link(rules, root, deadline), self.compiler.info.trie.max_len, relaxed)
         self.compiler.check_deadline(deadline, "a composed grammar's part")
+        return frag
+
+    def _cached(self, key: tuple):
+        with self._lock:
+            hit = self._fragments.get(key)
+            if hit is not None:
+                self._fragments.move_to_end(key)
+            return hit
+
+    def _keep(self, key: tuple, frag):
         with self._lock:
             if key not in self._fragments:
                 self._fragments[key] = frag
@@ -129,4 +193,33 @@ class Composer:
         with self._lock:
             store = self._pool.walk_store.stats() if self._pool.walk_store is not None else {}
             return {"parts": len(self._fragments), "part_bytes": self._fragment_bytes, "pool_states": self._pool.n,
-                    "pools": self._pools, **store}
+                    "pools": self._pools, "parts_linked": self._linked, **store}
+
+
+class LazyPart:
+    """A part whose front end has run but whose automaton is linked when first reached: `stub` (its
+    literal prefix, then a call of a rule not linked yet) is what compositions place; `rules` hold
+    the rest as `r:start:rest`, linked once (`linked`) for every pool and grammar that reaches it.
+    Linking cannot fail where the front end did not (the rules resolved, their regexes read), save
+    for memory or the compiler's timeout: such a failure ends the requests that reached it."""
+
+    def __init__(self, stub: Fragment, rules: dict, relaxed: tuple):
+        self.stub, self.rules, self.relaxed = stub, rules, relaxed
+        self._rest: Fragment | None = None
+
+    @property
+    def nbytes(self) -> int:  # (the rest's are not counted in the composer's budget: a rest is small)
+        return self.stub.nbytes
+
+    def linked(self, compiler: GrammarCompiler, deadline: float) -> Fragment:
+        """The part after its prefix, linked (once)."""
+        if self._rest is None:
+            self._rest = Fragment.of(link(self.rules, "r:start:rest", deadline), compiler.info.trie.max_len,
+                                     self.relaxed)
+            compiler.check_deadline(deadline, "a composed grammar's part")
+        return self._rest
+
+
+def _placed(part: Fragment | LazyPart) -> Fragment:
+    """What a composition places of a part (a lazy part's stub)."""
+    return part.stub if isinstance(part, LazyPart) else part

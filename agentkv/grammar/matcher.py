@@ -33,6 +33,10 @@ class Matcher:
         self._terminated = False
         self._tail = b""
         self._history: deque = deque(maxlen=max_rollback)
+        # Why the grammar allows nothing more where it failed mid-output (a composed part that could
+        # not be linked when first reached, composer.py): the mask is empty and the token refused, so
+        # this sequence ends at a dead end carrying the error, and other sequences go on.
+        self.error: GrammarError | None = None
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -51,6 +55,7 @@ class Matcher:
     def copy(self) -> Matcher:
         m = Matcher.__new__(Matcher)
         m.grammar, m._cfg, m._terminated, m._tail = self.grammar, self._cfg, self._terminated, self._tail
+        m.error = self.error
         m._history = deque(self._history, maxlen=self._history.maxlen)
         return m
 
@@ -91,7 +96,11 @@ class Matcher:
         return not self._terminated and self._advance(bytes(data))
 
     def _advance(self, data: bytes) -> bool:
-        nxt = self.grammar.advance(self._cfg, data)
+        try:
+            nxt = self.grammar.advance(self._cfg, data)
+        except GrammarError as e:
+            self.error = e
+            return False
         if nxt == DEAD:
             return False
         self._history.append((self._cfg, self._terminated, self._tail))
@@ -115,10 +124,15 @@ class Matcher:
         if target.dtype != np.int32:
             raise GrammarError(f"the bitmask must be int32, not {target.dtype}")
         out = target[row] if target.ndim == 2 else target
-        if self._terminated:
+        if self._terminated or self.error is not None:
             out[:] = 0
             return
-        m = self.grammar.mask(self._cfg)
+        try:
+            m = self.grammar.mask(self._cfg)
+        except GrammarError as e:
+            self.error = e
+            out[:] = 0
+            return
         n = min(len(out), len(m))
         out[:n] = m[:n]
         out[n:] = 0

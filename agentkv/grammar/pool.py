@@ -49,6 +49,21 @@ class Fragment:
         sets, class_reach = byte_classes(np.ascontiguousarray(a.trans, dtype=np.int32), cap)
         return cls(a, text_reach(a, cap), sets, class_reach, *fork_and_tail(a), nullable_rules(a)[0], relaxed)
 
+    @classmethod
+    def stub(cls, prefix: bytes) -> Fragment:
+        """`prefix`, then a call of rule 1, which is not linked (its start is -1: the walk and the
+        expansion stop there and ask for it, grammar/composer.py). The walk's tables are left
+        without shortcuts (no reach, no classes): they only skip work, and a name is short."""
+        n = len(prefix) + 2
+        trans = np.full((n, 256), -1, dtype=np.int32)
+        trans[np.arange(len(prefix)), np.frombuffer(prefix, dtype=np.uint8)] = np.arange(1, len(prefix) + 1)
+        accept = np.zeros(n, dtype=bool)
+        accept[-1] = True
+        a = Automaton(trans, {n - 2: ((1, n - 1),)}, accept, (trans >= 0).any(axis=1), [0, -1],
+                      ["r:start", "r:start:rest"])
+        zeros = np.zeros(n, dtype=np.int32)
+        return cls(a, zeros, np.zeros((n, 4), dtype=np.uint64), zeros.copy(), *fork_and_tail(a), False)
+
     @property
     def n_states(self) -> int:
         return len(self.automaton.accept)
@@ -87,6 +102,7 @@ class StatePool:
         self._rows: list[list[int]] = []  # transition rows as lists, made once (the Python walk's)
         self._rows_lock = threading.Lock()  # (grammars' mask threads ask for them)
         self.placed: dict[int, tuple[int, int]] = {}  # id(fragment) -> (state base, rule base)
+        self.stubbed: dict[int, object] = {}  # a stub's rule not linked yet -> its part (composer.LazyPart)
         self.keep: list[Fragment] = []  # (their ids stay theirs while placed)
 
     def full(self, states: int) -> bool:
@@ -110,7 +126,8 @@ class StatePool:
         self.text_reach[rows] = frag.text_reach
         self.class_bytes[rows] = frag.class_bytes
         self.class_reach[rows] = frag.class_reach
-        self.starts[r0:r0 + len(a.starts)] = np.asarray(a.starts, dtype=np.int32) + s0
+        starts = np.asarray(a.starts, dtype=np.int32)
+        self.starts[r0:r0 + len(a.starts)] = np.where(starts >= 0, starts + s0, -1)  # (-1: a stub's, not linked)
         self.rule_names.extend(a.rule_names)
         self._add_calls(s0, {s + s0: tuple((r + r0, t + s0) for r, t in c) for s, c in a.calls.items()}, n)
         self.placed[id(frag)] = (s0, r0)

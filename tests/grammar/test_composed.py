@@ -24,6 +24,7 @@ from agentkv.chat.formats.pythonic import Pythonic
 from agentkv.chat.formats.qwen_xml import QwenXml
 from agentkv.errors import GrammarError
 from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, native
+from agentkv.grammar import composer as composer_module
 from agentkv.grammar import pool as pool_module
 from agentkv.grammar.composed import ComposedGrammar
 from tests.grammar_helpers import assert_mask_is_brute_force
@@ -157,7 +158,7 @@ def test_a_subset_one_tool_apart_compiles_that_tool_alone(monkeypatch):
 
 def test_grammars_stay_whole_when_the_pool_fills(monkeypatch):
     """Pools that fill start anew, and arrays that grow move: a grammar made before keeps its own."""
-    monkeypatch.setattr(pool_module, "MAX_POOL_STATES", 600)
+    monkeypatch.setattr(pool_module, "MAX_POOL_STATES", 80)
     compiler = GrammarCompiler(_vocab(WORDS))
     fmt = QwenXml()
     made = []
@@ -180,7 +181,7 @@ def test_a_pool_grows_by_any_steps(picks, room):
     pool = pool_module.StatePool(states=room, calls=room, rules=room)
     fmt = Hermes()
     for k in picks:
-        frag = compiler.composer._fragment(("part", fmt.call_part(TOOLS[k], True)), fmt.call_part(TOOLS[k], True),
+        frag = compiler.composer._fragment(("whole part", fmt.call_part(TOOLS[k], True)), fmt.call_part(TOOLS[k], True),
                                            time.monotonic() + 60)
         pool.placed.clear()  # (placed again each time: the pool grows by every pick)
         s0, _ = pool.place(frag)
@@ -233,3 +234,52 @@ def test_the_composed_grammar_is_read_as_its_text_plus_parts():
     assert isinstance(g, ComposedGrammar) and g.text.startswith("start: answer\n")
     assert [json.loads(p.split("%json ", 1)[1].rsplit(' "}', 1)[0]) for p in g.parts] == [
         arguments_schema(t, True) for t in TOOLS[:2]]
+
+
+def test_parts_are_linked_when_a_step_first_reads_past_their_names():
+    """A part's automaton is linked when a step first reads past its literal prefix (the tool's name):
+    the first mask and the name itself link nothing; the call's arguments link that tool alone, once
+    for every grammar that offers it (one composed before the link, one after); masks stay the whole
+    grammar's and brute force's throughout."""
+    compiler = GrammarCompiler(_vocab(WORDS))
+    fmt = Hermes()
+    texts = [fmt.grammar(TOOLS[:5], "required", None), fmt.grammar(TOOLS[1:6], "required", None)]
+    before = compiler.compile_lark(texts[0])
+    n0 = before.num_states
+    rnd = random.Random(3)
+    bitmask = np.zeros((1, before.info.words), dtype=np.int32)
+    for k, text in enumerate(texts * 2):
+        g = compiler.compile_lark(text)
+        whole = compiler.composer.whole(text, time.monotonic() + 60)
+        m, w = Matcher(g), Matcher(whole)
+        linked = compiler.cache_info()["parts_linked"]
+        for data in (b'<tool_call>\n{"name":"ad', b'd","arguments":'):  # (no token spans the two)
+            assert_mask_is_brute_force(m, bitmask)
+            assert compiler.cache_info()["parts_linked"] == linked
+            assert m.accept_bytes(data) and w.accept_bytes(data)
+        assert compiler.cache_info()["parts_linked"] == max(linked, 1)  # ('add': linked once, at k = 0)
+        _walk_same(m, w, rnd, 40)  # (and any other tool the walk calls after it)
+    assert before.num_states > n0  # (its view grew by the parts it linked)
+
+
+def test_a_part_that_fails_to_link_ends_its_sequence_with_the_error(monkeypatch):
+    """Linking a part when first reached can only fail for memory or time; where it does, that
+    sequence's mask is empty and carries the error (the engine ends the request with it), and the
+    grammar serves other sequences."""
+    compiler = GrammarCompiler(_vocab(WORDS))
+    g = compiler.compile_lark(Hermes().grammar(TOOLS[:3], "required", None))
+    failing = Matcher(g)
+    assert failing.accept_bytes(b'<tool_call>\n{"name":"ad')
+    other = failing.copy()
+
+    def fail(self, compiler, deadline):
+        raise GrammarError("compiling a composed grammar's part took longer than 10 s")
+
+    monkeypatch.setattr(composer_module.LazyPart, "linked", fail)
+    assert not failing.accept_bytes(b'd","arguments":')
+    assert "took longer" in str(failing.error)
+    bitmask = np.ones((1, g.info.words), dtype=np.int32)
+    failing.fill_next_token_bitmask(bitmask)
+    assert not bitmask.any()
+    monkeypatch.undo()
+    assert other.error is None and other.accept_bytes(b'd","arguments":{"a":1,"b":2}}')

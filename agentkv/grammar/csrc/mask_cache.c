@@ -200,8 +200,9 @@ void agentkv_walks_free(Walks *ws) {
 }
 
 /* State q's walk, kept, taken from the store or computed now (and made the most recently used); NULL
-   where memory ran out. */
-static StateWalk *state_walk(Walks *ws, int32_t q) {
+   where the walk failed, with its code in *rc (token_walk.c: -1 no memory, -2 - r rule r not linked:
+   nothing is kept of it). */
+static StateWalk *state_walk(Walks *ws, int32_t q, int *rc) {
     StateWalk *w = &ws->walks[q];
     if (w->allowed) {
         unlink_walk(ws->walks, &ws->head, &ws->tail, q);
@@ -212,14 +213,17 @@ static StateWalk *state_walk(Walks *ws, int32_t q) {
         ws->shared++;
     } else {
         uint32_t *allowed = calloc((size_t)ws->words, sizeof(uint32_t));
+        *rc = -1;
         if (!allowed) return NULL;
         int64_t n_below = 0;
         int32_t depth = 0, variable = 0, root[2] = {-1, 0};
-        if (agentkv_token_walk(&ws->g, &ws->t, &q, 1, 1, root, 1, allowed, ws->scratch, &n_below, &depth,
-                               &variable) != 0) {
+        *rc = agentkv_token_walk(&ws->g, &ws->t, &q, 1, 1, root, 1, allowed, ws->scratch, &n_below, &depth,
+                                 &variable);
+        if (*rc != 0) {
             free(allowed);
             return NULL;
         }
+        *rc = -1;
         int32_t *below = NULL;
         if (n_below) {
             below = malloc((size_t)n_below * 2 * sizeof(int32_t));
@@ -241,42 +245,43 @@ static StateWalk *state_walk(Walks *ws, int32_t q) {
 }
 
 /* OR into `out` the tokens each stack can read in full: stack k is flat[offsets[k]:offsets[k+1]],
-   bottom first. Returns 0, or -1 where memory ran out. */
+   bottom first. Returns 0, or a walk's failure (token_walk.c's codes: `out` is then partial). */
 int agentkv_walks_mask(Walks *ws, const int32_t *flat, const int32_t *offsets, int32_t n_stacks, uint32_t *out) {
     int32_t root[2] = {-1, 0};
     for (int32_t k = 0; k < n_stacks; k++) {
         const int32_t *stack = flat + offsets[k];
         int32_t len = offsets[k + 1] - offsets[k];
-        StateWalk *w = state_walk(ws, stack[len - 1]);
-        if (!w) return -1;
+        int rc = 0;
+        StateWalk *w = state_walk(ws, stack[len - 1], &rc);
+        if (!w) return rc;
+        rc = 0;
         int64_t n_below = 0;
         int32_t depth = 0;
         if (w->depth + (len > 2 ? len - 2 : 0) < ws->g.max_depth) {
             for (int32_t i = 0; i < ws->words; i++) out[i] |= w->allowed[i];
-            if (len > 1 && w->n_below  /* the tokens returning below, walked on through the real frames */
-                && agentkv_token_walk(&ws->g, &ws->t, stack, len - 1, 0, w->below, (int32_t)w->n_below, out,
-                                      ws->scratch, &n_below, &depth, NULL) != 0)
-                return -1;
-        } else if (agentkv_token_walk(&ws->g, &ws->t, stack, len, 0, root, 1, out, ws->scratch, &n_below, &depth,
-                                      NULL) != 0) {
-            return -1;  /* (so deep that the nesting limit may cut a token short: walked whole) */
+            if (len > 1 && w->n_below)  /* the tokens returning below, walked on through the real frames */
+                rc = agentkv_token_walk(&ws->g, &ws->t, stack, len - 1, 0, w->below, (int32_t)w->n_below, out,
+                                        ws->scratch, &n_below, &depth, NULL);
+        } else {  /* (so deep that the nesting limit may cut a token short: walked whole) */
+            rc = agentkv_token_walk(&ws->g, &ws->t, stack, len, 0, root, 1, out, ws->scratch, &n_below, &depth, NULL);
         }
+        if (rc != 0) return rc;
     }
     return 0;
 }
 
 /* OR into `out` the tokens under trie `node` (those longer than its `base` bytes, which the stacks
    have read) that the stacks can read on (jump-forward's question: can a token run past the forced
-   text?). Returns 0, or -1 where memory ran out. */
+   text?). Returns 0, or a walk's failure (token_walk.c's codes). */
 int agentkv_walks_past(Walks *ws, const int32_t *flat, const int32_t *offsets, int32_t n_stacks, int32_t node,
                        int32_t base, uint32_t *out) {
     int32_t start[2] = {node, base};
     for (int32_t k = 0; k < n_stacks; k++) {
         int64_t n_below = 0;
         int32_t depth = 0;
-        if (agentkv_token_walk(&ws->g, &ws->t, flat + offsets[k], offsets[k + 1] - offsets[k], 0, start, 1, out,
-                               ws->scratch, &n_below, &depth, NULL) != 0)
-            return -1;
+        int rc = agentkv_token_walk(&ws->g, &ws->t, flat + offsets[k], offsets[k + 1] - offsets[k], 0, start, 1,
+                                    out, ws->scratch, &n_below, &depth, NULL);
+        if (rc != 0) return rc;
     }
     return 0;
 }

@@ -55,7 +55,8 @@ typedef struct {
     int32_t *below;
     int64_t n_below;
     int variable;           /* the walk expanded a call of g->variable_rule */
-    int oom;
+    int32_t pending;        /* a called rule not linked yet (its start < 0): the walk stops; -1: none */
+    int oom;                /* (set with `pending` too: every loop stops on it) */
 } Walk;
 
 static int grow(void **p, int64_t *cap, int64_t need, size_t size) {  /* room for `need` items */
@@ -180,6 +181,11 @@ static int32_t expansion(Walk *w, Pair p) {
             for (int32_t c = g->call_off[s.top]; c < g->call_off[s.top + 1]; c++) {
                 int32_t ret = g->call_ret[c];
                 if (g->call_rule[c] == g->variable_rule) w->variable = 1;
+                if (g->starts[g->call_rule[c]] < 0) {  /* a composed grammar's part not linked yet */
+                    w->pending = g->call_rule[c];
+                    w->oom = 1;
+                    return -1;
+                }
                 int32_t parent = g->tail[ret] ? s.parent : frame(w, ret, s.parent);
                 push(w, &w->work, (Pair){g->starts[g->call_rule[c]], parent});
             }
@@ -324,13 +330,15 @@ static void walk_free(Walk *w) {
    every token, from its first byte). Sets `allowed` bits; a relative walk writes (node, depth) pairs
    to `below` (room for n_nodes + 1 pairs). `variable` (may be NULL) is set to whether the walk
    expanded a call of the grammar's variable rule: a walk that did not gives the same result in every
-   grammar sharing the states. Returns 0, or -1 where memory ran out. */
+   grammar sharing the states. Returns 0, -1 where memory ran out, or -2 - r where the walk reached a
+   call of rule r whose start is negative (a composed grammar's part not linked yet: the caller links
+   it and walks again). */
 int agentkv_token_walk(const Grammar *g, const Trie *t, const int32_t *stack, int32_t stack_len, int32_t relative,
                        const int32_t *starts, int32_t n_starts, uint32_t *allowed, int32_t *below,
                        int64_t *n_below, int32_t *depth, int32_t *variable) {
     Walk w;
     memset(&w, 0, sizeof w);
-    w.g = g; w.t = t; w.rel = relative; w.allowed = allowed; w.below = below;
+    w.g = g; w.t = t; w.rel = relative; w.allowed = allowed; w.below = below; w.pending = -1;
     w.level_at = malloc((size_t)(t->max_len + 3) * sizeof(int64_t));
     if (!w.level_at) return -1;
     int32_t parent = -1;
@@ -375,7 +383,7 @@ int agentkv_token_walk(const Grammar *g, const Trie *t, const int32_t *stack, in
     *n_below = w.n_below;
     *depth = w.depth;
     if (variable) *variable = w.variable;
-    int rc = w.oom ? -1 : 0;
+    int rc = w.pending >= 0 ? -2 - w.pending : w.oom ? -1 : 0;
     walk_free(&w);
     return rc;
 }

@@ -29,6 +29,20 @@ import numpy as np
 from agentkv.grammar import native
 
 
+class PendingRule(Exception):  # noqa: N818  (not an error: a signal its grammar answers)
+    """A walk or an expansion reached a call of a rule not linked yet (a composed grammar's part,
+    grammar/composer.py: its start is negative): the grammar links it and asks again."""
+
+    def __init__(self, rule: int):
+        super().__init__(rule)
+        self.rule = rule
+
+
+def walk_failed(rc: int) -> Exception:
+    """The exception for a native walk's failure code (csrc/token_walk.c)."""
+    return PendingRule(-2 - rc) if rc <= -2 else MemoryError("the native token walk ran out of memory")
+
+
 @dataclass(frozen=True)
 class StateTokens:
     """What a top state allows whatever lies below it (see the module docstring)."""
@@ -79,7 +93,7 @@ def _walk(grammar, stack: tuple, relative: bool, starts: np.ndarray, words: np.n
                                 words.ctypes.data, below.ctypes.data, ctypes.byref(n_below), ctypes.byref(depth),
                                 None)
     if rc != 0:
-        raise MemoryError("the native token walk ran out of memory")
+        raise walk_failed(rc)
     return below[:n_below.value].copy(), depth.value
 
 
@@ -129,6 +143,8 @@ class _PyWalk:
                 out.append(s)
             if n < tb.max_depth:
                 for rule, ret in tb.calls.get(top, ()):
+                    if tb.starts_list[rule] < 0:
+                        raise PendingRule(rule)
                     work.append((tb.starts_list[rule], parent if tb.tail[ret] else self.frame(ret, parent)))
             if tb.accept[top]:
                 if parent < 0:

@@ -19,7 +19,7 @@ import numpy as np
 
 from agentkv.grammar import native
 from agentkv.grammar.tokens.trie import BOUNDARY, TEXT_PHASES
-from agentkv.grammar.tokens.walk import walk_python
+from agentkv.grammar.tokens.walk import walk_failed, walk_python
 
 MAX_WALK_BYTES = 64 << 20  # per grammar: the native walks kept (~3,400 at a 151k vocabulary)
 MAX_SHARED_WALK_BYTES = 64 << 20  # per state pool: the walks its grammars share (csrc/mask_cache.c's Store)
@@ -213,12 +213,10 @@ class WalkTables:
         """OR into `words` the tokens each of `stacks` (tuples of states, bottom first) can read in
         full, in one native call (self.cache must be there)."""
         flat, offsets = _flatten(stacks)
-        if (
-            self.lib.agentkv_walks_mask(
-                self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks), words.ctypes.data)
-            != 0
-        ):
-            raise MemoryError("the native token walk ran out of memory")
+        rc = self.lib.agentkv_walks_mask(self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks),
+                                         words.ctypes.data)
+        if rc != 0:
+            raise walk_failed(rc)
 
     def past_into(self, stacks, node: int, base: int, words: np.ndarray) -> None:
         """OR into `words` the tokens under trie `node`, longer than its `base` bytes (which `stacks`
@@ -228,12 +226,10 @@ class WalkTables:
                 walk_python(self, stack, False, [(node, base)], words)
             return
         flat, offsets = _flatten(stacks)
-        if (
-            self.lib.agentkv_walks_past(
-                self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks), node, base, words.ctypes.data)
-            != 0
-        ):
-            raise MemoryError("the native token walk ran out of memory")
+        rc = self.lib.agentkv_walks_past(self.cache, flat.ctypes.data, offsets.ctypes.data, len(stacks), node, base,
+                                         words.ctypes.data)
+        if rc != 0:
+            raise walk_failed(rc)
 
     def clear(self) -> None:
         """Forget the walks kept (benchmarks time first computations this way)."""
