@@ -10,6 +10,9 @@ Each row times, from the format writing the step's grammar to the compiled gramm
 - first mask: the first token mask of the compiled step (cold: no walk of its pool kept yet), and
   of each step one apart, after the step before it had its first mask (as an agent's steps follow
   each other: the walks that hold in every grammar of the pool are shared, grammar/pool.py);
+- first call: in each step one apart, the model's call of its new tool, whose part is linked only
+  now (grammar/composer.py's lazy parts): the call's opening and the tool's name read, and the
+  mask after them;
 and, for the same two steps, the design before composition: the step compiled as one rule set
 (`Composer.whole`: every part's rules linked together, as one Lark text was). The masks of both
 are compared along one random walk per row (`same masks`).
@@ -108,7 +111,7 @@ def row(vocab: str, info: TokenizerInfo, fmt, n: int, tools: list[FunctionSpec])
     g, cold = timed(lambda: compiler.compile_lark(fmt.grammar(tools[:n], "auto", None)))
     bitmask = np.zeros((1, info.words), dtype=np.int32)
     first_cold = timed(lambda: Matcher(g).fill_next_token_bitmask(bitmask))[1]
-    writing, apart, first, whole_apart, whole_first = [], [], [], [], []
+    writing, apart, first, call, whole_apart, whole_first = [], [], [], [], [], []
     for k in range(5):  # drop tool k, add tool n + k
         subset = tools[:k] + tools[k + 1:n] + [tools[n + k]]
         text, ms = timed(lambda s=subset: fmt.grammar(s, "auto", None))
@@ -116,6 +119,10 @@ def row(vocab: str, info: TokenizerInfo, fmt, n: int, tools: list[FunctionSpec])
         step, ms = timed(lambda t=text: compiler.compile_lark(t))
         apart.append(ms)
         first.append(timed(lambda s=step: Matcher(s).fill_next_token_bitmask(bitmask))[1])
+        part = compiler.composer._fragments[("part", fmt.call_part(tools[n + k], True))]
+        m = Matcher(step)
+        opening = fmt.call_opening.encode() + getattr(part, "prefix", b"")
+        call.append(timed(lambda: m.accept_bytes(opening) and m.fill_next_token_bitmask(bitmask))[1])
         whole, ms = timed(lambda t=text: compiler.composer.whole(t, time.monotonic() + 120))
         whole_apart.append(ms)
         whole_first.append(timed(lambda s=whole: Matcher(s).fill_next_token_bitmask(bitmask))[1])
@@ -127,7 +134,7 @@ def row(vocab: str, info: TokenizerInfo, fmt, n: int, tools: list[FunctionSpec])
     same = same_masks(g, whole, random.Random(n))
     med = statistics.median
     return [vocab, fmt.name, n, f"{cold:.0f}", f"{med(writing):.1f} + {med(apart):.1f}",
-            f"{first_cold:.2f} / {med(first):.2f}",
+            f"{first_cold:.2f} / {med(first):.2f}", f"{med(call):.2f}",
             f"{whole_cold:.0f}", f"{med(whole_apart):.0f}", f"{med(whole_first):.2f}", "yes" if same else "NO"]
 
 
@@ -141,7 +148,7 @@ def main() -> None:
                 print(rows[-1], flush=True)
     print()
     print(table(rows, ["vocabulary", "format", "tools", "cold ms", "one apart ms (write + compile)",
-                       "first mask ms (cold / one apart)", "whole: cold ms", "whole: one apart ms",
+                       "first mask ms (cold / one apart)", "first call ms", "whole: cold ms", "whole: one apart ms",
                        "whole: first mask ms", "same masks"]))
 
 

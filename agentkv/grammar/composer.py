@@ -164,7 +164,7 @@ class Composer:
         if not (isinstance(root, Seq) and isinstance(root.items[0], Lit) and root.items[0].data):
             return self._keep(key, self._linked_fragment(rules, "r:start", relaxed, deadline))
         rules["r:start:rest"] = seq(*root.items[1:])
-        return self._keep(key, LazyPart(Fragment.stub(root.items[0].data), rules, relaxed))
+        return self._keep(key, LazyPart(root.items[0].data, rules, relaxed))
 
     def _linked_fragment(self, rules: dict, root: str, relaxed: tuple, deadline: float) -> Fragment:
         frag = Fragment.of(link(rules, root, deadline), self.compiler.info.trie.max_len, relaxed)
@@ -203,8 +203,9 @@ class LazyPart:
     Linking cannot fail where the front end did not (the rules resolved, their regexes read), save
     for memory or the compiler's timeout: such a failure ends the requests that reached it."""
 
-    def __init__(self, stub: Fragment, rules: dict, relaxed: tuple):
-        self.stub, self.rules, self.relaxed = stub, rules, relaxed
+    def __init__(self, prefix: bytes, rules: dict, relaxed: tuple):
+        self.prefix, self.rules, self.relaxed = prefix, rules, relaxed
+        self.stub = Fragment.stub(prefix)
         self._rest: Fragment | None = None
 
     @property
