@@ -1,7 +1,8 @@
 """Lark grammars (the dialect llguidance and xgrammar share) -> grammar rules.
 
 The `lark` package parses the text (its own grammar of grammars: definitions, templates, `%import`,
-`%ignore`, `%declare`, priorities, aliases); this module lowers its trees to expressions. Lowercase
+`%ignore`, `%declare`, priorities, aliases); this module lowers its trees to expressions. Texts in the
+common subset every tool format writes are read by lark/quick.py instead, to the same trees. Lowercase
 rules are context-free (rules, called through the stack); UPPERCASE terminals are regular (inlined as
 expressions; a terminal that refers to itself is an error). Two extensions are lifted out of the text
 before Lark sees it: inline `%json {...}` schemas (`%pyjson {...}`: values written with Python's True,
@@ -31,7 +32,10 @@ from lark.load_grammar import GrammarBuilder
 from agentkv.errors import GrammarError
 from agentkv.grammar.automata.expr import Ref, Repeat, alt, chars, lit, opt, seq, star
 from agentkv.grammar.automata.regex import match_expr
+from agentkv.grammar.lark.quick import quick_definitions
 from agentkv.grammar.lark.source import UNBOUNDED, Source
+
+QUICK = True  # read the common subset without Lark (lark/quick.py); the tests turn it off to compare
 
 # common.lark's terminals whose definition relies on a lexer's lazy, lookbehind matching (`/.*?/`,
 # `(?<!\\)`): their language, as a regular expression
@@ -85,6 +89,11 @@ class _Grammar:
     # -- Lark's trees -> tuples ------------------------------------------------------------------
 
     def load(self) -> None:
+        quick = quick_definitions(self.src.text, self) if QUICK else None
+        if quick is not None:  # (the common subset, read without Lark: lark/quick.py)
+            self.rules, self.terminals = quick
+            self.ignore = []
+            return
         gb = _Builder()
         try:
             gb.load_grammar(self.src.text, "<grammar>")
@@ -144,13 +153,16 @@ class _Grammar:
         if kind == "literal":
             return self.literal(kids[0])
         if kind == "range":
-            a, b = (self.string(k) for k in kids)
-            if len(a) != 1 or len(b) != 1 or a > b:
-                raise self.error(self.src.at(kids[0]), 'a range needs two single characters in order: "a".."z"')
-            return ("lit", chars((a, b)))
+            return self.range_of(*kids)
         if kind == "template_usage":
             return self.instance(kids[0].name, [self.convert(k, env) for k in kids[1:]])
         raise GrammarError(f"Lark grammar: {kind!r} in Lark's parse of it is not supported")  # a newer Lark
+
+    def range_of(self, lo: Token, hi: Token):
+        a, b = self.string(lo), self.string(hi)
+        if len(a) != 1 or len(b) != 1 or a > b:
+            raise self.error(self.src.at(lo), 'a range needs two single characters in order: "a".."z"')
+        return ("lit", chars((a, b)))
 
     def repeat(self, atom, ops: list[Token]):
         op = ops[0]
