@@ -14,9 +14,8 @@ from tests.chat_templates_gemma import (
     GEMMA3,
     GEMMA3_PYTHONIC,
     GEMMA3_SPECIALS,
-    GEMMA4,
-    GEMMA4_SPECIALS,
 )
+from tests.chat_templates_gemma4 import GEMMA4, GEMMA4_SPECIALS
 from tests.chat_templates_markers import (
     DEEPSEEK_ADDED,
     DEEPSEEK_R1_0528,
