@@ -27,12 +27,15 @@ SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depen
 
 class SchemaResources:
     def __init__(self, root, documents: dict | None = None):
-        self.given: dict[str, object] = {}
-        for uri, doc in (documents or {}).items():
+        documents = documents or {}
+        for uri, doc in documents.items():
             if not isinstance(uri, str) or not isinstance(doc, (dict, bool)):
                 raise GrammarError(f"documents must map URI strings to schemas (dicts); got {uri!r}: "
                                    f"{type(doc).__name__}")
-            self.given[urldefrag(uri).url] = doc
+        # (keys without a fragment are used as given: reading each with urldefrag cost ~1 ms a compile
+        # with SchemaStore's 456 documents)
+        self.given: dict[str, object] = documents if not any("#" in uri for uri in documents) else {
+            urldefrag(uri).url: doc for uri, doc in documents.items()}
         self.base = _own_id(root, "")
         self.resources: dict[str, tuple[object, str]] = {}  # URI ("" for the root) -> (node, pointer)
         self.anchors: dict[str, str] = {}  # "<URI>#<name>" -> pointer
