@@ -183,8 +183,13 @@ def compile_shape(info, kind, source):
     return compiler.compile_lark(source) if kind == "lark" else compile_one(compiler, kind, source)
 
 
+KEYED = {"type": "object", "patternProperties": {"^[a-z]+x$": {"type": "integer"}},
+         "additionalProperties": {"type": "string"}}
+
+
 @pytest.mark.parametrize("kind,source", SHAPES + [("schema", {"type": "string", "maxLength": 9}),
-                                                  ("schema", {"type": "string", "pattern": "^[^a]{0,4}$"})])
+                                                  ("schema", {"type": "string", "pattern": "^[^a]{0,4}$"}),
+                                                  ("schema", KEYED)])
 def test_text_reach_is_what_survives(kind, source):
     # A state's reach: every plain text of that many characters survives (a character of 1-4 bytes,
     # cut short too); a text loop (reach: any token's length) every plain text. A state that is not
@@ -211,6 +216,19 @@ def test_text_reach_is_what_survives(kind, source):
             assert all(survives(q, t) for t in texts), (source, q)
         else:
             assert not keeps_ascii or not all(survives(q, t) for t in texts), (source, q)
+
+
+def test_a_key_that_is_free_or_constrained_is_a_text_loop():
+    """Inside a key that any text may be but some pattern gives another value, plain characters lead
+    through the pattern's states while the free side keeps every text alive: those states are text
+    loops too (a mask there takes plain tokens whole instead of stepping the trie), found by the
+    greatest fixpoint over the (state, phase) pairs plain text reaches."""
+    g = compile_shape(shape_info(), "schema", KEYED)
+    loops, cid, seen = g.walk_tables.text_loop, g.advance(g.initial, b'{"'), set()
+    for c in b"abcxx":  # (through the pattern's states)
+        seen.update(stack[-1] for stack in g.stacks(cid))
+        cid = g.step(cid, c)
+    assert len(seen) > 2 and all(loops[q] for q in seen)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ A state's reach (`text_reach`) is how many characters of any plain text (token_t
 surely survive from it: unbounded for a text loop (a string body, an open object's names), the room
 left on a string with a maximum length, 0 elsewhere. Where every plain character leads one way it is
 found for all states at once (`_char_end`, vectorized over the UTF-8 phases); a loop whose
-characters go different ways is searched state by state (`_text_loops`).
+characters go different ways is searched from each state that reads every plain ASCII byte
+(`_text_loops`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def text_reach(automaton, cap: int) -> np.ndarray:
         (ta >= 0) & (ta == trans[:, ord(" ")]) & (ta == trans[:, ord("~")]) & (ta == trans[:, ord("0")]))
     nxt[cands] = _char_end(trans, cands, BOUNDARY)
     loops = nxt == np.arange(n)  # every plain character leads back: a loop (others searched state by state)
-    loops[_text_loops(trans, np.flatnonzero((ta == np.arange(n)) & ~loops))] = True
+    ascii_plain = [b for lo, hi, p in TEXT_PHASES[BOUNDARY] if p == BOUNDARY for b in range(lo, hi + 1)]
+    keeps = np.flatnonzero(~loops & (ta >= 0) & (trans[:, ord(" ")] >= 0) & (trans[:, ord("0")] >= 0))
+    keeps = keeps[(trans[keeps][:, ascii_plain] >= 0).all(axis=1)]  # (every plain ASCII byte read)
+    loops[_text_loops(trans, keeps)] = True
     reach = np.where(loops, cap, 0).astype(np.int64)
     chained = np.flatnonzero((nxt >= 0) & ~loops)
     for _ in range(cap):  # a chain of k states before a loop or a dead end: k more characters
@@ -90,29 +94,62 @@ def _char_end(trans, states: np.ndarray, phase: int) -> np.ndarray:
 
 def _text_loops(trans, candidates: np.ndarray) -> np.ndarray:
     """The candidates from which every plain text survives, where plain characters do not all lead
-    one way (a product of the state with the UTF-8 phases, searched where the state keeps plain
-    ASCII on itself)."""
-    ascii_plain = [b for lo, hi, p in TEXT_PHASES[BOUNDARY] if p == BOUNDARY for b in range(lo, hi + 1)]
-    candidates = candidates[(trans[candidates][:, ascii_plain] == candidates[:, None]).all(axis=1)]
+    one way: a union of a free string with a constrained one, say, whose states step through the
+    constrained side's progress while the free side keeps them alive. Per candidate, the (state,
+    UTF-8 phase) pairs plain text reaches (at most MAX_TEXT_PAIRS new ones: past that, the candidate
+    is not taken), and among them those from which no plain text dies: a pair is out where some
+    character dies at once or leads to a pair that is out (the greatest fixpoint). Pairs decided for
+    one candidate are reused by the next."""
+    status: dict[tuple[int, int], bool] = {}  # (state, phase) -> every plain text survives from it
     out = []
     for q in candidates.tolist():
-        seen, todo, ok = {(q, BOUNDARY)}, [(q, BOUNDARY)], True
-        while todo and ok:
-            s, phase = todo.pop()
-            for lo, hi, nxt in TEXT_PHASES[phase]:
-                to = trans[s, lo:hi + 1]
-                if (to < 0).any():
-                    ok = False
-                    break
-                for t in np.unique(to).tolist():
-                    if (t, nxt) not in seen:
-                        seen.add((t, nxt))
-                        todo.append((t, nxt))
-            if len(seen) > MAX_TEXT_PAIRS:
-                ok = False
-        if ok:
+        if (q, BOUNDARY) not in status:
+            succ = _text_pairs(trans, (q, BOUNDARY), status)
+            if succ is None:
+                continue  # (too many pairs to decide: taken as no loop, as before any search)
+            dead = [p for p, nxt in succ.items() if nxt is None]
+            back: dict[tuple[int, int], list] = {}
+            for p, nxt in succ.items():
+                for x in nxt or ():
+                    if x in succ:
+                        back.setdefault(x, []).append(p)
+                    elif not status[x]:
+                        dead.append(p)
+            out_set = set(dead)
+            while dead:
+                for p in back.get(dead.pop(), ()):
+                    if p not in out_set:
+                        out_set.add(p)
+                        dead.append(p)
+            for p in succ:
+                status[p] = p not in out_set
+        if status[(q, BOUNDARY)]:
             out.append(q)
     return np.array(out, dtype=np.int64)
+
+
+def _text_pairs(trans, start: tuple[int, int], status: dict) -> dict | None:
+    """The pairs plain text reaches from `start` that `status` has not decided, each with the pairs
+    its characters' bytes lead to (None: some byte dies there); None past MAX_TEXT_PAIRS."""
+    succ: dict[tuple[int, int], set | None] = {}
+    todo = [start]
+    while todo:
+        pair = todo.pop()
+        if pair in succ:
+            continue
+        s, phase = pair
+        nexts: set | None = set()
+        for lo, hi, nxt in TEXT_PHASES[phase]:
+            to = trans[s, lo:hi + 1]
+            if (to < 0).any():
+                nexts = None
+                break
+            nexts.update((t, nxt) for t in np.unique(to).tolist())
+        succ[pair] = nexts
+        if len(succ) > MAX_TEXT_PAIRS:
+            return None
+        todo.extend(x for x in nexts or () if x not in succ and x not in status)
+    return succ
 
 
 class WalkStore:
