@@ -24,7 +24,8 @@ from agentkv.grammar.tokens.walk import walk_failed, walk_python
 
 MAX_WALK_BYTES = 64 << 20  # per grammar: the native walks kept (~3,400 at a 151k vocabulary)
 MAX_SHARED_WALK_BYTES = 64 << 20  # per state pool: the walks its grammars share (csrc/mask_cache.c's Store)
-MAX_TEXT_PAIRS = 4096  # a text loop check that visits more (state, phase) pairs than this says no
+_PHASE_ORDER = (BOUNDARY, 3, 6, 7, 4, 5, 2, 1)  # each UTF-8 phase after every phase that leads to it
+MAX_TEXT_ROUNDS = 64  # rounds of the text loop search before it gives up (none taken)
 
 
 def text_reach(automaton, cap: int) -> np.ndarray:
@@ -42,8 +43,10 @@ def text_reach(automaton, cap: int) -> np.ndarray:
     loops = nxt == np.arange(n)  # every plain character leads back: a loop (others searched state by state)
     ascii_plain = [b for lo, hi, p in TEXT_PHASES[BOUNDARY] if p == BOUNDARY for b in range(lo, hi + 1)]
     keeps = np.flatnonzero(~loops & (ta >= 0) & (trans[:, ord(" ")] >= 0) & (trans[:, ord("0")] >= 0))
-    keeps = keeps[(trans[keeps][:, ascii_plain] >= 0).all(axis=1)]  # (every plain ASCII byte read)
-    loops[_text_loops(trans, keeps)] = True
+    # (every plain ASCII byte read, the characters going different ways)
+    keeps = keeps[(trans[keeps][:, ascii_plain] >= 0).all(axis=1) & (trans[keeps, 0xC2:0xF5] >= 0).all(axis=1)
+                  & (nxt[keeps] < 0)]
+    loops[_text_loops(trans, keeps, loops)] = True
     reach = np.where(loops, cap, 0).astype(np.int64)
     chained = np.flatnonzero((nxt >= 0) & ~loops)
     for _ in range(cap):  # a chain of k states before a loop or a dead end: k more characters
@@ -92,64 +95,57 @@ def _char_end(trans, states: np.ndarray, phase: int) -> np.ndarray:
     return out
 
 
-def _text_loops(trans, candidates: np.ndarray) -> np.ndarray:
-    """The candidates from which every plain text survives, where plain characters do not all lead
-    one way: a union of a free string with a constrained one, say, whose states step through the
-    constrained side's progress while the free side keeps them alive. Per candidate, the (state,
-    UTF-8 phase) pairs plain text reaches (at most MAX_TEXT_PAIRS new ones: past that, the candidate
-    is not taken), and among them those from which no plain text dies: a pair is out where some
-    character dies at once or leads to a pair that is out (the greatest fixpoint). Pairs decided for
-    one candidate are reused by the next."""
-    status: dict[tuple[int, int], bool] = {}  # (state, phase) -> every plain text survives from it
-    out = []
-    for q in candidates.tolist():
-        if (q, BOUNDARY) not in status:
-            succ = _text_pairs(trans, (q, BOUNDARY), status)
-            if succ is None:
-                continue  # (too many pairs to decide: taken as no loop, as before any search)
-            dead = [p for p, nxt in succ.items() if nxt is None]
-            back: dict[tuple[int, int], list] = {}
-            for p, nxt in succ.items():
-                for x in nxt or ():
-                    if x in succ:
-                        back.setdefault(x, []).append(p)
-                    elif not status[x]:
-                        dead.append(p)
-            out_set = set(dead)
-            while dead:
-                for p in back.get(dead.pop(), ()):
-                    if p not in out_set:
-                        out_set.add(p)
-                        dead.append(p)
-            for p in succ:
-                status[p] = p not in out_set
-        if status[(q, BOUNDARY)]:
-            out.append(q)
-    return np.array(out, dtype=np.int64)
-
-
-def _text_pairs(trans, start: tuple[int, int], status: dict) -> dict | None:
-    """The pairs plain text reaches from `start` that `status` has not decided, each with the pairs
-    its characters' bytes lead to (None: some byte dies there); None past MAX_TEXT_PAIRS."""
-    succ: dict[tuple[int, int], set | None] = {}
-    todo = [start]
-    while todo:
-        pair = todo.pop()
-        if pair in succ:
+def _text_loops(trans, candidates: np.ndarray, loops: np.ndarray) -> np.ndarray:
+    """The candidates (states that read every plain ASCII byte, their characters leading different
+    ways) from which no plain text dies: a union of a free string with a constrained one, say, whose
+    states step through the constrained side while the free side keeps every text alive. The
+    greatest fixpoint over (state, UTF-8 phase) pairs, all candidates at once: a pair stays while
+    every character's bytes from it lead to pairs that stay (`loops`, the text loops found already,
+    stay at a character's end; any other state there is out). Past MAX_TEXT_ROUNDS rounds without
+    settling, no candidate is taken (a round leaves a superset: stopping early would overclaim)."""
+    n, phases = len(trans), len(TEXT_PHASES)
+    if not len(candidates):
+        return candidates
+    rows = [np.zeros(0, dtype=np.int64) for _ in range(phases)]
+    rows[BOUNDARY] = candidates
+    pending: dict[int, list] = {p: [] for p in range(phases)}
+    for p in _PHASE_ORDER:  # (the states a character's later bytes are read in, each phase after those before it)
+        if p != BOUNDARY:
+            rows[p] = np.unique(np.concatenate(pending[p])) if pending[p] else rows[p]
+        for lo, hi, after in TEXT_PHASES[p]:
+            if after != BOUNDARY and len(rows[p]):
+                to = trans[rows[p], lo:hi + 1]
+                pending[after].append(to[to >= 0])
+    # Pairs as ids (phase * n + state; the last id a pair that always stays, padding), each live row
+    # with the ids its bytes lead to, gathered once: a round is then one gather.
+    width = max(sum(hi - lo + 1 for lo, hi, _ in ranges) for ranges in TEXT_PHASES)
+    always = phases * n
+    alive = np.zeros(always + 1, dtype=bool)
+    alive[always] = True
+    alive[:n] = loops
+    ids, succ = [], []
+    for p in range(phases):
+        if not len(rows[p]):
             continue
-        s, phase = pair
-        nexts: set | None = set()
-        for lo, hi, nxt in TEXT_PHASES[phase]:
-            to = trans[s, lo:hi + 1]
-            if (to < 0).any():
-                nexts = None
-                break
-            nexts.update((t, nxt) for t in np.unique(to).tolist())
-        succ[pair] = nexts
-        if len(succ) > MAX_TEXT_PAIRS:
-            return None
-        todo.extend(x for x in nexts or () if x not in succ and x not in status)
-    return succ
+        cols = [b for lo, hi, _ in TEXT_PHASES[p] for b in range(lo, hi + 1)]
+        after = np.array([a for lo, hi, a in TEXT_PHASES[p] for _ in range(lo, hi + 1)], dtype=np.int64)
+        to = trans[rows[p]][:, cols].astype(np.int64)
+        live = (to >= 0).all(axis=1)
+        nxt = np.full((int(live.sum()), width), always, dtype=np.int64)
+        nxt[:, :len(cols)] = after * n + to[live]
+        ids.append(p * n + rows[p][live])
+        succ.append(nxt)
+        alive[p * n + rows[p][live]] = True
+    ids, succ = np.concatenate(ids), np.concatenate(succ)
+    for _ in range(MAX_TEXT_ROUNDS):
+        was = alive[ids]
+        now = was & alive[succ].all(axis=1)
+        if (now == was).all():
+            return candidates[alive[candidates]]
+        alive[ids] = now
+        if not alive[candidates].any():
+            break
+    return np.zeros(0, dtype=np.int64)
 
 
 class WalkStore:
