@@ -27,15 +27,16 @@ _P, _I32, _I64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 class GrammarStruct(ctypes.Structure):
     """token_walk.c's Grammar."""
     _fields_ = [("trans", _P), ("fork", _P), ("accept", _P), ("has_bytes", _P), ("tail", _P), ("text_reach", _P),
-                ("class_bytes", _P), ("class_reach", _P), ("call_off", _P), ("call_rule", _P), ("call_ret", _P),
-                ("starts", _P), ("n_states", _I32), ("max_depth", _I32), ("variable_rule", _I32)]
+                ("class_bytes", _P), ("class_reach", _P), ("class_wide", _P), ("call_off", _P), ("call_rule", _P),
+                ("call_ret", _P), ("starts", _P), ("n_states", _I32), ("max_depth", _I32), ("variable_rule", _I32)]
 
 
 class TrieStruct(ctypes.Structure):
     """token_walk.c's Trie."""
 
     _fields_ = [("byte", _P), ("next", _P), ("depth", _P), ("tok", _P), ("n_end", _P), ("text_chars", _P),
-                ("root_chars", _P), ("plain_masks", _P), ("below_bytes", _P), ("depth_below", _P), ("sorted_ids", _P),
+                ("root_chars", _P), ("plain_masks", _P), ("below_bytes", _P), ("depth_below", _P), ("wide_below", _P),
+                ("sorted_ids", _P),
                 ("n_nodes", _I32), ("max_len", _I32), ("words", _I32)]
 
 

@@ -38,6 +38,7 @@ class Fragment:
     text_reach: np.ndarray   # [n] int32
     class_bytes: np.ndarray  # [n, 4] uint64
     class_reach: np.ndarray  # [n] int32
+    class_wide: np.ndarray   # [n] uint8
     fork: np.ndarray         # [n] bool: the state can call a rule or return
     tail: np.ndarray         # [n] bool: a return state with nothing after it
     nullable: bool           # the root rule matches the empty string
@@ -46,8 +47,9 @@ class Fragment:
     @classmethod
     def of(cls, automaton: Automaton, cap: int, relaxed: tuple = ()) -> Fragment:
         a = automaton
-        sets, class_reach = byte_classes(np.ascontiguousarray(a.trans, dtype=np.int32), cap)
-        return cls(a, text_reach(a, cap), sets, class_reach, *fork_and_tail(a), nullable_rules(a)[0], relaxed)
+        sets, class_reach, class_wide = byte_classes(np.ascontiguousarray(a.trans, dtype=np.int32), cap)
+        return cls(a, text_reach(a, cap), sets, class_reach, class_wide, *fork_and_tail(a), nullable_rules(a)[0],
+                   relaxed)
 
     @classmethod
     def stub(cls, prefix: bytes) -> Fragment:
@@ -62,7 +64,8 @@ class Fragment:
         a = Automaton(trans, {n - 2: ((1, n - 1),)}, accept, (trans >= 0).any(axis=1), [0, -1],
                       ["r:start", "r:start:rest"])
         zeros = np.zeros(n, dtype=np.int32)
-        return cls(a, zeros, np.zeros((n, 4), dtype=np.uint64), zeros.copy(), *fork_and_tail(a), False)
+        return cls(a, zeros, np.zeros((n, 4), dtype=np.uint64), zeros.copy(), np.zeros(n, dtype=np.uint8),
+                   *fork_and_tail(a), False)
 
     @property
     def n_states(self) -> int:
@@ -93,6 +96,7 @@ class StatePool:
         self.text_reach = np.zeros(states, dtype=np.int32)
         self.class_bytes = np.zeros((states, 4), dtype=np.uint64)
         self.class_reach = np.zeros(states, dtype=np.int32)
+        self.class_wide = np.zeros(states, dtype=np.uint8)
         self.call_off = np.zeros(states + 1, dtype=np.int32)
         self.call_rule = np.zeros(calls, dtype=np.int32)
         self.call_ret = np.zeros(calls, dtype=np.int32)
@@ -126,6 +130,7 @@ class StatePool:
         self.text_reach[rows] = frag.text_reach
         self.class_bytes[rows] = frag.class_bytes
         self.class_reach[rows] = frag.class_reach
+        self.class_wide[rows] = frag.class_wide
         starts = np.asarray(a.starts, dtype=np.int32)
         self.starts[r0:r0 + len(a.starts)] = np.where(starts >= 0, starts + s0, -1)  # (-1: a stub's, not linked)
         self.rule_names.extend(a.rule_names)
@@ -147,6 +152,7 @@ class StatePool:
         self.text_reach[rows] = 0
         self.class_bytes[rows] = 0
         self.class_reach[rows] = 0
+        self.class_wide[rows] = 0
         self.starts[r0] = s0
         self.rule_names.append(name)
         self._add_calls(s0, {s0: tuple((r, s0 + 1) for r in roots)}, 2)
@@ -161,6 +167,7 @@ class StatePool:
                          self.rule_names, own_states=own_states,
                          tables=dict(fork=self.fork[:n], tail=self.tail[:n], text_reach=self.text_reach[:n],
                                      class_bytes=self.class_bytes[:n], class_reach=self.class_reach[:n],
+                                     class_wide=self.class_wide[:n],
                                      call_off=self.call_off[:n + 1], call_rule=self.call_rule[:max(self.n_calls, 1)],
                                      call_ret=self.call_ret[:max(self.n_calls, 1)], starts=starts,
                                      rows=lambda: self.row_lists(n), variable_rule=variable_rule,
@@ -217,7 +224,8 @@ class StatePool:
             return out
 
         if states > len(self.accept):
-            for name in ("trans", "accept", "has_bytes", "fork", "tail", "text_reach", "class_bytes", "class_reach"):
+            for name in ("trans", "accept", "has_bytes", "fork", "tail", "text_reach", "class_bytes", "class_reach",
+                         "class_wide"):
                 setattr(self, name, bigger(getattr(self, name), states))
             # (one past the states' room: doubled apart from them, its length would drift ahead of
             # theirs and a later growth would leave it short)

@@ -14,24 +14,40 @@ from hypothesis import strategies as st
 from agentkv.grammar import GrammarCompiler, Matcher, TokenizerInfo, native
 from agentkv.grammar.tokens import walk as tw
 from agentkv.grammar.tokens import walk_tables
-from agentkv.grammar.tokens.trie import build_trie
+from agentkv.grammar.tokens.trie import WIDE_PHASES, build_trie
 from tests.grammar_helpers import compile_one, masks_along_a_walk
 
 E = "é".encode()
 BYTES = [b"a", b"b", b"1", b'"', b"\\", b" ", b"\n", b"\x7f", b"{", b":", *(bytes([c]) for c in E),
-         *(bytes([c]) for c in "中".encode()), b"\xed", b"\xa0", b"\xf0", b"\x9f", b"\xf4", b"\x90", b"\xc0"]
+         *(bytes([c]) for c in "中".encode()), b"\xed", b"\xa0", b"\xf0", b"\x9f", b"\xf4", b"\x90", b"\xc0",
+         *(bytes([c]) for c in "\u2028".encode()), b"\xa9", b"\xc2", b"\xe3", b"\xef", b"\xbb", b"\xbf"]
+SPACES = "\u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000\ufeff"
 
 
 def is_plain_text(data: bytes) -> bool:
     """token_trie's plain text, by Python's UTF-8 decoder: printable ASCII but the quote and backslash,
-    and whole characters past ASCII, the last of which may be cut short."""
+    and whole characters past ASCII but the line separators U+2028 and U+2029, the last of which may
+    be cut short."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         if e.end != len(data) or not e.reason.startswith("unexpected end"):
             return False
         return is_plain_text(data[:e.start])
-    return all(ord(c) >= 0x80 or (0x20 <= ord(c) < 0x7F and c not in '"\\') for c in text)
+    return all((ord(c) >= 0x80 and c not in "\u2028\u2029") or (0x20 <= ord(c) < 0x7F and c not in '"\\')
+               for c in text)
+
+
+def is_wide_text(data: bytes) -> bool:
+    """token_trie's wide text: any ASCII, and whole characters past ASCII but the spaces ECMA's \\s
+    matches, the last of which may be cut short."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.end != len(data) or not e.reason.startswith("unexpected end"):
+            return False
+        return is_wide_text(data[:e.start])
+    return not any(c in SPACES for c in text)
 
 
 def n_chars(data: bytes) -> int:
@@ -64,6 +80,7 @@ def test_the_trie_holds_every_token_once_in_byte_order(words, twins):
         below_set = int.from_bytes(trie.below_bytes[i].tobytes(), "little")
         assert below_set == sum(1 << c for c in {c for b in below for c in b[len(here):]}), (here, below)
         assert trie.depth_below[i] == max(len(b) for b in below) - len(here)
+        assert trie.wide_below[i] == all(is_wide_text(b[len(here):]) for b in below), (here, below)
         whole = all(is_plain_text(b) for b in below)
         assert trie.root_chars[i] == (max(map(n_chars, below)) if whole else -1), (here, below)
         if trie.next[i] > i + 1:
@@ -86,6 +103,9 @@ SHAPES = [
     ("schema", {"type": "string", "pattern": "^[a-c0-9-]{1,6}$"}),  # a class chain
     ("schema", {"type": "string", "pattern": "^([a-c]{3})+$"}),
     ("schema", {"type": "string", "pattern": "1.1"}),  # a text loop once matched
+    ("schema", {"type": "string", "pattern": "^.+$"}),  # all but U+2028/9: a text loop (not plain)
+    ("schema", {"type": "string", "pattern": "^[^ #.]+$"}),  # a class taking every wide character
+    ("schema", {"type": "string", "pattern": "^\\S{1,4}$"}),  # a counted one
     ("schema",
      {"type": "object", "propertyNames": {"pattern": "^[a-c_]{2,5}$"}, "additionalProperties": {"type": "integer"}}),
     ("schema",
@@ -107,7 +127,7 @@ SHAPES = [
 ]
 WORDS = (
     [bytes([c]) for c in range(0x20, 0x7F)]
-    + [E, E[:1], E[1:], "中".encode(), "中".encode()[:2], b"\n"]
+    + [E, E[:1], E[1:], "中".encode(), "中".encode()[:2], b"\n", "\u2028".encode()[:2]]
     + [
         w.encode()
         for w in [
@@ -168,6 +188,16 @@ WORDS = (
             "W1234567",
             "X12345678",
             "Yé中é中é",
+            "a\u2028",
+            "a\u00a0",
+            "\u3000",
+            "中\u3000b",
+            "ñ\u3000",
+            "ñb",
+            "é.b",
+            "ab#",
+            "中中中中中",
+            "\u2029b",
         ]
     ]
 )
@@ -236,18 +266,53 @@ def test_a_key_that_is_free_or_constrained_is_a_text_loop():
     SHAPES + [("schema", {"type": "string", "pattern": "^[^.]{1,5}(\\.[^.]{1,5})*$"}), ("regex", "[a-c]{2,4}[0-9]{3}")])
 def test_class_reach_is_what_survives(kind, source):
     # A state's class of bytes carries any text of that class as far as its reach says (strings of
-    # up to 4 bytes tried, drawn from the class).
+    # up to 4 characters tried, drawn from the class, and from wide characters past ASCII where the
+    # class takes them).
     g = compile_shape(shape_info(), kind, source)
     trans, tables = g.automaton.trans, g.walk_tables
     rnd = random.Random(0)
+    wide = [c.encode() for c in "é\u0085\u07ff\u0800中\u2027\u202a\u3001\ufefe\uffff\U00010000\U0010ffff"]
     for q in range(g.num_states):
-        members = [b for b in range(256) if tables.class_sets[q] >> b & 1]
+        members = [bytes([b]) for b in range(256) if tables.class_sets[q] >> b & 1]
+        if tables.class_wide[q]:
+            members += wide
         for k in range(1, min(int(tables.class_reach[q]), 4) + 1):
             for _ in range(20):
                 s = q
-                for b in (rnd.choice(members) for _ in range(k)):
+                for b in b"".join(rnd.choice(members) for _ in range(k)):
                     s = trans[s, b]
                     assert s >= 0, (source, q, k)
+
+
+@pytest.mark.parametrize("pattern,wide", [("^[^./]+$", True), ("^\\S+$", True), ("^.+$", True),
+                                          ("^[^é]+$", False), ("^[ -\\x7f]+$", False), ("^[^\u3001]+$", False),
+                                          ("^[^\u3000]+$", True)])
+def test_a_class_takes_wide_characters_where_each_leads_its_way(pattern, wide):
+    """Past ASCII a class is read by characters: the walk allows a subtree of wide text whose ASCII
+    bytes are in the class where every wide character past ASCII leads where the class does."""
+    g = compile_shape(shape_info(), "schema", {"type": "string", "pattern": pattern})
+    body = g.stacks(g.advance(g.initial, b'"ab'))[0][-1]
+    assert bool(g.walk_tables.class_wide[body]) == wide
+
+
+def test_wide_text_is_utf8_but_the_spaces():
+    """WIDE_PHASES against Python's UTF-8: every character of the BMP and a sample past it, and the
+    forms RFC 3629 forbids."""
+    def accepted(data):
+        p = 0
+        for b in data:
+            p = next((q for lo, hi, q in WIDE_PHASES[p] if lo <= b <= hi), None)
+            if p is None:
+                return False
+        return p == 0
+    for cp in [*range(0x110), *range(0x110, 0x10000, 3), *SPACES.encode("utf-32-le")[::4], 0x10000, 0x10FFFF]:
+        c = chr(cp)
+        if 0xD800 <= cp < 0xE000:
+            continue
+        assert accepted(c.encode()) == (c not in SPACES), hex(cp)
+    for bad in (b"\xc0\xaf", b"\xc1\xbf", b"\xe0\x80\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80",
+                b"\x80"):
+        assert not accepted(bad), bad
 
 
 needs_native = pytest.mark.skipif(native.load() is None, reason=f"no native token walk: {native.unavailable_reason()}")

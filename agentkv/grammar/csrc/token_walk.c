@@ -223,11 +223,14 @@ static int add_expansion(Walk *w, int32_t e, int64_t from) {
     return w->me_end[e];
 }
 
-/* Are the bytes below node i all of state q's class, and no deeper than it carries such text? */
+/* Are the bytes below node i all of state q's class, and no deeper than it carries such text? Past
+   ASCII, bytes outside the class pass where the class takes every wide character and the tokens below
+   read wide text (a byte count bounds the characters, so the reach in characters holds). */
 static int loops_below(const Grammar *g, const Trie *t, int32_t q, int32_t i) {
     if (g->class_reach[q] < t->depth_below[i]) return 0;
     const uint64_t *below = t->below_bytes + (int64_t)i * 4, *cls = g->class_bytes + (int64_t)q * 4;
-    return !(below[0] & ~cls[0]) && !(below[1] & ~cls[1]) && !(below[2] & ~cls[2]) && !(below[3] & ~cls[3]);
+    if ((below[0] & ~cls[0]) | (below[1] & ~cls[1])) return 0;
+    return !((below[2] & ~cls[2]) | (below[3] & ~cls[3])) || (g->class_wide[q] && t->wide_below[i]);
 }
 
 /* Walk the nodes [lo, hi) (all deeper than `base`), the expanded set at depth `base` being levels[0:]. */

@@ -13,7 +13,8 @@ typedef struct {
     const uint8_t *tail;      /* a return state with nothing after it: a call from there replaces the frame */
     const int32_t *text_reach; /* characters of any plain text that surely survive from the state */
     const uint64_t *class_bytes; /* [n_states][4]: a class of bytes all leading one way (a 256-bit set) */
-    const int32_t *class_reach;  /* how many bytes of any text of that class surely survive from the state */
+    const int32_t *class_reach;  /* how many characters of any text of that class surely survive from the state */
+    const uint8_t *class_wide;   /* the class also takes every wide character past ASCII (trie.py's WIDE_PHASES) */
     const int32_t *call_off;  /* [n_states + 1]: the state's calls are call_rule/call_ret[call_off[s]:call_off[s+1]] */
     const int32_t *call_rule;
     const int32_t *call_ret;
@@ -35,6 +36,7 @@ typedef struct {
     const uint32_t *plain_masks; /* [max_len + 1][words]: the tokens that are plain text of at most k characters */
     const uint64_t *below_bytes; /* [n_nodes][4]: the bytes the tokens below read past the node */
     const int32_t *depth_below;  /* the most bytes a token below reads past the node */
+    const uint8_t *wide_below;   /* every token below reads wide text past the node (trie.py's WIDE_PHASES) */
     const int32_t *sorted_ids; /* [n_tokens] token ids in byte order */
     int32_t n_nodes;
     int32_t max_len;

@@ -7,8 +7,8 @@ walk that finds no parser stack reading a node's byte skips the whole subtree, a
 extending a prefix steps that prefix once.
 
 `text_chars[i]` is, where every token below node i reads plain text from there on (printable
-ASCII but the quote and backslash, and well-formed UTF-8 characters, the last one may be cut
-short), the most characters any of them reads past the node; -1 where one reads something else.
+ASCII but the quote and backslash, and well-formed UTF-8 characters but U+2028 and U+2029, the
+last one may be cut short), the most characters any of them reads past the node; -1 where one reads something else.
 From a grammar state where every plain text of that many characters survives (a string body, an
 open object's names, a string with room for that many more), the walk allows the subtree without
 stepping it. `root_chars[i]` is the same counted from the tokens' first byte (-1 unless the path to
@@ -18,7 +18,9 @@ skips every subtree with root_chars within k (setting 100k bits one by one took 
 `below_bytes[i]` is the set of bytes the tokens below node i read past it, and `depth_below[i]` the
 most of them one token reads: from a state whose class of bytes carries any text of that class that
 far (a loop over a class, `[a-z0-9-]+`; a counted repetition with that much room, `[^.]{1,32}`),
-the subtree is allowed unwalked.
+the subtree is allowed unwalked. Past ASCII a class is read by characters: `wide_below[i]` says the
+tokens below read wide text (WIDE_PHASES), and a state whose class also takes every wide character
+(`[^./]+`, `\\S+`, `.+`) allows such a subtree when its ASCII bytes are in the class.
 
 Built with numpy a column (byte offset) at a time: ~0.2 s for a 151k vocabulary (333k nodes).
 """
@@ -32,13 +34,16 @@ import numpy as np
 
 # Plain text as a byte automaton: phase -> (first byte, last byte, next phase). Phase 0 is a
 # character boundary; the others are inside a UTF-8 character (the ranges RFC 3629 allows, so no
-# surrogates and nothing past U+10FFFF). Grammar states' reach in plain text (token_walk.text_reach)
-# reads the same table.
+# surrogates and nothing past U+10FFFF). U+2028 and U+2029 (E2 80 A8/A9) are not plain: they are the
+# line terminators an ECMA `.` refuses, so a string under a `.*` pattern reads every plain text (a
+# text loop) and the few tokens holding them are stepped. Grammar states' reach in plain text
+# (walk_tables.text_reach) reads the same table.
 NO_TOKENS = np.zeros(0, dtype=np.int64)
 BOUNDARY = 0
 TEXT_PHASES: tuple[tuple[tuple[int, int, int], ...], ...] = (
-    ((0x20, 0x21, 0), (0x23, 0x5B, 0), (0x5D, 0x7E, 0), (0xC2, 0xDF, 1), (0xE0, 0xE0, 4), (0xE1, 0xEC, 2),
-     (0xED, 0xED, 5), (0xEE, 0xEF, 2), (0xF0, 0xF0, 6), (0xF1, 0xF3, 3), (0xF4, 0xF4, 7)),
+    ((0x20, 0x21, 0), (0x23, 0x5B, 0), (0x5D, 0x7E, 0), (0xC2, 0xDF, 1), (0xE0, 0xE0, 4), (0xE1, 0xE1, 2),
+     (0xE2, 0xE2, 8), (0xE3, 0xEC, 2), (0xED, 0xED, 5), (0xEE, 0xEF, 2), (0xF0, 0xF0, 6), (0xF1, 0xF3, 3),
+     (0xF4, 0xF4, 7)),
     ((0x80, 0xBF, 0),),   # 1: one continuation byte left
     ((0x80, 0xBF, 1),),   # 2: two
     ((0x80, 0xBF, 2),),   # 3: three
@@ -46,6 +51,29 @@ TEXT_PHASES: tuple[tuple[tuple[int, int, int], ...], ...] = (
     ((0x80, 0x9F, 1),),   # 5: after ED (no surrogates)
     ((0x90, 0xBF, 2),),   # 6: after F0 (no overlong forms)
     ((0x80, 0x8F, 2),),   # 7: after F4 (nothing past U+10FFFF)
+    ((0x80, 0x80, 9), (0x81, 0xBF, 1)),  # 8: after E2
+    ((0x80, 0xA7, 0), (0xAA, 0xBF, 0)),  # 9: after E2 80 (not U+2028, U+2029)
+)
+# Wide text, the other alphabet the walk knows: any ASCII byte, and well-formed UTF-8 characters past
+# ASCII but the spaces (those ECMA's `\s` matches: U+00A0, U+1680, U+2000-200A, U+2028, U+2029,
+# U+202F, U+205F, U+3000, U+FEFF). A class of bytes (`[^./]`, `\S`, `.`) reads its ASCII bytes one by
+# one and every wide character past ASCII: the walk checks the ASCII bytes below a node against the
+# class (below_bytes) and the rest against this table (wide_below). Phases 1-7 are TEXT_PHASES'.
+WIDE_PHASES: tuple[tuple[tuple[int, int, int], ...], ...] = (
+    ((0x00, 0x7F, 0), (0xC2, 0xC2, 8), (0xC3, 0xDF, 1), (0xE0, 0xE0, 4), (0xE1, 0xE1, 9), (0xE2, 0xE2, 11),
+     (0xE3, 0xE3, 14), (0xE4, 0xEC, 2), (0xED, 0xED, 5), (0xEE, 0xEE, 2), (0xEF, 0xEF, 16), (0xF0, 0xF0, 6),
+     (0xF1, 0xF3, 3), (0xF4, 0xF4, 7)),
+    *TEXT_PHASES[1:8],
+    ((0x80, 0x9F, 0), (0xA1, 0xBF, 0)),  # 8: after C2 (not U+00A0)
+    ((0x80, 0x99, 1), (0x9A, 0x9A, 10), (0x9B, 0xBF, 1)),  # 9: after E1
+    ((0x81, 0xBF, 0),),  # 10: after E1 9A (not U+1680)
+    ((0x80, 0x80, 12), (0x81, 0x81, 13), (0x82, 0xBF, 1)),  # 11: after E2
+    ((0x8B, 0xA7, 0), (0xAA, 0xAE, 0), (0xB0, 0xBF, 0)),  # 12: after E2 80 (not U+2000-200A, 2028, 2029, 202F)
+    ((0x80, 0x9E, 0), (0xA0, 0xBF, 0)),  # 13: after E2 81 (not U+205F)
+    ((0x80, 0x80, 15), (0x81, 0xBF, 1)),  # 14: after E3
+    ((0x81, 0xBF, 0),),  # 15: after E3 80 (not U+3000)
+    ((0x80, 0xBA, 1), (0xBB, 0xBB, 17), (0xBC, 0xBF, 1)),  # 16: after EF
+    ((0x80, 0xBE, 0),),  # 17: after EF BB (not U+FEFF)
 )
 
 
@@ -61,6 +89,7 @@ class TokenTrie:
     plain_masks: np.ndarray  # [max_len + 1, words] uint32
     below_bytes: np.ndarray  # [n, 4] uint64: the bytes any token below reads past the node (a 256-bit set)
     depth_below: np.ndarray  # [n] int32: the most bytes a token below reads past the node
+    wide_below: np.ndarray  # [n] uint8: every token below reads wide text past the node (WIDE_PHASES)
     sorted_ids: np.ndarray  # [tokens] int32: token ids in byte order
     max_len: int
 
@@ -71,11 +100,11 @@ class TokenTrie:
     @cached_property
     def _lists(self) -> tuple[list, ...]:
         return tuple(x.tolist() for x in (self.byte, self.next, self.depth, self.tok, self.n_end, self.text_chars,
-                                          self.root_chars, self.depth_below))
+                                          self.root_chars, self.depth_below, self.wide_below))
 
     def lists(self) -> tuple[list, ...]:
-        """byte, next, depth, tok, n_end, text_chars, root_chars and depth_below as lists (the Python walk
-        indexes them one at a time)."""
+        """byte, next, depth, tok, n_end, text_chars, root_chars, depth_below and wide_below as lists
+        (the Python walk indexes them one at a time)."""
         return self._lists
 
     @cached_property
@@ -167,7 +196,9 @@ def build_trie(info) -> TokenTrie:
     text_chars = np.full(n, -1, dtype=np.int32)
     root_chars = np.full(n, -1, dtype=np.int32)
     depth_below = np.zeros(n, dtype=np.int32)
-    plain = _plain_suffixes(cols, ids, lengths, width)
+    plain = _plain_suffixes(cols, ids, lengths, width, TEXT_PHASES)
+    wide = _plain_suffixes(cols, ids, lengths, width, WIDE_PHASES)
+    wide_below = np.zeros(n, dtype=np.uint8)
     # characters (bytes that are no UTF-8 continuation) per token, and in its first d bytes
     starts_char = (cols < 0x80) | (cols >= 0xC0)
     chars = (starts_char & (np.arange(width)[:, None] < lengths)).sum(axis=0).astype(np.int64)
@@ -190,6 +221,8 @@ def build_trie(info) -> TokenTrie:
         edges = np.stack([node_tok[at], after_tok], axis=1).reshape(-1)
         most = np.maximum.reduceat(np.append(chars, 0), edges)[::2]
         text_chars[at] = np.where(all_plain, most - chars_before[node_tok[at]], -1)
+        bad_wide = np.concatenate([[0], np.cumsum(~wide[d])])
+        wide_below[at] = bad_wide[after_tok] == bad_wide[node_tok[at]]
         root_plain = bad0[after_tok] == bad0[node_tok[at]]
         root_chars[at] = np.where(root_plain, most, -1)
         depth_below[at] = np.maximum.reduceat(np.append(lengths, 0), edges)[::2] - d
@@ -203,7 +236,7 @@ def build_trie(info) -> TokenTrie:
         plain_masks[k] = np.packbits(token_chars <= k, bitorder="little").view(np.uint32)
     below = _below_bytes(byte, node_depth, by_depth, bounds, width)
     return TokenTrie(byte, nxt.astype(np.int32), node_depth.astype(np.int32), tok, n_end, text_chars, root_chars,
-                     plain_masks, below, depth_below, sorted_ids.astype(np.int32), width)
+                     plain_masks, below, depth_below, wide_below, sorted_ids.astype(np.int32), width)
 
 
 def _below_bytes(byte, node_depth, by_depth, bounds, width) -> np.ndarray:
@@ -224,9 +257,10 @@ def _below_bytes(byte, node_depth, by_depth, bounds, width) -> np.ndarray:
     return below
 
 
-def _plain_suffixes(cols, ids, lengths, width) -> dict[int, np.ndarray]:
-    """offset d -> per sorted token, whether its bytes from d on are plain text (TEXT_PHASES)."""
-    phases = len(TEXT_PHASES)
+def _plain_suffixes(cols, ids, lengths, width, table) -> dict[int, np.ndarray]:
+    """offset d -> per sorted token, whether its bytes from d on are text of `table` (TEXT_PHASES or
+    WIDE_PHASES) from a character boundary, the last character possibly cut short."""
+    phases = len(table)
     ok = [np.ones(len(ids), dtype=bool) for _ in range(phases)]  # ok[p]: the rest accepted from phase p
     out = {}
     for d in range(width, -1, -1):
@@ -236,7 +270,7 @@ def _plain_suffixes(cols, ids, lengths, width) -> dict[int, np.ndarray]:
             nxt = []
             for p in range(phases):
                 acc = ended.copy()
-                for lo, hi, q in TEXT_PHASES[p]:
+                for lo, hi, q in table[p]:
                     acc |= (col >= lo) & (col <= hi) & ok[q]
                 nxt.append(acc)
             ok = nxt

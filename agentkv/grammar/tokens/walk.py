@@ -28,6 +28,7 @@ import numpy as np
 
 from agentkv.grammar import native
 
+_ASCII = (1 << 128) - 1  # the ASCII half of a 256-bit byte set
 
 class PendingRule(Exception):  # noqa: N818  (not an error: a signal its grammar answers)
     """A walk or an expansion reached a call of a rule not linked yet (a composed grammar's part,
@@ -182,9 +183,9 @@ class _PyWalk:
 
     def walk_range(self, lo: int, hi: int, base: int, level0: list) -> None:
         t, tb = self.trie, self.tb
-        byte, nxt, depth, tok, n_end, text_chars, root_chars, depth_below = t.lists()
+        byte, nxt, depth, tok, n_end, text_chars, root_chars, depth_below, wide_below = t.lists()
         rows, fork, reach0 = tb.rows, tb.fork, self.reach0
-        (reach, class_reach), class_sets, below_sets = tb.reach_lists, tb.class_sets, t.below_sets()
+        (reach, class_reach, class_wide), class_sets, below_sets = tb.reach_lists, tb.class_sets, t.below_sets()
         levels = [level0]  # levels[d]: the expanded stacks after `base + d` bytes of the current path
         i = lo
         while i < hi:
@@ -208,7 +209,8 @@ class _PyWalk:
                 i = after
                 continue
             if (text_chars[i] >= 0 and max(reach[s] for s, _ in raw) >= text_chars[i]) or any(
-                    class_reach[s] >= depth_below[i] and not below_sets[i] & ~class_sets[s] for s, _ in raw):
+                    class_reach[s] >= depth_below[i] and not below_sets[i] & ~class_sets[s] & _ASCII
+                    and (not below_sets[i] & ~class_sets[s] or class_wide[s] and wide_below[i]) for s, _ in raw):
                 self.allow(first + n_end[i], tok[after])
                 i = after
                 continue

@@ -19,12 +19,12 @@ from functools import cached_property
 import numpy as np
 
 from agentkv.grammar import native
-from agentkv.grammar.tokens.trie import BOUNDARY, TEXT_PHASES
+from agentkv.grammar.tokens.trie import BOUNDARY, TEXT_PHASES, WIDE_PHASES
 from agentkv.grammar.tokens.walk import walk_failed, walk_python
 
 MAX_WALK_BYTES = 64 << 20  # per grammar: the native walks kept (~3,400 at a 151k vocabulary)
 MAX_SHARED_WALK_BYTES = 64 << 20  # per state pool: the walks its grammars share (csrc/mask_cache.c's Store)
-_PHASE_ORDER = (BOUNDARY, 3, 6, 7, 4, 5, 2, 1)  # each UTF-8 phase after every phase that leads to it
+_PHASE_ORDER = (BOUNDARY, 3, 6, 7, 8, 9, 4, 5, 2, 1)  # each UTF-8 phase after every phase that leads to it
 MAX_TEXT_ROUNDS = 64  # rounds of the text loop search before it gives up (none taken)
 
 
@@ -57,11 +57,14 @@ def text_reach(automaton, cap: int) -> np.ndarray:
     return reach.astype(np.int32)
 
 
-def byte_classes(trans: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+def byte_classes(trans: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per state, a class of bytes that all lead one way (those leading back to the state, where some
-    do; else those going where "a" goes, else "0") as a 256-bit set, and how many bytes of any text of
-    that class surely survive from it, up to `cap`: `cap` for a loop, the room left on a counted
-    repetition of the class (each step's class holding the one before), 0 where there is no class."""
+    do; else those going where "a" goes, else "0") as a 256-bit set, and how many characters of any
+    text of that class surely survive from it, up to `cap`: `cap` for a loop, the room left on a
+    counted repetition of the class (each step's class holding the one before), 0 where there is no
+    class. Third, whether the class also takes every wide character past ASCII (token_trie's
+    WIDE_PHASES: `[^./]`, `\\S` and `.` do), each leading where its bytes lead, as far as the reach
+    says: the walk then allows a subtree of wide text whose ASCII bytes are in the class."""
     n = len(trans)
     own = np.arange(n, dtype=trans.dtype)
     loops = trans == own[:, None]
@@ -78,19 +81,30 @@ def byte_classes(trans: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
         if (grown <= reach[step]).all():
             break
         reach[step] = np.maximum(reach[step], grown)
-    return sets, reach.astype(np.int32)
+    wide = np.zeros(n, dtype=bool)
+    cands = np.flatnonzero((to >= 0) & (trans[:, 0xC2:0xF5] >= 0).all(axis=1))  # (every lead byte read)
+    wide[cands] = _char_end(trans, cands, BOUNDARY, WIDE_PHASES, past_ascii=True) == to[cands]
+    chain = step[reach[step] > 1]  # (a counted repetition: each later step must take them too)
+    for _ in range(cap):
+        kept = wide[chain] & wide[to[chain]]
+        if (kept == wide[chain]).all():
+            break
+        wide[chain] = kept
+    return sets, reach.astype(np.int32), wide.astype(np.uint8)
 
 
-def _char_end(trans, states: np.ndarray, phase: int) -> np.ndarray:
-    """Per state, the one state every plain character begun in `phase` ends at (-1: they die or
-    end at different states)."""
+def _char_end(trans, states: np.ndarray, phase: int, table=TEXT_PHASES, past_ascii: bool = False) -> np.ndarray:
+    """Per state, the one state every character of `table` begun in `phase` ends at (-1: they die
+    or end at different states); `past_ascii`: only those past ASCII."""
     out = None
-    for lo, hi, after in TEXT_PHASES[phase]:
+    for lo, hi, after in table[phase]:
+        if past_ascii and hi < 0x80:
+            continue
         block = trans[np.maximum(states, 0), lo:hi + 1]
         first = block[:, 0]
         to = np.where((states >= 0) & (block == first[:, None]).all(axis=1), first, -1)
         if after != BOUNDARY:
-            to = _char_end(trans, to, after)
+            to = _char_end(trans, to, after, table)
         out = to if out is None else np.where(out == to, out, -1)
     return out
 
@@ -188,8 +202,8 @@ class WalkTables:
 
     @cached_property
     def reach_lists(self) -> tuple[list[int], list[int]]:
-        """text_reach and class_reach as lists (the Python walk's)."""
-        return self.text_reach.tolist(), self.class_reach.tolist()
+        """text_reach, class_reach and class_wide as lists (the Python walk's)."""
+        return self.text_reach.tolist(), self.class_reach.tolist(), self.class_wide.tolist()
 
     @cached_property
     def rows(self) -> list[list[int]]:
@@ -208,11 +222,12 @@ class WalkTables:
         self.cap = grammar.info.trie.max_len
         self.row_lists = a.tables.get("rows")
         if a.tables:  # composed in a state pool: each part's tables were made with it (grammar/pool.py)
-            for name in ("text_reach", "class_bytes", "class_reach", "call_off", "call_rule", "call_ret", "starts"):
+            for name in ("text_reach", "class_bytes", "class_reach", "class_wide", "call_off", "call_rule", "call_ret",
+                         "starts"):
                 setattr(self, name, a.tables[name])
         else:
             self.text_reach = text_reach(a, self.cap)
-            self.class_bytes, self.class_reach = byte_classes(self.trans, self.cap)
+            self.class_bytes, self.class_reach, self.class_wide = byte_classes(self.trans, self.cap)
             callers = sorted(a.calls)
             per = [len(a.calls[c]) for c in callers]
             self.call_off = np.zeros(n + 1, dtype=np.int32)
@@ -227,8 +242,8 @@ class WalkTables:
         self.starts_list = list(a.starts)
         self.struct = native.GrammarStruct(
             *(x.ctypes.data for x in (self.trans, self.fork, self.accept, self.has_bytes, self.tail, self.text_reach,
-                                      self.class_bytes, self.class_reach, self.call_off, self.call_rule, self.call_ret,
-                                      self.starts)),
+                                      self.class_bytes, self.class_reach, self.class_wide, self.call_off,
+                                      self.call_rule, self.call_ret, self.starts)),
             n, self.max_depth, a.tables.get("variable_rule", -1))
         self.info = grammar.info
         self.lib = native.load()
@@ -289,5 +304,6 @@ def _flatten(stacks) -> tuple[np.ndarray, np.ndarray]:
 def trie_struct(trie) -> native.TrieStruct:
     return native.TrieStruct(*(x.ctypes.data for x in (trie.byte, trie.next, trie.depth, trie.tok, trie.n_end,
                                                        trie.text_chars, trie.root_chars, trie.plain_masks,
-                                                       trie.below_bytes, trie.depth_below, trie.sorted_ids)),
+                                                       trie.below_bytes, trie.depth_below, trie.wide_below,
+                                                       trie.sorted_ids)),
                              trie.n_nodes, trie.max_len, trie.plain_masks.shape[1])
