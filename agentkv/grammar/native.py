@@ -36,7 +36,7 @@ class TrieStruct(ctypes.Structure):
 
     _fields_ = [("byte", _P), ("next", _P), ("depth", _P), ("tok", _P), ("n_end", _P), ("text_chars", _P),
                 ("root_chars", _P), ("plain_masks", _P), ("below_bytes", _P), ("depth_below", _P), ("wide_below", _P),
-                ("sorted_ids", _P),
+                ("sorted_ids", _P), ("root_child", _P),
                 ("n_nodes", _I32), ("max_len", _I32), ("words", _I32)]
 
 

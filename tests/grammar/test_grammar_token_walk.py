@@ -86,6 +86,8 @@ def test_the_trie_holds_every_token_once_in_byte_order(words, twins):
         if trie.next[i] > i + 1:
             assert trie.depth[i + 1] == trie.depth[i] + 1  # a first child
     assert trie.n_nodes == len({b[:k] for b in ordered for k in range(1, len(b) + 1)})
+    roots = {int(trie.byte[i]): i for i in range(trie.n_nodes) if trie.depth[i] == 1}
+    assert trie.root_child.tolist() == [roots.get(b, -1) for b in range(256)]
     for k in range(trie.max_len + 1):  # plain_masks[k]: the tokens that are plain text of at most k characters
         bits = np.unpackbits(trie.plain_masks[k].view(np.uint8), bitorder="little")
         assert set(np.flatnonzero(bits).tolist()) == {
@@ -215,11 +217,15 @@ def compile_shape(info, kind, source):
 
 KEYED = {"type": "object", "patternProperties": {"^[a-z]+x$": {"type": "integer"}},
          "additionalProperties": {"type": "string"}}
+DECLARED = {"type": "object", "properties": {"abc": {"type": "integer"}}, "additionalProperties": {"type": "string"}}
+SKIPPED = {"type": "object", "patternProperties": {"^a.c": {"type": "integer"}},
+           "additionalProperties": {"type": "string"}}
 
 
 @pytest.mark.parametrize("kind,source", SHAPES + [("schema", {"type": "string", "maxLength": 9}),
                                                   ("schema", {"type": "string", "pattern": "^[^a]{0,4}$"}),
-                                                  ("schema", KEYED)])
+                                                  ("schema", KEYED), ("schema", DECLARED),
+                                                  ("schema", SKIPPED)])
 def test_text_reach_is_what_survives(kind, source):
     # A state's reach: every plain text of that many characters survives (a character of 1-4 bytes,
     # cut short too); a text loop (reach: any token's length) every plain text. A state that is not
@@ -248,15 +254,19 @@ def test_text_reach_is_what_survives(kind, source):
             assert not keeps_ascii or not all(survives(q, t) for t in texts), (source, q)
 
 
-def test_a_key_that_is_free_or_constrained_is_a_text_loop():
-    """Inside a key that any text may be but some pattern gives another value, plain characters lead
-    through the pattern's states while the free side keeps every text alive: those states are text
-    loops too (a mask there takes plain tokens whole instead of stepping the trie), found by the
-    greatest fixpoint over the (state, phase) pairs plain text reaches."""
-    g = compile_shape(shape_info(), "schema", KEYED)
+@pytest.mark.parametrize("schema", [KEYED, DECLARED, SKIPPED])
+def test_a_key_that_is_free_or_constrained_is_a_text_loop(schema):
+    """Inside a key that any text may be but some pattern or declared name gives another value, plain
+    characters lead through the pattern's or the name's states while the free side keeps every text
+    alive: those states are text loops too (a mask there takes plain tokens whole instead of stepping
+    the trie), found by the greatest fixpoint over the (state, phase) pairs plain text reaches, which
+    takes in a state whose characters all lead one way to a searched one (past a name's last
+    letter)."""
+    g = compile_shape(shape_info(), "schema", schema)
     loops, cid, seen = g.walk_tables.text_loop, g.advance(g.initial, b'{"'), set()
-    for c in b"abcxx":  # (through the pattern's states)
-        seen.update(stack[-1] for stack in g.stacks(cid))
+    for c in b"abcxx":  # (through the pattern's or the name's states)
+        # (a declared name's own letters, one byte each, are a stack apart)
+        seen.update(stack[-1] for stack in g.stacks(cid) if (g.automaton.trans[stack[-1]] >= 0).sum() > 1)
         cid = g.step(cid, c)
     assert len(seen) > 2 and all(loops[q] for q in seen)
 

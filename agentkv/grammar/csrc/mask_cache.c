@@ -23,7 +23,9 @@ its calls, such as the first mask's walk of free text over the whole vocabulary.
 #include "token_walk.h"
 
 typedef struct {
-    uint32_t *allowed;   /* [words] */
+    uint32_t *allowed;   /* the tokens: [words] bits where n_set < 0, else n_set (word, bits) pairs */
+    int32_t n_set;       /* (most walks allow few tokens: pairs keep them small, and a first mask's walks
+                            do not fault in a fresh 19 KB page run each at a 151k vocabulary) */
     int32_t *below;      /* [2 * n_below]: (node, bytes read) */
     int64_t n_below;
     int32_t depth;
@@ -48,6 +50,7 @@ typedef struct {
     Store *store;        /* the pool's, or NULL */
     int32_t head, tail;  /* most and least recently used */
     int32_t *scratch;    /* [2 * (n_nodes + 1)]: a relative walk's returns, before they are kept */
+    uint32_t *dense;     /* [words], zero between walks: a relative walk's tokens, before they are kept */
 } Walks;
 
 Walks *agentkv_walks_new(const Grammar *g, const Trie *t, int32_t words, int64_t budget, Store *store) {
@@ -61,8 +64,9 @@ Walks *agentkv_walks_new(const Grammar *g, const Trie *t, int32_t words, int64_t
     ws->head = ws->tail = -1;
     ws->walks = calloc((size_t)g->n_states, sizeof(StateWalk));
     ws->scratch = malloc((size_t)(t->n_nodes + 1) * 2 * sizeof(int32_t));
-    if (!ws->walks || !ws->scratch) {
-        free(ws->walks); free(ws->scratch); free(ws);
+    ws->dense = calloc((size_t)words, sizeof(uint32_t));
+    if (!ws->walks || !ws->scratch || !ws->dense) {
+        free(ws->walks); free(ws->scratch); free(ws->dense); free(ws);
         return NULL;
     }
     return ws;
@@ -105,15 +109,29 @@ static void drop(Walks *ws, int32_t q) {
     ws->evictions++;
 }
 
+/* How many uint32 a walk's tokens take. */
+static int64_t allowed_len(const StateWalk *w, int32_t words) {
+    return w->n_set < 0 ? words : (w->n_set ? 2 * (int64_t)w->n_set : 1);
+}
+
+/* OR a walk's tokens into `out`. */
+static void or_walk(const StateWalk *w, uint32_t *out, int32_t words) {
+    if (w->n_set < 0) {
+        for (int32_t i = 0; i < words; i++) out[i] |= w->allowed[i];
+    } else {
+        for (int32_t k = 0; k < w->n_set; k++) out[w->allowed[2 * k]] |= w->allowed[2 * k + 1];
+    }
+}
+
 /* A copy of `from` into `to` (unlinked); 0 where memory ran out. */
 static int copy_walk(StateWalk *to, const StateWalk *from, int32_t words) {
-    uint32_t *allowed = malloc((size_t)words * sizeof(uint32_t));
+    uint32_t *allowed = malloc((size_t)allowed_len(from, words) * sizeof(uint32_t));
     int32_t *below = from->n_below ? malloc((size_t)from->n_below * 2 * sizeof(int32_t)) : NULL;
     if (!allowed || (from->n_below && !below)) {
         free(allowed); free(below);
         return 0;
     }
-    memcpy(allowed, from->allowed, (size_t)words * sizeof(uint32_t));
+    memcpy(allowed, from->allowed, (size_t)allowed_len(from, words) * sizeof(uint32_t));
     if (below) memcpy(below, from->below, (size_t)from->n_below * 2 * sizeof(int32_t));
     *to = *from;
     to->allowed = allowed;
@@ -196,7 +214,7 @@ void agentkv_walks_free(Walks *ws) {
         free(ws->walks[q].allowed);
         free(ws->walks[q].below);
     }
-    free(ws->walks); free(ws->scratch); free(ws);
+    free(ws->walks); free(ws->scratch); free(ws->dense); free(ws);
 }
 
 /* State q's walk, kept, taken from the store or computed now (and made the most recently used); NULL
@@ -212,18 +230,27 @@ static StateWalk *state_walk(Walks *ws, int32_t q, int *rc) {
     if (store_get(ws->store, q, w)) {
         ws->shared++;
     } else {
-        uint32_t *allowed = calloc((size_t)ws->words, sizeof(uint32_t));
-        *rc = -1;
-        if (!allowed) return NULL;
         int64_t n_below = 0;
-        int32_t depth = 0, variable = 0, root[2] = {-1, 0};
-        *rc = agentkv_token_walk(&ws->g, &ws->t, &q, 1, 1, root, 1, allowed, ws->scratch, &n_below, &depth,
+        int32_t depth = 0, variable = 0, root[2] = {-1, 0}, words = ws->words, n_set = 0;
+        uint32_t *dense = ws->dense;
+        *rc = agentkv_token_walk(&ws->g, &ws->t, &q, 1, 1, root, 1, dense, ws->scratch, &n_below, &depth,
                                  &variable);
         if (*rc != 0) {
-            free(allowed);
+            memset(dense, 0, (size_t)words * sizeof(uint32_t));
             return NULL;
         }
+        for (int32_t i = 0; i < words; i++) n_set += dense[i] != 0;
+        w->n_set = 2 * (int64_t)n_set < words ? n_set : -1;  /* pairs where they take less room */
+        uint32_t *allowed = malloc((size_t)allowed_len(w, words) * sizeof(uint32_t));
+        if (allowed && w->n_set >= 0) {
+            for (int32_t i = 0, k = 0; i < words; i++)
+                if (dense[i]) { allowed[2 * k] = (uint32_t)i; allowed[2 * k + 1] = dense[i]; k++; }
+        } else if (allowed) {
+            memcpy(allowed, dense, (size_t)words * sizeof(uint32_t));
+        }
+        memset(dense, 0, (size_t)words * sizeof(uint32_t));
         *rc = -1;
+        if (!allowed) return NULL;
         int32_t *below = NULL;
         if (n_below) {
             below = malloc((size_t)n_below * 2 * sizeof(int32_t));
@@ -234,7 +261,7 @@ static StateWalk *state_walk(Walks *ws, int32_t q, int *rc) {
         w->below = below;
         w->n_below = n_below;
         w->depth = depth;
-        w->bytes = (int64_t)ws->words * 4 + n_below * 8 + (int64_t)sizeof(StateWalk);
+        w->bytes = allowed_len(w, words) * 4 + n_below * 8 + (int64_t)sizeof(StateWalk);
         ws->computed++;
         if (!variable) store_put(ws->store, q, w);
     }
@@ -258,7 +285,7 @@ int agentkv_walks_mask(Walks *ws, const int32_t *flat, const int32_t *offsets, i
         int64_t n_below = 0;
         int32_t depth = 0;
         if (w->depth + (len > 2 ? len - 2 : 0) < ws->g.max_depth) {
-            for (int32_t i = 0; i < ws->words; i++) out[i] |= w->allowed[i];
+            or_walk(w, out, ws->words);
             if (len > 1 && w->n_below)  /* the tokens returning below, walked on through the real frames */
                 rc = agentkv_token_walk(&ws->g, &ws->t, stack, len - 1, 0, w->below, (int32_t)w->n_below, out,
                                         ws->scratch, &n_below, &depth, NULL);

@@ -320,6 +320,23 @@ static void walk_range(Walk *w, int32_t lo, int32_t hi, int32_t base) {
     }
 }
 
+/* The whole trie: the root's children whose byte some stack of level 0 reads, each with its subtree.
+   (A state that reads a few bytes, a name's first letter, touches those children alone, not the
+   hundreds spread across the trie's arrays: each a cache miss in a first mask.) */
+static void walk_roots(Walk *w) {
+    const Grammar *g = w->g;
+    const Trie *t = w->t;
+    uint8_t read[256] = {0};
+    for (int64_t k = 0; k < w->level_at[1]; k++) {
+        const int32_t *row = g->trans + (int64_t)w->levels.v[k].top * 256;
+        for (int b = 0; b < 256; b++) read[b] |= row[b] >= 0;
+    }
+    for (int b = 0; b < 256 && !w->oom; b++) {
+        int32_t i = t->root_child[b];
+        if (read[b] && i >= 0) walk_range(w, i, t->next[i], 0);
+    }
+}
+
 static void walk_free(Walk *w) {
     free(w->fs); free(w->fp); free(w->fl);
     free(w->frames.keys); free(w->frames.vals); free(w->memo.keys); free(w->memo.vals);
@@ -374,7 +391,7 @@ int agentkv_token_walk(const Grammar *g, const Trie *t, const int32_t *stack, in
         if (!w.level_at[1]) {
             continue;
         } else if (node < 0) {
-            walk_range(&w, 0, t->n_nodes, 0);
+            walk_roots(&w);
         } else if (t->text_chars[node] >= 0 && reach >= t->text_chars[node]) {
             /* every token below reads plain text within the reach (a string's tokens returning below a
                block of its characters, say): all of them, without a step */

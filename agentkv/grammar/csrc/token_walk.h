@@ -38,6 +38,7 @@ typedef struct {
     const int32_t *depth_below;  /* the most bytes a token below reads past the node */
     const uint8_t *wide_below;   /* every token below reads wide text past the node (trie.py's WIDE_PHASES) */
     const int32_t *sorted_ids; /* [n_tokens] token ids in byte order */
+    const int32_t *root_child; /* [256]: the root's child for each byte (-1: none) */
     int32_t n_nodes;
     int32_t max_len;
     int32_t words;

@@ -91,6 +91,7 @@ class TokenTrie:
     depth_below: np.ndarray  # [n] int32: the most bytes a token below reads past the node
     wide_below: np.ndarray  # [n] uint8: every token below reads wide text past the node (WIDE_PHASES)
     sorted_ids: np.ndarray  # [tokens] int32: token ids in byte order
+    root_child: np.ndarray  # [256] int32: the root's child for each byte (-1: none)
     max_len: int
 
     @property
@@ -118,12 +119,7 @@ class TokenTrie:
     @cached_property
     def _first_nodes(self) -> list[int]:
         """The root's child per byte (-2: none): a lookup's first step, past up to 256 siblings."""
-        out = [-2] * 256
-        i = 0
-        while i < self.n_nodes:
-            out[int(self.byte[i])] = i
-            i = int(self.next[i])
-        return out
+        return [c if c >= 0 else -2 for c in self.root_child.tolist()]
 
     def node_of(self, text: bytes) -> int:
         """The node at the end of `text`'s path (-1: the root, for empty text; -2: no token starts so)."""
@@ -235,8 +231,11 @@ def build_trie(info) -> TokenTrie:
     for k in range(1, width + 1):
         plain_masks[k] = np.packbits(token_chars <= k, bitorder="little").view(np.uint32)
     below = _below_bytes(byte, node_depth, by_depth, bounds, width)
+    root_child = np.full(256, -1, dtype=np.int32)
+    roots = np.flatnonzero(node_depth == 1)
+    root_child[byte[roots]] = roots
     return TokenTrie(byte, nxt.astype(np.int32), node_depth.astype(np.int32), tok, n_end, text_chars, root_chars,
-                     plain_masks, below, depth_below, wide_below, sorted_ids.astype(np.int32), width)
+                     plain_masks, below, depth_below, wide_below, sorted_ids.astype(np.int32), root_child, width)
 
 
 def _below_bytes(byte, node_depth, by_depth, bounds, width) -> np.ndarray:

@@ -43,10 +43,18 @@ def text_reach(automaton, cap: int) -> np.ndarray:
     loops = nxt == np.arange(n)  # every plain character leads back: a loop (others searched state by state)
     ascii_plain = [b for lo, hi, p in TEXT_PHASES[BOUNDARY] if p == BOUNDARY for b in range(lo, hi + 1)]
     keeps = np.flatnonzero(~loops & (ta >= 0) & (trans[:, ord(" ")] >= 0) & (trans[:, ord("0")] >= 0))
-    # (every plain ASCII byte read, the characters going different ways)
-    keeps = keeps[(trans[keeps][:, ascii_plain] >= 0).all(axis=1) & (trans[keeps, 0xC2:0xF5] >= 0).all(axis=1)
-                  & (nxt[keeps] < 0)]
-    loops[_text_loops(trans, keeps, loops)] = True
+    keeps = keeps[(trans[keeps][:, ascii_plain] >= 0).all(axis=1) & (trans[keeps, 0xC2:0xF5] >= 0).all(axis=1)]
+    # Searched: the states whose plain characters go different ways, and those whose characters all
+    # lead one way along a chain ending at one of them (a declared name's last letter, where any name
+    # may go on). A chain ending at a loop is settled already (its reach, below).
+    one_way = (nxt >= 0) & ~loops
+    end = np.where(one_way, nxt, np.arange(n))
+    for _ in range(10):  # (pointer doubling: chains of up to 1,024 states)
+        end = end[end]
+    multi = np.zeros(n, dtype=bool)
+    multi[keeps[nxt[keeps] < 0]] = True
+    keeps = keeps[multi[keeps] | multi[end[keeps]]]
+    loops[_text_loops(trans, keeps, loops | (one_way & loops[end]))] = True
     reach = np.where(loops, cap, 0).astype(np.int64)
     chained = np.flatnonzero((nxt >= 0) & ~loops)
     for _ in range(cap):  # a chain of k states before a loop or a dead end: k more characters
@@ -305,5 +313,5 @@ def trie_struct(trie) -> native.TrieStruct:
     return native.TrieStruct(*(x.ctypes.data for x in (trie.byte, trie.next, trie.depth, trie.tok, trie.n_end,
                                                        trie.text_chars, trie.root_chars, trie.plain_masks,
                                                        trie.below_bytes, trie.depth_below, trie.wide_below,
-                                                       trie.sorted_ids)),
+                                                       trie.sorted_ids, trie.root_child)),
                              trie.n_nodes, trie.max_len, trie.plain_masks.shape[1])
