@@ -47,9 +47,9 @@ class Fragment:
     @classmethod
     def of(cls, automaton: Automaton, cap: int, relaxed: tuple = ()) -> Fragment:
         a = automaton
-        sets, class_reach, class_wide = byte_classes(np.ascontiguousarray(a.trans, dtype=np.int32), cap)
-        return cls(a, text_reach(a, cap), sets, class_reach, class_wide, *fork_and_tail(a), nullable_rules(a)[0],
-                   relaxed)
+        reach = text_reach(a, cap)
+        sets, class_reach, class_wide = byte_classes(np.ascontiguousarray(a.trans, dtype=np.int32), cap, reach >= cap)
+        return cls(a, reach, sets, class_reach, class_wide, *fork_and_tail(a), nullable_rules(a)[0], relaxed)
 
     @classmethod
     def stub(cls, prefix: bytes) -> Fragment:

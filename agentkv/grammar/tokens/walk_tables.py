@@ -65,14 +65,15 @@ def text_reach(automaton, cap: int) -> np.ndarray:
     return reach.astype(np.int32)
 
 
-def byte_classes(trans: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def byte_classes(trans: np.ndarray, cap: int, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per state, a class of bytes that all lead one way (those leading back to the state, where some
     do; else those going where "a" goes, else "0") as a 256-bit set, and how many characters of any
     text of that class surely survive from it, up to `cap`: `cap` for a loop, the room left on a
     counted repetition of the class (each step's class holding the one before), 0 where there is no
     class. Third, whether the class also takes every wide character past ASCII (token_trie's
     WIDE_PHASES: `[^./]`, `\\S` and `.` do), each leading where its bytes lead, as far as the reach
-    says: the walk then allows a subtree of wide text whose ASCII bytes are in the class."""
+    says: the walk then allows a subtree of wide text whose ASCII bytes are in the class. Not asked
+    of the `texts` states (text loops: their plain-text reach allows more)."""
     n = len(trans)
     own = np.arange(n, dtype=trans.dtype)
     loops = trans == own[:, None]
@@ -90,7 +91,7 @@ def byte_classes(trans: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, n
             break
         reach[step] = np.maximum(reach[step], grown)
     wide = np.zeros(n, dtype=bool)
-    cands = np.flatnonzero((to >= 0) & (trans[:, 0xC2:0xF5] >= 0).all(axis=1))  # (every lead byte read)
+    cands = np.flatnonzero((to >= 0) & ~texts & (trans[:, 0xC2:0xF5] >= 0).all(axis=1))  # (every lead byte read)
     wide[cands] = _char_end(trans, cands, BOUNDARY, WIDE_PHASES, past_ascii=True) == to[cands]
     chain = step[reach[step] > 1]  # (a counted repetition: each later step must take them too)
     for _ in range(cap):
@@ -104,6 +105,8 @@ def byte_classes(trans: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, n
 def _char_end(trans, states: np.ndarray, phase: int, table=TEXT_PHASES, past_ascii: bool = False) -> np.ndarray:
     """Per state, the one state every character of `table` begun in `phase` ends at (-1: they die
     or end at different states); `past_ascii`: only those past ASCII."""
+    if not (states >= 0).any():
+        return np.full(len(states), -1, dtype=np.int64)  # (nothing to follow: the ranges below need no look)
     out = None
     for lo, hi, after in table[phase]:
         if past_ascii and hi < 0x80:
@@ -235,7 +238,8 @@ class WalkTables:
                 setattr(self, name, a.tables[name])
         else:
             self.text_reach = text_reach(a, self.cap)
-            self.class_bytes, self.class_reach, self.class_wide = byte_classes(self.trans, self.cap)
+            self.class_bytes, self.class_reach, self.class_wide = byte_classes(self.trans, self.cap,
+                                                                              self.text_reach >= self.cap)
             callers = sorted(a.calls)
             per = [len(a.calls[c]) for c in callers]
             self.call_off = np.zeros(n + 1, dtype=np.int32)
