@@ -98,6 +98,7 @@ def encode(expr, deadline: float, minimal) -> tuple[np.ndarray, int, list[str], 
         return at[key]
 
     root = put(expr)
+    put = None  # (a recursive closure is a reference cycle: emptied, its scope is freed now, not by the collector)
     order = sorted(names)
     if order != list(names):
         sorted_index = {name: i for i, name in enumerate(order)}

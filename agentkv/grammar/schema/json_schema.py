@@ -341,7 +341,9 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             head = seq(comma if i else EMPTY, elems[i], tail(i + 1))
             return head if i < lo else opt(head)
 
-        return seq(self.punct("["), tail(0), self.punct("]"))
+        out = seq(self.punct("["), tail(0), self.punct("]"))
+        tail = None  # (a recursive closure is a reference cycle: emptied, its scope is freed now, not by the collector)
+        return out
 
     def rule_for(self, schema, ptr: str):
         """A sub-schema as a rule of its own (a call), so repeated or shared use does not copy it."""

@@ -211,7 +211,9 @@ class ObjectRules:
             memo[key] = out
             return out
 
-        return seq(self.punct("{"), rest(0, 0, False), self.punct("}"))
+        out = seq(self.punct("{"), rest(0, 0, False), self.punct("}"))
+        rest = None  # (a recursive closure is a reference cycle: emptied, its scope is freed now, not by the collector)
+        return out
 
 
 def escape_all(e):
