@@ -92,6 +92,24 @@ def test_machines_and_calls():
     assert sorted({name for row in c.calls for name, _ in row}) == ["item", "other"]
 
 
+@settings(max_examples=60, deadline=None)
+@given(patterns())
+def test_a_kept_automaton_comes_back_as_it_was_built(pattern):
+    """The cache keeps a rule automaton over its byte classes (its distinct columns); a hit gives
+    back the table, calls and acceptance that were built, in fewer bytes than the 256 columns."""
+    expr = Alt((match_expr(pattern), seq(lit("["), Ref("item"), lit("]"))))
+    dfa.clear_cache()
+    try:
+        built = dfa.minimal_dfa(expr, FAR)
+        kept = dfa.minimal_dfa(expr, FAR)
+        assert kept is not built
+        assert np.array_equal(kept.table, built.table) and np.array_equal(kept.accept, built.accept)
+        assert list(kept.calls) == list(built.calls)
+        assert dfa.cache_info()["dfa_bytes"] < built.table.nbytes + 256 + 64 * len(built.accept)
+    finally:
+        dfa.clear_cache()
+
+
 def test_an_empty_language_is_one_state_that_accepts_nothing():
     c = native_dfa(Intersect(match_expr("a+"), match_expr("b+")))
     assert len(c.accept) == 1 and not c.accept[0] and (c.table == -1).all()

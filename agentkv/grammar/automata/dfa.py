@@ -136,8 +136,9 @@ def determinize(expr, deadline: float) -> RuleDFA:
 
 # Minimal DFAs by expression, across compilations: the same strings, numbers, formats and
 # patterns recur in schema after schema (a rule's expression names the rules it calls, so equal
-# expressions are equal rules).
-_DFAS: OrderedDict = OrderedDict()  # expr -> (RuleDFA, bytes)
+# expressions are equal rules). Each is kept over its byte classes (_pack): 10-60 columns where the
+# table has 256, so the budget holds the rules of a few hundred schemas, not of sixty.
+_DFAS: OrderedDict = OrderedDict()  # expr -> (packed RuleDFA, bytes)
 MAX_CACHED_DFA_BYTES = 64 << 20
 _dfa_bytes = 0
 _dfa_evictions = 0
@@ -151,7 +152,8 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
         hit = _DFAS.get(expr)
         if hit is not None:
             _DFAS.move_to_end(expr)
-            return hit[0]
+    if hit is not None:
+        return _unpack(hit[0])
     lib = native.load()  # (None: the Python twin builds it)
     if isinstance(expr, (Intersect, Diff)):
         left, right = minimal_dfa(expr.left, deadline), minimal_dfa(expr.right, deadline)
@@ -167,16 +169,30 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
     else:
         dfa = (dfa_native.expression(lib, expr, deadline, minimal_dfa) if lib is not None else
                minimize(determinize(expr, deadline), deadline))
-    size = dfa.table.nbytes + 64 * len(dfa.accept)
+    packed = _pack(dfa)
+    size = packed[0].nbytes + 256 + 64 * len(dfa.accept)
     with _DFAS_LOCK:
         global _dfa_bytes, _dfa_evictions
         if expr not in _DFAS:
-            _DFAS[expr] = (dfa, size)
+            _DFAS[expr] = (packed, size)
             _dfa_bytes += size
         while _dfa_bytes > MAX_CACHED_DFA_BYTES and len(_DFAS) > 1:
             _dfa_bytes -= _DFAS.popitem(last=False)[1][1]
             _dfa_evictions += 1
     return dfa
+
+
+def _pack(d: RuleDFA) -> tuple:
+    """A RuleDFA as the cache keeps it: its table's distinct columns and each byte's column."""
+    by_byte = np.ascontiguousarray(d.table.T)
+    keys = by_byte.view(np.dtype((np.void, by_byte.shape[1] * by_byte.itemsize))).ravel()
+    _, first, column = np.unique(keys, return_index=True, return_inverse=True)
+    return np.ascontiguousarray(d.table[:, first]), column.astype(np.uint8), d.calls, d.accept
+
+
+def _unpack(packed: tuple) -> RuleDFA:
+    columns, column, calls, accept = packed
+    return RuleDFA(columns[:, column], calls, accept)
 
 
 def cache_info() -> dict[str, int]:

@@ -152,13 +152,18 @@ def _result(result: int, names: list[str]):
         accept = np.empty(n, dtype=bool)  # (C's bytes are 0 or 1)
         ctypes.memmove(table.ctypes.data, r.table, table.nbytes)
         ctypes.memmove(accept.ctypes.data, r.accept, n)
-        calls: list[list[tuple[str, int]]] = [[] for _ in range(n)]
+        # (a state without calls holds the one empty tuple: a list per state was as many objects
+        # for the collector to scan in every rule automaton kept)
+        calls: list = [()] * n
         if nc:
             flat = np.empty(3 * nc, dtype=np.int32)
             ctypes.memmove(flat.ctypes.data, r.calls, flat.nbytes)
             flat = flat.tolist()
+            rows: dict[int, list] = {}
             for i in range(0, 3 * nc, 3):
-                calls[flat[i]].append((names[flat[i + 1]], flat[i + 2]))
+                rows.setdefault(flat[i], []).append((names[flat[i + 1]], flat[i + 2]))
+            for s, row in rows.items():
+                calls[s] = tuple(row)
         return RuleDFA(table, calls, accept)
     finally:
         native.load().agentkv_dfa_free(result)

@@ -51,7 +51,7 @@ def utf8_ranges(ranges) -> list[list[tuple[int, int]]]:
 @dataclass
 class RuleDFA:
     table: np.ndarray  # [n, 256] int32: the next state per byte, -1 for none
-    calls: list[list[tuple[str, int]]]  # per state: (rule, return state), by rule
+    calls: list  # per state: its (rule, return state) pairs, by rule (a list or tuple; empty: none)
     accept: np.ndarray  # [n] bool
 
     def targets(self, s: int) -> list[int]:
