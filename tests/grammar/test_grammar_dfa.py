@@ -104,10 +104,28 @@ def test_a_kept_automaton_comes_back_as_it_was_built(pattern):
         kept = dfa.minimal_dfa(expr, FAR)
         assert kept is not built
         assert np.array_equal(kept.table, built.table) and np.array_equal(kept.accept, built.accept)
+        assert kept.table.flags["C_CONTIGUOUS"]  # (C reads the rows of an embedded one)
         assert list(kept.calls) == list(built.calls)
         assert dfa.cache_info()["dfa_bytes"] < built.table.nbytes + 256 + 64 * len(built.accept)
     finally:
         dfa.clear_cache()
+
+
+@settings(max_examples=40, deadline=None)
+@given(patterns(), patterns(), st.booleans())
+def test_a_product_of_kept_automata_is_the_product_built_afresh(left, right, intersect):
+    """Intersections, differences and rules embedding them read their parts from the cache: the
+    same automata as with nothing kept."""
+    a, b = match_expr(left), search_expr(right)
+    expr = seq(lit("<"), Intersect(a, b) if intersect else Diff(a, b), Ref("next"))
+    fresh = native_dfa(expr)
+    dfa.clear_cache()
+    try:
+        dfa.minimal_dfa(a, FAR), dfa.minimal_dfa(b, FAR)
+        kept = dfa.minimal_dfa(expr, FAR)
+    finally:
+        dfa.clear_cache()
+    assert np.array_equal(kept.table, fresh.table) and np.array_equal(kept.accept, fresh.accept)
 
 
 def test_an_empty_language_is_one_state_that_accepts_nothing():

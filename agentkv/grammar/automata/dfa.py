@@ -192,7 +192,8 @@ def _pack(d: RuleDFA) -> tuple:
 
 def _unpack(packed: tuple) -> RuleDFA:
     columns, column, calls, accept = packed
-    return RuleDFA(columns[:, column], calls, accept)
+    # (a column gather comes out in Fortran order; C reads tables row by row)
+    return RuleDFA(np.ascontiguousarray(columns[:, column]), calls, accept)
 
 
 def cache_info() -> dict[str, int]:

@@ -32,15 +32,16 @@ from agentkv.grammar.automata.rule_dfa import MAX_DFA_STATES, MAX_NFA_STATES, Ru
 def product(lib, left, right, keep_right: bool, deadline: float):
     """The minimal intersection (`keep_right`) or difference of two call-free RuleDFAs."""
     acc1, acc2 = _bytes(left.accept), _bytes(right.accept)  # (held: C reads them)
+    t1, t2 = _rows(left.table), _rows(right.table)
     return _result(lib.agentkv_dfa_product(
-        len(acc1), _ptr(left.table), _ptr(acc1), len(acc2), _ptr(right.table), _ptr(acc2), int(keep_right),
+        len(acc1), _ptr(t1), _ptr(acc1), len(acc2), _ptr(t2), _ptr(acc2), int(keep_right),
         MAX_DFA_STATES, _seconds(deadline)), [])
 
 
 def machine(lib, table: np.ndarray, accept: np.ndarray):
     """A call-free DFA given as its table, minimized."""
-    acc = _bytes(accept)
-    return _result(lib.agentkv_dfa_minimize(len(acc), _ptr(table), _ptr(acc)), [])
+    acc, rows = _bytes(accept), _rows(table)
+    return _result(lib.agentkv_dfa_minimize(len(acc), _ptr(rows), _ptr(acc)), [])
 
 
 def expression(lib, expr, deadline: float, minimal):
@@ -49,7 +50,7 @@ def expression(lib, expr, deadline: float, minimal):
     dfa.minimal_dfa, with its cache."""
     code, root, names, embedded = encode(expr, deadline, minimal)
     dfa_off = np.cumsum([0] + [len(d.accept) for d in embedded], dtype=np.int32)
-    tables = np.concatenate([d.table for d in embedded]) if embedded else np.zeros((0, 256), dtype=np.int32)
+    tables = _rows(np.concatenate([d.table for d in embedded])) if embedded else np.zeros((0, 256), dtype=np.int32)
     accepts = _bytes(np.concatenate([d.accept for d in embedded]) if embedded else np.zeros(0, dtype=bool))
     return _result(lib.agentkv_expr_to_dfa(_ptr(code), root, _ptr(dfa_off), _ptr(tables), _ptr(accepts),
                                            MAX_NFA_STATES, MAX_DFA_STATES, _seconds(deadline)), names)
@@ -122,6 +123,11 @@ def _ranges_node(ranges, characters: bool) -> tuple[int, ...]:
 
 def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
+
+
+def _rows(table: np.ndarray) -> np.ndarray:
+    """A table as C reads it: int32, row after row (held by the caller while C runs)."""
+    return np.ascontiguousarray(table, dtype=np.int32)
 
 
 def _bytes(accept: np.ndarray) -> np.ndarray:
