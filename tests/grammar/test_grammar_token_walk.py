@@ -24,30 +24,29 @@ BYTES = [b"a", b"b", b"1", b'"', b"\\", b" ", b"\n", b"\x7f", b"{", b":", *(byte
 SPACES = "\u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000\ufeff"
 
 
-def is_plain_text(data: bytes) -> bool:
-    """token_trie's plain text, by Python's UTF-8 decoder: printable ASCII but the quote and backslash,
-    and whole characters past ASCII but the line separators U+2028 and U+2029, the last of which may
-    be cut short."""
+def whole_characters(data: bytes) -> str | None:
+    """`data` decoded by Python's UTF-8 decoder, a last character cut short left out (None: not UTF-8)."""
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         if e.end != len(data) or not e.reason.startswith("unexpected end"):
-            return False
-        return is_plain_text(data[:e.start])
-    return all((ord(c) >= 0x80 and c not in "\u2028\u2029") or (0x20 <= ord(c) < 0x7F and c not in '"\\')
-               for c in text)
+            return None
+        return whole_characters(data[:e.start])
+
+
+def is_plain_text(data: bytes) -> bool:
+    """token_trie's plain text: printable ASCII but the quote and backslash, and whole characters
+    past ASCII but the line separators U+2028 and U+2029, the last of which may be cut short."""
+    text = whole_characters(data)
+    return text is not None and all(
+        (ord(c) >= 0x80 and c not in "\u2028\u2029") or (0x20 <= ord(c) < 0x7F and c not in '"\\') for c in text)
 
 
 def is_wide_text(data: bytes) -> bool:
     """token_trie's wide text: any ASCII, and whole characters past ASCII but the spaces ECMA's \\s
     matches, the last of which may be cut short."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        if e.end != len(data) or not e.reason.startswith("unexpected end"):
-            return False
-        return is_wide_text(data[:e.start])
-    return not any(c in SPACES for c in text)
+    text = whole_characters(data)
+    return text is not None and not any(c in SPACES for c in text)
 
 
 def n_chars(data: bytes) -> int:

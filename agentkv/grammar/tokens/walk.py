@@ -30,6 +30,7 @@ from agentkv.grammar import native
 
 _ASCII = (1 << 128) - 1  # the ASCII half of a 256-bit byte set
 
+
 class PendingRule(Exception):  # noqa: N818  (not an error: a signal its grammar answers)
     """A walk or an expansion reached a call of a rule not linked yet (a composed grammar's part,
     grammar/composer.py: its start is negative): the grammar links it and asks again."""

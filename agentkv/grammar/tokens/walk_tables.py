@@ -24,8 +24,30 @@ from agentkv.grammar.tokens.walk import walk_failed, walk_python
 
 MAX_WALK_BYTES = 64 << 20  # per grammar: the native walks kept (~3,400 at a 151k vocabulary)
 MAX_SHARED_WALK_BYTES = 64 << 20  # per state pool: the walks its grammars share (csrc/mask_cache.c's Store)
-_PHASE_ORDER = (BOUNDARY, 3, 6, 7, 8, 9, 4, 5, 2, 1)  # each UTF-8 phase after every phase that leads to it
 MAX_TEXT_ROUNDS = 64  # rounds of the text loop search before it gives up (none taken)
+
+
+def _phase_order(table) -> tuple[int, ...]:
+    """The phases of `table`, each after every phase that leads to it inside a character (Kahn's
+    order; the edges back to BOUNDARY, a character's end, left out)."""
+    into = [0] * len(table)
+    for ranges in table:
+        for _, _, after in ranges:
+            if after != BOUNDARY:
+                into[after] += 1
+    order, ready = [], [BOUNDARY]
+    while ready:
+        p = ready.pop()
+        order.append(p)
+        for _, _, after in table[p]:
+            if after != BOUNDARY:
+                into[after] -= 1
+                if not into[after]:
+                    ready.append(after)
+    return tuple(order)
+
+
+_PHASE_ORDER = _phase_order(TEXT_PHASES)
 
 
 def text_reach(automaton, cap: int) -> np.ndarray:
@@ -121,9 +143,10 @@ def _char_end(trans, states: np.ndarray, phase: int, table=TEXT_PHASES, past_asc
 
 
 def _text_loops(trans, candidates: np.ndarray, loops: np.ndarray) -> np.ndarray:
-    """The candidates (states that read every plain ASCII byte, their characters leading different
-    ways) from which no plain text dies: a union of a free string with a constrained one, say, whose
-    states step through the constrained side while the free side keeps every text alive. The
+    """The candidates (states that read every plain ASCII byte and lead byte: those whose characters
+    go different ways, and those whose characters lead one way to one of them) from which no plain
+    text dies: a union of a free string with a constrained one, say, whose states step through the
+    constrained side while the free side keeps every text alive. The
     greatest fixpoint over (state, UTF-8 phase) pairs, all candidates at once: a pair stays while
     every character's bytes from it lead to pairs that stay (`loops`, the text loops found already,
     stay at a character's end; any other state there is out). Past MAX_TEXT_ROUNDS rounds without
