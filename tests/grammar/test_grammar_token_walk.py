@@ -1,4 +1,4 @@
-"""The token walk's parts against their definitions (the trie itself: test_token_trie.py): text
+"""The token walk's parts against their definitions (the trie itself: test_grammar_trie.py): text
 loops against plain text stepped byte by byte, byte classes against their texts, the native walk against
 the Python one (the same StateTokens from every state), and masks against brute force on shapes
 the walk treats specially (class chains, text loops beside declared names, UTF-8 cut short)."""

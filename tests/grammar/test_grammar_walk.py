@@ -1,7 +1,7 @@
 """Masks against brute force over small vocabularies, on grammar shapes that once each had a walk of
 their own: states whose characters go a few ways or many, open objects' names (and the text loop
 shortcut there), literal text and trees of it, optional members, strings of bounded length. (Loops
-over a class: test_grammar_loops.py; the trie: test_token_trie.py; the walk itself: test_grammar_token_walk.py.)"""
+over a class: test_grammar_loops.py; the trie: test_grammar_trie.py; the walk itself: test_grammar_token_walk.py.)"""
 
 import random
 
