@@ -43,7 +43,8 @@ class TrieStruct(ctypes.Structure):
 class DfaStruct(ctypes.Structure):
     """dfa.h's agentkv_dfa."""
 
-    _fields_ = [("n", _I32), ("n_calls", _I32), ("error", _I32), ("table", _P), ("accept", _P), ("calls", _P)]
+    _fields_ = [("n", _I32), ("n_calls", _I32), ("error", _I32), ("table", _P), ("accept", _P), ("calls", _P),
+                ("k", _I32), ("ctab", _P), ("class_of", ctypes.c_uint8 * 256)]
 
 
 DFA_TOO_MANY, DFA_NO_MEMORY, DFA_TIMEOUT, DFA_TOO_MANY_NFA = 1, 2, 3, 4
@@ -94,7 +95,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.agentkv_dfa_product.restype = _P
     lib.agentkv_dfa_minimize.argtypes = [_I32, _P, _P]
     lib.agentkv_dfa_minimize.restype = _P
-    lib.agentkv_trim.argtypes = [_I32, _P, _P, _I32, _P, _P, _P, _P, _P, _P]
+    lib.agentkv_trim.argtypes = [_I32, _P, _P, _I32, _P, _P, _P, _P, _P, _P, _P]
     lib.agentkv_trim.restype = ctypes.c_int
     lib.agentkv_dfa_free.argtypes = [_P]
     lib.agentkv_dfa_free.restype = None

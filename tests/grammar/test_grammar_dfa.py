@@ -1,11 +1,14 @@
 """Rule automata built in C (csrc/dfa_build.c, dfa_minimize.c) against the Python twin
 (automata/dfa_python.py, automata/minimize.py), and the linked automaton's live states (csrc/trim.c) against
-automaton._live_python.
+automaton._cut_python.
 
 The C result must be the minimal DFA of the same language: the same language as the Python one
 (explored pair by pair), as many states as the Python DFA has live equivalence classes, and no state
-that cannot reach acceptance. Equal languages give equal tables (breadth-first numbering).
+that cannot reach acceptance. Equal languages give equal tables (breadth-first numbering). The
+C cut of the linked table (dead edges, `has_bytes`) equals the Python one.
 """
+
+import copy
 
 import numpy as np
 import pytest
@@ -165,15 +168,20 @@ LIVE_CASES = [
 @pytest.mark.parametrize("rules,root", LIVE_CASES)
 def test_live_states_in_c_equal_the_python_search(rules, root):
     raw = _untrimmed(rules, root)
-    live_c, prod_c = automaton._live_native(raw)
-    live_p, prod_p = automaton._live_python(raw)
+    c, p = copy.deepcopy(raw), copy.deepcopy(raw)
+    live_c, prod_c = automaton._cut_native(c)
+    live_p, prod_p = automaton._cut_python(p)
     assert np.array_equal(live_c, live_p) and prod_c == prod_p
     assert live_p[raw.starts[0]]
+    assert np.array_equal(c.trans, p.trans) and np.array_equal(c.has_bytes, p.has_bytes)
+    # every edge left joins live states, and every edge between live states is kept
+    kept = (raw.trans >= 0) & live_p[:, None] & live_p[np.maximum(raw.trans, 0)]
+    assert np.array_equal(p.trans >= 0, kept) and np.array_equal(p.has_bytes, kept.any(axis=1))
 
 
 def test_trimming_drops_what_never_ends():
     raw = _untrimmed(*LIVE_CASES[0])
-    live, productive = automaton._live_native(raw)
+    live, productive = automaton._cut_native(raw)
     assert dict(zip(raw.rule_names, productive)) == {"root": True, "a": False, "b": True} and not live.all()
 
 

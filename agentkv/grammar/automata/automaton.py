@@ -15,7 +15,6 @@ import numpy as np
 from agentkv.errors import GrammarError
 from agentkv.grammar import native
 from agentkv.grammar.automata.dfa import minimal_dfa
-from agentkv.grammar.automata.expr import refs
 
 
 @dataclass
@@ -43,34 +42,34 @@ class Automaton:
 
 def link(rules: dict[str, object], root: str, deadline: float) -> Automaton:
     """Compile every rule reachable from `root` and link them into one automaton."""
-    names, todo, exprs = [], [root], {}
+    names, todo, built = [], [root], {}
     while todo:
         n = todo.pop()
-        if n in exprs:
+        if n in built:
             continue
         if n not in rules:
             raise GrammarError(f"rule '{n}' is used but never defined")
-        exprs[n] = rules[n]
+        built[n] = d = minimal_dfa(rules[n], deadline)
         names.append(n)
-        todo.extend(sorted(refs(rules[n])))
+        todo.extend(d.rules)  # (the rules it calls, as its construction found them: no walk of the expression)
     rule_ix = {n: i for i, n in enumerate(names)}
-    dfas = [minimal_dfa(exprs[n], deadline) for n in names]
+    dfas = [built[n] for n in names]
     offsets, total = [], 0
     for d in dfas:
         offsets.append(total)
         total += len(d.accept)
-    trans = np.full((total, 256), -1, dtype=np.int32)
-    accept = np.zeros(total, dtype=bool)
+    # Every rule's table shifted by its offset, in one pass over all of them (-1 stays -1).
+    trans = np.concatenate([d.table for d in dfas])
+    shift = np.repeat(np.array(offsets, dtype=np.int32), [len(d.accept) for d in dfas])
+    trans += np.where(trans >= 0, shift[:, None], 0)
+    accept = np.concatenate([d.accept for d in dfas])
     calls: dict[int, tuple] = {}
     for d, off in zip(dfas, offsets):
-        n = len(d.accept)
-        trans[off:off + n] = np.where(d.table >= 0, d.table + off, -1)
         for s, row in enumerate(d.calls):
             if row:
                 calls[off + s] = tuple((rule_ix[name], off + t) for name, t in row)
-        accept[off:off + n] = d.accept
     starts = list(offsets)
-    auto = Automaton(trans, calls, accept, (trans >= 0).any(axis=1), starts, names)
+    auto = Automaton(trans, calls, accept, None, starts, names)  # (has_bytes: set by _trim)
     _trim(auto)
     _check_left_recursion(auto)
     return auto
@@ -78,24 +77,15 @@ def link(rules: dict[str, object], root: str, deadline: float) -> Automaton:
 
 def _trim(a: Automaton) -> None:
     """Drop states that cannot reach acceptance, and calls into rules that accept nothing."""
-    n = len(a.accept)
-    live, productive = _live_native(a) if native.load() is not None else _live_python(a)
+    live, productive = _cut_native(a) if native.load() is not None else _cut_python(a)
     if not live[a.starts[0]]:
         raise GrammarError("the grammar accepts no string at all (contradictory constraints?)")
-    dead = ~live
-    if dead.any():
-        t = a.trans
-        bad = np.zeros(n + 1, dtype=bool)  # bad[-1] (the extra slot) is what a missing edge (-1) reads
-        bad[:n] = dead
-        t[bad[t]] = -1
-        t[dead] = -1
     a.calls = {s: kept for s, c in a.calls.items() if live[s]
                for kept in [tuple((r, t) for r, t in c if productive[r] and live[t])] if kept}
-    a.has_bytes = (a.trans >= 0).any(axis=1)
 
 
-def _live_native(a: Automaton) -> tuple[np.ndarray, list[bool]]:
-    """_live_python's search in C (csrc/trim.c)."""
+def _cut_native(a: Automaton) -> tuple[np.ndarray, list[bool]]:
+    """_cut_python in C (csrc/trim.c): the search, the cut edges and `has_bytes` in one call."""
     n = len(a.accept)
     counts = np.zeros(n + 1, dtype=np.int32)
     rule, ret = [], []
@@ -106,15 +96,33 @@ def _live_native(a: Automaton) -> tuple[np.ndarray, list[bool]]:
             ret.append(t)
     call_off = np.cumsum(counts, dtype=np.int32)
     call_rule, call_ret = np.array(rule, dtype=np.int32), np.array(ret, dtype=np.int32)
-    trans = np.ascontiguousarray(a.trans, dtype=np.int32)
+    assert a.trans.dtype == np.int32 and a.trans.flags.c_contiguous  # (C cuts it in place)
     accept = a.accept.astype(np.uint8)
     starts = np.array(a.starts, dtype=np.int32)
     live = np.zeros(n, dtype=np.uint8)
     productive = np.zeros(len(a.starts), dtype=np.uint8)
-    if native.load().agentkv_trim(n, *(x.ctypes.data for x in (trans, accept)), len(starts),
-                                  *(x.ctypes.data for x in (starts, call_off, call_rule, call_ret, live, productive))):
+    has_bytes = np.zeros(n, dtype=np.uint8)
+    if native.load().agentkv_trim(n, *(x.ctypes.data for x in (a.trans, accept)), len(starts),
+                                  *(x.ctypes.data for x in (starts, call_off, call_rule, call_ret, live, productive,
+                                                            has_bytes))):
         raise MemoryError("trimming the grammar's automaton ran out of memory")
-    return live.astype(bool), productive.astype(bool).tolist()
+    a.has_bytes = has_bytes.view(bool)
+    return live.view(bool), productive.astype(bool).tolist()
+
+
+def _cut_python(a: Automaton) -> tuple[np.ndarray, list[bool]]:
+    """(live states, productive rules), with every edge into or out of a dead state cut from
+    `a.trans` and `a.has_bytes` set from what is left."""
+    live, productive = _live_python(a)
+    dead = ~live
+    if dead.any():
+        n, t = len(a.accept), a.trans
+        bad = np.zeros(n + 1, dtype=bool)  # bad[-1] (the extra slot) is what a missing edge (-1) reads
+        bad[:n] = dead
+        t[bad[t]] = -1
+        t[dead] = -1
+    a.has_bytes = (a.trans >= 0).any(axis=1)
+    return live, productive
 
 
 def _live_python(a: Automaton) -> tuple[np.ndarray, list[bool]]:

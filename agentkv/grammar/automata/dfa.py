@@ -33,6 +33,7 @@ from agentkv.grammar.automata.expr import (
     Ref,
     Repeat,
     Seq,
+    refs,
 )
 from agentkv.grammar.automata.minimize import minimize
 from agentkv.grammar.automata.rule_dfa import (
@@ -169,6 +170,8 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
     else:
         dfa = (dfa_native.expression(lib, expr, deadline, minimal_dfa) if lib is not None else
                minimize(determinize(expr, deadline), deadline))
+    if dfa.rules is None:  # (C names them as it encodes the expression; the Python twins do not)
+        dfa.rules = tuple(sorted(refs(expr)))
     packed = _pack(dfa)
     size = packed[0].nbytes + 256 + 64 * len(dfa.accept)
     with _DFAS_LOCK:
@@ -183,17 +186,20 @@ def minimal_dfa(expr, deadline: float) -> RuleDFA:
 
 
 def _pack(d: RuleDFA) -> tuple:
-    """A RuleDFA as the cache keeps it: its table's distinct columns and each byte's column."""
+    """A RuleDFA as the cache keeps it: its table's distinct columns and each byte's column (the
+    byte classes C found, where it built the DFA)."""
+    if d.classes is not None:
+        return (*d.classes, d.calls, d.accept, d.rules)
     by_byte = np.ascontiguousarray(d.table.T)
     keys = by_byte.view(np.dtype((np.void, by_byte.shape[1] * by_byte.itemsize))).ravel()
     _, first, column = np.unique(keys, return_index=True, return_inverse=True)
-    return np.ascontiguousarray(d.table[:, first]), column.astype(np.uint8), d.calls, d.accept
+    return np.ascontiguousarray(d.table[:, first]), column.astype(np.uint8), d.calls, d.accept, d.rules
 
 
 def _unpack(packed: tuple) -> RuleDFA:
-    columns, column, calls, accept = packed
+    columns, column, calls, accept, rules = packed
     # (a column gather comes out in Fortran order; C reads tables row by row)
-    return RuleDFA(np.ascontiguousarray(columns[:, column]), calls, accept)
+    return RuleDFA(np.ascontiguousarray(columns[:, column]), calls, accept, (columns, column), rules)
 
 
 def cache_info() -> dict[str, int]:

@@ -158,6 +158,9 @@ def _result(result: int, names: list[str]):
         accept = np.empty(n, dtype=bool)  # (C's bytes are 0 or 1)
         ctypes.memmove(table.ctypes.data, r.table, table.nbytes)
         ctypes.memmove(accept.ctypes.data, r.accept, n)
+        columns = np.empty((n, r.k), dtype=np.int32)
+        ctypes.memmove(columns.ctypes.data, r.ctab, columns.nbytes)
+        column = np.frombuffer(bytes(r.class_of), dtype=np.uint8)
         # (a state without calls holds the one empty tuple: a list per state was as many objects
         # for the collector to scan in every rule automaton kept)
         calls: list = [()] * n
@@ -170,6 +173,6 @@ def _result(result: int, names: list[str]):
                 rows.setdefault(flat[i], []).append((names[flat[i + 1]], flat[i + 2]))
             for s, row in rows.items():
                 calls[s] = tuple(row)
-        return RuleDFA(table, calls, accept)
+        return RuleDFA(table, calls, accept, (columns, column), tuple(names))
     finally:
         native.load().agentkv_dfa_free(result)

@@ -53,6 +53,10 @@ class RuleDFA:
     table: np.ndarray  # [n, 256] int32: the next state per byte, -1 for none
     calls: list  # per state: its (rule, return state) pairs, by rule (a list or tuple; empty: none)
     accept: np.ndarray  # [n] bool
+    # (columns [n, k] int32, column [256] uint8): `table` as byte classes, `columns[:, column]`.
+    # Where the builder gave them (C), the cache keeps them as they are instead of finding them.
+    classes: tuple | None = None
+    rules: tuple | None = None  # the names of the rules its expression calls, sorted (linking reads them)
 
     def targets(self, s: int) -> list[int]:
         """The states one byte leads to from `s`."""

@@ -12,6 +12,9 @@ typedef struct {
     int32_t *table;  /* n * 256, -1: no transition */
     uint8_t *accept; /* n */
     int32_t *calls;  /* n_calls * 3: state, rule, target (by state, then rule) */
+    int32_t k;       /* byte classes: `table` is `ctab` (n * k) read through `class_of` */
+    int32_t *ctab;
+    uint8_t class_of[256];
 } agentkv_dfa;
 
 enum { DFA_OK = 0, DFA_TOO_MANY = 1, DFA_NO_MEMORY = 2, DFA_TIMEOUT = 3, DFA_TOO_MANY_NFA = 4 };

@@ -204,7 +204,11 @@ static agentkv_dfa *result(const Cdfa *d, int err) {
     r->table = malloc((size_t)d->n * 256 * 4);
     r->accept = malloc((size_t)d->n);
     r->calls = malloc((size_t)(d->nc > 0 ? d->nc : 1) * 12);
-    if (!r->table || !r->accept || !r->calls) { r->error = DFA_NO_MEMORY; return r; }
+    r->k = d->k;
+    r->ctab = malloc((size_t)(d->n > 0 ? d->n : 1) * d->k * 4);
+    if (!r->table || !r->accept || !r->calls || !r->ctab) { r->error = DFA_NO_MEMORY; return r; }
+    memcpy(r->ctab, d->tab, (size_t)d->n * d->k * 4);
+    memcpy(r->class_of, d->class_of, 256);
     for (int32_t s = 0; s < d->n; s++)
         for (int b = 0; b < 256; b++) r->table[(int64_t)s * 256 + b] = d->tab[(int64_t)s * d->k + d->class_of[b]];
     memcpy(r->accept, d->acc, (size_t)d->n);
@@ -223,7 +227,7 @@ agentkv_dfa *dfa_minimized(Cdfa *d, int err) {
 
 void agentkv_dfa_free(agentkv_dfa *r) {
     if (!r) return;
-    free(r->table); free(r->accept); free(r->calls); free(r);
+    free(r->table); free(r->accept); free(r->calls); free(r->ctab); free(r);
 }
 
 /* Byte classes of tables t[i] (n[i] rows each): bytes whose columns agree in all of them. */

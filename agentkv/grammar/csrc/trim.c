@@ -7,10 +7,12 @@
 #include <string.h>
 
 /* trans: n * 256 (-1: none); calls by state (call_off[n + 1], call_rule, call_ret); starts[n_rules].
- * Fills live[n] and productive[n_rules] (0/1). Returns 0, or -1 when out of memory. */
-int agentkv_trim(int32_t n, const int32_t *trans, const uint8_t *accept, int32_t n_rules, const int32_t *starts,
+ * Fills live[n] and productive[n_rules] (0/1), cuts every edge into or out of a dead state from
+ * trans, and fills has_bytes[n] (a byte leads on from the state after the cut). Returns 0, or -1
+ * when out of memory. */
+int agentkv_trim(int32_t n, int32_t *trans, const uint8_t *accept, int32_t n_rules, const int32_t *starts,
                  const int32_t *call_off, const int32_t *call_rule, const int32_t *call_ret,
-                 uint8_t *live, uint8_t *productive) {
+                 uint8_t *live, uint8_t *productive, uint8_t *has_bytes) {
     int rc = -1;
     int64_t m = 0;
     int32_t n_calls = call_off[n];
@@ -23,8 +25,9 @@ int agentkv_trim(int32_t n, const int32_t *trans, const uint8_t *accept, int32_t
     /* Predecessors by bytes: one entry per run of equal targets in a row (a row's repeats add nothing). */
     for (int32_t s = 0; s < n; s++) {
         const int32_t *row = trans + (int64_t)s * 256;
+        has_bytes[s] = 0;
         for (int b = 0; b < 256; b++)
-            if (row[b] >= 0 && (b == 0 || row[b] != row[b - 1])) { rev_off[row[b] + 1]++; m++; }
+            if (row[b] >= 0 && (b == 0 || row[b] != row[b - 1])) { rev_off[row[b] + 1]++; m++; has_bytes[s] = 1; }
     }
     for (int32_t s = 0; s < n; s++) rev_off[s + 1] += rev_off[s];
     rev = malloc((size_t)(m > 0 ? m : 1) * 4);
@@ -67,6 +70,18 @@ int agentkv_trim(int32_t n, const int32_t *trans, const uint8_t *accept, int32_t
         }
     }
 #undef MARK
+    int any_dead = 0;
+    for (int32_t s = 0; s < n && !any_dead; s++) any_dead = !live[s];
+    for (int32_t s = 0; s < n && any_dead; s++) { /* (all live, the usual case: nothing to cut) */
+        int32_t *row = trans + (int64_t)s * 256;
+        uint8_t any = 0;
+        for (int b = 0; b < 256; b++) {
+            if (row[b] < 0) continue;
+            if (!live[s] || !live[row[b]]) row[b] = -1;
+            else any = 1;
+        }
+        has_bytes[s] = any;
+    }
     rc = 0;
 done:
     free(rev_off); free(rev); free(queue); free(start_of); free(by_rule_off); free(by_rule); free(caller);
