@@ -1,7 +1,7 @@
 """The grammar's native code, built on first use and loaded with ctypes: the token walk
 (csrc/token_walk.c), the mask cache (csrc/mask_cache.c), the rule automata (csrc/nfa_build.c,
-dfa_build.c, dfa_minimize.c) and
-the linked automaton's live states (csrc/trim.c).
+dfa_build.c, dfa_minimize.c),
+the linked automaton's live states (csrc/trim.c) and the walk's per-state tables (csrc/state_tables.c).
 
 Portable C (no -march, no OpenMP, no torch), cached in `$AGENTKV_CACHE_DIR/grammar/` by source and
 compiler (native_build.py). Without a C compiler, or with `AGENTKV_NATIVE_GRAMMAR=0`, `load()` returns
@@ -99,4 +99,6 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.agentkv_trim.restype = ctypes.c_int
     lib.agentkv_dfa_free.argtypes = [_P]
     lib.agentkv_dfa_free.restype = None
+    lib.agentkv_walk_tables.argtypes = [_I32, _P, _I32, _I32, _P, _P, _I32, _P, _P, _I32, _P, _P, _P, _P]
+    lib.agentkv_walk_tables.restype = ctypes.c_int
     return lib, ""

@@ -1,7 +1,7 @@
 """Fragments and the state pool: what lets a grammar be composed from parts compiled apart.
 
 A `Fragment` is a grammar's rules linked and trimmed in their own numbering (automaton.py), with the
-per-state tables the token walk reads (tokens/walk_tables.py: reach in plain text, byte classes,
+per-state tables the token walk reads (tokens/state_tables.py: reach in plain text, byte classes,
 fork and tail flags, calls in rows): all of them depend on the fragment's states alone, so they are
 computed once, when the fragment is built, however many grammars use it.
 
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentkv.grammar.automata.automaton import Automaton, fork_and_tail, nullable_rules
-from agentkv.grammar.tokens.walk_tables import WalkStore, byte_classes, text_reach
+from agentkv.grammar.tokens.state_tables import state_tables
+from agentkv.grammar.tokens.walk_tables import WalkStore
 
 MAX_POOL_STATES = 1 << 16  # a pool's states (256 bytes of transitions each, 64 MiB); past it a new pool starts
 
@@ -47,8 +48,7 @@ class Fragment:
     @classmethod
     def of(cls, automaton: Automaton, cap: int, relaxed: tuple = ()) -> Fragment:
         a = automaton
-        reach = text_reach(a, cap)
-        sets, class_reach, class_wide = byte_classes(np.ascontiguousarray(a.trans, dtype=np.int32), cap, reach >= cap)
+        reach, sets, class_reach, class_wide = state_tables(a.trans, cap)
         return cls(a, reach, sets, class_reach, class_wide, *fork_and_tail(a), nullable_rules(a)[0], relaxed)
 
     @classmethod

@@ -37,7 +37,7 @@ import numpy as np
 # surrogates and nothing past U+10FFFF). U+2028 and U+2029 (E2 80 A8/A9) are not plain: they are the
 # line terminators an ECMA `.` refuses, so a string under a `.*` pattern reads every plain text (a
 # text loop) and the few tokens holding them are stepped. Grammar states' reach in plain text
-# (walk_tables.text_reach) reads the same table.
+# (state_tables.text_reach) reads the same table.
 NO_TOKENS = np.zeros(0, dtype=np.int64)
 BOUNDARY = 0
 TEXT_PHASES: tuple[tuple[tuple[int, int, int], ...], ...] = (
