@@ -230,24 +230,42 @@ void agentkv_dfa_free(agentkv_dfa *r) {
     free(r->table); free(r->accept); free(r->calls); free(r->ctab); free(r);
 }
 
-/* Byte classes of tables t[i] (n[i] rows each): bytes whose columns agree in all of them. */
+/* Byte classes of tables t[i] (n[i] rows each): bytes whose columns agree in all of them. The
+ * columns are hashed and then checked row by row (reading a column at a time strides a whole row
+ * per entry: for a names trie of ~800 states that was most of a product's time); only where two
+ * columns share a hash but differ somewhere are they compared column by column. */
 int32_t dfa_table_classes(int count, const int32_t *const *t, const int32_t *n, uint8_t class_of[256], int rep[256]) {
     uint64_t h[256];
-    for (int b = 0; b < 256; b++) {
-        uint64_t x = 1469598103934665603ULL;
-        for (int i = 0; i < count; i++)
-            for (int32_t s = 0; s < n[i]; s++) { x ^= (uint32_t)t[i][(int64_t)s * 256 + b]; x *= 1099511628211ULL; }
-        h[b] = x;
-    }
+    for (int b = 0; b < 256; b++) h[b] = 1469598103934665603ULL;
+    for (int i = 0; i < count; i++)
+        for (int32_t s = 0; s < n[i]; s++) {
+            const int32_t *row = t[i] + (int64_t)s * 256;
+            for (int b = 0; b < 256; b++) { h[b] ^= (uint32_t)row[b]; h[b] *= 1099511628211ULL; }
+        }
     int32_t k = 0;
+    for (int b = 0; b < 256; b++) {
+        int found = -1;
+        for (int32_t c = 0; c < k && found < 0; c++) if (h[rep[c]] == h[b]) found = c;
+        if (found < 0) { rep[k] = b; found = k++; }
+        class_of[b] = (uint8_t)found;
+    }
+    int same = 1;
+    for (int i = 0; i < count && same; i++)
+        for (int32_t s = 0; s < n[i] && same; s++) {
+            const int32_t *row = t[i] + (int64_t)s * 256;
+            for (int b = 0; b < 256 && same; b++) same = row[b] == row[rep[class_of[b]]];
+        }
+    if (same) return k;
+    /* (a hash collision: classes column by column, exactly) */
+    k = 0;
     for (int b = 0; b < 256; b++) {
         int found = -1;
         for (int32_t c = 0; c < k && found < 0; c++) {
             if (h[rep[c]] != h[b]) continue;
-            int same = 1;
-            for (int i = 0; i < count && same; i++)
-                for (int32_t s = 0; s < n[i] && same; s++) same = t[i][(int64_t)s * 256 + b] == t[i][(int64_t)s * 256 + rep[c]];
-            if (same) found = c;
+            int eq = 1;
+            for (int i = 0; i < count && eq; i++)
+                for (int32_t s = 0; s < n[i] && eq; s++) eq = t[i][(int64_t)s * 256 + b] == t[i][(int64_t)s * 256 + rep[c]];
+            if (eq) found = c;
         }
         if (found < 0) { rep[k] = b; found = k++; }
         class_of[b] = (uint8_t)found;
