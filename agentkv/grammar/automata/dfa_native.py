@@ -73,24 +73,27 @@ def encode(expr, deadline: float, minimal) -> tuple[np.ndarray, int, list[str], 
 
     def put(e) -> int:
         key = id(e)
-        if key in at:
-            return at[key]
-        if isinstance(e, Lit):
+        hit = at.get(key)
+        if hit is not None:
+            return hit
+        kind = type(e)
+        if kind is Lit:
             node = [X_LIT, len(e.data), *e.data]
-        elif isinstance(e, (Chars, ByteSet)):
-            node = _ranges_node(e.ranges, isinstance(e, Chars))
-        elif isinstance(e, (Seq, Alt)):
-            kids = [put(it) for it in e.items]
-            node = [X_SEQ if isinstance(e, Seq) else X_ALT, len(kids), *kids]
-        elif isinstance(e, Repeat):
+        elif kind is Seq or kind is Alt:
+            node = [X_SEQ if kind is Seq else X_ALT, len(e.items)]
+            for it in e.items:
+                node.append(put(it))
+        elif kind is Chars or kind is ByteSet:
+            node = _ranges_node(e.ranges, kind is Chars)
+        elif kind is Repeat:
             node = [X_REPEAT, e.min, -1 if e.max is None else e.max, put(e.item)]
-        elif isinstance(e, Ref):
+        elif kind is Ref:
             ref_args.append(len(code) + 1)
             node = [X_REF, names.setdefault(e.name, len(names))]
-        elif isinstance(e, (Intersect, Diff, Machine)):
+        elif kind is Intersect or kind is Diff or kind is Machine:
             embedded.append(minimal(e, deadline))
             node = [X_DFA, len(embedded) - 1]
-        elif isinstance(e, Anchor):
+        elif kind is Anchor:
             raise GrammarError(f"regex anchor '{e.kind}' is only supported at the start or end of a pattern")
         else:
             raise TypeError(f"not a grammar expression: {e!r}")
@@ -138,6 +141,9 @@ def _seconds(deadline: float) -> float:
     return max(0.0, min(deadline - time.monotonic(), 1e9))
 
 
+_CLASS_OF = native.DfaStruct.class_of.offset
+
+
 def _result(result: int, names: list[str]):
     """A RuleDFA copied out of a csrc/dfa.h result, which is then freed."""
     if not result:
@@ -153,14 +159,16 @@ def _result(result: int, names: list[str]):
             raise GrammarError("grammar compilation timed out")
         if r.error:
             raise MemoryError("the grammar's automaton construction ran out of memory")
-        n, nc = r.n, r.n_calls
+        n, nc, k = r.n, r.n_calls, r.k
         table = np.empty((n, 256), dtype=np.int32)
         accept = np.empty(n, dtype=bool)  # (C's bytes are 0 or 1)
-        ctypes.memmove(table.ctypes.data, r.table, table.nbytes)
-        ctypes.memmove(accept.ctypes.data, r.accept, n)
-        columns = np.empty((n, r.k), dtype=np.int32)
-        ctypes.memmove(columns.ctypes.data, r.ctab, columns.nbytes)
-        column = np.frombuffer(bytes(r.class_of), dtype=np.uint8)
+        columns = np.empty((n, k), dtype=np.int32)
+        column = np.empty(256, dtype=np.uint8)
+        memmove = ctypes.memmove
+        memmove(table.ctypes.data, r.table, 1024 * n)
+        memmove(accept.ctypes.data, r.accept, n)
+        memmove(columns.ctypes.data, r.ctab, 4 * n * k)
+        memmove(column.ctypes.data, result + _CLASS_OF, 256)
         # (a state without calls holds the one empty tuple: a list per state was as many objects
         # for the collector to scan in every rule automaton kept)
         calls: list = [()] * n
