@@ -58,10 +58,11 @@ def link(rules: dict[str, object], root: str, deadline: float) -> Automaton:
     for d in dfas:
         offsets.append(total)
         total += len(d.accept)
-    # Every rule's table shifted by its offset, in one pass over all of them (-1 stays -1).
+    # Every rule's table shifted by its offset, in one pass over all of them (-1 stays -1), in place:
+    # a temporary the size of the table cost more in fresh pages than the addition.
     trans = np.concatenate([d.table for d in dfas])
     shift = np.repeat(np.array(offsets, dtype=np.int32), [len(d.accept) for d in dfas])
-    trans += np.where(trans >= 0, shift[:, None], 0)
+    np.add(trans, shift[:, None], out=trans, where=trans >= 0)
     accept = np.concatenate([d.accept for d in dfas])
     calls: dict[int, tuple] = {}
     for d, off in zip(dfas, offsets):
