@@ -97,7 +97,7 @@ def _cut_native(a: Automaton) -> tuple[np.ndarray, list[bool]]:
             ret.append(t)
     call_off = np.cumsum(counts, dtype=np.int32)
     call_rule, call_ret = np.array(rule, dtype=np.int32), np.array(ret, dtype=np.int32)
-    assert a.trans.dtype == np.int32 and a.trans.flags.c_contiguous  # (C cuts it in place)
+    a.trans = np.ascontiguousarray(a.trans, dtype=np.int32)  # (C cuts it in place: as it already is, no copy)
     accept = a.accept.astype(np.uint8)
     starts = np.array(a.starts, dtype=np.int32)
     live = np.zeros(n, dtype=np.uint8)
