@@ -75,3 +75,13 @@ def automata(draw):
 @given(automata(), st.integers(1, 6))
 def test_the_c_tables_equal_the_python_ones_on_random_automata(trans, cap):
     assert_same(trans, cap)
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_a_text_loop_search_cut_short_takes_the_same_states_in_c(rounds, monkeypatch):
+    # Past its rounds the search takes no candidate (a round leaves a superset): C must give up
+    # after the same rounds as the twin, not keep what was left standing.
+    monkeypatch.setattr(state_tables, "MAX_TEXT_ROUNDS", rounds)
+    info = shape_info()
+    for kind, source in SHAPES + [("schema", KEYED), ("schema", DECLARED), ("schema", SKIPPED)]:
+        assert_same(compile_shape(info, kind, source).automaton.trans, info.trie.max_len)
