@@ -291,13 +291,18 @@ agentkv_dfa *agentkv_dfa_product(int32_t n1, const int32_t *t1, const uint8_t *a
         }
         int32_t a = pairs.pool.v[pairs.off.v[i]], b = pairs.pool.v[pairs.off.v[i] + 1];
         d.acc[i] = a1[a] && (b >= 0 && a2[b]) == (keep_right != 0);
+        int32_t last_x = -2, last_y = -2, last_id = -1; /* (most classes of a row lead to the pair the one before did) */
         for (int32_t c = 0; c < k; c++) {
             int32_t x = t1[(int64_t)a * 256 + rep[c]], y = b >= 0 ? t2[(int64_t)b * 256 + rep[c]] : -1;
             int32_t id = -1;
             if (x >= 0 && (y >= 0 || !keep_right)) {
-                int32_t key[2] = {x, y};
-                id = settab_find(&pairs, key, 2, hash_seq(key, 2), NULL, 0);
-                if (id < 0) goto done;
+                if (x == last_x && y == last_y) id = last_id;
+                else {
+                    int32_t key[2] = {x, y};
+                    id = settab_find(&pairs, key, 2, hash_seq(key, 2), NULL, 0);
+                    if (id < 0) goto done;
+                    last_x = x; last_y = y; last_id = id;
+                }
             }
             d.tab[(int64_t)i * k + c] = id;
         }
