@@ -1,7 +1,8 @@
 """The walk's per-state tables in C (csrc/state_tables.c) against their numpy twin
-(tokens/state_tables.py: text_reach and byte_classes): equal on every shape of the token walk's tests
-and on random automata built around the bytes the tables look at (plain ASCII, UTF-8 lead and
-continuation bytes, "a", "0"). What the tables mean is tested in test_grammar_token_walk.py."""
+(tokens/state_tables.py: text_reach and byte_classes): equal on every shape of the token walk's tests,
+on random patterns over the classes the tables single out, on random automata built around the bytes
+they look at (plain ASCII, UTF-8 lead and continuation bytes, "a", "0"), and where the text-loop
+search is cut short. What the tables mean is tested in test_grammar_token_walk.py."""
 
 import numpy as np
 import pytest
