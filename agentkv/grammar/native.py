@@ -99,6 +99,6 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.agentkv_trim.restype = ctypes.c_int
     lib.agentkv_dfa_free.argtypes = [_P]
     lib.agentkv_dfa_free.restype = None
-    lib.agentkv_walk_tables.argtypes = [_I32, _P, _I32, _I32, _P, _P, _I32, _P, _P, _I32, _P, _P, _P, _P]
-    lib.agentkv_walk_tables.restype = ctypes.c_int
+    lib.agentkv_state_tables.argtypes = [_I32, _P, _I32, _I32, _P, _P, _I32, _P, _P, _I32, _P, _P, _P, _P]
+    lib.agentkv_state_tables.restype = ctypes.c_int
     return lib, ""

@@ -220,7 +220,7 @@ static int byte_classes(int32_t n, const int32_t *trans, int32_t cap, const Phas
 }
 
 /* Every table at once. text_*: TEXT_PHASES, wide_*: WIDE_PHASES (see Phases). 0, or -1 (memory). */
-int agentkv_walk_tables(int32_t n, const int32_t *trans, int32_t cap, int32_t text_n, const int32_t *text_off,
+int agentkv_state_tables(int32_t n, const int32_t *trans, int32_t cap, int32_t text_n, const int32_t *text_off,
                         const int32_t *text_r, int32_t wide_n, const int32_t *wide_off, const int32_t *wide_r,
                         int32_t max_rounds, int32_t *text, uint64_t *class_bytes, int32_t *class_reach,
                         uint8_t *class_wide) {

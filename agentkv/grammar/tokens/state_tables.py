@@ -201,19 +201,22 @@ def state_tables(trans: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, n
     trans = np.ascontiguousarray(trans, dtype=np.int32)
     reach, class_reach = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32)
     class_bytes, class_wide = np.empty((n, 4), dtype="<u8"), np.empty(n, dtype=np.uint8)
-    if lib.agentkv_walk_tables(n, trans.ctypes.data, cap, *_TEXT_C, *_WIDE_C, MAX_TEXT_ROUNDS,
+    if lib.agentkv_state_tables(n, trans.ctypes.data, cap, *_TEXT_C, *_WIDE_C, MAX_TEXT_ROUNDS,
                                *(x.ctypes.data for x in (reach, class_bytes, class_reach, class_wide))):
         raise MemoryError("no memory for the grammar's walk tables")
     return reach, class_bytes, class_reach, class_wide
 
 
-def _phases_c(table) -> tuple:
-    """A phase table as csrc/state_tables.c's Phases reads it: (count, offsets, ranges) with the
-    arrays' addresses (the arrays kept with it)."""
+_HELD: list[np.ndarray] = []  # the phase tables' arrays, alive as long as C may read them
+
+
+def _phases_c(table) -> tuple[int, int, int]:
+    """A phase table as csrc/state_tables.c's Phases reads it: (count, offsets' address, ranges'
+    address)."""
     off = np.cumsum([0] + [len(ranges) for ranges in table], dtype=np.int32)
     flat = np.array([x for ranges in table for r in ranges for x in r], dtype=np.int32)
-    return len(table), off.ctypes.data, flat.ctypes.data, (off, flat)
+    _HELD.extend((off, flat))
+    return len(table), off.ctypes.data, flat.ctypes.data
 
 
-_TEXT_HELD, _WIDE_HELD = _phases_c(TEXT_PHASES), _phases_c(WIDE_PHASES)
-_TEXT_C, _WIDE_C = _TEXT_HELD[:3], _WIDE_HELD[:3]
+_TEXT_C, _WIDE_C = _phases_c(TEXT_PHASES), _phases_c(WIDE_PHASES)
