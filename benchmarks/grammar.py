@@ -41,6 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table  # noqa: E402
 from grammar_gil import gil_row  # noqa: E402
+from grammar_outlines import run_outlines  # noqa: E402
 
 from agentkv.grammar import GrammarCompiler, GrammarError, Matcher, TokenizerInfo  # noqa: E402
 from agentkv.grammar.schema.refs import documents_by_id  # noqa: E402
@@ -273,69 +274,12 @@ def run_xgrammar(info: TokenizerInfo, docs, st: Stats) -> None:
         judge_and_walk(doc["tests"], our_grammar(our, doc["schema"]), accepts, walk_one, st)
 
 
-# -- outlines-core: in a worker process, since its index build cannot be interrupted in-process ----
-
-_OC_VOCAB = None
-
-
-def _oc_init(vocab: list, eos: int) -> None:
-    global _OC_VOCAB
-    from outlines_core import Vocabulary
-
-    groups: dict[bytes, list[int]] = {}
-    for i, b in enumerate(vocab):
-        if b is not None and i != eos:
-            groups.setdefault(b, []).append(i)
-    _OC_VOCAB = Vocabulary(eos, groups)
-
-
-def _oc_schema(schema, cases: list[tuple[bool, list[int] | None, list[int]]], n_words: int) -> dict:
-    """Compile, judge each (valid, tokens of agentkv's text or None, tokens of the plain dump), walk one."""
-    from outlines_core import Guide, Index
-    from outlines_core.json_schema import build_regex_from_schema
-
-    t = time.perf_counter()
-    try:
-        index = Index(build_regex_from_schema(json.dumps(schema)), _OC_VOCAB)
-    except Exception:  # noqa: BLE001 - any refusal counts as "does not compile"
-        return {"compiled": False}
-    out = {"compiled": True, "compile_s": time.perf_counter() - t, "bad": 0, "rejected": 0, "mask_s": []}
-
-    def accepts(toks):
-        g = Guide(index)
-        try:
-            for tok in toks:
-                g.advance(tok)
-        except Exception:  # noqa: BLE001 - a refused token
-            return False
-        return g.is_finished() or _OC_VOCAB.get_eos_token_id() in g.get_tokens()
-
-    bitmask = np.zeros(n_words, dtype=np.int32)
-    walked = False
-    for valid, ours, plain in cases:
-        ok = next((toks for toks in (ours, plain) if toks is not None and accepts(toks)), None)
-        if (ok is not None) != valid:
-            out["rejected" if ok is None else "bad"] += 1
-        if ok is not None and not walked:
-            walked = True
-            g = Guide(index)
-            for tok in ok[:MAX_WALK_TOKENS]:
-                t = time.perf_counter()
-                g.write_mask_into(bitmask.ctypes.data, bitmask.size, 4)
-                out["mask_s"].append(time.perf_counter() - t)
-                g.advance(tok)
-    return out
-
-
-def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None:
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures import TimeoutError as FutureTimeout
-
+def outlines_cases(info: TokenizerInfo):
+    """A schema's instances as outlines-core's worker judges them (grammar_outlines.py): (valid,
+    tokens of agentkv's text or None, tokens of the plain compact dump)."""
     our = GrammarCompiler(info)
-    ctx = mp.get_context("spawn")
-    pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_oc_init, initargs=(info.vocab, info.eos_ids[0]))
-    for doc in docs:
+
+    def cases_of(doc) -> list:
         g = our_grammar(our, doc["schema"])
         cases = []
         for case in doc["tests"]:
@@ -343,25 +287,9 @@ def run_outlines(info: TokenizerInfo, docs, st: Stats, timeout_s: float) -> None
             plain = json.dumps(case["data"], separators=(",", ":"), ensure_ascii=False)
             cases.append((case["valid"], info.encode_bytes(text.encode()) if text else None,
                           info.encode_bytes(plain.encode())))
-        fut = pool.submit(_oc_schema, doc["schema"], cases, info.words)
-        try:
-            r = fut.result(timeout=timeout_s)
-        except FutureTimeout:
-            for p in pool._processes.values():  # the build cannot be cancelled: end the worker
-                p.kill()
-            pool.shutdown(wait=False, cancel_futures=True)
-            pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_oc_init,
-                                       initargs=(info.vocab, info.eos_ids[0]))
-            continue
-        if not r["compiled"]:
-            continue
-        st.compiled += 1
-        st.compile_s.append(r["compile_s"])
-        st.compile_by[id(doc)] = r["compile_s"]
-        st.bad += r["bad"]
-        st.rejected += r["rejected"]
-        st.mask_s.extend(r["mask_s"])
-    pool.shutdown()
+        return cases
+
+    return cases_of
 
 
 def main() -> None:
@@ -387,7 +315,8 @@ def main() -> None:
         if importlib.util.find_spec("xgrammar") is not None:
             engines.append(("xgrammar", lambda st: run_xgrammar(info, docs, st)))
         if args.outlines_timeout > 0 and importlib.util.find_spec("outlines_core") is not None:
-            engines.append(("outlines-core", lambda st: run_outlines(info, docs, st, args.outlines_timeout)))
+            engines.append(("outlines-core", lambda st: run_outlines(info, docs, st, args.outlines_timeout,
+                                                                     outlines_cases(info), MAX_WALK_TOKENS)))
         ran = []
         for engine, fn in [(e, fn) for e, fn in engines if e in args.engines.split(",")]:
             st = Stats()
