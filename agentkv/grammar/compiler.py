@@ -147,8 +147,10 @@ class GrammarCompiler:
         refs = None
         if documents:  # read them now: the key holds the documents this schema reaches, no others
             refs = SchemaResources(schema, documents)
-        reached = json.dumps(refs.used, sort_keys=True) if refs else ""
-        key = ("json", json.dumps(schema, sort_keys=True), reached, close_objects, whitespace, max_whitespace)
+        # (the text as given, keys unsorted: members are written in the order the schema declares
+        # them, so the same schema in another order is another grammar)
+        reached = json.dumps(refs.used) if refs else ""
+        key = ("json", json.dumps(schema), reached, close_objects, whitespace, max_whitespace)
 
         def build(deadline):
             conv = JsonSchemaConverter(schema, close_objects=close_objects, strict=self.strict, whitespace=whitespace,

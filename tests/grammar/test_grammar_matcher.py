@@ -17,7 +17,7 @@ from agentkv.grammar import (
     TokenizerInfo,
     fill_next_token_bitmasks,
 )
-from tests.grammar_helpers import ALPHABET, assert_mask_is_brute_force, compile_one, vocabularies
+from tests.grammar_helpers import ALPHABET, BYTE_INFO, accepts, assert_mask_is_brute_force, compile_one, vocabularies
 
 GRAMMARS = [
     ("schema", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array",
@@ -82,6 +82,23 @@ def test_a_rule_in_two_grammars():
             assert m.accept_token(tok_info.vocab.index(bytes([b])))
         assert_mask_is_brute_force(m, bitmask)
         assert m.is_terminated() or m.can_terminate()
+
+
+def test_schemas_apart_only_in_property_order_keep_their_own_orders():
+    # Members are written in the order the schema declares them (a Pydantic model's field order), so
+    # a schema that declares them in another order is another grammar, at the compiler's cache and
+    # at the converter's rules shared by equal sub-schemas alike.
+    def obj(*names):
+        return {"type": "object", "properties": {n: {"type": "integer"} for n in names}, "required": sorted(names)}
+
+    compiler = GrammarCompiler(BYTE_INFO)
+    for names in (("a", "b"), ("b", "a")):
+        g = compiler.compile_json_schema(obj(*names))
+        assert accepts(g, '{"%s":1,"%s":2}' % names) and not accepts(g, '{"%s":1,"%s":2}' % names[::-1])
+    nested = {"type": "object", "properties": {"x": obj("a", "b"), "y": obj("b", "a")}, "required": ["x", "y"]}
+    g = compiler.compile_json_schema(nested)
+    assert accepts(g, '{"x":{"a":1,"b":2},"y":{"b":3,"a":4}}')
+    assert not accepts(g, '{"x":{"a":1,"b":2},"y":{"a":3,"b":4}}')
 
 
 def test_rules_that_call_others_keep_their_walks_to_their_grammar():

@@ -353,7 +353,8 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             return self.any_value()
         # Equal sub-schemas (config files repeat one shape under many names) share one rule:
         # $refs are in one absolute form (schema/refs.py), so equal text means an equal language.
-        key = json.dumps(schema, sort_keys=True)
+        # Keys unsorted: members are written in their declared order, which the text keeps.
+        key = json.dumps(schema)
         name = self._by_content.get(key)
         if name is None:
             name = self._by_content[key] = f"{self.prefix}at:{ptr}"
