@@ -2,6 +2,8 @@
 (csrc/token_walk.c), the mask cache (csrc/mask_cache.c), the rule automata (csrc/nfa_build.c,
 dfa_build.c, dfa_minimize.c),
 the linked automaton's live states (csrc/trim.c) and the walk's per-state tables (csrc/state_tables.c).
+Where Python's headers are, `expr_module()` also builds csrc/ext/expr_module.c, a CPython extension that
+reads a rule's expression objects itself (dfa_native.expression encodes them in Python without it).
 
 Portable C (no -march, no OpenMP, no torch), cached in `$AGENTKV_CACHE_DIR/grammar/` by source and
 compiler (native_build.py). Without a C compiler, or with `AGENTKV_NATIVE_GRAMMAR=0`, `load()` returns
@@ -12,7 +14,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import logging
+import sys
+import sysconfig
 from pathlib import Path
 
 from agentkv import native_build
@@ -102,3 +107,29 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.agentkv_state_tables.argtypes = [_I32, _P, _I32, _I32, _P, _P, _I32, _P, _P, _I32, _P, _P, _P, _P]
     lib.agentkv_state_tables.restype = ctypes.c_int
     return lib, ""
+
+
+def expr_module():
+    """The extension module of csrc/ext/expr_module.c (with the rule-automaton sources linked in), or
+    None where the native grammar is off or Python's headers or a compiler are missing."""
+    return _expr_module()[0]
+
+
+@functools.cache
+def _expr_module() -> tuple[object | None, str]:
+    if load() is None:
+        return None, unavailable_reason()
+    include = sysconfig.get_paths().get("include")
+    if not include or not (Path(include) / "Python.h").exists():
+        return None, f"Python's headers are not installed (no Python.h in {include})"
+    sources = [_CSRC / "ext" / "expr_module.c", *(_CSRC / f for f in ("nfa_build.c", "dfa_build.c", "dfa_minimize.c"))]
+    try:
+        path = native_build.build("grammar", "agentkv-expr", sources, flags=[f"-I{include}"],
+                                  key=[sys.implementation.cache_tag.encode(), include.encode()])
+        spec = importlib.util.spec_from_file_location("agentkv_expr", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (OSError, RuntimeError, ImportError) as e:
+        log.info("agentkv: rule expressions encoded in Python (%s)", e)
+        return None, str(e)
+    return module, ""

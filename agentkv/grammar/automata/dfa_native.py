@@ -47,7 +47,19 @@ def machine(lib, table: np.ndarray, accept: np.ndarray):
 def expression(lib, expr, deadline: float, minimal):
     """The minimal DFA of a rule's expression: encoded, then NFA, subsets and minimization in C.
     `minimal(e, deadline)` gives the DFAs embedded whole (intersections, differences, machines):
-    dfa.minimal_dfa, with its cache."""
+    dfa.minimal_dfa, with its cache. Where the extension module is built (native.expr_module), it
+    reads the expression objects and hands back the result itself."""
+    ext = _expr_module()
+    if ext is not None:
+        (n, k, table, accept, columns, column, calls, error), names = ext.expr_to_dfa(
+            expr, deadline, _seconds(deadline), minimal, MAX_NFA_STATES, MAX_DFA_STATES)
+        if error:
+            _raise(error)
+        # (views of the extension's bytearrays, not copies)
+        return RuleDFA(np.frombuffer(table, dtype=np.int32).reshape(n, 256), calls,
+                       np.frombuffer(accept, dtype=bool),
+                       (np.frombuffer(columns, dtype=np.int32).reshape(n, k), np.frombuffer(column, dtype=np.uint8)),
+                       names)
     code, root, names, embedded = encode(expr, deadline, minimal)
     dfa_off = np.cumsum([0] + [len(d.accept) for d in embedded], dtype=np.int32)
     tables = _rows(np.concatenate([d.table for d in embedded])) if embedded else np.zeros((0, 256), dtype=np.int32)
@@ -93,10 +105,8 @@ def encode(expr, deadline: float, minimal) -> tuple[np.ndarray, int, list[str], 
         elif kind is Intersect or kind is Diff or kind is Machine:
             embedded.append(minimal(e, deadline))
             node = [X_DFA, len(embedded) - 1]
-        elif kind is Anchor:
-            raise GrammarError(f"regex anchor '{e.kind}' is only supported at the start or end of a pattern")
         else:
-            raise TypeError(f"not a grammar expression: {e!r}")
+            _refuse(e)
         at[key] = len(code)
         code.extend(node)
         return at[key]
@@ -144,21 +154,41 @@ def _seconds(deadline: float) -> float:
 _CLASS_OF = native.DfaStruct.class_of.offset
 
 
+def _raise(error: int):
+    """The error of a csrc/dfa.h result that could not be built."""
+    if error == native.DFA_TOO_MANY:
+        raise GrammarError(f"grammar too large: more than {MAX_DFA_STATES} states in one rule; simplify it")
+    if error == native.DFA_TOO_MANY_NFA:
+        raise GrammarError(f"grammar too large: more than {MAX_NFA_STATES} automaton states; lower the "
+                           "repetition bounds (maxLength, maxItems, {m,n}) or simplify the schema")
+    if error == native.DFA_TIMEOUT:
+        raise GrammarError("grammar compilation timed out")
+    raise MemoryError("the grammar's automaton construction ran out of memory")
+
+
+def _refuse(e):
+    """What encoding meets where an expression should be (the extension calls it too)."""
+    if type(e) is Anchor:
+        raise GrammarError(f"regex anchor '{e.kind}' is only supported at the start or end of a pattern")
+    raise TypeError(f"not a grammar expression: {e!r}")
+
+
+@functools.cache
+def _expr_module():
+    ext = native.expr_module()
+    if ext is not None:
+        ext.configure((Lit, Chars, ByteSet, Seq, Alt, Repeat, Ref, Intersect, Diff, Machine), _ranges_node, _refuse)
+    return ext
+
+
 def _result(result: int, names: list[str]):
     """A RuleDFA copied out of a csrc/dfa.h result, which is then freed."""
     if not result:
         raise MemoryError("the grammar's automaton construction ran out of memory")
     try:
         r = native.DfaStruct.from_address(result)
-        if r.error == native.DFA_TOO_MANY:
-            raise GrammarError(f"grammar too large: more than {MAX_DFA_STATES} states in one rule; simplify it")
-        if r.error == native.DFA_TOO_MANY_NFA:
-            raise GrammarError(f"grammar too large: more than {MAX_NFA_STATES} automaton states; lower the "
-                               "repetition bounds (maxLength, maxItems, {m,n}) or simplify the schema")
-        if r.error == native.DFA_TIMEOUT:
-            raise GrammarError("grammar compilation timed out")
         if r.error:
-            raise MemoryError("the grammar's automaton construction ran out of memory")
+            _raise(r.error)
         n, nc, k = r.n, r.n_calls, r.k
         table = np.empty((n, 256), dtype=np.int32)
         accept = np.empty(n, dtype=bool)  # (C's bytes are 0 or 1)
