@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from agentkv.chat.calls import CallProgress, ToolCall, free_text, without_partial
+from agentkv.chat.formats.parts import part_text
 from agentkv.errors import RequestError
 from agentkv.grammar.compiler import closed_schema
 from agentkv.grammar.composed import ComposedGrammar
@@ -163,7 +164,7 @@ class ToolFormat:
         # whose tools differ from an earlier one's by one tool compiles that tool alone. The opening all
         # calls share stays in the head: where text may run into a call, a mask's walk from the text on
         # into the call then branches to every tool only once a token has passed the opening.
-        parts = tuple(self.call_part(t, close_objects) for t in tools)
+        parts = tuple(part_text(self, t, close_objects) for t in tools)  # (formats/parts.py keeps them)
         opening = f"{lark_literal(self.call_opening)} " if self.call_opening else ""
         calls = self.calls_rules(parallel) + f"call: {opening}{TOOL}\n"
         if mode == "required":
