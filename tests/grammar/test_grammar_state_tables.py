@@ -6,9 +6,10 @@ search is cut short. What the tables mean is tested in test_grammar_token_walk.p
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
+from agentkv.errors import GrammarError
 from agentkv.grammar import native
 from agentkv.grammar.tokens import state_tables
 from tests.grammar.test_grammar_token_walk import DECLARED, KEYED, SHAPES, SKIPPED, compile_shape, shape_info
@@ -57,7 +58,11 @@ def patterns(draw):
 def test_the_c_tables_equal_the_python_ones_on_random_patterns(pattern):
     info = shape_info()
     for kind, source in (("regex", pattern), ("schema", {"type": "string", "pattern": f"^({pattern})$"})):
-        g = compile_shape(info, kind, source)
+        try:
+            g = compile_shape(info, kind, source)
+        except GrammarError as e:  # (`.*` before bounded wide classes: past the state limit, not a case here)
+            assert "too large" in str(e)
+            reject()
         assert_same(g.automaton.trans, info.trie.max_len)
 
 

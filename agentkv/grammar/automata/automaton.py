@@ -182,11 +182,12 @@ def fork_and_tail(a: Automaton) -> tuple[np.ndarray, np.ndarray]:
 def nullable_rules(a: Automaton) -> list[bool]:
     """Per rule, whether it can return without reading a byte."""
     nullable = [False] * len(a.starts)
+    accept = a.accept.tolist()  # (a list reads a state ~5x faster than the array, in the loops below)
     changed = True
     while changed:
         changed = False
         for r, start in enumerate(a.starts):
-            if not nullable[r] and _reach_end_without_bytes(a, start, nullable):
+            if not nullable[r] and _reach_end_without_bytes(a, start, nullable, accept):
                 nullable[r] = changed = True
     return nullable
 
@@ -217,11 +218,11 @@ def _check_left_recursion(a: Automaton) -> None:
                 stack.extend(left[x])
 
 
-def _reach_end_without_bytes(a: Automaton, start: int, nullable: list[bool]) -> bool:
+def _reach_end_without_bytes(a: Automaton, start: int, nullable: list[bool], accept: list[bool]) -> bool:
     seen, stack = {start}, [start]
     while stack:
         s = stack.pop()
-        if a.accept[s]:
+        if accept[s]:
             return True
         for r, t in a.calls.get(s, ()):
             if nullable[r] and t not in seen:

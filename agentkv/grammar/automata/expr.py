@@ -179,15 +179,16 @@ def lit(text: str | bytes) -> Lit:
 def seq(*items) -> Expr:
     flat = []
     for it in items:
-        if isinstance(it, Seq):
+        kind = type(it)
+        if kind is Seq:
             flat.extend(it.items)
-        elif it == NOTHING:
+        elif kind is Alt and not it.items:  # (NOTHING; `==` was two dataclass comparisons an item)
             return NOTHING
         else:
             flat.append(it)
     merged: list = []
     for it in flat:  # adjacent literals become one (smaller automata, same language)
-        if merged and isinstance(it, Lit) and isinstance(merged[-1], Lit):
+        if merged and type(it) is Lit and type(merged[-1]) is Lit:
             merged[-1] = Lit(merged[-1].data + it.data)
         else:
             merged.append(it)
