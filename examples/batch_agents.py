@@ -5,7 +5,7 @@ definitions, so only each ticket's own text is prefilled.
     agentkv run examples/batch_agents.py     (or: python examples/batch_agents.py)
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -25,12 +25,13 @@ TICKETS = [
 
 
 @ak.tool
-def lookup_order(order_id: str) -> str:
+def lookup_order(order_id: Annotated[str, Field(pattern=r"^A-[0-9]{3}$")]) -> str:
     """The shipping status of an order.
 
     Args:
         order_id: The order's id, like "A-100".
     """
+    # (the pattern is the call's grammar: a small model cannot run on in the id, as it may in a bare string)
     return ORDERS.get(order_id, f"no order {order_id}")
 
 
