@@ -48,6 +48,9 @@ TABLE = [
     ('start: "a"{2,} "b"{0,1} "c"{1}', ["aac", "aaaabc"], ["ac", "aabbc", "aab"]),
     # text that looks like the rewritten extensions, inside strings, regexes and comments, stays as it is
     ('start: "%json {" /[{]2}/ "{2}"  // %json {"type": "integer"} and x{2}', ['%json {{2}{2}'], ['%json {{{2}']),
+    # a regex may hold raw newlines (as Lark lexes it; Qwen's XML format writes one): what follows them is
+    # still the regex's, repetition braces included
+    ('start: /x\n{2}/ "!"', ["x\n\n!"], ["x\n!", "x ~ 2..2!"]),
 ]
 
 

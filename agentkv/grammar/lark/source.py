@@ -241,12 +241,14 @@ def _line_end(t: str, i: int) -> int:
     return len(t) if end < 0 else end
 
 
-_QUOTED_BODY = {q: re.compile(rf"(?:[^{q}\\\n]|\\[\s\S])*") for q in "\"/"}  # (an escape skips the next character)
+# (an escape skips the next character; a regex may hold raw newlines, as Lark's lexer reads it, and
+# tool formats write them: Qwen's XML value text is a regex over the lines before its end tag)
+_QUOTED_BODY = {'"': re.compile(r'(?:[^"\\\n]|\\[\s\S])*'), "/": re.compile(r"(?:[^/\\]|\\[\s\S])*")}
 
 
 def _quoted_end(t: str, i: int) -> int:
-    """The end of the string or regex opened at i: after its closing mark, or at the end of the line
-    (Lark reports one left open)."""
+    """The end of the string or regex opened at i: after its closing mark, or where it is left open
+    (a string at its line's end, a regex at the text's: Lark reports it)."""
     quote = t[i]
     end = _QUOTED_BODY[quote].match(t, i + 1).end()
     if end < len(t) and t[end] == quote:
