@@ -133,13 +133,13 @@ def test_bad_schema_raises_before_queueing(tiny_engine):
 
 
 def test_cut_output_raises_typed_error_with_partial_text(tiny_engine):
-    out = tiny_engine.generate("x", schema=PERSON, temperature=1.0, seed=0, max_tokens=12)
-    assert out.finish_reason == "length" and len(out.token_ids) == 12
+    out = tiny_engine.generate("x", schema=PERSON, temperature=1.0, seed=0, max_tokens=12, budget_closing=False)
+    assert out.finish_reason == "length" and len(out.token_ids) == 12 and not out.completions[0].truncated
     with pytest.raises(ak.IncompleteOutputError) as err:
         _ = out.parsed
     assert err.value.text == out.text and err.value.finish_reason == "length"
     with pytest.raises(ak.IncompleteOutputError):
-        ak.generate("x", schema=PERSON, engine=tiny_engine, max_tokens=12)
+        ak.generate("x", schema=PERSON, engine=tiny_engine, max_tokens=12, budget_closing=False)
     stopped = tiny_engine.generate("x", schema=PERSON, temperature=0.0, max_tokens=300, stop='"age"')
     with pytest.raises(ak.IncompleteOutputError):
         _ = stopped.parsed

@@ -103,7 +103,9 @@ class AgentRun:
             state = setup.reasoning.state(prompt) if setup.reasoning is not None else "off"
             turn = step_turn(agent, setup, step_mode, offered, state,
                              markup_free=any(m.get("role") == "tool" for m in messages))
-            params = turn.params(agent.params)
+            # (a call budget closing completed would carry arguments the model never wrote, and a run
+            # executes its calls: its steps are cut as they stand, the cut call dropped and asked again)
+            params = turn.params(agent.params).with_(budget_closing=False)
             prompt_ids = self.carry.encode(prompt)
             async for delta in self.engine.stream(prompt_ids, params):
                 if delta.text:

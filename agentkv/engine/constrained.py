@@ -19,7 +19,8 @@ import torch
 from agentkv.engine.request import Request
 from agentkv.engine.sampling_params import SamplingParams
 from agentkv.errors import GrammarError, RequestError
-from agentkv.grammar import CompiledGrammar, GrammarCompiler, TokenizerInfo
+from agentkv.grammar import CompiledGrammar, GrammarCompiler, Matcher, TokenizerInfo
+from agentkv.grammar.schema.numbers import NUMBER_DIGITS
 from agentkv.grammar.schema.parse import value_parser
 
 
@@ -28,21 +29,37 @@ class GrammarSupport:
 
     def __init__(self, tokenizer: Any):
         self._tokenizer = tokenizer
-        self._compiler: GrammarCompiler | None = None
+        # One compiler per number bound requests ask for (SamplingParams.number_digits; None under strict),
+        # all over one TokenizerInfo; a compiler given with `use` serves every request as it is.
+        self._compilers: dict[int | None, GrammarCompiler] = {}
+        self._given: GrammarCompiler | None = None
         self._lock = threading.Lock()
 
     @property
     def compiler(self) -> GrammarCompiler:
+        """The compiler of requests with the default number bound."""
+        return self.compiler_for(NUMBER_DIGITS)
+
+    def compiler_for(self, number_digits: int | None) -> GrammarCompiler:
         with self._lock:
-            if self._compiler is None:
-                self._compiler = GrammarCompiler(TokenizerInfo.from_huggingface(self._tokenizer))
-            return self._compiler
+            if self._given is not None:
+                return self._given
+            c = self._compilers.get(number_digits)
+            if c is None:
+                info = next((c.info for c in self._compilers.values()), None)
+                info = info or TokenizerInfo.from_huggingface(self._tokenizer)
+                c = self._compilers[number_digits] = GrammarCompiler(info, number_digits=number_digits)
+            return c
 
     def cache_info(self) -> dict[str, int]:
-        """The compiler's caches (GrammarCompiler.cache_info), or nothing before its first grammar."""
+        """The compilers' caches (GrammarCompiler.cache_info) summed, or nothing before the first grammar."""
         with self._lock:
-            compiler = self._compiler
-        return compiler.cache_info() if compiler is not None else {}
+            compilers = [self._given] if self._given is not None else list(self._compilers.values())
+        out: dict[str, int] = {}
+        for c in compilers:
+            for k, v in c.cache_info().items():
+                out[k] = out.get(k, 0) + v
+        return out
 
     def stats(self) -> dict[str, int]:
         """The engine's stats() of its grammars: how many are cached, their bytes, what was evicted."""
@@ -60,17 +77,20 @@ class GrammarSupport:
             raise RequestError(f"this engine needs a GrammarCompiler for its own tokenizer ({vocab} tokens); "
                                "build one with GrammarCompiler(TokenizerInfo.from_huggingface(engine.tokenizer))")
         with self._lock:
-            self._compiler = compiler
+            self._given = compiler
 
     def compile(self, params: SamplingParams) -> CompiledGrammar | None:
         """The request's grammar (cached by source), or None for free text. Raises GrammarError, also
         for a strict request whose grammar relaxed a keyword."""
+        if not params.structured:
+            return None
+        compiler = self.compiler_for(None if params.strict else params.number_digits)
         if params.json_schema is not None:
-            grammar = self.compiler.compile_json_schema(params.json_schema, close_objects=params.close_objects)
+            grammar = compiler.compile_json_schema(params.json_schema, close_objects=params.close_objects)
         elif params.regex is not None:
-            grammar = self.compiler.compile_regex(params.regex)
+            grammar = compiler.compile_regex(params.regex)
         elif params.grammar is not None:
-            grammar = self.compiler.compile_lark(params.grammar)
+            grammar = compiler.compile_lark(params.grammar)
         else:
             return None
         if params.strict and grammar.relaxed:
@@ -82,6 +102,20 @@ class GrammarSupport:
                                "change the schema, or drop strict to have it validated after generation",
                                first.pointer)
         return grammar
+
+
+def check_budget(grammar: CompiledGrammar, max_new: int, context_bound: bool) -> None:
+    """Budget closing: the grammar's shortest output must fit the tokens the request may make, or it
+    is refused before anything is queued (a RequestError naming the least max_tokens that fits)."""
+    m = Matcher(grammar)
+    toks = m.completion_tokens()
+    if toks is None or len(toks) <= max_new:
+        return
+    text = m.completion_bytes().decode("utf-8", "replace")
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    where = f"the context leaves {max_new} tokens for the output" if context_bound else f"max_tokens={max_new}"
+    raise RequestError(f"{where}, but the shortest output this grammar accepts is {len(toks)} tokens ({shown!r}); "
+                       f"raise max_tokens to at least {len(toks)} (or set budget_closing=False to have it cut)")
 
 
 def output_parser(params: SamplingParams) -> Callable[[str], Any] | None:

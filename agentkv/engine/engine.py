@@ -17,7 +17,7 @@ from agentkv.chat.messages import is_messages
 from agentkv.chat.reasoning import ReasoningFormat
 from agentkv.chat.turn import Turn
 from agentkv.engine.config import build_config, resolve_device
-from agentkv.engine.constrained import GrammarSupport, output_parser
+from agentkv.engine.constrained import GrammarSupport, check_budget, output_parser
 from agentkv.engine.core import Components, EngineCore
 from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
 from agentkv.engine.disk.setup import tier_for
@@ -342,6 +342,8 @@ class Engine(Prefixes):
         max_new = limit if params.max_tokens is None else min(params.max_tokens, limit)
         eos = self.tokenizer.eos_ids
         grammar = self._grammars.compile(params)  # GrammarError here, before anything is queued
+        if grammar is not None and params.budget_closing:
+            check_budget(grammar, max_new, params.max_tokens is None)
         budget = self._reasoning_budget(ids, params)
         out = []
         for i in range(params.n):
@@ -373,6 +375,7 @@ class Engine(Prefixes):
             draft_tokens=sum(r.usage.draft_tokens for r in group),
             accepted_draft_tokens=sum(r.usage.accepted_draft_tokens for r in group),
             disk_cached_tokens=group[0].usage.disk_cached_tokens,
+            closing_tokens=sum(r.usage.closing_tokens for r in group),
         )
         parser = output_parser(group[0].params)
         return RequestOutput(list(group[0].prompt_ids), [_completion(r, parser) for r in group], usage,
@@ -381,7 +384,7 @@ class Engine(Prefixes):
 
 def _completion(r: Request, parser) -> Completion:
     return Completion(r.text, list(r.output_ids), r.finish_reason or "abort", r.logprobs if r.params.logprobs else None,
-                      parser, r.grammar_complete)
+                      parser, r.grammar_complete, truncated=r.truncated)
 
 
 def _is_batch(prompt: Any) -> bool:

@@ -19,6 +19,7 @@ class Usage:
     draft_tokens: int = 0  # speculative decoding: draft tokens checked by the model
     accepted_draft_tokens: int = 0  # of those, kept (each a token made without a pass of its own)
     disk_cached_tokens: int = 0  # of cached_tokens, those read back from the disk tier (engine/disk/)
+    closing_tokens: int = 0  # budget closing: tokens of the grammar's shortest completion that ended the output
 
     @property
     def total_tokens(self) -> int:
@@ -49,6 +50,9 @@ class Completion:
     tool_calls: list = field(default_factory=list)
     content: str | None = None
     reasoning: str | None = None  # engine.chat of a reasoning model: what it wrote in its block
+    # budget closing ended the output (finish_reason "length"): its text is whole and matches the grammar,
+    # but what the model had not yet written was filled with the grammar's shortest completion
+    truncated: bool = False
 
 
 
@@ -59,6 +63,11 @@ class Completion:
         Raises IncompleteOutputError when the output stopped before the grammar was complete."""
         if self.parser is None:
             return None
+        if self.truncated:
+            raise IncompleteOutputError(
+                "max_tokens ran out, and budget closing ended the output with its grammar's shortest completion: "
+                "the text parses, but its last values are fillers the model did not choose; raise max_tokens "
+                "(the closed text is the error's partial text)", self.text, self.finish_reason)
         if not self.complete:
             raise IncompleteOutputError(
                 f"the output ended before it was complete (finish_reason={self.finish_reason!r}); raise "

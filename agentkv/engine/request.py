@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from agentkv.engine.outputs import CacheMiss, TokenLogprob, Usage
 from agentkv.engine.sampling_params import SamplingParams
+from agentkv.errors import GrammarError
 from agentkv.grammar import CompiledGrammar, Matcher
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ class Request:
     matcher: Matcher | None = None  # made on the engine thread by start_grammar
     token_scores: list[float] = field(default_factory=list)  # logprobs of all_ids[score_from:]
     cut_short: bool = False  # a stop string or stop token id ended the text before its grammar did
+    truncated: bool = False  # budget closing ended the output with its grammar's shortest completion
+    closed_at: int | None = None  # of all_ids, where that completion starts (K/V computed past it is not its own)
     speculation: Speculation | None = None  # drafting state, made by the scheduler when speculation is on
 
     def __post_init__(self) -> None:
@@ -196,10 +199,45 @@ class Request:
             return
         self.finish_reason = "grammar_dead_end"
 
+    def _closing(self, ids: list[int]) -> list[int] | None:
+        """Budget closing (SamplingParams.budget_closing), with the matcher just past `ids`: where the
+        shortest completion from there no longer fits the tokens left after them, they are taken back
+        and the shortest completion from before them is returned, to be appended instead. It fits: it
+        was checked with every token appended, and before the first (Engine: `closing_check`). None
+        where `ids` stand."""
+        m = self.matcher
+        if m is None or not self.params.budget_closing or m.is_terminated():
+            return None
+        left = self.max_new_tokens - len(self.output_ids) - len(ids)
+        text = m.completion_bytes()
+        if text is None or len(text) <= left:  # (every token writes at least a byte: it fits)
+            return None
+        after = m.completion_tokens()
+        if after is not None and len(after) <= left:
+            return None
+        try:
+            m.rollback(len(ids))
+        except GrammarError:  # (a forced run longer than the matcher keeps: cut at max_tokens as before)
+            return None
+        closing = m.completion_tokens()
+        if closing is None or len(closing) > left + len(ids) or not m.accept_tokens(closing):
+            m.accept_tokens(ids)  # (nothing closes it here after all: cut at max_tokens as before)
+            return None
+        self.truncated = True
+        self.closed_at = len(self.all_ids)
+        self.usage.closing_tokens += len(closing)
+        return closing
+
     def _append(self, ids: list[int], tokenizer: Tokenizer) -> None:
         """`text` is updated before `finish_reason`: a streaming reader on another thread that sees the
         request finished must also see its final text."""
         p = self.params
+        closing = self._closing(ids)
+        if closing is not None:
+            ids = closing
+            if not ids:  # the output may end where it stood: it ends there
+                self.finish_reason = self._update_text(tokenizer, "length") or "length"
+                return
         cut = next((i for i, t in enumerate(ids) if t in p.stop_token_ids), None)
         if cut is not None:
             ids = ids[: cut + 1]
@@ -209,7 +247,9 @@ class Request:
         self.usage.completion_tokens = len(self.output_ids)
         last, reason = ids[-1], None
         # with a grammar, EOS ends the output even under ignore_eos: nothing may follow it
-        if cut is not None or (last in self.eos_ids and (not p.ignore_eos or self.matcher is not None)):
+        if self.truncated:
+            reason = "length"
+        elif cut is not None or (last in self.eos_ids and (not p.ignore_eos or self.matcher is not None)):
             reason = "stop"
         elif self.matcher is not None and self.matcher.must_terminate():
             reason = "stop"  # the grammar is complete and allows nothing more: no pass spent on EOS

@@ -7,6 +7,7 @@ from typing import Any
 
 from agentkv.errors import RequestError
 from agentkv.grammar.composed import ComposedGrammar
+from agentkv.grammar.schema.numbers import NUMBER_DIGITS
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,16 @@ class SamplingParams:
     # its JSON pointer) before anything is generated. False: a keyword the grammar cannot enforce is
     # dropped from it and the finished output validated against the whole schema.
     strict: bool = False
+    # Numbers in a JSON grammar have at most this many integer, fraction and exponent digits where the
+    # schema leaves them unbounded (llama.cpp's bound: a model cannot run a number on until max_tokens);
+    # a bound the schema gives is kept whole. None, or strict: exact to the spec, unbounded.
+    number_digits: int | None = NUMBER_DIGITS
+    # Budget closing: a structured output always closes within max_tokens. Where the shortest completion
+    # of the output (in the tokenizer's tokens) would no longer fit what is left, the output is closed
+    # with it instead (strings closed, required keys given their shortest values, brackets closed):
+    # finish_reason "length", `truncated` set. A grammar whose shortest output does not fit max_tokens
+    # is a RequestError before anything is generated. False: cut at max_tokens as it stands.
+    budget_closing: bool = True
     # a reasoning model's block (<think>...</think>) is closed after this many output tokens, and the
     # answer follows (agentkv/chat/reasoning.py); None: it reasons as long as it likes within max_tokens
     max_reasoning_tokens: int | None = None
@@ -96,6 +107,9 @@ class SamplingParams:
         if self.max_reasoning_tokens is not None and (not isinstance(self.max_reasoning_tokens, int)
                                                       or self.max_reasoning_tokens < 1):
             raise bad("max_reasoning_tokens", "it must be a positive integer or None")
+        if self.number_digits is not None and (isinstance(self.number_digits, bool)
+                                               or not isinstance(self.number_digits, int) or self.number_digits < 1):
+            raise bad("number_digits", "it must be a positive integer or None (unbounded)")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", "it must be an integer or None")
         if sum(x is not None for x in (self.json_schema, self.regex, self.grammar)) > 1:

@@ -307,10 +307,12 @@ class Scheduler:
 
     def _give_back_past_end(self, r: Request) -> None:
         """A kept draft that held the request's end: the K/V computed for draft tokens after it goes
-        back to the pool."""
-        extra = r.kv_len - len(r.all_ids)
+        back to the pool (after budget closing, all past where the closing text starts: the tokens the
+        draft had there were taken back)."""
+        end = len(r.all_ids) if r.closed_at is None else min(len(r.all_ids), r.closed_at)
+        extra = r.kv_len - end
         if extra > 0:
-            self.kv.give_back(r, len(r.all_ids), r.kv_len)
+            self.kv.give_back(r, end, r.kv_len)
             r.kv_len -= extra
 
     def _take(self, r: Request, made: list[int], tokenizer, logprobs: list | None, after: ScheduledBatch | None,

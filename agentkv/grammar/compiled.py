@@ -17,6 +17,7 @@ import numpy as np
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.automata.automaton import Automaton, fork_and_tail
+from agentkv.grammar.automata.shortest import Shortest
 from agentkv.grammar.schema.relaxed import Relaxed
 from agentkv.grammar.tokens.trie import packed_has
 from agentkv.grammar.tokens.vocab import TokenizerInfo
@@ -68,6 +69,9 @@ class CompiledGrammar:
         self._steps: dict[tuple[int, int], int] = {}
         self._masks: dict[int, np.ndarray] = {}
         self._forced: dict[int, bytes] = {}
+        self._completions: dict[int, bytes | None] = {}
+        # (settled per automaton state, so a renewed grammar keeps what its first settled)
+        self._shortest = Shortest(automaton) if shared is None else shared._shortest
         self._table_bytes = 0  # what the four tables above hold, estimated as they grow (table_bytes)
         self._mask_evictions = 0
         self.initial = self._linking(self._intern, [(a.starts[a.root],)])
@@ -171,6 +175,7 @@ class CompiledGrammar:
         if a.starts[rule] < 0:  # (asked again, it would never end)
             raise GrammarError(f"{self.description}: rule {a.rule_names[rule]!r} could not be linked")
         self.automaton = a
+        self._shortest.use(a)
         self.fork_states = a.tables["fork"].view(bool)
         self.tail_states = a.tables["tail"].view(bool)
         self.__dict__.pop("walk_tables", None)  # (made again over the longer view when next asked)
@@ -279,6 +284,37 @@ class CompiledGrammar:
         self._forced[cid] = bytes(out)
         self._table_bytes += 64 + len(out)
         return self._forced[cid]
+
+    def completion(self, cid: int) -> bytes | None:
+        """The shortest text that completes the output from `cid` (empty where it may end there; None
+        where none does): each stack's distance is the sum of its states' distances to their rules'
+        ends (automata/shortest.py), its text theirs, top first."""
+        if cid in self._completions:
+            return self._completions[cid]
+        with self._lock:
+            text = self._shortest_completion(cid)
+            sh = self._shortest
+            # A way out only through parts not linked yet: link one (the first a search met) and ask
+            # again. The text is then some completion, the shortest through the parts linked so far.
+            while text is None and sh.pending and "link_part" in self.automaton.tables:
+                rule = min(sh.pending)
+                if self.automaton.starts[rule] < 0:
+                    self._link_part(rule)
+                sh.relinked()
+                text = self._shortest_completion(cid)
+            self._completions[cid] = text
+            self._table_bytes += 64 + len(text or b"")
+        return text
+
+    def _shortest_completion(self, cid: int) -> bytes | None:
+        if self.can_end(cid):
+            return b""
+        sh, best = self._shortest, None
+        for stack in self.stacks(cid):
+            ds = [sh.distance(s) for s in stack]
+            if None not in ds and (best is None or sum(ds) < best[0]):
+                best = (sum(ds), stack)
+        return None if best is None else b"".join(sh.text(s) for s in reversed(best[1]))
 
     def table_bytes(self) -> int:
         """The configurations, their expansions, byte steps and forced text, in bytes: an estimate, each

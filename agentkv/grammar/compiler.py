@@ -37,9 +37,13 @@ BUDGET_CHECK_EVERY = 64  # cache hits between two looks at the byte budget
 
 class GrammarCompiler:
     def __init__(self, info: TokenizerInfo, cache_size: int = 256, timeout_s: float = 10.0, *, strict: bool = False,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, number_digits: int | None = None):
         """`strict`: refuse (GrammarError) every JSON schema keyword the grammar cannot enforce exactly,
         instead of relaxing it and listing it in `CompiledGrammar.relaxed` for validation after.
+
+        `number_digits`: JSON numbers in its grammars (JSON Schema, and Lark's %json blocks) have at
+        most this many integer, fraction and exponent digits beyond what their schema's bounds need
+        (schema/numbers.py; the engine's generation policy, 16). None, the default: exact to the spec.
 
         `cache_size` grammars are kept, and `cache_bytes` bounds what they hold together (automata,
         configuration tables, token masks, token walks): past it the least recently used grammars are
@@ -52,6 +56,7 @@ class GrammarCompiler:
         info.trie  # noqa: B018
         self.timeout_s = timeout_s
         self.strict = strict
+        self.number_digits = number_digits
         self._cache: OrderedDict = OrderedDict()
         self._cache_size = cache_size
         self.cache_bytes = cache_bytes
@@ -130,8 +135,11 @@ class GrammarCompiler:
                                "or raise GrammarCompiler(timeout_s=...)")
 
     def compile_json_schema(self, schema, *, close_objects: bool = False, whitespace: bool = False,
-                            max_whitespace: int = 16, documents: dict | None = None) -> CompiledGrammar:
+                            max_whitespace: int = 16, documents: dict | None = None,
+                            number_digits: int | None | str = "compiler") -> CompiledGrammar:
         """A JSON Schema as a dict, a JSON string, or a Pydantic model class.
+
+        `number_digits`: as GrammarCompiler's (its own by default), for this schema.
 
         `documents` maps URIs to the other schema documents its `$ref`s may point to (nothing is
         fetched); relative references are read against the schema's `$id`.
@@ -150,11 +158,14 @@ class GrammarCompiler:
         # (the text as given, keys unsorted: members are written in the order the schema declares
         # them, so the same schema in another order is another grammar)
         reached = json.dumps(refs.used) if refs else ""
-        key = ("json", json.dumps(schema), reached, close_objects, whitespace, max_whitespace)
+        if number_digits == "compiler":
+            number_digits = self.number_digits
+        key = ("json", json.dumps(schema), reached, close_objects, whitespace, max_whitespace, number_digits)
 
         def build(deadline):
             conv = JsonSchemaConverter(schema, close_objects=close_objects, strict=self.strict, whitespace=whitespace,
-                                       max_whitespace=max_whitespace, deadline=deadline, refs=refs)
+                                       max_whitespace=max_whitespace, deadline=deadline, refs=refs,
+                                       number_digits=number_digits)
             rules = conv.convert()
             return self.from_rules(rules, "root", "json schema", deadline, tuple(conv.relaxed.values()))
 
@@ -185,7 +196,7 @@ class GrammarCompiler:
 
         def json_rules(schema, name, python=False):
             conv = JsonSchemaConverter(schema, strict=self.strict, deadline=deadline, prefix=name + "/",
-                                       python_literals=python)
+                                       python_literals=python, number_digits=self.number_digits)
             rules = conv.convert()
             relaxed.update(conv.relaxed)
             rules[name] = Ref(name + "/root")

@@ -144,6 +144,32 @@ class Matcher:
         bits = np.unpackbits(self.grammar.mask(self._cfg).view(np.uint8), bitorder="little")
         return np.nonzero(bits[:self.grammar.info.vocab_size])[0]
 
+    # -- closing within a budget ----------------------------------------------------------------------
+
+    def completion_bytes(self) -> bytes | None:
+        """The shortest text that completes the output from here (empty where it may end now; None
+        where no text does: terminated, or only through a composed part not linked yet)."""
+        if self._terminated:
+            return None
+        return self.grammar.completion(self._cfg)
+
+    def completion_tokens(self) -> list[int] | None:
+        """`completion_bytes` as tokens: the tokenizer's own where it writes that text back exactly
+        without an end token, else the longest vocabulary tokens from the left. None where there is
+        no completion or the vocabulary cannot write it."""
+        text = self.completion_bytes()
+        if not text:
+            return None if text is None else []
+        info, toks = self.grammar.info, None
+        if info.encode_bytes is not None:
+            try:
+                toks = info.encode_bytes(text)
+            except Exception:
+                toks = None
+            if toks is not None and (info.decode(toks) != text or any(t in info.eos_ids for t in toks)):
+                toks = None
+        return toks if toks is not None else _longest_tokens(info, text)
+
     # -- jump-forward -----------------------------------------------------------------------------
 
     def jump_forward_bytes(self) -> bytes:
@@ -225,6 +251,22 @@ class Matcher:
     def _heads(self) -> tuple[int, ...]:
         """Where to scan the accepted tail from (its middle too where it is not the whole output)."""
         return (0,) if len(self._tail) < TAIL_BYTES else (0, TAIL_BYTES // 2)
+
+
+def _longest_tokens(info, text: bytes) -> list[int] | None:
+    """`text` as the longest vocabulary tokens from the left (no end token), or None where a byte
+    has no token."""
+    out, i, ids = [], 0, info.token_ids
+    while i < len(text):
+        for k in range(min(info.max_token_bytes, len(text) - i), 0, -1):
+            t = ids.get(text[i:i + k])
+            if t is not None and t not in info.eos_ids:
+                out.append(t)
+                i += k
+                break
+        else:
+            return None
+    return out
 
 
 def _complete_utf8(data: bytes) -> bytes:

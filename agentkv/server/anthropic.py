@@ -26,12 +26,14 @@ from agentkv.server.chat import ChatPlan, generate_checked
 from agentkv.server.history import warm_next_turn
 from agentkv.server.protocol import MAX_STOP, MAX_STOP_CHARS, APIError, ChatRequest
 from agentkv.server.sessions import Sessions
+from agentkv.typed import complete_fields
 
 # HTTP status -> Anthropic's error type
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
                429: "rate_limit_error", 503: "overloaded_error"}
 STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
+EXTENSIONS = ("seed", "budget_closing", "number_digits")  # fields a Messages request may add, for chat
 
 
 def error_body(e: APIError) -> dict:
@@ -86,7 +88,10 @@ def chat_request(req: CountTokensRequest, reasoning, close_objects: bool = True)
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
                     top_p=req.top_p, top_k=req.top_k, stream=req.stream)
-    return ChatRequest.model_validate({k: v for k, v in body.items() if v is not None})
+    body = {k: v for k, v in body.items() if v is not None}
+    # agentkv's extensions, as the chat route takes them (a null number_digits is unbounded: kept)
+    body.update({k: v for k, v in (req.model_extra or {}).items() if k in EXTENSIONS})
+    return ChatRequest.model_validate(body)
 
 
 def _system(system) -> list[dict]:
@@ -241,8 +246,17 @@ def blocks(msg: dict) -> list[dict]:
         out.append({"type": "text", "text": msg["content"]})
     for c in msg.get("tool_calls") or []:
         out.append({"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
-                    "input": json.loads(c["function"]["arguments"])})
+                    "input": _input(c["function"]["arguments"])})
     return out
+
+
+def _input(arguments: str) -> dict:
+    """A call's arguments as tool_use's `input`; a call max_tokens cut (stop_reason "max_tokens") keeps
+    the members it completed, as Anthropic's API returns a cut tool_use."""
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return complete_fields(arguments)
 
 
 def sent_back(msg: dict, reasoning) -> dict:

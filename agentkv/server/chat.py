@@ -136,12 +136,25 @@ class ChatPlan:
                                                     failure.keyword, failure.pointer)
         except OutputValidationError as e:
             raise invalid_output(e) from None
-        msg: dict[str, Any] = {"role": "assistant", "content": (text or None) if calls else text}
+        shown = tool_calls_json(calls, call_prefix) + self.cut_call(completion, reply.answer, call_prefix, len(calls))
+        msg: dict[str, Any] = {"role": "assistant", "content": (text or None) if shown else text}
         if reply.reasoning is not None:
             msg["reasoning_content"] = reply.reasoning
-        if calls:
-            msg["tool_calls"] = tool_calls_json(calls, call_prefix)
-        return msg, finish_reason(completion.finish_reason, bool(calls))
+        if shown:
+            msg["tool_calls"] = shown
+        return msg, finish_reason(completion.finish_reason, bool(shown))
+
+    def cut_call(self, completion, answer: str, call_prefix: str, k: int) -> list[dict]:
+        """The call max_tokens cut (budget closing off), as OpenAI returns one: its arguments as far as
+        they were written, under finish_reason "length"; none where no call was cut after its name."""
+        if completion.finish_reason != "length" or completion.truncated or not self.calls_possible:
+            return []
+        progress = self.fmt.progress(answer)
+        if len(progress) <= k or progress[-1].done or not progress[-1].name:
+            return []
+        p = progress[-1]
+        return [{"id": p.id or call_id(call_prefix, k), "type": "function",
+                 "function": {"name": p.name, "arguments": p.arguments_text}}]
 
     def split(self, text: str, final: bool = True) -> tuple[str | None, str]:
         """(the reasoning, the answer) of a reply (still being written, unless `final`)."""
@@ -189,8 +202,8 @@ async def chat_completion(engine, req: ChatRequest, model: str, resamples: int =
     start = warm_next_turn(plan, chat_reply_back(read[0][0]), out.completions[0], replies)
     if sessions is not None:
         await sessions.keep(req.prompt_cache_key, start or plan.ids + out.completions[0].token_ids)
-    choices = [{"index": i, "message": msg, "logprobs": logprobs_json(c.logprobs), "finish_reason": reason}
-               for i, (c, (msg, reason)) in enumerate(zip(out.completions, read))]
+    choices = [{"index": i, "message": msg, "logprobs": logprobs_json(c.logprobs), "finish_reason": reason,
+                **truncated(c)} for i, (c, (msg, reason)) in enumerate(zip(out.completions, read))]
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": _usage(out.usage, resampled, plan.cache_miss(out.cache_miss))}
 
@@ -206,9 +219,10 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
     deltas = engine.stream(plan.prompt_ids(), plan.params)
     first = await _run(deltas.__anext__())
 
-    def chunk(index: int, delta: dict, reason: str | None = None, logprobs=None) -> str:
+    def chunk(index: int, delta: dict, reason: str | None = None, logprobs=None, extra: dict | None = None) -> str:
         body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
+                "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
+                             **(extra or {})}]}
         return _sse(body)
 
     async def events() -> AsyncIterator[str]:
@@ -274,7 +288,7 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                     for delta in call_deltas(done, streamed.setdefault(d.index, []), f"{rid[-8:]}_{d.index}"):
                         yield chunk(d.index, {"tool_calls": [delta]})
                 # a streamed choice's logprobs come whole, with its finish_reason
-                yield chunk(d.index, {}, reason, logprobs_json(d.completion.logprobs))
+                yield chunk(d.index, {}, reason, logprobs_json(d.completion.logprobs), truncated(d.completion))
                 usage = d.usage if usage is None else _add(usage, d.usage, same_prompt=True)
                 if replies is not None:
                     replies.written(plan.prompt, plan.ids, d.completion)
@@ -353,6 +367,12 @@ def call_deltas(progress: list[CallProgress], streamed: list[int], prefix: str) 
     return out
 
 
+def truncated(completion) -> dict:
+    """A choice's `truncated: true` where budget closing ended its output (finish_reason "length", the
+    output whole and valid, its last values the grammar's shortest): nothing where it did not."""
+    return {"truncated": True} if completion.truncated else {}
+
+
 def _usage(u, resampled: int = 0, cache_miss: dict | None = None) -> dict:
     out = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
            "total_tokens": u.prompt_tokens + u.completion_tokens,
@@ -366,6 +386,8 @@ def _usage(u, resampled: int = 0, cache_miss: dict | None = None) -> dict:
     if u.draft_tokens:  # speculative decoding: OpenAI's fields for predicted tokens kept and not
         out["completion_tokens_details"] = {"accepted_prediction_tokens": u.accepted_draft_tokens,
                                             "rejected_prediction_tokens": u.draft_tokens - u.accepted_draft_tokens}
+    if u.closing_tokens:  # budget closing: the grammar's shortest completion ended an output max_tokens cut
+        out.setdefault("completion_tokens_details", {})["closing_tokens"] = u.closing_tokens
     return out
 
 
@@ -376,7 +398,7 @@ def _add(a, b, same_prompt: bool):
     return Usage(a.prompt_tokens, a.cached_tokens, a.completion_tokens + b.completion_tokens,
                  max(a.forward_passes, b.forward_passes), a.jump_forward_tokens + b.jump_forward_tokens,
                  a.draft_tokens + b.draft_tokens, a.accepted_draft_tokens + b.accepted_draft_tokens,
-                 a.disk_cached_tokens)
+                 a.disk_cached_tokens, a.closing_tokens + b.closing_tokens)
 
 
 def _sse(body: dict) -> str:

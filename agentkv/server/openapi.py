@@ -43,6 +43,7 @@ RANGES = {
     "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
     "max_reasoning_tokens": {"type": "integer", "minimum": 1},
     "max_output_tokens": {"type": "integer", "minimum": 1},
+    "number_digits": {"type": ["integer", "null"], "minimum": 1},
 }
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],

@@ -16,6 +16,7 @@ from agentkv.chat.calls import FunctionSpec, ToolCall, tool_name_problem
 from agentkv.chat.structural import StructuralTag
 from agentkv.errors import CacheError, EngineClosedError, OutputValidationError, RequestError
 from agentkv.grammar.compiler import closed_schema
+from agentkv.grammar.schema.numbers import NUMBER_DIGITS
 from agentkv.grammar.schema.validation import metaschema_error
 
 # Limits on what one request may carry; past them, a 400 (413 for the body) naming the limit.
@@ -65,6 +66,11 @@ class _Request(BaseModel):
     regex: str | None = None
     ebnf: str | None = None
     grammar: str | None = None  # a Lark grammar (llguidance dialect)
+    # extensions for structured outputs (docs/structured.md): false cuts a structured output where max_tokens
+    # falls instead of closing it; a JSON number's digit bound where its schema leaves it unbounded (null:
+    # unbounded, as `strict: true` is)
+    budget_closing: bool = True
+    number_digits: int | None = NUMBER_DIGITS
 
     def check_limits(self) -> None:
         """400s for stop strings and grammars past the server's limits."""
@@ -83,6 +89,7 @@ class _Request(BaseModel):
             "temperature": 1.0 if self.temperature is None else self.temperature,
             "n": self.n, "stop": self.stop or (), "seed": self.seed, "ignore_eos": self.ignore_eos,
             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+            "budget_closing": self.budget_closing, "number_digits": self.number_digits,
         }
         if self.logit_bias:
             try:

@@ -4,6 +4,7 @@ object, as OpenAI's clients read them."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -137,7 +138,8 @@ def _chat_format(fmt: dict) -> dict:
 
 def output_items(msg: dict, rid: str) -> list[dict]:
     """A chat reply as output items: its reasoning, its text (where it has text, or nothing else),
-    its calls. Ids follow from the response's, so a stream's items and the final ones agree."""
+    its calls. Ids follow from the response's, so a stream's items and the final ones agree. A call
+    max_tokens cut (budget closing off) is "incomplete", its arguments as far as they were written."""
     key = rid.removeprefix("resp_")
     items: list[dict] = []
     if msg.get("reasoning_content") is not None:
@@ -145,9 +147,18 @@ def output_items(msg: dict, rid: str) -> list[dict]:
     calls = msg.get("tool_calls") or []
     if msg.get("content") or not calls:
         items.append(message_item(key, msg.get("content") or ""))
-    items.extend(call_item(key, k, c["id"], c["function"]["name"], c["function"]["arguments"])
+    items.extend(call_item(key, k, c["id"], c["function"]["name"], c["function"]["arguments"],
+                           "completed" if _whole(c["function"]["arguments"]) else "incomplete")
                  for k, c in enumerate(calls))
     return items
+
+
+def _whole(arguments: str) -> bool:
+    try:
+        json.loads(arguments)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def reasoning_item(key: str, text: str) -> dict:

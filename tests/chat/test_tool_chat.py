@@ -35,25 +35,28 @@ def _no_markup(text: str) -> None:
         assert word not in text, text
 
 
+@pytest.mark.parametrize("closing", [False, True], ids=["cut", "closed"])
 @pytest.mark.parametrize("choice", ["required", "auto", "add"])
-def test_tool_calls_read_back_whatever_the_sample(engine, choice):
+def test_tool_calls_read_back_whatever_the_sample(engine, choice, closing):
+    """Cut by max_tokens (budget closing off) or closed by budget closing, the calls read back are whole."""
     cut = 0
     for seed in range(8):
         out = engine.chat([{"role": "user", "content": "add"}], tools=[ADD, lookup], tool_choice=choice,
-                               temperature=1.0, seed=seed, max_tokens=48)
+                          temperature=1.0, seed=seed, max_tokens=64 if closing else 48, budget_closing=closing)
         c = out.completions[0]
         _no_markup(out.content)
         for call in c.tool_calls:
             assert call.name in ("add", "lookup") and (choice != "add" or call.name == "add")
             if call.name == "add":  # closed by default: no keys beyond those declared
                 jsonschema.validate(call.arguments, {**ADD["function"]["parameters"], "additionalProperties": False})
+        assert not c.truncated or closing and c.finish_reason == "length"  # (closed: where it could not end)
         if c.finish_reason == "length":
             cut += 1
         elif c.tool_calls:
             assert c.finish_reason == "tool_calls"
         if choice != "auto":
             assert c.tool_calls or c.finish_reason == "length"
-    if choice != "auto":
+    if choice != "auto" and not closing:
         assert cut  # 48 tokens cut the tiny model's run of calls at least once
 
 

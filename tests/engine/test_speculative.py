@@ -80,6 +80,9 @@ def workload() -> list[tuple[str, ak.SamplingParams]]:
         # grammars: the model's cycle inside the class is drafted and kept; "x" ends the class early
         ("abcabc", ak.SamplingParams(temperature=0.0, regex=r"[`a-g]{20}x[`a-g]{6}", max_tokens=60)),
         ("abcabc", ak.SamplingParams(temperature=0.8, seed=5, regex=r"([`a-g]{3}-){6}", max_tokens=60)),
+        # budget closing inside kept drafts: the draft's tokens past the closing text are taken back
+        ("abcabc", ak.SamplingParams(temperature=0.0, regex=r"[`a-g]{4,40}xy!", max_tokens=14)),
+        ("abcabc", ak.SamplingParams(temperature=0.9, seed=6, regex=r"([`a-g]{2,30}-)+", max_tokens=17)),
         ("Free text that may stop at EOS.", ak.SamplingParams(temperature=1.0, seed=2, max_tokens=50)),
     ]
 

@@ -99,7 +99,7 @@ def test_prompt_over_the_context_streamed_is_a_413_not_a_broken_stream(client):
 
 
 def test_names_and_limits_users_write_are_served(client, engine):
-    r = chat(client, tools=[tool("get-weather_2")], tool_choice="required", max_tokens=40)
+    r = chat(client, tools=[tool("get-weather_2")], tool_choice="required", max_tokens=120)
     assert r.status_code == 200
     calls = r.json()["choices"][0]["message"].get("tool_calls") or []
     assert all(c["function"]["name"] == "get-weather_2" for c in calls)

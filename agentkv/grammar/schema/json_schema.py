@@ -42,7 +42,16 @@ from agentkv.grammar.schema.merge import (
     type_of,
     validating,
 )
-from agentkv.grammar.schema.numbers import NUMBER, integer_range, multiple_of, number_range
+from agentkv.grammar.schema.numbers import (
+    INTEGER,
+    NUMBER,
+    decimal,
+    digits_needed,
+    integer_range,
+    multiple_of,
+    number_range,
+    number_shape,
+)
 from agentkv.grammar.schema.objects import (
     ObjectRules,
     dumps,
@@ -66,10 +75,13 @@ MAX_COUNTED_ITEMS = 1000  # minItems / maxItems above this are relaxed (a state 
 class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRules, Relaxations):
     def __init__(self, schema, *, close_objects: bool = False, strict: bool = False, whitespace: bool = False,
                  max_whitespace: int = 16, deadline: float | None = None, prefix: str = "",
-                 refs: SchemaResources | None = None, python_literals: bool = False):
+                 refs: SchemaResources | None = None, python_literals: bool = False, number_digits: int | None = None):
         """`close_objects`: `additionalProperties` false where it is not given. `strict`: refuse what
         the grammar cannot enforce exactly instead of relaxing it (schema/relaxed.py). `python_literals`:
-        true, false and null written True, False and None (values of a pythonic tool call)."""
+        true, false and null written True, False and None (values of a pythonic tool call).
+        `number_digits`: numbers have at most this many integer, fraction and exponent digits, beyond
+        what the schema's own bounds need (a generation policy: a model cannot run a number on); None
+        is exact to the spec."""
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
         invalid = metaschema_error(schema)  # first: the rules below read keywords as the spec types them
@@ -79,6 +91,10 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
         self.root = self.refs.root  # its $refs rewritten to one absolute form (schema/refs.py)
         self.close_objects = close_objects
         self.python_literals = python_literals
+        if number_digits is not None and (isinstance(number_digits, bool) or not isinstance(number_digits, int)
+                                          or number_digits < 1):
+            raise GrammarError(f"number_digits must be a positive integer or None, not {number_digits!r}")
+        self.number_digits = number_digits
         self._init_relaxations(strict)
         self.ws = Repeat(chars(" ", "\t", "\n", "\r"), 0, max_whitespace) if whitespace else EMPTY
         self.rules: dict[str, object] = {}
@@ -217,7 +233,7 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             kv = seq(self.string_expr(string_body()), self.punct(":"), ANY)
             obj = seq(self.punct("{"), opt(seq(kv, star(seq(self.punct(","), kv)))), self.punct("}"))
             arr = seq(self.punct("["), opt(seq(ANY, star(seq(self.punct(","), ANY)))), self.punct("]"))
-            self.rules[name] = alt(obj, arr, self.string_expr(string_body()), NUMBER,
+            self.rules[name] = alt(obj, arr, self.string_expr(string_body()), self._digits(NUMBER, {}, False, None),
                                    lit(self.literal(True)), lit(self.literal(False)), lit(self.literal(None)))
         return Ref(name)
 
@@ -285,11 +301,27 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
         lo, lo_x, hi, hi_x = self._bounds(schema, ptr)
         ilo = None if lo is None else (math.floor(lo) + 1 if lo_x else math.ceil(lo))
         ihi = None if hi is None else (math.ceil(hi) - 1 if hi_x else math.floor(hi))
-        return self._multiples(integer_range(ilo, ihi), schema, True, ptr)
+        numbers = self._multiples(integer_range(ilo, ihi), schema, True, ptr)
+        return numbers if ilo is not None and ihi is not None else self._digits(numbers, schema, True, ptr, ilo, ihi)
 
     def t_number(self, schema, ptr):
         lo, lo_x, hi, hi_x = self._bounds(schema, ptr)
-        return self._multiples(number_range(lo, lo_x, hi, hi_x, ptr), schema, False, ptr)
+        numbers = self._multiples(number_range(lo, lo_x, hi, hi_x, ptr), schema, False, ptr)
+        return self._digits(numbers, schema, False, ptr, lo, hi)
+
+    def _digits(self, numbers, schema: dict, integer: bool, ptr: str | None, *bounds):
+        """`numbers` held to `number_digits` digits (schema/numbers.py's number_shape), the caps grown
+        to hold the schema's bounds and its multipleOf step (plus a digit past an exclusive bound's)."""
+        d = self.number_digits
+        if d is None:
+            return numbers
+        step = schema.get("multipleOf")
+        exact = [decimal(v, ptr) for v in bounds if v is not None]
+        if isinstance(step, (int, float)) and not isinstance(step, bool):
+            exact.append(decimal(step, f"{ptr}/multipleOf"))
+        whole, frac = digits_needed(exact)
+        shape = number_shape(max(d, whole), max(d, frac + 1), d, integer)
+        return shape if numbers is NUMBER or numbers is INTEGER else Intersect(numbers, shape)
 
     def _multiples(self, numbers, schema: dict, integer: bool, ptr: str):
         """`numbers` less those that are not multiples of the schema's `multipleOf` (schema/numbers.py)."""

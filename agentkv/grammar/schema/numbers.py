@@ -6,6 +6,10 @@ range of naturals, the fraction as a language of digit strings above or below th
 `multipleOf` step p / 10^s is a remainder automaton over the digits (`Machine`): the value times
 10^s must be a whole multiple of p, so past s fraction digits only zeros follow. `-0` is not
 offered where a number is bounded.
+
+For generation, numbers may also be held to a number of digits (`number_shape`; llama.cpp's bound:
+16 integer digits, 16 fraction digits), so that a model cannot run a number on until max_tokens; a
+bound the schema itself gives is never cut by it (the caps grow to hold the schema's own bounds).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ INTEGER = seq(opt(lit("-")), NATURAL)
 FRACTION = seq(lit("."), Repeat(DIGIT, 1, None))
 EXPONENT = seq(chars("e", "E"), opt(chars("+", "-")), Repeat(DIGIT, 1, None))
 NUMBER = seq(INTEGER, opt(FRACTION), opt(EXPONENT))
+# The digits a generated number may have where its schema leaves it unbounded (JsonSchemaConverter's
+# number_digits, SamplingParams.number_digits): llama.cpp's bound.
+NUMBER_DIGITS = 16
 # A multipleOf whose step needs more remainders than this is not enforced by the grammar (its
 # automaton has about this many states per fraction digit).
 MAX_MULTIPLE_STATES = 4096
@@ -72,6 +79,26 @@ def integer_range(lo: int | None, hi: int | None):
         mag_lo = max(-hi, 1) if hi is not None else 1
         parts.append(seq(lit("-"), natural_range(mag_lo, -lo if lo is not None else None)))
     return alt(*parts)
+
+
+def number_shape(int_digits: int, frac_digits: int, exp_digits: int, integer: bool):
+    """Numbers of at most `int_digits` integer digits, `frac_digits` fraction digits and `exp_digits`
+    exponent digits (integers: no fraction, no exponent)."""
+    natural = alt(lit("0"), seq(NONZERO, Repeat(DIGIT, 0, int_digits - 1)))
+    if integer:
+        return seq(opt(lit("-")), natural)
+    return seq(opt(lit("-")), natural, opt(seq(lit("."), Repeat(DIGIT, 1, frac_digits))),
+               opt(seq(chars("e", "E"), opt(chars("+", "-")), Repeat(DIGIT, 1, exp_digits))))
+
+
+def digits_needed(values) -> tuple[int, int]:
+    """(integer digits, fraction digits) of the longest of `values` (exact decimals, None skipped)."""
+    whole = frac = 0
+    for v in values:
+        if v is not None:
+            i, f = _split(abs(v))
+            whole, frac = max(whole, len(str(i))), max(frac, len(f))
+    return whole, frac
 
 
 # -- decimal bounds ----------------------------------------------------------------------------------
