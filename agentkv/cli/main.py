@@ -147,6 +147,9 @@ def serve(
         help="keep evicted and pinned KV in this folder and read it back instead of recomputing, also after "
              "a restart")] = None,
     kv_disk_size: Annotated[str, typer.Option(help="the most the --kv-dir tier holds, e.g. 20GB or 512MiB")] = "10GiB",
+    kv_flush_timeout: Annotated[float, typer.Option(
+        help="on SIGTERM / SIGINT, seconds spent writing the KV pool to --kv-dir (the most recently used "
+             "prefixes first) before the server exits")] = 5.0,
     kv_dtype: Annotated[str | None, typer.Option(
         help="the KV pool's dtype: float32, bfloat16 or float16 (default: the model's); bfloat16 on the CPU "
              "halves the pool and what decode's attention reads")] = None,
@@ -169,7 +172,8 @@ def serve(
         if replicas > 1:
             raise _fail("--kv-dir serves one engine; with --replicas each replica's tier would need its own "
                         "folder, which is not built yet: leave one of them out")
-        options.update(kv_dir=kv_dir, kv_disk_bytes=_size(kv_disk_size, "--kv-disk-size"))
+        options.update(kv_dir=kv_dir, kv_disk_bytes=_size(kv_disk_size, "--kv-disk-size"),
+                       kv_flush_timeout=kv_flush_timeout)
     if replicas > 1 or ray_address is not None:
         try:
             from agentkv.server.cluster.deploy import serve_cluster  # here: Ray loads with it
@@ -185,8 +189,10 @@ def serve(
     typer.echo(f"agentkv: serving {name!r} on http://{host}:{port}/v1 ({engine.config.device}, {engine.config.dtype})",
                err=True)
     try:
-        uvicorn.run(create_app(engine, name, api_key, max_inflight, close_objects=not open_objects), host=host,
-                    port=port, log_level="warning")
+        # (the app closes the engine as it shuts down: uvicorn re-raises SIGTERM / SIGINT after that, and the
+        # process ends before anything after `run` would)
+        uvicorn.run(create_app(engine, name, api_key, max_inflight, close_objects=not open_objects, owns_engine=True),
+                    host=host, port=port, log_level="warning")
     finally:
         engine.close()
 

@@ -30,12 +30,22 @@ class CacheConfig:
     kv_dir: str | None = None
     kv_disk_bytes: int = 10 * 2**30
     kv_block_tokens: int = 16  # tokens a disk block holds (a prefix is read back in whole blocks)
+    # at close (Engine.close, `agentkv serve` stopped by SIGTERM / SIGINT) the pool's prefixes are written to
+    # the tier, the most recently used first, for at most this long; 0 writes only what was queued
+    kv_flush_timeout: float = 5.0
+    # at start, the tier's most recently used prefixes are read back into at most this share of the pool,
+    # in the background (a restarted server's first request finds its system prompt resident)
+    kv_warm_fraction: float = 0.25
 
     def __post_init__(self) -> None:
         if self.kv_dir is not None and not self.enable_radix_cache:
             raise RequestError("kv_dir keeps the radix cache's KV on disk; leave enable_radix_cache on or kv_dir unset")
         if self.kv_disk_bytes < 0:
             raise RequestError(f"kv_disk_bytes must be at least 0, got {self.kv_disk_bytes}")
+        if not self.kv_flush_timeout >= 0:
+            raise RequestError(f"kv_flush_timeout must be at least 0 seconds, got {self.kv_flush_timeout}")
+        if not 0.0 <= self.kv_warm_fraction <= 1.0:
+            raise RequestError(f"kv_warm_fraction must be in [0, 1], got {self.kv_warm_fraction}")
         if self.kv_block_tokens < 1:
             raise RequestError(f"kv_block_tokens must be at least 1, got {self.kv_block_tokens}")
         if not 0.0 <= self.pin_budget_fraction <= 1.0:

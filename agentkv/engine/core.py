@@ -112,6 +112,10 @@ class EngineCore:
 
         self._post(drop)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         with self._cv:
             self._closed = True

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import random
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from agentkv.engine.config import build_config, resolve_device
 from agentkv.engine.constrained import GrammarSupport, check_budget, output_parser
 from agentkv.engine.core import Components, EngineCore
 from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
+from agentkv.engine.disk.lifetime import save_at_close, warm_at_start
 from agentkv.engine.disk.setup import tier_for
 from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.memory import KVPool, ReqToTokenPool, free_memory, kv_slots
@@ -110,6 +112,10 @@ class Engine(Prefixes):
         self._grammars = GrammarSupport(self.tokenizer)
         self._rng = random.Random(cfg.seed) if options.get("seed") is not None else random.SystemRandom()
         _live_engines.add(self)
+        if self._tier is not None and cfg.cache.kv_warm_fraction > 0:
+            room = int(self._pool.capacity * cfg.cache.kv_warm_fraction)
+            threading.Thread(target=warm_at_start, args=(self._core, self._tier, room), name="agentkv-kv-warm",
+                             daemon=True).start()
 
     # ---- generation -----------------------------------------------------------------------------
 
@@ -291,9 +297,13 @@ class Engine(Prefixes):
         return self._core.call(read).result()
 
     def close(self) -> None:
+        """Stop the engine. With a disk tier, the pool's prefixes are written there first, the most recently
+        used first, within `kv_flush_timeout` seconds: a restart on the same kv_dir finds them."""
+        if self._tier is not None:
+            deadline = save_at_close(self._core, self._tier, self.config.cache.kv_flush_timeout)
         self._core.close()
         if self._tier is not None:
-            self._tier.close()  # what it was writing reaches the disk: a restart finds it
+            self._tier.close(max(deadline - time.monotonic(), 0.1))  # what it was writing reaches the disk
         _live_engines.discard(self)
 
     def __enter__(self) -> Engine:

@@ -35,6 +35,52 @@ class KVOwner:
         tokens, slots = self.tree.path(node)
         self.tier.spill(tokens, 0 if whole else len(tokens) - len(node.key), lambda a, b: self.pool.gather(slots[a:b]))
 
+    def write_through(self, node) -> None:
+        """A cached prefix used again (a request admitted on it): its blocks not on disk yet are written
+        there, the pool keeping them (HiCache's write_through_selective: a prefix used twice is worth
+        keeping), so that a process killed without a flush loses little."""
+        if self.tier is not None and node is not None and node is not self.tree.root:
+            self._spill(node, True)
+
+    def save(self, deadline: float) -> int:
+        """Write every prefix the tree holds to the disk tier, the pool keeping it: the most recently used
+        leaf's whole path first, until `deadline` (a process about to end: Engine.close). Returns how
+        many paths were written (or were on disk already)."""
+        if self.tier is None:
+            return 0
+        leaves = sorted((n for n in self.tree.nodes() if not n.children), key=lambda n: n.last_access, reverse=True)
+        saved = 0
+        for leaf in leaves:
+            if not self.tier.wait_room(deadline):
+                break
+            self._spill(leaf, True)
+            saved += 1
+        return saved
+
+    def warm(self, prefixes: list[list[int]], room: int, prefetched: dict | None = None) -> int:
+        """Read `prefixes` (whole token sequences the tier holds, hottest first) back into the pool and the
+        tree, into at most `room` free slots (nothing is evicted for them); how many tokens."""
+        if self.tier is None:
+            return 0
+        warmed = 0
+        for ids in prefixes:
+            cached = self.tree.cached_length(ids)
+            space = min(room - warmed, self.pool.num_free)
+            if cached >= len(ids) or space <= 0:
+                continue
+            prefix_slots, node = self.tree.match_prefix(ids[:cached], touch=False)
+            kv = self.tier.take(ids, cached, len(ids), space, prefetched)
+            if kv is None:
+                continue
+            n = kv.shape[0]
+            slots = self.pool.alloc(n)
+            self.pool.scatter(slots, kv)
+            existing = self.tree.insert(ids[: cached + n], torch.cat([prefix_slots, slots]))
+            self.pool.free(slots[: existing - cached])
+            warmed += n
+        self.tier.restored_tokens += warmed
+        return warmed
+
     def prefetch(self, r: Request) -> None:
         """Start reading what the disk tier holds past r's cached prefix while r waits."""
         if self.tier is not None:

@@ -178,6 +178,7 @@ class Scheduler:
             self.waiting.remove(r)
             if node is not None:
                 self.tree.touch(node)  # admitted: now its prefix counts as used
+                self.kv.write_through(node)  # (used again: worth keeping on disk, should the process die)
             self._start(r, prefix_slots, node)
             n = min(uncached, budget)
             locs.append(self.kv.place(r, n))

@@ -10,6 +10,7 @@ run. A client that disconnects mid-stream aborts its request, which frees its KV
 """
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -40,7 +41,7 @@ from agentkv.server.responses_items import ResponsesRequest
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_inflight: int = 256,
                close_objects: bool = True, stored_responses: int = 1024, response_ttl_s: float = 3600.0,
-               resamples: int = 2, session_ttl_s: float = 300.0) -> FastAPI:
+               resamples: int = 2, session_ttl_s: float = 300.0, owns_engine: bool = False) -> FastAPI:
     """`engine`: an Engine, or an EngineHandle (a cluster's replicas). `max_inflight`: requests
     accepted at once (running, queued, streaming); more get a 429. `close_objects`: the default of a
     chat request's `close_objects` (schemas' objects closed where they leave additionalProperties
@@ -48,12 +49,20 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     `previous_response_id`, and for how long (their tokens pinned). `resamples`: how many times an
     output that fails a keyword its grammar relaxed is generated again before the 422. `session_ttl_s`:
     how long a prompt_cache_key session's conversation, or a cache_control prefix, stays pinned
-    after its last request (server/sessions.py)."""
+    after its last request (server/sessions.py). `owns_engine`: the engine is closed as the server
+    shuts down (`agentkv serve`: on SIGTERM / SIGINT its KV pool is written to its disk tier then, before
+    uvicorn re-raises the signal that stopped it and the process ends)."""
     # (no `from __future__ import annotations` here: FastAPI reads the handlers' annotations at runtime)
     handle = engine if hasattr(engine, "chat_stream") else LocalHandle(engine, model_name, close_objects,
                                                                        stored_responses, response_ttl_s, resamples,
                                                                        session_ttl_s)
-    app = FastAPI(title="agentkv", version=agentkv.__version__, docs_url=None, redoc_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        yield
+        if owns_engine:
+            await asyncio.to_thread(engine.close)
+
+    app = FastAPI(title="agentkv", version=agentkv.__version__, docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.handle = handle
     created = int(time.time())
     metrics = Metrics()

@@ -25,7 +25,7 @@ def ask(base: str):
 def test_a_restarted_server_reads_the_prompt_from_disk(tiny_long_dir, tmp_path):
     runs = []
     for _ in range(2):
-        engine = ak.Engine(str(tiny_long_dir), num_slots=4096, kv_dir=str(tmp_path))
+        engine = ak.Engine(str(tiny_long_dir), num_slots=4096, kv_dir=str(tmp_path), kv_warm_fraction=0.0)
         try:
             with serving(create_app(engine, "tiny", KEY)) as base:
                 r = ask(base)

@@ -358,10 +358,47 @@ class DiskTier:
         while self._pending and time.monotonic() < deadline:
             time.sleep(0.005)
 
-    def close(self) -> None:
-        """Write what is queued, then stop the threads (the tier's files stay for the next run)."""
+    def wait_room(self, deadline: float) -> bool:
+        """Wait until the blocks queued and not yet written hold under half MAX_PENDING_BYTES (so that a
+        flush of the whole pool queues no more than the writer keeps up with); False at `deadline`."""
+        while self._pending_bytes > MAX_PENDING_BYTES // 2:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
+    def hot_prefixes(self, max_tokens: int) -> list[list[int]]:
+        """The token sequences of the most recently used prefixes on disk, most recent first, whole from
+        the sequence's start (each block's parents all held), up to `max_tokens` tokens in all: what a
+        restarted engine reads back into its pool before it is asked (the blocks are read when used)."""
+        with self._lock:
+            index = {d: e.header for d, e in self._index.items()}
+            recent = list(reversed(self._index))
+        out, covered, total = [], set(), 0
+        for digest in recent:
+            if digest in covered:
+                continue
+            chain_, d = [], digest
+            while d:  # (each header names its parent: the start of the sequence has none)
+                h = index.get(d)
+                if h is None:
+                    break
+                chain_.append(h)
+                d = h.parent
+            else:
+                chain_.reverse()
+                if chain_[0].start != 0 or total + len(chain_) * self.block_tokens > max_tokens:
+                    continue
+                covered.update(h.digest for h in chain_)
+                out.append([t for h in chain_ for t in h.tokens])
+                total += len(out[-1])
+        return out
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Write what is queued within `timeout`, then stop the threads (the tier's files stay for the next
+        run; a write still going at the deadline leaves a temporary file the next run removes)."""
         self._queue.put(None)
-        self._writer.join(timeout=60)
+        self._writer.join(timeout=timeout)
         self._readers.shutdown(wait=True)
 
 
