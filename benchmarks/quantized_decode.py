@@ -20,6 +20,7 @@ host's read bandwidth measured here (a 1 GiB fp32 tensor summed by torch's threa
 close decode comes to what the memory gives.
 
     python benchmarks/quantized_decode.py [--new-tokens 64] [--repeats 3] [--batches 1,16] [--prompt-tokens 256]
+                                          [--model FILE.gguf]
 """
 
 from __future__ import annotations
@@ -51,17 +52,24 @@ def file_tensor_bytes(path) -> int:
 _engine = None  # the engine of a variant's process
 
 
-def _start(opts: dict) -> int:
+def _start(path: str, opts: dict) -> int:
     global _engine
-    _engine = ak.Engine(str(embedded_model_path()), num_slots=8192, **opts)
+    _engine = ak.Engine(path, num_slots=8192, **opts)
     return _engine.stats()["weight_bytes"]
+
+
+def _prompt(engine) -> str:
+    """The chat prompt, or the plain text for a file without a chat template."""
+    if engine.tokenizer.chat_template:
+        return engine.render([{"role": "user", "content": PROMPT}])
+    return PROMPT
 
 
 def decode_rate(batch: int, new_tokens: int) -> float:
     """Decode tok/s after the prompt is in the radix cache (its last token aside), as llama.cpp's runs
     decode after a one-token prompt: the prompt's prefill is timed apart (prompt_rate)."""
     engine = _engine
-    ids = engine.tokenizer.encode(engine.render([{"role": "user", "content": PROMPT}]))
+    ids = engine.tokenizer.encode(_prompt(engine))
     engine.generate([ids], max_tokens=1, temperature=0.0)  # the prompt cached
     start = time.perf_counter()
     outs = engine.generate([ids] * batch, max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
@@ -102,8 +110,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--model", help="a GGUF file (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     args = ap.parse_args()
-    path = embedded_model_path()
+    path = Path(args.model) if args.model else embedded_model_path()
     variants = {"kept": dict(dtype="float32"), "python": dict(dtype="float32", native_step=False),
                 "bf16": dict(dtype="bfloat16", quantized_weights=False),
                 "fp32": dict(dtype="float32", quantized_weights=False)}
@@ -112,7 +121,7 @@ def main() -> None:
     # bf16 that way in one run, 1.6x with each alone)
     spawn = multiprocessing.get_context("spawn")
     engines = {name: ProcessPoolExecutor(1, mp_context=spawn) for name in variants}
-    weight_bytes = {name: engines[name].submit(_start, opts).result() for name, opts in variants.items()}
+    weight_bytes = {name: engines[name].submit(_start, str(path), opts).result() for name, opts in variants.items()}
     tensor_bytes = file_tensor_bytes(path)
     print(f"{path.name}: {tensor_bytes / 2**20:.1f} MiB of tensors; {torch.get_num_threads()} threads")
     print(f"llama.cpp: batch 1 on {llama_cpp_peer.build_of(llama_cpp_peer.decode_rate)}; batch 16 and the prompt on "

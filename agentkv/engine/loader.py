@@ -135,7 +135,8 @@ def _notice_dequantized(directory: Path, kept: bool) -> None:
     if types:
         logging.getLogger("agentkv").warning(
             "agentkv: %s matrices of %s are dequantized at load (no quantized kernel for them here: Q8_0, Q4_0, "
-            "Q4_1, Q4_K and Q6_K run in their blocks on CPU with agentkv's C kernels)", "/".join(types), directory.name)
+            "Q4_1, Q4_K and Q6_K run in their blocks on CPU with agentkv's C kernels, Q5_0 and IQ4_NL as Q8_0)",
+            "/".join(types), directory.name)
 
 
 def _quantized_kinds(directory: Path) -> dict[str, str]:

@@ -1,0 +1,43 @@
+"""GGUF blocks rewritten, without changing a single weight, into a type the CPU kernels multiply.
+
+Q5_0 and IQ4_NL blocks hold 32 weights as small integers times one fp16 scale: Q5_0's are q - 16 with q
+of 5 bits, IQ4_NL's are entries of a fixed table of 16 int8 values. Q8_0's block holds 32 int8 times
+one fp16 scale, so each such block is a Q8_0 block with the same scale and its integers written out:
+dequantized, the two give the same floats bit for bit (tests/engine/test_gguf_transcode.py). Such a
+matrix then runs in Q8_0's tiles instead of being dequantized to fp32 at load (Q4_K_M files keep the
+matrices whose rows are not a multiple of 256 in Q5_0: Gemma 3 270M's q, k, gate and up). It reads
+34 bytes where the file holds 22 (Q5_0) or 18 (IQ4_NL): a kernel of their own would read fewer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Q8_0_BLOCK = 34  # fp16 scale + 32 int8
+# IQ4_NL's (and IQ4_XS's) values for its 16 codes (ggml-common.h: kvalues_iq4nl)
+IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+# the types rewritten as Q8_0, by name -> bytes a block of 32
+AS_Q8_0 = {"Q5_0": 22, "IQ4_NL": 18}
+
+
+def to_q8_0(raw: np.ndarray, kind: str) -> np.ndarray:
+    """`raw` (uint8 [..., blocks * bytes a block], a matrix's rows of `kind` blocks) as Q8_0 blocks
+    (uint8 [..., blocks * 34]) holding the same weights."""
+    size = AS_Q8_0[kind]
+    lead = raw.shape[:-1]
+    if raw.shape[-1] % size:
+        raise ValueError(f"a row of {kind} blocks is a multiple of {size} bytes, not {raw.shape[-1]}")
+    blocks = np.ascontiguousarray(raw).reshape(-1, size)
+    out = np.empty((len(blocks), Q8_0_BLOCK), dtype=np.uint8)
+    out[:, :2] = blocks[:, :2]  # the fp16 scale, as it is
+    if kind == "Q5_0":
+        qh = blocks[:, 2:6].copy().view("<u4")  # [n, 1]: bit j is weight j's fifth bit
+        qs = blocks[:, 6:22]
+        low = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # weights 0-15 in the low nibbles, 16-31 in the high
+        high = (qh >> np.arange(32, dtype=np.uint32)) & 1
+        values = (low | (high.astype(np.uint8) << 4)).astype(np.int16) - 16
+    else:  # IQ4_NL
+        qs = blocks[:, 2:18]
+        values = IQ4_NL_VALUES[np.concatenate([qs & 0x0F, qs >> 4], axis=1)]
+    out[:, 2:] = values.astype(np.int8).view(np.uint8)
+    return out.reshape(*lead, -1)
