@@ -21,7 +21,8 @@ T = gguf.GGMLQuantizationType
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and np.array_equal(a.astype(np.float32).view(np.uint32), b.astype(np.float32).view(np.uint32))
+    bits = [x.astype(np.float32).view(np.uint32) for x in (a, b)]
+    return a.shape == b.shape and np.array_equal(*bits)
 
 
 @pytest.mark.parametrize("shape", [(3, 64), (2, 5, 640)], ids=["matrix", "experts"])
