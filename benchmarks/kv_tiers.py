@@ -2,6 +2,11 @@
 tools) cold, from the pool, from the disk tier after an eviction, and from it after a restart; then
 an agent workload whose prefixes do not fit in the pool, with and without the disk tier.
 
+Then the ways a server ends (`--restart-rounds`): `agentkv serve --kv-dir` on the embedded model, the
+prompt asked once, stopped with SIGTERM, started again on the same folder and asked again (TTFT of a
+one-token request over HTTP, and whether a 16-token greedy reply is the one the first server gave);
+and the prompt asked twice (a hit: written through), the server killed with SIGKILL, started again.
+
 Time to first token is the wall time of a one-token greedy generate. Each TTFT round uses its own
 prompt (a round number at its start) and its own kv_dir, so "cold" is cold; the median of the
 rounds is printed. The workload: `--agents` agents, each with its own system prompt and tools
@@ -11,6 +16,7 @@ without the tier each turn recomputes its agent's prefix, with it the prefix is 
 are in this process, one after the other, each on a fresh engine and a fresh kv_dir.
 
     python benchmarks/kv_tiers.py [--rounds 3] [--agents 6] [--turns 4] [--new-tokens 32] [--num-slots 4096]
+                                  [--restart-rounds 3]
 """
 
 from __future__ import annotations
@@ -78,6 +84,78 @@ def ttft_rounds(rounds: int) -> tuple[list[list], int]:
         prompt_tokens
 
 
+class Server:
+    """`agentkv serve` on the embedded model in a process of its own, on a free loopback port."""
+
+    def __init__(self, kv_dir: str):
+        import socket
+        import subprocess
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.proc = subprocess.Popen([sys.executable, "-c", "from agentkv.cli.main import app; app()", "serve",
+                                      "--port", str(self.port), "--kv-dir", kv_dir],
+                                     stderr=subprocess.DEVNULL)
+
+    def ask(self, messages: list[dict], max_tokens: int) -> tuple[float, dict]:
+        """(seconds, the response) of one greedy request, waiting for the server to come up first."""
+        import httpx
+
+        body = {"model": "SmolLM2-135M-Instruct", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=5)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("agentkv serve did not come up") from None
+                time.sleep(0.2)
+        start = time.perf_counter()
+        r = httpx.post(f"http://127.0.0.1:{self.port}/v1/chat/completions", json=body, timeout=300)
+        return time.perf_counter() - start, r.raise_for_status().json()
+
+    def stop(self, sig) -> None:
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=120)
+
+
+def restart_rounds(rounds: int) -> list[list]:
+    """TTFT of a prompt a server served before it ended, after a restart: by SIGTERM (asked once), by
+    SIGKILL (asked twice), against the first server's cold TTFT; and whether the replies are equal."""
+    import signal
+
+    rows: dict[str, list[float]] = {"cold (server)": [], "after SIGTERM, a restart": [],
+                                    "after SIGKILL (asked twice), a restart": []}
+    equal, cached = [], []
+    for r in range(rounds):
+        messages = [{"role": "system", "content": agent_system(f"Restart {r}: you are the travel desk's agent",
+                                                                TOOLS, repeat=3)},
+                    {"role": "user", "content": TASKS[r % len(TASKS)]}]
+        for ending in ("SIGTERM", "SIGKILL"):
+            with tempfile.TemporaryDirectory() as kv_dir:
+                first = Server(kv_dir)
+                t, _ = first.ask(messages, 1)
+                if ending == "SIGTERM":
+                    rows["cold (server)"].append(t)
+                _, reply = first.ask(messages, 16)  # (a hit: written through)
+                if ending == "SIGKILL":
+                    time.sleep(1.0)  # (the writer's few milliseconds)
+                first.stop(getattr(signal, ending))
+                second = Server(kv_dir)
+                t, out = second.ask(messages, 1)
+                rows[f"after {ending}" + (" (asked twice)" if ending == "SIGKILL" else "") + ", a restart"].append(t)
+                cached.append(out["usage"]["prompt_tokens_details"]["cached_tokens"])
+                _, again = second.ask(messages, 16)
+                equal.append(again["choices"][0]["message"] == reply["choices"][0]["message"])
+                second.stop(signal.SIGTERM)
+    cold = statistics.median(rows["cold (server)"])
+    print(f"agentkv serve --kv-dir, {rounds} rounds: cached tokens after the restarts {sorted(set(cached))}; "
+          f"replies equal to the first server's: {sum(equal)} of {len(equal)}")
+    return [[name, statistics.median(ts) * 1e3, cold / statistics.median(ts)] for name, ts in rows.items()]
+
+
 def workload(kv_dir: str | None, agents: int, turns: int, new_tokens: int, num_slots: int):
     """Returns (wall seconds, prefill tokens computed, disk tokens read, the replies)."""
     systems = [agent_system(f"You are agent {i}, {TASKS[i % len(TASKS)].lower()}",
@@ -108,11 +186,15 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--num-slots", type=int, default=4096)
+    ap.add_argument("--restart-rounds", type=int, default=3, help="0 leaves the server restarts out")
     args = ap.parse_args()
 
     rows, _ = ttft_rounds(args.rounds)
     print(table(rows, ["prompt served", "TTFT ms", "x cold"]))
     print()
+    if args.restart_rounds:
+        print(table(restart_rounds(args.restart_rounds), ["prompt served", "TTFT ms", "x cold"]))
+        print()
     without = workload(None, args.agents, args.turns, args.new_tokens, args.num_slots)
     with tempfile.TemporaryDirectory() as kv_dir:
         with_tier = workload(kv_dir, args.agents, args.turns, args.new_tokens, args.num_slots)

@@ -112,10 +112,10 @@ class Engine(Prefixes):
         self._grammars = GrammarSupport(self.tokenizer)
         self._rng = random.Random(cfg.seed) if options.get("seed") is not None else random.SystemRandom()
         _live_engines.add(self)
-        if self._tier is not None and cfg.cache.kv_warm_fraction > 0:
+        if self._tier is not None:
             room = int(self._pool.capacity * cfg.cache.kv_warm_fraction)
-            threading.Thread(target=warm_at_start, args=(self._core, self._tier, room), name="agentkv-kv-warm",
-                             daemon=True).start()
+            threading.Thread(target=warm_at_start, args=(self._core, self._tier, room, self._repin),
+                             name="agentkv-kv-warm", daemon=True).start()
 
     # ---- generation -----------------------------------------------------------------------------
 

@@ -57,6 +57,9 @@ class NullPrefixCache:
     def leases(self) -> PinLeases:
         return _NO_LEASES
 
+    def pin_records(self) -> list:
+        return []
+
     @property
     def pins(self) -> list:
         return []

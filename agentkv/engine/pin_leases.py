@@ -25,8 +25,10 @@ class PinLeases:
     def __bool__(self) -> bool:
         return bool(self._ttl)
 
-    def add(self, pin_id: int, node: object, ttl_s: float) -> None:
-        self._ttl[pin_id], self._deadline[pin_id], self._node[pin_id] = ttl_s, self.clock() + ttl_s, node
+    def add(self, pin_id: int, node: object, ttl_s: float, left_s: float | None = None) -> None:
+        """`left_s`: until the first end, where less than `ttl_s` (a pin brought back after a restart)."""
+        first = ttl_s if left_s is None else min(left_s, ttl_s)
+        self._ttl[pin_id], self._deadline[pin_id], self._node[pin_id] = ttl_s, self.clock() + first, node
         self._by_node.setdefault(node, set()).add(pin_id)
 
     def drop(self, pin_id: int) -> None:
@@ -56,6 +58,12 @@ class PinLeases:
             self.gone.add(p)
             self.expired += 1
         return out
+
+    def lease(self, pin_id: int) -> tuple[float, float] | None:
+        """(its time to live, the seconds left of it), or None for a pin without one."""
+        if pin_id not in self._ttl:
+            return None
+        return self._ttl[pin_id], max(0.0, self._deadline[pin_id] - self.clock())
 
     def seconds_left(self) -> float | None:
         """Until the next lease runs out (None: no lease)."""

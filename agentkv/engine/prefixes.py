@@ -102,6 +102,12 @@ class Prefixes:
         # any later step could evict it
         return self._prefill(ids, lambda r: self._tree.pin(ids, ttl_s)).result()
 
+    def _repin(self, ids: list[int], ttl_s: float | None, left_s: float | None) -> PinHandle:
+        """A pin an earlier run kept (engine/disk/lifetime.py), made again: its prefix prefilled (read back
+        from the disk tier, where it was written through when pinned) and pinned with what was left of
+        its lease."""
+        return self._prefill(ids, lambda r: self._tree.pin(ids, ttl_s, left_s)).result()
+
     def _prefix_ids(self, prefix, tools) -> list[int]:
         if is_messages(prefix):
             prefix = self.render(prefix, tools=tools, add_generation_prompt=False)

@@ -244,9 +244,10 @@ class RadixCache:
 
     # ---- pins (resident prefixes, bounded by a budget) ------------------------------------
 
-    def pin(self, tokens: Sequence[int], ttl_s: float | None = None) -> PinHandle:
+    def pin(self, tokens: Sequence[int], ttl_s: float | None = None, left_s: float | None = None) -> PinHandle:
         """Pin the cached prefix `tokens` (it must be fully cached) and its ancestors; with `ttl_s`,
-        until that long passes without a request through it (`expire_pins`)."""
+        until that long passes without a request through it (`expire_pins`; the first time after
+        `left_s`, where given: a pin brought back after a restart)."""
         slots, node = self.match_prefix(tokens)
         if len(slots) < len(tokens):
             raise CacheError(f"only {len(slots)} of {len(tokens)} tokens are cached; prefill them before pinning")
@@ -275,7 +276,7 @@ class RadixCache:
         if self.spill is not None:
             self.spill(node, True)  # written through: a restart finds it on disk
         if ttl_s is not None:
-            self.leases.add(handle.id, node, ttl_s)
+            self.leases.add(handle.id, node, ttl_s, left_s)
         return handle
 
     def expire_pins(self) -> int:
@@ -304,6 +305,15 @@ class RadixCache:
                 self.evictable_size += len(node.key)
             self._update_leaf(node)
             node = node.parent
+
+    def pin_records(self) -> list[tuple[list[int], float | None, float | None]]:
+        """Each pin as (its tokens, its time to live, the seconds left of it; None, None without one):
+        what the disk tier keeps so that a restart pins them again."""
+        out = []
+        for pin_id, node in self._pins.items():
+            lease = self.leases.lease(pin_id)
+            out.append((self.path(node)[0], *(lease if lease is not None else (None, None))))
+        return out
 
     @property
     def pins(self) -> list[PinHandle]:

@@ -134,3 +134,28 @@ def test_sigterm_on_a_server_keeps_its_prompts(tiny_long_dir, tmp_path):
     assert second.usage.prompt_tokens_details.cached_tokens >= len(system) - B  # from disk, or read back at start
     assert second.choices[0].message.content == first.choices[0].message.content
     assert os.listdir(tmp_path)
+
+
+def wait_for(check, seconds: float = 60.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return check()
+
+
+def test_pins_and_their_leases_come_back_after_a_restart(tiny_dir, tmp_path, cold_ids):
+    with engine(tiny_dir, tmp_path) as e:
+        e.pin(P, ttl_s=600)
+        e.pin(OTHER)
+        e.pin("a pin whose lease ends while the engine is down " * 2, ttl_s=0.5)
+    time.sleep(1.0)
+    with engine(tiny_dir, tmp_path) as e:
+        assert wait_for(lambda: len(e.pins()) == 2)  # (the third ran out meanwhile)
+        assert sorted(p.num_tokens for p in e.pins()) == [192, 256]
+        leases = e._core.call(lambda: [e._tree.leases.lease(i) for i in e._tree._pins]).result()
+        assert None in leases  # OTHER's, pinned until unpinned
+        assert any(ls is not None and ls[0] == 600 and 590 < ls[1] <= 600 for ls in leases)  # P's, less the wait
+        ids, _, usage = answer(e)
+        assert usage.cached_tokens >= 256 and usage.disk_cached_tokens == 0 and ids == cold_ids[0]
+        e.flush_cache()  # pinned: nothing of them leaves the pool
+        assert e.stats()["pinned_tokens"] == 448
