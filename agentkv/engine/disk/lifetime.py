@@ -1,7 +1,7 @@
 """The disk tier at an engine's start and close: what makes a restart find the KV it served.
 
-At close, the engine's pins are kept beside the blocks (their tokens, time to live and what is left of
-it), and the pool's prefixes are written to the tier, the most recently used first, within a time
+At close, the engine's leased pins are kept beside the blocks (their tokens, time to live and what is
+left of it), and the pool's prefixes are written to the tier, the most recently used first, within a time
 bound (`kv_flush_timeout`), then the writer finishes what is queued. At start, in the background,
 the pins are made again (their KV read back from disk) and the tier's most recently used prefixes are
 read back into a share of the pool (`kv_warm_fraction`): read on the tier's reader threads, copied in
@@ -31,7 +31,10 @@ def save_at_close(core: EngineCore, tier: DiskTier, timeout: float) -> float:
     if core.closed:
         return deadline
     try:
-        tier.write_pins(core.call(lambda: core.scheduler.tree.pin_records()).result(timeout=30))
+        # (a pin without a lease belongs to the handle that made it, gone with this process: the program
+        # that pins again after a restart finds its KV on disk; restored here, nobody could unpin it)
+        pins = core.call(lambda: core.scheduler.tree.pin_records()).result(timeout=30)
+        tier.write_pins([p for p in pins if p[1] is not None])
         if timeout > 0:
             core.call(lambda: core.scheduler.kv.save(deadline)).result(timeout=timeout + 1)
     except Exception as e:  # (a stopping engine still stops: what was not written is recomputed)
