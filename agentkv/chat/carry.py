@@ -55,6 +55,15 @@ class TokenCarry:
         starts with them."""
         self._keep(text, list(ids))
 
+    def state(self) -> list[tuple[str, list[int]]]:
+        """What it carries, least recent first (what `restore` takes back: a stored response's carry kept
+        through a restart)."""
+        return [(k, list(v)) for k, v in self._known.items()]
+
+    def restore(self, state: list[tuple[str, list[int]]]) -> None:
+        for text, ids in state:
+            self._keep(text, list(ids))
+
     def _keep(self, text: str, ids: list[int]) -> None:
         self._known[text] = ids
         self._known.move_to_end(text)

@@ -147,6 +147,9 @@ def serve(
         help="keep evicted and pinned KV in this folder and read it back instead of recomputing, also after "
              "a restart")] = None,
     kv_disk_size: Annotated[str, typer.Option(help="the most the --kv-dir tier holds, e.g. 20GB or 512MiB")] = "10GiB",
+    state_dir: Annotated[str | None, typer.Option(
+        help="keep stored /v1/responses in this folder (SQLite), so previous_response_id works across a "
+             "restart")] = None,
     kv_flush_timeout: Annotated[float, typer.Option(
         help="on SIGTERM / SIGINT, seconds spent writing the KV pool to --kv-dir (the most recently used "
              "prefixes first) before the server exits")] = 5.0,
@@ -168,6 +171,8 @@ def serve(
                        **({"tool_format": tool_format} if tool_format else {}))
     if replicas < 1:
         raise _fail(f"--replicas must be at least 1, got {replicas}")
+    if state_dir is not None and replicas > 1:
+        raise _fail("--state-dir keeps one engine's stored responses; leave it out with --replicas")
     if kv_dir is not None:
         if replicas > 1:
             raise _fail("--kv-dir serves one engine; with --replicas each replica's tier would need its own "
@@ -191,8 +196,8 @@ def serve(
     try:
         # (the app closes the engine as it shuts down: uvicorn re-raises SIGTERM / SIGINT after that, and the
         # process ends before anything after `run` would)
-        uvicorn.run(create_app(engine, name, api_key, max_inflight, close_objects=not open_objects, owns_engine=True),
-                    host=host, port=port, log_level="warning")
+        uvicorn.run(create_app(engine, name, api_key, max_inflight, close_objects=not open_objects, owns_engine=True,
+                               state_dir=state_dir), host=host, port=port, log_level="warning")
     finally:
         engine.close()
 

@@ -41,7 +41,8 @@ from agentkv.server.responses_items import ResponsesRequest
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_inflight: int = 256,
                close_objects: bool = True, stored_responses: int = 1024, response_ttl_s: float = 3600.0,
-               resamples: int = 2, session_ttl_s: float = 300.0, owns_engine: bool = False) -> FastAPI:
+               resamples: int = 2, session_ttl_s: float = 300.0, owns_engine: bool = False,
+               state_dir: str | None = None) -> FastAPI:
     """`engine`: an Engine, or an EngineHandle (a cluster's replicas). `max_inflight`: requests
     accepted at once (running, queued, streaming); more get a 429. `close_objects`: the default of a
     chat request's `close_objects` (schemas' objects closed where they leave additionalProperties
@@ -51,11 +52,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     how long a prompt_cache_key session's conversation, or a cache_control prefix, stays pinned
     after its last request (server/sessions.py). `owns_engine`: the engine is closed as the server
     shuts down (`agentkv serve`: on SIGTERM / SIGINT its KV pool is written to its disk tier then, before
-    uvicorn re-raises the signal that stopped it and the process ends)."""
+    uvicorn re-raises the signal that stopped it and the process ends). `state_dir`: stored responses kept
+    there (SQLite, server/state.py), so `previous_response_id` works across a restart."""
     # (no `from __future__ import annotations` here: FastAPI reads the handlers' annotations at runtime)
     handle = engine if hasattr(engine, "chat_stream") else LocalHandle(engine, model_name, close_objects,
                                                                        stored_responses, response_ttl_s, resamples,
-                                                                       session_ttl_s)
+                                                                       session_ttl_s, state_dir)
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         yield

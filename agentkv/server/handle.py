@@ -23,6 +23,7 @@ from agentkv.server.protocol import APIError, ChatRequest, CompletionRequest, no
 from agentkv.server.responses import ResponseStore, create_response, stream_response
 from agentkv.server.responses_items import ResponsesRequest
 from agentkv.server.sessions import Sessions
+from agentkv.server.state import StateFile, tokenizer_key
 
 REPLIES = 1024  # replies whose tokens the chat routes carry, the least recent out first
 
@@ -72,12 +73,14 @@ class LocalHandle:
     the engine's radix cache."""
 
     def __init__(self, engine, model_name: str, close_objects: bool = True, stored_responses: int = 1024,
-                 response_ttl_s: float = 3600.0, resamples: int = 2, session_ttl_s: float = 300.0):
+                 response_ttl_s: float = 3600.0, resamples: int = 2, session_ttl_s: float = 300.0,
+                 state_dir: str | None = None):
         self.engine, self.model_name, self.close_objects = engine, model_name, close_objects
         self.sessions = Sessions(engine, session_ttl_s)  # prompt_cache_key and cache_control hints
         self.replies = TokenCarry(engine.tokenizer, REPLIES)  # a transcript sent back meets its replies' tokens
         self.resamples = resamples  # an output failing a relaxed keyword is generated again, this many times
-        self.responses = ResponseStore(engine, stored_responses, response_ttl_s)
+        state = StateFile(state_dir, tokenizer_key(engine.tokenizer)) if state_dir is not None else None
+        self.responses = ResponseStore(engine, stored_responses, response_ttl_s, state)
         self._pins: dict[str, tuple[Any, int]] = {}  # id -> (PinHandle, tokens)
         self.id_prefix = "pin-"
 

@@ -31,6 +31,7 @@ from agentkv.server.responses_items import (
 )
 from agentkv.server.responses_stream import ItemStream
 from agentkv.server.sessions import Sessions
+from agentkv.server.state import StateFile
 
 
 @dataclass
@@ -44,11 +45,19 @@ class Stored:
 
 
 class ResponseStore:
-    """Stored responses, at most `capacity`, each for `ttl_s` seconds; the oldest go first."""
+    """Stored responses, at most `capacity`, each for `ttl_s` seconds; the oldest go first. With a
+    `state` file (server/state.py), each is written there as it is stored and the store starts with
+    what an earlier run kept (not pinned again: their KV is on disk where the engine has a tier)."""
 
-    def __init__(self, engine, capacity: int = 1024, ttl_s: float = 3600.0):
-        self.engine, self.capacity, self.ttl_s = engine, capacity, ttl_s
+    def __init__(self, engine, capacity: int = 1024, ttl_s: float = 3600.0, state: StateFile | None = None):
+        self.engine, self.capacity, self.ttl_s, self.state = engine, capacity, ttl_s, state
         self._items: OrderedDict[str, Stored] = OrderedDict()
+        for rid, left, record in state.load() if state is not None else ():
+            carry = TokenCarry(engine.tokenizer)
+            carry.restore(record["carry"])
+            self._items[rid] = Stored(record["response"], record["messages"], time.monotonic() + left,
+                                      tokens=record["tokens"], carry=carry)
+        self._expire()
 
     def ids(self) -> list[str]:
         self._expire()
@@ -65,6 +74,10 @@ class ResponseStore:
         """Keep `item`, its tokens pinned; the response it continued gives up its pin (this one's
         tokens start with that one's)."""
         self._items[rid] = item
+        if self.state is not None:  # (before the route answers: a client that has the id can continue it)
+            record = {"response": item.response, "messages": item.messages, "tokens": item.tokens,
+                      "carry": item.carry.state() if item.carry is not None else []}
+            await asyncio.to_thread(self.state.put, rid, self.ttl_s, record)
         self._expire()
         if previous in self._items:
             await self._unpin(self._items[previous])
@@ -76,6 +89,8 @@ class ResponseStore:
     async def delete(self, rid: str) -> None:
         item = self.get(rid)
         del self._items[rid]
+        if self.state is not None:
+            await asyncio.to_thread(self.state.delete, rid)
         await self._unpin(item)
 
     def _expire(self) -> None:
@@ -85,6 +100,8 @@ class ResponseStore:
             if oldest.expires > now and len(self._items) <= self.capacity:
                 break
             del self._items[rid]
+            if self.state is not None:
+                self.state.delete(rid)
             if oldest.pin is not None:  # posted, not awaited: this runs on the server's event loop
                 self.engine.unpin(oldest.pin, wait=False)
 
