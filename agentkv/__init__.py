@@ -11,6 +11,7 @@ from agentkv.agents import (
     AgentResult,
     AgentUsage,
     ApprovalRequired,
+    Journal,
     MCPToolError,
     MCPToolset,
     RunContext,
@@ -46,6 +47,7 @@ from agentkv.errors import (
     EngineError,
     GrammarError,
     IncompleteOutputError,
+    JournalError,
     ModelLoadError,
     ModelRetry,
     OutputError,
@@ -71,7 +73,8 @@ def __getattr__(name: str):
 
 __version__ = "0.2.0"
 __all__ = [
-    "Agent", "AgentError", "AgentResult", "AgentRetriesError", "AgentUsage", "ApprovalRequired", "ModelRetry",
+    "Agent", "AgentError", "AgentResult", "AgentRetriesError", "AgentUsage", "ApprovalRequired", "Journal",
+    "JournalError", "ModelRetry",
     "RunContext", "RunEnd", "Step", "StepEnd", "StepStart",
     "TextDelta", "ToolCall", "ToolCallEvent", "ToolResult", "ToolResultEvent",
     "AgentKVError", "CacheError", "Completion", "Engine", "EngineClosedError", "EngineError", "GrammarError",

@@ -106,6 +106,11 @@ class AgentError(AgentKVError):
     """An agent run that could not produce its output."""
 
 
+class JournalError(AgentError):
+    """A durable run that cannot be started or resumed as asked (agents/_journal.py): a run_id already
+    used or unknown, a journal of another agent definition or format, a run another worker holds."""
+
+
 class AgentRetriesError(AgentError):
     """The model kept producing output that failed validation (or tool arguments its tools refused)
     after `retries` corrections. `last_output` is the last failed object (text, or the tool call),

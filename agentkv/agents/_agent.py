@@ -24,6 +24,7 @@ from typing import Any
 
 from agentkv.agents._context import RunContext
 from agentkv.agents._engine import AgentEngine
+from agentkv.agents._journal import Journal
 from agentkv.agents._mcp import MCPToolset
 from agentkv.agents._output import OutputSpec
 from agentkv.agents._result import AgentEvent, AgentResult, RunEnd
@@ -83,7 +84,7 @@ class Agent:
                  max_steps: int = 8, retries: int = 1, output_retries: int | None = None,
                  parallel_tool_calls: bool = True, rerun_calls: bool = False, engine: AgentEngine | None = None,
                  pin: bool = True, chat_template_kwargs: dict | None = None, temperature: float = LIBRARY_TEMPERATURE,
-                 max_tokens: int = LIBRARY_MAX_TOKENS, **sampling: Any):
+                 max_tokens: int = LIBRARY_MAX_TOKENS, journal: Journal | None = None, **sampling: Any):
         parts = list(instructions) if isinstance(instructions, (list, tuple)) else [instructions]
         if not all(isinstance(p, str) or callable(p) for p in parts):
             raise RequestError("instructions must be a string, a function of the run context, or a list of those")
@@ -125,6 +126,7 @@ class Agent:
             raise RequestError("an Agent sets the grammar of each step itself; give output_type=, not "
                                "json_schema/regex/grammar, and n=1")
         self._engine, self._want_pin = engine, pin
+        self.journal = journal  # where runs given a run_id are recorded (agents/_journal.py)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._setup_lock = threading.Lock()
         # what the agent holds (its pins, its MCP sessions), released when it is garbage-collected
@@ -196,15 +198,33 @@ class Agent:
     # ---- running ----------------------------------------------------------------------------------
 
     def run(self, input: str | Sequence[dict] | None = None, *, history: Sequence[dict] | None = None, deps: Any = None,
-            approvals: dict[str, bool | str] | None = None, engine: AgentEngine | None = None) -> Awaitable:
+            approvals: dict[str, bool | str] | None = None, engine: AgentEngine | None = None,
+            run_id: str | None = None, journal: Journal | None = None) -> Awaitable:
         """`await agent.run(...)`: run to the output. `input` is the user's message (or messages);
         `history` a previous result's `messages` to continue that conversation (its system messages
         are replaced by this agent's); `deps` what tools and instruction functions get as
         `ctx.deps`; `approvals` answers a run that ended waiting for approval ({call id: True, or
-        False / a reason to refuse}). Called without await (the form before 0.2), it runs
-        synchronously with a DeprecationWarning; use `run_sync`."""
-        return Awaitable(lambda: self._run(input, history=history, deps=deps, approvals=approvals, engine=engine),
-                         "Agent.run_sync")
+        False / a reason to refuse}). With `run_id` the run is durable: each step is recorded in
+        `journal` (ak.Journal(folder); default: the agent's) before the run moves on, and
+        `agent.resume(run_id)` finishes it after its process ended. Called without await (the form
+        before 0.2), it runs synchronously with a DeprecationWarning; use `run_sync`."""
+        return Awaitable(lambda: self._run(input, history=history, deps=deps, approvals=approvals, engine=engine,
+                                           run_id=run_id, journal=journal), "Agent.run_sync")
+
+    def resume(self, run_id: str, *, journal: Journal | None = None, approvals: dict[str, bool | str] | None = None,
+               deps: Any = None, engine: AgentEngine | None = None) -> Awaitable:
+        """`await agent.resume(run_id)`: finish a durable run (`run(..., run_id=...)`) whose process ended,
+        or that ended waiting for approval: the model replies and tool results its journal holds are read
+        back, not made again (tools never run twice), and the run goes on from there, its conversation's
+        KV read back from the engine's disk tier. A call that was running when the process ended runs
+        again only if its tool is `idempotent`; otherwise the run ends asking (ApprovalRequired), and
+        `approvals={call id: True}` runs it, False or a reason tells the model it was not."""
+        return Awaitable(lambda: self._run(None, deps=deps, approvals=approvals, engine=engine, run_id=run_id,
+                                           journal=journal, resume=True), "Agent.resume")
+
+    def resume_sync(self, run_id: str, **kw: Any) -> AgentResult:
+        """`resume` from synchronous code."""
+        return run_sync(self._run(None, run_id=run_id, resume=True, **kw))
 
     def run_sync(self, input: str | Sequence[dict] | None = None, **kw: Any) -> AgentResult:
         """`run` from synchronous code (also where an event loop is running: on a thread of its own)."""
@@ -222,12 +242,14 @@ class Agent:
         raise AgentError("the run ended without a result")  # unreachable: a run ends with RunEnd or raises
 
     def stream(self, input: str | Sequence[dict] | None = None, *, history: Sequence[dict] | None = None,
-               deps: Any = None, approvals: dict | None = None, engine: AgentEngine | None = None) -> EventStream:
+               deps: Any = None, approvals: dict | None = None, engine: AgentEngine | None = None,
+               run_id: str | None = None, journal: Journal | None = None, resume: bool = False) -> EventStream:
         """`async for event in agent.stream(...)`: the run's events as they happen (StepStart,
-        TextDelta, ToolCallEvent, ToolResultEvent, StepEnd, and RunEnd with the result). Iterated
-        with a plain `for` (the form before 0.2) it runs synchronously with a DeprecationWarning;
-        use `stream_sync`."""
-        return EventStream(lambda: self._events(input, history=history, deps=deps, approvals=approvals, engine=engine))
+        TextDelta, ToolCallEvent, ToolResultEvent, StepEnd, and RunEnd with the result); `run_id`,
+        `journal` as `run`'s, `resume=True` as `resume` (input None). Iterated with a plain `for` (the
+        form before 0.2) it runs synchronously with a DeprecationWarning; use `stream_sync`."""
+        return EventStream(lambda: self._events(input, history=history, deps=deps, approvals=approvals, engine=engine,
+                                                run_id=run_id, journal=journal, resume=resume))
 
     def stream_sync(self, input: str | Sequence[dict] | None = None, **kw: Any) -> Iterator[AgentEvent]:
         yield from iterate_sync(self._events(input, **kw))
@@ -239,11 +261,23 @@ class Agent:
         return self._events(input, **kw)
 
     def _events(self, input, *, history=None, deps=None, approvals=None, engine: AgentEngine | None = None,
+                run_id: str | None = None, journal: Journal | None = None, resume: bool = False,
                 where: str = "Agent.stream", **unknown) -> AsyncIterator[AgentEvent]:
         _refuse(unknown, where)
         if self._closed:
             raise AgentError("this agent is closed; make a new Agent")
-        return AgentRun(self, input, history, deps, approvals, engine).events()
+        journal = journal or self.journal
+        if run_id is None:
+            if journal is not None and journal is not self.journal:
+                raise RequestError("journal= records a durable run: give it a run_id= too")
+            return AgentRun(self, input, history, deps, approvals, engine).events()
+        if journal is None:
+            raise RequestError("run_id= makes the run durable: give journal=ak.Journal(folder) (here or to the Agent)")
+        if resume:
+            record, input, history = journal.claim(run_id, self)
+        else:
+            record = journal.start(run_id, self, input, history)
+        return AgentRun(self, input, history, deps, approvals, engine, record).events()
 
     async def run_batch(self, inputs: Sequence[str | Sequence[dict]], *, deps: Any = None,
                         max_concurrency: int | None = None) -> list[AgentResult]:

@@ -16,6 +16,7 @@ class ToolResult:
     error: str | None = None  # why the call failed: its arguments, or the tool raised
     refused: bool = False  # the tool refused the arguments (counts as a retry); False when the tool raised
     repeated: bool = False  # the run made this call before: not run again, this is the earlier result
+    replayed: bool = False  # read back from the run's journal (a resumed durable run): not run again
 
 
 @dataclass
@@ -63,12 +64,15 @@ class Step:
     seconds: float = 0.0
     agent: str = ""  # the name of the agent whose step it was (handoffs change it)
     forced: bool = False  # the step had to answer: the last of max_steps, or every tool was withheld
+    replayed: bool = False  # read back from the run's journal (a resumed durable run): not generated again
 
 
 @dataclass(frozen=True)
 class ApprovalRequired:
     """The output of a run that stopped at calls of tools that need approval (`requires_approval`):
-    continue with `agent.run(history=result.messages, approvals={call.id: True or False or a reason})`."""
+    continue with `agent.run(history=result.messages, approvals={call.id: True or False or a reason})`
+    (a durable run: `agent.resume(run_id, approvals=...)`; there also a call that was running when the
+    run's process ended, of a tool not marked idempotent: it may have run)."""
 
     calls: list[ToolCall]
 

@@ -21,6 +21,7 @@ from typing import Any
 from agentkv.agents import _tracing as tracing
 from agentkv.agents._context import RunContext
 from agentkv.agents._engine import AgentEngine
+from agentkv.agents._journal import RunJournal
 from agentkv.agents._result import (
     AgentEvent,
     AgentResult,
@@ -40,7 +41,9 @@ from agentkv.chat.calls import ToolCall
 from agentkv.chat.carry import TokenCarry
 from agentkv.chat.messages import assistant_calls_message, tool_message
 from agentkv.errors import (
+    AgentError,
     AgentRetriesError,
+    JournalError,
     ModelRetry,
     OutputError,
     RequestError,
@@ -48,11 +51,17 @@ from agentkv.errors import (
 )
 
 RETRY = "\n\nFix the errors and try again."
+RUN_PIN_TTL_S = 600.0  # how long a durable run's conversation stays pinned after its last step
 
 
 class AgentRun:
-    def __init__(self, agent, input, history, deps, approvals, engine: AgentEngine | None):
+    def __init__(self, agent, input, history, deps, approvals, engine: AgentEngine | None,
+                 journal: RunJournal | None = None):
+        """`journal`: a durable run's records (agents/_journal.py): replies and results read back where
+        recorded, recorded where made."""
         self.agent, self.input, self.history, self.approvals = agent, input, history, approvals
+        self.journal = journal
+        self._pin = None  # a durable run's conversation, pinned while the run is open (written through to disk)
         self.engine: AgentEngine = engine or agent.engine
         self.usage, self.steps, self.errors = AgentUsage(), [], []
         self.tries: dict[str, int] = {}  # refusals / retries, per tool name and "output"
@@ -73,6 +82,8 @@ class AgentRun:
         except BaseException as e:
             if not ended:
                 tracing.end(span, e if isinstance(e, Exception) else None, **tracing.usage_attributes(self.usage))
+                if self.journal is not None and isinstance(e, AgentError) and not isinstance(e, JournalError):
+                    self.journal.end("failed")  # (a replay would end the same way)
             raise
         finally:  # closed here, on this loop: left to the collector, its close would find the loop gone
             await steps.aclose()
@@ -82,7 +93,7 @@ class AgentRun:
         setup = await asyncio.to_thread(agent.setup, self.engine)
         self.messages = messages = await self._conversation(setup)
         self.ctx.messages = messages
-        resumed = await self._resume(messages)
+        resumed = await self._resume(messages) if self.journal is None else []  # (a journal replays its own)
         for result in resumed:
             yield ToolResultEvent(0, result)
         mode, withheld = agent.tool_choice, set()
@@ -107,11 +118,20 @@ class AgentRun:
             # executes its calls: its steps are cut as they stand, the cut call dropped and asked again)
             params = turn.params(agent.params).with_(budget_closing=False)
             prompt_ids = self.carry.encode(prompt)
-            async for delta in self.engine.stream(prompt_ids, params):
-                if delta.text:
-                    yield TextDelta(index, delta.text)
-                if delta.completion is not None:
-                    done = [delta.completion, delta.usage]
+            recorded = self.journal.step(index) if self.journal is not None else None
+            if recorded is not None:  # a resumed run: the reply as the model wrote it then
+                done = list(recorded)
+                yield TextDelta(index, recorded[0].text)
+            else:
+                if self.journal is not None:
+                    await self._keep_conversation(prompt_ids)
+                async for delta in self.engine.stream(prompt_ids, params):
+                    if delta.text:
+                        yield TextDelta(index, delta.text)
+                    if delta.completion is not None:
+                        done = [delta.completion, delta.usage]
+                if self.journal is not None:  # before anything acts on it
+                    await asyncio.to_thread(self.journal.record_step, index, *done)
             completion, step_usage = done
             self.carry.written(prompt, prompt_ids, completion)
             self.usage.steps += 1
@@ -119,6 +139,7 @@ class AgentRun:
             tracing.end(span, **tracing.usage_attributes(step_usage))
             step, kept, before = read_step(agent, turn, index, step_mode, completion)
             step.usage, step.agent, step.forced = step_usage, agent.name, answer and mode != "none"
+            step.replayed = recorded is not None
             self.steps.append(step)
             withheld = set()
             if step.tool_calls:
@@ -181,22 +202,57 @@ class AgentRun:
                 seen.add(_call_key(c))
         handoffs = [c for c in fresh if c.name in agent.handoffs]
         fresh = [c for c in fresh if c.name not in agent.handoffs or c is handoffs[0]]
-        pending = [c for c in fresh if agent.tools[c.name].requires_approval]
+        if self.journal is not None:
+            pending = [c for c in fresh if self._waits(agent, c, step.index)]
+        else:
+            pending = [c for c in fresh if agent.tools[c.name].requires_approval]
         runs = [c for c in fresh if c not in pending]
         ran = dict(zip((c.id for c in runs), await asyncio.gather(*(self._call(agent, c, step.index, span)
                                                                       for c in runs))))
         self.made.update((_call_key(r.call), r) for r in ran.values())
+        replayed = sum(r.replayed for r in ran.values())
         waiting = {c.id: ToolResult(c, "(waiting for approval)") for c in pending}
         step.tool_results = [ran.get(c.id) or waiting.get(c.id) or
                              dataclasses.replace(self.made[_call_key(c)], call=c, repeated=True)
                              for c in step.tool_calls if c in fresh or _call_key(c) in self.made]
-        self.usage.tool_calls += len(runs)
+        self.usage.tool_calls += len(runs) - replayed
         return pending
+
+    def _waits(self, agent, call: ToolCall, index: int) -> bool:
+        """A durable run's call that must wait for a decision: one needing approval, not answered; or one
+        its journal says was running when the run's process ended, of a tool not marked idempotent."""
+        record = self.journal.call(_journal_name(index, call))
+        if record is not None and record["state"] == "done" or call.id in (self.approvals or {}):
+            return False
+        if record is not None:  # started, never finished: it may have run
+            return not agent.tools[call.name].idempotent
+        return agent.tools[call.name].requires_approval
 
     async def _call(self, agent, call: ToolCall, index: int, parent=None) -> ToolResult:
         t = agent.tools[call.name]  # the grammar only writes offered names
         if call.name in agent.handoffs:
             return ToolResult(call, t.func(), agent.handoffs[call.name])
+        if self.journal is None:
+            return await self._run_tool(agent, t, call, index, parent)
+        name = _journal_name(index, call)
+        record = self.journal.call(name)
+        if record is not None and record["state"] == "done":  # it ran before the process ended: not again
+            return ToolResult(call, record["content"], record.get("value"), record["error"], record["refused"],
+                              replayed=True)
+        verdict = (self.approvals or {}).get(call.id, True)
+        if verdict is not True:  # refused by the caller (approval, or a call that may have run)
+            reason = verdict if isinstance(verdict, str) else "the user did not approve it"
+            again = " again" if record is not None else ""  # (started before: it may have run once)
+            result = ToolResult(call, f"The call was not run{again}: {reason}", None, reason)
+        else:
+            await asyncio.to_thread(self.journal.record_call, name, {"state": "started"})  # before it runs
+            result = await self._run_tool(agent, t, call, index, parent)
+        await asyncio.to_thread(self.journal.record_call, name, {
+            "state": "done", "content": result.content, "value": _json_value(result.value), "error": result.error,
+            "refused": result.refused})
+        return result
+
+    async def _run_tool(self, agent, t, call: ToolCall, index: int, parent=None) -> ToolResult:
         ctx = dataclasses.replace(self.ctx, step=index, retry=self.tries.get(call.name, 0), tool_name=call.name,
                                   tool_call_id=call.id)
         span = tracing.start(f"tool {call.name}", parent, gen_ai__tool__name=call.name, gen_ai__tool__call__id=call.id)
@@ -318,8 +374,41 @@ class AgentRun:
             value = await got if inspect.isawaitable(got) else got
         return value
 
+    async def _keep_conversation(self, ids: list[int]) -> None:
+        """A durable run's next prompt (its conversation so far), pinned for a while before the step
+        generates, and so written through to the engine's disk tier: a run whose process dies during
+        the step starts it again from cache when resumed."""
+        pin = getattr(self.engine, "pin", None)
+        if pin is None or not getattr(self.engine.config.cache, "enable_radix_cache", False):
+            return
+        try:
+            handle = await asyncio.to_thread(pin, ids, ttl_s=RUN_PIN_TTL_S)
+        except Exception:  # (over the pin budget, say: the run goes on, its next step may recompute)
+            return
+        if self._pin is not None:
+            await asyncio.to_thread(self.engine.unpin, self._pin)
+        self._pin = handle
+
     def _result(self, output) -> AgentResult:
+        if self.journal is not None:
+            self.journal.end("waiting" if isinstance(output, ApprovalRequired) else "done")
         return AgentResult(output, self.steps, self.usage, self.messages, self.agent.name)
+
+
+def _journal_name(index: int, call: ToolCall) -> str:
+    """A call's name in a run's journal: its step and id (a replayed step gives its calls the same ids)."""
+    return f"{index}:{call.id}"
+
+
+def _json_value(value: Any) -> Any:
+    """A tool's return value as a journal keeps it: as JSON where it has a JSON form, else its text."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return _as_text(value)
 
 
 def _call_key(call: ToolCall) -> str:

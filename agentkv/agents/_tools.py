@@ -42,6 +42,9 @@ class Tool:
     takes_context: bool = False  # its first parameter is a RunContext, passed by the agent, not the model
     retries: int | None = None  # how often its arguments may be refused (or ModelRetry raised); None: the agent's
     requires_approval: bool = False  # a call ends the run until it is approved (Agent.run(approvals=...))
+    # a call may run twice to the same effect: a durable run killed while it ran runs it again on resume
+    # (otherwise the resumed run asks for a decision: agents/_journal.py)
+    idempotent: bool = False
 
     @property
     def is_async(self) -> bool:
@@ -104,13 +107,13 @@ class Tool:
 
 
 def tool(func: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
-         retries: int | None = None, requires_approval: bool = False):
+         retries: int | None = None, requires_approval: bool = False, idempotent: bool = False):
     """Make a Tool of a typed function; use as `@ak.tool` or `@ak.tool(name=..., description=...,
-    retries=..., requires_approval=...)`. A first parameter annotated `ak.RunContext` receives the
-    agent's run context and is not shown to the model."""
+    retries=..., requires_approval=..., idempotent=...)`. A first parameter annotated `ak.RunContext`
+    receives the agent's run context and is not shown to the model."""
     if func is None:
-        return lambda f: tool(
-            f, name=name, description=description, retries=retries, requires_approval=requires_approval)
+        return lambda f: tool(f, name=name, description=description, retries=retries,
+                              requires_approval=requires_approval, idempotent=idempotent)
     if isinstance(func, Tool):
         return func
     if not callable(func) or not hasattr(func, "__name__"):
@@ -122,7 +125,7 @@ def tool(func: Callable[..., Any] | None = None, *, name: str | None = None, des
     if problem := tool_name_problem(name or func.__name__):
         raise ToolDefinitionError(f"{problem}; give one with @ak.tool(name=...)")
     return Tool(name or func.__name__, description if description is not None else summary, func, model,
-                _json_schema(model), takes_context, retries, requires_approval)
+                _json_schema(model), takes_context, retries, requires_approval, idempotent)
 
 
 # ---- signature -> Pydantic model -> JSON schema ----------------------------------------------------------

@@ -44,10 +44,17 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print the output only, no live view")] = False,
     device: Device = "auto", dtype: Dtype = "auto", tensor_parallel: TensorParallel = 1,
     context_length: ContextLength = None, num_slots: NumSlots = None,
+    journal: Annotated[str | None, typer.Option(
+        help="record the run in this folder (SQLite) so that --resume finishes it after its process ended")] = None,
+    run_id: Annotated[str | None, typer.Option(help="the durable run's id (with --journal and --input)")] = None,
+    resume: Annotated[str | None, typer.Option(
+        help="finish the durable run of this id from --journal: recorded replies and tool results read back, "
+             "no tool run twice")] = None,
 ) -> None:
     """Run FILE's module-level `agent` (an ak.Agent) on --input with a live view of its steps, or,
     without --input, call its `main(**args)`; print the output. --model becomes the engine of
-    everything in FILE that names none."""
+    everything in FILE that names none. With --journal and --run-id the run is durable, and --resume
+    finishes it, printing the output as an uninterrupted run does."""
     import importlib.util
     import sys
     from pathlib import Path
@@ -75,13 +82,20 @@ def run(
         raise _fail(f"{file} failed to load: {type(e).__name__}: {e}") from None
     agent, main = getattr(module, "agent", None), getattr(module, "main", None)
     console = Console()
+    if (run_id or resume) and not journal:
+        raise _fail("--run-id and --resume name a durable run: give --journal DIR too")
+    if run_id and resume:
+        raise _fail("give --run-id (a new run, with --input) or --resume (an earlier one), not both")
+    durable = {"journal": ak.Journal(journal), "run_id": run_id or resume, "resume": bool(resume)} if journal else {}
+    if journal and not durable["run_id"]:
+        raise _fail("--journal records a durable run: give --run-id ID (or --resume ID)")
     try:
-        if isinstance(agent, ak.Agent) and (input is not None or not callable(main)):
-            if input is None:
+        if isinstance(agent, ak.Agent) and (input is not None or resume or not callable(main)):
+            if input is None and not resume:
                 if sys.stdin.isatty():
                     raise _fail("give the agent's input with --input TEXT (or on stdin)")
                 input = sys.stdin.read()
-            output = _run_agent(agent, input, console, quiet)
+            output = _run_agent(agent, input, console, quiet, **durable)
         elif callable(main):
             if input is not None:
                 raise _fail(f"{file} has no `agent` (an ak.Agent) to give --input to; pass `main` --arg key=value")
@@ -202,18 +216,20 @@ def serve(
         engine.close()
 
 
-def _run_agent(agent, input: str, console, quiet: bool):
-    """The agent's output, with the live view of its steps unless quiet."""
+def _run_agent(agent, input: str | None, console, quiet: bool, **durable):
+    """The agent's output, with the live view of its steps unless quiet (`durable`: journal, run_id, resume)."""
     from rich.live import Live
 
     import agentkv as ak  # here, not at the top: `agentkv --help` answers without loading the library
     from agentkv.cli.live import AgentView  # (rich, with the library)
 
     if quiet:
-        return agent.run_sync(input).output
+        if durable.get("resume"):
+            return agent.resume_sync(durable["run_id"], journal=durable["journal"]).output
+        return agent.run_sync(input, **{k: v for k, v in durable.items() if k != "resume"}).output
     view = AgentView()
     with Live(view.render(), console=console, refresh_per_second=8) as live:
-        for event in agent.stream_sync(input):
+        for event in agent.stream_sync(input, **durable):
             view.update(event)
             live.update(view.render())
             if isinstance(event, ak.RunEnd):

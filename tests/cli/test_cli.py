@@ -134,3 +134,17 @@ def test_why_miss(tiny_dir, tmp_path):
     same = CliRunner().invoke(app, ["why-miss", str(tmp_path / "a.json"), str(tmp_path / "a.json"),
                                     "--model", str(tiny_dir)])
     assert same.exit_code == 0 and same.output.startswith("no miss")
+
+
+def test_a_durable_run_from_the_command_line(tiny_dir, tmp_path):
+    (tmp_path / "a.py").write_text('import agentkv as ak\nagent = ak.Agent("You are terse.", max_tokens=8, '
+                                   'temperature=0.0)\n')
+    base = ["run", str(tmp_path / "a.py"), "--model", str(tiny_dir), "--quiet", "--journal", str(tmp_path / "j")]
+    first = CliRunner().invoke(app, base + ["--run-id", "r1", "--input", "hi"])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(app, base + ["--resume", "r1"])  # read back from the journal, printed the same
+    assert again.exit_code == 0 and again.output == first.output, again.output
+    missing = CliRunner().invoke(app, base + ["--resume", "nope"])
+    assert missing.exit_code == 1 and "no run 'nope'" in missing.output
+    loose = CliRunner().invoke(app, base[:-2] + ["--run-id", "r2", "--input", "hi"])
+    assert loose.exit_code == 1 and "--journal" in loose.output
