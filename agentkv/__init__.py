@@ -11,6 +11,7 @@ from agentkv.agents import (
     AgentResult,
     AgentUsage,
     ApprovalRequired,
+    DBOSAgent,
     Journal,
     MCPToolError,
     MCPToolset,
@@ -73,8 +74,8 @@ def __getattr__(name: str):
 
 __version__ = "0.2.0"
 __all__ = [
-    "Agent", "AgentError", "AgentResult", "AgentRetriesError", "AgentUsage", "ApprovalRequired", "Journal",
-    "JournalError", "ModelRetry",
+    "Agent", "AgentError", "AgentResult", "AgentRetriesError", "AgentUsage", "ApprovalRequired", "DBOSAgent",
+    "Journal", "JournalError", "ModelRetry",
     "RunContext", "RunEnd", "Step", "StepEnd", "StepStart",
     "TextDelta", "ToolCall", "ToolCallEvent", "ToolResult", "ToolResultEvent",
     "AgentKVError", "CacheError", "Completion", "Engine", "EngineClosedError", "EngineError", "GrammarError",

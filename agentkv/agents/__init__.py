@@ -8,6 +8,7 @@ engine nor torch. The modules here are private (`_`-prefixed); these names are t
 
 from agentkv.agents._agent import Agent
 from agentkv.agents._context import RunContext
+from agentkv.agents._dbos import DBOSAgent
 from agentkv.agents._journal import Journal
 from agentkv.agents._mcp import MCPToolError, MCPToolset, mcp_tools
 from agentkv.agents._result import (
@@ -27,7 +28,8 @@ from agentkv.agents._result import (
 from agentkv.agents._tools import Tool, tool
 
 __all__ = [
-    "Agent", "AgentEvent", "AgentResult", "AgentUsage", "ApprovalRequired", "Journal", "MCPToolError", "MCPToolset",
+    "Agent", "AgentEvent", "AgentResult", "AgentUsage", "ApprovalRequired", "DBOSAgent", "Journal", "MCPToolError",
+    "MCPToolset",
     "RunContext", "RunEnd", "Step", "StepEnd", "StepStart", "TextDelta", "Tool", "ToolCallEvent", "ToolResult",
     "ToolResultEvent", "mcp_tools", "tool",
 ]

@@ -261,11 +261,13 @@ class Agent:
         return self._events(input, **kw)
 
     def _events(self, input, *, history=None, deps=None, approvals=None, engine: AgentEngine | None = None,
-                run_id: str | None = None, journal: Journal | None = None, resume: bool = False,
+                run_id: str | None = None, journal: Journal | None = None, resume: bool = False, steps_via=None,
                 where: str = "Agent.stream", **unknown) -> AsyncIterator[AgentEvent]:
         _refuse(unknown, where)
         if self._closed:
             raise AgentError("this agent is closed; make a new Agent")
+        if steps_via is not None:  # a DBOS workflow's run (agents/_dbos.py): DBOS keeps it
+            return AgentRun(self, input, history, deps, approvals, engine, steps_via=steps_via).events()
         journal = journal or self.journal
         if run_id is None:
             if journal is not None and journal is not self.journal:

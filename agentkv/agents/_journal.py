@@ -68,6 +68,18 @@ class ReplayedUsage:
     jump_forward_tokens: int = 0
 
 
+def step_record(completion, usage) -> dict:
+    """A model reply and its usage as a journal (or a DBOS step) keeps them."""
+    return {"completion": {"text": completion.text, "token_ids": list(completion.token_ids),
+                           "finish_reason": completion.finish_reason, "complete": bool(completion.complete),
+                           "truncated": bool(getattr(completion, "truncated", False))},
+            "usage": {k: getattr(usage, k) for k in ReplayedUsage.__dataclass_fields__}}
+
+
+def replayed_step(body: dict) -> tuple[ReplayedCompletion, ReplayedUsage]:
+    return ReplayedCompletion(**body["completion"]), ReplayedUsage(**body["usage"])
+
+
 class Journal:
     """Run journals in SQLite, in the folder `path` (made where missing)."""
 
@@ -162,16 +174,10 @@ class RunJournal:
 
     def step(self, index: int) -> tuple[ReplayedCompletion, ReplayedUsage] | None:
         body = self.records.get(("step", str(index)))
-        if body is None:
-            return None
-        return ReplayedCompletion(**body["completion"]), ReplayedUsage(**body["usage"])
+        return None if body is None else replayed_step(body)
 
     def record_step(self, index: int, completion, usage) -> None:
-        body = {"completion": {"text": completion.text, "token_ids": list(completion.token_ids),
-                               "finish_reason": completion.finish_reason, "complete": bool(completion.complete),
-                               "truncated": bool(getattr(completion, "truncated", False))},
-                "usage": {k: getattr(usage, k) for k in ReplayedUsage.__dataclass_fields__}}
-        self._put("step", str(index), body)
+        self._put("step", str(index), step_record(completion, usage))
 
     def call(self, name: str) -> dict | None:
         """A call's record: {"state": "started"} or {"state": "done", the result}; None: never started."""

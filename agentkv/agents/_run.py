@@ -21,7 +21,7 @@ from typing import Any
 from agentkv.agents import _tracing as tracing
 from agentkv.agents._context import RunContext
 from agentkv.agents._engine import AgentEngine
-from agentkv.agents._journal import RunJournal
+from agentkv.agents._journal import RunJournal, replayed_step, step_record
 from agentkv.agents._result import (
     AgentEvent,
     AgentResult,
@@ -56,11 +56,12 @@ RUN_PIN_TTL_S = 600.0  # how long a durable run's conversation stays pinned afte
 
 class AgentRun:
     def __init__(self, agent, input, history, deps, approvals, engine: AgentEngine | None,
-                 journal: RunJournal | None = None):
+                 journal: RunJournal | None = None, steps_via=None):
         """`journal`: a durable run's records (agents/_journal.py): replies and results read back where
-        recorded, recorded where made."""
+        recorded, recorded where made. `steps_via`: a DBOS workflow's steps (agents/_dbos.py), through
+        which each model reply and each tool call is made (DBOS replays them after a crash)."""
         self.agent, self.input, self.history, self.approvals = agent, input, history, approvals
-        self.journal = journal
+        self.journal, self.steps_via = journal, steps_via
         self._pin = None  # a durable run's conversation, pinned while the run is open (written through to disk)
         self.engine: AgentEngine = engine or agent.engine
         self.usage, self.steps, self.errors = AgentUsage(), [], []
@@ -122,6 +123,10 @@ class AgentRun:
             if recorded is not None:  # a resumed run: the reply as the model wrote it then
                 done = list(recorded)
                 yield TextDelta(index, recorded[0].text)
+            elif self.steps_via is not None:  # a DBOS step: made once, replayed by DBOS after a crash
+                done = list(replayed_step(await self.steps_via.model(
+                    index, lambda: self._generated(prompt_ids, params))))
+                yield TextDelta(index, done[0].text)
             else:
                 if self.journal is not None:
                     await self._keep_conversation(prompt_ids)
@@ -232,6 +237,11 @@ class AgentRun:
         t = agent.tools[call.name]  # the grammar only writes offered names
         if call.name in agent.handoffs:
             return ToolResult(call, t.func(), agent.handoffs[call.name])
+        if self.steps_via is not None:  # a DBOS step (at least once: a call running at a crash runs again)
+            async def run() -> dict:
+                return result_record(await self._run_tool(agent, t, call, index, parent))
+            body = await self.steps_via.tool(_journal_name(index, call), run)
+            return ToolResult(call, body["content"], body["value"], body["error"], body["refused"])
         if self.journal is None:
             return await self._run_tool(agent, t, call, index, parent)
         name = _journal_name(index, call)
@@ -247,9 +257,7 @@ class AgentRun:
         else:
             await asyncio.to_thread(self.journal.record_call, name, {"state": "started"})  # before it runs
             result = await self._run_tool(agent, t, call, index, parent)
-        await asyncio.to_thread(self.journal.record_call, name, {
-            "state": "done", "content": result.content, "value": _json_value(result.value), "error": result.error,
-            "refused": result.refused})
+        await asyncio.to_thread(self.journal.record_call, name, {"state": "done", **result_record(result)})
         return result
 
     async def _run_tool(self, agent, t, call: ToolCall, index: int, parent=None) -> ToolResult:
@@ -374,6 +382,15 @@ class AgentRun:
             value = await got if inspect.isawaitable(got) else got
         return value
 
+    async def _generated(self, prompt_ids: list[int], params) -> dict:
+        """One live model step as a DBOS step makes it: its prompt pinned first, the reply as a record."""
+        await self._keep_conversation(prompt_ids)
+        done = None
+        async for delta in self.engine.stream(prompt_ids, params):
+            if delta.completion is not None:
+                done = (delta.completion, delta.usage)
+        return step_record(*done)
+
     async def _keep_conversation(self, ids: list[int]) -> None:
         """A durable run's next prompt (its conversation so far), pinned for a while before the step
         generates, and so written through to the engine's disk tier: a run whose process dies during
@@ -398,6 +415,12 @@ class AgentRun:
 def _journal_name(index: int, call: ToolCall) -> str:
     """A call's name in a run's journal: its step and id (a replayed step gives its calls the same ids)."""
     return f"{index}:{call.id}"
+
+
+def result_record(result: ToolResult) -> dict:
+    """A tool call's result as a journal (or a DBOS step) keeps it."""
+    return {"content": result.content, "value": _json_value(result.value), "error": result.error,
+            "refused": result.refused}
 
 
 def _json_value(value: Any) -> Any:
