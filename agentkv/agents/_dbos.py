@@ -53,23 +53,22 @@ class DBOSAgent:
         steps = DBOSSteps(model_step, tool_step)
 
         @DBOS.workflow(name=f"agentkv.{self.name}.run")
-        async def run_workflow(input: Any, history: Any) -> dict:
-            result = await agent._run(input, history=history, steps_via=steps)
-            return {"output": result.output, "messages": result.messages}
+        async def run_workflow(input: Any, history: Any):
+            return await agent._run(input, history=history, steps_via=steps)
 
         self._workflow = run_workflow
 
-    async def run(self, input: Any, *, run_id: str, history: Any = None) -> Any:
+    async def run(self, input: Any, *, run_id: str, history: Any = None):
         """Run the agent as the DBOS workflow `run_id` (a run of that id already finished returns its
-        output); returns the output."""
+        result); returns the AgentResult."""
         from dbos import SetWorkflowID
 
         with SetWorkflowID(run_id):
-            return (await self._workflow(input, history))["output"]
+            return await self._workflow(input, history)
 
-    async def resume(self, run_id: str) -> Any:
-        """The output of the run `run_id`, which DBOS recovers at launch after a crash (waits for it)."""
+    async def resume(self, run_id: str):
+        """The AgentResult of the run `run_id`, which DBOS recovers at launch after a crash (waits for it)."""
         from dbos import DBOS
 
         handle = await DBOS.retrieve_workflow_async(run_id)
-        return (await handle.get_result())["output"]
+        return await handle.get_result()

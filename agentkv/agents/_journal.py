@@ -149,12 +149,17 @@ class Journal:
         return RunJournal(self, run_id, records, status), given["input"], given["history"]
 
     def _write(self, run_id: str, kind: str, name: str, body: dict) -> None:
+        """Record `body`, or stop the run: nothing is acted on that the journal could not keep."""
         with self._lock:
             owner = self._db.execute("SELECT owner FROM runs WHERE id = ?", (run_id,)).fetchone()
             if owner is None or owner[0] != self.worker:
                 raise JournalError(f"run {run_id!r} was taken over by another worker; this one stops")
-            self._db.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?)",
-                             (run_id, kind, name, json.dumps(body)))
+            try:
+                self._db.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?)",
+                                 (run_id, kind, name, json.dumps(body)))
+            except sqlite3.OperationalError as e:  # a full or read-only disk
+                raise JournalError(f"run {run_id!r}: {self.folder} could not record its {kind} ({e}); the run stops "
+                                   f"before acting on it: free the disk, then agent.resume({run_id!r})") from None
 
     def _end(self, run_id: str, status: str) -> None:
         with self._lock:

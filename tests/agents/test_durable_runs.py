@@ -198,8 +198,9 @@ DBOS_WORKER = textwrap.dedent("""
         if mode == "run":
             return await durable.run("charge 3", run_id="r1")
         return await durable.resume("r1")  # (recovered by the launch)
-    output = asyncio.run(main())
-    print(json.dumps({"output": output, "streams": len(streams)}))
+    result = asyncio.run(main())
+    print(json.dumps({"output": result.output, "streams": len(streams), "steps": [
+        {"cached": s.usage.cached_tokens, "prompt": s.usage.prompt_tokens} for s in result.steps]}))
 """)
 
 
@@ -224,3 +225,35 @@ def test_the_same_through_dbos_on_sqlite(tiny_long_dir, tmp_path, whole):
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["output"] == ref["output"] and charges(tmp_path) == whole[1]  # each tool ran once
     assert result["streams"] == ref["streams"] - 1  # the first step's reply came from DBOS, not the model
+    second = result["steps"][1]
+    assert second["cached"] >= second["prompt"] - 16  # its prompt, pinned before the kill, read back from disk
+
+
+def test_a_journal_that_cannot_record_stops_the_run(tiny_long_dir, tmp_path, monkeypatch):
+    """A full disk: the run stops with a JournalError before acting on what it could not record."""
+    import sqlite3
+
+    ran = []
+
+    @ak.tool
+    def effect(x: int) -> str:
+        """Do something."""
+        ran.append(x)
+        return "done"
+
+    journal = ak.Journal(tmp_path)
+    real = journal._db
+
+    class Full:  # the connection, with every record refused as SQLite refuses it on a full disk
+        def execute(self, sql, *args):
+            if sql.startswith("INSERT OR REPLACE INTO records"):
+                raise sqlite3.OperationalError("database or disk is full")
+            return real.execute(sql, *args)
+
+    monkeypatch.setattr(journal, "_db", Full())
+    with ak.Engine(str(tiny_long_dir), num_slots=4096) as engine, \
+            ak.Agent("x", tools=[effect], tool_choice="required", engine=engine, max_tokens=96,
+                     journal=journal) as agent:
+        with pytest.raises(ak.JournalError, match="could not record its step .*disk is full.*resume"):
+            agent.run_sync("go", run_id="r")
+    assert ran == []  # the reply it could not record was not acted on
