@@ -32,5 +32,12 @@ def test_each_tag_is_checked_after_generation():
     with pytest.raises(ak.OutputValidationError) as e:  # uniqueItems is not in the grammar: checked after
         tag.check("x <f=a>[1,1]</f>")
     assert e.value.keyword == "uniqueItems"
+    # a tag that opens the reply is checked as one after text is (checked against a planted bug that
+    # began the search after the reply's first character: this passed it)
+    for opening in ("<f=a>[1,1]</f>", "<f=a>[1,1]</f> then text", "<f=b>true</f><f=a>[2,2]</f>"):
+        with pytest.raises(ak.OutputValidationError) as e:
+            tag.check(opening)
+        assert e.value.keyword == "uniqueItems"
+    tag.check("<f=a>[1,2]</f>")
     with pytest.raises(ak.RequestError, match="begin"):
         StructuralTag.parse({**SPEC, "structures": [{"begin": "<g>", "schema": True, "end": "</g>"}]})
