@@ -44,3 +44,22 @@ def test_a_changed_last_message(client):
     miss_of(client, history + [{"role": "user", "content": "Second question, as sent before?"}])
     miss = miss_of(client, history + [{"role": "user", "content": "Second question, edited?"}])
     assert miss["message"] == 3 and miss["role"] == "user" and miss["section"] == "content", miss
+
+
+def test_a_conversation_that_gains_tools(client, live):
+    """Cached without tools, sent with them: the miss is in the tools section, at the first token where
+    the two prompts part (checked against a planted off-by-one that reported the tool block's first
+    character as the system message's: the reordered-tools test passed it, this fails)."""
+    from agentkv.server.chat import ChatPlan
+    from agentkv.server.protocol import ChatRequest
+
+    engine = live[1]
+    ask = [{"role": "system", "content": "You run the gained-tools test."}, {"role": "user", "content": "Go."}]
+    miss_of(client, ask)
+    miss = miss_of(client, ask, tools=[TOOL_A])
+    assert miss["section"] == "tools" and miss["message"] == 0, miss
+    bodies = [{"model": "tiny", "messages": ask}, {"model": "tiny", "messages": ask, "tools": [TOOL_A]}]
+    plain, tooled = (engine.tokenizer.encode(ChatPlan(engine, ChatRequest.model_validate(b)).prompt) for b in bodies)
+    first = next(i for i, (a, b) in enumerate(zip(plain, tooled)) if a != b)
+    tool_block = engine.tokenizer.decode(tooled[first:])
+    assert miss["token"] == first and tool_block.startswith(miss["sent"]) and "# Tools" in miss["sent"], miss
