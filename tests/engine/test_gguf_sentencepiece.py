@@ -44,9 +44,10 @@ def _token_type(sp, i: int) -> int:
     return 2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1
 
 
-def write_spm_gguf(tmp_path, sp, prefix: bool = True):
+def write_spm_gguf(tmp_path, sp, prefix: bool | None = True):
     """A tiny random llama GGUF whose vocabulary is `sp`'s, written as llama.cpp's converter writes
-    a SentencePiece tokenizer (`prefix`: its add_space_prefix)."""
+    a SentencePiece tokenizer (`prefix`: its add_space_prefix; None: the key left out, as older
+    conversions do)."""
     from safetensors.numpy import load_file
 
     src = make_tiny_model(tmp_path / "src", "llama")
@@ -64,7 +65,8 @@ def write_spm_gguf(tmp_path, sp, prefix: bool = True):
     w.add_bos_token_id(sp.bos_id())
     w.add_eos_token_id(sp.eos_id())
     w.add_add_bos_token(True)
-    w.add_add_space_prefix(prefix)
+    if prefix is not None:
+        w.add_add_space_prefix(prefix)
     w.add_chat_template(TEMPLATE)
     names = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
     layer_names = {v: k for k, v in gguf_convert._LAYER_NAMES.items()}
@@ -144,6 +146,18 @@ def test_generation_under_a_grammar_on_a_sentencepiece_vocabulary(spm_engine):
               "required": ["city", "n"], "additionalProperties": False}
     out = engine.generate("The agent", json_schema=schema, max_tokens=120, temperature=1.0, seed=3)
     jsonschema.validate(json.loads(out.text), schema)
+
+
+def test_a_file_that_does_not_say_takes_the_space_prefix(tmp_path, monkeypatch):
+    """An older conversion leaves add_space_prefix out: SentencePiece's default (a `▁` before the text)
+    holds, as its model with the default says (checked against a planted default of False: this fails)."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    sp = _sentencepiece()
+    with ak.Engine(str(write_spm_gguf(tmp_path, sp, prefix=None)), num_slots=512) as engine:
+        for text in TEXTS:
+            ids = engine.tokenizer.encode(text, add_bos=False)
+            assert ids == sp.encode(text), text
+            assert engine.tokenizer.decode(ids) == text
 
 
 def test_without_the_space_prefix(tmp_path, monkeypatch):
