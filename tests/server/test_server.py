@@ -361,6 +361,13 @@ def test_strict_refuses_what_the_grammar_cannot_enforce(client, stream):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], tools=[tool],
                                        tool_choice="required", stream=stream)
     assert "tool 't'" in e.value.body["message"] and "#/properties/s/pattern" in e.value.body["message"]
+    # one strict tool among loose ones makes the request strict (checked against a planted `all` in place
+    # of `any` over the tools: it fails here, where before only an empty list's `all` caught it)
+    loose = {"type": "function", "function": {"name": "u", "parameters": {"type": "object", "properties": {}}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                       tools=[loose, tool], tool_choice="required", stream=stream)
+    assert "tool 't'" in e.value.body["message"]
     # without strict, the same schema is generated (and validated after)
     r = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=8, response_format={
