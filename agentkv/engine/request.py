@@ -203,7 +203,7 @@ class Request:
         """Budget closing (SamplingParams.budget_closing), with the matcher just past `ids`: where the
         shortest completion from there no longer fits the tokens left after them, they are taken back
         and the shortest completion from before them is returned, to be appended instead. It fits: it
-        was checked with every token appended, and before the first (Engine: `closing_check`). None
+        was checked with every token appended, and before the first (constrained.check_budget). None
         where `ids` stand."""
         m = self.matcher
         if m is None or not self.params.budget_closing or m.is_terminated():
