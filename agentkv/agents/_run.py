@@ -20,8 +20,9 @@ from typing import Any
 
 from agentkv.agents import _tracing as tracing
 from agentkv.agents._context import RunContext
+from agentkv.agents._durable import DurableSteps, as_text
 from agentkv.agents._engine import AgentEngine
-from agentkv.agents._journal import RunJournal, replayed_step, step_record
+from agentkv.agents._journal import RunJournal, replayed_step
 from agentkv.agents._result import (
     AgentEvent,
     AgentResult,
@@ -51,10 +52,9 @@ from agentkv.errors import (
 )
 
 RETRY = "\n\nFix the errors and try again."
-RUN_PIN_TTL_S = 600.0  # how long a durable run's conversation stays pinned after its last step
 
 
-class AgentRun:
+class AgentRun(DurableSteps):
     def __init__(self, agent, input, history, deps, approvals, engine: AgentEngine | None,
                  journal: RunJournal | None = None, steps_via=None):
         """`journal`: a durable run's records (agents/_journal.py): replies and results read back where
@@ -223,42 +223,13 @@ class AgentRun:
         self.usage.tool_calls += len(runs) - replayed
         return pending
 
-    def _waits(self, agent, call: ToolCall, index: int) -> bool:
-        """A durable run's call that must wait for a decision: one needing approval, not answered; or one
-        its journal says was running when the run's process ended, of a tool not marked idempotent."""
-        record = self.journal.call(_journal_name(index, call))
-        if record is not None and record["state"] == "done" or call.id in (self.approvals or {}):
-            return False
-        if record is not None:  # started, never finished: it may have run
-            return not agent.tools[call.name].idempotent
-        return agent.tools[call.name].requires_approval
-
     async def _call(self, agent, call: ToolCall, index: int, parent=None) -> ToolResult:
         t = agent.tools[call.name]  # the grammar only writes offered names
         if call.name in agent.handoffs:
             return ToolResult(call, t.func(), agent.handoffs[call.name])
-        if self.steps_via is not None:  # a DBOS step (at least once: a call running at a crash runs again)
-            async def run() -> dict:
-                return result_record(await self._run_tool(agent, t, call, index, parent))
-            body = await self.steps_via.tool(_journal_name(index, call), run)
-            return ToolResult(call, body["content"], body["value"], body["error"], body["refused"])
-        if self.journal is None:
+        if self.journal is None and self.steps_via is None:
             return await self._run_tool(agent, t, call, index, parent)
-        name = _journal_name(index, call)
-        record = self.journal.call(name)
-        if record is not None and record["state"] == "done":  # it ran before the process ended: not again
-            return ToolResult(call, record["content"], record.get("value"), record["error"], record["refused"],
-                              replayed=True)
-        verdict = (self.approvals or {}).get(call.id, True)
-        if verdict is not True:  # refused by the caller (approval, or a call that may have run)
-            reason = verdict if isinstance(verdict, str) else "the user did not approve it"
-            again = " again" if record is not None else ""  # (started before: it may have run once)
-            result = ToolResult(call, f"The call was not run{again}: {reason}", None, reason)
-        else:
-            await asyncio.to_thread(self.journal.record_call, name, {"state": "started"})  # before it runs
-            result = await self._run_tool(agent, t, call, index, parent)
-        await asyncio.to_thread(self.journal.record_call, name, {"state": "done", **result_record(result)})
-        return result
+        return await self._durable_call(agent, t, call, index, parent)  # (agents/_durable.py)
 
     async def _run_tool(self, agent, t, call: ToolCall, index: int, parent=None) -> ToolResult:
         ctx = dataclasses.replace(self.ctx, step=index, retry=self.tries.get(call.name, 0), tool_name=call.name,
@@ -273,7 +244,7 @@ class AgentRun:
         except Exception as e:  # the tool failed: the model is told, and may try otherwise
             result = ToolResult(call, f"error: {type(e).__name__}: {e}", None, f"{type(e).__name__}: {e}")
         else:
-            result = ToolResult(call, _as_text(value), value)
+            result = ToolResult(call, as_text(value), value)
         tracing.end(span, agentkv__tool__error=result.error, agentkv__tool__refused=result.refused)
         return result
 
@@ -382,68 +353,11 @@ class AgentRun:
             value = await got if inspect.isawaitable(got) else got
         return value
 
-    async def _generated(self, prompt_ids: list[int], params) -> dict:
-        """One live model step as a DBOS step makes it: its prompt pinned first, the reply as a record."""
-        await self._keep_conversation(prompt_ids)
-        done = None
-        async for delta in self.engine.stream(prompt_ids, params):
-            if delta.completion is not None:
-                done = (delta.completion, delta.usage)
-        return step_record(*done)
-
-    async def _keep_conversation(self, ids: list[int]) -> None:
-        """A durable run's next prompt (its conversation so far), pinned for a while before the step
-        generates, and so written through to the engine's disk tier: a run whose process dies during
-        the step starts it again from cache when resumed."""
-        pin = getattr(self.engine, "pin", None)
-        if pin is None or not getattr(self.engine.config.cache, "enable_radix_cache", False):
-            return
-        try:
-            handle = await asyncio.to_thread(pin, ids, ttl_s=RUN_PIN_TTL_S)
-        except Exception:  # (over the pin budget, say: the run goes on, its next step may recompute)
-            return
-        if self._pin is not None:
-            await asyncio.to_thread(self.engine.unpin, self._pin)
-        self._pin = handle
-
     def _result(self, output) -> AgentResult:
         if self.journal is not None:
             self.journal.end("waiting" if isinstance(output, ApprovalRequired) else "done")
         return AgentResult(output, self.steps, self.usage, self.messages, self.agent.name)
 
 
-def _journal_name(index: int, call: ToolCall) -> str:
-    """A call's name in a run's journal: its step and id (a replayed step gives its calls the same ids)."""
-    return f"{index}:{call.id}"
-
-
-def result_record(result: ToolResult) -> dict:
-    """A tool call's result as a journal (or a DBOS step) keeps it."""
-    return {"content": result.content, "value": _json_value(result.value), "error": result.error,
-            "refused": result.refused}
-
-
-def _json_value(value: Any) -> Any:
-    """A tool's return value as a journal keeps it: as JSON where it has a JSON form, else its text."""
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return _as_text(value)
-
-
 def _call_key(call: ToolCall) -> str:
     return json.dumps([call.name, call.arguments], sort_keys=True, ensure_ascii=False, default=str)
-
-
-def _as_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if hasattr(value, "model_dump_json"):
-        return value.model_dump_json()
-    try:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return str(value)
