@@ -10,7 +10,9 @@ on the engine thread between its steps.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from agentkv.engine.disk.tier import DiskTier
 
 log = logging.getLogger("agentkv")
+PINS = "pins.json"  # the pins a close kept, for the next run
 
 
 def save_at_close(core: EngineCore, tier: DiskTier, timeout: float) -> float:
@@ -34,7 +37,7 @@ def save_at_close(core: EngineCore, tier: DiskTier, timeout: float) -> float:
         # (a pin without a lease belongs to the handle that made it, gone with this process: the program
         # that pins again after a restart finds its KV on disk; restored here, nobody could unpin it)
         pins = core.call(lambda: core.scheduler.tree.pin_records()).result(timeout=30)
-        tier.write_pins([p for p in pins if p[1] is not None])
+        keep_pins(tier, [p for p in pins if p[1] is not None])
         if timeout > 0:
             core.call(lambda: core.scheduler.kv.save(deadline)).result(timeout=timeout + 1)
     except Exception as e:  # (a stopping engine still stops: what was not written is recomputed)
@@ -47,7 +50,7 @@ def warm_at_start(core: EngineCore, tier: DiskTier, room: int, repin: Callable[[
     """Pin again what an earlier run had pinned (`repin(tokens, ttl_s, left_s)`: its KV read back from
     disk), then read the tier's most recently used prefixes into at most `room` free slots, one prefix at
     a time (requests that come meanwhile are served as usual, and read back what they need themselves)."""
-    for tokens, ttl, left in tier.read_pins():
+    for tokens, ttl, left in kept_pins(tier):
         try:
             repin(tokens, ttl, left)
         except EngineClosedError:
@@ -66,3 +69,37 @@ def warm_at_start(core: EngineCore, tier: DiskTier, room: int, repin: Callable[[
             return
     if warmed:
         log.info("agentkv: %d tokens of KV read back from %s at start", warmed, tier.dir)
+
+
+def keep_pins(tier: DiskTier, records: list[tuple[list[int], float | None, float | None]]) -> None:
+    """Keep the engine's pins (tokens, time to live, seconds left) beside the blocks, for a restart to
+    pin again (their KV was written through when pinned). Replaces what an earlier close kept."""
+    if not tier.writable:
+        return
+    body = {"written": time.time(), "pins": [{"tokens": t, "ttl_s": ttl, "left_s": left}
+                                             for t, ttl, left in records]}
+    tmp = tier.dir / f"pins.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps(body))
+        os.replace(tmp, tier.dir / PINS)
+    except OSError as e:
+        tier._warn("pins", f"agentkv: the pins could not be kept in {tier.dir} ({e.strerror or e}); a restart "
+                           "finds their KV on disk but does not pin it")
+
+def kept_pins(tier: DiskTier) -> list[tuple[list[int], float | None, float | None]]:
+    """The pins an earlier run kept, less those whose time ran out meanwhile (the seconds left are
+    counted from when they were kept: time a server is down counts)."""
+    try:
+        body = json.loads((tier.dir / PINS).read_text())
+        down = max(0.0, time.time() - float(body["written"]))
+        out = []
+        for p in body["pins"]:
+            tokens, ttl, left = [int(t) for t in p["tokens"]], p["ttl_s"], p["left_s"]
+            if ttl is None or left - down > 0:
+                out.append((tokens, ttl, None if ttl is None else left - down))
+        return out
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, KeyError, TypeError):
+        tier._warn("pins", f"agentkv: {tier.dir / PINS} is unreadable; the pins it held are not restored")
+        return []

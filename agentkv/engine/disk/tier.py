@@ -35,7 +35,6 @@ from agentkv.engine.disk.fingerprint import differences, tier_id
 log = logging.getLogger("agentkv")
 MAX_PENDING_BYTES = 512 << 20  # KV copied out of the pool and not yet on disk; past it, evictions are dropped
 STAGING_BYTES = 1 << 30  # the most take's buffer keeps between calls
-PINS = "pins.json"  # the pins a close kept, for the next run
 WRITE_PAUSE_S = 30.0  # after a failed write (full or read-only disk), how long writes wait before trying again
 
 
@@ -394,39 +393,6 @@ class DiskTier:
                 out.append([t for h in chain_ for t in h.tokens])
                 total += len(out[-1])
         return out
-
-    def write_pins(self, records: list[tuple[list[int], float | None, float | None]]) -> None:
-        """Keep the engine's pins (tokens, time to live, seconds left) beside the blocks, for a restart to
-        pin again (their KV was written through when pinned). Replaces what an earlier close kept."""
-        if not self.writable:
-            return
-        body = {"written": time.time(), "pins": [{"tokens": t, "ttl_s": ttl, "left_s": left}
-                                                 for t, ttl, left in records]}
-        tmp = self.dir / f"pins.{os.getpid()}.tmp"
-        try:
-            tmp.write_text(json.dumps(body))
-            os.replace(tmp, self.dir / PINS)
-        except OSError as e:
-            self._warn("pins", f"agentkv: the pins could not be kept in {self.dir} ({e.strerror or e}); a restart "
-                               "finds their KV on disk but does not pin it")
-
-    def read_pins(self) -> list[tuple[list[int], float | None, float | None]]:
-        """The pins an earlier run kept, less those whose time ran out meanwhile (the seconds left are
-        counted from when they were kept: time a server is down counts)."""
-        try:
-            body = json.loads((self.dir / PINS).read_text())
-            down = max(0.0, time.time() - float(body["written"]))
-            out = []
-            for p in body["pins"]:
-                tokens, ttl, left = [int(t) for t in p["tokens"]], p["ttl_s"], p["left_s"]
-                if ttl is None or left - down > 0:
-                    out.append((tokens, ttl, None if ttl is None else left - down))
-            return out
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError, KeyError, TypeError):
-            self._warn("pins", f"agentkv: {self.dir / PINS} is unreadable; the pins it held are not restored")
-            return []
 
     def close(self, timeout: float = 60.0) -> None:
         """Write what is queued within `timeout`, then stop the threads (the tier's files stay for the next
