@@ -19,7 +19,7 @@ def test_qwen35_reasons_then_calls_in_xml(tmp_path):
     """Qwen3.5's template opens a reasoning block; the reply reasons (its budget closes the block),
     then calls in the XML format, each call's arguments valid, read back by the tools' schemas."""
     path = make_tiny_model(tmp_path / "q35", chat="qwen3_xml", max_positions=4096)
-    with ak.Engine(str(path), num_slots=8192) as engine:
+    with ak.Engine(str(path), num_slots=8192, seed=0) as engine:
         assert isinstance(engine.tool_format, QwenXml) and engine.reasoning is not None
         out = engine.chat(ask("add 1"), tools=[ADD, WEATHER], tool_choice="required", max_tokens=160, temperature=1.0,
                           seed=5, n=4, max_reasoning_tokens=6)
@@ -40,7 +40,7 @@ def test_magistral_reasons_in_think_tokens_then_calls_with_args(tmp_path):
     from agentkv.chat.reasoning import ReasoningFormat
 
     path = make_tiny_model(tmp_path / "mag", chat="magistral", max_positions=4096)
-    with ak.Engine(str(path), num_slots=8192) as engine:
+    with ak.Engine(str(path), num_slots=8192, seed=0) as engine:
         assert isinstance(engine.tool_format, MistralArgs)
         assert engine.reasoning == ReasoningFormat("[THINK]", "[/THINK]", "", "", "")
         think = engine.tokenizer.token_to_id("[THINK]")
@@ -73,7 +73,7 @@ def test_gpt_oss_reasons_in_the_analysis_channel_and_answers_in_final(tmp_path):
     from agentkv.chat.reasoning import HARMONY
 
     path = make_tiny_model(tmp_path / "oss", chat="gpt_oss", max_positions=4096)
-    with ak.Engine(str(path), num_slots=8192) as engine:
+    with ak.Engine(str(path), num_slots=8192, seed=0) as engine:
         assert isinstance(engine.tool_format, Harmony) and engine.reasoning == HARMONY
         channel = engine.tokenizer.token_to_id("<|channel|>")
         out = engine.chat(ask("add 1"), tools=[ADD, WEATHER], tool_choice="required", max_tokens=120, temperature=1.0,
@@ -106,7 +106,7 @@ def test_gemma4_thinks_in_its_thought_channel_where_thinking_is_on(tmp_path):
     from agentkv.chat.reasoning import GEMMA4
 
     path = make_tiny_model(tmp_path / "gemma4", chat="gemma4", max_positions=4096)
-    with ak.Engine(str(path), num_slots=8192) as engine:
+    with ak.Engine(str(path), num_slots=8192, seed=0) as engine:
         assert isinstance(engine.tool_format, Gemma4) and engine.reasoning == GEMMA4
         channel = engine.tokenizer.token_to_id("<|channel>")
         kw = dict(tools=[ADD, WEATHER], tool_choice="required", max_tokens=120, temperature=1.0, seed=5, n=4,

@@ -16,7 +16,7 @@ from tests.server.test_server import KEY, serving  # noqa: E402
 @pytest.fixture(scope="module")
 def small(tiny_long_dir):
     """A server over a pool a few conversations fill."""
-    with ak.Engine(str(tiny_long_dir), num_slots=1600) as engine:
+    with ak.Engine(str(tiny_long_dir), num_slots=1600, seed=0) as engine:
         with serving(create_app(engine, "tiny", KEY, session_ttl_s=60)) as base:
             yield engine, openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=120)
 

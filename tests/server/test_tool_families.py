@@ -75,7 +75,7 @@ WEIGHT_SEEDS = {"qwen2.5": 0, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_c
 def family(request, tmp_path_factory):
     path = make_tiny_model(tmp_path_factory.mktemp(request.param) / "m", chat=request.param, max_positions=4096,
                            seed=WEIGHT_SEEDS[request.param])
-    engine = ak.Engine(str(path), num_slots=16384)
+    engine = ak.Engine(str(path), num_slots=16384, seed=0)
     yield request.param, engine
     engine.close()
 
