@@ -84,9 +84,11 @@ class GrammarSupport:
         for a strict request whose grammar relaxed a keyword."""
         if not params.structured:
             return None
-        compiler = self.compiler_for(None if params.strict else params.number_digits)
-        if params.json_schema is not None:
-            grammar = compiler.compile_json_schema(params.json_schema, close_objects=params.close_objects)
+        digits = None if params.strict else params.number_digits
+        compiler = self.compiler_for(digits)
+        if params.json_schema is not None:  # (the request's bound, also on a compiler given with `use`)
+            grammar = compiler.compile_json_schema(params.json_schema, close_objects=params.close_objects,
+                                                   number_digits=digits)
         elif params.regex is not None:
             grammar = compiler.compile_regex(params.regex)
         elif params.grammar is not None:
