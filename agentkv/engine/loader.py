@@ -89,7 +89,8 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     # Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices stay in their blocks where the CPU kernels multiply them
     keep = quantized and native is not None and shard is None and device == "cpu" and dtype in ("float32", "bfloat16")
     state = _fused_state_dict(directory, cfg, keep)
-    _notice_dequantized(directory, keep)
+    if quantized:  # (quantized_weights=False asks for the dequantization: nothing to tell)
+        _notice_dequantized(directory, keep)
     if shard is not None:
 
         state = shard_state(state, cfg, *shard)

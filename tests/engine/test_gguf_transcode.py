@@ -63,3 +63,19 @@ def test_a_q5_0_gguf_runs_in_tiles_with_the_same_logits(tmp_path, monkeypatch, c
             assert "dequantized at load" not in caplog.text
         ids = ref.tokenizer.encode(text)
         assert rel_error(engine_logits(kept, ids)[0], engine_logits(ref, ids)[0]) < 5e-2  # (int8 x, as Q8_0's)
+
+
+def test_the_notice_names_a_type_that_is_dequantized_and_only_then(tmp_path, monkeypatch, caplog):
+    """Q5_1 has no kernel here: one notice names it. Asked for with quantized_weights=False, the
+    dequantization is the user's choice: no notice."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_tiny_model(tmp_path / "src", "phi3", tie=False)
+    write_gguf(src, tmp_path / "m.gguf", "phi3", "Q5_1")
+    with caplog.at_level(logging.WARNING, logger="agentkv"):
+        with ak.Engine(str(tmp_path / "m.gguf"), num_slots=512, quantized_weights=False):
+            pass
+        assert "dequantized at load" not in caplog.text
+        with ak.Engine(str(tmp_path / "m.gguf"), num_slots=512):
+            pass
+    if cpu_native.load() is not None:
+        assert "Q5_1 matrices" in caplog.text and "dequantized at load" in caplog.text
