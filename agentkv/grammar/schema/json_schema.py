@@ -43,14 +43,12 @@ from agentkv.grammar.schema.merge import (
     validating,
 )
 from agentkv.grammar.schema.numbers import (
-    INTEGER,
     NUMBER,
     decimal,
-    digits_needed,
+    held_to_digits,
     integer_range,
     multiple_of,
     number_range,
-    number_shape,
 )
 from agentkv.grammar.schema.objects import (
     ObjectRules,
@@ -310,18 +308,13 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
         return self._digits(numbers, schema, False, ptr, lo, hi)
 
     def _digits(self, numbers, schema: dict, integer: bool, ptr: str | None, *bounds):
-        """`numbers` held to `number_digits` digits (schema/numbers.py's number_shape), the caps grown
-        to hold the schema's bounds and its multipleOf step (plus a digit past an exclusive bound's)."""
-        d = self.number_digits
-        if d is None:
+        """`numbers` held to `number_digits` digits (schema/numbers.py), the caps grown to hold the
+        schema's own bounds and multipleOf step."""
+        if self.number_digits is None:
             return numbers
-        step = schema.get("multipleOf")
-        exact = [decimal(v, ptr) for v in bounds if v is not None]
-        if isinstance(step, (int, float)) and not isinstance(step, bool):
-            exact.append(decimal(step, f"{ptr}/multipleOf"))
-        whole, frac = digits_needed(exact)
-        shape = number_shape(max(d, whole), max(d, frac + 1), d, integer)
-        return shape if numbers is NUMBER or numbers is INTEGER else Intersect(numbers, shape)
+        given = (*bounds, schema.get("multipleOf"))
+        exact = [decimal(v, ptr) for v in given if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return held_to_digits(numbers, self.number_digits, integer, exact)
 
     def _multiples(self, numbers, schema: dict, integer: bool, ptr: str):
         """`numbers` less those that are not multiples of the schema's `multipleOf` (schema/numbers.py)."""

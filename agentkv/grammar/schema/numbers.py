@@ -91,14 +91,15 @@ def number_shape(int_digits: int, frac_digits: int, exp_digits: int, integer: bo
                opt(seq(chars("e", "E"), opt(chars("+", "-")), Repeat(DIGIT, 1, exp_digits))))
 
 
-def digits_needed(values) -> tuple[int, int]:
-    """(integer digits, fraction digits) of the longest of `values` (exact decimals, None skipped)."""
+def held_to_digits(numbers, digits: int, integer: bool, exact: list[Decimal]):
+    """`numbers` held to `digits` integer, fraction and exponent digits (number_shape), the caps grown
+    to hold each of `exact` (the schema's bounds and multipleOf step), and a fraction digit past them."""
     whole = frac = 0
-    for v in values:
-        if v is not None:
-            i, f = _split(abs(v))
-            whole, frac = max(whole, len(str(i))), max(frac, len(f))
-    return whole, frac
+    for v in exact:
+        i, f = _split(abs(v))
+        whole, frac = max(whole, len(str(i))), max(frac, len(f))
+    shape = number_shape(max(digits, whole), max(digits, frac + 1), digits, integer)
+    return shape if numbers is NUMBER or numbers is INTEGER else Intersect(numbers, shape)
 
 
 # -- decimal bounds ----------------------------------------------------------------------------------
