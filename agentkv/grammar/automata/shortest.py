@@ -72,8 +72,7 @@ class Shortest:
         while (hop := self._hop[s]) is not None:
             if hop[0] == "b":
                 t = hop[1]
-                row = a.trans[s]
-                out.append(int(next(b for b in _BYTE_ORDER if row[b] == t)))
+                out.append(int(_BYTE_ORDER[a.trans[s][_BYTE_ORDER] == t][0]))  # the first byte there, by rank
                 s = t
             else:
                 start = int(a.starts[hop[1]])
