@@ -29,6 +29,7 @@ from agentkv.grammar.schema.json_schema import JsonSchemaConverter
 from agentkv.grammar.schema.pydantic import is_python_type, model_schema, type_schema
 from agentkv.grammar.schema.refs import SchemaResources
 from agentkv.grammar.schema.relaxed import Relaxed
+from agentkv.grammar.schema.style import check_json_style, styled_rules
 from agentkv.grammar.tokens.vocab import TokenizerInfo
 
 DEFAULT_CACHE_BYTES = 1 << 30
@@ -37,13 +38,17 @@ BUDGET_CHECK_EVERY = 64  # cache hits between two looks at the byte budget
 
 class GrammarCompiler:
     def __init__(self, info: TokenizerInfo, cache_size: int = 256, timeout_s: float = 10.0, *, strict: bool = False,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, number_digits: int | None = None):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, number_digits: int | None = None, json_style: str = "compact"):
         """`strict`: refuse (GrammarError) every JSON schema keyword the grammar cannot enforce exactly,
         instead of relaxing it and listing it in `CompiledGrammar.relaxed` for validation after.
 
         `number_digits`: JSON numbers in its grammars (JSON Schema, and Lark's %json blocks) have at
         most this many integer, fraction and exponent digits beyond what their schema's bounds need
         (schema/numbers.py; the engine's generation policy, 16). None, the default: exact to the spec.
+
+        `json_style`: the separators its JSON grammars write, "compact" (the default), "spaced" or
+        "model" (the model's choice at the first separator; schema/style.py); a Lark `%json:spaced {...}`
+        block names its own.
 
         `cache_size` grammars are kept, and `cache_bytes` bounds what they hold together (automata,
         configuration tables, token masks, token walks): past it the least recently used grammars are
@@ -57,6 +62,7 @@ class GrammarCompiler:
         self.timeout_s = timeout_s
         self.strict = strict
         self.number_digits = number_digits
+        self.json_style = check_json_style(json_style)
         self._cache: OrderedDict = OrderedDict()
         self._cache_size = cache_size
         self.cache_bytes = cache_bytes
@@ -136,10 +142,11 @@ class GrammarCompiler:
 
     def compile_json_schema(self, schema, *, close_objects: bool = False, whitespace: bool = False,
                             max_whitespace: int = 16, documents: dict | None = None,
-                            number_digits: int | None | str = "compiler") -> CompiledGrammar:
+                            number_digits: int | None | str = "compiler",
+                            json_style: str | None = None) -> CompiledGrammar:
         """A JSON Schema as a dict, a JSON string, or a Pydantic model class.
 
-        `number_digits`: as GrammarCompiler's (its own by default), for this schema.
+        `number_digits`, `json_style`: as GrammarCompiler's (its own by default), for this schema.
 
         `documents` maps URIs to the other schema documents its `$ref`s may point to (nothing is
         fetched); relative references are read against the schema's `$id`.
@@ -160,14 +167,18 @@ class GrammarCompiler:
         reached = json.dumps(refs.used) if refs else ""
         if number_digits == "compiler":
             number_digits = self.number_digits
-        key = ("json", json.dumps(schema), reached, close_objects, whitespace, max_whitespace, number_digits)
+        style = "compact" if whitespace else check_json_style(json_style or self.json_style)
+        key = ("json", json.dumps(schema), reached, close_objects, whitespace, max_whitespace, number_digits, style)
 
         def build(deadline):
-            conv = JsonSchemaConverter(schema, close_objects=close_objects, strict=self.strict, whitespace=whitespace,
-                                       max_whitespace=max_whitespace, deadline=deadline, refs=refs,
-                                       number_digits=number_digits)
-            rules = conv.convert()
-            return self.from_rules(rules, "root", "json schema", deadline, tuple(conv.relaxed.values()))
+            def convert(one: str, prefix: str):
+                conv = JsonSchemaConverter(schema, close_objects=close_objects, strict=self.strict,
+                                           whitespace=whitespace, max_whitespace=max_whitespace, deadline=deadline,
+                                           refs=refs, number_digits=number_digits, prefix=prefix, style=one)
+                return conv.convert(), conv.relaxed, conv.separated
+
+            rules, relaxed = styled_rules(convert, style, "")
+            return self.from_rules(rules, "root", "json schema", deadline, tuple(relaxed.values()))
 
         return self._cached(key, build)
 
@@ -194,11 +205,14 @@ class GrammarCompiler:
         the keywords those relaxed."""
         relaxed: dict = {}
 
-        def json_rules(schema, name, python=False):
-            conv = JsonSchemaConverter(schema, strict=self.strict, deadline=deadline, prefix=name + "/",
-                                       python_literals=python, number_digits=self.number_digits)
-            rules = conv.convert()
-            relaxed.update(conv.relaxed)
+        def json_rules(schema, name, python=False, style=None):
+            def convert(one: str, prefix: str):
+                conv = JsonSchemaConverter(schema, strict=self.strict, deadline=deadline, prefix=prefix,
+                                           python_literals=python, number_digits=self.number_digits, style=one)
+                return conv.convert(), conv.relaxed, conv.separated
+
+            rules, more = styled_rules(convert, style or self.json_style, name + "/")
+            relaxed.update(more)
             rules[name] = Ref(name + "/root")
             return rules
 

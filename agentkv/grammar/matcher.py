@@ -137,6 +137,31 @@ class Matcher:
         out[:n] = m[:n]
         out[n:] = 0
 
+    def drop_split_prefixes(self, bitmask, row: int = 0) -> None:
+        """Clear from `bitmask[row]` the tokens the tokenizer would not end where they end: a strict
+        prefix of the text the grammar forces next, ending inside a token of the vocabulary that
+        stands across that point (not cut by the pre-tokenizer). A small model that takes one writes
+        off its training: after `"city":` spaced JSON forces ` "`, which a BPE vocabulary holds as one
+        token; given a lone ` ` the model went on with `"}` inside the string it meant to close. The
+        token standing across is allowed (the forced text is), so the row never empties. The
+        engine applies it to the rows it samples; `fill_next_token_bitmask` stays the grammar's
+        exact mask."""
+        if self._terminated or self.error is not None:
+            return
+        info = self.grammar.info
+        forced = self.jump_forward_bytes()[:2 * info.max_token_bytes]  # (no token ends further in)
+        if len(forced) < 2:
+            return
+        prefixes = [(k, t) for k in range(1, min(len(forced), info.max_token_bytes + 1))
+                    if (t := info.token_ids.get(forced[:k])) is not None]
+        if not prefixes:
+            return
+        spanned = self._spanned_inside(forced)
+        out = (bitmask if isinstance(bitmask, np.ndarray) else bitmask.numpy())[row].view(np.uint32)
+        for k, t in prefixes:
+            if k in spanned:
+                out[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+
     def allowed_token_ids(self) -> np.ndarray:
         """The allowed token ids as an array (for tests and debugging; the bitmask is the fast path)."""
         if self._terminated:

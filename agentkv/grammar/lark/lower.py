@@ -256,8 +256,8 @@ class _Grammar:
     def build(self) -> dict[str, object]:
         if "start" not in self.rules:
             raise GrammarError("Lark grammar has no `start` rule: add one (`start: ...`)")
-        for name, (schema, python) in self.src.json.items():
-            self.json_rules.update(self.json_compile(schema, name, python))
+        for name, (schema, python, style) in self.src.json.items():
+            self.json_rules.update(self.json_compile(schema, name, python, style))
         self.ignore_expr = None
         if self.ignore:
             self.ignore_expr = star(alt(*[self.terminal(n) for n in self.ignore]))
@@ -295,8 +295,9 @@ def _remove_left_recursion(name: str, body):
 
 
 def lark_rules(text: str, json_compile) -> dict[str, object]:
-    """Parse Lark `text`; `json_compile(schema, rule name, python)` turns each %json schema into rules
-    (`python`: a %pyjson schema, whose values are written with Python's True, False and None)."""
+    """Parse Lark `text`; `json_compile(schema, rule name, python, style)` turns each %json schema into
+    rules (`python`: a %pyjson schema, whose values are written with Python's True, False and None;
+    `style`: the block's JSON style, None where it names none)."""
     g = _Grammar(text, json_compile)
     g.load()
     return g.build()

@@ -1,7 +1,8 @@
 """A Lark grammar's text as Lark is given it, and the way back to the text as the user wrote it.
 
 Two things of the dialect are not Lark's own and are rewritten before Lark parses the text: an inline
-`%json {...}` (or `%pyjson {...}`) schema becomes a declared terminal that lark/lower.py turns into the
+`%json {...}` (or `%pyjson {...}`; `%json:spaced {...}` names the block's JSON style, schema/style.py)
+schema becomes a declared terminal that lark/lower.py turns into the
 schema's rules, and a repetition `x{m}` / `x{m,}` / `x{m,n}` becomes Lark's `x ~ m..n`. Strings,
 regexes and comments are skipped over, so their text is never rewritten. Every position Lark (or
 lark/lower.py) reports is in the rewritten text; `error` places it in the original, with the line, the
@@ -18,9 +19,11 @@ import re
 from lark.exceptions import UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from agentkv.errors import GrammarError
+from agentkv.grammar.schema.style import JSON_STYLES
 
 MARKS = re.compile(r'//|["/%{]')  # where a comment, string, regex, schema or repetition may start
 SCHEMA = re.compile(r"%(py)?json\b")
+STYLE = re.compile(r":([a-z]+)")  # `%json:spaced`: the block's JSON style
 REPEAT = re.compile(r"\{[ \t]*([0-9]+)[ \t]*(?:(,)[ \t]*([0-9]*)[ \t]*)?\}")
 IMPORT = re.compile(r"^[ \t]*%import[ \t]*([\w.]*)(.*)$", re.M)
 _JSON = json.JSONDecoder()
@@ -30,9 +33,10 @@ UNBOUNDED = 2 ** 62  # the upper bound written for `x{m,}`; lark/lower.py reads 
 class Source:
     def __init__(self, original: str):
         self.original = original
-        self.json: dict[str, tuple[object, bool]] = {}  # terminal name -> (schema, written with Python's literals)
+        # terminal name -> (schema, written with Python's literals, its JSON style or None: the compiler's)
+        self.json: dict[str, tuple[object, bool, str | None]] = {}
         self._edits: list[tuple[int, int, int, int]] = []  # (start, length) rewritten, (start, end) original
-        self._names: dict[tuple[str, bool], str] = {}  # (schema text, python) -> its terminal
+        self._names: dict[tuple[str, bool, str | None], str] = {}  # (schema text, python, style) -> its terminal
         self._prefix = "AK_JSON_"  # the schemas' terminals: AK_JSON_1, ..., names the grammar does not use
         while self._prefix in original:
             self._prefix += "X"
@@ -72,6 +76,12 @@ class Source:
         python = t.startswith("%pyjson", i)
         kind = "%pyjson" if python else "%json"
         j = i + len(kind)
+        style = None
+        if (m := STYLE.match(t, j)) is not None:
+            style, j = m.group(1), m.end()
+            if style not in JSON_STYLES:
+                raise self.error_original(i, f"{kind}:{style} names no JSON style; write one of "
+                                             f"{', '.join(f'{kind}:{s}' for s in JSON_STYLES)}")
         while j < len(t) and t[j] in " \t":
             j += 1
         if _in_terminal(t, i):
@@ -89,10 +99,10 @@ class Source:
             except json.JSONDecodeError as e:
                 raise self.error_original(j, f"{kind} schema is not valid JSON: {e}") from None
             raise
-        key = (t[j:end], python)
+        key = (t[j:end], python, style)
         if key not in self._names:  # a schema written twice (tool formats do) is one set of rules
             self._names[key] = f"{self._prefix}{len(self.json) + 1}"
-            self.json[self._names[key]] = (schema, python)
+            self.json[self._names[key]] = (schema, python, style)
         return end, self._names[key]
 
     def _imports(self) -> dict[str, str]:

@@ -1,6 +1,8 @@
 """JSON Schema (draft 2020-12 and draft-07) -> grammar rules, exactly or not at all.
 
-Output is compact JSON by default (flexible whitespace, capped per run, as an option). Object
+Output is one canonical style of JSON: compact by default, or spaced (`, ` and `: `, as `json.dumps`
+writes it; schema/style.py has the model's choice between the two); flexible whitespace, capped per
+run, as an option. Object
 properties come in schema order (`properties`), each optional one skippable, then additional
 properties (keys other than the declared ones) where `additionalProperties` allows them (it defaults
 to true, as the spec says; `close_objects=True` makes it false). `$ref` targets become rules, so
@@ -59,6 +61,7 @@ from agentkv.grammar.schema.objects import (
 from agentkv.grammar.schema.refs import SchemaResources
 from agentkv.grammar.schema.relaxed import Relaxations
 from agentkv.grammar.schema.strings import StringRules
+from agentkv.grammar.schema.style import SEPARATORS
 from agentkv.grammar.schema.validation import metaschema_error
 from agentkv.grammar.schema.values import string_body
 
@@ -73,13 +76,15 @@ MAX_COUNTED_ITEMS = 1000  # minItems / maxItems above this are relaxed (a state 
 class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRules, Relaxations):
     def __init__(self, schema, *, close_objects: bool = False, strict: bool = False, whitespace: bool = False,
                  max_whitespace: int = 16, deadline: float | None = None, prefix: str = "",
-                 refs: SchemaResources | None = None, python_literals: bool = False, number_digits: int | None = None):
+                 refs: SchemaResources | None = None, python_literals: bool = False, number_digits: int | None = None,
+                 style: str = "compact"):
         """`close_objects`: `additionalProperties` false where it is not given. `strict`: refuse what
         the grammar cannot enforce exactly instead of relaxing it (schema/relaxed.py). `python_literals`:
         true, false and null written True, False and None (values of a pythonic tool call).
         `number_digits`: numbers have at most this many integer, fraction and exponent digits, beyond
         what the schema's own bounds need (a generation policy: a model cannot run a number on); None
-        is exact to the spec."""
+        is exact to the spec. `style`: "compact" or "spaced", the separators written (schema/style.py;
+        flexible `whitespace` takes either and more)."""
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
         invalid = metaschema_error(schema)  # first: the rules below read keywords as the spec types them
@@ -95,6 +100,10 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
         self.number_digits = number_digits
         self._init_relaxations(strict)
         self.ws = Repeat(chars(" ", "\t", "\n", "\r"), 0, max_whitespace) if whitespace else EMPTY
+        if style not in SEPARATORS:
+            raise GrammarError(f"a converter writes one style, 'compact' or 'spaced', not {style!r}")
+        self.separators = SEPARATORS[style]
+        self.separated = False  # whether a separator was written (schema/style.py keeps one copy if not)
         self.rules: dict[str, object] = {}
         self.depth = 0
         self._by_content: dict[str, str] = {}
@@ -109,7 +118,12 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
         return self.rules
 
     def punct(self, text: str):
-        return seq(self.ws, lit(text), self.ws) if self.ws != EMPTY else lit(text)
+        if self.ws != EMPTY:
+            return seq(self.ws, lit(text), self.ws)
+        if text in ",:":
+            self.separated = True
+            text = self.separators[text == ":"]
+        return lit(text)
 
     # -- references -------------------------------------------------------------------------------
 
@@ -264,8 +278,10 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
         return alt(*[lit(self.literal(v)) for v in values])
 
     def literal(self, value) -> str:
-        """A listed value as the grammar writes it: compact JSON, or with Python's literals."""
-        return python_dumps(value) if self.python_literals else dumps(value)
+        """A listed value as the grammar writes it: JSON in the grammar's style, or with Python's literals."""
+        if isinstance(value, (dict, list)) and value:
+            self.separated = True
+        return python_dumps(value, self.separators) if self.python_literals else dumps(value, self.separators)
 
     def t_null(self, schema, ptr):
         return lit(self.literal(None))

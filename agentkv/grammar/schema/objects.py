@@ -35,19 +35,21 @@ SHARED_TAIL_AFTER = 4  # objects with more properties than this share their memb
 MAX_COUNTED_PROPERTIES = 64  # min/maxProperties bounds enforced by counting members
 
 
-def dumps(value) -> str:
-    """The compact serialization the grammar generates (and tests compare against)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+def dumps(value, separators: tuple[str, str] = (",", ":")) -> str:
+    """The serialization the grammar generates (and tests compare against): compact, or with the
+    given separators (schema/style.py)."""
+    return json.dumps(value, separators=separators, ensure_ascii=False, allow_nan=False)
 
 
-def python_dumps(value) -> str:
+def python_dumps(value, separators: tuple[str, str] = (",", ":")) -> str:
     """`dumps` with Python's True, False and None (a JSON string is also a Python string literal)."""
     if value is True or value is False or value is None:
         return repr(value)
+    comma, colon = separators
     if isinstance(value, dict):
-        return "{" + ",".join(f"{dumps(k)}:{python_dumps(v)}" for k, v in value.items()) + "}"
+        return "{" + comma.join(f"{dumps(k)}{colon}{python_dumps(v, separators)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
-        return "[" + ",".join(python_dumps(v) for v in value) + "]"
+        return "[" + comma.join(python_dumps(v, separators) for v in value) + "]"
     return dumps(value)
 
 
