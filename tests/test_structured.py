@@ -105,10 +105,14 @@ def test_jump_forward_under_memory_pressure(tiny_dir):
 
 
 def test_fully_forced_output_needs_no_forward_pass(tiny_engine):
-    out = tiny_engine.generate("anything", schema={"const": {"status": "ok"}}, max_tokens=50)
+    out = tiny_engine.generate("anything", schema={"const": {"status": "ok"}}, max_tokens=50, json_style="compact")
     assert out.text == '{"status":"ok"}' and out.finish_reason == "stop"
     assert out.usage.forward_passes == 0 and out.usage.jump_forward_tokens == len(out.token_ids)
     assert out.parsed == {"status": "ok"}
+    # under the model's choice of style, one pass chooses it at the first separator; the rest is forced
+    out = tiny_engine.generate("anything", schema={"const": {"status": "ok"}}, max_tokens=50)
+    assert out.text in ('{"status":"ok"}', '{"status": "ok"}') and out.finish_reason == "stop"
+    assert out.usage.forward_passes == 1 and out.usage.jump_forward_tokens == len(out.token_ids) - 1
 
 
 def test_regex_and_lark_outputs_match(tiny_engine):

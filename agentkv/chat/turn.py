@@ -105,21 +105,29 @@ class Turn:
         """The output's JSON schema as the grammar writes it (None for text)."""
         return None if self.schema is None else output_grammar_schema(self.schema)
 
-    def grammar(self, close_objects: bool = True) -> str | None:
+    def json_style(self, requested: str | None = None) -> str:
+        """The reply's JSON style: the request's, else the one the model's template writes calls in,
+        else the model's choice (grammar/schema/style.py)."""
+        return requested or self.fmt.json_style or "model"
+
+    def grammar(self, close_objects: bool = True, json_style: str | None = None) -> str | None:
         """The reply's Lark grammar: a reasoning block where the model may reason, then the answer
-        (text, the output, calls of the offered tools, as the mode allows); None where nothing
-        constrains the reply."""
-        answer = self.fmt.answer_grammar(list(self.specs), self.mode if self.specs else "none", self.output_schema,
-                                         self.parallel, close_objects=close_objects, markup_free=self.markup_free)
+        (text, the output, calls of the offered tools, as the mode allows), its JSON in
+        `json_style` (as `json_style()` resolves it); None where nothing constrains the reply."""
+        style = self.json_style(json_style)
+        fmt = self.fmt if self.fmt.json_style == style else replace(self.fmt, json_style=style)
+        answer = fmt.answer_grammar(list(self.specs), self.mode if self.specs else "none", self.output_schema,
+                                    self.parallel, close_objects=close_objects, markup_free=self.markup_free)
         return reply_grammar(answer, self.reasoning, self.state)
 
     def params(self, params):
-        """`params` (SamplingParams) with this turn's grammar."""
+        """`params` (SamplingParams) with this turn's grammar and JSON style."""
         if params.structured:
             raise RequestError("with tools or reasoning, the reply's grammar is agentkv's; give schema= for the "
                                "output, not json_schema/regex/grammar")
-        grammar = self.grammar(params.close_objects)
-        return params.with_(grammar=grammar) if grammar is not None else params
+        style = self.json_style(params.json_style)
+        grammar = self.grammar(params.close_objects, style)
+        return params.with_(grammar=grammar, json_style=style) if grammar is not None else params
 
     # ---- the read-back ----------------------------------------------------------------------------------
 

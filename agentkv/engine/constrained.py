@@ -23,32 +23,38 @@ from agentkv.grammar import CompiledGrammar, GrammarCompiler, Matcher, Tokenizer
 from agentkv.grammar.schema.numbers import NUMBER_DIGITS
 from agentkv.grammar.schema.parse import value_parser
 
+# A request that names no JSON style: the model picks compact or spaced at the first separator (a chat
+# turn's tool calls take its template's style first: chat/turn.py).
+DEFAULT_JSON_STYLE = "model"
+
 
 class GrammarSupport:
     """One engine's grammar compiler, built on first use from the engine's tokenizer."""
 
     def __init__(self, tokenizer: Any):
         self._tokenizer = tokenizer
-        # One compiler per number bound requests ask for (SamplingParams.number_digits; None under strict),
-        # all over one TokenizerInfo; a compiler given with `use` serves every request as it is.
-        self._compilers: dict[int | None, GrammarCompiler] = {}
+        # One compiler per number bound and JSON style requests ask for (SamplingParams.number_digits, None
+        # under strict; json_style), all over one TokenizerInfo; a compiler given with `use` serves every
+        # request as it is.
+        self._compilers: dict[tuple[int | None, str], GrammarCompiler] = {}
         self._given: GrammarCompiler | None = None
         self._lock = threading.Lock()
 
     @property
     def compiler(self) -> GrammarCompiler:
-        """The compiler of requests with the default number bound."""
-        return self.compiler_for(NUMBER_DIGITS)
+        """The compiler of requests with the default number bound and JSON style."""
+        return self.compiler_for(NUMBER_DIGITS, DEFAULT_JSON_STYLE)
 
-    def compiler_for(self, number_digits: int | None) -> GrammarCompiler:
+    def compiler_for(self, number_digits: int | None, json_style: str) -> GrammarCompiler:
         with self._lock:
             if self._given is not None:
                 return self._given
-            c = self._compilers.get(number_digits)
+            c = self._compilers.get((number_digits, json_style))
             if c is None:
                 info = next((c.info for c in self._compilers.values()), None)
                 info = info or TokenizerInfo.from_huggingface(self._tokenizer)
-                c = self._compilers[number_digits] = GrammarCompiler(info, number_digits=number_digits)
+                c = self._compilers[number_digits, json_style] = GrammarCompiler(
+                    info, number_digits=number_digits, json_style=json_style)
             return c
 
     def cache_info(self) -> dict[str, int]:
@@ -85,10 +91,11 @@ class GrammarSupport:
         if not params.structured:
             return None
         digits = None if params.strict else params.number_digits
-        compiler = self.compiler_for(digits)
-        if params.json_schema is not None:  # (the request's bound, also on a compiler given with `use`)
+        style = params.json_style or DEFAULT_JSON_STYLE
+        compiler = self.compiler_for(digits, style)
+        if params.json_schema is not None:  # (the request's bound and style, also on a compiler given with `use`)
             grammar = compiler.compile_json_schema(params.json_schema, close_objects=params.close_objects,
-                                                   number_digits=digits)
+                                                   number_digits=digits, json_style=style)
         elif params.regex is not None:
             grammar = compiler.compile_regex(params.regex)
         elif params.grammar is not None:
@@ -162,6 +169,7 @@ class MaskWorker:
         k = 0
         for m, draft in jobs:
             m.fill_next_token_bitmask(bitmask, k)
+            m.drop_split_prefixes(bitmask, k)  # (the tokens the tokenizer would not end there)
             k += 1
             forced = getattr(draft, "forced", ())
             for j, token in enumerate(draft):  # (the scheduler checked that the grammar takes the whole draft)
@@ -171,6 +179,7 @@ class MaskWorker:
                     bitmask[k].view(np.uint32)[draft[j + 1] >> 5] = np.uint32(1 << (draft[j + 1] & 31))
                 else:
                     m.fill_next_token_bitmask(bitmask, k)
+                    m.drop_split_prefixes(bitmask, k)
                 k += 1
             if draft:
                 m.rollback(len(draft))

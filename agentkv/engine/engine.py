@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from agentkv.chat.formats import format_class, tool_format_for
+from agentkv.chat.formats.template_style import template_json_style
 from agentkv.chat.messages import is_messages
 from agentkv.chat.reasoning import ReasoningFormat
 from agentkv.chat.turn import Turn
@@ -104,7 +105,10 @@ class Engine(Prefixes):
         self.tokenizer, self.model_config, self.context_length = (parts.tokenizer, parts.model_config,
                                                                   parts.context_length)
         self._pool, self._tree, self._tier = parts.pool, parts.tree, parts.tier
-        self.tool_format = tool_format_for(self.tokenizer, cfg.tool_format)  # how this model calls tools
+        fmt = tool_format_for(self.tokenizer, cfg.tool_format)  # how this model calls tools
+        if self.tokenizer.chat_template:  # ... and the JSON style its template writes calls in (None: unsaid)
+            fmt = dataclasses.replace(fmt, json_style=template_json_style(self.tokenizer.apply_chat_template))
+        self.tool_format = fmt
         self.reasoning = ReasoningFormat.for_template(self.tokenizer.chat_template)  # None: it does not reason
         # the format's and the reasoning's markup, where they are special tokens, decode to their text
         markers = self.reasoning.markers if self.reasoning else ()

@@ -8,6 +8,7 @@ from typing import Any
 from agentkv.errors import RequestError
 from agentkv.grammar.composed import ComposedGrammar
 from agentkv.grammar.schema.numbers import NUMBER_DIGITS
+from agentkv.grammar.schema.style import JSON_STYLES
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ class SamplingParams:
     # schema leaves them unbounded (llama.cpp's bound: a model cannot run a number on until max_tokens);
     # a bound the schema gives is kept whole. None, or strict: exact to the spec, unbounded.
     number_digits: int | None = NUMBER_DIGITS
+    # The separators JSON is written with (grammar/schema/style.py): "compact" (`{"a":1,"b":2}`), "spaced"
+    # (`{"a": 1, "b": 2}`, json.dumps's), or "model": the model picks one at the first separator and holds
+    # it. None: for tool calls, the style the model's chat template writes them in (where it writes them),
+    # else "model".
+    json_style: str | None = None
     # Budget closing: a structured output always closes within max_tokens. Where the shortest completion
     # of the output (in the tokenizer's tokens) would no longer fit what is left, the output is closed
     # with it instead (strings closed, required keys given their shortest values, brackets closed):
@@ -110,6 +116,9 @@ class SamplingParams:
         if self.number_digits is not None and (isinstance(self.number_digits, bool)
                                                or not isinstance(self.number_digits, int) or self.number_digits < 1):
             raise bad("number_digits", "it must be a positive integer or None (unbounded)")
+        if self.json_style is not None and self.json_style not in JSON_STYLES:
+            raise bad("json_style", f"choose one of {list(JSON_STYLES)}, or None (the model's template, else its "
+                                    "choice)")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", "it must be an integer or None")
         if sum(x is not None for x in (self.json_schema, self.regex, self.grammar)) > 1:

@@ -33,7 +33,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
                429: "rate_limit_error", 503: "overloaded_error"}
 STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
-EXTENSIONS = ("seed", "budget_closing", "number_digits")  # fields a Messages request may add, for chat
+EXTENSIONS = ("seed", "budget_closing", "number_digits", "json_style")  # fields a Messages request may add
 
 
 def error_body(e: APIError) -> dict:

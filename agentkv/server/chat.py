@@ -69,6 +69,7 @@ class ChatPlan:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
             sampling["top_logprobs"] = req.top_logprobs
+        sampling["json_style"] = self.turn.json_style(req.json_style)  # (the template's style, else the model's)
         self.calls_possible = self.turn.calls_possible
         self.output_schema = self.turn.output_schema
         self.tag = structural_tag(req)
@@ -80,7 +81,7 @@ class ChatPlan:
             if "regex" in sampling or "grammar" in sampling:
                 what = "tools" if specs else "response_format"
                 raise APIError(400, f"regex / grammar cannot be combined with {what}", what)
-            grammar = self.turn.grammar(req.close_objects)
+            grammar = self.turn.grammar(req.close_objects, sampling["json_style"])
             if grammar is not None:
                 sampling["grammar"] = grammar
         elif schema is not None:

@@ -44,6 +44,7 @@ RANGES = {
     "max_reasoning_tokens": {"type": "integer", "minimum": 1},
     "max_output_tokens": {"type": "integer", "minimum": 1},
     "number_digits": {"type": ["integer", "null"], "minimum": 1},
+    "json_style": {"enum": ["compact", "spaced", "model", None]},
 }
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],

@@ -7,7 +7,7 @@ Every field a client sends is used or refused with a 400 naming it; fields this 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -71,6 +71,9 @@ class _Request(BaseModel):
     # unbounded, as `strict: true` is)
     budget_closing: bool = True
     number_digits: int | None = NUMBER_DIGITS
+    # JSON's separators: "compact", "spaced" or "model" (the model's choice at the first one); null: the
+    # chat template's style for calls where it writes them, else the model's choice
+    json_style: Literal["compact", "spaced", "model"] | None = None
 
     def check_limits(self) -> None:
         """400s for stop strings and grammars past the server's limits."""
@@ -90,6 +93,7 @@ class _Request(BaseModel):
             "n": self.n, "stop": self.stop or (), "seed": self.seed, "ignore_eos": self.ignore_eos,
             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
             "budget_closing": self.budget_closing, "number_digits": self.number_digits,
+            "json_style": self.json_style,
         }
         if self.logit_bias:
             try:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from agentkv.grammar.schema.numbers import NUMBER_DIGITS
 from agentkv.server.protocol import APIError, ChatRequest, text_content, validate
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -33,10 +34,13 @@ class ResponsesRequest(BaseModel):
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
     prompt_cache_key: str | None = None  # a session: its conversation stays pinned between turns (sessions.py)
-    # extensions, as for chat
+    # extensions, as for chat (docs/structured.md: budget closing, the number bound, the JSON style)
     seed: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     max_reasoning_tokens: int | None = None
+    budget_closing: bool = True
+    number_digits: int | None = NUMBER_DIGITS
+    json_style: Literal["compact", "spaced", "model"] | None = None
 
     def check_limits(self) -> None:
         """(chat's limits are checked on the chat request this becomes)"""
@@ -87,7 +91,9 @@ def chat_body(req: ResponsesRequest, messages: list[dict], close_objects: bool) 
     """The chat request that plans this response: instructions first, tools and formats translated."""
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     body: dict[str, Any] = {"model": req.model or "", "messages": system + messages,
-                            "parallel_tool_calls": req.parallel_tool_calls, "close_objects": close_objects}
+                            "parallel_tool_calls": req.parallel_tool_calls, "close_objects": close_objects,
+                            "budget_closing": req.budget_closing, "number_digits": req.number_digits,
+                            "json_style": req.json_style}
     if not body["messages"]:
         raise APIError(400, "input is empty; give a message", "input")
     if req.tools:

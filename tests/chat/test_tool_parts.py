@@ -37,6 +37,9 @@ def test_kept_parts_are_apart_by_format_and_by_definition(monkeypatch):
     tool.parameters["properties"]["a"]["maximum"] = 5
     after = parts.part_text(Hermes(), tool, True)
     assert after != before and after == Hermes().call_part(tool, True)
+    # Another JSON style is another part.
+    spaced = parts.part_text(Hermes(json_style="spaced"), tool, True)
+    assert spaced != after and spaced == Hermes(json_style="spaced").call_part(tool, True)
     # A definition the format refuses is refused every time, and not kept.
     bad = FunctionSpec("not-an-identifier", ADD.parameters)
     for _ in range(2):
@@ -45,5 +48,5 @@ def test_kept_parts_are_apart_by_format_and_by_definition(monkeypatch):
     # The kept parts are bounded, the least recently used out first.
     monkeypatch.setattr(parts, "MAX_PARTS", 2)
     parts.part_text(Hermes(), WEATHER, True)
-    assert len(parts._PARTS) == 2 and (Hermes, "add", json.dumps(tool.parameters), True) in parts._PARTS
+    assert len(parts._PARTS) == 2 and (Hermes, "spaced", "add", json.dumps(tool.parameters), True) in parts._PARTS
     parts.clear()

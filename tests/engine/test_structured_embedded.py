@@ -130,7 +130,8 @@ def test_schemastore_samples_validate(engine):
     # those that need no other document (test_schemastore.py compiles the rest with `documents=`)
     schemas = [s for s in schemas if not SchemaResources(s).missing]
     jobs = [(ask(f"Write a JSON document for the schema titled {s.get('title', 'data')!r}."),
-             {"schema": s, "temperature": 1.0, "seed": i, "max_tokens": 128, "budget_closing": False})
+             {"schema": s, "temperature": 1.0, "seed": i, "max_tokens": 128, "budget_closing": False,
+              "json_style": "compact"})  # (the grammars test_schemastore.py compiled, in the shared compiler)
             for i, s in enumerate(schemas)]  # (cut where 128 falls: tests/engine/test_budget_closing.py closes them)
     outs = asyncio.run(_gather(engine, jobs))
     finished = caught = 0
@@ -194,7 +195,7 @@ def test_tool_calls_greedy_on_and_off(engine):
     compared = 0
     for k, (name, prompt) in enumerate(expected):
         on, off = outs[2 * k], outs[2 * k + 1]
-        grammar = engine.grammar_compiler.compile_json_schema(tool_call_schema(name))
+        grammar = engine.grammar_compiler.compile_json_schema(tool_call_schema(name), json_style="model")
         assert on.finish_reason == "stop"
         for out in (on, off):
             if out.finish_reason == "stop":  # off, the model splits keys oddly and may ramble past max_tokens

@@ -71,7 +71,7 @@ def test_a_forced_tool_call_then_its_result_from_the_cache(client):
 
 
 def test_a_streamed_tool_call(client):
-    with client.messages.stream(model="tiny", max_tokens=60, messages=ASK, tools=[ADD],
+    with client.messages.stream(model="tiny", max_tokens=100, messages=ASK, tools=[ADD],
                                 tool_choice={"type": "any", "disable_parallel_tool_use": True}) as stream:
         partial = "".join(e.delta.partial_json for e in stream
                           if e.type == "content_block_delta" and e.delta.type == "input_json_delta")

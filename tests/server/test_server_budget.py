@@ -124,3 +124,27 @@ def test_numbers_stop_at_their_bound_unless_strict(client, live):
     r = client.chat.completions.create(model="tiny", messages=ASK, response_format=strict, max_tokens=100,
                                        temperature=0.0, logit_bias=digits, extra_body={"budget_closing": False})
     assert r.choices[0].finish_reason == "length"  # exact to the spec: the digits run on
+
+
+def test_the_json_style_a_request_names_holds_on_every_route(client, messages_client, live):
+    space = live[1].tokenizer.encode(" ")[0]
+    fmt = {"type": "json_schema", "json_schema": {"name": "note", "schema": NOTE}}
+    for style, bias, head in (("compact", 30, '{"text":"'), ("spaced", -30, '{"text": "')):  # (against the lean)
+        r = client.chat.completions.create(model="tiny", messages=ASK, response_format=fmt, max_tokens=60,
+                                           temperature=0.0, logit_bias={str(space): bias},
+                                           extra_body={"json_style": style})
+        assert r.choices[0].message.content.startswith(head)
+        c = client.chat.completions.create(model="tiny", messages=ASK, tools=[TOOL], tool_choice="required",
+                                           max_tokens=90, temperature=0.0, extra_body={"json_style": style})
+        assert c.choices[0].message.tool_calls[0].function.arguments.startswith(head)
+        m = messages_client.messages.create(
+            model="tiny", max_tokens=90, messages=ASK, tool_choice={"type": "any"},
+            tools=[{"name": "note", "description": "Take a note.", "input_schema": NOTE}],
+            extra_body={"temperature": 0.0, "json_style": style})
+        jsonschema.validate(m.content[-1].input, NOTE)
+        r = client.responses.create(model="tiny", input="take a note", max_output_tokens=60, temperature=0.0,
+                                    text={"format": {"type": "json_schema", "name": "note", "schema": NOTE}},
+                                    extra_body={"json_style": style})
+        assert r.output_text.startswith(head)
+    with pytest.raises(openai.BadRequestError, match="json_style"):
+        client.chat.completions.create(model="tiny", messages=ASK, extra_body={"json_style": "pretty"})

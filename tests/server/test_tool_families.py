@@ -65,7 +65,7 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (ADD, WEA
 Small = Annotated[int, Field(ge=0, le=99)]
 # Random weights whose choice between two tool names is not one-sided (at seed 0, the Llama-token
 # models pick one name 40 times in 40), so a framework's run can both call a tool and then answer.
-WEIGHT_SEEDS = {"qwen2.5": 0, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_coder": 0, "mistral_v11": 0, "glm45": 0,
+WEIGHT_SEEDS = {"qwen2.5": 1, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_coder": 0, "mistral_v11": 0, "glm45": 0,
                 "kimi_k2": 0, "deepseek_v31": 1, "deepseek_r1": 1, "granite33": 5, "phi4_mini": 0, "gemma4": 0,
                 "gemma3_pythonic": 1, "gemma3": 1, "functiongemma": 0,
                 "gpt_oss": 0}
@@ -247,7 +247,7 @@ def test_pydantic_ai(live):
     for seed in range(8):  # a random model picks between our tool and pydantic-ai's final_result
         calls: list = []
         agent = Agent(model, tools=[framework_add(calls)], output_type=Sum,
-                      model_settings={"temperature": 1.0, "seed": seed, "max_tokens": 100})
+                      model_settings={"temperature": 1.0, "seed": seed, "max_tokens": 160})
         result = agent.run_sync("add 2 and 3", usage_limits=UsageLimits(request_limit=6))
         assert isinstance(result.output, Sum)
         if calls:

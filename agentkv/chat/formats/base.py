@@ -21,6 +21,7 @@ from agentkv.chat.formats.parts import part_text
 from agentkv.errors import RequestError
 from agentkv.grammar.compiler import closed_schema
 from agentkv.grammar.composed import ComposedGrammar
+from agentkv.grammar.schema.style import SEPARATORS
 
 TOOL = "tool"  # the rule of a step's grammar that its offered tools' calls compose (one part a tool)
 
@@ -52,6 +53,9 @@ class ToolFormat:
 
     native: bool = False
     markers: tuple[str, ...] = ()
+    # The JSON style its calls are written in (grammar/schema/style.py): the template's where it writes
+    # calls (chat/formats/style.py), a request's where it names one; None: the model's choice.
+    json_style: str | None = None
 
     name: ClassVar[str]
     opening: ClassVar[str]  # what a reply's calls start with
@@ -158,7 +162,7 @@ class ToolFormat:
         text = f"TEXT: /{free_text(self.text_words(tools), self.opening[0])}/\n"
         lead = f"{lark_literal(self.text_opening)} " if self.text_opening else ""
         if mode == "none" or not tools:
-            return f"answer: {lead}{json_rule(output_schema)}\n" if output_schema is not None else \
+            return f"answer: {lead}{json_rule(output_schema, self.json_style)}\n" if output_schema is not None else \
                 f"answer: {lead}TEXT\n" + text
         # each offered tool's call is a part the compiler builds once (grammar/composed.py), so a step
         # whose tools differ from an earlier one's by one tool compiles that tool alone. The opening all
@@ -170,7 +174,7 @@ class ToolFormat:
         if mode == "required":
             head = "answer: calls\n" + calls
         elif output_schema is not None:
-            head = f"answer: {lead}{json_rule(output_schema)} | calls\n" + calls
+            head = f"answer: {lead}{json_rule(output_schema, self.json_style)} | calls\n" + calls
         else:
             before = "TEXT? " if self.text_before_calls else ""
             head = f"answer: {lead}TEXT | {before}calls\n" + text + calls
@@ -251,8 +255,9 @@ class ToolFormat:
         raise NotImplementedError
 
 
-def json_rule(schema: dict) -> str:
-    return lark_schema("%json", schema)
+def json_rule(schema: dict, style: str | None = None) -> str:
+    """A %json block; `style` names its JSON style (else the compiler's: the request's)."""
+    return lark_schema(f"%json:{style}" if style else "%json", schema)
 
 
 def lark_schema(directive: str, schema: dict) -> str:
@@ -273,10 +278,19 @@ def arguments_schema(tool: Any, close_objects: bool) -> dict:
 JSON_CALL_OPENING = '{"name":'
 
 
-def json_call_part(tool: Any, arguments_key: str, close_objects: bool, after: str = "") -> str:
-    """The grammar of one call `{"name":"<tool>","<arguments_key>":{...}}` (compact, the name first:
-    the closed object schema with the name's const and both keys required) after its opening
-    (JSON_CALL_OPENING), then `after`."""
-    head = json.dumps(tool.name, ensure_ascii=False) + f',"{arguments_key}":'
-    arguments = json_rule(arguments_schema(tool, close_objects))
-    return f"start: {lark_literal(head)} {arguments} {lark_literal('}' + after)}\n"
+def json_call_part(tool: Any, arguments_key: str, close_objects: bool, after: str = "",
+                   style: str | None = None) -> str:
+    """The grammar of one call `{"name":"<tool>","<arguments_key>":{...}}` (the name first: the closed
+    object schema with the name's const and both keys required) after its opening (JSON_CALL_OPENING),
+    then `after`. In `style` (None: the model's choice): the call's separators and its arguments'
+    are one style, so under the model's choice the call's first separator picks both."""
+    name = json.dumps(tool.name, ensure_ascii=False)
+    schema = arguments_schema(tool, close_objects)
+    styles = ("compact", "spaced") if style in (None, "model") else (style,)
+    branches = []
+    for one in styles:
+        comma, colon = SEPARATORS[one]
+        head = colon[1:] + name + comma + f'"{arguments_key}"' + colon  # (after the opening's `{"name":`)
+        branches.append(f"{lark_literal(head)} {json_rule(schema, one)}")
+    body = branches[0] if len(branches) == 1 else "(" + " | ".join(branches) + ")"
+    return f"start: {body} {lark_literal('}' + after)}\n"

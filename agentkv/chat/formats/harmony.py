@@ -51,7 +51,7 @@ class Harmony(ToolFormat):
 
     def call_part(self, tool, close_objects) -> str:
         return (f"start: {lark_literal(tool.name + COMMENTARY)} "
-                f"{json_rule(arguments_schema(tool, close_objects))}\n")
+                f"{json_rule(arguments_schema(tool, close_objects), self.json_style)}\n")
 
     def template_tools(self, definitions: list[dict]) -> list[dict] | None:
         # gpt-oss's template writes each tool's description unguarded (a tool without one fails to render)

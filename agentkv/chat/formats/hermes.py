@@ -37,7 +37,7 @@ class Hermes(ToolFormat):
         return f"calls: call{more}\n"
 
     def call_part(self, tool, close_objects) -> str:
-        return json_call_part(tool, "arguments", close_objects, "\n" + CLOSE)
+        return json_call_part(tool, "arguments", close_objects, "\n" + CLOSE, self.json_style)
 
     def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
         calls, end, i = [], 0, start
@@ -61,4 +61,4 @@ class Hermes(ToolFormat):
         return out
 
     def calls_text(self, calls: list[ToolCall]) -> str:
-        return "\n".join(f"{OPEN}\n{call_object(c, 'arguments')}\n{CLOSE}" for c in calls)
+        return "\n".join(f"{OPEN}\n{call_object(c, 'arguments', self.json_style)}\n{CLOSE}" for c in calls)

@@ -1,5 +1,6 @@
 """Reading calls written as JSON objects `{"name":"...","<key>":{...}}`, as the grammar writes them
-(compact, the name first): complete ones, and ones still being written (for streamed arguments).
+(the name first, compact or spaced: `{"name": "...", "<key>": {...}}`): complete ones, and ones still
+being written (for streamed arguments).
 
 The arguments' text is kept as the model wrote it, so a client's `function.arguments` is the very
 text its streamed deltas added up to.
@@ -12,6 +13,7 @@ import re
 
 from agentkv.chat.calls import CallProgress, ToolCall, compact
 from agentkv.grammar.lark.source import balanced_json_end
+from agentkv.grammar.schema.style import SEPARATORS
 
 _HEADS: dict[str, re.Pattern] = {}
 _DECODER = json.JSONDecoder()
@@ -19,7 +21,7 @@ _DECODER = json.JSONDecoder()
 
 def _head(key: str) -> re.Pattern:
     if key not in _HEADS:
-        _HEADS[key] = re.compile(r'\{"name":"([a-zA-Z0-9_-]{1,64})","' + re.escape(key) + '":')
+        _HEADS[key] = re.compile(r'\{"name": ?"([a-zA-Z0-9_-]{1,64})", ?"' + re.escape(key) + '": ?')
     return _HEADS[key]
 
 
@@ -65,7 +67,26 @@ def value_end(text: str, i: int) -> int:
     return balanced_json_end(text, i)
 
 
-def call_object(call: ToolCall, key: str) -> str:
-    """A call as the grammar writes it."""
-    args = call.arguments_text if call.arguments_text is not None else compact(call.arguments)
-    return f'{{"name":{compact(call.name)},"{key}":{args}}}'
+def call_object(call: ToolCall, key: str, style: str | None = None) -> str:
+    """A call as the grammar writes it in `style` (None or "model": the style its arguments were
+    written in, else compact)."""
+    args = call.arguments_text
+    if style in (None, "model"):
+        style = written_style(args) if args is not None else "compact"
+    comma, colon = SEPARATORS[style]
+    if args is None:
+        args = json.dumps(call.arguments, ensure_ascii=False, separators=(comma, colon))
+    return f'{{"name"{colon}{compact(call.name)}{comma}"{key}"{colon}{args}}}'
+
+
+def written_style(text: str) -> str:
+    """The JSON style of a value's text: spaced where its first separator is followed by a space."""
+    in_string = escaped = False
+    for i, c in enumerate(text):
+        if in_string:
+            in_string, escaped = (not (c == '"' and not escaped)), (c == "\\" and not escaped)
+        elif c == '"':
+            in_string = True
+        elif c in ",:":
+            return "spaced" if text.startswith(" ", i + 1) else "compact"
+    return "compact"

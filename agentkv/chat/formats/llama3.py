@@ -42,7 +42,7 @@ class Llama3Json(ToolFormat):
         return f"calls: call{more}\n"
 
     def call_part(self, tool, close_objects) -> str:
-        return json_call_part(tool, "parameters", close_objects)
+        return json_call_part(tool, "parameters", close_objects, style=self.json_style)
 
     def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
         calls, end, i = [], 0, start
@@ -65,4 +65,4 @@ class Llama3Json(ToolFormat):
         return out
 
     def calls_text(self, calls: list[ToolCall]) -> str:
-        return SEPARATOR.join(call_object(c, "parameters") for c in calls)
+        return SEPARATOR.join(call_object(c, "parameters", self.json_style) for c in calls)

@@ -49,7 +49,7 @@ class Mistral(ToolFormat):
         return f'calls: {lark_literal(self.opening + self.list_space + "[")} call{more} "]"{closing}\n'
 
     def call_part(self, tool, close_objects) -> str:
-        return json_call_part(tool, "arguments", close_objects)
+        return json_call_part(tool, "arguments", close_objects, style=self.json_style)
 
     def _first(self, text: str, start: int) -> int:
         i = start + len(self.opening)
@@ -76,8 +76,8 @@ class Mistral(ToolFormat):
         return out
 
     def calls_text(self, calls: list[ToolCall]) -> str:
-        return (f"{self.opening}{self.list_space}[" + ", ".join(call_object(c, "arguments") for c in calls)
-                + "]" + self.closing)
+        written = (call_object(c, "arguments", self.json_style) for c in calls)
+        return f"{self.opening}{self.list_space}[" + ", ".join(written) + "]" + self.closing
 
     def assistant_message(self, content: str, calls: list[ToolCall], text: str | None = None) -> dict:
         if not self.native:

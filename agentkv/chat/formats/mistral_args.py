@@ -41,7 +41,8 @@ class MistralArgs(ToolFormat):
         return "calls: call call*\n" if parallel else "calls: call\n"
 
     def call_part(self, tool, close_objects) -> str:
-        return f"start: {lark_literal(tool.name + ARGS)} {json_rule(arguments_schema(tool, close_objects))}\n"
+        arguments = json_rule(arguments_schema(tool, close_objects), self.json_style)
+        return f"start: {lark_literal(tool.name + ARGS)} {arguments}\n"
 
     def parse_calls(self, text: str, start: int) -> tuple[list[ToolCall], int]:
         calls, end, i = [], 0, start

@@ -4,9 +4,9 @@ A step's grammar names every offered tool's part (ToolFormat.call_part: the tool
 JSON, the format's rules), and the compiler keeps each part's automata by that text. Written afresh,
 the parts were the cost of a step that differs from the last by one tool: 20-40 us of Python a tool,
 every tool, every step (3-5 ms at 128 tools, against ~1.5 ms to compile the step). Kept by the
-format's class, the tool's name and its parameters' JSON (equal content, not the same objects: a
-server reads each request's tools afresh, and a definition changed in place is a new key), a step
-writes only the parts it has not seen.
+format's class and JSON style, the tool's name and its parameters' JSON (equal content, not the same
+objects: a server reads each request's tools afresh, and a definition changed in place is a new key),
+a step writes only the parts it has not seen.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ _LOCK = threading.Lock()
 
 def part_text(fmt, tool: Any, close_objects: bool) -> str:
     """`fmt.call_part(tool, close_objects)`, written once per distinct definition. A part depends on
-    the format's class and the tool alone (call_part's contract), not on a bound format's fields."""
+    the format's class, its JSON style and the tool alone (call_part's contract), not on a bound
+    format's other fields."""
     try:
-        key = (type(fmt), tool.name, json.dumps(tool.parameters, ensure_ascii=False), close_objects)
+        key = (type(fmt), fmt.json_style, tool.name, json.dumps(tool.parameters, ensure_ascii=False), close_objects)
     except (TypeError, ValueError):  # (not JSON: call_part says what is wrong with it)
         return fmt.call_part(tool, close_objects)
     with _LOCK:

@@ -51,8 +51,9 @@ class TaggedJson(ToolFormat):
     def call_part(self, tool, close_objects) -> str:
         # an index of up to three digits, without leading zeros (the families write 0, 1, 2, ...)
         index = ' ":" /(0|[1-9][0-9]{0,2})/' if self.INDEXED else ""
+        arguments = json_rule(arguments_schema(tool, close_objects), self.json_style)
         return (f"start: {lark_literal(tool.name)}{index} {lark_literal(self.NAME_END)} "
-                f"{json_rule(arguments_schema(tool, close_objects))} {lark_literal(self.CALL_CLOSE)}\n")
+                f"{arguments} {lark_literal(self.CALL_CLOSE)}\n")
 
     # ---- reading ------------------------------------------------------------------------------------
 

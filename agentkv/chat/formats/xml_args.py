@@ -82,7 +82,7 @@ class XmlArgs(ToolFormat):
             return '("true" | "false" | "True" | "False")'
         if kind == "null" and self.python_literals:
             return '("null" | "None")'
-        return json_rule(schema)
+        return json_rule(schema, self.json_style)
 
     def _raw(self, schema: dict) -> bool:
         short = schema.get("maxLength") is None or schema["maxLength"] < len(self._end_word)
