@@ -20,9 +20,8 @@ TAIL_BYTES = 32
 # Past this many allowed tokens that could run past the forced text, the back-off stands without
 # asking the pre-tokenizer about each (a choice that wide is the model's anyway).
 MAX_SPLIT_CHECKS = 32
-# drop_split_prefixes looks for tokens of up to this many bytes standing across a prefix's end: the
-# merges a model writes off its training across (` "`, `":`, `"}`) are short, and the step pays for
-# each byte of it (a longer window cost ~2 ms a step on a long forced text).
+# drop_split_prefixes looks at this many bytes of the forced text: the merges a model writes off its
+# training across (` "`, `":`, `"}`) are short, and the step pays for each byte.
 SPLIT_WINDOW = 16
 
 
@@ -143,27 +142,29 @@ class Matcher:
 
     def drop_split_prefixes(self, bitmask, row: int = 0) -> None:
         """Clear from `bitmask[row]` the tokens the tokenizer would not end where they end: a strict
-        prefix of the text the grammar forces next, ending inside a token of the vocabulary that
-        stands across that point (not cut by the pre-tokenizer). A small model that takes one writes
-        off its training: after `"city":` spaced JSON forces ` "`, which a BPE vocabulary holds as one
+        prefix of the text the grammar forces next, where a longer prefix of it is a token too (one
+        the pre-tokenizer does not cut). A small model that takes the shorter writes off its
+        training: after `"city":` spaced JSON forces ` "`, which a BPE vocabulary holds as one
         token; given a lone ` ` the model went on with `"}` inside the string it meant to close. The
-        token standing across is allowed (the forced text is), so the row never empties. The
-        engine applies it to the rows it samples; `fill_next_token_bitmask` stays the grammar's
-        exact mask."""
+        longest such prefix stays allowed, so the row never empties. The engine applies it to the
+        rows it samples; `fill_next_token_bitmask` stays the grammar's exact mask."""
         if self._terminated or self.error is not None:
             return
         info = self.grammar.info
-        forced = self.jump_forward_bytes()[:2 * SPLIT_WINDOW]  # (no token looked for ends further in)
+        forced = self.jump_forward_bytes()[:SPLIT_WINDOW]  # (the merges a model writes across are short)
         if len(forced) < 2:
             return
-        prefixes = [(k, t) for k in range(1, min(len(forced), SPLIT_WINDOW + 1))
-                    if (t := info.token_ids.get(forced[:k])) is not None]
-        if not prefixes:
+        prefixes = [(k, t) for k in range(1, len(forced) + 1) if (t := info.token_ids.get(forced[:k])) is not None]
+        if len(prefixes) < 2:
             return
-        spanned = self._spanned_inside(forced, SPLIT_WINDOW, prefixes[-1][0])
+        longest = prefixes[-1][0]
+        if info.splitter is not None and not info.added_ids.intersection(t for _, t in prefixes):
+            firm = [c - len(self._tail) for c in info.splitter.firm_cuts(self._tail + forced, self._heads())]
+            cut = min((c for c in firm if c > 0), default=len(forced))  # (no token stands across it)
+            longest = max((k for k, _ in prefixes if k <= cut), default=0)
         out = (bitmask if isinstance(bitmask, np.ndarray) else bitmask.numpy())[row].view(np.uint32)
         for k, t in prefixes:
-            if k in spanned:
+            if k < longest and k < len(forced):
                 out[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
 
     def allowed_token_ids(self) -> np.ndarray:
@@ -260,14 +261,13 @@ class Matcher:
         return any(not info.splitter.cut_inside(head + info.vocab[t], len(head), len(head) + len(info.vocab[t]),
                                                 self._heads()) for t in ids)
 
-    def _spanned_inside(self, forced: bytes, longest: int | None = None, before: int | None = None) -> set[int]:
+    def _spanned_inside(self, forced: bytes) -> set[int]:
         """The byte offsets inside the forced text that a token of the vocabulary stands across
-        (one whose text is there, not cut in two by the pre-tokenizer); only tokens of at most
-        `longest` bytes starting before byte `before` where given."""
+        (one whose text is there, not cut in two by the pre-tokenizer)."""
         info = self.grammar.info
         spans = []
-        longest = min(longest or info.max_token_bytes, len(forced))
-        for p in range(min(len(forced) - 1, before if before is not None else len(forced))):
+        longest = min(info.max_token_bytes, len(forced))
+        for p in range(len(forced) - 1):
             for e in range(p + 2, min(p + longest, len(forced)) + 1):
                 t = info.token_ids.get(forced[p:e])
                 if t is not None:

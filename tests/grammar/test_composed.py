@@ -125,11 +125,11 @@ def test_steps_share_the_walks_that_hold_in_each(mode):
 
 
 def test_hermes_parts_are_the_anyof_schema_it_wrote_before():
-    """The language of Hermes' composed calls is that of its former single `%json` block: an anyOf of
-    closed `{"name": const, "arguments": ...}` objects."""
+    """The language of Hermes' composed calls (compact) is that of its former single `%json` block: an
+    anyOf of closed `{"name": const, "arguments": ...}` objects."""
     compiler = GrammarCompiler(_vocab(WORDS))
     tools = TOOLS[:5]
-    g = "start: answer\n" + Hermes().answer_grammar(tools, "required", None)
+    g = "start: answer\n" + Hermes(json_style="compact").answer_grammar(tools, "required", None)
     branches = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": arguments_schema(t, True)},
                  "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     before = g.text.replace('call: "<tool_call>\\n{\\"name\\":" tool\n', "") + (
@@ -230,10 +230,13 @@ def test_a_step_over_the_state_budget_names_its_largest_tool(monkeypatch):
 
 
 def test_the_composed_grammar_is_read_as_its_text_plus_parts():
-    g = Hermes().grammar(TOOLS[:2], "required", None)
+    g = Hermes(json_style="compact").grammar(TOOLS[:2], "required", None)
     assert isinstance(g, ComposedGrammar) and g.text.startswith("start: answer\n")
-    assert [json.loads(p.split("%json ", 1)[1].rsplit(' "}', 1)[0]) for p in g.parts] == [
+    assert [json.loads(p.split("%json:compact ", 1)[1].rsplit(' "}', 1)[0]) for p in g.parts] == [
         arguments_schema(t, True) for t in TOOLS[:2]]
+    model = Hermes().grammar(TOOLS[:2], "required", None)  # (the model's choice: both styles, from the name on)
+    assert all(p.startswith(f'start: "\\"{t.name}\\"" (",\\"arguments\\":" %json:compact ')
+               and ' | ", \\"arguments\\": " %json:spaced ' in p for p, t in zip(model.parts, TOOLS))
 
 
 def test_parts_are_linked_when_a_step_first_reads_past_their_names():

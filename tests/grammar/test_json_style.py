@@ -181,3 +181,32 @@ def test_the_engine_drops_tokens_the_tokenizer_would_not_end_where_the_grammar_f
         assert bits[1] <= bits[0] and bits[1]
         if text.endswith(b":"):
             assert tok[b' "'] in bits[1]  # (what the tokenizer writes there)
+
+
+@pytest.mark.parametrize("style", ["compact", "spaced", "model"])
+def test_the_engines_rows_never_empty_and_drop_only_split_prefixes(smollm_info, style):
+    """Along random walks: every token dropped is a strict prefix of the forced text, and a row the
+    grammar allows anything in still allows something (the longest prefix token stays)."""
+    import random
+
+    schema = {"type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": SCHEMAS[1]},
+              "required": ["name", "arguments"]}
+    g = GrammarCompiler(smollm_info, json_style=style).compile_json_schema(schema, close_objects=True)
+    words = (smollm_info.vocab_size + 31) // 32
+    rnd = random.Random(0)
+    for _ in range(6):
+        m = Matcher(g)
+        for _ in range(60):
+            exact, row = np.zeros((1, words), dtype=np.int32), np.zeros((1, words), dtype=np.int32)
+            m.fill_next_token_bitmask(exact)
+            m.fill_next_token_bitmask(row)
+            m.drop_split_prefixes(row)
+            allowed, kept = (set(np.nonzero(np.unpackbits(b[0].view(np.uint8), bitorder="little"))[0])
+                             for b in (exact, row))
+            forced = m.jump_forward_bytes()
+            assert kept <= allowed and (kept or not allowed)
+            assert all(forced.startswith(smollm_info.vocab[t]) and len(smollm_info.vocab[t]) < len(forced)
+                       for t in allowed - kept)
+            if m.must_terminate() or not kept - set(smollm_info.eos_ids):
+                break
+            assert m.accept_token(rnd.choice(sorted(kept - set(smollm_info.eos_ids))))
