@@ -23,6 +23,9 @@ class ToolCall:
     id: str = ""  # set by a format whose calls carry one (Kimi K2's), else by who returns the call
     # the arguments as the model wrote them (JSON), where it wrote JSON; not part of a call's identity
     arguments_text: str | None = field(default=None, compare=False, repr=False)
+    # the whole call as the model wrote it, where a format reads it as one JSON object (its spacing
+    # written back as it was: the next prompt re-reads it from the cache)
+    text: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def arguments_json(self) -> str:

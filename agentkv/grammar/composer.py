@@ -3,8 +3,9 @@
 Each head is compiled once into a `Fragment` (grammar/pool.py), kept by its text (LRU,
 MAX_FRAGMENTS and MAX_FRAGMENT_BYTES), and placed once in the compiler's state pool. Each part's front
 end runs once (its errors are the composition's), and a part whose start rule opens with a literal
-(a tool's name) becomes a `LazyPart`: a stub of that literal then a call of a rule not linked yet,
-the rest linked and placed when a step first reaches the call (`_view`'s `link_part`, asked by
+(a tool's name), or with alternatives that each do (a JSON call in either style), becomes a
+`LazyPart`: a stub of those literals, each then a call of a rule not linked yet, a rest linked and
+placed when a step first reaches its call (`_view`'s `link_part`, asked by
 CompiledGrammar when a walk or a step stops there): a step offers many tools and calls a few.
 Composing a grammar is then: the head's and parts' fragments looked up (compiled where new), placed
 where new, one two-state rule that calls the parts' roots, and a copy of the pool's rule starts in
@@ -30,7 +31,7 @@ import numpy as np
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.automata.automaton import Automaton, link
-from agentkv.grammar.automata.expr import Lit, Ref, Seq, alt, lit, renamed, seq
+from agentkv.grammar.automata.expr import Alt, Lit, Ref, Seq, alt, lit, renamed, seq
 from agentkv.grammar.compiled import CompiledGrammar
 from agentkv.grammar.composed import ComposedGrammar
 from agentkv.grammar.pool import Fragment, StatePool
@@ -101,7 +102,8 @@ class Composer:
         if isinstance(part, Fragment):
             return pool.place(part)[1]
         _, r0 = pool.place(part.stub)
-        pool.stubbed[r0 + 1] = part
+        for i in range(len(part.prefixes)):
+            pool.stubbed[r0 + 1 + i] = (part, i)
         return r0
 
     def _view(self, pool: StatePool, starts, own: int, variable: int, root: int) -> Automaton:
@@ -113,8 +115,8 @@ class Composer:
 
         def link_part(rule: int) -> Automaton:
             with self._lock:
-                part = pool.stubbed[rule]
-                rest = part.linked(self.compiler, time.monotonic() + self.compiler.timeout_s)
+                part, i = pool.stubbed[rule]
+                rest = part.linked(i, self.compiler, time.monotonic() + self.compiler.timeout_s)
                 if pool.starts[rule] < 0:
                     pool.reserve(rest.n_states, rest.n_calls, len(rest.automaton.starts))
                     pool.starts[rule] = pool.starts[pool.place(rest)[1]]
@@ -153,18 +155,20 @@ class Composer:
 
     def _part(self, text: str, deadline: float) -> Fragment | LazyPart:
         """A part, kept by its text: its front end run now (so that its errors are the composition's),
-        and, where its start rule begins with a literal (a tool's name, as every format writes it),
-        its automaton left to be linked when a step first reads past that literal (LazyPart)."""
+        and, where its start rule begins with a literal (a tool's name, as every format writes it), or
+        is alternatives that each do (a JSON call in either style), its automaton left to be linked
+        when a step first reads past such a literal (LazyPart)."""
         key = ("part", text)
         hit = self._cached(key)
         if hit is not None:
             return hit
         rules, relaxed = self.compiler.lark_rules(text, deadline)
-        root = rules["r:start"]
-        if not (isinstance(root, Seq) and isinstance(root.items[0], Lit) and root.items[0].data):
+        heads = _literal_heads(rules["r:start"])
+        if heads is None:
             return self._keep(key, self._linked_fragment(rules, "r:start", relaxed, deadline))
-        rules["r:start:rest"] = seq(*root.items[1:])
-        return self._keep(key, LazyPart(root.items[0].data, rules, relaxed))
+        for i, (_, rest) in enumerate(heads):
+            rules[f"r:start:rest{i}"] = rest
+        return self._keep(key, LazyPart(tuple(p for p, _ in heads), rules, relaxed))
 
     def _linked_fragment(self, rules: dict, root: str, relaxed: tuple, deadline: float) -> Fragment:
         frag = Fragment.of(link(rules, root, deadline), self.compiler.info.trie.max_len, relaxed)
@@ -198,27 +202,47 @@ class Composer:
 
 class LazyPart:
     """A part whose front end has run but whose automaton is linked when first reached: `stub` (its
-    literal prefix, then a call of a rule not linked yet) is what compositions place; `rules` hold
-    the rest as `r:start:rest`, linked once (`linked`) for every pool and grammar that reaches it.
-    Linking cannot fail where the front end did not (the rules resolved, their regexes read), save
-    for memory or the compiler's timeout: such a failure ends the requests that reached it."""
+    literal prefixes, each then a call of a rule not linked yet) is what compositions place; `rules`
+    hold what follows prefix i as `r:start:rest{i}`, linked once (`linked`) for every pool and
+    grammar that reaches it. Linking cannot fail where the front end did not (the rules resolved,
+    their regexes read), save for memory or the compiler's timeout: such a failure ends the
+    requests that reached it."""
 
-    def __init__(self, prefix: bytes, rules: dict, relaxed: tuple):
-        self.prefix, self.rules, self.relaxed = prefix, rules, relaxed
-        self.stub = Fragment.stub(prefix)
-        self._rest: Fragment | None = None
+    def __init__(self, prefixes: tuple[bytes, ...], rules: dict, relaxed: tuple):
+        self.prefixes, self.rules, self.relaxed = prefixes, rules, relaxed
+        self.stub = Fragment.stub(prefixes)
+        self._rests: dict[int, Fragment] = {}
 
     @property
-    def nbytes(self) -> int:  # (the rest's are not counted in the composer's budget: a rest is small)
+    def nbytes(self) -> int:  # (the rests' are not counted in the composer's budget: a rest is small)
         return self.stub.nbytes
 
-    def linked(self, compiler: GrammarCompiler, deadline: float) -> Fragment:
-        """The part after its prefix, linked (once)."""
-        if self._rest is None:
-            self._rest = Fragment.of(link(self.rules, "r:start:rest", deadline), compiler.info.trie.max_len,
-                                     self.relaxed)
+    def linked(self, i: int, compiler: GrammarCompiler, deadline: float) -> Fragment:
+        """The part after its prefix `i`, linked (once)."""
+        if i not in self._rests:
+            self._rests[i] = Fragment.of(link(self.rules, f"r:start:rest{i}", deadline), compiler.info.trie.max_len,
+                                         self.relaxed)
             compiler.check_deadline(deadline, "a composed grammar's part")
-        return self._rest
+        return self._rests[i]
+
+
+def _literal_heads(root) -> list[tuple[bytes, object]] | None:
+    """A start rule as (literal prefix, the rest) pairs: one where it begins with a literal, one an
+    alternative where it begins with alternatives that each do (`("a" x | "b" y) z`); None otherwise,
+    or where one prefix begins another (the stub's calls would stand in one state)."""
+    first, tail = (root.items[0], root.items[1:]) if isinstance(root, Seq) else (root, ())
+    heads = []
+    for b in first.items if isinstance(first, Alt) else (first,):
+        if isinstance(b, Lit) and b.data:
+            heads.append((b.data, seq(*tail)))
+        elif isinstance(b, Seq) and isinstance(b.items[0], Lit) and b.items[0].data:
+            heads.append((b.items[0].data, seq(*b.items[1:], *tail)))
+        else:
+            return None
+    prefixes = [p for p, _ in heads]
+    if any(a != b and b.startswith(a) for a in prefixes for b in prefixes) or len(set(prefixes)) != len(prefixes):
+        return None
+    return heads
 
 
 def _placed(part: Fragment | LazyPart) -> Fragment:

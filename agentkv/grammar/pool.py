@@ -52,17 +52,25 @@ class Fragment:
         return cls(a, reach, sets, class_reach, class_wide, *fork_and_tail(a), nullable_rules(a)[0], relaxed)
 
     @classmethod
-    def stub(cls, prefix: bytes) -> Fragment:
-        """`prefix`, then a call of rule 1, which is not linked (its start is -1: the walk and the
-        expansion stop there and ask for it, grammar/composer.py). The walk's tables are left
-        without shortcuts (no reach, no classes): they only skip work, and a name is short."""
-        n = len(prefix) + 2
+    def stub(cls, prefixes: tuple[bytes, ...]) -> Fragment:
+        """Each of `prefixes` (none a prefix of another), then a call of its own rule (rule 1, 2, ...),
+        not linked (its start is -1: the walk and the expansion stop there and ask for it,
+        grammar/composer.py). The walk's tables are left without shortcuts (no reach, no classes):
+        they only skip work, and a name is short."""
+        states: dict[bytes, int] = {b"": 0}  # (a trie of the prefixes: a state a prefix of them)
+        for prefix in prefixes:
+            for k in range(1, len(prefix) + 1):
+                states.setdefault(prefix[:k], len(states))
+        n = len(states) + 1  # (and the accepting state every call returns to)
         trans = np.full((n, 256), -1, dtype=np.int32)
-        trans[np.arange(len(prefix)), np.frombuffer(prefix, dtype=np.uint8)] = np.arange(1, len(prefix) + 1)
+        for text, state in states.items():
+            if text:
+                trans[states[text[:-1]], text[-1]] = state
         accept = np.zeros(n, dtype=bool)
         accept[-1] = True
-        a = Automaton(trans, {n - 2: ((1, n - 1),)}, accept, (trans >= 0).any(axis=1), [0, -1],
-                      ["r:start", "r:start:rest"])
+        calls = {states[prefix]: ((i + 1, n - 1),) for i, prefix in enumerate(prefixes)}
+        names = ["r:start", *(f"r:start:rest{i}" for i in range(len(prefixes)))]
+        a = Automaton(trans, calls, accept, (trans >= 0).any(axis=1), [0] + [-1] * len(prefixes), names)
         zeros = np.zeros(n, dtype=np.int32)
         return cls(a, zeros, np.zeros((n, 4), dtype=np.uint64), zeros.copy(), np.zeros(n, dtype=np.uint8),
                    *fork_and_tail(a), False)
@@ -106,7 +114,7 @@ class StatePool:
         self._rows: list[list[int]] = []  # transition rows as lists, made once (the Python walk's)
         self._rows_lock = threading.Lock()  # (grammars' mask threads ask for them)
         self.placed: dict[int, tuple[int, int]] = {}  # id(fragment) -> (state base, rule base)
-        self.stubbed: dict[int, object] = {}  # a stub's rule not linked yet -> its part (composer.LazyPart)
+        self.stubbed: dict[int, tuple] = {}  # a stub's rule not linked yet -> (its part: composer.LazyPart, which rest)
         self.keep: list[Fragment] = []  # (their ids stay theirs while placed)
 
     def full(self, states: int) -> bool:

@@ -47,8 +47,7 @@ def test_a_compact_template_and_one_without_calls():
 @pytest.mark.parametrize("style,good,bad", [
     ("compact", [COMPACT], [SPACED, WRAPPER_ONLY, ARGUMENTS_ONLY, NAME_SPACED]),
     ("spaced", [SPACED], [COMPACT, WRAPPER_ONLY, ARGUMENTS_ONLY, NAME_SPACED]),
-    # (the space after "name": is the model's too: the part a tool's call is starts with its name)
-    ("model", [COMPACT, SPACED, NAME_SPACED], [WRAPPER_ONLY, ARGUMENTS_ONLY]),
+    ("model", [COMPACT, SPACED], [WRAPPER_ONLY, ARGUMENTS_ONLY, NAME_SPACED]),
 ])
 def test_a_json_calls_wrapper_and_arguments_are_one_style(style, good, bad):
     g = BYTE_COMPILER.compile_lark(Turn(Hermes(), (ADD,), mode="required").grammar(json_style=style))

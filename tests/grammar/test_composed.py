@@ -234,9 +234,9 @@ def test_the_composed_grammar_is_read_as_its_text_plus_parts():
     assert isinstance(g, ComposedGrammar) and g.text.startswith("start: answer\n")
     assert [json.loads(p.split("%json:compact ", 1)[1].rsplit(' "}', 1)[0]) for p in g.parts] == [
         arguments_schema(t, True) for t in TOOLS[:2]]
-    model = Hermes().grammar(TOOLS[:2], "required", None)  # (the model's choice: both styles, from the name on)
-    assert all(p.startswith(f'start: "\\"{t.name}\\"" (",\\"arguments\\":" %json:compact ')
-               and ' | ", \\"arguments\\": " %json:spaced ' in p for p, t in zip(model.parts, TOOLS))
+    model = Hermes().grammar(TOOLS[:2], "required", None)  # (the model's choice: a branch a style)
+    assert all(p.startswith(f'start: ("\\"{t.name}\\",\\"arguments\\":" %json:compact ')
+               and f' | " \\"{t.name}\\", \\"arguments\\": " %json:spaced ' in p for p, t in zip(model.parts, TOOLS))
 
 
 def test_parts_are_linked_when_a_step_first_reads_past_their_names():
@@ -275,7 +275,7 @@ def test_a_part_that_fails_to_link_ends_its_sequence_with_the_error(monkeypatch)
     assert failing.accept_bytes(b'<tool_call>\n{"name":"ad')
     other = failing.copy()
 
-    def fail(self, compiler, deadline):
+    def fail(self, i, compiler, deadline):
         raise GrammarError("compiling a composed grammar's part took longer than 10 s")
 
     monkeypatch.setattr(composer_module.LazyPart, "linked", fail)

@@ -169,11 +169,7 @@ class ToolFormat:
         # calls share stays in the head: where text may run into a call, a mask's walk from the text on
         # into the call then branches to every tool only once a token has passed the opening.
         parts = tuple(part_text(self, t, close_objects) for t in tools)  # (formats/parts.py keeps them)
-        opening = ""
-        if self.call_opening.endswith(JSON_CALL_OPENING):
-            opening = json_call_opening(self.call_opening, self.json_style) + " "
-        elif self.call_opening:
-            opening = f"{lark_literal(self.call_opening)} "
+        opening = f"{lark_literal(self.call_opening)} " if self.call_opening else ""
         calls = self.calls_rules(parallel) + f"call: {opening}{TOOL}\n"
         if mode == "required":
             head = "answer: calls\n" + calls
@@ -285,25 +281,18 @@ JSON_CALL_OPENING = '{"name":'
 def json_call_part(tool: Any, arguments_key: str, close_objects: bool, after: str = "",
                    style: str | None = None) -> str:
     """The grammar of one call `{"name":"<tool>","<arguments_key>":{...}}` (the name first: the closed
-    object schema with the name's const and both keys required) after its opening (JSON_CALL_OPENING,
-    and its space where spaced: json_call_opening), then `after`. In `style` (None: the model's
-    choice): the separators from the name's on and the arguments' are one style, so under the
-    model's choice the comma after the name picks both. The part starts with the name, a literal:
-    the compiler links it when a step first reads past it (grammar/composer.py's lazy parts)."""
+    object schema with the name's const and both keys required) after its opening (JSON_CALL_OPENING),
+    then `after`. In `style` (None: the model's choice): the call's separators and its arguments' are
+    one style, so under the model's choice the call's first separator picks both. Each style's
+    branch starts with a literal (the name, after the space where spaced): the compiler links a
+    branch when a step first reads past it (grammar/composer.py's lazy parts)."""
     name = json.dumps(tool.name, ensure_ascii=False)
     schema = arguments_schema(tool, close_objects)
     styles = ("compact", "spaced") if style in (None, "model") else (style,)
     branches = []
     for one in styles:
         comma, colon = SEPARATORS[one]
-        branches.append(f"{lark_literal(comma + chr(34) + arguments_key + chr(34) + colon)} {json_rule(schema, one)}")
+        head = colon[1:] + name + comma + f'"{arguments_key}"' + colon  # (after the opening's `{"name":`)
+        branches.append(f"{lark_literal(head)} {json_rule(schema, one)}")
     body = branches[0] if len(branches) == 1 else "(" + " | ".join(branches) + ")"
-    return f"start: {lark_literal(name)} {body} {lark_literal('}' + after)}\n"
-
-
-def json_call_opening(opening: str, style: str | None) -> str:
-    """The Lark text of a JSON call's opening (ending in JSON_CALL_OPENING) in `style`: the space
-    after `"name":` written where spaced, the model's to write or not under its choice."""
-    if style == "spaced":
-        return lark_literal(opening + " ")
-    return lark_literal(opening) + (' " "?' if style in (None, "model") else "")
+    return f"start: {body} {lark_literal('}' + after)}\n"

@@ -36,7 +36,7 @@ def decode_call(text: str, i: int, key: str) -> tuple[ToolCall, int] | None:
         return None
     if not text.startswith("}", end):
         return None
-    return ToolCall(m.group(1), args, arguments_text=text[m.end():end]), end + 1
+    return ToolCall(m.group(1), args, arguments_text=text[m.end():end], text=text[i:end + 1]), end + 1
 
 
 def call_progress(text: str, i: int, key: str) -> tuple[CallProgress, int] | None:
@@ -68,8 +68,10 @@ def value_end(text: str, i: int) -> int:
 
 
 def call_object(call: ToolCall, key: str, style: str | None = None) -> str:
-    """A call as the grammar writes it in `style` (None or "model": the style its arguments were
-    written in, else compact)."""
+    """A call as the model wrote it, or as the grammar writes it in `style` (None or "model": the
+    style its arguments were written in, else compact)."""
+    if call.text is not None and _head(key).match(call.text):
+        return call.text
     args = call.arguments_text
     if style in (None, "model"):
         style = written_style(args) if args is not None else "compact"
