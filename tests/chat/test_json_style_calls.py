@@ -91,3 +91,10 @@ def test_the_turns_style_is_the_requests_then_the_templates_then_the_models():
     turn = Turn(Hermes(json_style="spaced"), (ADD,), mode="required")
     assert turn.json_style() == "spaced" and turn.json_style("compact") == "compact"
     assert Turn(Hermes(), (ADD,), mode="required").json_style() == "model"
+
+
+def test_a_call_read_back_keeps_its_text_and_is_written_back_as_it_was():
+    odd = '<tool_call>\n{"name": "add","arguments": {"a":1, "b":2}}\n</tool_call>'  # (not a style of ours)
+    (call,) = Hermes().parse(odd)[1]
+    assert call.text == odd.split("\n")[1] and Hermes().calls_text([call]) == odd
+    assert Hermes(json_style="compact").calls_text([call]) == odd  # the model's text, not the style's
