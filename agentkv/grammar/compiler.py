@@ -286,7 +286,8 @@ def _is_closed_model(schema) -> bool:
 
 def closed_schema(schema):
     """A schema's dict with every object closed (`additionalProperties: false` where it is not
-    given): what `close_objects=True` compiles, as a dict to embed in a Lark `%json` block."""
+    given; the names it requires without declaring them declared, with any value): what
+    `close_objects=True` compiles, as a dict to embed in a Lark `%json` block."""
     schema = schema_dict(schema)
 
     def close(node):
@@ -304,6 +305,13 @@ def closed_schema(schema):
                 out[k] = close(v)
         if ("properties" in node or node.get("type") == "object") and "additionalProperties" not in node:
             out["additionalProperties"] = False
+            # a name `required` lists is declared too: closing must not make the object impossible
+            required = node.get("required")
+            props = out.get("properties", {})
+            if isinstance(required, list) and isinstance(props, dict):
+                missing = [n for n in required if isinstance(n, str) and n not in props]
+                if missing:
+                    out["properties"] = {**props, **{n: {} for n in missing}}
         return out
 
     return close(schema)

@@ -158,3 +158,23 @@ def test_every_states_distance_is_its_texts_length(which):
         if d is not None:
             text = sh.text(s)
             assert len(text) == d, (s, text, d)
+
+
+# -- objects closed by policy ----------------------------------------------------------------------
+
+
+def test_closing_objects_keeps_the_names_a_schema_requires_without_declaring():
+    """BFCL's `{"type": "dict", "required": ["adults", ...]}` (no properties): closed by policy, its
+    required names are declared (any value), not refused, in a schema and in a tool's %json block;
+    an `additionalProperties: false` the schema writes itself is kept as the spec reads it."""
+    from agentkv.grammar.compiler import closed_schema
+
+    schema = {"type": "object", "properties": {"p": {"type": "object", "required": ["adults", "kids"]}},
+              "required": ["p"]}
+    for g in (BYTE_COMPILER.compile_json_schema(schema, close_objects=True),
+              BYTE_COMPILER.compile_lark(f"start: %json {json.dumps(closed_schema(schema))}")):
+        assert accepts(g, '{"p":{"adults":2,"kids":[1]}}')
+        assert not accepts(g, '{"p":{"adults":2,"kids":1,"pets":0}}') and not accepts(g, '{"p":{"adults":2}}')
+    written = {"type": "object", "required": ["a"], "additionalProperties": False}
+    with pytest.raises(GrammarError, match="accepts no string"):
+        BYTE_COMPILER.compile_json_schema(written, close_objects=True)

@@ -130,9 +130,11 @@ class ObjectRules:
             return True if not subs else subs[0] if len(subs) == 1 else {"allOf": subs}
 
         members = {n: schema_for(n, sub) for n, sub in props.items()}
+        # (closed by policy, not by the schema: a name it requires is declared, with any value)
+        declared = True if self.close_objects and "additionalProperties" not in schema else None
         for n in required:
             if n not in members:
-                members[n] = schema_for(n, None)
+                members[n] = schema_for(n, declared)
         entries = []
         for name, sub in members.items():
             if sub is False:
