@@ -12,11 +12,16 @@ Each row is one server and settings: agentkv as it serves by default (the JSON s
 writes calls in, else the model's choice; budget closing on), with compact or spaced JSON forced,
 with budget closing off; then llama-server with `--template` (e.g. llama.cpp's
 models/templates/NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja for the embedded SmolLM2, whose
-own template has no tools) or the GGUF's own. Printed: accepted calls, replies without a parsable
-call (no call, or arguments that are not JSON), replies cut at max_tokens, and the wall time.
+own template has no tools) or the GGUF's own (`--agentkv-template` gives agentkv one too: a GGUF
+may carry none, where llama-server falls back to ChatML). Printed: accepted calls, replies without a parsable
+call (no call, arguments that are not JSON, or a request the server refused), replies cut at
+max_tokens, requests refused (their errors on stderr), and the wall time; and, as a diagnostic of
+what the answers miss, how many would be right with the calls a reply repeated word for word
+dropped (a small model often writes its call again until max_tokens).
 
     pip install --no-deps bfcl-eval==2026.3.23
     python benchmarks/bfcl.py [--model FILE.gguf] [--llama-server PATH] [--template FILE.jinja]
+        [--agentkv-template FILE.jinja]
         [--limit 50] [--categories live_simple,multiple,parallel] [--runs agentkv,compact,spaced,no-closing,llama]
 """
 
@@ -111,24 +116,32 @@ def start(run: str, args) -> tuple[subprocess.Popen, str]:
     else:
         agentkv = shutil.which("agentkv") or str(Path(sys.executable).parent / "agentkv")
         cmd = [agentkv, "serve", "--model", args.model, "--port", str(port)]
+        if args.agentkv_template:
+            cmd += ["--chat-template", args.agentkv_template]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(f"{args.logs}/{run}.log", "w"))
     wait_ready(f"http://127.0.0.1:{port}/health", proc)
     return proc, f"http://127.0.0.1:{port}/v1"
 
 
 def ask(client, model: str, entry: dict, tools: list, extra: dict | None, max_tokens: int):
-    """(the calls as the checker reads them, or None where the reply has no parsable call; cut?)"""
-    reply = client.chat.completions.create(
-        model=model, messages=entry["question"][0], tools=tools, tool_choice="required", temperature=0,
-        max_tokens=max_tokens, extra_body=extra or None)
+    """(the calls as the checker reads them, or None where the reply has no parsable call; cut?;
+    the error the server answered with, or None)"""
+    import openai
+
+    try:
+        reply = client.chat.completions.create(
+            model=model, messages=entry["question"][0], tools=tools, tool_choice="required", temperature=0,
+            max_tokens=max_tokens, extra_body=extra or None)
+    except openai.APIStatusError as e:  # (a request the server refused: no call, and counted apart)
+        return None, False, f"{e.status_code} {e.message}"
     choice = reply.choices[0]
     calls = []
     for call in choice.message.tool_calls or []:
         try:
             calls.append({call.function.name: json.loads(call.function.arguments)})
         except json.JSONDecodeError:
-            return None, choice.finish_reason == "length"
-    return calls or None, choice.finish_reason == "length"
+            return None, choice.finish_reason == "length", None
+    return calls or None, choice.finish_reason == "length", None
 
 
 def run_one(run: str, args, cases: dict, tools_of, check) -> dict:
@@ -142,15 +155,21 @@ def run_one(run: str, args, cases: dict, tools_of, check) -> dict:
         for category, items in cases.items():
             def one(item):
                 entry, answer = item
-                calls, cut = ask(client, model, entry, tools_of(entry["function"]), RUNS[run], args.max_tokens)
+                calls, cut, error = ask(client, model, entry, tools_of(entry["function"]), RUNS[run], args.max_tokens)
+                if error is not None:
+                    print(f"{run} {entry['id']}: {error}", file=sys.stderr)
                 ok = calls is not None and check(entry["function"], calls, answer, category)
-                return ok, calls is None, cut
+                # (a diagnostic: the same reply with a call it repeated word for word dropped)
+                once = [c for k, c in enumerate(calls or []) if c not in calls[:k]]
+                ok_once = bool(once) and check(entry["function"], once, answer, category)
+                return ok, calls is None, cut, error is not None, ok_once
 
             started = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
                 results = list(pool.map(one, items))
             out[category] = dict(right=sum(r[0] for r in results), unparsable=sum(r[1] for r in results),
-                                 cut=sum(r[2] for r in results), n=len(results),
+                                 cut=sum(r[2] for r in results), refused=sum(r[3] for r in results),
+                                 right_once=sum(r[4] for r in results), n=len(results),
                                  seconds=time.perf_counter() - started)
     finally:
         proc.terminate()
@@ -163,6 +182,7 @@ def main() -> None:
     p.add_argument("--model", help="a GGUF file (default: the embedded SmolLM2)")
     p.add_argument("--llama-server", default=shutil.which("llama-server") or "llama-server")
     p.add_argument("--template", help="llama-server's --chat-template-file (default: the GGUF's template)")
+    p.add_argument("--agentkv-template", help="agentkv serve's --chat-template (default: the GGUF's template)")
     p.add_argument("--categories", default="live_simple,multiple,parallel")
     p.add_argument("--runs", default="agentkv,compact,spaced,no-closing,llama")
     p.add_argument("--limit", type=int, default=50, help="questions per category (from the first)")
@@ -192,10 +212,12 @@ def main() -> None:
     rows = []
     for run, cats in figures.items():
         for category, f in cats.items():
-            rows.append([run, category, f"{f['right']}/{f['n']}", f["unparsable"], f["cut"], f"{f['seconds']:.1f}"])
+            rows.append([run, category, f"{f['right']}/{f['n']}", f"{f['right_once']}/{f['n']}", f["unparsable"],
+                         f["cut"], f["refused"], f"{f['seconds']:.1f}"])
     print(f"\n{Path(args.model).name}, {args.limit} questions a category, temperature 0, tool_choice required, "
           f"max_tokens {args.max_tokens}, {args.concurrency} at once")
-    print(table(rows, ["run", "category", "right", "no parsable call", "cut", "seconds"]))
+    print(table(rows, ["run", "category", "right", "right, repeats dropped", "no parsable call", "cut", "refused",
+                       "seconds"]))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
 

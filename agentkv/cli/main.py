@@ -144,6 +144,8 @@ def serve(
             "functiongemma (default: detected from the chat template)"
         ),
     ] = None,
+    chat_template: Annotated[str | None, typer.Option(
+        help="a Jinja chat template file used instead of the model's own (a GGUF may carry none)")] = None,
     device: Device = "auto",
     dtype: Dtype = "auto",
     tensor_parallel: TensorParallel = 1,
@@ -182,7 +184,8 @@ def serve(
     name = served_model_name or (Path(model).stem if model else "SmolLM2-135M-Instruct")
     options = _options(device, dtype, tensor_parallel, context_length, num_slots, memory_fraction=memory_fraction,
                        speculative=speculative, kv_dtype=kv_dtype,
-                       **({"tool_format": tool_format} if tool_format else {}))
+                       **({"tool_format": tool_format} if tool_format else {}),
+                       **({"chat_template": chat_template} if chat_template else {}))
     if replicas < 1:
         raise _fail(f"--replicas must be at least 1, got {replicas}")
     if state_dir is not None and replicas > 1:

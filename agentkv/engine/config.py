@@ -109,6 +109,9 @@ class EngineConfig:
     # the tool-call format (agentkv/chat/formats: "hermes", "llama3_json", "mistral", "mistral_args", "pythonic",
     # "qwen3_xml", "glm"); None: detected from the chat template and special tokens
     tool_format: str | None = None
+    # a Jinja chat template (its text, or the path of a .jinja file) used instead of the model's own (a
+    # GGUF may carry none); None: the model's
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.tensor_parallel < 1:

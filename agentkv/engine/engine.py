@@ -36,6 +36,7 @@ from agentkv.engine.request import ReasoningBudget, Request
 from agentkv.engine.runner import ModelRunner
 from agentkv.engine.sampling_params import SamplingParams
 from agentkv.engine.scheduler import Scheduler
+from agentkv.engine.tokenizer import template_text
 from agentkv.errors import PromptTooLongError, RequestError
 from agentkv.kernels import cpu_native, get_backend
 
@@ -105,6 +106,8 @@ class Engine(Prefixes):
         self.tokenizer, self.model_config, self.context_length = (parts.tokenizer, parts.model_config,
                                                                   parts.context_length)
         self._pool, self._tree, self._tier = parts.pool, parts.tree, parts.tier
+        if cfg.chat_template is not None:
+            self.tokenizer.chat_template = template_text(cfg.chat_template)
         fmt = tool_format_for(self.tokenizer, cfg.tool_format)  # how this model calls tools
         if self.tokenizer.chat_template:  # ... and the JSON style its template writes calls in (None: unsaid)
             fmt = dataclasses.replace(fmt, json_style=template_json_style(self.tokenizer.apply_chat_template))

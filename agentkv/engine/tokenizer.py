@@ -116,7 +116,8 @@ class Tokenizer:
         **extra: Any,
     ) -> str:
         if not self.chat_template:
-            raise RequestError("this model has no chat template; call generate() with a plain prompt instead of chat()")
+            raise RequestError("this model has no chat template; give it one (Engine(chat_template=...), agentkv "
+                               "serve --chat-template FILE.jinja) or call generate() with a plain prompt")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m:
                 raise RequestError(f"messages[{i}] must be a dict with a 'role' (and usually 'content'), got {m!r}")
@@ -144,6 +145,17 @@ class Tokenizer:
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             self._chat_env = env
         return self._chat_env
+
+
+def template_text(template: str) -> str:
+    """A chat template given as its text or as the path of a file that holds it."""
+    if "{" not in template:  # (a template writes Jinja's {{ }} or {% %}; a path does not)
+        path = Path(template).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"chat_template={template!r} is neither a Jinja template nor a file; give the "
+                                 "template's text or the path of its .jinja file")
+        return path.read_text()
+    return template
 
 
 def _read_json(path: Path) -> dict[str, Any]:
