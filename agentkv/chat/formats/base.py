@@ -54,7 +54,7 @@ class ToolFormat:
     native: bool = False
     markers: tuple[str, ...] = ()
     # The JSON style its calls are written in (grammar/schema/style.py): the template's where it writes
-    # calls (chat/formats/style.py), a request's where it names one; None: the model's choice.
+    # calls (chat/formats/template_style.py), a request's where it names one; None: the model's choice.
     json_style: str | None = None
 
     name: ClassVar[str]

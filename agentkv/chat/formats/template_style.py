@@ -26,8 +26,8 @@ _TOOL = {"type": "function", "function": {
 def template_json_style(render: Callable[..., str]) -> str | None:
     """"compact" or "spaced" as `render(messages, add_generation_prompt=False, tools=...)` (a chat template)
     writes a call's arguments, or None where it does not write them as JSON."""
-    call = {"id": "probecall",  # (9 letters: Mistral's templates refuse other ids) "type": "function",
-            "function": {"name": "probe_tool", "arguments": _ARGUMENTS}}
+    # (an id of 9 letters: Mistral's templates refuse other ids)
+    call = {"id": "probecall", "type": "function", "function": {"name": "probe_tool", "arguments": _ARGUMENTS}}
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": "probe"},
         {"role": "assistant", "content": "", "tool_calls": [call]},
