@@ -171,13 +171,10 @@ class GrammarCompiler:
         key = ("json", json.dumps(schema), reached, close_objects, whitespace, max_whitespace, number_digits, style)
 
         def build(deadline):
-            def convert(one: str, prefix: str):
-                conv = JsonSchemaConverter(schema, close_objects=close_objects, strict=self.strict,
-                                           whitespace=whitespace, max_whitespace=max_whitespace, deadline=deadline,
-                                           refs=refs, number_digits=number_digits, prefix=prefix, style=one)
-                return conv.convert(), conv.relaxed, conv.separated
-
-            rules, relaxed = styled_rules(convert, style, "")
+            rules, relaxed = styled_rules(lambda one, prefix: JsonSchemaConverter(
+                schema, close_objects=close_objects, strict=self.strict, whitespace=whitespace,
+                max_whitespace=max_whitespace, deadline=deadline, refs=refs, number_digits=number_digits,
+                prefix=prefix, style=one), style, "")
             return self.from_rules(rules, "root", "json schema", deadline, tuple(relaxed.values()))
 
         return self._cached(key, build)
@@ -206,12 +203,9 @@ class GrammarCompiler:
         relaxed: dict = {}
 
         def json_rules(schema, name, python=False, style=None):
-            def convert(one: str, prefix: str):
-                conv = JsonSchemaConverter(schema, strict=self.strict, deadline=deadline, prefix=prefix,
-                                           python_literals=python, number_digits=self.number_digits, style=one)
-                return conv.convert(), conv.relaxed, conv.separated
-
-            rules, more = styled_rules(convert, style or self.json_style, name + "/")
+            rules, more = styled_rules(lambda one, prefix: JsonSchemaConverter(
+                schema, strict=self.strict, deadline=deadline, prefix=prefix, python_literals=python,
+                number_digits=self.number_digits, style=one), style or self.json_style, name + "/")
             relaxed.update(more)
             rules[name] = Ref(name + "/root")
             return rules

@@ -240,7 +240,7 @@ def _literal_heads(root) -> list[tuple[bytes, object]] | None:
         else:
             return None
     prefixes = [p for p, _ in heads]
-    if any(a != b and b.startswith(a) for a in prefixes for b in prefixes) or len(set(prefixes)) != len(prefixes):
+    if any(i != j and b.startswith(a) for i, a in enumerate(prefixes) for j, b in enumerate(prefixes)):
         return None
     return heads
 

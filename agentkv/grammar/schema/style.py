@@ -17,6 +17,7 @@ before it, the text both styles force is forced.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from agentkv.errors import GrammarError
 from agentkv.grammar.automata.expr import Ref, alt
@@ -32,20 +33,20 @@ def check_json_style(style) -> str:
     return style
 
 
-def styled_rules(convert: Callable[[str, str], tuple[dict, dict, bool]], style: str, prefix: str) -> tuple[dict, dict]:
-    """A schema's rules in `style`, its root `prefix + "root"`. `convert(style, prefix)` converts it in
-    one fixed style under a rule prefix and returns (rules, relaxed, whether any separator was
-    written). Under "model" both styles are converted, each under its own prefix; a value that
-    writes no separator (a string, a number) keeps one copy."""
+def styled_rules(converter: Callable[[str, str], Any], style: str, prefix: str) -> tuple[dict, dict]:
+    """A schema's rules in `style`, its root `prefix + "root"`, and the keywords they relaxed.
+    `converter(style, prefix)` is a JsonSchemaConverter of the schema in one fixed style under a rule
+    prefix. Under "model" both styles are converted, each under its own prefix; a value that writes
+    no separator (a string, a number) keeps one copy."""
     check_json_style(style)
+    first = converter("compact" if style == "model" else style, prefix + "c/" if style == "model" else prefix)
+    rules = first.convert()
     if style != "model":
-        rules, relaxed, _ = convert(style, prefix)
-        return rules, relaxed
-    rules, relaxed, separated = convert("compact", prefix + "c/")
-    if not separated:
+        return rules, first.relaxed
+    if not first.separated:
         rules[prefix + "root"] = Ref(prefix + "c/root")
-        return rules, relaxed
-    spaced, more, _ = convert("spaced", prefix + "s/")
-    rules.update(spaced)
+        return rules, first.relaxed
+    spaced = converter("spaced", prefix + "s/")
+    rules.update(spaced.convert())
     rules[prefix + "root"] = alt(Ref(prefix + "c/root"), Ref(prefix + "s/root"))
-    return rules, {**relaxed, **more}
+    return rules, {**first.relaxed, **spaced.relaxed}
