@@ -83,8 +83,9 @@ def keep_pins(tier: DiskTier, records: list[tuple[list[int], float | None, float
         tmp.write_text(json.dumps(body))
         os.replace(tmp, tier.dir / PINS)
     except OSError as e:
-        tier._warn("pins", f"agentkv: the pins could not be kept in {tier.dir} ({e.strerror or e}); a restart "
-                           "finds their KV on disk but does not pin it")
+        tier.warn_once("pins", f"agentkv: the pins could not be kept in {tier.dir} ({e.strerror or e}); a restart "
+                               "finds their KV on disk but does not pin it")
+
 
 def kept_pins(tier: DiskTier) -> list[tuple[list[int], float | None, float | None]]:
     """The pins an earlier run kept, less those whose time ran out meanwhile (the seconds left are
@@ -101,5 +102,5 @@ def kept_pins(tier: DiskTier) -> list[tuple[list[int], float | None, float | Non
     except FileNotFoundError:
         return []
     except (OSError, ValueError, KeyError, TypeError):
-        tier._warn("pins", f"agentkv: {tier.dir / PINS} is unreadable; the pins it held are not restored")
+        tier.warn_once("pins", f"agentkv: {tier.dir / PINS} is unreadable; the pins it held are not restored")
         return []

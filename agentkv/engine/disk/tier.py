@@ -107,7 +107,7 @@ class DiskTier:
                 meta.write_text(json.dumps(fp, indent=1, sort_keys=True))
             writable = os.access(self.dir, os.W_OK)
         except OSError as e:
-            self._warn("open", f"agentkv: the KV disk tier cannot use {self.dir} ({e.strerror or e}); "
+            self.warn_once("open", f"agentkv: the KV disk tier cannot use {self.dir} ({e.strerror or e}); "
                                "evicted prefixes are recomputed instead of read back")
             writable = False
         if self.dir.is_dir():
@@ -136,10 +136,10 @@ class DiskTier:
             self._index[header.digest] = _Entry(header, path, size)
             self._disk_bytes += size
         if torn:
-            self._warn("torn", f"agentkv: {torn} unfinished KV block write(s) (a process stopped mid-write) were "
+            self.warn_once("torn", f"agentkv: {torn} unfinished KV block write(s) (a process stopped mid-write) were "
                                f"removed from {self.dir}")
         if bad:
-            self._warn("scan", f"agentkv: {bad} unreadable KV block file(s) in {self.dir} were skipped")
+            self.warn_once("scan", f"agentkv: {bad} unreadable KV block file(s) in {self.dir} were skipped")
         if found:
             tokens = sum(len(e.header.tokens) for e in self._index.values())
             log.info("agentkv: KV disk tier %s: %d blocks (%d tokens, %.1f MB) from an earlier run", self.dir,
@@ -285,7 +285,7 @@ class DiskTier:
                 if self._index.get(entry.header.digest) is not entry:
                     return False  # the budget removed it meanwhile: a miss, not a fault
             self.errors += 1
-            self._warn("read", f"agentkv: a KV block on disk could not be served and is recomputed ({e}); "
+            self.warn_once("read", f"agentkv: a KV block on disk could not be served and is recomputed ({e}); "
                                "the file is removed")
             with self._lock:
                 if self._index.pop(entry.header.digest, None) is not None:
@@ -314,7 +314,7 @@ class DiskTier:
             except OSError as e:
                 self.errors += 1
                 self._paused_until = time.monotonic() + WRITE_PAUSE_S
-                self._warn(f"write{e.errno}", f"agentkv: the KV disk tier cannot write to {self.dir} "
+                self.warn_once(f"write{e.errno}", f"agentkv: the KV disk tier cannot write to {self.dir} "
                                               f"({e.strerror or e}); evicted prefixes are dropped (recomputed when "
                                               "needed) until it can")
                 with self._lock:
@@ -339,8 +339,9 @@ class DiskTier:
 
     # ---- reporting and lifetime ------------------------------------------------------------------------
 
-    def _warn(self, kind: str, message: str) -> None:
-        if kind not in self._warned:  # one line a kind of fault, not one a block
+    def warn_once(self, kind: str, message: str) -> None:
+        """Log `message` the first time a fault of this `kind` happens (one line a kind, not one a block)."""
+        if kind not in self._warned:
             self._warned.add(kind)
             log.warning(message)
 
