@@ -181,3 +181,9 @@ def test_mutated_grammars_compile_or_say_why(seed, edits):
         BYTE_COMPILER.compile_lark(text)
     except GrammarError:
         pass
+
+
+def test_a_schema_cannot_be_ignored():
+    """`%ignore %pyjson {}` (the mutation test found it): a GrammarError, not a KeyError."""
+    with pytest.raises(GrammarError, match="%ignore` takes terminals"):
+        BYTE_COMPILER.compile_lark('%ignore %pyjson {}\nstart: "a"\n')

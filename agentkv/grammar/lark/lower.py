@@ -109,6 +109,9 @@ class _Grammar:
             raise GrammarError(f"Lark grammar: Lark could not read it ({type(e).__name__} in its error report); "
                                "check the syntax of its last edited definition") from None
         self.ignore = list(grammar.ignore)
+        if any(name in self.src.json for name in self.ignore):  # (a %json block stands for a rule, not a terminal)
+            raise GrammarError("Lark grammar: `%ignore` takes terminals, not a %json / %pyjson schema: define a "
+                               "terminal for the text to ignore")
         for name, params, tree, _ in grammar.rule_defs:
             if params:
                 self.templates[name] = (params, tree)
