@@ -97,9 +97,9 @@ class EngineConfig:
     cuda_graphs: bool | None = None
     cuda_graph_max_batch: int = 64
     # decode passes as one native call (engine/native_step.py): None: on where the model qualifies (a
-    # dense Llama-family GGUF kept in Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K tiles on CPU), True: required, False: off
+    # dense Llama-family GGUF kept in quantized tiles on CPU), True: required, False: off
     native_step: bool | None = None
-    # a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices kept in their blocks and multiplied there (CPU, native
+    # a GGUF's quantized matrices kept in their blocks and multiplied there (CPU, native
     # kernels); False dequantizes them at load as other quantizations are
     quantized_weights: bool = True
     # the KV pool's dtype ("float32", "bfloat16", "float16"); None: the model's dtype. bfloat16 under float32

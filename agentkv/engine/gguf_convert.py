@@ -1,12 +1,11 @@
 """GGUF file -> an HF-style directory (config.json, model.safetensors, tokenizer files), cached.
 
-Matrices in Q8_0, Q4_0, Q4_1, Q4_K or Q6_K are kept in their blocks (quant.safetensors: uint8 rows,
-their types in its metadata), for the CPU's quantized linear kernel; Q5_0 and IQ4_NL matrices are kept
-as the Q8_0 blocks that hold the same weights (gguf_transcode.py); the loader dequantizes them where
-that kernel does not run. Every other tensor (the other K-quants, F16, BF16, F32, whatever the `gguf`
-package implements) is dequantized to fp32. That and the tokenizer build take seconds to tens of
-seconds; the result is written once under the cache directory and every later start loads it like
-any HF checkpoint.
+Matrices in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K or Q6_K are kept in their blocks as the file holds
+them (quant.safetensors: uint8 rows, their types in its metadata), for the CPU's quantized kernels; the
+loader decides how each runs (engine/gguf_transcode.py). Every other tensor (the other K-quants, F16,
+BF16, F32, whatever the `gguf` package implements) is dequantized to fp32. That and the tokenizer build
+take seconds to tens of seconds; the result is written once under the cache directory and every later
+start loads it like any HF checkpoint.
 """
 
 from __future__ import annotations
@@ -21,16 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from agentkv.engine.gguf_transcode import AS_Q8_0, to_q8_0
 from agentkv.engine.model_config import ModelConfig, RopeScaling
 from agentkv.engine.tokenizer import tokenizer_files_from_gguf
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
-CONVERSION_VERSION = "6"
-# quantizations whose matrices are kept as they are (csrc/cpu_quant.c multiplies them in their blocks);
-# every other tensor is dequantized to fp32 here
-KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+CONVERSION_VERSION = "7"
+# quantizations whose matrices are kept as they are (the CPU kernels multiply them in their blocks:
+# kernels/cpu_quant.py's QUANT_TYPES); every other tensor is dequantized to fp32 here
+KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q6_K")
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                       "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",  # (Mixtral is "llama" with experts)
                       "gemma2": "gemma2", "gemma3": "gemma3"}
@@ -126,11 +124,9 @@ def _convert(path: Path, out: Path) -> None:
         if hf_name is None:
             continue  # e.g. rope_freqs: recomputed from the config
         kind = t.tensor_type.name
-        if kind in KEPT_QUANTS + tuple(AS_Q8_0) and hf_name.endswith(
+        if kind in KEPT_QUANTS and hf_name.endswith(
             ("proj.weight", "lm_head.weight", "embed_tokens.weight", "_exps")):
             raw = np.asarray(t.data)  # uint8 [(experts,) out, blocks' bytes]: one output's row of blocks a row
-            if kind in AS_Q8_0:  # the same weights in Q8_0's blocks (gguf_transcode.py)
-                raw, kind = to_q8_0(raw, kind), "Q8_0"
             if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
                 raw = _unpermute_qk(raw, config.num_heads if "attn_q" in t.name else config.num_kv_heads)
             kept[hf_name], kinds[hf_name] = np.ascontiguousarray(raw), kind

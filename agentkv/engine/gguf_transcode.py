@@ -1,12 +1,16 @@
-"""GGUF blocks rewritten, without changing a single weight, into a type the CPU kernels multiply.
+"""Which blocks a GGUF's matrix is multiplied in, and blocks rewritten without changing a single weight.
+
+The tiles (csrc/cpu_tiles.c, cpu_ktiles.c) multiply Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K and Q6_K in
+the file's own bytes; the row-major kernels of CPUs without AVX2 (csrc/cpu_quant.c) the first three and
+the K-quants. A linear made of several matrices (q, k and v; gate and up) is one product, so its parts
+must share a type: Q4_K_M files mix them (Gemma 3 270M's q and k in Q5_0 beside a v in Q8_0).
 
 Q5_0 and IQ4_NL blocks hold 32 weights as small integers times one fp16 scale: Q5_0's are q - 16 with q
 of 5 bits, IQ4_NL's are entries of a fixed table of 16 int8 values. Q8_0's block holds 32 int8 times
 one fp16 scale, so each such block is a Q8_0 block with the same scale and its integers written out:
-dequantized, the two give the same floats bit for bit (tests/engine/test_gguf_transcode.py). Such a
-matrix then runs in Q8_0's tiles instead of being dequantized to fp32 at load (Q4_K_M files keep the
-matrices whose rows are not a multiple of 256 in Q5_0: Gemma 3 270M's q, k, gate and up). It reads
-34 bytes where the file holds 22 (Q5_0) or 18 (IQ4_NL): a kernel of their own would read fewer.
+dequantized, the two give the same floats bit for bit (tests/engine/test_gguf_transcode.py). That is how
+such a part joins a Q8_0 one, and how they run where the tiles do not (34 bytes a block read where the
+file holds 22 or 18). Parts no such rewrite unites are dequantized (the loader says so).
 """
 
 from __future__ import annotations
@@ -18,6 +22,22 @@ Q8_0_BLOCK = 34  # fp16 scale + 32 int8
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 # the types rewritten as Q8_0, by name -> bytes a block of 32
 AS_Q8_0 = {"Q5_0": 22, "IQ4_NL": 18}
+# the types each kind of kernel multiplies in their blocks
+TILED = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q6_K"))
+ROW_MAJOR = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"))
+
+
+def one_kind(parts: list[tuple[np.ndarray, str]], tiles: bool) -> list[tuple[np.ndarray, str]] | None:
+    """The parts of one linear ((uint8 rows, type name) each) in one type the kernels here multiply
+    (`tiles`: the tiled kernels run): as they are where they share one, else the Q5_0 and IQ4_NL parts
+    rewritten as Q8_0 where that unites them; None where nothing does (the caller dequantizes)."""
+    runs = TILED if tiles else ROW_MAJOR
+    kinds = {kind for _, kind in parts}
+    if len(kinds) == 1 and kinds <= runs:
+        return parts
+    if kinds <= {"Q8_0", *AS_Q8_0}:
+        return [(to_q8_0(raw, kind) if kind in AS_Q8_0 else raw, "Q8_0") for raw, kind in parts]
+    return None
 
 
 def to_q8_0(raw: np.ndarray, kind: str) -> np.ndarray:

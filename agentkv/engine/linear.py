@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agentkv.kernels.cpu_native import NativeKernels, PackedLinear
-from agentkv.kernels.cpu_quant import TILED_TYPES, QuantWeight
+from agentkv.kernels.cpu_quant import ROW_MAJOR_TYPES, TILED_TYPES, QuantWeight
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
@@ -82,7 +82,7 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
         self.native: NativeKernels | None = None  # with native_weight: the C kernel
         self.native_weight: PackedLinear | None = None
-        self.quantized: QuantWeight | None = None  # a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K blocks (csrc/cpu_quant.c)
+        self.quantized: QuantWeight | None = None  # a GGUF's quantized blocks (kernels/cpu_quant.py)
         self.all_reduce = False  # tensor parallelism: a row-parallel shard whose outputs are partial sums
 
     def set_quantized(self, weight: QuantWeight) -> None:
@@ -158,6 +158,7 @@ def tiled(native: NativeKernels, w: QuantWeight) -> QuantWeight:
     is one they take; else `w` as it is (the row-major kernels of csrc/cpu_quant.c)."""
     if native.qtile_fast and w.qtype in TILED_TYPES and not w.tiled:
         return native.tile(w)
+    assert w.tiled or w.qtype in ROW_MAJOR_TYPES, "the loader keeps only the types the kernels here take"
     return w
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from agentkv.engine.gguf_convert import converted_dir
+from agentkv.engine.gguf_transcode import one_kind
 from agentkv.engine.model import CausalLM
 from agentkv.engine.model_config import ModelConfig
 from agentkv.engine.sharding import local_config, mark_reductions, shard_state
@@ -76,7 +77,7 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     """`shard` = (rank, world): keep that rank's tensor-parallel share (see engine/sharding.py); the
     returned config is then the shard's (its heads and MLP width). `native`: the CPU kernels the
     model's linears and element-wise steps run on (kernels/cpu_native.py), or None for torch ops.
-    `quantized`: keep a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices in their blocks where `native` runs."""
+    `quantized`: keep a GGUF's quantized matrices in their blocks where `native` runs (gguf_transcode.py)."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}")
     directory = resolve_model_dir(model)
@@ -86,11 +87,12 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
         raise ModelLoadError(f"{directory / 'config.json'} is not valid JSON: {e}") from None
     cfg = ModelConfig.from_hf(raw)
     tokenizer = Tokenizer(directory)
-    # Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices stay in their blocks where the CPU kernels multiply them
+    # quantized matrices stay in their blocks where the CPU kernels multiply them
     keep = quantized and native is not None and shard is None and device == "cpu" and dtype in ("float32", "bfloat16")
-    state = _fused_state_dict(directory, cfg, keep)
+    dequantized: set[str] = set()
+    state = _fused_state_dict(directory, cfg, keep, keep and native.qtile_fast, dequantized)
     if quantized:  # (quantized_weights=False asks for the dequantization: nothing to tell)
-        _notice_dequantized(directory, keep)
+        _notice_dequantized(directory, keep, dequantized)
     if shard is not None:
 
         state = shard_state(state, cfg, *shard)
@@ -126,18 +128,19 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _notice_dequantized(directory: Path, kept: bool) -> None:
-    """One line where a GGUF's matrices were dequantized (a quantization no kernel multiplies, or
-    kernels that do not run here): they take their full-precision size in memory."""
+def _notice_dequantized(directory: Path, kept: bool, at_load: set[str]) -> None:
+    """One line where a GGUF's matrices were dequantized (a quantization no kernel multiplies, kernels
+    that do not run here, or the parts of one linear in types no kernel takes together: `at_load`):
+    they take their full-precision size in memory."""
     listed = directory / "dequantized.json"
-    types = json.loads(listed.read_text()) if listed.exists() else []
+    types = {*(json.loads(listed.read_text()) if listed.exists() else []), *at_load}
     if not kept:
-        types = sorted({*types, *_quantized_kinds(directory).values()})
+        types |= set(_quantized_kinds(directory).values())
     if types:
         logging.getLogger("agentkv").warning(
             "agentkv: %s matrices of %s are dequantized at load (no quantized kernel for them here: Q8_0, Q4_0, "
-            "Q4_1, Q4_K and Q6_K run in their blocks on CPU with agentkv's C kernels, Q5_0 and IQ4_NL as Q8_0)",
-            "/".join(types), directory.name)
+            "Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K and Q6_K run in their blocks on CPU with agentkv's C kernels, "
+            "a linear's parts in one type)", "/".join(sorted(types)), directory.name)
 
 
 def _quantized_kinds(directory: Path) -> dict[str, str]:
@@ -168,10 +171,13 @@ def _dequantized(raw: torch.Tensor, kind: str) -> torch.Tensor:
     return torch.from_numpy(values.astype("float32", copy=False))
 
 
-def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = False) -> dict[str, torch.Tensor]:
+def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = False, tiles: bool = False,
+                      dequantized: set[str] | None = None) -> dict[str, torch.Tensor]:
     """HF tensor names -> our parameter names, with q/k/v and gate/up concatenated. With
-    `keep_quantized`, a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices come as QuantWeights (fused ones where
-    their parts share a quantization); otherwise they are dequantized."""
+    `keep_quantized`, a GGUF's quantized matrices come as QuantWeights in a type the kernels here take
+    (`tiles`: the tiled ones run; fused ones where their parts can share one: gguf_transcode.one_kind);
+    otherwise, or where they cannot, they are dequantized (their types added to `dequantized`)."""
+    dequantized = set() if dequantized is None else dequantized
     hf = _read_safetensors(directory)
     quant = _read_quantized(directory)
 
@@ -194,10 +200,20 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         as any RMSNorm."""
         return take(name) + 1 if gemma else take(name)
 
+    def kept(parts: list) -> list[tuple[torch.Tensor, str]] | None:
+        """Quantized parts of one product in one type the kernels here take, or None (noted)."""
+        if not keep_quantized or not all(parts):
+            return None
+        one = one_kind([(raw.numpy(), kind) for raw, kind in parts], tiles)
+        if one is None:
+            dequantized.update(kind for _, kind in parts)
+            return None
+        return [(torch.from_numpy(raw), kind) for raw, kind in one]
+
     def matrix(*names: str):
         """The weight [out, in] of a linear made of `names` stacked along out."""
-        parts = [quant.get(n) for n in names]
-        if keep_quantized and all(parts) and len({kind for _, kind in parts}) == 1 and parts[0][1] in QUANT_TYPES:
+        parts = kept([quant.get(n) for n in names])
+        if parts is not None:
             code, weights, bytes_ = QUANT_TYPES[parts[0][1]]
             data = torch.cat([raw for raw, _ in parts]) if len(parts) > 1 else parts[0][0]
             return QuantWeight(data.contiguous(), code, data.shape[1] // bytes_ * weights, data.shape[0])
@@ -222,7 +238,7 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
             out[o + "self_attn.q_norm.weight"] = norm(p + "self_attn.q_norm.weight")
             out[o + "self_attn.k_norm.weight"] = norm(p + "self_attn.k_norm.weight")
         if cfg.is_moe_layer(i):
-            out.update(_moe_state(hf, take, p, o + "mlp.", cfg, quant, keep_quantized))
+            out.update(_moe_state(hf, take, p, o + "mlp.", cfg, quant, kept))
             continue
         if p + "mlp.gate_up_proj.weight" in hf or p + "mlp.gate_up_proj.weight" in quant:  # gate then up (Phi-3)
             out[o + "mlp.gate_up_proj.weight"] = matrix(p + "mlp.gate_up_proj.weight")
@@ -232,21 +248,18 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
     return out
 
 
-def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, keep: bool) -> dict[str, torch.Tensor]:
+def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, kept) -> dict[str, torch.Tensor]:
     """One MoE layer's tensors, as checkpoints name them: per expert (the Hub's Qwen `mlp.experts.N.
     gate_proj`, Mixtral's `block_sparse_moe.experts.N.w1/w3/w2`), fused across experts
     (transformers 5's `mlp.experts.gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I]), or stacked by
-    kind (a GGUF's gate / up / down [E, out, in]; with `keep`, left in their blocks where `quant` holds them)."""
+    kind (a GGUF's gate / up / down [E, out, in]; left in their blocks where `kept` (the state's
+    quantized parts in one type, or None) takes the ones `quant` holds)."""
     block = p + ("block_sparse_moe." if p + "block_sparse_moe.gate.weight" in hf else "mlp.")
     out = {o + "router.weight": take(block + "gate.weight")}
     stacked = [block + f"experts.{k}_exps" for k in ("gate", "up", "down")]
-    if (
-        keep
-        and all(n in quant for n in stacked)
-        and len({quant[n][1] for n in stacked}) == 1
-        and quant[stacked[0]][1] in QUANT_TYPES
-    ):
-        (gate, kind), (up, _), (down, _) = (quant[n] for n in stacked)
+    parts = kept([quant.get(n) for n in stacked])
+    if parts is not None:
+        (gate, kind), (up, _), (down, _) = parts
         code, weights, bytes_ = QUANT_TYPES[kind]
         for e in range(cfg.num_experts):
             gu = torch.cat([gate[e], up[e]])

@@ -242,8 +242,7 @@ class CausalLM(nn.Module):
         return total
 
     def set_quantized(self, name: str, weight: QuantWeight) -> None:
-        """The weight `name` kept in its quantized blocks (the loader, for a GGUF's
-        Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K)."""
+        """The weight `name` kept in its quantized blocks (the loader, for a GGUF's quantized matrices)."""
         if name == "embed_tokens.weight":
             self.embed_tokens = QuantEmbedding(weight)
         elif name == "lm_head.weight":

@@ -1,7 +1,7 @@
 """The decode step in one native call (csrc/cpu_step.c) for dense Llama-family models (and Gemma 2 / 3:
 norms around attention and the MLP, GeGLU, scaled embeddings, soft caps, their own rotation for
-windowed layers) on CPU whose linears are tiled quantized weights (a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K /
-Q6_K on a CPU with AVX-512 VNNI or AVX2).
+windowed layers) on CPU whose linears are tiled quantized weights (a GGUF's matrices in any type the tiles
+take: kernels/cpu_quant.py's QUANT_TYPES, on a CPU with AVX-512 VNNI or AVX2).
 
 A decode step of the Python path is ~270 kernel calls, each a parallel region woken from Python: for
 the embedded 135M model they cost more than its arithmetic. Here the model is described to C once
@@ -78,7 +78,7 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
             return "a layer is not a dense one (a mixture of experts)"
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             if lin.all_reduce or lin.quantized is None or not lin.quantized.tiled:
-                return "a linear is not a tiled quantized weight (a Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K GGUF's)"
+                return "a linear is not a tiled quantized weight (a GGUF's, in a type the tiles take)"
     head = model.logits_proj.weight if model.logits_proj is not None else None
     if not (isinstance(head, QuantWeight) and head.tiled):
         return "the vocabulary projection is not a tiled quantized weight"

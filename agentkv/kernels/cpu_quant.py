@@ -13,10 +13,12 @@ from agentkv.errors import EngineError
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `bf` flag
 
-# GGUF quantizations csrc/cpu_quant.c multiplies in their blocks: name -> (its type code, weights a block,
-# bytes a block); the K-quants' blocks are super-blocks of 256
+# GGUF quantizations the C kernels multiply in their blocks: name -> (its type code, weights a block, bytes a
+# block); the K-quants' blocks are super-blocks of 256. The row-major kernels (csrc/cpu_quant.c) take
+# the first five, the tiles all (engine/gguf_transcode.py decides which blocks a matrix runs in).
 QUANT_TYPES = {"Q8_0": (0, 32, 34), "Q4_0": (1, 32, 18), "Q4_1": (2, 32, 20), "Q4_K": (3, 256, 144),
-               "Q6_K": (4, 256, 210)}
+               "Q6_K": (4, 256, 210), "Q5_0": (5, 32, 22), "Q5_1": (6, 32, 24), "IQ4_NL": (7, 32, 18)}
+ROW_MAJOR_TYPES = frozenset((0, 1, 2, 3, 4))
 QLINEAR_MAX_ROWS = 16  # rows the kernel takes at once
 QLINEAR_DEQUANT_MAX = 1 << 24  # weights up to this many elements are dequantized whole for a long input
 # a larger weight, for an input of this many rows or more, is dequantized this many elements at a time
@@ -24,7 +26,7 @@ QLINEAR_DEQUANT_MAX = 1 << 24  # weights up to this many elements are dequantize
 # so against 178 (Q4_1) and 439 (Q4_K) through the kernel 16 rows at a time (benchmarks/cpu_kernels.py)
 QLINEAR_SLICED_MIN_ROWS = 64
 # the types csrc/cpu_tiles.c (and cpu_ktiles.c: the K-quants) repack into tiles of 16 rows, and a tile's rows
-TILED_TYPES = frozenset((0, 1, 2, 3, 4))
+TILED_TYPES = frozenset(code for code, _, _ in QUANT_TYPES.values())
 TILE_ROWS = 16
 # logits of each row re-scored exactly after the int8 vocabulary projection (agentkv_qtile_logits)
 RESCORE_TOP = 32

@@ -22,7 +22,7 @@ from tests.tiny import make_tiny_model
 
 gguf = pytest.importorskip("gguf")
 
-ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "phi3": "phi3"}
+ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "phi3": "phi3", "qwen2": "qwen2"}
 
 
 def gguf_name(name: str, arch: str) -> str:
@@ -35,12 +35,13 @@ def gguf_name(name: str, arch: str) -> str:
     return f"blk.{i}." + {v: k for k, v in gguf_convert._LAYER_NAMES.items()}[rest]
 
 
-def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
-    """The tiny HF checkpoint `src` as a GGUF of `family`; returns the HF tensors it holds, dequantized
-    (each expert's own, as the Hub names them)."""
+def write_gguf(src, out, family: str, quant: str, kinds: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """The tiny HF checkpoint `src` as a GGUF of `family`, its matrices in `quant` (those whose GGUF name
+    ends with a key of `kinds` in its type, as a Q4_K_M file mixes them); returns the HF tensors it
+    holds, dequantized (each expert's own, as the Hub names them)."""
     from safetensors.numpy import load_file
 
-    arch, kind = ARCH[family], getattr(gguf.GGMLQuantizationType, quant)
+    arch = ARCH[family]
     cfg = json.loads((src / "config.json").read_text())
     hf = load_file(str(src / "model.safetensors"))
     w = gguf_writer(out, arch, cfg)
@@ -74,10 +75,12 @@ def write_gguf(src, out, family: str, quant: str) -> dict[str, np.ndarray]:
 
     def put(gname: str, data: np.ndarray) -> np.ndarray:
         if data.ndim >= 2:
+            own = next((k for end, k in (kinds or {}).items() if gname.endswith(end)), quant)
+            kind = getattr(gguf.GGMLQuantizationType, own)
             # (K-quants: the package cannot make them; random blocks, the weights they hold taken as the model's)
             q = (
                 k_blocks(kind, data.shape, rng)
-                if quant in K_QUANTS
+                if own in K_QUANTS
                 else gguf.quants.quantize(data.astype(np.float32), kind)
             )
             w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=kind)

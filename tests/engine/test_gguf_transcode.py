@@ -1,6 +1,8 @@
-"""Q5_0 and IQ4_NL matrices kept as the Q8_0 blocks that hold the same weights (engine/gguf_transcode.py):
-bit for bit the same floats as the `gguf` package dequantizes from the file's blocks, and a GGUF of
-such matrices loads into the tiles (no "dequantized at load" notice) with the HF model's logits."""
+"""Which blocks a GGUF's matrices run in (engine/gguf_transcode.py): Q5_0, Q5_1 and IQ4_NL in tiles of
+their own, the parts of one linear in one type (Q5_0 beside Q8_0 rewritten as the Q8_0 blocks that
+hold the same weights: bit for bit the same floats as the `gguf` package dequantizes from the file's
+blocks), the same logits as the HF model, and a "dequantized at load" notice only where a type or a
+mixture has no kernel."""
 
 from __future__ import annotations
 
@@ -10,14 +12,16 @@ import numpy as np
 import pytest
 
 import agentkv as ak
-from agentkv.engine.gguf_transcode import to_q8_0
+from agentkv.engine.gguf_transcode import one_kind, to_q8_0
 from agentkv.kernels import cpu_native
+from agentkv.kernels.cpu_quant import QUANT_TYPES
 from tests.engine.test_gguf_families import write_gguf
 from tests.reference import engine_logits, rel_error
 from tests.tiny import make_tiny_model
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
+TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -47,30 +51,51 @@ def test_a_row_of_part_blocks_is_refused():
         to_q8_0(np.zeros((2, 30), dtype=np.uint8), "Q5_0")
 
 
-def test_a_q5_0_gguf_runs_in_tiles_with_the_same_logits(tmp_path, monkeypatch, caplog):
+def test_one_kind_keeps_the_files_bytes_where_a_kernel_takes_them():
+    q5 = gguf.quants.quantize(np.ones((2, 64), dtype=np.float32), T.Q5_0)
+    q8 = gguf.quants.quantize(np.ones((2, 64), dtype=np.float32), T.Q8_0)
+    q41 = gguf.quants.quantize(np.ones((2, 64), dtype=np.float32), T.Q4_1)
+    assert one_kind([(q5, "Q5_0"), (q5, "Q5_0")], tiles=True)[0][0] is q5  # in tiles as the file holds them
+    assert [k for _, k in one_kind([(q5, "Q5_0"), (q5, "Q5_0")], tiles=False)] == ["Q8_0", "Q8_0"]
+    mixed = one_kind([(q5, "Q5_0"), (q8, "Q8_0")], tiles=True)  # (Gemma 3's q and k beside a Q8_0 v)
+    assert [k for _, k in mixed] == ["Q8_0", "Q8_0"] and mixed[1][0] is q8
+    assert one_kind([(q5, "Q5_0"), (q41, "Q4_1")], tiles=True) is None  # no type holds both: dequantized
+    assert one_kind([(q41, "Q5_1")], tiles=False) is None  # Q5_1 has no row-major kernel
+
+
+@pytest.mark.parametrize("quant,kinds,runs_in", [
+    ("Q5_0", None, "Q5_0"),
+    ("Q5_1", None, "Q5_1"),
+    ("Q5_0", {"attn_v.weight": "Q8_0"}, "Q8_0"),  # a Q4_K_M file's mixture: q, k in Q5_0, v in Q8_0
+])
+def test_a_gguf_of_the_32_weight_types_runs_in_tiles_with_the_same_logits(
+        tmp_path, monkeypatch, caplog, quant, kinds, runs_in):
     from safetensors.numpy import save_file
 
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
-    src = make_tiny_model(tmp_path / "src", "phi3", tie=False)
-    deq = write_gguf(src, tmp_path / "m.gguf", "phi3", "Q5_0")
+    src = make_tiny_model(tmp_path / "src", "qwen2", tie=False)
+    deq = write_gguf(src, tmp_path / "m.gguf", "qwen2", quant, kinds)
     save_file({k: np.ascontiguousarray(v) for k, v in deq.items()}, str(src / "model.safetensors"))
-    text = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
     with caplog.at_level(logging.WARNING, logger="agentkv"), ak.Engine(str(src), num_slots=1024) as ref, \
             ak.Engine(str(tmp_path / "m.gguf"), num_slots=1024) as kept:
-        if cpu_native.load() is not None:  # (blocks are kept only where the C kernels run)
-            lin = dict(kept._core.runner.model.named_modules())["layers.0.self_attn.qkv_proj"]
-            assert lin.quantized is not None and lin.quantized.qtype == 0  # Q8_0's blocks, in tiles where they run
+        native = cpu_native.load()
+        if native is not None and native.qtile_fast:  # (blocks are kept in tiles where their bodies run)
+            modules = dict(kept._core.runner.model.named_modules())
+            qkv, up = modules["layers.0.self_attn.qkv_proj"].quantized, modules["layers.0.mlp.gate_up_proj"].quantized
+            assert qkv.tiled and qkv.qtype == QUANT_TYPES[runs_in][0]
+            assert up.tiled and up.qtype == QUANT_TYPES[quant][0]  # (the file's own type)
             assert "dequantized at load" not in caplog.text
-        ids = ref.tokenizer.encode(text)
-        assert rel_error(engine_logits(kept, ids)[0], engine_logits(ref, ids)[0]) < 5e-2  # (int8 x, as Q8_0's)
+        ids = ref.tokenizer.encode(TEXT)
+        assert rel_error(engine_logits(kept, ids)[0], engine_logits(ref, ids)[0]) < 5e-2  # (int8 x)
 
 
-def test_the_notice_names_a_type_that_is_dequantized_and_only_then(tmp_path, monkeypatch, caplog):
-    """Q5_1 has no kernel here: one notice names it. Asked for with quantized_weights=False, the
-    dequantization is the user's choice: no notice."""
+def test_the_notice_names_what_is_dequantized_and_only_then(tmp_path, monkeypatch, caplog):
+    """A linear whose parts no one type holds (q and k in Q4_0, v in Q4_1) is dequantized: one notice
+    names the types. Asked for with quantized_weights=False, the dequantization is the user's choice:
+    no notice."""
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
-    src = make_tiny_model(tmp_path / "src", "phi3", tie=False)
-    write_gguf(src, tmp_path / "m.gguf", "phi3", "Q5_1")
+    src = make_tiny_model(tmp_path / "src", "qwen2", tie=False)
+    write_gguf(src, tmp_path / "m.gguf", "qwen2", "Q4_0", {"attn_v.weight": "Q4_1"})
     with caplog.at_level(logging.WARNING, logger="agentkv"):
         with ak.Engine(str(tmp_path / "m.gguf"), num_slots=512, quantized_weights=False):
             pass
@@ -78,4 +103,4 @@ def test_the_notice_names_a_type_that_is_dequantized_and_only_then(tmp_path, mon
         with ak.Engine(str(tmp_path / "m.gguf"), num_slots=512):
             pass
     if cpu_native.load() is not None:
-        assert "Q5_1 matrices" in caplog.text and "dequantized at load" in caplog.text
+        assert "Q4_0/Q4_1 matrices" in caplog.text and "dequantized at load" in caplog.text

@@ -85,6 +85,8 @@ def tiny_gguf(tmp_path, family: str, quant: str, **options):
     ("llama", "Q4_0", {}),
     ("phi3", "Q8_0", {"sliding_window": 12, "tie": False}),  # fused q/k/v, a window the decodes pass
     ("qwen3", "Q4_1", {}),  # per-head q and k norms
+    ("qwen3", "Q5_0", {}),  # Q5's tiles, the vocabulary's (its rows read back for the embedding) included
+    ("llama", "Q5_1", {}),
     ("qwen3", "Q4_K", {"hidden": 256, "intermediate": 512}),  # K-quants: rows of whole super-blocks of 256
     ("qwen3", "Q6_K", {"hidden": 256, "intermediate": 512}),
     # sandwich norms, GeGLU, scaled embeddings, soft caps on attention and logits, every other layer windowed

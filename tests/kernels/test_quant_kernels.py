@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from agentkv.kernels import cpu_native, cpu_quant
-from agentkv.kernels.cpu_quant import QUANT_TYPES, QuantWeight
+from agentkv.kernels.cpu_quant import QUANT_TYPES, ROW_MAJOR_TYPES, QuantWeight
 
 gguf = pytest.importorskip("gguf")
 kernels = cpu_native.load()
@@ -23,6 +23,8 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="agentkv's C kernels do 
 
 
 K_QUANTS = ("Q4_K", "Q6_K")
+# the types the row-major kernels multiply (the others run in tiles only: test_tiles.py)
+ROW_MAJOR = sorted(name for name, (code, _, _) in QUANT_TYPES.items() if code in ROW_MAJOR_TYPES)
 
 
 def width(name: str, k: int) -> int:
@@ -43,6 +45,8 @@ def k_blocks(kind, shape: tuple[int, ...], rng) -> np.ndarray:
 
     if kind == gguf.GGMLQuantizationType.Q4_K:
         raw[:, 0:2], raw[:, 2:4] = halves(2e-4, 6e-4), halves(1e-4, 4e-4)  # d, dmin
+    elif kind == gguf.GGMLQuantizationType.IQ4_NL:  # (the gguf package does not quantize to it)
+        raw[:, 0:2] = halves(1e-3, 4e-3)  # d, for values of +-127
     else:
         raw[:, 208:210] = halves(5e-5, 1.5e-4)  # Q6_K's d, after its quants and scales
     return raw.reshape(*shape[:-1], shape[-1] // block * size)
@@ -53,7 +57,7 @@ def quantized(name: str, out_features: int, in_features: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((out_features, in_features)) * 0.2).astype(np.float32)
     kind = getattr(gguf.GGMLQuantizationType, name)
-    raw = k_blocks(kind, w.shape, rng) if name in K_QUANTS else gguf.quants.quantize(w, kind)
+    raw = k_blocks(kind, w.shape, rng) if name in (*K_QUANTS, "IQ4_NL") else gguf.quants.quantize(w, kind)
     deq = gguf.quants.dequantize(raw, kind).reshape(out_features, in_features)
     return QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), QUANT_TYPES[name][0], in_features, out_features), \
         torch.from_numpy(deq.copy())
@@ -69,7 +73,7 @@ def int8_blocks(x: torch.Tensor) -> torch.Tensor:
     return (q * d).reshape(x.shape)
 
 
-@pytest.mark.parametrize("name", sorted(QUANT_TYPES))
+@pytest.mark.parametrize("name", ROW_MAJOR)
 @pytest.mark.parametrize("rows", [0, 1, 3, 16, 40])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("exact", [True, False])
@@ -94,7 +98,7 @@ def test_qlinear_matches_dequantized_matmul(name, rows, dtype, exact):
         torch.testing.assert_close(got.float(), expected, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("name", sorted(QUANT_TYPES))
+@pytest.mark.parametrize("name", ROW_MAJOR)
 def test_fast_path_stays_close_to_the_exact_one(name):
     """What int8 activations cost: on a realistic layer (576 in; 768 for the K-quants' super-blocks), the
     fast path's outputs within 2% of the exact path's scale."""

@@ -15,9 +15,12 @@ block dequantized to fp32 (llama.cpp's dequantize_row_*), shared by the row-majo
 
 #define QK_K 256
 
-enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4 };
-static const int BLOCK_BYTES[5] = {34, 18, 20, 144, 210};
-static const int BLOCK_WEIGHTS[5] = {QK, QK, QK, QK_K, QK_K};
+/* Q5_0, Q5_1 and IQ4_NL: blocks of 32 (fp16 d, Q5_1's fp16 m, Q5's 32 fifth bits, 16 bytes of nibbles) */
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_1 = 6, IQ4_NL = 7, NQTYPES = 8 };
+static const int BLOCK_BYTES[NQTYPES] = {34, 18, 20, 144, 210, 22, 24, 18};
+static const int BLOCK_WEIGHTS[NQTYPES] = {QK, QK, QK, QK_K, QK_K, QK, QK, QK};
+/* IQ4_NL's (and IQ4_XS's) values for its 16 codes (ggml-common.h: kvalues_iq4nl) */
+static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 INLINE float half_to_f32(const uint8_t *p) {
     uint16_t h;
@@ -41,9 +44,31 @@ INLINE float half_to_f32(const uint8_t *p) {
     return f;
 }
 
-/* one block's 32 weights as fp32 */
+INLINE uint32_t load_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* one block's 32 weights as fp32 (llama.cpp's dequantize_row_*; Q5_1's d q + m one fused multiply-add) */
 INLINE void dequant_block(const int qtype, const uint8_t *b, float *w) {
-    if (qtype == Q8_0) {
+    if (qtype == Q5_0 || qtype == Q5_1) {  /* weight j: nibble j (low: j < 16, high: j - 16) | bit j of qh << 4 */
+        const float d = half_to_f32(b), m = qtype == Q5_1 ? half_to_f32(b + 2) : 0.f;
+        const uint32_t qh = load_u32(b + (qtype == Q5_1 ? 4 : 2));
+        const uint8_t *q = b + (qtype == Q5_1 ? 8 : 6);
+        for (int i = 0; i < QK / 2; i++) {
+            const int lo = (q[i] & 15) | (int)((qh >> i) & 1) << 4, hi = (q[i] >> 4) | (int)((qh >> (i + 16)) & 1) << 4;
+            w[i] = qtype == Q5_0 ? d * (float)(lo - 16) : fmaf(d, (float)lo, m);
+            w[i + QK / 2] = qtype == Q5_0 ? d * (float)(hi - 16) : fmaf(d, (float)hi, m);
+        }
+    } else if (qtype == IQ4_NL) {
+        const float d = half_to_f32(b);
+        const uint8_t *q = b + 2;
+        for (int i = 0; i < QK / 2; i++) {
+            w[i] = d * (float)IQ4_NL_VALUES[q[i] & 15];
+            w[i + QK / 2] = d * (float)IQ4_NL_VALUES[q[i] >> 4];
+        }
+    } else if (qtype == Q8_0) {
         const float d = half_to_f32(b);
         const int8_t *q = (const int8_t *)(b + 2);
         for (int i = 0; i < QK; i++) w[i] = d * (float)q[i];
@@ -119,7 +144,10 @@ INLINE void dequant_any(const int qtype, const uint8_t *row, int64_t b, float *w
     else if (qtype == Q4_0) dequant_block(Q4_0, blk, w);
     else if (qtype == Q4_1) dequant_block(Q4_1, blk, w);
     else if (qtype == Q4_K) dequant_superblock(Q4_K, blk, w);
-    else dequant_superblock(Q6_K, blk, w);
+    else if (qtype == Q6_K) dequant_superblock(Q6_K, blk, w);
+    else if (qtype == Q5_0) dequant_block(Q5_0, blk, w);
+    else if (qtype == Q5_1) dequant_block(Q5_1, blk, w);
+    else dequant_block(IQ4_NL, blk, w);
 }
 
 /* 32 values to one int8 block; rounding to nearest, ties away from zero, as llama.cpp's quantize_row_q8_0 */

@@ -268,7 +268,8 @@ int agentkv_qlinear_fast(void) { return AGENTKV_QFAST; }
 /* x [M, K] (row stride x_ld; bf16 or fp32), w [N][K/32 blocks], out [M, N] (row stride out_ld), bias [N]
    and residual [M, N] (row stride r_ld) optional, in x's dtype. `exact`: x stays fp32 (the blocks are
    dequantized), else (where the CPU has AVX2) x is quantized to int8 per block, as llama.cpp does, and
-   each block is an integer dot product. Returns 0, 1 for K not a multiple of 32 or a bad type, 2 for
+   each block is an integer dot product. Returns 0, 1 for K not a multiple of 32 or a type it does not take
+   (Q5_0, Q5_1 and IQ4_NL are multiplied in tiles, or as Q8_0 where the tiles do not run), 2 for
    M over MAX_M (nothing done then). */
 int agentkv_qlinear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *w,
                     int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
@@ -316,7 +317,7 @@ int agentkv_qlinear(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, i
    stride out_ld; bf16 or fp32): an embedding lookup, or a whole weight for a long input. */
 int agentkv_qdequant(int qtype, int bf, const uint8_t *w, int64_t N, int64_t K, const int64_t *rows, int64_t n,
                      void *out, int64_t out_ld, int nthreads) {
-    if (qtype < 0 || qtype > Q6_K || K % BLOCK_WEIGHTS[qtype]) return 1;
+    if (qtype < 0 || qtype >= NQTYPES || K % BLOCK_WEIGHTS[qtype]) return 1;  /* (every type: an embedding's rows) */
     for (int64_t r = 0; r < n; r++)
         if (rows && (rows[r] < 0 || rows[r] >= N)) return 3;
     const int64_t bw = BLOCK_WEIGHTS[qtype], nb = K / bw, rb = nb * BLOCK_BYTES[qtype];

@@ -21,7 +21,7 @@ engine/native_step.py): pointers to the tiled weights, norms, KV caches and rota
 #include "cpu_tiles.h"
 
 typedef struct {
-    int64_t qtype, N, K;   /* a tiled type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) */
+    int64_t qtype, N, K;   /* a tiled type (cpu_blocks.h) */
     const uint8_t *tiles;
     const float *bias;     /* [N] or NULL */
 } StepMat;

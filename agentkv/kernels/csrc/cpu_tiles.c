@@ -1,4 +1,5 @@
-/* y = x @ W^T for W in GGUF's Q8_0 / Q4_0 / Q4_1 blocks repacked into tiles of 16 rows: the bytes of the
+/* y = x @ W^T for W in GGUF's blocks of 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) repacked into tiles of 16
+rows: the bytes of the
 row-major blocks in another order, so that one AVX-512 register holds 16 rows' weights and each 32-bit
 lane accumulates one output row. Decode is a matrix-vector product whose cost is reading the weights;
 the row-major kernel (cpu_quant.c) spends ~20 instructions per block on scales, unpacking and a
@@ -12,12 +13,19 @@ A tile's block b (TILE_ROWS = 16 rows, row i of the tile = output row 16 t + i):
   Q4_0 (288 bytes): fp16 d[16]; then for c = 0..3, 16 x 4 bytes: row i's bytes 4c..4c+3 of the block
                     (low nibbles: columns 4c.., high nibbles: columns 16 + 4c..)
   Q4_1 (320 bytes): fp16 d[16], fp16 m[16], then the nibbles as Q4_0
+  Q5_0 (352 bytes): fp16 d[16]; uint32 h[16]: row i's 32 fifth bits, column j's at bit q5_bit(j), so that
+                    a shift and a mask put the four columns of a nibble register's lane over their
+                    nibbles; then the nibbles as Q4_0
+  Q5_1 (384 bytes): fp16 d[16], fp16 m[16], then as Q5_0
+  IQ4_NL (288 bytes): fp16 d[16], then the nibbles (codes into IQ4_NL_VALUES) as Q4_0; a shuffle turns a
+                    register of codes into the values + 128, read as Q8_0's are
+Each holds as many bytes a row as the file's blocks.
 Rows past N (the last tile's padding) are zero blocks. A tile's blocks are consecutive, tiles follow
 each other: a thread's share of tiles is one linear stream.
 
 x is quantized once per input to int8 blocks (QRows: scale d_x, integer sum s_x), and each output is
-  sum over blocks of (d_w * d_x) * (int dot - off * s_x)  (+ m_w * d_x s_x for Q4_1)
-with off = 128 (Q8_0's stored + 128) or 8 (Q4_0's), summed in two accumulators (even and odd
+  sum over blocks of (d_w * d_x) * (int dot - off * s_x)  (+ m_w * d_x s_x for Q4_1 and Q5_1)
+with off = 128 (Q8_0's and IQ4_NL's stored + 128), 8 (Q4_0's) or 16 (Q5_0's), summed in two accumulators (even and odd
 blocks) added at the end. The integer parts are exact; the plain-C body makes the same fp32
 operations in the same order as the AVX-512 one, so both give the same bits (the tests check).
 
@@ -30,13 +38,45 @@ pair stays below 2^15); the same integers, the same fp32 operations per row, the
 
 #include "cpu_tiles.h"
 
-INLINE int tiled_type(int qtype) { return qtype >= Q8_0 && qtype <= Q6_K; }
+INLINE int tiled_type(int qtype) { return qtype >= 0 && qtype < NQTYPES; }
 /* whether a tiled W of K columns can be: its type tiled, K whole blocks */
 INLINE int tiled_shape(int qtype, int64_t K) { return tiled_type(qtype) && K % BLOCK_WEIGHTS[qtype] == 0; }
 /* bytes of one tile of W (16 rows of K columns) */
 INLINE int64_t tile_bytes(int qtype, int64_t K) { return K / BLOCK_WEIGHTS[qtype] * tile_block_bytes(qtype); }
-INLINE int64_t quant_offset(int qtype) { return qtype == Q8_0 ? 128 : qtype == Q4_0 ? 8 : 0; }
-INLINE int scale_bytes(int qtype) { return qtype == Q4_1 ? 64 : 32; } /* d (and m) before the weights */
+INLINE int64_t quant_offset(int qtype) {
+    return qtype == Q8_0 || qtype == IQ4_NL ? 128 : qtype == Q4_0 ? 8 : qtype == Q5_0 ? 16 : 0;
+}
+INLINE int has_min(int qtype) { return qtype == Q4_1 || qtype == Q5_1; } /* a weight is d q + m */
+INLINE int high_at(int qtype) { return qtype == Q5_0 ? 32 : qtype == Q5_1 ? 64 : 0; } /* Q5's fifth bits */
+/* the scales (and Q5's fifth bits) before a tile block's weights */
+INLINE int weights_at(int qtype) { return high_at(qtype) ? high_at(qtype) + 64 : has_min(qtype) ? 64 : 32; }
+
+/* where a Q5 tile row's word keeps column j's fifth bit: byte e of the lane of nibble register c holds
+   columns 4c + e (low nibble) and 16 + 4c + e (high), whose bits sit at 8e + c and 8e + 4 + c */
+INLINE int q5_bit(int j) { return 8 * (j % 16 % 4) + j % 16 / 4 + 4 * (j >= 16); }
+
+/* IQ4_NL's values + 128, as unsigned bytes (a shuffle's table) */
+static const uint8_t IQ4_NL_U8[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+
+/* column j (0..31) of tile row i in a block of 32 as the unsigned integer the dot products read
+   (Q8_0's and IQ4_NL's value + 128; Q5's with its fifth bit) */
+INLINE int tile_u(const int qtype, const uint8_t *blk, int i, int j) {
+    const uint8_t *qs = blk + weights_at(qtype);
+    if (qtype == Q8_0) return qs[tile_pos(i, j)];
+    const int v = qs[tile_pos(i, j % 16)], q = j < 16 ? v & 15 : v >> 4;
+    if (qtype == IQ4_NL) return IQ4_NL_U8[q];
+    if (high_at(qtype)) return q | (int)((load_u32(blk + high_at(qtype) + 4 * i) >> q5_bit(j)) & 1) << 4;
+    return q;
+}
+
+/* weight k of tile row i in its block (dequantized as dequant_block does, Q4_1's and Q5_1's with one
+   fused multiply-add): the plain-C form of exact_avx512's */
+INLINE float tile_weight(const int qtype, const uint8_t *blk, int i, int k) {
+    const float d = half_to_f32(blk + 2 * i);
+    const int u = tile_u(qtype, blk, i, k);
+    if (has_min(qtype)) return fmaf(d, (float)u, half_to_f32(blk + 32 + 2 * i));
+    return d * (float)(u - (int)quant_offset(qtype));
+}
 
 /* ---- repacking and reading back --------------------------------------------------------------- */
 
@@ -46,7 +86,7 @@ int agentkv_qtile_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_
     if (!tiled_shape(qtype, K)) return 1;
     const int64_t nb = K / BLOCK_WEIGHTS[qtype], bb = BLOCK_BYTES[qtype], tb = tile_block_bytes(qtype);
     const int64_t ntiles = (N + 15) / 16;
-    const int sb = scale_bytes(qtype);
+    const int sb = weights_at(qtype);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t t = 0; t < ntiles; t++)
         for (int64_t b = 0; b < nb; b++) {
@@ -59,8 +99,14 @@ int agentkv_qtile_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_
                     continue;
                 }
                 memcpy(dst + 2 * i, src, 2);                               /* d */
-                if (qtype == Q4_1) memcpy(dst + 32 + 2 * i, src + 2, 2);   /* m */
-                const uint8_t *qs = src + (qtype == Q4_1 ? 4 : 2);
+                if (has_min(qtype)) memcpy(dst + 32 + 2 * i, src + 2, 2);  /* m */
+                const uint8_t *qs = src + 2 + 2 * has_min(qtype) + (high_at(qtype) ? 4 : 0);
+                if (high_at(qtype)) {  /* the fifth bits, moved to where the unpacking reads them */
+                    const uint32_t qh = load_u32(qs - 4);
+                    uint32_t h = 0;
+                    for (int j = 0; j < QK; j++) h |= ((qh >> j) & 1u) << q5_bit(j);
+                    memcpy(dst + high_at(qtype) + 4 * i, &h, 4);
+                }
                 for (int j = 0; j < (qtype == Q8_0 ? QK : QK / 2); j++)
                     dst[sb + tile_pos(i, j)] = qtype == Q8_0 ? (uint8_t)(qs[j] ^ 0x80) : qs[j];
             }
@@ -71,9 +117,14 @@ int agentkv_qtile_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_
 /* row n of a tiled W rebuilt as its row-major blocks, then dequantized as they are */
 void agentkv_qtile_row(int qtype, const uint8_t *tiles, int64_t K, int64_t n, float *out) {
     const int64_t nb = K / BLOCK_WEIGHTS[qtype], tb = tile_block_bytes(qtype), t = n / TILE_ROWS;
-    const int i = (int)(n % TILE_ROWS), sb = scale_bytes(qtype);
+    const int i = (int)(n % TILE_ROWS), sb = weights_at(qtype);
     if (is_kquant(qtype)) {
         for (int64_t b = 0; b < nb; b++) agentkv_ktile_weights(qtype, tiles + (t * nb + b) * tb, i, out + b * QK_K);
+        return;
+    }
+    if (qtype == Q5_0 || qtype == Q5_1 || qtype == IQ4_NL) {  /* tile_weight: dequant_block's values */
+        for (int64_t b = 0; b < nb; b++)
+            for (int k = 0; k < QK; k++) out[b * QK + k] = tile_weight(qtype, tiles + (t * nb + b) * tb, i, k);
         return;
     }
     for (int64_t b = 0; b < nb; b++) {
@@ -97,20 +148,12 @@ INLINE float block_generic(const int qtype, const uint8_t *blk, int i, const QRo
                            float acc) {
     const int64_t nb = x->K / QK;
     const int8_t *xb = x->q + m * x->K + b * QK;
-    const uint8_t *qs = blk + scale_bytes(qtype);
     int32_t dot = 0;
-    if (qtype == Q8_0) {
-        for (int j = 0; j < QK; j++) dot += (int32_t)qs[tile_pos(i, j)] * xb[j];
-    } else {
-        for (int j = 0; j < QK / 2; j++) {
-            const uint8_t v = qs[tile_pos(i, j)];
-            dot += (int32_t)(v & 15) * xb[j] + (int32_t)(v >> 4) * xb[QK / 2 + j];
-        }
-    }
+    for (int j = 0; j < QK; j++) dot += (int32_t)tile_u(qtype, blk, i, j) * xb[j];
     dot -= (int32_t)quant_offset(qtype) * x->s[m * nb + b];
     const float dd = half_to_f32(blk + 2 * i) * x->d[m * nb + b];
     acc = fmaf(dd, (float)dot, acc);
-    if (qtype == Q4_1) acc = fmaf(half_to_f32(blk + 32 + 2 * i), x->ds[m * nb + b], acc);
+    if (has_min(qtype)) acc = fmaf(half_to_f32(blk + 32 + 2 * i), x->ds[m * nb + b], acc);
     return acc;
 }
 
@@ -131,6 +174,21 @@ INLINE void tile_generic(const int qtype, const uint8_t *tile, int64_t nb, const
 }
 
 #if AGENTKV_TILES_FAST
+/* a tile block's 16 rows' weights as tile_u's unsigned bytes in 8 registers, u[g] columns 4g..4g+3 */
+INLINE void block_unpack_avx512(const int qtype, const uint8_t *blk, __m512i *u) {
+    unpack_avx512(qtype == Q8_0 ? Q8_0 : Q4_0, blk + weights_at(qtype), u);
+    if (high_at(qtype)) {  /* (q5_bit: 8e + c and 8e + 4 + c to 8e + 4) */
+        const __m512i h = _mm512_loadu_si512((const void *)(blk + high_at(qtype))), bit = _mm512_set1_epi8(0x10);
+        for (int c = 0; c < 4; c++) {
+            u[c] = _mm512_or_si512(u[c], _mm512_and_si512(_mm512_slli_epi32(h, 4 - c), bit));
+            u[c + 4] = _mm512_or_si512(u[c + 4], _mm512_and_si512(_mm512_srli_epi32(h, c), bit));
+        }
+    } else if (qtype == IQ4_NL) {
+        const __m512i values = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_NL_U8));
+        for (int g = 0; g < 8; g++) u[g] = _mm512_shuffle_epi8(values, u[g]);
+    }
+}
+
 INLINE __m512 block_avx512(const int qtype, const __m512i *u, __m512 dv, __m512 mv, const QRows *x, int64_t m,
                            int64_t b, __m512 acc) {
     const int64_t nb = x->K / QK;
@@ -146,10 +204,10 @@ INLINE __m512 block_avx512(const int qtype, const __m512i *u, __m512 dv, __m512 
     s2 = _mm512_dpbusd_epi32(s2, u[6], _mm512_set1_epi32(load_i32(xb + 24)));
     s3 = _mm512_dpbusd_epi32(s3, u[7], _mm512_set1_epi32(load_i32(xb + 28)));
     __m512i dot = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
-    if (qtype != Q4_1) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32((int32_t)quant_offset(qtype) * x->s[m * nb + b]));
+    if (!has_min(qtype)) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32((int32_t)quant_offset(qtype) * x->s[m * nb + b]));
     const __m512 dd = _mm512_mul_ps(dv, _mm512_set1_ps(x->d[m * nb + b]));
     acc = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(dot), acc);
-    if (qtype == Q4_1) acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(x->ds[m * nb + b]), acc);
+    if (has_min(qtype)) acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(x->ds[m * nb + b]), acc);
     return acc;
 }
 
@@ -161,10 +219,10 @@ INLINE void tile_avx512(const int qtype, const uint8_t *tile, int64_t nb, const 
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = tile + b * tb;
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        const __m512 mv = qtype == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
-                                        : _mm512_setzero_ps();
+        const __m512 mv = has_min(qtype) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
+                                         : _mm512_setzero_ps();
         __m512i u[8];
-        unpack_avx512(qtype, blk + scale_bytes(qtype), u);
+        block_unpack_avx512(qtype, blk, u);
         /* 24 blocks ahead (7.5 KiB of Q4_1) into L1: the hardware's streams restart at each matrix and
            page; a step of the embedded model with caches cold took 5.3 against 5.8 ms with 8 blocks
            ahead as non-temporal */
@@ -181,7 +239,8 @@ INLINE void tile_avx512(const int qtype, const uint8_t *tile, int64_t nb, const 
 #if AGENTKV_TILES_AVX2
 /* tile_avx512's sums in two halves of 8 rows, each block unpacked once for all rows of x. Q8_0's weights
    go back to signed bytes whose sign moves onto x (|w| <= 128 and |x| <= 127 keep maddubs' pairs in
-   range): its dot is signed already, the offset's correction made. */
+   range): its dot is signed already, the offset's correction made; IQ4_NL's codes are shuffled into
+   their signed values and read the same way. Q5's fifth bits join the nibbles as tile_avx512's do. */
 INLINE void tile_avx2(const int qtype, const uint8_t *tile, int64_t nb, const QRows *x, int64_t M,
                       float res[MAX_M][TILE_ROWS]) {
     const int64_t tb = tile_block_bytes(qtype);
@@ -190,7 +249,7 @@ INLINE void tile_avx2(const int qtype, const uint8_t *tile, int64_t nb, const QR
         __m256 acc[2][MAX_M];
         for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = tile + b * tb, *qs = blk + scale_bytes(qtype);
+            const uint8_t *blk = tile + b * tb, *qs = blk + weights_at(qtype);
             if (h == 0) __builtin_prefetch(blk + 24 * tb, 0, 3);
             __m256i u[8], w[8];
             if (qtype == Q8_0)
@@ -200,26 +259,41 @@ INLINE void tile_avx2(const int qtype, const uint8_t *tile, int64_t nb, const QR
                 }
             else
                 nib_unpack_avx2(qs, NULL, h, u);
+            if (qtype == IQ4_NL) {
+                const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_NL_U8));
+                for (int g = 0; g < 8; g++) {
+                    w[g] = _mm256_xor_si256(_mm256_shuffle_epi8(values, u[g]), flip);
+                    u[g] = _mm256_abs_epi8(w[g]);
+                }
+            } else if (high_at(qtype)) {
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + high_at(qtype) + 32 * h));
+                const __m256i bit = _mm256_set1_epi8(0x10);
+                for (int c = 0; c < 4; c++) {
+                    u[c] = _mm256_or_si256(u[c], _mm256_and_si256(_mm256_slli_epi32(hb, 4 - c), bit));
+                    u[c + 4] = _mm256_or_si256(u[c + 4], _mm256_and_si256(_mm256_srli_epi32(hb, c), bit));
+                }
+            }
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
-            const __m256 mv = qtype == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)))
-                                            : _mm256_setzero_ps();
+            const __m256 mv = has_min(qtype) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)))
+                                             : _mm256_setzero_ps();
             __m256 *a = acc[b & 1];
             for (int64_t m = 0; m < M; m++) {
                 const int64_t at = m * nb + b;
                 const int8_t *xb = x->q + m * x->K + b * QK;
                 __m256i dot;
-                if (qtype == Q8_0) {
+                if (qtype == Q8_0 || qtype == IQ4_NL) {
                     dot = _mm256_setzero_si256();
                     for (int g = 0; g < 8; g++)
                         dot = _mm256_add_epi32(dot, madd_u8s8(u[g], _mm256_sign_epi8(
                                                                     _mm256_set1_epi32(load_i32(xb + 4 * g)), w[g])));
                 } else {
                     dot = _mm256_add_epi32(dots4_avx2(u, xb), dots4_avx2(u + 4, xb + 16));
-                    if (qtype == Q4_0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * x->s[at]));
+                    if (!has_min(qtype))
+                        dot = _mm256_sub_epi32(dot, _mm256_set1_epi32((int32_t)quant_offset(qtype) * x->s[at]));
                 }
                 const __m256 dd = _mm256_mul_ps(dv, _mm256_set1_ps(x->d[at]));
                 a[m] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), a[m]);
-                if (qtype == Q4_1) a[m] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x->ds[at]), a[m]);
+                if (has_min(qtype)) a[m] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x->ds[at]), a[m]);
             }
         }
         for (int64_t m = 0; m < M; m++) _mm256_storeu_ps(res[m] + 8 * h, _mm256_add_ps(acc[0][m], acc[1][m]));
@@ -264,7 +338,10 @@ void agentkv_qtile_range(int qtype, const uint8_t *tiles, int64_t N, int64_t K, 
     else if (qtype == Q4_0) CASE(Q4_0);
     else if (qtype == Q4_1) CASE(Q4_1);
     else if (qtype == Q4_K) CASE(Q4_K);
-    else CASE(Q6_K);
+    else if (qtype == Q6_K) CASE(Q6_K);
+    else if (qtype == Q5_0) CASE(Q5_0);
+    else if (qtype == Q5_1) CASE(Q5_1);
+    else CASE(IQ4_NL);
 #undef CASE
 }
 
@@ -341,18 +418,6 @@ int agentkv_qtile_dequant(int qtype, int bf, const uint8_t *tiles, int64_t N, in
 
 /* ---- the exact product: x in fp32 against the weights dequantized in registers ------------------- */
 
-/* weight k of tile row i in its block (dequantized as dequant_block does, Q4_1's with one fused
-   multiply-add): the plain-C form of exact_block_avx512 */
-INLINE float tile_weight(const int qtype, const uint8_t *blk, int i, int k) {
-    const float d = half_to_f32(blk + 2 * i);
-    const uint8_t *qs = blk + scale_bytes(qtype);
-    if (qtype == Q8_0) return d * (float)((int)qs[tile_pos(i, k)] - 128);
-    const int v = qs[tile_pos(i, k % 16)];
-    const int q = k < 16 ? v & 15 : v >> 4;
-    if (qtype == Q4_0) return d * (float)(q - 8);
-    return fmaf(d, (float)q, half_to_f32(blk + 32 + 2 * i));
-}
-
 /* x's rows [M <= 16] against one tile: sums over k in order, even blocks in one accumulator and odd
    ones in another */
 INLINE void exact_generic(const int qtype, const uint8_t *tile, int64_t nb, const float *x, int64_t K, int64_t M,
@@ -374,26 +439,27 @@ INLINE void exact_avx512(const int qtype, const uint8_t *tile, int64_t nb, const
     const int64_t tb = tile_block_bytes(qtype);
     __m512 acc[2][MAX_M];
     for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
-    const __m512i byte = _mm512_set1_epi32(0xff), low = _mm512_set1_epi32(15);
+    const __m512i byte = _mm512_set1_epi32(0xff), low = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
+    const __m512i off = _mm512_set1_epi32((int32_t)quant_offset(qtype));
+    const __m512i values = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)IQ4_NL_U8));
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = tile + b * tb, *qs = blk + scale_bytes(qtype);
+        const uint8_t *blk = tile + b * tb, *qs = blk + weights_at(qtype);
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        const __m512 mv = qtype == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
-                                        : _mm512_setzero_ps();
+        const __m512 mv = has_min(qtype) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
+                                         : _mm512_setzero_ps();
+        const __m512i hv = high_at(qtype) ? _mm512_loadu_si512((const void *)(blk + high_at(qtype))) : one;
         __builtin_prefetch(blk + 24 * tb, 0, 3);
         __m512 *a = acc[b & 1];
-        for (int k = 0; k < QK; k++) {  /* 16 rows' weight k, then each row of x */
+        for (int k = 0; k < QK; k++) {  /* 16 rows' weight k (tile_u's integer), then each row of x */
             const int kk = qtype == Q8_0 ? k : k % 16;
             const __m512i r = _mm512_loadu_si512((const void *)(qs + (kk / 4) * 64));
             __m512i q = _mm512_and_si512(_mm512_srli_epi32(r, 8 * (kk % 4)), byte);
-            __m512 w;
-            if (qtype == Q8_0) {
-                w = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(128))));
-            } else {
-                q = k < 16 ? _mm512_and_si512(q, low) : _mm512_srli_epi32(q, 4);
-                w = qtype == Q4_0 ? _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(8))))
-                                  : _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(q), mv);
-            }
+            if (qtype != Q8_0) q = k < 16 ? _mm512_and_si512(q, low) : _mm512_srli_epi32(q, 4);
+            if (qtype == IQ4_NL) q = _mm512_permutexvar_epi32(q, values);
+            if (high_at(qtype))
+                q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hv, q5_bit(k)), one), 4));
+            const __m512 w = has_min(qtype) ? _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(q), mv)
+                                            : _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, off)));
             for (int64_t m = 0; m < M; m++)
                 a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[m * K + b * QK + k]), a[m]);
         }
@@ -407,28 +473,33 @@ INLINE void exact_avx512(const int qtype, const uint8_t *tile, int64_t nb, const
 INLINE void exact_avx2(const int qtype, const uint8_t *tile, int64_t nb, const float *x, int64_t K, int64_t M,
                        float res[MAX_M][TILE_ROWS]) {
     const int64_t tb = tile_block_bytes(qtype);
-    const __m256i byte = _mm256_set1_epi32(0xff), low = _mm256_set1_epi32(15);
+    const __m256i byte = _mm256_set1_epi32(0xff), low = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
+    const __m256i off = _mm256_set1_epi32((int32_t)quant_offset(qtype)), seven = _mm256_set1_epi32(7);
+    const __m256i lo8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)IQ4_NL_U8));
+    const __m256i hi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(IQ4_NL_U8 + 8)));
     for (int h = 0; h < 2; h++) {
         __m256 acc[2][MAX_M];
         for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = tile + b * tb, *qs = blk + scale_bytes(qtype);
+            const uint8_t *blk = tile + b * tb, *qs = blk + weights_at(qtype);
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
-            const __m256 mv = qtype == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)))
-                                            : _mm256_setzero_ps();
+            const __m256 mv = has_min(qtype) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)))
+                                             : _mm256_setzero_ps();
+            const __m256i hv = high_at(qtype) ? _mm256_loadu_si256((const __m256i *)(blk + high_at(qtype) + 32 * h))
+                                              : one;
             __m256 *a = acc[b & 1];
             for (int k = 0; k < QK; k++) {
                 const int kk = qtype == Q8_0 ? k : k % 16;
                 const __m256i r = _mm256_loadu_si256((const __m256i *)(qs + (kk / 4) * 64 + 32 * h));
                 __m256i q = _mm256_and_si256(_mm256_srli_epi32(r, 8 * (kk % 4)), byte);
-                __m256 w;
-                if (qtype == Q8_0) {
-                    w = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(128))));
-                } else {
-                    q = k < 16 ? _mm256_and_si256(q, low) : _mm256_srli_epi32(q, 4);
-                    w = qtype == Q4_0 ? _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))))
-                                      : _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(q), mv);
-                }
+                if (qtype != Q8_0) q = k < 16 ? _mm256_and_si256(q, low) : _mm256_srli_epi32(q, 4);
+                if (qtype == IQ4_NL)  /* (two tables of 8, the code's bit 3 choosing) */
+                    q = _mm256_blendv_epi8(_mm256_permutevar8x32_epi32(lo8, q), _mm256_permutevar8x32_epi32(hi8, q),
+                                           _mm256_cmpgt_epi32(q, seven));
+                if (high_at(qtype))
+                    q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hv, q5_bit(k)), one), 4));
+                const __m256 w = has_min(qtype) ? _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(q), mv)
+                                                : _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, off)));
                 for (int64_t m = 0; m < M; m++)
                     a[m] = _mm256_fmadd_ps(w, _mm256_set1_ps(x[m * K + b * QK + k]), a[m]);
             }
@@ -475,7 +546,10 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
                 if (is_kquant(qtype)) agentkv_ktile_exact_rows(qtype, tile, K / QK_K, xf + m0 * K, K, rows, v, generic);
                 else if (qtype == Q8_0) BODY(Q8_0);
                 else if (qtype == Q4_0) BODY(Q4_0);
-                else BODY(Q4_1);
+                else if (qtype == Q4_1) BODY(Q4_1);
+                else if (qtype == Q5_0) BODY(Q5_0);
+                else if (qtype == Q5_1) BODY(Q5_1);
+                else BODY(IQ4_NL);
 #undef BODY
                 for (int64_t m = 0; m < rows; m++)
                     if (bf) tile_store(v[m], m0 + m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, 1);
