@@ -2,15 +2,16 @@
 
 The tiles (csrc/cpu_tiles.c, cpu_ktiles.c) multiply Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K and Q6_K in
 the file's own bytes; the row-major kernels of CPUs without AVX2 (csrc/cpu_quant.c) the first three and
-the K-quants. A linear made of several matrices (q, k and v; gate and up) is one product, so its parts
-must share a type: Q4_K_M files mix them (Gemma 3 270M's q and k in Q5_0 beside a v in Q8_0).
+the K-quants. A linear made of several matrices (q, k and v; gate and up) keeps each in its own type
+where a file mixes them (Q4_K_M: q and k in Q4_K beside a v in Q6_K; Gemma 3 270M's q and k in Q5_0
+beside a v in Q8_0): the loader stacks them (QuantWeight.stacked).
 
 Q5_0 and IQ4_NL blocks hold 32 weights as small integers times one fp16 scale: Q5_0's are q - 16 with q
 of 5 bits, IQ4_NL's are entries of a fixed table of 16 int8 values. Q8_0's block holds 32 int8 times
 one fp16 scale, so each such block is a Q8_0 block with the same scale and its integers written out:
 dequantized, the two give the same floats bit for bit (tests/engine/test_gguf_transcode.py). That is how
-such a part joins a Q8_0 one, and how they run where the tiles do not (34 bytes a block read where the
-file holds 22 or 18). Parts no such rewrite unites are dequantized (the loader says so).
+they run where the tiles do not (34 bytes a block read where the file holds 22 or 18). A part in a
+type no kernel here takes (Q5_1 there) makes its linear dequantized (the loader says so).
 """
 
 from __future__ import annotations
@@ -27,17 +28,20 @@ TILED = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q6
 ROW_MAJOR = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"))
 
 
-def one_kind(parts: list[tuple[np.ndarray, str]], tiles: bool) -> list[tuple[np.ndarray, str]] | None:
-    """The parts of one linear ((uint8 rows, type name) each) in one type the kernels here multiply
-    (`tiles`: the tiled kernels run): as they are where they share one, else the Q5_0 and IQ4_NL parts
-    rewritten as Q8_0 where that unites them; None where nothing does (the caller dequantizes)."""
+def kept_parts(parts: list[tuple[np.ndarray, str]], tiles: bool) -> list[tuple[np.ndarray, str]] | None:
+    """The parts of one linear ((uint8 rows, type name) each), each in a type the kernels here multiply
+    (`tiles`: the tiled kernels run): as the file holds it where they take it, Q5_0 and IQ4_NL rewritten
+    as Q8_0 where only the row-major kernels run; None where a part has no kernel here (the caller
+    dequantizes the linear)."""
     runs = TILED if tiles else ROW_MAJOR
-    kinds = {kind for _, kind in parts}
-    if len(kinds) == 1 and kinds <= runs:
-        return parts
-    if kinds <= {"Q8_0", *AS_Q8_0}:
-        return [(to_q8_0(raw, kind) if kind in AS_Q8_0 else raw, "Q8_0") for raw, kind in parts]
-    return None
+    out = []
+    for raw, kind in parts:
+        if kind not in runs and kind in AS_Q8_0:
+            raw, kind = to_q8_0(raw, kind), "Q8_0"
+        if kind not in runs:
+            return None
+        out.append((raw, kind))
+    return out
 
 
 def to_q8_0(raw: np.ndarray, kind: str) -> np.ndarray:

@@ -156,9 +156,10 @@ def by_row_kind(run, x: torch.Tensor, add: torch.Tensor | None, exact_rows: torc
 def tiled(native: NativeKernels, w: QuantWeight) -> QuantWeight:
     """`w` in tiles of 16 rows (csrc/cpu_tiles.c) where the CPU has the tiled kernels' body and the type
     is one they take; else `w` as it is (the row-major kernels of csrc/cpu_quant.c)."""
-    if native.qtile_fast and w.qtype in TILED_TYPES and not w.tiled:
+    types = {p.qtype for p in w.parts or (w,)}
+    if native.qtile_fast and types <= TILED_TYPES and not w.tiled:
         return native.tile(w)
-    assert w.tiled or w.qtype in ROW_MAJOR_TYPES, "the loader keeps only the types the kernels here take"
+    assert w.tiled or types <= ROW_MAJOR_TYPES, "the loader keeps only the types the kernels here take"
     return w
 
 

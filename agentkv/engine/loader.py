@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from agentkv.engine.gguf_convert import converted_dir
-from agentkv.engine.gguf_transcode import one_kind
+from agentkv.engine.gguf_transcode import kept_parts
 from agentkv.engine.model import CausalLM
 from agentkv.engine.model_config import ModelConfig
 from agentkv.engine.sharding import local_config, mark_reductions, shard_state
@@ -174,9 +174,10 @@ def _dequantized(raw: torch.Tensor, kind: str) -> torch.Tensor:
 def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = False, tiles: bool = False,
                       dequantized: set[str] | None = None) -> dict[str, torch.Tensor]:
     """HF tensor names -> our parameter names, with q/k/v and gate/up concatenated. With
-    `keep_quantized`, a GGUF's quantized matrices come as QuantWeights in a type the kernels here take
-    (`tiles`: the tiled ones run; fused ones where their parts can share one: gguf_transcode.one_kind);
-    otherwise, or where they cannot, they are dequantized (their types added to `dequantized`)."""
+    `keep_quantized`, a GGUF's quantized matrices come as QuantWeights in types the kernels here take
+    (`tiles`: the tiled ones run; gguf_transcode.kept_parts), a fused one's parts stacked where their types
+    differ; otherwise, or where a part has no kernel, they are dequantized (their types added to
+    `dequantized`)."""
     dequantized = set() if dequantized is None else dequantized
     hf = _read_safetensors(directory)
     quant = _read_quantized(directory)
@@ -201,22 +202,23 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         return take(name) + 1 if gemma else take(name)
 
     def kept(parts: list) -> list[tuple[torch.Tensor, str]] | None:
-        """Quantized parts of one product in one type the kernels here take, or None (noted)."""
-        if not keep_quantized or not all(parts):
+        """Quantized parts of one product in types the kernels here take, or None (noted)."""
+        if not keep_quantized:
             return None
-        one = one_kind([(raw.numpy(), kind) for raw, kind in parts], tiles)
-        if one is None:
+        if not all(parts):  # a part the conversion dequantized: the others join it
+            dequantized.update(part[1] for part in parts if part)
+            return None
+        runs = kept_parts([(raw.numpy(), kind) for raw, kind in parts], tiles)
+        if runs is None:
             dequantized.update(kind for _, kind in parts)
             return None
-        return [(torch.from_numpy(raw), kind) for raw, kind in one]
+        return [(torch.from_numpy(raw), kind) for raw, kind in runs]
 
     def matrix(*names: str):
         """The weight [out, in] of a linear made of `names` stacked along out."""
         parts = kept([quant.get(n) for n in names])
         if parts is not None:
-            code, weights, bytes_ = QUANT_TYPES[parts[0][1]]
-            data = torch.cat([raw for raw, _ in parts]) if len(parts) > 1 else parts[0][0]
-            return QuantWeight(data.contiguous(), code, data.shape[1] // bytes_ * weights, data.shape[0])
+            return _stack(parts)
         return torch.cat([take(n) for n in names]) if len(names) > 1 else take(names[0])
 
     out = {"embed_tokens.weight": matrix("model.embed_tokens.weight"), "norm.weight": norm("model.norm.weight")}
@@ -248,6 +250,19 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
     return out
 
 
+def _quant_weight(raw: torch.Tensor, kind: str) -> QuantWeight:
+    code, weights, bytes_ = QUANT_TYPES[kind]
+    return QuantWeight(raw.contiguous(), code, raw.shape[1] // bytes_ * weights, raw.shape[0])
+
+
+def _stack(parts: list[tuple[torch.Tensor, str]]) -> QuantWeight:
+    """Matrices (uint8 rows, type) stacked along out: one weight where they share a type, else a stack
+    of parts, each in its own."""
+    if len({kind for _, kind in parts}) == 1:
+        return _quant_weight(torch.cat([raw for raw, _ in parts]) if len(parts) > 1 else parts[0][0], parts[0][1])
+    return QuantWeight.stacked([_quant_weight(raw, kind) for raw, kind in parts])
+
+
 def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, kept) -> dict[str, torch.Tensor]:
     """One MoE layer's tensors, as checkpoints name them: per expert (the Hub's Qwen `mlp.experts.N.
     gate_proj`, Mixtral's `block_sparse_moe.experts.N.w1/w3/w2`), fused across experts
@@ -259,14 +274,10 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
     stacked = [block + f"experts.{k}_exps" for k in ("gate", "up", "down")]
     parts = kept([quant.get(n) for n in stacked])
     if parts is not None:
-        (gate, kind), (up, _), (down, _) = parts
-        code, weights, bytes_ = QUANT_TYPES[kind]
+        (gate, gate_kind), (up, up_kind), (down, down_kind) = parts
         for e in range(cfg.num_experts):
-            gu = torch.cat([gate[e], up[e]])
-            out[o + f"experts.{e}.gate_up_proj.weight"] = QuantWeight(
-                gu, code, gu.shape[1] // bytes_ * weights, gu.shape[0])
-            out[o + f"experts.{e}.down_proj.weight"] = QuantWeight(
-                down[e].contiguous(), code, down.shape[2] // bytes_ * weights, down.shape[1])
+            out[o + f"experts.{e}.gate_up_proj.weight"] = _stack([(gate[e], gate_kind), (up[e], up_kind)])
+            out[o + f"experts.{e}.down_proj.weight"] = _quant_weight(down[e], down_kind)
     elif stacked[0] in hf or stacked[0] in quant:
         gate, up, down = (take(n) for n in stacked)
         for e in range(cfg.num_experts):

@@ -34,8 +34,15 @@ from agentkv.kernels.cpu_quant import RESCORE_TOP, QuantWeight
 MAX_TOKENS = 16  # tokens one call takes, and logit rows it returns (the tiled kernel's rows)
 
 
+MAX_PARTS = 3  # a linear's parts of different types (q, k, v)
+
+
+class _Part(ctypes.Structure):
+    _fields_ = [("qtype", c_int64), ("N", c_int64), ("tiles", c_void_p)]
+
+
 class _Mat(ctypes.Structure):
-    _fields_ = [("qtype", c_int64), ("N", c_int64), ("K", c_int64), ("tiles", c_void_p), ("bias", c_void_p)]
+    _fields_ = [("N", c_int64), ("K", c_int64), ("bias", c_void_p), ("parts", c_int64), ("part", _Part * MAX_PARTS)]
 
 
 class _Layer(ctypes.Structure):
@@ -121,7 +128,10 @@ class NativeStep:
             w = lin if isinstance(lin, QuantWeight) else lin.quantized
             bias = None if isinstance(lin, QuantWeight) else lin.bias
             self._keep.append(w.data)
-            return _Mat(w.qtype, w.out_features, w.in_features, w.data.data_ptr(), vec(bias))
+            parts = w.parts or (w,)
+            assert len(parts) <= MAX_PARTS
+            return _Mat(w.out_features, w.in_features, vec(bias), len(parts),
+                        (_Part * MAX_PARTS)(*(_Part(p.qtype, p.out_features, p.data.data_ptr()) for p in parts)))
 
         rope = model.rope
         tables = {id(r): (vec(r.cos), vec(r.sin)) for r in (model.rope, model.local_rope) if r is not None}

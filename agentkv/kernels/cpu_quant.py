@@ -41,17 +41,34 @@ QTILE_EXACT_MAX_ROWS = 64
 class QuantWeight:
     """A weight [out, in] in GGUF's blocks: `data` uint8 [out, in / 32 * bytes a block] (a K-quant's
     blocks: 256 weights), row-major as the file holds it, or (`tiled`) the same blocks repacked in tiles of
-    16 rows (csrc/cpu_tiles.c: [ceil(out / 16), in / weights a block, a tile's block])."""
+    16 rows (csrc/cpu_tiles.c: [ceil(out / 16), in / weights a block, a tile's block]).
+
+    Or (`parts`, `qtype` -1) the stack along out of weights of different types (a Q4_K_M file's q and k in
+    Q4_K beside a v in Q6_K): `data` holds their bytes one after the other, the parts view it."""
 
     data: torch.Tensor
     qtype: int
     in_features: int
     out_features: int
     tiled: bool = False
+    parts: tuple[QuantWeight, ...] = ()
 
     @property
     def nbytes(self) -> int:
         return self.data.numel()
+
+    @staticmethod
+    def stacked(parts: list[QuantWeight]) -> QuantWeight:
+        """`parts` (the same in_features, all tiled or none) as one weight, in one buffer."""
+        assert len({p.in_features for p in parts}) == 1 and len({p.tiled for p in parts}) == 1
+        data = torch.cat([p.data.reshape(-1) for p in parts])
+        views, at = [], 0
+        for p in parts:
+            views.append(QuantWeight(data[at : at + p.data.numel()].view(p.data.shape), p.qtype, p.in_features,
+                                     p.out_features, p.tiled))
+            at += p.data.numel()
+        return QuantWeight(data, -1, parts[0].in_features, sum(p.out_features for p in parts), parts[0].tiled,
+                           tuple(views))
 
 
 class QuantKernels:
@@ -73,6 +90,14 @@ class QuantKernels:
         M = x.shape[0]
         if M == 0:  # (a pass that selects no row's logits)
             return torch.empty(0, w.out_features, dtype=x.dtype)
+        if w.parts:  # each part into its columns
+            out, at = torch.empty(M, w.out_features, dtype=x.dtype), 0
+            for p in w.parts:
+                cols = slice(at, at + p.out_features)
+                out[:, cols] = self.qlinear(x, p, None if bias is None else bias[cols],
+                                            None if residual is None else residual[:, cols], exact, generic)
+                at += p.out_features
+            return out
         in_registers = M <= (
             QTILE_EXACT_MAX_ROWS if w.out_features * w.in_features > QLINEAR_DEQUANT_MAX else QLINEAR_MAX_ROWS)
         if w.tiled and (not exact or in_registers) or not w.tiled and M <= QLINEAR_MAX_ROWS:
@@ -120,6 +145,9 @@ class QuantKernels:
 
     def qdequant(self, w: QuantWeight, rows: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """Rows `rows` (int64 [n]; all when None) of a quantized weight as a [n, K] tensor of `dtype`."""
+        if w.parts:
+            assert rows is None, "a stack of parts is a linear's weight, not a table whose rows are looked up"
+            return torch.cat([self.qdequant(p, None, dtype) for p in w.parts])
         n = w.out_features if rows is None else rows.shape[0]
         out = torch.empty(n, w.in_features, dtype=dtype)
         if rows is not None:
@@ -133,7 +161,10 @@ class QuantKernels:
 
     def tile(self, w: QuantWeight) -> QuantWeight:
         """`w`'s blocks repacked in tiles of 16 rows (csrc/cpu_tiles.c, cpu_ktiles.c): the same bytes, but
-        Q4_K's 6-bit scales a byte each (the last tile's rows past `out_features` are zero blocks)."""
+        Q4_K's 6-bit scales a byte each (the last tile's rows past `out_features` are zero blocks); a stack's
+        parts each in tiles of its own."""
+        if w.parts:
+            return QuantWeight.stacked([self.tile(p) for p in w.parts])
         assert w.qtype in TILED_TYPES and not w.tiled
         tiles = -(-w.out_features // TILE_ROWS)
         per_block = next(v[1] for v in QUANT_TYPES.values() if v[0] == w.qtype)

@@ -1,8 +1,8 @@
 """Which blocks a GGUF's matrices run in (engine/gguf_transcode.py): Q5_0, Q5_1 and IQ4_NL in tiles of
-their own, the parts of one linear in one type (Q5_0 beside Q8_0 rewritten as the Q8_0 blocks that
-hold the same weights: bit for bit the same floats as the `gguf` package dequantizes from the file's
-blocks), the same logits as the HF model, and a "dequantized at load" notice only where a type or a
-mixture has no kernel."""
+their own, a linear whose parts' types differ as a stack of parts, Q5_0 and IQ4_NL as the Q8_0 blocks
+that hold the same weights where the tiles do not run (bit for bit the same floats as the `gguf`
+package dequantizes from the file's blocks), the same logits as the HF model, and a "dequantized at
+load" notice only where a type has no kernel."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import agentkv as ak
-from agentkv.engine.gguf_transcode import one_kind, to_q8_0
+from agentkv.engine.gguf_transcode import kept_parts, to_q8_0
 from agentkv.kernels import cpu_native
 from agentkv.kernels.cpu_quant import QUANT_TYPES
 from tests.engine.test_gguf_families import write_gguf
@@ -51,25 +51,24 @@ def test_a_row_of_part_blocks_is_refused():
         to_q8_0(np.zeros((2, 30), dtype=np.uint8), "Q5_0")
 
 
-def test_one_kind_keeps_the_files_bytes_where_a_kernel_takes_them():
+def test_parts_keep_the_files_bytes_where_a_kernel_takes_them():
     q5 = gguf.quants.quantize(np.ones((2, 64), dtype=np.float32), T.Q5_0)
     q8 = gguf.quants.quantize(np.ones((2, 64), dtype=np.float32), T.Q8_0)
-    q41 = gguf.quants.quantize(np.ones((2, 64), dtype=np.float32), T.Q4_1)
-    assert one_kind([(q5, "Q5_0"), (q5, "Q5_0")], tiles=True)[0][0] is q5  # in tiles as the file holds them
-    assert [k for _, k in one_kind([(q5, "Q5_0"), (q5, "Q5_0")], tiles=False)] == ["Q8_0", "Q8_0"]
-    mixed = one_kind([(q5, "Q5_0"), (q8, "Q8_0")], tiles=True)  # (Gemma 3's q and k beside a Q8_0 v)
-    assert [k for _, k in mixed] == ["Q8_0", "Q8_0"] and mixed[1][0] is q8
-    assert one_kind([(q5, "Q5_0"), (q41, "Q4_1")], tiles=True) is None  # no type holds both: dequantized
-    assert one_kind([(q41, "Q5_1")], tiles=False) is None  # Q5_1 has no row-major kernel
+    assert kept_parts([(q5, "Q5_0"), (q8, "Q8_0")], tiles=True)[0][0] is q5  # in tiles as the file holds them
+    assert [k for _, k in kept_parts([(q5, "Q5_0"), (q8, "Q8_0")], tiles=False)] == ["Q8_0", "Q8_0"]
+    assert kept_parts([(q5, "Q5_1")], tiles=False) is None  # Q5_1 has no row-major kernel
 
 
-@pytest.mark.parametrize("quant,kinds,runs_in", [
-    ("Q5_0", None, "Q5_0"),
-    ("Q5_1", None, "Q5_1"),
-    ("Q5_0", {"attn_v.weight": "Q8_0"}, "Q8_0"),  # a Q4_K_M file's mixture: q, k in Q5_0, v in Q8_0
+@pytest.mark.parametrize("quant,kinds,parts", [
+    ("Q5_0", None, ()),
+    ("Q5_1", None, ()),
+    ("Q5_0", {"attn_v.weight": "Q8_0"}, ("Q5_0", "Q5_0", "Q8_0")),  # Gemma 3 270M Q4_K_M's mixture
+    ("Q4_0", {"attn_k.weight": "Q4_1", "ffn_up.weight": "Q8_0"}, ("Q4_0", "Q4_1", "Q4_0")),
 ])
-def test_a_gguf_of_the_32_weight_types_runs_in_tiles_with_the_same_logits(
-        tmp_path, monkeypatch, caplog, quant, kinds, runs_in):
+def test_a_gguf_of_mixed_types_runs_in_its_files_types_with_the_same_logits(
+        tmp_path, monkeypatch, caplog, quant, kinds, parts):
+    """Each matrix in tiles of its file's type, a linear whose parts' types differ as a stack of parts
+    (the native step's too: test_native_step.py), the HF model's logits."""
     from safetensors.numpy import save_file
 
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
@@ -82,20 +81,22 @@ def test_a_gguf_of_the_32_weight_types_runs_in_tiles_with_the_same_logits(
         if native is not None and native.qtile_fast:  # (blocks are kept in tiles where their bodies run)
             modules = dict(kept._core.runner.model.named_modules())
             qkv, up = modules["layers.0.self_attn.qkv_proj"].quantized, modules["layers.0.mlp.gate_up_proj"].quantized
-            assert qkv.tiled and qkv.qtype == QUANT_TYPES[runs_in][0]
-            assert up.tiled and up.qtype == QUANT_TYPES[quant][0]  # (the file's own type)
+            names = {code: name for name, (code, _, _) in QUANT_TYPES.items()}
+            assert qkv.tiled and tuple(names[p.qtype] for p in qkv.parts) == parts
+            assert not parts or qkv.qtype == -1 and sum(p.out_features for p in qkv.parts) == qkv.out_features
+            assert up.tiled and (up.qtype == QUANT_TYPES[quant][0]) == (kinds is None or "ffn_up.weight" not in kinds)
             assert "dequantized at load" not in caplog.text
         ids = ref.tokenizer.encode(TEXT)
         assert rel_error(engine_logits(kept, ids)[0], engine_logits(ref, ids)[0]) < 5e-2  # (int8 x)
 
 
 def test_the_notice_names_what_is_dequantized_and_only_then(tmp_path, monkeypatch, caplog):
-    """A linear whose parts no one type holds (q and k in Q4_0, v in Q4_1) is dequantized: one notice
-    names the types. Asked for with quantized_weights=False, the dequantization is the user's choice:
-    no notice."""
+    """A linear with a part in a type no kernel takes (v in TQ2_0) is dequantized whole: one notice names
+    the types, its other parts' included. Asked for with quantized_weights=False, the dequantization is
+    the user's choice: no notice."""
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
-    src = make_tiny_model(tmp_path / "src", "qwen2", tie=False)
-    write_gguf(src, tmp_path / "m.gguf", "qwen2", "Q4_0", {"attn_v.weight": "Q4_1"})
+    src = make_tiny_model(tmp_path / "src", "qwen2", tie=False, hidden=256, intermediate=512)
+    write_gguf(src, tmp_path / "m.gguf", "qwen2", "Q4_0", {"attn_v.weight": "TQ2_0"})
     with caplog.at_level(logging.WARNING, logger="agentkv"):
         with ak.Engine(str(tmp_path / "m.gguf"), num_slots=512, quantized_weights=False):
             pass
@@ -103,4 +104,4 @@ def test_the_notice_names_what_is_dequantized_and_only_then(tmp_path, monkeypatc
         with ak.Engine(str(tmp_path / "m.gguf"), num_slots=512):
             pass
     if cpu_native.load() is not None:
-        assert "Q4_0/Q4_1 matrices" in caplog.text and "dequantized at load" in caplog.text
+        assert "Q4_0/TQ2_0 matrices" in caplog.text and "dequantized at load" in caplog.text

@@ -60,7 +60,9 @@ def step_and_python(engine: ak.Engine, prompts: list[str], max_tokens: int,
     return pairs
 
 
-def tiny_gguf(tmp_path, family: str, quant: str, **options):
+def tiny_gguf(tmp_path, family: str, quant: str, kinds: dict[str, str] | None = None, **options):
+    """A tiny random model of `family` as a GGUF in `quant` (`kinds`: the types of some matrices, by the
+    end of their GGUF names; not for llama and Gemma)."""
     path = tmp_path / "tiny.gguf"
     if family in GEMMA:  # windowed layers and a global one, as llama.cpp lays out the family's
         layers, pattern = options.pop("layers", 4), GEMMA[family]
@@ -75,7 +77,7 @@ def tiny_gguf(tmp_path, family: str, quant: str, **options):
     if family == "llama":
         write_gguf(src, path, getattr(gguf.GGMLQuantizationType, quant))
     else:
-        write_family_gguf(src, path, family, quant)
+        write_family_gguf(src, path, family, quant, kinds)
     return str(path)
 
 
@@ -89,6 +91,9 @@ def tiny_gguf(tmp_path, family: str, quant: str, **options):
     ("llama", "Q5_1", {}),
     ("qwen3", "Q4_K", {"hidden": 256, "intermediate": 512}),  # K-quants: rows of whole super-blocks of 256
     ("qwen3", "Q6_K", {"hidden": 256, "intermediate": 512}),
+    # a Q4_K_M file's mixtures: a linear's parts in tiles of their own types
+    ("qwen3", "Q4_K", {"hidden": 256, "intermediate": 512,
+                       "kinds": {"attn_v.weight": "Q6_K", "ffn_up.weight": "Q5_0"}}),
     # sandwich norms, GeGLU, scaled embeddings, soft caps on attention and logits, every other layer windowed
     ("gemma2", "Q8_0", {"sliding_window": 12}),
     # q/k norms, five windowed layers (their own rotation base) and a global one

@@ -20,10 +20,20 @@ engine/native_step.py): pointers to the tiled weights, norms, KV caches and rota
 #include "cpu_rows.h"
 #include "cpu_tiles.h"
 
+#define MAX_PARTS 3
+
 typedef struct {
-    int64_t qtype, N, K;   /* a tiled type (cpu_blocks.h) */
+    int64_t qtype, N;      /* a tiled type (cpu_blocks.h), and the part's rows */
     const uint8_t *tiles;
+} StepPart;
+
+/* a linear: its parts stacked along N, each in tiles of its own type (a Q4_K_M file's q and k in Q4_K
+   beside a v in Q6_K; most linears are one part) */
+typedef struct {
+    int64_t N, K;
     const float *bias;     /* [N] or NULL */
+    int64_t parts;
+    StepPart part[MAX_PARTS];
 } StepMat;
 
 typedef struct {
@@ -80,12 +90,22 @@ static int check(const StepModel *md, int64_t M, const int64_t *ids, const int64
 
 INLINE int64_t share(int64_t n, int me, int nt) { return n * me / nt; }
 
-/* the tiles of W that thread `me` of `nt` multiplies */
+INLINE int64_t tiles_of(int64_t rows) { return (rows + TILE_ROWS - 1) / TILE_ROWS; }
+
+/* the tiles of W that thread `me` of `nt` multiplies: its share of all parts' tiles in order */
 INLINE void mat_share(const StepMat *w, const QRows *x, int64_t M, int me, int nt, const float *res, int64_t r_ld,
                       float *out, int64_t out_ld, int generic) {
-    const int64_t ntiles = (w->N + TILE_ROWS - 1) / TILE_ROWS;
-    agentkv_qtile_range((int)w->qtype, w->tiles, w->N, w->K, x, M, share(ntiles, me, nt), share(ntiles, me + 1, nt),
-                        w->bias, res, r_ld, out, out_ld, 0, generic);
+    int64_t total = 0;
+    for (int64_t p = 0; p < w->parts; p++) total += tiles_of(w->part[p].N);
+    const int64_t t0 = share(total, me, nt), t1 = share(total, me + 1, nt);
+    for (int64_t p = 0, first = 0, row = 0; p < w->parts; p++) {
+        const StepPart *part = w->part + p;
+        const int64_t n = tiles_of(part->N), a = t0 > first ? t0 - first : 0, b = t1 - first < n ? t1 - first : n;
+        if (a < b)
+            agentkv_qtile_range((int)part->qtype, part->tiles, part->N, w->K, x, M, a, b, w->bias ? w->bias + row : NULL,
+                                res ? res + row : NULL, r_ld, out + row, out_ld, 0, generic);
+        first += n, row += part->N;
+    }
 }
 
 /* row m of x normed into `h` and quantized into `q` */
@@ -263,9 +283,9 @@ static void step_job(void *arg, int me, int nt) {
         }
         float w[4096];
         float *row = hid <= 4096 ? w : malloc((size_t)hid * sizeof(float));
+        const StepPart *head = md->lm_head.part;  /* (one part) */
         for (int c = 0; row && c < count; c++)
-            logits[m * V + idx[c]] = agentkv_exact_logit((int)md->lm_head.qtype, md->lm_head.tiles, hid,
-                                                         s->h + m * width, idx[c], row);
+            logits[m * V + idx[c]] = agentkv_exact_logit((int)head->qtype, head->tiles, hid, s->h + m * width, idx[c], row);
         if (row != w) free(row);
     }
 }
