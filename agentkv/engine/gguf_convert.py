@@ -1,6 +1,6 @@
 """GGUF file -> an HF-style directory (config.json, model.safetensors, tokenizer files), cached.
 
-Matrices in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K or Q6_K are kept in their blocks as the file holds
+Matrices in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K or IQ4_XS are kept in their blocks as the file holds
 them (quant.safetensors: uint8 rows, their types in its metadata), for the CPU's quantized kernels; the
 loader decides how each runs (engine/gguf_transcode.py). Every other tensor (the other K-quants, F16,
 BF16, F32, whatever the `gguf` package implements) is dequantized to fp32. That and the tokenizer build
@@ -28,7 +28,7 @@ from agentkv.errors import ModelLoadError
 CONVERSION_VERSION = "7"
 # quantizations whose matrices are kept as they are (the CPU kernels multiply them in their blocks:
 # kernels/cpu_quant.py's QUANT_TYPES); every other tensor is dequantized to fp32 here
-KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q6_K")
+KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                       "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",  # (Mixtral is "llama" with experts)
                       "gemma2": "gemma2", "gemma3": "gemma3"}

@@ -1,7 +1,7 @@
 """Which blocks a GGUF's matrix is multiplied in, and blocks rewritten without changing a single weight.
 
-The tiles (csrc/cpu_tiles.c, cpu_ktiles.c) multiply Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K and Q6_K in
-the file's own bytes; the row-major kernels of CPUs without AVX2 (csrc/cpu_quant.c) the first three and
+The tiles (csrc/cpu_tiles.c, cpu_ktiles.c) multiply Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K
+and IQ4_XS in the file's own bytes; the row-major kernels of CPUs without AVX2 (csrc/cpu_quant.c) the first three and
 the K-quants. A linear made of several matrices (q, k and v; gate and up) keeps each in its own type
 where a file mixes them (Q4_K_M: q and k in Q4_K beside a v in Q6_K; Gemma 3 270M's q and k in Q5_0
 beside a v in Q8_0): the loader stacks them (QuantWeight.stacked).
@@ -11,7 +11,7 @@ of 5 bits, IQ4_NL's are entries of a fixed table of 16 int8 values. Q8_0's block
 one fp16 scale, so each such block is a Q8_0 block with the same scale and its integers written out:
 dequantized, the two give the same floats bit for bit (tests/engine/test_gguf_transcode.py). That is how
 they run where the tiles do not (34 bytes a block read where the file holds 22 or 18). A part in a
-type no kernel here takes (Q5_1 there) makes its linear dequantized (the loader says so).
+type no kernel here takes (Q5_1, Q5_K and IQ4_XS there) makes its linear dequantized (the loader says so).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 3
 # the types rewritten as Q8_0, by name -> bytes a block of 32
 AS_Q8_0 = {"Q5_0": 22, "IQ4_NL": 18}
 # the types each kind of kernel multiplies in their blocks
-TILED = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q6_K"))
+TILED = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
 ROW_MAJOR = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"))
 
 

@@ -139,8 +139,8 @@ def _notice_dequantized(directory: Path, kept: bool, at_load: set[str]) -> None:
     if types:
         logging.getLogger("agentkv").warning(
             "agentkv: %s matrices of %s are dequantized at load (no quantized kernel for them here: Q8_0, Q4_0, "
-            "Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K and Q6_K run in their blocks on CPU with agentkv's C kernels, "
-            "a linear's parts in one type)", "/".join(sorted(types)), directory.name)
+            "Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS run in their blocks on CPU with agentkv's C "
+            "kernels where the CPU has AVX2)", "/".join(sorted(types)), directory.name)
 
 
 def _quantized_kinds(directory: Path) -> dict[str, str]:

@@ -113,6 +113,8 @@ def write_gguf(src, out, family: str, quant: str, kinds: dict[str, str] | None =
     # K-quants (rows of whole 256-weight super-blocks: wider layers), experts and the vocabulary included
     ("qwen3_moe", {"kv_heads": 4, "hidden": 256, "intermediate": 512}, "Q4_K"),
     ("phi3", {"tie": False, "hidden": 256, "intermediate": 512}, "Q6_K"),
+    ("qwen3_moe", {"kv_heads": 4, "hidden": 256, "intermediate": 512}, "Q5_K"),
+    ("phi3", {"tie": False, "hidden": 256, "intermediate": 512}, "IQ4_XS"),
 ])
 def test_gguf_family_equals_the_hf_dir_with_the_same_weights(tmp_path, monkeypatch, family, kwargs, quant):
     from safetensors.numpy import save_file

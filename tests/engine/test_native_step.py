@@ -91,6 +91,8 @@ def tiny_gguf(tmp_path, family: str, quant: str, kinds: dict[str, str] | None = 
     ("llama", "Q5_1", {}),
     ("qwen3", "Q4_K", {"hidden": 256, "intermediate": 512}),  # K-quants: rows of whole super-blocks of 256
     ("qwen3", "Q6_K", {"hidden": 256, "intermediate": 512}),
+    ("qwen3", "Q5_K", {"hidden": 256, "intermediate": 512}),
+    ("qwen3", "IQ4_XS", {"hidden": 256, "intermediate": 512}),
     # a Q4_K_M file's mixtures: a linear's parts in tiles of their own types
     ("qwen3", "Q4_K", {"hidden": 256, "intermediate": 512,
                        "kinds": {"attn_v.weight": "Q6_K", "ffn_up.weight": "Q5_0"}}),

@@ -22,7 +22,7 @@ kernels = cpu_native.load()
 pytestmark = pytest.mark.skipif(kernels is None, reason="agentkv's C kernels do not build here")
 
 
-K_QUANTS = ("Q4_K", "Q6_K")
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 # the types the row-major kernels multiply (the others run in tiles only: test_tiles.py)
 ROW_MAJOR = sorted(name for name, (code, _, _) in QUANT_TYPES.items() if code in ROW_MAJOR_TYPES)
 
@@ -43,10 +43,12 @@ def k_blocks(kind, shape: tuple[int, ...], rng) -> np.ndarray:
     def halves(lo, hi):
         return rng.uniform(lo, hi, size=n).astype(np.float16).view(np.uint8).reshape(n, 2)
 
-    if kind == gguf.GGMLQuantizationType.Q4_K:
+    if kind in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K):
         raw[:, 0:2], raw[:, 2:4] = halves(2e-4, 6e-4), halves(1e-4, 4e-4)  # d, dmin
     elif kind == gguf.GGMLQuantizationType.IQ4_NL:  # (the gguf package does not quantize to it)
         raw[:, 0:2] = halves(1e-3, 4e-3)  # d, for values of +-127
+    elif kind == gguf.GGMLQuantizationType.IQ4_XS:
+        raw[:, 0:2] = halves(3e-5, 1e-4)  # d, for scales of +-32 times values of +-127
     else:
         raw[:, 208:210] = halves(5e-5, 1.5e-4)  # Q6_K's d, after its quants and scales
     return raw.reshape(*shape[:-1], shape[-1] // block * size)

@@ -1,5 +1,5 @@
 """The tiled quantized linear (csrc/cpu_tiles.c, cpu_ktiles.c): Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL
-blocks and Q4_K / Q6_K super-blocks repacked in tiles of 16 rows,
+blocks and Q4_K / Q5_K / Q6_K / IQ4_XS super-blocks repacked in tiles of 16 rows,
 against a reference written here from the formats alone (x quantized to int8 blocks as llama.cpp does,
 times the weights the `gguf` package dequantizes); the plain-C body against the AVX-512 one, bit for
 bit; rows read back from tiles; and the vocabulary projection whose top logits are re-scored exactly.
@@ -20,23 +20,24 @@ import torch
 from agentkv.errors import EngineError
 from agentkv.kernels import cpu_native
 from agentkv.kernels.cpu_quant import QUANT_TYPES, TILE_ROWS
-from tests.kernels.test_quant_kernels import _has_avx2, quantized
+from tests.kernels.test_quant_kernels import K_QUANTS, _has_avx2, quantized
 
 kernels = cpu_native.load()
 pytestmark = pytest.mark.skipif(kernels is None, reason="agentkv's C kernels do not build here")
-TILED = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q6_K")
+TILED = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 
 
 def width(name: str) -> int:
     """Columns of a test weight: the embedded model's 576, or for a K-quant three super-blocks (an odd
     count: the even and odd sub-blocks' accumulators both end mid-run)."""
-    return 768 if name in ("Q4_K", "Q6_K") else 576
+    return 768 if name in K_QUANTS else 576
 
 
 def tile_row_bytes(name: str, k: int) -> int:
     """A row's bytes in tiles: its blocks' (Q4_K: its 6-bit scales and minimums a byte each, 148 a
     super-block against 144)."""
-    return k // 256 * 148 if name == "Q4_K" else k // QUANT_TYPES[name][1] * QUANT_TYPES[name][2]
+    own = {"Q4_K": 148, "Q5_K": 180, "IQ4_XS": 138}  # (a byte a scale; Q5_K's fifth bits as q5_bit places them)
+    return k // 256 * own[name] if name in own else k // QUANT_TYPES[name][1] * QUANT_TYPES[name][2]
 
 
 def int8_reference(x: torch.Tensor) -> torch.Tensor:

@@ -15,10 +15,13 @@ block dequantized to fp32 (llama.cpp's dequantize_row_*), shared by the row-majo
 
 #define QK_K 256
 
-/* Q5_0, Q5_1 and IQ4_NL: blocks of 32 (fp16 d, Q5_1's fp16 m, Q5's 32 fifth bits, 16 bytes of nibbles) */
-enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_1 = 6, IQ4_NL = 7, NQTYPES = 8 };
-static const int BLOCK_BYTES[NQTYPES] = {34, 18, 20, 144, 210, 22, 24, 18};
-static const int BLOCK_WEIGHTS[NQTYPES] = {QK, QK, QK, QK_K, QK_K, QK, QK, QK};
+/* Q5_0, Q5_1 and IQ4_NL: blocks of 32 (fp16 d, Q5_1's fp16 m, Q5's 32 fifth bits, 16 bytes of nibbles);
+   Q5_K and IQ4_XS: super-blocks of 256 (Q4_K's with 32 bytes of fifth bits; IQ4_XS: fp16 d, 6-bit scales
+   of its 8 sub-blocks, IQ4_NL's codes) */
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_1 = 6, IQ4_NL = 7, Q5_K = 8, IQ4_XS = 9,
+       NQTYPES = 10 };
+static const int BLOCK_BYTES[NQTYPES] = {34, 18, 20, 144, 210, 22, 24, 18, 176, 136};
+static const int BLOCK_WEIGHTS[NQTYPES] = {QK, QK, QK, QK_K, QK_K, QK, QK, QK, QK_K, QK_K};
 /* IQ4_NL's (and IQ4_XS's) values for its 16 codes (ggml-common.h: kvalues_iq4nl) */
 static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
@@ -112,9 +115,37 @@ INLINE void q6k_integers(const uint8_t *b, uint8_t *q) {
     }
 }
 
-/* one super-block's 256 weights as fp32 (llama.cpp's dequantize_row_q4_K / _q6_K) */
+/* IQ4_XS's sub-block j (0..7) scale, 6 bits less 32 */
+INLINE int iq4xs_scale(const uint8_t *b, int j) {
+    const int low = (b[4 + j / 2] >> 4 * (j % 2)) & 15, high = ((b[2] | b[3] << 8) >> 2 * j) & 3;
+    return (low | high << 4) - 32;
+}
+
+/* one super-block's 256 weights as fp32 (llama.cpp's dequantize_row_q4_K / _q5_K / _q6_K / _iq4_xs) */
 INLINE void dequant_superblock(const int qtype, const uint8_t *b, float *w) {
-    if (qtype == Q4_K) {  /* fp16 d, fp16 dmin, 12 bytes of scales and minimums, 128 bytes of nibbles */
+    if (qtype == Q5_K) {  /* Q4_K's, with column l of sub-block j's fifth bit at bit j of qh[l] */
+        const float d = half_to_f32(b), dmin = half_to_f32(b + 2);
+        const uint8_t *sc = b + 4, *qh = b + 16, *q = b + 48;
+        for (int j = 0; j < QK_K / 64; j++, q += 32) {
+            int s0, m0, s1, m1;
+            scale_min_k4(2 * j, sc, &s0, &m0);
+            scale_min_k4(2 * j + 1, sc, &s1, &m1);
+            const float d0 = d * s0, c0 = dmin * m0, d1 = d * s1, c1 = dmin * m1;
+            for (int l = 0; l < 32; l++) w[64 * j + l] = d0 * (float)((q[l] & 0xF) | ((qh[l] >> 2 * j) & 1) << 4) - c0;
+            for (int l = 0; l < 32; l++)
+                w[64 * j + 32 + l] = d1 * (float)((q[l] >> 4) | ((qh[l] >> (2 * j + 1)) & 1) << 4) - c1;
+        }
+    } else if (qtype == IQ4_XS) {
+        const float d = half_to_f32(b);
+        const uint8_t *q = b + 8;
+        for (int j = 0; j < QK_K / QK; j++, q += 16) {
+            const float dl = d * (float)iq4xs_scale(b, j);
+            for (int l = 0; l < 16; l++) {
+                w[32 * j + l] = dl * (float)IQ4_NL_VALUES[q[l] & 15];
+                w[32 * j + 16 + l] = dl * (float)IQ4_NL_VALUES[q[l] >> 4];
+            }
+        }
+    } else if (qtype == Q4_K) {  /* fp16 d, fp16 dmin, 12 bytes of scales and minimums, 128 bytes of nibbles */
         const float d = half_to_f32(b), dmin = half_to_f32(b + 2);
         const uint8_t *sc = b + 4, *q = b + 16;
         for (int j = 0; j < QK_K / 64; j++, q += 32) {
@@ -147,7 +178,9 @@ INLINE void dequant_any(const int qtype, const uint8_t *row, int64_t b, float *w
     else if (qtype == Q6_K) dequant_superblock(Q6_K, blk, w);
     else if (qtype == Q5_0) dequant_block(Q5_0, blk, w);
     else if (qtype == Q5_1) dequant_block(Q5_1, blk, w);
-    else dequant_block(IQ4_NL, blk, w);
+    else if (qtype == IQ4_NL) dequant_block(IQ4_NL, blk, w);
+    else if (qtype == Q5_K) dequant_superblock(Q5_K, blk, w);
+    else dequant_superblock(IQ4_XS, blk, w);
 }
 
 /* 32 values to one int8 block; rounding to nearest, ties away from zero, as llama.cpp's quantize_row_q8_0 */

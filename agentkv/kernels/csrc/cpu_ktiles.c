@@ -1,4 +1,4 @@
-/* GGUF's K-quants (Q4_K, Q6_K) in tiles of 16 rows, as cpu_tiles.c keeps Q8_0 / Q4_0 / Q4_1: a tile holds
+/* GGUF's K-quants (Q4_K, Q5_K, Q6_K) and IQ4_XS in tiles of 16 rows, as cpu_tiles.c keeps Q8_0 / Q4_0 / Q4_1: a tile holds
 super-blocks of 256 columns of its 16 rows, each sub-block of 32 columns in Q4_0's tile layout (so the
 same unpacking and VNNI dot products serve) and the scales as vectors of the 16 rows. A Q4_K_M file
 (most of its matrices Q4_K, some Q6_K) then streams its weights as the tiled types do.
@@ -13,14 +13,20 @@ A tile's super-block (row i of the tile = output row 16 t + i):
                      registers: register h's byte 4 i + e holds from bit 0 the pairs of columns 4 h + e,
                      16 + 4 h + e, 4 (h + 2) + e and 16 + 4 (h + 2) + e, where a 16-bit shift and a mask
                      put them over the low nibbles)
-A weight is d sc q - dmin mn (Q4_K, q 0..15) or d sc (q - 32) (Q6_K, q 0..63), as llama.cpp's
-dequantize_row_q4_K / _q6_K compute it; rows read back from tiles are those fp32 values.
+  Q5_K (2880 bytes): Q4_K's, then each sub-block's fifth bits (64 bytes: a uint32 a row, as cpu_tiles.h's
+                     q5_bit places them; 180 bytes a row against the file's 176)
+  IQ4_XS (2208 bytes): fp16 d[16], each sub-block's 6-bit scale less 32 an int8 (sc[8][16]); then each
+                     sub-block's codes as a Q4_0 tile block (138 bytes a row against the file's 136)
+A weight is d sc q - dmin mn (Q4_K, q 0..15; Q5_K, q 0..31), d sc (q - 32) (Q6_K, q 0..63) or
+(d sc) v[q] (IQ4_XS, v IQ4_NL's table), as llama.cpp's dequantize_row_* compute it; rows read back from
+tiles are those fp32 values.
 
 With x quantized to int8 blocks of 32 (QRows), sub-block j of a Q4_K row adds
   (d sc_j d_x) dot - (dmin mn_j) d_x s_x                                  (Q4_1's form)
-and of a Q6_K row
+(Q5_K's the same), of a Q6_K row
   (d d_x) (sc_a (dot_a - 32 s_a) + sc_b (dot_b - 32 s_b))                 (integer within: < 5e7)
-over its halves a and b of 16 columns. Even and odd sub-blocks sum in two accumulators, as the tiled
+over its halves a and b of 16 columns, and of an IQ4_XS row (d sc_j d_x) (dot - 128 s_x), its codes
+shuffled into the table's values + 128 as cpu_tiles.c's IQ4_NL. Even and odd sub-blocks sum in two accumulators, as the tiled
 types' blocks do. The plain-C bodies make the AVX-512 (and AVX2: two halves of 8 rows) ones' fp32
 operations in their order: the same bits. The exact product (x in fp32) dequantizes a super-block of
 the tile's 16 rows into a buffer that both bodies read. */
@@ -34,25 +40,37 @@ the tile's 16 rows into a buffer that both bodies read. */
 #define K6_SC 32
 #define K6_Q 288
 #define K6_SUB 384 /* a Q6_K sub-block in a tile: 256 bytes of low nibbles, 128 of high pairs */
+#define K5_H 2368  /* Q5_K: Q4_K's tile, then 64 bytes of fifth bits a sub-block */
+#define KX_SC 32
+#define KX_Q 160
+
+INLINE int k4_like(int qtype) { return qtype == Q4_K || qtype == Q5_K; } /* d sc q - dmin mn */
 
 INLINE uint8_t *ksub(int qtype, const uint8_t *sblk, int j) {
-    return (uint8_t *)sblk + (qtype == Q4_K ? K4_Q + 256 * j : K6_Q + K6_SUB * j);
+    return (uint8_t *)sblk + (k4_like(qtype) ? K4_Q + 256 * j : qtype == IQ4_XS ? KX_Q + 256 * j : K6_Q + K6_SUB * j);
 }
+
+/* Q5_K's sub-block j's fifth bits (16 rows' words) */
+INLINE const uint8_t *k5_high(const uint8_t *sblk, int j) { return sblk + K5_H + 64 * j; }
 
 /* where column c (0..31) of row i keeps its high pair in a Q6_K sub-block's last 128 bytes */
 INLINE int k6_high_byte(int i, int c) { return 64 * ((c % 16 / 4) % 2) + 4 * i + c % 4; }
 INLINE int k6_high_shift(int c) { return 4 * ((c % 16 / 4) / 2) + 2 * (c >= 16); }
 
-/* the unsigned integer of column c (0..31) of row i in a tile's sub-block */
-INLINE int ksub_q(int qtype, const uint8_t *qs, int i, int c) {
+/* the unsigned integer of column c (0..31) of row i in a tile's sub-block j (IQ4_XS: its value + 128) */
+INLINE int ksub_q(int qtype, const uint8_t *sblk, int j, int i, int c) {
+    const uint8_t *qs = ksub(qtype, sblk, j);
     const int v = qs[tile_pos(i, c % 16)];
     const int q = c < 16 ? v & 15 : v >> 4;
-    return qtype == Q4_K ? q : q | ((qs[256 + k6_high_byte(i, c)] >> k6_high_shift(c)) & 3) << 4;
+    if (qtype == Q4_K) return q;
+    if (qtype == IQ4_XS) return IQ4_NL_U8[q];
+    if (qtype == Q5_K) return q | (int)((load_u32(k5_high(sblk, j) + 4 * i) >> q5_bit(c)) & 1) << 4;
+    return q | ((qs[256 + k6_high_byte(i, c)] >> k6_high_shift(c)) & 3) << 4;
 }
 
 void agentkv_ktile_pack_row(int qtype, const uint8_t *src, int i, uint8_t *dst) {
-    uint8_t q[QK_K]; /* the row's unsigned integers in column order */
-    if (qtype == Q4_K) {
+    uint8_t q[QK_K]; /* the row's unsigned integers in column order (IQ4_XS: its codes) */
+    if (k4_like(qtype)) {
         memcpy(dst + 2 * i, src, 2);
         memcpy(dst + K4_DMIN + 2 * i, src + 2, 2);
         for (int j = 0; j < 8; j++) {
@@ -60,11 +78,24 @@ void agentkv_ktile_pack_row(int qtype, const uint8_t *src, int i, uint8_t *dst) 
             scale_min_k4(j, src + 4, &sc, &mn);
             dst[K4_SC + 16 * j + i] = (uint8_t)sc, dst[K4_MN + 16 * j + i] = (uint8_t)mn;
         }
+        const uint8_t *ql = src + (qtype == Q5_K ? 48 : 16);
         for (int c = 0; c < 4; c++) /* each 32 bytes: 32 weights low, the next 32 high */
             for (int l = 0; l < 32; l++) {
-                q[64 * c + l] = src[16 + 32 * c + l] & 15;
-                q[64 * c + 32 + l] = src[16 + 32 * c + l] >> 4;
+                q[64 * c + l] = ql[32 * c + l] & 15;
+                q[64 * c + 32 + l] = ql[32 * c + l] >> 4;
             }
+        if (qtype == Q5_K)  /* column l of sub-block j: bit j of qh[l] */
+            for (int j = 0; j < 8; j++) {
+                uint32_t qh = 0;
+                for (int l = 0; l < 32; l++) qh |= (uint32_t)((src[16 + l] >> j) & 1) << l;
+                const uint32_t h = q5_word(qh);
+                memcpy(dst + K5_H + 64 * j + 4 * i, &h, 4);
+            }
+    } else if (qtype == IQ4_XS) {
+        memcpy(dst + 2 * i, src, 2);
+        for (int j = 0; j < 8; j++) dst[KX_SC + 16 * j + i] = (uint8_t)(int8_t)iq4xs_scale(src, j);
+        for (int j = 0; j < 8; j++)
+            for (int l = 0; l < 16; l++) q[32 * j + l] = src[8 + 16 * j + l] & 15, q[32 * j + 16 + l] = src[8 + 16 * j + l] >> 4;
     } else {
         memcpy(dst + 2 * i, src + 208, 2);
         for (int g = 0; g < 16; g++) dst[K6_SC + 16 * g + i] = src[192 + g];
@@ -82,15 +113,17 @@ void agentkv_ktile_pack_row(int qtype, const uint8_t *src, int i, uint8_t *dst) 
 void agentkv_ktile_weights(int qtype, const uint8_t *sblk, int i, float *w) {
     const float d = half_to_f32(sblk + 2 * i);
     for (int j = 0; j < 8; j++) {
-        const uint8_t *qs = ksub(qtype, sblk, j);
-        if (qtype == Q4_K) {
+        if (k4_like(qtype)) {
             const float d1 = d * (float)sblk[K4_SC + 16 * j + i];
             const float c1 = half_to_f32(sblk + K4_DMIN + 2 * i) * (float)sblk[K4_MN + 16 * j + i];
-            for (int c = 0; c < QK; c++) w[QK * j + c] = d1 * (float)ksub_q(Q4_K, qs, i, c) - c1;
+            for (int c = 0; c < QK; c++) w[QK * j + c] = d1 * (float)ksub_q(qtype, sblk, j, i, c) - c1;
+        } else if (qtype == IQ4_XS) {
+            const float dl = d * (float)(int8_t)sblk[KX_SC + 16 * j + i];
+            for (int c = 0; c < QK; c++) w[QK * j + c] = dl * (float)(ksub_q(IQ4_XS, sblk, j, i, c) - 128);
         } else {
             for (int c = 0; c < QK; c++) {
                 const float s = d * (float)(int8_t)sblk[K6_SC + 16 * (2 * j + c / 16) + i];
-                w[QK * j + c] = s * (float)(ksub_q(Q6_K, qs, i, c) - 32);
+                w[QK * j + c] = s * (float)(ksub_q(Q6_K, sblk, j, i, c) - 32);
             }
         }
     }
@@ -103,11 +136,14 @@ INLINE float ksub_generic(const int qtype, const uint8_t *sblk, int j, int i, co
                           float acc) {
     const int64_t at = m * (x->K / QK) + b;
     const int8_t *xb = x->q + m * x->K + b * QK;
-    const uint8_t *qs = ksub(qtype, sblk, j);
     int32_t dot[2] = {0, 0};
-    for (int c = 0; c < QK; c++) dot[c >= 16] += ksub_q(qtype, qs, i, c) * xb[c];
+    for (int c = 0; c < QK; c++) dot[c >= 16] += ksub_q(qtype, sblk, j, i, c) * xb[c];
     const float d = half_to_f32(sblk + 2 * i);
-    if (qtype == Q4_K) {
+    if (qtype == IQ4_XS) {
+        const float dv = d * (float)(int8_t)sblk[KX_SC + 16 * j + i];
+        return fmaf(dv * x->d[at], (float)(dot[0] + dot[1] - 128 * x->s[at]), acc);
+    }
+    if (k4_like(qtype)) {
         const float dv = d * (float)sblk[K4_SC + 16 * j + i];
         const float mv = -(half_to_f32(sblk + K4_DMIN + 2 * i) * (float)sblk[K4_MN + 16 * j + i]);
         acc = fmaf(dv * x->d[at], (float)(dot[0] + dot[1]), acc);
@@ -164,16 +200,28 @@ static void ktile_avx512(const int qtype, const uint8_t *tile, int64_t nsb, cons
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *sblk = tile + s * tb;
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sblk));
-        const __m512 dmin = qtype == Q4_K ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sblk + K4_DMIN)))
-                                          : _mm512_setzero_ps();
+        const __m512 dmin = k4_like(qtype) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sblk + K4_DMIN)))
+                                           : _mm512_setzero_ps();
         for (int j = 0; j < 8; j++) {
             const uint8_t *qs = ksub(qtype, sblk, j);
             __builtin_prefetch(qs + 6 * tb / 2, 0, 3); /* ~3 super-blocks ahead, as the tiled types' 24 blocks */
             __m512i u[8];
             unpack_avx512(Q4_0, qs, u);
+            if (qtype == Q5_K) q5_high_avx512(k5_high(sblk, j), u);
             const int64_t b = 8 * s + j;
             __m512 *a = acc[j & 1];
-            if (qtype == Q4_K) {
+            if (qtype == IQ4_XS) {
+                iq4_values_avx512(u);
+                const __m128i scb = _mm_loadu_si128((const __m128i *)(sblk + KX_SC + 16 * j));
+                const __m512 dj = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scb)));
+                for (int64_t m = 0; m < M; m++) {
+                    const int8_t *xb = x->q + m * x->K + b * QK;
+                    const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(dots4(u, xb), dots4(u + 4, xb + 16)),
+                                                         _mm512_set1_epi32(128 * x->s[m * nb + b]));
+                    const __m512 dd = _mm512_mul_ps(dj, _mm512_set1_ps(x->d[m * nb + b]));
+                    a[m] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(dot), a[m]);
+                }
+            } else if (k4_like(qtype)) {
                 const __m128i scb = _mm_loadu_si128((const __m128i *)(sblk + K4_SC + 16 * j));
                 const __m128i mnb = _mm_loadu_si128((const __m128i *)(sblk + K4_MN + 16 * j));
                 const __m512 dj = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scb)));
@@ -218,17 +266,31 @@ static void ktile_avx2(const int qtype, const uint8_t *tile, int64_t nsb, const 
         for (int64_t s = 0; s < nsb; s++) {
             const uint8_t *sblk = tile + s * tb;
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sblk + 16 * h)));
-            const __m256 dmin = qtype == Q4_K
+            const __m256 dmin = k4_like(qtype)
                                     ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sblk + K4_DMIN + 16 * h)))
                                     : _mm256_setzero_ps();
             for (int j = 0; j < 8; j++) {
                 const uint8_t *qs = ksub(qtype, sblk, j);
                 if (h == 0) __builtin_prefetch(qs + 6 * tb / 2, 0, 3);
                 const int64_t b = 8 * s + j;
-                __m256i u[8];
+                __m256i u[8], w[8];
                 nib_unpack_avx2(qs, qtype == Q6_K ? qs + 256 : NULL, h, u);
+                if (qtype == Q5_K) q5_high_avx2(k5_high(sblk, j), h, u);
                 __m256 *a = acc[j & 1];
-                if (qtype == Q4_K) {
+                if (qtype == IQ4_XS) {  /* (signed values, as tile_avx2 reads IQ4_NL) */
+                    iq4_values_avx2(u, w);
+                    const __m128i scb = _mm_loadl_epi64((const __m128i *)(sblk + KX_SC + 16 * j + 8 * h));
+                    const __m256 dj = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scb)));
+                    for (int64_t m = 0; m < M; m++) {
+                        const int8_t *xb = x->q + m * x->K + b * QK;
+                        __m256i dot = _mm256_setzero_si256();
+                        for (int g = 0; g < 8; g++)
+                            dot = _mm256_add_epi32(dot, madd_u8s8(u[g], _mm256_sign_epi8(
+                                                                        _mm256_set1_epi32(load_i32(xb + 4 * g)), w[g])));
+                        const __m256 dd = _mm256_mul_ps(dj, _mm256_set1_ps(x->d[m * nb + b]));
+                        a[m] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), a[m]);
+                    }
+                } else if (k4_like(qtype)) {
                     const __m128i scb = _mm_loadl_epi64((const __m128i *)(sblk + K4_SC + 16 * j + 8 * h));
                     const __m128i mnb = _mm_loadl_epi64((const __m128i *)(sblk + K4_MN + 16 * j + 8 * h));
                     const __m256 dj = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scb)));

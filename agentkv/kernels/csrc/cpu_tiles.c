@@ -51,13 +51,6 @@ INLINE int high_at(int qtype) { return qtype == Q5_0 ? 32 : qtype == Q5_1 ? 64 :
 /* the scales (and Q5's fifth bits) before a tile block's weights */
 INLINE int weights_at(int qtype) { return high_at(qtype) ? high_at(qtype) + 64 : has_min(qtype) ? 64 : 32; }
 
-/* where a Q5 tile row's word keeps column j's fifth bit: byte e of the lane of nibble register c holds
-   columns 4c + e (low nibble) and 16 + 4c + e (high), whose bits sit at 8e + c and 8e + 4 + c */
-INLINE int q5_bit(int j) { return 8 * (j % 16 % 4) + j % 16 / 4 + 4 * (j >= 16); }
-
-/* IQ4_NL's values + 128, as unsigned bytes (a shuffle's table) */
-static const uint8_t IQ4_NL_U8[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
-
 /* column j (0..31) of tile row i in a block of 32 as the unsigned integer the dot products read
    (Q8_0's and IQ4_NL's value + 128; Q5's with its fifth bit) */
 INLINE int tile_u(const int qtype, const uint8_t *blk, int i, int j) {
@@ -102,9 +95,7 @@ int agentkv_qtile_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_
                 if (has_min(qtype)) memcpy(dst + 32 + 2 * i, src + 2, 2);  /* m */
                 const uint8_t *qs = src + 2 + 2 * has_min(qtype) + (high_at(qtype) ? 4 : 0);
                 if (high_at(qtype)) {  /* the fifth bits, moved to where the unpacking reads them */
-                    const uint32_t qh = load_u32(qs - 4);
-                    uint32_t h = 0;
-                    for (int j = 0; j < QK; j++) h |= ((qh >> j) & 1u) << q5_bit(j);
+                    const uint32_t h = q5_word(load_u32(qs - 4));
                     memcpy(dst + high_at(qtype) + 4 * i, &h, 4);
                 }
                 for (int j = 0; j < (qtype == Q8_0 ? QK : QK / 2); j++)
@@ -177,16 +168,8 @@ INLINE void tile_generic(const int qtype, const uint8_t *tile, int64_t nb, const
 /* a tile block's 16 rows' weights as tile_u's unsigned bytes in 8 registers, u[g] columns 4g..4g+3 */
 INLINE void block_unpack_avx512(const int qtype, const uint8_t *blk, __m512i *u) {
     unpack_avx512(qtype == Q8_0 ? Q8_0 : Q4_0, blk + weights_at(qtype), u);
-    if (high_at(qtype)) {  /* (q5_bit: 8e + c and 8e + 4 + c to 8e + 4) */
-        const __m512i h = _mm512_loadu_si512((const void *)(blk + high_at(qtype))), bit = _mm512_set1_epi8(0x10);
-        for (int c = 0; c < 4; c++) {
-            u[c] = _mm512_or_si512(u[c], _mm512_and_si512(_mm512_slli_epi32(h, 4 - c), bit));
-            u[c + 4] = _mm512_or_si512(u[c + 4], _mm512_and_si512(_mm512_srli_epi32(h, c), bit));
-        }
-    } else if (qtype == IQ4_NL) {
-        const __m512i values = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_NL_U8));
-        for (int g = 0; g < 8; g++) u[g] = _mm512_shuffle_epi8(values, u[g]);
-    }
+    if (high_at(qtype)) q5_high_avx512(blk + high_at(qtype), u);
+    else if (qtype == IQ4_NL) iq4_values_avx512(u);
 }
 
 INLINE __m512 block_avx512(const int qtype, const __m512i *u, __m512 dv, __m512 mv, const QRows *x, int64_t m,
@@ -259,20 +242,8 @@ INLINE void tile_avx2(const int qtype, const uint8_t *tile, int64_t nb, const QR
                 }
             else
                 nib_unpack_avx2(qs, NULL, h, u);
-            if (qtype == IQ4_NL) {
-                const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_NL_U8));
-                for (int g = 0; g < 8; g++) {
-                    w[g] = _mm256_xor_si256(_mm256_shuffle_epi8(values, u[g]), flip);
-                    u[g] = _mm256_abs_epi8(w[g]);
-                }
-            } else if (high_at(qtype)) {
-                const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + high_at(qtype) + 32 * h));
-                const __m256i bit = _mm256_set1_epi8(0x10);
-                for (int c = 0; c < 4; c++) {
-                    u[c] = _mm256_or_si256(u[c], _mm256_and_si256(_mm256_slli_epi32(hb, 4 - c), bit));
-                    u[c + 4] = _mm256_or_si256(u[c + 4], _mm256_and_si256(_mm256_srli_epi32(hb, c), bit));
-                }
-            }
+            if (qtype == IQ4_NL) iq4_values_avx2(u, w);
+            else if (high_at(qtype)) q5_high_avx2(blk + high_at(qtype), h, u);
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
             const __m256 mv = has_min(qtype) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)))
                                              : _mm256_setzero_ps();
@@ -341,7 +312,9 @@ void agentkv_qtile_range(int qtype, const uint8_t *tiles, int64_t N, int64_t K, 
     else if (qtype == Q6_K) CASE(Q6_K);
     else if (qtype == Q5_0) CASE(Q5_0);
     else if (qtype == Q5_1) CASE(Q5_1);
-    else CASE(IQ4_NL);
+    else if (qtype == IQ4_NL) CASE(IQ4_NL);
+    else if (qtype == Q5_K) CASE(Q5_K);
+    else CASE(IQ4_XS);
 #undef CASE
 }
 

@@ -50,6 +50,21 @@ INLINE void quantize_blocks(const float *v, const QRows *x, int64_t m, int64_t b
    the layout above, in one place for the packing, the reading back and the plain-C bodies */
 INLINE int tile_pos(int i, int j) { return (j / 4) * 64 + 4 * i + j % 4; }
 
+/* where a tile row's word of fifth bits (Q5_0, Q5_1, Q5_K: one uint32 a row of a block of 32) keeps column
+   j's: byte e of the lane of nibble register c holds columns 4c + e (low nibble) and 16 + 4c + e (high),
+   whose bits sit at 8e + c and 8e + 4 + c, so that a shift and a mask put them over the nibbles */
+INLINE int q5_bit(int j) { return 8 * (j % 16 % 4) + j % 16 / 4 + 4 * (j >= 16); }
+
+/* a row's 32 fifth bits (bit j: column j's) as q5_bit places them */
+INLINE uint32_t q5_word(uint32_t qh) {
+    uint32_t h = 0;
+    for (int j = 0; j < QK; j++) h |= ((qh >> j) & 1u) << q5_bit(j);
+    return h;
+}
+
+/* IQ4_NL's (and IQ4_XS's) values + 128, as unsigned bytes (a shuffle's table) */
+static const uint8_t IQ4_NL_U8[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+
 /* the result of one tile for x's M rows: out[m, 16 t + i] for i < valid, plus bias and residual */
 INLINE void tile_store(const float *v, int64_t m, int64_t n0, int valid, const void *bias, const void *res,
                        int64_t r_ld, void *out, int64_t out_ld, const int bf) {
@@ -83,9 +98,43 @@ INLINE void unpack_avx512(const int qtype, const uint8_t *qs, __m512i *u) {
     }
 }
 
+/* the 16 rows' fifth bits (`h`: their words, q5_bit's places) over nibbles as unpack_avx512 leaves them */
+INLINE void q5_high_avx512(const uint8_t *h, __m512i *u) {
+    const __m512i hv = _mm512_loadu_si512((const void *)h), bit = _mm512_set1_epi8(0x10);
+    for (int c = 0; c < 4; c++) {  /* (8e + c and 8e + 4 + c to 8e + 4) */
+        u[c] = _mm512_or_si512(u[c], _mm512_and_si512(_mm512_slli_epi32(hv, 4 - c), bit));
+        u[c + 4] = _mm512_or_si512(u[c + 4], _mm512_and_si512(_mm512_srli_epi32(hv, c), bit));
+    }
+}
+
+/* IQ4 codes (nibbles as unpack_avx512 leaves them) as their values + 128 */
+INLINE void iq4_values_avx512(__m512i *u) {
+    const __m512i values = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_NL_U8));
+    for (int g = 0; g < 8; g++) u[g] = _mm512_shuffle_epi8(values, u[g]);
+}
+
 #endif
 
 #if AGENTKV_TILES_AVX2
+/* q5_high_avx512 for rows 8 h..8 h + 7 */
+INLINE void q5_high_avx2(const uint8_t *h, int half, __m256i *u) {
+    const __m256i hv = _mm256_loadu_si256((const __m256i *)(h + 32 * half)), bit = _mm256_set1_epi8(0x10);
+    for (int c = 0; c < 4; c++) {
+        u[c] = _mm256_or_si256(u[c], _mm256_and_si256(_mm256_slli_epi32(hv, 4 - c), bit));
+        u[c + 4] = _mm256_or_si256(u[c + 4], _mm256_and_si256(_mm256_srli_epi32(hv, c), bit));
+    }
+}
+
+/* IQ4 codes as their signed values (w) and those values' magnitudes (u), as the AVX2 bodies read Q8_0 */
+INLINE void iq4_values_avx2(__m256i *u, __m256i *w) {
+    const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_NL_U8));
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int g = 0; g < 8; g++) {
+        w[g] = _mm256_xor_si256(_mm256_shuffle_epi8(values, u[g]), flip);
+        u[g] = _mm256_abs_epi8(w[g]);
+    }
+}
+
 /* unsigned bytes times signed ones, each 4 summed into an int32 lane (a pair's sum stays below 2^15:
    at most 2 x 63 x 127 here) */
 INLINE __m256i madd_u8s8(__m256i u, __m256i s) {
@@ -127,7 +176,8 @@ void agentkv_qrows_free(QRows *q);
    K-quant, its super-block of 256 columns (Q4_K's 6-bit scales and minimums one byte each: 148 bytes a
    row against the file's 144; Q6_K's 210 as in the file) */
 INLINE int64_t tile_block_bytes(int qtype) {
-    return qtype == Q4_K ? 2368 : qtype == Q6_K ? 3360 : (int64_t)TILE_ROWS * BLOCK_BYTES[qtype];
+    return qtype == Q4_K ? 2368 : qtype == Q6_K ? 3360 : qtype == Q5_K ? 2880 : qtype == IQ4_XS ? 2208
+                                                                                : (int64_t)TILE_ROWS * BLOCK_BYTES[qtype];
 }
 
 /* tiles [t0, t1) of W (N rows, K columns) times x's M rows: out[m, n] (+ bias[n]) (+ res[m, n]) */
@@ -140,7 +190,7 @@ void agentkv_qtile_row(int qtype, const uint8_t *tiles, int64_t K, int64_t n, fl
 
 /* ---- K-quants (cpu_ktiles.c): tiles of super-blocks of 256 columns ---- */
 
-INLINE int is_kquant(int qtype) { return qtype == Q4_K || qtype == Q6_K; }
+INLINE int is_kquant(int qtype) { return qtype == Q4_K || qtype == Q6_K || qtype == Q5_K || qtype == IQ4_XS; }
 
 /* row i of a tile's super-block (dst, zeroed before its first row) from the row's super-block `src` */
 void agentkv_ktile_pack_row(int qtype, const uint8_t *src, int i, uint8_t *dst);
