@@ -378,3 +378,15 @@ def test_integer_bounds_of_any_size(lo, hi):
     values = near + [rnd.randint(lo, hi) for _ in range(40)] + [rnd.randint(-(10 ** 17), 10 ** 17) for _ in range(40)]
     assert_values({"type": "integer", "minimum": lo, "maximum": hi},
                   [v for v in values if lo <= v <= hi], [v for v in values if not lo <= v <= hi])
+
+
+def test_a_schema_that_accepts_nothing_is_refused_naming_where():
+    """An enum put on an array instead of its items (a tool schema of BFCL's live_simple does it) cannot
+    be met: the error names the property, the innermost place that accepts nothing, not only the root."""
+    schema = {"type": "object", "required": ["targets", "metrics"], "properties": {
+        "targets": {"type": "array", "items": {"type": "string"}},
+        "metrics": {"type": "array", "items": {"type": "string"}, "enum": ["trust", "buzz"]}}}
+    with pytest.raises(GrammarError, match=r"no value meets the schema at #/properties/metrics \("):
+        BYTE_COMPILER.compile_json_schema(schema)
+    schema["required"] = ["targets"]  # optional: the object is written without it
+    assert_values(schema, [{"targets": []}], [{"targets": [], "metrics": ["trust"]}])

@@ -80,9 +80,23 @@ def _trim(a: Automaton) -> None:
     """Drop states that cannot reach acceptance, and calls into rules that accept nothing."""
     live, productive = _cut_native(a) if native.load() is not None else _cut_python(a)
     if not live[a.starts[0]]:
-        raise GrammarError("the grammar accepts no string at all (contradictory constraints?)")
+        raise GrammarError("the grammar accepts no string at all" + _dead_ends(a, productive))
     a.calls = {s: kept for s, c in a.calls.items() if live[s]
                for kept in [tuple((r, t) for r, t in c if productive[r] and live[t])] if kept}
+
+
+def _dead_ends(a: Automaton, productive) -> str:
+    """Where a grammar that accepts nothing goes wrong: the innermost schema locations (rules named
+    `at:<pointer>`) or rules that accept nothing."""
+    dead = [n for r, n in enumerate(a.rule_names) if not productive[r] and r != a.root]
+    at = {n.split("at:", 1)[1] for n in dead if "at:" in n}
+    inner = sorted(p for p in at if not any(q.startswith(p + "/") for q in at))
+    if inner:
+        return (f": no value meets the schema at {', '.join(inner[:3])} (contradictory constraints there, such as "
+                "an enum or const whose values are not of the `type` beside it, or minimum above maximum; fix them)")
+    if dead:
+        return f": rules {', '.join(repr(n) for n in dead[:3])} accept nothing (contradictory constraints?)"
+    return " (contradictory constraints?)"
 
 
 def _cut_native(a: Automaton) -> tuple[np.ndarray, list[bool]]:
