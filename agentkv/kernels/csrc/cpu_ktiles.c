@@ -1,5 +1,5 @@
-/* GGUF's K-quants (Q4_K, Q5_K, Q6_K) and IQ4_XS in tiles of 16 rows, as cpu_tiles.c keeps Q8_0 / Q4_0 / Q4_1: a tile holds
-super-blocks of 256 columns of its 16 rows, each sub-block of 32 columns in Q4_0's tile layout (so the
+/* GGUF's K-quants (Q4_K, Q5_K, Q6_K) and IQ4_XS in tiles of 16 rows, as cpu_tiles.c keeps the blocks of
+32: a tile holds super-blocks of 256 columns of its 16 rows, each sub-block of 32 columns in Q4_0's tile layout (so the
 same unpacking and VNNI dot products serve) and the scales as vectors of the 16 rows. A Q4_K_M file
 (most of its matrices Q4_K, some Q6_K) then streams its weights as the tiled types do.
 
@@ -26,9 +26,9 @@ With x quantized to int8 blocks of 32 (QRows), sub-block j of a Q4_K row adds
 (Q5_K's the same), of a Q6_K row
   (d d_x) (sc_a (dot_a - 32 s_a) + sc_b (dot_b - 32 s_b))                 (integer within: < 5e7)
 over its halves a and b of 16 columns, and of an IQ4_XS row (d sc_j d_x) (dot - 128 s_x), its codes
-shuffled into the table's values + 128 as cpu_tiles.c's IQ4_NL. Even and odd sub-blocks sum in two accumulators, as the tiled
-types' blocks do. The plain-C bodies make the AVX-512 (and AVX2: two halves of 8 rows) ones' fp32
-operations in their order: the same bits. The exact product (x in fp32) dequantizes a super-block of
+shuffled into the table's values + 128 as cpu_tiles.c's IQ4_NL. Even and odd sub-blocks sum in two
+accumulators, as the tiled types' blocks do. The plain-C bodies make the AVX-512 (and AVX2: two halves
+of 8 rows) ones' fp32 operations in their order: the same bits. The exact product (x in fp32) dequantizes a super-block of
 the tile's 16 rows into a buffer that both bodies read. */
 
 #include "cpu_tiles.h"
@@ -95,7 +95,10 @@ void agentkv_ktile_pack_row(int qtype, const uint8_t *src, int i, uint8_t *dst) 
         memcpy(dst + 2 * i, src, 2);
         for (int j = 0; j < 8; j++) dst[KX_SC + 16 * j + i] = (uint8_t)(int8_t)iq4xs_scale(src, j);
         for (int j = 0; j < 8; j++)
-            for (int l = 0; l < 16; l++) q[32 * j + l] = src[8 + 16 * j + l] & 15, q[32 * j + 16 + l] = src[8 + 16 * j + l] >> 4;
+            for (int l = 0; l < 16; l++) {
+                q[32 * j + l] = src[8 + 16 * j + l] & 15;
+                q[32 * j + 16 + l] = src[8 + 16 * j + l] >> 4;
+            }
     } else {
         memcpy(dst + 2 * i, src + 208, 2);
         for (int g = 0; g < 16; g++) dst[K6_SC + 16 * g + i] = src[192 + g];
@@ -284,9 +287,10 @@ static void ktile_avx2(const int qtype, const uint8_t *tile, int64_t nsb, const 
                     for (int64_t m = 0; m < M; m++) {
                         const int8_t *xb = x->q + m * x->K + b * QK;
                         __m256i dot = _mm256_setzero_si256();
-                        for (int g = 0; g < 8; g++)
-                            dot = _mm256_add_epi32(dot, madd_u8s8(u[g], _mm256_sign_epi8(
-                                                                        _mm256_set1_epi32(load_i32(xb + 4 * g)), w[g])));
+                        for (int g = 0; g < 8; g++) {
+                            const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xb + 4 * g)), w[g]);
+                            dot = _mm256_add_epi32(dot, madd_u8s8(u[g], xs));
+                        }
                         const __m256 dd = _mm256_mul_ps(dj, _mm256_set1_ps(x->d[m * nb + b]));
                         a[m] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), a[m]);
                     }

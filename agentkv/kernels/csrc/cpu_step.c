@@ -102,8 +102,9 @@ INLINE void mat_share(const StepMat *w, const QRows *x, int64_t M, int me, int n
         const StepPart *part = w->part + p;
         const int64_t n = tiles_of(part->N), a = t0 > first ? t0 - first : 0, b = t1 - first < n ? t1 - first : n;
         if (a < b)
-            agentkv_qtile_range((int)part->qtype, part->tiles, part->N, w->K, x, M, a, b, w->bias ? w->bias + row : NULL,
-                                res ? res + row : NULL, r_ld, out + row, out_ld, 0, generic);
+            agentkv_qtile_range((int)part->qtype, part->tiles, part->N, w->K, x, M, a, b,
+                                w->bias ? w->bias + row : NULL, res ? res + row : NULL, r_ld, out + row, out_ld, 0,
+                                generic);
         first += n, row += part->N;
     }
 }
@@ -285,7 +286,8 @@ static void step_job(void *arg, int me, int nt) {
         float *row = hid <= 4096 ? w : malloc((size_t)hid * sizeof(float));
         const StepPart *head = md->lm_head.part;  /* (one part) */
         for (int c = 0; row && c < count; c++)
-            logits[m * V + idx[c]] = agentkv_exact_logit((int)head->qtype, head->tiles, hid, s->h + m * width, idx[c], row);
+            logits[m * V + idx[c]] =
+                agentkv_exact_logit((int)head->qtype, head->tiles, hid, s->h + m * width, idx[c], row);
         if (row != w) free(row);
     }
 }

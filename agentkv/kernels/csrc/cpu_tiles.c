@@ -187,7 +187,8 @@ INLINE __m512 block_avx512(const int qtype, const __m512i *u, __m512 dv, __m512 
     s2 = _mm512_dpbusd_epi32(s2, u[6], _mm512_set1_epi32(load_i32(xb + 24)));
     s3 = _mm512_dpbusd_epi32(s3, u[7], _mm512_set1_epi32(load_i32(xb + 28)));
     __m512i dot = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
-    if (!has_min(qtype)) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32((int32_t)quant_offset(qtype) * x->s[m * nb + b]));
+    if (!has_min(qtype))
+        dot = _mm512_sub_epi32(dot, _mm512_set1_epi32((int32_t)quant_offset(qtype) * x->s[m * nb + b]));
     const __m512 dd = _mm512_mul_ps(dv, _mm512_set1_ps(x->d[m * nb + b]));
     acc = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(dot), acc);
     if (has_min(qtype)) acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(x->ds[m * nb + b]), acc);
@@ -470,7 +471,8 @@ INLINE void exact_avx2(const int qtype, const uint8_t *tile, int64_t nb, const f
                     q = _mm256_blendv_epi8(_mm256_permutevar8x32_epi32(lo8, q), _mm256_permutevar8x32_epi32(hi8, q),
                                            _mm256_cmpgt_epi32(q, seven));
                 if (high_at(qtype))
-                    q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hv, q5_bit(k)), one), 4));
+                    q = _mm256_or_si256(q, _mm256_slli_epi32(
+                                               _mm256_and_si256(_mm256_srli_epi32(hv, q5_bit(k)), one), 4));
                 const __m256 w = has_min(qtype) ? _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(q), mv)
                                                 : _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, off)));
                 for (int64_t m = 0; m < M; m++)

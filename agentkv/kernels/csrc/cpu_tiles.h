@@ -173,11 +173,12 @@ int agentkv_qrows_alloc(QRows *q, int64_t M, int64_t K);
 void agentkv_qrows_free(QRows *q);
 
 /* bytes of one tile's block: 32 columns of TILE_ROWS rows (the same bytes as their blocks), or of a
-   K-quant, its super-block of 256 columns (Q4_K's 6-bit scales and minimums one byte each: 148 bytes a
-   row against the file's 144; Q6_K's 210 as in the file) */
+   K-quant or IQ4_XS, its super-block of 256 columns (Q4_K's 6-bit scales and minimums one byte each: 148
+   bytes a row against the file's 144; Q5_K 180 against 176; IQ4_XS 138 against 136; Q6_K's 210 as in the
+   file) */
 INLINE int64_t tile_block_bytes(int qtype) {
-    return qtype == Q4_K ? 2368 : qtype == Q6_K ? 3360 : qtype == Q5_K ? 2880 : qtype == IQ4_XS ? 2208
-                                                                                : (int64_t)TILE_ROWS * BLOCK_BYTES[qtype];
+    if (qtype == Q4_K || qtype == Q5_K) return qtype == Q4_K ? 2368 : 2880;
+    return qtype == Q6_K ? 3360 : qtype == IQ4_XS ? 2208 : (int64_t)TILE_ROWS * BLOCK_BYTES[qtype];
 }
 
 /* tiles [t0, t1) of W (N rows, K columns) times x's M rows: out[m, n] (+ bias[n]) (+ res[m, n]) */
