@@ -28,8 +28,9 @@ With x quantized to int8 blocks of 32 (QRows), sub-block j of a Q4_K row adds
 over its halves a and b of 16 columns, and of an IQ4_XS row (d sc_j d_x) (dot - 128 s_x), its codes
 shuffled into the table's values + 128 as cpu_tiles.c's IQ4_NL. Even and odd sub-blocks sum in two
 accumulators, as the tiled types' blocks do. The plain-C bodies make the AVX-512 (and AVX2: two halves
-of 8 rows) ones' fp32 operations in their order: the same bits. The exact product (x in fp32) dequantizes a super-block of
-the tile's 16 rows into a buffer that both bodies read. */
+of 8 rows) ones' fp32 operations in their order: the same bits. The exact product (x in fp32) makes
+each column's 16 weights in a register (AVX-512), or dequantizes a super-block of the tile's 16 rows into
+a buffer first (plain C, AVX2): the same values either way. */
 
 #include "cpu_tiles.h"
 
@@ -347,9 +348,78 @@ void agentkv_ktile_rows(int qtype, const uint8_t *tile, int64_t nsb, const QRows
 
 /* ---- exact rows: x in fp32 against the tile's weights ----------------------------------------------- */
 
+#if AGENTKV_TILES_FAST
+/* column c (0..31) of sub-block j of a tile's super-block, its 16 rows' weights as agentkv_ktile_weights
+   computes them (each an exact product or one rounding, so the same bits) */
+INLINE __m512 kcol_avx512(const int qtype, const uint8_t *sblk, int j, int c, __m512 dv, __m512 mv) {
+    const uint8_t *qs = ksub(qtype, sblk, j);
+    const __m512i byte = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
+    const int kk = c % 16;
+    __m512i q = _mm512_and_si512(_mm512_srli_epi32(_mm512_loadu_si512((const void *)(qs + (kk / 4) * 64)),
+                                                   8 * (kk % 4)), byte);
+    q = c < 16 ? _mm512_and_si512(q, _mm512_set1_epi32(15)) : _mm512_srli_epi32(q, 4);
+    if (qtype == Q5_K) {
+        const __m512i h = _mm512_loadu_si512((const void *)k5_high(sblk, j));
+        q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, q5_bit(c)), one), 4));
+    } else if (qtype == Q6_K) {
+        const __m512i h = _mm512_loadu_si512((const void *)(qs + 256 + 64 * (kk / 4 % 2)));
+        const __m512i pair =
+            _mm512_and_si512(_mm512_srli_epi32(h, 8 * (kk % 4) + k6_high_shift(c)), _mm512_set1_epi32(3));
+        q = _mm512_or_si512(q, _mm512_slli_epi32(pair, 4));
+    } else if (qtype == IQ4_XS) {
+        q = _mm512_permutexvar_epi32(q, _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)IQ4_NL_U8)));
+    }
+    const __m512 qf = _mm512_cvtepi32_ps(q);
+    if (k4_like(qtype)) return _mm512_fmsub_ps(dv, qf, mv);  /* d sc q - dmin mn (d sc q is exact) */
+    return _mm512_mul_ps(dv, _mm512_sub_ps(qf, _mm512_set1_ps(qtype == Q6_K ? 32.f : 128.f)));
+}
+
+/* the per-row scale vectors of sub-block j's columns c0..c0+15 (dv: d sc; mv: Q4_K's and Q5_K's dmin mn) */
+INLINE void kscales_avx512(const int qtype, const uint8_t *sblk, int j, int half, __m512 *dv, __m512 *mv) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sblk));
+    const uint8_t *sc = sblk + (k4_like(qtype) ? K4_SC + 16 * j : qtype == IQ4_XS ? KX_SC + 16 * j
+                                                                               : K6_SC + 16 * (2 * j + half));
+    const __m128i b = _mm_loadu_si128((const __m128i *)sc);
+    *dv = _mm512_mul_ps(d, _mm512_cvtepi32_ps(k4_like(qtype) ? _mm512_cvtepu8_epi32(b) : _mm512_cvtepi8_epi32(b)));
+    *mv = _mm512_setzero_ps();
+    if (k4_like(qtype)) {
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sblk + K4_DMIN)));
+        const __m128i mn = _mm_loadu_si128((const __m128i *)(sblk + K4_MN + 16 * j));
+        *mv = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
+    }
+}
+#endif
+
+/* x's rows [M <= 16] against one tile: sums over k in order, even sub-blocks in one accumulator and odd
+   ones in another. The plain-C body dequantizes a super-block of the 16 rows into a buffer first; the
+   AVX-512 one makes each column's 16 weights in a register (kcol_avx512), the same values. */
 void agentkv_ktile_exact_rows(int qtype, const uint8_t *tile, int64_t nsb, const float *x, int64_t K, int64_t M,
                               float res[MAX_M][TILE_ROWS], int generic) {
     const int64_t tb = tile_block_bytes(qtype);
+#if AGENTKV_TILES_FAST
+    if (!generic) {
+        __m512 acc[2][MAX_M];
+        for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
+        for (int64_t s = 0; s < nsb; s++) {
+            const uint8_t *sblk = tile + s * tb;
+            __builtin_prefetch(sblk + 3 * tb, 0, 3);
+            for (int j = 0; j < 8; j++) {
+                __m512 *a = acc[j & 1];
+                for (int half = 0; half < 2; half++) {
+                    __m512 dv, mv;
+                    kscales_avx512(qtype, sblk, j, half, &dv, &mv);
+                    for (int c = 16 * half; c < 16 * half + 16; c++) {
+                        const __m512 w = kcol_avx512(qtype, sblk, j, c, dv, mv);
+                        const float *xk = x + s * QK_K + QK * j + c;
+                        for (int64_t m = 0; m < M; m++) a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(xk[m * K]), a[m]);
+                    }
+                }
+            }
+        }
+        for (int64_t m = 0; m < M; m++) _mm512_storeu_ps(res[m], _mm512_add_ps(acc[0][m], acc[1][m]));
+        return;
+    }
+#endif
     float w[QK_K][TILE_ROWS]; /* a super-block of the 16 rows, column by column */
     float acc[2][MAX_M][TILE_ROWS] = {{{0.f}}};
     for (int64_t s = 0; s < nsb; s++) {
@@ -361,14 +431,7 @@ void agentkv_ktile_exact_rows(int qtype, const uint8_t *tile, int64_t nsb, const
         for (int k = 0; k < QK_K; k++) { /* sums over k in order, even blocks of 32 in one accumulator */
             float(*a)[TILE_ROWS] = acc[(k / QK) & 1];
             const float *xk = x + s * QK_K + k;
-#if AGENTKV_TILES_FAST
-            if (!generic) {
-                const __m512 wv = _mm512_loadu_ps(w[k]);
-                for (int64_t m = 0; m < M; m++)
-                    _mm512_storeu_ps(a[m], _mm512_fmadd_ps(wv, _mm512_set1_ps(xk[m * K]), _mm512_loadu_ps(a[m])));
-                continue;
-            }
-#elif AGENTKV_TILES_AVX2
+#if AGENTKV_TILES_AVX2
             if (!generic) {
                 for (int h = 0; h < 2; h++) {
                     const __m256 wv = _mm256_loadu_ps(w[k] + 8 * h);
