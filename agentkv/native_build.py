@@ -31,7 +31,9 @@ def build(folder: str, name: str, sources: Sequence[Path], flags: Sequence[str] 
           fallback_flags: Sequence[str] | None = None, link: Sequence[str] = (),
           key: Sequence[bytes] = ()) -> Path:
     """The library built from `sources` (with the headers beside them), from the cache where it is
-    there. `fallback_flags` replace `flags` for a compiler that refuses them (-march=native)."""
+    there. `fallback_flags` replace `flags` for a compiler that refuses them (-march=native); a source
+    that fails under flags the compiler takes is an error, not a reason to build it without them (the
+    plain-C bodies run many times slower)."""
     cc = compiler()
     digest = hashlib.sha256()
     folders = {Path(s).parent for s in sources}
@@ -44,21 +46,24 @@ def build(folder: str, name: str, sources: Sequence[Path], flags: Sequence[str] 
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        if fallback_flags is not None and not _takes(cc, flags, Path(tmp)):
+            flags = fallback_flags
         objects = []
         for src in sources:
             obj = Path(tmp) / (Path(src).stem + ".o")
-            base = [cc, "-O3", "-fPIC", "-std=gnu11", "-c", str(src), "-o", str(obj)]
-            try:
-                run([*base, *flags])
-            except RuntimeError:
-                if fallback_flags is None:
-                    raise
-                run([*base, *fallback_flags])
+            run([cc, "-O3", "-fPIC", "-std=gnu11", "-c", str(src), "-o", str(obj), *flags])
             objects.append(obj)
         so = Path(tmp) / out.name
         run([cc, "-shared", "-o", str(so), *map(str, objects), *link, "-lm"])
         os.replace(so, out)  # atomic: processes building at once (tensor-parallel ranks) all load a whole file
     return out
+
+
+def _takes(cc: str, flags: Sequence[str], tmp: Path) -> bool:
+    """Whether the compiler builds an empty source with `flags`."""
+    src = tmp / "empty.c"
+    src.write_text("int agentkv_empty;\n")
+    return subprocess.run([cc, "-c", str(src), "-o", str(tmp / "empty.o"), *flags], capture_output=True).returncode == 0
 
 
 def run(cmd: list[str]) -> None:

@@ -388,6 +388,16 @@ INLINE void kscales_avx512(const int qtype, const uint8_t *sblk, int j, int half
         *mv = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
     }
 }
+
+void agentkv_ktile_cols(int qtype, const uint8_t *sblk, float cols[QK_K][TILE_ROWS]) {
+    for (int j = 0; j < 8; j++)
+        for (int half = 0; half < 2; half++) {
+            __m512 dv, mv;
+            kscales_avx512(qtype, sblk, j, half, &dv, &mv);
+            for (int c = 16 * half; c < 16 * half + 16; c++)
+                _mm512_storeu_ps(cols[QK * j + c], kcol_avx512(qtype, sblk, j, c, dv, mv));
+        }
+}
 #endif
 
 /* x's rows [M <= 16] against one tile: sums over k in order, even sub-blocks in one accumulator and odd

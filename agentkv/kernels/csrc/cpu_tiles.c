@@ -372,12 +372,65 @@ int agentkv_qtile_linear(int qtype, int bf, const void *x, int64_t x_ld, int64_t
     return 0;
 }
 
+#if AGENTKV_TILES_FAST
+/* column k of a tile's block: its 16 rows' weights, tile_weight's values (tile_u's integer, as cpu_tiles.h's
+   unpacking reads it, then the block's scale) */
+INLINE __m512 col_avx512(const int qtype, const uint8_t *blk, int k) {
+    const uint8_t *qs = blk + weights_at(qtype);
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+    const int kk = qtype == Q8_0 ? k : k % 16;
+    const __m512i r = _mm512_loadu_si512((const void *)(qs + (kk / 4) * 64)), one = _mm512_set1_epi32(1);
+    __m512i q = _mm512_and_si512(_mm512_srli_epi32(r, 8 * (kk % 4)), _mm512_set1_epi32(0xff));
+    if (qtype != Q8_0) q = k < 16 ? _mm512_and_si512(q, _mm512_set1_epi32(15)) : _mm512_srli_epi32(q, 4);
+    if (qtype == IQ4_NL)
+        q = _mm512_permutexvar_epi32(q, _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)IQ4_NL_U8)));
+    if (high_at(qtype)) {
+        const __m512i hv = _mm512_loadu_si512((const void *)(blk + high_at(qtype)));
+        q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hv, q5_bit(k)), one), 4));
+    }
+    if (has_min(qtype)) {
+        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+        return _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(q), mv);
+    }
+    return _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32((int32_t)quant_offset(qtype)))));
+}
+
+/* tile t of W (all its rows) into out's rows 16 t..: each block's columns made in registers (col_avx512,
+   kcols: the values rows read back hold), then written out row by row from L1 */
+static void tile_dequant_avx512(const int qtype, const int bf, const uint8_t *tiles, int64_t N, int64_t K, int64_t t,
+                                void *out, int64_t out_ld) {
+    const int64_t bw = BLOCK_WEIGHTS[qtype], nb = K / bw, tb = tile_block_bytes(qtype);
+    const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
+    float cols[QK_K][TILE_ROWS];
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = tiles + (t * nb + b) * tb;
+        if (is_kquant(qtype)) agentkv_ktile_cols(qtype, blk, cols);
+        else
+            for (int k = 0; k < QK; k++) _mm512_storeu_ps(cols[k], col_avx512(qtype, blk, k));
+        for (int i = 0; i < valid; i++)
+            for (int64_t k = 0; k < bw; k++) store1(out, (t * TILE_ROWS + i) * out_ld + b * bw + k, cols[k][i], bf);
+    }
+}
+#endif
+
 /* rows `rows[0..n)` of a tiled W (all N in order when NULL) into out [n, K] (row stride out_ld) */
+
 int agentkv_qtile_dequant(int qtype, int bf, const uint8_t *tiles, int64_t N, int64_t K, const int64_t *rows, int64_t n,
                           void *out, int64_t out_ld, int nthreads) {
     if (!tiled_shape(qtype, K)) return 1;
     for (int64_t r = 0; r < n; r++)
         if (rows && (rows[r] < 0 || rows[r] >= N)) return 3;
+#if AGENTKV_TILES_FAST
+    if (!rows) {  /* the whole weight (a long prompt's product): a tile at a time */
+        const int64_t ntiles = (N + TILE_ROWS - 1) / TILE_ROWS;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K > 8192)
+        for (int64_t t = 0; t < ntiles; t++) {
+            if (bf) tile_dequant_avx512(qtype, 1, tiles, N, K, t, out, out_ld);
+            else tile_dequant_avx512(qtype, 0, tiles, N, K, t, out, out_ld);
+        }
+        return 0;
+    }
+#endif
     float *buf = malloc((size_t)K * sizeof(float) * (size_t)(nthreads > 0 ? nthreads : 1));
     if (!buf) return 2;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n * K > 8192)
@@ -413,27 +466,12 @@ INLINE void exact_avx512(const int qtype, const uint8_t *tile, int64_t nb, const
     const int64_t tb = tile_block_bytes(qtype);
     __m512 acc[2][MAX_M];
     for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
-    const __m512i byte = _mm512_set1_epi32(0xff), low = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
-    const __m512i off = _mm512_set1_epi32((int32_t)quant_offset(qtype));
-    const __m512i values = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)IQ4_NL_U8));
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = tile + b * tb, *qs = blk + weights_at(qtype);
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        const __m512 mv = has_min(qtype) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
-                                         : _mm512_setzero_ps();
-        const __m512i hv = high_at(qtype) ? _mm512_loadu_si512((const void *)(blk + high_at(qtype))) : one;
+        const uint8_t *blk = tile + b * tb;
         __builtin_prefetch(blk + 24 * tb, 0, 3);
         __m512 *a = acc[b & 1];
-        for (int k = 0; k < QK; k++) {  /* 16 rows' weight k (tile_u's integer), then each row of x */
-            const int kk = qtype == Q8_0 ? k : k % 16;
-            const __m512i r = _mm512_loadu_si512((const void *)(qs + (kk / 4) * 64));
-            __m512i q = _mm512_and_si512(_mm512_srli_epi32(r, 8 * (kk % 4)), byte);
-            if (qtype != Q8_0) q = k < 16 ? _mm512_and_si512(q, low) : _mm512_srli_epi32(q, 4);
-            if (qtype == IQ4_NL) q = _mm512_permutexvar_epi32(q, values);
-            if (high_at(qtype))
-                q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hv, q5_bit(k)), one), 4));
-            const __m512 w = has_min(qtype) ? _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(q), mv)
-                                            : _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, off)));
+        for (int k = 0; k < QK; k++) {  /* 16 rows' weight k, then each row of x */
+            const __m512 w = col_avx512(qtype, blk, k);
             for (int64_t m = 0; m < M; m++)
                 a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[m * K + b * QK + k]), a[m]);
         }

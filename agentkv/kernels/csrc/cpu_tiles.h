@@ -199,6 +199,11 @@ void agentkv_ktile_pack_row(int qtype, const uint8_t *src, int i, uint8_t *dst);
 /* row i of a tile's super-block as its 256 fp32 weights */
 void agentkv_ktile_weights(int qtype, const uint8_t *sblk, int i, float *w);
 
+#if AGENTKV_TILES_FAST
+/* a tile's super-block column by column: cols[k] its 16 rows' weights k, agentkv_ktile_weights' values */
+void agentkv_ktile_cols(int qtype, const uint8_t *sblk, float cols[QK_K][TILE_ROWS]);
+#endif
+
 /* one tile (nsb super-blocks) against x's M <= 16 int8 rows, or (exact_rows) fp32 rows [M, K] */
 void agentkv_ktile_rows(int qtype, const uint8_t *tile, int64_t nsb, const QRows *x, int64_t M,
                         float res[MAX_M][TILE_ROWS], int generic);
