@@ -74,7 +74,8 @@ def test_tiled_linear_matches_the_formats(name, rows, dtype):
 def test_rows_read_back_from_tiles(name):
     w, deq = quantized(name, 37, 512)
     tiled = kernels.tile(w)
-    assert torch.equal(kernels.qdequant(tiled, None, torch.float32), deq)
+    assert torch.equal(kernels.qdequant(tiled, None, torch.float32), deq)  # (whole: a tile at a time)
+    assert torch.equal(kernels.qdequant(tiled, None, torch.bfloat16), deq.bfloat16())
     rows = torch.tensor([36, 0, 17, 17])
     assert torch.equal(kernels.qdequant(tiled, rows, torch.float32), deq[rows])
 
