@@ -29,8 +29,8 @@ over its halves a and b of 16 columns, and of an IQ4_XS row (d sc_j d_x) (dot - 
 shuffled into the table's values + 128 as cpu_tiles.c's IQ4_NL. Even and odd sub-blocks sum in two
 accumulators, as the tiled types' blocks do. The plain-C bodies make the AVX-512 (and AVX2: two halves
 of 8 rows) ones' fp32 operations in their order: the same bits. The exact product (x in fp32) makes
-each column's 16 weights in a register (AVX-512), or dequantizes a super-block of the tile's 16 rows into
-a buffer first (plain C, AVX2): the same values either way. */
+each column's weights in a register (AVX-512, AVX2), or dequantizes a super-block of the tile's 16 rows
+into a buffer first (plain C): the same values either way. */
 
 #include "cpu_tiles.h"
 
@@ -400,9 +400,65 @@ void agentkv_ktile_cols(int qtype, const uint8_t *sblk, float cols[QK_K][TILE_RO
 }
 #endif
 
+#if AGENTKV_TILES_AVX2
+/* kcol_avx512 for rows 8 h..8 h + 7 */
+INLINE __m256 kcol_avx2(const int qtype, const uint8_t *sblk, int j, int c, int h, __m256 dv, __m256 mv) {
+    const uint8_t *qs = ksub(qtype, sblk, j);
+    const __m256i byte = _mm256_set1_epi32(0xff), one = _mm256_set1_epi32(1);
+    const int kk = c % 16;
+    __m256i q = _mm256_and_si256(
+        _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(qs + (kk / 4) * 64 + 32 * h)), 8 * (kk % 4)), byte);
+    q = c < 16 ? _mm256_and_si256(q, _mm256_set1_epi32(15)) : _mm256_srli_epi32(q, 4);
+    if (qtype == Q5_K) {
+        const __m256i hv = _mm256_loadu_si256((const __m256i *)(k5_high(sblk, j) + 32 * h));
+        q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hv, q5_bit(c)), one), 4));
+    } else if (qtype == Q6_K) {
+        const __m256i hv = _mm256_loadu_si256((const __m256i *)(qs + 256 + 64 * (kk / 4 % 2) + 32 * h));
+        const __m256i pair =
+            _mm256_and_si256(_mm256_srli_epi32(hv, 8 * (kk % 4) + k6_high_shift(c)), _mm256_set1_epi32(3));
+        q = _mm256_or_si256(q, _mm256_slli_epi32(pair, 4));
+    } else if (qtype == IQ4_XS) {  /* (two tables of 8, the code's bit 3 choosing) */
+        const __m256i lo8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)IQ4_NL_U8));
+        const __m256i hi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(IQ4_NL_U8 + 8)));
+        q = _mm256_blendv_epi8(_mm256_permutevar8x32_epi32(lo8, q), _mm256_permutevar8x32_epi32(hi8, q),
+                               _mm256_cmpgt_epi32(q, _mm256_set1_epi32(7)));
+    }
+    const __m256 qf = _mm256_cvtepi32_ps(q);
+    if (k4_like(qtype)) return _mm256_fmsub_ps(dv, qf, mv);
+    return _mm256_mul_ps(dv, _mm256_sub_ps(qf, _mm256_set1_ps(qtype == Q6_K ? 32.f : 128.f)));
+}
+
+/* kscales_avx512 for rows 8 h..8 h + 7 */
+INLINE void kscales_avx2(const int qtype, const uint8_t *sblk, int j, int half, int h, __m256 *dv, __m256 *mv) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sblk + 16 * h)));
+    const uint8_t *sc = sblk + 8 * h + (k4_like(qtype) ? K4_SC + 16 * j : qtype == IQ4_XS ? KX_SC + 16 * j
+                                                                                   : K6_SC + 16 * (2 * j + half));
+    const __m128i b = _mm_loadl_epi64((const __m128i *)sc);
+    *dv = _mm256_mul_ps(d, _mm256_cvtepi32_ps(k4_like(qtype) ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b)));
+    *mv = _mm256_setzero_ps();
+    if (k4_like(qtype)) {
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sblk + K4_DMIN + 16 * h)));
+        const __m128i mn = _mm_loadl_epi64((const __m128i *)(sblk + K4_MN + 16 * j + 8 * h));
+        *mv = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
+    }
+}
+
+void agentkv_ktile_cols(int qtype, const uint8_t *sblk, float cols[QK_K][TILE_ROWS]) {
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 8; j++)
+            for (int half = 0; half < 2; half++) {
+                __m256 dv, mv;
+                kscales_avx2(qtype, sblk, j, half, h, &dv, &mv);
+                for (int c = 16 * half; c < 16 * half + 16; c++)
+                    _mm256_storeu_ps(cols[QK * j + c] + 8 * h, kcol_avx2(qtype, sblk, j, c, h, dv, mv));
+            }
+}
+#endif
+
 /* x's rows [M <= 16] against one tile: sums over k in order, even sub-blocks in one accumulator and odd
    ones in another. The plain-C body dequantizes a super-block of the 16 rows into a buffer first; the
-   AVX-512 one makes each column's 16 weights in a register (kcol_avx512), the same values. */
+   AVX-512 and AVX2 ones make each column's weights in a register (kcol_avx512, kcol_avx2), the same
+   values. */
 void agentkv_ktile_exact_rows(int qtype, const uint8_t *tile, int64_t nsb, const float *x, int64_t K, int64_t M,
                               float res[MAX_M][TILE_ROWS], int generic) {
     const int64_t tb = tile_block_bytes(qtype);
@@ -429,6 +485,31 @@ void agentkv_ktile_exact_rows(int qtype, const uint8_t *tile, int64_t nsb, const
         for (int64_t m = 0; m < M; m++) _mm512_storeu_ps(res[m], _mm512_add_ps(acc[0][m], acc[1][m]));
         return;
     }
+#elif AGENTKV_TILES_AVX2
+    if (!generic) {
+        for (int h = 0; h < 2; h++) {
+            __m256 acc[2][MAX_M];
+            for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
+            for (int64_t s = 0; s < nsb; s++) {
+                const uint8_t *sblk = tile + s * tb;
+                for (int j = 0; j < 8; j++) {
+                    __m256 *a = acc[j & 1];
+                    for (int half = 0; half < 2; half++) {
+                        __m256 dv, mv;
+                        kscales_avx2(qtype, sblk, j, half, h, &dv, &mv);
+                        for (int c = 16 * half; c < 16 * half + 16; c++) {
+                            const __m256 w = kcol_avx2(qtype, sblk, j, c, h, dv, mv);
+                            const float *xk = x + s * QK_K + QK * j + c;
+                            for (int64_t m = 0; m < M; m++)
+                                a[m] = _mm256_fmadd_ps(w, _mm256_set1_ps(xk[m * K]), a[m]);
+                        }
+                    }
+                }
+            }
+            for (int64_t m = 0; m < M; m++) _mm256_storeu_ps(res[m] + 8 * h, _mm256_add_ps(acc[0][m], acc[1][m]));
+        }
+        return;
+    }
 #endif
     float w[QK_K][TILE_ROWS]; /* a super-block of the 16 rows, column by column */
     float acc[2][MAX_M][TILE_ROWS] = {{{0.f}}};
@@ -441,17 +522,6 @@ void agentkv_ktile_exact_rows(int qtype, const uint8_t *tile, int64_t nsb, const
         for (int k = 0; k < QK_K; k++) { /* sums over k in order, even blocks of 32 in one accumulator */
             float(*a)[TILE_ROWS] = acc[(k / QK) & 1];
             const float *xk = x + s * QK_K + k;
-#if AGENTKV_TILES_AVX2
-            if (!generic) {
-                for (int h = 0; h < 2; h++) {
-                    const __m256 wv = _mm256_loadu_ps(w[k] + 8 * h);
-                    for (int64_t m = 0; m < M; m++)
-                        _mm256_storeu_ps(a[m] + 8 * h, _mm256_fmadd_ps(wv, _mm256_set1_ps(xk[m * K]),
-                                                                       _mm256_loadu_ps(a[m] + 8 * h)));
-                }
-                continue;
-            }
-#endif
             for (int64_t m = 0; m < M; m++)
                 for (int i = 0; i < TILE_ROWS; i++) a[m][i] = fmaf(w[k][i], xk[m * K], a[m][i]);
         }

@@ -395,10 +395,40 @@ INLINE __m512 col_avx512(const int qtype, const uint8_t *blk, int k) {
     return _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32((int32_t)quant_offset(qtype)))));
 }
 
-/* tile t of W (all its rows) into out's rows 16 t..: each block's columns made in registers (col_avx512,
-   kcols: the values rows read back hold), then written out row by row from L1 */
-static void tile_dequant_avx512(const int qtype, const int bf, const uint8_t *tiles, int64_t N, int64_t K, int64_t t,
-                                void *out, int64_t out_ld) {
+#endif
+
+#if AGENTKV_TILES_AVX2
+/* col_avx512 for rows 8 h..8 h + 7 */
+INLINE __m256 col_avx2(const int qtype, const uint8_t *blk, int k, int h) {
+    const uint8_t *qs = blk + weights_at(qtype);
+    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+    const int kk = qtype == Q8_0 ? k : k % 16;
+    const __m256i r = _mm256_loadu_si256((const __m256i *)(qs + (kk / 4) * 64 + 32 * h)), one = _mm256_set1_epi32(1);
+    __m256i q = _mm256_and_si256(_mm256_srli_epi32(r, 8 * (kk % 4)), _mm256_set1_epi32(0xff));
+    if (qtype != Q8_0) q = k < 16 ? _mm256_and_si256(q, _mm256_set1_epi32(15)) : _mm256_srli_epi32(q, 4);
+    if (qtype == IQ4_NL) {  /* (two tables of 8, the code's bit 3 choosing) */
+        const __m256i lo8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)IQ4_NL_U8));
+        const __m256i hi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(IQ4_NL_U8 + 8)));
+        q = _mm256_blendv_epi8(_mm256_permutevar8x32_epi32(lo8, q), _mm256_permutevar8x32_epi32(hi8, q),
+                               _mm256_cmpgt_epi32(q, _mm256_set1_epi32(7)));
+    }
+    if (high_at(qtype)) {
+        const __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + high_at(qtype) + 32 * h));
+        q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hv, q5_bit(k)), one), 4));
+    }
+    if (has_min(qtype)) {
+        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
+        return _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(q), mv);
+    }
+    return _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32((int32_t)quant_offset(qtype)))));
+}
+#endif
+
+#if AGENTKV_TILES_FAST || AGENTKV_TILES_AVX2
+/* tile t of W (all its rows) into out's rows 16 t..: each block's columns made in registers (col_avx512 /
+   col_avx2, agentkv_ktile_cols: the values rows read back hold), then written out row by row from L1 */
+static void tile_dequant(const int qtype, const int bf, const uint8_t *tiles, int64_t N, int64_t K, int64_t t,
+                         void *out, int64_t out_ld) {
     const int64_t bw = BLOCK_WEIGHTS[qtype], nb = K / bw, tb = tile_block_bytes(qtype);
     const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
     float cols[QK_K][TILE_ROWS];
@@ -406,7 +436,14 @@ static void tile_dequant_avx512(const int qtype, const int bf, const uint8_t *ti
         const uint8_t *blk = tiles + (t * nb + b) * tb;
         if (is_kquant(qtype)) agentkv_ktile_cols(qtype, blk, cols);
         else
-            for (int k = 0; k < QK; k++) _mm512_storeu_ps(cols[k], col_avx512(qtype, blk, k));
+            for (int k = 0; k < QK; k++) {
+#if AGENTKV_TILES_FAST
+                _mm512_storeu_ps(cols[k], col_avx512(qtype, blk, k));
+#else
+                _mm256_storeu_ps(cols[k], col_avx2(qtype, blk, k, 0));
+                _mm256_storeu_ps(cols[k] + 8, col_avx2(qtype, blk, k, 1));
+#endif
+            }
         for (int i = 0; i < valid; i++)
             for (int64_t k = 0; k < bw; k++) store1(out, (t * TILE_ROWS + i) * out_ld + b * bw + k, cols[k][i], bf);
     }
@@ -414,19 +451,18 @@ static void tile_dequant_avx512(const int qtype, const int bf, const uint8_t *ti
 #endif
 
 /* rows `rows[0..n)` of a tiled W (all N in order when NULL) into out [n, K] (row stride out_ld) */
-
 int agentkv_qtile_dequant(int qtype, int bf, const uint8_t *tiles, int64_t N, int64_t K, const int64_t *rows, int64_t n,
                           void *out, int64_t out_ld, int nthreads) {
     if (!tiled_shape(qtype, K)) return 1;
     for (int64_t r = 0; r < n; r++)
         if (rows && (rows[r] < 0 || rows[r] >= N)) return 3;
-#if AGENTKV_TILES_FAST
+#if AGENTKV_TILES_FAST || AGENTKV_TILES_AVX2
     if (!rows) {  /* the whole weight (a long prompt's product): a tile at a time */
         const int64_t ntiles = (N + TILE_ROWS - 1) / TILE_ROWS;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (N * K > 8192)
         for (int64_t t = 0; t < ntiles; t++) {
-            if (bf) tile_dequant_avx512(qtype, 1, tiles, N, K, t, out, out_ld);
-            else tile_dequant_avx512(qtype, 0, tiles, N, K, t, out, out_ld);
+            if (bf) tile_dequant(qtype, 1, tiles, N, K, t, out, out_ld);
+            else tile_dequant(qtype, 0, tiles, N, K, t, out, out_ld);
         }
         return 0;
     }
@@ -485,34 +521,14 @@ INLINE void exact_avx512(const int qtype, const uint8_t *tile, int64_t nb, const
 INLINE void exact_avx2(const int qtype, const uint8_t *tile, int64_t nb, const float *x, int64_t K, int64_t M,
                        float res[MAX_M][TILE_ROWS]) {
     const int64_t tb = tile_block_bytes(qtype);
-    const __m256i byte = _mm256_set1_epi32(0xff), low = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
-    const __m256i off = _mm256_set1_epi32((int32_t)quant_offset(qtype)), seven = _mm256_set1_epi32(7);
-    const __m256i lo8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)IQ4_NL_U8));
-    const __m256i hi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(IQ4_NL_U8 + 8)));
     for (int h = 0; h < 2; h++) {
         __m256 acc[2][MAX_M];
         for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = tile + b * tb, *qs = blk + weights_at(qtype);
-            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
-            const __m256 mv = has_min(qtype) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)))
-                                             : _mm256_setzero_ps();
-            const __m256i hv = high_at(qtype) ? _mm256_loadu_si256((const __m256i *)(blk + high_at(qtype) + 32 * h))
-                                              : one;
+            const uint8_t *blk = tile + b * tb;
             __m256 *a = acc[b & 1];
             for (int k = 0; k < QK; k++) {
-                const int kk = qtype == Q8_0 ? k : k % 16;
-                const __m256i r = _mm256_loadu_si256((const __m256i *)(qs + (kk / 4) * 64 + 32 * h));
-                __m256i q = _mm256_and_si256(_mm256_srli_epi32(r, 8 * (kk % 4)), byte);
-                if (qtype != Q8_0) q = k < 16 ? _mm256_and_si256(q, low) : _mm256_srli_epi32(q, 4);
-                if (qtype == IQ4_NL)  /* (two tables of 8, the code's bit 3 choosing) */
-                    q = _mm256_blendv_epi8(_mm256_permutevar8x32_epi32(lo8, q), _mm256_permutevar8x32_epi32(hi8, q),
-                                           _mm256_cmpgt_epi32(q, seven));
-                if (high_at(qtype))
-                    q = _mm256_or_si256(q, _mm256_slli_epi32(
-                                               _mm256_and_si256(_mm256_srli_epi32(hv, q5_bit(k)), one), 4));
-                const __m256 w = has_min(qtype) ? _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(q), mv)
-                                                : _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, off)));
+                const __m256 w = col_avx2(qtype, blk, k, h);
                 for (int64_t m = 0; m < M; m++)
                     a[m] = _mm256_fmadd_ps(w, _mm256_set1_ps(x[m * K + b * QK + k]), a[m]);
             }

@@ -199,7 +199,7 @@ void agentkv_ktile_pack_row(int qtype, const uint8_t *src, int i, uint8_t *dst);
 /* row i of a tile's super-block as its 256 fp32 weights */
 void agentkv_ktile_weights(int qtype, const uint8_t *sblk, int i, float *w);
 
-#if AGENTKV_TILES_FAST
+#if AGENTKV_TILES_FAST || AGENTKV_TILES_AVX2
 /* a tile's super-block column by column: cols[k] its 16 rows' weights k, agentkv_ktile_weights' values */
 void agentkv_ktile_cols(int qtype, const uint8_t *sblk, float cols[QK_K][TILE_ROWS]);
 #endif
