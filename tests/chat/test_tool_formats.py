@@ -174,6 +174,24 @@ def test_pythonic_writes_python_literals_and_keyword_order():
     assert accepts(g, '[f(p={"on":False})]') and not accepts(g, '[f(p={"on":false})]')
 
 
+def test_pythonic_names_are_pythons_keywords_and_unicode_included():
+    """Arguments named by a keyword (`from`, common in conversion tools) and names in other scripts (a
+    BFCL tool's `año_vehiculo`) are written and read back: the reader renames keywords for Python's
+    parser, leaving the strings' text alone."""
+    fmt = Pythonic()
+    tools = [FunctionSpec("convert", {"type": "object", "properties": {"from": {"type": "string"},
+                                                                         "to": {"type": "string"}},
+                                      "required": ["from", "to"]}),
+             FunctionSpec("import", {"type": "object", "properties": {"año_vehiculo": {"type": "integer"}}})]
+    g = BYTE_COMPILER.compile_lark(fmt.grammar(tools, "required", None))
+    calls = [ToolCall("convert", {"from": "USD", "to": "a, from=b("}), ToolCall("import", {"año_vehiculo": 2020})]
+    text = fmt.calls_text(calls)
+    assert accepts(g, text)
+    assert fmt.parse(text)[1] == calls
+    with pytest.raises(RequestError, match="Python identifier"):  # (Python reads `ﬁle` as `file`)
+        fmt.grammar([FunctionSpec("f", {"type": "object", "properties": {"ﬁle": {}}})], "required", None)
+
+
 def test_mistral_ids_and_structured_history():
     fmt = Mistral(native=True)
     call = ToolCall("add", {"a": 1}, "call_1_0")

@@ -11,7 +11,11 @@ must (vLLM's Gemma 3 template checks that the turns without `tool_calls` alterna
 from __future__ import annotations
 
 import ast
+import io
+import keyword
 import re
+import tokenize
+import unicodedata
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -21,8 +25,15 @@ from agentkv.errors import RequestError
 from agentkv.grammar.schema.objects import python_dumps
 
 SEPARATOR = ", "
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_PARTIAL = re.compile(r"(?:\[|, )([A-Za-z_][A-Za-z0-9_]*)\(")
+_PARTIAL = re.compile(r"(?:\[|, )([^\W\d]\w*)\(")
+_KEYWORD = "__agentkv_keyword_"  # a keyword written as a name (`from=`, `class(`), while Python reads the calls
+
+
+def _is_identifier(name: str) -> bool:
+    """A name a call can write and Python reads back as itself: an identifier (Unicode letters
+    included, `año`), in the NFKC form Python's parser gives it. Keywords (`from`, `class`) are
+    names here: the calls are read with them renamed (_calls)."""
+    return name.isidentifier() and unicodedata.normalize("NFKC", name) == name
 
 
 @dataclass(frozen=True)
@@ -60,14 +71,14 @@ class Pythonic(ToolFormat):
 
     def text_words(self, tools) -> tuple[str, ...]:
         # a call is the whole reply: text may not write one of an offered tool (it would be content)
-        return self.forbidden + tuple(f"[{t.name}(" for t in tools if _IDENTIFIER.fullmatch(t.name))
+        return self.forbidden + tuple(f"[{t.name}(" for t in tools if _is_identifier(t.name))
 
     def calls_rules(self, parallel) -> str:
         more = f' ({lark_literal(SEPARATOR)} call)*' if parallel else ""
         return f'calls: "[" call{more} "]"\n'
 
     def call_part(self, tool, close_objects) -> str:
-        if not _IDENTIFIER.fullmatch(tool.name):
+        if not _is_identifier(tool.name):
             raise RequestError(f"the tool name {tool.name!r} is not a Python identifier, which the pythonic tool "
                                "format needs; rename the tool, or choose another tool_format")
         rules: list[str] = []
@@ -107,7 +118,7 @@ def _kwargs(rules: list[str], rule: str, schema: dict) -> str:
     shared = {k: schema[k] for k in ("$defs", "definitions") if k in schema}  # what $refs in a property point at
     items = []
     for name, sub in props.items():
-        if not _IDENTIFIER.fullmatch(name):
+        if not _is_identifier(name):
             raise RequestError(f"the argument name {name!r} is not a Python identifier, which the pythonic tool "
                                "format needs; rename it, or choose another tool_format")
         sub = {**(sub if isinstance(sub, dict) else {} if sub is True else {"not": {}}), **shared}
@@ -130,7 +141,7 @@ def _kwargs(rules: list[str], rule: str, schema: dict) -> str:
 
 def _calls(source: str) -> list[ToolCall] | None:
     try:
-        tree = ast.parse(source, mode="eval").body
+        tree = ast.parse(_keywords_renamed(source), mode="eval").body
     except SyntaxError:
         return None
     if not isinstance(tree, ast.List):
@@ -140,11 +151,26 @@ def _calls(source: str) -> list[ToolCall] | None:
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
             return None
         try:
-            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+            args = {kw.arg.removeprefix(_KEYWORD): ast.literal_eval(kw.value) for kw in node.keywords}
         except ValueError:
             return None
-        calls.append(ToolCall(node.func.id, args))
+        calls.append(ToolCall(node.func.id.removeprefix(_KEYWORD), args))
     return calls
+
+
+def _keywords_renamed(source: str) -> str:
+    """`source` with each keyword that stands as a call's or an argument's name (`convert(from="USD")`,
+    a tool named `import`) renamed to a name Python reads, strings left alone (its own tokenizer)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return source
+    named = False
+    for i, tok in enumerate(tokens[:-1]):
+        if tok.type == tokenize.NAME and keyword.iskeyword(tok.string) and tokens[i + 1].string in ("=", "("):
+            tokens[i] = tok._replace(string=_KEYWORD + tok.string)
+            named = True
+    return tokenize.untokenize(tokens) if named else source
 
 
 def _kwargs_text(arguments: dict) -> str:
