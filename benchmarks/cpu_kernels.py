@@ -12,10 +12,11 @@ and the two sides alternate so drifts in machine speed hit both:
 - extend attention: one request's new tokens after a cached prefix, the C kernel's tiles (the cpu
   backend, which takes every token) against SDPA (the torch backend);
 - with `--quantized`: the linears of 8 layers of a 1B-class model (2048 wide, 5632 MLP: widths every GGUF
-  type's blocks divide) kept in each quantized type csrc/cpu_quant.c multiplies (random blocks), row-major
-  and in tiles (csrc/cpu_tiles.c, cpu_ktiles.c, where the CPU has AVX-512 VNNI), against the same shapes
-  in the C bf16 kernel, and each one's bytes; then the embedded model's linears of one
-  batch-1 decode step, kept in its file's Q4_1 / Q8_0 blocks, against bf16.
+  type's blocks divide) kept in each quantized type the C kernels multiply (random blocks), row-major
+  (csrc/cpu_quant.c's types) and in tiles (csrc/cpu_tiles.c, cpu_ktiles.c, where the CPU has AVX-512
+  VNNI or AVX2), the tiles also with x in fp32 (`exact`: a prompt's rows), against the same shapes in
+  the C bf16 kernel, and each one's bytes; then the embedded model's linears of one batch-1 decode step,
+  kept in its file's Q4_1 / Q8_0 blocks, against bf16.
 
     python benchmarks/cpu_kernels.py [--dtype bfloat16|float32] [--rows 1,16,64,550] [--quantized]
 """
@@ -93,30 +94,35 @@ def quantized_linears(kernels, rows_list) -> list:
     import gguf
     import numpy as np
 
-    from tests.kernels.test_quant_kernels import K_QUANTS, k_blocks  # random K-quant blocks with sane scales
+    # random blocks with sane scales of the types the gguf package cannot make
+    from tests.kernels.test_quant_kernels import K_QUANTS, k_blocks
 
     rng = np.random.default_rng(0)
-    sets = {}
+    sets, exact = {}, set()
     for name, (code, block, size) in cpu_quant.QUANT_TYPES.items():
         kind = getattr(gguf.GGMLQuantizationType, name)
         ws = []
         for _ in range(QUANT_LAYERS):
             for k, n in QUANT_SHAPES:
-                if name in K_QUANTS:
+                if name in (*K_QUANTS, "IQ4_NL"):
                     raw = k_blocks(kind, (n, k), rng)
                     ws.append((k, cpu_quant.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), code, k, n)))
                 else:
                     ws.append((k, quant_blocks(name, n, k, rng)))
-        sets[name] = ws
+        if code in cpu_quant.ROW_MAJOR_TYPES:
+            sets[name] = ws
         if kernels.qtile_fast:  # the same blocks in tiles of 16 rows (csrc/cpu_tiles.c, cpu_ktiles.c)
             sets[f"{name} tiles"] = [(k, kernels.tile(w)) for k, w in ws]
+            sets[f"{name} exact"] = sets[f"{name} tiles"]
+            exact.add(f"{name} exact")
     bf16 = [(k, kernels.pack_linear((torch.randn(k, n) * 0.05).bfloat16())) for _ in range(QUANT_LAYERS)
             for k, n in QUANT_SHAPES] if torch.bfloat16 in kernels.linear_dtypes else []
     out = []
     for rows in rows_list:
         xs = {k: torch.randn(rows, k) for k, _ in QUANT_SHAPES}
         xb = {k: x.bfloat16() for k, x in xs.items()}
-        fns = {name: (lambda ws=ws: [kernels.qlinear(xs[k], w) for k, w in ws]) for name, ws in sets.items()}
+        fns = {name: (lambda ws=ws, e=name in exact: [kernels.qlinear(xs[k], w, exact=e) for k, w in ws])
+               for name, ws in sets.items()}
         if bf16:
             fns["bf16"] = lambda: [kernels.linear(xb[k], w) for k, w in bf16]
         t = best(fns, 3)
