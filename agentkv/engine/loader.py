@@ -130,8 +130,8 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
 
 def _notice_dequantized(directory: Path, kept: bool, at_load: set[str]) -> None:
     """One line where a GGUF's matrices were dequantized (a quantization no kernel multiplies, kernels
-    that do not run here, or the parts of one linear in types no kernel takes together: `at_load`):
-    they take their full-precision size in memory."""
+    that do not run here, or a linear with such a part: `at_load`): they take their full-precision size
+    in memory."""
     listed = directory / "dequantized.json"
     types = {*(json.loads(listed.read_text()) if listed.exists() else []), *at_load}
     if not kept:
@@ -267,8 +267,8 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
     """One MoE layer's tensors, as checkpoints name them: per expert (the Hub's Qwen `mlp.experts.N.
     gate_proj`, Mixtral's `block_sparse_moe.experts.N.w1/w3/w2`), fused across experts
     (transformers 5's `mlp.experts.gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I]), or stacked by
-    kind (a GGUF's gate / up / down [E, out, in]; left in their blocks where `kept` (the state's
-    quantized parts in one type, or None) takes the ones `quant` holds)."""
+    kind (a GGUF's gate / up / down [E, out, in]; left in their blocks where `kept` (the parts in types
+    the kernels here take, or None) takes the ones `quant` holds)."""
     block = p + ("block_sparse_moe." if p + "block_sparse_moe.gate.weight" in hf else "mlp.")
     out = {o + "router.weight": take(block + "gate.weight")}
     stacked = [block + f"experts.{k}_exps" for k in ("gate", "up", "down")]
