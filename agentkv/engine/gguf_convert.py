@@ -1,9 +1,9 @@
 """GGUF file -> an HF-style directory (config.json, model.safetensors, tokenizer files), cached.
 
-Matrices in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K or IQ4_XS are kept in their blocks as the file holds
+Matrices in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS, F16 or BF16 are kept as the file holds
 them (quant.safetensors: uint8 rows, their types in its metadata), for the CPU's quantized kernels; the
-loader decides how each runs (engine/gguf_transcode.py). Every other tensor (the other K-quants, F16,
-BF16, F32, whatever the `gguf` package implements) is dequantized to fp32. That and the tokenizer build
+loader decides how each runs (engine/gguf_transcode.py). Every other tensor (the other K-quants and IQ
+types, F32, the vectors, whatever the `gguf` package implements) is dequantized to fp32. That and the tokenizer build
 take seconds to tens of seconds; the result is written once under the cache directory and every later
 start loads it like any HF checkpoint.
 """
@@ -25,10 +25,10 @@ from agentkv.engine.tokenizer import tokenizer_files_from_gguf
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
-CONVERSION_VERSION = "7"
+CONVERSION_VERSION = "8"
 # quantizations whose matrices are kept as they are (the CPU kernels multiply them in their blocks:
 # kernels/cpu_quant.py's QUANT_TYPES); every other tensor is dequantized to fp32 here
-KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16")
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                       "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",  # (Mixtral is "llama" with experts)
                       "gemma2": "gemma2", "gemma3": "gemma3"}
@@ -126,7 +126,8 @@ def _convert(path: Path, out: Path) -> None:
         kind = t.tensor_type.name
         if kind in KEPT_QUANTS and hf_name.endswith(
             ("proj.weight", "lm_head.weight", "embed_tokens.weight", "_exps")):
-            raw = np.asarray(t.data)  # uint8 [(experts,) out, blocks' bytes]: one output's row of blocks a row
+            # uint8 [(experts,) out, blocks' bytes]: one output's row of blocks a row (F16's values as bytes)
+            raw = np.asarray(t.data).view(np.uint8)
             if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
                 raw = _unpermute_qk(raw, config.num_heads if "attn_q" in t.name else config.num_kv_heads)
             kept[hf_name], kinds[hf_name] = np.ascontiguousarray(raw), kind

@@ -1,17 +1,18 @@
 """Which blocks a GGUF's matrix is multiplied in, and blocks rewritten without changing a single weight.
 
-The tiles (csrc/cpu_tiles.c, cpu_ktiles.c) multiply Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K
-and IQ4_XS in the file's own bytes; the row-major kernels of CPUs without AVX2 (csrc/cpu_quant.c) the first three and
-the K-quants. A linear made of several matrices (q, k and v; gate and up) keeps each in its own type
-where a file mixes them (Q4_K_M: q and k in Q4_K beside a v in Q6_K; Gemma 3 270M's q and k in Q5_0
-beside a v in Q8_0): the loader stacks them (QuantWeight.stacked).
+The tiles (csrc/cpu_tiles.c, cpu_ktiles.c, cpu_ftiles.c) multiply Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+Q4_K, Q5_K, Q6_K, IQ4_XS, F16 and BF16 in the file's own bytes; the row-major kernels of CPUs without
+AVX2 (csrc/cpu_quant.c) the first three, Q4_K and Q6_K. A linear made of several matrices (q, k and v;
+gate and up) keeps each in its own type where a file mixes them (Q4_K_M: q and k in Q4_K beside a v in
+Q6_K; Gemma 3 270M's q and k in Q5_0 beside a v in Q8_0): the loader stacks them (QuantWeight.stacked).
 
 Q5_0 and IQ4_NL blocks hold 32 weights as small integers times one fp16 scale: Q5_0's are q - 16 with q
 of 5 bits, IQ4_NL's are entries of a fixed table of 16 int8 values. Q8_0's block holds 32 int8 times
 one fp16 scale, so each such block is a Q8_0 block with the same scale and its integers written out:
 dequantized, the two give the same floats bit for bit (tests/engine/test_gguf_transcode.py). That is how
 they run where the tiles do not (34 bytes a block read where the file holds 22 or 18). A part in a
-type no kernel here takes (Q5_1, Q5_K and IQ4_XS there) makes its linear dequantized (the loader says so).
+type no kernel here takes (Q5_1, Q5_K and IQ4_XS there) makes its linear dequantized (the loader says so;
+F16 and BF16 are widened to fp32 there without a notice: no precision is lost).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 3
 # the types rewritten as Q8_0, by name -> bytes a block of 32
 AS_Q8_0 = {"Q5_0": 22, "IQ4_NL": 18}
 # the types each kind of kernel multiplies in their blocks
-TILED = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
+TILED = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16"))
+FLOATS = ("F16", "BF16")  # tiled as blocks of 32 values (csrc/cpu_ftiles.c): rows of whole blocks
 ROW_MAJOR = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"))
 
 
@@ -38,7 +40,7 @@ def kept_parts(parts: list[tuple[np.ndarray, str]], tiles: bool) -> list[tuple[n
     for raw, kind in parts:
         if kind not in runs and kind in AS_Q8_0:
             raw, kind = to_q8_0(raw, kind), "Q8_0"
-        if kind not in runs:
+        if kind not in runs or kind in FLOATS and raw.shape[-1] % 64:
             return None
         out.append((raw, kind))
     return out

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from agentkv.engine.gguf_convert import converted_dir
-from agentkv.engine.gguf_transcode import kept_parts
+from agentkv.engine.gguf_transcode import FLOATS, kept_parts
 from agentkv.engine.model import CausalLM
 from agentkv.engine.model_config import ModelConfig
 from agentkv.engine.sharding import local_config, mark_reductions, shard_state
@@ -139,8 +139,8 @@ def _notice_dequantized(directory: Path, kept: bool, at_load: set[str]) -> None:
     if types:
         logging.getLogger("agentkv").warning(
             "agentkv: %s matrices of %s are dequantized at load (no quantized kernel for them here: Q8_0, Q4_0, "
-            "Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS run in their blocks on CPU with agentkv's C "
-            "kernels where the CPU has AVX2)", "/".join(sorted(types)), directory.name)
+            "Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS, F16 and BF16 run in their blocks on CPU with "
+            "agentkv's C kernels where the CPU has AVX2)", "/".join(sorted(types)), directory.name)
 
 
 def _quantized_kinds(directory: Path) -> dict[str, str]:
@@ -206,11 +206,11 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         if not keep_quantized:
             return None
         if not all(parts):  # a part the conversion dequantized: the others join it
-            dequantized.update(part[1] for part in parts if part)
+            dequantized.update(part[1] for part in parts if part and part[1] not in FLOATS)
             return None
         runs = kept_parts([(raw.numpy(), kind) for raw, kind in parts], tiles)
-        if runs is None:
-            dequantized.update(kind for _, kind in parts)
+        if runs is None:  # (F16 and BF16 lose no precision as fp32: no notice of them)
+            dequantized.update(kind for _, kind in parts if kind not in FLOATS)
             return None
         return [(torch.from_numpy(raw), kind) for raw, kind in runs]
 

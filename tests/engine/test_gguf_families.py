@@ -115,6 +115,8 @@ def write_gguf(src, out, family: str, quant: str, kinds: dict[str, str] | None =
     ("phi3", {"tie": False, "hidden": 256, "intermediate": 512}, "Q6_K"),
     ("qwen3_moe", {"kv_heads": 4, "hidden": 256, "intermediate": 512}, "Q5_K"),
     ("phi3", {"tie": False, "hidden": 256, "intermediate": 512}, "IQ4_XS"),
+    ("qwen2_moe", {"tie": False}, "BF16"),  # float matrices kept in their 2-byte values, experts included
+    ("phi3", {"tie": False}, "F16"),
 ])
 def test_gguf_family_equals_the_hf_dir_with_the_same_weights(tmp_path, monkeypatch, family, kwargs, quant):
     from safetensors.numpy import save_file

@@ -93,6 +93,8 @@ def tiny_gguf(tmp_path, family: str, quant: str, kinds: dict[str, str] | None = 
     ("qwen3", "Q6_K", {"hidden": 256, "intermediate": 512}),
     ("qwen3", "Q5_K", {"hidden": 256, "intermediate": 512}),
     ("qwen3", "IQ4_XS", {"hidden": 256, "intermediate": 512}),
+    ("qwen3", "F16", {}),  # a file's float matrices in tiles of their 2-byte values
+    ("qwen3", "BF16", {}),
     # a Q4_K_M file's mixtures: a linear's parts in tiles of their own types
     ("qwen3", "Q4_K", {"hidden": 256, "intermediate": 512,
                        "kinds": {"attn_v.weight": "Q6_K", "ffn_up.weight": "Q5_0"}}),

@@ -61,7 +61,8 @@ def quantized(name: str, out_features: int, in_features: int, seed: int = 0):
     kind = getattr(gguf.GGMLQuantizationType, name)
     raw = k_blocks(kind, w.shape, rng) if name in (*K_QUANTS, "IQ4_NL") else gguf.quants.quantize(w, kind)
     deq = gguf.quants.dequantize(raw, kind).reshape(out_features, in_features)
-    return QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), QUANT_TYPES[name][0], in_features, out_features), \
+    raw = np.ascontiguousarray(raw).view(np.uint8)  # (F16's values as their bytes, as the loader keeps them)
+    return QuantWeight(torch.from_numpy(raw), QUANT_TYPES[name][0], in_features, out_features), \
         torch.from_numpy(deq.copy())
 
 

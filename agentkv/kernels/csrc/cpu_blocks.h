@@ -17,11 +17,11 @@ block dequantized to fp32 (llama.cpp's dequantize_row_*), shared by the row-majo
 
 /* Q5_0, Q5_1 and IQ4_NL: blocks of 32 (fp16 d, Q5_1's fp16 m, Q5's 32 fifth bits, 16 bytes of nibbles);
    Q5_K and IQ4_XS: super-blocks of 256 (Q4_K's with 32 bytes of fifth bits; IQ4_XS: fp16 d, 6-bit scales
-   of its 8 sub-blocks, IQ4_NL's codes) */
+   of its 8 sub-blocks, IQ4_NL's codes); F16 and BF16 taken as blocks of 32 values */
 enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_1 = 6, IQ4_NL = 7, Q5_K = 8, IQ4_XS = 9,
-       NQTYPES = 10 };
-static const int BLOCK_BYTES[NQTYPES] = {34, 18, 20, 144, 210, 22, 24, 18, 176, 136};
-static const int BLOCK_WEIGHTS[NQTYPES] = {QK, QK, QK, QK_K, QK_K, QK, QK, QK, QK_K, QK_K};
+       F16 = 10, BF16 = 11, NQTYPES = 12 };
+static const int BLOCK_BYTES[NQTYPES] = {34, 18, 20, 144, 210, 22, 24, 18, 176, 136, 64, 64};
+static const int BLOCK_WEIGHTS[NQTYPES] = {QK, QK, QK, QK_K, QK_K, QK, QK, QK, QK_K, QK_K, QK, QK};
 /* IQ4_NL's (and IQ4_XS's) values for its 16 codes (ggml-common.h: kvalues_iq4nl) */
 static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
@@ -53,9 +53,14 @@ INLINE uint32_t load_u32(const uint8_t *p) {
     return v;
 }
 
+/* a BF16 value at p (little-endian bytes) as fp32 */
+INLINE float bf16_bytes_to_f32(const uint8_t *p) { return bf16_to_f32((bf16)(p[0] | p[1] << 8)); }
+
 /* one block's 32 weights as fp32 (llama.cpp's dequantize_row_*; Q5_1's d q + m one fused multiply-add) */
 INLINE void dequant_block(const int qtype, const uint8_t *b, float *w) {
-    if (qtype == Q5_0 || qtype == Q5_1) {  /* weight j: nibble j (low: j < 16, high: j - 16) | bit j of qh << 4 */
+    if (qtype == F16 || qtype == BF16) {
+        for (int i = 0; i < QK; i++) w[i] = qtype == F16 ? half_to_f32(b + 2 * i) : bf16_bytes_to_f32(b + 2 * i);
+    } else if (qtype == Q5_0 || qtype == Q5_1) {  /* weight j: nibble j (low: j < 16, high: j - 16), bit j of qh */
         const float d = half_to_f32(b), m = qtype == Q5_1 ? half_to_f32(b + 2) : 0.f;
         const uint32_t qh = load_u32(b + (qtype == Q5_1 ? 4 : 2));
         const uint8_t *q = b + (qtype == Q5_1 ? 8 : 6);
@@ -180,7 +185,9 @@ INLINE void dequant_any(const int qtype, const uint8_t *row, int64_t b, float *w
     else if (qtype == Q5_1) dequant_block(Q5_1, blk, w);
     else if (qtype == IQ4_NL) dequant_block(IQ4_NL, blk, w);
     else if (qtype == Q5_K) dequant_superblock(Q5_K, blk, w);
-    else dequant_superblock(IQ4_XS, blk, w);
+    else if (qtype == IQ4_XS) dequant_superblock(IQ4_XS, blk, w);
+    else if (qtype == F16) dequant_block(F16, blk, w);
+    else dequant_block(BF16, blk, w);
 }
 
 /* 32 values to one int8 block; rounding to nearest, ties away from zero, as llama.cpp's quantize_row_q8_0 */

@@ -87,8 +87,9 @@ int agentkv_qtile_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_
             memset(dst, 0, (size_t)tb);
             for (int i = 0; i < TILE_ROWS && t * TILE_ROWS + i < N; i++) {
                 const uint8_t *src = w + (t * TILE_ROWS + i) * nb * bb + b * bb;
-                if (is_kquant(qtype)) {
-                    agentkv_ktile_pack_row(qtype, src, i, dst);
+                if (is_kquant(qtype) || is_float(qtype)) {
+                    if (is_kquant(qtype)) agentkv_ktile_pack_row(qtype, src, i, dst);
+                    else agentkv_ftile_pack_row(qtype, src, i, dst);
                     continue;
                 }
                 memcpy(dst + 2 * i, src, 2);                               /* d */
@@ -111,6 +112,11 @@ void agentkv_qtile_row(int qtype, const uint8_t *tiles, int64_t K, int64_t n, fl
     const int i = (int)(n % TILE_ROWS), sb = weights_at(qtype);
     if (is_kquant(qtype)) {
         for (int64_t b = 0; b < nb; b++) agentkv_ktile_weights(qtype, tiles + (t * nb + b) * tb, i, out + b * QK_K);
+        return;
+    }
+    if (is_float(qtype)) {
+        for (int64_t b = 0; b < nb; b++)
+            for (int k = 0; k < QK; k++) out[b * QK + k] = ftile_weight(qtype, tiles + (t * nb + b) * tb, i, k);
         return;
     }
     if (qtype == Q5_0 || qtype == Q5_1 || qtype == IQ4_NL) {  /* tile_weight: dequant_block's values */
@@ -287,6 +293,7 @@ INLINE void range_body(const int qtype, const int bf, const uint8_t *tiles, int6
             const int64_t rows = M - m0 < MAX_M ? M - m0 : MAX_M;
             const QRows part = {x->q + m0 * K, x->d + m0 * nb, x->s + m0 * nb, x->ds + m0 * nb, x->s16 + m0 * nb, K};
             if (is_kquant(qtype)) agentkv_ktile_rows(qtype, tile, K / QK_K, &part, rows, v, generic);
+            else if (is_float(qtype)) agentkv_ftile_rows(qtype, tile, nb, NULL, &part, K, rows, v, generic);
 #if AGENTKV_TILES_FAST
             else if (!generic) tile_avx512(qtype, tile, nb, &part, rows, v);
 #elif AGENTKV_TILES_AVX2
@@ -315,7 +322,9 @@ void agentkv_qtile_range(int qtype, const uint8_t *tiles, int64_t N, int64_t K, 
     else if (qtype == Q5_1) CASE(Q5_1);
     else if (qtype == IQ4_NL) CASE(IQ4_NL);
     else if (qtype == Q5_K) CASE(Q5_K);
-    else CASE(IQ4_XS);
+    else if (qtype == IQ4_XS) CASE(IQ4_XS);
+    else if (qtype == F16) CASE(F16);
+    else CASE(BF16);
 #undef CASE
 }
 
@@ -435,6 +444,9 @@ static void tile_dequant(const int qtype, const int bf, const uint8_t *tiles, in
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = tiles + (t * nb + b) * tb;
         if (is_kquant(qtype)) agentkv_ktile_cols(qtype, blk, cols);
+        else if (is_float(qtype))
+            for (int k = 0; k < QK; k++)
+                for (int i = 0; i < TILE_ROWS; i++) cols[k][i] = ftile_weight(qtype, blk, i, k);
         else
             for (int k = 0; k < QK; k++) {
 #if AGENTKV_TILES_FAST
@@ -497,22 +509,29 @@ INLINE void exact_generic(const int qtype, const uint8_t *tile, int64_t nb, cons
 }
 
 #if AGENTKV_TILES_FAST
+#define EXACT_GROUP 8
+
 INLINE void exact_avx512(const int qtype, const uint8_t *tile, int64_t nb, const float *x, int64_t K, int64_t M,
                          float res[MAX_M][TILE_ROWS]) {
     const int64_t tb = tile_block_bytes(qtype);
-    __m512 acc[2][MAX_M];
-    for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = tile + b * tb;
-        __builtin_prefetch(blk + 24 * tb, 0, 3);
-        __m512 *a = acc[b & 1];
-        for (int k = 0; k < QK; k++) {  /* 16 rows' weight k, then each row of x */
-            const __m512 w = col_avx512(qtype, blk, k);
-            for (int64_t m = 0; m < M; m++)
-                a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[m * K + b * QK + k]), a[m]);
+    /* x's rows EXACT_GROUP at a time: their two accumulators each stay in registers (16 rows' 32 did not:
+       spilled, a prompt row cost twice its share), each column's weights made again for each group */
+    for (int64_t m0 = 0; m0 < M; m0 += EXACT_GROUP) {
+        const int64_t rows = M - m0 < EXACT_GROUP ? M - m0 : EXACT_GROUP;
+        __m512 acc[2][EXACT_GROUP];
+        for (int64_t m = 0; m < rows; m++) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = tile + b * tb;
+            if (m0 == 0) __builtin_prefetch(blk + 24 * tb, 0, 3);
+            __m512 *a = acc[b & 1];
+            for (int k = 0; k < QK; k++) {  /* 16 rows' weight k, then each row of x */
+                const __m512 w = col_avx512(qtype, blk, k);
+                for (int64_t m = 0; m < rows; m++)
+                    a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[(m0 + m) * K + b * QK + k]), a[m]);
+            }
         }
+        for (int64_t m = 0; m < rows; m++) _mm512_storeu_ps(res[m0 + m], _mm512_add_ps(acc[0][m], acc[1][m]));
     }
-    for (int64_t m = 0; m < M; m++) _mm512_storeu_ps(res[m], _mm512_add_ps(acc[0][m], acc[1][m]));
 }
 #endif
 
@@ -573,6 +592,7 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
 #define BODY(Q) exact_generic(Q, tile, nb, xf + m0 * K, K, rows, v)
 #endif
                 if (is_kquant(qtype)) agentkv_ktile_exact_rows(qtype, tile, K / QK_K, xf + m0 * K, K, rows, v, generic);
+                else if (is_float(qtype)) agentkv_ftile_rows(qtype, tile, nb, xf + m0 * K, NULL, K, rows, v, generic);
                 else if (qtype == Q8_0) BODY(Q8_0);
                 else if (qtype == Q4_0) BODY(Q4_0);
                 else if (qtype == Q4_1) BODY(Q4_1);

@@ -193,6 +193,24 @@ void agentkv_qtile_row(int qtype, const uint8_t *tiles, int64_t K, int64_t n, fl
 
 INLINE int is_kquant(int qtype) { return qtype == Q4_K || qtype == Q6_K || qtype == Q5_K || qtype == IQ4_XS; }
 
+/* ---- F16 and BF16 (cpu_ftiles.c): a tile's block of 32 columns, column k's 16 values at 32 k ---- */
+
+INLINE int is_float(int qtype) { return qtype == F16 || qtype == BF16; }
+
+/* weight k of tile row i in a float tile's block */
+INLINE float ftile_weight(int qtype, const uint8_t *blk, int i, int k) {
+    const uint8_t *p = blk + 32 * k + 2 * i;
+    return qtype == F16 ? half_to_f32(p) : bf16_bytes_to_f32(p);
+}
+
+/* row i of a float tile's block from the row's 32 values `src` */
+void agentkv_ftile_pack_row(int qtype, const uint8_t *src, int i, uint8_t *dst);
+
+/* one float tile (nb blocks) against x's M <= 16 rows: fp32 rows `xf` [M, K] (the exact product) or,
+   where xf is NULL, the int8 rows `x` */
+void agentkv_ftile_rows(int qtype, const uint8_t *tile, int64_t nb, const float *xf, const QRows *x, int64_t K,
+                        int64_t M, float res[MAX_M][TILE_ROWS], int generic);
+
 /* row i of a tile's super-block (dst, zeroed before its first row) from the row's super-block `src` */
 void agentkv_ktile_pack_row(int qtype, const uint8_t *src, int i, uint8_t *dst);
 
