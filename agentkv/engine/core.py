@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from agentkv.engine.disk import DiskTier
+from agentkv.engine.host import usable_cores
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.null_cache import PrefixCache
 from agentkv.engine.passes import Pass, PassRunner
@@ -58,6 +59,10 @@ class EngineCore:
     def _run(self, build: Callable[[], Components], ready: Future, build_on_worker: bool) -> None:
         worker = ThreadPoolExecutor(1, thread_name_prefix="agentkv-forward") if build_on_worker else None
         try:
+            if worker is None:
+                _usable_threads()
+            else:
+                worker.submit(_usable_threads).result()
             p = build() if worker is None else worker.submit(build).result()
         except BaseException as e:
             if worker is not None:
@@ -226,6 +231,14 @@ class EngineCore:
             r.error = err
             s.abort(r, "error")
             self._notify(r)
+
+
+def _usable_threads() -> None:
+    """The calling thread's torch (and kernels') threads at most the cores this process may use: its
+    affinity and its cgroup's CPU quota (engine/host.py), which torch's default ignores."""
+    cores = usable_cores()
+    if torch.get_num_threads() > cores:
+        torch.set_num_threads(cores)
 
 
 def _host_only(worker: ThreadPoolExecutor) -> None:
