@@ -80,7 +80,7 @@ def write_gguf(src, out, family: str, quant: str, kinds: dict[str, str] | None =
             # (K-quants: the package cannot make them; random blocks, the weights they hold taken as the model's)
             q = (
                 k_blocks(kind, data.shape, rng)
-                if own in K_QUANTS
+                if own in (*K_QUANTS, "IQ4_NL")
                 else gguf.quants.quantize(data.astype(np.float32), kind)
             )
             w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=kind)

@@ -105,3 +105,20 @@ def test_the_notice_names_what_is_dequantized_and_only_then(tmp_path, monkeypatc
             pass
     if cpu_native.load() is not None:
         assert "Q4_0/TQ2_0 matrices" in caplog.text and "dequantized at load" in caplog.text
+
+
+@pytest.mark.parametrize("quant", ["Q5_0", "Q5_1", "IQ4_NL", "Q5_K", "IQ4_XS", "F16", "BF16", "Q4_K", "Q6_K"])
+def test_every_common_gguf_type_loads_without_a_dequantized_notice(tmp_path, monkeypatch, caplog, quant):
+    """Each type a Q4_K_M, Q5_K_M, Q6_K, IQ4_XS or float file holds is kept in tiles of its own bytes."""
+    native = cpu_native.load()
+    if native is None or not native.qtile_fast:
+        pytest.skip("the tiles' bodies (AVX-512 VNNI or AVX2) do not run here")
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_tiny_model(tmp_path / "src", "qwen2", tie=False, hidden=256, intermediate=512)
+    write_gguf(src, tmp_path / "m.gguf", "qwen2", quant)
+    with caplog.at_level(logging.WARNING, logger="agentkv"), \
+            ak.Engine(str(tmp_path / "m.gguf"), num_slots=512) as engine:
+        down = dict(engine._core.runner.model.named_modules())["layers.0.mlp.down_proj"].quantized
+        assert down.tiled and down.qtype == QUANT_TYPES[quant][0]
+        assert engine.generate("hi", max_tokens=2, temperature=0).completions[0].token_ids
+    assert "dequantized at load" not in caplog.text
