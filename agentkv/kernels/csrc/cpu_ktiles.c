@@ -463,26 +463,30 @@ void agentkv_ktile_exact_rows(int qtype, const uint8_t *tile, int64_t nsb, const
                               float res[MAX_M][TILE_ROWS], int generic) {
     const int64_t tb = tile_block_bytes(qtype);
 #if AGENTKV_TILES_FAST
-    if (!generic) {
-        __m512 acc[2][MAX_M];
-        for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
-        for (int64_t s = 0; s < nsb; s++) {
-            const uint8_t *sblk = tile + s * tb;
-            __builtin_prefetch(sblk + 3 * tb, 0, 3);
-            for (int j = 0; j < 8; j++) {
-                __m512 *a = acc[j & 1];
-                for (int half = 0; half < 2; half++) {
-                    __m512 dv, mv;
-                    kscales_avx512(qtype, sblk, j, half, &dv, &mv);
-                    for (int c = 16 * half; c < 16 * half + 16; c++) {
-                        const __m512 w = kcol_avx512(qtype, sblk, j, c, dv, mv);
-                        const float *xk = x + s * QK_K + QK * j + c;
-                        for (int64_t m = 0; m < M; m++) a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(xk[m * K]), a[m]);
+    if (!generic) {  /* x's rows 8 at a time: their two accumulators each stay in registers */
+        for (int64_t m0 = 0; m0 < M; m0 += 8) {
+            const int64_t rows = M - m0 < 8 ? M - m0 : 8;
+            __m512 acc[2][8];
+            for (int64_t m = 0; m < rows; m++) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
+            for (int64_t s = 0; s < nsb; s++) {
+                const uint8_t *sblk = tile + s * tb;
+                if (m0 == 0) __builtin_prefetch(sblk + 3 * tb, 0, 3);
+                for (int j = 0; j < 8; j++) {
+                    __m512 *a = acc[j & 1];
+                    for (int half = 0; half < 2; half++) {
+                        __m512 dv, mv;
+                        kscales_avx512(qtype, sblk, j, half, &dv, &mv);
+                        for (int c = 16 * half; c < 16 * half + 16; c++) {
+                            const __m512 w = kcol_avx512(qtype, sblk, j, c, dv, mv);
+                            const float *xk = x + (m0 * K) + s * QK_K + QK * j + c;
+                            for (int64_t m = 0; m < rows; m++)
+                                a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(xk[m * K]), a[m]);
+                        }
                     }
                 }
             }
+            for (int64_t m = 0; m < rows; m++) _mm512_storeu_ps(res[m0 + m], _mm512_add_ps(acc[0][m], acc[1][m]));
         }
-        for (int64_t m = 0; m < M; m++) _mm512_storeu_ps(res[m], _mm512_add_ps(acc[0][m], acc[1][m]));
         return;
     }
 #elif AGENTKV_TILES_AVX2
