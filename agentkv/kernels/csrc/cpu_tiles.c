@@ -284,6 +284,10 @@ INLINE void range_body(const int qtype, const int bf, const uint8_t *tiles, int6
                        int64_t out_ld, int generic) {
     const int64_t nb = K / QK;
     float v[MAX_M][TILE_ROWS];
+    /* a float tile reads x's int8 rows as fp32 values d q: made once for this range's tiles */
+    float *xq = is_float(qtype) && t1 > t0 ? malloc((size_t)(M * K) * sizeof(float)) : NULL;
+    for (int64_t m = 0; xq && m < M; m++)
+        for (int64_t k = 0; k < K; k++) xq[m * K + k] = x->d[m * nb + k / QK] * (float)x->q[m * K + k];
     for (int64_t t = t0; t < t1; t++) {
         const uint8_t *tile = tiles + t * tile_bytes(qtype, K);
         const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
@@ -293,7 +297,8 @@ INLINE void range_body(const int qtype, const int bf, const uint8_t *tiles, int6
             const int64_t rows = M - m0 < MAX_M ? M - m0 : MAX_M;
             const QRows part = {x->q + m0 * K, x->d + m0 * nb, x->s + m0 * nb, x->ds + m0 * nb, x->s16 + m0 * nb, K};
             if (is_kquant(qtype)) agentkv_ktile_rows(qtype, tile, K / QK_K, &part, rows, v, generic);
-            else if (is_float(qtype)) agentkv_ftile_rows(qtype, tile, nb, NULL, &part, K, rows, v, generic);
+            else if (is_float(qtype))
+                agentkv_ftile_rows(qtype, tile, nb, xq ? xq + m0 * K : NULL, &part, K, rows, v, generic);
 #if AGENTKV_TILES_FAST
             else if (!generic) tile_avx512(qtype, tile, nb, &part, rows, v);
 #elif AGENTKV_TILES_AVX2
@@ -304,6 +309,7 @@ INLINE void range_body(const int qtype, const int bf, const uint8_t *tiles, int6
                 tile_store(v[m], m0 + m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, bf);
         }
     }
+    free(xq);
     (void)generic;
 }
 
