@@ -258,19 +258,6 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             values = [v for v in values if any(json_equal(v, e) for e in schema["enum"])]
         excluded = excluded_strings(schema.get("not")) or []
         values = [v for v in values if not (isinstance(v, str) and v in excluded)]
-        types = schema.get("type")
-        if types is not None:
-            types = {types} if isinstance(types, str) else set(types)
-            if schema.get("nullable") is True:
-                types.add("null")
-            typed = [v for v in values if type_of(v) in types or (type_of(v) == "integer" and "number" in types)]
-            if values and not typed:  # (a tool's `"type": "array", "enum": [...]` meant for its items)
-                key = "const" if "const" in schema else "enum"
-                self.relax(key, f"{ptr}/{key}", f"the {key} values are none of the type {sorted(types)} beside them, "
-                           "so no value meets the schema; the grammar keeps the type and drops the list (put "
-                           "the list under `items` if it is an array's)")
-                return self.value({k: v for k, v in schema.items() if k not in ("enum", "const")}, ptr)
-            values = typed
         extra = [k for k in schema if validating({k: schema[k]}) and k not in ("enum", "const", "type", "nullable")
                  and not (k == "not" and excluded_strings(schema[k]) is not None)]
         for k in extra:
@@ -282,6 +269,12 @@ class JsonSchemaConverter(ObjectRules, ConditionalRules, SchemaMerger, StringRul
             lang = self.string_language(schema, ptr)
             lo, lo_x, hi, hi_x = self._bounds(schema, ptr)
             values = [v for v in values if _meets(v, lang, lo, lo_x, hi, hi_x, self.deadline)]
+        types = schema.get("type")
+        if types is not None:
+            types = {types} if isinstance(types, str) else set(types)
+            if schema.get("nullable") is True:
+                types.add("null")
+            values = [v for v in values if type_of(v) in types or (type_of(v) == "integer" and "number" in types)]
         return alt(*[lit(self.literal(v)) for v in values])
 
     def literal(self, value) -> str:
