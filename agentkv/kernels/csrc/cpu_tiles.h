@@ -239,4 +239,39 @@ float agentkv_exact_logit(int qtype, const uint8_t *tiles, int64_t K, const floa
    descending order, at most R entries. */
 void agentkv_top_merge(const float *v, int64_t n0, int64_t n1, int R, int64_t *idx, float *val, int *count);
 
+/* ---- a tile's layout, shared by the products (cpu_tiles.c) and the exact ones (cpu_texact.c) ---- */
+
+INLINE int tiled_type(int qtype) { return qtype >= 0 && qtype < NQTYPES; }
+/* whether a tiled W of K columns can be: its type tiled, K whole blocks */
+INLINE int tiled_shape(int qtype, int64_t K) { return tiled_type(qtype) && K % BLOCK_WEIGHTS[qtype] == 0; }
+/* bytes of one tile of W (16 rows of K columns) */
+INLINE int64_t tile_bytes(int qtype, int64_t K) { return K / BLOCK_WEIGHTS[qtype] * tile_block_bytes(qtype); }
+INLINE int64_t quant_offset(int qtype) {
+    return qtype == Q8_0 || qtype == IQ4_NL ? 128 : qtype == Q4_0 ? 8 : qtype == Q5_0 ? 16 : 0;
+}
+INLINE int has_min(int qtype) { return qtype == Q4_1 || qtype == Q5_1; } /* a weight is d q + m */
+INLINE int high_at(int qtype) { return qtype == Q5_0 ? 32 : qtype == Q5_1 ? 64 : 0; } /* Q5's fifth bits */
+/* the scales (and Q5's fifth bits) before a tile block's weights */
+INLINE int weights_at(int qtype) { return high_at(qtype) ? high_at(qtype) + 64 : has_min(qtype) ? 64 : 32; }
+
+/* column j (0..31) of tile row i in a block of 32 as the unsigned integer the dot products read
+   (Q8_0's and IQ4_NL's value + 128; Q5's with its fifth bit) */
+INLINE int tile_u(const int qtype, const uint8_t *blk, int i, int j) {
+    const uint8_t *qs = blk + weights_at(qtype);
+    if (qtype == Q8_0) return qs[tile_pos(i, j)];
+    const int v = qs[tile_pos(i, j % 16)], q = j < 16 ? v & 15 : v >> 4;
+    if (qtype == IQ4_NL) return IQ4_NL_U8[q];
+    if (high_at(qtype)) return q | (int)((load_u32(blk + high_at(qtype) + 4 * i) >> q5_bit(j)) & 1) << 4;
+    return q;
+}
+
+/* weight k of tile row i in its block (dequantized as dequant_block does, Q4_1's and Q5_1's with one
+   fused multiply-add): the plain-C form of exact_avx512's */
+INLINE float tile_weight(const int qtype, const uint8_t *blk, int i, int k) {
+    const float d = half_to_f32(blk + 2 * i);
+    const int u = tile_u(qtype, blk, i, k);
+    if (has_min(qtype)) return fmaf(d, (float)u, half_to_f32(blk + 32 + 2 * i));
+    return d * (float)(u - (int)quant_offset(qtype));
+}
+
 #endif
