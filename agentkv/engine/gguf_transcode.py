@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from agentkv.kernels.cpu_quant import QUANT_TYPES, ROW_MAJOR_TYPES
+
 Q8_0_BLOCK = 34  # fp16 scale + 32 int8
 # IQ4_NL's (and IQ4_XS's) values for its 16 codes (ggml-common.h: kvalues_iq4nl)
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 # the types rewritten as Q8_0, by name -> bytes a block of 32
 AS_Q8_0 = {"Q5_0": 22, "IQ4_NL": 18}
 # the types each kind of kernel multiplies in their blocks
-TILED = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16"))
+# (by name: kernels/cpu_quant.py holds them by code)
+TILED = frozenset(QUANT_TYPES)
+ROW_MAJOR = frozenset(name for name, (code, _, _) in QUANT_TYPES.items() if code in ROW_MAJOR_TYPES)
 FLOATS = ("F16", "BF16")  # tiled as blocks of 32 values (csrc/cpu_ftiles.c): rows of whole blocks
-ROW_MAJOR = frozenset(("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"))
 
 
 def kept_parts(parts: list[tuple[np.ndarray, str]], tiles: bool) -> list[tuple[np.ndarray, str]] | None:
