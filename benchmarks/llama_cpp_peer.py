@@ -6,6 +6,8 @@ as many threads as ours.
     batched_rate     `batch` sequences decoded together through one llama_batch a step (greedy, the
                      argmax of each row's logits in numpy), tok/s in all
     prompt_rate      a prompt of `tokens` tokens evaluated from an empty context, tok/s
+    extend_rate      `new` tokens evaluated after `prefix` already in the context (llama-cpp-python's
+                     prefix reuse: the cached prompt is not evaluated again), tok/s
     agents_wall      a replay of an agent workload's prompts, one after another in one context: each
                      prompt evaluated past the prefix it shares with the one before (llama-cpp-python's
                      own prefix reuse, as llama-server's one slot keeps it), then `new_tokens` decoded
@@ -131,6 +133,18 @@ def prompt_rate(path: str, tokens: list[int], repeats: int, threads: int) -> flo
         start = time.perf_counter()
         llm.eval(tokens)
         best = max(best, len(tokens) / (time.perf_counter() - start))
+    return best
+
+
+def extend_rate(path: str, prefix: list[int], new: list[int], repeats: int, threads: int) -> float:
+    llm = _load(path, threads, max(512, len(prefix) + len(new) + 8))
+    best = 0.0
+    for _ in range(repeats + 1):  # (the first one warms up)
+        llm.reset()
+        llm.eval(prefix)
+        start = time.perf_counter()
+        llm.eval(new)
+        best = max(best, len(new) / (time.perf_counter() - start))
     return best
 
 

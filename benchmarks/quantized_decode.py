@@ -11,7 +11,10 @@ SmolLM2-135M-Instruct Q4_1 GGUF (its embedding Q8_0):
               of one llama_batch a step, and a prompt evaluated from an empty context
 
 Greedy, a fixed number of new tokens after a short chat prompt already in the radix cache (decode
-alone), batch 1 and 16, and the prefill of a `--prompt-tokens` prompt (kept and llama.cpp); the best
+alone), batch 1 and 16, the prefill of a `--prompt-tokens` prompt, and (`--extend`) an agent turn's
+prompt: new tokens after a prefix already cached (kept and llama.cpp, each with its own prefix reuse;
+beside ours the FLOPs a second of its products, against the cores' fp32 FMA peak that
+csrc/cpu_peak.c measures); the best
 of `--repeats` runs each, the variants interleaved, each in a process of its own. Weight memory
 counts the model's parameters and quantized blocks (not the KV pool), against the file's tensor
 bytes. Beside batch 1, the weight bandwidth `kept` achieves (its weight bytes, read once a token,
@@ -20,7 +23,7 @@ host's read bandwidth measured here (a 1 GiB fp32 tensor summed by torch's threa
 close decode comes to what the memory gives.
 
     python benchmarks/quantized_decode.py [--new-tokens 64] [--repeats 3] [--batches 1,16] [--prompt-tokens 256]
-                                          [--model FILE.gguf]
+                                          [--extend 400,51] [--model FILE.gguf]
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import agentkv as ak
 from agentkv.engine.loader import embedded_model_path
 
 PROMPT = "Write a short story about a robot learning to paint."
+TOOL_RESULT = '{"city": "Paris", "temperature_c": 18.5, "conditions": "light rain", "wind_kmh": 12} '
 
 
 def file_tensor_bytes(path) -> int:
@@ -104,12 +108,56 @@ def prompt_rate(tokens: int, repeats: int) -> float:
     return best
 
 
+def extend_rate(prefix_tokens: int, new_tokens: int, repeats: int) -> tuple[float, float]:
+    """tok/s of `new_tokens` prompt tokens after a `prefix_tokens` prompt already in the radix cache (an
+    agent's next turn: a tool result after its conversation), best of `repeats`; and the FLOPs of that
+    pass's products (every linear for each new token, the vocabulary for the last one)."""
+    engine = _engine
+    prefix_ids, new_ids = _extend_ids(prefix_tokens, new_tokens)
+    best = 0.0
+    for r in range(repeats + 1):  # (the first one warms up)
+        head = engine.tokenizer.encode(f"{r} {time.time()}")[:4]  # a new prefix each time, then cached
+        engine.generate([head + prefix_ids], max_tokens=1, temperature=0.0)
+        start = time.perf_counter()
+        engine.generate([head + prefix_ids + new_ids], max_tokens=1, temperature=0.0)
+        best = max(best, new_tokens / (time.perf_counter() - start))
+    return best, 2.0 * (new_tokens * _elements("linears") + _elements("vocabulary"))
+
+
+def _extend_ids(prefix_tokens: int, new_tokens: int) -> tuple[list[int], list[int]]:
+    tok = _engine.tokenizer
+    prefix = tok.encode(PROMPT * (prefix_tokens // 8 + 1))[:prefix_tokens]
+    new = tok.encode(TOOL_RESULT * (new_tokens // 8 + 1))[:new_tokens]
+    return prefix, new
+
+
+def _elements(which: str) -> int:
+    """Weights of the model's linears (`linears`) or of its vocabulary projection (`vocabulary`)."""
+    from agentkv.engine.linear import Linear, LogitsProjection
+
+    kind = Linear if which == "linears" else LogitsProjection
+    total = 0
+    for m in _engine._core.runner.model.modules():
+        if isinstance(m, kind):
+            w = getattr(m, "quantized", None) or m.weight
+            total += w.in_features * w.out_features if hasattr(w, "in_features") else w.numel()
+    return total
+
+
+def fma_peak() -> float:
+    from agentkv.kernels import cpu_native
+
+    return cpu_native.load().fma_peak()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--extend", default="400,51",
+                    help="PREFIX,NEW: NEW prompt tokens after PREFIX ones already cached (0,0: none)")
     ap.add_argument("--model", help="a GGUF file (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     args = ap.parse_args()
     path = Path(args.model) if args.model else embedded_model_path()
@@ -159,6 +207,18 @@ def main() -> None:
     ids = engines["kept"].submit(_prompt_ids, args.prompt_tokens).result()
     peer = llama_cpp_peer.call(llama_cpp_peer.prompt_rate, str(path), ids, args.repeats, torch.get_num_threads())
     print(f"prompt of {args.prompt_tokens}: tok/s kept {ours:7.1f}  {_peer(peer, ours)}")
+    prefix_tokens, new_tokens = (int(v) for v in args.extend.split(","))
+    if new_tokens:
+        kept = engines["kept"]
+        ours, flops = kept.submit(extend_rate, prefix_tokens, new_tokens, args.repeats).result()
+        peak = kept.submit(fma_peak).result()
+        prefix_ids, new_ids = kept.submit(_extend_ids, prefix_tokens, new_tokens).result()
+        peer = llama_cpp_peer.call(llama_cpp_peer.extend_rate, str(path), prefix_ids, new_ids, args.repeats,
+                                   torch.get_num_threads())
+        achieved = flops * ours / new_tokens
+        print(f"{new_tokens} new tokens after {prefix_tokens} cached: tok/s kept {ours:7.1f} "
+              f"({new_tokens / ours * 1e3:.1f} ms; its products {achieved / 1e9:.0f} GFLOP/s, "
+              f"{achieved / peak:.0%} of the cores' fp32 FMA peak, {peak / 1e9:.0f})  {_peer(peer, ours)}")
     for e in engines.values():
         e.shutdown()
 

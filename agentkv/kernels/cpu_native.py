@@ -21,6 +21,7 @@ import functools
 import logging
 import platform
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_qtile_logits": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _INT, _P, _I64, _INT, _INT], _INT),
     "agentkv_decode_step": ([_P, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P, _P, _INT, _INT], _INT),
     "agentkv_qtile_rescore": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _P, _I64, _P, _INT], _INT),
+    "agentkv_fma_peak": ([_INT, _I64, _P], ctypes.c_double),
     "agentkv_attention_heads_per_task": ([_INT], _INT),
     "agentkv_attention_max_queries": ([], _INT),
     "agentkv_attention_max_head_dim": ([], _INT),
@@ -160,6 +162,20 @@ class NativeKernels(QuantKernels):
             out.data_ptr(), w.out_features, torch.get_num_threads(),
         )
         return out
+
+    def fma_peak(self, threads: int | None = None) -> float:
+        """The cores' fp32 fused multiply-add FLOPs a second (csrc/cpu_peak.c: independent chains of
+        FMAs on registers, `threads` of them, torch's count by default), the best of 5 runs: the bound a
+        product's FLOPs a second is read against."""
+        threads = threads or torch.get_num_threads()
+        sink = (ctypes.c_float * 1)()
+        self._lib.agentkv_fma_peak(threads, 1000, sink)
+        best = 0.0
+        for _ in range(5):
+            start = time.perf_counter()
+            flops = self._lib.agentkv_fma_peak(threads, 4_000_000, sink)
+            best = max(best, flops / (time.perf_counter() - start))
+        return best
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, out_loc: torch.Tensor, table: torch.Tensor, tiles: torch.Tensor,

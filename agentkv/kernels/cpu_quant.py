@@ -32,11 +32,6 @@ TILED_TYPES = frozenset(code for code, _, _ in QUANT_TYPES.values())
 TILE_ROWS = 16
 # logits of each row re-scored exactly after the int8 vocabulary projection (agentkv_qtile_logits)
 RESCORE_TOP = 32
-# an exact product of a tiled weight dequantizes in registers (agentkv_qtile_exact) for up to 16 rows
-# (a prompt's last tokens after a cached prefix: dequantizing the embedded model's layers whole took
-# ~60 ms a pass), and up to this many of a large one (the vocabulary: 28M floats dequantized whole, 50
-# ms; 4 ms a row in registers); with more rows the weight is dequantized and multiplied by torch
-QTILE_EXACT_MAX_ROWS = 64
 
 
 @dataclass
@@ -82,13 +77,13 @@ class QuantKernels:
 
         A tiled weight (csrc/cpu_tiles.c) takes any number of rows, x quantized to int8 per block as
         llama.cpp does (`generic`: its plain-C body): each row is computed as it would be alone, so a
-        token's numbers never depend on what else its pass holds (a prompt, a batch, a draft); up to 16
-        `exact` rows (QTILE_EXACT_MAX_ROWS of a large weight) keep x in fp32 against weights
-        dequantized in registers. A row-major weight (csrc/cpu_quant.c) takes up to 16 rows in its
-        kernel (x as int8 too, unless `exact` or the CPU lacks AVX2). Otherwise the weight is
-        dequantized, whole where it is small, else a slice of its rows at a time (for 64 rows of x and
-        more, or an exact product of a tiled weight), and multiplied by torch in x's dtype; 17-63 rows
-        of a large row-major weight go through its kernel 16 at a time."""
+        token's numbers never depend on what else its pass holds (a prompt, a batch, a draft); `exact`
+        rows (a prompt's) keep x in fp32, multiplied by the weights dequantized a panel at a time
+        (csrc/cpu_tgemm.c: any number of rows, the weights read once a pass). A row-major weight
+        (csrc/cpu_quant.c) takes up to 16 rows in its kernel (x as int8 too, unless `exact` or the CPU
+        lacks AVX2). Otherwise the weight is dequantized, whole where it is small, else a slice of its
+        rows at a time (for 64 rows of x and more), and multiplied by torch in x's dtype; 17-63 rows of
+        a large row-major weight go through its kernel 16 at a time."""
         M = x.shape[0]
         if M == 0:  # (a pass that selects no row's logits)
             return torch.empty(0, w.out_features, dtype=x.dtype)
@@ -100,15 +95,13 @@ class QuantKernels:
                                             None if residual is None else residual[:, cols], exact, generic)
                 at += p.out_features
             return out
-        in_registers = M <= (
-            QTILE_EXACT_MAX_ROWS if w.out_features * w.in_features > QLINEAR_DEQUANT_MAX else QLINEAR_MAX_ROWS)
-        if w.tiled and (not exact or in_registers) or not w.tiled and M <= QLINEAR_MAX_ROWS:
+        if w.tiled or M <= QLINEAR_MAX_ROWS:
             return self._qkernel(x, w, bias, residual, exact, generic)
         if w.out_features * w.in_features <= QLINEAR_DEQUANT_MAX:
             full = self.qdequant(w, None, x.dtype)
             base = bias if residual is None else residual if bias is None else residual + bias
             return x @ full.t() if base is None else torch.addmm(base, x, full.t())
-        if M >= QLINEAR_SLICED_MIN_ROWS or w.tiled:
+        if M >= QLINEAR_SLICED_MIN_ROWS:
             out = torch.empty(M, w.out_features, dtype=x.dtype)
             step = max(1, QLINEAR_DEQUANT_MAX // w.in_features)
             for n in range(0, w.out_features, step):

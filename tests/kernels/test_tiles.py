@@ -118,19 +118,40 @@ def test_packing_refuses_a_row_of_partial_blocks():
 
 
 @pytest.mark.parametrize("name", TILED)
-@pytest.mark.parametrize("rows", [1, 7, 40])
-def test_exact_product_dequantizes_in_registers(name, rows):
-    """agentkv_qtile_exact (a large weight's exact rows, the vocabulary's for a prompt's last token): x
-    in fp32 against the weights dequantized in registers, the plain-C body giving the AVX-512 body's
-    bits."""
-    w, deq = quantized(name, 100, 256, seed=rows)
+@pytest.mark.parametrize("rows", [1, 7, 13, 40])
+def test_exact_product_is_a_gemm_over_the_tiles(name, rows):
+    """agentkv_qtile_exact (csrc/cpu_tgemm.c: a prompt's rows, any number): x in fp32 times the weights
+    dequantized a panel of 256 columns at a time (576 columns: two panels and a short one; a K-quant's
+    768: three), x's rows 12 at a time (13: a group and one row); the plain-C body gives the SIMD
+    body's bits."""
+    w, deq = quantized(name, 100, width(name), seed=rows)
     tiled = kernels.tile(w)
-    x = torch.randn(rows, 256)
+    x = torch.randn(rows, width(name))
     residual = torch.randn(rows, 100)
     got = kernels._qkernel(x, tiled, None, residual, True, False)
     ref = x.double() @ deq.double().t() + residual.double()
     assert ((got.double() - ref).abs() / (ref.abs() + 1)).max() < 1e-5
     assert torch.equal(got, kernels._qkernel(x, tiled, None, residual, True, True))
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K"])
+def test_a_long_exact_product_takes_x_a_block_at_a_time(name):
+    """4096 columns: x's rows go through every tile 48 at a time (so a tile's rows stay in L2), 100 rows
+    as 48 + 48 + 4; x in bf16 with a bias and a residual, through qlinear as a prompt's pass calls it."""
+    w, deq = quantized(name, 40, 4096, seed=3)
+    tiled = kernels.tile(w)
+    g = torch.Generator().manual_seed(0)
+    x, bias, res = (torch.randn(100, 4096, generator=g).bfloat16(), torch.randn(40, generator=g).bfloat16(),
+                    torch.randn(100, 40, generator=g).bfloat16())
+    got = kernels.qlinear(x, tiled, bias, res, exact=True)
+    ref = x.double() @ deq.double().t() + bias.double() + res.double()
+    scale = x.double().abs() @ deq.double().abs().t() + bias.double().abs() + res.double().abs()
+    assert got.dtype == torch.bfloat16
+    assert ((got.double() - ref).abs() / (ref.abs() + 1)).max() < 1e-2  # (bf16's rounding of the output)
+    fp32 = kernels.qlinear(x.float(), tiled, bias.float(), res.float(), exact=True)
+    assert ((fp32.double() - ref).abs() / scale).max() < 1e-6  # (fp32 sums of 4096 products, in order)
+    assert torch.equal(got, fp32.bfloat16())
+    assert torch.equal(fp32, kernels.qlinear(x.float(), tiled, bias.float(), res.float(), exact=True, generic=True))
 
 
 def test_rows_by_kind_are_computed_as_alone():

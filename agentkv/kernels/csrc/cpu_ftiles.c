@@ -40,12 +40,6 @@ static void ftile_generic(const int qtype, const uint8_t *tile, int64_t nb, cons
 }
 
 #if AGENTKV_TILES_FAST
-INLINE __m512 fcol_avx512(const int qtype, const uint8_t *blk, int k) {
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 32 * k));
-    if (qtype == F16) return _mm512_cvtph_ps(v);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-}
-
 /* x's rows 8 at a time (their two accumulators stay in registers), each column loaded again per group */
 static void ftile_avx512(const int qtype, const uint8_t *tile, int64_t nb, const float *xf, const QRows *x,
                          int64_t K, int64_t M, float res[MAX_M][TILE_ROWS]) {
@@ -70,12 +64,6 @@ static void ftile_avx512(const int qtype, const uint8_t *tile, int64_t nb, const
 #endif
 
 #if AGENTKV_TILES_AVX2
-INLINE __m256 fcol_avx2(const int qtype, const uint8_t *blk, int k, int h) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 32 * k + 16 * h));
-    if (qtype == F16) return _mm256_cvtph_ps(v);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
-}
-
 /* ftile_avx512 in two halves of 8 rows */
 static void ftile_avx2(const int qtype, const uint8_t *tile, int64_t nb, const float *xf, const QRows *x, int64_t K,
                        int64_t M, float res[MAX_M][TILE_ROWS]) {

@@ -28,9 +28,9 @@ With x quantized to int8 blocks of 32 (QRows), sub-block j of a Q4_K row adds
 over its halves a and b of 16 columns, and of an IQ4_XS row (d sc_j d_x) (dot - 128 s_x), its codes
 shuffled into the table's values + 128 as cpu_tiles.c's IQ4_NL. Even and odd sub-blocks sum in two
 accumulators, as the tiled types' blocks do. The plain-C bodies make the AVX-512 (and AVX2: two halves
-of 8 rows) ones' fp32 operations in their order: the same bits. The exact product (x in fp32) makes
-each column's weights in a register (AVX-512, AVX2), or dequantizes a super-block of the tile's 16 rows
-into a buffer first (plain C): the same values either way. */
+of 8 rows) ones' fp32 operations in their order: the same bits. The exact product (x in fp32,
+cpu_tgemm.c) takes a super-block's columns from agentkv_ktile_cols: each column's weights made in a
+register (AVX-512, AVX2), the values agentkv_ktile_weights computes row by row (plain C). */
 
 #include "cpu_tiles.h"
 
@@ -346,7 +346,7 @@ void agentkv_ktile_rows(int qtype, const uint8_t *tile, int64_t nsb, const QRows
     (void)generic;
 }
 
-/* ---- exact rows: x in fp32 against the tile's weights ----------------------------------------------- */
+/* ---- a super-block's columns in fp32, for the exact product (cpu_tgemm.c) ----------------------------- */
 
 #if AGENTKV_TILES_FAST
 /* column c (0..31) of sub-block j of a tile's super-block, its 16 rows' weights as agentkv_ktile_weights
@@ -454,83 +454,3 @@ void agentkv_ktile_cols(int qtype, const uint8_t *sblk, float cols[QK_K][TILE_RO
             }
 }
 #endif
-
-/* x's rows [M <= 16] against one tile: sums over k in order, even sub-blocks in one accumulator and odd
-   ones in another. The plain-C body dequantizes a super-block of the 16 rows into a buffer first; the
-   AVX-512 and AVX2 ones make each column's weights in a register (kcol_avx512, kcol_avx2), the same
-   values. */
-void agentkv_ktile_exact_rows(int qtype, const uint8_t *tile, int64_t nsb, const float *x, int64_t K, int64_t M,
-                              float res[MAX_M][TILE_ROWS], int generic) {
-    const int64_t tb = tile_block_bytes(qtype);
-#if AGENTKV_TILES_FAST
-    if (!generic) {  /* x's rows 8 at a time: their two accumulators each stay in registers */
-        for (int64_t m0 = 0; m0 < M; m0 += 8) {
-            const int64_t rows = M - m0 < 8 ? M - m0 : 8;
-            __m512 acc[2][8];
-            for (int64_t m = 0; m < rows; m++) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
-            for (int64_t s = 0; s < nsb; s++) {
-                const uint8_t *sblk = tile + s * tb;
-                if (m0 == 0) __builtin_prefetch(sblk + 3 * tb, 0, 3);
-                for (int j = 0; j < 8; j++) {
-                    __m512 *a = acc[j & 1];
-                    for (int half = 0; half < 2; half++) {
-                        __m512 dv, mv;
-                        kscales_avx512(qtype, sblk, j, half, &dv, &mv);
-                        for (int c = 16 * half; c < 16 * half + 16; c++) {
-                            const __m512 w = kcol_avx512(qtype, sblk, j, c, dv, mv);
-                            const float *xk = x + (m0 * K) + s * QK_K + QK * j + c;
-                            for (int64_t m = 0; m < rows; m++)
-                                a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(xk[m * K]), a[m]);
-                        }
-                    }
-                }
-            }
-            for (int64_t m = 0; m < rows; m++) _mm512_storeu_ps(res[m0 + m], _mm512_add_ps(acc[0][m], acc[1][m]));
-        }
-        return;
-    }
-#elif AGENTKV_TILES_AVX2
-    if (!generic) {
-        for (int h = 0; h < 2; h++) {
-            __m256 acc[2][MAX_M];
-            for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
-            for (int64_t s = 0; s < nsb; s++) {
-                const uint8_t *sblk = tile + s * tb;
-                for (int j = 0; j < 8; j++) {
-                    __m256 *a = acc[j & 1];
-                    for (int half = 0; half < 2; half++) {
-                        __m256 dv, mv;
-                        kscales_avx2(qtype, sblk, j, half, h, &dv, &mv);
-                        for (int c = 16 * half; c < 16 * half + 16; c++) {
-                            const __m256 w = kcol_avx2(qtype, sblk, j, c, h, dv, mv);
-                            const float *xk = x + s * QK_K + QK * j + c;
-                            for (int64_t m = 0; m < M; m++)
-                                a[m] = _mm256_fmadd_ps(w, _mm256_set1_ps(xk[m * K]), a[m]);
-                        }
-                    }
-                }
-            }
-            for (int64_t m = 0; m < M; m++) _mm256_storeu_ps(res[m] + 8 * h, _mm256_add_ps(acc[0][m], acc[1][m]));
-        }
-        return;
-    }
-#endif
-    float w[QK_K][TILE_ROWS]; /* a super-block of the 16 rows, column by column */
-    float acc[2][MAX_M][TILE_ROWS] = {{{0.f}}};
-    for (int64_t s = 0; s < nsb; s++) {
-        float row[QK_K];
-        for (int i = 0; i < TILE_ROWS; i++) {
-            agentkv_ktile_weights(qtype, tile + s * tb, i, row);
-            for (int k = 0; k < QK_K; k++) w[k][i] = row[k];
-        }
-        for (int k = 0; k < QK_K; k++) { /* sums over k in order, even blocks of 32 in one accumulator */
-            float(*a)[TILE_ROWS] = acc[(k / QK) & 1];
-            const float *xk = x + s * QK_K + k;
-            for (int64_t m = 0; m < M; m++)
-                for (int i = 0; i < TILE_ROWS; i++) a[m][i] = fmaf(w[k][i], xk[m * K], a[m][i]);
-        }
-    }
-    for (int64_t m = 0; m < M; m++)
-        for (int i = 0; i < TILE_ROWS; i++) res[m][i] = acc[0][m][i] + acc[1][m][i];
-    (void)generic;
-}

@@ -1,9 +1,8 @@
-/* The exact product of a tiled W (a prompt's rows: x in fp32, what the dequantized model computes) and a
-whole tiled W read back, with each column's weights made in a register from the tile's bytes: a block
-of 32 columns (cpu_tiles.c's layouts) column by column, a K-quant's or IQ4_XS's super-block through
-cpu_ktiles.c's, F16 and BF16 through cpu_ftiles.c's. One fused multiply-add per row of x and column,
-x's rows 8 at a time so that their two accumulators (even and odd blocks) stay in registers; the
-plain-C body (tile_weight) makes the same values and the same sums: the same bits. */
+/* A tiled W's weights back in fp32: a block's columns (what the exact product, cpu_tgemm.c, multiplies x
+by) and whole rows read back (a row of the vocabulary, a long prompt's weight). Each column's 16 rows'
+weights are made in a register from the tile's bytes: a block of 32 columns (cpu_tiles.c's layouts)
+column by column, a K-quant's or IQ4_XS's super-block through cpu_ktiles.c's, F16 and BF16 through
+cpu_tiles.h's; the plain-C body (tile_weight, agentkv_ktile_weights, ftile_weight) makes the same values. */
 
 #include <stdlib.h>
 
@@ -62,28 +61,64 @@ INLINE __m256 col_avx2(const int qtype, const uint8_t *blk, int k, int h) {
 #endif
 
 #if AGENTKV_TILES_FAST || AGENTKV_TILES_AVX2
-/* tile t of W (all its rows) into out's rows 16 t..: each block's columns made in registers (col_avx512 /
-   col_avx2, agentkv_ktile_cols: the values rows read back hold), then written out row by row from L1 */
+/* the columns of a block of 32 (Q8_0 .. IQ4_NL) in registers, stored */
+INLINE void cols32(const int qtype, const uint8_t *blk, float *cols) {
+    for (int k = 0; k < QK; k++) {
+#if AGENTKV_TILES_FAST
+        _mm512_storeu_ps(cols + TILE_ROWS * k, col_avx512(qtype, blk, k));
+#elif AGENTKV_TILES_AVX2
+        _mm256_storeu_ps(cols + TILE_ROWS * k, col_avx2(qtype, blk, k, 0));
+        _mm256_storeu_ps(cols + TILE_ROWS * k + 8, col_avx2(qtype, blk, k, 1));
+#endif
+    }
+}
+#endif
+
+void agentkv_tile_block_cols(int qtype, const uint8_t *blk, float *cols, int generic) {
+#if AGENTKV_TILES_FAST || AGENTKV_TILES_AVX2
+    if (!generic) {
+        if (is_kquant(qtype)) agentkv_ktile_cols(qtype, blk, (float(*)[TILE_ROWS])cols);
+        else if (is_float(qtype))
+            for (int k = 0; k < QK; k++) {
+#if AGENTKV_TILES_FAST
+                _mm512_storeu_ps(cols + TILE_ROWS * k, fcol_avx512(qtype, blk, k));
+#else
+                _mm256_storeu_ps(cols + TILE_ROWS * k, fcol_avx2(qtype, blk, k, 0));
+                _mm256_storeu_ps(cols + TILE_ROWS * k + 8, fcol_avx2(qtype, blk, k, 1));
+#endif
+            }
+        else if (qtype == Q8_0) cols32(Q8_0, blk, cols);  /* (each type's body specialized) */
+        else if (qtype == Q4_0) cols32(Q4_0, blk, cols);
+        else if (qtype == Q4_1) cols32(Q4_1, blk, cols);
+        else if (qtype == Q5_0) cols32(Q5_0, blk, cols);
+        else if (qtype == Q5_1) cols32(Q5_1, blk, cols);
+        else cols32(IQ4_NL, blk, cols);
+        return;
+    }
+#endif
+    (void)generic;
+    if (is_kquant(qtype)) {
+        float row[QK_K];
+        for (int i = 0; i < TILE_ROWS; i++) {
+            agentkv_ktile_weights(qtype, blk, i, row);
+            for (int k = 0; k < QK_K; k++) cols[TILE_ROWS * k + i] = row[k];
+        }
+    } else
+        for (int k = 0; k < QK; k++)
+            for (int i = 0; i < TILE_ROWS; i++)
+                cols[TILE_ROWS * k + i] = is_float(qtype) ? ftile_weight(qtype, blk, i, k) : tile_weight(qtype, blk, i, k);
+}
+
+#if AGENTKV_TILES_FAST || AGENTKV_TILES_AVX2
+/* tile t of W (all its rows) into out's rows 16 t..: each block's columns made in registers, then written
+   out row by row from L1 */
 static void tile_dequant(const int qtype, const int bf, const uint8_t *tiles, int64_t N, int64_t K, int64_t t,
                          void *out, int64_t out_ld) {
     const int64_t bw = BLOCK_WEIGHTS[qtype], nb = K / bw, tb = tile_block_bytes(qtype);
     const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
     float cols[QK_K][TILE_ROWS];
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = tiles + (t * nb + b) * tb;
-        if (is_kquant(qtype)) agentkv_ktile_cols(qtype, blk, cols);
-        else if (is_float(qtype))
-            for (int k = 0; k < QK; k++)
-                for (int i = 0; i < TILE_ROWS; i++) cols[k][i] = ftile_weight(qtype, blk, i, k);
-        else
-            for (int k = 0; k < QK; k++) {
-#if AGENTKV_TILES_FAST
-                _mm512_storeu_ps(cols[k], col_avx512(qtype, blk, k));
-#else
-                _mm256_storeu_ps(cols[k], col_avx2(qtype, blk, k, 0));
-                _mm256_storeu_ps(cols[k] + 8, col_avx2(qtype, blk, k, 1));
-#endif
-            }
+        agentkv_tile_block_cols(qtype, tiles + (t * nb + b) * tb, cols[0], 0);
         for (int i = 0; i < valid; i++)
             for (int64_t k = 0; k < bw; k++) store1(out, (t * TILE_ROWS + i) * out_ld + b * bw + k, cols[k][i], bf);
     }
@@ -118,123 +153,3 @@ int agentkv_qtile_dequant(int qtype, int bf, const uint8_t *tiles, int64_t N, in
     free(buf);
     return 0;
 }
-
-/* ---- the exact product: x in fp32 against the weights dequantized in registers ------------------- */
-
-/* x's rows [M <= 16] against one tile: sums over k in order, even blocks in one accumulator and odd
-   ones in another */
-INLINE void exact_generic(const int qtype, const uint8_t *tile, int64_t nb, const float *x, int64_t K, int64_t M,
-                          float res[MAX_M][TILE_ROWS]) {
-    const int64_t tb = tile_block_bytes(qtype);
-    for (int64_t m = 0; m < M; m++)
-        for (int i = 0; i < TILE_ROWS; i++) {
-            float acc[2] = {0.f, 0.f};
-            for (int64_t b = 0; b < nb; b++)
-                for (int k = 0; k < QK; k++)
-                    acc[b & 1] = fmaf(tile_weight(qtype, tile + b * tb, i, k), x[m * K + b * QK + k], acc[b & 1]);
-            res[m][i] = acc[0] + acc[1];
-        }
-}
-
-#if AGENTKV_TILES_FAST
-#define EXACT_GROUP 8
-
-INLINE void exact_avx512(const int qtype, const uint8_t *tile, int64_t nb, const float *x, int64_t K, int64_t M,
-                         float res[MAX_M][TILE_ROWS]) {
-    const int64_t tb = tile_block_bytes(qtype);
-    /* x's rows EXACT_GROUP at a time: their two accumulators each stay in registers (16 rows' 32 did not:
-       spilled, a prompt row cost twice its share), each column's weights made again for each group */
-    for (int64_t m0 = 0; m0 < M; m0 += EXACT_GROUP) {
-        const int64_t rows = M - m0 < EXACT_GROUP ? M - m0 : EXACT_GROUP;
-        __m512 acc[2][EXACT_GROUP];
-        for (int64_t m = 0; m < rows; m++) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = tile + b * tb;
-            if (m0 == 0) __builtin_prefetch(blk + 24 * tb, 0, 3);
-            __m512 *a = acc[b & 1];
-            for (int k = 0; k < QK; k++) {  /* 16 rows' weight k, then each row of x */
-                const __m512 w = col_avx512(qtype, blk, k);
-                for (int64_t m = 0; m < rows; m++)
-                    a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[(m0 + m) * K + b * QK + k]), a[m]);
-            }
-        }
-        for (int64_t m = 0; m < rows; m++) _mm512_storeu_ps(res[m0 + m], _mm512_add_ps(acc[0][m], acc[1][m]));
-    }
-}
-#endif
-
-#if AGENTKV_TILES_AVX2
-/* exact_avx512 in two halves of 8 rows */
-INLINE void exact_avx2(const int qtype, const uint8_t *tile, int64_t nb, const float *x, int64_t K, int64_t M,
-                       float res[MAX_M][TILE_ROWS]) {
-    const int64_t tb = tile_block_bytes(qtype);
-    for (int h = 0; h < 2; h++) {
-        __m256 acc[2][MAX_M];
-        for (int64_t m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = tile + b * tb;
-            __m256 *a = acc[b & 1];
-            for (int k = 0; k < QK; k++) {
-                const __m256 w = col_avx2(qtype, blk, k, h);
-                for (int64_t m = 0; m < M; m++)
-                    a[m] = _mm256_fmadd_ps(w, _mm256_set1_ps(x[m * K + b * QK + k]), a[m]);
-            }
-        }
-        for (int64_t m = 0; m < M; m++) _mm256_storeu_ps(res[m] + 8 * h, _mm256_add_ps(acc[0][m], acc[1][m]));
-    }
-}
-#endif
-
-/* x [M, K] (bf16 or fp32) @ W^T for a tiled W with x kept in fp32 (a prompt's rows: what the dequantized
-   model computes, but the weights never leave registers), out [M, N] (+ bias) (+ residual), any M.
-   Returns as qtile_linear. */
-int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *tiles,
-                        int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
-                        int nthreads, int generic) {
-    if (!tiled_shape(qtype, K)) return 1;
-    if (M < 1) return 2;
-    float *xf = malloc((size_t)(M * K) * sizeof(float));
-    if (!xf) return 2;
-    const int64_t ntiles = (N + 15) / 16, nb = K / QK;
-#pragma omp parallel num_threads(nthreads) if (ntiles * K * M > 65536)
-    {
-        const int64_t nt = omp_threads(), me = omp_me();
-        for (int64_t m = me; m < M; m += nt)
-            for (int64_t k = 0; k < K; k++) xf[m * K + k] = load1(x, m * x_ld + k, bf);
-#pragma omp barrier
-        float v[MAX_M][TILE_ROWS];
-        for (int64_t t = ntiles * me / nt; t < ntiles * (me + 1) / nt; t++) {
-            const uint8_t *tile = tiles + t * tile_bytes(qtype, K);
-            const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
-            for (int64_t m0 = 0; m0 < M; m0 += MAX_M) {
-                const int64_t rows = M - m0 < MAX_M ? M - m0 : MAX_M;
-#if AGENTKV_TILES_FAST
-#define BODY(Q) do { \
-        if (!generic) exact_avx512(Q, tile, nb, xf + m0 * K, K, rows, v); \
-        else exact_generic(Q, tile, nb, xf + m0 * K, K, rows, v); } while (0)
-#elif AGENTKV_TILES_AVX2
-#define BODY(Q) do { \
-        if (!generic) exact_avx2(Q, tile, nb, xf + m0 * K, K, rows, v); \
-        else exact_generic(Q, tile, nb, xf + m0 * K, K, rows, v); } while (0)
-#else
-#define BODY(Q) exact_generic(Q, tile, nb, xf + m0 * K, K, rows, v)
-#endif
-                if (is_kquant(qtype)) agentkv_ktile_exact_rows(qtype, tile, K / QK_K, xf + m0 * K, K, rows, v, generic);
-                else if (is_float(qtype)) agentkv_ftile_rows(qtype, tile, nb, xf + m0 * K, NULL, K, rows, v, generic);
-                else if (qtype == Q8_0) BODY(Q8_0);
-                else if (qtype == Q4_0) BODY(Q4_0);
-                else if (qtype == Q4_1) BODY(Q4_1);
-                else if (qtype == Q5_0) BODY(Q5_0);
-                else if (qtype == Q5_1) BODY(Q5_1);
-                else BODY(IQ4_NL);
-#undef BODY
-                for (int64_t m = 0; m < rows; m++)
-                    if (bf) tile_store(v[m], m0 + m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, 1);
-                    else tile_store(v[m], m0 + m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, 0);
-            }
-        }
-    }
-    free(xf);
-    return 0;
-}
-

@@ -203,6 +203,24 @@ INLINE float ftile_weight(int qtype, const uint8_t *blk, int i, int k) {
     return qtype == F16 ? half_to_f32(p) : bf16_bytes_to_f32(p);
 }
 
+#if AGENTKV_TILES_FAST
+/* column k of a float tile's block: its 16 rows' values (ftile_weight's) */
+INLINE __m512 fcol_avx512(const int qtype, const uint8_t *blk, int k) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 32 * k));
+    if (qtype == F16) return _mm512_cvtph_ps(v);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+#endif
+
+#if AGENTKV_TILES_AVX2
+/* fcol_avx512 for rows 8 h..8 h + 7 */
+INLINE __m256 fcol_avx2(const int qtype, const uint8_t *blk, int k, int h) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 32 * k + 16 * h));
+    if (qtype == F16) return _mm256_cvtph_ps(v);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+#endif
+
 /* row i of a float tile's block from the row's 32 values `src` */
 void agentkv_ftile_pack_row(int qtype, const uint8_t *src, int i, uint8_t *dst);
 
@@ -222,11 +240,13 @@ void agentkv_ktile_weights(int qtype, const uint8_t *sblk, int i, float *w);
 void agentkv_ktile_cols(int qtype, const uint8_t *sblk, float cols[QK_K][TILE_ROWS]);
 #endif
 
-/* one tile (nsb super-blocks) against x's M <= 16 int8 rows, or (exact_rows) fp32 rows [M, K] */
+/* one tile (nsb super-blocks) against x's M <= 16 int8 rows */
 void agentkv_ktile_rows(int qtype, const uint8_t *tile, int64_t nsb, const QRows *x, int64_t M,
                         float res[MAX_M][TILE_ROWS], int generic);
-void agentkv_ktile_exact_rows(int qtype, const uint8_t *tile, int64_t nsb, const float *x, int64_t K, int64_t M,
-                              float res[MAX_M][TILE_ROWS], int generic);
+
+/* one block of a tile (32 columns; a K-quant's super-block: 256) as fp32 columns: cols[16 k + i] row i's
+   weight k, the values every body's dequantization makes (`generic`: the plain-C one; the same bits) */
+void agentkv_tile_block_cols(int qtype, const uint8_t *blk, float *cols, int generic);
 
 /* x . w over K in fp32, summed in 32 lanes (lane i the columns i mod 32) then across them: the exact
    re-score of a logit */

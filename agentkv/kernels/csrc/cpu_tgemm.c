@@ -1,0 +1,173 @@
+/* The exact product of a tiled W: x's rows in fp32 (a prompt's tokens, as the dequantized model computes
+them) times W^T, as a GEMM over the tiles, so that a pass of n rows reads and dequantizes the weights
+once and then runs at the cores' FMA rate.
+
+Each thread takes a share of the tiles. A tile's weights are made a panel at a time (PANEL_K columns of
+its 16 rows in fp32, 16 KB: they stay in L1) by agentkv_tile_block_cols, and every row of x is multiplied
+against the panel before the next one is made. In the micro-kernel a column's 16 weights are one
+register, multiplied by GEMM_R rows of x at once (per column: one load, GEMM_R broadcasts, GEMM_R FMAs
+into independent accumulators, which hide the FMA's latency; the columns of an even block and of the odd
+one after it in turn, so that a single row has two chains). A long pass takes x X_BLOCK_BYTES of rows
+at a time through every tile, so that the rows a tile reads stay in L2.
+
+Each output sums its products over k in order, the columns of even blocks of 32 in one accumulator and
+of odd ones in another (the order the int8 tiled products sum in), the two added at the end. The plain-C
+body makes the same operations in that order from the same dequantized values: the same bits. */
+
+#include <stdlib.h>
+
+#include "cpu_tiles.h"
+
+#define PANEL_K 256                /* columns a panel: a K-quant's super-block, 16 KB of fp32 */
+#define X_BLOCK_BYTES (384 * 1024) /* x's rows (fp32) taken through all the tiles before the next ones */
+
+#if AGENTKV_TILES_FAST
+#define GEMM_R 12 /* rows a group: 2 x 12 accumulators and the column in 32 zmm registers */
+/* rows [R] of x (x[k * R + m], k < kc) against a panel wt [kc][16] into acc [R][2][16] */
+INLINE void micro_avx512(const float *wt, int64_t kc, const float *x, float *acc, const int R) {
+    __m512 a0[GEMM_R], a1[GEMM_R];
+#pragma GCC unroll 12
+    for (int m = 0; m < R; m++) a0[m] = _mm512_loadu_ps(acc + 32 * m), a1[m] = _mm512_loadu_ps(acc + 32 * m + 16);
+    for (int64_t k0 = 0; k0 < kc; k0 += 2 * QK) {
+        if (k0 + QK < kc)  /* an even block and the odd one after it, their columns in turn: two chains */
+            for (int64_t k = k0; k < k0 + QK; k++) {
+                const __m512 w0 = _mm512_load_ps(wt + TILE_ROWS * k), w1 = _mm512_load_ps(wt + TILE_ROWS * (k + QK));
+#pragma GCC unroll 12
+                for (int m = 0; m < R; m++) {
+                    a0[m] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[k * R + m]), a0[m]);
+                    a1[m] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[(k + QK) * R + m]), a1[m]);
+                }
+            }
+        else  /* a last even block alone */
+            for (int64_t k = k0; k < kc; k++) {
+                const __m512 w = _mm512_load_ps(wt + TILE_ROWS * k);
+#pragma GCC unroll 12
+                for (int m = 0; m < R; m++) a0[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[k * R + m]), a0[m]);
+            }
+    }
+#pragma GCC unroll 12
+    for (int m = 0; m < R; m++) _mm512_storeu_ps(acc + 32 * m, a0[m]), _mm512_storeu_ps(acc + 32 * m + 16, a1[m]);
+}
+#define MICRO micro_avx512
+#elif AGENTKV_TILES_AVX2
+#define GEMM_R 6 /* 2 x 6 accumulators, the column and a broadcast in 16 ymm registers, each half of 8 rows */
+INLINE void micro_avx2(const float *wt, int64_t kc, const float *x, float *acc, const int R) {
+    for (int h = 0; h < 2; h++) {
+        __m256 a0[GEMM_R], a1[GEMM_R];
+#pragma GCC unroll 6
+        for (int m = 0; m < R; m++)
+            a0[m] = _mm256_loadu_ps(acc + 32 * m + 8 * h), a1[m] = _mm256_loadu_ps(acc + 32 * m + 16 + 8 * h);
+        for (int64_t k0 = 0; k0 < kc; k0 += 2 * QK) {
+            if (k0 + QK < kc)
+                for (int64_t k = k0; k < k0 + QK; k++) {
+                    const __m256 w0 = _mm256_load_ps(wt + TILE_ROWS * k + 8 * h);
+                    const __m256 w1 = _mm256_load_ps(wt + TILE_ROWS * (k + QK) + 8 * h);
+#pragma GCC unroll 6
+                    for (int m = 0; m < R; m++) {
+                        a0[m] = _mm256_fmadd_ps(w0, _mm256_set1_ps(x[k * R + m]), a0[m]);
+                        a1[m] = _mm256_fmadd_ps(w1, _mm256_set1_ps(x[(k + QK) * R + m]), a1[m]);
+                    }
+                }
+            else
+                for (int64_t k = k0; k < kc; k++) {
+                    const __m256 w = _mm256_load_ps(wt + TILE_ROWS * k + 8 * h);
+#pragma GCC unroll 6
+                    for (int m = 0; m < R; m++) a0[m] = _mm256_fmadd_ps(w, _mm256_set1_ps(x[k * R + m]), a0[m]);
+                }
+        }
+#pragma GCC unroll 6
+        for (int m = 0; m < R; m++)
+            _mm256_storeu_ps(acc + 32 * m + 8 * h, a0[m]), _mm256_storeu_ps(acc + 32 * m + 16 + 8 * h, a1[m]);
+    }
+}
+#define MICRO micro_avx2
+#else
+#define GEMM_R 4
+#endif
+
+/* the plain-C body: micro_avx512's operations in its order */
+static void micro_generic(const float *wt, int64_t kc, const float *x, float *acc, int R) {
+    for (int m = 0; m < R; m++)
+        for (int i = 0; i < TILE_ROWS; i++) {
+            float a[2] = {acc[32 * m + i], acc[32 * m + 16 + i]};
+            for (int64_t k = 0; k < kc; k++) a[(k / QK) & 1] = fmaf(wt[TILE_ROWS * k + i], x[k * R + m], a[(k / QK) & 1]);
+            acc[32 * m + i] = a[0], acc[32 * m + 16 + i] = a[1];
+        }
+}
+
+/* a group of R <= GEMM_R rows, the SIMD body specialized for each R */
+static void micro(int generic, const float *wt, int64_t kc, const float *x, float *acc, int R) {
+#ifdef MICRO
+    if (!generic) {
+        switch (R) {
+#define CASE(r) case r: MICRO(wt, kc, x, acc, r); return;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
+#if GEMM_R > 6
+            CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
+#endif
+#undef CASE
+        }
+    }
+#endif
+    (void)generic;
+    micro_generic(wt, kc, x, acc, R);
+}
+
+/* the rows of x's group at row g (a multiple of GEMM_R): GEMM_R but for the last */
+INLINE int64_t group_rows(int64_t M, int64_t g) { return M - g < GEMM_R ? M - g : GEMM_R; }
+
+/* x [M, K] (bf16 or fp32) @ W^T for a tiled W, x kept in fp32, out [M, N] (+ bias) (+ residual), any M.
+   Returns as qtile_linear (1: a shape or type it does not take, 2: out of memory). */
+int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *tiles,
+                        int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
+                        int nthreads, int generic) {
+    if (!tiled_shape(qtype, K)) return 1;
+    if (M < 1) return 2;
+    if (nthreads < 1) nthreads = 1;
+    const int64_t ntiles = (N + TILE_ROWS - 1) / TILE_ROWS, bw = BLOCK_WEIGHTS[qtype], tb = tile_block_bytes(qtype);
+    int64_t mb = X_BLOCK_BYTES / (K * (int64_t)sizeof(float)) / GEMM_R * GEMM_R;
+    if (mb < 4 * GEMM_R) mb = 4 * GEMM_R;
+    if (mb > M) mb = M;
+    const int64_t per_thread = PANEL_K * TILE_ROWS + mb * 32; /* a panel, then the rows' accumulators */
+    float *xf = malloc((size_t)(M * K) * sizeof(float));
+    float *work = aligned_alloc(64, (size_t)(nthreads * per_thread) * sizeof(float));
+    if (!xf || !work) {
+        free(xf), free(work);
+        return 2;
+    }
+#pragma omp parallel num_threads(nthreads) if (ntiles * K * M > 65536)
+    {
+        const int64_t nt = omp_threads(), me = omp_me();
+        for (int64_t g = me * GEMM_R; g < M; g += nt * GEMM_R) {  /* each group of rows packed */
+            const int64_t R = group_rows(M, g);
+            for (int64_t m = 0; m < R; m++)
+                for (int64_t k = 0; k < K; k++) xf[g * K + k * R + m] = load1(x, (g + m) * x_ld + k, bf);
+        }
+#pragma omp barrier
+        float *wt = work + me * per_thread, *acc = wt + PANEL_K * TILE_ROWS;
+        for (int64_t m0 = 0; m0 < M; m0 += mb) {
+            const int64_t rows = M - m0 < mb ? M - m0 : mb;
+            for (int64_t t = ntiles * me / nt; t < ntiles * (me + 1) / nt; t++) {
+                const uint8_t *tile = tiles + t * tile_bytes(qtype, K);
+                memset(acc, 0, (size_t)rows * 32 * sizeof(float));
+                for (int64_t c0 = 0; c0 < K; c0 += PANEL_K) {
+                    const int64_t kc = K - c0 < PANEL_K ? K - c0 : PANEL_K;
+                    for (int64_t b = c0 / bw; b < (c0 + kc) / bw; b++)
+                        agentkv_tile_block_cols(qtype, tile + b * tb, wt + TILE_ROWS * (b * bw - c0), generic);
+                    for (int64_t g = 0; g < rows; g += GEMM_R)
+                        micro(generic, wt, kc, xf + (m0 + g) * K + c0 * group_rows(M, m0 + g), acc + 32 * g,
+                              (int)group_rows(M, m0 + g));
+                }
+                const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
+                for (int64_t m = 0; m < rows; m++) {
+                    float v[TILE_ROWS];
+                    for (int i = 0; i < TILE_ROWS; i++) v[i] = acc[32 * m + i] + acc[32 * m + 16 + i];
+                    if (bf) tile_store(v, m0 + m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, 1);
+                    else tile_store(v, m0 + m, t * TILE_ROWS, valid, bias, res, r_ld, out, out_ld, 0);
+                }
+            }
+        }
+    }
+    free(xf), free(work);
+    return 0;
+}
