@@ -9,7 +9,8 @@ and the two sides alternate so drifts in machine speed hit both:
 - decode attention: 16 requests (and one with a long context, whose keys the kernel splits across
   threads) through the cpu backend against the torch backend (gather + SDPA), a linear between
   layers as in a step;
-- extend attention: one request's new tokens after a cached prefix, the C kernel's tiles (the cpu
+- extend attention: one request's new tokens after a cached prefix, the C kernel's tiles as a prompt's
+  tokens (the body whose lanes are queries) and as written ones (the cpu
   backend, which takes every token) against SDPA (the torch backend);
 - with `--quantized`: the linears of 8 layers of a 1B-class model (2048 wide, 5632 MLP: widths every GGUF
   type's blocks divide) kept in each quantized type the C kernels multiply (random blocks), row-major
@@ -24,6 +25,7 @@ and the two sides alternate so drifts in machine speed hit both:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -236,17 +238,21 @@ def extend_attention(dtype, sizes) -> list:
         seq = prefix + ext
         table_ = torch.zeros(2, seq, dtype=torch.int64)
         table_[0] = torch.arange(1, seq + 1)
-        meta = AttentionMetadata(table_, torch.arange(1), [seq], [ext], 0, table_[0, prefix:].clone())
+        written = AttentionMetadata(table_, torch.arange(1), [seq], [ext], 0, table_[0, prefix:].clone())
+        prompt = dataclasses.replace(written, prompt_lens=[ext])
         q, k, v = _split(torch.randn(ext, (HEADS + 2 * KV_HEADS) * HEAD_DIM).to(dtype))
 
-        def run(name):
+        def run(name, meta):
             be = get_backend(name)
             be.prepare(meta)
             for _ in range(LAYERS):
                 be.forward(q, k, v, kc, vc, HEAD_DIM**-0.5)
 
-        t = best({"kernel": lambda: run("cpu"), "sdpa": lambda: run("torch")}, 5)
-        out.append([prefix, ext, t["kernel"] / LAYERS * 1e6, t["sdpa"] / LAYERS * 1e6, t["sdpa"] / t["kernel"]])
+        t = best({"prompt": lambda: run("cpu", prompt), "written": lambda: run("cpu", written),
+                  "sdpa": lambda: run("torch", written)}, 5)
+        flops = 4 * ext * (prefix + (ext + 1) / 2) * HEADS * HEAD_DIM  # (QK and PV: 2 FLOPs a product)
+        out.append([prefix, ext, t["prompt"] / LAYERS * 1e6, flops / (t["prompt"] / LAYERS) / 1e9,
+                    t["written"] / LAYERS * 1e6, t["sdpa"] / LAYERS * 1e6, t["sdpa"] / t["prompt"]])
     return out
 
 
@@ -282,8 +288,9 @@ def main() -> None:
         print(table(decode_attention(dtype, [(16, 100), (16, 400), (16, 1600), (1, 4000)]),
                     ["requests", "tokens each", "cpu backend", "torch backend", "torch / cpu"]))
     print("\nextend attention after a cached prefix, a layer (us)")
-    sizes = [(0, 32), (0, 512), (0, 2048), (256, 64), (512, 32), (512, 64), (512, 256), (2048, 256)]
-    print(table(extend_attention(dtype, sizes), ["prefix", "new tokens", "C kernel", "SDPA", "SDPA / C"]))
+    sizes = [(0, 32), (0, 512), (0, 2048), (256, 64), (400, 51), (512, 32), (512, 256), (2048, 256)]
+    print(table(extend_attention(dtype, sizes), ["prefix", "new tokens", "C, prompt tiles", "GFLOP/s",
+                                                 "C, written tiles", "SDPA", "SDPA / prompt"]))
 
 
 if __name__ == "__main__":

@@ -64,11 +64,13 @@ class ModelRunner:
         first_row: dict[int, int] = {}  # request id -> the row of its position 0 in the flat run
         ends: list[int] = []
         prompt_rows: list[int] = []
+        prompt_lens: list[int] = []
         for i, (r, start, n, samples) in enumerate(zip(batch.reqs, batch.starts, batch.extend_lens, batch.sampling)):
             first_row[r.rid] = len(ids) - start
             draft = batch.drafts.get(i, [])
             known = r.all_ids[start : start + n - len(draft)]
-            prompt_rows.extend(range(len(ids), len(ids) + max(0, min(n, len(r.prompt_ids) - start))))
+            prompt_lens.append(max(0, min(n, len(r.prompt_ids) - start)))
+            prompt_rows.extend(range(len(ids), len(ids) + prompt_lens[-1]))
             ids.extend(known + [0] * (n - len(draft) - len(known)) + draft)
             positions.extend(range(start, start + n))
             ends.append(len(ids) - 1)
@@ -84,6 +86,7 @@ class ModelRunner:
             out_cache_loc=batch.out_cache_loc,
             host_table=self.req_pool.host,
             host_rows=rows,
+            prompt_lens=prompt_lens,
         )
         last += [first_row[r.rid] + p for r, p in batch.score_positions]
         return ForwardInputs(

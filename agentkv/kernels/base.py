@@ -25,6 +25,9 @@ class AttentionMetadata:
     # host copies, where a backend plans on the host (reading the device's would wait for the GPU)
     host_table: torch.Tensor | None = None  # the slot table's (the truth: ReqToTokenPool.host)
     host_rows: list[int] | None = None  # req_rows'
+    # [B] how many of each request's new tokens, from its first, are its prompt's (None: none are); the
+    # cpu backend attends to them in a body of their own (csrc/cpu_attention.c)
+    prompt_lens: list[int] | None = None
 
     def rows(self) -> list[int]:
         return self.host_rows if self.host_rows is not None else self.req_rows.tolist()

@@ -9,7 +9,11 @@ query head of a KV head with one read of its rows.
 
 Every token of a pass goes to the kernel, decodes and extends alike, so a token's attention is
 computed the same way whatever its pass holds (a prompt chunk, a batch, a draft being checked, a
-forced run): outputs then do not depend on caching, batching or speculation. (SDPA's larger tiles
+forced run): outputs then do not depend on caching, batching or speculation. A prompt's tokens
+(`meta.prompt_lens`) go in tiles of their own, whose body computes 16 queries at once (each query's
+sums in the same order whatever the others): in `benchmarks/cpu_kernels.py`, fp32, a layer of the
+embedded model's heads, 1.3-1.6x the decode body's rate (0.65x its time for 51 tokens after 400
+cached, 0.64x for a 2,048-token prompt; 100-125 GFLOP/s). (SDPA's larger tiles
 read a long cached prefix fewer times: in `benchmarks/cpu_kernels.py`, bf16, a layer, the kernel took
 0.36x SDPA's time for a 32-token prompt and 0.81x for 2,048, but 1.19x for 256 tokens after 512
 cached and 1.37x for 256 after 2,048. Routed by size, the embedded model's agent outputs differed
@@ -42,20 +46,26 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def prepare(self, meta: AttentionMetadata) -> None:
         self.meta = meta
-        self.spans: list[tuple[int, int, int, int]] = []  # (first token, new tokens, table row, seq_len)
+        # (first token, new tokens, table row, seq_len, prompt tokens among the new)
+        self.spans: list[tuple[int, int, int, int, int]] = []
         offset = 0
-        for row, seq, ext in zip(meta.rows(), meta.seq_lens, meta.extend_lens):
-            self.spans.append((offset, ext, row, seq))
+        prompts = meta.prompt_lens or [0] * len(meta.extend_lens)
+        for row, seq, ext, prompt in zip(meta.rows(), meta.seq_lens, meta.extend_lens, prompts):
+            self.spans.append((offset, ext, row, seq, prompt))
             offset += ext
         self.tiles = None  # built by the first layer, which knows the heads
 
     def _tiles(self, heads: int, kv_heads: int) -> torch.Tensor:
-        """[n, 4] (first token, tokens, table row, keys of the first token): an extend's tokens in
-        tiles of as many as the kernel's query vectors take next to their heads; a decode is one."""
+        """[n, 5] (first token, tokens, table row, keys of the first token, 1 for a prompt's tokens): an
+        extend's tokens in tiles of as many as the kernel's query vectors take next to their heads, its
+        prompt's and the written ones in tiles of their own; a decode is one."""
         per_tile = max(1, self.kernels.max_queries // self.kernels.heads_per_task(heads // kv_heads))
-        tiles = [(first + j, min(per_tile, ext - j), row, seq - ext + j + 1)
-                 for first, ext, row, seq in self.spans for j in range(0, ext, per_tile)]
-        return torch.tensor(tiles, dtype=torch.int64).reshape(-1, 4)
+        tiles = []
+        for first, ext, row, seq, prompt in self.spans:
+            for lo, hi, kind in ((0, prompt, 1), (prompt, ext, 0)):
+                tiles += [(first + j, min(per_tile, hi - j), row, seq - ext + j + 1, kind)
+                          for j in range(lo, hi, per_tile)]
+        return torch.tensor(tiles, dtype=torch.int64).reshape(-1, 5)
 
     def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0):
         T, H, D = q.shape

@@ -182,7 +182,8 @@ class NativeKernels(QuantKernels):
                   scale: float, out: torch.Tensor, generic: bool = False, window: int = 0,
                   softcap: float = 0.0) -> None:
         """Writes k, v [T, KVH, D] to the caches at `out_loc` [T], then fills out [T, H, D] at the
-        tokens of `tiles` [n, 4] (first token, tokens, table row, keys of the first token): see
+        tokens of `tiles` [n, 5] (first token, tokens, table row, keys of the first token, 1 for a
+        prompt's tokens): see
         csrc/cpu_attention.c. `generic` runs the plain-C path on CPUs with AVX-512 too (tests);
         `window` > 0 is sliding-window attention; `softcap` > 0 caps the scores (Gemma 2)."""
         T, H, D = q.shape
@@ -192,6 +193,7 @@ class NativeKernels(QuantKernels):
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and out.is_contiguous()
         assert k_cache.dtype == v_cache.dtype and k_cache.dtype in _DTYPES  # (16-bit KV under fp32 activations too)
         assert table.dtype == out_loc.dtype == tiles.dtype == torch.int64 and tiles.is_contiguous()
+        assert tiles.dim() == 2 and tiles.shape[1] == 5
         assert table.is_contiguous() and out_loc.is_contiguous() and k_cache.shape == v_cache.shape
         bad = self._lib.agentkv_attention(
             _DTYPES[q.dtype], _DTYPES[k_cache.dtype], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),

@@ -4,6 +4,8 @@ check runs the AVX-512 bodies (where this CPU has them) and the plain-C ones."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -134,20 +136,50 @@ def _prefix_pool(g: torch.Generator) -> list[int]:
 
 
 def _check(meta, q, k, v, k_cache, v_cache, generic):
-    backend = get_backend("cpu")
-    backend.generic = generic
-    backend.prepare(meta)
-    T, H, D = q.shape
-    out = backend.forward(q, k, v, k_cache, v_cache, D**-0.5).view(T, H, D)
-    assert torch.equal(k_cache[meta.out_cache_loc], k) and torch.equal(v_cache[meta.out_cache_loc], v)
-    offset = 0
-    for row, (s, e) in enumerate(zip(meta.seq_lens, meta.extend_lens)):
-        slots = meta.req_to_token[row, :s]
-        expected = reference(q[offset : offset + e].float(), k_cache[slots].float(), v_cache[slots].float(),
-                             D**-0.5, s - e)
-        torch.testing.assert_close(out[offset : offset + e].float(), expected, **_close(q.dtype))
-        offset += e
-    return backend
+    """The pass as written tokens (the decode body), then with the first two thirds of each request's
+    new tokens a prompt's (their own tiles and body), against the reference."""
+    backends = []
+    for m in (meta, dataclasses.replace(meta, prompt_lens=[e - e // 3 for e in meta.extend_lens])):
+        backend = get_backend("cpu")
+        backend.generic = generic
+        backend.prepare(m)
+        T, H, D = q.shape
+        out = backend.forward(q, k, v, k_cache, v_cache, D**-0.5).view(T, H, D)
+        assert torch.equal(k_cache[m.out_cache_loc], k) and torch.equal(v_cache[m.out_cache_loc], v)
+        offset = 0
+        for row, (s, e) in enumerate(zip(m.seq_lens, m.extend_lens)):
+            slots = m.req_to_token[row, :s]
+            expected = reference(q[offset : offset + e].float(), k_cache[slots].float(), v_cache[slots].float(),
+                                 D**-0.5, s - e)
+            torch.testing.assert_close(out[offset : offset + e].float(), expected, **_close(q.dtype))
+            offset += e
+        backends.append(backend)
+    assert int(backends[1].tiles[:, 4].sum()) > 0 and int(backends[0].tiles[:, 4].sum()) == 0
+    return backends[0]
+
+
+@pytest.mark.parametrize("prompt", [0, 1])
+@pytest.mark.parametrize("generic", BODIES)
+def test_a_querys_attention_does_not_depend_on_its_tile(prompt, generic):
+    """The same 37 tokens after 120 cached ones in tiles of 5 and in tiles of 1, 3, 2, ...: each
+    query's output is the same bits, in the written tokens' body and in a prompt's."""
+    heads, kv_heads, D = 9, 3, 64
+    meta, q, k, v, kc, vc = _batch([(list(range(1, 121)), 37)], heads, kv_heads, D, torch.float32, seed=5)
+    table = meta.req_to_token
+
+    def run(sizes):
+        tiles, at = [], 0
+        for n in sizes:
+            tiles.append([at, n, 0, 121 + at, prompt])
+            at += n
+        out = torch.empty(37, heads, D)
+        kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, table, torch.tensor(tiles), D**-0.5, out,
+                          generic=generic)
+        return out
+
+    grouped = run([5] * 7 + [2])
+    assert torch.equal(grouped, run([1, 3, 2, 4, 5, 5, 5, 5, 5, 2]))
+    assert torch.equal(grouped, run([1] * 37))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -361,7 +393,7 @@ def test_attention_checks_every_index_before_it_touches_memory():
 
     meta, q, k, v, kc, vc = _batch([([1, 2, 3], 1), ([], 2)], 4, 2, 16, torch.float32, seed=2)
     out = torch.empty(3, 4, 16)
-    tiles = torch.tensor([[0, 1, 0, 4], [1, 2, 1, 1]])
+    tiles = torch.tensor([[0, 1, 0, 4, 0], [1, 2, 1, 1, 1]])
     before = kc.clone()
     bad_loc = meta.out_cache_loc.clone()
     bad_loc[1] = kc.shape[0]
@@ -372,8 +404,8 @@ def test_attention_checks_every_index_before_it_touches_memory():
     with pytest.raises(EngineError, match="slot in the table"):
         kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, table, tiles, 0.25, out)
     with pytest.raises(EngineError, match="a tile"):
-        kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles + torch.tensor([0, 0, 0, 999]),
-                          0.25, out)
+        kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token,
+                          tiles + torch.tensor([0, 0, 0, 999, 0]), 0.25, out)
     assert torch.equal(kc, before)
     kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles, 0.25, out)  # the valid pass runs
     assert torch.equal(kc[meta.out_cache_loc], k)

@@ -7,6 +7,8 @@ Mixtral)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -112,10 +114,14 @@ needs_native = pytest.mark.skipif(cpu_native.load() is None, reason="agentkv's C
 @pytest.mark.parametrize("generic", [False, True])
 @pytest.mark.parametrize("window", [1, 5, 16, 40, 700])
 @pytest.mark.parametrize("long", [False, True])
-def test_cpu_kernel_windows(generic, window, long):
+@pytest.mark.parametrize("prompt", [False, True])
+def test_cpu_kernel_windows(generic, window, long, prompt):
+    """The decode body, and (`prompt`) the prompt tiles' body for each request's new tokens."""
     backend = get_backend("cpu")
     backend.generic = generic
     batch = mixed_batch(window + long, 8, 2, long=long)
+    if prompt:
+        batch = (dataclasses.replace(batch[0], prompt_lens=list(batch[0].extend_lens)), *batch[1:])
     check(backend, batch, window, tol=2e-5)
     check(backend, batch, window, tol=2e-5, softcap=0.7)
 

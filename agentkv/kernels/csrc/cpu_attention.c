@@ -10,6 +10,14 @@ recurrence), so a query's keys are read once whatever the context length.
 A sliding window (`window` > 0) limits each query to its last `window` keys, its own included: a task
 starts at its first query's first key, and each query masks the keys before its own first.
 
+A prompt's tokens come in tiles of their own (the tile's fifth field), whose tasks run another body:
+the task's query vectors are the 16 lanes of a register, so that a block's scores are 16 registers (one
+a key, each lane a query's score: D fused multiply-adds of a key's broadcast value by the queries'
+values, no sum across lanes), the online softmax is lane-wise, and the output accumulates 16 queries
+a dimension per FMA. A written token's attention (decodes, drafts, forced runs) stays in the first
+body whatever its pass: its numbers do not depend on what else the pass holds. Each query's sums are
+in the same order in either body whatever its tile's other queries.
+
 When there are fewer tasks than twice the threads (one or two requests decoding) and their contexts
 are long, each task's keys are split into parts taken by different threads, each leaving its
 (max, sum, unnormalized output) per query; a merge then combines the parts (flash-decoding). */
@@ -35,6 +43,7 @@ typedef struct {
     int64_t window;                /* keys a query sees, its own included; 0: all before it */
     float softcap;                 /* > 0: scores capped to softcap * tanh(score / softcap) (Gemma 2) */
     float *partial;                /* NULL: write `out`; else [nq][D + 2]: max, sum, unnormalized output */
+    int prompt;                    /* a prompt's tokens: attend_prompt_avx512's body */
 } Task;
 
 /* the first key query i of a task sees (keys before it are outside its window) */
@@ -152,6 +161,89 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf, const int k
         for (int c = 0; c < NV; c++) store16(op + c * 16 * es, _mm512_mul_ps(acc[i][c], inv), bf);
     }
 }
+
+/* A prompt tile's task, its query vectors as lanes (see the top). A lane past the task's queries sees
+   no key; a key outside a query's window or past its position is masked in its lane. */
+INLINE void attend_prompt_avx512(const Task *t, const int NV, const int bf, const int kbf) {
+    const int D = NV * 16, nq = (int)t->m * t->ng, es = bf ? 2 : 4, kes = kbf ? 2 : 4;
+    float qt[MAX_D][16] __attribute__((aligned(64))), acc[MAX_D][16] __attribute__((aligned(64)));
+    float kb[BLOCK][MAX_D], vb[BLOCK][MAX_D];
+    int32_t lim[16], lo[16];
+    for (int i = 0; i < 16; i++) {
+        const int64_t end = i < nq ? t->len0 + i / t->ng : 0;
+        lim[i] = (int32_t)(end - t->k0), lo[i] = i < nq ? (int32_t)(first_key(t, end) - t->k0) : 0;
+        for (int d = 0; d < D; d++) qt[d][i] = 0.f;
+    }
+    for (int i = 0; i < nq; i++) {
+        const char *qp = (const char *)t->q + q_offset(t, i, t->q_ld) * es;
+        for (int d = 0; d < D; d++) qt[d][i] = load1(qp, d, bf) * t->scale;
+    }
+    for (int d = 0; d < D; d++) _mm512_store_ps(acc[d], _mm512_setzero_ps());
+    const __m512i lim_v = _mm512_loadu_si512(lim), lo_v = _mm512_loadu_si512(lo);
+    __m512 mx = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
+    const int64_t n = t->k1, row = (int64_t)t->KVH * D;
+    for (int64_t b0 = t->k0; b0 < n; b0 += BLOCK) {
+        const int nb = (int)(n - b0 < BLOCK ? n - b0 : BLOCK);
+        for (int j = 0; j < BLOCK; j++) {
+            if (j >= nb) {  /* (no key: a score masked below, a value times 0) */
+                for (int c = 0; c < NV; c++)
+                    _mm512_storeu_ps(kb[j] + 16 * c, _mm512_setzero_ps()), _mm512_storeu_ps(vb[j] + 16 * c, _mm512_setzero_ps());
+                continue;
+            }
+            const int64_t off = (t->slots[b0 + j] * row + (int64_t)t->h * D) * kes;
+            for (int c = 0; c < NV; c++) {
+                _mm512_storeu_ps(kb[j] + 16 * c, load16((const char *)t->kc + off + c * 16 * kes, kbf));
+                _mm512_storeu_ps(vb[j] + 16 * c, load16((const char *)t->vc + off + c * 16 * kes, kbf));
+            }
+        }
+        for (int64_t j = b0 + BLOCK; j < b0 + 2 * BLOCK && j < n; j++) {  /* (as attend_avx512) */
+            const int64_t off = (t->slots[j] * row + (int64_t)t->h * D) * kes;
+            for (int b = 0; b < D * kes; b += 64) {
+                __builtin_prefetch((const char *)t->kc + off + b, 0, 3);
+                __builtin_prefetch((const char *)t->vc + off + b, 0, 3);
+            }
+        }
+        __m512 s[BLOCK];  /* s[j] lane i: query i's score of key b0 + j, summed over d in order */
+        for (int j = 0; j < BLOCK; j++) s[j] = _mm512_setzero_ps();
+        for (int d = 0; d < D; d++) {
+            const __m512 q = _mm512_load_ps(qt[d]);
+            for (int j = 0; j < BLOCK; j++) s[j] = _mm512_fmadd_ps(_mm512_set1_ps(kb[j][d]), q, s[j]);
+        }
+        __mmask16 live[BLOCK];
+        __m512 bm = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < BLOCK; j++) {
+            const __m512i at = _mm512_set1_epi32((int32_t)(b0 - t->k0) + j);
+            live[j] = j < nb ? _mm512_cmpgt_epi32_mask(lim_v, at) & _mm512_cmple_epi32_mask(lo_v, at) : 0;
+            if (t->softcap > 0.f) s[j] = cap16(s[j], t->softcap);
+            s[j] = _mm512_mask_blend_ps(live[j], _mm512_set1_ps(-INFINITY), s[j]);
+            bm = _mm512_max_ps(bm, s[j]);
+        }
+        const __m512 mn = _mm512_max_ps(mx, bm);
+        /* lanes without a key yet keep corr at e^-87 against their zero sums */
+        const __m512 corr = exp16(_mm512_sub_ps(mx, mn));
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < BLOCK; j++) {
+            s[j] = _mm512_maskz_mov_ps(live[j], exp16(_mm512_sub_ps(s[j], mn)));
+            sum = _mm512_add_ps(sum, s[j]);
+        }
+        l = _mm512_fmadd_ps(l, corr, sum);
+        mx = mn;
+        for (int d0 = 0; d0 < D; d0 += 8) {  /* 8 dimensions at once: 8 chains hide the FMA's latency */
+            __m512 a[8];
+            for (int e = 0; e < 8; e++) a[e] = _mm512_mul_ps(_mm512_load_ps(acc[d0 + e]), corr);
+            for (int j = 0; j < BLOCK; j++)
+                for (int e = 0; e < 8; e++) a[e] = _mm512_fmadd_ps(s[j], _mm512_set1_ps(vb[j][d0 + e]), a[e]);
+            for (int e = 0; e < 8; e++) _mm512_store_ps(acc[d0 + e], a[e]);
+        }
+    }
+    float mxs[16], ls[16];
+    _mm512_storeu_ps(mxs, mx), _mm512_storeu_ps(ls, l);
+    for (int i = 0; i < nq; i++) {
+        float a[MAX_D];
+        for (int d = 0; d < D; d++) a[d] = acc[d][i];
+        finish(t, i, mxs[i], ls[i], a, bf);
+    }
+}
 #endif
 
 /* the same recurrence in plain C, for any head_dim up to MAX_D and any CPU */
@@ -212,6 +304,9 @@ INLINE void attend_generic(const Task *t, const int bf, const int kbf) {
 /* bf: q, k, v and out in bf16 (else fp32); kbf: the caches in bf16 (else fp32) */
 INLINE void attend(const Task *t, const int bf, const int kbf, const int generic) {
 #if AGENTKV_AVX512
+    if (!generic && t->prompt && t->D == 64) return attend_prompt_avx512(t, 4, bf, kbf);
+    if (!generic && t->prompt && t->D == 128) return attend_prompt_avx512(t, 8, bf, kbf);
+    if (!generic && t->prompt && t->D % 16 == 0) return attend_prompt_avx512(t, t->D / 16, bf, kbf);
     if (!generic && t->D == 64) return attend_avx512(t, 4, bf, kbf);
     if (!generic && t->D == 128) return attend_avx512(t, 8, bf, kbf);
     if (!generic && t->D % 16 == 0) return attend_avx512(t, t->D / 16, bf, kbf);
@@ -240,7 +335,9 @@ int agentkv_attention_heads_per_task(int G) { return G < MAX_Q ? G : MAX_Q; }
 int agentkv_attention_max_queries(void) { return MAX_Q; }
 int agentkv_attention_max_head_dim(void) { return MAX_D; }
 
-/* the keys a tile's last token sees: tile = (first token, tokens m, table row, keys of the first token) */
+#define TILE_FIELDS 5 /* a tile: (first token, tokens m, table row, keys of the first token, a prompt's) */
+
+/* the keys a tile's last token sees */
 INLINE int64_t tile_keys(const int64_t *tile) { return tile[3] + tile[1] - 1; }
 
 /* Every index the call will follow, checked before any memory is touched: 0 when all are in bounds,
@@ -250,9 +347,9 @@ static int check_indices(const int64_t *out_loc, int64_t T, int64_t num_slots, c
     for (int64_t i = 0; i < T; i++)
         if (out_loc[i] < 0 || out_loc[i] >= num_slots) return 1;
     for (int64_t n = 0; n < ntiles; n++) {
-        const int64_t *tile = tiles + n * 4, keys = tile_keys(tile);
+        const int64_t *tile = tiles + n * TILE_FIELDS, keys = tile_keys(tile);
         if (tile[0] < 0 || tile[1] < 1 || tile[0] + tile[1] > T || tile[2] < 0 || tile[2] >= table_rows ||
-            tile[3] < 1 || keys > table_ld)
+            tile[3] < 1 || keys > table_ld || (tile[4] != 0 && tile[4] != 1))
             return 2;
         for (int64_t j = 0; j < keys; j++) {
             const int64_t slot = table[tile[2] * table_ld + j];
@@ -276,12 +373,12 @@ typedef struct { /* what the tasks of one call share */
 /* task n of a call: its tile, KV head and first query head; all of the tile's keys (from the
    first query's window on) */
 static Task task_of(const Call *c, int64_t n) {
-    const int64_t *tile = c->tiles + (n / (c->KVH * c->chunks)) * 4;
+    const int64_t *tile = c->tiles + (n / (c->KVH * c->chunks)) * TILE_FIELDS;
     const int h = (int)(n / c->chunks % c->KVH), g0 = (int)(n % c->chunks) * c->ng;
     const int64_t k0 = c->window && tile[3] > c->window ? tile[3] - c->window : 0;
     Task t = {c->q, c->q_ld, c->kc, c->vc, c->table + tile[2] * c->table_ld, tile[0], tile[1], tile[3],
               g0, c->G - g0 < c->ng ? c->G - g0 : c->ng, c->G, c->KVH, h, c->H, c->D, c->scale, c->out,
-              k0, tile_keys(tile), c->window, c->softcap, NULL};
+              k0, tile_keys(tile), c->window, c->softcap, NULL, (int)tile[4]};
     return t;
 }
 
@@ -308,8 +405,8 @@ static void merge_parts(const Call *c, int64_t ntasks, int64_t parts, const floa
 
 /* q [T, H, D], k and v [T, KVH, D] (token strides q_ld, k_ld, v_ld; heads contiguous), out [T, H, D];
    caches [num_slots, KVH, D]; table [table_rows, table_ld].
-   tiles [ntiles, 4]: (first token, tokens m, slot-table row, keys of the first token); tokens of no
-   tile are left to the caller (their K/V are still stored). `window` > 0: sliding-window attention.
+   tiles [ntiles, 5]: (first token, tokens m, slot-table row, keys of the first token, 1 for a prompt's
+   tokens); tokens of no tile are left to the caller (their K/V are still stored). `window` > 0: sliding-window attention.
    `generic` forces the plain-C path (tests). `bf`: q, k, v and out are bf16 (else fp32); `kvbf`: the
    caches are (else fp32), so fp32 activations can keep 16-bit KV.
    Returns check_indices' verdict: 0, or nonzero with nothing done. */
@@ -331,8 +428,8 @@ int agentkv_attention(int bf, int kvbf, const void *q, int64_t q_ld, const void 
     const int64_t ntasks = ntiles * KVH * chunks;
     int64_t most_keys = 0; /* the keys a task reads, at most */
     for (int64_t n = 0; n < ntiles; n++) {
-        const int64_t keys = tile_keys(tiles + n * 4), skipped = window && tiles[n * 4 + 3] > window ?
-                                                                   tiles[n * 4 + 3] - window : 0;
+        const int64_t *tile = tiles + n * TILE_FIELDS, keys = tile_keys(tile);
+        const int64_t skipped = window && tile[3] > window ? tile[3] - window : 0;
         most_keys = keys - skipped > most_keys ? keys - skipped : most_keys;
     }
     int64_t parts = 1; /* a few long tasks: each one's keys in parts, two tasks' worth a thread */
@@ -371,7 +468,7 @@ void agentkv_attend_one(const float *q, const void *kc, const void *vc, const in
                         float softcap, int kvbf, int generic) {
     const int64_t k0 = window && len > window ? len - window : 0;
     const Task t = {q, (int64_t)H * D, kc, vc, slots, 0, 1, len, g0, ng, G, KVH, h, H, D, scale, out, k0, len, window,
-                    softcap, NULL};
+                    softcap, NULL, 0};
     if (kvbf) attend(&t, 0, 1, generic);
     else attend(&t, 0, 0, generic);
 }
