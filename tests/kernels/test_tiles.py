@@ -122,8 +122,8 @@ def test_packing_refuses_a_row_of_partial_blocks():
 def test_exact_product_is_a_gemm_over_the_tiles(name, rows):
     """agentkv_qtile_exact (csrc/cpu_tgemm.c: a prompt's rows, any number): x in fp32 times the weights
     dequantized a panel of 256 columns at a time (576 columns: two panels and a short one; a K-quant's
-    768: three), x's rows 12 at a time (13: a group and one row); the plain-C body gives the SIMD
-    body's bits."""
+    768: three), x's rows in groups of at most 12 (13: 7 + 6); the plain-C body gives the SIMD body's
+    bits."""
     w, deq = quantized(name, 100, width(name), seed=rows)
     tiled = kernels.tile(w)
     x = torch.randn(rows, width(name))
@@ -136,8 +136,9 @@ def test_exact_product_is_a_gemm_over_the_tiles(name, rows):
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_K"])
 def test_a_long_exact_product_takes_x_a_block_at_a_time(name):
-    """4096 columns: x's rows go through every tile 48 at a time (so a tile's rows stay in L2), 100 rows
-    as 48 + 48 + 4; x in bf16 with a bias and a residual, through qlinear as a prompt's pass calls it."""
+    """4096 columns: x's rows go through every tile 4 groups at a time (so that a tile's rows stay in L2),
+    100 rows as 9 groups of 11-12 in blocks of 4 + 4 + 1; x in bf16 with a bias and a residual, through
+    qlinear as a prompt's pass calls it."""
     w, deq = quantized(name, 40, 4096, seed=3)
     tiled = kernels.tile(w)
     g = torch.Generator().manual_seed(0)

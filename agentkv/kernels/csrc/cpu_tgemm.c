@@ -7,8 +7,9 @@ its 16 rows in fp32, 16 KB: they stay in L1) by agentkv_tile_block_cols, and eve
 against the panel before the next one is made. In the micro-kernel a column's 16 weights are one
 register, multiplied by GEMM_R rows of x at once (per column: one load, GEMM_R broadcasts, GEMM_R FMAs
 into independent accumulators, which hide the FMA's latency; the columns of an even block and of the odd
-one after it in turn, so that a single row has two chains). A long pass takes x X_BLOCK_BYTES of rows
-at a time through every tile, so that the rows a tile reads stay in L2.
+one after it in turn, so that a single row has two chains); x's rows in groups of even sizes, each packed
+column by column. A long pass takes x X_BLOCK_BYTES of rows at a time through every tile, so that the
+rows a tile reads stay in L2.
 
 Each output sums its products over k in order, the columns of even blocks of 32 in one accumulator and
 of odd ones in another (the order the int8 tiled products sum in), the two added at the end. The plain-C
@@ -113,8 +114,9 @@ static void micro(int generic, const float *wt, int64_t kc, const float *x, floa
     micro_generic(wt, kc, x, acc, R);
 }
 
-/* the rows of x's group at row g (a multiple of GEMM_R): GEMM_R but for the last */
-INLINE int64_t group_rows(int64_t M, int64_t g) { return M - g < GEMM_R ? M - g : GEMM_R; }
+/* the first row of group i of the ng groups of M rows: groups of as even sizes as can be (51 rows as
+   11 + 10 + 10 + 10 + 10, not 12 + 12 + 12 + 12 + 3), each at most GEMM_R */
+INLINE int64_t group_start(int64_t M, int64_t ng, int64_t i) { return i * M / ng; }
 
 /* x [M, K] (bf16 or fp32) @ W^T for a tiled W, x kept in fp32, out [M, N] (+ bias) (+ residual), any M.
    Returns as qtile_linear (1: a shape or type it does not take, 2: out of memory). */
@@ -125,10 +127,10 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
     if (M < 1) return 2;
     if (nthreads < 1) nthreads = 1;
     const int64_t ntiles = (N + TILE_ROWS - 1) / TILE_ROWS, bw = BLOCK_WEIGHTS[qtype], tb = tile_block_bytes(qtype);
-    int64_t mb = X_BLOCK_BYTES / (K * (int64_t)sizeof(float)) / GEMM_R * GEMM_R;
-    if (mb < 4 * GEMM_R) mb = 4 * GEMM_R;
-    if (mb > M) mb = M;
-    const int64_t per_thread = PANEL_K * TILE_ROWS + mb * 32; /* a panel, then the rows' accumulators */
+    const int64_t ng = (M + GEMM_R - 1) / GEMM_R;
+    int64_t gpb = X_BLOCK_BYTES / (K * (int64_t)sizeof(float)) / GEMM_R; /* groups an x block */
+    if (gpb < 4) gpb = 4;
+    const int64_t per_thread = PANEL_K * TILE_ROWS + gpb * GEMM_R * 32; /* a panel, the rows' accumulators */
     float *xf = malloc((size_t)(M * K) * sizeof(float));
     float *work = aligned_alloc(64, (size_t)(nthreads * per_thread) * sizeof(float));
     if (!xf || !work) {
@@ -138,15 +140,16 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
 #pragma omp parallel num_threads(nthreads) if (ntiles * K * M > 65536)
     {
         const int64_t nt = omp_threads(), me = omp_me();
-        for (int64_t g = me * GEMM_R; g < M; g += nt * GEMM_R) {  /* each group of rows packed */
-            const int64_t R = group_rows(M, g);
+        for (int64_t i = me; i < ng; i += nt) {  /* each group's rows packed, column by column */
+            const int64_t g = group_start(M, ng, i), R = group_start(M, ng, i + 1) - g;
             for (int64_t m = 0; m < R; m++)
                 for (int64_t k = 0; k < K; k++) xf[g * K + k * R + m] = load1(x, (g + m) * x_ld + k, bf);
         }
 #pragma omp barrier
         float *wt = work + me * per_thread, *acc = wt + PANEL_K * TILE_ROWS;
-        for (int64_t m0 = 0; m0 < M; m0 += mb) {
-            const int64_t rows = M - m0 < mb ? M - m0 : mb;
+        for (int64_t i0 = 0; i0 < ng; i0 += gpb) {
+            const int64_t i1 = i0 + gpb < ng ? i0 + gpb : ng, m0 = group_start(M, ng, i0);
+            const int64_t rows = group_start(M, ng, i1) - m0;
             for (int64_t t = ntiles * me / nt; t < ntiles * (me + 1) / nt; t++) {
                 const uint8_t *tile = tiles + t * tile_bytes(qtype, K);
                 memset(acc, 0, (size_t)rows * 32 * sizeof(float));
@@ -154,9 +157,10 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
                     const int64_t kc = K - c0 < PANEL_K ? K - c0 : PANEL_K;
                     for (int64_t b = c0 / bw; b < (c0 + kc) / bw; b++)
                         agentkv_tile_block_cols(qtype, tile + b * tb, wt + TILE_ROWS * (b * bw - c0), generic);
-                    for (int64_t g = 0; g < rows; g += GEMM_R)
-                        micro(generic, wt, kc, xf + (m0 + g) * K + c0 * group_rows(M, m0 + g), acc + 32 * g,
-                              (int)group_rows(M, m0 + g));
+                    for (int64_t i = i0; i < i1; i++) {
+                        const int64_t g = group_start(M, ng, i), R = group_start(M, ng, i + 1) - g;
+                        micro(generic, wt, kc, xf + g * K + c0 * R, acc + 32 * (g - m0), (int)R);
+                    }
                 }
                 const int valid = N - t * TILE_ROWS < TILE_ROWS ? (int)(N - t * TILE_ROWS) : TILE_ROWS;
                 for (int64_t m = 0; m < rows; m++) {
