@@ -17,9 +17,12 @@ and the two sides alternate so drifts in machine speed hit both:
   (csrc/cpu_quant.c's types) and in tiles (csrc/cpu_tiles.c, cpu_ktiles.c, where the CPU has AVX-512
   VNNI or AVX2), the tiles also with x in fp32 (`exact`: a prompt's rows), against the same shapes in
   the C bf16 kernel, and each one's bytes; then the embedded model's linears of one batch-1 decode step,
-  kept in its file's Q4_1 / Q8_0 blocks, against bf16.
+  kept in its file's Q4_1 / Q8_0 blocks, against bf16; and the exact product (a prompt's rows) of each
+  type at `--exact-rows` rows against the cores' fp32 FMA peak (csrc/cpu_peak.c) and against each weight
+  dequantized and multiplied by torch.
 
     python benchmarks/cpu_kernels.py [--dtype bfloat16|float32] [--rows 1,16,64,550] [--quantized]
+                                     [--exact-rows 1,16,51,128,512]
 """
 
 from __future__ import annotations
@@ -133,6 +136,37 @@ def quantized_linears(kernels, rows_list) -> list:
                    else 2 * sum(k * n for k, n in QUANT_SHAPES) * QUANT_LAYERS) / 2**20
             out.append([rows, name, mib, t[name] * 1e3, t.get("bf16", float("nan")) / t[name]])
     return out
+
+
+def exact_products(kernels, rows_list, layers: int = 2) -> list:
+    """The exact product (a prompt's rows: csrc/cpu_tgemm.c) of `layers` layers' linears per type, ms and
+    FLOPs a second against the cores' fp32 FMA peak (csrc/cpu_peak.c), beside each weight dequantized
+    whole and multiplied by torch (what prompts of more than 16 rows did before the kernel)."""
+    import gguf
+    import numpy as np
+
+    from tests.kernels.test_quant_kernels import K_QUANTS, k_blocks
+
+    peak, rng, out = kernels.fma_peak(), np.random.default_rng(2), []
+    for name in ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K"):
+        code = cpu_quant.QUANT_TYPES[name][0]
+        ws = []
+        for _ in range(layers):
+            for k, n in QUANT_SHAPES:
+                if name in K_QUANTS:
+                    raw = k_blocks(getattr(gguf.GGMLQuantizationType, name), (n, k), rng)
+                    w = cpu_quant.QuantWeight(torch.from_numpy(np.ascontiguousarray(raw)), code, k, n)
+                else:
+                    w = quant_blocks(name, n, k, rng)
+                ws.append((k, kernels.tile(w)))
+        for rows in rows_list:
+            xs = {k: torch.randn(rows, k) for k, _ in QUANT_SHAPES}
+            t = best({"kernel": lambda: [kernels.qlinear(xs[k], w, exact=True) for k, w in ws],
+                      "dequantized": lambda: [xs[k] @ kernels.qdequant(w, None, torch.float32).t() for k, w in ws]}, 3)
+            flops = 2 * rows * sum(k * n for k, n in QUANT_SHAPES) * layers
+            out.append([rows, name, t["kernel"] * 1e3, flops / t["kernel"] / 1e9, 100 * flops / t["kernel"] / peak,
+                        t["dequantized"] / t["kernel"]])
+    return out, peak
 
 
 def embedded_step(kernels) -> list:
@@ -262,6 +296,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16,64,550")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--quantized", action="store_true", help="only the quantized linears against bf16")
+    ap.add_argument("--exact-rows", default="1,16,51,128,512", help="rows of the exact products (--quantized)")
     args = ap.parse_args()
     kernels = cpu_native.load()
     if kernels is None:
@@ -273,6 +308,9 @@ def main() -> None:
               "x in fp32 (bf16 for the bf16 kernel)")
         print(table(quantized_linears(kernels, [int(r) for r in args.rows.split(",") if int(r) <= 16]),
                     ["rows", "weights", "MiB", "ms", "bf16 / this"]))
+        rows, peak = exact_products(kernels, [int(r) for r in args.exact_rows.split(",")])
+        print(f"\nthe exact product (a prompt's rows), 2 layers; the cores' fp32 FMA peak {peak / 1e9:.0f} GFLOP/s")
+        print(table(rows, ["rows", "weights", "ms", "GFLOP/s", "% of peak", "dequantized + torch / this"]))
         print("\nthe embedded model's linears in one batch-1 decode step (ms)")
         print(table(embedded_step(kernels), ["linears", "ms"]))
         print("\na long input on a large weight (ms)")

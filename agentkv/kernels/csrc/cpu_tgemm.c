@@ -21,6 +21,7 @@ body makes the same operations in that order from the same dequantized values: t
 
 #define PANEL_K 256                /* columns a panel: a K-quant's super-block, 16 KB of fp32 */
 #define X_BLOCK_BYTES (384 * 1024) /* x's rows (fp32) taken through all the tiles before the next ones */
+#define PREFETCH_BLOCKS 16         /* how far ahead a tile's blocks are asked for */
 
 #if AGENTKV_TILES_FAST
 #define GEMM_R 12 /* rows a group: 2 x 12 accumulators and the column in 32 zmm registers */
@@ -155,8 +156,13 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
                 memset(acc, 0, (size_t)rows * 32 * sizeof(float));
                 for (int64_t c0 = 0; c0 < K; c0 += PANEL_K) {
                     const int64_t kc = K - c0 < PANEL_K ? K - c0 : PANEL_K;
-                    for (int64_t b = c0 / bw; b < (c0 + kc) / bw; b++)
+                    for (int64_t b = c0 / bw; b < (c0 + kc) / bw; b++) {
+                        /* the weights stream from memory once a pass: ask for them ahead (a short pass,
+                           the vocabulary's last row, is bound by this read) */
+                        for (int64_t ahead = 0; ahead < tb; ahead += 64)
+                            __builtin_prefetch(tile + (b + PREFETCH_BLOCKS) * tb + ahead, 0, 0);
                         agentkv_tile_block_cols(qtype, tile + b * tb, wt + TILE_ROWS * (b * bw - c0), generic);
+                    }
                     for (int64_t i = i0; i < i1; i++) {
                         const int64_t g = group_start(M, ng, i), R = group_start(M, ng, i + 1) - g;
                         micro(generic, wt, kc, xf + g * K + c0 * R, acc + 32 * (g - m0), (int)R);
