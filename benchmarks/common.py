@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: the HF peer, timing, tables.
+"""Shared pieces of the benchmarks: the HF peer, timing, tables, busy processes beside a run.
 
 The peer (HF transformers) runs in a worker process that this benchmark run starts and drives,
 alternating with our engine so both see the same machine. It is not in our process because two
@@ -8,6 +8,8 @@ thread ran 25-50% slower once another thread had run OpenMP kernels, whichever s
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -72,3 +74,16 @@ def table(rows: list[list], headers: list[str]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def busy_processes(n: int):
+    """`n` processes spinning (`python -c "while 1: pass"`) for the block's length: a machine busy with
+    other work (a test run, a build, another model), which both sides of a comparison share."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -9,7 +9,11 @@ the same prompts one call at a time, as a request-at-a-time library is used. The
 worker process of this run (see common.py). Prints wall time, prefill tokens computed, cache hit
 rate and the ratios.
 
+With `--busy N`, N processes spin beside the whole run (`python -c "while 1: pass"`): every side shares
+the machine with them.
+
     python benchmarks/engine_agents.py [--agents 8] [--turns 4] [--new-tokens 48] [--skip-hf] [--skip-llama-cpp]
+                                       [--busy N]
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llama_cpp_peer
 import torch
-from common import Peer, hf_generate, table
+from common import Peer, busy_processes, hf_generate, table
 
 import agentkv as ak
 
@@ -121,8 +125,13 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--skip-hf", action="store_true", help="leave out the (slow) HF run")
     ap.add_argument("--skip-llama-cpp", action="store_true", help="leave out llama.cpp (llama_cpp_peer.py)")
+    ap.add_argument("--busy", type=int, default=0, help="processes spinning beside the whole run (a busy machine)")
     args = ap.parse_args()
+    with busy_processes(args.busy):
+        run(args)
 
+
+def run(args) -> None:
     rows = []
     with ak.Engine() as engine:
         engine.generate("warm up", max_tokens=2)
@@ -168,6 +177,7 @@ def main() -> None:
     print(
         f"{args.agents} agents x {args.turns} turns, system prompt {sys_tokens} tokens, "
         f"{args.new_tokens} new tokens per turn, greedy, fp32"
+        + (f"; beside {args.busy} busy processes" if args.busy else "")
     )
     ours = rows[0][1]
     print(table([[name, wall, comp, f"{hit:.1%}", wall / ours] for name, wall, comp, hit in rows],

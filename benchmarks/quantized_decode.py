@@ -23,7 +23,10 @@ host's read bandwidth measured here (a 1 GiB fp32 tensor summed by torch's threa
 close decode comes to what the memory gives.
 
     python benchmarks/quantized_decode.py [--new-tokens 64] [--repeats 3] [--batches 1,16] [--prompt-tokens 256]
-                                          [--extend 400,51] [--model FILE.gguf]
+                                          [--extend 400,51] [--model FILE.gguf] [--busy N]
+
+With `--busy N`, N processes spin (`python -c "while 1: pass"`) beside the timed runs, ours and llama.cpp's
+alike: a machine busy with other work.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llama_cpp_peer
+from common import busy_processes
 
 import agentkv as ak
 from agentkv.engine.loader import embedded_model_path
@@ -159,6 +163,7 @@ def main() -> None:
     ap.add_argument("--extend", default="400,51",
                     help="PREFIX,NEW: NEW prompt tokens after PREFIX ones already cached (0,0: none)")
     ap.add_argument("--model", help="a GGUF file (default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    ap.add_argument("--busy", type=int, default=0, help="processes spinning beside the timed runs (a busy machine)")
     args = ap.parse_args()
     path = Path(args.model) if args.model else embedded_model_path()
     variants = {"kept": dict(dtype="float32"), "python": dict(dtype="float32", native_step=False),
@@ -171,7 +176,15 @@ def main() -> None:
     engines = {name: ProcessPoolExecutor(1, mp_context=spawn) for name in variants}
     weight_bytes = {name: engines[name].submit(_start, str(path), opts).result() for name, opts in variants.items()}
     tensor_bytes = file_tensor_bytes(path)
-    print(f"{path.name}: {tensor_bytes / 2**20:.1f} MiB of tensors; {torch.get_num_threads()} threads")
+    print(f"{path.name}: {tensor_bytes / 2**20:.1f} MiB of tensors; {torch.get_num_threads()} threads"
+          + (f"; beside {args.busy} busy processes" if args.busy else ""))
+    with busy_processes(args.busy):
+        measure(args, path, engines, weight_bytes, tensor_bytes)
+    for e in engines.values():
+        e.shutdown()
+
+
+def measure(args, path, engines, weight_bytes, tensor_bytes) -> None:
     print(f"llama.cpp: batch 1 on {llama_cpp_peer.build_of(llama_cpp_peer.decode_rate)}; batch 16 and the prompt on "
           f"{llama_cpp_peer.build_of(llama_cpp_peer.prompt_rate)}")
     print(f"{'weights':8} {'MiB':>8} {'x file':>7}")
@@ -219,8 +232,6 @@ def main() -> None:
         print(f"{new_tokens} new tokens after {prefix_tokens} cached: tok/s kept {ours:7.1f} "
               f"({new_tokens / ours * 1e3:.1f} ms; its products {achieved / 1e9:.0f} GFLOP/s, "
               f"{achieved / peak:.0%} of the cores' fp32 FMA peak, {peak / 1e9:.0f})  {_peer(peer, ours)}")
-    for e in engines.values():
-        e.shutdown()
 
 
 def _prompt_ids(tokens: int) -> list[int]:

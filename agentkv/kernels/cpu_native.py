@@ -165,15 +165,16 @@ class NativeKernels(QuantKernels):
 
     def fma_peak(self, threads: int | None = None) -> float:
         """The cores' fp32 fused multiply-add FLOPs a second (csrc/cpu_peak.c: independent chains of
-        FMAs on registers, `threads` of them, torch's count by default), the best of 5 runs: the bound a
-        product's FLOPs a second is read against."""
+        FMAs on registers, `threads` of them, torch's count by default), the best of 10 runs of ~50 ms
+        (on a shared host a run can lose a core for a while): the bound a product's FLOPs a second is
+        read against."""
         threads = threads or torch.get_num_threads()
         sink = (ctypes.c_float * 1)()
         self._lib.agentkv_fma_peak(threads, 1000, sink)
         best = 0.0
-        for _ in range(5):
+        for _ in range(10):
             start = time.perf_counter()
-            flops = self._lib.agentkv_fma_peak(threads, 4_000_000, sink)
+            flops = self._lib.agentkv_fma_peak(threads, 8_000_000, sink)
             best = max(best, flops / (time.perf_counter() - start))
         return best
 

@@ -2,7 +2,7 @@
 them) times W^T, as a GEMM over the tiles, so that a pass of n rows reads and dequantizes the weights
 once and then runs at the cores' FMA rate.
 
-Each thread takes a share of the tiles. A tile's weights are made a panel at a time (PANEL_K columns of
+Threads take the tiles two at a time as they get to them. A tile's weights are made a panel at a time (PANEL_K columns of
 its 16 rows in fp32, 16 KB: they stay in L1) by agentkv_tile_block_cols, and every row of x is multiplied
 against the panel before the next one is made. In the micro-kernel a column's 16 weights are one
 register, multiplied by GEMM_R rows of x at once (per column: one load, GEMM_R broadcasts, GEMM_R FMAs
@@ -151,7 +151,10 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
         for (int64_t i0 = 0; i0 < ng; i0 += gpb) {
             const int64_t i1 = i0 + gpb < ng ? i0 + gpb : ng, m0 = group_start(M, ng, i0);
             const int64_t rows = group_start(M, ng, i1) - m0;
-            for (int64_t t = ntiles * me / nt; t < ntiles * (me + 1) / nt; t++) {
+            /* tiles handed out two at a time as threads get to them: a thread whose core is shared with
+               another process takes fewer, rather than the pass waiting on its fixed half */
+#pragma omp for schedule(dynamic, 2) nowait
+            for (int64_t t = 0; t < ntiles; t++) {
                 const uint8_t *tile = tiles + t * tile_bytes(qtype, K);
                 memset(acc, 0, (size_t)rows * 32 * sizeof(float));
                 for (int64_t c0 = 0; c0 < K; c0 += PANEL_K) {
