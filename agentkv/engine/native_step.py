@@ -167,6 +167,7 @@ class NativeStep:
                              int(model.layers[0].mlp.gelu))
         self.final_softcap = cfg.final_softcap
         self.generic = False  # tests: the plain-C bodies on CPUs with AVX-512 too
+        self.threads = torch.get_num_threads()  # the engine's (host.usable_cores); a step may run on fewer
 
     def can_run(self, inputs) -> bool:
         """A pass of at most 16 tokens the model wrote (decodes, jump-forward's, drafts: no prompt's,
@@ -186,7 +187,7 @@ class NativeStep:
         hidden = torch.empty(select.shape[0], self._model.hidden, dtype=torch.float32)
         bad = self.kernels.decode_step(ctypes.addressof(self._model), ids.contiguous(), dev.positions.contiguous(),
                                        meta.out_cache_loc.contiguous(), self.runner.req_pool.table,
-                                       rows.contiguous(), select, logits, hidden, self.generic)
+                                       rows.contiguous(), select, logits, hidden, self.generic, self.threads)
         if bad:
             what = {1: "a token id", 2: "a position", 3: "a new token's slot", 4: "a slot-table row",
                     5: "a slot in the table", 6: "the number of tokens or selected rows",
@@ -194,6 +195,12 @@ class NativeStep:
             raise EngineError(f"the native decode step refused the pass: {what} is out of range (an engine bug; "
                               "native_step=False serves meanwhile)")
         self.calls += 1
+        # the threads the step's pool found the machine gives (csrc/cpu_pool.c: fewer while other processes
+        # hold cores) for torch's ops and the Python path's kernels too: their regions wait on a thread
+        # that lost its core as the step's barriers do
+        use = self.kernels.pool_threads(self.threads)
+        if use != torch.get_num_threads():
+            torch.set_num_threads(use)
         if self.final_softcap:  # Gemma 2's, as CausalLM.forward applies it (after the re-score: tanh keeps order)
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits, hidden

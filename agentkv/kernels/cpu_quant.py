@@ -200,6 +200,11 @@ class QuantKernels:
             raise EngineError(f"re-scoring logits refused its inputs ({bad}); an engine bug")
         return out
 
+    def pool_threads(self, threads: int) -> int:
+        """The threads a native step asking for `threads` runs on now: fewer while other processes hold
+        the cores (csrc/cpu_pool.c)."""
+        return self._lib.agentkv_pool_threads(threads)
+
     def decode_step(self, model: int, ids: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor,
                     table: torch.Tensor, rows: torch.Tensor, select: torch.Tensor, logits: torch.Tensor,
                     hidden: torch.Tensor | None = None, generic: bool = False, threads: int | None = None) -> int:

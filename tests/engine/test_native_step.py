@@ -304,6 +304,24 @@ def test_the_pool_gives_the_same_logits_to_any_threads_and_callers(tmp_path, mon
         assert not failures and not any(c.is_alive() for c in callers)
 
 
+def test_the_pool_takes_fewer_threads_while_a_core_is_held():
+    """csrc/cpu_pool.c: jobs whose threads spend most of their time waiting on one another (a thread
+    made late on purpose, as a core another process holds makes it) run on a thread fewer after 3 of
+    them; every 64th job tries all the threads again: while the lateness lasts it finds it and stays on
+    fewer, once it is gone it takes them all back. Jobs whose threads work alike never drop one (and
+    the logits are the same whatever the threads: the test above)."""
+    lib = kernels._lib
+    lib.agentkv_pool_reset()
+    try:
+        assert [lib.agentkv_pool_test_job(2, 2000, 0) for _ in range(5)] == [2] * 5
+        assert [lib.agentkv_pool_test_job(2, 2000, 20000) for _ in range(3)] == [2, 2, 1]
+        assert [lib.agentkv_pool_test_job(2, 2000, 20000) for _ in range(70)] == [1] * 70  # (a probe at 64)
+        quiet = [lib.agentkv_pool_test_job(2, 2000, 0) for _ in range(200)]  # probes at 58, 122, 186
+        assert quiet[0] == 1 and quiet[-1] == 2 and quiet == sorted(quiet)
+    finally:
+        lib.agentkv_pool_reset()
+
+
 def test_gemma2s_rescored_logits_carry_its_cap(tmp_path, monkeypatch):
     """After a grammar's mask the sampler re-scores a row's best allowed tokens (runner.exact_logits):
     for Gemma 2 they carry the final soft cap as the pass's logits do (uncapped, they would outrank

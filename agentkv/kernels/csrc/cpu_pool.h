@@ -13,6 +13,14 @@ void agentkv_pool_run(agentkv_job fn, void *arg, int nt);
 /* inside a job: wait until all nt threads of the job reach it */
 void agentkv_pool_barrier(int nt);
 
+/* the threads a job asking for nt runs on now: fewer while the machine is busy (cpu_pool.c) */
+int agentkv_pool_threads(int nt);
+
+/* tests: a job of nt threads, 4 rounds of work_us of sleep on each and late_us more on all but the first,
+   a barrier after each; returns agentkv_pool_threads(nt) after it. And the adaptation's state reset. */
+int agentkv_pool_test_job(int nt, int work_us, int late_us);
+void agentkv_pool_reset(void);
+
 #define AGENTKV_POOL_MAX 256
 
 #endif
