@@ -391,10 +391,12 @@ INLINE void kscales_avx512(const int qtype, const uint8_t *sblk, int j, int half
 
 void agentkv_ktile_cols(int qtype, const uint8_t *sblk, float cols[QK_K][TILE_ROWS]) {
     for (int j = 0; j < 8; j++)
+#pragma GCC unroll 2
         for (int half = 0; half < 2; half++) {
             __m512 dv, mv;
             kscales_avx512(qtype, sblk, j, half, &dv, &mv);
-            for (int c = 16 * half; c < 16 * half + 16; c++)
+#pragma GCC unroll 16
+            for (int c = 16 * half; c < 16 * half + 16; c++)  /* (unrolled: the shifts are constants) */
                 _mm512_storeu_ps(cols[QK * j + c], kcol_avx512(qtype, sblk, j, c, dv, mv));
         }
 }
@@ -446,9 +448,11 @@ INLINE void kscales_avx2(const int qtype, const uint8_t *sblk, int j, int half, 
 void agentkv_ktile_cols(int qtype, const uint8_t *sblk, float cols[QK_K][TILE_ROWS]) {
     for (int h = 0; h < 2; h++)
         for (int j = 0; j < 8; j++)
+#pragma GCC unroll 2
             for (int half = 0; half < 2; half++) {
                 __m256 dv, mv;
                 kscales_avx2(qtype, sblk, j, half, h, &dv, &mv);
+#pragma GCC unroll 16
                 for (int c = 16 * half; c < 16 * half + 16; c++)
                     _mm256_storeu_ps(cols[QK * j + c] + 8 * h, kcol_avx2(qtype, sblk, j, c, h, dv, mv));
             }

@@ -63,7 +63,8 @@ INLINE __m256 col_avx2(const int qtype, const uint8_t *blk, int k, int h) {
 #if AGENTKV_TILES_FAST || AGENTKV_TILES_AVX2
 /* the columns of a block of 32 (Q8_0 .. IQ4_NL) in registers, stored */
 INLINE void cols32(const int qtype, const uint8_t *blk, float *cols) {
-    for (int k = 0; k < QK; k++) {
+#pragma GCC unroll 32
+    for (int k = 0; k < QK; k++) {  /* (unrolled: each column's shifts and masks are constants) */
 #if AGENTKV_TILES_FAST
         _mm512_storeu_ps(cols + TILE_ROWS * k, col_avx512(qtype, blk, k));
 #elif AGENTKV_TILES_AVX2
