@@ -186,8 +186,10 @@ INLINE void attend_prompt_avx512(const Task *t, const int NV, const int bf, cons
         const int nb = (int)(n - b0 < BLOCK ? n - b0 : BLOCK);
         for (int j = 0; j < BLOCK; j++) {
             if (j >= nb) {  /* (no key: a score masked below, a value times 0) */
-                for (int c = 0; c < NV; c++)
-                    _mm512_storeu_ps(kb[j] + 16 * c, _mm512_setzero_ps()), _mm512_storeu_ps(vb[j] + 16 * c, _mm512_setzero_ps());
+                for (int c = 0; c < NV; c++) {
+                    _mm512_storeu_ps(kb[j] + 16 * c, _mm512_setzero_ps());
+                    _mm512_storeu_ps(vb[j] + 16 * c, _mm512_setzero_ps());
+                }
                 continue;
             }
             const int64_t off = (t->slots[b0 + j] * row + (int64_t)t->h * D) * kes;

@@ -107,7 +107,8 @@ void agentkv_tile_block_cols(int qtype, const uint8_t *blk, float *cols, int gen
     } else
         for (int k = 0; k < QK; k++)
             for (int i = 0; i < TILE_ROWS; i++)
-                cols[TILE_ROWS * k + i] = is_float(qtype) ? ftile_weight(qtype, blk, i, k) : tile_weight(qtype, blk, i, k);
+                cols[TILE_ROWS * k + i] =
+                    is_float(qtype) ? ftile_weight(qtype, blk, i, k) : tile_weight(qtype, blk, i, k);
 }
 
 #if AGENTKV_TILES_FAST || AGENTKV_TILES_AVX2

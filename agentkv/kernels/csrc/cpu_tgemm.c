@@ -2,14 +2,14 @@
 them) times W^T, as a GEMM over the tiles, so that a pass of n rows reads and dequantizes the weights
 once and then runs at the cores' FMA rate.
 
-Threads take the tiles two at a time as they get to them. A tile's weights are made a panel at a time (PANEL_K columns of
-its 16 rows in fp32, 16 KB: they stay in L1) by agentkv_tile_block_cols, and every row of x is multiplied
-against the panel before the next one is made. In the micro-kernel a column's 16 weights are one
-register, multiplied by GEMM_R rows of x at once (per column: one load, GEMM_R broadcasts, GEMM_R FMAs
-into independent accumulators, which hide the FMA's latency; the columns of an even block and of the odd
-one after it in turn, so that a single row has two chains); x's rows in groups of even sizes, each packed
-column by column. A long pass takes x X_BLOCK_BYTES of rows at a time through every tile, so that the
-rows a tile reads stay in L2.
+Threads take the tiles two at a time as they get to them. A tile's weights are made a panel at a time
+(PANEL_K columns of its 16 rows in fp32, 16 KB: they stay in L1) by agentkv_tile_block_cols, and every
+row of x is multiplied against the panel before the next one is made. In the micro-kernel a column's 16
+weights are one register, multiplied by GEMM_R rows of x at once (per column: one load, GEMM_R
+broadcasts, GEMM_R FMAs into independent accumulators, which hide the FMA's latency; the columns of an
+even block and of the odd one after it in turn, so that a single row has two chains); x's rows in
+groups of even sizes, each packed column by column. A long pass takes x X_BLOCK_BYTES of rows at a time
+through every tile, so that the rows a tile reads stay in L2.
 
 Each output sums its products over k in order, the columns of even blocks of 32 in one accumulator and
 of odd ones in another (the order the int8 tiled products sum in), the two added at the end. The plain-C
@@ -92,7 +92,8 @@ static void micro_generic(const float *wt, int64_t kc, const float *x, float *ac
     for (int m = 0; m < R; m++)
         for (int i = 0; i < TILE_ROWS; i++) {
             float a[2] = {acc[32 * m + i], acc[32 * m + 16 + i]};
-            for (int64_t k = 0; k < kc; k++) a[(k / QK) & 1] = fmaf(wt[TILE_ROWS * k + i], x[k * R + m], a[(k / QK) & 1]);
+            for (int64_t k = 0; k < kc; k++)
+                a[(k / QK) & 1] = fmaf(wt[TILE_ROWS * k + i], x[k * R + m], a[(k / QK) & 1]);
             acc[32 * m + i] = a[0], acc[32 * m + 16 + i] = a[1];
         }
 }
