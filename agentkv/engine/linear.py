@@ -133,8 +133,8 @@ def by_row_kind(run, x: torch.Tensor, add: torch.Tensor | None, exact_rows: torc
     with exact=True, the others (tokens the model wrote: decodes, jump-forward's, drafts) with
     exact=False. A written token's numbers then never depend on what else its pass holds (the int8
     kernel computes each row alone), so batching and speculation leave outputs as they are. A
-    prompt's rows keep x in fp32 (up to 16 against weights dequantized in registers, more through
-    torch's product of the dequantized weight, whose sums round by the chunk's shape): with them as
+    prompt's rows keep x in fp32 (against the weights dequantized a panel at a time, csrc/cpu_tgemm.c,
+    whose sums are in one order whatever the pass's rows): with them as
     int8 blocks too, the embedded model's greedy replies of 48 tokens left the exact path's on 5 of 6
     prompts (one at its first token), against 2 of 6 this way. A reply's tokens cached as int8 K/V and
     read back in a later prompt keep them; recomputed after an eviction, they are a prompt's."""

@@ -1,6 +1,6 @@
 """Weights kept in GGUF's quantized blocks on CPU: `QuantWeight`, and the methods of `NativeKernels`
 (cpu_native.py) that multiply them: the row-major kernels (csrc/cpu_quant.c), the tiles of 16 rows
-(csrc/cpu_tiles.c: int8 rows, exact rows in registers, the vocabulary with its re-score) and the
+(csrc/cpu_tiles.c: int8 rows, the vocabulary with its re-score; csrc/cpu_tgemm.c: exact rows) and the
 native decode step (csrc/cpu_step.c). See docs/cpu.md."""
 
 from __future__ import annotations

@@ -68,6 +68,19 @@ INLINE void finish(const Task *t, int i, float mx, float l, const float *acc, co
 }
 
 #if AGENTKV_AVX512
+/* the K and V rows of the block after the one at key b0 (of n): scattered over the pool and out of cache
+   by now (a step reads every layer's K/V once), asked for while this block is computed */
+INLINE void prefetch_next_block(const Task *t, int64_t b0, int64_t n, int kes) {
+    const int64_t row = (int64_t)t->KVH * t->D;
+    for (int64_t j = b0 + BLOCK; j < b0 + 2 * BLOCK && j < n; j++) {
+        const int64_t off = (t->slots[j] * row + (int64_t)t->h * t->D) * kes;
+        for (int b = 0; b < t->D * kes; b += 64) {
+            __builtin_prefetch((const char *)t->kc + off + b, 0, 3);
+            __builtin_prefetch((const char *)t->vc + off + b, 0, 3);
+        }
+    }
+}
+
 /* c * tanh(x / c) in 16 lanes: tanh(y) = 1 - 2 / (e^(2y) + 1), which saturates to +-1 (exp16 clamps) */
 INLINE __m512 cap16(__m512 x, float c) {
     const __m512 e = exp16(_mm512_mul_ps(x, _mm512_set1_ps(2.f / c)));
@@ -105,15 +118,7 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf, const int k
                 vf[j][c] = load16((const char *)t->vc + off + c * 16 * kes, kbf);
             }
         }
-        /* the next block's rows are scattered over the pool and out of cache by now (a step reads
-           every layer's K/V once): ask for them while this block is computed */
-        for (int64_t j = b0 + BLOCK; j < b0 + 2 * BLOCK && j < n; j++) {
-            const int64_t off = (t->slots[j] * row + (int64_t)t->h * D) * kes;
-            for (int b = 0; b < D * kes; b += 64) {
-                __builtin_prefetch((const char *)t->kc + off + b, 0, 3);
-                __builtin_prefetch((const char *)t->vc + off + b, 0, 3);
-            }
-        }
+        prefetch_next_block(t, b0, n, kes);
         for (int i = 0; i < nq; i++) {
             const int64_t live_n = lim[i] - b0;  /* keys of this block that query i sees */
             if (live_n <= 0 || lo[i] >= b0 + nb) continue;
@@ -198,13 +203,7 @@ INLINE void attend_prompt_avx512(const Task *t, const int NV, const int bf, cons
                 _mm512_storeu_ps(vb[j] + 16 * c, load16((const char *)t->vc + off + c * 16 * kes, kbf));
             }
         }
-        for (int64_t j = b0 + BLOCK; j < b0 + 2 * BLOCK && j < n; j++) {  /* (as attend_avx512) */
-            const int64_t off = (t->slots[j] * row + (int64_t)t->h * D) * kes;
-            for (int b = 0; b < D * kes; b += 64) {
-                __builtin_prefetch((const char *)t->kc + off + b, 0, 3);
-                __builtin_prefetch((const char *)t->vc + off + b, 0, 3);
-            }
-        }
+        prefetch_next_block(t, b0, n, kes);
         __m512 s[BLOCK];  /* s[j] lane i: query i's score of key b0 + j, summed over d in order */
         for (int j = 0; j < BLOCK; j++) s[j] = _mm512_setzero_ps();
         for (int d = 0; d < D; d++) {

@@ -259,7 +259,7 @@ float agentkv_exact_logit(int qtype, const uint8_t *tiles, int64_t K, const floa
    descending order, at most R entries. */
 void agentkv_top_merge(const float *v, int64_t n0, int64_t n1, int R, int64_t *idx, float *val, int *count);
 
-/* ---- a tile's layout, shared by the products (cpu_tiles.c) and the exact ones (cpu_texact.c) ---- */
+/* ---- a tile's layout, shared by the products (cpu_tiles.c) and the columns read back (cpu_texact.c) ---- */
 
 INLINE int tiled_type(int qtype) { return qtype >= 0 && qtype < NQTYPES; }
 /* whether a tiled W of K columns can be: its type tiled, K whole blocks */
@@ -286,7 +286,7 @@ INLINE int tile_u(const int qtype, const uint8_t *blk, int i, int j) {
 }
 
 /* weight k of tile row i in its block (dequantized as dequant_block does, Q4_1's and Q5_1's with one
-   fused multiply-add): the plain-C form of exact_avx512's */
+   fused multiply-add): the plain-C form of col_avx512's */
 INLINE float tile_weight(const int qtype, const uint8_t *blk, int i, int k) {
     const float d = half_to_f32(blk + 2 * i);
     const int u = tile_u(qtype, blk, i, k);
