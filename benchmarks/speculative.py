@@ -18,7 +18,9 @@ per output token, draft tokens kept / checked, and the speedup (tok/s on / off).
 >= 1.5x on agent and json edit, >= 0.95x on chat.
 
 `--by-pass` also prints where each run's forward time went, by kind of pass: decode (one token per
-request), draft (a request checks a draft), jump (computes a grammar's forced tokens), prefill.
+request), draft (a request checks a draft), jump (computes a grammar's forced tokens), prefill; and a
+decode pass under a grammar against a free one at the same context (the agent's prompt, 64 tokens
+free, in an open JSON string, and in a regex of words; target (issue 79): <= 1.15x the free pass).
 
     python benchmarks/speculative.py [--tasks 4] [--repeats 2] [--draft-tokens N] [--by-pass]
 """
@@ -147,6 +149,42 @@ def chat_runs(engine, tasks: range) -> tuple[list, int, int]:
     return outs, tokens, passes
 
 
+SAME_CONTEXT = {  # --by-pass: decode passes at the same context, free and under a grammar
+    "free": {"ignore_eos": True},
+    "json string": {"json_schema": {"type": "object", "properties": {"description": {"type": "string"}},
+                                    "required": ["description"]}},
+    "regex words": {"regex": r"([a-z]+ )+[a-z]+[.]", "budget_closing": False},
+}
+
+
+def same_context(engine, repeats: int) -> list[list]:
+    """Per SAME_CONTEXT case: decode passes (ms of compute and sampling each) and the whole step (ms of
+    wall time a forward pass, the engine loop's host work included), in turn, `repeats` rounds."""
+    global measuring
+    prompt = engine.render([{"role": "system", "content": INSTRUCTIONS},
+                            {"role": "user", "content": "Describe Lisbon for a traveller in one long paragraph."}],
+                           tools=TOOLS)
+    wall: dict = defaultdict(lambda: [0, 0.0])
+    for case, kw in SAME_CONTEXT.items():
+        engine.generate(prompt, temperature=0.0, max_tokens=8, **{**kw, "budget_closing": False})  # warm
+    for _ in range(repeats):
+        for case, kw in SAME_CONTEXT.items():
+            measuring = ("same context", case)
+            start = time.perf_counter()
+            out = engine.generate(prompt, temperature=0.0, max_tokens=64, **kw)
+            wall[case][0] += out.usage.forward_passes
+            wall[case][1] += time.perf_counter() - start
+            measuring = None
+    rows = []
+    for case in SAME_CONTEXT:
+        n, sec, _ = PASS_TIMES[("same context", case, "decode")]
+        free_n, free_sec, _ = PASS_TIMES[("same context", "free", "decode")]
+        steps = wall[case][1] / wall[case][0]
+        rows.append([case, n, 1000 * sec / n, (sec / n) / (free_sec / free_n), 1000 * steps,
+                     steps / (wall["free"][1] / wall["free"][0])])
+    return rows
+
+
 WORKLOADS = {"agent": agent_runs, "agent again": agent_runs, "json edit": json_runs, "chat": chat_runs}
 
 
@@ -187,6 +225,8 @@ def main() -> None:
             rows.append([name, spec or "off", tokens, seconds, tokens / seconds, passes / tokens, f"{kept}/{drafted}"])
         speedup = (result["ngram"][1] / result["ngram"][3]) / (result[None][1] / result[None][3])
         summary.append(f"{name}: {speedup:.2f}x output tok/s with speculation on")
+    if args.by_pass:
+        same = same_context(engines[None], args.repeats * 2)
     for engine in engines.values():
         engine.close()
     print(f"speculative decoding on the embedded model, batch 1, {args.repeats} x {args.tasks} runs per workload "
@@ -206,6 +246,10 @@ def main() -> None:
                 ["workload", "speculative", "pass", "passes", "seconds", "tokens computed", "ms per pass"],
             )
         )
+        print("\na decode pass under a grammar against a free one at the same context (the agent's prompt, up to 64 "
+              "tokens)")
+        print(table(same, ["grammar", "decode passes", "ms per pass", "x free", "ms per step (wall)", "x free"]))
+        print("target: a constrained decode pass <= 1.15x a free one")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,7 @@ class Engine(Prefixes):
                 raise RequestError("this model has sliding-window layers or soft-capped attention, which the "
                                    "flashinfer backend does not do yet: use attention_backend='triton' (or 'auto')")
             runner = ModelRunner(loaded.model, pool, req_pool, backend, device)
+            runner.kernels = native
             if tp > 1:
                 runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, backend.name, native is not None,
                                            cfg.kv_dtype or dtype)

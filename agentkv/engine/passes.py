@@ -121,7 +121,8 @@ class PassRunner:
                 row_positions.append(p.positions[k] + j)
                 row_before.append(d[:j])
         out = sample(logits[index], row_reqs, self.tokenizer, allowed, logits[starts[-1]:], p.score_targets,
-                     row_positions, row_drafts, row_before, rescore=self._rescore(approx, index))
+                     row_positions, row_drafts, row_before, rescore=self._rescore(approx, index),
+                     kernels=self.runner.kernels)
         tokens, logprobs, made = [0] * n, [None] * n, {}
         for k in rows:  # (a row the grammar allowed nothing makes -1: not a draft token)
             a, d = first[k], p.drafts[k]
@@ -162,7 +163,7 @@ class PassRunner:
             return self._sample_drafts(p, logits, rows, allowed, approx)
         live = logits[: len(rows)] if len(rows) == n else logits[rows]  # no copy when all are
         out = sample(live, [reqs[k] for k in rows], self.tokenizer, allowed, logits[n:], p.score_targets,
-                     [p.positions[k] for k in rows], rescore=self._rescore(approx, rows))
+                     [p.positions[k] for k in rows], rescore=self._rescore(approx, rows), kernels=self.runner.kernels)
         tokens = [0] * n
         logprobs: list[TokenLogprob | None] = [None] * n
         for k, t, e in zip(rows, out.tokens, out.logprobs):

@@ -52,6 +52,7 @@ class ModelRunner:
         # projection's (only the top ones exact); None where every logit was exact
         self.approx_rows: torch.Tensor | None = None
         self.tp = None  # TensorParallel when tensor_parallel > 1: each pass goes to the other ranks first
+        self.kernels = None  # NativeKernels where the engine runs them (CPU): the sampler's grammar masks too
 
     def prepare(self, batch: ScheduledBatch, all_logits: bool = False) -> ForwardInputs:
         """Logits come back for the requests that sample from this pass, one row each (a request

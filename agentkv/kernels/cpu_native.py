@@ -60,6 +60,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_pool_threads": ([_INT], _INT),
     "agentkv_pool_test_job": ([_INT, _INT, _INT], _INT),
     "agentkv_pool_reset": ([], None),
+    "agentkv_mask_logits": ([_P, _I64, _I64, _I64, _P, _I64, _I64, _P, _P, _P, _INT], None),
     "agentkv_attention_heads_per_task": ([_INT], _INT),
     "agentkv_attention_max_queries": ([], _INT),
     "agentkv_attention_max_head_dim": ([], _INT),
@@ -180,6 +181,22 @@ class NativeKernels(QuantKernels):
             flops = self._lib.agentkv_fma_peak(threads, 8_000_000, sink)
             best = max(best, flops / (time.perf_counter() - start))
         return best
+
+    def mask_logits(self, logits: torch.Tensor, bitmask: torch.Tensor,
+                    k: int, generic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """In place: fp32 `logits` [n, V] get -inf where the grammar's `bitmask` [n, ceil(V / 32)] (int32)
+        disallows the token. Returns alive [n] bool (the row allows a token), and the k best allowed
+        tokens' ids [n, k] int64 and logits [n, k], by logit descending, ties to the lower id (-1 and -inf
+        where fewer are allowed above -inf): token_mask.apply_token_bitmask and a topk, in one C call."""
+        n, V = logits.shape
+        assert logits.dtype == torch.float32 and logits.stride(1) == 1 and bitmask.dtype == torch.int32
+        bitmask = bitmask.contiguous()
+        assert bitmask.shape[0] == n and bitmask.shape[1] * 32 >= V
+        ids, vals = torch.empty(n, k, dtype=torch.int64), torch.empty(n, k)
+        alive = torch.empty(n, dtype=torch.bool)
+        self._lib.agentkv_mask_logits(logits.data_ptr(), logits.stride(0), n, V, bitmask.data_ptr(), bitmask.shape[1],
+                                      k, ids.data_ptr(), vals.data_ptr(), alive.data_ptr(), generic)
+        return alive, ids, vals
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, out_loc: torch.Tensor, table: torch.Tensor, tiles: torch.Tensor,
