@@ -74,6 +74,8 @@ class EngineCore:
         self.scheduler, self.runner, self.tokenizer = p.scheduler, p.runner, p.tokenizer
         self.pool, self.req_pool, self.tree = p.pool, p.req_pool, p.tree
         self.passes = PassRunner(p.runner, p.tokenizer, p.model_config.vocab_size, p.overlap, worker)
+        if p.scheduler.drafter is not None:  # (without overlap: the pass's seconds are the step's)
+            self.passes.observe = p.scheduler.drafter.costs.observe
         self._in_flight: Pass | None = None  # launched, its tokens not yet taken (overlap)
         ready.set_result(p)
         self._loop()

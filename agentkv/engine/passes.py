@@ -12,6 +12,8 @@ by a later pass.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +61,9 @@ class PassRunner:
         self.masks = MaskWorker(vocab_size)
         self._worker = worker or (ThreadPoolExecutor(1, thread_name_prefix="agentkv-forward") if overlap else None)
         self._prev_tokens: torch.Tensor | None = None  # worker state: the last pass's sampled tokens
+        # told (requests, tokens computed, seconds) of each pass of running requests only (no prompt in it):
+        # the drafter's PassCosts
+        self.observe: Callable[[int, int, float], None] | None = None
         # on CUDA the passes run on a stream of their own: the host's work on the default stream
         # (e.g. grammar masks uploaded by the mask thread) never queues behind a pass
         self._stream = torch.cuda.Stream(runner.device) if str(runner.device).startswith("cuda") else None
@@ -139,10 +144,16 @@ class PassRunner:
         self.runner.close()
 
     def _run(self, p: Pass) -> PassResult:
+        start = time.perf_counter()
         if self._stream is None:
-            return self._compute(p)
-        with torch.cuda.stream(self._stream):
-            return self._compute(p)
+            out = self._compute(p)
+        else:
+            with torch.cuda.stream(self._stream):
+                out = self._compute(p)
+        b = p.batch
+        if self.observe is not None and b.num_decodes + b.num_jumps == len(b.reqs):
+            self.observe(len(b.reqs), sum(b.extend_lens), time.perf_counter() - start)
+        return out
 
     def _compute(self, p: Pass) -> PassResult:
         try:

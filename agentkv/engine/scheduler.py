@@ -300,7 +300,7 @@ class Scheduler:
         forced_kept = sum(1 for j in draft.forced if j < kept)
         self.stats.jump_forward_tokens_computed += forced_kept
         drafted, kept = len(draft) - len(draft.forced), kept - forced_kept
-        r.speculation.verified(drafted, kept)
+        self.drafter.verified(r, drafted, kept)
         r.usage.draft_tokens += drafted
         r.usage.accepted_draft_tokens += kept
         self.stats.draft_tokens += drafted
