@@ -208,7 +208,8 @@ static void ktile_avx512(const int qtype, const uint8_t *tile, int64_t nsb, cons
                                            : _mm512_setzero_ps();
         for (int j = 0; j < 8; j++) {
             const uint8_t *qs = ksub(qtype, sblk, j);
-            __builtin_prefetch(qs + 6 * tb / 2, 0, 3); /* ~3 super-blocks ahead, as the tiled types' 24 blocks */
+            /* 3 super-blocks ahead, as the tiled types' 24 blocks: an eighth of its lines a sub-block */
+            prefetch_block(sblk + 3 * tb + j * tb / 8, (j + 1) * tb / 8 - j * tb / 8);
             __m512i u[8];
             unpack_avx512(Q4_0, qs, u);
             if (qtype == Q5_K) q5_high_avx512(k5_high(sblk, j), u);
@@ -275,7 +276,7 @@ static void ktile_avx2(const int qtype, const uint8_t *tile, int64_t nsb, const 
                                     : _mm256_setzero_ps();
             for (int j = 0; j < 8; j++) {
                 const uint8_t *qs = ksub(qtype, sblk, j);
-                if (h == 0) __builtin_prefetch(qs + 6 * tb / 2, 0, 3);
+                if (h == 0) prefetch_block(sblk + 3 * tb + j * tb / 8, (j + 1) * tb / 8 - j * tb / 8);
                 const int64_t b = 8 * s + j;
                 __m256i u[8], w[8];
                 nib_unpack_avx2(qs, qtype == Q6_K ? qs + 256 : NULL, h, u);

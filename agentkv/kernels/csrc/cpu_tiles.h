@@ -31,6 +31,11 @@ typedef struct {
     int64_t K;
 } QRows;
 
+/* every cache line of the `bytes` at p asked for into L1 (a weight block ahead of the one computed) */
+INLINE void prefetch_block(const uint8_t *p, int64_t bytes) {
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
 /* row m, block b of x (32 fp32 values at v) into `x` */
 INLINE void quantize_into(const float *v, const QRows *x, int64_t m, int64_t b) {
     const int64_t nb = x->K / QK, at = m * nb + b;
