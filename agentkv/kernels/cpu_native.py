@@ -223,6 +223,8 @@ class NativeKernels(QuantKernels):
             out.data_ptr(), window, softcap, torch.get_num_threads(), generic,
         )
         if bad:  # the kernel checks every index before it writes or reads through one
+            if bad == 4:
+                raise EngineError("native attention ran out of memory for its parts' results")
             what = {1: "a new token's slot", 2: "a tile", 3: "a slot in the table"}[bad]
             raise EngineError(f"native attention refused the pass: {what} is out of bounds (an engine bug; "
                               "attention_backend='torch' serves meanwhile)")

@@ -134,6 +134,29 @@ def test_a_16_bit_kv_pool_gives_the_python_paths_logits(tmp_path, monkeypatch, f
         assert torch.equal(got, ref)
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_long_contexts_in_parts_are_the_python_paths(tmp_path, monkeypatch, batch):
+    """Decodes whose keys cross the fixed parts' boundaries (512, 1024): the step attends each part as a
+    task of its own and merges them, the Python path's kernel the same parts in the same order, so the
+    logits are the same bits (before the parts, the Python path split a lone token's keys by its threads
+    and the two differed past 1,024 keys)."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    path = tiny_gguf(tmp_path, "llama", "Q8_0", max_positions=2048)
+    with ak.Engine(path, num_slots=8192, context_length=2048) as engine:
+
+        def just_under(n: int) -> str:  # a prompt a few tokens short of n: its decodes cross n
+            words = 1
+            while len(engine._encode(" ".join(f"w{i}" for i in range(words + 1)))) < n - 6:
+                words += 1
+            return " ".join(f"w{i}" for i in range(words))
+
+        prompts = [just_under(1024), just_under(512), just_under(700)][:batch]
+        pairs = step_and_python(engine, prompts, max_tokens=24)
+    assert len(pairs) >= 23
+    for got, ref, _ in pairs:
+        assert torch.equal(got, ref)
+
+
 def test_extends_are_the_python_paths(tmp_path, monkeypatch):
     """Short extends go native too: jump-forward's forced tokens under a schema, and n-gram drafts
     being checked; their logits are the Python path's."""

@@ -101,6 +101,40 @@ def test_a_querys_attention_does_not_depend_on_its_tile(prompt, generic):
     assert torch.equal(grouped, run([1] * 37))
 
 
+@pytest.mark.parametrize("generic", BODIES)
+def test_a_written_tokens_parts_do_not_depend_on_its_tile_or_the_threads(generic):
+    """Written tokens whose keys cross the fixed parts' boundary (512): each query's output is the same
+    bits in tiles of 5 or of 1, on one thread or two (its keys in the same parts, merged in the same
+    order), and close to the reference."""
+    heads, kv_heads, D = 9, 3, 64
+    meta, q, k, v, kc, vc = _batch([(list(range(1, 491)), 37)], heads, kv_heads, D, torch.float32, seed=7,
+                                   prefix_slots=600)
+    table = meta.req_to_token
+
+    def run(sizes, threads):
+        tiles, at = [], 0
+        for n in sizes:
+            tiles.append([at, n, 0, 491 + at, 0])
+            at += n
+        out = torch.empty(37, heads, D)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, table, torch.tensor(tiles), D**-0.5, out,
+                              generic=generic)
+        finally:
+            torch.set_num_threads(before)
+        return out
+
+    grouped = run([5] * 7 + [2], 2)
+    assert torch.equal(grouped, run([1] * 37, 2))
+    assert torch.equal(grouped, run([1] * 37, 1))
+    assert torch.equal(grouped, run([4, 5, 5, 5, 5, 5, 5, 3], 1))
+    slots = table[0, :527]
+    expected = reference(q.float(), kc[slots].float(), vc[slots].float(), D**-0.5, 490)
+    torch.testing.assert_close(grouped, expected, **_close(torch.float32))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("generic", BODIES)
 @pytest.mark.parametrize("heads,kv_heads,D", [(9, 3, 64), (4, 4, 16), (8, 1, 32), (40, 2, 16), (2, 1, 24)])

@@ -18,9 +18,13 @@ a dimension per FMA. A written token's attention (decodes, drafts, forced runs) 
 body whatever its pass: its numbers do not depend on what else the pass holds. Each query's sums are
 in the same order in either body whatever its tile's other queries.
 
-When there are fewer tasks than twice the threads (one or two requests decoding) and their contexts
-are long, each task's keys are split into parts taken by different threads, each leaving its
-(max, sum, unnormalized output) per query; a merge then combines the parts (flash-decoding). */
+A written token's keys are attended in parts of PART_KEYS keys at fixed positions ([0, 512), [512,
+1024), ...), each part a task of its own leaving (max, sum, unnormalized output) per query, merged in
+part order (flash-decoding): a lone decoding token's long context is shared among the threads, and since
+the parts do not depend on the pass, the batch or the threads, neither do its numbers (the native step
+and this call give the same bits). A token whose keys fit one part is attended whole. A prompt's tiles,
+of which a pass has many, are split only when there are fewer tasks than twice the threads (their keys
+in as many parts as that takes). */
 
 #include <stdlib.h>
 
@@ -29,7 +33,8 @@ are long, each task's keys are split into parts taken by different threads, each
 #define MAX_Q 16            /* query vectors in one task */
 #define MAX_D 256           /* head_dim */
 #define BLOCK 16            /* keys a step */
-#define SPLIT_MIN_KEYS 512  /* keys a part has at least when a task's keys are split */
+#define SPLIT_MIN_KEYS 512  /* keys a part of a prompt's task has at least when its keys are split */
+#define PART_KEYS 512       /* a written token's keys are attended in parts of this many, at fixed positions */
 #define PREFETCH_AHEAD 3    /* blocks between the one computed and the one prefetched */
 
 typedef struct {
@@ -66,6 +71,42 @@ INLINE void finish(const Task *t, int i, float mx, float l, const float *acc, co
     const int64_t off = q_offset(t, i, (int64_t)t->H * t->D);
     const float inv = 1.f / l;
     for (int d = 0; d < t->D; d++) store1(t->out, off + d, acc[d] * inv, bf);
+}
+
+/* how many of the fixed parts keys [k0, k1) fall in (k0 < k1) */
+INLINE int64_t parts_over(int64_t k0, int64_t k1) { return (k1 - 1) / PART_KEYS - k0 / PART_KEYS + 1; }
+
+/* t restricted to the p-th of the fixed parts its keys fall in */
+INLINE void to_part(Task *t, int64_t p) {
+    const int64_t a = (t->k0 / PART_KEYS + p) * PART_KEYS, b = a + PART_KEYS;
+    t->k0 = a > t->k0 ? a : t->k0;
+    t->k1 = b < t->k1 ? b : t->k1;
+}
+
+/* query i's result from its task's `parts` partial results (part_stride floats apart), in part order: a
+   part in which it saw no key (max -inf) adds nothing, and the first that adds is its own sum and output
+   times e^0 = 1, so that one part alone gives the bits of the unsplit task */
+static void merge_query(const Task *t, int i, const float *partials, int64_t parts, int64_t part_stride, int bf) {
+    float top = -INFINITY, l = 0.f, acc[MAX_D];
+    for (int64_t p = 0; p < parts; p++) top = fmaxf(top, partials[p * part_stride + (int64_t)i * (t->D + 2)]);
+    int first = 1;
+    for (int64_t p = 0; p < parts; p++) {
+        const float *r = partials + p * part_stride + (int64_t)i * (t->D + 2);
+        if (r[0] == -INFINITY) continue;
+        const float w = expf(r[0] - top);
+        if (first) {
+            l = w * r[1];
+            for (int d = 0; d < t->D; d++) acc[d] = w * r[2 + d];
+            first = 0;
+            continue;
+        }
+        l += w * r[1];
+        for (int d = 0; d < t->D; d++) acc[d] += w * r[2 + d];
+    }
+    Task whole = *t;
+    whole.partial = NULL;
+    if (bf) finish(&whole, i, top, l, acc, 1);
+    else finish(&whole, i, top, l, acc, 0);
 }
 
 #if AGENTKV_AVX512
@@ -387,34 +428,13 @@ static Task task_of(const Call *c, int64_t n) {
     return t;
 }
 
-/* each query's parts (max m_p, sum l_p, unnormalized output o_p) as one result:
-   out = sum_p e^(m_p - m) o_p / sum_p e^(m_p - m) l_p, m the largest m_p */
-static void merge_parts(const Call *c, int64_t ntasks, int64_t parts, const float *scratch, int64_t stride, int bf) {
-    for (int64_t task = 0; task < ntasks; task++) {
-        const Task t = task_of(c, task);
-        for (int i = 0; i < (int)t.m * t.ng; i++) {
-            float top = -INFINITY, l = 0.f, acc[MAX_D] = {0};
-            for (int64_t part = 0; part < parts; part++)
-                top = fmaxf(top, scratch[(task * parts + part) * stride + (int64_t)i * (c->D + 2)]);
-            for (int64_t part = 0; part < parts; part++) {
-                const float *p = scratch + (task * parts + part) * stride + (int64_t)i * (c->D + 2);
-                const float w = expf(p[0] - top); /* 0 for a part without keys (max -inf) */
-                l += w * p[1];
-                for (int d = 0; d < c->D; d++) acc[d] += w * p[2 + d];
-            }
-            if (bf) finish(&t, i, top, l, acc, 1);
-            else finish(&t, i, top, l, acc, 0);
-        }
-    }
-}
-
 /* q [T, H, D], k and v [T, KVH, D] (token strides q_ld, k_ld, v_ld; heads contiguous), out [T, H, D];
    caches [num_slots, KVH, D]; table [table_rows, table_ld].
    tiles [ntiles, 5]: (first token, tokens m, slot-table row, keys of the first token, 1 for a prompt's
    tokens); tokens of no tile are left to the caller (their K/V are still stored). `window` > 0: sliding-window attention.
    `generic` forces the plain-C path (tests). `bf`: q, k, v and out are bf16 (else fp32); `kvbf`: the
    caches are (else fp32), so fp32 activations can keep 16-bit KV.
-   Returns check_indices' verdict: 0, or nonzero with nothing done. */
+   Returns check_indices' verdict: 0, or nonzero with nothing done; 4 when memory for the parts ran out. */
 int agentkv_attention(int bf, int kvbf, const void *q, int64_t q_ld, const void *k, int64_t k_ld, const void *v,
                       int64_t v_ld, void *k_cache, void *v_cache, int64_t num_slots, const int64_t *out_loc, int64_t T,
                       const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *tiles,
@@ -431,49 +451,89 @@ int agentkv_attention(int bf, int kvbf, const void *q, int64_t q_ld, const void 
     const Call call = {q, q_ld, k_cache, v_cache, table, tiles, table_ld, G, ng, chunks, KVH, H, D, scale, out, window,
                        softcap};
     const int64_t ntasks = ntiles * KVH * chunks;
-    int64_t most_keys = 0; /* the keys a task reads, at most */
+    int64_t most_keys = 0, prompt_tasks = 0; /* the keys a prompt's task reads, at most */
     for (int64_t n = 0; n < ntiles; n++) {
         const int64_t *tile = tiles + n * TILE_FIELDS, keys = tile_keys(tile);
         const int64_t skipped = window && tile[3] > window ? tile[3] - window : 0;
+        if (!tile[4]) continue;
+        prompt_tasks += KVH * chunks;
         most_keys = keys - skipped > most_keys ? keys - skipped : most_keys;
     }
-    int64_t parts = 1; /* a few long tasks: each one's keys in parts, two tasks' worth a thread */
-    if (ntasks < 2 * nthreads && most_keys >= 2 * SPLIT_MIN_KEYS) {
-        parts = (2 * nthreads + ntasks - 1) / ntasks;
-        parts = parts < most_keys / SPLIT_MIN_KEYS ? parts : most_keys / SPLIT_MIN_KEYS;
+    int64_t prompt_parts = 1; /* a few long prompt tasks: each one's keys in parts, two tasks' worth a thread */
+    if (prompt_tasks && ntasks < 2 * nthreads && most_keys >= 2 * SPLIT_MIN_KEYS) {
+        prompt_parts = (2 * nthreads + ntasks - 1) / ntasks;
+        prompt_parts = prompt_parts < most_keys / SPLIT_MIN_KEYS ? prompt_parts : most_keys / SPLIT_MIN_KEYS;
     }
-    const int64_t stride = (int64_t)MAX_Q * (D + 2); /* floats of one part's results */
-    float *scratch = parts > 1 ? malloc((size_t)(ntasks * parts * stride) * sizeof(float)) : NULL;
-    if (!scratch) parts = 1;
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (ntasks * parts > 1)
-    for (int64_t work = 0; work < ntasks * parts; work++) {
-        Task t = task_of(&call, work / parts);
-        if (parts > 1) { /* parts of whole blocks; the last ones may be empty for a short tile */
+    /* each task's parts (a written tile's: the fixed ones its keys fall in), numbered in task order */
+    int64_t *start = malloc((size_t)(ntasks + 1) * sizeof(int64_t));
+    if (!start) return 4;
+    start[0] = 0;
+    for (int64_t n = 0; n < ntasks; n++) {
+        const Task t = task_of(&call, n);
+        start[n + 1] = start[n] + (t.prompt ? prompt_parts : parts_over(t.k0, t.k1));
+    }
+    const int64_t work = start[ntasks], stride = (int64_t)MAX_Q * (D + 2); /* floats of one part's results */
+    float *scratch = work > ntasks ? malloc((size_t)(work * stride) * sizeof(float)) : NULL;
+    int64_t *owner = work > ntasks ? malloc((size_t)work * sizeof(int64_t)) : NULL;
+    if (work > ntasks && (!scratch || !owner)) {
+        free(start), free(scratch), free(owner);
+        return 4;
+    }
+    for (int64_t n = 0; owner && n < ntasks; n++)
+        for (int64_t w = start[n]; w < start[n + 1]; w++) owner[w] = n;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (work > 1)
+    for (int64_t w = 0; w < work; w++) {
+        const int64_t n = owner ? owner[w] : w, parts = start[n + 1] - start[n], part = w - start[n];
+        Task t = task_of(&call, n);
+        if (parts > 1 && !t.prompt) {
+            to_part(&t, part);
+            t.partial = scratch + w * stride;
+        } else if (parts > 1) { /* parts of whole blocks; the last ones may be empty for a short tile */
             const int64_t base = t.k0, keys = t.k1 - base;
-            const int64_t each = ((keys + parts - 1) / parts + BLOCK - 1) / BLOCK * BLOCK, part = work % parts;
+            const int64_t each = ((keys + parts - 1) / parts + BLOCK - 1) / BLOCK * BLOCK;
             t.k0 = base + (part * each < keys ? part * each : keys);
             t.k1 = t.k0 + each < t.k1 ? t.k0 + each : t.k1;
-            t.partial = scratch + work * stride;
+            t.partial = scratch + w * stride;
         }
         attend_any(&t, bf, kvbf, generic);
     }
-    if (parts > 1) {
-        merge_parts(&call, ntasks, parts, scratch, stride, bf);
-        free(scratch);
+    for (int64_t n = 0; scratch && n < ntasks; n++) {
+        const Task t = task_of(&call, n);
+        const int64_t parts = start[n + 1] - start[n];
+        for (int i = 0; parts > 1 && i < (int)t.m * t.ng; i++)
+            merge_query(&t, i, scratch + start[n] * stride, parts, stride, bf);
     }
+    free(start), free(scratch), free(owner);
     return 0;
+}
+
+/* The parts a decoding token's `len` keys are attended in (1: whole), for the native step's tasks. */
+int64_t agentkv_attend_parts(int64_t len, int64_t window) {
+    return parts_over(window && len > window ? len - window : 0, len);
 }
 
 /* One decoding token's attention, fp32, for query heads h * G + g0 .. + ng of KV head h, its first
    `len` keys read through `slots` (its own K/V already stored): a task of the native decode step
    (cpu_step.c), which checked every index. q and out: the token's rows [H, D]; the caches bf16 where
-   `kvbf`, else fp32. */
+   `kvbf`, else fp32. With `partial` (where agentkv_attend_parts says more than one), only the part-th
+   part's keys, its results for the merge into `partial` [ng][D + 2]. */
 void agentkv_attend_one(const float *q, const void *kc, const void *vc, const int64_t *slots, int64_t len, int h,
                         int g0, int ng, int G, int KVH, int H, int D, float scale, float *out, int64_t window,
-                        float softcap, int kvbf, int generic) {
+                        float softcap, int kvbf, int generic, int64_t part, float *partial) {
     const int64_t k0 = window && len > window ? len - window : 0;
-    const Task t = {q, (int64_t)H * D, kc, vc, slots, 0, 1, len, g0, ng, G, KVH, h, H, D, scale, out, k0, len, window,
-                    softcap, NULL, 0};
+    Task t = {q, (int64_t)H * D, kc, vc, slots, 0, 1, len, g0, ng, G, KVH, h, H, D, scale, out, k0, len, window,
+              softcap, NULL, 0};
+    if (partial) {
+        to_part(&t, part);
+        t.partial = partial;
+    }
     if (kvbf) attend(&t, 0, 1, generic);
     else attend(&t, 0, 0, generic);
+}
+
+/* agentkv_attend_one's parts (`parts` results [ng][D + 2], part_stride floats apart) merged into out. */
+void agentkv_attend_merge(const float *partials, int64_t parts, int64_t part_stride, int g0, int ng, int G, int h,
+                          int H, int D, float *out) {
+    const Task t = {NULL, 0, NULL, NULL, NULL, 0, 1, 0, g0, ng, G, 0, h, H, D, 0.f, out, 0, 0, 0, 0.f, NULL, 0};
+    for (int i = 0; i < ng; i++) merge_query(&t, i, partials, parts, part_stride, 0);
 }

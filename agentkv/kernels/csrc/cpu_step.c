@@ -6,9 +6,8 @@ woken from Python; here the team is woken once and each op is split into per-thr
 of a matrix, tokens x heads, blocks of an activation).
 
 Every op is the Python path's own body (cpu_rows.h, the tiled linear of cpu_tiles.c, the attention
-task of cpu_attention.c), called in the same order on the same values, so the logits are the same
-bits, but for attention over 1,024 keys and more, where the Python path splits a lone token's keys
-across threads and merges the parts (a different order of the softmax sums).
+task of cpu_attention.c, a token's keys in the same fixed parts merged in the same order), called in
+the same order on the same values, so the logits are the same bits.
 
 Activations are fp32; each normed input is quantized to int8 blocks once, and every linear that reads
 it uses those blocks. The model is described once at load (StepModel, mirrored by ctypes in
@@ -64,10 +63,14 @@ typedef struct {
 
 #define MAX_RESCORE 64
 
-/* cpu_attention.c: one decoding token's attention for some query heads of a KV head */
+/* cpu_attention.c: one decoding token's attention for some query heads of a KV head, whole or a part of
+   its keys at a time, and the parts merged */
+int64_t agentkv_attend_parts(int64_t len, int64_t window);
 void agentkv_attend_one(const float *q, const void *kc, const void *vc, const int64_t *slots, int64_t len, int h,
                         int g0, int ng, int G, int KVH, int H, int D, float scale, float *out, int64_t window,
-                        float softcap, int kvbf, int generic);
+                        float softcap, int kvbf, int generic, int64_t part, float *partial);
+void agentkv_attend_merge(const float *partials, int64_t parts, int64_t part_stride, int g0, int ng, int G, int h,
+                          int H, int D, float *out);
 
 /* 0 when every index the step follows is in bounds, else which kind is not (nothing done) */
 static int check(const StepModel *md, int64_t M, const int64_t *ids, const int64_t *pos, const int64_t *out_loc,
@@ -132,6 +135,7 @@ static void embed_row(const StepModel *md, int64_t id, float *out) {
 
 typedef struct {
     float *x, *h, *qkv, *gu;
+    float *parts;      /* [M][KVH x chunks][max_parts][part_stride]: attention's parts, before their merge */
     QRows qa, qo, qd;  /* quantized inputs of qkv and gate_up (hidden), o (heads x head_dim), down (inter) */
     int64_t *top_idx;  /* [threads][M][R]: each thread's best logits of its tiles */
     float *top_val;
@@ -139,7 +143,8 @@ typedef struct {
 } Scratch;
 
 static void free_scratch(Scratch *s) {
-    free(s->x), free(s->h), free(s->qkv), free(s->gu), free(s->top_idx), free(s->top_val), free(s->top_n);
+    free(s->x), free(s->h), free(s->qkv), free(s->gu), free(s->parts), free(s->top_idx), free(s->top_val);
+    free(s->top_n);
     agentkv_qrows_free(&s->qa), agentkv_qrows_free(&s->qo), agentkv_qrows_free(&s->qd);
 }
 
@@ -169,6 +174,7 @@ INLINE void place_heads(const StepModel *md, const StepLayer *L, float *qkv, int
 typedef struct {  /* one call's inputs and scratch, what every thread of its job reads */
     const StepModel *md;
     int64_t M, S, chunks, ng, width;
+    int64_t max_parts, part_stride;  /* the most parts a token's keys are attended in (any layer), floats a part */
     const int64_t *ids, *pos, *out_loc, *table, *rows, *sel;
     int64_t table_ld;
     float *logits, *hidden;
@@ -226,13 +232,30 @@ static void step_job(void *arg, int me, int nt) {
             place_heads(md, L, s->qkv + m * qkv_n, pos[m], run->out_loc[m], item % (H + KVH), generic);
         }
         agentkv_pool_barrier(nt);
-        for (int64_t task = me; task < M * KVH * chunks; task += nt) {
-            const int64_t m = task / (KVH * chunks), h = task / chunks % KVH, g0 = task % chunks * ng;
+        /* tasks (token, KV head, query heads, part of its keys): a token's parts at its own place in
+           s->parts, merged once all are done */
+        const int64_t P = run->max_parts, heads = KVH * chunks;
+        for (int64_t task = me; task < M * heads * P; task += nt) {
+            const int64_t m = task / (heads * P), h = task / P / chunks % KVH, g0 = task / P % chunks * ng;
+            const int64_t part = task % P, parts = agentkv_attend_parts(pos[m] + 1, L->window);
+            if (part >= parts) continue;
             agentkv_attend_one(s->qkv + m * qkv_n, L->k_cache, L->v_cache, run->table + rows[m] * table_ld, pos[m] + 1,
                                (int)h, (int)g0, (int)(G - g0 < ng ? G - g0 : ng), (int)G, (int)KVH, (int)H, (int)D,
-                               md->scale, s->h + m * width, L->window, md->attn_softcap, (int)md->kv_bf16, generic);
+                               md->scale, s->h + m * width, L->window, md->attn_softcap, (int)md->kv_bf16, generic,
+                               part, parts > 1 ? s->parts + task * run->part_stride : NULL);
         }
         agentkv_pool_barrier(nt);
+        if (P > 1) {
+            for (int64_t item = me; item < M * heads; item += nt) {
+                const int64_t m = item / heads, h = item / chunks % KVH, g0 = item % chunks * ng;
+                const int64_t parts = agentkv_attend_parts(pos[m] + 1, L->window);
+                if (parts > 1)
+                    agentkv_attend_merge(s->parts + item * P * run->part_stride, parts, run->part_stride, (int)g0,
+                                         (int)(G - g0 < ng ? G - g0 : ng), (int)G, (int)h, (int)H, (int)D,
+                                         s->h + m * width);
+            }
+            agentkv_pool_barrier(nt);
+        }
         for (int64_t item = me; item < M * (H * D / QK); item += nt) {
             const int64_t m = item / (H * D / QK), b = item % (H * D / QK);
             quantize_blocks(s->h + m * width, &s->qo, m, b, b + 1);
@@ -308,15 +331,30 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
     const int64_t qkv_n = (H + 2 * KVH) * D, G = H / KVH;
     const int R = md->rescore < MAX_RESCORE ? (int)md->rescore : MAX_RESCORE;
     nthreads = nthreads < 1 ? 1 : nthreads > AGENTKV_POOL_MAX ? AGENTKV_POOL_MAX : nthreads;
+    /* a token's keys in parts (cpu_attention.c's fixed ones: the most any layer's window leaves) */
+    int64_t max_parts = 1, all_parts = 0;
+    for (int64_t m = 0; m < M; m++) {
+        int64_t most = 1;
+        for (int64_t l = 0; l < md->layers; l++) {
+            const int64_t p = agentkv_attend_parts(pos[m] + 1, md->layer[l].window);
+            most = p > most ? p : most;
+        }
+        max_parts = most > max_parts ? most : max_parts;
+        all_parts += most;
+    }
     /* query heads a task takes: all G of a KV head (its K/V read once) unless that leaves threads idle */
-    int64_t chunks = (2 * nthreads + M * KVH - 1) / (M * KVH);
+    int64_t chunks = (2 * nthreads + all_parts * KVH - 1) / (all_parts * KVH);
     chunks = chunks < 1 ? 1 : chunks > G ? G : chunks;
     const int64_t ng = (G + chunks - 1) / chunks;
     chunks = (G + ng - 1) / ng;
-    const int64_t width = hid > H * D ? hid : H * D;
-    StepRun run = {md, M, S, chunks, ng, width, ids, pos, out_loc, table, rows, sel, table_ld, logits, hidden, R,
-                   generic, {0}};
+    const int64_t width = hid > H * D ? hid : H * D, part_stride = ng * (D + 2);
+    StepRun run = {md, M, S, chunks, ng, width, max_parts, part_stride, ids, pos, out_loc, table, rows, sel, table_ld,
+                   logits, hidden, R, generic, {0}};
     Scratch *s = &run.s;
+    if (max_parts > 1) {
+        s->parts = malloc((size_t)(M * KVH * chunks * max_parts * part_stride) * sizeof(float));
+        if (!s->parts) return 7;
+    }
     s->x = malloc((size_t)(M * hid) * sizeof(float));
     s->h = malloc((size_t)(M * width) * sizeof(float));
     s->qkv = malloc((size_t)(M * qkv_n) * sizeof(float));
