@@ -205,7 +205,7 @@ class NativeKernels(QuantKernels):
         """Writes k, v [T, KVH, D] to the caches at `out_loc` [T], then fills out [T, H, D] at the
         tokens of `tiles` [n, 5] (first token, tokens, table row, keys of the first token, 1 for a
         prompt's tokens): see
-        csrc/cpu_attention.c. `generic` runs the plain-C path on CPUs with AVX-512 too (tests);
+        csrc/cpu_attention_tasks.c. `generic` runs the plain-C path on CPUs with AVX-512 too (tests);
         `window` > 0 is sliding-window attention; `softcap` > 0 caps the scores (Gemma 2)."""
         T, H, D = q.shape
         kvh = k.shape[1]

@@ -6,7 +6,7 @@ woken from Python; here the team is woken once and each op is split into per-thr
 of a matrix, tokens x heads, blocks of an activation).
 
 Every op is the Python path's own body (cpu_rows.h, the tiled linear of cpu_tiles.c, the attention
-task of cpu_attention.c, a token's keys in the same fixed parts merged in the same order), called in
+task of cpu_attention_tasks.c, a token's keys in the same fixed parts merged in the same order), called in
 the same order on the same values, so the logits are the same bits.
 
 Activations are fp32; each normed input is quantized to int8 blocks once, and every linear that reads
@@ -63,7 +63,7 @@ typedef struct {
 
 #define MAX_RESCORE 64
 
-/* cpu_attention.c: one decoding token's attention for some query heads of a KV head, whole or a part of
+/* cpu_attention_tasks.c: one decoding token's attention for some query heads of a KV head, whole or a part of
    its keys at a time, and the parts merged */
 int64_t agentkv_attend_parts(int64_t len, int64_t window);
 void agentkv_attend_one(const float *q, const void *kc, const void *vc, const int64_t *slots, int64_t len, int h,
@@ -331,7 +331,7 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
     const int64_t qkv_n = (H + 2 * KVH) * D, G = H / KVH;
     const int R = md->rescore < MAX_RESCORE ? (int)md->rescore : MAX_RESCORE;
     nthreads = nthreads < 1 ? 1 : nthreads > AGENTKV_POOL_MAX ? AGENTKV_POOL_MAX : nthreads;
-    /* a token's keys in parts (cpu_attention.c's fixed ones: the most any layer's window leaves) */
+    /* a token's keys in parts (cpu_attention_tasks.c's fixed ones: the most any layer's window leaves) */
     int64_t max_parts = 1, all_parts = 0;
     for (int64_t m = 0; m < M; m++) {
         int64_t most = 1;
