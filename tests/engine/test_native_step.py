@@ -157,11 +157,13 @@ def test_long_contexts_in_parts_are_the_python_paths(tmp_path, monkeypatch, batc
         assert torch.equal(got, ref)
 
 
-def test_extends_are_the_python_paths(tmp_path, monkeypatch):
+@pytest.mark.parametrize("family,options", [("llama", {}), ("phi3", {"sliding_window": 12, "tie": False})])
+def test_extends_are_the_python_paths(tmp_path, monkeypatch, family, options):
     """Short extends go native too: jump-forward's forced tokens under a schema, and n-gram drafts
-    being checked; their logits are the Python path's."""
+    being checked; their logits are the Python path's (whose tiles hold several of the extend's tokens,
+    where the step attends token by token: under a sliding window too)."""
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
-    path = tiny_gguf(tmp_path, "llama", "Q8_0")
+    path = tiny_gguf(tmp_path, family, "Q8_0", **options)
     # (keys short enough that each forced run, and the prompt with the first, fit a pass of 16 tokens)
     schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}, "b": {"enum": ["xy", "z"]}},
               "required": ["a", "b"], "additionalProperties": False}

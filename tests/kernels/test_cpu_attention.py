@@ -77,11 +77,13 @@ def _check(meta, q, k, v, k_cache, v_cache, generic):
     return backends[0]
 
 
+@pytest.mark.parametrize("window", [0, 45])
 @pytest.mark.parametrize("prompt", [0, 1])
 @pytest.mark.parametrize("generic", BODIES)
-def test_a_querys_attention_does_not_depend_on_its_tile(prompt, generic):
+def test_a_querys_attention_does_not_depend_on_its_tile(prompt, generic, window):
     """The same 37 tokens after 120 cached ones in tiles of 5 and in tiles of 1, 3, 2, ...: each
-    query's output is the same bits, in the written tokens' body and in a prompt's."""
+    query's output is the same bits, in the written tokens' body and in a prompt's, with a sliding
+    window too (each query's window starts elsewhere in its tile's first block)."""
     heads, kv_heads, D = 9, 3, 64
     meta, q, k, v, kc, vc = _batch([(list(range(1, 121)), 37)], heads, kv_heads, D, torch.float32, seed=5)
     table = meta.req_to_token
@@ -93,7 +95,7 @@ def test_a_querys_attention_does_not_depend_on_its_tile(prompt, generic):
             at += n
         out = torch.empty(37, heads, D)
         kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, table, torch.tensor(tiles), D**-0.5, out,
-                          generic=generic)
+                          generic=generic, window=window)
         return out
 
     grouped = run([5] * 7 + [2])

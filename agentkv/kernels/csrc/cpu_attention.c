@@ -8,7 +8,9 @@ all of its m x G query vectors. Softmax is online over blocks of 16 keys (flash 
 recurrence), so a query's keys are read once whatever the context length.
 
 A sliding window (`window` > 0) limits each query to its last `window` keys, its own included: a task
-starts at its first query's first key, and each query masks the keys before its own first.
+starts at its first query's first key, in the block of 16 that holds it (blocks start at multiples of 16,
+so that a query's sums are in the same order whatever its tile), and each query masks the keys before its
+own first.
 
 A prompt's tokens come in tiles of their own (the tile's fifth field), whose tasks run another body:
 the task's query vectors are the 16 lanes of a register, so that a block's scores are 16 registers (one
@@ -65,7 +67,7 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf, const int k
     const int64_t n = t->k1;
     const int64_t row = (int64_t)t->KVH * D;
     __m512 kf[BLOCK][MAX_D / 16], vf[BLOCK][MAX_D / 16];
-    for (int64_t b0 = t->k0; b0 < n; b0 += BLOCK) {
+    for (int64_t b0 = first_block(t); b0 < n; b0 += BLOCK) {
         const int nb = (int)(n - b0 < BLOCK ? n - b0 : BLOCK);
         for (int j = 0; j < nb; j++) {
             const int64_t off = (t->slots[b0 + j] * row + (int64_t)t->h * D) * kes;
@@ -129,10 +131,11 @@ INLINE void attend_prompt_avx512(const Task *t, const int NV, const int bf, cons
     const int D = NV * 16, nq = (int)t->m * t->ng, es = bf ? 2 : 4, kes = kbf ? 2 : 4;
     float qt[MAX_D][16] __attribute__((aligned(64))), acc[MAX_D][16] __attribute__((aligned(64)));
     float kb[BLOCK][MAX_D], vb[BLOCK][MAX_D];
-    int32_t lim[16], lo[16];
+    int32_t lim[16], lo[16];  /* relative to the first block's first key, a0 */
+    const int64_t a0 = first_block(t);
     for (int i = 0; i < 16; i++) {
         const int64_t end = i < nq ? t->len0 + i / t->ng : 0;
-        lim[i] = (int32_t)(end - t->k0), lo[i] = i < nq ? (int32_t)(first_key(t, end) - t->k0) : 0;
+        lim[i] = (int32_t)(end - a0), lo[i] = i < nq ? (int32_t)(first_key(t, end) - a0) : 0;
         for (int d = 0; d < D; d++) qt[d][i] = 0.f;
     }
     for (int i = 0; i < nq; i++) {
@@ -143,7 +146,7 @@ INLINE void attend_prompt_avx512(const Task *t, const int NV, const int bf, cons
     const __m512i lim_v = _mm512_loadu_si512(lim), lo_v = _mm512_loadu_si512(lo);
     __m512 mx = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
     const int64_t n = t->k1, row = (int64_t)t->KVH * D;
-    for (int64_t b0 = t->k0; b0 < n; b0 += BLOCK) {
+    for (int64_t b0 = first_block(t); b0 < n; b0 += BLOCK) {
         const int nb = (int)(n - b0 < BLOCK ? n - b0 : BLOCK);
         for (int j = 0; j < BLOCK; j++) {
             if (j >= nb) {  /* (no key: a score masked below, a value times 0) */
@@ -169,7 +172,7 @@ INLINE void attend_prompt_avx512(const Task *t, const int NV, const int bf, cons
         __mmask16 live[BLOCK];
         __m512 bm = _mm512_set1_ps(-INFINITY);
         for (int j = 0; j < BLOCK; j++) {
-            const __m512i at = _mm512_set1_epi32((int32_t)(b0 - t->k0) + j);
+            const __m512i at = _mm512_set1_epi32((int32_t)(b0 - a0) + j);
             live[j] = j < nb ? _mm512_cmpgt_epi32_mask(lim_v, at) & _mm512_cmple_epi32_mask(lo_v, at) : 0;
             if (t->softcap > 0.f) s[j] = cap16(s[j], t->softcap);
             s[j] = _mm512_mask_blend_ps(live[j], _mm512_set1_ps(-INFINITY), s[j]);
@@ -215,7 +218,7 @@ INLINE void attend_generic(const Task *t, const int bf, const int kbf) {
     }
     const int64_t n = t->k1;
     const int64_t row = (int64_t)t->KVH * D;
-    for (int64_t b0 = t->k0; b0 < n; b0 += BLOCK) {
+    for (int64_t b0 = first_block(t); b0 < n; b0 += BLOCK) {
         const int nb = (int)(n - b0 < BLOCK ? n - b0 : BLOCK);
         float s[MAX_Q][BLOCK], kf[MAX_D];
         for (int j = 0; j < nb; j++) {

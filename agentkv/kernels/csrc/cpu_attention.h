@@ -28,8 +28,17 @@ typedef struct {
     int prompt;                    /* a prompt's tokens: attend_prompt_avx512's body */
 } Task;
 
-/* the first key query i of a task sees (keys before it are outside its window) */
-INLINE int64_t first_key(const Task *t, int64_t lim) { return t->window ? lim - t->window : 0; }
+/* the first key of the task that a query whose keys end at `lim` sees: its window's first, or the
+   task's (a part's) first */
+INLINE int64_t first_key(const Task *t, int64_t lim) {
+    const int64_t w = t->window ? lim - t->window : 0;
+    return w > t->k0 ? w : t->k0;
+}
+
+/* where a task's blocks of BLOCK keys start: at a multiple of BLOCK, whatever its first key, so that a
+   query's blocks (and so the order of its sums) are the same whatever its tile, the keys before its
+   first masked in the first block */
+INLINE int64_t first_block(const Task *t) { return t->k0 - t->k0 % BLOCK; }
 
 /* query vector i of a task: token tok0 + i / ng, head h * G + g0 + i % ng */
 INLINE int64_t q_offset(const Task *t, int i, int64_t ld) {
