@@ -172,6 +172,12 @@ static void ktile_generic(const int qtype, const uint8_t *tile, int64_t nsb, con
         }
 }
 
+/* the super-block 3 ahead of sblk (tb bytes each, as the tiled types' 24 blocks), an eighth of its lines
+   while sub-block j is computed */
+INLINE void prefetch_ahead(const uint8_t *sblk, int64_t tb, int j) {
+    prefetch_block(sblk + 3 * tb + j * tb / 8, (j + 1) * tb / 8 - j * tb / 8);
+}
+
 #if AGENTKV_TILES_FAST
 /* the 16 rows' high pairs of a Q6_K sub-block over its low nibbles (u as unpack_avx512 leaves them) */
 INLINE void k6_high_avx512(const uint8_t *qs, __m512i *u) {
@@ -208,8 +214,7 @@ static void ktile_avx512(const int qtype, const uint8_t *tile, int64_t nsb, cons
                                            : _mm512_setzero_ps();
         for (int j = 0; j < 8; j++) {
             const uint8_t *qs = ksub(qtype, sblk, j);
-            /* 3 super-blocks ahead, as the tiled types' 24 blocks: an eighth of its lines a sub-block */
-            prefetch_block(sblk + 3 * tb + j * tb / 8, (j + 1) * tb / 8 - j * tb / 8);
+            prefetch_ahead(sblk, tb, j);
             __m512i u[8];
             unpack_avx512(Q4_0, qs, u);
             if (qtype == Q5_K) q5_high_avx512(k5_high(sblk, j), u);
@@ -276,7 +281,7 @@ static void ktile_avx2(const int qtype, const uint8_t *tile, int64_t nsb, const 
                                     : _mm256_setzero_ps();
             for (int j = 0; j < 8; j++) {
                 const uint8_t *qs = ksub(qtype, sblk, j);
-                if (h == 0) prefetch_block(sblk + 3 * tb + j * tb / 8, (j + 1) * tb / 8 - j * tb / 8);
+                if (h == 0) prefetch_ahead(sblk, tb, j);
                 const int64_t b = 8 * s + j;
                 __m256i u[8], w[8];
                 nib_unpack_avx2(qs, qtype == Q6_K ? qs + 256 : NULL, h, u);
