@@ -40,6 +40,7 @@ from agentkv.dsl import (
     user,
 )
 from agentkv.errors import (
+    AdapterError,
     AgentError,
     AgentKVError,
     AgentRetriesError,
@@ -58,6 +59,7 @@ from agentkv.errors import (
     RequestError,
     ToolArgumentsError,
     ToolDefinitionError,
+    UnknownAdapterError,
 )
 from agentkv.typed import agenerate, astream, default_engine, generate, set_default_engine, stream
 
@@ -78,8 +80,9 @@ __all__ = [
     "Journal", "JournalError", "ModelRetry",
     "RunContext", "RunEnd", "Step", "StepEnd", "StepStart",
     "TextDelta", "ToolCall", "ToolCallEvent", "ToolResult", "ToolResultEvent",
-    "AgentKVError", "CacheError", "Completion", "Engine", "EngineClosedError", "EngineError", "GrammarError",
-    "IncompleteOutputError", "ModelLoadError", "OutputError", "OutputValidationError",
+    "AdapterError", "AgentKVError", "CacheError", "Completion", "Engine", "EngineClosedError", "EngineError",
+    "GrammarError", "IncompleteOutputError", "UnknownAdapterError", "ModelLoadError", "OutputError",
+    "OutputValidationError",
     "PinBudgetError", "PinHandle", "PromptTooLongError", "RequestError", "RequestOutput", "SamplingParams",
     "StreamDelta", "Usage",
     "Tool", "ToolArgumentsError", "ToolDefinitionError", "MCPToolError", "MCPToolset", "mcp_tools",

@@ -15,8 +15,16 @@ class ModelLoadError(AgentKVError):
     """A model path, file or architecture that cannot be loaded."""
 
 
+class AdapterError(ModelLoadError):
+    """A LoRA adapter that cannot be loaded onto the engine's model (its files, its targets or its shapes)."""
+
+
 class RequestError(AgentKVError, ValueError):
     """A request whose parameters or prompt cannot be served as given."""
+
+
+class UnknownAdapterError(RequestError):
+    """A request for a LoRA adapter the engine has not loaded (HTTP 404 in the server)."""
 
 
 class PromptTooLongError(RequestError):

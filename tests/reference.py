@@ -9,19 +9,22 @@ from agentkv.engine.request import Request
 from agentkv.engine.sampler import sample
 
 
-def engine_logits(engine: ak.Engine, ids: list[int], cached_prefix: int = 0) -> tuple[torch.Tensor, int]:
-    """Logits [len(ids) - p, V] for positions p.. of `ids`, where p tokens came from the radix cache.
+def engine_logits(engine: ak.Engine, ids: list[int], cached_prefix: int = 0,
+                  adapter: str | None = None) -> tuple[torch.Tensor, int]:
+    """Logits [len(ids) - p, V] for positions p.. of `ids`, where p tokens came from the radix cache
+    (`adapter`: with that LoRA adapter).
 
     With `cached_prefix`, the first tokens are computed (and cached) by an earlier request, so the
     logits prove that attention over cached KV equals attention over fresh KV.
     """
     if cached_prefix:
-        engine.generate(ids[:cached_prefix], max_tokens=1, temperature=0.0)
+        engine.generate(ids[:cached_prefix], max_tokens=1, temperature=0.0, adapter=adapter)
     core = engine._core
+    lora = engine.adapters.resolve(adapter)
 
     def run():
         s = core.scheduler
-        r = Request(list(ids), ak.SamplingParams(max_tokens=1, temperature=0.0), 0, frozenset(), 1)
+        r = Request(list(ids), ak.SamplingParams(max_tokens=1, temperature=0.0), 0, frozenset(), 1, adapter=lora)
         s.add(r)
         batch = s.schedule()
         assert batch is not None and batch.reqs == [r], "the engine must be idle for this helper"

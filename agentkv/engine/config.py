@@ -112,8 +112,24 @@ class EngineConfig:
     # a Jinja chat template (its text, or the path of a .jinja file) used instead of the model's own (a
     # GGUF may carry none); None: the model's
     chat_template: str | None = None
+    # LoRA adapters loaded at start, {name: a PEFT adapter folder or a GGUF LoRA file} (engine/lora/), held as
+    # (name, path) pairs; more at run time with Engine.load_lora. max_loras: the most loaded at once
+    lora: Any = ()
+    max_loras: int = 8
 
     def __post_init__(self) -> None:
+        lora = self.lora.items() if isinstance(self.lora, dict) else self.lora or ()
+        try:
+            pairs = tuple((str(n), str(p)) for n, p in lora)
+        except (TypeError, ValueError):
+            raise RequestError(f"lora={self.lora!r} is invalid: give {{name: adapter folder or .gguf file}}") from None
+        object.__setattr__(self, "lora", pairs)
+        if not isinstance(self.max_loras, int) or self.max_loras < 1:
+            raise RequestError(f"max_loras must be an integer of at least 1, got {self.max_loras!r}")
+        if len(pairs) > self.max_loras:
+            raise RequestError(f"{len(pairs)} LoRA adapters given but max_loras is {self.max_loras}; raise max_loras")
+        if pairs and self.tensor_parallel > 1:
+            raise RequestError("LoRA adapters do not work with tensor_parallel > 1 yet; use one rank")
         if self.tensor_parallel < 1:
             raise RequestError(f"tensor_parallel must be at least 1, got {self.tensor_parallel}")
         if self.cuda_graphs and self.tensor_parallel > 1:

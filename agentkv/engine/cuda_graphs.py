@@ -72,7 +72,7 @@ class DecodeGraphs:
         meta = inputs.meta
         n = meta.num_decodes
         return (0 < n <= self.buckets[-1] and n == len(meta.extend_lens) and len(inputs.select) == n
-                and inputs.select[-1] == n - 1)
+                and inputs.select[-1] == n - 1 and not inputs.adapters)  # (graphs are captured without LoRA)
 
     @torch.inference_mode()
     def run(self, dev, ids: torch.Tensor) -> torch.Tensor:

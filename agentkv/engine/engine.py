@@ -25,6 +25,8 @@ from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
 from agentkv.engine.disk.lifetime import save_at_close, warm_at_start
 from agentkv.engine.disk.setup import tier_for
 from agentkv.engine.loader import DTYPES, load_model
+from agentkv.engine.lora import Adapters
+from agentkv.engine.lora.methods import LoraMethods
 from agentkv.engine.memory import KVPool, ReqToTokenPool, free_memory, kv_slots
 from agentkv.engine.native_step import native_step_for
 from agentkv.engine.null_cache import NullPrefixCache
@@ -44,14 +46,15 @@ Prompt = str | Sequence[int]
 Messages = Sequence[dict[str, Any]]
 
 
-class Engine(Prefixes):
+class Engine(Prefixes, LoraMethods):
     """An LLM engine with a radix-cached KV pool and continuous batching, served by a background thread.
 
     `Engine()` loads the embedded SmolLM2-135M-Instruct; `Engine(model=path)` an HF directory or GGUF
     file. `device` and `dtype` "auto" (the defaults) pick a CUDA GPU with bf16 where torch sees one,
     else the CPU with fp32 (logged once, on the `agentkv` logger). Keyword options go to
     `EngineConfig`, `CacheConfig` or `SchedulerConfig` by name, e.g.
-    `Engine(num_slots=4096, max_step_tokens=1024, enable_radix_cache=False)`.
+    `Engine(num_slots=4096, max_step_tokens=1024, enable_radix_cache=False)`. `lora={name: path}` serves
+    LoRA adapters beside the base model (requests name one with `adapter=`; docs/lora.md).
     """
 
     def __init__(self, model: str | None = None, *, device: str = "auto", dtype: str = "auto", **options: Any):
@@ -107,6 +110,13 @@ class Engine(Prefixes):
         self.tokenizer, self.model_config, self.context_length = (parts.tokenizer, parts.model_config,
                                                                   parts.context_length)
         self._pool, self._tree, self._tier = parts.pool, parts.tree, parts.tier
+        self.adapters = Adapters(self.model_config, cfg.max_loras, device)
+        try:
+            for name, path in cfg.lora:
+                self.adapters.load(name, path)
+        except BaseException:
+            self._core.close()
+            raise
         if cfg.chat_template is not None:
             self.tokenizer.chat_template = template_text(cfg.chat_template)
         fmt = tool_format_for(self.tokenizer, cfg.tool_format)  # how this model calls tools
@@ -371,10 +381,12 @@ class Engine(Prefixes):
         if grammar is not None and params.budget_closing:
             check_budget(grammar, max_new, params.max_tokens is None)
         budget = self._reasoning_budget(ids, params)
+        adapter = self.adapters.resolve(params.adapter)  # UnknownAdapterError before anything is queued
         out = []
         for i in range(params.n):
             seed = params.seed + i if params.seed is not None else self._rng.getrandbits(63)
-            out.append(Request(ids, params, seed, eos, max_new, stream=stream, grammar=grammar, reasoning=budget))
+            out.append(Request(ids, params, seed, eos, max_new, stream=stream, grammar=grammar, reasoning=budget,
+                               adapter=adapter))
         return out
 
     def _reasoning_budget(self, ids: list[int], params: SamplingParams) -> ReasoningBudget | None:

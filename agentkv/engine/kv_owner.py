@@ -33,13 +33,14 @@ class KVOwner:
 
     def _spill(self, node, whole: bool) -> None:
         tokens, slots = self.tree.path(node)
-        self.tier.spill(tokens, 0 if whole else len(tokens) - len(node.key), lambda a, b: self.pool.gather(slots[a:b]))
+        self.tier.spill(tokens, 0 if whole else len(tokens) - len(node.key), lambda a, b: self.pool.gather(slots[a:b]),
+                        self.tree.namespace(node))
 
     def write_through(self, node) -> None:
         """A cached prefix used again (a request admitted on it): its blocks not on disk yet are written
         there, the pool keeping them (HiCache's write_through_selective: a prefix used twice is worth
         keeping), so that a process killed without a flush loses little."""
-        if self.tier is not None and node is not None and node is not self.tree.root:
+        if self.tier is not None and node is not None and node is not self.tree.root and node.key:
             self._spill(node, True)
 
     def save(self, deadline: float) -> int:
@@ -84,8 +85,8 @@ class KVOwner:
     def prefetch(self, r: Request) -> None:
         """Start reading what the disk tier holds past r's cached prefix while r waits."""
         if self.tier is not None:
-            limit = self.matchable_len(r)
-            r.disk_prefetch = self.tier.prefetch(r.all_ids, self.tree.cached_length(r.all_ids, limit), limit)
+            limit, ns = self.matchable_len(r), r.cache_ns
+            r.disk_prefetch = self.tier.prefetch(r.all_ids, self.tree.cached_length(r.all_ids, limit, ns), limit, ns)
 
     def restore(self, r: Request) -> int:
         """Read the disk tier's continuation of r's cached prefix into new slots and the tree (where the
@@ -93,19 +94,20 @@ class KVOwner:
         if self.tier is None:
             return 0
         limit, ids, prefetched, r.disk_prefetch = self.matchable_len(r), r.all_ids, r.disk_prefetch, None
-        cached = self.tree.cached_length(ids, limit)
+        ns = r.cache_ns
+        cached = self.tree.cached_length(ids, limit, ns)
         if cached >= limit:
             return 0
-        prefix_slots, node = self.tree.match_prefix(ids[:cached], touch=False)
+        prefix_slots, node = self.tree.match_prefix(ids[:cached], touch=False, ns=ns)
         self.tree.lock(node)  # its own prefix must not be evicted to make room for the rest
         try:
-            kv = self.tier.take(ids, cached, limit, self.pool.num_free + self.tree.evictable_size, prefetched)
+            kv = self.tier.take(ids, cached, limit, self.pool.num_free + self.tree.evictable_size, prefetched, ns)
             if kv is None:
                 return 0
             n = kv.shape[0]
             slots = self.alloc(n)
             self.pool.scatter(slots, kv)
-            existing = self.tree.insert(ids[: cached + n], torch.cat([prefix_slots, slots]))
+            existing = self.tree.insert(ids[: cached + n], torch.cat([prefix_slots, slots]), ns)
             self.pool.free(slots[: existing - cached])  # (none: the prefix is locked and nothing else inserts)
         finally:
             self.tree.unlock(node)
@@ -120,14 +122,14 @@ class KVOwner:
 
     def match(self, r: Request, touch: bool = True):
         """The slots of r's longest cached prefix and the tree node where it ends (None: nothing cached)."""
-        return self.tree.match_prefix(r.all_ids[: self.matchable_len(r)], touch)
+        return self.tree.match_prefix(r.all_ids[: self.matchable_len(r)], touch, r.cache_ns)
 
     def miss(self, r: Request, cached: int) -> CacheMiss | None:
         """Where r's prompt parts from a longer path the cache holds (None: it matched all it could,
         or the cache holds nothing past its cached part)."""
         if cached >= min(self.matchable_len(r), len(r.prompt_ids)):
             return None
-        held = self.tree.continuation(r.all_ids[:cached], MISS_TOKENS)
+        held = self.tree.continuation(r.all_ids[:cached], MISS_TOKENS, r.cache_ns)
         return CacheMiss(cached, held, list(r.all_ids[cached : cached + MISS_TOKENS])) if held else None
 
     def start(self, r: Request, prefix_slots: torch.Tensor, node) -> None:
@@ -161,11 +163,11 @@ class KVOwner:
         keeps nothing leaves r on its own)."""
         if not self.tree.keeps_kv:
             return
-        ids = r.all_ids[: r.kv_len]
+        ids, ns = r.all_ids[: r.kv_len], r.cache_ns
         kv = self.req_pool.host[r.row, : r.kv_len].clone()
-        existing = self.tree.insert(ids, kv)
+        existing = self.tree.insert(ids, kv, ns)
         self.pool.free(kv[r.prefix_len : existing])  # ours duplicated what another request inserted meanwhile
-        slots, node = self.tree.match_prefix(ids)
+        slots, node = self.tree.match_prefix(ids, ns=ns)
         self.req_pool.write(r.row, 0, slots)
         self.tree.lock(node)
         self.tree.unlock(r.last_node)
@@ -180,7 +182,7 @@ class KVOwner:
         self.pool.free(table[start : start + pending].clone())
         kv = table[: r.kv_len].clone()
         if self.tree.keeps_kv:
-            existing = self.tree.insert(r.all_ids[: r.kv_len], kv)
+            existing = self.tree.insert(r.all_ids[: r.kv_len], kv, r.cache_ns)
             self.pool.free(kv[r.prefix_len : existing])
             self.tree.unlock(r.last_node)
         else:

@@ -29,6 +29,7 @@ from agentkv.engine.linear import (
     physical_memory,
     tiled,
 )
+from agentkv.engine.lora.apply import LoraBatch
 from agentkv.engine.model_config import ModelConfig, RopeScaling
 from agentkv.engine.rope import RopeTables, RotaryEmbedding
 from agentkv.kernels.base import AttentionBackend
@@ -48,6 +49,7 @@ class ForwardContext:
     rope: RopeTables | None = None  # set once per pass
     # bool [T]: the prompt's tokens, which tiled quantized weights compute exactly (linear.by_row_kind)
     exact_rows: torch.Tensor | None = None
+    lora: LoraBatch | None = None  # the pass's LoRA adapters, each row's update added to the linears' outputs
 
 
 class RMSNorm(nn.Module):
@@ -88,6 +90,8 @@ class Attention(nn.Module):
         alone where residual is None)."""
         T = x.shape[0]
         qkv = self.qkv_proj(x, exact_rows=ctx.exact_rows)
+        if ctx.lora is not None:
+            ctx.lora.add(self.layer_id, "qkv", x, qkv)
         v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:
             # q and k are adjacent in the fused output: rotate them as one run of heads (half the ops)
@@ -99,13 +103,17 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim))
             q, k = rope.apply_one(ctx.rope, q), rope.apply_one(ctx.rope, k)
         k_cache, v_cache = ctx.kv_caches[self.layer_id]
-        return self.o_proj(ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale, self.window, self.softcap),
-                           residual, exact_rows=ctx.exact_rows)
+        attn = ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale, self.window, self.softcap)
+        out = self.o_proj(attn, residual, exact_rows=ctx.exact_rows)
+        if ctx.lora is not None:  # (after the residual, as the native step adds it)
+            ctx.lora.add(self.layer_id, "o", attn, out)
+        return out
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, width: int | None = None):
+    def __init__(self, cfg: ModelConfig, width: int | None = None, layer_id: int | None = None):
         super().__init__()
+        self.layer_id = layer_id  # None: an expert (LoRA adapters do not target experts)
         self.intermediate = width or cfg.intermediate_size
         self.gelu = cfg.hidden_act == "gelu_tanh"  # GeGLU (Gemma) instead of SwiGLU
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.intermediate)
@@ -113,14 +121,20 @@ class MLP(nn.Module):
         self.native: NativeKernels | None = None  # set by CausalLM.finalize
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
-                exact_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """residual + mlp(x) (mlp(x) where residual is None)."""
+                exact_rows: torch.Tensor | None = None, lora: LoraBatch | None = None) -> torch.Tensor:
+        """residual + mlp(x) (mlp(x) where residual is None); `lora`: the pass's adapters' updates."""
         gate_up = self.gate_up_proj(x, exact_rows=exact_rows)
+        if lora is not None:
+            lora.add(self.layer_id, "gate_up", x, gate_up)
         if self.native is not None and self.native.handles(gate_up):  # (the native step's own body)
-            return self.down_proj(self.native.glu_mul(gate_up, self.gelu), residual, exact_rows)
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.down_proj(act * up, residual, exact_rows)
+            act = self.native.glu_mul(gate_up, self.gelu)
+        else:
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            act = (F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up
+        out = self.down_proj(act, residual, exact_rows)
+        if lora is not None:
+            lora.add(self.layer_id, "down", act, out)
+        return out
 
 
 class MoE(nn.Module):
@@ -175,11 +189,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_id)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MoE(cfg) if cfg.is_moe_layer(layer_id) else MLP(cfg)
+        self.mlp = MoE(cfg) if cfg.is_moe_layer(layer_id) else MLP(cfg, layer_id=layer_id)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding) -> torch.Tensor:
         x = self.self_attn(self.input_layernorm(x), ctx, rope, residual=x)
-        return self.mlp(self.post_attention_layernorm(x), x, ctx.exact_rows)
+        if isinstance(self.mlp, MoE):  # (adapters' MLP targets are refused on its layers: files.py)
+            return self.mlp(self.post_attention_layernorm(x), x, ctx.exact_rows)
+        return self.mlp(self.post_attention_layernorm(x), x, ctx.exact_rows, ctx.lora)
 
 
 class SandwichDecoderLayer(nn.Module):
@@ -192,12 +208,13 @@ class SandwichDecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, layer_id)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, layer_id=layer_id)
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding) -> torch.Tensor:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ctx, rope, residual=None))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), None, ctx.exact_rows))
+        mlp = self.mlp(self.pre_feedforward_layernorm(x), None, ctx.exact_rows, ctx.lora)
+        return x + self.post_feedforward_layernorm(mlp)
 
 
 class CausalLM(nn.Module):

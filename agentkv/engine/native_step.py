@@ -172,7 +172,8 @@ class NativeStep:
     def can_run(self, inputs) -> bool:
         """A pass of at most 16 tokens the model wrote (decodes, jump-forward's, drafts: no prompt's,
         which the Python path computes exactly) whose logits are wanted for at most 16."""
-        return 0 < len(inputs.ids) <= MAX_TOKENS and len(inputs.select) <= MAX_TOKENS and not inputs.prompt_rows
+        return (0 < len(inputs.ids) <= MAX_TOKENS and len(inputs.select) <= MAX_TOKENS and not inputs.prompt_rows
+                and not inputs.adapters)
 
     @torch.inference_mode()
     def run(self, dev, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,13 +23,14 @@ class NullPrefixCache:
     keeps_kv = False  # the KV owner frees a finished request's slots rather than inserting them
     total_size = evictable_size = protected_size = pinned_size = num_evicted_tokens = pin_budget = 0
 
-    def match_prefix(self, tokens: Sequence[int], touch: bool = True) -> tuple[torch.Tensor, None]:
+    def match_prefix(self, tokens: Sequence[int], touch: bool = True,
+                     ns: str | None = None) -> tuple[torch.Tensor, None]:
         return _NO_SLOTS, None
 
-    def cached_length(self, tokens: Sequence[int], limit: int | None = None) -> int:
+    def cached_length(self, tokens: Sequence[int], limit: int | None = None, ns: str | None = None) -> int:
         return 0
 
-    def continuation(self, tokens: Sequence[int], k: int) -> list[int]:
+    def continuation(self, tokens: Sequence[int], k: int, ns: str | None = None) -> list[int]:
         return []
 
     def touch(self, node) -> None:
@@ -44,7 +45,7 @@ class NullPrefixCache:
     def evict(self, num_tokens: int) -> int:
         return 0
 
-    def pin(self, tokens: Sequence[int]):
+    def pin(self, tokens: Sequence[int], *args, **kwargs):
         raise RequestError("pins need the radix cache; create the Engine with enable_radix_cache=True")
 
     def unpin(self, handle) -> None:

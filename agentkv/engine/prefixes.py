@@ -68,15 +68,16 @@ class Prefixes:
                         turn.messages(list(after)), list(after), turn.template_tools, self.render, self.reasoning,
                         **template_kwargs)
 
-    def prefill(self, prefix: str | Messages | Sequence[int], *, wait: bool = True) -> int:
+    def prefill(self, prefix: str | Messages | Sequence[int], *, wait: bool = True, adapter: str | None = None) -> int:
         """Compute the KV of `prefix` into the radix cache (not pinned: it may be evicted), so that
         requests starting with it skip its prefill, e.g. the branches of a fork. Returns its length
         in tokens. A list of messages is rendered without a generation prompt. `wait=False` queues
-        the prefill and returns at once (a warm-up: one that fails is logged, not raised)."""
+        the prefill and returns at once (a warm-up: one that fails is logged, not raised). `adapter`:
+        a loaded LoRA adapter's name, whose requests then find it (None: the base model's)."""
         if not self._tree.keeps_kv:
             raise RequestError("prefill warms the radix cache; create the Engine with enable_radix_cache=True")
         ids = self._prefix_ids(prefix, None)
-        done = self._prefill(ids, lambda r: None)
+        done = self._prefill(ids, lambda r: None, self.adapters.resolve(adapter))
         if wait:
             done.result()
         else:
@@ -84,11 +85,12 @@ class Prefixes:
         return len(ids)
 
     def pin(self, prefix: str | Messages | Sequence[int], *, tools: Sequence[dict] | None = None,
-            ttl_s: float | None = None) -> PinHandle:
+            ttl_s: float | None = None, adapter: str | None = None) -> PinHandle:
         """Compute the KV of `prefix` (text, token ids, or messages rendered without a generation prompt)
         and keep it resident until `unpin`, or with `ttl_s`, until that many seconds pass without a
         request whose prompt starts with it (each renews it; `stats()["pin_expiries"]` counts the
-        ends). Raises PinBudgetError over the pin budget."""
+        ends). Raises PinBudgetError over the pin budget. `adapter`: the LoRA adapter whose requests
+        it is for (an adapter's KV is its own; None: the base model's)."""
         if ttl_s is not None and not ttl_s > 0:
             raise RequestError(f"ttl_s must be a positive number of seconds, not {ttl_s!r}")
         if not self._tree.keeps_kv:  # (before the prefill, which would compute the prefix for nothing)
@@ -98,25 +100,30 @@ class Prefixes:
         if len(ids) > budget:
             raise PinBudgetError(
                 f"the prefix has {len(ids)} tokens, over the pin budget of {budget}; raise pin_budget_fraction")
+        lora = self.adapters.resolve(adapter)
         # on the engine thread, right after the prefill put the prefix into the tree: pin it before
         # any later step could evict it
-        return self._prefill(ids, lambda r: self._tree.pin(ids, ttl_s)).result()
+        return self._prefill(ids, lambda r: self._tree.pin(ids, ttl_s, ns=r.cache_ns), lora).result()
 
-    def _repin(self, ids: list[int], ttl_s: float | None, left_s: float | None) -> PinHandle:
+    def _repin(self, ids: list[int], ttl_s: float | None, left_s: float | None, ns: str | None) -> PinHandle | None:
         """A pin an earlier run kept (engine/disk/lifetime.py), made again: its prefix prefilled (read back
         from the disk tier, where it was written through when pinned) and pinned with what was left of
-        its lease."""
-        return self._prefill(ids, lambda r: self._tree.pin(ids, ttl_s, left_s)).result()
+        its lease. An adapter's pin only where an adapter of the same content is loaded."""
+        lora = self.adapters.by_hash(ns) if ns is not None else None
+        if ns is not None and lora is None:
+            return None
+        return self._prefill(ids, lambda r: self._tree.pin(ids, ttl_s, left_s, r.cache_ns), lora).result()
 
     def _prefix_ids(self, prefix, tools) -> list[int]:
         if is_messages(prefix):
             prefix = self.render(prefix, tools=tools, add_generation_prompt=False)
         return self._encode(prefix)
 
-    def _prefill(self, ids: list[int], then) -> Future:
-        """Prefill `ids` as a request of its own; the future gets `then(request)`, called on the
-        engine thread as soon as the prefill is done."""
-        req = Request(ids, SamplingParams(max_tokens=1, temperature=0.0), 0, frozenset(), 1, prefill_only=True)
+    def _prefill(self, ids: list[int], then, adapter=None) -> Future:
+        """Prefill `ids` as a request of its own (of LoRA `adapter`); the future gets `then(request)`, called
+        on the engine thread as soon as the prefill is done."""
+        req = Request(ids, SamplingParams(max_tokens=1, temperature=0.0), 0, frozenset(), 1, prefill_only=True,
+                      adapter=adapter)
         result: Future = Future()
 
         def on_update(r: Request) -> None:

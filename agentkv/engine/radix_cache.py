@@ -12,6 +12,10 @@ reference counts decide what may be evicted:
 Accounting is exact at every step: `evictable_size + protected_size == total_size`, where protected
 means locked or pinned; `pinned_size` counts pinned tokens (they are also protected). Pins and locks
 are reference counts on nodes, never part of the key: a pinned prefix is matched like any other.
+
+A namespace (`ns`: a LoRA adapter's content hash) is a subtree of its own under the root: a node with no
+tokens, never evicted, whose paths no other namespace reaches. KV an adapter computed is found only by
+requests of that adapter; the base model's (ns None) hangs from the root itself.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from agentkv.errors import CacheError, PinBudgetError
 
 
 class TreeNode:
-    __slots__ = ("children", "id", "key", "last_access", "lock_ref", "parent", "pin_ref", "value")
+    __slots__ = ("children", "id", "key", "last_access", "lock_ref", "ns", "parent", "pin_ref", "value")
     _ids = itertools.count()
 
     def __init__(self, key: list[int], value: torch.Tensor, parent: TreeNode | None):
@@ -40,6 +44,7 @@ class TreeNode:
         self.pin_ref = 0
         self.last_access = 0
         self.id = next(TreeNode._ids)
+        self.ns: str | None = None  # set on a namespace's own node (see the module's doc)
 
     @property
     def protected(self) -> bool:
@@ -103,24 +108,45 @@ class RadixCache:
         self._pins.clear()
         self.leases = PinLeases()  # pins with a time to live (pin_leases.py)
         self._evictable: set[TreeNode] = set()  # the unprotected leaves, kept up to date (what evict takes from)
+        self._spaces: dict[str, TreeNode] = {}  # namespace -> its node under the root
+
+    def _start(self, ns: str | None, create: bool = True) -> TreeNode | None:
+        """Where the paths of namespace `ns` begin (None where it holds nothing and not `create`)."""
+        if ns is None:
+            return self.root
+        node = self._spaces.get(ns)
+        if node is None and create:
+            node = TreeNode([], torch.empty(0, dtype=torch.int64), self.root)
+            node.ns, node.lock_ref = ns, 1  # never evicted, never a leaf to evict
+            self.root.children[ns] = self._spaces[ns] = node
+        return node
+
+    def namespace(self, node: TreeNode) -> str | None:
+        """The namespace `node` lies in."""
+        while node.parent is not None and node.parent is not self.root:
+            node = node.parent
+        return node.ns
 
     # ---- lookup and insertion -------------------------------------------------------------
 
-    def match_prefix(self, tokens: Sequence[int], touch: bool = True) -> tuple[torch.Tensor, TreeNode]:
+    def match_prefix(self, tokens: Sequence[int], touch: bool = True,
+                     ns: str | None = None) -> tuple[torch.Tensor, TreeNode]:
         """Slots of the longest cached prefix of `tokens`, and the node where it ends.
 
         A match ending inside a node splits it, so the returned node covers the prefix exactly
         (and can be locked or pinned without covering more). `touch`: count it as a use (LRU); a
         request that only waits does not keep its prefix warm (`touch` it once admitted).
         """
-        node, path, _ = self._walk(tokens, touch)
+        node, path, _ = self._walk(tokens, touch, ns)
         slots = torch.cat([n.value for n in path]) if path else torch.empty(0, dtype=torch.int64)
         return slots, node
 
-    def cached_length(self, tokens: Sequence[int], limit: int | None = None) -> int:
+    def cached_length(self, tokens: Sequence[int], limit: int | None = None, ns: str | None = None) -> int:
         """How many leading tokens of `tokens[:limit]` are cached, changing nothing (no split, no LRU
         use, no copy of `tokens`)."""
-        node, i = self.root, 0
+        node, i = self._start(ns, create=False), 0
+        if node is None:
+            return 0
         end = len(tokens) if limit is None else min(limit, len(tokens))
         while i < end and tokens[i] in node.children:
             child = node.children[tokens[i]]
@@ -131,11 +157,13 @@ class RadixCache:
             node = child
         return i
 
-    def continuation(self, tokens: Sequence[int], k: int) -> list[int]:
+    def continuation(self, tokens: Sequence[int], k: int, ns: str | None = None) -> list[int]:
         """Up to k tokens cached right after all of `tokens` (what an earlier request wrote after the
         same tokens; where the path branches, the most recently used branch), or [] where `tokens`
         are not all cached. Changes nothing."""
-        node, i, end = self.root, 0, len(tokens)
+        node, i, end = self._start(ns, create=False), 0, len(tokens)
+        if node is None:
+            return []
         while i < end:
             child = node.children.get(tokens[i])
             if child is None:
@@ -153,8 +181,11 @@ class RadixCache:
     def _beyond(node: TreeNode, k: int) -> list[int]:
         """Up to k tokens down the most recently used children from `node`."""
         out: list[int] = []
-        while len(out) < k and node.children:
-            node = max(node.children.values(), key=lambda c: c.last_access)
+        while len(out) < k:
+            children = [c for c in node.children.values() if c.ns is None]  # (never into a namespace)
+            if not children:
+                break
+            node = max(children, key=lambda c: c.last_access)
             out += node.key[: k - len(out)]
         return out
 
@@ -167,14 +198,14 @@ class RadixCache:
             node.last_access = now
             node = node.parent
 
-    def insert(self, tokens: Sequence[int], slots: torch.Tensor) -> int:
+    def insert(self, tokens: Sequence[int], slots: torch.Tensor, ns: str | None = None) -> int:
         """Add `tokens` with their `slots`; returns how many leading tokens were already cached.
 
         The caller still owns slots[:returned] (duplicates of cached KV) and must free those it no
         longer uses; the rest now belong to the tree.
         """
         assert len(tokens) == len(slots)
-        node, _, i = self._walk(tokens)
+        node, _, i = self._walk(tokens, ns=ns)
         if i < len(tokens):
             new = TreeNode(list(tokens[i:]), slots[i:].clone(), node)
             new.last_access = node.last_access
@@ -193,11 +224,12 @@ class RadixCache:
         else:
             self._evictable.discard(node)
 
-    def _walk(self, tokens: Sequence[int], touch: bool = True) -> tuple[TreeNode, list[TreeNode], int]:
-        """Follow `tokens` down the tree, splitting where the match ends inside a node and touching
-        every node passed (LRU) unless not `touch`. Returns the last node, the path below the root,
-        and the matched length."""
-        node, path, i = self.root, [], 0
+    def _walk(self, tokens: Sequence[int], touch: bool = True,
+              ns: str | None = None) -> tuple[TreeNode, list[TreeNode], int]:
+        """Follow `tokens` down namespace `ns`, splitting where the match ends inside a node and touching
+        every node passed (LRU) unless not `touch`. Returns the last node, the path below the
+        namespace's start, and the matched length."""
+        node, path, i = self._start(ns), [], 0
         now = next(self._clock) if touch else None
         if touch:
             node.last_access = now
@@ -244,11 +276,12 @@ class RadixCache:
 
     # ---- pins (resident prefixes, bounded by a budget) ------------------------------------
 
-    def pin(self, tokens: Sequence[int], ttl_s: float | None = None, left_s: float | None = None) -> PinHandle:
-        """Pin the cached prefix `tokens` (it must be fully cached) and its ancestors; with `ttl_s`,
-        until that long passes without a request through it (`expire_pins`; the first time after
-        `left_s`, where given: a pin brought back after a restart)."""
-        slots, node = self.match_prefix(tokens)
+    def pin(self, tokens: Sequence[int], ttl_s: float | None = None, left_s: float | None = None,
+            ns: str | None = None) -> PinHandle:
+        """Pin the cached prefix `tokens` of namespace `ns` (it must be fully cached) and its ancestors;
+        with `ttl_s`, until that long passes without a request through it (`expire_pins`; the first
+        time after `left_s`, where given: a pin brought back after a restart)."""
+        slots, node = self.match_prefix(tokens, ns=ns)
         if len(slots) < len(tokens):
             raise CacheError(f"only {len(slots)} of {len(tokens)} tokens are cached; prefill them before pinning")
         new_tokens, n = 0, node
@@ -306,13 +339,13 @@ class RadixCache:
             self._update_leaf(node)
             node = node.parent
 
-    def pin_records(self) -> list[tuple[list[int], float | None, float | None]]:
-        """Each pin as (its tokens, its time to live, the seconds left of it; None, None without one):
-        what the disk tier keeps so that a restart pins them again."""
+    def pin_records(self) -> list[tuple[list[int], float | None, float | None, str | None]]:
+        """Each pin as (its tokens, its time to live, the seconds left of it (None, None without one), its
+        namespace): what the disk tier keeps so that a restart pins them again."""
         out = []
         for pin_id, node in self._pins.items():
             lease = self.leases.lease(pin_id)
-            out.append((self.path(node)[0], *(lease if lease is not None else (None, None))))
+            out.append((self.path(node)[0], *(lease if lease is not None else (None, None)), self.namespace(node)))
         return out
 
     @property
@@ -371,10 +404,11 @@ class RadixCache:
         return freed
 
     def nodes(self) -> list[TreeNode]:
-        """Every node but the root (for tests and stats)."""
+        """Every node that holds tokens, in every namespace (for tests, stats and saving)."""
         out, stack = [], list(self.root.children.values())
         while stack:
             n = stack.pop()
-            out.append(n)
+            if n.ns is None:
+                out.append(n)
             stack.extend(n.children.values())
         return out

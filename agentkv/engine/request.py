@@ -14,6 +14,7 @@ from agentkv.grammar import CompiledGrammar, Matcher
 
 if TYPE_CHECKING:
     from agentkv.chat.reasoning import ReasoningFormat
+    from agentkv.engine.lora.adapter import LoraAdapter
     from agentkv.engine.radix_cache import TreeNode
     from agentkv.engine.speculative import Speculation
     from agentkv.engine.tokenizer import Tokenizer
@@ -46,6 +47,7 @@ class Request:
     grammar: CompiledGrammar | None = None  # compiled on the caller's thread; the output must match it
     score_from: int | None = None  # a scoring request: the logprob of each of all_ids[score_from:] is kept
     reasoning: ReasoningBudget | None = None  # closed when spent, unless the reply closed it or never opened it
+    adapter: LoraAdapter | None = None  # its LoRA adapter (held until it ends, even where it is unloaded meanwhile)
     rid: int = field(default_factory=lambda: next(_ids))
 
     output_ids: list[int] = field(default_factory=list)
@@ -103,9 +105,15 @@ class Request:
         """Entry i identifies all_ids[: PREFIX_BLOCK * (i + 1)] (a chained hash of whole blocks, made
         once per block): two requests share their first k blocks when their k-th entries are equal."""
         ids, hashes = self.all_ids, self._prefix_hashes
-        for i in range(len(hashes), len(ids) // PREFIX_BLOCK):
-            hashes.append(hash((hashes[-1] if hashes else 0, *ids[i * PREFIX_BLOCK : (i + 1) * PREFIX_BLOCK])))
+        for i in range(len(hashes), len(ids) // PREFIX_BLOCK):  # (an adapter's blocks apart from the others')
+            hashes.append(hash((hashes[-1] if hashes else self.cache_ns,
+                                *ids[i * PREFIX_BLOCK : (i + 1) * PREFIX_BLOCK])))
         return hashes
+
+    @property
+    def cache_ns(self) -> str | None:
+        """The radix cache's namespace of its KV: its adapter's content hash (None: the base model's)."""
+        return None if self.adapter is None else self.adapter.hash
 
     @property
     def seq_len(self) -> int:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from agentkv.engine.batch import ScheduledBatch
+from agentkv.engine.lora.adapter import LoraAdapter
+from agentkv.engine.lora.apply import LoraBatch
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.model import CausalLM, ForwardContext
 from agentkv.kernels.base import AttentionBackend, AttentionMetadata
@@ -27,6 +29,9 @@ class ForwardInputs:
     placeholder_rows: list[int]  # ...in this sampling row of its output
     table_writes: torch.Tensor | None = None  # [2, N] slot-table writes (ReqToTokenPool.take_writes) made first
     prompt_rows: list[int] = dataclasses.field(default_factory=list)  # indices into `ids` of prompt tokens
+    # LoRA: the pass's adapters and each row's index into them (-1: none); None where no request has one
+    adapters: list[LoraAdapter] | None = None
+    adapter_rows: list[int] | None = None
 
 
 @dataclass
@@ -41,6 +46,7 @@ class OnDevice:
     placeholder_rows: torch.Tensor
     table_writes: torch.Tensor | None
     exact_rows: torch.Tensor | None = None  # bool [T]: the prompt's tokens (None: no token of a prompt)
+    lora: LoraBatch | None = None
 
 
 class ModelRunner:
@@ -90,17 +96,18 @@ class ModelRunner:
             prompt_lens=prompt_lens,
         )
         last += [first_row[r.rid] + p for r, p in batch.score_positions]
+        adapters, adapter_rows = _adapter_rows(batch)
         return ForwardInputs(
             ids, positions, meta, list(range(len(ids))) if all_logits else last,
             [ends[i] for i, _ in batch.placeholders], [row for _, row in batch.placeholders],
-            self.req_pool.take_writes(), prompt_rows,
+            self.req_pool.take_writes(), prompt_rows, adapters, adapter_rows,
         )
 
     def upload(self, inputs: ForwardInputs) -> OnDevice:
         """The pass's index tensors on the device, in one copy (pinned and non-blocking on CUDA)."""
         m = inputs.meta
         lists = (inputs.ids, inputs.positions, inputs.select, inputs.placeholder_at, inputs.placeholder_rows,
-                 inputs.prompt_rows)
+                 inputs.prompt_rows, inputs.adapter_rows or [])
         tensors = [m.req_rows, m.out_cache_loc] + (
             [inputs.table_writes.view(-1)] if inputs.table_writes is not None else [])
         host = torch.cat(
@@ -110,12 +117,14 @@ class ModelRunner:
         if torch.device(self.device).type != "cpu":
             host = host.pin_memory().to(self.device, non_blocking=True)
         sizes = [len(p) for p in lists] + [len(t) for t in tensors]
-        ids, positions, select, at, rows, prompt, req_rows, loc, *writes = host.split(sizes)
+        ids, positions, select, at, rows, prompt, adapter_rows, req_rows, loc, *writes = host.split(sizes)
         meta = dataclasses.replace(m, req_rows=req_rows, out_cache_loc=loc)
         exact = None
         if len(inputs.prompt_rows):
             exact = torch.zeros(len(inputs.ids), dtype=torch.bool, device=ids.device).index_fill_(0, prompt, True)
-        return OnDevice(ids, positions, select, meta, at, rows, writes[0].view(2, -1) if writes else None, exact)
+        lora = LoraBatch(inputs.adapters, adapter_rows, self.kernels) if inputs.adapters else None
+        return OnDevice(ids, positions, select, meta, at, rows, writes[0].view(2, -1) if writes else None, exact,
+                        lora)
 
     @torch.inference_mode()
     def forward(self, inputs: ForwardInputs, prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
@@ -154,7 +163,7 @@ class ModelRunner:
         share of it with tensor parallelism."""
         self.backend.prepare(dev.meta)
         ctx = ForwardContext(positions=dev.positions, backend=self.backend, kv_caches=self.pool.kv_caches,
-                             exact_rows=dev.exact_rows)
+                             exact_rows=dev.exact_rows, lora=dev.lora)
         return self.model(ids, ctx, dev.select)
 
     def close(self) -> None:
@@ -165,3 +174,21 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch, all_logits: bool = False) -> torch.Tensor:
         """prepare + forward, for a batch with no token in flight."""
         return self.forward(self.prepare(batch, all_logits))
+
+
+def _adapter_rows(batch: ScheduledBatch) -> tuple[list[LoraAdapter] | None, list[int] | None]:
+    """The pass's LoRA adapters (each once) and each token row's index into them (-1: none); None, None where
+    no request of the pass has one."""
+    if all(r.adapter is None for r in batch.reqs):
+        return None, None
+    adapters: list[LoraAdapter] = []
+    index: dict[int, int] = {}
+    rows: list[int] = []
+    for r, n in zip(batch.reqs, batch.extend_lens):
+        a = -1
+        if r.adapter is not None:
+            a = index.setdefault(id(r.adapter), len(adapters))
+            if a == len(adapters):
+                adapters.append(r.adapter)
+        rows.extend([a] * n)
+    return adapters, rows

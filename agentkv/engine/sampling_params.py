@@ -62,6 +62,9 @@ class SamplingParams:
     # a reasoning model's block (<think>...</think>) is closed after this many output tokens, and the
     # answer follows (agentkv/chat/reasoning.py); None: it reasons as long as it likes within max_tokens
     max_reasoning_tokens: int | None = None
+    # the LoRA adapter the request runs with: a name the engine loaded (Engine(lora=...), load_lora); None:
+    # the base model. Its KV is cached apart from every other adapter's (keyed by the adapter's content)
+    adapter: str | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -119,6 +122,8 @@ class SamplingParams:
         if self.json_style is not None and self.json_style not in JSON_STYLES:
             raise bad("json_style", f"choose one of {list(JSON_STYLES)}, or None (the model's template, else its "
                                     "choice)")
+        if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter):
+            raise bad("adapter", "it must be a loaded LoRA adapter's name, or None for the base model")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", "it must be an integer or None")
         if sum(x is not None for x in (self.json_schema, self.regex, self.grammar)) > 1:

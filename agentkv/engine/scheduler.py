@@ -199,7 +199,7 @@ class Scheduler:
         if len(waiting) > self.cfg.lpm_max_queue:
             return waiting  # FCFS: matching every request costs more than it saves on long queues
         # how much of each is cached, measured without a split or an LRU use: waiting keeps nothing warm
-        matched = {r.rid: self.tree.cached_length(r.all_ids, KVOwner.matchable_len(r)) for r in waiting}
+        matched = {r.rid: self.tree.cached_length(r.all_ids, KVOwner.matchable_len(r), r.cache_ns) for r in waiting}
         return sorted(waiting, key=lambda r: -matched[r.rid])  # stable: FCFS among equals
 
     def _start(self, r: Request, prefix_slots: torch.Tensor, node) -> None:

@@ -61,7 +61,7 @@ class Speculation:
         self.k = max(1, self.max_tokens // 2)
 
     def draft(self, ids: list[int], k: int, tree: PrefixCache | None = None,
-              shared: SuffixCounts | None = None) -> tuple[str, list[int], list[float]]:
+              shared: SuffixCounts | None = None, ns: str | None = None) -> tuple[str, list[int], list[float]]:
         """Up to k tokens proposed to follow `ids`, with their source and each token's share of its
         context in that source (1.0 but for earlier requests' counts): the radix tree's path beyond
         them, else the longer n-gram match of the request's own and of earlier requests'. (`self.k`
@@ -71,7 +71,7 @@ class Speculation:
             self.cooldown -= 1
             self.index.propose(ids, 0)  # keep the index current
             return "own", [], []
-        ahead = tree.continuation(ids, k) if tree is not None and k > 0 else []
+        ahead = tree.continuation(ids, k, ns) if tree is not None and k > 0 else []  # (its adapter's paths)
         n, own = self.index.match(ids, k)
         if ahead:
             return "radix", ahead, [1.0] * len(ahead)
@@ -125,7 +125,7 @@ class Drafter:
                 room = min(room, r.reasoning.tokens - len(r.output_ids) - 1)
             # (with a grammar, forced runs may join the draft: the proposal may cover them)
             s.source, proposal, shares = s.draft(r.all_ids, min(s.k, room) if r.matcher is None else room, self.tree,
-                                                 self.shared)
+                                                 self.shared, r.cache_ns)
             rate = self.acceptance.rate(s.source)
             worth = best_length([rate * share for share in shares[: min(s.k, room)]], self.costs.token_cost)
             if r.matcher is None:

@@ -61,6 +61,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_pool_test_job": ([_INT, _INT, _INT], _INT),
     "agentkv_pool_reset": ([], None),
     "agentkv_mask_logits": ([_P, _I64, _I64, _I64, _P, _I64, _I64, _P, _P, _P, _INT], None),
+    "agentkv_lora_apply": ([_P, _I64, _I64, _I64, _P, _I64, _I64, _P, _P, _I64, _I64, _INT, _INT, _INT], _INT),
     "agentkv_attention_heads_per_task": ([_INT], _INT),
     "agentkv_attention_max_queries": ([], _INT),
     "agentkv_attention_max_head_dim": ([], _INT),
@@ -166,6 +167,19 @@ class NativeKernels(QuantKernels):
             out.data_ptr(), w.out_features, torch.get_num_threads(),
         )
         return out
+
+    def lora_apply(self, x: torch.Tensor, y: torch.Tensor, row_adapter: torch.Tensor, adapters, layer: int,
+                   target: int, generic: bool = False) -> None:
+        """In place: y [M, N] += each row's LoRA update of linear `target` (csrc/cpu_lora.h's order) of
+        `layer`, from x [M, K] (fp32): row m's adapter is adapters[row_adapter[m]] (a ctypes array of
+        csrc/cpu_lora.h's LoraAdapter; a negative index: none)."""
+        assert x.dtype == y.dtype == torch.float32 and x.stride(-1) == 1 and y.stride(-1) == 1
+        assert row_adapter.dtype == torch.int64 and row_adapter.is_contiguous() and len(row_adapter) == x.shape[0]
+        bad = self._lib.agentkv_lora_apply(x.data_ptr(), x.stride(0), x.shape[1], x.shape[0], y.data_ptr(),
+                                           y.stride(0), y.shape[1], row_adapter.data_ptr(), ctypes.addressof(adapters),
+                                           len(adapters), layer, target, torch.get_num_threads(), generic)
+        if bad:
+            raise EngineError("a LoRA update's adapter index, rank or columns are out of range (an engine bug)")
 
     def fma_peak(self, threads: int | None = None) -> float:
         """The cores' fp32 fused multiply-add FLOPs a second (csrc/cpu_peak.c: independent chains of

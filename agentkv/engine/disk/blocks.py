@@ -46,11 +46,15 @@ class BlockHeader:
     dtype: str
     payload_bytes: int
     crc32c: int
+    ns: str = ""  # the radix cache's namespace (a LoRA adapter's hash, also in the digests' salt); "": the base's
 
     def encode(self) -> bytes:
-        body = json.dumps({"digest": self.digest, "parent": self.parent, "tier": self.tier, "start": self.start,
-                           "tokens": list(self.tokens), "shape": list(self.shape), "dtype": self.dtype,
-                           "payload_bytes": self.payload_bytes, "crc32c": self.crc32c}, separators=(",", ":"))
+        fields = {"digest": self.digest, "parent": self.parent, "tier": self.tier, "start": self.start,
+                  "tokens": list(self.tokens), "shape": list(self.shape), "dtype": self.dtype,
+                  "payload_bytes": self.payload_bytes, "crc32c": self.crc32c}
+        if self.ns:
+            fields["ns"] = self.ns
+        body = json.dumps(fields, separators=(",", ":"))
         raw = body.encode()
         return MAGIC + _LEN.pack(len(raw)) + raw
 
@@ -97,7 +101,8 @@ def read_header(path: Path) -> tuple[BlockHeader, int]:
     try:
         d = json.loads(raw)
         header = BlockHeader(d["digest"], d["parent"], d["tier"], int(d["start"]), tuple(d["tokens"]),
-                             tuple(d["shape"]), d["dtype"], int(d["payload_bytes"]), int(d["crc32c"]))
+                             tuple(d["shape"]), d["dtype"], int(d["payload_bytes"]), int(d["crc32c"]),
+                             str(d.get("ns", "")))
     except (ValueError, KeyError, TypeError) as e:
         raise BlockError(f"{path.name}'s header does not parse ({type(e).__name__}: {e})") from None
     return header, len(MAGIC) + _LEN.size + n
@@ -108,7 +113,7 @@ def read_block(path: Path, expect: BlockHeader, into: memoryview) -> None:
     the index expects of it (the same digest, tier, tokens, shape and dtype) and against its own
     length and checksum."""
     header, offset = read_header(path)
-    for field in ("digest", "tier", "tokens", "shape", "dtype", "start", "payload_bytes"):
+    for field in ("digest", "tier", "tokens", "shape", "dtype", "start", "payload_bytes", "ns"):
         if getattr(header, field) != getattr(expect, field):
             raise BlockError(f"{path.name} holds another block ({field} differs)")
     with open(path, "rb") as f:

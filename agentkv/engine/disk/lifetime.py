@@ -45,14 +45,14 @@ def save_at_close(core: EngineCore, tier: DiskTier, timeout: float) -> float:
     return deadline
 
 
-def warm_at_start(core: EngineCore, tier: DiskTier, room: int, repin: Callable[[list[int], float | None,
-                                                                                 float | None], object]) -> None:
-    """Pin again what an earlier run had pinned (`repin(tokens, ttl_s, left_s)`: its KV read back from
+def warm_at_start(core: EngineCore, tier: DiskTier, room: int,
+                  repin: Callable[[list[int], float | None, float | None, str | None], object]) -> None:
+    """Pin again what an earlier run had pinned (`repin(tokens, ttl_s, left_s, ns)`: its KV read back from
     disk), then read the tier's most recently used prefixes into at most `room` free slots, one prefix at
     a time (requests that come meanwhile are served as usual, and read back what they need themselves)."""
-    for tokens, ttl, left in kept_pins(tier):
+    for tokens, ttl, left, ns in kept_pins(tier):
         try:
-            repin(tokens, ttl, left)
+            repin(tokens, ttl, left, ns)
         except EngineClosedError:
             return
         except Exception as e:  # (over the pin budget of a smaller pool, ...: its KV is still on disk)
@@ -71,13 +71,13 @@ def warm_at_start(core: EngineCore, tier: DiskTier, room: int, repin: Callable[[
         log.info("agentkv: %d tokens of KV read back from %s at start", warmed, tier.dir)
 
 
-def keep_pins(tier: DiskTier, records: list[tuple[list[int], float | None, float | None]]) -> None:
-    """Keep the engine's pins (tokens, time to live, seconds left) beside the blocks, for a restart to
-    pin again (their KV was written through when pinned). Replaces what an earlier close kept."""
+def keep_pins(tier: DiskTier, records: list[tuple[list[int], float | None, float | None, str | None]]) -> None:
+    """Keep the engine's pins (tokens, time to live, seconds left, namespace) beside the blocks, for a restart
+    to pin again (their KV was written through when pinned). Replaces what an earlier close kept."""
     if not tier.writable:
         return
-    body = {"written": time.time(), "pins": [{"tokens": t, "ttl_s": ttl, "left_s": left}
-                                             for t, ttl, left in records]}
+    body = {"written": time.time(), "pins": [{"tokens": t, "ttl_s": ttl, "left_s": left, "ns": ns}
+                                             for t, ttl, left, ns in records]}
     tmp = tier.dir / f"pins.{os.getpid()}.tmp"
     try:
         tmp.write_text(json.dumps(body))
@@ -87,7 +87,7 @@ def keep_pins(tier: DiskTier, records: list[tuple[list[int], float | None, float
                                "finds their KV on disk but does not pin it")
 
 
-def kept_pins(tier: DiskTier) -> list[tuple[list[int], float | None, float | None]]:
+def kept_pins(tier: DiskTier) -> list[tuple[list[int], float | None, float | None, str | None]]:
     """The pins an earlier run kept, less those whose time ran out meanwhile (the seconds left are
     counted from when they were kept: time a server is down counts)."""
     try:
@@ -97,7 +97,7 @@ def kept_pins(tier: DiskTier) -> list[tuple[list[int], float | None, float | Non
         for p in body["pins"]:
             tokens, ttl, left = [int(t) for t in p["tokens"]], p["ttl_s"], p["left_s"]
             if ttl is None or left - down > 0:
-                out.append((tokens, ttl, None if ttl is None else left - down))
+                out.append((tokens, ttl, None if ttl is None else left - down, p.get("ns")))
         return out
     except FileNotFoundError:
         return []

@@ -149,15 +149,21 @@ class DiskTier:
 
     # ---- the engine thread: out of the pool, and back --------------------------------------------------
 
-    def spill(self, tokens: Sequence[int], start: int, read_kv: Callable[[int, int], torch.Tensor]) -> int:
-        """Queue for writing the full blocks of `tokens` from the one holding position `start` on, those
-        not on disk yet; `read_kv(a, b)` copies the KV of positions [a, b) out of the pool. Returns the
-        number of blocks queued."""
+    def salt(self, ns: str | None) -> bytes:
+        """What a digest chain of namespace `ns` starts from: the tier's fingerprint, and the namespace's
+        hash (a LoRA adapter's content), so that no two namespaces' blocks are ever each other's."""
+        return self._salt if ns is None else self._salt + bytes.fromhex(ns)
+
+    def spill(self, tokens: Sequence[int], start: int, read_kv: Callable[[int, int], torch.Tensor],
+              ns: str | None = None) -> int:
+        """Queue for writing the full blocks of `tokens` (of namespace `ns`) from the one holding position
+        `start` on, those not on disk yet; `read_kv(a, b)` copies the KV of positions [a, b) out of the pool.
+        Returns the number of blocks queued."""
         B = self.block_tokens
         first, end = start // B, len(tokens) // B
         if end <= first or not self.writable or self.budget <= 0 or time.monotonic() < self._paused_until:
             return 0
-        digests = chain(tokens, end * B, B, self._salt)
+        digests = chain(tokens, end * B, B, self.salt(ns))
         with self._lock:
             todo = [k for k in range(first, end) if digests[k] not in self._index and digests[k] not in self._pending]
             for k in reversed(range(first, end)):  # on disk already: used now, as take counts a hit
@@ -174,7 +180,8 @@ class DiskTier:
                 continue
             block = kv[(k - todo[0]) * B : (k - todo[0] + 1) * B]
             header = BlockHeader(digests[k], digests[k - 1] if k else "", self.id, k * B,
-                                 tuple(tokens[k * B : (k + 1) * B]), self.layout.shape(B), self._dtype, size, 0)
+                                 tuple(tokens[k * B : (k + 1) * B]), self.layout.shape(B), self._dtype, size, 0,
+                                 ns or "")
             with self._lock:
                 self._pending[header.digest] = (header, block)
                 self._pending_bytes += size
@@ -182,14 +189,15 @@ class DiskTier:
             queued += 1
         return queued
 
-    def prefetch(self, tokens: Sequence[int], cached: int, limit: int) -> dict[str, Future] | None:
+    def prefetch(self, tokens: Sequence[int], cached: int, limit: int,
+                 ns: str | None = None) -> dict[str, Future] | None:
         """Start reading the blocks on disk that continue `tokens[:cached]` (up to `limit`), so that they
         are in memory when the request is admitted (`take`)."""
         B = self.block_tokens
         if limit // B <= cached // B:
             return None
         futures = {}
-        for k, d in enumerate(chain(tokens, limit // B * B, B, self._salt)):
+        for k, d in enumerate(chain(tokens, limit // B * B, B, self.salt(ns))):
             if k < cached // B:
                 continue
             with self._lock:
@@ -201,19 +209,20 @@ class DiskTier:
         return futures or None
 
     def take(self, tokens: Sequence[int], cached: int, limit: int, room: int,
-             prefetched: dict[str, Future] | None = None) -> torch.Tensor | None:
+             prefetched: dict[str, Future] | None = None, ns: str | None = None) -> torch.Tensor | None:
         """The KV of `tokens[cached:end]` for the longest `end <= limit` the tier holds and `room` slots
         take, as [end - cached, layers, 2, kv_heads, head_dim] on the CPU, or None."""
         B = self.block_tokens
         first, last = cached // B, min(limit, cached + room) // B
         if last <= first:
             return None
-        digests, found = chain(tokens, last * B, B, self._salt), []
+        digests, found = chain(tokens, last * B, B, self.salt(ns)), []
         for k in range(first, last):  # the blocks the tier holds, in order, each of the prompt's tokens
             with self._lock:
                 pending, entry = self._pending.get(digests[k]), self._index.get(digests[k])
             header = pending[0] if pending is not None else entry.header if entry is not None else None
-            if header is None or header.tokens != tuple(tokens[k * B : (k + 1) * B]):  # (a collision: not served)
+            # (a collision, or another namespace's block: not served)
+            if header is None or header.tokens != tuple(tokens[k * B : (k + 1) * B]) or header.ns != (ns or ""):
                 break
             found.append((pending, entry))
         if not found:
@@ -371,7 +380,8 @@ class DiskTier:
     def hot_prefixes(self, max_tokens: int) -> list[list[int]]:
         """The token sequences of the most recently used prefixes on disk, most recent first, whole from
         the sequence's start (each block's parents all held), up to `max_tokens` tokens in all: what a
-        restarted engine reads back into its pool before it is asked (the blocks are read when used)."""
+        restarted engine reads back into its pool before it is asked (the blocks are read when used). The
+        base model's only: an adapter's prefixes are read back when a request of it asks."""
         with self._lock:
             index = {d: e.header for d, e in self._index.items()}
             recent = list(reversed(self._index))
@@ -388,7 +398,7 @@ class DiskTier:
                 d = h.parent
             else:
                 chain_.reverse()
-                if chain_[0].start != 0 or total + len(chain_) * self.block_tokens > max_tokens:
+                if chain_[0].start != 0 or chain_[0].ns or total + len(chain_) * self.block_tokens > max_tokens:
                     continue
                 covered.update(h.digest for h in chain_)
                 out.append([t for h in chain_ for t in h.tokens])
