@@ -172,8 +172,7 @@ class NativeStep:
     def can_run(self, inputs) -> bool:
         """A pass of at most 16 tokens the model wrote (decodes, jump-forward's, drafts: no prompt's,
         which the Python path computes exactly) whose logits are wanted for at most 16."""
-        return (0 < len(inputs.ids) <= MAX_TOKENS and len(inputs.select) <= MAX_TOKENS and not inputs.prompt_rows
-                and not inputs.adapters)
+        return 0 < len(inputs.ids) <= MAX_TOKENS and len(inputs.select) <= MAX_TOKENS and not inputs.prompt_rows
 
     @torch.inference_mode()
     def run(self, dev, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,13 +185,15 @@ class NativeStep:
         select = dev.select.contiguous()
         logits = torch.empty(select.shape[0], self._model.vocab, dtype=torch.float32)
         hidden = torch.empty(select.shape[0], self._model.hidden, dtype=torch.float32)
+        lora = dev.lora.step_lora() if dev.lora is not None else None  # (each token's LoRA adapter)
         bad = self.kernels.decode_step(ctypes.addressof(self._model), ids.contiguous(), dev.positions.contiguous(),
                                        meta.out_cache_loc.contiguous(), self.runner.req_pool.table,
-                                       rows.contiguous(), select, logits, hidden, self.generic, self.threads)
+                                       rows.contiguous(), select, logits, hidden, self.generic, self.threads,
+                                       None if lora is None else ctypes.addressof(lora))
         if bad:
             what = {1: "a token id", 2: "a position", 3: "a new token's slot", 4: "a slot-table row",
                     5: "a slot in the table", 6: "the number of tokens or selected rows",
-                    7: "memory for the step"}.get(bad, str(bad))
+                    7: "memory for the step", 8: "a LoRA adapter's index or rank"}.get(bad, str(bad))
             raise EngineError(f"the native decode step refused the pass: {what} is out of range (an engine bug; "
                               "native_step=False serves meanwhile)")
         self.calls += 1

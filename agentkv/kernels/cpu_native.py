@@ -54,7 +54,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_qtile_dequant": ([_INT, _INT, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
     "agentkv_qtile_exact": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
     "agentkv_qtile_logits": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _INT, _P, _I64, _INT, _INT], _INT),
-    "agentkv_decode_step": ([_P, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P, _P, _INT, _INT], _INT),
+    "agentkv_decode_step": ([_P, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P, _P, _INT, _INT, _P], _INT),
     "agentkv_qtile_rescore": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _P, _I64, _P, _INT], _INT),
     "agentkv_fma_peak": ([_INT, _I64, _P], ctypes.c_double),
     "agentkv_pool_threads": ([_INT], _INT),

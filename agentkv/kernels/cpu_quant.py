@@ -207,12 +207,14 @@ class QuantKernels:
 
     def decode_step(self, model: int, ids: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor,
                     table: torch.Tensor, rows: torch.Tensor, select: torch.Tensor, logits: torch.Tensor,
-                    hidden: torch.Tensor | None = None, generic: bool = False, threads: int | None = None) -> int:
+                    hidden: torch.Tensor | None = None, generic: bool = False, threads: int | None = None,
+                    lora: int | None = None) -> int:
         """csrc/cpu_step.c over the model described at address `model` (engine/native_step.py): a pass
         of len(ids) tokens (their positions, new slots and slot-table rows), the logits of the tokens
         `select` into `logits` [len(select), vocab] (and their final normed states into `hidden`
-        [len(select), hidden size] where given), on `threads` threads (torch's count by default); 0,
-        or the code of what it refused."""
+        [len(select), hidden size] where given), on `threads` threads (torch's count by default), with
+        the LoRA adapters described at address `lora` (a StepLora; None: none); 0, or the code of what
+        it refused."""
         for t in (ids, positions, out_loc, rows, table, select):
             assert t.dtype == torch.int64 and t.is_contiguous()
         assert ids.shape[0] == positions.shape[0] == out_loc.shape[0] == rows.shape[0]  # one each a token
@@ -221,4 +223,4 @@ class QuantKernels:
                                              out_loc.data_ptr(), table.data_ptr(), table.shape[0], table.shape[1],
                                              rows.data_ptr(), select.data_ptr(), select.shape[0], logits.data_ptr(),
                                              None if hidden is None else hidden.data_ptr(),
-                                             threads or torch.get_num_threads(), generic)
+                                             threads or torch.get_num_threads(), generic, lora)

@@ -229,3 +229,88 @@ def test_a_request_in_flight_keeps_its_adapter_through_an_unload(tmp_path):
         assert engine.loras() == []
         with pytest.raises(ak.UnknownAdapterError):
             engine.generate("Hello", max_tokens=2, adapter="tuned")
+
+
+@pytest.mark.skipif(kernels is None or not kernels.qtile_fast, reason="the native step needs the tiled bodies")
+@pytest.mark.parametrize("family,quant,options", [
+    ("llama", "Q4_1", {}),
+    ("qwen3", "Q8_0", {}),
+    ("gemma3_text", "Q4_1", {"layers": 6, "kv_heads": 1, "sliding_window": 10}),  # the sandwich's post-norms
+])
+def test_the_native_step_with_adapters_gives_the_python_paths_logits(tmp_path, monkeypatch, family, quant, options):
+    """Decode passes mixing three adapters (attention and MLP targets, ranks 8 and 16) and the base, on a
+    quantized GGUF: the native step's logits are the Python path's bit for bit, the plain-C bodies' close."""
+    from tests.engine.test_gguf_families import ARCH
+    from tests.engine.test_native_step import PROMPTS, step_and_python, tiny_gguf
+
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setitem(ARCH, "qwen3", "qwen3")
+    path = tiny_gguf(tmp_path, family, quant, **options)
+    adapters = {f"a{i}": str(make_adapter(tmp_path / "src", tmp_path / f"a{i}", r=(8, 16, 8)[i], seed=i,
+                                          targets=(ATTENTION + MLP, ATTENTION, MLP)[i])) for i in range(3)}
+    with ak.Engine(path, num_slots=2048, lora=adapters) as engine:
+        names = ["a0", None, "a1", "a2"] * 4
+        jobs = list(zip(PROMPTS, names))
+        calls = engine._core.runner.native_step.calls
+        pairs = _step_and_python_mixed(engine, jobs, step_and_python)
+        assert engine._core.runner.native_step.calls - calls >= 11
+        for got, ref, _ in pairs:
+            assert torch.equal(got, ref)
+        engine._core.runner.native_step.generic = True
+        for got, ref, _ in _step_and_python_mixed(engine, jobs[:4], step_and_python):
+            assert rel_error(got, ref) < 1e-4
+        engine._core.runner.native_step.generic = False
+        # and the tokens a request gets in such a pass are those it gets alone
+        engine.flush_cache()
+        together = _submit(engine, jobs[:8], 12)
+        engine.flush_cache()
+        assert together == [_submit(engine, [job], 12)[0] for job in jobs[:8]]
+
+
+def _step_and_python_mixed(engine, jobs, step_and_python):
+    """step_and_python over requests of several adapters submitted at once."""
+    seen = []
+    real_generate = engine.generate
+
+    def generate(prompts, max_tokens, **params):
+        seen.append(_submit(engine, jobs, max_tokens))
+
+    engine.generate = generate
+    try:
+        return step_and_python(engine, [p for p, _ in jobs], max_tokens=12)
+    finally:
+        engine.generate = real_generate
+
+
+@pytest.mark.parametrize("quant", ["Q4_0", "Q8_0"])
+def test_a_quantized_gguf_base_with_an_adapter_is_its_dequantized_base_with_it(tmp_path, monkeypatch, quant):
+    """A GGUF base with a PEFT adapter against peft on the HF model holding the dequantized weights: a
+    prompt's logits (exact rows) equal, greedy tokens equal with the file dequantized at load; kept in its
+    blocks, whose written tokens run in int8 (the base's own greedy tokens part from HF's there too), each
+    token the engine writes is the reference's best within the int8 path's error."""
+    gguf = pytest.importorskip("gguf")
+    from safetensors.numpy import save_file
+
+    from tests.engine.test_loading import write_gguf
+
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_tiny_model(tmp_path / "src", "llama", hidden=64, heads=4, kv_heads=2)
+    deq = write_gguf(src, tmp_path / "tiny.gguf", getattr(gguf.GGMLQuantizationType, quant))
+    save_file(deq, str(src / "model.safetensors"))  # the reference: the dequantized weights
+    adapter = make_adapter(src, tmp_path / "adapter", r=16)
+    ref_model = peft_model(src, adapter)
+    for kept in (True, False):
+        with ak.Engine(str(tmp_path / "tiny.gguf"), num_slots=1024, lora={"tuned": str(adapter)},
+                       quantized_weights=kept) as engine:
+            ids = engine.tokenizer.encode(TEXT)
+            ours, _ = engine_logits(engine, ids, adapter="tuned")
+            assert rel_error(ours, peft_logits(ref_model, ids)) < 1e-4
+            out = engine.generate(ids, max_tokens=16, temperature=0.0, ignore_eos=True, adapter="tuned").token_ids
+            if not kept:
+                assert out == peft_greedy(ref_model, ids, 16)
+                continue
+            step = engine._core.runner.native_step
+            assert step is None or step.calls >= 15  # (its decodes went native where the step runs)
+            ref = peft_logits(ref_model, ids + out)[len(ids) - 1 : -1]
+            chosen = ref.gather(1, torch.tensor(out)[:, None])[:, 0]
+            assert ((ref.max(1).values - chosen) <= 0.02 * ref.abs().max()).all()

@@ -55,6 +55,12 @@ def native_adapter(adapter: LoraAdapter) -> NativeAdapter:
     return adapter.native
 
 
+class StepLora(ctypes.Structure):
+    """csrc/cpu_step.c's StepLora: each token's adapter index and the adapters."""
+
+    _fields_ = [("row_adapter", _P), ("adapters", _P), ("count", _I64)]
+
+
 class LoraBatch:
     """The adapters of one pass and each token row's (`rows[t]`: an index into `adapters`, -1: none)."""
 
@@ -68,9 +74,7 @@ class LoraBatch:
         """y += each row's update of linear `target` of `layer` from that linear's input x, in place."""
         if self.kernels is not None and x.dtype == torch.float32 and y.dtype == torch.float32 \
                 and x.device.type == "cpu" and x.stride(-1) == 1 and y.stride(-1) == 1:
-            if self._table is None:
-                self._table = (NativeAdapter * len(self.adapters))(*(native_adapter(a) for a in self.adapters))
-            self.kernels.lora_apply(x, y, self.rows, self._table, layer, self.target_index[target])
+            self.kernels.lora_apply(x, y, self.rows, self.table(), layer, self.target_index[target])
             return
         for a, rows in self.groups():
             pieces = self.adapters[a].layers[layer].get(target)
@@ -84,6 +88,16 @@ class LoraBatch:
                     y[:, cols] += d
                 else:
                     y[rows, cols] += d
+
+    def table(self) -> ctypes.Array:
+        """The adapters described for the C kernels (made once a pass)."""
+        if self._table is None:
+            self._table = (NativeAdapter * len(self.adapters))(*(native_adapter(a) for a in self.adapters))
+        return self._table
+
+    def step_lora(self) -> StepLora:
+        """The pass's adapters as the native decode step takes them (`rows` must stay alive meanwhile)."""
+        return StepLora(self.rows.data_ptr(), ctypes.addressof(self.table()), len(self.adapters))
 
     def groups(self) -> list[tuple[int, torch.Tensor | None]]:
         """(adapter index, its rows: None where every row is that adapter's), once a pass."""

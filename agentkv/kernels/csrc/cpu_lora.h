@@ -15,7 +15,7 @@ so a thread's share of the columns does not change its bits. */
 
 #define LORA_PIECES 3 /* q, k, v */
 #define LORA_TARGETS 4 /* qkv, o, gate_up, down: a layer's linears, in this order */
-#define LORA_MAX_RANK 256
+#define LORA_MAX_RANK 768 /* a linear's pieces' ranks together (each at most 256: engine/lora/adapter.py) */
 
 typedef struct {
     const float *a;      /* [rank, K]: PEFT's lora_A */

@@ -11,10 +11,16 @@ the same order on the same values, so the logits are the same bits.
 
 Activations are fp32; each normed input is quantized to int8 blocks once, and every linear that reads
 it uses those blocks. The model is described once at load (StepModel, mirrored by ctypes in
-engine/native_step.py): pointers to the tiled weights, norms, KV caches and rotation tables. */
+engine/native_step.py): pointers to the tiled weights, norms, KV caches and rotation tables.
+
+A pass may carry LoRA adapters (StepLora: each token's adapter, or none), whose updates are cpu_lora.h's
+row bodies, as the Python path's: a token's input shrunk by the thread that made it (in the phase that
+finishes it, so no barrier is added but for the MLP's down projection), and the product with B added to
+the columns each thread's tiles wrote. */
 
 #include <stdlib.h>
 
+#include "cpu_lora.h"
 #include "cpu_pool.h"
 #include "cpu_rows.h"
 #include "cpu_tiles.h"
@@ -62,6 +68,14 @@ typedef struct {
 } StepModel;
 
 #define MAX_RESCORE 64
+
+typedef struct {
+    const int64_t *row_adapter; /* [M]: each token's index into adapters, -1: none */
+    const LoraAdapter *adapters;
+    int64_t count;
+} StepLora;
+
+enum { L_QKV, L_O, L_GATE_UP, L_DOWN }; /* cpu_lora.h's targets' order */
 
 /* cpu_attention_tasks.c: one decoding token's attention for some query heads of a KV head, whole or a part of
    its keys at a time, and the parts merged */
@@ -112,6 +126,21 @@ INLINE void mat_share(const StepMat *w, const QRows *x, int64_t M, int me, int n
     }
 }
 
+/* the output columns [c0, c1) that thread `me` of `nt` writes in mat_share (its tiles, in order over the parts) */
+INLINE void mat_cols(const StepMat *w, int me, int nt, int64_t *c0, int64_t *c1) {
+    int64_t total = 0;
+    for (int64_t p = 0; p < w->parts; p++) total += tiles_of(w->part[p].N);
+    const int64_t t0 = share(total, me, nt), t1 = share(total, me + 1, nt);
+    int64_t first = 0, row = 0;
+    *c0 = *c1 = 0;
+    for (int64_t p = 0; p < w->parts; p++) {  /* a tile index to its first column: its part's row + its place */
+        const int64_t n = tiles_of(w->part[p].N), N = w->part[p].N;
+        if (t0 >= first && t0 <= first + n) *c0 = row + ((t0 - first) * TILE_ROWS < N ? (t0 - first) * TILE_ROWS : N);
+        if (t1 >= first && t1 <= first + n) *c1 = row + ((t1 - first) * TILE_ROWS < N ? (t1 - first) * TILE_ROWS : N);
+        first += n, row += N;
+    }
+}
+
 /* row m of x normed into `h` and quantized into `q` */
 INLINE void norm_quant(const float *x, const float *w, int64_t n, float eps, float *h, const QRows *q, int64_t m,
                        int generic) {
@@ -135,6 +164,8 @@ static void embed_row(const StepModel *md, int64_t id, float *out) {
 
 typedef struct {
     float *x, *h, *qkv, *gu;
+    float *lt;         /* [M][LORA_TARGETS][LORA_MAX_RANK]: each token's shrunk inputs of its adapter's updates */
+    float *act;        /* [M][inter]: the MLP's activations, where an adapter updates the down projection */
     float *parts;      /* [M][KVH x chunks][max_parts][part_stride]: attention's parts, before their merge */
     QRows qa, qo, qd;  /* quantized inputs of qkv and gate_up (hidden), o (heads x head_dim), down (inter) */
     int64_t *top_idx;  /* [threads][M][R]: each thread's best logits of its tiles */
@@ -144,6 +175,7 @@ typedef struct {
 
 static void free_scratch(Scratch *s) {
     free(s->x), free(s->h), free(s->qkv), free(s->gu), free(s->parts), free(s->top_idx), free(s->top_val);
+    free(s->lt), free(s->act);
     free(s->top_n);
     agentkv_qrows_free(&s->qa), agentkv_qrows_free(&s->qo), agentkv_qrows_free(&s->qd);
 }
@@ -179,21 +211,54 @@ typedef struct {  /* one call's inputs and scratch, what every thread of its job
     int64_t table_ld;
     float *logits, *hidden;
     int R, generic;
+    const StepLora *lora;  /* NULL: no token has an adapter */
+    int lora_down;         /* some token's adapter updates the down projection */
     Scratch s;
 } StepRun;
+
+/* token m's adapter's update of linear `target` of layer l (NULL: none) */
+INLINE const LoraMat *lora_of(const StepRun *run, int64_t l, int target, int64_t m) {
+    if (!run->lora || run->lora->row_adapter[m] < 0) return NULL;
+    const LoraMat *mat = &run->lora->adapters[run->lora->row_adapter[m]].layer[l].mat[target];
+    return mat->pieces ? mat : NULL;
+}
+
+INLINE float *lora_t(const StepRun *run, int64_t m, int target) {
+    return run->s.lt + (m * LORA_TARGETS + target) * LORA_MAX_RANK;
+}
+
+/* token m's input x (K) of linear `target` shrunk, where its adapter updates it */
+INLINE void lora_in(const StepRun *run, int64_t l, int target, int64_t m, const float *x, int64_t K) {
+    const LoraMat *mat = lora_of(run, l, target, m);
+    if (mat) lora_shrink(mat, x, K, lora_t(run, m, target), run->generic);
+}
+
+/* every token's update of linear `target` added to the columns this thread's tiles of w wrote into out */
+INLINE void lora_out(const StepRun *run, int64_t l, int target, const StepMat *w, float *out, int64_t ld, int me,
+                     int nt) {
+    if (!run->lora) return;
+    int64_t c0, c1;
+    mat_cols(w, me, nt, &c0, &c1);
+    for (int64_t m = 0; m < run->M; m++) {
+        const LoraMat *mat = lora_of(run, l, target, m);
+        if (mat) lora_expand(mat, lora_t(run, m, target), c0, c1, out + m * ld, run->generic);
+    }
+}
 
 /* x += W q (the residual added in the tiles' stores), or for Gemma's sandwich x += norm(W q): the
    product into h first, then each row normed in place and added (the Python path's rms_norm and add) */
 static void residual_out(const StepModel *md, const StepMat *w, const QRows *q, const float *post_norm,
-                         const StepRun *run, int me, int nt) {
+                         const StepRun *run, int64_t l, int target, int me, int nt) {
     const Scratch *s = &run->s;
     const int64_t M = run->M, hid = md->hidden, width = run->width;
     if (!post_norm) {
         mat_share(w, q, M, me, nt, s->x, hid, s->x, hid, run->generic);
+        lora_out(run, l, target, w, s->x, hid, me, nt);
         agentkv_pool_barrier(nt);
         return;
     }
     mat_share(w, q, M, me, nt, NULL, 0, s->h, width, run->generic);
+    lora_out(run, l, target, w, s->h, width, me, nt);
     agentkv_pool_barrier(nt);
     for (int64_t m = me; m < M; m += nt) {
         float *h = s->h + m * width, *x = s->x + m * hid;
@@ -222,10 +287,13 @@ static void step_job(void *arg, int me, int nt) {
     agentkv_pool_barrier(nt);
     for (int64_t l = 0; l < md->layers; l++) {
         const StepLayer *L = md->layer + l;
-        for (int64_t m = me; m < M; m += nt)
+        for (int64_t m = me; m < M; m += nt) {
             norm_quant(s->x + m * hid, L->attn_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
+            lora_in(run, l, L_QKV, m, s->h + m * width, hid);
+        }
         agentkv_pool_barrier(nt);
         mat_share(&L->qkv, &s->qa, M, me, nt, NULL, 0, s->qkv, qkv_n, generic);
+        lora_out(run, l, L_QKV, &L->qkv, s->qkv, qkv_n, me, nt);
         agentkv_pool_barrier(nt);
         for (int64_t item = me; item < M * (H + KVH); item += nt) {
             const int64_t m = item / (H + KVH);
@@ -260,12 +328,16 @@ static void step_job(void *arg, int me, int nt) {
             const int64_t m = item / (H * D / QK), b = item % (H * D / QK);
             quantize_blocks(s->h + m * width, &s->qo, m, b, b + 1);
         }
+        for (int64_t m = me; run->lora && m < M; m += nt) lora_in(run, l, L_O, m, s->h + m * width, H * D);
         agentkv_pool_barrier(nt);
-        residual_out(md, &L->o, &s->qo, L->post_attn_norm, run, me, nt);
-        for (int64_t m = me; m < M; m += nt)
+        residual_out(md, &L->o, &s->qo, L->post_attn_norm, run, l, L_O, me, nt);
+        for (int64_t m = me; m < M; m += nt) {
             norm_quant(s->x + m * hid, L->mlp_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
+            lora_in(run, l, L_GATE_UP, m, s->h + m * width, hid);
+        }
         agentkv_pool_barrier(nt);
         mat_share(&L->gate_up, &s->qa, M, me, nt, NULL, 0, s->gu, 2 * inter, generic);
+        lora_out(run, l, L_GATE_UP, &L->gate_up, s->gu, 2 * inter, me, nt);
         agentkv_pool_barrier(nt);
         for (int64_t item = me; item < M * (inter / QK); item += nt) {
             const int64_t m = item / (inter / QK), b = item % (inter / QK);
@@ -273,9 +345,14 @@ static void step_job(void *arg, int me, int nt) {
             const float *gate = s->gu + m * 2 * inter + b * QK;
             glu_row(gate, gate + inter, QK, act, 0, (int)md->gelu, generic);
             quantize_into(act, &s->qd, m, b);
+            if (run->lora_down) memcpy(s->act + m * inter + b * QK, act, sizeof act);
         }
         agentkv_pool_barrier(nt);
-        residual_out(md, &L->down, &s->qd, L->post_mlp_norm, run, me, nt);
+        if (run->lora_down) {  /* a row's activations are whole only now: their shrink is a phase of its own */
+            for (int64_t m = me; m < M; m += nt) lora_in(run, l, L_DOWN, m, s->act + m * inter, inter);
+            agentkv_pool_barrier(nt);
+        }
+        residual_out(md, &L->down, &s->qd, L->post_mlp_norm, run, l, L_DOWN, me, nt);
     }
     for (int64_t i = me; i < S; i += nt)  /* the selected tokens only, in their order */
         norm_quant(s->x + run->sel[i] * hid, md->final_norm, hid, md->eps, s->h + i * width, &s->qa, i, generic);
@@ -319,14 +396,28 @@ static void step_job(void *arg, int me, int nt) {
    decodes, and the tokens of short extends, a request's in order) through the model: logits [S, vocab]
    fp32 of the tokens `sel`, and their final normed states into `hidden` [S, hidden] (where not NULL: an
    exact re-score after a grammar's mask reads them), on up to `nthreads` threads (cpu_pool.c). A token attends to its
-   request's first pos + 1 slots, its own and the pass's earlier ones included. Returns 0, an index
-   check's code (1-6: nothing done), 6 also for M or S out of range, 7 when memory ran out. */
+   request's first pos + 1 slots, its own and the pass's earlier ones included; `lora` (or NULL) gives each token's
+   adapter. Returns 0, an index check's code (1-6: nothing done), 6 also for M or S out of range, 7 when memory ran
+   out, 8 for an adapter index or rank out of range. */
 int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, const int64_t *pos, const int64_t *out_loc,
                         const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *rows,
-                        const int64_t *sel, int64_t S, float *logits, float *hidden, int nthreads, int generic) {
+                        const int64_t *sel, int64_t S, float *logits, float *hidden, int nthreads, int generic,
+                        const StepLora *lora) {
     if (M < 1 || M > MAX_M || S < 0 || S > MAX_M) return 6;
     const int bad = check(md, M, ids, pos, out_loc, table, table_rows, table_ld, rows, sel, S);
     if (bad) return bad;
+    int lora_down = 0;
+    for (int64_t m = 0; lora && m < M; m++) {
+        const int64_t a = lora->row_adapter[m];
+        if (a >= lora->count) return 8;
+        if (a < 0) continue;
+        for (int64_t l = 0; l < md->layers; l++)
+            for (int t = 0; t < LORA_TARGETS; t++) {
+                const LoraMat *mat = &lora->adapters[a].layer[l].mat[t];
+                if (mat->rank > LORA_MAX_RANK) return 8;
+                lora_down |= t == L_DOWN && mat->pieces > 0;
+            }
+    }
     const int64_t H = md->heads, KVH = md->kv_heads, D = md->head_dim, hid = md->hidden, inter = md->inter;
     const int64_t qkv_n = (H + 2 * KVH) * D, G = H / KVH;
     const int R = md->rescore < MAX_RESCORE ? (int)md->rescore : MAX_RESCORE;
@@ -349,7 +440,7 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
     chunks = (G + ng - 1) / ng;
     const int64_t width = hid > H * D ? hid : H * D, part_stride = ng * (D + 2);
     StepRun run = {md, M, S, chunks, ng, width, max_parts, part_stride, ids, pos, out_loc, table, rows, sel, table_ld,
-                   logits, hidden, R, generic, {0}};
+                   logits, hidden, R, generic, lora, lora_down, {0}};
     Scratch *s = &run.s;
     if (max_parts > 1) {
         s->parts = malloc((size_t)(M * KVH * chunks * max_parts * part_stride) * sizeof(float));
@@ -362,6 +453,14 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
     s->top_idx = malloc((size_t)(nthreads * (S + 1) * (R + 1)) * sizeof(int64_t));
     s->top_val = malloc((size_t)(nthreads * (S + 1) * (R + 1)) * sizeof(float));
     s->top_n = calloc((size_t)(nthreads * (S + 1)), sizeof(int));
+    if (lora) {
+        s->lt = malloc((size_t)(M * LORA_TARGETS * LORA_MAX_RANK) * sizeof(float));
+        s->act = lora_down ? malloc((size_t)(M * inter) * sizeof(float)) : NULL;
+        if (!s->lt || (lora_down && !s->act)) {
+            free_scratch(s);
+            return 7;
+        }
+    }
     if (!s->x || !s->h || !s->qkv || !s->gu || !s->top_idx || !s->top_val || !s->top_n ||
         agentkv_qrows_alloc(&s->qa, M, hid) || agentkv_qrows_alloc(&s->qo, M, H * D) ||
         agentkv_qrows_alloc(&s->qd, M, inter)) {
