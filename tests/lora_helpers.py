@@ -12,8 +12,9 @@ MLP = ["gate_proj", "up_proj", "down_proj"]
 
 
 def make_adapter(base: Path, out: Path, *, r: int = 8, alpha: float = 16.0, targets=ATTENTION + MLP, seed: int = 0,
-                 rslora: bool = False, scale: float = 1.0, **config) -> Path:
-    """A PEFT adapter for the HF model at `base`, its A and B random (`scale`: B's size), saved to `out`."""
+                 rslora: bool = False, scale: float = 1.0, dtype: torch.dtype = torch.float32, **config) -> Path:
+    """A PEFT adapter for the HF model at `base`, its A and B random (`scale`: B's size), saved to `out` in
+    `dtype` (PEFT upcasts a bf16 adapter on an fp32 model: the same values)."""
     import transformers
     from peft import LoraConfig, get_peft_model
 
@@ -25,6 +26,8 @@ def make_adapter(base: Path, out: Path, *, r: int = 8, alpha: float = 16.0, targ
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.mul_(scale)
+            if "lora_" in name:
+                p.data = p.data.to(dtype)
     model.save_pretrained(out)
     return out
 

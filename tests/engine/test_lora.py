@@ -32,6 +32,7 @@ NATIVE = [pytest.param(True, marks=pytest.mark.skipif(kernels is None, reason="n
     ("qwen3", {"kv_heads": 4}, {"r": 8, "targets": ["q_proj", "v_proj", "down_proj"]}),  # q/k norms after it
     ("llama", {}, {"r": 8, "rslora": True, "alpha": 32.0}),  # alpha / sqrt(r)
     ("llama", {}, {"r": 16, "alpha_pattern": {"v_proj": 4.0}}),  # v's own alpha
+    ("qwen2", {}, {"r": 16, "dtype": torch.bfloat16}),  # saved in bf16: kept so, exact
 ])
 @pytest.mark.parametrize("native", NATIVE, ids=["c", "torch"])
 def test_adapter_logits_and_greedy_tokens_are_pefts(tmp_path, family, options, lora, native):
@@ -95,11 +96,13 @@ def test_the_c_kernel_equals_torchs_update_at_any_rows(tmp_path):
 
     base = make_tiny_model(tmp_path / "llama", "llama", hidden=96, heads=6, kv_heads=2, intermediate=200)
     cfg = ModelConfig.from_hf(json.loads((base / "config.json").read_text()))
-    adapters = [load_adapter(f"a{i}", make_adapter(base, tmp_path / f"a{i}", r=r, seed=i), cfg)
-                for i, r in enumerate((4, 16, 8))]
+    adapters = [load_adapter(f"a{i}", make_adapter(base, tmp_path / f"a{i}", r=r, seed=i, dtype=dtype), cfg)
+                for i, (r, dtype) in enumerate(((4, torch.float32), (16, torch.bfloat16), (8, torch.float32)))]
+    assert adapters[1].layers[0]["qkv"][0].a.dtype == torch.bfloat16  # (kept in the file's bf16)
     g = torch.Generator().manual_seed(0)
     for rows in (1, 5, 37):
         which = torch.randint(-1, 3, (rows,), generator=g)
+        which[1:4] = which[0]  # a run of one adapter's rows (computed together)
         for target, (k, n) in {"qkv": (96, 96 + 2 * 32), "o": (96, 96), "gate_up": (96, 400),
                                "down": (200, 96)}.items():
             x, y = torch.randn(rows, k, generator=g), torch.randn(rows, n, generator=g)
@@ -107,13 +110,19 @@ def test_the_c_kernel_equals_torchs_update_at_any_rows(tmp_path):
             for m in range(rows):
                 if which[m] >= 0:
                     for p in adapters[which[m]].layers[1][target]:
-                        want[m, p.n0 : p.n0 + p.bt.shape[1]] += (x[m] @ p.a.t()) @ p.bt
+                        want[m, p.n0 : p.n0 + p.bt.shape[1]] += (x[m] @ p.a.float().t()) @ p.bt.float() * p.scale
             for generic in (False, True):
                 got = y.clone()
                 batch = LoraBatch(adapters, which, kernels)
                 batch.kernels = _Generic(kernels) if generic else kernels
                 batch.add(1, target, x, got)
                 assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (rows, target, generic)
+                for m in range(rows):  # a row's bits are its own, whatever rows it is computed beside
+                    alone = y[m : m + 1].clone()
+                    one = LoraBatch(adapters, which[m : m + 1].clone(), kernels)
+                    one.kernels = batch.kernels
+                    one.add(1, target, x[m : m + 1], alone)
+                    assert torch.equal(alone[0], got[m])
             torch_got = y.clone()
             LoraBatch(adapters, which, None).add(1, target, x, torch_got)
             assert torch.allclose(torch_got, want, rtol=1e-5, atol=1e-5)

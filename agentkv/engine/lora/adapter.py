@@ -1,10 +1,11 @@
 """A LoRA adapter as the engine runs it: for each layer and each of its four linears (qkv, o, gate_up,
 down), the pieces an adapter adds to the linear's output, and a hash of all of it.
 
-A piece is one targeted module of HF's model: PEFT's A [rank, in] and B [out, rank] kept as A and B^T
-times the scale (alpha / rank, or alpha / sqrt(rank) with rsLoRA), and the columns of our fused linear
-its output lands in (q, k and v side by side in qkv, gate then up in gate_up). The update is never merged
-into the weights: a pass mixes requests of many adapters and of none (apply.py).
+A piece is one targeted module of HF's model: PEFT's A [rank, in] and B [out, rank] kept as A and B^T, in the
+file's dtype (fp32, or bf16: half the bytes a decode step reads), its scale (alpha / rank, or alpha /
+sqrt(rank) with rsLoRA) applied to the product as PEFT does, and the columns of our fused linear its output
+lands in (q, k and v side by side in qkv, gate then up in gate_up). The update is never merged into the
+weights: a pass mixes requests of many adapters and of none (apply.py).
 
 The hash is of the numbers the engine computes with (each piece's place, A and scaled B), not of a name
 or a path: the radix tree, pins, sessions and the disk tier key an adapter's KV by it, so an adapter
@@ -26,11 +27,12 @@ MAX_RANK = 256  # csrc/cpu_lora.h's LORA_MAX_RANK: a row's shrunk vector on the 
 
 @dataclass(frozen=True)
 class Piece:
-    """One module's update: y[:, n0 : n0 + B^T's columns] += (x A^T) B^T (the scale in B^T)."""
+    """One module's update: y[:, n0 : n0 + B^T's columns] += ((x A^T) B^T) * scale."""
 
-    a: torch.Tensor  # [rank, in] fp32, contiguous
-    bt: torch.Tensor  # [rank, n] fp32, contiguous
+    a: torch.Tensor  # [rank, in] fp32 or bf16, contiguous
+    bt: torch.Tensor  # [rank, n], A's dtype, contiguous
     n0: int
+    scale: float
 
     @property
     def rank(self) -> int:
@@ -53,9 +55,10 @@ class LoraAdapter:
             for i, layer in enumerate(self.layers):
                 for target in TARGETS:
                     for p in layer.get(target, ()):
-                        h.update(f"{i}.{target}.{p.n0}.{tuple(p.a.shape)}.{tuple(p.bt.shape)};".encode())
-                        h.update(p.a.numpy().tobytes())
-                        h.update(p.bt.numpy().tobytes())
+                        h.update(f"{i}.{target}.{p.n0}.{tuple(p.a.shape)}.{tuple(p.bt.shape)}.{p.a.dtype}."
+                                 f"{p.scale!r};".encode())
+                        h.update(p.a.view(torch.uint8).numpy().tobytes())
+                        h.update(p.bt.view(torch.uint8).numpy().tobytes())
             self.hash = h.hexdigest()
 
     @property
@@ -70,7 +73,7 @@ class LoraAdapter:
         """The same adapter with its tensors on `device` (the hash unchanged)."""
         if device == "cpu":
             return self
-        layers = [{t: [Piece(p.a.to(device), p.bt.to(device), p.n0) for p in ps] for t, ps in layer.items()}
+        layers = [{t: [Piece(p.a.to(device), p.bt.to(device), p.n0, p.scale) for p in ps] for t, ps in layer.items()}
                   for layer in self.layers]
         return LoraAdapter(self.name, self.source, layers, self.rank, self.alpha, self.hash)
 

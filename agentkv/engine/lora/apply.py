@@ -20,7 +20,8 @@ PIECES = 3  # csrc/cpu_lora.h's LORA_PIECES
 
 
 class _Piece(ctypes.Structure):
-    _fields_ = [("a", _P), ("bt", _P), ("rank", _I64), ("n0", _I64), ("n", _I64)]
+    _fields_ = [("a", _P), ("bt", _P), ("rank", _I64), ("n0", _I64), ("n", _I64), ("bf", _I64),
+                ("scale", ctypes.c_float)]
 
 
 class _Mat(ctypes.Structure):
@@ -48,7 +49,8 @@ def native_adapter(adapter: LoraAdapter) -> NativeAdapter:
                 mat = layers[i].mat[t]
                 mat.pieces, mat.rank = len(pieces), sum(p.rank for p in pieces)
                 for j, p in enumerate(pieces):
-                    mat.piece[j] = _Piece(p.a.data_ptr(), p.bt.data_ptr(), p.rank, p.n0, p.bt.shape[1])
+                    mat.piece[j] = _Piece(p.a.data_ptr(), p.bt.data_ptr(), p.rank, p.n0, p.bt.shape[1],
+                                          int(p.a.dtype == torch.bfloat16), p.scale)
         native = NativeAdapter(ctypes.cast(layers, ctypes.POINTER(_Layer)))
         native.keep = layers  # the structures the pointer reads
         adapter.native = native
@@ -83,7 +85,7 @@ class LoraBatch:
             xs = (x if rows is None else x[rows]).float()
             for p in pieces:
                 cols = slice(p.n0, p.n0 + p.bt.shape[1])
-                d = ((xs @ p.a.t()) @ p.bt).to(y.dtype)
+                d = (((xs @ p.a.float().t()) @ p.bt.float()) * p.scale).to(y.dtype)
                 if rows is None:
                     y[:, cols] += d
                 else:

@@ -153,7 +153,9 @@ def _build(name: str, source: str, cfg: ModelConfig, modules: dict[tuple[int, st
         if target in ("gate_up", "down") and cfg.is_moe_layer(layer):
             raise AdapterError(f"{where}: layer {layer}'s MLP is a mixture of experts, whose updates are not served; "
                                f"target attention modules only on this model")
-        a, b = ab["A"].float(), ab["B"].float()
+        # kept in bf16 where the file holds both so (exact), else fp32
+        dtype = torch.bfloat16 if ab["A"].dtype == ab["B"].dtype == torch.bfloat16 else torch.float32
+        a, b = ab["A"].to(dtype), ab["B"].to(dtype)
         n0, n = column_offset(cfg, target, part)
         k = input_size(cfg, target)
         if a.dim() != 2 or b.dim() != 2 or a.shape != (a.shape[0], k) or b.shape != (n, a.shape[0]):
@@ -162,8 +164,8 @@ def _build(name: str, source: str, cfg: ModelConfig, modules: dict[tuple[int, st
         if a.shape[0] > MAX_RANK:
             raise AdapterError(f"{where} has rank {a.shape[0]}; ranks up to {MAX_RANK} are served")
         rank = max(rank, a.shape[0])
-        bt = (b * scales[(layer, module)]).t().contiguous()
-        layers[layer].setdefault(target, []).append(Piece(a.contiguous(), bt, n0))
+        layers[layer].setdefault(target, []).append(Piece(a.contiguous(), b.t().contiguous(), n0,
+                                                          float(scales[(layer, module)])))
     for layer in layers:
         for pieces in layer.values():
             pieces.sort(key=lambda p: p.n0)

@@ -239,9 +239,14 @@ INLINE void lora_out(const StepRun *run, int64_t l, int target, const StepMat *w
     if (!run->lora) return;
     int64_t c0, c1;
     mat_cols(w, me, nt, &c0, &c1);
-    for (int64_t m = 0; m < run->M; m++) {
+    for (int64_t m = 0; m < run->M;) {  /* consecutive tokens of one adapter (up to 4) together: B read once */
         const LoraMat *mat = lora_of(run, l, target, m);
-        if (mat) lora_expand(mat, lora_t(run, m, target), c0, c1, out + m * ld, run->generic);
+        int64_t e = m + 1;
+        while (mat && e < run->M && e < m + 4 && lora_of(run, l, target, e) == mat) e++;
+        if (mat)
+            lora_expand_rows(mat, lora_t(run, m, target), LORA_TARGETS * LORA_MAX_RANK, (int)(e - m), c0, c1,
+                             out + m * ld, ld, run->generic);
+        m = e;
     }
 }
 
