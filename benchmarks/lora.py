@@ -10,7 +10,10 @@ saves them (adapter_config.json + adapter_model.safetensors); the engine keeps t
    over `--adapters` adapters (session i on adapter i mod N), so each pass mixes them. "warm": each model's
    system prompt prefilled first (a server's steady state: every adapter's prompt already cached);
    "cold": from an empty cache, where each adapter computes its own copy of the system prompt (its KV is its
-   own). Runs alternate, best of `--repeats`.
+   own). A third run is the control: the base model with `--adapters` different system prompts of the same
+   length (session i on prompt i mod N), which holds as many distinct copies of the prompt's KV as the
+   adapters do: against it, the adapters' own cost (their updates), apart from their KV being their own.
+   Runs alternate, best of `--repeats`.
 2. Batch-1 decode: a short prompt, `--decode-tokens` greedy tokens, with an adapter and without, alternating,
    best of `--repeats`.
 
@@ -68,10 +71,17 @@ def write_random_adapter(cfg: ModelConfig, out: Path, rank: int, seed: int, dtyp
     return out
 
 
-def sessions(engine: ak.Engine, adapters: list[str | None], turns: int, new_tokens: int) -> tuple[float, int]:
-    """Each session on its adapter (None: the base), every turn's requests at once; wall time, tokens made."""
-    convs = [[{"role": "system", "content": system_prompt()}, {"role": "user", "content": TASKS[i % len(TASKS)]}]
-             for i in range(len(adapters))]
+def system(variant: int | None) -> str:
+    """The agents' system prompt; `variant`: one of the control's (another first token, the same length)."""
+    return system_prompt() if variant is None else f"Team {chr(65 + variant)}. " + system_prompt()[8:]
+
+
+def sessions(engine: ak.Engine, adapters: list[str | None], turns: int, new_tokens: int,
+             variants: list[int | None]) -> tuple[float, int]:
+    """Each session on its adapter (None: the base) and system prompt, every turn's requests at once; wall
+    time, tokens made."""
+    convs = [[{"role": "system", "content": system(v)}, {"role": "user", "content": TASKS[i % len(TASKS)]}]
+             for i, v in enumerate(variants)]
 
     async def turn(t: int) -> int:
         outs = await asyncio.gather(*(
@@ -114,28 +124,29 @@ def main() -> None:
             engine.load_lora(name, write_random_adapter(engine.model_config, Path(tmp) / name, args.rank, i, dtype))
         infos = engine.loras()
         engine.generate("warm up", max_tokens=2)
-        mixed = [names[i % len(names)] for i in range(args.sessions)]
-        plain = [None] * args.sessions
+        n = args.sessions
+        runs = {"base": ([None] * n, [None] * n),
+                f"base, {args.adapters} system prompts": ([None] * n, [i % args.adapters for i in range(n)]),
+                f"{args.adapters} adapters": ([names[i % len(names)] for i in range(n)], [None] * n)}
         step = engine._core.runner.native_step
         rows, best = [], {}
         for kind in ("cold", "warm"):
             for _ in range(args.repeats):
-                for label, who in (("base", plain), ("lora", mixed)):
+                for label, (who, variants) in runs.items():
                     engine.flush_cache()
                     if kind == "warm":
-                        for a in set(who):
-                            engine.prefill(engine.render([{"role": "system", "content": system_prompt()}],
+                        for a, v in set(zip(who, variants)):
+                            engine.prefill(engine.render([{"role": "system", "content": system(v)}],
                                                          add_generation_prompt=False), adapter=a)
                     calls = step.calls if step is not None else 0
-                    wall, made = sessions(engine, who, args.turns, args.new_tokens)
+                    wall, made = sessions(engine, who, args.turns, args.new_tokens, variants)
                     native = (step.calls - calls) if step is not None else 0
                     key = (kind, label)
                     if key not in best or made / wall > best[key][0]:
                         best[key] = (made / wall, wall, made, native)
-            for label in ("base", "lora"):
+            for label in runs:
                 tps, wall, made, native = best[(kind, label)]
-                rows.append([f"{args.sessions} sessions, {kind}, " + (
-                    "base" if label == "base" else f"{args.adapters} adapters"), wall, made, tps, native,
+                rows.append([f"{n} sessions, {kind}, {label}", wall, made, tps, native,
                              tps / best[(kind, "base")][0]])
         decodes = {"base": [], "lora": []}
         for _ in range(args.repeats):

@@ -75,7 +75,8 @@ class Agent:
     that step is left out of the conversation and the next one is generated without those tools
     (and without handoffs).
     Sampling options (temperature, max_tokens per step, seed, ...) are `SamplingParams`' own;
-    temperature and max_tokens default as the whole library does (agentkv/defaults.py).
+    temperature and max_tokens default as the whole library does (agentkv/defaults.py). `adapter="name"`
+    runs every step on that LoRA adapter of the engine (its system prompt pinned in the adapter's cache).
     """
 
     def __init__(self, instructions: str | Callable | Sequence[str | Callable] = "", tools: Sequence[Any] = (), *,
@@ -329,8 +330,10 @@ class Agent:
                 system = fmt.system_message(self._instructions_with_output(), defs)
                 s = Setup(fmt, engine.reasoning, system, defs, self._second_system_renders(engine, system))
                 if self._want_pin and engine.config.cache.enable_radix_cache:
+                    # (in its LoRA adapter's cache, where it runs on one: that KV is the adapter's own)
+                    lora = {"adapter": self.params.adapter} if self.params.adapter else {}
                     s.pin = engine.pin(engine.conversation_prefix([system], tools=fmt.template_tools(defs),
-                                                                  **self.chat_template_kwargs))
+                                                                  **self.chat_template_kwargs), **lora)
                     self._held["pins"].append((engine, s.pin))
                 self._setups[id(engine)] = got = (engine, s)
             return got[1]

@@ -172,9 +172,15 @@ def serve(
     kv_dtype: Annotated[str | None, typer.Option(
         help="the KV pool's dtype: float32, bfloat16 or float16 (default: the model's); bfloat16 on the CPU "
              "halves the pool and what decode's attention reads")] = None,
+    lora: Annotated[list[str] | None, typer.Option(
+        help="NAME=PATH: serve a LoRA adapter (a PEFT folder or a GGUF LoRA file) as model NAME (repeatable)")] = None,
+    max_loras: Annotated[int, typer.Option(help="the most LoRA adapters loaded at once")] = 8,
+    allow_runtime_lora: Annotated[bool, typer.Option(
+        help="open POST /v1/load_lora_adapter and /v1/unload_lora_adapter")] = False,
 ) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /v1/pins, /health,
-    /metrics) on one engine, or on --replicas engines behind a cache-aware router (Ray Serve)."""
+    /metrics) on one engine, or on --replicas engines behind a cache-aware router (Ray Serve). With --lora,
+    each adapter is a model of its own (`model` names it), its KV cached apart."""
     from pathlib import Path
 
     import uvicorn
@@ -186,6 +192,7 @@ def serve(
                        speculative=speculative, kv_dtype=kv_dtype,
                        **({"tool_format": tool_format} if tool_format else {}),
                        **({"chat_template": chat_template} if chat_template else {}))
+    options.update(lora=_pairs(lora or [], "--lora"), max_loras=max_loras)
     if replicas < 1:
         raise _fail(f"--replicas must be at least 1, got {replicas}")
     if state_dir is not None and replicas > 1:
@@ -214,7 +221,8 @@ def serve(
         # (the app closes the engine as it shuts down: uvicorn re-raises SIGTERM / SIGINT after that, and the
         # process ends before anything after `run` would)
         uvicorn.run(create_app(engine, name, api_key, max_inflight, close_objects=not open_objects, owns_engine=True,
-                               state_dir=state_dir), host=host, port=port, log_level="warning")
+                               state_dir=state_dir, allow_runtime_lora=allow_runtime_lora), host=host, port=port,
+                    log_level="warning")
     finally:
         engine.close()
 
@@ -262,6 +270,17 @@ def _size(text: str, option: str) -> int:
         return int(float(number) * _UNITS[unit])
     except (ValueError, KeyError):
         raise _fail(f"{option} {text!r} is not a size; write e.g. 20GB, 512MiB or a number of bytes") from None
+
+
+def _pairs(items: list[str], option: str) -> dict[str, str]:
+    """NAME=VALUE options -> {NAME: VALUE}."""
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name or not value:
+            raise _fail(f"{option} {item!r} is not NAME=PATH; write e.g. {option} support=./adapters/support")
+        out[name] = value
+    return out
 
 
 def _options(device: str = "auto", dtype: str = "auto", tensor_parallel: int = 1, context_length: int | None = None,

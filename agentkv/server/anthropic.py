@@ -226,7 +226,7 @@ async def create_message(engine, req: MessagesRequest, model: str, close_objects
     conversation each turn, as Anthropic's do, meets them)."""
     plan = plan_of(engine, req, close_objects, replies)
     if sessions is not None:
-        await sessions.hinted(plan.messages, plan.template_tools, marked(req))
+        await sessions.hinted(plan.messages, plan.template_tools, marked(req), plan.params.adapter)
     mid = message_id()
     out, [(msg, reason)], _ = await generate_checked(engine, plan, plan.prompt_ids(), lambda i: mid[-8:], resamples)
     completion = out.completions[0]

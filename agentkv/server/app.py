@@ -42,7 +42,7 @@ from agentkv.server.responses_items import ResponsesRequest
 def create_app(engine, model_name: str, api_key: str | None = None, max_inflight: int = 256,
                close_objects: bool = True, stored_responses: int = 1024, response_ttl_s: float = 3600.0,
                resamples: int = 2, session_ttl_s: float = 300.0, owns_engine: bool = False,
-               state_dir: str | None = None) -> FastAPI:
+               state_dir: str | None = None, allow_runtime_lora: bool = False) -> FastAPI:
     """`engine`: an Engine, or an EngineHandle (a cluster's replicas). `max_inflight`: requests
     accepted at once (running, queued, streaming); more get a 429. `close_objects`: the default of a
     chat request's `close_objects` (schemas' objects closed where they leave additionalProperties
@@ -53,7 +53,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     after its last request (server/sessions.py). `owns_engine`: the engine is closed as the server
     shuts down (`agentkv serve`: on SIGTERM / SIGINT its KV pool is written to its disk tier then, before
     uvicorn re-raises the signal that stopped it and the process ends). `state_dir`: stored responses kept
-    there (SQLite, server/state.py), so `previous_response_id` works across a restart."""
+    there (SQLite, server/state.py), so `previous_response_id` works across a restart. A request's `model`
+    is the base model's name or a loaded LoRA adapter's (vLLM's convention); `allow_runtime_lora` opens
+    POST /v1/load_lora_adapter and /v1/unload_lora_adapter."""
     # (no `from __future__ import annotations` here: FastAPI reads the handlers' annotations at runtime)
     handle = engine if hasattr(engine, "chat_stream") else LocalHandle(engine, model_name, close_objects,
                                                                        stored_responses, response_ttl_s, resamples,
@@ -82,7 +84,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     def check(request: Request, body: dict | None = None) -> None:
         key = request.headers.get("x-api-key")  # Anthropic's clients send the key so
         check_access(request.headers.get("authorization") or (f"Bearer {key}" if key else None), body, api_key,
-                     model_name)
+                     model_name, lambda: [c["id"] for c in handle.adapters()])
 
     async def parse(request: Request, kind) -> tuple[dict, Any]:
         return await parse_dict(request, await read_json(request), kind)
@@ -125,15 +127,47 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_inflight
     async def health() -> dict:
         return {"status": "ok"}
 
+    def cards() -> list[dict]:
+        return [model_card(model_name, created)] + [model_card(c["id"], created, model_name, c["root"])
+                                                     for c in handle.adapters()]
+
     @app.get("/v1/models", responses=ERRORS)
     async def models(request: Request) -> dict:
         check(request)
-        return {"object": "list", "data": [model_card(model_name, created)]}
+        return {"object": "list", "data": cards()}
 
     @app.get("/v1/models/{name}", responses=ERRORS)
     async def model(name: str, request: Request) -> dict:
         check(request, {"model": name})
-        return model_card(model_name, created)
+        return next(c for c in cards() if c["id"] == name)
+
+    # ---- LoRA adapters at run time (vLLM's routes), only where the server was started to allow it ----
+
+    def runtime_lora(request: Request, raw: Any, fields: tuple[str, ...]) -> dict:
+        check(request)
+        if not allow_runtime_lora:
+            raise APIError(404, "loading and unloading LoRA adapters at run time is off; start the server with "
+                                "--allow-runtime-lora", None, code="runtime_lora_off")
+        body = json_object(raw)
+        for f in fields:
+            if not isinstance(body.get(f), str) or not body[f]:
+                raise APIError(400, f"{f} must be a non-empty string", f)
+        return body
+
+    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=ERRORS)
+    async def load_lora(request: Request) -> PlainTextResponse:
+        body = runtime_lora(request, await read_json(request), ("lora_name", "lora_path"))
+        if body["lora_name"] == model_name:
+            raise APIError(400, f"{model_name!r} is the base model's name; load the adapter under another",
+                           "lora_name")
+        await handle.load_lora(body["lora_name"], body["lora_path"])
+        return PlainTextResponse(f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=ERRORS)
+    async def unload_lora(request: Request) -> PlainTextResponse:
+        body = runtime_lora(request, await read_json(request), ("lora_name",))
+        await handle.unload_lora(body["lora_name"])
+        return PlainTextResponse(f"Success: LoRA adapter '{body['lora_name']}' removed successfully.")
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_text() -> PlainTextResponse:

@@ -165,7 +165,8 @@ class ChatPlan:
 async def hint(sessions: Sessions | None, plan: ChatPlan) -> None:
     """The request's cache_control hint, pinned before it runs (sessions.py)."""
     if sessions is not None:
-        await sessions.hinted(plan.messages, plan.template_tools, marked_prefix(plan.req.messages, plan.req.tools))
+        await sessions.hinted(plan.messages, plan.template_tools, marked_prefix(plan.req.messages, plan.req.tools),
+                              plan.params.adapter)
 
 
 async def generate_checked(engine, plan: ChatPlan, ids: list[int], prefix: Callable[[int], str], resamples: int):
@@ -202,7 +203,8 @@ async def chat_completion(engine, req: ChatRequest, model: str, resamples: int =
         replies.written(plan.prompt, plan.ids, c)
     start = warm_next_turn(plan, chat_reply_back(read[0][0]), out.completions[0], replies)
     if sessions is not None:
-        await sessions.keep(req.prompt_cache_key, start or plan.ids + out.completions[0].token_ids)
+        await sessions.keep(req.prompt_cache_key, start or plan.ids + out.completions[0].token_ids,
+                            plan.params.adapter)
     choices = [{"index": i, "message": msg, "logprobs": logprobs_json(c.logprobs), "finish_reason": reason,
                 **truncated(c)} for i, (c, (msg, reason)) in enumerate(zip(out.completions, read))]
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
@@ -296,7 +298,8 @@ async def chat_stream(engine, req: ChatRequest, model: str, metrics, started: fl
                 if d.index == 0:
                     start = warm_next_turn(plan, chat_reply_back(msg), d.completion, replies)
                     if sessions is not None:
-                        await sessions.keep(req.prompt_cache_key, start or plan.ids + d.completion.token_ids)
+                        await sessions.keep(req.prompt_cache_key, start or plan.ids + d.completion.token_ids,
+                                            plan.params.adapter)
         if req.include_usage and usage is not None:
             yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": [], "usage": _usage(usage)})

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from agentkv.chat.carry import TokenCarry
+from agentkv.errors import AdapterError, UnknownAdapterError
 from agentkv.server.anthropic import CountTokensRequest, MessagesRequest, count_tokens, create_message
 from agentkv.server.anthropic_stream import stream_message
 from agentkv.server.chat import ChatPlan, chat_completion, chat_stream
@@ -67,6 +68,12 @@ class EngineHandle(Protocol):
 
     async def stats(self) -> dict: ...
 
+    def adapters(self) -> list[dict]: ...  # the LoRA adapters served: {"id": name, "root": its files}
+
+    async def load_lora(self, name: str, path: str) -> None: ...
+
+    async def unload_lora(self, name: str) -> None: ...
+
 
 class LocalHandle:
     """One engine in this process. Stored responses and pins are kept here, their tokens pinned in
@@ -83,6 +90,7 @@ class LocalHandle:
         self.responses = ResponseStore(engine, stored_responses, response_ttl_s, state)
         self._pins: dict[str, tuple[Any, int]] = {}  # id -> (PinHandle, tokens)
         self.id_prefix = "pin-"
+        engine.adapters.alias_base(model_name)  # a request naming the served model runs on the base
 
     async def chat(self, req: ChatRequest, body: dict) -> dict:
         return await chat_completion(self.engine, req, self.model_name, self.resamples, self.sessions, self.replies)
@@ -131,7 +139,7 @@ class LocalHandle:
                                 "without a request that starts with it)", "ttl_s")
         plan = ChatPlan(self.engine, req)  # rendered as a chat request with these messages and tools renders them
         ids = self.engine.conversation_prefix(plan.messages, tools=plan.template_tools)
-        handle = await asyncio.to_thread(self.engine.pin, ids, ttl_s=ttl)
+        handle = await asyncio.to_thread(lambda: self.engine.pin(ids, ttl_s=ttl, adapter=plan.params.adapter))
         pin_id = f"{self.id_prefix}{handle.id}"
         self._pins[pin_id] = (handle, len(ids))
         return {"id": pin_id, "object": "pin", "tokens": len(ids)}
@@ -149,3 +157,19 @@ class LocalHandle:
 
     async def stats(self) -> dict:
         return await asyncio.to_thread(self.engine.stats)
+
+    def adapters(self) -> list[dict]:
+        return [{"id": a.name, "root": a.source} for a in self.engine.loras()]
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """An adapter that cannot be loaded (its files, a name in use, max_loras) is a 400 naming why."""
+        try:
+            await asyncio.to_thread(self.engine.load_lora, name, path)
+        except AdapterError as e:
+            raise APIError(400, str(e), "lora_path", code="lora_adapter_error") from None
+
+    async def unload_lora(self, name: str) -> None:
+        try:
+            await asyncio.to_thread(self.engine.unload_lora, name)
+        except UnknownAdapterError as e:
+            raise APIError(404, str(e), "lora_name", code="lora_adapter_not_found") from None

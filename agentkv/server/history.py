@@ -62,7 +62,7 @@ def warm_next_turn(plan, back: dict, completion, replies: TokenCarry | None) -> 
         return None
     ids = replies.encode(start)
     try:
-        plan.engine.prefill(ids, wait=False)
+        plan.engine.prefill(ids, wait=False, adapter=plan.params.adapter)
     except (RequestError, EngineError):  # no radix cache, over the context or the pool, closing: nothing to warm
         return None
     replies.remember(start, ids)

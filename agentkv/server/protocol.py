@@ -7,6 +7,7 @@ Every field a client sends is used or refused with a 400 naming it; fields this 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentkv.chat import messages
 from agentkv.chat.calls import FunctionSpec, ToolCall, tool_name_problem
 from agentkv.chat.structural import StructuralTag
-from agentkv.errors import CacheError, EngineClosedError, OutputValidationError, RequestError
+from agentkv.errors import CacheError, EngineClosedError, OutputValidationError, RequestError, UnknownAdapterError
 from agentkv.grammar.compiler import closed_schema
 from agentkv.grammar.schema.numbers import NUMBER_DIGITS
 from agentkv.grammar.schema.validation import metaschema_error
@@ -94,6 +95,9 @@ class _Request(BaseModel):
             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
             "budget_closing": self.budget_closing, "number_digits": self.number_digits,
             "json_style": self.json_style,
+            # a LoRA adapter's name picks it (vLLM's convention); the server's own model name is the base
+            # (the engine's adapters know it: LocalHandle registers it)
+            "adapter": self.model or None,
         }
         if self.logit_bias:
             try:
@@ -335,14 +339,20 @@ def bad_request(e: RequestError) -> APIError:
 
 # ---- shared by the single-engine app and the Ray Serve ingress (cluster.py) ----------------------------
 
-def check_access(authorization: str | None, body: dict | None, api_key: str | None, model_name: str) -> None:
-    """401 without the API key; 404 when `body` names another model."""
+def check_access(authorization: str | None, body: dict | None, api_key: str | None, model_name: str,
+                 adapters: Callable[[], list[str]] = list) -> None:
+    """401 without the API key; 404 when `body` names a model that is neither the base (`model_name`) nor one
+    of the LoRA `adapters` loaded."""
     if api_key is not None and authorization != f"Bearer {api_key}":
         raise APIError(401, "invalid or missing API key: send Authorization: Bearer <key>", None,
                        "authentication_error", "invalid_api_key")
     if body is not None and body.get("model") not in (model_name, None):
-        raise APIError(404, f"the model {body.get('model')!r} does not exist; this server serves {model_name!r}",
-                       "model", "invalid_request_error", "model_not_found")
+        loaded = adapters()
+        if body.get("model") in loaded:
+            return
+        also = f" and the LoRA adapters {sorted(loaded)}" if loaded else ""
+        raise APIError(404, f"the model {body.get('model')!r} does not exist; this server serves {model_name!r}"
+                            f"{also}", "model", "invalid_request_error", "model_not_found")
 
 
 def no_pin(pin_id: str) -> APIError:
@@ -387,9 +397,13 @@ def validate(kind: type[BaseModel], body: dict) -> Any:
 def engine_error(e: Exception) -> APIError:
     """An engine error as an HTTP error: a bad request or a pin over the budget is 400, a closed engine
     503, anything else 500."""
+    if isinstance(e, UnknownAdapterError):  # (unloaded after the model check let its request in)
+        return APIError(404, str(e), "model", "invalid_request_error", "model_not_found")
     status = 400 if isinstance(e, (RequestError, CacheError)) else 503 if isinstance(e, EngineClosedError) else 500
     return APIError(status, str(e), type="invalid_request_error" if status == 400 else "server_error")
 
 
-def model_card(name: str, created: int) -> dict:
-    return {"id": name, "object": "model", "created": created, "owned_by": "agentkv"}
+def model_card(name: str, created: int, parent: str | None = None, root: str | None = None) -> dict:
+    """A /v1/models entry; a LoRA adapter's names its base model as `parent` and its files as `root` (vLLM's)."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "agentkv", "parent": parent,
+            "root": root or name}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentkv.chat.carry import TokenCarry
-from agentkv.errors import CacheError, EngineClosedError
+from agentkv.errors import CacheError, EngineClosedError, RequestError
 from agentkv.server.chat import ChatPlan, _run, chain, generate_checked, hint
 from agentkv.server.protocol import APIError
 from agentkv.server.responses_items import (
@@ -42,6 +42,7 @@ class Stored:
     pin: Any = None
     tokens: list[int] = field(default_factory=list)
     carry: TokenCarry | None = None  # its prompt and reply as tokens, for the response that continues it
+    adapter: str | None = None  # the LoRA adapter it ran with (its tokens' KV is that adapter's)
 
 
 class ResponseStore:
@@ -56,7 +57,7 @@ class ResponseStore:
             carry = TokenCarry(engine.tokenizer)
             carry.restore(record["carry"])
             self._items[rid] = Stored(record["response"], record["messages"], time.monotonic() + left,
-                                      tokens=record["tokens"], carry=carry)
+                                      tokens=record["tokens"], carry=carry, adapter=record.get("adapter"))
         self._expire()
 
     def ids(self) -> list[str]:
@@ -76,14 +77,14 @@ class ResponseStore:
         self._items[rid] = item
         if self.state is not None:  # (before the route answers: a client that has the id can continue it)
             record = {"response": item.response, "messages": item.messages, "tokens": item.tokens,
-                      "carry": item.carry.state() if item.carry is not None else []}
+                      "carry": item.carry.state() if item.carry is not None else [], "adapter": item.adapter}
             await asyncio.to_thread(self.state.put, rid, self.ttl_s, record)
         self._expire()
         if previous in self._items:
             await self._unpin(self._items[previous])
         try:
-            item.pin = await asyncio.to_thread(self.engine.pin, item.tokens)
-        except (CacheError, EngineClosedError):  # over the pin budget: kept, not pinned
+            item.pin = await asyncio.to_thread(lambda: self.engine.pin(item.tokens, adapter=item.adapter))
+        except (CacheError, EngineClosedError, RequestError):  # over the pin budget (or its adapter gone): unpinned
             item.pin = None
 
     async def delete(self, rid: str) -> None:
@@ -134,7 +135,7 @@ async def create_response(engine, req: ResponsesRequest, model: str, store: Resp
     out, [(msg, _)], _ = await generate_checked(engine, plan, ids, lambda i: rid[-8:], resamples)
     completion = out.completions[0]
     if sessions is not None:
-        await sessions.keep(req.prompt_cache_key, ids + completion.token_ids)
+        await sessions.keep(req.prompt_cache_key, ids + completion.token_ids, plan.params.adapter)
     body = response_object(req, rid, model, output_items(msg, rid), completion.finish_reason, out.usage,
                            reasoning_tokens(engine, msg))
     await _keep(req, store, plan, rid, body, messages, msg, ids, completion)
@@ -207,7 +208,8 @@ async def _keep(req: ResponsesRequest, store: ResponseStore, plan: ChatPlan, rid
     if msg.get("tool_calls"):
         reply["tool_calls"] = msg["tool_calls"]
     await store.put(rid, Stored(body, messages + [reply], time.monotonic() + store.ttl_s,
-                                tokens=prompt_ids + list(completion.token_ids), carry=carry),
+                                tokens=prompt_ids + list(completion.token_ids), carry=carry,
+                                adapter=plan.params.adapter),
                     req.previous_response_id)
 
 

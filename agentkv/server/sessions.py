@@ -30,14 +30,16 @@ class Sessions:
     def __init__(self, engine, ttl_s: float = 300.0):
         self.engine, self.ttl_s = engine, ttl_s
         self._by_key: OrderedDict[str, Any] = OrderedDict()  # prompt_cache_key -> PinHandle, least recent first
-        self._prefixes: dict[tuple[int, ...], Any] = {}  # a cache_control prefix -> its PinHandle
+        self._prefixes: dict[tuple, Any] = {}  # (adapter, a cache_control prefix) -> its PinHandle
 
-    async def keep(self, key: str | None, ids: Sequence[int]) -> None:
-        """After a turn of session `key`: pin its conversation `ids` (prompt and reply), for `ttl_s`."""
+    async def keep(self, key: str | None, ids: Sequence[int], adapter: str | None = None) -> None:
+        """After a turn of session `key`: pin its conversation `ids` (prompt and reply; of LoRA `adapter`, whose
+        KV is its own), for `ttl_s`."""
         if not key or not ids:
             return
+        key = key if adapter is None else f"{adapter}\n{key}"  # (a session of each adapter: their KV differs)
         old = self._by_key.pop(key, None)
-        handle = await self._pin(list(ids))
+        handle = await self._pin(list(ids), adapter)
         if old is not None:
             await asyncio.to_thread(self.engine.unpin, old)
         if handle is not None:
@@ -45,30 +47,32 @@ class Sessions:
             while len(self._by_key) > MAX_SESSIONS:
                 await asyncio.to_thread(self.engine.unpin, self._by_key.popitem(last=False)[1])
 
-    async def hinted(self, messages: list[dict], tools: list[dict] | None, marked: int | None) -> None:
+    async def hinted(self, messages: list[dict], tools: list[dict] | None, marked: int | None,
+                     adapter: str | None = None) -> None:
         """Pin the conversation's prefix through message `marked` (with the tools; marked is -1 where
-        only a tool carries the hint), once per distinct prefix while its pin lives."""
+        only a tool carries the hint; of LoRA `adapter`), once per distinct prefix while its pin lives."""
         if marked is None:
             return
         head = messages[: marked + 1] if marked >= 0 else messages[:1]
         ids = tuple(await asyncio.to_thread(self.engine.conversation_prefix, head, tools=tools))
-        held = self._prefixes.get(ids)
+        key = (adapter, ids)
+        held = self._prefixes.get(key)
         if held is not None and held.id in {p.id for p in await asyncio.to_thread(self.engine.pins)}:
             return  # alive, and this request renews it
-        handle = await self._pin(list(ids))
+        handle = await self._pin(list(ids), adapter)
         if handle is not None:
-            self._prefixes[ids] = handle
+            self._prefixes[key] = handle
 
     def held(self) -> list[Any]:
         """The pins these hints hold now (each ends with its time to live)."""
         return [*self._by_key.values(), *self._prefixes.values()]
 
-    async def _pin(self, ids: list[int]):
-        """A pin of `ids` for `ttl_s`, making room by ending the least recently used sessions' pins;
-        None where it does not fit even so (or the engine keeps no cache)."""
+    async def _pin(self, ids: list[int], adapter: str | None = None):
+        """A pin of `ids` (of `adapter`) for `ttl_s`, making room by ending the least recently used sessions'
+        pins; None where it does not fit even so (or the engine keeps no cache)."""
         while True:
             try:
-                return await asyncio.to_thread(self.engine.pin, ids, ttl_s=self.ttl_s)
+                return await asyncio.to_thread(lambda: self.engine.pin(ids, ttl_s=self.ttl_s, adapter=adapter))
             except (CacheError, RequestError, EngineClosedError):  # over the budget (or no cache): a hint
                 if not self._by_key:
                     return None

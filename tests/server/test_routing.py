@@ -167,3 +167,25 @@ def test_best_hit_rate_matches_brute_force(requests):
         best = max((common(prompt, whole) for _, whole in sent[:i]), default=0)
         cached += min(best, len(prompt) - 1)
     assert bench.best_hit_rate(sent) == pytest.approx(cached / sum(len(p) for p, _ in sent))
+
+
+def test_an_adapters_requests_and_sessions_are_routed_apart_from_the_bases():
+    """The router keys a request by the model it names, then its prompt: a LoRA adapter's turns stay on the
+    replica that holds that adapter's prefix, never taken for the base's (its KV differs), and a
+    prompt_cache_key session is one per model."""
+    from agentkv.server.cluster import body_text, session_key
+
+    def body(model: str, turn: int) -> dict:
+        return {"model": model, "messages": [{"role": "system", "content": SYSTEM_A},
+                                             {"role": "user", "content": f"question {turn}"}],
+                "prompt_cache_key": "s1"}
+
+    assert body_text(body("tiny", 0)) != body_text(body("support", 0))
+    assert body_text(body("support", 0)).startswith("support\n")
+    assert session_key(body("tiny", 0)) != session_key(body("support", 0))
+    router = CacheAwareRouter(["r0", "r1"])
+    assert router.route(body_text(body("tiny", 0))) == "r0"
+    assert router.route(body_text(body("support", 0))) == "r1"  # no prefix of the base's is the adapter's
+    for turn in range(1, 6):
+        assert router.route(body_text(body("support", turn))) == "r1"
+        assert router.route(body_text(body("tiny", turn))) == "r0"

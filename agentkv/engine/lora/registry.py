@@ -13,7 +13,7 @@ from agentkv.engine.lora.files import load_adapter
 from agentkv.engine.model_config import ModelConfig
 from agentkv.errors import AdapterError, UnknownAdapterError
 
-BASE = "base"  # the name that means no adapter (the server's model id for the base model is its own)
+BASE = "base"  # a name that means no adapter (a server adds its model's name: alias_base)
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,22 @@ class Adapters:
         self.cfg, self.max_loras, self.device = cfg, max_loras, device
         self._loaded: dict[str, LoraAdapter] = {}
         self._lock = threading.Lock()
+        self.base_names = {BASE}  # the names a request gives for the base model
+
+    def alias_base(self, name: str) -> None:
+        """`name` means the base model too (a server's model id: its requests name it)."""
+        with self._lock:
+            if name in self._loaded:
+                raise AdapterError(f"a LoRA adapter is loaded as {name!r}, the name the base model is served as; "
+                                   f"load the adapter under another name")
+            self.base_names.add(name)
 
     def load(self, name: str, path: str | Path) -> AdapterInfo:
         """Read the adapter at `path` and serve it as `name`; AdapterError where its files cannot be served,
         the name is taken or max_loras are loaded (the engine keeps serving either way)."""
-        if not isinstance(name, str) or not name or name == BASE:
-            raise AdapterError(f"LoRA adapter name {name!r} is not usable: give a non-empty name other than "
-                               f"{BASE!r}")
+        if not isinstance(name, str) or not name or name in self.base_names:
+            raise AdapterError(f"LoRA adapter name {name!r} is not usable: give a non-empty name other than the "
+                               f"base model's ({sorted(self.base_names)})")
         with self._lock:
             self._check_room(name)
         adapter = load_adapter(name, path, self.cfg).to(self.device)  # (read outside the lock: it takes a while)
@@ -65,7 +74,7 @@ class Adapters:
 
     def resolve(self, name: str | None) -> LoraAdapter | None:
         """The adapter a request names (None, or "base": none)."""
-        if name is None or name == BASE:
+        if name is None or name in self.base_names:
             return None
         with self._lock:
             adapter = self._loaded.get(name)
@@ -87,6 +96,10 @@ class Adapters:
     def list(self) -> list[AdapterInfo]:
         with self._lock:
             return [info(a) for a in self._loaded.values()]
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._loaded)
 
 
 def info(adapter: LoraAdapter) -> AdapterInfo:

@@ -115,8 +115,8 @@ class Ingress:
     """The routes of server/app.py over the replicas."""
 
     def __init__(self, engines, model_name: str, replicas: int, api_key: str | None, max_inflight: int,
-                 close_objects: bool):
-        self._routes = create_app(ClusterHandle(engines, replicas), model_name, api_key, max_inflight,
+                 close_objects: bool, loras: dict[str, str] | None = None):
+        self._routes = create_app(ClusterHandle(engines, replicas, loras), model_name, api_key, max_inflight,
                                   close_objects)
 
     def __serve_build_asgi_app__(self):
@@ -127,7 +127,8 @@ def build_app(model: str | None, model_name: str, replicas: int, api_key: str | 
               engine_options: dict[str, Any] | None = None, close_objects: bool = True, max_inflight: int = 256):
     engines = EngineReplica.options(num_replicas=replicas).bind(model, model_name, engine_options or {},
                                                                 close_objects)
-    return Ingress.bind(engines, model_name, replicas, api_key, max_inflight, close_objects)
+    loras = dict((engine_options or {}).get("lora") or {})  # (each replica loads them: the routes list them)
+    return Ingress.bind(engines, model_name, replicas, api_key, max_inflight, close_objects, loras)
 
 
 def serve_cluster(model: str | None, model_name: str, replicas: int, host: str, port: int,

@@ -28,9 +28,10 @@ _SUMMED = tuple(key for key in ENGINE_GAUGE_KEYS if key != "cache_hit_rate")
 
 
 class ClusterHandle:
-    def __init__(self, engines: Any, replicas: int):
+    def __init__(self, engines: Any, replicas: int, loras: dict[str, str] | None = None):
         self.engines, self.replicas = engines, replicas  # a DeploymentHandle of EngineReplica
         self._pins: dict[str, tuple[dict, int]] = {}  # pin id -> (the body it was made from, tokens)
+        self.loras = dict(loras or {})  # the LoRA adapters every replica loaded at start: name -> files
 
     async def chat(self, req, body: dict) -> dict:
         return await _answer(self.engines.chat.remote(body))
@@ -89,6 +90,16 @@ class ClusterHandle:
         self._pins = {k: v for k, v in self._pins.items()
                       if not (_replica_of(k) in live and k not in live[_replica_of(k)])}
         return [{"id": k, "object": "pin", "tokens": n} for k, (_, n) in self._pins.items()]
+
+    def adapters(self) -> list[dict]:
+        return [{"id": name, "root": path} for name, path in self.loras.items()]
+
+    async def load_lora(self, name: str, path: str) -> None:
+        raise APIError(400, "loading LoRA adapters at run time is not supported with --replicas yet (each replica "
+                            "holds its own); give them with --lora at start", None, code="runtime_lora_off")
+
+    async def unload_lora(self, name: str) -> None:
+        await self.load_lora(name, "")
 
     async def stats(self) -> dict:
         """Every replica's stats, asked of each by index: counts summed, the cache hit rate the

@@ -16,7 +16,6 @@ Needs `pip install 'agentkv[cluster]'` (Ray Serve).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ray.serve.request_router import (
@@ -28,36 +27,12 @@ from ray.serve.request_router import (
 )
 
 from agentkv.server.cluster.policy import CacheAwareRouter, RouterConfig
+from agentkv.server.cluster.request_keys import body_text, session_key
 
 # keys the ingress adds to a body that creates ("create") or deletes ("delete") a pin of its prefix
 PIN, PIN_ID = "agentkv_pin", "agentkv_pin_id"
 # the stored response a body creates, the one it reads or continues, and a replica by its index
 RESPONSE_ID, RESPONSE_OF, REPLICA = "agentkv_response_id", "agentkv_response_of", "agentkv_replica"
-
-
-def body_text(body: dict[str, Any]) -> str | None:
-    """The text whose prefixes identify an OpenAI request's cached prompt: tool definitions, then each
-    message in order (chat), the instructions and input (responses), or the prompt (completions)."""
-    if isinstance(body.get("messages"), list):
-        parts = [json.dumps(body["tools"], sort_keys=True)] if body.get("tools") else []
-        if body.get("system"):  # Anthropic's Messages API: the system prompt beside the messages
-            parts.append(json.dumps(body["system"], sort_keys=True))
-        for m in body["messages"]:
-            content = m.get("content") if isinstance(m, dict) else None
-            if not isinstance(content, str):
-                content = json.dumps(content, sort_keys=True)
-            parts.append(f"{m.get('role') if isinstance(m, dict) else ''}: {content}")
-        return "\n".join(parts)
-    if "input" in body:  # the Responses API: instructions, then the input as text or items
-        parts = [json.dumps(body["tools"], sort_keys=True)] if body.get("tools") else []
-        parts.append(str(body.get("instructions") or ""))
-        items = body["input"]
-        parts.append(items if isinstance(items, str) else json.dumps(items, sort_keys=True))
-        return "\n".join(parts)
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    return None if prompt is None else json.dumps(prompt)
 
 
 def request_text(pending: PendingRequest | None) -> str | None:
@@ -109,8 +84,8 @@ class CacheAwareRequestRouter(FIFOMixin, RequestRouter):
         target = self._addressed(body)
         if target is not None:  # only that replica can answer: wait for it (an empty choice makes Ray retry)
             return [[by_id[target]]] if target in by_id else []
-        key = body.get("prompt_cache_key")
-        if isinstance(key, str) and by_id.get(self._policy.session(key) or "") is not None:
+        key = session_key(body)
+        if key is not None and by_id.get(self._policy.session(key) or "") is not None:
             sticky = by_id[self._policy.session(key)]  # a session's turns where its conversation is pinned
             return [[sticky], [r for r in candidate_replicas if r is not sticky]]
         text = request_text(pending_request)
@@ -140,8 +115,8 @@ class CacheAwareRequestRouter(FIFOMixin, RequestRouter):
         body = body_of(pending_request)
         if isinstance(body.get(RESPONSE_ID), str):  # the response it creates is stored there
             self._policy.stored(body[RESPONSE_ID], replica)
-        if isinstance(body.get("prompt_cache_key"), str):  # the session's conversation is pinned there
-            self._policy.session(body["prompt_cache_key"], replica)
+        if session_key(body) is not None:  # the session's conversation is pinned there
+            self._policy.session(session_key(body), replica)
         text = request_text(pending_request)
         if text is None:
             return
