@@ -10,6 +10,7 @@ import torch
 from agentkv.engine.batch import ScheduledBatch
 from agentkv.engine.lora.adapter import LoraAdapter
 from agentkv.engine.lora.apply import LoraBatch
+from agentkv.engine.lora.slots import LoraSlots
 from agentkv.engine.memory import KVPool, ReqToTokenPool
 from agentkv.engine.model import CausalLM, ForwardContext
 from agentkv.kernels.base import AttentionBackend, AttentionMetadata
@@ -59,6 +60,7 @@ class ModelRunner:
         self.approx_rows: torch.Tensor | None = None
         self.tp = None  # TensorParallel when tensor_parallel > 1: each pass goes to the other ranks first
         self.kernels = None  # NativeKernels where the engine runs them (CPU): the sampler's grammar masks too
+        self.lora_slots: LoraSlots | None = None  # on a GPU: the LoRA adapters passes need, in stacked slots
 
     def prepare(self, batch: ScheduledBatch, all_logits: bool = False) -> ForwardInputs:
         """Logits come back for the requests that sample from this pass, one row each (a request
@@ -122,7 +124,12 @@ class ModelRunner:
         exact = None
         if len(inputs.prompt_rows):
             exact = torch.zeros(len(inputs.ids), dtype=torch.bool, device=ids.device).index_fill_(0, prompt, True)
-        lora = LoraBatch(inputs.adapters, adapter_rows, self.kernels) if inputs.adapters else None
+        lora = None
+        if inputs.adapters:
+            if self.lora_slots is None and ids.device.type == "cuda":
+                self.lora_slots = LoraSlots(self.model.config, 2 * len(inputs.adapters) + 6, ids.device,
+                                            self.model.norm.weight.dtype)
+            lora = LoraBatch(inputs.adapters, adapter_rows, self.kernels, self.lora_slots)
         return OnDevice(ids, positions, select, meta, at, rows, writes[0].view(2, -1) if writes else None, exact,
                         lora)
 

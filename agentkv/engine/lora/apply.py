@@ -3,8 +3,9 @@ linears it targets, the base product computed once for all rows (SGMV, as Punica
 
 On CPU with agentkv's C kernels the update of every row is one call a linear (csrc/cpu_lora.c), a row
 at a time in a fixed order, the same bodies the native decode step runs, so a request's numbers never
-depend on what else its pass holds. Elsewhere (no C kernels, bf16, a GPU) the rows of each adapter are
-gathered and multiplied with torch.
+depend on what else its pass holds. On a GPU the pass's adapters sit in slots of stacked tensors (slots.py)
+and two Triton kernels a linear gather each row's (kernels/triton_lora.py). Elsewhere (no C kernels, bf16
+on CPU) the rows of each adapter are gathered and multiplied with torch.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ctypes
 import torch
 
 from agentkv.engine.lora.adapter import TARGETS, LoraAdapter
+from agentkv.engine.lora.slots import LoraSlots
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 PIECES = 3  # csrc/cpu_lora.h's LORA_PIECES
@@ -66,14 +68,23 @@ class StepLora(ctypes.Structure):
 class LoraBatch:
     """The adapters of one pass and each token row's (`rows[t]`: an index into `adapters`, -1: none)."""
 
-    def __init__(self, adapters: list[LoraAdapter], rows: torch.Tensor, kernels=None):
-        self.adapters, self.rows, self.kernels = adapters, rows, kernels
+    def __init__(self, adapters: list[LoraAdapter], rows: torch.Tensor, kernels=None, slots: LoraSlots | None = None):
+        self.adapters, self.rows, self.kernels, self.slots = adapters, rows, kernels, slots
         self.target_index = {t: i for i, t in enumerate(TARGETS)}
         self._table = None
         self._groups = None
+        self._slot_rows: torch.Tensor | None = None
 
     def add(self, layer: int, target: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """y += each row's update of linear `target` of `layer` from that linear's input x, in place."""
+        if self.slots is not None:
+            from agentkv.kernels.triton_lora import lora_update  # (triton: only where the slots are, a GPU)
+
+            if self._slot_rows is None:  # each row's slot, once a pass
+                table = torch.tensor(self.slots.slots(self.adapters), dtype=torch.int64, device=self.rows.device)
+                self._slot_rows = torch.where(self.rows >= 0, table[self.rows.clamp(min=0)], -1).contiguous()
+            lora_update(x, y, self._slot_rows, self.slots.a[(layer, target)], self.slots.b[(layer, target)])
+            return
         if self.kernels is not None and x.dtype == torch.float32 and y.dtype == torch.float32 \
                 and x.device.type == "cpu" and x.stride(-1) == 1 and y.stride(-1) == 1:
             self.kernels.lora_apply(x, y, self.rows, self.table(), layer, self.target_index[target])
