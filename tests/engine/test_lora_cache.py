@@ -118,3 +118,19 @@ def test_the_trees_namespaces_alone():
     assert tree.evict(18) == 15  # everything but the pinned head of bb's path
     assert tree.cached_length(tokens, ns="bb") == 3 and tree.cached_length(tokens) == 0
     assert tree.evictable_size + tree.protected_size == tree.total_size == 3
+
+
+def test_an_agent_on_an_adapter_runs_and_pins_there(tmp_path):
+    base = make_tiny_model(tmp_path / "m", chat="qwen2.5", max_positions=4096, seed=3)
+    adapter = make_adapter(base, tmp_path / "a", seed=1, scale=4.0)
+    with ak.Engine(str(base), num_slots=8192, lora={"support": str(adapter)}) as e:
+        tuned = ak.Agent("Answer in one short sentence.", engine=e, adapter="support", temperature=0.0, max_tokens=24)
+        plain = ak.Agent("Answer in one short sentence.", engine=e, temperature=0.0, max_tokens=24)
+        out = tuned.run_sync("Name a color.").output
+        assert out == e.chat([{"role": "system", "content": "Answer in one short sentence."},
+                              {"role": "user", "content": "Name a color."}], max_tokens=24, temperature=0.0,
+                             adapter="support").text
+        assert out != plain.run_sync("Name a color.").output
+        namespaces = {record[3] for record in e._core.call(lambda: e._tree.pin_records()).result()}
+        assert namespaces == {None, e.loras()[0].hash}  # each agent's system prompt pinned in its own cache
+        tuned.close(), plain.close()
