@@ -192,7 +192,8 @@ def serve(
                        speculative=speculative, kv_dtype=kv_dtype,
                        **({"tool_format": tool_format} if tool_format else {}),
                        **({"chat_template": chat_template} if chat_template else {}))
-    options.update(lora=_pairs(lora or [], "--lora"), max_loras=max_loras)
+    if lora or max_loras != 8:  # (the engine's default otherwise)
+        options.update(lora=_pairs(lora or [], "--lora"), max_loras=max_loras)
     if replicas < 1:
         raise _fail(f"--replicas must be at least 1, got {replicas}")
     if state_dir is not None and replicas > 1:

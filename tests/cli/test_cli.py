@@ -101,6 +101,18 @@ def test_serve_takes_a_disk_tier(monkeypatch, tmp_path):
     assert RecordingEngine.made[-1]["kv_dtype"] == "bfloat16"
 
 
+def test_serve_takes_lora_adapters(monkeypatch, tmp_path):
+    import agentkv as ak
+
+    monkeypatch.setattr(ak, "Engine", RecordingEngine)
+    RecordingEngine.made.clear()
+    CliRunner().invoke(app, ["serve", "--lora", "support=./a", "--lora", "sales=/b.gguf", "--max-loras", "3"])
+    assert RecordingEngine.made[0]["lora"] == {"support": "./a", "sales": "/b.gguf"}
+    assert RecordingEngine.made[0]["max_loras"] == 3
+    bad = CliRunner().invoke(app, ["serve", "--lora", "support"])
+    assert bad.exit_code == 1 and "--lora 'support' is not NAME=PATH" in bad.output
+
+
 def test_auto_device_and_dtype(monkeypatch):
     import torch
 
