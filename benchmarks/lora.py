@@ -6,21 +6,20 @@ saves them (adapter_config.json + adapter_model.safetensors); the engine keeps t
 
 1. Agent sessions at batch 16: `--sessions` sessions of engine_agents.py's agent (an ~800-token system prompt
    with tools, its own task, then follow-ups), `--turns` turns of `--new-tokens` greedy tokens, each turn's
-   requests submitted together. The base run has every session on the base model; the LoRA run spreads them
-   over `--adapters` adapters (session i on adapter i mod N), so each pass mixes them. "warm": each model's
-   system prompt prefilled first (a server's steady state: every adapter's prompt already cached);
-   "cold": from an empty cache, where each adapter computes its own copy of the system prompt (its KV is its
-   own). A third run is the control: the base model with `--adapters` different system prompts of the same
-   length (session i on prompt i mod N), which holds as many distinct copies of the prompt's KV as the
-   adapters do: against it, the adapters' own cost (their updates), apart from their KV being their own.
-   Runs alternate, best of `--repeats`.
+   requests submitted together, on the base model or spread over `--adapters` adapters (session i on adapter
+   i mod N: each pass mixes them). Two workloads: one system prompt for every session (the base's sessions
+   share its KV; the adapters' cannot: each adapter holds its own copy, and each decode step's attention reads
+   them all), and a system prompt per adapter, as per-product fine-tunes have (session i on prompt i mod N,
+   the same length; the base serving the same sessions holds as many copies). Each adapter run is compared
+   with the base on the same prompts. "warm": each model's system prompts prefilled first (a server's steady
+   state); "cold": from an empty cache. Runs alternate, best of `--repeats`.
 2. Batch-1 decode: a short prompt, `--decode-tokens` greedy tokens, with an adapter and without, alternating,
    best of `--repeats`.
 
 Prints tokens/s, the ratios, each adapter's memory, and how many decode passes went through the native step.
 
     python benchmarks/lora.py [--adapters 8] [--sessions 16] [--turns 3] [--new-tokens 48] [--rank 16]
-                              [--decode-tokens 128] [--repeats 3] [--dtype bfloat16|float32]
+                              [--decode-tokens 128] [--repeats 3] [--dtype bfloat16|float32] [--kv-dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -116,18 +115,25 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument("--kv-dtype", choices=["bfloat16", "float32"], default=None,
+                    help="the KV pool's dtype (default: the engine's, fp32 on CPU)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    with tempfile.TemporaryDirectory() as tmp, ak.Engine(max_loras=args.adapters) as engine:
+    options = {"kv_dtype": args.kv_dtype} if args.kv_dtype else {}
+    with tempfile.TemporaryDirectory() as tmp, ak.Engine(max_loras=args.adapters, **options) as engine:
         names = [f"lora{i}" for i in range(args.adapters)]
         for i, name in enumerate(names):
             engine.load_lora(name, write_random_adapter(engine.model_config, Path(tmp) / name, args.rank, i, dtype))
         infos = engine.loras()
         engine.generate("warm up", max_tokens=2)
         n = args.sessions
-        runs = {"base": ([None] * n, [None] * n),
-                f"base, {args.adapters} system prompts": ([None] * n, [i % args.adapters for i in range(n)]),
-                f"{args.adapters} adapters": ([names[i % len(names)] for i in range(n)], [None] * n)}
+        own = [i % args.adapters for i in range(n)]
+        mixed = [names[i % len(names)] for i in range(n)]
+        runs = {"1 system prompt, base": ([None] * n, [None] * n),  # label: (adapters, prompts), its base
+                f"1 system prompt, {args.adapters} adapters": (mixed, [None] * n),
+                f"{args.adapters} system prompts, base": ([None] * n, own),
+                f"{args.adapters} system prompts, {args.adapters} adapters": (mixed, own)}
+        base_of = {label: label.split(",")[0] + ", base" for label in runs}
         step = engine._core.runner.native_step
         rows, best = [], {}
         for kind in ("cold", "warm"):
@@ -147,7 +153,7 @@ def main() -> None:
             for label in runs:
                 tps, wall, made, native = best[(kind, label)]
                 rows.append([f"{n} sessions, {kind}, {label}", wall, made, tps, native,
-                             tps / best[(kind, "base")][0]])
+                             tps / best[(kind, base_of[label])][0]])
         decodes = {"base": [], "lora": []}
         for _ in range(args.repeats):
             decodes["base"].append(decode(engine, None, args.decode_tokens))
@@ -158,6 +164,7 @@ def main() -> None:
                      max(decodes["lora"]) / base_tps])
     print(f"SmolLM2-135M-Instruct Q4_1 (embedded), {torch.get_num_threads()} threads; adapters of rank {args.rank} "
           f"on q/k/v/o/gate/up/down of all {engine.model_config.num_layers} layers, A and B in {args.dtype}; "
+          f"KV in {args.kv_dtype or 'float32'}; "
           f"{args.turns} turns x {args.new_tokens} greedy tokens a session; best of {args.repeats}")
     print(table(rows, ["run", "wall s", "tokens", "tok/s", "native passes", "vs base"]))
     print("memory per adapter: " + ", ".join(f"{i.name} {i.nbytes / 2**20:.2f} MiB" for i in infos[:1])

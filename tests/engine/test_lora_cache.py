@@ -11,7 +11,7 @@ import torch
 import agentkv as ak
 from agentkv.engine.radix_cache import RadixCache
 from tests.lora_helpers import make_adapter
-from tests.reference import engine_logits
+from tests.reference import engine_logits, rel_error
 from tests.tiny import make_tiny_model
 
 pytest.importorskip("peft")
@@ -44,10 +44,10 @@ def test_two_adapters_never_share_kv_and_each_shares_with_itself(setup):
         for name in ("a1", "a2"):
             # the same prompt as the base's and the other adapter's: nothing of theirs is read
             logits, cached = engine_logits(e, ids, adapter=name)
-            assert cached == 0 and torch.equal(logits, cold[name])
+            assert cached == 0 and rel_error(logits, cold[name]) < 1e-5  # (the same numbers as a cold engine's)
             assert _run(e, name)[1].cached_tokens == len(ids) - 1  # ... and it shares with itself
         logits, cached = engine_logits(e, ids)
-        assert cached == len(ids) - 1 and torch.equal(logits, cold[None][-1:])
+        assert cached == len(ids) - 1 and rel_error(logits, cold[None][-1:]) < 1e-5
         # a prompt that continues the cached one: its adapter's KV, as far as it goes
         longer, cached = engine_logits(e, ids + e.tokenizer.encode(" More."), adapter="a2")
         assert cached == len(ids)
@@ -88,7 +88,7 @@ def test_a_reloaded_adapter_with_new_weights_misses_in_the_pool_and_on_disk(setu
         cold_logits = engine_logits(cold, ids, adapter="a1")[0]
         cold.flush_cache()
         assert _run(cold, "a1")[0] == new_out
-    assert torch.equal(logits, cold_logits)
+    assert rel_error(logits, cold_logits) < 1e-5
     # a restart with the adapter loaded finds its KV on disk; under another adapter's content it is not read
     with ak.Engine(str(base), num_slots=4096, kv_dir=str(kv_dir), lora={"x": str(adapters["a3"])}) as e:
         out, usage = _run(e, "x")

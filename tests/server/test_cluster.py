@@ -7,6 +7,7 @@ engine's: /v1/responses (a stored response continued on the replica that stores 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import time
@@ -28,16 +29,21 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_long_dir):
+def cluster(tiny_long_dir, tmp_path_factory):
     from ray import serve
 
     from agentkv.server.cluster.deploy import build_app
 
+    options = {"num_slots": 8192}
+    if importlib.util.find_spec("peft") is not None:  # every replica serves a LoRA adapter too
+        from tests.lora_helpers import make_adapter
+
+        options["lora"] = {"support": str(make_adapter(tiny_long_dir, tmp_path_factory.mktemp("lora") / "support"))}
     port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(str(tiny_long_dir), "tiny", 2, engine_options={"num_slots": 8192},
+        serve.run(build_app(str(tiny_long_dir), "tiny", 2, engine_options=options,
                             max_inflight=MAX_INFLIGHT), name="agentkv",
                   route_prefix="/")
         yield Client(f"http://127.0.0.1:{port}")
@@ -188,3 +194,21 @@ def test_a_prompt_cache_key_session_stays_on_one_replica(cluster):
     second = chat(cluster, messages, prompt_cache_key="cluster-session")
     covered = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 1
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= covered, (first["usage"], second["usage"])
+
+
+def test_an_adapters_session_stays_on_one_replica(cluster):
+    """A prompt_cache_key session on a LoRA adapter: its second turn lands where the first pinned the
+    conversation (in the adapter's cache), and starts from it; the adapter is listed with its parent."""
+    pytest.importorskip("peft")
+    models = {m["id"]: m for m in cluster.get("/v1/models").json()["data"]}
+    assert models["support"]["parent"] == "tiny"
+    messages = [{"role": "system", "content": "You keep the adapter's session. " * 8},
+                {"role": "user", "content": "turn one"}]
+    first = chat(cluster, messages, prompt_cache_key="lora-session", model="support")
+    messages += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "turn two"}]
+    second = chat(cluster, messages, prompt_cache_key="lora-session", model="support")
+    covered = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 1
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= covered, (first["usage"], second["usage"])
+    r = cluster.post("/v1/chat/completions", json={"model": "legal", "messages": messages, "max_tokens": 2})
+    assert r.status_code == 404 and "support" in r.json()["error"]["message"]

@@ -5,16 +5,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentkv.engine.config import EngineConfig
 from agentkv.engine.lora.registry import AdapterInfo, Adapters
+from agentkv.errors import AdapterError
 
 
 class LoraMethods:
     adapters: Adapters
+    config: EngineConfig
 
     def load_lora(self, name: str, path: str | Path) -> AdapterInfo:
         """Serve the LoRA adapter at `path` (a PEFT adapter folder or a GGUF LoRA file) as `name`: requests
         give `adapter=name`. AdapterError where it cannot be served (its files, its shapes, a name in use,
         max_loras reached); the engine keeps serving either way."""
+        if self.config.tensor_parallel > 1:
+            raise AdapterError("LoRA adapters do not work with tensor_parallel > 1 yet (the other ranks would not "
+                               "apply them); use one rank")
         return self.adapters.load(name, path)
 
     def unload_lora(self, name: str) -> None:
