@@ -14,12 +14,13 @@ saves them (adapter_config.json + adapter_model.safetensors); the engine keeps t
    with the base on the same prompts. "warm": each model's system prompts prefilled first (a server's steady
    state); "cold": from an empty cache. Runs alternate, best of `--repeats`.
 2. Batch-1 decode: a short prompt, `--decode-tokens` greedy tokens, with an adapter and without, alternating,
-   best of `--repeats`.
+   best of `--decode-repeats`.
 
 Prints tokens/s, the ratios, each adapter's memory, and how many decode passes went through the native step.
 
     python benchmarks/lora.py [--adapters 8] [--sessions 16] [--turns 3] [--new-tokens 48] [--rank 16]
-                              [--decode-tokens 128] [--repeats 3] [--dtype bfloat16|float32] [--kv-dtype bfloat16]
+                              [--decode-tokens 256] [--repeats 3] [--decode-repeats 7] [--skip-sessions]
+                              [--dtype bfloat16|float32] [--kv-dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--decode-tokens", type=int, default=256)
+    ap.add_argument("--decode-repeats", type=int, default=7, help="batch-1 decode runs of each, alternating")
+    ap.add_argument("--skip-sessions", action="store_true", help="the batch-1 decode rows only")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--kv-dtype", choices=["bfloat16", "float32"], default=None,
@@ -136,7 +139,7 @@ def main() -> None:
         base_of = {label: label.split(",")[0] + ", base" for label in runs}
         step = engine._core.runner.native_step
         rows, best = [], {}
-        for kind in ("cold", "warm"):
+        for kind in ("cold", "warm") if not args.skip_sessions else ():
             for _ in range(args.repeats):
                 for label, (who, variants) in runs.items():
                     engine.flush_cache()
@@ -155,7 +158,7 @@ def main() -> None:
                 rows.append([f"{n} sessions, {kind}, {label}", wall, made, tps, native,
                              tps / best[(kind, base_of[label])][0]])
         decodes = {"base": [], "lora": []}
-        for _ in range(args.repeats):
+        for _ in range(args.decode_repeats):
             decodes["base"].append(decode(engine, None, args.decode_tokens))
             decodes["lora"].append(decode(engine, names[0], args.decode_tokens))
         base_tps = max(decodes["base"])

@@ -24,6 +24,7 @@ close decode comes to what the memory gives.
 
     python benchmarks/quantized_decode.py [--new-tokens 64] [--repeats 3] [--batches 1,16] [--prompt-tokens 256]
                                           [--extend 400,51] [--model FILE.gguf] [--busy N] [--variants kept,...]
+                                          (variants: kept, python, bf16, fp32, bf16prompt)
 
 A file larger than the cache (weights that every token reads from memory): benchmarks/random_gguf.py
 writes one.
@@ -173,7 +174,9 @@ def main() -> None:
     path = Path(args.model) if args.model else embedded_model_path()
     variants = {"kept": dict(dtype="float32"), "python": dict(dtype="float32", native_step=False),
                 "bf16": dict(dtype="bfloat16", quantized_weights=False),
-                "fp32": dict(dtype="float32", quantized_weights=False)}
+                "fp32": dict(dtype="float32", quantized_weights=False),
+                # the opt-in bf16 body for a prompt's exact rows (AVX512_BF16; decode unchanged)
+                "bf16prompt": dict(dtype="float32", prompt_precision="bfloat16")}
     variants = {k: v for k, v in variants.items() if k == "kept" or k in args.variants.split(",")}
     # each variant in a process of its own, as a user runs one engine, and called in turn: engines
     # sharing a process share its cores with one another's OpenMP threads (kept measured 1.39x of

@@ -116,6 +116,10 @@ class EngineConfig:
     # (name, path) pairs; more at run time with Engine.load_lora. max_loras: the most loaded at once
     lora: Any = ()
     max_loras: int = 8
+    # the exact path's precision for a prompt's rows over a GGUF's tiled weights on CPU: "float32" (exact, the
+    # default), or "bfloat16" (an opt-in where the CPU has AVX512_BF16: x and the weights rounded to bf16, fp32
+    # sums, twice the products an instruction; docs/cpu.md)
+    prompt_precision: str = "float32"
 
     def __post_init__(self) -> None:
         lora = self.lora.items() if isinstance(self.lora, dict) else self.lora or ()
@@ -130,6 +134,10 @@ class EngineConfig:
             raise RequestError(f"{len(pairs)} LoRA adapters given but max_loras is {self.max_loras}; raise max_loras")
         if pairs and self.tensor_parallel > 1:
             raise RequestError("LoRA adapters do not work with tensor_parallel > 1 yet; use one rank")
+        if self.prompt_precision not in ("float32", "bfloat16"):
+            raise RequestError(f"prompt_precision={self.prompt_precision!r} is not one of 'float32', 'bfloat16'")
+        if self.prompt_precision == "bfloat16" and self.tensor_parallel > 1:
+            raise RequestError("prompt_precision='bfloat16' is not taken with tensor_parallel > 1 yet; leave it unset")
         if self.tensor_parallel < 1:
             raise RequestError(f"tensor_parallel must be at least 1, got {self.tensor_parallel}")
         if self.cuda_graphs and self.tensor_parallel > 1:

@@ -77,6 +77,11 @@ class Engine(Prefixes, LoraMethods):
             # worker (see EngineCore._host_only), so that thread also owns every tensor.
             tp = cfg.tensor_parallel
             native = cpu_native.for_engine(cfg.native_kernels, device, dtype)
+            if cfg.prompt_precision == "bfloat16":  # (an engine's own view of the shared library)
+                if native is None:
+                    raise RequestError("prompt_precision='bfloat16' is the native CPU kernels' opt-in; they do not "
+                                       "run here (leave prompt_precision unset)")
+                native = native.with_exact_bf16()
             loaded = load_model(model, dtype=dtype, device=device, shard=(0, tp) if tp > 1 else None, native=native,
                                 quantized=cfg.quantized_weights)
             mc = loaded.config  # with tensor parallelism, this rank's share of the heads

@@ -16,6 +16,7 @@ machine compiles them (about 4 s here), later ones load the file. Without a C co
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import logging
@@ -53,6 +54,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_qtile_linear": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
     "agentkv_qtile_dequant": ([_INT, _INT, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
     "agentkv_qtile_exact": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
+    "agentkv_qtile_exact_bf16": ([], _INT),
     "agentkv_qtile_logits": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _INT, _P, _I64, _INT, _INT], _INT),
     "agentkv_decode_step": ([_P, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P, _P, _INT, _INT, _P], _INT),
     "agentkv_qtile_rescore": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _P, _I64, _P, _INT], _INT),
@@ -96,6 +98,18 @@ class NativeKernels(QuantKernels):
         # the tiled kernels' SIMD bodies (AVX-512 VNNI, or AVX2): where they are, every kept GGUF type is repacked
         # in tiles at load
         self.qtile_fast = bool(lib.agentkv_qtile_fast())
+        # csrc/cpu_tgemm.c's bf16 body for a prompt's exact rows (AVX512_BF16): an opt-in, with_exact_bf16
+        self.exact_bf16_available = bool(lib.agentkv_qtile_exact_bf16())
+
+    def with_exact_bf16(self) -> NativeKernels:
+        """These kernels with a prompt's exact rows through the bf16 body (an engine's own copy: the library
+        is shared by every engine of the process)."""
+        if not self.exact_bf16_available:
+            raise RequestError("prompt_precision='bfloat16' needs a CPU with AVX512_BF16 (its bf16 body); leave "
+                               "prompt_precision unset (float32)")
+        view = copy.copy(self)
+        view.exact_bf16 = True
+        return view
 
     @staticmethod
     def handles(t: torch.Tensor) -> bool:

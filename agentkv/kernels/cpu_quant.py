@@ -69,7 +69,11 @@ class QuantWeight:
 
 
 class QuantKernels:
-    """NativeKernels' quantized-weight methods (`self._lib` is the loaded library)."""
+    """NativeKernels' quantized-weight methods (`self._lib` is the loaded library). `exact_bf16`: a prompt's
+    exact rows through csrc/cpu_tgemm.c's bf16 body (x and the weights rounded to bf16, fp32 sums; the engine's
+    prompt_precision="bfloat16", an opt-in: NativeKernels.with_exact_bf16)."""
+
+    exact_bf16 = False
 
     def qlinear(self, x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, exact: bool = False, generic: bool = False) -> torch.Tensor:
@@ -131,7 +135,7 @@ class QuantKernels:
                 0 if residual is None else residual.stride(0), out.data_ptr(), out.stride(0), torch.get_num_threads())
         if w.tiled:
             fn = self._lib.agentkv_qtile_exact if exact else self._lib.agentkv_qtile_linear
-            bad = fn(w.qtype, _DTYPES[x.dtype], *args, generic)
+            bad = fn(w.qtype, _DTYPES[x.dtype], *args, int(generic) | (2 if exact and self.exact_bf16 else 0))
         else:
             bad = self._lib.agentkv_qlinear(w.qtype, _DTYPES[x.dtype], *args, exact)
         if bad:

@@ -134,6 +134,26 @@ def test_exact_product_is_a_gemm_over_the_tiles(name, rows):
     assert torch.equal(got, kernels._qkernel(x, tiled, None, residual, True, True))
 
 
+@pytest.mark.skipif(kernels is None or not kernels.exact_bf16_available, reason="no AVX512_BF16 body here")
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("rows", [1, 13, 40])
+def test_the_opt_in_bf16_exact_product(name, rows):
+    """prompt_precision="bfloat16": x and the dequantized weights rounded to bf16 (nearest even), products
+    summed in fp32 (vdpbf16ps), so the result is that of the rounded operands within fp32 summation order,
+    and apart from the fp32 body's by bf16's rounding."""
+    w, deq = quantized(name, 100, width(name), seed=rows)
+    tiled = kernels.tile(w)
+    x = torch.randn(rows, width(name))
+    residual = torch.randn(rows, 100)
+    bf = kernels.with_exact_bf16()
+    got = bf._qkernel(x, tiled, None, residual, True, False)
+    rounded = x.bfloat16().double() @ deq.bfloat16().double().t() + residual.double()
+    assert ((got.double() - rounded).abs() / (rounded.abs() + 1)).max() < 1e-5
+    fp32 = kernels._qkernel(x, tiled, None, residual, True, False)
+    assert 1e-4 < ((got - fp32).abs() / (fp32.abs() + 1)).max() < 5e-2  # (bf16's rounding, no more)
+    assert not kernels.exact_bf16 and torch.equal(kernels._qkernel(x, tiled, None, residual, True, False), fp32)
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_K"])
 def test_a_long_exact_product_takes_x_a_block_at_a_time(name):
     """4096 columns: x's rows go through every tile 4 groups at a time (so that a tile's rows stay in L2),

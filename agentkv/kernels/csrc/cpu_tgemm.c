@@ -87,6 +87,65 @@ INLINE void micro_avx2(const float *wt, int64_t kc, const float *x, float *acc, 
 #define GEMM_R 4
 #endif
 
+#if AGENTKV_TILES_FAST && defined(__AVX512BF16__)
+#define AGENTKV_TGEMM_BF16 1
+/* The opt-in bf16 body (prompt_precision="bfloat16"): x and the panel rounded to bf16 (nearest even), each
+   pair of columns one vdpbf16ps, 32 products an instruction where fp32 FMAs make 16, summed in fp32. rows
+   [R] of x as column pairs (xb[kp * R + m], kp < kc / 2) against a panel wb [kc / 2][16] of weight pairs */
+INLINE void micro_bf16(const uint32_t *wb, int64_t kc, const uint32_t *xb, float *acc, const int R) {
+    __m512 a0[GEMM_R], a1[GEMM_R];
+#pragma GCC unroll 12
+    for (int m = 0; m < R; m++) a0[m] = _mm512_loadu_ps(acc + 32 * m), a1[m] = _mm512_loadu_ps(acc + 32 * m + 16);
+    int64_t kp = 0;
+    for (; kp + 2 <= kc / 2; kp += 2) {  /* two pairs in turn: two chains a row */
+        const __m512bh w0 = (__m512bh)_mm512_load_si512(wb + TILE_ROWS * kp);
+        const __m512bh w1 = (__m512bh)_mm512_load_si512(wb + TILE_ROWS * (kp + 1));
+#pragma GCC unroll 12
+        for (int m = 0; m < R; m++) {
+            a0[m] = _mm512_dpbf16_ps(a0[m], w0, (__m512bh)_mm512_set1_epi32((int)xb[kp * R + m]));
+            a1[m] = _mm512_dpbf16_ps(a1[m], w1, (__m512bh)_mm512_set1_epi32((int)xb[(kp + 1) * R + m]));
+        }
+    }
+    for (; kp < kc / 2; kp++) {
+        const __m512bh w = (__m512bh)_mm512_load_si512(wb + TILE_ROWS * kp);
+#pragma GCC unroll 12
+        for (int m = 0; m < R; m++) a0[m] = _mm512_dpbf16_ps(a0[m], w, (__m512bh)_mm512_set1_epi32((int)xb[kp * R + m]));
+    }
+#pragma GCC unroll 12
+    for (int m = 0; m < R; m++) _mm512_storeu_ps(acc + 32 * m, a0[m]), _mm512_storeu_ps(acc + 32 * m + 16, a1[m]);
+}
+
+static void micro_b(const uint32_t *wb, int64_t kc, const uint32_t *xb, float *acc, int R) {
+    switch (R) {
+#define CASE(r) case r: micro_bf16(wb, kc, xb, acc, r); return;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
+#undef CASE
+    }
+}
+
+INLINE uint32_t bf16_pair(float lo, float hi) {
+    return (uint32_t)f32_to_bf16(lo) | (uint32_t)f32_to_bf16(hi) << 16;
+}
+
+/* a panel wt [kc][16] (fp32) as column pairs wb [kc / 2][16] of bf16 (nearest even, as f32_to_bf16) */
+INLINE void panel_pairs(const float *wt, int64_t kc, uint32_t *wb) {
+    /* element 2i the even column's row i, 2i + 1 the odd one's */
+    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                           6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t k = 0; k < kc; k += 2) {
+        const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(wt + TILE_ROWS * k));
+        const __m256i hi = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(wt + TILE_ROWS * (k + 1)));
+        _mm512_store_si512(wb + k / 2 * TILE_ROWS,
+                           _mm512_permutexvar_epi16(inter, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)));
+    }
+}
+#else
+#define AGENTKV_TGEMM_BF16 0
+#endif
+
+/* whether this build has the bf16 body (AVX512_BF16): agentkv_qtile_exact's `generic & 2` asks for it */
+int agentkv_qtile_exact_bf16(void) { return AGENTKV_TGEMM_BF16; }
+
 /* the plain-C body: micro_avx512's operations in its order */
 static void micro_generic(const float *wt, int64_t kc, const float *x, float *acc, int R) {
     for (int m = 0; m < R; m++)
@@ -125,6 +184,9 @@ INLINE int64_t group_start(int64_t M, int64_t ng, int64_t i) { return i * M / ng
 int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, const uint8_t *tiles,
                         int64_t N, const void *bias, const void *res, int64_t r_ld, void *out, int64_t out_ld,
                         int nthreads, int generic) {
+    /* generic & 2: the bf16 body where the build has it (x and the weights rounded to bf16) */
+    const int use_bf16 = AGENTKV_TGEMM_BF16 && (generic & 2) && K % 2 == 0;
+    generic &= 1;
     if (!tiled_shape(qtype, K)) return 1;
     if (M < 1) return 2;
     if (nthreads < 1) nthreads = 1;
@@ -132,23 +194,36 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
     const int64_t ng = (M + GEMM_R - 1) / GEMM_R;
     int64_t gpb = X_BLOCK_BYTES / (K * (int64_t)sizeof(float)) / GEMM_R; /* groups an x block */
     if (gpb < 4) gpb = 4;
-    const int64_t per_thread = PANEL_K * TILE_ROWS + gpb * GEMM_R * 32; /* a panel, the rows' accumulators */
+    /* a panel (and its bf16 pairs), the rows' accumulators */
+    const int64_t per_thread = PANEL_K * TILE_ROWS + PANEL_K / 2 * TILE_ROWS + gpb * GEMM_R * 32;
     float *xf = malloc((size_t)(M * K) * sizeof(float));
     float *work = aligned_alloc(64, (size_t)(nthreads * per_thread) * sizeof(float));
     if (!xf || !work) {
         free(xf), free(work);
         return 2;
     }
+#if AGENTKV_TGEMM_BF16
+    uint32_t *xb = (uint32_t *)xf; /* x as bf16 column pairs, in place of its fp32 packing (half its size) */
+#endif
 #pragma omp parallel num_threads(nthreads) if (ntiles * K * M > 65536)
     {
         const int64_t nt = omp_threads(), me = omp_me();
         for (int64_t i = me; i < ng; i += nt) {  /* each group's rows packed, column by column */
             const int64_t g = group_start(M, ng, i), R = group_start(M, ng, i + 1) - g;
+#if AGENTKV_TGEMM_BF16
+            if (use_bf16) {
+                for (int64_t m = 0; m < R; m++)
+                    for (int64_t k = 0; k < K; k += 2)
+                        xb[g * K / 2 + k / 2 * R + m] = bf16_pair(load1(x, (g + m) * x_ld + k, bf),
+                                                                  load1(x, (g + m) * x_ld + k + 1, bf));
+                continue;
+            }
+#endif
             for (int64_t m = 0; m < R; m++)
                 for (int64_t k = 0; k < K; k++) xf[g * K + k * R + m] = load1(x, (g + m) * x_ld + k, bf);
         }
 #pragma omp barrier
-        float *wt = work + me * per_thread, *acc = wt + PANEL_K * TILE_ROWS;
+        float *wt = work + me * per_thread, *acc = wt + PANEL_K * TILE_ROWS + PANEL_K / 2 * TILE_ROWS;
         for (int64_t i0 = 0; i0 < ng; i0 += gpb) {
             const int64_t i1 = i0 + gpb < ng ? i0 + gpb : ng, m0 = group_start(M, ng, i0);
             const int64_t rows = group_start(M, ng, i1) - m0;
@@ -167,6 +242,17 @@ int agentkv_qtile_exact(int qtype, int bf, const void *x, int64_t x_ld, int64_t 
                             __builtin_prefetch(tile + (b + PREFETCH_BLOCKS) * tb + ahead, 0, 0);
                         agentkv_tile_block_cols(qtype, tile + b * tb, wt + TILE_ROWS * (b * bw - c0), generic);
                     }
+#if AGENTKV_TGEMM_BF16
+                    if (use_bf16) {  /* the panel as bf16 pairs of columns, then every group against it */
+                        uint32_t *wb = (uint32_t *)(wt + PANEL_K * TILE_ROWS);
+                        panel_pairs(wt, kc, wb);
+                        for (int64_t i = i0; i < i1; i++) {
+                            const int64_t g = group_start(M, ng, i), R = group_start(M, ng, i + 1) - g;
+                            micro_b(wb, kc, xb + g * K / 2 + c0 / 2 * R, acc + 32 * (g - m0), (int)R);
+                        }
+                        continue;
+                    }
+#endif
                     for (int64_t i = i0; i < i1; i++) {
                         const int64_t g = group_start(M, ng, i), R = group_start(M, ng, i + 1) - g;
                         micro(generic, wt, kc, xf + g * K + c0 * R, acc + 32 * (g - m0), (int)R);
