@@ -228,6 +228,10 @@ def measure(args, path, engines, weight_bytes, tensor_bytes) -> None:
     ids = engines["kept"].submit(_prompt_ids, args.prompt_tokens).result()
     peer = llama_cpp_peer.call(llama_cpp_peer.prompt_rate, str(path), ids, args.repeats, torch.get_num_threads())
     print(f"prompt of {args.prompt_tokens}: tok/s kept {ours:7.1f}  {_peer(peer, ours)}")
+    if "bf16prompt" in engines:  # the opt-in bf16 body beside the exact one
+        rate = engines["bf16prompt"].submit(prompt_rate, args.prompt_tokens, args.repeats).result()
+        print(f"prompt of {args.prompt_tokens}: tok/s bf16prompt {rate:7.1f} ({rate / ours:.2f}x kept)  "
+              f"{_peer(peer, rate, 'bf16prompt')}")
     prefix_tokens, new_tokens = (int(v) for v in args.extend.split(","))
     if new_tokens:
         kept = engines["kept"]
@@ -240,17 +244,21 @@ def measure(args, path, engines, weight_bytes, tensor_bytes) -> None:
         print(f"{new_tokens} new tokens after {prefix_tokens} cached: tok/s kept {ours:7.1f} "
               f"({new_tokens / ours * 1e3:.1f} ms; its products {achieved / 1e9:.0f} GFLOP/s, "
               f"{achieved / peak:.0%} of the cores' fp32 FMA peak, {peak / 1e9:.0f})  {_peer(peer, ours)}")
+        if "bf16prompt" in engines:
+            rate, _ = engines["bf16prompt"].submit(extend_rate, prefix_tokens, new_tokens, args.repeats).result()
+            print(f"{new_tokens} new tokens after {prefix_tokens} cached: tok/s bf16prompt {rate:7.1f} "
+                  f"({new_tokens / rate * 1e3:.1f} ms, {rate / ours:.2f}x kept)  {_peer(peer, rate, 'bf16prompt')}")
 
 
 def _prompt_ids(tokens: int) -> list[int]:
     return _engine.tokenizer.encode(PROMPT * (tokens // 8 + 1))[:tokens]
 
 
-def _peer(rate: float | None, ours: float) -> str:
+def _peer(rate: float | None, ours: float, name: str = "kept") -> str:
     if rate is None:
         return "llama.cpp: " + ("its process died (see llama_cpp_peer.py)" if llama_cpp_peer.available()
                                 else "llama-cpp-python not installed")
-    return f"llama.cpp {rate:7.1f} (kept/llama.cpp {ours / rate:.2f}x)"
+    return f"llama.cpp {rate:7.1f} ({name}/llama.cpp {ours / rate:.2f}x)"
 
 
 if __name__ == "__main__":

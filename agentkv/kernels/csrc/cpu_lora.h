@@ -143,6 +143,30 @@ INLINE void lora_shrink_rows(const LoraMat *m, const float *x, int64_t xld, int 
     }
 }
 
+/* t[j] for the ranks j0 <= j < j1 of the pieces' ranks in order (a thread's share of one row's shrink): each
+   rank's number lora_shrink's */
+INLINE void lora_shrink_range(const LoraMat *m, const float *x, int64_t K, float *t, int64_t j0, int64_t j1,
+                              int generic) {
+    for (int64_t p = 0, at = 0; p < m->pieces; p++) {
+        const LoraPiece *pc = m->piece + p;
+        const int bf = (int)pc->bf;
+        const size_t row = (size_t)K * (bf ? 2 : 4);
+        int64_t j = (j0 > at ? j0 : at) - at;
+        const int64_t end = (j1 < at + pc->rank ? j1 : at + pc->rank) - at;
+#if AGENTKV_AVX512
+        if (!generic)
+            for (; j + 4 <= end; j += 4) {
+                if (bf) lora_dot4((const char *)pc->a + j * row, K, x, 1, t + at + j);
+                else lora_dot4((const char *)pc->a + j * row, K, x, 0, t + at + j);
+            }
+#endif
+        for (; j < end; j++)
+            t[at + j] = bf ? lora_dot((const char *)pc->a + j * row, x, K, 1, generic)
+                           : lora_dot((const char *)pc->a + j * row, x, K, 0, generic);
+        at += pc->rank;
+    }
+}
+
 /* t [m->rank] = x [K] times every piece's A, the pieces' ranks in order */
 INLINE void lora_shrink(const LoraMat *m, const float *x, int64_t K, float *t, int generic) {
     lora_shrink_rows(m, x, 0, 1, K, t, 0, generic);

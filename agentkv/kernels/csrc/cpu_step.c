@@ -166,6 +166,7 @@ typedef struct {
     float *x, *h, *qkv, *gu;
     float *lt;         /* [M][LORA_TARGETS][LORA_MAX_RANK]: each token's shrunk inputs of its adapter's updates */
     float *act;        /* [M][inter]: the MLP's activations, where an adapter updates the down projection */
+    float *hn;         /* [threads][width]: a thread's own copy of a normed row whose shrink it shares */
     float *parts;      /* [M][KVH x chunks][max_parts][part_stride]: attention's parts, before their merge */
     QRows qa, qo, qd;  /* quantized inputs of qkv and gate_up (hidden), o (heads x head_dim), down (inter) */
     int64_t *top_idx;  /* [threads][M][R]: each thread's best logits of its tiles */
@@ -175,7 +176,7 @@ typedef struct {
 
 static void free_scratch(Scratch *s) {
     free(s->x), free(s->h), free(s->qkv), free(s->gu), free(s->parts), free(s->top_idx), free(s->top_val);
-    free(s->lt), free(s->act);
+    free(s->lt), free(s->act), free(s->hn);
     free(s->top_n);
     agentkv_qrows_free(&s->qa), agentkv_qrows_free(&s->qo), agentkv_qrows_free(&s->qd);
 }
@@ -213,6 +214,7 @@ typedef struct {  /* one call's inputs and scratch, what every thread of its job
     int R, generic;
     const StepLora *lora;  /* NULL: no token has an adapter */
     int lora_down;         /* some token's adapter updates the down projection */
+    int lora_split;        /* fewer tokens than threads: every thread takes a share of each token's shrink */
     Scratch s;
 } StepRun;
 
@@ -231,6 +233,43 @@ INLINE float *lora_t(const StepRun *run, int64_t m, int target) {
 INLINE void lora_in(const StepRun *run, int64_t l, int target, int64_t m, const float *x, int64_t K) {
     const LoraMat *mat = lora_of(run, l, target, m);
     if (mat) lora_shrink(mat, x, K, lora_t(run, m, target), run->generic);
+}
+
+/* thread `me`'s share (whole groups of 4 ranks) of token m's shrink of x */
+INLINE void lora_in_share(const StepRun *run, int64_t l, int target, int64_t m, const float *x, int64_t K, int me,
+                          int nt) {
+    const LoraMat *mat = lora_of(run, l, target, m);
+    if (!mat) return;
+    const int64_t groups = (mat->rank + 3) / 4, j0 = groups * me / nt * 4, j1 = groups * (me + 1) / nt * 4;
+    lora_shrink_range(mat, x, K, lora_t(run, m, target), j0, j1 < mat->rank ? j1 : mat->rank, run->generic);
+}
+
+/* every token's shrink of a normed input (linear `target`), in the phase that norms it: with fewer tokens than
+   threads (a lone decode) each thread norms a token again into its own row and takes a share of its ranks, where
+   the token's thread would do all of them while the others wait at the barrier */
+INLINE void lora_in_normed(const StepRun *run, int64_t l, int target, const float *norm, int me, int nt) {
+    const StepModel *md = run->md;
+    const int64_t hid = md->hidden;
+    for (int64_t m = 0; run->lora && m < run->M; m++) {
+        if (!run->lora_split) {
+            if (m % nt == me) lora_in(run, l, target, m, run->s.h + m * run->width, hid);
+            continue;
+        }
+        if (!lora_of(run, l, target, m)) continue;
+        float *x = run->s.hn + (int64_t)me * run->width;  /* (the same numbers norm_quant puts in s.h) */
+        rms_row(run->s.x + m * hid, norm, hid, md->eps, x, 0, run->generic);
+        lora_in_share(run, l, target, m, x, hid, me, nt);
+    }
+}
+
+/* every token's shrink of a whole input `in` (rows `ld` apart, K columns): a share each with fewer tokens than
+   threads, else a token each */
+INLINE void lora_in_rows(const StepRun *run, int64_t l, int target, const float *in, int64_t ld, int64_t K, int me,
+                         int nt) {
+    for (int64_t m = 0; run->lora && m < run->M; m++) {
+        if (run->lora_split) lora_in_share(run, l, target, m, in + m * ld, K, me, nt);
+        else if (m % nt == me) lora_in(run, l, target, m, in + m * ld, K);
+    }
 }
 
 /* every token's update of linear `target` added to the columns this thread's tiles of w wrote into out */
@@ -292,10 +331,9 @@ static void step_job(void *arg, int me, int nt) {
     agentkv_pool_barrier(nt);
     for (int64_t l = 0; l < md->layers; l++) {
         const StepLayer *L = md->layer + l;
-        for (int64_t m = me; m < M; m += nt) {
+        for (int64_t m = me; m < M; m += nt)
             norm_quant(s->x + m * hid, L->attn_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
-            lora_in(run, l, L_QKV, m, s->h + m * width, hid);
-        }
+        lora_in_normed(run, l, L_QKV, L->attn_norm, me, nt);
         agentkv_pool_barrier(nt);
         mat_share(&L->qkv, &s->qa, M, me, nt, NULL, 0, s->qkv, qkv_n, generic);
         lora_out(run, l, L_QKV, &L->qkv, s->qkv, qkv_n, me, nt);
@@ -333,13 +371,12 @@ static void step_job(void *arg, int me, int nt) {
             const int64_t m = item / (H * D / QK), b = item % (H * D / QK);
             quantize_blocks(s->h + m * width, &s->qo, m, b, b + 1);
         }
-        for (int64_t m = me; run->lora && m < M; m += nt) lora_in(run, l, L_O, m, s->h + m * width, H * D);
+        lora_in_rows(run, l, L_O, s->h, width, H * D, me, nt);
         agentkv_pool_barrier(nt);
         residual_out(md, &L->o, &s->qo, L->post_attn_norm, run, l, L_O, me, nt);
-        for (int64_t m = me; m < M; m += nt) {
+        for (int64_t m = me; m < M; m += nt)
             norm_quant(s->x + m * hid, L->mlp_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
-            lora_in(run, l, L_GATE_UP, m, s->h + m * width, hid);
-        }
+        lora_in_normed(run, l, L_GATE_UP, L->mlp_norm, me, nt);
         agentkv_pool_barrier(nt);
         mat_share(&L->gate_up, &s->qa, M, me, nt, NULL, 0, s->gu, 2 * inter, generic);
         lora_out(run, l, L_GATE_UP, &L->gate_up, s->gu, 2 * inter, me, nt);
@@ -354,7 +391,7 @@ static void step_job(void *arg, int me, int nt) {
         }
         agentkv_pool_barrier(nt);
         if (run->lora_down) {  /* a row's activations are whole only now: their shrink is a phase of its own */
-            for (int64_t m = me; m < M; m += nt) lora_in(run, l, L_DOWN, m, s->act + m * inter, inter);
+            lora_in_rows(run, l, L_DOWN, s->act, inter, inter, me, nt);
             agentkv_pool_barrier(nt);
         }
         residual_out(md, &L->down, &s->qd, L->post_mlp_norm, run, l, L_DOWN, me, nt);
@@ -445,7 +482,7 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
     chunks = (G + ng - 1) / ng;
     const int64_t width = hid > H * D ? hid : H * D, part_stride = ng * (D + 2);
     StepRun run = {md, M, S, chunks, ng, width, max_parts, part_stride, ids, pos, out_loc, table, rows, sel, table_ld,
-                   logits, hidden, R, generic, lora, lora_down, {0}};
+                   logits, hidden, R, generic, lora, lora_down, lora != NULL && M < nthreads, {0}};
     Scratch *s = &run.s;
     if (max_parts > 1) {
         s->parts = malloc((size_t)(M * KVH * chunks * max_parts * part_stride) * sizeof(float));
@@ -461,7 +498,8 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
     if (lora) {
         s->lt = malloc((size_t)(M * LORA_TARGETS * LORA_MAX_RANK) * sizeof(float));
         s->act = lora_down ? malloc((size_t)(M * inter) * sizeof(float)) : NULL;
-        if (!s->lt || (lora_down && !s->act)) {
+        s->hn = malloc((size_t)(nthreads * width) * sizeof(float));
+        if (!s->lt || (lora_down && !s->act) || !s->hn) {
             free_scratch(s);
             return 7;
         }
