@@ -20,62 +20,8 @@ the columns each thread's tiles wrote. */
 
 #include <stdlib.h>
 
-#include "cpu_lora.h"
-#include "cpu_pool.h"
-#include "cpu_rows.h"
-#include "cpu_tiles.h"
-
-#define MAX_PARTS 3
-
-typedef struct {
-    int64_t qtype, N;      /* a tiled type (cpu_blocks.h), and the part's rows */
-    const uint8_t *tiles;
-} StepPart;
-
-/* a linear: its parts stacked along N, each in tiles of its own type (a Q4_K_M file's q and k in Q4_K
-   beside a v in Q6_K; most linears are one part) */
-typedef struct {
-    int64_t N, K;
-    const float *bias;     /* [N] or NULL */
-    int64_t parts;
-    StepPart part[MAX_PARTS];
-} StepMat;
-
-typedef struct {
-    const float *attn_norm, *mlp_norm;  /* [hidden] */
-    const float *q_norm, *k_norm;       /* [head_dim] (Qwen3's per-head norms) or NULL */
-    StepMat qkv, o, gate_up, down;      /* qkv: q, k, v side by side; gate_up: gate, up */
-    void *k_cache, *v_cache;            /* [num_slots, kv_heads, head_dim], fp32 or bf16 (StepModel.kv_bf16) */
-    const float *cos, *sin;             /* [positions, head_dim] (Gemma 3's windowed layers: their own base) */
-    int64_t window;                     /* keys a query sees, its own included; 0: all */
-    /* Gemma's sandwich: attention's and the MLP's outputs normed before they join the residual (mlp_norm
-       then the norm before the MLP); NULL for the other families */
-    const float *post_attn_norm, *post_mlp_norm;
-} StepLayer;
-
-typedef struct {
-    int64_t layers, hidden, heads, kv_heads, head_dim, rot, inter, vocab, num_slots, positions;
-    float eps, scale, attn_softcap, embed_scale;  /* embed_scale: Gemma's sqrt(hidden) (fp32), else 0 */
-    int64_t embed_qtype;   /* -1: an fp32 table [vocab, hidden]; else a quantized one */
-    int64_t embed_tiled;   /* its blocks in tiles (a tied vocabulary projection's) */
-    const void *embed;
-    const float *final_norm;
-    StepMat lm_head;
-    int64_t rescore;       /* each token's this many top logits re-scored exactly */
-    const StepLayer *layer;
-    int64_t kv_bf16;       /* the KV caches hold bf16 (rounded to nearest even), else fp32 */
-    int64_t gelu;          /* the MLP's activation GELU's tanh form (Gemma), else silu */
-} StepModel;
-
-#define MAX_RESCORE 64
-
-typedef struct {
-    const int64_t *row_adapter; /* [M]: each token's index into adapters, -1: none */
-    const LoraAdapter *adapters;
-    int64_t count;
-} StepLora;
-
-enum { L_QKV, L_O, L_GATE_UP, L_DOWN }; /* cpu_lora.h's targets' order */
+#include "cpu_step.h"
+#include "cpu_step_lora.h"
 
 /* cpu_attention_tasks.c: one decoding token's attention for some query heads of a KV head, whole or a part of
    its keys at a time, and the parts merged */
@@ -105,42 +51,6 @@ static int check(const StepModel *md, int64_t M, const int64_t *ids, const int64
     return 0;
 }
 
-INLINE int64_t share(int64_t n, int me, int nt) { return n * me / nt; }
-
-INLINE int64_t tiles_of(int64_t rows) { return (rows + TILE_ROWS - 1) / TILE_ROWS; }
-
-/* the tiles of W that thread `me` of `nt` multiplies: its share of all parts' tiles in order */
-INLINE void mat_share(const StepMat *w, const QRows *x, int64_t M, int me, int nt, const float *res, int64_t r_ld,
-                      float *out, int64_t out_ld, int generic) {
-    int64_t total = 0;
-    for (int64_t p = 0; p < w->parts; p++) total += tiles_of(w->part[p].N);
-    const int64_t t0 = share(total, me, nt), t1 = share(total, me + 1, nt);
-    for (int64_t p = 0, first = 0, row = 0; p < w->parts; p++) {
-        const StepPart *part = w->part + p;
-        const int64_t n = tiles_of(part->N), a = t0 > first ? t0 - first : 0, b = t1 - first < n ? t1 - first : n;
-        if (a < b)
-            agentkv_qtile_range((int)part->qtype, part->tiles, part->N, w->K, x, M, a, b,
-                                w->bias ? w->bias + row : NULL, res ? res + row : NULL, r_ld, out + row, out_ld, 0,
-                                generic);
-        first += n, row += part->N;
-    }
-}
-
-/* the output columns [c0, c1) that thread `me` of `nt` writes in mat_share (its tiles, in order over the parts) */
-INLINE void mat_cols(const StepMat *w, int me, int nt, int64_t *c0, int64_t *c1) {
-    int64_t total = 0;
-    for (int64_t p = 0; p < w->parts; p++) total += tiles_of(w->part[p].N);
-    const int64_t t0 = share(total, me, nt), t1 = share(total, me + 1, nt);
-    int64_t first = 0, row = 0;
-    *c0 = *c1 = 0;
-    for (int64_t p = 0; p < w->parts; p++) {  /* a tile index to its first column: its part's row + its place */
-        const int64_t n = tiles_of(w->part[p].N), N = w->part[p].N;
-        if (t0 >= first && t0 <= first + n) *c0 = row + ((t0 - first) * TILE_ROWS < N ? (t0 - first) * TILE_ROWS : N);
-        if (t1 >= first && t1 <= first + n) *c1 = row + ((t1 - first) * TILE_ROWS < N ? (t1 - first) * TILE_ROWS : N);
-        first += n, row += N;
-    }
-}
-
 /* row m of x normed into `h` and quantized into `q` */
 INLINE void norm_quant(const float *x, const float *w, int64_t n, float eps, float *h, const QRows *q, int64_t m,
                        int generic) {
@@ -161,18 +71,6 @@ static void embed_row(const StepModel *md, int64_t id, float *out) {
         for (int64_t b = 0; b < nb; b++) dequant_any(qt, row, b, out + b * bw);
     }
 }
-
-typedef struct {
-    float *x, *h, *qkv, *gu;
-    float *lt;         /* [M][LORA_TARGETS][LORA_MAX_RANK]: each token's shrunk inputs of its adapter's updates */
-    float *act;        /* [M][inter]: the MLP's activations, where an adapter updates the down projection */
-    float *hn;         /* [threads][width]: a thread's own copy of a normed row whose shrink it shares */
-    float *parts;      /* [M][KVH x chunks][max_parts][part_stride]: attention's parts, before their merge */
-    QRows qa, qo, qd;  /* quantized inputs of qkv and gate_up (hidden), o (heads x head_dim), down (inter) */
-    int64_t *top_idx;  /* [threads][M][R]: each thread's best logits of its tiles */
-    float *top_val;
-    int *top_n;
-} Scratch;
 
 static void free_scratch(Scratch *s) {
     free(s->x), free(s->h), free(s->qkv), free(s->gu), free(s->parts), free(s->top_idx), free(s->top_val);
@@ -201,91 +99,6 @@ INLINE void place_heads(const StepModel *md, const StepLayer *L, float *qkv, int
             memcpy((float *)L->k_cache + at, head, (size_t)D * sizeof(float));
             memcpy((float *)L->v_cache + at, v, (size_t)D * sizeof(float));
         }
-    }
-}
-
-typedef struct {  /* one call's inputs and scratch, what every thread of its job reads */
-    const StepModel *md;
-    int64_t M, S, chunks, ng, width;
-    int64_t max_parts, part_stride;  /* the most parts a token's keys are attended in (any layer), floats a part */
-    const int64_t *ids, *pos, *out_loc, *table, *rows, *sel;
-    int64_t table_ld;
-    float *logits, *hidden;
-    int R, generic;
-    const StepLora *lora;  /* NULL: no token has an adapter */
-    int lora_down;         /* some token's adapter updates the down projection */
-    int lora_split;        /* fewer tokens than threads: every thread takes a share of each token's shrink */
-    Scratch s;
-} StepRun;
-
-/* token m's adapter's update of linear `target` of layer l (NULL: none) */
-INLINE const LoraMat *lora_of(const StepRun *run, int64_t l, int target, int64_t m) {
-    if (!run->lora || run->lora->row_adapter[m] < 0) return NULL;
-    const LoraMat *mat = &run->lora->adapters[run->lora->row_adapter[m]].layer[l].mat[target];
-    return mat->pieces ? mat : NULL;
-}
-
-INLINE float *lora_t(const StepRun *run, int64_t m, int target) {
-    return run->s.lt + (m * LORA_TARGETS + target) * LORA_MAX_RANK;
-}
-
-/* token m's input x (K) of linear `target` shrunk, where its adapter updates it */
-INLINE void lora_in(const StepRun *run, int64_t l, int target, int64_t m, const float *x, int64_t K) {
-    const LoraMat *mat = lora_of(run, l, target, m);
-    if (mat) lora_shrink(mat, x, K, lora_t(run, m, target), run->generic);
-}
-
-/* thread `me`'s share (whole groups of 4 ranks) of token m's shrink of x */
-INLINE void lora_in_share(const StepRun *run, int64_t l, int target, int64_t m, const float *x, int64_t K, int me,
-                          int nt) {
-    const LoraMat *mat = lora_of(run, l, target, m);
-    if (!mat) return;
-    const int64_t groups = (mat->rank + 3) / 4, j0 = groups * me / nt * 4, j1 = groups * (me + 1) / nt * 4;
-    lora_shrink_range(mat, x, K, lora_t(run, m, target), j0, j1 < mat->rank ? j1 : mat->rank, run->generic);
-}
-
-/* every token's shrink of a normed input (linear `target`), in the phase that norms it: with fewer tokens than
-   threads (a lone decode) each thread norms a token again into its own row and takes a share of its ranks, where
-   the token's thread would do all of them while the others wait at the barrier */
-INLINE void lora_in_normed(const StepRun *run, int64_t l, int target, const float *norm, int me, int nt) {
-    const StepModel *md = run->md;
-    const int64_t hid = md->hidden;
-    for (int64_t m = 0; run->lora && m < run->M; m++) {
-        if (!run->lora_split) {
-            if (m % nt == me) lora_in(run, l, target, m, run->s.h + m * run->width, hid);
-            continue;
-        }
-        if (!lora_of(run, l, target, m)) continue;
-        float *x = run->s.hn + (int64_t)me * run->width;  /* (the same numbers norm_quant puts in s.h) */
-        rms_row(run->s.x + m * hid, norm, hid, md->eps, x, 0, run->generic);
-        lora_in_share(run, l, target, m, x, hid, me, nt);
-    }
-}
-
-/* every token's shrink of a whole input `in` (rows `ld` apart, K columns): a share each with fewer tokens than
-   threads, else a token each */
-INLINE void lora_in_rows(const StepRun *run, int64_t l, int target, const float *in, int64_t ld, int64_t K, int me,
-                         int nt) {
-    for (int64_t m = 0; run->lora && m < run->M; m++) {
-        if (run->lora_split) lora_in_share(run, l, target, m, in + m * ld, K, me, nt);
-        else if (m % nt == me) lora_in(run, l, target, m, in + m * ld, K);
-    }
-}
-
-/* every token's update of linear `target` added to the columns this thread's tiles of w wrote into out */
-INLINE void lora_out(const StepRun *run, int64_t l, int target, const StepMat *w, float *out, int64_t ld, int me,
-                     int nt) {
-    if (!run->lora) return;
-    int64_t c0, c1;
-    mat_cols(w, me, nt, &c0, &c1);
-    for (int64_t m = 0; m < run->M;) {  /* consecutive tokens of one adapter (up to 4) together: B read once */
-        const LoraMat *mat = lora_of(run, l, target, m);
-        int64_t e = m + 1;
-        while (mat && e < run->M && e < m + 4 && lora_of(run, l, target, e) == mat) e++;
-        if (mat)
-            lora_expand_rows(mat, lora_t(run, m, target), LORA_TARGETS * LORA_MAX_RANK, (int)(e - m), c0, c1,
-                             out + m * ld, ld, run->generic);
-        m = e;
     }
 }
 

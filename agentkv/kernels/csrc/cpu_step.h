@@ -1,0 +1,126 @@
+/* The native decode step's types (cpu_step.c): the model as engine/native_step.py describes it, a pass's
+LoRA adapters, a call's scratch and inputs, and how a matrix's tiles are shared among the threads. */
+
+#ifndef AGENTKV_CPU_STEP_H
+#define AGENTKV_CPU_STEP_H
+
+#include "cpu_lora.h"
+#include "cpu_pool.h"
+#include "cpu_rows.h"
+#include "cpu_tiles.h"
+
+#define MAX_PARTS 3
+
+typedef struct {
+    int64_t qtype, N;      /* a tiled type (cpu_blocks.h), and the part's rows */
+    const uint8_t *tiles;
+} StepPart;
+
+/* a linear: its parts stacked along N, each in tiles of its own type (a Q4_K_M file's q and k in Q4_K
+   beside a v in Q6_K; most linears are one part) */
+typedef struct {
+    int64_t N, K;
+    const float *bias;     /* [N] or NULL */
+    int64_t parts;
+    StepPart part[MAX_PARTS];
+} StepMat;
+
+typedef struct {
+    const float *attn_norm, *mlp_norm;  /* [hidden] */
+    const float *q_norm, *k_norm;       /* [head_dim] (Qwen3's per-head norms) or NULL */
+    StepMat qkv, o, gate_up, down;      /* qkv: q, k, v side by side; gate_up: gate, up */
+    void *k_cache, *v_cache;            /* [num_slots, kv_heads, head_dim], fp32 or bf16 (StepModel.kv_bf16) */
+    const float *cos, *sin;             /* [positions, head_dim] (Gemma 3's windowed layers: their own base) */
+    int64_t window;                     /* keys a query sees, its own included; 0: all */
+    /* Gemma's sandwich: attention's and the MLP's outputs normed before they join the residual (mlp_norm
+       then the norm before the MLP); NULL for the other families */
+    const float *post_attn_norm, *post_mlp_norm;
+} StepLayer;
+
+typedef struct {
+    int64_t layers, hidden, heads, kv_heads, head_dim, rot, inter, vocab, num_slots, positions;
+    float eps, scale, attn_softcap, embed_scale;  /* embed_scale: Gemma's sqrt(hidden) (fp32), else 0 */
+    int64_t embed_qtype;   /* -1: an fp32 table [vocab, hidden]; else a quantized one */
+    int64_t embed_tiled;   /* its blocks in tiles (a tied vocabulary projection's) */
+    const void *embed;
+    const float *final_norm;
+    StepMat lm_head;
+    int64_t rescore;       /* each token's this many top logits re-scored exactly */
+    const StepLayer *layer;
+    int64_t kv_bf16;       /* the KV caches hold bf16 (rounded to nearest even), else fp32 */
+    int64_t gelu;          /* the MLP's activation GELU's tanh form (Gemma), else silu */
+} StepModel;
+
+#define MAX_RESCORE 64
+
+typedef struct {
+    const int64_t *row_adapter; /* [M]: each token's index into adapters, -1: none */
+    const LoraAdapter *adapters;
+    int64_t count;
+} StepLora;
+
+enum { L_QKV, L_O, L_GATE_UP, L_DOWN }; /* cpu_lora.h's targets' order */
+
+typedef struct {
+    float *x, *h, *qkv, *gu;
+    float *lt;         /* [M][LORA_TARGETS][LORA_MAX_RANK]: each token's shrunk inputs of its adapter's updates */
+    float *act;        /* [M][inter]: the MLP's activations, where an adapter updates the down projection */
+    float *hn;         /* [threads][width]: a thread's own copy of a normed row whose shrink it shares */
+    float *parts;      /* [M][KVH x chunks][max_parts][part_stride]: attention's parts, before their merge */
+    QRows qa, qo, qd;  /* quantized inputs of qkv and gate_up (hidden), o (heads x head_dim), down (inter) */
+    int64_t *top_idx;  /* [threads][M][R]: each thread's best logits of its tiles */
+    float *top_val;
+    int *top_n;
+} Scratch;
+
+typedef struct {  /* one call's inputs and scratch, what every thread of its job reads */
+    const StepModel *md;
+    int64_t M, S, chunks, ng, width;
+    int64_t max_parts, part_stride;  /* the most parts a token's keys are attended in (any layer), floats a part */
+    const int64_t *ids, *pos, *out_loc, *table, *rows, *sel;
+    int64_t table_ld;
+    float *logits, *hidden;
+    int R, generic;
+    const StepLora *lora;  /* NULL: no token has an adapter */
+    int lora_down;         /* some token's adapter updates the down projection */
+    int lora_split;        /* fewer tokens than threads: every thread takes a share of each token's shrink */
+    Scratch s;
+} StepRun;
+
+INLINE int64_t share(int64_t n, int me, int nt) { return n * me / nt; }
+
+INLINE int64_t tiles_of(int64_t rows) { return (rows + TILE_ROWS - 1) / TILE_ROWS; }
+
+/* the tiles of W that thread `me` of `nt` multiplies: its share of all parts' tiles in order */
+INLINE void mat_share(const StepMat *w, const QRows *x, int64_t M, int me, int nt, const float *res, int64_t r_ld,
+                      float *out, int64_t out_ld, int generic) {
+    int64_t total = 0;
+    for (int64_t p = 0; p < w->parts; p++) total += tiles_of(w->part[p].N);
+    const int64_t t0 = share(total, me, nt), t1 = share(total, me + 1, nt);
+    for (int64_t p = 0, first = 0, row = 0; p < w->parts; p++) {
+        const StepPart *part = w->part + p;
+        const int64_t n = tiles_of(part->N), a = t0 > first ? t0 - first : 0, b = t1 - first < n ? t1 - first : n;
+        if (a < b)
+            agentkv_qtile_range((int)part->qtype, part->tiles, part->N, w->K, x, M, a, b,
+                                w->bias ? w->bias + row : NULL, res ? res + row : NULL, r_ld, out + row, out_ld, 0,
+                                generic);
+        first += n, row += part->N;
+    }
+}
+
+/* the output columns [c0, c1) that thread `me` of `nt` writes in mat_share (its tiles, in order over the parts) */
+INLINE void mat_cols(const StepMat *w, int me, int nt, int64_t *c0, int64_t *c1) {
+    int64_t total = 0;
+    for (int64_t p = 0; p < w->parts; p++) total += tiles_of(w->part[p].N);
+    const int64_t t0 = share(total, me, nt), t1 = share(total, me + 1, nt);
+    int64_t first = 0, row = 0;
+    *c0 = *c1 = 0;
+    for (int64_t p = 0; p < w->parts; p++) {  /* a tile index to its first column: its part's row + its place */
+        const int64_t n = tiles_of(w->part[p].N), N = w->part[p].N;
+        if (t0 >= first && t0 <= first + n) *c0 = row + ((t0 - first) * TILE_ROWS < N ? (t0 - first) * TILE_ROWS : N);
+        if (t1 >= first && t1 <= first + n) *c1 = row + ((t1 - first) * TILE_ROWS < N ? (t1 - first) * TILE_ROWS : N);
+        first += n, row += N;
+    }
+}
+
+#endif
