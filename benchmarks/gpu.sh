@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything agentkv checks and times on a lent GPU, in one call and without network (< 8 minutes):
-#   1. the kernel tests (test_triton_kernels.py, test_attention.py, test_flashinfer_backend.py), not interpreted,
+#   1. the kernel tests (test_triton_kernels.py, test_attention.py, test_flashinfer_backend.py, test_triton_lora.py: the
+#      LoRA kernels; their slots test needs peft), not interpreted,
 #      and the engine on the GPU (test_gpu_engine.py: CUDA graphs + overlap vs eager, sampling, grammars);
 #   2. benchmarks/gpu_kernels.py: Triton vs the torch backend vs FlashInfer, decode and extend attention;
 #   3. benchmarks/gpu_engine.py: engine throughput, embedded SmolLM2-135M (CUDA graphs and overlap scheduling
@@ -34,7 +35,7 @@ step() {  # name, seconds, command...
 }
 
 step kernel-tests 150 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/kernels/test_attention.py \
-    tests/kernels/test_flashinfer_backend.py tests/engine/test_gpu_engine.py
+    tests/kernels/test_flashinfer_backend.py tests/kernels/test_triton_lora.py tests/engine/test_gpu_engine.py
 tail -3 "$OUT/kernel-tests.log" >> "$summary"
 step kernels 120 $PY benchmarks/gpu_kernels.py --out "$OUT/kernels.md"
 step engine 210 $PY benchmarks/gpu_engine.py --out "$OUT/engine.md"

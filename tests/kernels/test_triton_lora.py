@@ -12,7 +12,6 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-pytest.importorskip("peft")
 if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("triton was imported without TRITON_INTERPRET=1 and there is no GPU", allow_module_level=True)
 
@@ -21,7 +20,7 @@ from agentkv.engine.lora.files import load_adapter  # noqa: E402
 from agentkv.engine.lora.slots import LoraSlots  # noqa: E402
 from agentkv.engine.model_config import ModelConfig  # noqa: E402
 from agentkv.kernels.triton_lora import lora_update  # noqa: E402
-from tests.lora_helpers import ATTENTION, MLP, make_adapter  # noqa: E402
+from tests.lora_helpers import ATTENTION, MLP, make_adapter  # noqa: E402  (peft imported when called)
 from tests.tiny import make_tiny_model  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -48,6 +47,7 @@ def test_the_update_is_torchs(dtype, rows, rank, k, n):
 
 
 def test_a_pass_through_the_slots_is_the_c_paths(tmp_path):
+    pytest.importorskip("peft")  # (the adapters are made with it; a device image may lack it)
     base = make_tiny_model(tmp_path / "llama", "llama", hidden=96, heads=6, kv_heads=2, intermediate=200)
     cfg = ModelConfig.from_hf(json.loads((base / "config.json").read_text()))
     adapters = [load_adapter(f"a{i}", make_adapter(base, tmp_path / f"a{i}", r=r, seed=i, targets=t), cfg)
