@@ -278,11 +278,10 @@ def test_the_native_step_with_adapters_gives_the_python_paths_logits(tmp_path, m
 
 def _step_and_python_mixed(engine, jobs, step_and_python):
     """step_and_python over requests of several adapters submitted at once."""
-    seen = []
     real_generate = engine.generate
 
     def generate(prompts, max_tokens, **params):
-        seen.append(_submit(engine, jobs, max_tokens))
+        _submit(engine, jobs, max_tokens)
 
     engine.generate = generate
     try:

@@ -80,7 +80,8 @@ def _peft(name: str, path: Path, cfg: ModelConfig) -> LoraAdapter:
     scales = {}
     for (layer, module), ab in modules.items():
         rank = ab["A"].shape[0] if "A" in ab else 0
-        full = f"model.layers.{layer}.{'mlp' if module in ('gate_proj', 'up_proj', 'down_proj', 'gate_up_proj') else 'self_attn'}.{module}"  # noqa: E501
+        block = "mlp" if MODULES[module][0] in ("gate_up", "down") else "self_attn"
+        full = f"model.layers.{layer}.{block}.{module}"  # (the name PEFT's alpha_pattern is matched against)
         a = next((float(v) for p, v in alpha_pattern.items() if re.match(rf"(.*\.)?{p}$", full)), alpha)
         scales[(layer, module)] = a / math.sqrt(rank) if rslora else a / max(rank, 1)
     return _build(name, str(path), cfg, modules, scales, alpha)

@@ -15,14 +15,8 @@ from collections import OrderedDict
 
 import torch
 
-from agentkv.engine.lora.adapter import TARGETS, LoraAdapter, input_size
+from agentkv.engine.lora.adapter import TARGETS, LoraAdapter, column_offset, input_size
 from agentkv.engine.model_config import ModelConfig
-
-
-def output_size(cfg: ModelConfig, target: str) -> int:
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    return {"qkv": q + 2 * kv, "o": cfg.hidden_size, "gate_up": 2 * cfg.intermediate_size,
-            "down": cfg.hidden_size}[target]
 
 
 class LoraSlots:
@@ -76,7 +70,7 @@ class LoraSlots:
         """Stacked tensors of `capacity` slots and rank `rank`, what the slots held kept."""
         for i in range(self.cfg.num_layers):
             for target in TARGETS:
-                k, n = input_size(self.cfg, target), output_size(self.cfg, target)
+                k, n = input_size(self.cfg, target), column_offset(self.cfg, target, "all")[1]
                 a = torch.zeros(capacity, rank, k, dtype=self.dtype, device=self.device)
                 b = torch.zeros(capacity, rank, n, dtype=self.dtype, device=self.device)
                 if (i, target) in self.a:

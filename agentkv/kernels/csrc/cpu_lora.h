@@ -114,35 +114,6 @@ INLINE void lora_dot4_rows(const void *a, int64_t K, const float *x, int64_t xld
 }
 #endif
 
-/* lora_shrink of `rows` (1-4) rows of x (`xld` apart) into t (`tld` apart), A read once for them; each row's
-   numbers those of lora_shrink alone */
-INLINE void lora_shrink_rows(const LoraMat *m, const float *x, int64_t xld, int rows, int64_t K, float *t,
-                             int64_t tld, int generic) {
-    for (int64_t p = 0, at = 0; p < m->pieces; p++) {
-        const LoraPiece *pc = m->piece + p;
-        const int bf = (int)pc->bf;
-        const size_t row = (size_t)K * (bf ? 2 : 4);
-        int64_t j = 0;
-#if AGENTKV_AVX512
-        if (!generic && rows > 1)
-            for (; j + 4 <= pc->rank; j += 4) {
-                if (bf) lora_dot4_rows((const char *)pc->a + j * row, K, x, xld, rows, 1, t + at + j, tld);
-                else lora_dot4_rows((const char *)pc->a + j * row, K, x, xld, rows, 0, t + at + j, tld);
-            }
-        if (!generic && rows == 1)
-            for (; j + 4 <= pc->rank; j += 4) {
-                if (bf) lora_dot4((const char *)pc->a + j * row, K, x, 1, t + at + j);
-                else lora_dot4((const char *)pc->a + j * row, K, x, 0, t + at + j);
-            }
-#endif
-        for (int r = 0; r < rows; r++)
-            for (int64_t jj = j; jj < pc->rank; jj++)
-                t[r * tld + at + jj] = bf ? lora_dot((const char *)pc->a + jj * row, x + r * xld, K, 1, generic)
-                                          : lora_dot((const char *)pc->a + jj * row, x + r * xld, K, 0, generic);
-        at += pc->rank;
-    }
-}
-
 /* t[j] for the ranks j0 <= j < j1 of the pieces' ranks in order (a thread's share of one row's shrink): each
    rank's number lora_shrink's */
 INLINE void lora_shrink_range(const LoraMat *m, const float *x, int64_t K, float *t, int64_t j0, int64_t j1,
@@ -167,9 +138,37 @@ INLINE void lora_shrink_range(const LoraMat *m, const float *x, int64_t K, float
     }
 }
 
+/* lora_shrink of `rows` (1-4) rows of x (`xld` apart) into t (`tld` apart), A read once for them; each row's
+   numbers those of lora_shrink alone */
+INLINE void lora_shrink_rows(const LoraMat *m, const float *x, int64_t xld, int rows, int64_t K, float *t,
+                             int64_t tld, int generic) {
+    if (rows == 1) {
+        lora_shrink_range(m, x, K, t, 0, m->rank, generic);
+        return;
+    }
+    for (int64_t p = 0, at = 0; p < m->pieces; p++) {
+        const LoraPiece *pc = m->piece + p;
+        const int bf = (int)pc->bf;
+        const size_t row = (size_t)K * (bf ? 2 : 4);
+        int64_t j = 0;
+#if AGENTKV_AVX512
+        if (!generic)
+            for (; j + 4 <= pc->rank; j += 4) {
+                if (bf) lora_dot4_rows((const char *)pc->a + j * row, K, x, xld, rows, 1, t + at + j, tld);
+                else lora_dot4_rows((const char *)pc->a + j * row, K, x, xld, rows, 0, t + at + j, tld);
+            }
+#endif
+        for (int r = 0; r < rows; r++)
+            for (int64_t jj = j; jj < pc->rank; jj++)
+                t[r * tld + at + jj] = bf ? lora_dot((const char *)pc->a + jj * row, x + r * xld, K, 1, generic)
+                                          : lora_dot((const char *)pc->a + jj * row, x + r * xld, K, 0, generic);
+        at += pc->rank;
+    }
+}
+
 /* t [m->rank] = x [K] times every piece's A, the pieces' ranks in order */
 INLINE void lora_shrink(const LoraMat *m, const float *x, int64_t K, float *t, int generic) {
-    lora_shrink_rows(m, x, 0, 1, K, t, 0, generic);
+    lora_shrink_range(m, x, K, t, 0, m->rank, generic);
 }
 
 #if AGENTKV_AVX512
