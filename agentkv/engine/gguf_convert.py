@@ -222,6 +222,7 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool, rope_factors: dic
             # llama.cpp renormalizes the chosen experts' weights for Qwen3-MoE and Mixtral, not Qwen2-MoE
             norm_topk_prob=family != "qwen2_moe",
             shared_expert_intermediate_size=int(meta.get(f"{arch}.expert_shared_feed_forward_length") or 0),
+            shared_expert_gated=family == "qwen2_moe",
         )
     window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
     layers = int(get("block_count"))

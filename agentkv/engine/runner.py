@@ -12,7 +12,7 @@ from agentkv.engine.lora.adapter import LoraAdapter
 from agentkv.engine.lora.apply import LoraBatch
 from agentkv.engine.lora.slots import LoraSlots
 from agentkv.engine.memory import KVPool, ReqToTokenPool
-from agentkv.engine.model import CausalLM, ForwardContext
+from agentkv.engine.model import CausalLM, ForwardContext, finish_logits
 from agentkv.kernels.base import AttentionBackend, AttentionMetadata
 
 
@@ -160,9 +160,9 @@ class ModelRunner:
     def exact_logits(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The exact logits [n, R] of tokens `ids` [n, R] (-1: none) from rows of a pass's `approx_rows`
         (the final normed states of a pass whose logits were the int8 projection's)."""
-        proj, cap = self.model.logits_proj, self.model.config.final_softcap
+        proj = self.model.logits_proj
         exact = proj.native.qrescore(proj.weight, hidden, ids)
-        return torch.tanh(exact / cap) * cap if cap else exact  # Gemma 2's cap, as the pass's logits have it
+        return finish_logits(exact, self.model.config)  # (Gemma 2's cap, Granite's scale: as the pass's logits)
 
     @torch.inference_mode()
     def forward_ids(self, dev: OnDevice, ids: torch.Tensor) -> torch.Tensor:

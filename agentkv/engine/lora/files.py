@@ -18,6 +18,7 @@ import torch
 
 from agentkv.engine.lora.adapter import MAX_RANK, MODULES, LoraAdapter, Piece, column_offset, input_size
 from agentkv.engine.model_config import ModelConfig
+from agentkv.engine.rope import halves_from_pairs
 from agentkv.errors import AdapterError
 
 # PEFT's tensor names: base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight (an adapter's own name
@@ -162,6 +163,8 @@ def _build(name: str, source: str, cfg: ModelConfig, modules: dict[tuple[int, st
         if a.dim() != 2 or b.dim() != 2 or a.shape != (a.shape[0], k) or b.shape != (n, a.shape[0]):
             raise AdapterError(f"{where} has A {tuple(a.shape)} and B {tuple(b.shape)}, where this model needs "
                                f"A [rank, {k}] and B [{n}, rank]; this adapter is for another model")
+        if cfg.rope_interleaved and module in ("q_proj", "k_proj"):  # as the loader reorders the base's rows
+            b = halves_from_pairs(b, cfg.num_heads if module == "q_proj" else cfg.num_kv_heads, cfg)
         if a.shape[0] > MAX_RANK:
             raise AdapterError(f"{where} has rank {a.shape[0]}; ranks up to {MAX_RANK} are served")
         rank = max(rank, a.shape[0])

@@ -1,0 +1,114 @@
+"""A layer's MLP: the gated `MLP` (SwiGLU, or Gemma's GeGLU), and `MoE`, a routed mixture of such
+MLPs with the routers of the families agentkv runs (softmax top-k; DeepSeek-V3's and GLM-4.5's
+sigmoid scores chosen within groups) and an optional shared expert."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agentkv.engine.linear import Linear
+from agentkv.engine.lora.apply import LoraBatch
+from agentkv.engine.model_config import ModelConfig
+from agentkv.kernels.cpu_native import NativeKernels
+
+__all__ = ["MLP", "MoE"]
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, width: int | None = None, layer_id: int | None = None):
+        super().__init__()
+        self.layer_id = layer_id  # None: an expert (LoRA adapters do not target experts)
+        self.intermediate = width or cfg.intermediate_size
+        self.gelu = cfg.hidden_act == "gelu_tanh"  # GeGLU (Gemma) instead of SwiGLU
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.intermediate)
+        self.down_proj = Linear(self.intermediate, cfg.hidden_size)
+        self.native: NativeKernels | None = None  # set by CausalLM.finalize
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                exact_rows: torch.Tensor | None = None, lora: LoraBatch | None = None) -> torch.Tensor:
+        """residual + mlp(x) (mlp(x) where residual is None); `lora`: the pass's adapters' updates."""
+        gate_up = self.gate_up_proj(x, exact_rows=exact_rows)
+        if lora is not None:
+            lora.add(self.layer_id, "gate_up", x, gate_up)
+        if self.native is not None and self.native.handles(gate_up):  # (the native step's own body)
+            act = self.native.glu_mul(gate_up, self.gelu)
+        else:
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            act = (F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up
+        out = self.down_proj(act, residual, exact_rows)
+        if lora is not None:
+            lora.add(self.layer_id, "down", act, out)
+        return out
+
+
+class MoE(nn.Module):
+    """A routed mixture of experts: each token goes to the `experts_per_token` experts its router
+    chooses, and its output is their weighted sum, plus a shared expert where the family has one
+    (Qwen2-MoE's gated by a sigmoid).
+
+    The experts run grouped: the step's (token, expert) pairs are sorted by expert and each expert
+    that has tokens runs once on all of them (one gate_up and one down matmul per expert with work),
+    then its rows are added back where they came from. Each expert is an `MLP` of `Linear`s, so its
+    weights are packed for the CPU kernels like any other linear."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.top_k, self.norm_topk_prob = cfg.experts_per_token, cfg.norm_topk_prob
+        self.router = Linear(cfg.hidden_size, cfg.num_experts)
+        self.sigmoid_groups = cfg.router == "sigmoid_groups"
+        if self.sigmoid_groups:  # (added to the scores to choose, not to weigh: DeepSeek-V3's load balancing)
+            self.score_bias = nn.Parameter(torch.zeros(cfg.num_experts))
+        self.groups, self.groups_chosen = cfg.expert_groups, cfg.expert_groups_chosen
+        self.scaling = cfg.routed_scaling_factor
+        self.experts = nn.ModuleList(MLP(cfg, cfg.moe_intermediate_size) for _ in range(cfg.num_experts))
+        shared = cfg.shared_expert_intermediate_size
+        self.shared = MLP(cfg, shared) if shared else None
+        self.shared_gate = Linear(cfg.hidden_size, 1) if shared and cfg.shared_expert_gated else None
+        self.all_reduce = False  # tensor parallelism: each rank's experts hold a slice of their width
+
+    def route(self, x: torch.Tensor, exact_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's chosen experts [T, k] and their weights [T, k] (fp32)."""
+        logits = self.router(x, exact_rows=exact_rows).float()
+        if not self.sigmoid_groups:
+            weights, chosen = torch.softmax(logits, dim=-1).topk(self.top_k, dim=-1)
+        else:  # sigmoid scores; the experts of the best groups (a group's score: its two best) compete
+            scores = logits.sigmoid()
+            choice = scores + self.score_bias.float()
+            if self.groups > 1:
+                grouped = choice.view(choice.shape[0], self.groups, -1)
+                best = grouped.topk(2, dim=-1).values.sum(dim=-1).topk(self.groups_chosen, dim=-1).indices
+                keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
+                choice = grouped.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
+            chosen = choice.topk(self.top_k, dim=-1).indices
+            weights = scores.gather(1, chosen)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if self.sigmoid_groups else 0.0))
+        return chosen, weights * self.scaling if self.scaling != 1.0 else weights
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                exact_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """residual + moe(x) (moe(x) where residual is None)."""
+        chosen, weights = self.route(x, exact_rows)
+        weights = weights.to(x.dtype).flatten()
+        pairs = chosen.flatten()
+        order = pairs.argsort(stable=True)  # the (token, expert) pairs grouped by expert
+        counts = torch.bincount(pairs, minlength=len(self.experts)).tolist()  # one read of the routing per layer
+        out = torch.zeros_like(x)  # the experts summed first, then the residual, as HF rounds in bf16
+        start = 0
+        for expert, n in zip(self.experts, counts):
+            if n:
+                picked = order[start : start + n]
+                rows = picked // self.top_k
+                kinds = None if exact_rows is None else exact_rows[rows]
+                out.index_add_(0, rows, expert(x[rows], None, kinds) * weights[picked, None])
+                start += n
+        if self.shared is not None:
+            shared = self.shared(x, None, exact_rows)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(x, exact_rows=exact_rows)) * shared
+            out += shared
+        if self.all_reduce:  # the experts' partial sums, once for the block (routing is the same on every rank)
+            torch.distributed.all_reduce(out)
+        return out if residual is None else residual + out

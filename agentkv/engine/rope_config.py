@@ -1,0 +1,71 @@
+"""The rotary embedding's part of a config: `RopeScaling` and how an HF config.json states it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from agentkv.errors import ModelLoadError
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    rope_type: str = "default"
+    factor: float = 1.0
+    # llama3
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None
+    # yarn
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None  # (yarn, longrope) None: from the factor, as HF computes it
+    # longrope (Phi-3 128k, Phi-4-mini): per-frequency divisors, `short_factor` for positions before
+    # original_max_position_embeddings and `long_factor` from there on (see rope.inv_frequencies)
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+
+
+
+def rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
+    # transformers 5 writes `rope_parameters`; older configs write `rope_scaling` (+ `rope_theta`).
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return {} if "full_attention" in params else params  # (Gemma 3's per layer type: read by _gemma)
+
+
+def rope_scaling(cfg: dict[str, Any]) -> RopeScaling:
+    rs = rope_params(cfg)
+    rope_type = rs.get("rope_type") or rs.get("type") or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ModelLoadError(f"unsupported rope scaling {rope_type!r}; agentkv implements {SUPPORTED_ROPE_TYPES}")
+    known = {f.name for f in dataclasses.fields(RopeScaling)}
+    kwargs = {k: v for k, v in rs.items() if k in known}
+    kwargs["rope_type"] = rope_type
+    if rope_type == "longrope":
+        # Phi-3 keeps the pretrained length beside the rope parameters; without a `factor`, HF takes the
+        # ratio of the two lengths (what sets the attention factor)
+        original = rs.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+        if not original or not rs.get("short_factor") or not rs.get("long_factor"):
+            raise ModelLoadError(
+                "longrope needs original_max_position_embeddings, short_factor and long_factor "
+                "in the config; this one lacks some"
+            )
+        kwargs.update(
+            original_max_position_embeddings=int(original), short_factor=tuple(map(float, rs["short_factor"])),
+            long_factor=tuple(map(float, rs["long_factor"])),
+            factor=float(rs.get("factor") or int(cfg.get("max_position_embeddings", original)) / int(original)))
+    return RopeScaling(**kwargs)
+
+
+def rotary_dim(head_dim: int, partial: float) -> int:
+    """The rotated dims of a head under partial_rotary_factor (0: all); an even count, as HF's int()."""
+    if partial == 1.0:
+        return 0
+    dim = int(head_dim * partial)
+    if not 0 < dim <= head_dim or dim % 2:
+        raise ModelLoadError(f"partial_rotary_factor={partial} of head_dim {head_dim} gives {dim} rotated dims; "
+                             "it must be an even count between 2 and head_dim")
+    return dim

@@ -1,0 +1,120 @@
+"""SmolLM3, Granite, Granite-MoE, GLM-4 and GLM-4.5 against transformers' own implementations: tiny
+random models built from their transformers configs give HF's logits (fresh, over a cached prefix,
+and the one-row decode route) and HF `generate`'s greedy tokens, on torch ops and on agentkv's C
+kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import agentkv as ak
+from agentkv.engine.model_config import ModelConfig
+from tests.reference import engine_logits, rel_error
+from tests.tiny_families import make_family_model
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
+
+CASES = [
+    ("smollm3", {}),  # layers 1 and 3 without rope
+    ("smollm3", {"no_rope_layers": None, "num_hidden_layers": 4, "use_sliding_window": True,
+                 "sliding_window": 12}),  # the default: every 4th without rope, and windowed
+    ("granite", {}),
+    ("granitemoe", {}),
+    ("glm4", {}),  # half of each head rotating by adjacent pairs; the sandwich's four norms
+    ("glm4", {"partial_rotary_factor": 1.0}),
+    ("glm4_moe", {}),  # two groups of four experts, one group chosen; a shared expert; layer 0 dense
+    ("glm4_moe", {"use_qk_norm": True, "n_group": 1, "topk_group": 1, "norm_topk_prob": False}),
+]
+
+
+def _hf(path, dtype=torch.float32):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])
+@pytest.mark.parametrize("family,config", CASES)
+def test_family_matches_hf(tmp_path, family, config, native):
+    from agentkv.kernels import cpu_native
+
+    if native and cpu_native.load() is None:
+        pytest.skip("agentkv's C kernels are off (AGENTKV_NATIVE_KERNELS=0) or do not build here")
+    path = make_family_model(tmp_path / family, family, config=config)
+    hf = _hf(path)
+    with ak.Engine(str(path), num_slots=2048, native_kernels=native) as engine:
+        ids = engine.tokenizer.encode(TEXT)
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0]
+        ours, cached = engine_logits(engine, ids)
+        assert cached == 0 and rel_error(ours, ref) < 1e-4
+        out = engine.generate(ids, max_tokens=16, temperature=0.0, ignore_eos=True)
+    with ak.Engine(str(path), num_slots=2048, native_kernels=native) as engine:
+        ours, cached = engine_logits(engine, ids, cached_prefix=30)
+        assert cached == 30 and rel_error(ours, ref[30:]) < 1e-4
+        last, cached = engine_logits(engine, ids, cached_prefix=len(ids) - 1)
+        assert cached == len(ids) - 1 and rel_error(last, ref[-1:]) < 1e-4
+    x = torch.tensor([ids])
+    expected = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False,
+                           eos_token_id=None)[0, len(ids):]
+    assert out.token_ids == expected.tolist()
+
+
+@pytest.mark.parametrize("family,config", CASES)
+def test_config_round_trips(tmp_path, family, config):
+    """What the GGUF conversion writes (to_hf) reads back as the same config."""
+    path = make_family_model(tmp_path / family, family, config=config)
+    import json
+
+    mc = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+    again = ModelConfig.from_hf(mc.to_hf())
+    assert again == mc, [f.name for f in dataclasses.fields(mc) if getattr(mc, f.name) != getattr(again, f.name)]
+
+
+def test_what_each_family_reads():
+    """The fields that make each family itself, as its config states them."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    def config(family, **extra):
+        with tempfile.TemporaryDirectory() as d:
+            path = make_family_model(Path(d), family, config=extra)
+            return ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+
+    assert config("smollm3").nope_layers == (1, 3)
+    assert config("smollm3", no_rope_layers=None, num_hidden_layers=8).nope_layers == (3, 7)
+    g = config("granite")
+    assert (g.embedding_multiplier, g.residual_multiplier, g.attention_scale, g.logits_scaling) == (
+        1.7, 0.45, 0.31, 2.5)
+    glm = config("glm4")
+    assert glm.rope_interleaved and glm.rotary_dim == 8 and glm.attention_bias
+    moe = config("glm4_moe")
+    assert (moe.router, moe.expert_groups, moe.expert_groups_chosen, moe.routed_scaling_factor) == (
+        "sigmoid_groups", 2, 1, 2.5)
+    assert moe.dense_layers == (0,) and moe.shared_expert_intermediate_size == 32 and not moe.shared_expert_gated
+    assert not moe.rope_interleaved and moe.rotary_dim == 8
+
+
+@pytest.mark.parametrize("family,targets", [
+    ("glm4", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"]),  # B's q/k rows reordered too
+    ("granite", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),  # under the multiplier
+])
+def test_a_lora_adapter_on_the_family_is_pefts(tmp_path, family, targets):
+    from tests.lora_helpers import make_adapter, peft_greedy, peft_logits, peft_model
+
+    path = make_family_model(tmp_path / family, family)
+    adapter = make_adapter(path, tmp_path / "adapter", r=8, targets=targets, scale=3.0)
+    ref_model = peft_model(path, adapter)
+    with ak.Engine(str(path), num_slots=2048, lora={"a": str(adapter)}) as engine:
+        ids = engine.tokenizer.encode(TEXT)
+        ref = peft_logits(ref_model, ids)
+        ours, _ = engine_logits(engine, ids, adapter="a")
+        assert rel_error(ours, ref) < 1e-4
+        base, _ = engine_logits(engine, ids)
+        assert rel_error(base, ref) > 1e-2  # (the adapter changes the logits)
+        out = engine.generate(ids, max_tokens=16, temperature=0.0, ignore_eos=True, adapter="a")
+    assert out.token_ids == peft_greedy(ref_model, ids, 16)
