@@ -58,3 +58,109 @@ def make_family_model(out: Path, model_type: str, *, seed: int = 0, tie: bool = 
     cfg["torch_dtype"] = "float32"
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     return out
+
+
+# llama.cpp's architecture names, and the ones whose q/k rows its converter permutes
+GGUF_ARCH = {"smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe", "glm4": "glm4",
+             "glm4_moe": "glm4moe"}
+PERMUTED = ("smollm3", "granite", "granitemoe")
+
+
+def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1) -> dict:
+    """The checkpoint `src` (make_family_model's) as llama.cpp's converter writes it: its hyperparameters
+    under the architecture's keys, q/k rows permuted where the converter permutes them, Granite-MoE's
+    experts split into gate and up, GLM-4.5's experts stacked by kind (and `nextn` multi-token-prediction
+    layers after its own, which a forward skips); matrices in `quant`. Returns the checkpoint's tensors
+    as the file holds them, dequantized, under their HF names and shapes."""
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from agentkv.engine import gguf_convert
+    from tests.engine.test_loading import gguf_writer
+
+    cfg = json.loads((src / "config.json").read_text())
+    family = cfg["model_type"]
+    arch = GGUF_ARCH[family]
+    rope = cfg.get("rope_parameters") or {}
+    layers, d = cfg["num_hidden_layers"], cfg["head_dim"]
+    w = gguf_writer(out, arch, {**cfg, "rope_theta": rope.get("rope_theta", 10000.0),
+                                "num_hidden_layers": layers + (nextn if family == "glm4_moe" else 0)})
+    w.add_key_length(d)
+    w.add_value_length(d)
+    if "partial_rotary_factor" in rope:
+        w.add_rope_dimension_count(int(d * rope["partial_rotary_factor"]))
+    key = arch + "."
+    if family in ("granite", "granitemoe"):
+        for ours, theirs in (("embedding_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"),
+                             ("attention.scale", "attention_multiplier"), ("logit_scale", "logits_scaling")):
+            w.add_float32(key + ours, cfg[theirs])
+    if family == "granitemoe":
+        w.add_expert_count(cfg["num_local_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+    if family == "glm4_moe":
+        w.add_expert_count(cfg["n_routed_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_uint32(key + "expert_shared_count", cfg["n_shared_experts"])
+        w.add_uint32(key + "leading_dense_block_count", cfg["first_k_dense_replace"])
+        w.add_float32(key + "expert_weights_scale", cfg["routed_scaling_factor"])
+        w.add_bool(key + "expert_weights_norm", cfg["norm_topk_prob"])
+        w.add_uint32(key + "expert_gating_func", 2)  # sigmoid
+        w.add_uint32(key + "expert_group_count", cfg["n_group"])
+        w.add_uint32(key + "expert_group_used_count", cfg["topk_group"])
+        w.add_uint32(key + "nextn_predict_layers", nextn)
+    hf = load_file(str(src / "model.safetensors"))
+    kind = getattr(gguf.GGMLQuantizationType, quant)
+
+    def quantized(t: np.ndarray) -> np.ndarray:
+        return gguf.quants.quantize(t.astype(np.float32), kind)
+
+    def put(name: str, t: np.ndarray) -> None:
+        if t.ndim >= 2:
+            q = quantized(t)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
+        else:
+            w.add_tensor(name, t.astype(np.float32))
+
+    names = {v: k for k, v in {**gguf_convert._LAYER_NAMES,
+                               **{"glm4": gguf_convert._GLM4_NAMES, "glm4moe": gguf_convert._GLM4_MOE_NAMES}.get(
+                                   arch, {})}.items()}
+    globals_ = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
+    stacks: dict[tuple[str, str], dict[int, np.ndarray]] = {}
+    for name, t in hf.items():
+        if name in globals_:
+            put(globals_[name], t)
+            continue
+        i, rest = name[len("model.layers."):].split(".", 1)
+        if family in PERMUTED and rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
+            heads = cfg["num_attention_heads"] if "q_proj" in rest else cfg["num_key_value_heads"]
+            t = t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+        if rest == "block_sparse_moe.input_linear.weight":  # Granite-MoE: gate and up, each stacked
+            half = t.shape[1] // 2
+            put(f"blk.{i}.ffn_gate_exps.weight", t[:, :half])
+            put(f"blk.{i}.ffn_up_exps.weight", t[:, half:])
+        elif rest == "block_sparse_moe.output_linear.weight":
+            put(f"blk.{i}.ffn_down_exps.weight", t)
+        elif rest == "block_sparse_moe.router.layer.weight":
+            put(f"blk.{i}.ffn_gate_inp.weight", t)
+        elif rest.startswith("mlp.experts."):
+            e, kind_name = rest.split(".")[2], rest.split(".")[3].removesuffix("_proj")
+            stacks.setdefault((i, kind_name), {})[int(e)] = t
+        else:
+            put(f"blk.{i}.{names[rest]}", t)
+    for (i, kind_name), experts in stacks.items():
+        put(f"blk.{i}.ffn_{kind_name}_exps.weight", np.stack([experts[e] for e in sorted(experts)]))
+    rng = np.random.default_rng(1)
+    for extra in range(nextn if family == "glm4_moe" else 0):  # a multi-token-prediction layer: not run
+        hidden = cfg["hidden_size"]
+        put(f"blk.{layers + extra}.nextn.eh_proj.weight", rng.standard_normal((hidden, 2 * hidden)))
+        put(f"blk.{layers + extra}.attn_q.weight", rng.standard_normal((hidden, hidden)))
+        put(f"blk.{layers + extra}.attn_norm.weight", rng.standard_normal(hidden))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    # (quantization is by rows of blocks along the last dimension: the same values in any row order)
+    return {n: gguf.quants.dequantize(quantized(t), kind).reshape(t.shape) if t.ndim >= 2 else t
+            for n, t in hf.items()}

@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from agentkv.engine.gguf_families import gguf_family_fields
 from agentkv.engine.model_config import ModelConfig, RopeScaling
+from agentkv.engine.rope_config import half_split_order
 from agentkv.engine.tokenizer import tokenizer_files_from_gguf
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
@@ -31,7 +33,11 @@ CONVERSION_VERSION = "8"
 KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16")
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                       "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",  # (Mixtral is "llama" with experts)
-                      "gemma2": "gemma2", "gemma3": "gemma3"}
+                      "gemma2": "gemma2", "gemma3": "gemma3", "smollm3": "smollm3", "granite": "granite",
+                      "granitemoe": "granitemoe", "glm4": "glm4", "glm4moe": "glm4_moe"}
+# llama.cpp's converter permutes these architectures' q/k rows for its adjacent-pair rotation (their
+# checkpoints rotate halves); the conversion puts them back
+PERMUTED_QK = ("llama", "smollm3", "granite", "granitemoe")
 
 # GGUF tensor names -> HF names; `{i}` is the layer index.
 _LAYER_NAMES = {
@@ -66,6 +72,21 @@ _GEMMA_NAMES = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+# GLM-4's sandwich (its HF names differ from Gemma's) and GLM-4.5's norm before the MLP, which llama.cpp
+# names post_attention_norm; GLM-4.5's experts' correction bias and its shared expert's (ungated) names
+_GLM4_NAMES = {
+    "post_attention_norm.weight": "post_self_attn_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_mlp_layernorm.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",
+}
+_GLM4_MOE_NAMES = {
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -113,7 +134,7 @@ def _convert(path: Path, out: Path) -> None:
     # LongRoPE's per-frequency factors (Phi-3 128k, Phi-4-mini) are tensors in a GGUF, not metadata
     factors = {t.name: tuple(float(v) for v in np.asarray(t.data, dtype=np.float32).ravel())
                for t in reader.tensors if t.name.startswith("rope_factors_")}
-    config = _model_config(meta, arch, tied="output.weight" not in names, rope_factors=factors)
+    config = _model_config(meta, arch, names, rope_factors=factors)
 
     tensors: dict[str, np.ndarray] = {}
     kept: dict[str, np.ndarray] = {}
@@ -121,15 +142,14 @@ def _convert(path: Path, out: Path) -> None:
     dequantized: set[str] = set()
     for t in reader.tensors:
         hf_name = _hf_name(t.name, arch)
-        if hf_name is None:
-            continue  # e.g. rope_freqs: recomputed from the config
+        if hf_name is None or t.name.startswith("blk.") and int(t.name.split(".")[1]) >= config.num_layers:
+            continue  # e.g. rope_freqs: recomputed from the config; GLM-4.5's multi-token-prediction layers
         kind = t.tensor_type.name
         if kind in KEPT_QUANTS and hf_name.endswith(
             ("proj.weight", "lm_head.weight", "embed_tokens.weight", "_exps")):
             # uint8 [(experts,) out, blocks' bytes]: one output's row of blocks a row (F16's values as bytes)
             raw = np.asarray(t.data).view(np.uint8)
-            if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
-                raw = _unpermute_qk(raw, config.num_heads if "attn_q" in t.name else config.num_kv_heads)
+            raw = _rows_for_half_split(raw, t.name, arch, config)
             kept[hf_name], kinds[hf_name] = np.ascontiguousarray(raw), kind
             continue
         if t.tensor_type.name not in ("F32", "F16", "BF16") and len(t.shape) > 1:
@@ -144,10 +164,7 @@ def _convert(path: Path, out: Path) -> None:
         w = w.reshape([int(d) for d in reversed(t.shape)])
         if arch.startswith("gemma") and t.name.endswith("norm.weight"):
             w = w - np.float32(1.0)  # llama.cpp's converter stores Gemma's norms with their 1 added; the loader adds it
-        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
-            # llama.cpp permutes q/k rows for its interleaved RoPE; undo it for the half-split RoPE.
-            n_head = config.num_heads if "attn_q" in t.name else config.num_kv_heads
-            w = _unpermute_qk(w, n_head)
+        w = _rows_for_half_split(w, t.name, arch, config)
         tensors[hf_name] = np.ascontiguousarray(w)
     save_file(tensors, str(out / "model.safetensors"))
     if kept:
@@ -168,9 +185,27 @@ def _hf_name(name: str, arch: str = "llama") -> str | None:
             return f"model.layers.{idx}.{_GEMMA_NAMES[rest]}"
         if arch == "phi3" and rest == "ffn_up.weight":  # Phi-3's gate and up, fused (gate first)
             return f"model.layers.{idx}.mlp.gate_up_proj.weight"
+        own = {"glm4": _GLM4_NAMES, "glm4moe": _GLM4_MOE_NAMES}.get(arch, {})
+        if rest in own:
+            return f"model.layers.{idx}.{own[rest]}"
         if rest in _LAYER_NAMES:
             return f"model.layers.{idx}.{_LAYER_NAMES[rest]}"
     return None
+
+
+def _rows_for_half_split(w: np.ndarray, name: str, arch: str, config: ModelConfig) -> np.ndarray:
+    """q and k rows (and biases) in the order the half-split rotation reads: llama.cpp's permutation
+    undone, or GLM-4's adjacent pairs reordered (as the loader does for its checkpoints). Rows move
+    whole, so quantized rows are reordered as they are."""
+    if not name.endswith(("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias")):
+        return w
+    heads = config.num_heads if ".attn_q." in name else config.num_kv_heads
+    if arch in PERMUTED_QK and name.endswith(".weight"):
+        return _unpermute_qk(w, heads)
+    if arch == "glm4":
+        order = half_split_order(config.head_dim, config.rotary_dim or config.head_dim)
+        return w.reshape(heads, config.head_dim, *w.shape[1:])[:, order].reshape(w.shape)
+    return w
 
 
 def _unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -178,7 +213,7 @@ def _unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _model_config(meta: dict[str, Any], arch: str, tied: bool, rope_factors: dict | None = None) -> ModelConfig:
+def _model_config(meta: dict[str, Any], arch: str, names: set[str], rope_factors: dict | None = None) -> ModelConfig:
     def get(key: str, default: Any = None) -> Any:
         v = meta.get(f"{arch}.{key}", default)
         if v is None:
@@ -239,32 +274,15 @@ def _model_config(meta: dict[str, Any], arch: str, tied: bool, rope_factors: dic
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(get("rope.freq_base", 10000.0)),
         max_position_embeddings=int(get("context_length", 4096)),
-        tie_word_embeddings=tied,
+        tie_word_embeddings="output.weight" not in names,
         attention_bias=family in ("qwen2", "qwen2_moe"),
         qk_norm=family in ("qwen3", "qwen3_moe"),
         rope_scaling=scaling,
         layer_windows=(window,) * layers if window and family in ("phi3", "mixtral") else (),
         **moe,
     )
-    if family in ("gemma2", "gemma3"):
-        fields.update(_gemma_fields(meta, arch, family, hidden, heads, head_dim, layers, window))
+    fields.update(gguf_family_fields(meta, arch, family, names, fields))
     return ModelConfig(**fields)
-
-
-def _gemma_fields(meta, arch, family, hidden, heads, head_dim, layers, window) -> dict[str, Any]:
-    """Gemma 2 / 3 as llama.cpp reads their GGUF files: what their configs say and a GGUF does not is
-    fixed there by family and size (every 2nd / 6th layer global, the windowed layers' rope base
-    10,000, the attention scale from the head size but for the 27B models, whose is hidden / heads)."""
-    big = layers == (46 if family == "gemma2" else 62)  # (llama.cpp's LLM_TYPE_27B)
-    pattern = 2 if family == "gemma2" else 6
-    return dict(
-        max_position_embeddings=int(meta.get(f"{arch}.context_length") or 8192), tie_word_embeddings=True,
-        qk_norm=family == "gemma3", hidden_act="gelu_tanh",
-        attention_scale=(hidden / heads if big else head_dim) ** -0.5,
-        layer_windows=tuple(window if (i + 1) % pattern else 0 for i in range(layers)) if window else (),
-        local_rope_theta=float(meta.get(f"{arch}.rope.freq_base_swa") or 10_000.0) if family == "gemma3" else 0.0,
-        attn_softcap=float(meta.get(f"{arch}.attn_logit_softcapping") or 0.0),
-        final_softcap=float(meta.get(f"{arch}.final_logit_softcapping") or 0.0))
 
 
 def _field_value(field: Any) -> Any:

@@ -155,13 +155,15 @@ class ModelConfig:
                 out.update(rope_local_base_freq=self.local_rope_theta)
         if self.num_experts:
             out.update(self._moe_hf())
-        if self.nope_layers:
+        if self.nope_layers or self.family == "smollm3":  # (SmolLM3's config without it means every 4th)
             out["no_rope_layers"] = [int(i not in self.nope_layers) for i in range(self.num_layers)]
         if self.family in ("granite", "granitemoe"):
             out.update(embedding_multiplier=self.embedding_multiplier, residual_multiplier=self.residual_multiplier,
                        attention_multiplier=self.attention_scale, logits_scaling=self.logits_scaling)
         if self.family == "glm4_moe":
             out["use_qk_norm"] = self.qk_norm
+        if self.family == "glm4":
+            out["rope_interleaved"] = self.rope_interleaved
         return out
 
     def _moe_hf(self) -> dict[str, Any]:

@@ -179,7 +179,8 @@ def _glm(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     the config says otherwise; GLM-4.5's q/k norms are optional."""
     if family not in ("glm4", "glm4_moe"):
         return {}
-    out: dict[str, Any] = {"rope_interleaved": family == "glm4"}
+    # (a GGUF's conversion reorders the rows itself, and says so in the config it writes)
+    out: dict[str, Any] = {"rope_interleaved": bool(cfg.get("rope_interleaved", family == "glm4"))}
     if "partial_rotary_factor" not in rope_params(cfg) and "partial_rotary_factor" not in cfg:
         out["rotary_dim"] = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])) // 2
     if family == "glm4":

@@ -57,7 +57,8 @@ class _Model(ctypes.Structure):
                                              "vocab", "num_slots", "positions")] + \
                [(name, c_float) for name in ("eps", "scale", "attn_softcap", "embed_scale")] + \
                [("embed_qtype", c_int64), ("embed_tiled", c_int64), ("embed", c_void_p), ("final_norm", c_void_p),
-                ("lm_head", _Mat), ("rescore", c_int64), ("layer", c_void_p), ("kv_bf16", c_int64), ("gelu", c_int64)]
+                ("lm_head", _Mat), ("rescore", c_int64), ("layer", c_void_p), ("kv_bf16", c_int64), ("gelu", c_int64),
+                ("residual_scale", c_float)]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -141,6 +142,8 @@ class NativeStep:
             k_cache, v_cache = runner.pool.kv_caches[i]
             # Gemma 3's windowed layers rotate by their own tables, as CausalLM.forward picks them
             cos, sin = tables[id(model.local_rope if model.local_rope is not None and attn.window else rope)]
+            if not attn.rotates:  # (SmolLM3's layers without rope: the step skips the rotation)
+                cos = sin = None
             sandwich = isinstance(layer, SandwichDecoderLayer)
             mlp_norm = layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
             layers[i] = _Layer(vec(layer.input_layernorm.weight), vec(mlp_norm.weight),
@@ -161,10 +164,12 @@ class NativeStep:
         self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                              rope.rot, cfg.intermediate_size, cfg.vocab_size, runner.pool.kv_caches[0][0].shape[0],
                              rope.cos.shape[0], cfg.rms_norm_eps, attn0.scale, attn0.softcap or 0.0,
-                             model.embed_scale or 0.0, *embed_args,
+                             model.embed_scale or (cfg.embedding_multiplier if cfg.embedding_multiplier != 1.0
+                                                   else 0.0), *embed_args,
                              vec(model.norm.weight), mat(model.logits_proj.weight), RESCORE_TOP,
                              ctypes.addressof(layers), int(runner.pool.kv_caches[0][0].dtype == torch.bfloat16),
-                             int(model.layers[0].mlp.gelu))
+                             int(model.layers[0].mlp.gelu),
+                             cfg.residual_multiplier if cfg.residual_multiplier != 1.0 else 0.0)
         self.config = cfg
         self.generic = False  # tests: the plain-C bodies on CPUs with AVX-512 too
         self.threads = torch.get_num_threads()  # the engine's (host.usable_cores); a step may run on fewer

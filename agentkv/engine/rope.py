@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from agentkv.engine.model_config import ModelConfig
+from agentkv.engine.rope_config import half_split_order
 from agentkv.errors import ModelLoadError
 from agentkv.kernels.cpu_native import NativeKernels
 
@@ -164,12 +165,9 @@ def _rotate_half(x: torch.Tensor, rot: int | None = None) -> torch.Tensor:
     return torch.cat((-x[..., half:rot], x[..., :half], x[..., rot:]), dim=-1)
 
 
+
 def halves_from_pairs(rows: torch.Tensor, heads: int, cfg: ModelConfig) -> torch.Tensor:
     """Rows (a weight's [out, ...] or a bias) of `heads` q or k heads of a model that rotates adjacent
-    pairs (GLM-4: dims 2i and 2i+1 by frequency i), each head's rotated dims reordered evens first, odds
-    after: the half-split rotation (dims i and i + rot/2) then computes the same scores, since q and k
-    are reordered alike and only their dot product is read. Works on any row type (quantized rows too:
-    a row's blocks move whole)."""
-    d, rot = cfg.head_dim, cfg.rotary_dim or cfg.head_dim
-    order = torch.cat([torch.arange(0, rot, 2), torch.arange(1, rot, 2), torch.arange(rot, d)])
-    return rows.reshape(heads, d, *rows.shape[1:])[:, order].reshape(rows.shape)
+    pairs, each head's dims in rope_config.half_split_order (rows move whole: quantized rows too)."""
+    order = torch.tensor(half_split_order(cfg.head_dim, cfg.rotary_dim or cfg.head_dim))
+    return rows.reshape(heads, cfg.head_dim, *rows.shape[1:])[:, order].reshape(rows.shape)

@@ -69,3 +69,11 @@ def rotary_dim(head_dim: int, partial: float) -> int:
         raise ModelLoadError(f"partial_rotary_factor={partial} of head_dim {head_dim} gives {dim} rotated dims; "
                              "it must be an even count between 2 and head_dim")
     return dim
+
+
+def half_split_order(head_dim: int, rotary_dim: int) -> list[int]:
+    """A head's dims reordered so that a model rotating adjacent pairs (GLM-4: dims 2i and 2i+1 by
+    frequency i) computes its scores under the half-split rotation (dims i and i + rot/2): evens
+    first, odds after, the dims that do not rotate kept. q and k reordered alike keep their dot
+    product, the only thing read of them."""
+    return [*range(0, rotary_dim, 2), *range(1, rotary_dim, 2), *range(rotary_dim, head_dim)]

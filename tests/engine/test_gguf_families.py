@@ -246,7 +246,7 @@ def test_gemma_hyperparameters_llama_cpp_fixes_by_family():
             "embedding_length": 5376, "attention.head_count": 32, "attention.head_count_kv": 16,
             "attention.key_length": 128, "feed_forward_length": 21504, "block_count": layers,
             "attention.sliding_window": 1024, "rope.freq_base": 1e6, "context_length": 8192}.items()}
-        return gguf_convert._model_config({**meta, "tokenizer.ggml.tokens": ["a"] * 10}, arch, tied=True)
+        return gguf_convert._model_config({**meta, "tokenizer.ggml.tokens": ["a"] * 10}, arch, {"token_embd.weight"})
 
     big, small = config("gemma3", 62), config("gemma3", 34)
     assert big.attention_scale == pytest.approx(168 ** -0.5) and small.attention_scale == pytest.approx(128 ** -0.5)

@@ -86,7 +86,7 @@ INLINE void place_heads(const StepModel *md, const StepLayer *L, float *qkv, int
     float *head = qkv + hh * D;
     const float *norm = hh < H ? L->q_norm : L->k_norm;
     if (norm) rms_row(head, norm, D, md->eps, head, 0, generic);
-    rope_head(head, md->rot, L->cos + pos * D, L->sin + pos * D, 0, generic);
+    if (L->cos) rope_head(head, md->rot, L->cos + pos * D, L->sin + pos * D, 0, generic);
     if (hh >= H) {  /* a k head: it and its v head go to the token's slot */
         const int64_t kv = hh - H, at = (slot * KVH + kv) * D;
         const float *v = qkv + (H + KVH + kv) * D;
@@ -102,13 +102,21 @@ INLINE void place_heads(const StepModel *md, const StepLayer *L, float *qkv, int
     }
 }
 
-/* x += W q (the residual added in the tiles' stores), or for Gemma's sandwich x += norm(W q): the
-   product into h first, then each row normed in place and added (the Python path's rms_norm and add) */
+/* h *= scale, stored before any sum reads it (noinline: the compiler cannot fuse it into a multiply-add) */
+static __attribute__((noinline)) void scale_row(float *h, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) h[i] *= scale;
+}
+
+/* x += W q (the residual added in the tiles' stores), or for Gemma's sandwich x += norm(W q), or for
+   Granite x += (W q) * scale: the product into h first, then each row normed or scaled in place and
+   added (the Python path's ops, each rounded as it rounds them: the scale in a pass of its own, so no
+   multiply-add joins it to the sum) */
 static void residual_out(const StepModel *md, const StepMat *w, const QRows *q, const float *post_norm,
                          const StepRun *run, int64_t l, int target, int me, int nt) {
     const Scratch *s = &run->s;
     const int64_t M = run->M, hid = md->hidden, width = run->width;
-    if (!post_norm) {
+    const float scale = md->residual_scale;
+    if (!post_norm && scale == 0.f) {
         mat_share(w, q, M, me, nt, s->x, hid, s->x, hid, run->generic);
         lora_out(run, l, target, w, s->x, hid, me, nt);
         agentkv_pool_barrier(nt);
@@ -119,7 +127,8 @@ static void residual_out(const StepModel *md, const StepMat *w, const QRows *q, 
     agentkv_pool_barrier(nt);
     for (int64_t m = me; m < M; m += nt) {
         float *h = s->h + m * width, *x = s->x + m * hid;
-        rms_row(h, post_norm, hid, md->eps, h, 0, run->generic);
+        if (post_norm) rms_row(h, post_norm, hid, md->eps, h, 0, run->generic);
+        if (scale != 0.f) scale_row(h, hid, scale);
         for (int64_t i = 0; i < hid; i++) x[i] += h[i];
     }
     agentkv_pool_barrier(nt);

@@ -30,7 +30,8 @@ typedef struct {
     const float *q_norm, *k_norm;       /* [head_dim] (Qwen3's per-head norms) or NULL */
     StepMat qkv, o, gate_up, down;      /* qkv: q, k, v side by side; gate_up: gate, up */
     void *k_cache, *v_cache;            /* [num_slots, kv_heads, head_dim], fp32 or bf16 (StepModel.kv_bf16) */
-    const float *cos, *sin;             /* [positions, head_dim] (Gemma 3's windowed layers: their own base) */
+    const float *cos, *sin;             /* [positions, head_dim] (Gemma 3's windowed layers: their own base);
+                                           NULL: the layer does not rotate (SmolLM3's every 4th) */
     int64_t window;                     /* keys a query sees, its own included; 0: all */
     /* Gemma's sandwich: attention's and the MLP's outputs normed before they join the residual (mlp_norm
        then the norm before the MLP); NULL for the other families */
@@ -49,6 +50,7 @@ typedef struct {
     const StepLayer *layer;
     int64_t kv_bf16;       /* the KV caches hold bf16 (rounded to nearest even), else fp32 */
     int64_t gelu;          /* the MLP's activation GELU's tanh form (Gemma), else silu */
+    float residual_scale;  /* Granite's: each attention and MLP output times it before the residual; 0: none */
 } StepModel;
 
 #define MAX_RESCORE 64

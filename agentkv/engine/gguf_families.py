@@ -1,0 +1,67 @@
+"""What a GGUF file says (or llama.cpp fixes by architecture) of each family beyond the common
+hyperparameters, as ModelConfig fields: Gemma's scale, windows and rope base, SmolLM3's layers
+without rope, Granite's multipliers, GLM-4's sandwich and GLM-4.5's router, shared expert and
+leading dense layers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def gguf_family_fields(meta: dict[str, Any], arch: str, family: str, names: set[str],
+                       common: dict[str, Any]) -> dict[str, Any]:
+    """The fields `family` adds to (or changes in) `common`, the ones every architecture states."""
+    def get(key: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{key}")
+        return default if value is None else value
+
+    if family in ("gemma2", "gemma3"):
+        return _gemma(get, family, common)
+    if family == "smollm3":  # llama.cpp fixes it: every 4th layer attends without rope (no key says so)
+        return {"nope_layers": tuple(i for i in range(common["num_layers"]) if (i + 1) % 4 == 0)}
+    if family in ("granite", "granitemoe"):
+        return {"embedding_multiplier": float(get("embedding_scale", 1.0)),
+                "residual_multiplier": float(get("residual_scale", 1.0)),
+                "attention_scale": float(get("attention.scale", common["head_dim"] ** -0.5)),
+                "logits_scaling": float(get("logit_scale", 1.0)),
+                # (Granite-MoE's routing: softmax over the top k, the same as renormalizing them)
+                **({"norm_topk_prob": True} if family == "granitemoe" else {})}
+    if family == "glm4":  # its q/k rows are reordered in the conversion: nothing rotates pairs after it
+        return {"attention_bias": True, "rope_interleaved": False}
+    if family == "glm4_moe":
+        return _glm4_moe(get, names, common)
+    return {}
+
+
+def _gemma(get, family: str, common: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 2 / 3 as llama.cpp reads their GGUF files: what their configs say and a GGUF does not is
+    fixed there by family and size (every 2nd / 6th layer global, the windowed layers' rope base
+    10,000, the attention scale from the head size but for the 27B models, whose is hidden / heads)."""
+    layers, window = common["num_layers"], int(get("attention.sliding_window", 0))
+    big = layers == (46 if family == "gemma2" else 62)  # (llama.cpp's LLM_TYPE_27B)
+    pattern = 2 if family == "gemma2" else 6
+    scale_dim = common["hidden_size"] / common["num_heads"] if big else common["head_dim"]
+    return dict(
+        max_position_embeddings=int(get("context_length", 8192)), tie_word_embeddings=True,
+        qk_norm=family == "gemma3", hidden_act="gelu_tanh", attention_scale=scale_dim ** -0.5,
+        layer_windows=tuple(window if (i + 1) % pattern else 0 for i in range(layers)) if window else (),
+        local_rope_theta=float(get("rope.freq_base_swa", 10_000.0)) if family == "gemma3" else 0.0,
+        attn_softcap=float(get("attn_logit_softcapping", 0.0)),
+        final_softcap=float(get("final_logit_softcapping", 0.0)))
+
+
+def _glm4_moe(get, names: set[str], common: dict[str, Any]) -> dict[str, Any]:
+    """GLM-4.5: DeepSeek-V3's router (expert_gating_func 2: sigmoid), `leading_dense_block_count` dense
+    layers first, `expert_shared_count` shared experts as one MLP; its block count includes the
+    multi-token-prediction layers (`nextn_predict_layers`), which the model's forward does not run."""
+    layers = common["num_layers"] - int(get("nextn_predict_layers", 0))
+    width = common["moe_intermediate_size"]
+    return {"num_layers": layers, "router": "sigmoid_groups",
+            "dense_layers": tuple(range(min(int(get("leading_dense_block_count", 1)), layers))),
+            "expert_groups": int(get("expert_group_count", 1)) or 1,
+            "expert_groups_chosen": int(get("expert_group_used_count", 1)) or 1,
+            "routed_scaling_factor": float(get("expert_weights_scale", 1.0)) or 1.0,
+            "norm_topk_prob": bool(get("expert_weights_norm", True)),
+            "shared_expert_intermediate_size": width * int(get("expert_shared_count", 0)),
+            "shared_expert_gated": False,
+            "qk_norm": "blk.0.attn_q_norm.weight" in names, "attention_bias": "blk.0.attn_q.bias" in names}

@@ -1,0 +1,80 @@
+"""SmolLM3, Granite, Granite-MoE, GLM-4 and GLM-4.5 from GGUF files laid out as llama.cpp's converter
+writes them (the `gguf` package writing the tiny checkpoints of tests/tiny_families.py): the same
+model as the HF checkpoint holding the same weights, HF's greedy tokens, and the native decode step
+giving the Python path's logits bit for bit on the dense ones."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import agentkv as ak
+from agentkv.kernels import cpu_native
+from tests.engine.test_native_step import PROMPTS, step_and_python
+from tests.reference import engine_logits, rel_error
+from tests.tiny_families import make_family_model, write_family_gguf
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
+# the fields that make each family itself, which the file must give as the checkpoint's config does
+FIELDS = ("family", "num_layers", "nope_layers", "embedding_multiplier", "residual_multiplier", "attention_scale",
+          "logits_scaling", "rotary_dim", "attention_bias", "qk_norm", "num_experts", "experts_per_token",
+          "norm_topk_prob", "router", "expert_groups", "expert_groups_chosen", "routed_scaling_factor",
+          "dense_layers", "shared_expert_intermediate_size", "shared_expert_gated", "tie_word_embeddings")
+# SmolLM3's GGUF says nothing of its layers without rope: llama.cpp fixes every 4th, as its config's default
+CONFIGS = {"smollm3": {"no_rope_layers": None}}
+
+
+def _pair(tmp_path, family: str, quant: str = "Q8_0"):
+    """The GGUF of a tiny `family` model, and the HF checkpoint holding the weights the file holds."""
+    src = make_family_model(tmp_path / "src", family, config=CONFIGS.get(family))
+    deq = write_family_gguf(src, tmp_path / "m.gguf", quant)
+    ref = tmp_path / "ref"
+    shutil.copytree(src, ref)
+    from safetensors.numpy import save_file
+
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in deq.items()}, str(ref / "model.safetensors"),
+              metadata={"format": "pt"})
+    return str(tmp_path / "m.gguf"), ref
+
+
+@pytest.mark.parametrize("family", ["smollm3", "granite", "granitemoe", "glm4", "glm4_moe"])
+def test_a_gguf_is_the_checkpoint_it_was_written_from(tmp_path, monkeypatch, family):
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    path, ref_dir = _pair(tmp_path, family)
+    with (ak.Engine(str(ref_dir), num_slots=1024) as ref,
+          ak.Engine(path, num_slots=1024, quantized_weights=False) as exact,
+          ak.Engine(path, num_slots=1024) as kept):
+        for f in FIELDS:  # (a GGUF holds its multipliers as float32)
+            a, b = getattr(exact.model_config, f), getattr(ref.model_config, f)
+            assert (np.float32(a) == np.float32(b)) if isinstance(a, float) else a == b, f
+        ids = ref.tokenizer.encode(TEXT)
+        expected = engine_logits(ref, ids)[0]
+        assert rel_error(engine_logits(exact, ids)[0], expected) < 1e-4  # the conversion: the same weights
+        assert rel_error(engine_logits(kept, ids)[0], expected) < 5e-2  # in their blocks: int8 activations
+        out = exact.generate(ids, max_tokens=16, temperature=0.0, ignore_eos=True)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
+    x = torch.tensor([ids])
+    greedy = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False, eos_token_id=None)
+    assert out.token_ids == greedy[0, len(ids):].tolist()
+
+
+@pytest.mark.skipif(cpu_native.load() is None or not cpu_native.load().qtile_fast,
+                    reason="the native step needs the C kernels' tiled bodies (AVX-512 VNNI or AVX2)")
+@pytest.mark.parametrize("family", ["smollm3", "granite", "glm4"])
+@pytest.mark.parametrize("batch", [1, 16])
+def test_the_native_step_gives_the_python_paths_logits(tmp_path, monkeypatch, family, batch):
+    """Layers without rope, Granite's multipliers (embeddings, residuals, scores, logits) and GLM-4's
+    sandwich with half of each head rotating, in the step."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    path, _ = _pair(tmp_path, family, "Q4_0")
+    with ak.Engine(path, num_slots=2048) as engine:
+        pairs = step_and_python(engine, PROMPTS[:batch], max_tokens=20)
+    assert len(pairs) >= 19
+    for got, ref, _ in pairs:
+        assert torch.equal(got, ref)
