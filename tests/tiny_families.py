@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from agentkv.testing import write_byte_tokenizer
+from tests.tiny import chat_tokenizer, write_chat_ends
 
 # each family's config beyond the shared shape: values away from 1 and 0 where a mistake would hide
 FAMILY_CONFIGS = {
@@ -25,13 +26,14 @@ FAMILY_CONFIGS = {
 
 
 def make_family_model(out: Path, model_type: str, *, seed: int = 0, tie: bool = False,
-                      config: dict | None = None) -> Path:
-    """A random `model_type` model (FAMILY_CONFIGS' entries, then `config`) written to `out`."""
+                      config: dict | None = None, chat: str | None = None) -> Path:
+    """A random `model_type` model (FAMILY_CONFIGS' entries, then `config`) written to `out`; `chat`: a
+    family of tests/chat_templates.py whose template and tokens its tokenizer carries."""
     import torch
     import transformers
 
     out.mkdir(parents=True, exist_ok=True)
-    vocab = write_byte_tokenizer(out)
+    vocab = write_byte_tokenizer(out, **(chat_tokenizer(chat) or {}))
     fields = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
                   rms_norm_eps=1e-6, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=None)
@@ -57,6 +59,7 @@ def make_family_model(out: Path, model_type: str, *, seed: int = 0, tie: bool = 
     cfg = json.loads((out / "config.json").read_text())
     cfg["torch_dtype"] = "float32"
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    write_chat_ends(out, chat)
     return out
 
 

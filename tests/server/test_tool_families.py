@@ -1,5 +1,6 @@
 """Tool calls in each family's own format, end to end: tiny random-weight models carrying the
-families' chat templates and special tokens (tests/chat_templates.py), driven through engine.chat,
+families' chat templates and special tokens (tests/chat_templates.py; Granite 3.3's and GLM-4.5's of
+their own architectures, the others Llamas), driven through engine.chat,
 ak.Agent, the server with the official `openai` client, and the frameworks people point at it
 (pydantic-ai, the OpenAI Agents SDK, langchain-openai)."""
 
@@ -32,6 +33,7 @@ from agentkv.chat.formats import (
 )
 from agentkv.chat.messages import template_messages
 from tests.tiny import make_tiny_model
+from tests.tiny_families import make_family_model
 
 FAMILIES = {"qwen2.5": Hermes, "llama3": Llama3Json, "mistral": Mistral, "pythonic": Pythonic, "qwen3_coder": QwenXml,
             "mistral_v11": MistralArgs, "glm45": Glm, "kimi_k2": Kimi, "deepseek_v31": DeepSeekV31,
@@ -71,12 +73,21 @@ WEIGHT_SEEDS = {"qwen2.5": 1, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_c
                 "gpt_oss": 0}
 
 
+# Families whose tiny models are of their own architecture (the others: the template on a Llama)
+ARCHITECTURE = {"granite33": "granite", "glm45": "glm4_moe"}
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
-    path = make_tiny_model(tmp_path_factory.mktemp(request.param) / "m", chat=request.param, max_positions=4096,
-                           seed=WEIGHT_SEEDS[request.param])
+    out, name = tmp_path_factory.mktemp(request.param) / "m", request.param
+    if name in ARCHITECTURE:
+        path = make_family_model(out, ARCHITECTURE[name], chat=name, seed=WEIGHT_SEEDS[name],
+                                 config={"max_position_embeddings": 4096})
+    else:
+        path = make_tiny_model(out, chat=name, max_positions=4096, seed=WEIGHT_SEEDS[name])
     engine = ak.Engine(str(path), num_slots=16384, seed=0)
-    yield request.param, engine
+    assert name not in ARCHITECTURE or engine.model_config.family == ARCHITECTURE[name]
+    yield name, engine
     engine.close()
 
 
