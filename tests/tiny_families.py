@@ -1,5 +1,5 @@
 """Tiny random-weight checkpoints of the families transformers itself defines (SmolLM3, Granite,
-Granite-MoE, GLM-4, GLM-4.5): the model built from its transformers config, its weights drawn from a
+Granite-MoE, GLM-4, GLM-4.5, LFM2): the model built from its transformers config, its weights drawn from a
 seeded generator at scales that make every part matter, and saved by transformers as the Hub lays
 it out, with a byte tokenizer."""
 
@@ -19,6 +19,9 @@ FAMILY_CONFIGS = {
     "granitemoe": {"embedding_multiplier": 1.7, "residual_multiplier": 0.45, "attention_multiplier": 0.31,
                    "logits_scaling": 2.5, "num_local_experts": 4, "num_experts_per_tok": 2},
     "glm4": {},
+    # convolutions in layers 0, 2 and 3, attention in 1 and 4; the MLP 2/3 of 192 wide, as LFM2 sizes it
+    "lfm2": {"num_hidden_layers": 5, "layer_types": ["conv", "full_attention", "conv", "conv", "full_attention"],
+             "intermediate_size": 192, "block_multiple_of": 32, "tie_word_embeddings": True},
     "glm4_moe": {"num_hidden_layers": 3, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                  "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1,
                  "routed_scaling_factor": 2.5, "norm_topk_prob": True, "attention_bias": True},

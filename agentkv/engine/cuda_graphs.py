@@ -103,7 +103,8 @@ class DecodeGraphs:
             num_decodes=bs, out_cache_loc=self.out_loc[:bs],
         )
         r.backend.prepare_graph(meta, self.rows[:bs], self.lens[:bs], self.max_context)
-        ctx = ForwardContext(positions=self.positions[:bs], backend=r.backend, kv_caches=r.pool.kv_caches)
+        ctx = ForwardContext(positions=self.positions[:bs], backend=r.backend, kv_caches=r.pool.kv_caches,
+                             backend_meta=meta)
         return r.model(self.ids[:bs], ctx, self.select[:bs])
 
     def _capture_all(self) -> None:

@@ -186,6 +186,8 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
     dequantized = set() if dequantized is None else dequantized
     hf = _read_safetensors(directory)
     quant = _read_quantized(directory)
+    if cfg.family == "lfm2":
+        hf = {_lfm2_name(n): t for n, t in hf.items()}
 
     def take(name: str) -> torch.Tensor:
         if name in quant:
@@ -236,11 +238,19 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         out.update({o + n + ".weight": norm(p + n + ".weight") for n in norms})
         if cfg.family == "glm4":  # the sandwich's norms under GLM's names
             out.update({o + ours + ".weight": take(p + theirs + ".weight") for ours, theirs in GLM4_NORMS.items()})
-        if p + "self_attn.qkv_proj.weight" in hf or p + "self_attn.qkv_proj.weight" in quant:  # fused (Phi-3)
+        if cfg.is_conv_layer(i):  # LFM2's short convolution in attention's place
+            out[o + "self_attn.in_proj.weight"] = matrix(p + "conv.in_proj.weight")
+            out[o + "self_attn.out_proj.weight"] = matrix(p + "conv.out_proj.weight")
+            out[o + "self_attn.conv_weight"] = take(p + "conv.conv.weight").reshape(cfg.hidden_size, cfg.conv_kernel)
+            if cfg.conv_bias:
+                for name in ("in_proj.bias", "out_proj.bias"):
+                    out[o + "self_attn." + name] = take(p + "conv." + name)
+                out[o + "self_attn.conv_bias"] = take(p + "conv.conv.bias")
+        elif p + "self_attn.qkv_proj.weight" in hf or p + "self_attn.qkv_proj.weight" in quant:  # fused (Phi-3)
             out[o + "self_attn.qkv_proj.weight"] = matrix(p + "self_attn.qkv_proj.weight")
         else:
             out[o + "self_attn.qkv_proj.weight"] = matrix(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"))
-        if cfg.attention_bias:
+        if cfg.attention_bias and not cfg.is_conv_layer(i):
             out[o + "self_attn.qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
         if cfg.rope_interleaved:  # (a GGUF's rows are reordered in its conversion: they may be quantized)
             for name in (o + "self_attn.qkv_proj.weight", o + "self_attn.qkv_proj.bias"):
@@ -248,8 +258,9 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
                     t, q, kv = out[name], cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
                     out[name] = torch.cat([halves_from_pairs(t[:q], cfg.num_heads, cfg),
                                            halves_from_pairs(t[q : q + kv], cfg.num_kv_heads, cfg), t[q + kv :]])
-        out[o + "self_attn.o_proj.weight"] = matrix(p + "self_attn.o_proj.weight")
-        if cfg.qk_norm:
+        if not cfg.is_conv_layer(i):
+            out[o + "self_attn.o_proj.weight"] = matrix(p + "self_attn.o_proj.weight")
+        if cfg.qk_norm and not cfg.is_conv_layer(i):
             out[o + "self_attn.q_norm.weight"] = norm(p + "self_attn.q_norm.weight")
             out[o + "self_attn.k_norm.weight"] = norm(p + "self_attn.k_norm.weight")
         if cfg.is_moe_layer(i):
@@ -261,6 +272,20 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
             out[o + "mlp.gate_up_proj.weight"] = matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
         out[o + "mlp.down_proj.weight"] = matrix(p + "mlp.down_proj.weight")
     return out
+
+
+# LFM2's names for what the other families name so (the short convolutions' own are read as they are)
+_LFM2_NAMES = (("model.embedding_norm.", "model.norm."), (".operator_norm.", ".input_layernorm."),
+               (".ffn_norm.", ".post_attention_layernorm."), (".self_attn.out_proj.", ".self_attn.o_proj."),
+               (".self_attn.q_layernorm.", ".self_attn.q_norm."), (".self_attn.k_layernorm.", ".self_attn.k_norm."),
+               (".feed_forward.w1.", ".mlp.gate_proj."), (".feed_forward.w3.", ".mlp.up_proj."),
+               (".feed_forward.w2.", ".mlp.down_proj."))
+
+
+def _lfm2_name(name: str) -> str:
+    for theirs, ours in _LFM2_NAMES:
+        name = name.replace(theirs, ours)
+    return name
 
 
 def _quant_weight(raw: torch.Tensor, kind: str) -> QuantWeight:

@@ -7,6 +7,8 @@ request reads.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from agentkv.engine.model_config import ModelConfig
@@ -14,20 +16,24 @@ from agentkv.errors import RequestError
 
 
 class KVPool:
-    """Per-layer K/V buffers [num_slots, KVH, D] and a free list of slot indices."""
+    """Per-layer K/V buffers [num_slots, KVH, D] and a free list of slot indices. A hybrid's short
+    convolution layer keeps in its K buffer [num_slots, 1, hidden] each token's convolution input
+    (its V buffer holds nothing): the state at any token is its last few tokens' entries, so a cached
+    prefix resumes a convolution exactly wherever it ends."""
 
     def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype, device: str = "cpu"):
         self.num_slots = num_slots
-        shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
         # Uninitialized: a slot is always written before it is read, and pages never touched cost no
         # memory. Slot 0 (the padding target) is read under a -inf mask, so it must hold finite values.
         self.kv_caches = [
-            (torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
-            for _ in range(cfg.num_layers)
+            (torch.empty((num_slots, *ks), dtype=dtype, device=device),
+             torch.empty((num_slots, *vs), dtype=dtype, device=device))
+            for ks, vs in layer_shapes(cfg)
         ]
         for k, v in self.kv_caches:
             k[0].zero_()
             v[0].zero_()
+        self.token_shape = token_shape(cfg)
         # The free slots as a stack: stack[:top] (on the CPU, as the radix tree's slot ids and the
         # scheduler's are). Allocating and freeing cost what they move, not the size of the pool.
         self._stack = torch.arange(1, num_slots, dtype=torch.int64)
@@ -62,26 +68,54 @@ class KVPool:
             self._top += k
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
-        """A copy of the K and V of `slots`, [len(slots), layers, 2, kv_heads, head_dim] on the CPU."""
+        """A copy of the K and V of `slots`, [len(slots), *token_shape] on the CPU: [layers, 2, kv_heads,
+        head_dim] a token, or a hybrid's every layer's entries one after another."""
         idx = slots.to(self.kv_caches[0][0].device)
         k0 = self.kv_caches[0][0]
-        out = torch.empty((len(slots), len(self.kv_caches), 2, *k0.shape[1:]), dtype=k0.dtype)
-        for layer, (k, v) in enumerate(self.kv_caches):  # (one copy each: a stack of stacks was 4x slower)
-            out[:, layer, 0] = k[idx]
-            out[:, layer, 1] = v[idx]
+        out = torch.empty((len(slots), *self.token_shape), dtype=k0.dtype)
+        for at, (k, v) in zip(self._places(), self.kv_caches):  # (one copy each: a stack of stacks was 4x slower)
+            out[at[0]] = k[idx].reshape(out[at[0]].shape)
+            out[at[1]] = v[idx].reshape(out[at[1]].shape)
         return out
 
     def scatter(self, slots: torch.Tensor, kv: torch.Tensor) -> None:
         """Write `kv` (as `gather` returns it) into `slots`."""
         idx = slots.to(self.kv_caches[0][0].device)
         kv = kv.to(self.kv_caches[0][0].device)
-        for layer, (k, v) in enumerate(self.kv_caches):
-            k[idx] = kv[:, layer, 0]
-            v[idx] = kv[:, layer, 1]
+        for at, (k, v) in zip(self._places(), self.kv_caches):
+            k[idx] = kv[at[0]].reshape(len(idx), *k.shape[1:])
+            v[idx] = kv[at[1]].reshape(len(idx), *v.shape[1:])
+
+    def _places(self):
+        """Per layer, where its K and V sit in a row of `gather`'s output (index tuples)."""
+        if len(self.token_shape) > 1:  # [layers, 2, ...]
+            return [((slice(None), layer, 0), (slice(None), layer, 1)) for layer in range(len(self.kv_caches))]
+        places, at = [], 0
+        for k, v in self.kv_caches:
+            kw, vw = k[0].numel(), v[0].numel()
+            places.append(((slice(None), slice(at, at + kw)), (slice(None), slice(at + kw, at + kw + vw))))
+            at += kw + vw
+        return places
 
     @staticmethod
     def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
-        return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
+        return sum(math.prod(k) + math.prod(v) for k, v in layer_shapes(cfg)) * torch.finfo(dtype).bits // 8
+
+
+def layer_shapes(cfg: ModelConfig) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each layer's K and V shapes for one token: (kv_heads, head_dim) each, or for a short
+    convolution layer its input (1, hidden) and nothing."""
+    attention = (cfg.num_kv_heads, cfg.head_dim)
+    return [((1, cfg.hidden_size), (1, 0)) if cfg.is_conv_layer(i) else (attention, attention)
+            for i in range(cfg.num_layers)]
+
+
+def token_shape(cfg: ModelConfig) -> tuple[int, ...]:
+    """One token's KV as the pool gathers it (and the disk tier stores it): [layers, 2, kv_heads,
+    head_dim], or for a hybrid its layers' entries flat."""
+    if not cfg.conv_layers:
+        return (cfg.num_layers, 2, cfg.num_kv_heads, cfg.head_dim)
+    return (sum(math.prod(k) + math.prod(v) for k, v in layer_shapes(cfg)),)
 
 
 class ReqToTokenPool:

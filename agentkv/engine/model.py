@@ -35,7 +35,8 @@ from agentkv.engine.mlp import MLP, MoE
 from agentkv.engine.model_config import ModelConfig, RopeScaling
 from agentkv.engine.model_families import SANDWICH_FAMILIES
 from agentkv.engine.rope import RopeTables, RotaryEmbedding
-from agentkv.kernels.base import AttentionBackend
+from agentkv.engine.short_conv import ShortConv
+from agentkv.kernels.base import AttentionBackend, AttentionMetadata
 from agentkv.kernels.cpu_native import NativeKernels
 from agentkv.kernels.cpu_quant import QuantWeight
 
@@ -53,6 +54,7 @@ class ForwardContext:
     # bool [T]: the prompt's tokens, which tiled quantized weights compute exactly (linear.by_row_kind)
     exact_rows: torch.Tensor | None = None
     lora: LoraBatch | None = None  # the pass's LoRA adapters, each row's update added to the linears' outputs
+    backend_meta: AttentionMetadata | None = None  # the pass's slot table and rows (a short convolution reads them)
 
 
 class RMSNorm(nn.Module):
@@ -123,7 +125,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id)
+        # (LFM2's short convolution layers: the operator in attention's place)
+        self.self_attn = ShortConv(cfg, layer_id) if cfg.is_conv_layer(layer_id) else Attention(cfg, layer_id)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg) if cfg.is_moe_layer(layer_id) else MLP(cfg, layer_id=layer_id)
         # Granite: each output scaled before it joins the residual (else the residual is added in the
@@ -248,7 +251,7 @@ class CausalLM(nn.Module):
         tables = self.rope.tables(ctx.positions, x.dtype)
         local = self.local_rope.tables(ctx.positions, x.dtype) if self.local_rope is not None else None
         for layer in self.layers:
-            windowed = local is not None and layer.self_attn.window
+            windowed = local is not None and getattr(layer.self_attn, "window", 0)
             ctx.rope = local if windowed else tables
             x = layer(x, ctx, self.local_rope if windowed else self.rope)
         exact = None if ctx.exact_rows is None else ctx.exact_rows[logits_indices]

@@ -22,8 +22,8 @@ __all__ = ["MOE_FAMILIES", "SUPPORTED_ARCHITECTURES", "ModelConfig", "RopeScalin
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: Literal["llama", "phi3", "gemma2", "gemma3", "qwen2", "qwen3", "smollm3", "granite", "glm4", "qwen3_moe",
-                    "qwen2_moe", "mixtral", "granitemoe", "glm4_moe"]
+    family: Literal["llama", "phi3", "gemma2", "gemma3", "qwen2", "qwen3", "smollm3", "granite", "glm4", "lfm2",
+                    "qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe"]
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -72,9 +72,17 @@ class ModelConfig:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
+    # a hybrid (LFM2): these layers are gated short convolutions of `conv_kernel` taps instead of
+    # attention; each token's convolution input is what the KV pool keeps for it there
+    conv_layers: tuple[int, ...] = ()
+    conv_kernel: int = 0
+    conv_bias: bool = False
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
+
+    def is_conv_layer(self, layer: int) -> bool:
+        return layer in self.conv_layers
 
     def window(self, layer: int) -> int:
         return self.layer_windows[layer] if layer < len(self.layer_windows) else 0
@@ -164,6 +172,11 @@ class ModelConfig:
             out["use_qk_norm"] = self.qk_norm
         if self.family == "glm4":
             out["rope_interleaved"] = self.rope_interleaved
+        if self.family == "lfm2":
+            kinds = ["conv" if i in self.conv_layers else "full_attention" for i in range(self.num_layers)]
+            out.update(layer_types=kinds,
+                       conv_L_cache=self.conv_kernel, conv_bias=self.conv_bias, norm_eps=self.rms_norm_eps,
+                       block_auto_adjust_ff_dim=False)
         return out
 
     def _moe_hf(self) -> dict[str, Any]:

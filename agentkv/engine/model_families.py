@@ -24,6 +24,8 @@ SUPPORTED_ARCHITECTURES = {
     "SmolLM3ForCausalLM": "smollm3",  # Llama's layers, every 4th without rope
     "GraniteForCausalLM": "granite",  # Llama's layers with multipliers on embeddings, residuals, scores, logits
     "Glm4ForCausalLM": "glm4",  # the sandwich layer, biased q/k/v, half of each head rotating by adjacent pairs
+    # a hybrid: gated short convolutions in most layers, GQA attention with q/k norms in the others
+    "Lfm2ForCausalLM": "lfm2",
     # mixtures of experts: the attention of the dense family, a routed MoE block for the MLP
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
@@ -37,7 +39,7 @@ SUPPORTED_ARCHITECTURES = {
 MODEL_TYPES = {"llama": "llama", "mistral": "llama", "phi3": "phi3", "gemma3_text": "gemma3", "gemma2": "gemma2",
                "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "qwen2_moe": "qwen2_moe",
                "mixtral": "mixtral", "smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe",
-               "glm4": "glm4", "glm4_moe": "glm4_moe"}
+               "glm4": "glm4", "glm4_moe": "glm4_moe", "lfm2": "lfm2"}
 ARCHITECTURE_OF = {family: arch for arch, family in SUPPORTED_ARCHITECTURES.items() if arch != "MistralForCausalLM"}
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe")
 SANDWICH_FAMILIES = ("gemma2", "gemma3", "glm4")  # a norm after attention and after the MLP too
@@ -46,7 +48,7 @@ SANDWICH_FAMILIES = ("gemma2", "gemma3", "glm4")  # a norm after attention and a
 def family_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """The ModelConfig fields particular to `family`."""
     return {**_moe(family, cfg), **_gemma(family, cfg), **_granite(family, cfg), **_glm(family, cfg),
-            **_smollm3(family, cfg)}
+            **_smollm3(family, cfg), **_lfm2(family, cfg)}
 
 
 def layer_windows(archs: list[str], cfg: dict[str, Any]) -> tuple[int, ...]:
@@ -204,3 +206,29 @@ def _nope_layers(cfg: dict[str, Any]) -> tuple[int, ...]:
 def _smollm3(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """SmolLM3: the layers `no_rope_layers` marks 0 (every 4th by default) attend without rotation."""
     return {"nope_layers": _nope_layers(cfg)} if family == "smollm3" else {}
+
+
+def _lfm2(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """LFM2: which layers are short convolutions (`layer_types` "conv", else those not in
+    `full_attn_idxs`), their kernel length, q/k norms on the attention layers, its norm's epsilon
+    under its own name, and the MLP's width as its block computes it from `intermediate_size`."""
+    if family != "lfm2":
+        return {}
+    layers = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types")
+    if types is None:
+        full = set(cfg.get("full_attn_idxs") or range(layers))
+        types = ["full_attention" if i in full else "conv" for i in range(layers)]
+    if len(types) != layers or set(types) - {"conv", "full_attention"}:
+        raise ModelLoadError(f"layer_types {types} must give each of the {layers} layers 'conv' or 'full_attention'")
+    width = int(cfg["intermediate_size"])
+    if cfg.get("block_auto_adjust_ff_dim", True):  # (as Lfm2MLP sizes itself)
+        width = int(2 * width / 3)
+        if cfg.get("block_ffn_dim_multiplier") is not None:
+            multiple = int(cfg.get("block_multiple_of") or 256)
+            width = int(float(cfg["block_ffn_dim_multiplier"]) * width)
+            width = multiple * ((width + multiple - 1) // multiple)
+    return {"conv_layers": tuple(i for i, t in enumerate(types) if t == "conv"),
+            "conv_kernel": int(cfg.get("conv_L_cache") or 3), "conv_bias": bool(cfg.get("conv_bias", False)),
+            "qk_norm": True, "rms_norm_eps": float(cfg.get("norm_eps", 1e-5)), "intermediate_size": width,
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}

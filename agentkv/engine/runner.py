@@ -170,7 +170,7 @@ class ModelRunner:
         share of it with tensor parallelism."""
         self.backend.prepare(dev.meta)
         ctx = ForwardContext(positions=dev.positions, backend=self.backend, kv_caches=self.pool.kv_caches,
-                             exact_rows=dev.exact_rows, lora=dev.lora)
+                             exact_rows=dev.exact_rows, lora=dev.lora, backend_meta=dev.meta)
         return self.model(ids, ctx, dev.select)
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""SmolLM3, Granite, Granite-MoE, GLM-4 and GLM-4.5 against transformers' own implementations: tiny
+"""SmolLM3, Granite, Granite-MoE, GLM-4, GLM-4.5 and LFM2 against transformers' own implementations: tiny
 random models built from their transformers configs give HF's logits (fresh, over a cached prefix,
 and the one-row decode route) and HF `generate`'s greedy tokens, on torch ops and on agentkv's C
 kernels."""
@@ -29,6 +29,9 @@ CASES = [
     ("glm4", {"partial_rotary_factor": 1.0}),
     ("glm4_moe", {}),  # two groups of four experts, one group chosen; a shared expert; layer 0 dense
     ("glm4_moe", {"use_qk_norm": True, "n_group": 1, "topk_group": 1, "norm_topk_prob": False}),
+    # short convolutions (their inputs read back from the pool: over a cached prefix too) beside attention
+    ("lfm2", {}),
+    ("lfm2", {"conv_L_cache": 4, "conv_bias": True}),
 ]
 
 
@@ -97,6 +100,8 @@ def test_what_each_family_reads():
         "sigmoid_groups", 2, 1, 2.5)
     assert moe.dense_layers == (0,) and moe.shared_expert_intermediate_size == 32 and not moe.shared_expert_gated
     assert not moe.rope_interleaved and moe.rotary_dim == 8
+    lfm = config("lfm2")
+    assert lfm.conv_layers == (0, 2, 3) and lfm.conv_kernel == 3 and lfm.intermediate_size == 128 and lfm.qk_norm
 
 
 @pytest.mark.parametrize("family,targets", [

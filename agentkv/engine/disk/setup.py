@@ -10,6 +10,7 @@ import torch
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.disk.fingerprint import fingerprint
 from agentkv.engine.disk.tier import DiskTier, KVLayout
+from agentkv.engine.memory import token_shape
 
 
 def tier_for(cfg: EngineConfig, model_dir: Path, model_config: Any, kv_dtype: torch.dtype,
@@ -20,5 +21,5 @@ def tier_for(cfg: EngineConfig, model_dir: Path, model_config: Any, kv_dtype: to
     quantized = cfg.quantized_weights and native and cfg.device == "cpu"
     fp = fingerprint(model_dir, model_config, dtype=cfg.dtype, kv_dtype=str(kv_dtype).removeprefix("torch."),
                      quantized=quantized, native=native)
-    layout = KVLayout(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, kv_dtype)
+    layout = KVLayout(token_shape(model_config), kv_dtype)
     return DiskTier(cfg.cache.kv_dir, cfg.cache.kv_disk_bytes, fp, layout, cfg.cache.kv_block_tokens)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import queue
 import threading
@@ -40,18 +41,17 @@ WRITE_PAUSE_S = 30.0  # after a failed write (full or read-only disk), how long 
 
 @dataclass(frozen=True)
 class KVLayout:
-    """The shape of one token's KV in the pool: a block is [tokens, layers, 2, kv_heads, head_dim]."""
+    """The shape of one token's KV in the pool (memory.token_shape): a block is [tokens, layers, 2,
+    kv_heads, head_dim], or a hybrid's [tokens, entries]."""
 
-    layers: int
-    kv_heads: int
-    head_dim: int
+    token_shape: tuple[int, ...]
     dtype: torch.dtype
 
     def shape(self, tokens: int) -> tuple[int, ...]:
-        return (tokens, self.layers, 2, self.kv_heads, self.head_dim)
+        return (tokens, *self.token_shape)
 
     def nbytes(self, tokens: int) -> int:
-        return self.layers * 2 * tokens * self.kv_heads * self.head_dim * self.dtype.itemsize
+        return tokens * math.prod(self.token_shape) * self.dtype.itemsize
 
 
 @dataclass

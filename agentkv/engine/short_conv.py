@@ -1,0 +1,53 @@
+"""LFM2's gated short convolution, over the paged KV pool.
+
+The operator: in_proj gives B, C and x per token; the causal depthwise convolution of `conv_kernel`
+taps runs over B * x; C gates its output; out_proj brings it back. A recurrent state (the last taps'
+inputs) cannot be cut at an arbitrary token, which is why vLLM and SGLang keep snapshots of it at
+block boundaries and lose the prefix hits between them. Here there is no state to cut: each token's
+B * x is written to its own slot of the layer's K buffer, as attention writes its K, and a token's
+convolution reads its predecessors' entries through the slot table. A cached prefix therefore ends
+with everything the next token needs, at any length; the radix tree, pins, sessions and the disk tier
+keep it as they keep attention's KV, and recompute nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from agentkv.engine.linear import Linear
+from agentkv.engine.model_config import ModelConfig
+
+__all__ = ["ShortConv"]
+
+
+class ShortConv(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.layer_id, self.hidden, self.taps = layer_id, cfg.hidden_size, cfg.conv_kernel
+        self.in_proj = Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.conv_bias)
+        self.conv_weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.conv_kernel))  # [channel, tap]
+        self.conv_bias = nn.Parameter(torch.empty(cfg.hidden_size)) if cfg.conv_bias else None
+        self.out_proj = Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.conv_bias)
+
+    def forward(self, x: torch.Tensor, ctx, rope, residual: torch.Tensor | None) -> torch.Tensor:
+        """residual + conv(x) (conv(x) where residual is None); `rope` unused (the signature is
+        Attention's, so a layer takes either)."""
+        b, c, inp = self.in_proj(x, exact_rows=ctx.exact_rows).split(self.hidden, dim=-1)
+        bx = b * inp
+        cache = ctx.kv_caches[self.layer_id][0].view(-1, self.hidden)
+        meta = ctx.backend_meta
+        cache[meta.out_cache_loc] = bx.to(cache.dtype)  # written first: a token reads those before it in its pass
+        # each token's predecessors' slots, through its request's row of the slot table
+        rows = meta.req_rows
+        if rows.shape[0] != x.shape[0]:
+            rows = rows.repeat_interleave(torch.tensor(meta.extend_lens, device=rows.device))
+        back = torch.arange(self.taps - 1, 0, -1, device=x.device)  # taps before the token, oldest first
+        before = ctx.positions[:, None] - back[None]  # [T, taps - 1]
+        slots = meta.req_to_token[rows[:, None], before.clamp(min=0)]
+        earlier = cache[slots].to(bx.dtype) * (before >= 0)[..., None]  # (before the sequence: zeros)
+        window = torch.cat([earlier, bx[:, None]], dim=1)  # [T, taps, hidden]
+        conv = (window * self.conv_weight.t()[None]).sum(dim=1)
+        if self.conv_bias is not None:
+            conv = conv + self.conv_bias
+        return self.out_proj(c * conv, residual, exact_rows=ctx.exact_rows)
