@@ -68,8 +68,17 @@ def make_family_model(out: Path, model_type: str, *, seed: int = 0, tie: bool = 
 
 # llama.cpp's architecture names, and the ones whose q/k rows its converter permutes
 GGUF_ARCH = {"smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe", "glm4": "glm4",
-             "glm4_moe": "glm4moe"}
+             "glm4_moe": "glm4moe", "lfm2": "lfm2"}
 PERMUTED = ("smollm3", "granite", "granitemoe")
+
+
+LFM2_GGUF = {"model.embedding_norm.weight": "token_embd_norm.weight"}
+LFM2_LAYER_GGUF = [(f".{a}.", f".{b}.") for a, b in (
+    ("operator_norm", "attn_norm"), ("ffn_norm", "ffn_norm"), ("self_attn.q_layernorm", "attn_q_norm"),
+    ("self_attn.k_layernorm", "attn_k_norm"), ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"), ("self_attn.out_proj", "attn_output"), ("feed_forward.w1", "ffn_gate"),
+    ("feed_forward.w3", "ffn_up"), ("feed_forward.w2", "ffn_down"), ("conv.conv", "shortconv.conv"),
+    ("conv.in_proj", "shortconv.in_proj"), ("conv.out_proj", "shortconv.out_proj"))] + [("model.layers.", "blk.")]
 
 
 def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1) -> dict:
@@ -90,13 +99,20 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
     arch = GGUF_ARCH[family]
     rope = cfg.get("rope_parameters") or {}
     layers, d = cfg["num_hidden_layers"], cfg["head_dim"]
-    w = gguf_writer(out, arch, {**cfg, "rope_theta": rope.get("rope_theta", 10000.0),
-                                "num_hidden_layers": layers + (nextn if family == "glm4_moe" else 0)})
+    common = {**cfg, "rope_theta": rope.get("rope_theta", 10000.0),
+              "num_hidden_layers": layers + (nextn if family == "glm4_moe" else 0)}
+    if family == "lfm2":  # KV heads per layer (none in a convolution's), the MLP's width as its block sizes it
+        kv = [0 if t == "conv" else cfg["num_key_value_heads"] for t in cfg["layer_types"]]
+        width = load_file(str(src / "model.safetensors"))["model.layers.0.feed_forward.w1.weight"].shape[0]
+        common.update(num_key_value_heads=kv, intermediate_size=width, rms_norm_eps=cfg["norm_eps"])
+    w = gguf_writer(out, arch, common)
     w.add_key_length(d)
     w.add_value_length(d)
     if "partial_rotary_factor" in rope:
         w.add_rope_dimension_count(int(d * rope["partial_rotary_factor"]))
     key = arch + "."
+    if family == "lfm2":
+        w.add_uint32(key + "shortconv.l_cache", cfg["conv_L_cache"])
     if family in ("granite", "granitemoe"):
         for ours, theirs in (("embedding_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"),
                              ("attention.scale", "attention_multiplier"), ("logit_scale", "logits_scaling")):
@@ -122,8 +138,11 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
     def quantized(t: np.ndarray) -> np.ndarray:
         return gguf.quants.quantize(t.astype(np.float32), kind)
 
+    def kept_float(name: str) -> bool:  # (llama.cpp keeps a short convolution's taps in F32)
+        return name.endswith(("conv.conv.weight", "shortconv.conv.weight"))
+
     def put(name: str, t: np.ndarray) -> None:
-        if t.ndim >= 2:
+        if t.ndim >= 2 and not kept_float(name):
             q = quantized(t)
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
         else:
@@ -135,6 +154,13 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
     globals_ = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
     stacks: dict[tuple[str, str], dict[int, np.ndarray]] = {}
     for name, t in hf.items():
+        if family == "lfm2":  # its names for the common tensors, its short convolutions' own
+            name = LFM2_GGUF.get(name, name)
+            for theirs, ours in LFM2_LAYER_GGUF:
+                name = name.replace(theirs, ours)
+            if name.startswith("blk.") or name in LFM2_GGUF.values():
+                put(name, t.reshape(t.shape[0], t.shape[-1]) if "shortconv.conv" in name else t)
+                continue
         if name in globals_:
             put(globals_[name], t)
             continue
@@ -168,5 +194,5 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
     w.write_tensors_to_file()
     w.close()
     # (quantization is by rows of blocks along the last dimension: the same values in any row order)
-    return {n: gguf.quants.dequantize(quantized(t), kind).reshape(t.shape) if t.ndim >= 2 else t
-            for n, t in hf.items()}
+    return {n: gguf.quants.dequantize(quantized(t), kind).reshape(t.shape) if t.ndim >= 2 and not kept_float(n)
+            else t for n, t in hf.items()}

@@ -34,7 +34,7 @@ KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K",
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                       "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",  # (Mixtral is "llama" with experts)
                       "gemma2": "gemma2", "gemma3": "gemma3", "smollm3": "smollm3", "granite": "granite",
-                      "granitemoe": "granitemoe", "glm4": "glm4", "glm4moe": "glm4_moe"}
+                      "granitemoe": "granitemoe", "glm4": "glm4", "glm4moe": "glm4_moe", "lfm2": "lfm2"}
 # llama.cpp's converter permutes these architectures' q/k rows for its adjacent-pair rotation (their
 # checkpoints rotate halves); the conversion puts them back
 PERMUTED_QK = ("llama", "smollm3", "granite", "granitemoe")
@@ -87,6 +87,12 @@ _GLM4_MOE_NAMES = {
     "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
     "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+}
+# LFM2's short convolutions (its other tensors take the names above; its final norm is token_embd_norm)
+_LFM2_NAMES = {
+    "shortconv.conv.weight": "conv.conv.weight",
+    "shortconv.in_proj.weight": "conv.in_proj.weight",
+    "shortconv.out_proj.weight": "conv.out_proj.weight",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -179,13 +185,15 @@ def _convert(path: Path, out: Path) -> None:
 def _hf_name(name: str, arch: str = "llama") -> str | None:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
+    if arch == "lfm2" and name == "token_embd_norm.weight":  # (LFM2 norms its last layer's output by it)
+        return "model.norm.weight"
     if name.startswith("blk."):
         _, idx, rest = name.split(".", 2)
         if arch.startswith("gemma") and rest in _GEMMA_NAMES:
             return f"model.layers.{idx}.{_GEMMA_NAMES[rest]}"
         if arch == "phi3" and rest == "ffn_up.weight":  # Phi-3's gate and up, fused (gate first)
             return f"model.layers.{idx}.mlp.gate_up_proj.weight"
-        own = {"glm4": _GLM4_NAMES, "glm4moe": _GLM4_MOE_NAMES}.get(arch, {})
+        own = {"glm4": _GLM4_NAMES, "glm4moe": _GLM4_MOE_NAMES, "lfm2": _LFM2_NAMES}.get(arch, {})
         if rest in own:
             return f"model.layers.{idx}.{own[rest]}"
         if rest in _LAYER_NAMES:
@@ -268,7 +276,8 @@ def _model_config(meta: dict[str, Any], arch: str, names: set[str], rope_factors
         intermediate_size=int(get("feed_forward_length")),
         num_layers=layers,
         num_heads=heads,
-        num_kv_heads=int(get("attention.head_count_kv", heads)),
+        # (per layer where layers differ: LFM2's 0 for its convolution layers)
+        num_kv_heads=max(kv) if isinstance(kv := get("attention.head_count_kv", heads), (list, tuple)) else int(kv),
         head_dim=head_dim,
         rotary_dim=rotated if rotated < head_dim else 0,
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),

@@ -1,7 +1,7 @@
 """What a GGUF file says (or llama.cpp fixes by architecture) of each family beyond the common
 hyperparameters, as ModelConfig fields: Gemma's scale, windows and rope base, SmolLM3's layers
 without rope, Granite's multipliers, GLM-4's sandwich and GLM-4.5's router, shared expert and
-leading dense layers."""
+leading dense layers, LFM2's convolution layers."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ def gguf_family_fields(meta: dict[str, Any], arch: str, family: str, names: set[
         return {"attention_bias": True, "rope_interleaved": False}
     if family == "glm4_moe":
         return _glm4_moe(get, names, common)
+    if family == "lfm2":  # its convolution layers are those with no KV heads
+        kv = get("attention.head_count_kv")
+        return {"conv_layers": tuple(i for i, n in enumerate(kv) if not n) if isinstance(kv, (list, tuple)) else (),
+                "conv_kernel": int(get("shortconv.l_cache", 3)), "qk_norm": True,
+                "tie_word_embeddings": "output.weight" not in names}
     return {}
 
 

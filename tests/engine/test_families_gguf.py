@@ -1,4 +1,4 @@
-"""SmolLM3, Granite, Granite-MoE, GLM-4 and GLM-4.5 from GGUF files laid out as llama.cpp's converter
+"""SmolLM3, Granite, Granite-MoE, GLM-4, GLM-4.5 and LFM2 from GGUF files laid out as llama.cpp's converter
 writes them (the `gguf` package writing the tiny checkpoints of tests/tiny_families.py): the same
 model as the HF checkpoint holding the same weights, HF's greedy tokens, and the native decode step
 giving the Python path's logits bit for bit on the dense ones."""
@@ -25,7 +25,8 @@ TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm after
 FIELDS = ("family", "num_layers", "nope_layers", "embedding_multiplier", "residual_multiplier", "attention_scale",
           "logits_scaling", "rotary_dim", "attention_bias", "qk_norm", "num_experts", "experts_per_token",
           "norm_topk_prob", "router", "expert_groups", "expert_groups_chosen", "routed_scaling_factor",
-          "dense_layers", "shared_expert_intermediate_size", "shared_expert_gated", "tie_word_embeddings")
+          "dense_layers", "shared_expert_intermediate_size", "shared_expert_gated", "tie_word_embeddings",
+          "conv_layers", "conv_kernel", "intermediate_size", "num_kv_heads", "rms_norm_eps")
 # SmolLM3's GGUF says nothing of its layers without rope: llama.cpp fixes every 4th, as its config's default
 CONFIGS = {"smollm3": {"no_rope_layers": None}}
 
@@ -43,7 +44,7 @@ def _pair(tmp_path, family: str, quant: str = "Q8_0"):
     return str(tmp_path / "m.gguf"), ref
 
 
-@pytest.mark.parametrize("family", ["smollm3", "granite", "granitemoe", "glm4", "glm4_moe"])
+@pytest.mark.parametrize("family", ["smollm3", "granite", "granitemoe", "glm4", "glm4_moe", "lfm2"])
 def test_a_gguf_is_the_checkpoint_it_was_written_from(tmp_path, monkeypatch, family):
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
     path, ref_dir = _pair(tmp_path, family)
