@@ -1,5 +1,5 @@
 """Tiny random-weight checkpoints of the families transformers itself defines (SmolLM3, Granite,
-Granite-MoE, GLM-4, GLM-4.5, LFM2): the model built from its transformers config, its weights drawn from a
+Granite-MoE, GLM-4, GLM-4.5, LFM2, gpt-oss): the model built from its transformers config, its weights drawn from a
 seeded generator at scales that make every part matter, and saved by transformers as the Hub lays
 it out, with a byte tokenizer."""
 
@@ -19,6 +19,12 @@ FAMILY_CONFIGS = {
     "granitemoe": {"embedding_multiplier": 1.7, "residual_multiplier": 0.45, "attention_multiplier": 0.31,
                    "logits_scaling": 2.5, "num_local_experts": 4, "num_experts_per_tok": 2},
     "glm4": {},
+    # every other layer windowed (8 keys: shorter than the tests' texts), a clamp low enough to bite
+    "gpt_oss": {"num_hidden_layers": 3, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64,
+                "sliding_window": 8, "swiglu_limit": 1.0,
+                "rope_parameters": {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                    "truncate": False, "original_max_position_embeddings": 64,
+                                    "rope_theta": 150000.0}},
     # convolutions in layers 0, 2 and 3, attention in 1 and 4; the MLP 2/3 of 192 wide, as LFM2 sizes it
     "lfm2": {"num_hidden_layers": 5, "layer_types": ["conv", "full_attention", "conv", "conv", "full_attention"],
              "intermediate_size": 192, "block_multiple_of": 32, "tie_word_embeddings": True},
@@ -54,6 +60,8 @@ def make_family_model(out: Path, model_type: str, *, seed: int = 0, tie: bool = 
                 scale, base = 0.3, 0.0
             elif "norm" in name:
                 scale, base = 0.08, 1.0
+            elif name.endswith("sinks"):  # (enough to take a share of each softmax)
+                scale, base = 1.0, 0.0
             else:
                 scale = 0.5 if "embed" in name or "router" in name or name.endswith("gate.weight") else 0.3
                 scale, base = (0.2 if name.endswith("bias") else scale), 0.0

@@ -93,9 +93,10 @@ class Engine(Prefixes, LoraMethods):
             tree = (RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity))
                     if cfg.cache.enable_radix_cache else NullPrefixCache())
             backend = get_backend(cfg.attention_backend, device, native=native is not None)
-            if (any(mc.layer_windows) or mc.attn_softcap) and backend.name == "flashinfer":
-                raise RequestError("this model has sliding-window layers or soft-capped attention, which the "
-                                   "flashinfer backend does not do yet: use attention_backend='triton' (or 'auto')")
+            if (any(mc.layer_windows) or mc.attn_softcap or mc.attention_sinks) and backend.name == "flashinfer":
+                raise RequestError("this model has sliding-window layers, soft-capped attention or attention sinks, "
+                                   "which the flashinfer backend does not do yet: use attention_backend='triton' "
+                                   "(or 'auto')")
             runner = ModelRunner(loaded.model, pool, req_pool, backend, device)
             runner.kernels = native
             if tp > 1:

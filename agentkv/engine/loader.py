@@ -16,6 +16,7 @@ import torch
 
 from agentkv.engine.gguf_convert import converted_dir
 from agentkv.engine.gguf_transcode import FLOATS, kept_parts
+from agentkv.engine.gpt_oss_weights import gpt_oss_experts
 from agentkv.engine.model import CausalLM
 from agentkv.engine.model_config import ModelConfig
 from agentkv.engine.rope import halves_from_pairs
@@ -260,6 +261,10 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
                                            halves_from_pairs(t[q : q + kv], cfg.num_kv_heads, cfg), t[q + kv :]])
         if not cfg.is_conv_layer(i):
             out[o + "self_attn.o_proj.weight"] = matrix(p + "self_attn.o_proj.weight")
+        if cfg.o_proj_bias:
+            out[o + "self_attn.o_proj.bias"] = take(p + "self_attn.o_proj.bias")
+        if cfg.attention_sinks:
+            out[o + "self_attn.sinks"] = take(p + "self_attn.sinks")
         if cfg.qk_norm and not cfg.is_conv_layer(i):
             out[o + "self_attn.q_norm.weight"] = norm(p + "self_attn.q_norm.weight")
             out[o + "self_attn.k_norm.weight"] = norm(p + "self_attn.k_norm.weight")
@@ -309,9 +314,14 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
     the kernels here take, or None) takes the ones `quant` holds)."""
     granite = p + "block_sparse_moe.router.layer.weight" in hf
     block = p + ("block_sparse_moe." if granite or p + "block_sparse_moe.gate.weight" in hf else "mlp.")
-    out = {o + "router.weight": take(block + ("router.layer.weight" if granite else "gate.weight"))}
+    router = block + ("router.layer." if granite else "router." if cfg.family == "gpt_oss" else "gate.")
+    out = {o + "router.weight": take(router + "weight")}
+    if cfg.router_bias:
+        out[o + "router.bias"] = take(router + "bias")
     if cfg.router == "sigmoid_groups":
         out[o + "score_bias"] = take(block + "gate.e_score_correction_bias")
+    if cfg.family == "gpt_oss" and block + "experts.gate_up_proj_bias" in hf:
+        return {**out, **gpt_oss_experts(hf, take, block, o, cfg)}
     stacked = [block + f"experts.{k}_exps" for k in ("gate", "up", "down")]
     parts = kept([quant.get(n) for n in stacked])
     if parts is not None:

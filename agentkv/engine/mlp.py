@@ -22,8 +22,10 @@ class MLP(nn.Module):
         self.layer_id = layer_id  # None: an expert (LoRA adapters do not target experts)
         self.intermediate = width or cfg.intermediate_size
         self.gelu = cfg.hidden_act == "gelu_tanh"  # GeGLU (Gemma) instead of SwiGLU
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.intermediate)
-        self.down_proj = Linear(self.intermediate, cfg.hidden_size)
+        # gpt-oss's: gate clamped above, up on both sides, gate * sigmoid(alpha * gate) * (up + 1)
+        self.clamped = (cfg.swiglu_limit, cfg.swiglu_alpha) if cfg.hidden_act == "swiglu_clamped" else None
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.intermediate, bias=cfg.mlp_bias)
+        self.down_proj = Linear(self.intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
         self.native: NativeKernels | None = None  # set by CausalLM.finalize
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
@@ -32,7 +34,12 @@ class MLP(nn.Module):
         gate_up = self.gate_up_proj(x, exact_rows=exact_rows)
         if lora is not None:
             lora.add(self.layer_id, "gate_up", x, gate_up)
-        if self.native is not None and self.native.handles(gate_up):  # (the native step's own body)
+        if self.clamped is not None:
+            limit, alpha = self.clamped
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+            act = gate * torch.sigmoid(gate * alpha) * (up + 1)
+        elif self.native is not None and self.native.handles(gate_up):  # (the native step's own body)
             act = self.native.glu_mul(gate_up, self.gelu)
         else:
             gate, up = gate_up.split(self.intermediate, dim=-1)
@@ -56,7 +63,7 @@ class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.top_k, self.norm_topk_prob = cfg.experts_per_token, cfg.norm_topk_prob
-        self.router = Linear(cfg.hidden_size, cfg.num_experts)
+        self.router = Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)
         self.sigmoid_groups = cfg.router == "sigmoid_groups"
         if self.sigmoid_groups:  # (added to the scores to choose, not to weigh: DeepSeek-V3's load balancing)
             self.score_bias = nn.Parameter(torch.zeros(cfg.num_experts))

@@ -82,13 +82,14 @@ class Attention(nn.Module):
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.attention_scale or cfg.head_dim**-0.5
         self.window = cfg.window(layer_id)  # keys a query sees (its own included); 0: all before it
         self.softcap = cfg.attn_softcap
         self.rotates = layer_id not in cfg.nope_layers  # (SmolLM3's every 4th layer attends without rope)
+        self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attention_sinks else None  # gpt-oss
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding,
                 residual: torch.Tensor | None) -> torch.Tensor:
@@ -114,7 +115,7 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim))
             q, k = rope.apply_one(ctx.rope, q), rope.apply_one(ctx.rope, k)
         k_cache, v_cache = ctx.kv_caches[self.layer_id]
-        attn = ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale, self.window, self.softcap)
+        attn = ctx.backend.forward(q, k, v, k_cache, v_cache, self.scale, self.window, self.softcap, self.sinks)
         out = self.o_proj(attn, residual, exact_rows=ctx.exact_rows)
         if ctx.lora is not None:  # (after the residual, as the native step adds it)
             ctx.lora.add(self.layer_id, "o", attn, out)

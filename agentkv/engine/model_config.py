@@ -23,7 +23,7 @@ __all__ = ["MOE_FAMILIES", "SUPPORTED_ARCHITECTURES", "ModelConfig", "RopeScalin
 @dataclass(frozen=True)
 class ModelConfig:
     family: Literal["llama", "phi3", "gemma2", "gemma3", "qwen2", "qwen3", "smollm3", "granite", "glm4", "lfm2",
-                    "qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe"]
+                    "qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe", "gpt_oss"]
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -60,7 +60,7 @@ class ModelConfig:
     # 0 (or no entry) is full attention. Mistral v0.1 and Mixtral window every layer; Qwen2 with
     # use_sliding_window the layers from max_window_layers on; `layer_types` says it per layer.
     layer_windows: tuple[int, ...] = ()
-    hidden_act: str = "silu"  # the MLP's gate activation: "silu", or "gelu_tanh" (Gemma's GeGLU)
+    hidden_act: str = "silu"  # the MLP's gate activation: "silu", "gelu_tanh" (Gemma's GeGLU), "swiglu_clamped"
     attention_scale: float | None = None  # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
     local_rope_theta: float = 0.0  # the windowed layers' own rope base (Gemma 3), default rope; 0: as the others
     attn_softcap: float = 0.0  # > 0: attention scores capped to c * tanh(s / c) (Gemma 2)
@@ -77,6 +77,14 @@ class ModelConfig:
     conv_layers: tuple[int, ...] = ()
     conv_kernel: int = 0
     conv_bias: bool = False
+    # gpt-oss: a learned logit per query head in each softmax's sum; biases on o_proj, the router and
+    # the MLPs (its experts); the "swiglu_clamped" activation's limit and alpha
+    attention_sinks: bool = False
+    o_proj_bias: bool = False
+    router_bias: bool = False
+    mlp_bias: bool = False
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -172,6 +180,8 @@ class ModelConfig:
             out["use_qk_norm"] = self.qk_norm
         if self.family == "glm4":
             out["rope_interleaved"] = self.rope_interleaved
+        if self.family == "gpt_oss":
+            out.update(swiglu_limit=self.swiglu_limit, swiglu_alpha=self.swiglu_alpha)
         if self.family == "lfm2":
             kinds = ["conv" if i in self.conv_layers else "full_attention" for i in range(self.num_layers)]
             out.update(layer_types=kinds,
@@ -180,13 +190,14 @@ class ModelConfig:
         return out
 
     def _moe_hf(self) -> dict[str, Any]:
-        count = {"mixtral": "num_local_experts", "granitemoe": "num_local_experts", "glm4_moe": "n_routed_experts"}
+        count = {"mixtral": "num_local_experts", "granitemoe": "num_local_experts", "glm4_moe": "n_routed_experts",
+                 "gpt_oss": "num_local_experts"}
         out: dict[str, Any] = {
             count.get(self.family, "num_experts"): self.num_experts, "num_experts_per_tok": self.experts_per_token,
             "norm_topk_prob": self.norm_topk_prob, "moe_intermediate_size": self.moe_intermediate_size,
             "mlp_only_layers": list(self.dense_layers),
             "shared_expert_intermediate_size": self.shared_expert_intermediate_size}
-        if self.family in ("mixtral", "granitemoe"):
+        if self.family in ("mixtral", "granitemoe", "gpt_oss"):
             out["intermediate_size"] = self.moe_intermediate_size
         if self.family == "glm4_moe":  # (its dense layers are the first ones)
             out.update(n_group=self.expert_groups, topk_group=self.expert_groups_chosen,

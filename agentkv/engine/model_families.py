@@ -34,21 +34,24 @@ SUPPORTED_ARCHITECTURES = {
     # GLM-4.5 / 4.6: DeepSeek-V3's router (sigmoid scores, a correction bias, expert groups) and a
     # shared expert; the first layers dense; half of each head rotating
     "Glm4MoeForCausalLM": "glm4_moe",
+    # gpt-oss: attention sinks, every other layer windowed, biased linears, experts with the clamped
+    # SwiGLU routed by a softmax over the top k
+    "GptOssForCausalLM": "gpt_oss",
 }
 # config.json's model_type, where its `architectures` names none of the above
 MODEL_TYPES = {"llama": "llama", "mistral": "llama", "phi3": "phi3", "gemma3_text": "gemma3", "gemma2": "gemma2",
                "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "qwen2_moe": "qwen2_moe",
                "mixtral": "mixtral", "smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe",
-               "glm4": "glm4", "glm4_moe": "glm4_moe", "lfm2": "lfm2"}
+               "glm4": "glm4", "glm4_moe": "glm4_moe", "lfm2": "lfm2", "gpt_oss": "gpt_oss"}
 ARCHITECTURE_OF = {family: arch for arch, family in SUPPORTED_ARCHITECTURES.items() if arch != "MistralForCausalLM"}
-MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe")
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe", "gpt_oss")
 SANDWICH_FAMILIES = ("gemma2", "gemma3", "glm4")  # a norm after attention and after the MLP too
 
 
 def family_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """The ModelConfig fields particular to `family`."""
     return {**_moe(family, cfg), **_gemma(family, cfg), **_granite(family, cfg), **_glm(family, cfg),
-            **_smollm3(family, cfg), **_lfm2(family, cfg)}
+            **_smollm3(family, cfg), **_lfm2(family, cfg), **_gpt_oss(family, cfg)}
 
 
 def layer_windows(archs: list[str], cfg: dict[str, Any]) -> tuple[int, ...]:
@@ -130,14 +133,15 @@ def _moe(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """The mixture-of-experts fields of a config.json (none for a dense family)."""
     if family not in MOE_FAMILIES:
         return {}
-    key = {"mixtral": "num_local_experts", "granitemoe": "num_local_experts", "glm4_moe": "n_routed_experts"}
+    key = {"mixtral": "num_local_experts", "granitemoe": "num_local_experts", "glm4_moe": "n_routed_experts",
+           "gpt_oss": "num_local_experts"}
     n = int(cfg.get(key.get(family, "num_experts")) or 0)
     if n < 1:
         raise ModelLoadError(f"a {family} config.json needs its number of experts ({key.get(family, 'num_experts')})")
     layers = int(cfg["num_hidden_layers"])
     dense: tuple[int, ...] = ()
     extra: dict[str, Any] = {}
-    if family in ("mixtral", "granitemoe"):  # (Granite's routing: softmax over the top k, the same weights)
+    if family in ("mixtral", "granitemoe", "gpt_oss"):  # (Granite's, gpt-oss's routing: softmax over the top k)
         width, norm = int(cfg["intermediate_size"]), True
     elif family == "glm4_moe":
         width, norm = int(cfg["moe_intermediate_size"]), bool(cfg.get("norm_topk_prob", True))
@@ -232,3 +236,15 @@ def _lfm2(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
             "conv_kernel": int(cfg.get("conv_L_cache") or 3), "conv_bias": bool(cfg.get("conv_bias", False)),
             "qk_norm": True, "rms_norm_eps": float(cfg.get("norm_eps", 1e-5)), "intermediate_size": width,
             "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
+
+
+def _gpt_oss(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """gpt-oss: a learned sink per head in each softmax, biases on every attention linear (o's too),
+    on the router and on the experts, whose SwiGLU clamps its inputs (`swiglu_limit`) and gates by
+    sigmoid(alpha x) times (up + 1)."""
+    if family != "gpt_oss":
+        return {}
+    bias = bool(cfg.get("attention_bias", True))
+    return {"attention_sinks": True, "attention_bias": bias, "o_proj_bias": bias, "router_bias": True,
+            "mlp_bias": True, "hidden_act": "swiglu_clamped", "swiglu_limit": float(cfg.get("swiglu_limit", 7.0)),
+            "swiglu_alpha": float(cfg.get("swiglu_alpha", 1.702))}

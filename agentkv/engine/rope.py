@@ -51,8 +51,10 @@ def inv_frequencies(cfg: ModelConfig, long: bool = False) -> tuple[torch.Tensor,
         def correction_dim(rotations: float) -> float:
             return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
-        low = max(math.floor(correction_dim(rs.beta_fast)), 0)
-        high = min(math.ceil(correction_dim(rs.beta_slow)), dim - 1)
+        low, high = correction_dim(rs.beta_fast), correction_dim(rs.beta_slow)
+        if rs.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
         if low == high:
             high += 0.001
         ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)

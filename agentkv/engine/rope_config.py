@@ -23,6 +23,7 @@ class RopeScaling:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     attention_factor: float | None = None  # (yarn, longrope) None: from the factor, as HF computes it
+    truncate: bool = True  # (yarn) the correction range rounded out to whole dims (gpt-oss: not)
     # longrope (Phi-3 128k, Phi-4-mini): per-frequency divisors, `short_factor` for positions before
     # original_max_position_embeddings and `long_factor` from there on (see rope.inv_frequencies)
     short_factor: tuple[float, ...] | None = None

@@ -48,7 +48,8 @@ class AttentionBackend(ABC):
     `forward` once per layer. `forward` writes the new tokens' K/V into `k_cache`/`v_cache` at
     `meta.out_cache_loc` before attending, and returns [T, num_heads * head_dim]. `window` > 0 is
     sliding-window attention: a token at position p sees positions p - window + 1 .. p. `softcap` > 0
-    caps the scaled scores as Gemma 2 does: softcap * tanh(score / softcap), before the mask.
+    caps the scaled scores as Gemma 2 does: softcap * tanh(score / softcap), before the mask. `sinks`
+    (gpt-oss) add per query head one more term to each softmax's sum, exp(sink), that no value follows.
     """
 
     name: str
@@ -68,4 +69,5 @@ class AttentionBackend(ABC):
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,  # [H]: each query head's learned logit in its softmax's sum (gpt-oss)
     ) -> torch.Tensor: ...

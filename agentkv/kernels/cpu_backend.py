@@ -67,7 +67,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
                           for j in range(lo, hi, per_tile)]
         return torch.tensor(tiles, dtype=torch.int64).reshape(-1, 5)
 
-    def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0):
+    def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0, sinks=None):
         T, H, D = q.shape
         if self.tiles is None:  # the first layer of the pass
             self.native = (self.kernels.handles(q) and self.kernels.handles(k_cache) and D <= self.kernels.max_head_dim)
@@ -75,9 +75,10 @@ class CpuAttentionBackend(TorchAttentionBackend):
                 TorchAttentionBackend.prepare(self, self.meta)
             self.tiles = self._tiles(H, k.shape[1])
         if not self.native:
-            return TorchAttentionBackend.forward(self, q, k, v, k_cache, v_cache, scale, window, softcap)
+            return TorchAttentionBackend.forward(self, q, k, v, k_cache, v_cache, scale, window, softcap, sinks)
         out = torch.empty(T, H, D, dtype=q.dtype)
         meta = self.meta
         self.kernels.attention(q, k, v, k_cache, v_cache, meta.out_cache_loc, meta.req_to_token, self.tiles, scale,
-                               out, generic=self.generic, window=window, softcap=softcap)
+                               out, generic=self.generic, window=window, softcap=softcap,
+                               sinks=None if sinks is None else sinks.float().contiguous())
         return out.view(T, H * D)

@@ -39,7 +39,7 @@ _CSRC = Path(__file__).resolve().parent / "csrc"
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_attention": ([_INT, _INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P,
-                           _I64, _INT, _INT, _INT, _F, _P, _I64, _F, _INT, _INT], _INT),
+                           _I64, _INT, _INT, _INT, _F, _P, _I64, _F, _P, _INT, _INT], _INT),
     "agentkv_rms_norm": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT], None),
     "agentkv_glu_mul": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _INT, _INT], None),
     "agentkv_rope": ([_INT, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT], None),
@@ -229,12 +229,13 @@ class NativeKernels(QuantKernels):
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, out_loc: torch.Tensor, table: torch.Tensor, tiles: torch.Tensor,
                   scale: float, out: torch.Tensor, generic: bool = False, window: int = 0,
-                  softcap: float = 0.0) -> None:
+                  softcap: float = 0.0, sinks: torch.Tensor | None = None) -> None:
         """Writes k, v [T, KVH, D] to the caches at `out_loc` [T], then fills out [T, H, D] at the
         tokens of `tiles` [n, 5] (first token, tokens, table row, keys of the first token, 1 for a
         prompt's tokens): see
         csrc/cpu_attention_tasks.c. `generic` runs the plain-C path on CPUs with AVX-512 too (tests);
-        `window` > 0 is sliding-window attention; `softcap` > 0 caps the scores (Gemma 2)."""
+        `window` > 0 is sliding-window attention; `softcap` > 0 caps the scores (Gemma 2); `sinks` [H]
+        fp32: each head's learned logit in its softmax's sum (gpt-oss)."""
         T, H, D = q.shape
         kvh = k.shape[1]
         for t in (q, k, v):
@@ -244,11 +245,13 @@ class NativeKernels(QuantKernels):
         assert table.dtype == out_loc.dtype == tiles.dtype == torch.int64 and tiles.is_contiguous()
         assert tiles.dim() == 2 and tiles.shape[1] == 5
         assert table.is_contiguous() and out_loc.is_contiguous() and k_cache.shape == v_cache.shape
+        assert sinks is None or (sinks.dtype == torch.float32 and sinks.is_contiguous() and sinks.shape == (H,))
         bad = self._lib.agentkv_attention(
             _DTYPES[q.dtype], _DTYPES[k_cache.dtype], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
             v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], out_loc.data_ptr(),
             T, table.data_ptr(), table.shape[0], table.shape[1], tiles.data_ptr(), tiles.shape[0], H, kvh, D, scale,
-            out.data_ptr(), window, softcap, torch.get_num_threads(), generic,
+            out.data_ptr(), window, softcap, None if sinks is None else sinks.data_ptr(), torch.get_num_threads(),
+            generic,
         )
         if bad:  # the kernel checks every index before it writes or reads through one
             if bad == 4:

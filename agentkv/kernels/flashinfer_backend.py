@@ -73,10 +73,11 @@ class FlashInferAttentionBackend(AttentionBackend):
             self._prefill.plan(self.qo_indptr, indptr, indices, last, H, kvh, D, 1, causal=True, **common)
         self.planned = True
 
-    def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0):
-        if window or softcap:  # (its wrappers take window_left at plan time, one plan per window: not wired yet)
-            raise RequestError("the flashinfer backend does not do sliding-window attention yet; this model "
-                               "has windowed layers: use attention_backend='triton'")
+    def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0, sinks=None):
+        # (its wrappers take window_left and sinks at plan time, one plan per layer kind: not wired yet)
+        if window or softcap or sinks is not None:
+            raise RequestError("the flashinfer backend does not do sliding-window attention, soft caps or attention "
+                               "sinks yet; this model has them: use attention_backend='triton'")
         meta = self.meta
         k_cache[meta.out_cache_loc] = k.to(k_cache.dtype)
         v_cache[meta.out_cache_loc] = v.to(v_cache.dtype)

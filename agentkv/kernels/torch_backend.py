@@ -90,7 +90,7 @@ class TorchAttentionBackend(AttentionBackend):
         # real slot (the pool reserves it), so mask its column for every request.
         mask.masked_fill_((unique == 0)[None, :], float("-inf"))
 
-    def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0):
+    def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0, sinks=None):
         meta = self.meta
         k_cache.index_copy_(0, meta.out_cache_loc, k.to(k_cache.dtype))
         v_cache.index_copy_(0, meta.out_cache_loc, v.to(v_cache.dtype))
@@ -101,7 +101,7 @@ class TorchAttentionBackend(AttentionBackend):
         if decode_mask is not None and decode_mask.dtype != q.dtype:
             decode_mask = self._cast_decode_mask(window, q.dtype)
         if nd and self.shared_slots is not None:
-            decoded = self._decode_shared(q[:nd], k_cache, v_cache, scale, decode_mask, softcap)
+            decoded = self._decode_shared(q[:nd], k_cache, v_cache, scale, decode_mask, softcap, sinks)
         elif nd:
             nd_, L = self.decode_slots.shape
             if self.decode_run is not None:  # views of the pool: [1, KVH, L, D]; a window reads its last keys
@@ -117,8 +117,9 @@ class TorchAttentionBackend(AttentionBackend):
             # against 110 for one query per head with enable_gqa.
             kvh = k_cache.shape[1]
             qd = q[:nd].reshape(nd, kvh, H // kvh, D)
-            if softcap:  # (SDPA has no soft cap)
-                o = _capped(qd, kd.to(q.dtype), vd.to(q.dtype), scale, softcap, decode_mask)
+            if softcap or sinks is not None:  # (SDPA has no soft cap, nor sinks)
+                sink = None if sinks is None else sinks.view(kvh, H // kvh)[None, :, :, None]
+                o = _manual(qd, kd.to(q.dtype), vd.to(q.dtype), scale, softcap, decode_mask, sink)
             else:
                 o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=decode_mask,
                                                    scale=scale)
@@ -128,7 +129,7 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
         if decoded is not None:
             out[:nd] = decoded
-        self._attend_extends(q, k_cache, v_cache, scale, out, extends, softcap)
+        self._attend_extends(q, k_cache, v_cache, scale, out, extends, softcap, sinks)
         return out.reshape(T, H * D)
 
     # ---- sliding windows ------------------------------------------------------------------------------
@@ -187,23 +188,24 @@ class TorchAttentionBackend(AttentionBackend):
             plans.append((offset, slots, ext, mask))
         return plans
 
-    def _attend_extends(self, q, k_cache, v_cache, scale, out, extends, softcap=0.0) -> None:
+    def _attend_extends(self, q, k_cache, v_cache, scale, out, extends, softcap=0.0, sinks=None) -> None:
         """Fills out [T, H, D] at the tokens of `extends`, one SDPA call per request."""
         for offset, slots, ext, mask in extends:
             qe = q[offset : offset + ext].transpose(0, 1).unsqueeze(0)  # [1, H, ext, D]
             ke = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, KVH, S, D]
             ve = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
-            if softcap:
+            if softcap or sinks is not None:
                 g = qe.shape[1] // ke.shape[1]
                 additive = (
                     None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf")))
-                o = _capped(qe, ke.repeat_interleave(g, 1), ve.repeat_interleave(g, 1), scale, softcap, additive)
+                sink = None if sinks is None else sinks.view(1, -1, 1, 1)
+                o = _manual(qe, ke.repeat_interleave(g, 1), ve.repeat_interleave(g, 1), scale, softcap, additive, sink)
             else:
                 o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask, scale=scale, enable_gqa=True)
             out[offset : offset + ext] = o[0].transpose(0, 1)
 
     def _decode_shared(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
-                       mask: torch.Tensor, softcap: float = 0.0) -> torch.Tensor:
+                       mask: torch.Tensor, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
         B, H, D = q.shape
         kvh = k_cache.shape[1]
         g = H // kvh
@@ -214,17 +216,28 @@ class TorchAttentionBackend(AttentionBackend):
         if softcap:
             scores = torch.tanh(scores / softcap) * softcap
         scores += mask[None, :, None, :]
-        probs = scores.softmax(-1).view(kvh, B * g, -1)
+        probs = _softmax(scores, None if sinks is None else sinks.view(kvh, 1, g, 1)).reshape(kvh, B * g, -1)
         o = torch.bmm(probs, vu)  # [KVH, B*G, D]
         return o.view(kvh, B, g, D).permute(1, 0, 2, 3).reshape(B, H, D)
 
 
-def _capped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float,
-            mask: torch.Tensor | None) -> torch.Tensor:
-    """Attention with Gemma 2's soft cap on the scores: q [..., M, D], k and v [..., S, D] (heads
-    matched), `mask` additive (-inf where hidden) broadcasting to [..., M, S]."""
+def _manual(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float,
+            mask: torch.Tensor | None, sink: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention with Gemma 2's soft cap on the scores (0: none) or gpt-oss's sinks: q [..., M, D], k and
+    v [..., S, D] (heads matched), `mask` additive (-inf where hidden) broadcasting to [..., M, S],
+    `sink` each head's logit broadcasting to [..., M, 1]."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores + mask
-    return torch.matmul(scores.softmax(-1), v)
+    return torch.matmul(_softmax(scores, sink), v)
+
+
+def _softmax(scores: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+    """softmax over the last dim; with `sink` (broadcasting to [..., 1]), one more logit in each sum
+    that no value follows (gpt-oss's attention sinks), dropped after."""
+    if sink is None:
+        return scores.softmax(-1)
+    whole = torch.cat([scores, sink.to(scores.dtype).expand(*scores.shape[:-1], 1)], dim=-1)
+    return whole.softmax(-1)[..., :-1]

@@ -77,7 +77,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.decode_rows, self.decode_lens, self.max_decode_len = rows, lens, max_context
         self.max_ext = 0
 
-    def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0):
+    def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0, sinks=None):
         meta = self.meta
         self._store(k, v, k_cache, v_cache, meta.out_cache_loc)
         T, H, D = q.shape
@@ -85,8 +85,9 @@ class TritonAttentionBackend(AttentionBackend):
         nd = meta.num_decodes
         if nd:
             self._decode(q[:nd], k_cache, v_cache, meta.req_to_token, self.decode_rows, self.decode_lens,
-                         self.max_decode_len, scale, out=out[:nd], window=window, softcap=softcap)
+                         self.max_decode_len, scale, out=out[:nd], window=window, softcap=softcap, sinks=sinks)
         if self.max_ext:
             self._extend(q, k_cache, v_cache, out, meta.req_to_token, self.ext_rows, self.ext_seq_lens,
-                         self.ext_lens, self.ext_starts, self.max_ext, scale, window=window, softcap=softcap)
+                         self.ext_lens, self.ext_starts, self.max_ext, scale, window=window, softcap=softcap,
+                         sinks=sinks)
         return out.reshape(T, H * D)

@@ -68,8 +68,9 @@ def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, 
 
 
 @triton.jit
-def _decode_merge_kernel(mid_o, mid_lse, out, num_splits, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
-                         stride_ob, stride_oh, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+def _decode_merge_kernel(mid_o, mid_lse, out, sinks, num_splits, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+                         stride_ob, stride_oh, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                         HAS_SINKS: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -78,19 +79,26 @@ def _decode_merge_kernel(mid_o, mid_lse, out, num_splits, stride_mb, stride_mh, 
     dmask = offs_d < D
     lse = tl.load(mid_lse + b * stride_lb + h * stride_lh + offs_s, mask=smask, other=-float("inf"))
     m = tl.max(lse, axis=0)
+    if HAS_SINKS:  # gpt-oss: the head's logit, one more term of the sum (no value follows it)
+        sink = tl.load(sinks + h).to(tl.float32)
+        m = tl.maximum(m, sink)
     w = tl.where(smask & (lse > -float("inf")), tl.exp(lse - m), 0.0)
     o = tl.load(mid_o + b * stride_mb + h * stride_mh + offs_s[:, None] * stride_ms + offs_d[None, :],
                 mask=smask[:, None] & dmask[None, :], other=0.0)
-    res = tl.sum(w[:, None] * o, axis=0) / tl.sum(w, axis=0)
+    total = tl.sum(w, axis=0)
+    if HAS_SINKS:
+        total += tl.exp(sink - m)
+    res = tl.sum(w[:, None] * o, axis=0) / total
     tl.store(out + b * stride_ob + h * stride_oh + offs_d, res.to(out.dtype.element_ty), mask=dmask)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                      req_rows: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, scale: float,
                      out: torch.Tensor | None = None, split_len: int = 256, block_n: int = 32,
-                     window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                     window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; seq_lens [B] int64 on q's device;
-    `window` > 0: each query sees its last `window` keys."""
+    `window` > 0: each query sees its last `window` keys; `sinks` [H] fp32: each head's logit in its
+    softmax's sum (gpt-oss)."""
     B, H, D = q.shape
     kvh = k_cache.shape[1]
     num_splits = max(1, triton.cdiv(max_seq_len, split_len))
@@ -106,7 +114,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=H // kvh, D=D, BLOCK_D=block_d, BLOCK_N=block_n)
     _decode_merge_kernel[(B, H)](
-        mid_o, mid_lse, out, num_splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
-        mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),
-        D=D, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_splits))
+        mid_o, mid_lse, out, mid_lse if sinks is None else sinks, num_splits, mid_o.stride(0), mid_o.stride(1),
+        mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),
+        D=D, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_splits), HAS_SINKS=sinks is not None)
     return out

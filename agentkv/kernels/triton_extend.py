@@ -24,10 +24,10 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 @triton.jit
 def _extend_kernel(q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, ext_lens, ext_starts, scale, window,
-                   softcap,
+                   softcap, sinks,
                    stride_qt, stride_qh, stride_ct, stride_ch, stride_ot, stride_oh, stride_r2t,
                    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr, HAS_SINKS: tl.constexpr):
     r = tl.program_id(0)
     h = tl.program_id(1)
     mblock = tl.program_id(2)
@@ -83,6 +83,8 @@ def _extend_kernel(q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, e
             acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
+    if HAS_SINKS:  # gpt-oss: the head's logit, one more term of each row's sum (rows past the extend: m_i -inf)
+        l_i += tl.where(m_i > -float("inf"), tl.exp(tl.load(sinks + h).to(tl.float32) - m_i), 0.0)
     res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # (0 only in rows past the extend, never stored)
     tl.store(out + (tok0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              res.to(out.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
@@ -91,7 +93,8 @@ def _extend_kernel(q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, e
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                      req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor,
                      ext_lens: torch.Tensor, ext_starts: torch.Tensor, max_ext: int, scale: float,
-                     block_m: int = 32, block_n: int = 32, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                     block_m: int = 32, block_n: int = 32, window: int = 0, softcap: float = 0.0,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, H, D] holds every request's new tokens, request r's from token ext_starts[r] on; the
     result goes to the same rows of `out`. All per-request tensors are int64 on q's device.
     `window` > 0: each query sees its last `window` keys."""
@@ -102,7 +105,9 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     kvh = k_cache.shape[1]
     _extend_kernel[(R, H, triton.cdiv(max_ext, block_m))](
         q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, ext_lens, ext_starts, scale, window, float(softcap),
+        seq_lens if sinks is None else sinks,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         req_to_token.stride(0), GROUP=H // kvh, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
-        BLOCK_M=block_m, BLOCK_N=block_n, FP32_DOT=q.dtype == torch.float32 or _INTERPRETED)
+        BLOCK_M=block_m, BLOCK_N=block_n, FP32_DOT=q.dtype == torch.float32 or _INTERPRETED,
+        HAS_SINKS=sinks is not None)
     return out

@@ -1,4 +1,4 @@
-"""SmolLM3, Granite, Granite-MoE, GLM-4, GLM-4.5 and LFM2 against transformers' own implementations: tiny
+"""SmolLM3, Granite, Granite-MoE, GLM-4, GLM-4.5, gpt-oss and LFM2 against transformers' own implementations: tiny
 random models built from their transformers configs give HF's logits (fresh, over a cached prefix,
 and the one-row decode route) and HF `generate`'s greedy tokens, on torch ops and on agentkv's C
 kernels."""
@@ -29,6 +29,10 @@ CASES = [
     ("glm4", {"partial_rotary_factor": 1.0}),
     ("glm4_moe", {}),  # two groups of four experts, one group chosen; a shared expert; layer 0 dense
     ("glm4_moe", {"use_qk_norm": True, "n_group": 1, "topk_group": 1, "norm_topk_prob": False}),
+    # sinks, every other layer windowed, biased linears, clamped experts routed by a softmax over the top 2,
+    # YaRN without truncation; and with one layer (the window's only) over a text longer than it
+    ("gpt_oss", {}),
+    ("gpt_oss", {"num_hidden_layers": 1, "layer_types": ["sliding_attention"], "swiglu_limit": 7.0}),
     # short convolutions (their inputs read back from the pool: over a cached prefix too) beside attention
     ("lfm2", {}),
     ("lfm2", {"conv_L_cache": 4, "conv_bias": True}),

@@ -10,8 +10,9 @@ from agentkv.kernels import available_backends, get_backend, torch_backend
 from agentkv.kernels.base import AttentionMetadata
 
 
-def reference(q, k_all, v_all, scale, prefix_len):
-    """Dense causal attention of q [ext, H, D] over k_all/v_all [S, KVH, D], queries at prefix_len.."""
+def reference(q, k_all, v_all, scale, prefix_len, sinks=None):
+    """Dense causal attention of q [ext, H, D] over k_all/v_all [S, KVH, D], queries at prefix_len..;
+    `sinks` [H]: gpt-oss's, one more logit in each softmax (as HF's eager attention adds it)."""
     ext, H, D = q.shape
     g = H // k_all.shape[1]
     k = k_all.repeat_interleave(g, dim=1).transpose(0, 1)  # [H, S, D]
@@ -20,14 +21,19 @@ def reference(q, k_all, v_all, scale, prefix_len):
     S = k_all.shape[0]
     pos = torch.arange(prefix_len, prefix_len + ext, device=q.device)[:, None]
     scores = scores.masked_fill(torch.arange(S, device=q.device)[None, :] > pos, float("-inf"))
-    return torch.einsum("hts,hsd->thd", scores.softmax(-1), v)
+    if sinks is None:
+        return torch.einsum("hts,hsd->thd", scores.softmax(-1), v)
+    both = torch.cat([scores, sinks.float()[:, None, None].expand(H, ext, 1)], dim=-1)
+    return torch.einsum("hts,hsd->thd", both.softmax(-1)[..., :-1], v)
 
 
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
 @pytest.mark.parametrize("route", ["padded", "shared"])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1)])
 @pytest.mark.parametrize("decode_only", [False, True])
-def test_mixed_batch_matches_reference(monkeypatch, route, heads, kv_heads, decode_only):
-    """Decodes and extends in one pass, or decodes alone (whose output skips the shared buffer)."""
+def test_mixed_batch_matches_reference(monkeypatch, route, heads, kv_heads, decode_only, sinks):
+    """Decodes and extends in one pass, or decodes alone (whose output skips the shared buffer); with
+    gpt-oss's sinks too."""
     monkeypatch.setattr(torch_backend, "SHARED_MAX_RATIO", 0.0 if route == "padded" else 1.0)
     g = torch.Generator().manual_seed(heads * 10 + kv_heads)
     D, num_slots = 16, 400
@@ -59,11 +65,12 @@ def test_mixed_batch_matches_reference(monkeypatch, route, heads, kv_heads, deco
     backend.prepare(meta)
     assert (backend.shared_slots is not None) == (route == "shared")
     kc, vc = k_cache.clone(), v_cache.clone()
-    out = backend.forward(q, k_new, v_new, kc, vc, D**-0.5).view(T, heads, D)
+    sink = torch.randn(heads, generator=g) * 2 if sinks else None
+    out = backend.forward(q, k_new, v_new, kc, vc, D**-0.5, sinks=sink).view(T, heads, D)
     offset = 0
     for row, (s, e) in enumerate(zip(seq_lens, ext_lens)):
         slots = table[row, :s]
-        expected = reference(q[offset : offset + e], kc[slots], vc[slots], D**-0.5, s - e)
+        expected = reference(q[offset : offset + e], kc[slots], vc[slots], D**-0.5, s - e, sink)
         torch.testing.assert_close(out[offset : offset + e], expected, rtol=1e-5, atol=1e-5)
         offset += e
     assert torch.equal(kc[torch.tensor(out_loc)], k_new)  # new K/V written to their slots

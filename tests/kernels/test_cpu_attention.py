@@ -54,22 +54,22 @@ def _prefix_pool(g: torch.Generator) -> list[int]:
     return (torch.randperm(PREFIX_SLOTS - 1, generator=g) + 1).tolist()
 
 
-def _check(meta, q, k, v, k_cache, v_cache, generic):
+def _check(meta, q, k, v, k_cache, v_cache, generic, sinks=None):
     """The pass as written tokens (the decode body), then with the first two thirds of each request's
-    new tokens a prompt's (their own tiles and body), against the reference."""
+    new tokens a prompt's (their own tiles and body), against the reference (`sinks`: gpt-oss's)."""
     backends = []
     for m in (meta, dataclasses.replace(meta, prompt_lens=[e - e // 3 for e in meta.extend_lens])):
         backend = get_backend("cpu")
         backend.generic = generic
         backend.prepare(m)
         T, H, D = q.shape
-        out = backend.forward(q, k, v, k_cache, v_cache, D**-0.5).view(T, H, D)
+        out = backend.forward(q, k, v, k_cache, v_cache, D**-0.5, sinks=sinks).view(T, H, D)
         assert torch.equal(k_cache[m.out_cache_loc], k) and torch.equal(v_cache[m.out_cache_loc], v)
         offset = 0
         for row, (s, e) in enumerate(zip(m.seq_lens, m.extend_lens)):
             slots = m.req_to_token[row, :s]
             expected = reference(q[offset : offset + e].float(), k_cache[slots].float(), v_cache[slots].float(),
-                                 D**-0.5, s - e)
+                                 D**-0.5, s - e, sinks)
             torch.testing.assert_close(out[offset : offset + e].float(), expected, **_close(q.dtype))
             offset += e
         backends.append(backend)
@@ -252,3 +252,27 @@ def test_attention_checks_every_index_before_it_touches_memory():
     assert torch.equal(kc, before)
     kernels.attention(q, k, v, kc, vc, meta.out_cache_loc, meta.req_to_token, tiles, 0.25, out)  # the valid pass runs
     assert torch.equal(kc[meta.out_cache_loc], k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("generic", BODIES)
+@pytest.mark.parametrize("plans_of,heads,kv_heads,D", [
+    (lambda p: [(p[:40], 1), (p[:25], 1), ([], 1), (p[:30], 7), ([], 75), (p[:276], 37)], 9, 3, 64),
+    (lambda p: [(p[:40], 1), ([], 33)], 40, 2, 16),  # more query heads of a KV head than a task takes
+    (lambda p: [(p[:40], 1), ([], 33)], 2, 1, 24),  # the plain-C body only
+    (lambda p: [(p[:1499], 1), (p[1000:2300], 3)], 4, 1, 64),  # long: keys in parts, the sink added once
+])
+def test_attention_sinks_match_the_reference(dtype, generic, plans_of, heads, kv_heads, D):
+    """gpt-oss's sinks: each query head's logit in every one of its softmaxes, in every body and
+    through the merge of a long task's parts."""
+    g = torch.Generator().manual_seed(heads + D)
+    pool = (torch.randperm(2999, generator=g) + 1).tolist()
+    meta, q, k, v, kc, vc = _batch(plans_of(pool), heads, kv_heads, D, dtype, seed=5, num_slots=3300,
+                                   prefix_slots=3000)
+    sinks = torch.randn(heads, generator=g) * 2
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # (the long plan's parts need two threads' worth of tasks)
+    try:
+        _check(meta, q, k, v, kc, vc, generic, sinks)
+    finally:
+        torch.set_num_threads(threads)

@@ -78,26 +78,31 @@ def test_triton_bitmask_apply_matches_reference(dtype):
     assert alive.tolist() == unpack_bitmask(bitmask, V).any(-1).tolist() == [True, True, False]
 
 
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1)])
-def test_triton_decode_matches_reference(dtype, heads, kv_heads):
+def test_triton_decode_matches_reference(dtype, heads, kv_heads, sinks):
+    """(With gpt-oss's sinks: added once, in the merge of the splits.)"""
     g = torch.Generator().manual_seed(heads + kv_heads)
     D = 24
     lens = [45, 3, 70, 17]  # split_len 16: several splits each, and empty splits for the short ones
     k_cache, v_cache, table, rows = random_batch(g, lens, kv_heads, D, dtype)
     q = torch.randn(len(lens), heads, D, generator=g).to(DEV, dtype)
     out = torch.full_like(q, float("nan"))
+    sink = (torch.randn(heads, generator=g) * 2).to(DEV) if sinks else None
     decode_attention(q, k_cache, v_cache, table, rows, torch.tensor(lens, device=DEV), max(lens), D**-0.5, out=out,
-                     split_len=16, block_n=8)
+                     split_len=16, block_n=8, sinks=sink)
     for i, n in enumerate(lens):
         slots = table[rows[i], :n]
-        expected = reference(q[i:i + 1].float(), k_cache[slots].float(), v_cache[slots].float(), D**-0.5, n - 1)
+        expected = reference(q[i:i + 1].float(), k_cache[slots].float(), v_cache[slots].float(), D**-0.5, n - 1,
+                             sink)
         torch.testing.assert_close(out[i:i + 1].float(), expected, **tol(dtype))
 
 
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
-def test_triton_extend_matches_reference(dtype, heads, kv_heads):
+def test_triton_extend_matches_reference(dtype, heads, kv_heads, sinks):
     g = torch.Generator().manual_seed(10 + heads)
     D = 24
     lens, exts = [60, 41, 9], [40, 17, 9]  # a prefix hit, a shorter one, and no prefix at all
@@ -106,13 +111,15 @@ def test_triton_extend_matches_reference(dtype, heads, kv_heads):
     q = torch.randn(T, heads, D, generator=g).to(DEV, dtype)
     out = torch.full_like(q, float("nan"))
     starts = torch.tensor([0, exts[0], exts[0] + exts[1]], device=DEV)
+    sink = (torch.randn(heads, generator=g) * 2).to(DEV) if sinks else None
     extend_attention(q, k_cache, v_cache, out, table, rows, torch.tensor(lens, device=DEV),
                      torch.tensor(exts, device=DEV), starts,
-                     max(exts), D**-0.5, block_m=16, block_n=16)
+                     max(exts), D**-0.5, block_m=16, block_n=16, sinks=sink)
     for i, (n, e) in enumerate(zip(lens, exts)):
         slots = table[rows[i], :n]
         s = int(starts[i])
-        expected = reference(q[s:s + e].float(), k_cache[slots].float(), v_cache[slots].float(), D**-0.5, n - e)
+        expected = reference(q[s:s + e].float(), k_cache[slots].float(), v_cache[slots].float(), D**-0.5, n - e,
+                             sink)
         torch.testing.assert_close(out[s:s + e].float(), expected, **tol(dtype))
 
 

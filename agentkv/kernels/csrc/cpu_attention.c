@@ -120,7 +120,7 @@ INLINE void attend_avx512(const Task *t, const int NV, const int bf, const int k
             continue;
         }
         char *op = (char *)t->out + q_offset(t, i, (int64_t)t->H * D) * es;
-        __m512 inv = _mm512_set1_ps(1.f / l[i]);
+        __m512 inv = _mm512_set1_ps(1.f / (l[i] + sink_term(t, i, mx[i])));
         for (int c = 0; c < NV; c++) store16(op + c * 16 * es, _mm512_mul_ps(acc[i][c], inv), bf);
     }
 }

@@ -26,6 +26,7 @@ typedef struct {
     float softcap;                 /* > 0: scores capped to softcap * tanh(score / softcap) (Gemma 2) */
     float *partial;                /* NULL: write `out`; else [nq][D + 2]: max, sum, unnormalized output */
     int prompt;                    /* a prompt's tokens: attend_prompt_avx512's body */
+    const float *sinks;            /* [H] or NULL: a learned logit per query head in each softmax's sum (gpt-oss) */
 } Task;
 
 /* the first key of the task that a query whose keys end at `lim` sees: its window's first, or the
@@ -45,7 +46,14 @@ INLINE int64_t q_offset(const Task *t, int i, int64_t ld) {
     return (t->tok0 + i / t->ng) * ld + (int64_t)(t->h * t->G + t->g0 + i % t->ng) * t->D;
 }
 
-/* query vector i's result: its slice of `out`, or its partial result for the merge */
+/* query vector i's sink (gpt-oss) as a term of its softmax's sum, whose terms are relative to `mx`: a
+   key that is never read (0 without sinks) */
+INLINE float sink_term(const Task *t, int i, float mx) {
+    return t->sinks ? expf(t->sinks[t->h * t->G + t->g0 + i % t->ng] - mx) : 0.f;
+}
+
+/* query vector i's result: its slice of `out`, or its partial result for the merge (which adds the
+   sink once, to the whole sum) */
 INLINE void finish(const Task *t, int i, float mx, float l, const float *acc, const int bf) {
     if (t->partial) {
         float *p = t->partial + (int64_t)i * (t->D + 2);
@@ -54,7 +62,7 @@ INLINE void finish(const Task *t, int i, float mx, float l, const float *acc, co
         return;
     }
     const int64_t off = q_offset(t, i, (int64_t)t->H * t->D);
-    const float inv = 1.f / l;
+    const float inv = 1.f / (l + sink_term(t, i, mx));
     for (int d = 0; d < t->D; d++) store1(t->out, off + d, acc[d] * inv, bf);
 }
 

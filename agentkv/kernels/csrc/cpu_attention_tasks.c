@@ -86,6 +86,7 @@ typedef struct { /* what the tasks of one call share */
     void *out;
     int64_t window;
     float softcap;
+    const float *sinks;
 } Call;
 
 /* task n of a call: its tile, KV head and first query head; all of the tile's keys (from the
@@ -96,7 +97,7 @@ static Task task_of(const Call *c, int64_t n) {
     const int64_t k0 = c->window && tile[3] > c->window ? tile[3] - c->window : 0;
     Task t = {c->q, c->q_ld, c->kc, c->vc, c->table + tile[2] * c->table_ld, tile[0], tile[1], tile[3],
               g0, c->G - g0 < c->ng ? c->G - g0 : c->ng, c->G, c->KVH, h, c->H, c->D, c->scale, c->out,
-              k0, tile_keys(tile), c->window, c->softcap, NULL, (int)tile[4]};
+              k0, tile_keys(tile), c->window, c->softcap, NULL, (int)tile[4], c->sinks};
     return t;
 }
 
@@ -104,6 +105,7 @@ static Task task_of(const Call *c, int64_t n) {
    caches [num_slots, KVH, D]; table [table_rows, table_ld].
    tiles [ntiles, 5]: (first token, tokens m, slot-table row, keys of the first token, 1 for a prompt's
    tokens); tokens of no tile are left to the caller (their K/V are still stored). `window` > 0: sliding-window attention.
+   `sinks` [H] (or NULL): each query head's learned logit, a term of its softmax's sum that no value follows (gpt-oss).
    `generic` forces the plain-C path (tests). `bf`: q, k, v and out are bf16 (else fp32); `kvbf`: the
    caches are (else fp32), so fp32 activations can keep 16-bit KV.
    Returns check_indices' verdict: 0, or nonzero with nothing done; 4 when memory for the parts ran out. */
@@ -111,7 +113,7 @@ int agentkv_attention(int bf, int kvbf, const void *q, int64_t q_ld, const void 
                       int64_t v_ld, void *k_cache, void *v_cache, int64_t num_slots, const int64_t *out_loc, int64_t T,
                       const int64_t *table, int64_t table_rows, int64_t table_ld, const int64_t *tiles,
                       int64_t ntiles, int H, int KVH, int D, float scale, void *out, int64_t window, float softcap,
-                      int nthreads, int generic) {
+                      const float *sinks, int nthreads, int generic) {
     const int bad = check_indices(out_loc, T, num_slots, table, table_rows, table_ld, tiles, ntiles);
     if (bad) return bad;
     const int64_t es = bf ? 2 : 4, kes = kvbf ? 2 : 4, row = (int64_t)KVH * D;
@@ -121,7 +123,7 @@ int agentkv_attention(int bf, int kvbf, const void *q, int64_t q_ld, const void 
     }
     const int G = H / KVH, ng = agentkv_attention_heads_per_task(G), chunks = (G + ng - 1) / ng;
     const Call call = {q, q_ld, k_cache, v_cache, table, tiles, table_ld, G, ng, chunks, KVH, H, D, scale, out, window,
-                       softcap};
+                       softcap, sinks};
     const int64_t ntasks = ntiles * KVH * chunks;
     int64_t most_keys = 0, prompt_tasks = 0; /* the keys a prompt's task reads, at most */
     for (int64_t n = 0; n < ntiles; n++) {

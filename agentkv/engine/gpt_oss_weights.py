@@ -1,0 +1,55 @@
+"""gpt-oss's experts as its checkpoints hold them, into the layout of agentkv's MLP.
+
+A checkpoint holds every layer's experts stacked: gate_up [E, hidden, 2 * width] (input-major, the
+gate's and up's columns interleaved) with its bias [E, 2 * width], down [E, width, hidden] with its bias
+[E, hidden]; the published ones hold the two matrices in MXFP4 (`*_blocks` [E, out, in / 32, 16]: two
+E2M1 values a byte, the low nibble first; `*_scales` [E, out, in / 32]: a power of two, biased by 127,
+for each 32). Each expert becomes an MLP's gate_up [2 * width, hidden] (gate rows first) and down
+[hidden, width], with its biases.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentkv.engine.model_config import ModelConfig
+from agentkv.errors import ModelLoadError
+
+# E2M1: sign, two exponent bits, one mantissa bit
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """MXFP4 blocks [..., groups, 16] (uint8) and scales [..., groups] (uint8) -> fp32 [..., groups * 32]."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape:
+        raise ModelLoadError(f"MXFP4 blocks {tuple(blocks.shape)} ({blocks.dtype}) and scales {tuple(scales.shape)} "
+                             f"({scales.dtype}) do not match; the checkpoint is damaged")
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    values = torch.stack([lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]], dim=-1).flatten(-2)  # [..., g, 32]
+    values = torch.ldexp(values, (scales.to(torch.int32) - 127)[..., None].float())
+    return values.flatten(-2)
+
+
+def gpt_oss_experts(hf: dict, take, block: str, o: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """One layer's experts (HF names under `block`) as `o`experts.N.gate_up_proj / down_proj weights
+    [out, in] and biases."""
+    x = block + "experts."
+    if x + "gate_up_proj_blocks" in hf:  # MXFP4, output-major
+        gate_up = dequantize_mxfp4(hf[x + "gate_up_proj_blocks"], hf[x + "gate_up_proj_scales"])
+        down = dequantize_mxfp4(hf[x + "down_proj_blocks"], hf[x + "down_proj_scales"])
+    else:  # input-major
+        gate_up, down = take(x + "gate_up_proj").transpose(1, 2), take(x + "down_proj").transpose(1, 2)
+    gate_up_bias, down_bias = take(x + "gate_up_proj_bias"), take(x + "down_proj_bias")
+    e, width, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    if gate_up.shape != (e, 2 * width, hidden) or down.shape != (e, hidden, width):
+        raise ModelLoadError(f"{x}: experts' matrices {tuple(gate_up.shape)} and {tuple(down.shape)}, where the config "
+                             f"implies {(e, 2 * width, hidden)} and {(e, hidden, width)}; config and weights disagree")
+    if not (torch.isfinite(gate_up).all() and torch.isfinite(down).all()):
+        raise ModelLoadError(f"{x}: the experts' weights hold NaN or infinite values; the weights are corrupt")
+    out = {}
+    for n in range(e):  # (the gate's rows are the even ones, up's the odd ones)
+        out[o + f"experts.{n}.gate_up_proj.weight"] = torch.cat([gate_up[n, 0::2], gate_up[n, 1::2]]).float()
+        out[o + f"experts.{n}.gate_up_proj.bias"] = torch.cat([gate_up_bias[n, 0::2], gate_up_bias[n, 1::2]])
+        out[o + f"experts.{n}.down_proj.weight"] = down[n].float()
+        out[o + f"experts.{n}.down_proj.bias"] = down_bias[n]
+    return out
