@@ -1,7 +1,7 @@
 """Tiny random-weight checkpoints of the families transformers itself defines (SmolLM3, Granite,
-Granite-MoE, GLM-4, GLM-4.5, LFM2, gpt-oss): the model built from its transformers config, its weights drawn from a
-seeded generator at scales that make every part matter, and saved by transformers as the Hub lays
-it out, with a byte tokenizer."""
+Granite-MoE, GLM-4, GLM-4.5, LFM2, gpt-oss, DeepSeek-V3): the model built from its transformers
+config, its weights drawn from a seeded generator at scales that make every part matter, and saved by
+transformers as the Hub lays it out, with a byte tokenizer."""
 
 from __future__ import annotations
 
@@ -25,6 +25,15 @@ FAMILY_CONFIGS = {
                 "rope_parameters": {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                     "truncate": False, "original_max_position_embeddings": 64,
                                     "rope_theta": 150000.0}},
+    # latent attention (q through its own low rank), two groups of four experts, one chosen, layer 0 dense;
+    # YaRN with DeepSeek's two mscales
+    "deepseek_v3": {"num_hidden_layers": 3, "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+                    "qk_rope_head_dim": 16, "v_head_dim": 24, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2,
+                    "topk_group": 1, "routed_scaling_factor": 2.5, "num_key_value_heads": 4,
+                    "rope_parameters": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64,
+                                        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8,
+                                        "rope_theta": 10000.0}},
     # convolutions in layers 0, 2 and 3, attention in 1 and 4; the MLP 2/3 of 192 wide, as LFM2 sizes it
     "lfm2": {"num_hidden_layers": 5, "layer_types": ["conv", "full_attention", "conv", "conv", "full_attention"],
              "intermediate_size": 192, "block_multiple_of": 32, "tie_word_embeddings": True},

@@ -17,6 +17,7 @@ import torch
 from agentkv.engine.gguf_convert import converted_dir
 from agentkv.engine.gguf_transcode import FLOATS, kept_parts
 from agentkv.engine.gpt_oss_weights import gpt_oss_experts
+from agentkv.engine.latent_attention import latent_attention_state
 from agentkv.engine.model import CausalLM
 from agentkv.engine.model_config import ModelConfig
 from agentkv.engine.rope import halves_from_pairs
@@ -239,7 +240,9 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         out.update({o + n + ".weight": norm(p + n + ".weight") for n in norms})
         if cfg.family == "glm4":  # the sandwich's norms under GLM's names
             out.update({o + ours + ".weight": take(p + theirs + ".weight") for ours, theirs in GLM4_NORMS.items()})
-        if cfg.is_conv_layer(i):  # LFM2's short convolution in attention's place
+        if cfg.kv_lora_rank:  # DeepSeek-V3's latent attention
+            out.update(latent_attention_state(take, p, o, cfg))
+        elif cfg.is_conv_layer(i):  # LFM2's short convolution in attention's place
             out[o + "self_attn.in_proj.weight"] = matrix(p + "conv.in_proj.weight")
             out[o + "self_attn.out_proj.weight"] = matrix(p + "conv.out_proj.weight")
             out[o + "self_attn.conv_weight"] = take(p + "conv.conv.weight").reshape(cfg.hidden_size, cfg.conv_kernel)
@@ -251,15 +254,15 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
             out[o + "self_attn.qkv_proj.weight"] = matrix(p + "self_attn.qkv_proj.weight")
         else:
             out[o + "self_attn.qkv_proj.weight"] = matrix(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"))
-        if cfg.attention_bias and not cfg.is_conv_layer(i):
+        if cfg.attention_bias and not cfg.is_conv_layer(i) and not cfg.kv_lora_rank:
             out[o + "self_attn.qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
-        if cfg.rope_interleaved:  # (a GGUF's rows are reordered in its conversion: they may be quantized)
+        if cfg.rope_interleaved and not cfg.kv_lora_rank:  # (a GGUF's rows: reordered in its conversion)
             for name in (o + "self_attn.qkv_proj.weight", o + "self_attn.qkv_proj.bias"):
                 if name in out:
                     t, q, kv = out[name], cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
                     out[name] = torch.cat([halves_from_pairs(t[:q], cfg.num_heads, cfg),
                                            halves_from_pairs(t[q : q + kv], cfg.num_kv_heads, cfg), t[q + kv :]])
-        if not cfg.is_conv_layer(i):
+        if not cfg.is_conv_layer(i) and not cfg.kv_lora_rank:
             out[o + "self_attn.o_proj.weight"] = matrix(p + "self_attn.o_proj.weight")
         if cfg.o_proj_bias:
             out[o + "self_attn.o_proj.bias"] = take(p + "self_attn.o_proj.bias")

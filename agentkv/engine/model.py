@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agentkv.engine.latent_attention import LatentAttention
 from agentkv.engine.linear import (
     Linear,
     LogitsProjection,
@@ -126,8 +127,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        # (LFM2's short convolution layers: the operator in attention's place)
-        self.self_attn = ShortConv(cfg, layer_id) if cfg.is_conv_layer(layer_id) else Attention(cfg, layer_id)
+        # (LFM2's short convolution layers: the operator in attention's place; DeepSeek-V3's latent attention)
+        self.self_attn = (ShortConv(cfg, layer_id) if cfg.is_conv_layer(layer_id) else
+                          LatentAttention(cfg, layer_id, RMSNorm) if cfg.kv_lora_rank else Attention(cfg, layer_id))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg) if cfg.is_moe_layer(layer_id) else MLP(cfg, layer_id=layer_id)
         # Granite: each output scaled before it joins the residual (else the residual is added in the

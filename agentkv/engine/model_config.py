@@ -23,7 +23,7 @@ __all__ = ["MOE_FAMILIES", "SUPPORTED_ARCHITECTURES", "ModelConfig", "RopeScalin
 @dataclass(frozen=True)
 class ModelConfig:
     family: Literal["llama", "phi3", "gemma2", "gemma3", "qwen2", "qwen3", "smollm3", "granite", "glm4", "lfm2",
-                    "qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe", "gpt_oss"]
+                    "qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe", "gpt_oss", "deepseek_v3"]
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -85,6 +85,12 @@ class ModelConfig:
     mlp_bias: bool = False
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
+    # multi-head latent attention (DeepSeek-V3) where kv_lora_rank > 0: head_dim is then the rotated part
+    # shared by all heads (qk_rope_head_dim); the pool keeps each token's latent and that part
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0  # 0: q from one matrix
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -182,6 +188,10 @@ class ModelConfig:
             out["rope_interleaved"] = self.rope_interleaved
         if self.family == "gpt_oss":
             out.update(swiglu_limit=self.swiglu_limit, swiglu_alpha=self.swiglu_alpha)
+        if self.family == "deepseek_v3":
+            out.update(kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank or None,
+                       qk_nope_head_dim=self.qk_nope_head_dim, qk_rope_head_dim=self.head_dim,
+                       v_head_dim=self.v_head_dim, rope_interleave=self.rope_interleaved)
         if self.family == "lfm2":
             kinds = ["conv" if i in self.conv_layers else "full_attention" for i in range(self.num_layers)]
             out.update(layer_types=kinds,
@@ -191,7 +201,7 @@ class ModelConfig:
 
     def _moe_hf(self) -> dict[str, Any]:
         count = {"mixtral": "num_local_experts", "granitemoe": "num_local_experts", "glm4_moe": "n_routed_experts",
-                 "gpt_oss": "num_local_experts"}
+                 "gpt_oss": "num_local_experts", "deepseek_v3": "n_routed_experts"}
         out: dict[str, Any] = {
             count.get(self.family, "num_experts"): self.num_experts, "num_experts_per_tok": self.experts_per_token,
             "norm_topk_prob": self.norm_topk_prob, "moe_intermediate_size": self.moe_intermediate_size,
@@ -199,7 +209,7 @@ class ModelConfig:
             "shared_expert_intermediate_size": self.shared_expert_intermediate_size}
         if self.family in ("mixtral", "granitemoe", "gpt_oss"):
             out["intermediate_size"] = self.moe_intermediate_size
-        if self.family == "glm4_moe":  # (its dense layers are the first ones)
+        if self.family in ("glm4_moe", "deepseek_v3"):  # (its dense layers are the first ones)
             out.update(n_group=self.expert_groups, topk_group=self.expert_groups_chosen,
                        routed_scaling_factor=self.routed_scaling_factor, first_k_dense_replace=len(self.dense_layers),
                        n_shared_experts=self.shared_expert_intermediate_size // self.moe_intermediate_size)

@@ -5,6 +5,7 @@ ModelConfig fields (engine/model_config.py joins them)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from agentkv.engine.rope_config import RopeScaling, rope_params, rope_scaling
@@ -37,21 +38,25 @@ SUPPORTED_ARCHITECTURES = {
     # gpt-oss: attention sinks, every other layer windowed, biased linears, experts with the clamped
     # SwiGLU routed by a softmax over the top k
     "GptOssForCausalLM": "gpt_oss",
+    # DeepSeek-V3 and Kimi K2: multi-head latent attention (the pool keeps each token's compressed latent
+    # and its rotated key part) and GLM-4.5's router, shared expert and dense first layers
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 # config.json's model_type, where its `architectures` names none of the above
 MODEL_TYPES = {"llama": "llama", "mistral": "llama", "phi3": "phi3", "gemma3_text": "gemma3", "gemma2": "gemma2",
                "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "qwen2_moe": "qwen2_moe",
                "mixtral": "mixtral", "smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe",
-               "glm4": "glm4", "glm4_moe": "glm4_moe", "lfm2": "lfm2", "gpt_oss": "gpt_oss"}
+               "glm4": "glm4", "glm4_moe": "glm4_moe", "lfm2": "lfm2", "gpt_oss": "gpt_oss",
+               "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3"}
 ARCHITECTURE_OF = {family: arch for arch, family in SUPPORTED_ARCHITECTURES.items() if arch != "MistralForCausalLM"}
-MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe", "gpt_oss")
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe", "gpt_oss", "deepseek_v3")
 SANDWICH_FAMILIES = ("gemma2", "gemma3", "glm4")  # a norm after attention and after the MLP too
 
 
 def family_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """The ModelConfig fields particular to `family`."""
     return {**_moe(family, cfg), **_gemma(family, cfg), **_granite(family, cfg), **_glm(family, cfg),
-            **_smollm3(family, cfg), **_lfm2(family, cfg), **_gpt_oss(family, cfg)}
+            **_smollm3(family, cfg), **_lfm2(family, cfg), **_gpt_oss(family, cfg), **_deepseek(family, cfg)}
 
 
 def layer_windows(archs: list[str], cfg: dict[str, Any]) -> tuple[int, ...]:
@@ -134,7 +139,7 @@ def _moe(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     if family not in MOE_FAMILIES:
         return {}
     key = {"mixtral": "num_local_experts", "granitemoe": "num_local_experts", "glm4_moe": "n_routed_experts",
-           "gpt_oss": "num_local_experts"}
+           "gpt_oss": "num_local_experts", "deepseek_v3": "n_routed_experts"}
     n = int(cfg.get(key.get(family, "num_experts")) or 0)
     if n < 1:
         raise ModelLoadError(f"a {family} config.json needs its number of experts ({key.get(family, 'num_experts')})")
@@ -143,7 +148,7 @@ def _moe(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if family in ("mixtral", "granitemoe", "gpt_oss"):  # (Granite's, gpt-oss's routing: softmax over the top k)
         width, norm = int(cfg["intermediate_size"]), True
-    elif family == "glm4_moe":
+    elif family in ("glm4_moe", "deepseek_v3"):  # (DeepSeek-V3's router, which GLM-4.5 took)
         width, norm = int(cfg["moe_intermediate_size"]), bool(cfg.get("norm_topk_prob", True))
         dense = tuple(range(min(int(cfg.get("first_k_dense_replace", 1)), layers)))
         groups, chosen = int(cfg.get("n_group") or 1), int(cfg.get("topk_group") or 1)
@@ -248,3 +253,21 @@ def _gpt_oss(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     return {"attention_sinks": True, "attention_bias": bias, "o_proj_bias": bias, "router_bias": True,
             "mlp_bias": True, "hidden_act": "swiglu_clamped", "swiglu_limit": float(cfg.get("swiglu_limit", 7.0)),
             "swiglu_alpha": float(cfg.get("swiglu_alpha", 1.702))}
+
+
+def _deepseek(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3's multi-head latent attention: q through a low-rank pair (q_lora_rank; none: one
+    matrix), k and v from one compressed latent per token (kv_lora_rank) beside a rotated part shared
+    by every head (qk_rope_head_dim, its pairs adjacent where rope_interleave); the softmax scale
+    (qk_nope + qk_rope)^-0.5, times YaRN's mscale_all_dim factor squared."""
+    if family != "deepseek_v3":
+        return {}
+    nope, rope, r = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["kv_lora_rank"])
+    scale = (nope + rope) ** -0.5
+    params = rope_params(cfg)
+    if (params.get("rope_type") or params.get("type") or "default") != "default" and params.get("mscale_all_dim"):
+        m = 0.1 * float(params["mscale_all_dim"]) * math.log(float(params["factor"])) + 1.0
+        scale = scale * m * m if float(params["factor"]) > 1 else scale
+    return {"kv_lora_rank": r, "q_lora_rank": int(cfg.get("q_lora_rank") or 0), "qk_nope_head_dim": nope,
+            "v_head_dim": int(cfg["v_head_dim"]), "head_dim": rope, "rotary_dim": 0, "attention_scale": scale,
+            "rope_interleaved": bool(cfg.get("rope_interleave", True))}

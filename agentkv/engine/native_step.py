@@ -81,8 +81,9 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
     for width in (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size):
         if width % 32:
             return f"a width of {width} is not whole blocks of 32"
-    if cfg.conv_layers:
-        return "the model has short convolution layers (LFM2), which the step does not take"
+    if cfg.conv_layers or cfg.kv_lora_rank:
+        return "the model has short convolution layers (LFM2) or latent attention (DeepSeek-V3), which the step " \
+               "does not take"
     for layer in model.layers:
         if not isinstance(layer, (DecoderLayer, SandwichDecoderLayer)) or not isinstance(layer.mlp, MLP):
             return "a layer is not a dense one (a mixture of experts)"

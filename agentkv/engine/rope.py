@@ -45,8 +45,10 @@ def inv_frequencies(cfg: ModelConfig, long: bool = False) -> tuple[torch.Tensor,
         return torch.where(medium, smoothed, scaled), 1.0
     if rs.rope_type == "yarn":
         attention_factor = rs.attention_factor
-        if attention_factor is None:
-            attention_factor = 0.1 * math.log(rs.factor) + 1.0 if rs.factor > 1 else 1.0
+        if attention_factor is None and rs.mscale and rs.mscale_all_dim:  # (DeepSeek's)
+            attention_factor = yarn_mscale(rs.factor, rs.mscale) / yarn_mscale(rs.factor, rs.mscale_all_dim)
+        elif attention_factor is None:
+            attention_factor = yarn_mscale(rs.factor)
 
         def correction_dim(rotations: float) -> float:
             return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
@@ -63,6 +65,11 @@ def inv_frequencies(cfg: ModelConfig, long: bool = False) -> tuple[torch.Tensor,
         inv = (1.0 / (rs.factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
         return inv, float(attention_factor)
     raise AssertionError(f"unhandled rope type {rs.rope_type}")  # ModelConfig validated it
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention scale for a context `factor` times the pretrained one (eq. 21: 0.1 m ln s + 1)."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 # Passes of up to this many tokens on CPU rotate with one matmul per layer (see `RopeTables`).

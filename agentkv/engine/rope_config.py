@@ -24,6 +24,9 @@ class RopeScaling:
     beta_slow: float = 1.0
     attention_factor: float | None = None  # (yarn, longrope) None: from the factor, as HF computes it
     truncate: bool = True  # (yarn) the correction range rounded out to whole dims (gpt-oss: not)
+    # (yarn, DeepSeek) the attention factor's two mscales; mscale_all_dim also scales the softmax
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
     # longrope (Phi-3 128k, Phi-4-mini): per-frequency divisors, `short_factor` for positions before
     # original_max_position_embeddings and `long_factor` from there on (see rope.inv_frequencies)
     short_factor: tuple[float, ...] | None = None

@@ -1,11 +1,12 @@
-"""SmolLM3, Granite, Granite-MoE, GLM-4, GLM-4.5, gpt-oss and LFM2 against transformers' own implementations: tiny
-random models built from their transformers configs give HF's logits (fresh, over a cached prefix,
-and the one-row decode route) and HF `generate`'s greedy tokens, on torch ops and on agentkv's C
-kernels."""
+"""SmolLM3, Granite, Granite-MoE, GLM-4, GLM-4.5, gpt-oss, DeepSeek-V3 and LFM2 against transformers'
+own implementations: tiny random models built from their transformers configs give HF's logits
+(fresh, over a cached prefix, and the one-row decode route) and HF `generate`'s greedy tokens, on
+torch ops and on agentkv's C kernels."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -33,6 +34,10 @@ CASES = [
     # YaRN without truncation; and with one layer (the window's only) over a text longer than it
     ("gpt_oss", {}),
     ("gpt_oss", {"num_hidden_layers": 1, "layer_types": ["sliding_attention"], "swiglu_limit": 7.0}),
+    # latent attention: the latent and the shared rotated part in the pool, over a cached prefix too; q
+    # through its low rank, pairs rotating adjacent (rope_interleave), YaRN's two mscales in the scale
+    ("deepseek_v3", {}),
+    ("deepseek_v3", {"q_lora_rank": None, "rope_interleave": False, "rope_parameters": {"rope_theta": 10000.0}}),
     # short convolutions (their inputs read back from the pool: over a cached prefix too) beside attention
     ("lfm2", {}),
     ("lfm2", {"conv_L_cache": 4, "conv_bias": True}),
@@ -104,6 +109,10 @@ def test_what_each_family_reads():
         "sigmoid_groups", 2, 1, 2.5)
     assert moe.dense_layers == (0,) and moe.shared_expert_intermediate_size == 32 and not moe.shared_expert_gated
     assert not moe.rope_interleaved and moe.rotary_dim == 8
+    ds = config("deepseek_v3")
+    assert (ds.kv_lora_rank, ds.q_lora_rank, ds.head_dim, ds.qk_nope_head_dim, ds.v_head_dim) == (32, 32, 16, 16, 24)
+    assert ds.router == "sigmoid_groups" and ds.dense_layers == (0,) and ds.rope_interleaved
+    assert ds.attention_scale == pytest.approx(32 ** -0.5 * (0.1 * 0.8 * math.log(8.0) + 1) ** 2)
     lfm = config("lfm2")
     assert lfm.conv_layers == (0, 2, 3) and lfm.conv_kernel == 3 and lfm.intermediate_size == 128 and lfm.qk_norm
 
@@ -127,3 +136,21 @@ def test_a_lora_adapter_on_the_family_is_pefts(tmp_path, family, targets):
         assert rel_error(base, ref) > 1e-2  # (the adapter changes the logits)
         out = engine.generate(ids, max_tokens=16, temperature=0.0, ignore_eos=True, adapter="a")
     assert out.token_ids == peft_greedy(ref_model, ids, 16)
+
+
+def test_the_pool_and_the_disk_tier_keep_deepseeks_latent(tmp_path):
+    """DeepSeek-V3's pool holds, per token and layer, its latent and rotated key part (32 + 16 values
+    here, not 2 x 4 heads x 32), and the disk tier keeps them across a restart."""
+    from agentkv.engine.memory import KVPool
+
+    path = make_family_model(tmp_path / "ds", "deepseek_v3")
+    with ak.Engine(str(path), num_slots=2048) as cold:
+        mc = cold.model_config
+        assert KVPool.bytes_per_token(mc, torch.float32) == mc.num_layers * (32 + 16) * 4
+        expected = cold.generate(TEXT, max_tokens=8, temperature=0.0).completions[0].token_ids
+    tier = {"kv_dir": str(tmp_path / "kv"), "kv_block_tokens": 16, "kv_warm_fraction": 0.0}
+    with ak.Engine(str(path), num_slots=2048, **tier) as e:
+        e.generate(TEXT, max_tokens=8, temperature=0.0)
+    with ak.Engine(str(path), num_slots=2048, **tier) as e:
+        out = e.generate(TEXT, max_tokens=8, temperature=0.0)
+    assert out.usage.disk_cached_tokens >= 64 and out.completions[0].token_ids == expected

@@ -1,6 +1,6 @@
 """Tool calls in each family's own format, end to end: tiny random-weight models carrying the
-families' chat templates and special tokens (tests/chat_templates.py; Granite 3.3's, GLM-4.5's and gpt-oss's of
-their own architectures, the others Llamas), driven through engine.chat,
+families' chat templates and special tokens (tests/chat_templates.py; Granite 3.3's, GLM-4.5's,
+gpt-oss's, Kimi K2's and DeepSeek's of their own architectures, the others Llamas), driven through engine.chat,
 ak.Agent, the server with the official `openai` client, and the frameworks people point at it
 (pydantic-ai, the OpenAI Agents SDK, langchain-openai)."""
 
@@ -74,7 +74,8 @@ WEIGHT_SEEDS = {"qwen2.5": 1, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_c
 
 
 # Families whose tiny models are of their own architecture (the others: the template on a Llama)
-ARCHITECTURE = {"granite33": "granite", "glm45": "glm4_moe", "gpt_oss": "gpt_oss"}
+ARCHITECTURE = {"granite33": "granite", "glm45": "glm4_moe", "gpt_oss": "gpt_oss", "kimi_k2": "deepseek_v3",
+                "deepseek_v31": "deepseek_v3", "deepseek_r1": "deepseek_v3"}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
