@@ -85,7 +85,7 @@ def make_family_model(out: Path, model_type: str, *, seed: int = 0, tie: bool = 
 
 # llama.cpp's architecture names, and the ones whose q/k rows its converter permutes
 GGUF_ARCH = {"smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe", "glm4": "glm4",
-             "glm4_moe": "glm4moe", "lfm2": "lfm2"}
+             "glm4_moe": "glm4moe", "lfm2": "lfm2", "gpt_oss": "gpt-oss"}
 PERMUTED = ("smollm3", "granite", "granitemoe")
 
 
@@ -130,6 +130,14 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
     key = arch + "."
     if family == "lfm2":
         w.add_uint32(key + "shortconv.l_cache", cfg["conv_L_cache"])
+    if family == "gpt_oss":
+        w.add_expert_count(cfg["num_local_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["intermediate_size"])
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     if family in ("granite", "granitemoe"):
         for ours, theirs in (("embedding_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"),
                              ("attention.scale", "attention_multiplier"), ("logit_scale", "logits_scaling")):
@@ -166,8 +174,9 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
             w.add_tensor(name, t.astype(np.float32))
 
     names = {v: k for k, v in {**gguf_convert._LAYER_NAMES,
-                               **{"glm4": gguf_convert._GLM4_NAMES, "glm4moe": gguf_convert._GLM4_MOE_NAMES}.get(
-                                   arch, {})}.items()}
+                               **{"glm4": gguf_convert._GLM4_NAMES, "glm4moe": gguf_convert._GLM4_MOE_NAMES,
+                                  "gpt-oss": gguf_convert._GPT_OSS_NAMES}.get(arch, {})}.items()}
+    deq_experts: dict[str, np.ndarray] = {}
     globals_ = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
     stacks: dict[tuple[str, str], dict[int, np.ndarray]] = {}
     for name, t in hf.items():
@@ -185,7 +194,9 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
         if family in PERMUTED and rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
             heads = cfg["num_attention_heads"] if "q_proj" in rest else cfg["num_key_value_heads"]
             t = t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
-        if rest == "block_sparse_moe.input_linear.weight":  # Granite-MoE: gate and up, each stacked
+        if rest.startswith("mlp.experts.") and family == "gpt_oss":  # de-interleaved, [E, out, in], MXFP4
+            deq_experts.update(put_gpt_oss_experts(w, i, rest, t, name))
+        elif rest == "block_sparse_moe.input_linear.weight":  # Granite-MoE: gate and up, each stacked
             half = t.shape[1] // 2
             put(f"blk.{i}.ffn_gate_exps.weight", t[:, :half])
             put(f"blk.{i}.ffn_up_exps.weight", t[:, half:])
@@ -211,5 +222,36 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
     w.write_tensors_to_file()
     w.close()
     # (quantization is by rows of blocks along the last dimension: the same values in any row order)
-    return {n: gguf.quants.dequantize(quantized(t), kind).reshape(t.shape) if t.ndim >= 2 and not kept_float(n)
+    return {n: deq_experts[n] if n in deq_experts else
+            gguf.quants.dequantize(quantized(t), kind).reshape(t.shape) if t.ndim >= 2 and not kept_float(n)
             else t for n, t in hf.items()}
+
+
+def put_gpt_oss_experts(w, i: str, rest: str, t, name: str) -> dict:
+    """gpt-oss's experts as llama.cpp's converter writes them: gate and up apart (the checkpoint
+    interleaves their columns), [experts, out, in], the matrices in MXFP4; returns the HF tensor `name`
+    holding what the file holds (dequantized, in the checkpoint's layout)."""
+    import gguf
+    import numpy as np
+
+    mx = gguf.GGMLQuantizationType.MXFP4
+
+    def put(gname: str, data: np.ndarray) -> np.ndarray:
+        q = gguf.quants.quantize(np.ascontiguousarray(data, dtype=np.float32), mx)
+        w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=mx)
+        return gguf.quants.dequantize(q, mx).reshape(data.shape)
+
+    if rest == "mlp.experts.gate_up_proj":  # [E, in, 2 out], gate's columns even, up's odd
+        gate = put(f"blk.{i}.ffn_gate_exps.weight", t[:, :, 0::2].transpose(0, 2, 1))
+        up = put(f"blk.{i}.ffn_up_exps.weight", t[:, :, 1::2].transpose(0, 2, 1))
+        back = np.empty_like(t)
+        back[:, :, 0::2], back[:, :, 1::2] = gate.transpose(0, 2, 1), up.transpose(0, 2, 1)
+        return {name: back}
+    if rest == "mlp.experts.down_proj":  # [E, in, out]
+        return {name: put(f"blk.{i}.ffn_down_exps.weight", t.transpose(0, 2, 1)).transpose(0, 2, 1)}
+    if rest == "mlp.experts.gate_up_proj_bias":  # (biases in F32, as they are)
+        w.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(t[:, 0::2], dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(t[:, 1::2], dtype=np.float32))
+    else:  # down_proj_bias
+        w.add_tensor(f"blk.{i}.ffn_down_exps.bias", np.ascontiguousarray(t, dtype=np.float32))
+    return {name: t}

@@ -30,11 +30,13 @@ from agentkv.errors import ModelLoadError
 CONVERSION_VERSION = "8"
 # quantizations whose matrices are kept as they are (the CPU kernels multiply them in their blocks:
 # kernels/cpu_quant.py's QUANT_TYPES); every other tensor is dequantized to fp32 here
-KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16")
+KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16",
+               "MXFP4")
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                       "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",  # (Mixtral is "llama" with experts)
                       "gemma2": "gemma2", "gemma3": "gemma3", "smollm3": "smollm3", "granite": "granite",
-                      "granitemoe": "granitemoe", "glm4": "glm4", "glm4moe": "glm4_moe", "lfm2": "lfm2"}
+                      "granitemoe": "granitemoe", "glm4": "glm4", "glm4moe": "glm4_moe", "lfm2": "lfm2",
+                      "gpt-oss": "gpt_oss"}
 # llama.cpp's converter permutes these architectures' q/k rows for its adjacent-pair rotation (their
 # checkpoints rotate halves); the conversion puts them back
 PERMUTED_QK = ("llama", "smollm3", "granite", "granitemoe")
@@ -93,6 +95,17 @@ _LFM2_NAMES = {
     "shortconv.conv.weight": "conv.conv.weight",
     "shortconv.in_proj.weight": "conv.in_proj.weight",
     "shortconv.out_proj.weight": "conv.out_proj.weight",
+}
+# gpt-oss's: its sinks, its norm before the MLP, the biases of its router, experts and o projection
+_GPT_OSS_NAMES = {
+    "attn_sinks.weight": "self_attn.sinks",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate_inp.weight": "mlp.router.weight",
+    "ffn_gate_inp.bias": "mlp.router.bias",
+    "ffn_gate_exps.bias": "mlp.experts.gate_exps_bias",
+    "ffn_up_exps.bias": "mlp.experts.up_exps_bias",
+    "ffn_down_exps.bias": "mlp.experts.down_exps_bias",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -193,7 +206,8 @@ def _hf_name(name: str, arch: str = "llama") -> str | None:
             return f"model.layers.{idx}.{_GEMMA_NAMES[rest]}"
         if arch == "phi3" and rest == "ffn_up.weight":  # Phi-3's gate and up, fused (gate first)
             return f"model.layers.{idx}.mlp.gate_up_proj.weight"
-        own = {"glm4": _GLM4_NAMES, "glm4moe": _GLM4_MOE_NAMES, "lfm2": _LFM2_NAMES}.get(arch, {})
+        own = {"glm4": _GLM4_NAMES, "glm4moe": _GLM4_MOE_NAMES, "lfm2": _LFM2_NAMES, "gpt-oss": _GPT_OSS_NAMES}.get(
+            arch, {})
         if rest in own:
             return f"model.layers.{idx}.{own[rest]}"
         if rest in _LAYER_NAMES:

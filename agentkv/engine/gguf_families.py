@@ -5,6 +5,7 @@ leading dense layers, LFM2's convolution layers."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 
@@ -30,6 +31,13 @@ def gguf_family_fields(meta: dict[str, Any], arch: str, family: str, names: set[
         return {"attention_bias": True, "rope_interleaved": False}
     if family == "glm4_moe":
         return _glm4_moe(get, names, common)
+    if family == "gpt_oss":  # (llama.cpp fixes the clamp and alpha, and windows every other layer, the first)
+        window = int(get("attention.sliding_window", 128))
+        return {"attention_sinks": True, "attention_bias": True, "o_proj_bias": True, "router_bias": True,
+                "mlp_bias": True, "hidden_act": "swiglu_clamped", "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
+                "norm_topk_prob": True, "layer_windows": tuple(window if i % 2 == 0 else 0
+                                                              for i in range(common["num_layers"])),
+                "rope_scaling": dataclasses.replace(common["rope_scaling"], truncate=False)}
     if family == "lfm2":  # its convolution layers are those with no KV heads
         kv = get("attention.head_count_kv")
         return {"conv_layers": tuple(i for i, n in enumerate(kv) if not n) if isinstance(kv, (list, tuple)) else (),

@@ -327,6 +327,11 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
         return {**out, **gpt_oss_experts(hf, take, block, o, cfg)}
     stacked = [block + f"experts.{k}_exps" for k in ("gate", "up", "down")]
     parts = kept([quant.get(n) for n in stacked])
+    if cfg.mlp_bias and stacked[0] + "_bias" in hf:  # (a GGUF's gpt-oss: each kind's biases stacked too)
+        gate_b, up_b, down_b = (take(n + "_bias") for n in stacked)
+        for e in range(cfg.num_experts):
+            out[o + f"experts.{e}.gate_up_proj.bias"] = torch.cat([gate_b[e], up_b[e]])
+            out[o + f"experts.{e}.down_proj.bias"] = down_b[e]
     if parts is not None:
         (gate, gate_kind), (up, up_kind), (down, down_kind) = parts
         for e in range(cfg.num_experts):

@@ -19,7 +19,8 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernels' `bf` flag
 QUANT_TYPES = {"Q8_0": (0, 32, 34), "Q4_0": (1, 32, 18), "Q4_1": (2, 32, 20), "Q4_K": (3, 256, 144),
                "Q6_K": (4, 256, 210), "Q5_0": (5, 32, 22), "Q5_1": (6, 32, 24), "IQ4_NL": (7, 32, 18),
                "Q5_K": (8, 256, 176), "IQ4_XS": (9, 256, 136),
-               "F16": (10, 32, 64), "BF16": (11, 32, 64)}  # (the float types taken as blocks of 32 values)
+               "F16": (10, 32, 64), "BF16": (11, 32, 64),  # (the float types taken as blocks of 32 values)
+               "MXFP4": (12, 32, 18)}  # (as IQ4_NL's blocks: the file's 17 bytes rewritten, gguf_transcode.mxfp4_held)
 ROW_MAJOR_TYPES = frozenset((0, 1, 2, 3, 4))
 QLINEAR_MAX_ROWS = 16  # rows the kernel takes at once
 QLINEAR_DEQUANT_MAX = 1 << 24  # weights up to this many elements are dequantized whole for a long input

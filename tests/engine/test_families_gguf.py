@@ -1,7 +1,7 @@
-"""SmolLM3, Granite, Granite-MoE, GLM-4, GLM-4.5 and LFM2 from GGUF files laid out as llama.cpp's converter
-writes them (the `gguf` package writing the tiny checkpoints of tests/tiny_families.py): the same
-model as the HF checkpoint holding the same weights, HF's greedy tokens, and the native decode step
-giving the Python path's logits bit for bit on the dense ones."""
+"""SmolLM3, Granite, Granite-MoE, GLM-4, GLM-4.5, LFM2 and gpt-oss (its experts in MXFP4) from GGUF
+files laid out as llama.cpp's converter writes them (the `gguf` package writing the tiny checkpoints of
+tests/tiny_families.py): the same model as the HF checkpoint holding the same weights, HF's greedy
+tokens, and the native decode step giving the Python path's logits bit for bit on the dense ones."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 
 import agentkv as ak
 from agentkv.kernels import cpu_native
+from agentkv.kernels.cpu_quant import QUANT_TYPES
 from tests.engine.test_native_step import PROMPTS, step_and_python
 from tests.reference import engine_logits, rel_error
 from tests.tiny_families import make_family_model, write_family_gguf
@@ -26,9 +27,12 @@ FIELDS = ("family", "num_layers", "nope_layers", "embedding_multiplier", "residu
           "logits_scaling", "rotary_dim", "attention_bias", "qk_norm", "num_experts", "experts_per_token",
           "norm_topk_prob", "router", "expert_groups", "expert_groups_chosen", "routed_scaling_factor",
           "dense_layers", "shared_expert_intermediate_size", "shared_expert_gated", "tie_word_embeddings",
-          "conv_layers", "conv_kernel", "intermediate_size", "num_kv_heads", "rms_norm_eps")
+          "conv_layers", "conv_kernel", "intermediate_size", "num_kv_heads", "rms_norm_eps", "attention_sinks",
+          "o_proj_bias", "router_bias", "mlp_bias", "hidden_act", "layer_windows", "rope_scaling")
 # SmolLM3's GGUF says nothing of its layers without rope: llama.cpp fixes every 4th, as its config's default
-CONFIGS = {"smollm3": {"no_rope_layers": None}}
+CONFIGS = {"smollm3": {"no_rope_layers": None},
+           # (llama.cpp fixes gpt-oss's clamp at 7 and windows every other layer from the first)
+           "gpt_oss": {"swiglu_limit": 7.0, "num_hidden_layers": 2}}
 
 
 def _pair(tmp_path, family: str, quant: str = "Q8_0"):
@@ -44,7 +48,7 @@ def _pair(tmp_path, family: str, quant: str = "Q8_0"):
     return str(tmp_path / "m.gguf"), ref
 
 
-@pytest.mark.parametrize("family", ["smollm3", "granite", "granitemoe", "glm4", "glm4_moe", "lfm2"])
+@pytest.mark.parametrize("family", ["smollm3", "granite", "granitemoe", "glm4", "glm4_moe", "lfm2", "gpt_oss"])
 def test_a_gguf_is_the_checkpoint_it_was_written_from(tmp_path, monkeypatch, family):
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
     path, ref_dir = _pair(tmp_path, family)
@@ -54,6 +58,10 @@ def test_a_gguf_is_the_checkpoint_it_was_written_from(tmp_path, monkeypatch, fam
         for f in FIELDS:  # (a GGUF holds its multipliers as float32)
             a, b = getattr(exact.model_config, f), getattr(ref.model_config, f)
             assert (np.float32(a) == np.float32(b)) if isinstance(a, float) else a == b, f
+        native = cpu_native.load()
+        if family == "gpt_oss" and native is not None and native.qtile_fast:  # the experts in MXFP4 tiles
+            expert = kept._core.runner.model.layers[0].mlp.experts[0].gate_up_proj.quantized
+            assert expert is not None and expert.tiled and expert.qtype == QUANT_TYPES["MXFP4"][0]
         ids = ref.tokenizer.encode(TEXT)
         expected = engine_logits(ref, ids)[0]
         assert rel_error(engine_logits(exact, ids)[0], expected) < 1e-4  # the conversion: the same weights

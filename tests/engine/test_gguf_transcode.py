@@ -1,5 +1,5 @@
-"""Which blocks a GGUF's matrices run in (engine/gguf_transcode.py): Q5_0, Q5_1 and IQ4_NL in tiles of
-their own, a linear whose parts' types differ as a stack of parts, Q5_0 and IQ4_NL as the Q8_0 blocks
+"""Which blocks a GGUF's matrices run in (engine/gguf_transcode.py): Q5_0, Q5_1, IQ4_NL and MXFP4 in tiles of
+their own, a linear whose parts' types differ as a stack of parts, Q5_0, IQ4_NL and MXFP4 as the Q8_0 blocks
 that hold the same weights where the tiles do not run (bit for bit the same floats as the `gguf`
 package dequantizes from the file's blocks), the same logits as the HF model, and a "dequantized at
 load" notice only where a type has no kernel."""
@@ -44,6 +44,27 @@ def test_iq4_nl_blocks_are_the_same_weights_as_q8_0():
     blocks[:, :2] = (rng.standard_normal(len(blocks)) * 0.02).astype(np.float16).view(np.uint8).reshape(-1, 2)
     raw = blocks.reshape(6, 4 * 18)
     assert same_bits(gguf.quants.dequantize(to_q8_0(raw, "IQ4_NL"), T.Q8_0), gguf.quants.dequantize(raw, T.IQ4_NL))
+
+
+def test_mxfp4_blocks_are_held_and_rewritten_as_the_same_weights():
+    """MXFP4 (gpt-oss): held as IQ4_NL-shaped blocks (the power-of-two scale as fp16) and, where the tiles
+    do not run, as Q8_0: the same floats as the `gguf` package dequantizes from the file's blocks; a
+    scale fp16 cannot hold makes the linear dequantized."""
+    from agentkv.engine.gguf_transcode import mxfp4_held
+
+    rng = np.random.default_rng(3)
+    blocks = rng.integers(0, 256, size=(6 * 4, 17), dtype=np.uint8)  # every code, in both nibbles
+    blocks[:, 0] = rng.integers(104, 144, size=len(blocks))  # every scale fp16 holds, subnormal ones too
+    raw = blocks.reshape(6, 4 * 17)
+    held = mxfp4_held(raw)
+    assert held.shape == (6, 4 * 18)
+    expected = gguf.quants.dequantize(raw, T.MXFP4)
+    assert same_bits(gguf.quants.dequantize(to_q8_0(held, "MXFP4"), T.Q8_0), expected)
+    (runs, kind), = kept_parts([(raw, "MXFP4")], tiles=True)
+    assert kind == "MXFP4" and np.array_equal(runs, held)
+    assert kept_parts([(raw, "MXFP4")], tiles=False)[0][1] == "Q8_0"
+    raw[0, 0] = 103  # 2^-25: below fp16's least subnormal
+    assert mxfp4_held(raw) is None and kept_parts([(raw, "MXFP4")], tiles=True) is None
 
 
 def test_a_row_of_part_blocks_is_refused():

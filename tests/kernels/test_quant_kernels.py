@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from agentkv.engine.gguf_transcode import mxfp4_held
 from agentkv.kernels import cpu_native, cpu_quant
 from agentkv.kernels.cpu_quant import QUANT_TYPES, ROW_MAJOR_TYPES, QuantWeight
 
@@ -62,6 +63,8 @@ def quantized(name: str, out_features: int, in_features: int, seed: int = 0):
     raw = k_blocks(kind, w.shape, rng) if name in (*K_QUANTS, "IQ4_NL") else gguf.quants.quantize(w, kind)
     deq = gguf.quants.dequantize(raw, kind).reshape(out_features, in_features)
     raw = np.ascontiguousarray(raw).view(np.uint8)  # (F16's values as their bytes, as the loader keeps them)
+    if name == "MXFP4":  # (as the loader holds it: IQ4_NL's blocks, the scale in fp16)
+        raw = mxfp4_held(raw)
     return QuantWeight(torch.from_numpy(raw), QUANT_TYPES[name][0], in_features, out_features), \
         torch.from_numpy(deq.copy())
 

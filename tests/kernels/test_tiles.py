@@ -1,5 +1,5 @@
 """The tiled quantized linear (csrc/cpu_tiles.c, cpu_ktiles.c): Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL
-blocks, Q4_K / Q5_K / Q6_K / IQ4_XS super-blocks and F16 / BF16 values repacked in tiles of 16 rows,
+/ MXFP4 blocks, Q4_K / Q5_K / Q6_K / IQ4_XS super-blocks and F16 / BF16 values repacked in tiles of 16 rows,
 against a reference written here from the formats alone (x quantized to int8 blocks as llama.cpp does,
 times the weights the `gguf` package dequantizes); the plain-C body against the AVX-512 one, bit for
 bit; rows read back from tiles; and the vocabulary projection whose top logits are re-scored exactly.
@@ -24,7 +24,7 @@ from tests.kernels.test_quant_kernels import K_QUANTS, _has_avx2, quantized
 
 kernels = cpu_native.load()
 pytestmark = pytest.mark.skipif(kernels is None, reason="agentkv's C kernels do not build here")
-TILED = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16")
+TILED = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16", "MXFP4")
 
 
 def width(name: str) -> int:

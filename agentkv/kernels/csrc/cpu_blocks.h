@@ -17,13 +17,21 @@ block dequantized to fp32 (llama.cpp's dequantize_row_*), shared by the row-majo
 
 /* Q5_0, Q5_1 and IQ4_NL: blocks of 32 (fp16 d, Q5_1's fp16 m, Q5's 32 fifth bits, 16 bytes of nibbles);
    Q5_K and IQ4_XS: super-blocks of 256 (Q4_K's with 32 bytes of fifth bits; IQ4_XS: fp16 d, 6-bit scales
-   of its 8 sub-blocks, IQ4_NL's codes); F16 and BF16 taken as blocks of 32 values */
+   of its 8 sub-blocks, IQ4_NL's codes); F16 and BF16 taken as blocks of 32 values. MXFP4 (gpt-oss's
+   experts) is held as IQ4_NL's block: fp16 d (the file's power of two, which the loader checks fits) and
+   the file's nibbles, codes into MXFP4_VALUES instead */
 enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_1 = 6, IQ4_NL = 7, Q5_K = 8, IQ4_XS = 9,
-       F16 = 10, BF16 = 11, NQTYPES = 12 };
-static const int BLOCK_BYTES[NQTYPES] = {34, 18, 20, 144, 210, 22, 24, 18, 176, 136, 64, 64};
-static const int BLOCK_WEIGHTS[NQTYPES] = {QK, QK, QK, QK_K, QK_K, QK, QK, QK, QK_K, QK_K, QK, QK};
+       F16 = 10, BF16 = 11, MXFP4 = 12, NQTYPES = 13 };
+static const int BLOCK_BYTES[NQTYPES] = {34, 18, 20, 144, 210, 22, 24, 18, 176, 136, 64, 64, 18};
+static const int BLOCK_WEIGHTS[NQTYPES] = {QK, QK, QK, QK_K, QK_K, QK, QK, QK, QK_K, QK_K, QK, QK, QK};
 /* IQ4_NL's (and IQ4_XS's) values for its 16 codes (ggml-common.h: kvalues_iq4nl) */
 static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* MXFP4's E2M1 values, doubled (ggml-common.h: kvalues_mxfp4; its scale is halved to match) */
+static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* a 4-bit table type (IQ4_NL, MXFP4): a block of an fp16 d and 16 bytes of codes into the table */
+INLINE int is_lut4(int qtype) { return qtype == IQ4_NL || qtype == MXFP4; }
+INLINE const int8_t *lut4_values(int qtype) { return qtype == MXFP4 ? MXFP4_VALUES : IQ4_NL_VALUES; }
 
 INLINE float half_to_f32(const uint8_t *p) {
     uint16_t h;
@@ -69,12 +77,13 @@ INLINE void dequant_block(const int qtype, const uint8_t *b, float *w) {
             w[i] = qtype == Q5_0 ? d * (float)(lo - 16) : fmaf(d, (float)lo, m);
             w[i + QK / 2] = qtype == Q5_0 ? d * (float)(hi - 16) : fmaf(d, (float)hi, m);
         }
-    } else if (qtype == IQ4_NL) {
+    } else if (is_lut4(qtype)) {
         const float d = half_to_f32(b);
         const uint8_t *q = b + 2;
+        const int8_t *v = lut4_values(qtype);
         for (int i = 0; i < QK / 2; i++) {
-            w[i] = d * (float)IQ4_NL_VALUES[q[i] & 15];
-            w[i + QK / 2] = d * (float)IQ4_NL_VALUES[q[i] >> 4];
+            w[i] = d * (float)v[q[i] & 15];
+            w[i + QK / 2] = d * (float)v[q[i] >> 4];
         }
     } else if (qtype == Q8_0) {
         const float d = half_to_f32(b);
@@ -184,6 +193,7 @@ INLINE void dequant_any(const int qtype, const uint8_t *row, int64_t b, float *w
     else if (qtype == Q5_0) dequant_block(Q5_0, blk, w);
     else if (qtype == Q5_1) dequant_block(Q5_1, blk, w);
     else if (qtype == IQ4_NL) dequant_block(IQ4_NL, blk, w);
+    else if (qtype == MXFP4) dequant_block(MXFP4, blk, w);
     else if (qtype == Q5_K) dequant_superblock(Q5_K, blk, w);
     else if (qtype == IQ4_XS) dequant_superblock(IQ4_XS, blk, w);
     else if (qtype == F16) dequant_block(F16, blk, w);

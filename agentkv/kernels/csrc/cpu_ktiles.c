@@ -221,7 +221,7 @@ static void ktile_avx512(const int qtype, const uint8_t *tile, int64_t nsb, cons
             const int64_t b = 8 * s + j;
             __m512 *a = acc[j & 1];
             if (qtype == IQ4_XS) {
-                iq4_values_avx512(u);
+                iq4_values_avx512(u, IQ4_NL_U8);
                 const __m128i scb = _mm_loadu_si128((const __m128i *)(sblk + KX_SC + 16 * j));
                 const __m512 dj = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scb)));
                 for (int64_t m = 0; m < M; m++) {
@@ -288,7 +288,7 @@ static void ktile_avx2(const int qtype, const uint8_t *tile, int64_t nsb, const 
                 if (qtype == Q5_K) q5_high_avx2(k5_high(sblk, j), h, u);
                 __m256 *a = acc[j & 1];
                 if (qtype == IQ4_XS) {  /* (signed values, as tile_avx2 reads IQ4_NL) */
-                    iq4_values_avx2(u, w);
+                    iq4_values_avx2(u, w, IQ4_NL_U8);
                     const __m128i scb = _mm_loadl_epi64((const __m128i *)(sblk + KX_SC + 16 * j + 8 * h));
                     const __m256 dj = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scb)));
                     for (int64_t m = 0; m < M; m++) {

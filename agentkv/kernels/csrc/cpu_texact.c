@@ -18,8 +18,8 @@ INLINE __m512 col_avx512(const int qtype, const uint8_t *blk, int k) {
     const __m512i r = _mm512_loadu_si512((const void *)(qs + (kk / 4) * 64)), one = _mm512_set1_epi32(1);
     __m512i q = _mm512_and_si512(_mm512_srli_epi32(r, 8 * (kk % 4)), _mm512_set1_epi32(0xff));
     if (qtype != Q8_0) q = k < 16 ? _mm512_and_si512(q, _mm512_set1_epi32(15)) : _mm512_srli_epi32(q, 4);
-    if (qtype == IQ4_NL)
-        q = _mm512_permutexvar_epi32(q, _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)IQ4_NL_U8)));
+    if (is_lut4(qtype))
+        q = _mm512_permutexvar_epi32(q, _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)lut4_u8(qtype))));
     if (high_at(qtype)) {
         const __m512i hv = _mm512_loadu_si512((const void *)(blk + high_at(qtype)));
         q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hv, q5_bit(k)), one), 4));
@@ -42,9 +42,9 @@ INLINE __m256 col_avx2(const int qtype, const uint8_t *blk, int k, int h) {
     const __m256i r = _mm256_loadu_si256((const __m256i *)(qs + (kk / 4) * 64 + 32 * h)), one = _mm256_set1_epi32(1);
     __m256i q = _mm256_and_si256(_mm256_srli_epi32(r, 8 * (kk % 4)), _mm256_set1_epi32(0xff));
     if (qtype != Q8_0) q = k < 16 ? _mm256_and_si256(q, _mm256_set1_epi32(15)) : _mm256_srli_epi32(q, 4);
-    if (qtype == IQ4_NL) {  /* (two tables of 8, the code's bit 3 choosing) */
-        const __m256i lo8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)IQ4_NL_U8));
-        const __m256i hi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(IQ4_NL_U8 + 8)));
+    if (is_lut4(qtype)) {  /* (two tables of 8, the code's bit 3 choosing) */
+        const __m256i lo8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)lut4_u8(qtype)));
+        const __m256i hi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(lut4_u8(qtype) + 8)));
         q = _mm256_blendv_epi8(_mm256_permutevar8x32_epi32(lo8, q), _mm256_permutevar8x32_epi32(hi8, q),
                                _mm256_cmpgt_epi32(q, _mm256_set1_epi32(7)));
     }
@@ -93,7 +93,8 @@ void agentkv_tile_block_cols(int qtype, const uint8_t *blk, float *cols, int gen
         else if (qtype == Q4_1) cols32(Q4_1, blk, cols);
         else if (qtype == Q5_0) cols32(Q5_0, blk, cols);
         else if (qtype == Q5_1) cols32(Q5_1, blk, cols);
-        else cols32(IQ4_NL, blk, cols);
+        else if (qtype == IQ4_NL) cols32(IQ4_NL, blk, cols);
+        else cols32(MXFP4, blk, cols);
         return;
     }
 #endif

@@ -19,6 +19,7 @@ A tile's block b (TILE_ROWS = 16 rows, row i of the tile = output row 16 t + i):
   Q5_1 (384 bytes): fp16 d[16], fp16 m[16], then as Q5_0
   IQ4_NL (288 bytes): fp16 d[16], then the nibbles (codes into IQ4_NL_VALUES) as Q4_0; a shuffle turns a
                     register of codes into the values + 128, read as Q8_0's are
+  MXFP4 (288 bytes): as IQ4_NL, codes into MXFP4_VALUES (the loader gives its power-of-two scale as fp16)
 Each holds as many bytes a row as the file's blocks.
 Rows past N (the last tile's padding) are zero blocks. A tile's blocks are consecutive, tiles follow
 each other: a thread's share of tiles is one linear stream.
@@ -86,7 +87,7 @@ void agentkv_qtile_row(int qtype, const uint8_t *tiles, int64_t K, int64_t n, fl
             for (int k = 0; k < QK; k++) out[b * QK + k] = ftile_weight(qtype, tiles + (t * nb + b) * tb, i, k);
         return;
     }
-    if (qtype == Q5_0 || qtype == Q5_1 || qtype == IQ4_NL) {  /* tile_weight: dequant_block's values */
+    if (qtype == Q5_0 || qtype == Q5_1 || is_lut4(qtype)) {  /* tile_weight: dequant_block's values */
         for (int64_t b = 0; b < nb; b++)
             for (int k = 0; k < QK; k++) out[b * QK + k] = tile_weight(qtype, tiles + (t * nb + b) * tb, i, k);
         return;
@@ -142,7 +143,7 @@ INLINE void tile_generic(const int qtype, const uint8_t *tile, int64_t nb, const
 INLINE void block_unpack_avx512(const int qtype, const uint8_t *blk, __m512i *u) {
     unpack_avx512(qtype == Q8_0 ? Q8_0 : Q4_0, blk + weights_at(qtype), u);
     if (high_at(qtype)) q5_high_avx512(blk + high_at(qtype), u);
-    else if (qtype == IQ4_NL) iq4_values_avx512(u);
+    else if (is_lut4(qtype)) iq4_values_avx512(u, lut4_u8(qtype));
 }
 
 INLINE __m512 block_avx512(const int qtype, const __m512i *u, __m512 dv, __m512 mv, const QRows *x, int64_t m,
@@ -217,7 +218,7 @@ INLINE void tile_avx2(const int qtype, const uint8_t *tile, int64_t nb, const QR
                 }
             else
                 nib_unpack_avx2(qs, NULL, h, u);
-            if (qtype == IQ4_NL) iq4_values_avx2(u, w);
+            if (is_lut4(qtype)) iq4_values_avx2(u, w, lut4_u8(qtype));
             else if (high_at(qtype)) q5_high_avx2(blk + high_at(qtype), h, u);
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
             const __m256 mv = has_min(qtype) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)))
@@ -227,7 +228,7 @@ INLINE void tile_avx2(const int qtype, const uint8_t *tile, int64_t nb, const QR
                 const int64_t at = m * nb + b;
                 const int8_t *xb = x->q + m * x->K + b * QK;
                 __m256i dot;
-                if (qtype == Q8_0 || qtype == IQ4_NL) {
+                if (qtype == Q8_0 || is_lut4(qtype)) {
                     dot = _mm256_setzero_si256();
                     for (int g = 0; g < 8; g++)
                         dot = _mm256_add_epi32(dot, madd_u8s8(u[g], _mm256_sign_epi8(
@@ -295,6 +296,7 @@ void agentkv_qtile_range(int qtype, const uint8_t *tiles, int64_t N, int64_t K, 
     else if (qtype == Q5_0) CASE(Q5_0);
     else if (qtype == Q5_1) CASE(Q5_1);
     else if (qtype == IQ4_NL) CASE(IQ4_NL);
+    else if (qtype == MXFP4) CASE(MXFP4);
     else if (qtype == Q5_K) CASE(Q5_K);
     else if (qtype == IQ4_XS) CASE(IQ4_XS);
     else if (qtype == F16) CASE(F16);

@@ -67,8 +67,10 @@ INLINE uint32_t q5_word(uint32_t qh) {
     return h;
 }
 
-/* IQ4_NL's (and IQ4_XS's) values + 128, as unsigned bytes (a shuffle's table) */
+/* IQ4_NL's (and IQ4_XS's) values + 128, as unsigned bytes (a shuffle's table); MXFP4's the same way */
 static const uint8_t IQ4_NL_U8[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+static const uint8_t MXFP4_U8[16] = {128, 129, 130, 131, 132, 134, 136, 140, 128, 127, 126, 125, 124, 122, 120, 116};
+INLINE const uint8_t *lut4_u8(int qtype) { return qtype == MXFP4 ? MXFP4_U8 : IQ4_NL_U8; }
 
 /* the result of one tile for x's M rows: out[m, 16 t + i] for i < valid, plus bias and residual */
 INLINE void tile_store(const float *v, int64_t m, int64_t n0, int valid, const void *bias, const void *res,
@@ -112,9 +114,9 @@ INLINE void q5_high_avx512(const uint8_t *h, __m512i *u) {
     }
 }
 
-/* IQ4 codes (nibbles as unpack_avx512 leaves them) as their values + 128 */
-INLINE void iq4_values_avx512(__m512i *u) {
-    const __m512i values = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_NL_U8));
+/* 4-bit table codes (nibbles as unpack_avx512 leaves them) as their values + 128 (`table`: lut4_u8's) */
+INLINE void iq4_values_avx512(__m512i *u, const uint8_t *table) {
+    const __m512i values = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)table));
     for (int g = 0; g < 8; g++) u[g] = _mm512_shuffle_epi8(values, u[g]);
 }
 
@@ -130,9 +132,10 @@ INLINE void q5_high_avx2(const uint8_t *h, int half, __m256i *u) {
     }
 }
 
-/* IQ4 codes as their signed values (w) and those values' magnitudes (u), as the AVX2 bodies read Q8_0 */
-INLINE void iq4_values_avx2(__m256i *u, __m256i *w) {
-    const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_NL_U8));
+/* 4-bit table codes as their signed values (w) and those values' magnitudes (u), as the AVX2 bodies read
+   Q8_0 (`table`: lut4_u8's) */
+INLINE void iq4_values_avx2(__m256i *u, __m256i *w, const uint8_t *table) {
+    const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     for (int g = 0; g < 8; g++) {
         w[g] = _mm256_xor_si256(_mm256_shuffle_epi8(values, u[g]), flip);
@@ -272,7 +275,7 @@ INLINE int tiled_shape(int qtype, int64_t K) { return tiled_type(qtype) && K % B
 /* bytes of one tile of W (16 rows of K columns) */
 INLINE int64_t tile_bytes(int qtype, int64_t K) { return K / BLOCK_WEIGHTS[qtype] * tile_block_bytes(qtype); }
 INLINE int64_t quant_offset(int qtype) {
-    return qtype == Q8_0 || qtype == IQ4_NL ? 128 : qtype == Q4_0 ? 8 : qtype == Q5_0 ? 16 : 0;
+    return qtype == Q8_0 || is_lut4(qtype) ? 128 : qtype == Q4_0 ? 8 : qtype == Q5_0 ? 16 : 0;
 }
 INLINE int has_min(int qtype) { return qtype == Q4_1 || qtype == Q5_1; } /* a weight is d q + m */
 INLINE int high_at(int qtype) { return qtype == Q5_0 ? 32 : qtype == Q5_1 ? 64 : 0; } /* Q5's fifth bits */
@@ -285,7 +288,7 @@ INLINE int tile_u(const int qtype, const uint8_t *blk, int i, int j) {
     const uint8_t *qs = blk + weights_at(qtype);
     if (qtype == Q8_0) return qs[tile_pos(i, j)];
     const int v = qs[tile_pos(i, j % 16)], q = j < 16 ? v & 15 : v >> 4;
-    if (qtype == IQ4_NL) return IQ4_NL_U8[q];
+    if (is_lut4(qtype)) return lut4_u8(qtype)[q];
     if (high_at(qtype)) return q | (int)((load_u32(blk + high_at(qtype) + 4 * i) >> q5_bit(j)) & 1) << 4;
     return q;
 }
