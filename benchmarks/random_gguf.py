@@ -7,7 +7,14 @@ Q8_0), or, for `q4_k_m`, Q4_K with attn_v and ffn_down in Q6_K as llama.cpp's Q4
 Speed does not depend on the values; the scales keep activations finite through the layers. The
 default shape (hidden 2048, 28 layers, ffn 8192, 32 / 8 heads: 1.8B parameters) is a 1.0 GB Q4_0 file.
 
-    python benchmarks/random_gguf.py OUT.gguf [--type q4_0|q8_0|q4_k_m] [--layers 28] [--hidden 2048] [--ffn 8192]
+`--type mxfp4` writes a gpt-oss instead (llama.cpp's `gpt-oss` architecture, gpt-oss-20b's layer shape:
+hidden 2880, 64 query and 8 KV heads of 64, 32 experts of width 2880 of which 4 a token, every other layer
+windowed to 128, sinks and biases), its experts in MXFP4 as the published files hold them and the rest
+in Q8_0 (the router and vectors in F32), `--layers` of them (default 4: 1.9 GB) and the embedded model's
+vocabulary.
+
+    python benchmarks/random_gguf.py OUT.gguf [--type q4_0|q8_0|q4_k_m|mxfp4] [--layers 28] [--hidden 2048]
+                                    [--ffn 8192]
     python benchmarks/quantized_decode.py --model OUT.gguf --batches 1 --prompt-tokens 32 --extend 0,0
 """
 
@@ -31,6 +38,7 @@ BLOCKS = {
     Q.Q4_K: (256, 144, (0, 2), 0.0001),  # d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
     Q.Q6_K: (256, 210, (208,), 0.00005),  # 128 low nibbles, 64 of high bits, 16 int8 scales, then d
 }
+MXFP4_EXPONENT = 118  # an MXFP4 block's scale 2^(e - 128): weights up to 12 / 1024
 
 
 def random_blocks(rows: int, cols: int, qtype, rng) -> np.ndarray:
@@ -43,25 +51,14 @@ def random_blocks(rows: int, cols: int, qtype, rng) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-def write(out: str, qtype: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
+def tokenizer(w: gguf.GGUFWriter) -> int:
+    """The embedded model's tokenizer and chat template into `w`; returns the vocabulary's size."""
     src = gguf.GGUFReader(str(embedded_model_path()))
 
     def field(name):
         return src.fields[name].contents()
 
     tokens = field("tokenizer.ggml.tokens")
-    w = gguf.GGUFWriter(out, "llama")
-    w.add_name(f"random llama {layers}x{hidden} {qtype}")
-    w.add_block_count(layers)
-    w.add_context_length(8192)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(float(field("llama.rope.freq_base")))
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(hidden // heads)
     w.add_vocab_size(len(tokens))
     w.add_tokenizer_model(field("tokenizer.ggml.model"))
     w.add_tokenizer_pre(field("tokenizer.ggml.pre"))
@@ -72,6 +69,86 @@ def write(out: str, qtype: str, layers: int, hidden: int, ffn: int, heads: int, 
     w.add_eos_token_id(int(field("tokenizer.ggml.eos_token_id")))
     w.add_add_bos_token(bool(field("tokenizer.ggml.add_bos_token")))
     w.add_chat_template(field("tokenizer.chat_template"))
+    return len(tokens)
+
+
+def write_gpt_oss(out: str, layers: int, seed: int = 0) -> None:
+    """gpt-oss-20b's layers (see the top), experts in MXFP4, the rest in Q8_0."""
+    rng = np.random.default_rng(seed)
+    hidden, heads, kv_heads, head_dim, experts, used, width = 2880, 64, 8, 64, 32, 4, 2880
+    w = gguf.GGUFWriter(out, "gpt-oss")
+    w.add_name(f"random gpt-oss {layers} layers mxfp4")
+    w.add_block_count(layers)
+    w.add_context_length(8192)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(width)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(150000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_expert_count(experts)
+    w.add_expert_used_count(used)
+    w.add_expert_feed_forward_length(width)
+    w.add_sliding_window(128)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(32.0)
+    w.add_rope_scaling_orig_ctx_len(4096)
+    vocab = tokenizer(w)
+
+    def matrix(name, shape, kind=Q.Q8_0):
+        if kind == Q.MXFP4:  # the exponent, then 16 bytes of random codes
+            data = rng.integers(0, 256, size=(*shape[:-1], shape[-1] // 32, 17), dtype=np.uint8)
+            data[..., 0] = MXFP4_EXPONENT
+            data = data.reshape(*shape[:-1], -1)
+        else:
+            data = random_blocks(int(np.prod(shape[:-1])), shape[-1], kind, rng).reshape(*shape[:-1], -1)
+        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
+
+    def vector(name, shape, scale=0.02):
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    matrix("token_embd.weight", (vocab, hidden))
+    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    matrix("output.weight", (vocab, hidden))
+    for i in range(layers):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        w.add_tensor(b + "post_attention_norm.weight", np.ones(hidden, dtype=np.float32))
+        for name, rows in (("attn_q", heads * head_dim), ("attn_k", kv_heads * head_dim),
+                           ("attn_v", kv_heads * head_dim)):
+            matrix(b + name + ".weight", (rows, hidden))
+            vector(b + name + ".bias", rows)
+        matrix(b + "attn_output.weight", (hidden, heads * head_dim))
+        vector(b + "attn_output.bias", hidden)
+        vector(b + "attn_sinks.weight", heads, 1.0)
+        vector(b + "ffn_gate_inp.weight", (experts, hidden))  # (the router in F32, as llama.cpp's files keep it)
+        vector(b + "ffn_gate_inp.bias", experts)
+        for name, rows, cols in (("ffn_gate_exps", width, hidden), ("ffn_up_exps", width, hidden),
+                                 ("ffn_down_exps", hidden, width)):
+            matrix(b + name + ".weight", (experts, rows, cols), Q.MXFP4)
+            vector(b + name + ".bias", (experts, rows))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write(out: str, qtype: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(out, "llama")
+    w.add_name(f"random llama {layers}x{hidden} {qtype}")
+    w.add_block_count(layers)
+    w.add_context_length(8192)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(100000.0)  # (the embedded SmolLM2's)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(hidden // heads)
+    vocab = tokenizer(w)
 
     main = {"q4_0": Q.Q4_0, "q8_0": Q.Q8_0, "q4_k_m": Q.Q4_K}[qtype]
     heavy = Q.Q6_K if qtype == "q4_k_m" else main  # Q4_K_M's attn_v and ffn_down
@@ -80,7 +157,7 @@ def write(out: str, qtype: str, layers: int, hidden: int, ffn: int, heads: int, 
         data = random_blocks(rows, cols, kind, rng)
         w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)  # (the bytes' shape: gguf reads the weights')
 
-    matrix("token_embd.weight", len(tokens), hidden, Q.Q8_0 if qtype != "q4_0" else Q.Q4_0)
+    matrix("token_embd.weight", vocab, hidden, Q.Q8_0 if qtype != "q4_0" else Q.Q4_0)
     w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
     head_dim = hidden // heads
     for i in range(layers):
@@ -103,14 +180,17 @@ def write(out: str, qtype: str, layers: int, hidden: int, ffn: int, heads: int, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
-    ap.add_argument("--type", default="q4_0", choices=["q4_0", "q8_0", "q4_k_m"])
-    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--type", default="q4_0", choices=["q4_0", "q8_0", "q4_k_m", "mxfp4"])
+    ap.add_argument("--layers", type=int, default=None, help="28 (a gpt-oss: 4)")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--ffn", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     args = ap.parse_args()
-    write(args.out, args.type, args.layers, args.hidden, args.ffn, args.heads, args.kv_heads)
+    if args.type == "mxfp4":
+        write_gpt_oss(args.out, args.layers or 4)
+    else:
+        write(args.out, args.type, args.layers or 28, args.hidden, args.ffn, args.heads, args.kv_heads)
     print(f"{args.out}: {Path(args.out).stat().st_size / 2**30:.2f} GiB")
 
 
