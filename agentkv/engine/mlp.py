@@ -34,6 +34,14 @@ class MLP(nn.Module):
         gate_up = self.gate_up_proj(x, exact_rows=exact_rows)
         if lora is not None:
             lora.add(self.layer_id, "gate_up", x, gate_up)
+        act = self.activate(gate_up)
+        out = self.down_proj(act, residual, exact_rows)
+        if lora is not None:
+            lora.add(self.layer_id, "down", act, out)
+        return out
+
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The gate's activation times up: what the down projection reads."""
         if self.clamped is not None:
             limit, alpha = self.clamped
             gate, up = gate_up.split(self.intermediate, dim=-1)
@@ -44,10 +52,7 @@ class MLP(nn.Module):
         else:
             gate, up = gate_up.split(self.intermediate, dim=-1)
             act = (F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up
-        out = self.down_proj(act, residual, exact_rows)
-        if lora is not None:
-            lora.add(self.layer_id, "down", act, out)
-        return out
+        return act
 
 
 class MoE(nn.Module):
@@ -74,6 +79,28 @@ class MoE(nn.Module):
         self.shared = MLP(cfg, shared) if shared else None
         self.shared_gate = Linear(cfg.hidden_size, 1) if shared and cfg.shared_expert_gated else None
         self.all_reduce = False  # tensor parallelism: each rank's experts hold a slice of their width
+
+    @staticmethod
+    def _grouped(experts: list[MLP], exact_rows: torch.Tensor | None) -> bool:
+        """Whether the experts' products go as grouped native calls: tiled weights of one part each (the
+        same type: one file's experts), no row of a prompt's (those are computed exactly, row by row)."""
+        if exact_rows is not None and bool(exact_rows.any()):
+            return False
+        lin = experts[0].gate_up_proj
+        return lin.native is not None and all(
+            p.quantized is not None and p.quantized.tiled and not p.quantized.parts and not p.all_reduce
+            and p.quantized.qtype == q.quantized.qtype
+            for e in experts for p, q in ((e.gate_up_proj, lin), (e.down_proj, experts[0].down_proj)))
+
+    @staticmethod
+    def _grouped_experts(experts: list[MLP], xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each expert over its rows, its gate_up products one native call, the down products another."""
+        native = experts[0].gate_up_proj.native
+        gate_ups = native.qlinear_grouped(xs, [e.gate_up_proj.quantized for e in experts],
+                                          [e.gate_up_proj.bias for e in experts])
+        acts = [e.activate(gu) for e, gu in zip(experts, gate_ups)]
+        return native.qlinear_grouped(acts, [e.down_proj.quantized for e in experts],
+                                      [e.down_proj.bias for e in experts])
 
     def route(self, x: torch.Tensor, exact_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's chosen experts [T, k] and their weights [T, k] (fp32)."""
@@ -103,14 +130,22 @@ class MoE(nn.Module):
         order = pairs.argsort(stable=True)  # the (token, expert) pairs grouped by expert
         counts = torch.bincount(pairs, minlength=len(self.experts)).tolist()  # one read of the routing per layer
         out = torch.zeros_like(x)  # the experts summed first, then the residual, as HF rounds in bf16
-        start = 0
+        chosen_experts, picks, start = [], [], 0
         for expert, n in zip(self.experts, counts):
             if n:
-                picked = order[start : start + n]
-                rows = picked // self.top_k
-                kinds = None if exact_rows is None else exact_rows[rows]
-                out.index_add_(0, rows, expert(x[rows], None, kinds) * weights[picked, None])
+                chosen_experts.append(expert)
+                picks.append(order[start : start + n])
                 start += n
+        row_sets = [picked // self.top_k for picked in picks]
+        if self._grouped(chosen_experts, exact_rows):  # the chosen experts' products as one native call each
+            ys = self._grouped_experts(chosen_experts, [x[rows] for rows in row_sets])
+        else:
+            ys = [expert(x[rows], None, None if exact_rows is None else exact_rows[rows])
+                  for expert, rows in zip(chosen_experts, row_sets)]
+        for y, rows, picked in zip(ys, row_sets, picks):
+            # (index_put_, not index_add_: the latter's threaded scatter waits ~0.1 ms for cores the native
+            # kernels' pool holds, a decode's whole MoE cost again; a token's rows are unique)
+            out.index_put_((rows,), y * weights[picked, None], accumulate=True)
         if self.shared is not None:
             shared = self.shared(x, None, exact_rows)
             if self.shared_gate is not None:

@@ -52,6 +52,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_qtile_fast": ([], _INT),
     "agentkv_qtile_block_bytes": ([_INT], _I64),
     "agentkv_qtile_linear": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
+    "agentkv_qtile_grouped": ([_INT, _INT, _I64, _P, _P, _I64, _I64, _P, _I64, _P, _P, _I64, _INT, _INT], _INT),
     "agentkv_qtile_dequant": ([_INT, _INT, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
     "agentkv_qtile_exact": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT, _INT], _INT),
     "agentkv_qtile_exact_bf16": ([], _INT),

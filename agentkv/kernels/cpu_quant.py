@@ -5,6 +5,7 @@ native decode step (csrc/cpu_step.c). See docs/cpu.md."""
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -142,6 +143,29 @@ class QuantKernels:
         if bad:
             raise EngineError(f"quantized linear refused its inputs ({bad}); an engine bug")
         return out
+
+    def qlinear_grouped(self, xs: list[torch.Tensor], ws: list[QuantWeight],
+                        biases: list[torch.Tensor | None], generic: bool = False) -> list[torch.Tensor]:
+        """[x @ W^T (+ bias) for each (x, W, bias)] of tiled weights of one type and shape (one part each),
+        in one call (csrc/cpu_tgroup.c): each row what `qlinear` gives it, the products' tiles one run for
+        the threads (a mixture of experts' chosen experts)."""
+        w0, x0 = ws[0], xs[0]
+        assert all(w.tiled and not w.parts and w.qtype == w0.qtype and w.out_features == w0.out_features
+                   and w.in_features == w0.in_features for w in ws)
+        xs = [x.contiguous() for x in xs]
+        assert all(x.dtype == x0.dtype and x.shape[1] == w0.in_features for x in xs)
+        outs = [torch.empty(x.shape[0], w0.out_features, dtype=x0.dtype) for x in xs]
+        n = len(xs)
+        ptrs = (ctypes.c_void_p * n)
+        bad = self._lib.agentkv_qtile_grouped(
+            w0.qtype, _DTYPES[x0.dtype], n, ptrs(*(x.data_ptr() for x in xs)),
+            (ctypes.c_int64 * n)(*(x.shape[0] for x in xs)), w0.in_features, w0.in_features,
+            ptrs(*(w.data.data_ptr() for w in ws)), w0.out_features,
+            ptrs(*(None if b is None else b.data_ptr() for b in biases)), ptrs(*(o.data_ptr() for o in outs)),
+            w0.out_features, torch.get_num_threads(), int(generic))
+        if bad:
+            raise EngineError(f"grouped quantized linear refused its inputs ({bad}); an engine bug")
+        return outs
 
     def qdequant(self, w: QuantWeight, rows: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """Rows `rows` (int64 [n]; all when None) of a quantized weight as a [n, K] tensor of `dtype`."""

@@ -90,3 +90,36 @@ def test_harmony_tool_calls_on_gpt_oss_itself(tmp_path):
     for call in calls:
         assert call.name == "add"
         jsonschema.validate(call.arguments, add["function"]["parameters"])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_grouped_experts_are_each_expert_alone(tmp_path, monkeypatch, rows):
+    """The chosen experts' products as one native call per kind (csrc/cpu_tgroup.c) give every row the
+    bits the experts' own calls give it, on MXFP4 tiles (a GGUF's gpt-oss)."""
+    from agentkv.engine.mlp import MoE
+    from agentkv.kernels import cpu_native
+    from tests.tiny_families import write_family_gguf
+
+    native = cpu_native.load()
+    if native is None or not native.qtile_fast:
+        pytest.skip("the tiled kernels do not run here")
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_family_model(tmp_path / "src", "gpt_oss", config={"swiglu_limit": 7.0, "num_hidden_layers": 2})
+    write_family_gguf(src, tmp_path / "m.gguf")
+    with ak.Engine(str(tmp_path / "m.gguf"), num_slots=1024) as engine:
+        moe = engine._core.runner.model.layers[0].mlp
+        x = torch.randn(rows, engine.model_config.hidden_size, generator=torch.Generator().manual_seed(rows))
+        threads = torch.get_num_threads()
+        with torch.inference_mode():
+            chosen = [moe.experts[i] for i in sorted(set(moe.route(x, None)[0].flatten().tolist()))]
+            assert MoE._grouped(chosen, None) and not MoE._grouped(chosen, torch.ones(rows, dtype=torch.bool))
+            try:  # (3 threads: a thread's share of the run begins inside an expert's tiles)
+                grouped = []
+                for n in (1, 2, 3):
+                    torch.set_num_threads(n)
+                    grouped.append(moe(x, None))
+            finally:
+                torch.set_num_threads(threads)
+            monkeypatch.setattr(MoE, "_grouped", staticmethod(lambda *args: False))
+            alone = moe(x, None)
+    assert all(torch.equal(g, alone) for g in grouped)

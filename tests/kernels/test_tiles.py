@@ -210,3 +210,24 @@ def test_the_avx2_bodies(tmp_path):
                           env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.mark.parametrize("name", ["MXFP4", "Q8_0", "Q4_K"])
+def test_grouped_products_are_each_alone(name):
+    """qlinear_grouped (csrc/cpu_tgroup.c: a mixture of experts' chosen experts as one call): each
+    product's rows the bits qlinear gives them, whatever the threads (3: a thread's share of the run
+    starts inside a product's tiles), with biases and without."""
+    k = width(name)
+    weights = [kernels.tile(quantized(name, 200, k, seed=s)[0]) for s in range(3)]
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(m, k, generator=g) for m in (1, 4, 2)]
+    biases = [torch.randn(200, generator=g), None, torch.randn(200, generator=g)]
+    alone = [kernels.qlinear(x, w, b) for x, w, b in zip(xs, weights, biases)]
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            for got, ref in zip(kernels.qlinear_grouped(xs, weights, biases), alone):
+                assert torch.equal(got, ref)
+    finally:
+        torch.set_num_threads(threads)

@@ -322,7 +322,7 @@ int agentkv_qrows_alloc(QRows *q, int64_t M, int64_t K) {
 void agentkv_qrows_free(QRows *q) { free(q->q), free(q->d), free(q->s), free(q->ds), free(q->s16); }
 
 /* row m of x (bf16 or fp32) into q */
-static void quantize_row(const void *x, int64_t x_ld, int64_t m, int bf, const QRows *q) {
+void agentkv_quantize_row(const void *x, int64_t x_ld, int64_t m, int bf, const QRows *q) {
     float v[QK];
     const int64_t nb = q->K / QK;
     for (int64_t b = 0; b < nb; b++) {
@@ -348,7 +348,7 @@ int agentkv_qtile_linear(int qtype, int bf, const void *x, int64_t x_ld, int64_t
 #pragma omp parallel num_threads(nthreads) if (ntiles * K * M > 65536)
     {
         const int64_t nt = omp_threads(), me = omp_me();
-        for (int64_t m = me; m < M; m += nt) quantize_row(x, x_ld, m, bf, &q);
+        for (int64_t m = me; m < M; m += nt) agentkv_quantize_row(x, x_ld, m, bf, &q);
 #pragma omp barrier
         agentkv_qtile_range(qtype, tiles, N, K, &q, M, ntiles * me / nt, ntiles * (me + 1) / nt, bias, res, r_ld, out,
                             out_ld, bf, generic);

@@ -178,6 +178,8 @@ INLINE __m256i dots4_avx2(const __m256i *u, const int8_t *xb) {
 
 /* room for x's M rows of K quantized (agentkv_qrows_free frees it, also after a failure: nonzero) */
 int agentkv_qrows_alloc(QRows *q, int64_t M, int64_t K);
+/* row m of x (bf16 or fp32, row stride x_ld) quantized into q's row m */
+void agentkv_quantize_row(const void *x, int64_t x_ld, int64_t m, int bf, const QRows *q);
 void agentkv_qrows_free(QRows *q);
 
 /* bytes of one tile's block: 32 columns of TILE_ROWS rows (the same bytes as their blocks), or of a
