@@ -22,6 +22,7 @@ from agentkv.engine.model import CausalLM
 from agentkv.engine.model_config import ModelConfig
 from agentkv.engine.rope import halves_from_pairs
 from agentkv.engine.sharding import local_config, mark_reductions, shard_state
+from agentkv.engine.short_conv import lfm2_name, short_conv_state
 from agentkv.engine.tokenizer import Tokenizer
 from agentkv.errors import ModelLoadError
 from agentkv.kernels.cpu_native import NativeKernels
@@ -189,7 +190,7 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
     hf = _read_safetensors(directory)
     quant = _read_quantized(directory)
     if cfg.family == "lfm2":
-        hf = {_lfm2_name(n): t for n, t in hf.items()}
+        hf = {lfm2_name(n): t for n, t in hf.items()}
 
     def take(name: str) -> torch.Tensor:
         if name in quant:
@@ -243,13 +244,7 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         if cfg.kv_lora_rank:  # DeepSeek-V3's latent attention
             out.update(latent_attention_state(take, p, o, cfg))
         elif cfg.is_conv_layer(i):  # LFM2's short convolution in attention's place
-            out[o + "self_attn.in_proj.weight"] = matrix(p + "conv.in_proj.weight")
-            out[o + "self_attn.out_proj.weight"] = matrix(p + "conv.out_proj.weight")
-            out[o + "self_attn.conv_weight"] = take(p + "conv.conv.weight").reshape(cfg.hidden_size, cfg.conv_kernel)
-            if cfg.conv_bias:
-                for name in ("in_proj.bias", "out_proj.bias"):
-                    out[o + "self_attn." + name] = take(p + "conv." + name)
-                out[o + "self_attn.conv_bias"] = take(p + "conv.conv.bias")
+            out.update(short_conv_state(take, matrix, p, o, cfg))
         elif p + "self_attn.qkv_proj.weight" in hf or p + "self_attn.qkv_proj.weight" in quant:  # fused (Phi-3)
             out[o + "self_attn.qkv_proj.weight"] = matrix(p + "self_attn.qkv_proj.weight")
         else:
@@ -280,20 +275,6 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
             out[o + "mlp.gate_up_proj.weight"] = matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
         out[o + "mlp.down_proj.weight"] = matrix(p + "mlp.down_proj.weight")
     return out
-
-
-# LFM2's names for what the other families name so (the short convolutions' own are read as they are)
-_LFM2_NAMES = (("model.embedding_norm.", "model.norm."), (".operator_norm.", ".input_layernorm."),
-               (".ffn_norm.", ".post_attention_layernorm."), (".self_attn.out_proj.", ".self_attn.o_proj."),
-               (".self_attn.q_layernorm.", ".self_attn.q_norm."), (".self_attn.k_layernorm.", ".self_attn.k_norm."),
-               (".feed_forward.w1.", ".mlp.gate_proj."), (".feed_forward.w3.", ".mlp.up_proj."),
-               (".feed_forward.w2.", ".mlp.down_proj."))
-
-
-def _lfm2_name(name: str) -> str:
-    for theirs, ours in _LFM2_NAMES:
-        name = name.replace(theirs, ours)
-    return name
 
 
 def _quant_weight(raw: torch.Tensor, kind: str) -> QuantWeight:

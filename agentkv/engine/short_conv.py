@@ -18,7 +18,7 @@ from torch import nn
 from agentkv.engine.linear import Linear
 from agentkv.engine.model_config import ModelConfig
 
-__all__ = ["ShortConv"]
+__all__ = ["ShortConv", "lfm2_name", "short_conv_state"]
 
 
 class ShortConv(nn.Module):
@@ -51,3 +51,31 @@ class ShortConv(nn.Module):
         if self.conv_bias is not None:
             conv = conv + self.conv_bias
         return self.out_proj(c * conv, residual, exact_rows=ctx.exact_rows)
+
+
+# LFM2's names for what the other families name so (the short convolutions' own are read as they are)
+_LFM2_NAMES = (("model.embedding_norm.", "model.norm."), (".operator_norm.", ".input_layernorm."),
+               (".ffn_norm.", ".post_attention_layernorm."), (".self_attn.out_proj.", ".self_attn.o_proj."),
+               (".self_attn.q_layernorm.", ".self_attn.q_norm."), (".self_attn.k_layernorm.", ".self_attn.k_norm."),
+               (".feed_forward.w1.", ".mlp.gate_proj."), (".feed_forward.w3.", ".mlp.up_proj."),
+               (".feed_forward.w2.", ".mlp.down_proj."))
+
+
+def lfm2_name(name: str) -> str:
+    for theirs, ours in _LFM2_NAMES:
+        name = name.replace(theirs, ours)
+    return name
+
+
+def short_conv_state(take, matrix, p: str, o: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """One convolution layer's tensors (HF names under `p`conv.) as ShortConv's (under `o`self_attn.):
+    its projections through `matrix` (kept in a GGUF's blocks where the kernels take them), its taps
+    [hidden, taps]."""
+    out = {o + "self_attn.in_proj.weight": matrix(p + "conv.in_proj.weight"),
+           o + "self_attn.out_proj.weight": matrix(p + "conv.out_proj.weight"),
+           o + "self_attn.conv_weight": take(p + "conv.conv.weight").reshape(cfg.hidden_size, cfg.conv_kernel)}
+    if cfg.conv_bias:
+        for name in ("in_proj.bias", "out_proj.bias"):
+            out[o + "self_attn." + name] = take(p + "conv." + name)
+        out[o + "self_attn.conv_bias"] = take(p + "conv.conv.bias")
+    return out
