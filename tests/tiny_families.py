@@ -85,7 +85,7 @@ def make_family_model(out: Path, model_type: str, *, seed: int = 0, tie: bool = 
 
 # llama.cpp's architecture names, and the ones whose q/k rows its converter permutes
 GGUF_ARCH = {"smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe", "glm4": "glm4",
-             "glm4_moe": "glm4moe", "lfm2": "lfm2", "gpt_oss": "gpt-oss"}
+             "glm4_moe": "glm4moe", "lfm2": "lfm2", "gpt_oss": "gpt-oss", "deepseek_v3": "deepseek2"}
 PERMUTED = ("smollm3", "granite", "granitemoe")
 
 
@@ -123,10 +123,13 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
         width = load_file(str(src / "model.safetensors"))["model.layers.0.feed_forward.w1.weight"].shape[0]
         common.update(num_key_value_heads=kv, intermediate_size=width, rms_norm_eps=cfg["norm_eps"])
     w = gguf_writer(out, arch, common)
-    w.add_key_length(d)
-    w.add_value_length(d)
+    if family != "deepseek_v3":  # (its own below)
+        w.add_key_length(d)
+        w.add_value_length(d)
     if "partial_rotary_factor" in rope:
         w.add_rope_dimension_count(int(d * rope["partial_rotary_factor"]))
+    if family == "deepseek_v3":  # MLA as llama.cpp writes it for its absorption
+        write_latent_attention_keys(w, cfg, rope)
     key = arch + "."
     if family == "lfm2":
         w.add_uint32(key + "shortconv.l_cache", cfg["conv_L_cache"])
@@ -145,7 +148,7 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
     if family == "granitemoe":
         w.add_expert_count(cfg["num_local_experts"])
         w.add_expert_used_count(cfg["num_experts_per_tok"])
-    if family == "glm4_moe":
+    if family in ("glm4_moe", "deepseek_v3"):
         w.add_expert_count(cfg["n_routed_experts"])
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
@@ -156,7 +159,7 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
         w.add_uint32(key + "expert_gating_func", 2)  # sigmoid
         w.add_uint32(key + "expert_group_count", cfg["n_group"])
         w.add_uint32(key + "expert_group_used_count", cfg["topk_group"])
-        w.add_uint32(key + "nextn_predict_layers", nextn)
+        w.add_uint32(key + "nextn_predict_layers", nextn if family == "glm4_moe" else 0)
     hf = load_file(str(src / "model.safetensors"))
     kind = getattr(gguf.GGMLQuantizationType, quant)
 
@@ -175,7 +178,8 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
 
     names = {v: k for k, v in {**gguf_convert._LAYER_NAMES,
                                **{"glm4": gguf_convert._GLM4_NAMES, "glm4moe": gguf_convert._GLM4_MOE_NAMES,
-                                  "gpt-oss": gguf_convert._GPT_OSS_NAMES}.get(arch, {})}.items()}
+                                  "gpt-oss": gguf_convert._GPT_OSS_NAMES,
+                                  "deepseek2": gguf_convert._DEEPSEEK2_NAMES}.get(arch, {})}.items()}
     deq_experts: dict[str, np.ndarray] = {}
     globals_ = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
     stacks: dict[tuple[str, str], dict[int, np.ndarray]] = {}
@@ -194,7 +198,13 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
         if family in PERMUTED and rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
             heads = cfg["num_attention_heads"] if "q_proj" in rest else cfg["num_key_value_heads"]
             t = t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
-        if rest.startswith("mlp.experts.") and family == "gpt_oss":  # de-interleaved, [E, out, in], MXFP4
+        if rest == "self_attn.kv_b_proj.weight":  # split per head for MLA's absorption (F32, as they are)
+            heads, nope = cfg["num_attention_heads"], cfg["qk_nope_head_dim"]
+            kv_b = t.reshape(heads, nope + cfg["v_head_dim"], -1)
+            w.add_tensor(f"blk.{i}.attn_k_b.weight", np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1)))
+            w.add_tensor(f"blk.{i}.attn_v_b.weight", np.ascontiguousarray(kv_b[:, nope:]))
+            deq_experts[name] = t
+        elif rest.startswith("mlp.experts.") and family == "gpt_oss":  # de-interleaved, [E, out, in], MXFP4
             deq_experts.update(put_gpt_oss_experts(w, i, rest, t, name))
         elif rest == "block_sparse_moe.input_linear.weight":  # Granite-MoE: gate and up, each stacked
             half = t.shape[1] // 2
@@ -255,3 +265,25 @@ def put_gpt_oss_experts(w, i: str, rest: str, t, name: str) -> dict:
     else:  # down_proj_bias
         w.add_tensor(f"blk.{i}.ffn_down_exps.bias", np.ascontiguousarray(t, dtype=np.float32))
     return {name: t}
+
+
+def write_latent_attention_keys(w, cfg: dict, rope: dict) -> None:
+    """DeepSeek-V3's MLA keys as llama.cpp's deepseek2 states them: key and value lengths of the latent
+    (its absorption), the per-head ones under *_mla, the ranks, YaRN's log multiplier."""
+    r, nope, p = cfg["kv_lora_rank"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
+    key = w.arch + "."
+    w.add_uint32(key + "attention.key_length", r + p)
+    w.add_uint32(key + "attention.value_length", r)
+    w.add_key_length_mla(nope + p)
+    w.add_uint32(key + "attention.value_length_mla", cfg["v_head_dim"])
+    w.add_rope_dimension_count(p)
+    w.add_kv_lora_rank(r)
+    if cfg.get("q_lora_rank"):
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+    if rope.get("rope_type") == "yarn":
+        import gguf
+
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])

@@ -36,7 +36,7 @@ GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "q
                       "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",  # (Mixtral is "llama" with experts)
                       "gemma2": "gemma2", "gemma3": "gemma3", "smollm3": "smollm3", "granite": "granite",
                       "granitemoe": "granitemoe", "glm4": "glm4", "glm4moe": "glm4_moe", "lfm2": "lfm2",
-                      "gpt-oss": "gpt_oss"}
+                      "gpt-oss": "gpt_oss", "deepseek2": "deepseek_v3"}
 # llama.cpp's converter permutes these architectures' q/k rows for its adjacent-pair rotation (their
 # checkpoints rotate halves); the conversion puts them back
 PERMUTED_QK = ("llama", "smollm3", "granite", "granitemoe")
@@ -106,6 +106,20 @@ _GPT_OSS_NAMES = {
     "ffn_gate_exps.bias": "mlp.experts.gate_exps_bias",
     "ffn_up_exps.bias": "mlp.experts.up_exps_bias",
     "ffn_down_exps.bias": "mlp.experts.down_exps_bias",
+}
+# DeepSeek-V3's latent attention (k_b and v_b: kv_b_proj split per head, as llama.cpp's converter writes it for
+# MLA's absorption; the loader joins them) and GLM-4.5's names for the rest
+_DEEPSEEK2_NAMES = {
+    **_GLM4_MOE_NAMES,
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+    "attn_k_b.weight": "self_attn.k_b_proj.weight",
+    "attn_v_b.weight": "self_attn.v_b_proj.weight",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -206,8 +220,8 @@ def _hf_name(name: str, arch: str = "llama") -> str | None:
             return f"model.layers.{idx}.{_GEMMA_NAMES[rest]}"
         if arch == "phi3" and rest == "ffn_up.weight":  # Phi-3's gate and up, fused (gate first)
             return f"model.layers.{idx}.mlp.gate_up_proj.weight"
-        own = {"glm4": _GLM4_NAMES, "glm4moe": _GLM4_MOE_NAMES, "lfm2": _LFM2_NAMES, "gpt-oss": _GPT_OSS_NAMES}.get(
-            arch, {})
+        own = {"glm4": _GLM4_NAMES, "glm4moe": _GLM4_MOE_NAMES, "lfm2": _LFM2_NAMES, "gpt-oss": _GPT_OSS_NAMES,
+               "deepseek2": _DEEPSEEK2_NAMES}.get(arch, {})
         if rest in own:
             return f"model.layers.{idx}.{own[rest]}"
         if rest in _LAYER_NAMES:

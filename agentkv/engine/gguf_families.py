@@ -6,6 +6,7 @@ leading dense layers, LFM2's convolution layers."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 
@@ -31,6 +32,8 @@ def gguf_family_fields(meta: dict[str, Any], arch: str, family: str, names: set[
         return {"attention_bias": True, "rope_interleaved": False}
     if family == "glm4_moe":
         return _glm4_moe(get, names, common)
+    if family == "deepseek_v3":
+        return {**_glm4_moe(get, names, common), **_latent_attention(get, common)}
     if family == "gpt_oss":  # (llama.cpp fixes the clamp and alpha, and windows every other layer, the first)
         window = int(get("attention.sliding_window", 128))
         return {"attention_sinks": True, "attention_bias": True, "o_proj_bias": True, "router_bias": True,
@@ -61,6 +64,27 @@ def _gemma(get, family: str, common: dict[str, Any]) -> dict[str, Any]:
         local_rope_theta=float(get("rope.freq_base_swa", 10_000.0)) if family == "gemma3" else 0.0,
         attn_softcap=float(get("attn_logit_softcapping", 0.0)),
         final_softcap=float(get("final_logit_softcapping", 0.0)))
+
+
+def _latent_attention(get, common: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3's MLA as llama.cpp's deepseek2 states it: the ranks; the rotated part's width as the
+    rope's; the per-head key and value widths under *_mla (key_length and value_length there are the
+    latent's, for MLA's absorption; a file without *_mla has the per-head ones there); the softmax scale
+    from YaRN's log multiplier (0.1 mscale_all_dim), whose two mscales DeepSeek sets equal."""
+    rope = int(get("rope.dimension_count", common["head_dim"]))
+    key = int(get("attention.key_length_mla", get("attention.key_length")))
+    log_mul = float(get("rope.scaling.yarn_log_multiplier", 0.0))
+    scaling = common["rope_scaling"]
+    scale = key ** -0.5
+    if scaling.rope_type == "yarn" and log_mul and scaling.factor > 1:
+        scale *= (log_mul * math.log(scaling.factor) + 1.0) ** 2
+        m = round(log_mul / 0.1, 6)  # (the file's float32 of 0.1 m; configs write m as a short decimal)
+        scaling = dataclasses.replace(scaling, mscale=m, mscale_all_dim=m)
+    return {"kv_lora_rank": int(get("attention.kv_lora_rank")), "q_lora_rank": int(get("attention.q_lora_rank", 0)),
+            "qk_nope_head_dim": key - rope, "v_head_dim": int(get("attention.value_length_mla",
+                                                                  get("attention.value_length"))),
+            "head_dim": rope, "rotary_dim": 0, "attention_scale": scale, "rope_scaling": scaling,
+            "rope_interleaved": True}
 
 
 def _glm4_moe(get, names: set[str], common: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from torch import nn
 from agentkv.engine.linear import Linear
 from agentkv.engine.model_config import ModelConfig
 from agentkv.engine.rope_config import half_split_order
+from agentkv.errors import ModelLoadError
 
 __all__ = ["LatentAttention", "latent_attention_state"]
 
@@ -88,7 +89,10 @@ def latent_attention_state(take, p: str, o: str, cfg: ModelConfig) -> dict[str, 
         kv_bias = take(a + "kv_a_proj_with_mqa.bias")
         out[b + "kv_a_proj.bias"] = torch.cat([kv_bias[:r], kv_bias[r:][order]])
         out[b + "o_proj.bias"] = take(a + "o_proj.bias")
-    kv_b = take(a + "kv_b_proj.weight").view(heads, nope + cfg.v_head_dim, r)
+    try:
+        kv_b = take(a + "kv_b_proj.weight").view(heads, nope + cfg.v_head_dim, r)
+    except ModelLoadError:  # (a GGUF for MLA's absorption: k_b [heads, rank, nope] and v_b [heads, v, rank])
+        kv_b = torch.cat([take(a + "k_b_proj.weight").transpose(1, 2), take(a + "v_b_proj.weight")], dim=1)
     out[b + "w_uk"], out[b + "w_uv"] = kv_b[:, :nope].contiguous(), kv_b[:, nope:].contiguous()
     out[b + "o_proj.weight"] = take(a + "o_proj.weight")
     return out

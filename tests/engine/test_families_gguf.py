@@ -1,10 +1,12 @@
-"""SmolLM3, Granite, Granite-MoE, GLM-4, GLM-4.5, LFM2 and gpt-oss (its experts in MXFP4) from GGUF
-files laid out as llama.cpp's converter writes them (the `gguf` package writing the tiny checkpoints of
-tests/tiny_families.py): the same model as the HF checkpoint holding the same weights, HF's greedy
-tokens, and the native decode step giving the Python path's logits bit for bit on the dense ones."""
+"""SmolLM3, Granite, Granite-MoE, GLM-4, GLM-4.5, LFM2, gpt-oss (its experts in MXFP4) and DeepSeek-V3
+from GGUF files laid out as llama.cpp's converter writes them (the `gguf` package writing the tiny
+checkpoints of tests/tiny_families.py): the same model as the HF checkpoint holding the same weights,
+HF's greedy tokens, and the native decode step giving the Python path's logits bit for bit on the
+dense ones."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import numpy as np
@@ -28,11 +30,23 @@ FIELDS = ("family", "num_layers", "nope_layers", "embedding_multiplier", "residu
           "norm_topk_prob", "router", "expert_groups", "expert_groups_chosen", "routed_scaling_factor",
           "dense_layers", "shared_expert_intermediate_size", "shared_expert_gated", "tie_word_embeddings",
           "conv_layers", "conv_kernel", "intermediate_size", "num_kv_heads", "rms_norm_eps", "attention_sinks",
-          "o_proj_bias", "router_bias", "mlp_bias", "hidden_act", "layer_windows", "rope_scaling")
+          "o_proj_bias", "router_bias", "mlp_bias", "hidden_act", "layer_windows", "rope_scaling", "kv_lora_rank",
+          "q_lora_rank", "qk_nope_head_dim", "v_head_dim", "head_dim", "attention_scale", "rope_interleaved")
 # SmolLM3's GGUF says nothing of its layers without rope: llama.cpp fixes every 4th, as its config's default
 CONFIGS = {"smollm3": {"no_rope_layers": None},
            # (llama.cpp fixes gpt-oss's clamp at 7 and windows every other layer from the first)
-           "gpt_oss": {"swiglu_limit": 7.0, "num_hidden_layers": 2}}
+           "gpt_oss": {"swiglu_limit": 7.0, "num_hidden_layers": 2},
+           # (a GGUF holds YaRN's log multiplier alone: DeepSeek's two mscales equal, as its configs set them)
+           "deepseek_v3": {"rope_parameters": {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                               "original_max_position_embeddings": 64, "mscale": 0.8,
+                                               "mscale_all_dim": 0.8, "rope_theta": 10000.0}}}
+
+
+def _as_float32(value):
+    """A config field with its floats as float32 (a GGUF's), dataclasses field by field."""
+    if dataclasses.is_dataclass(value):
+        return tuple(_as_float32(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return np.float32(value) if isinstance(value, float) else value
 
 
 def _pair(tmp_path, family: str, quant: str = "Q8_0"):
@@ -48,7 +62,8 @@ def _pair(tmp_path, family: str, quant: str = "Q8_0"):
     return str(tmp_path / "m.gguf"), ref
 
 
-@pytest.mark.parametrize("family", ["smollm3", "granite", "granitemoe", "glm4", "glm4_moe", "lfm2", "gpt_oss"])
+@pytest.mark.parametrize("family", ["smollm3", "granite", "granitemoe", "glm4", "glm4_moe", "lfm2", "gpt_oss",
+                                    "deepseek_v3"])
 def test_a_gguf_is_the_checkpoint_it_was_written_from(tmp_path, monkeypatch, family):
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
     path, ref_dir = _pair(tmp_path, family)
@@ -57,7 +72,7 @@ def test_a_gguf_is_the_checkpoint_it_was_written_from(tmp_path, monkeypatch, fam
           ak.Engine(path, num_slots=1024) as kept):
         for f in FIELDS:  # (a GGUF holds its multipliers as float32)
             a, b = getattr(exact.model_config, f), getattr(ref.model_config, f)
-            assert (np.float32(a) == np.float32(b)) if isinstance(a, float) else a == b, f
+            assert _as_float32(a) == _as_float32(b), f
         native = cpu_native.load()
         if family == "gpt_oss" and native is not None and native.qtile_fast:  # the experts in MXFP4 tiles
             expert = kept._core.runner.model.layers[0].mlp.experts[0].gate_up_proj.quantized
