@@ -305,7 +305,8 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
     if cfg.router == "sigmoid_groups":
         out[o + "score_bias"] = take(block + "gate.e_score_correction_bias")
     if cfg.family == "gpt_oss" and block + "experts.gate_up_proj_bias" in hf:
-        return {**out, **gpt_oss_experts(hf, take, block, o, cfg)}
+        return {**out, **gpt_oss_experts(hf, take, block, o, cfg, lambda parts: None if (runs := kept(parts)) is None
+                                         else _stack(runs))}
     stacked = [block + f"experts.{k}_exps" for k in ("gate", "up", "down")]
     parts = kept([quant.get(n) for n in stacked])
     if cfg.mlp_bias and stacked[0] + "_bias" in hf:  # (a GGUF's gpt-oss: each kind's biases stacked too)

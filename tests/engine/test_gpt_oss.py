@@ -1,6 +1,7 @@
 """gpt-oss beyond the parity of tests/engine/test_families_parity.py: its experts as published (MXFP4
 blocks and scales) dequantized as transformers dequantizes them, a checkpoint holding them the same
-model as one holding their values, and its harmony tool format end to end on its own architecture."""
+model as one holding their values (dequantized at load, or kept in their blocks in tiles), its harmony
+tool format end to end on its own architecture, and its chosen experts' products grouped."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 
 import agentkv as ak
 from agentkv.engine.gpt_oss_weights import dequantize_mxfp4
+from agentkv.kernels import cpu_native
+from agentkv.kernels.cpu_quant import QUANT_TYPES
 from tests.reference import engine_logits, rel_error
 from tests.tiny_families import make_family_model
 
@@ -62,12 +65,21 @@ def test_a_checkpoint_with_mxfp4_experts_is_the_model_of_their_values(tmp_path):
             (mx / f.name).write_bytes(f.read_bytes())
     save_file(packed, str(mx / "model.safetensors"), metadata={"format": "pt"})
     hf = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    with ak.Engine(str(src), num_slots=1024) as plain, ak.Engine(str(mx), num_slots=1024) as packed_engine:
+    with (ak.Engine(str(src), num_slots=1024) as plain,
+          ak.Engine(str(mx), num_slots=1024, quantized_weights=False) as exact,
+          ak.Engine(str(mx), num_slots=1024) as kept):
         ids = plain.tokenizer.encode(TEXT)
         with torch.no_grad():
             ref = hf(torch.tensor([ids])).logits[0]
-        ours, _ = engine_logits(packed_engine, ids)
+        ours, _ = engine_logits(exact, ids)  # dequantized at load
         assert rel_error(ours, ref) < 1e-4 and torch.equal(ours, engine_logits(plain, ids)[0])
+        native = cpu_native.load()
+        if native is not None and native.qtile_fast:  # kept in their blocks, in tiles (written rows in int8)
+            expert = kept._core.runner.model.layers[0].mlp.experts[0]
+            for lin in (expert.gate_up_proj, expert.down_proj):
+                assert lin.quantized.tiled and lin.quantized.qtype == QUANT_TYPES["MXFP4"][0]
+            assert kept.stats()["weight_bytes"] < 0.6 * exact.stats()["weight_bytes"]
+        assert rel_error(engine_logits(kept, ids)[0], ref) < 5e-2
 
 
 def test_harmony_tool_calls_on_gpt_oss_itself(tmp_path):
