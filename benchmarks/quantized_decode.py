@@ -15,7 +15,8 @@ alone), batch 1 and 16, the prefill of a `--prompt-tokens` prompt, and (`--exten
 prompt: new tokens after a prefix already cached (kept and llama.cpp, each with its own prefix reuse;
 beside ours the FLOPs a second of its products, against the cores' fp32 FMA peak that
 csrc/cpu_peak.c measures); the best
-of `--repeats` runs each, the variants interleaved, each in a process of its own. Weight memory
+of `--repeats` runs each, the variants interleaved (and, for decode, llama.cpp's runs between ours),
+each in a process of its own. Weight memory
 counts the model's parameters and quantized blocks (not the KV pool), against the file's tensor
 bytes. Beside batch 1, the weight bandwidth `kept` achieves (its weight bytes, read once a token,
 over its time a token: the engine's own work between steps included, so a lower bound) and the
@@ -218,16 +219,16 @@ def measure(args, path, engines, weight_bytes, tensor_bytes) -> None:
         for e in engines.values():
             e.submit(decode_rate, batch, 8).result()  # warm up
         best = {name: 0.0 for name in engines}
-        for _ in range(args.repeats):
+        threads, peer = torch.get_num_threads(), None
+        for _ in range(args.repeats):  # ours and llama.cpp's alternate: a shared host's swings fall on both
             for name, e in engines.items():
                 best[name] = max(best[name], e.submit(decode_rate, batch, args.new_tokens).result())
-        threads = torch.get_num_threads()
-        peer = (
-            llama_cpp_peer.call(llama_cpp_peer.decode_rate, str(path), args.new_tokens, args.repeats, threads)
-            if batch == 1
-            else llama_cpp_peer.call(
-                llama_cpp_peer.batched_rate, str(path), batch, args.new_tokens, args.repeats, threads)
-        )
+            one = (
+                llama_cpp_peer.call(llama_cpp_peer.decode_rate, str(path), args.new_tokens, 1, threads)
+                if batch == 1
+                else llama_cpp_peer.call(llama_cpp_peer.batched_rate, str(path), batch, args.new_tokens, 1, threads)
+            )
+            peer = one if peer is None else peer if one is None else max(peer, one)
         row = "  ".join(f"{n} {r:7.1f}" for n, r in best.items())
         ratios = "  ".join(f"kept/{n} {best['kept'] / best[n]:.2f}x" for n in best if n != "kept")
         print(f"batch {batch:2}: tok/s {row}  {ratios}  {_peer(peer, best['kept'])}")
