@@ -6,8 +6,9 @@ leading dense layers, LFM2's convolution layers."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
+
+from agentkv.engine.rope_config import yarn_mscale
 
 
 def gguf_family_fields(meta: dict[str, Any], arch: str, family: str, names: set[str],
@@ -76,9 +77,9 @@ def _latent_attention(get, common: dict[str, Any]) -> dict[str, Any]:
     log_mul = float(get("rope.scaling.yarn_log_multiplier", 0.0))
     scaling = common["rope_scaling"]
     scale = key ** -0.5
-    if scaling.rope_type == "yarn" and log_mul and scaling.factor > 1:
-        scale *= (log_mul * math.log(scaling.factor) + 1.0) ** 2
+    if scaling.rope_type == "yarn" and log_mul:
         m = round(log_mul / 0.1, 6)  # (the file's float32 of 0.1 m; configs write m as a short decimal)
+        scale *= yarn_mscale(scaling.factor, m) ** 2
         scaling = dataclasses.replace(scaling, mscale=m, mscale_all_dim=m)
     return {"kv_lora_rank": int(get("attention.kv_lora_rank")), "q_lora_rank": int(get("attention.q_lora_rank", 0)),
             "qk_nope_head_dim": key - rope, "v_head_dim": int(get("attention.value_length_mla",

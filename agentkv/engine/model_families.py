@@ -5,10 +5,9 @@ ModelConfig fields (engine/model_config.py joins them)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from agentkv.engine.rope_config import RopeScaling, rope_params, rope_scaling
+from agentkv.engine.rope_config import RopeScaling, rope_params, rope_scaling, yarn_mscale
 from agentkv.errors import ModelLoadError
 
 # HF `architectures` names we implement, and the family each maps to.
@@ -266,8 +265,7 @@ def _deepseek(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     scale = (nope + rope) ** -0.5
     params = rope_params(cfg)
     if (params.get("rope_type") or params.get("type") or "default") != "default" and params.get("mscale_all_dim"):
-        m = 0.1 * float(params["mscale_all_dim"]) * math.log(float(params["factor"])) + 1.0
-        scale = scale * m * m if float(params["factor"]) > 1 else scale
+        scale *= yarn_mscale(float(params["factor"]), float(params["mscale_all_dim"])) ** 2
     return {"kv_lora_rank": r, "q_lora_rank": int(cfg.get("q_lora_rank") or 0), "qk_nope_head_dim": nope,
             "v_head_dim": int(cfg["v_head_dim"]), "head_dim": rope, "rotary_dim": 0, "attention_scale": scale,
             "rope_interleaved": bool(cfg.get("rope_interleave", True))}

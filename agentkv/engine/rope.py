@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from agentkv.engine.model_config import ModelConfig
-from agentkv.engine.rope_config import half_split_order
+from agentkv.engine.rope_config import half_split_order, yarn_mscale
 from agentkv.errors import ModelLoadError
 from agentkv.kernels.cpu_native import NativeKernels
 
@@ -65,11 +65,6 @@ def inv_frequencies(cfg: ModelConfig, long: bool = False) -> tuple[torch.Tensor,
         inv = (1.0 / (rs.factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
         return inv, float(attention_factor)
     raise AssertionError(f"unhandled rope type {rs.rope_type}")  # ModelConfig validated it
-
-
-def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    """YaRN's attention scale for a context `factor` times the pretrained one (eq. 21: 0.1 m ln s + 1)."""
-    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 # Passes of up to this many tokens on CPU rotate with one matmul per layer (see `RopeTables`).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,3 +82,8 @@ def half_split_order(head_dim: int, rotary_dim: int) -> list[int]:
     first, odds after, the dims that do not rotate kept. q and k reordered alike keep their dot
     product, the only thing read of them."""
     return [*range(0, rotary_dim, 2), *range(1, rotary_dim, 2), *range(rotary_dim, head_dim)]
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention scale for a context `factor` times the pretrained one (eq. 21: 0.1 m ln s + 1)."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
