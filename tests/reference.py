@@ -38,3 +38,25 @@ def engine_logits(engine: ak.Engine, ids: list[int], cached_prefix: int = 0,
 
 def rel_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return float((ours.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+def assert_matches_hf(path, hf, text: str, new_tokens: int, **engine_options) -> None:
+    """An engine over the checkpoint at `path` against HF's model `hf` of it: logits within 1e-4 of
+    HF's fresh, over a 30-token prefix another request cached, and on the one-row route (all but the
+    last token cached), and `new_tokens` greedy tokens equal to HF `generate`'s."""
+    with ak.Engine(str(path), num_slots=2048, **engine_options) as engine:
+        ids = engine.tokenizer.encode(text)
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0]
+        ours, cached = engine_logits(engine, ids)
+        assert cached == 0 and rel_error(ours, ref) < 1e-4
+        out = engine.generate(ids, max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    with ak.Engine(str(path), num_slots=2048, **engine_options) as engine:  # a fresh cache: the prefix from one
+        ours, cached = engine_logits(engine, ids, cached_prefix=30)
+        assert cached == 30 and rel_error(ours, ref[30:]) < 1e-4
+        last, cached = engine_logits(engine, ids, cached_prefix=len(ids) - 1)  # one row: the batch-1 route
+        assert cached == len(ids) - 1 and rel_error(last, ref[-1:]) < 1e-4
+    x = torch.tensor([ids])
+    expected = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
+                           eos_token_id=None)[0, len(ids):]
+    assert out.token_ids == expected.tolist()

@@ -13,7 +13,7 @@ import torch
 
 import agentkv as ak
 from agentkv.engine.model_config import ModelConfig
-from tests.reference import engine_logits, rel_error
+from tests.reference import assert_matches_hf, engine_logits, rel_error
 from tests.tiny_families import make_family_model
 
 transformers = pytest.importorskip("transformers")
@@ -56,23 +56,7 @@ def test_family_matches_hf(tmp_path, family, config, native):
     if native and cpu_native.load() is None:
         pytest.skip("agentkv's C kernels are off (AGENTKV_NATIVE_KERNELS=0) or do not build here")
     path = make_family_model(tmp_path / family, family, config=config)
-    hf = _hf(path)
-    with ak.Engine(str(path), num_slots=2048, native_kernels=native) as engine:
-        ids = engine.tokenizer.encode(TEXT)
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0]
-        ours, cached = engine_logits(engine, ids)
-        assert cached == 0 and rel_error(ours, ref) < 1e-4
-        out = engine.generate(ids, max_tokens=16, temperature=0.0, ignore_eos=True)
-    with ak.Engine(str(path), num_slots=2048, native_kernels=native) as engine:
-        ours, cached = engine_logits(engine, ids, cached_prefix=30)
-        assert cached == 30 and rel_error(ours, ref[30:]) < 1e-4
-        last, cached = engine_logits(engine, ids, cached_prefix=len(ids) - 1)
-        assert cached == len(ids) - 1 and rel_error(last, ref[-1:]) < 1e-4
-    x = torch.tensor([ids])
-    expected = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False,
-                           eos_token_id=None)[0, len(ids):]
-    assert out.token_ids == expected.tolist()
+    assert_matches_hf(path, _hf(path), TEXT, 16, native_kernels=native)
 
 
 @pytest.mark.parametrize("family,config", CASES)

@@ -14,7 +14,7 @@ from agentkv.engine.rope import (
     RotaryEmbedding,
 )
 from tests.conftest import requires_embedded
-from tests.reference import engine_logits, rel_error
+from tests.reference import assert_matches_hf, engine_logits, rel_error
 from tests.tiny import make_tiny_model
 
 transformers = pytest.importorskip("transformers")
@@ -69,23 +69,7 @@ def _hf(path, dtype=torch.float32):
 )
 def test_tiny_families_match_hf(tmp_path, family, kwargs):
     path = make_tiny_model(tmp_path / family, family, **kwargs)
-    hf = _hf(path)
-    with ak.Engine(str(path), num_slots=2048) as engine:
-        ids = engine.tokenizer.encode(TEXT)
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0]
-        ours, cached = engine_logits(engine, ids)
-        assert cached == 0 and rel_error(ours, ref) < 1e-4
-        out = engine.generate(ids, max_tokens=12, temperature=0.0, ignore_eos=True)
-    with ak.Engine(str(path), num_slots=2048) as engine:  # fresh cache: the prefix comes from one request
-        ours, cached = engine_logits(engine, ids, cached_prefix=30)
-        assert cached == 30 and rel_error(ours, ref[30:]) < 1e-4
-        last, cached = engine_logits(engine, ids, cached_prefix=len(ids) - 1)  # one row: the batch-1 route
-        assert cached == len(ids) - 1 and rel_error(last, ref[-1:]) < 1e-4
-        x = torch.tensor([ids])
-        expected = hf.generate(
-            x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False, eos_token_id=None)[0, len(ids) :]
-        assert out.token_ids == expected.tolist()
+    assert_matches_hf(path, _hf(path), TEXT, 12)
 
 
 @pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])
