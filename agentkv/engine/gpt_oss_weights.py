@@ -15,19 +15,17 @@ import torch
 from agentkv.engine.model_config import ModelConfig
 from agentkv.errors import ModelLoadError
 
-# E2M1: sign, two exponent bits, one mantissa bit
-FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """MXFP4 blocks [..., groups, 16] (uint8) and scales [..., groups] (uint8) -> fp32 [..., groups * 32]."""
+    """MXFP4 blocks [..., groups, 16] (uint8) and scales [..., groups] (uint8) -> fp32 [..., groups * 32]: as
+    a GGUF's MXFP4 rows (mxfp4_file_rows), which the `gguf` package dequantizes, the same values."""
+    import gguf  # (its import is paid only where a checkpoint's experts are dequantized)
+
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape:
         raise ModelLoadError(f"MXFP4 blocks {tuple(blocks.shape)} ({blocks.dtype}) and scales {tuple(scales.shape)} "
                              f"({scales.dtype}) do not match; the checkpoint is damaged")
-    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
-    values = torch.stack([lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]], dim=-1).flatten(-2)  # [..., g, 32]
-    values = torch.ldexp(values, (scales.to(torch.int32) - 127)[..., None].float())
-    return values.flatten(-2)
+    rows = mxfp4_file_rows(blocks, scales)
+    return torch.from_numpy(gguf.quants.dequantize(rows.numpy(), gguf.GGMLQuantizationType.MXFP4))
 
 
 def mxfp4_file_rows(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
