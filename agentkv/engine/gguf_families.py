@@ -26,9 +26,7 @@ def gguf_family_fields(meta: dict[str, Any], arch: str, family: str, names: set[
         return {"embedding_multiplier": float(get("embedding_scale", 1.0)),
                 "residual_multiplier": float(get("residual_scale", 1.0)),
                 "attention_scale": float(get("attention.scale", common["head_dim"] ** -0.5)),
-                "logits_scaling": float(get("logit_scale", 1.0)),
-                # (Granite-MoE's routing: softmax over the top k, the same as renormalizing them)
-                **({"norm_topk_prob": True} if family == "granitemoe" else {})}
+                "logits_scaling": float(get("logit_scale", 1.0))}
     if family == "glm4":  # its q/k rows are reordered in the conversion: nothing rotates pairs after it
         return {"attention_bias": True, "rope_interleaved": False}
     if family == "glm4_moe":
@@ -39,8 +37,7 @@ def gguf_family_fields(meta: dict[str, Any], arch: str, family: str, names: set[
         window = int(get("attention.sliding_window", 128))
         return {"attention_sinks": True, "attention_bias": True, "o_proj_bias": True, "router_bias": True,
                 "mlp_bias": True, "hidden_act": "swiglu_clamped", "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
-                "norm_topk_prob": True, "layer_windows": tuple(window if i % 2 == 0 else 0
-                                                              for i in range(common["num_layers"])),
+                "layer_windows": tuple(window if i % 2 == 0 else 0 for i in range(common["num_layers"])),
                 "rope_scaling": dataclasses.replace(common["rope_scaling"], truncate=False)}
     if family == "lfm2":  # its convolution layers are those with no KV heads
         kv = get("attention.head_count_kv")

@@ -34,6 +34,7 @@ class KVPool:
             k[0].zero_()
             v[0].zero_()
         self.token_shape = token_shape(cfg)
+        self._places = self._layer_places()
         # The free slots as a stack: stack[:top] (on the CPU, as the radix tree's slot ids and the
         # scheduler's are). Allocating and freeing cost what they move, not the size of the pool.
         self._stack = torch.arange(1, num_slots, dtype=torch.int64)
@@ -73,7 +74,7 @@ class KVPool:
         idx = slots.to(self.kv_caches[0][0].device)
         k0 = self.kv_caches[0][0]
         out = torch.empty((len(slots), *self.token_shape), dtype=k0.dtype)
-        for at, (k, v) in zip(self._places(), self.kv_caches):  # (one copy each: a stack of stacks was 4x slower)
+        for at, (k, v) in zip(self._places, self.kv_caches):  # (one copy each: a stack of stacks was 4x slower)
             out[at[0]] = k[idx].reshape(out[at[0]].shape)
             out[at[1]] = v[idx].reshape(out[at[1]].shape)
         return out
@@ -82,11 +83,11 @@ class KVPool:
         """Write `kv` (as `gather` returns it) into `slots`."""
         idx = slots.to(self.kv_caches[0][0].device)
         kv = kv.to(self.kv_caches[0][0].device)
-        for at, (k, v) in zip(self._places(), self.kv_caches):
+        for at, (k, v) in zip(self._places, self.kv_caches):
             k[idx] = kv[at[0]].reshape(len(idx), *k.shape[1:])
             v[idx] = kv[at[1]].reshape(len(idx), *v.shape[1:])
 
-    def _places(self):
+    def _layer_places(self) -> list:
         """Per layer, where its K and V sit in a row of `gather`'s output (index tuples)."""
         if len(self.token_shape) > 1:  # [layers, 2, ...]
             return [((slice(None), layer, 0), (slice(None), layer, 1)) for layer in range(len(self.kv_caches))]

@@ -56,6 +56,7 @@ class ForwardContext:
     exact_rows: torch.Tensor | None = None
     lora: LoraBatch | None = None  # the pass's LoRA adapters, each row's update added to the linears' outputs
     backend_meta: AttentionMetadata | None = None  # the pass's slot table and rows (a short convolution reads them)
+    conv_taps: tuple[torch.Tensor, torch.Tensor] | None = None  # set by the pass's first short convolution
 
 
 class RMSNorm(nn.Module):

@@ -84,6 +84,8 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
     if cfg.conv_layers or cfg.kv_lora_rank:
         return "the model has short convolution layers (LFM2) or latent attention (DeepSeek-V3), which the step " \
                "does not take"
+    if cfg.attention_sinks or cfg.hidden_act == "swiglu_clamped":  # (gpt-oss's: a mixture of experts today)
+        return "the model's attention sinks or clamped SwiGLU are not in the step"
     for layer in model.layers:
         if not isinstance(layer, (DecoderLayer, SandwichDecoderLayer)) or not isinstance(layer.mlp, MLP):
             return "a layer is not a dense one (a mixture of experts)"

@@ -36,21 +36,27 @@ class ShortConv(nn.Module):
         b, c, inp = self.in_proj(x, exact_rows=ctx.exact_rows).split(self.hidden, dim=-1)
         bx = b * inp
         cache = ctx.kv_caches[self.layer_id][0].view(-1, self.hidden)
-        meta = ctx.backend_meta
-        cache[meta.out_cache_loc] = bx.to(cache.dtype)  # written first: a token reads those before it in its pass
-        # each token's predecessors' slots, through its request's row of the slot table
-        rows = meta.req_rows
-        if rows.shape[0] != x.shape[0]:
-            rows = rows.repeat_interleave(torch.tensor(meta.extend_lens, device=rows.device))
-        back = torch.arange(self.taps - 1, 0, -1, device=x.device)  # taps before the token, oldest first
-        before = ctx.positions[:, None] - back[None]  # [T, taps - 1]
-        slots = meta.req_to_token[rows[:, None], before.clamp(min=0)]
-        earlier = cache[slots].to(bx.dtype) * (before >= 0)[..., None]  # (before the sequence: zeros)
+        cache[ctx.backend_meta.out_cache_loc] = bx.to(cache.dtype)  # written first: a token reads those before it
+        if ctx.conv_taps is None:  # (the same for every convolution layer of the pass)
+            ctx.conv_taps = self._taps(ctx)
+        slots, inside = ctx.conv_taps
+        earlier = cache[slots].to(bx.dtype) * inside  # (before the sequence: zeros)
         window = torch.cat([earlier, bx[:, None]], dim=1)  # [T, taps, hidden]
         conv = (window * self.conv_weight.t()[None]).sum(dim=1)
         if self.conv_bias is not None:
             conv = conv + self.conv_bias
         return self.out_proj(c * conv, residual, exact_rows=ctx.exact_rows)
+
+    def _taps(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's predecessors' slots [T, taps - 1] (oldest first), through its request's row of the
+        slot table, and [T, taps - 1, 1] whether each lies inside the sequence."""
+        meta = ctx.backend_meta
+        rows = meta.req_rows
+        if rows.shape[0] != ctx.positions.shape[0]:
+            rows = rows.repeat_interleave(torch.tensor(meta.extend_lens, device=rows.device))
+        back = torch.arange(self.taps - 1, 0, -1, device=ctx.positions.device)
+        before = ctx.positions[:, None] - back[None]
+        return meta.req_to_token[rows[:, None], before.clamp(min=0)], (before >= 0)[..., None]
 
 
 # LFM2's names for what the other families name so (the short convolutions' own are read as they are)
