@@ -169,7 +169,6 @@ def _rotate_half(x: torch.Tensor, rot: int | None = None) -> torch.Tensor:
     return torch.cat((-x[..., half:rot], x[..., :half], x[..., rot:]), dim=-1)
 
 
-
 def halves_from_pairs(rows: torch.Tensor, heads: int, cfg: ModelConfig) -> torch.Tensor:
     """Rows (a weight's [out, ...] or a bias) of `heads` q or k heads of a model that rotates adjacent
     pairs, each head's dims in rope_config.half_split_order (rows move whole: quantized rows too)."""
