@@ -18,29 +18,20 @@ from agentkv.chat.formats.template_style import template_json_style
 from agentkv.chat.messages import is_messages
 from agentkv.chat.reasoning import ReasoningFormat
 from agentkv.chat.turn import Turn
+from agentkv.engine.assembly import build_components
 from agentkv.engine.config import build_config, resolve_device
 from agentkv.engine.constrained import GrammarSupport, check_budget, output_parser
-from agentkv.engine.core import Components, EngineCore
-from agentkv.engine.cuda_graphs import DecodeGraphs, cuda_graphs_wanted
+from agentkv.engine.core import EngineCore
 from agentkv.engine.disk.lifetime import save_at_close, warm_at_start
-from agentkv.engine.disk.setup import tier_for
-from agentkv.engine.loader import DTYPES, load_model
 from agentkv.engine.lora import Adapters
 from agentkv.engine.lora.methods import LoraMethods
-from agentkv.engine.memory import KVPool, ReqToTokenPool, free_memory, kv_slots
-from agentkv.engine.native_step import native_step_for
-from agentkv.engine.null_cache import NullPrefixCache
+from agentkv.engine.memory import free_memory
 from agentkv.engine.outputs import Completion, RequestOutput, StreamDelta, Usage
-from agentkv.engine.parallel import TensorParallel
 from agentkv.engine.prefixes import Prefixes
-from agentkv.engine.radix_cache import RadixCache
 from agentkv.engine.request import ReasoningBudget, Request
-from agentkv.engine.runner import ModelRunner
 from agentkv.engine.sampling_params import SamplingParams
-from agentkv.engine.scheduler import Scheduler
 from agentkv.engine.tokenizer import template_text
 from agentkv.errors import PromptTooLongError, RequestError
-from agentkv.kernels import cpu_native, get_backend
 
 Prompt = str | Sequence[int]
 Messages = Sequence[dict[str, Any]]
@@ -72,46 +63,8 @@ class Engine(Prefixes, LoraMethods):
         overlap = cfg.overlap_schedule if cfg.overlap_schedule is not None else (
             device.startswith("cuda") and not cfg.scheduler.speculative)
 
-        def build() -> Components:
-            # Runs on the thread that computes: the engine thread, or with overlap on CPU the forward
-            # worker (see EngineCore._host_only), so that thread also owns every tensor.
-            tp = cfg.tensor_parallel
-            native = cpu_native.for_engine(cfg.native_kernels, device, dtype)
-            if cfg.prompt_precision == "bfloat16":  # (an engine's own view of the shared library)
-                if native is None:
-                    raise RequestError("prompt_precision='bfloat16' is the native CPU kernels' opt-in; they do not "
-                                       "run here (leave prompt_precision unset)")
-                native = native.with_exact_bf16()
-            loaded = load_model(model, dtype=dtype, device=device, shard=(0, tp) if tp > 1 else None, native=native,
-                                quantized=cfg.quantized_weights)
-            mc = loaded.config  # with tensor parallelism, this rank's share of the heads
-            context = min(cfg.context_length or mc.max_position_embeddings, mc.max_position_embeddings)
-            kv_dtype = DTYPES[cfg.kv_dtype or dtype]
-            slots = cfg.cache.num_slots or kv_slots(mc, kv_dtype, context, device, cfg.cache.memory_fraction)
-            pool = KVPool(mc, slots, kv_dtype, device)
-            req_pool = ReqToTokenPool(cfg.cache.max_running_requests, context + 1, device)
-            tree = (RadixCache(pool.free, int(cfg.cache.pin_budget_fraction * pool.capacity))
-                    if cfg.cache.enable_radix_cache else NullPrefixCache())
-            backend = get_backend(cfg.attention_backend, device, native=native is not None)
-            if (any(mc.layer_windows) or mc.attn_softcap or mc.attention_sinks) and backend.name == "flashinfer":
-                raise RequestError("this model has sliding-window layers, soft-capped attention or attention sinks, "
-                                   "which the flashinfer backend does not do yet: use attention_backend='triton' "
-                                   "(or 'auto')")
-            runner = ModelRunner(loaded.model, pool, req_pool, backend, device)
-            runner.kernels = native
-            if tp > 1:
-                runner.tp = TensorParallel(tp, model, dtype, device, pool.num_slots, backend.name, native is not None,
-                                           cfg.kv_dtype or dtype)
-            elif cuda_graphs_wanted(cfg, runner.backend):
-                runner.graphs = DecodeGraphs(
-                    runner, min(cfg.cuda_graph_max_batch, cfg.cache.max_running_requests), context)
-            runner.native_step = native_step_for(cfg.native_step, runner, native)
-            tier = tier_for(cfg, loaded.path, mc, kv_dtype, native is not None)
-            return Components(scheduler=Scheduler(cfg.scheduler, pool, req_pool, tree, tier), runner=runner,
-                              tokenizer=loaded.tokenizer, pool=pool, req_pool=req_pool, tree=tree, model_config=mc,
-                              context_length=context, overlap=overlap, tier=tier)
-
-        self._core = EngineCore(build, build_on_worker=overlap and device == "cpu" and cfg.tensor_parallel == 1)
+        self._core = EngineCore(lambda: build_components(cfg, model, device, dtype, overlap),
+                                build_on_worker=overlap and device == "cpu" and cfg.tensor_parallel == 1)
         parts = self._core.parts
         self.tokenizer, self.model_config, self.context_length = (parts.tokenizer, parts.model_config,
                                                                   parts.context_length)
