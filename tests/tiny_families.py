@@ -37,6 +37,15 @@ FAMILY_CONFIGS = {
     # convolutions in layers 0, 2 and 3, attention in 1 and 4; the MLP 2/3 of 192 wide, as LFM2 sizes it
     "lfm2": {"num_hidden_layers": 5, "layer_types": ["conv", "full_attention", "conv", "conv", "full_attention"],
              "intermediate_size": 192, "block_multiple_of": 32, "tie_word_embeddings": True},
+    # Gemma 4 (E2B's shape): windowed and full layers (the full ones 32 wide with one KV head whose values are
+    # its keys' projection, a quarter of their pairs rotating), the last two layers reading layers 2's and
+    # 3's KV with an MLP twice as wide, per-layer inputs 8 wide; the logits capped
+    "gemma4_text": {"num_hidden_layers": 6,
+                    "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                                    "sliding_attention", "sliding_attention", "full_attention"],
+                    "sliding_window": 8, "global_head_dim": 32, "attention_k_eq_v": True,
+                    "num_global_key_value_heads": 1, "num_kv_shared_layers": 2, "use_double_wide_mlp": True,
+                    "hidden_size_per_layer_input": 8, "final_logit_softcapping": 30.0, "tie_word_embeddings": True},
     "glm4_moe": {"num_hidden_layers": 3, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                  "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1,
                  "routed_scaling_factor": 2.5, "norm_topk_prob": True, "attention_bias": True},
@@ -56,6 +65,8 @@ def make_family_model(out: Path, model_type: str, *, seed: int = 0, tie: bool = 
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
                   rms_norm_eps=1e-6, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=None)
     fields.update(FAMILY_CONFIGS[model_type])
+    if model_type == "gemma4_text":  # (its per-layer table as long as the vocabulary, as Gemma 4's is)
+        fields["vocab_size_per_layer_input"] = vocab
     fields.update(config or {})
     hf_config = transformers.AutoConfig.for_model(model_type, **fields)
     torch.manual_seed(seed)
@@ -71,6 +82,8 @@ def make_family_model(out: Path, model_type: str, *, seed: int = 0, tie: bool = 
                 scale, base = 0.08, 1.0
             elif name.endswith("sinks"):  # (enough to take a share of each softmax)
                 scale, base = 1.0, 0.0
+            elif name.endswith(("layer_scalar", "per_expert_scale", "router.scale")):  # (Gemma 4's, near one)
+                scale, base = 0.2, 1.0
             else:
                 scale = 0.5 if "embed" in name or "router" in name or name.endswith("gate.weight") else 0.3
                 scale, base = (0.2 if name.endswith("bias") else scale), 0.0
@@ -80,6 +93,34 @@ def make_family_model(out: Path, model_type: str, *, seed: int = 0, tie: bool = 
     cfg["torch_dtype"] = "float32"
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     write_chat_ends(out, chat)
+    return out
+
+
+def make_gemma4_multimodal(text_dir: Path, out: Path) -> Path:
+    """The Gemma 4 text model at `text_dir` (make_family_model's) as Google publishes Gemma 4: a
+    Gemma4ForConditionalGeneration checkpoint, the language model's weights under
+    `model.language_model.`, beside a small random vision tower."""
+    import shutil
+
+    import torch
+    import transformers
+
+    text = transformers.AutoModelForCausalLM.from_pretrained(text_dir, dtype=torch.float32)
+    cfg = transformers.Gemma4Config(
+        text_config=text.config.to_dict(), audio_config=None,
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "num_key_value_heads": 2, "head_dim": 16})
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForConditionalGeneration(cfg)
+    state = {"model.language_model." + k.removeprefix("model."): v for k, v in text.state_dict().items()
+             if k.startswith("model.")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.startswith(("model.vision_tower", "model.embed_vision")) or k == "lm_head.weight"
+                                  for k in missing), (missing, unexpected)
+    model.save_pretrained(out)
+    for f in text_dir.iterdir():
+        if f.name != "config.json" and not f.name.endswith(".safetensors"):
+            shutil.copy(f, out / f.name)
     return out
 
 

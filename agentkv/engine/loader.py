@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from agentkv.engine.gemma4 import gemma4_state
 from agentkv.engine.gguf_convert import converted_dir
 from agentkv.engine.gguf_transcode import FLOATS, kept_parts
 from agentkv.engine.gpt_oss_weights import gpt_oss_experts
@@ -231,6 +232,8 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
             return _stack(parts)
         return torch.cat([take(n) for n in names]) if len(names) > 1 else take(names[0])
 
+    if cfg.family == "gemma4":
+        return gemma4_state(set(hf) | set(quant), take, matrix, cfg)
     out = {"embed_tokens.weight": matrix("model.embed_tokens.weight"), "norm.weight": norm("model.norm.weight")}
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = matrix("lm_head.weight")

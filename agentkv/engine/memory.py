@@ -104,22 +104,31 @@ class KVPool:
 
 
 def layer_shapes(cfg: ModelConfig) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Each layer's K and V shapes for one token: (kv_heads, head_dim) each; for a short convolution
-    layer its input (1, hidden) and nothing; for latent attention (DeepSeek-V3) its latent and rotated
-    key part (1, kv_lora_rank + qk_rope_head_dim), which serve as the values too, and nothing."""
-    attention = (cfg.num_kv_heads, cfg.head_dim)
+    """Each layer's K and V shapes for one token: (kv_heads, head_dim) each (Gemma 4's full layers their
+    own; its layers that read an earlier layer's KV nothing); for a short convolution layer its input
+    (1, hidden) and nothing; for latent attention (DeepSeek-V3) its latent and rotated key part
+    (1, kv_lora_rank + qk_rope_head_dim), which serve as the values too, and nothing."""
     if cfg.kv_lora_rank:
         return [((1, cfg.kv_lora_rank + cfg.head_dim), (1, 0))] * cfg.num_layers
-    return [((1, cfg.hidden_size), (1, 0)) if cfg.is_conv_layer(i) else (attention, attention)
-            for i in range(cfg.num_layers)]
+    shapes = []
+    for i in range(cfg.num_layers):
+        attention = cfg.attention_config(i)
+        if cfg.is_conv_layer(i):
+            shapes.append(((1, cfg.hidden_size), (1, 0)))
+        elif cfg.kv_source(i) != i:
+            shapes.append(((1, 0), (1, 0)))
+        else:
+            shapes.append(((attention.num_kv_heads, attention.head_dim),) * 2)
+    return shapes
 
 
 def token_shape(cfg: ModelConfig) -> tuple[int, ...]:
     """One token's KV as the pool gathers it (and the disk tier stores it): [layers, 2, kv_heads,
-    head_dim], or for a hybrid or latent attention its layers' entries flat."""
-    if not cfg.conv_layers and not cfg.kv_lora_rank:
+    head_dim], or where layers differ (a hybrid, latent attention, Gemma 4) its layers' entries flat."""
+    shapes = layer_shapes(cfg)
+    if all(k == v == (cfg.num_kv_heads, cfg.head_dim) for k, v in shapes):
         return (cfg.num_layers, 2, cfg.num_kv_heads, cfg.head_dim)
-    return (sum(math.prod(k) + math.prod(v) for k, v in layer_shapes(cfg)),)
+    return (sum(math.prod(k) + math.prod(v) for k, v in shapes),)
 
 
 class ReqToTokenPool:

@@ -1,6 +1,6 @@
 """A layer's MLP: the gated `MLP` (SwiGLU, or Gemma's GeGLU), and `MoE`, a routed mixture of such
-MLPs with the routers of the families agentkv runs (softmax top-k; DeepSeek-V3's and GLM-4.5's
-sigmoid scores chosen within groups) and an optional shared expert."""
+MLPs with the routers of the families agentkv runs (softmax top-k; Gemma 4's with a scale per expert;
+DeepSeek-V3's and GLM-4.5's sigmoid scores chosen within groups) and an optional shared expert."""
 
 from __future__ import annotations
 
@@ -72,6 +72,8 @@ class MoE(nn.Module):
         self.sigmoid_groups = cfg.router == "sigmoid_groups"
         if self.sigmoid_groups:  # (added to the scores to choose, not to weigh: DeepSeek-V3's load balancing)
             self.score_bias = nn.Parameter(torch.zeros(cfg.num_experts))
+        # (Gemma 4: each chosen expert's weight times its own scale, after the renormalization)
+        self.expert_scale = nn.Parameter(torch.ones(cfg.num_experts)) if cfg.router == "gemma4" else None
         self.groups, self.groups_chosen = cfg.expert_groups, cfg.expert_groups_chosen
         self.scaling = cfg.routed_scaling_factor
         self.experts = nn.ModuleList(MLP(cfg, cfg.moe_intermediate_size) for _ in range(cfg.num_experts))
@@ -119,12 +121,15 @@ class MoE(nn.Module):
             weights = scores.gather(1, chosen)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if self.sigmoid_groups else 0.0))
+        if self.expert_scale is not None:
+            weights = weights * self.expert_scale.float()[chosen]
         return chosen, weights * self.scaling if self.scaling != 1.0 else weights
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
-                exact_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """residual + moe(x) (moe(x) where residual is None)."""
-        chosen, weights = self.route(x, exact_rows)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, exact_rows: torch.Tensor | None = None,
+                route_input: torch.Tensor | None = None) -> torch.Tensor:
+        """residual + moe(x) (moe(x) where residual is None); the router reads `route_input` where given
+        (Gemma 4's: the residual normed on its own), else x."""
+        chosen, weights = self.route(x if route_input is None else route_input, exact_rows)
         weights = weights.to(x.dtype).flatten()
         pairs = chosen.flatten()
         order = pairs.argsort(stable=True)  # the (token, expert) pairs grouped by expert

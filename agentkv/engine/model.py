@@ -19,12 +19,13 @@ rotation) are one call each instead of 3-8 torch ops.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agentkv.engine.gemma4 import Gemma4Layer, PerLayerInputs
 from agentkv.engine.latent_attention import LatentAttention
 from agentkv.engine.linear import (
     Linear,
@@ -59,6 +60,9 @@ class ForwardContext:
     lora: LoraBatch | None = None  # the pass's LoRA adapters, each row's update added to the linears' outputs
     backend_meta: AttentionMetadata | None = None  # the pass's slot table and rows (a short convolution reads them)
     conv_taps: tuple[torch.Tensor, torch.Tensor] | None = None  # set by the pass's first short convolution
+    # Gemma 4: each KV-writing layer's K/V of this pass, for the layers that read it; the per-layer inputs
+    layer_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    per_layer_inputs: torch.Tensor | None = None  # [T, layers, width]
 
 
 class RMSNorm(nn.Module):
@@ -179,10 +183,16 @@ class CausalLM(nn.Module):
         # uninitialized (`_weight`): the checkpoint overwrites it, and a random init of a large table is slow
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
-        layer = SandwichDecoderLayer if cfg.family in SANDWICH_FAMILIES else DecoderLayer
-        self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_layers))
+        if cfg.family == "gemma4":
+            self.layers = nn.ModuleList(Gemma4Layer(cfg, i, RMSNorm) for i in range(cfg.num_layers))
+        else:
+            layer = SandwichDecoderLayer if cfg.family in SANDWICH_FAMILIES else DecoderLayer
+            self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_layers))
+        self.per_layer_inputs = PerLayerInputs(cfg, RMSNorm) if cfg.per_layer_input_size else None
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rope = RotaryEmbedding(cfg, max_positions)
+        # (Gemma 4's full layers: their own head width)
+        self.rope = RotaryEmbedding(dataclasses.replace(cfg, head_dim=cfg.global_head_dim or cfg.head_dim),
+                                    max_positions)
         # Gemma 3's windowed layers rotate with their own base (and no scaling)
         self.local_rope = (
             RotaryEmbedding(
@@ -190,7 +200,7 @@ class CausalLM(nn.Module):
             if cfg.local_rope_theta
             else None
         )
-        self.embed_scale = cfg.hidden_size**0.5 if cfg.family in ("gemma2", "gemma3") else None
+        self.embed_scale = cfg.hidden_size**0.5 if cfg.family in ("gemma2", "gemma3", "gemma4") else None
         self.embedding_multiplier = cfg.embedding_multiplier  # Granite's
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.logits_proj: LogitsProjection | None = None  # built by finalize() once weights are loaded
@@ -254,6 +264,8 @@ class CausalLM(nn.Module):
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         if self.embedding_multiplier != 1.0:
             x = x * self.embedding_multiplier
+        if self.per_layer_inputs is not None:
+            ctx.per_layer_inputs = self.per_layer_inputs(input_ids, x, ctx.exact_rows)
         tables = self.rope.tables(ctx.positions, x.dtype)
         local = self.local_rope.tables(ctx.positions, x.dtype) if self.local_rope is not None else None
         for layer in self.layers:

@@ -22,8 +22,8 @@ __all__ = ["MOE_FAMILIES", "SUPPORTED_ARCHITECTURES", "ModelConfig", "RopeScalin
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: Literal["llama", "phi3", "gemma2", "gemma3", "qwen2", "qwen3", "smollm3", "granite", "glm4", "lfm2",
-                    "qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe", "gpt_oss", "deepseek_v3"]
+    family: Literal["llama", "phi3", "gemma2", "gemma3", "gemma4", "qwen2", "qwen3", "smollm3", "granite", "glm4",
+                    "lfm2", "qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe", "gpt_oss", "deepseek_v3"]
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -51,7 +51,7 @@ class ModelConfig:
     norm_topk_prob: bool = False
     shared_expert_intermediate_size: int = 0
     shared_expert_gated: bool = False
-    router: Literal["softmax", "sigmoid_groups"] = "softmax"
+    router: Literal["softmax", "sigmoid_groups", "gemma4"] = "softmax"
     expert_groups: int = 1
     expert_groups_chosen: int = 1
     routed_scaling_factor: float = 1.0
@@ -91,6 +91,34 @@ class ModelConfig:
     q_lora_rank: int = 0  # 0: q from one matrix
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # Gemma 4: its full-attention layers' head width and KV heads (0: head_dim, num_kv_heads), their values
+    # the keys' projection before its norm and rotation (k_eq_v); the last `kv_shared_layers` layers attend
+    # over the KV of the last earlier layer of their kind (and have no K/V of their own); each layer's
+    # per-layer input (`per_layer_input_size` wide, from a table of `per_layer_vocab` rows and the
+    # embedding); the shared layers' MLP twice as wide (double_wide_mlp)
+    global_head_dim: int = 0
+    global_kv_heads: int = 0
+    k_eq_v: bool = False
+    kv_shared_layers: int = 0
+    per_layer_input_size: int = 0
+    per_layer_vocab: int = 0
+    double_wide_mlp: bool = False
+
+    def attention_config(self, layer: int) -> ModelConfig:
+        """The config a layer's attention sees: Gemma 4's full layers their own head width and KV heads."""
+        if self.window(layer) or not (self.global_head_dim or self.global_kv_heads):
+            return self
+        return dataclasses.replace(self, head_dim=self.global_head_dim or self.head_dim,
+                                   num_kv_heads=self.global_kv_heads or self.num_kv_heads)
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV `layer` attends over: itself, or for Gemma 4's shared layers the last
+        layer before them of the same kind (windowed or full)."""
+        first = self.num_layers - self.kv_shared_layers
+        if layer < first:
+            return layer
+        windowed = bool(self.window(layer))
+        return max(i for i in range(first) if bool(self.window(i)) == windowed)
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -104,6 +132,9 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         archs = cfg.get("architectures") or []
+        if cfg.get("text_config") and any(a.startswith("Gemma4") for a in archs):  # the language model alone
+            cfg = {**cfg["text_config"], "architectures": archs,
+                   "tie_word_embeddings": cfg.get("tie_word_embeddings", cfg["text_config"].get("tie_word_embeddings"))}
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if family is None:
             model_type = cfg.get("model_type")
@@ -134,7 +165,7 @@ class ModelConfig:
                 attention_bias=family == "qwen2" or family == "qwen2_moe" and bool(cfg.get("qkv_bias", True))
                 or bool(cfg.get("attention_bias", False)),
                 qk_norm=family in ("qwen3", "qwen3_moe"),
-                rope_scaling=rope_scaling(cfg) if family != "gemma3" else RopeScaling(),
+                rope_scaling=rope_scaling(cfg) if family not in ("gemma3", "gemma4") else RopeScaling(),
                 rotary_dim=rotary_dim(int(head_dim), partial),
                 layer_windows=layer_windows(archs, cfg),
             )
@@ -175,7 +206,9 @@ class ModelConfig:
                        final_logit_softcapping=self.final_softcap or None)
             if self.family == "gemma3":
                 out.update(rope_local_base_freq=self.local_rope_theta)
-        if self.num_experts:
+        if self.family == "gemma4":
+            out.update(self._gemma4_hf())
+        if self.num_experts and self.family != "gemma4":
             out.update(self._moe_hf())
         if self.nope_layers or self.family == "smollm3":  # (SmolLM3's config without it means every 4th)
             out["no_rope_layers"] = [int(i not in self.nope_layers) for i in range(self.num_layers)]
@@ -197,6 +230,27 @@ class ModelConfig:
             out.update(layer_types=kinds,
                        conv_L_cache=self.conv_kernel, conv_bias=self.conv_bias, norm_eps=self.rms_norm_eps,
                        block_auto_adjust_ff_dim=False)
+        return out
+
+    def _gemma4_hf(self) -> dict[str, Any]:
+        rs = self.rope_scaling
+        glob = {"rope_type": "default", "rope_theta": self.rope_theta} if rs.rope_type == "default" else {
+            "rope_type": "proportional", "rope_theta": self.rope_theta, "partial_rotary_factor": rs.proportion,
+            "factor": rs.factor}
+        full = [i for i in range(self.num_layers) if not self.window(i)]
+        out: dict[str, Any] = {
+            "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": self.final_softcap or None,
+            "rope_parameters": {"full_attention": glob,
+                                "sliding_attention": {"rope_type": "default", "rope_theta": self.local_rope_theta}},
+            "per_layer_config": {str(i): {"head_dim": self.global_head_dim or self.head_dim,
+                                          "num_key_value_heads": self.global_kv_heads or self.num_kv_heads}
+                                 for i in full},
+            "attention_k_eq_v": self.k_eq_v, "num_kv_shared_layers": self.kv_shared_layers,
+            "hidden_size_per_layer_input": self.per_layer_input_size,
+            "vocab_size_per_layer_input": self.per_layer_vocab, "use_double_wide_mlp": self.double_wide_mlp}
+        if self.num_experts:
+            out.update(enable_moe_block=True, num_experts=self.num_experts, top_k_experts=self.experts_per_token,
+                       moe_intermediate_size=self.moe_intermediate_size)
         return out
 
     def _moe_hf(self) -> dict[str, Any]:

@@ -21,6 +21,10 @@ SUPPORTED_ARCHITECTURES = {
     # layers with their own rope base
     "Gemma3ForCausalLM": "gemma3",
     "Gemma2ForCausalLM": "gemma2",  # Gemma 3's layer without q/k norm, with soft-capped scores and logits
+    # Gemma 4 (text; the multimodal checkpoint's language model): Gemma 3's layer with wider heads in its full
+    # layers, values normed, per-layer inputs, the last layers reading earlier layers' KV, optional experts
+    "Gemma4ForCausalLM": "gemma4",
+    "Gemma4ForConditionalGeneration": "gemma4",
     "SmolLM3ForCausalLM": "smollm3",  # Llama's layers, every 4th without rope
     "GraniteForCausalLM": "granite",  # Llama's layers with multipliers on embeddings, residuals, scores, logits
     "Glm4ForCausalLM": "glm4",  # the sandwich layer, biased q/k/v, half of each head rotating by adjacent pairs
@@ -43,19 +47,22 @@ SUPPORTED_ARCHITECTURES = {
 }
 # config.json's model_type, where its `architectures` names none of the above
 MODEL_TYPES = {"llama": "llama", "mistral": "llama", "phi3": "phi3", "gemma3_text": "gemma3", "gemma2": "gemma2",
+               "gemma4_text": "gemma4", "gemma4": "gemma4",
                "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "qwen2_moe": "qwen2_moe",
                "mixtral": "mixtral", "smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe",
                "glm4": "glm4", "glm4_moe": "glm4_moe", "lfm2": "lfm2", "gpt_oss": "gpt_oss",
                "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3"}
 ARCHITECTURE_OF = {family: arch for arch, family in SUPPORTED_ARCHITECTURES.items() if arch != "MistralForCausalLM"}
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe", "gpt_oss", "deepseek_v3")
-SANDWICH_FAMILIES = ("gemma2", "gemma3", "glm4")  # a norm after attention and after the MLP too
+# a norm after attention and after the MLP too (Gemma 4's layer is its own: engine/gemma4.py)
+SANDWICH_FAMILIES = ("gemma2", "gemma3", "glm4")
 
 
 def family_fields(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """The ModelConfig fields particular to `family`."""
     return {**_moe(family, cfg), **_gemma(family, cfg), **_granite(family, cfg), **_glm(family, cfg),
-            **_smollm3(family, cfg), **_lfm2(family, cfg), **_gpt_oss(family, cfg), **_deepseek(family, cfg)}
+            **_smollm3(family, cfg), **_lfm2(family, cfg), **_gpt_oss(family, cfg), **_deepseek(family, cfg),
+            **_gemma4(family, cfg)}
 
 
 def layer_windows(archs: list[str], cfg: dict[str, Any]) -> tuple[int, ...]:
@@ -269,3 +276,66 @@ def _deepseek(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
     return {"kv_lora_rank": r, "q_lora_rank": int(cfg.get("q_lora_rank") or 0), "qk_nope_head_dim": nope,
             "v_head_dim": int(cfg["v_head_dim"]), "head_dim": rope, "rotary_dim": 0, "attention_scale": scale,
             "rope_interleaved": bool(cfg.get("rope_interleave", True))}
+
+
+def _gemma4(family: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 4: the full-attention layers' head width and KV heads (`per_layer_config` as transformers
+    writes it, or the checkpoint's `global_head_dim` / `num_global_key_value_heads`), their values the keys'
+    projection where `attention_k_eq_v`, their rope "proportional"; scores unscaled; the last
+    `num_kv_shared_layers` layers reading earlier layers' KV; per-layer inputs; experts beside the MLP."""
+    if family != "gemma4":
+        return {}
+    if cfg.get("use_bidirectional_attention"):
+        raise ModelLoadError("use_bidirectional_attention (an embedding model) is not a causal LM agentkv serves")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ModelLoadError(f"Gemma 4 with activation {act!r} is not implemented (gelu_pytorch_tanh is)")
+    layers = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
+    full = {i for i, t in enumerate(types) if t == "full_attention"}
+    head_dim, kv_heads = int(cfg.get("head_dim") or 256), int(cfg.get("num_key_value_heads") or 1)
+    k_eq_v = bool(cfg.get("attention_k_eq_v", False))
+    wide = {"head_dim": int(cfg.get("global_head_dim") or 512)}
+    if k_eq_v and cfg.get("num_global_key_value_heads"):
+        wide["num_key_value_heads"] = int(cfg["num_global_key_value_heads"])
+    if cfg.get("per_layer_config") is not None:
+        per_layer = {int(i): dict(v) for i, v in cfg["per_layer_config"].items()}
+        wide = per_layer[min(full)] if full and min(full) in per_layer else {}
+        if set(per_layer) - full or any(per_layer.get(i, {}) != wide for i in full) \
+                or set(wide) - {"head_dim", "num_key_value_heads"}:
+            raise ModelLoadError("Gemma 4 per_layer_config other than one head width and KV head count for all the "
+                                 f"full-attention layers is not implemented (this config: {cfg['per_layer_config']})")
+    params = cfg.get("rope_parameters") or {}
+    glob, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    if (local.get("rope_type") or "default") != "default" or (glob.get("rope_type") or "default") not in (
+            "default", "proportional"):
+        raise ModelLoadError(f"Gemma 4 with rope {params} is not implemented (default on the windowed layers, "
+                             "proportional or default on the full ones is)")
+    shared = int(cfg.get("num_kv_shared_layers") or 0)
+    if shared and {t for t in types[layers - shared:]} - {t for t in types[: layers - shared]}:
+        raise ModelLoadError(f"num_kv_shared_layers={shared}: a shared layer's kind has no earlier layer to read")
+    out: dict[str, Any] = {
+        "hidden_act": "gelu_tanh", "qk_norm": True, "attention_scale": 1.0,
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "final_softcap": float(cfg.get("final_logit_softcapping") or 0.0),
+        "rope_theta": float(glob.get("rope_theta", 1_000_000.0)),
+        "rope_scaling": RopeScaling(rope_type="proportional", factor=float(glob.get("factor", 1.0)),
+                                    proportion=float(glob.get("partial_rotary_factor", 1.0)))
+        if glob.get("rope_type") == "proportional" else RopeScaling(),
+        "local_rope_theta": float(local.get("rope_theta", 10_000.0)),
+        "global_head_dim": int(wide.get("head_dim", head_dim)) if full else 0,
+        "global_kv_heads": int(wide.get("num_key_value_heads", kv_heads)) if full else 0,
+        "k_eq_v": k_eq_v, "kv_shared_layers": shared,
+        "per_layer_input_size": int(cfg.get("hidden_size_per_layer_input") or 0),
+        "per_layer_vocab": int(cfg.get("vocab_size_per_layer_input") or cfg["vocab_size"]),
+        "double_wide_mlp": bool(cfg.get("use_double_wide_mlp", False))}
+    if out["per_layer_input_size"] and out["per_layer_vocab"] < int(cfg["vocab_size"]):
+        raise ModelLoadError(f"vocab_size_per_layer_input={out['per_layer_vocab']} is under vocab_size="
+                             f"{cfg['vocab_size']}: the tokens past it have no per-layer input")
+    if cfg.get("enable_moe_block"):
+        n, k = int(cfg.get("num_experts") or 0), int(cfg.get("top_k_experts") or 0)
+        if not 1 <= k <= n:
+            raise ModelLoadError(f"Gemma 4's experts: top_k_experts={k} must be between 1 and num_experts={n}")
+        out.update(num_experts=n, experts_per_token=k, moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                   norm_topk_prob=True, router="gemma4")
+    return out

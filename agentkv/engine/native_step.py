@@ -70,6 +70,9 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
     cfg = model.config
     if kernels is None or not kernels.qtile_fast:
         return "the native kernels or their tiled bodies (AVX-512 VNNI or AVX2) are not on this CPU"
+    if cfg.family == "gemma4":
+        return "Gemma 4's layers (per-layer inputs, full layers of another width, layers reading others' KV) " \
+               "are not in the step"
     if model.local_rope is not None and model.local_rope.rot != model.rope.rot:
         return "the windowed layers rotate another number of dimensions"
     if model.norm.weight.dtype != torch.float32:

@@ -31,6 +31,10 @@ def inv_frequencies(cfg: ModelConfig, long: bool = False) -> tuple[torch.Tensor,
             attention_factor = math.sqrt(1 + math.log(rs.factor) / math.log(original)) if rs.factor > 1.0 else 1.0
         shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # (HF's order of operations, to the ulp)
         return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base**shape), float(attention_factor)
+    if rs.rope_type == "proportional":  # (pairs i and i + D/2 of the whole head, as its default rope's)
+        angles = int(rs.proportion * cfg.head_dim // 2)
+        rotated = 1.0 / (base ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / cfg.head_dim))
+        return torch.cat([rotated, torch.zeros(cfg.head_dim // 2 - angles)]) / rs.factor, 1.0
     if rs.rope_type == "linear":
         return inv_freq / rs.factor, 1.0
     original = rs.original_max_position_embeddings or cfg.max_position_embeddings

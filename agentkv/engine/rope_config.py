@@ -9,7 +9,7 @@ from typing import Any
 
 from agentkv.errors import ModelLoadError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,9 @@ class RopeScaling:
     # original_max_position_embeddings and `long_factor` from there on (see rope.inv_frequencies)
     short_factor: tuple[float, ...] | None = None
     long_factor: tuple[float, ...] | None = None
-
+    # proportional (Gemma 4's full layers): the first `proportion` of a head's frequency pairs rotate, at
+    # the frequencies of the whole head's width; the others do not (frequency 0)
+    proportion: float = 1.0
 
 
 def rope_params(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from agentkv.errors import RequestError
 def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
     """The shapes one rank holds. A mixture of experts shards every expert's width (and the shared
     expert's) as a dense MLP's: each rank runs every expert on its slice, the router replicated."""
-    if cfg.conv_layers or cfg.kv_lora_rank:
-        raise RequestError(f"tensor_parallel={world}: the short convolution or latent attention layers of a "
+    if cfg.conv_layers or cfg.kv_lora_rank or cfg.family == "gemma4":
+        raise RequestError(f"tensor_parallel={world}: the short convolution, latent attention or Gemma 4 layers of a "
                            f"{cfg.family} model are not sharded; run it with tensor_parallel=1")
     for what, n in (("attention heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads),
                     ("MLP width", cfg.intermediate_size), ("experts' width", cfg.moe_intermediate_size),

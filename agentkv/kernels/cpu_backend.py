@@ -53,7 +53,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         for row, seq, ext, prompt in zip(meta.rows(), meta.seq_lens, meta.extend_lens, prompts):
             self.spans.append((offset, ext, row, seq, prompt))
             offset += ext
-        self.tiles = None  # built by the first layer, which knows the heads
+        self.tiles: dict[tuple[int, int], torch.Tensor] = {}  # per (heads, KV heads): Gemma 4's layers differ
+        self.torch_prepared = False
 
     def _tiles(self, heads: int, kv_heads: int) -> torch.Tensor:
         """[n, 5] (first token, tokens, table row, keys of the first token, 1 for a prompt's tokens): an
@@ -69,16 +70,18 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def forward(self, q, k, v, k_cache, v_cache, scale, window=0, softcap=0.0, sinks=None):
         T, H, D = q.shape
-        if self.tiles is None:  # the first layer of the pass
-            self.native = (self.kernels.handles(q) and self.kernels.handles(k_cache) and D <= self.kernels.max_head_dim)
-            if not self.native:
+        self.native = self.kernels.handles(q) and self.kernels.handles(k_cache) and D <= self.kernels.max_head_dim
+        if not self.native:  # (this layer's: Gemma 4's wide full layers go here beside its windowed ones' kernel)
+            if not self.torch_prepared:
                 TorchAttentionBackend.prepare(self, self.meta)
-            self.tiles = self._tiles(H, k.shape[1])
-        if not self.native:
+                self.torch_prepared = True
             return TorchAttentionBackend.forward(self, q, k, v, k_cache, v_cache, scale, window, softcap, sinks)
+        tiles = self.tiles.get((H, k.shape[1]))
+        if tiles is None:  # the pass's first layer of these heads
+            tiles = self.tiles[H, k.shape[1]] = self._tiles(H, k.shape[1])
         out = torch.empty(T, H, D, dtype=q.dtype)
         meta = self.meta
-        self.kernels.attention(q, k, v, k_cache, v_cache, meta.out_cache_loc, meta.req_to_token, self.tiles, scale,
+        self.kernels.attention(q, k, v, k_cache, v_cache, meta.out_cache_loc, meta.req_to_token, tiles, scale,
                                out, generic=self.generic, window=window, softcap=softcap,
                                sinks=None if sinks is None else sinks.float().contiguous())
         return out.view(T, H * D)

@@ -1,4 +1,4 @@
-"""SmolLM3, Granite, Granite-MoE, GLM-4, GLM-4.5, gpt-oss, DeepSeek-V3 and LFM2 against transformers'
+"""SmolLM3, Granite, Granite-MoE, GLM-4, GLM-4.5, gpt-oss, DeepSeek-V3, LFM2 and Gemma 4 against transformers'
 own implementations: tiny random models built from their transformers configs give HF's logits
 (fresh, over a cached prefix, and the one-row decode route) and HF `generate`'s greedy tokens, on
 torch ops and on agentkv's C kernels."""
@@ -41,6 +41,16 @@ CASES = [
     # short convolutions (their inputs read back from the pool: over a cached prefix too) beside attention
     ("lfm2", {}),
     ("lfm2", {"conv_L_cache": 4, "conv_bias": True}),
+    # Gemma 4 as E2B: full layers twice as wide with one KV head (its values the keys' projection), a quarter of
+    # their pairs rotating; the last two layers reading layers 3's and 2's KV; per-layer inputs; capped logits
+    ("gemma4_text", {}),
+    # as 26B-A4B: four experts (two chosen, a scale each) beside every layer's MLP, no per-layer inputs, values
+    # of their own; and each full layer's rope the default one
+    ("gemma4_text", {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32,
+                     "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0, "attention_k_eq_v": False,
+                     "use_double_wide_mlp": False, "final_logit_softcapping": None,
+                     "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 50000.0},
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
 ]
 
 
@@ -99,6 +109,13 @@ def test_what_each_family_reads():
     assert ds.attention_scale == pytest.approx(32 ** -0.5 * (0.1 * 0.8 * math.log(8.0) + 1) ** 2)
     lfm = config("lfm2")
     assert lfm.conv_layers == (0, 2, 3) and lfm.conv_kernel == 3 and lfm.intermediate_size == 128 and lfm.qk_norm
+    g4 = config("gemma4_text")
+    assert (g4.head_dim, g4.num_kv_heads, g4.global_head_dim, g4.global_kv_heads) == (16, 2, 32, 1)
+    assert g4.k_eq_v and g4.kv_shared_layers == 2 and [g4.kv_source(i) for i in range(6)] == [0, 1, 2, 3, 3, 2]
+    assert g4.layer_windows == (8, 8, 0, 8, 8, 0) and g4.per_layer_input_size == 8 and g4.double_wide_mlp
+    assert (g4.rope_scaling.rope_type, g4.rope_scaling.proportion, g4.rope_theta, g4.local_rope_theta) == (
+        "proportional", 0.25, 1_000_000.0, 10_000.0)
+    assert g4.attention_scale == 1.0 and g4.final_softcap == 30.0
 
 
 @pytest.mark.parametrize("family,targets", [

@@ -68,18 +68,17 @@ Small = Annotated[int, Field(ge=0, le=99)]
 # Random weights whose choice between two tool names is not one-sided (at seed 0, the Llama-token
 # models pick one name 40 times in 40), so a framework's run can both call a tool and then answer.
 WEIGHT_SEEDS = {"qwen2.5": 1, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_coder": 2, "mistral_v11": 0, "glm45": 0,
-                "kimi_k2": 0, "deepseek_v31": 1, "deepseek_r1": 1, "granite33": 5, "phi4_mini": 0, "gemma4": 0,
+                "kimi_k2": 0, "deepseek_v31": 1, "deepseek_r1": 1, "granite33": 5, "phi4_mini": 0, "gemma4": 4,
                 "gemma3_pythonic": 3, "gemma3": 3, "functiongemma": 0,
                 "gpt_oss": 0}
 
 
 # Each family's tiny model of its own architecture: built from transformers' config (tests/tiny_families.py)...
 ARCHITECTURE = {"granite33": "granite", "glm45": "glm4_moe", "gpt_oss": "gpt_oss", "kimi_k2": "deepseek_v3",
-                "deepseek_v31": "deepseek_v3", "deepseek_r1": "deepseek_v3"}
+                "deepseek_v31": "deepseek_v3", "deepseek_r1": "deepseek_v3", "gemma4": "gemma4_text"}
 # ... or written by agentkv.testing (its family, and the ModelConfig family that reads it); the rest (Llama 3's,
-# pythonic Llama 3.2's) are Llamas, and Gemma 4's template rides on one (its weights do not load), as does
-# FunctionGemma's (Gemma 3's architecture, whose random weights here never give pydantic-ai's run both a call
-# and an answer within its 8 seeds)
+# pythonic Llama 3.2's) are Llamas, and FunctionGemma's template rides on one (on Gemma 3's architecture, its
+# random weights here never give pydantic-ai's run both a call and an answer within 8 seeds)
 TINY_ARCHITECTURE = {"qwen2.5": ("qwen2", "qwen2"), "qwen3_coder": ("qwen3_moe", "qwen3_moe"),
                      "mistral": ("mistral", "llama"), "mistral_v11": ("mistral", "llama"),
                      "phi4_mini": ("phi3", "phi3"), "gemma3": ("gemma3_text", "gemma3"),
@@ -96,7 +95,8 @@ def family(request, tmp_path_factory):
         arch = TINY_ARCHITECTURE.get(name, ("llama", "llama"))[0]
         path = make_tiny_model(out, arch, chat=name, max_positions=4096, seed=WEIGHT_SEEDS[name])
     engine = ak.Engine(str(path), num_slots=16384, seed=0)
-    assert engine.model_config.family == ARCHITECTURE.get(name, TINY_ARCHITECTURE.get(name, ("", "llama"))[1])
+    family = ARCHITECTURE.get(name, TINY_ARCHITECTURE.get(name, ("", "llama"))[1])
+    assert engine.model_config.family == {"gemma4_text": "gemma4"}.get(family, family)
     yield name, engine
     engine.close()
 

@@ -32,9 +32,10 @@ _GGUF_MODULES = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "at
 
 def load_adapter(name: str, path: str | Path, cfg: ModelConfig) -> LoraAdapter:
     """The adapter at `path` (a PEFT folder or a GGUF LoRA file) for a model of `cfg`."""
-    if cfg.kv_lora_rank or cfg.conv_layers:  # (their operators' linears are not the four targets served)
-        raise AdapterError(f"LoRA adapter {name!r}: adapters on a {cfg.family} model (latent attention or short "
-                           f"convolutions) are not served; merge the adapter into the model instead")
+    if cfg.kv_lora_rank or cfg.conv_layers or cfg.family == "gemma4":  # (their linears are not the targets served)
+        raise AdapterError(f"LoRA adapter {name!r}: adapters on a {cfg.family} model (latent attention, short "
+                           f"convolutions, or Gemma 4's layers of several widths) are not served; merge the adapter "
+                           f"into the model instead")
     path = Path(path).expanduser()
     if path.is_dir():
         return _peft(name, path, cfg)
