@@ -42,12 +42,15 @@ class MLP(nn.Module):
 
     def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The gate's activation times up: what the down projection reads."""
-        if self.clamped is not None:
+        native = self.native is not None and self.native.handles(gate_up)
+        if self.clamped is not None and native and gate_up.dtype == torch.float32:  # (the native step's own body)
+            act = self.native.glu_mul(gate_up, clamp=self.clamped)
+        elif self.clamped is not None:
             limit, alpha = self.clamped
             gate, up = gate_up.split(self.intermediate, dim=-1)
             gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
             act = gate * torch.sigmoid(gate * alpha) * (up + 1)
-        elif self.native is not None and self.native.handles(gate_up):  # (the native step's own body)
+        elif native:  # (the native step's own body)
             act = self.native.glu_mul(gate_up, self.gelu)
         else:
             gate, up = gate_up.split(self.intermediate, dim=-1)
@@ -81,6 +84,7 @@ class MoE(nn.Module):
         self.shared = MLP(cfg, shared) if shared else None
         self.shared_gate = Linear(cfg.hidden_size, 1) if shared and cfg.shared_expert_gated else None
         self.all_reduce = False  # tensor parallelism: each rank's experts hold a slice of their width
+        self.native: NativeKernels | None = None  # set by CausalLM.finalize: a softmax router's routing in C
 
     @staticmethod
     def _grouped(experts: list[MLP], exact_rows: torch.Tensor | None) -> bool:
@@ -107,6 +111,9 @@ class MoE(nn.Module):
     def route(self, x: torch.Tensor, exact_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's chosen experts [T, k] and their weights [T, k] (fp32)."""
         logits = self.router(x, exact_rows=exact_rows).float()
+        if self.native is not None and not self.sigmoid_groups and self.expert_scale is None:
+            # the native step's routing (csrc/cpu_moe.c), so both choose the same experts with the same weights
+            return self.native.moe_route(logits, self.top_k, self.norm_topk_prob, self.scaling)
         if not self.sigmoid_groups:
             weights, chosen = torch.softmax(logits, dim=-1).topk(self.top_k, dim=-1)
         else:  # sigmoid scores; the experts of the best groups (a group's score: its two best) compete

@@ -238,7 +238,7 @@ class CausalLM(nn.Module):
         """Pack weights for the CPU kernels; call once after loading and dtype casts. With `native`,
         norms, the MLP's activation and the rotation run as its C kernels."""
         for module in self.modules():
-            if isinstance(module, (RMSNorm, MLP, RotaryEmbedding, QuantEmbedding)):
+            if isinstance(module, (RMSNorm, MLP, MoE, RotaryEmbedding, QuantEmbedding)):
                 module.native = native
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         # the batch-1 copy of the weights (see Linear) when it costs at most 1/8 of the machine's memory

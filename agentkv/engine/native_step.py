@@ -26,7 +26,7 @@ from ctypes import c_float, c_int64, c_void_p
 import torch
 
 from agentkv.engine.linear import Linear
-from agentkv.engine.model import MLP, CausalLM, DecoderLayer, QuantEmbedding, SandwichDecoderLayer, finish_logits
+from agentkv.engine.model import CausalLM, DecoderLayer, MoE, QuantEmbedding, SandwichDecoderLayer, finish_logits
 from agentkv.errors import EngineError, RequestError
 from agentkv.kernels.cpu_native import NativeKernels
 from agentkv.kernels.cpu_quant import RESCORE_TOP, QuantWeight
@@ -49,7 +49,10 @@ class _Layer(ctypes.Structure):
     _fields_ = [("attn_norm", c_void_p), ("mlp_norm", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p),
                 ("qkv", _Mat), ("o", _Mat), ("gate_up", _Mat), ("down", _Mat),
                 ("k_cache", c_void_p), ("v_cache", c_void_p), ("cos", c_void_p), ("sin", c_void_p),
-                ("window", c_int64), ("post_attn_norm", c_void_p), ("post_mlp_norm", c_void_p)]
+                ("window", c_int64), ("post_attn_norm", c_void_p), ("post_mlp_norm", c_void_p), ("sinks", c_void_p),
+                ("experts", c_int64), ("top_k", c_int64), ("norm_topk", c_int64), ("routed_scaling", c_float),
+                ("router", c_void_p), ("router_bias", c_void_p), ("expert_gate_up", c_void_p),
+                ("expert_down", c_void_p)]
 
 
 class _Model(ctypes.Structure):
@@ -58,7 +61,7 @@ class _Model(ctypes.Structure):
                [(name, c_float) for name in ("eps", "scale", "attn_softcap", "embed_scale")] + \
                [("embed_qtype", c_int64), ("embed_tiled", c_int64), ("embed", c_void_p), ("final_norm", c_void_p),
                 ("lm_head", _Mat), ("rescore", c_int64), ("layer", c_void_p), ("kv_bf16", c_int64), ("gelu", c_int64),
-                ("residual_scale", c_float)]
+                ("residual_scale", c_float), ("swiglu_limit", c_float), ("swiglu_alpha", c_float)]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -87,17 +90,37 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
     if cfg.conv_layers or cfg.kv_lora_rank:
         return "the model has short convolution layers (LFM2) or latent attention (DeepSeek-V3), which the step " \
                "does not take"
-    if cfg.attention_sinks or cfg.hidden_act == "swiglu_clamped":  # (gpt-oss's: a mixture of experts today)
-        return "the model's attention sinks or clamped SwiGLU are not in the step"
     for layer in model.layers:
-        if not isinstance(layer, (DecoderLayer, SandwichDecoderLayer)) or not isinstance(layer.mlp, MLP):
-            return "a layer is not a dense one (a mixture of experts)"
-        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        if not isinstance(layer, (DecoderLayer, SandwichDecoderLayer)):
+            return "a layer is not a decoder layer the step takes"
+        mlp = layer.mlp
+        if isinstance(mlp, MoE):
+            why = _unsupported_moe(mlp, cfg)
+            if why:
+                return why
+            linears = [p for e in mlp.experts for p in (e.gate_up_proj, e.down_proj)]
+        else:
+            linears = [mlp.gate_up_proj, mlp.down_proj]
+        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, *linears):
             if lin.all_reduce or lin.quantized is None or not lin.quantized.tiled:
                 return "a linear is not a tiled quantized weight (a GGUF's, in a type the tiles take)"
     head = model.logits_proj.weight if model.logits_proj is not None else None
     if not (isinstance(head, QuantWeight) and head.tiled):
         return "the vocabulary projection is not a tiled quantized weight"
+    return None
+
+
+def _unsupported_moe(moe: MoE, cfg) -> str | None:
+    """Why a mixture of experts' layer is not in the step; None when it is (softmax routers, fp32 routers
+    on agentkv's linear kernel, experts of one width, no shared expert)."""
+    if moe.sigmoid_groups or moe.expert_scale is not None or moe.shared is not None:
+        return "the mixture of experts' router (sigmoid groups, per-expert scales) or shared expert is not in the step"
+    if moe.router.native_weight is None or moe.router.native_weight.data.dtype != torch.float32:
+        return "the mixture of experts' router is not an fp32 matrix on agentkv's linear kernel"
+    if cfg.residual_multiplier != 1.0:
+        return "Granite-MoE's residual multiplier on the experts' output is not in the step"
+    if moe.experts[0].intermediate % 32 or any(e.intermediate != moe.experts[0].intermediate for e in moe.experts):
+        return "the experts' width is not whole blocks of 32, or not one width"
     return None
 
 
@@ -125,6 +148,7 @@ class NativeStep:
         cfg = model.config
         self.runner, self.kernels, self.calls = runner, kernels, 0
         self._keep: list[torch.Tensor] = []  # every tensor a pointer below reaches into
+        self._arrays: list = []  # the ctypes arrays of experts' matrices the layers point into
 
         def vec(t: torch.Tensor | None) -> int | None:
             if t is None:
@@ -154,13 +178,17 @@ class NativeStep:
                 cos = sin = None
             sandwich = isinstance(layer, SandwichDecoderLayer)
             mlp_norm = layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
+            moe = mlp if isinstance(mlp, MoE) else None
+            dense = (mat(mlp.gate_up_proj), mat(mlp.down_proj)) if moe is None else (_Mat(), _Mat())
             layers[i] = _Layer(vec(layer.input_layernorm.weight), vec(mlp_norm.weight),
                                vec(attn.q_norm.weight if attn.q_norm else None),
                                vec(attn.k_norm.weight if attn.k_norm else None),
-                               mat(attn.qkv_proj), mat(attn.o_proj), mat(mlp.gate_up_proj), mat(mlp.down_proj),
+                               mat(attn.qkv_proj), mat(attn.o_proj), *dense,
                                k_cache.data_ptr(), v_cache.data_ptr(), cos, sin, attn.window,
                                vec(layer.post_attention_layernorm.weight) if sandwich else None,
-                               vec(layer.post_feedforward_layernorm.weight) if sandwich else None)
+                               vec(layer.post_feedforward_layernorm.weight) if sandwich else None,
+                               vec(attn.sinks.float() if attn.sinks is not None else None),
+                               *(self._experts(moe, mat, vec) if moe is not None else ()))
         embed = model.embed_tokens
         if isinstance(embed, QuantEmbedding):
             self._keep.append(embed.weight.data)
@@ -176,11 +204,22 @@ class NativeStep:
                                                    else 0.0), *embed_args,
                              vec(model.norm.weight), mat(model.logits_proj.weight), RESCORE_TOP,
                              ctypes.addressof(layers), int(runner.pool.kv_caches[0][0].dtype == torch.bfloat16),
-                             int(model.layers[0].mlp.gelu),
-                             cfg.residual_multiplier if cfg.residual_multiplier != 1.0 else 0.0)
+                             int(cfg.hidden_act == "gelu_tanh"),
+                             cfg.residual_multiplier if cfg.residual_multiplier != 1.0 else 0.0,
+                             cfg.swiglu_limit if cfg.hidden_act == "swiglu_clamped" else 0.0, cfg.swiglu_alpha)
         self.config = cfg
         self.generic = False  # tests: the plain-C bodies on CPUs with AVX-512 too
         self.threads = torch.get_num_threads()  # the engine's (host.usable_cores); a step may run on fewer
+
+    def _experts(self, moe: MoE, mat, vec) -> tuple:
+        """A mixture of experts' _Layer fields: its counts, the router packed for cpu_linear.c and its bias, and
+        arrays of each expert's gate_up and down (kept alive with this step)."""
+        gate_ups = (_Mat * len(moe.experts))(*(mat(e.gate_up_proj) for e in moe.experts))
+        downs = (_Mat * len(moe.experts))(*(mat(e.down_proj) for e in moe.experts))
+        self._arrays += [gate_ups, downs]
+        router = moe.router
+        return (len(moe.experts), moe.top_k, int(moe.norm_topk_prob), moe.scaling, vec(router.native_weight.data),
+                vec(router.bias), ctypes.addressof(gate_ups), ctypes.addressof(downs))
 
     def can_run(self, inputs) -> bool:
         """A pass of at most 16 tokens the model wrote (decodes, jump-forward's, drafts: no prompt's,

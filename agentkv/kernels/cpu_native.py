@@ -41,7 +41,8 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_attention": ([_INT, _INT, _P, _I64, _P, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P,
                            _I64, _INT, _INT, _INT, _F, _P, _I64, _F, _P, _INT, _INT], _INT),
     "agentkv_rms_norm": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT], None),
-    "agentkv_glu_mul": ([_INT, _INT, _P, _I64, _I64, _I64, _P, _INT, _INT], None),
+    "agentkv_glu_mul": ([_INT, _INT, _F, _F, _P, _I64, _I64, _I64, _P, _INT, _INT], None),
+    "agentkv_moe_route": ([_P, _I64, _I64, _I64, _INT, _F, _P, _P], None),
     "agentkv_rope": ([_INT, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT], None),
     "agentkv_linear": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT], None),
     "agentkv_linear_available": ([_INT], _INT),
@@ -130,15 +131,29 @@ class NativeKernels(QuantKernels):
                                    x.shape[0], n, eps, out.data_ptr(), torch.get_num_threads(), generic)
         return out
 
-    def glu_mul(self, gate_up: torch.Tensor, gelu: bool = False, generic: bool = False) -> torch.Tensor:
-        """silu(gate) * up, or (`gelu`) GELU's tanh form, for gate_up [T, 2n] holding the two halves side
-        by side: [T, n]."""
+    def glu_mul(self, gate_up: torch.Tensor, gelu: bool = False, generic: bool = False,
+                clamp: tuple[float, float] | None = None) -> torch.Tensor:
+        """silu(gate) * up, or (`gelu`) GELU's tanh form, or (`clamp`: limit, alpha) gpt-oss's clamped SwiGLU,
+        for gate_up [T, 2n] holding the two halves side by side: [T, n]."""
         rows, n = gate_up.shape[0], gate_up.shape[1] // 2
         assert gate_up.stride(-1) == 1
         out = torch.empty(rows, n, dtype=gate_up.dtype)
-        self._lib.agentkv_glu_mul(_DTYPES[gate_up.dtype], int(gelu), gate_up.data_ptr(), gate_up.stride(0), rows, n,
-                                  out.data_ptr(), torch.get_num_threads(), generic)
+        limit, alpha = clamp or (0.0, 1.0)
+        self._lib.agentkv_glu_mul(_DTYPES[gate_up.dtype], int(gelu), limit, alpha, gate_up.data_ptr(),
+                                  gate_up.stride(0), rows, n, out.data_ptr(), torch.get_num_threads(), generic)
         return out
+
+    def moe_route(self, logits: torch.Tensor, k: int, norm: bool, scaling: float = 1.0
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's k experts [T, k] (int64, descending) and weights [T, k] (fp32) from router logits [T, E]
+        (fp32): their softmax over all, or (`norm`) over the k alone, times `scaling` (csrc/cpu_moe.c; the
+        native step routes with the same body)."""
+        logits = logits.float().contiguous()
+        T, E = logits.shape
+        idx = torch.empty(T, k, dtype=torch.int64)
+        w = torch.empty(T, k, dtype=torch.float32)
+        self._lib.agentkv_moe_route(logits.data_ptr(), T, E, k, int(norm), scaling, idx.data_ptr(), w.data_ptr())
+        return idx, w
 
     def rope_(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               generic: bool = False, rot: int | None = None) -> torch.Tensor:

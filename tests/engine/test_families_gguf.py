@@ -93,11 +93,12 @@ def test_a_gguf_is_the_checkpoint_it_was_written_from(tmp_path, monkeypatch, fam
 
 @pytest.mark.skipif(cpu_native.load() is None or not cpu_native.load().qtile_fast,
                     reason="the native step needs the C kernels' tiled bodies (AVX-512 VNNI or AVX2)")
-@pytest.mark.parametrize("family", ["smollm3", "granite", "glm4"])
+@pytest.mark.parametrize("family", ["smollm3", "granite", "glm4", "gpt_oss"])
 @pytest.mark.parametrize("batch", [1, 16])
 def test_the_native_step_gives_the_python_paths_logits(tmp_path, monkeypatch, family, batch):
-    """Layers without rope, Granite's multipliers (embeddings, residuals, scores, logits) and GLM-4's
-    sandwich with half of each head rotating, in the step."""
+    """Layers without rope, Granite's multipliers (embeddings, residuals, scores, logits), GLM-4's
+    sandwich with half of each head rotating, and gpt-oss (sinks, biases, windows, its MXFP4 experts routed
+    and run in the step, their clamped SwiGLU) in the step."""
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
     path, _ = _pair(tmp_path, family, "Q4_0")
     with ak.Engine(path, num_slots=2048) as engine:

@@ -190,13 +190,13 @@ int64_t agentkv_attend_parts(int64_t len, int64_t window) {
    `len` keys read through `slots` (its own K/V already stored): a task of the native decode step
    (cpu_step.c), which checked every index. q and out: the token's rows [H, D]; the caches bf16 where
    `kvbf`, else fp32. With `partial` (where agentkv_attend_parts says more than one), only the part-th
-   part's keys, its results for the merge into `partial` [ng][D + 2]. */
+   part's keys, its results for the merge into `partial` [ng][D + 2]. `sinks` [H] or NULL: gpt-oss's. */
 void agentkv_attend_one(const float *q, const void *kc, const void *vc, const int64_t *slots, int64_t len, int h,
                         int g0, int ng, int G, int KVH, int H, int D, float scale, float *out, int64_t window,
-                        float softcap, int kvbf, int generic, int64_t part, float *partial) {
+                        float softcap, const float *sinks, int kvbf, int generic, int64_t part, float *partial) {
     const int64_t k0 = window && len > window ? len - window : 0;
     Task t = {q, (int64_t)H * D, kc, vc, slots, 0, 1, len, g0, ng, G, KVH, h, H, D, scale, out, k0, len, window,
-              softcap, NULL, 0};
+              softcap, NULL, 0, sinks};
     if (partial) {
         to_part(&t, part);
         t.partial = partial;
@@ -206,7 +206,7 @@ void agentkv_attend_one(const float *q, const void *kc, const void *vc, const in
 
 /* agentkv_attend_one's parts (`parts` results [ng][D + 2], part_stride floats apart) merged into out. */
 void agentkv_attend_merge(const float *partials, int64_t parts, int64_t part_stride, int g0, int ng, int G, int h,
-                          int H, int D, float *out) {
-    const Task t = {NULL, 0, NULL, NULL, NULL, 0, 1, 0, g0, ng, G, 0, h, H, D, 0.f, out, 0, 0, 0, 0.f, NULL, 0};
+                          int H, int D, const float *sinks, float *out) {
+    const Task t = {NULL, 0, NULL, NULL, NULL, 0, 1, 0, g0, ng, G, 0, h, H, D, 0.f, out, 0, 0, 0, 0.f, NULL, 0, sinks};
     for (int i = 0; i < ng; i++) merge_query(&t, i, partials, parts, part_stride, 0);
 }

@@ -19,14 +19,16 @@ void agentkv_rms_norm(int bf, const void *x, int64_t x_ld, int64_t heads, const 
     }
 }
 
-/* out [rows, n] = act(gate) * up, act silu or (gelu) GELU's tanh form; gate and up are the two halves of
-   gu's rows [rows, 2n] (row stride ld) */
-void agentkv_glu_mul(int bf, int gelu, const void *gu, int64_t ld, int64_t rows, int64_t n, void *out, int nthreads,
-                     int generic) {
+/* out [rows, n] = act(gate) * up, act silu or (gelu) GELU's tanh form, or where limit > 0 gpt-oss's clamped
+   SwiGLU (glu_row); gate and up are the two halves of gu's rows [rows, 2n] (row stride ld) */
+void agentkv_glu_mul(int bf, int gelu, float limit, float alpha, const void *gu, int64_t ld, int64_t rows, int64_t n,
+                     void *out, int nthreads, int generic) {
 #pragma omp parallel for num_threads(nthreads) if (rows * n >= 65536)
     for (int64_t r = 0; r < rows; r++) {
-        if (bf) glu_row(AT(gu, r * ld, 1), AT(gu, r * ld + n, 1), n, AT_MUT(out, r * n, 1), 1, gelu, generic);
-        else glu_row(AT(gu, r * ld, 0), AT(gu, r * ld + n, 0), n, AT_MUT(out, r * n, 0), 0, gelu, generic);
+        if (bf)
+            glu_row(AT(gu, r * ld, 1), AT(gu, r * ld + n, 1), n, AT_MUT(out, r * n, 1), 1, gelu, limit, alpha, generic);
+        else
+            glu_row(AT(gu, r * ld, 0), AT(gu, r * ld + n, 0), n, AT_MUT(out, r * n, 0), 0, gelu, limit, alpha, generic);
     }
 }
 

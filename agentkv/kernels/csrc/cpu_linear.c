@@ -108,8 +108,27 @@ void agentkv_linear(int bf, const void *x, int64_t x_ld, int64_t M, int64_t K, c
     else linear(x, x_ld, M, K, wp, N, bias, res, r_ld, out, out_ld, nthreads, 0);
 }
 
+/* agentkv_linear's column blocks [nb0, nb1) of x's M <= 16 rows, fp32, on the calling thread: the same bits
+   for those columns (a block's sums never depend on the others), for a thread's share of the native decode step
+   (its mixture of experts' router) */
+void agentkv_linear_blocks(const float *x, int64_t x_ld, int64_t M, int64_t K, const float *wp, int64_t N,
+                           const float *bias, int64_t nb0, int64_t nb1, float *out, int64_t out_ld) {
+    for (int64_t nb = nb0; nb < nb1; nb++) {
+        const int64_t cols = N - nb * 16 < 16 ? N - nb * 16 : 16;
+        rows_any((const char *)x, x_ld, (int)M, K, (const char *)(wp + nb * K * 16), bias ? (const char *)(bias + nb * 16)
+                 : NULL, NULL, 0, (char *)(out + nb * 16), out_ld, cols, 1, 0);
+    }
+}
+
 #else
 
 int agentkv_linear_available(int bf) { (void)bf; return 0; } /* and no agentkv_linear: torch's linears run */
+
+/* (the native step takes no router where agentkv_linear is absent: never called) */
+void agentkv_linear_blocks(const float *x, int64_t x_ld, int64_t M, int64_t K, const float *wp, int64_t N,
+                           const float *bias, int64_t nb0, int64_t nb1, float *out, int64_t out_ld) {
+    (void)x, (void)x_ld, (void)M, (void)K, (void)wp, (void)N, (void)bias, (void)nb0, (void)nb1, (void)out, (void)out_ld;
+    abort();
+}
 
 #endif

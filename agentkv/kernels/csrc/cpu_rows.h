@@ -45,28 +45,39 @@ INLINE void rms_row(const void *x, const void *w, int64_t n, float eps, void *ou
 
 /* act(gate) * up over one row, act silu or (gelu) GELU's tanh form: 0.5 x (1 + tanh(y)) is x / (1 + e^-2y),
    y = sqrt(2 / pi) (x + 0.044715 x^3), silu's form with another exponent. bf16 as HF's MLP: the
-   activation rounded to bf16, then the product rounded */
+   activation rounded to bf16, then the product rounded. Where limit > 0, gpt-oss's clamped SwiGLU instead:
+   gate clamped above and up on both sides to limit, gate * sigmoid(alpha gate) * (up + 1) */
 INLINE void glu_row(const void *g, const void *u, int64_t n, void *out, const int bf, const int gelu,
-                    const int generic) {
+                    const float limit, const float alpha, const int generic) {
+    const int clamp = limit > 0.f;
 #if AGENTKV_AVX512
     if (!generic && n % 16 == 0) {
         const __m512 one = _mm512_set1_ps(1.f), c = _mm512_set1_ps(GELU_C), k2 = _mm512_set1_ps(-2.f * GELU_K);
+        const __m512 hi = _mm512_set1_ps(limit), lo = _mm512_set1_ps(-limit), na = _mm512_set1_ps(-alpha);
         for (int64_t i = 0; i < n; i += 16) {
-            __m512 gv = load16(AT(g, i, bf), bf);
+            __m512 gv = load16(AT(g, i, bf), bf), uv = load16(AT(u, i, bf), bf);
+            if (clamp) {
+                gv = _mm512_min_ps(gv, hi);
+                uv = _mm512_add_ps(_mm512_max_ps(_mm512_min_ps(uv, hi), lo), one);
+            }
             const __m512 e = gelu ? _mm512_mul_ps(k2, _mm512_fmadd_ps(_mm512_mul_ps(c, gv), _mm512_mul_ps(gv, gv), gv))
-                                  : _mm512_sub_ps(_mm512_setzero_ps(), gv);
+                             : clamp ? _mm512_mul_ps(na, gv) : _mm512_sub_ps(_mm512_setzero_ps(), gv);
             __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(e)));
-            store16(AT_MUT(out, i, bf), _mm512_mul_ps(bf ? through_bf16_16(s) : s, load16(AT(u, i, bf), bf)), bf);
+            store16(AT_MUT(out, i, bf), _mm512_mul_ps(bf ? through_bf16_16(s) : s, uv), bf);
         }
         return;
     }
 #endif
     (void)generic;
     for (int64_t i = 0; i < n; i++) {
-        float gv = load1(g, i, bf);
-        const float e = gelu ? -2.f * GELU_K * fmaf(GELU_C * gv, gv * gv, gv) : -gv;
+        float gv = load1(g, i, bf), uv = load1(u, i, bf);
+        if (clamp) {
+            gv = fminf(gv, limit);
+            uv = fmaxf(fminf(uv, limit), -limit) + 1.f;
+        }
+        const float e = gelu ? -2.f * GELU_K * fmaf(GELU_C * gv, gv * gv, gv) : clamp ? -alpha * gv : -gv;
         float s = gv / (1.f + exp_approx(e));
-        store1(out, i, (bf ? through_bf16(s) : s) * load1(u, i, bf), bf);
+        store1(out, i, (bf ? through_bf16(s) : s) * uv, bf);
     }
 }
 

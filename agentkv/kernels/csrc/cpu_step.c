@@ -22,15 +22,16 @@ the columns each thread's tiles wrote. */
 
 #include "cpu_step.h"
 #include "cpu_step_lora.h"
+#include "cpu_step_moe.h"
 
 /* cpu_attention_tasks.c: one decoding token's attention for some query heads of a KV head, whole or a part of
    its keys at a time, and the parts merged */
 int64_t agentkv_attend_parts(int64_t len, int64_t window);
 void agentkv_attend_one(const float *q, const void *kc, const void *vc, const int64_t *slots, int64_t len, int h,
                         int g0, int ng, int G, int KVH, int H, int D, float scale, float *out, int64_t window,
-                        float softcap, int kvbf, int generic, int64_t part, float *partial);
+                        float softcap, const float *sinks, int kvbf, int generic, int64_t part, float *partial);
 void agentkv_attend_merge(const float *partials, int64_t parts, int64_t part_stride, int g0, int ng, int G, int h,
-                          int H, int D, float *out);
+                          int H, int D, const float *sinks, float *out);
 
 /* 0 when every index the step follows is in bounds, else which kind is not (nothing done) */
 static int check(const StepModel *md, int64_t M, const int64_t *ids, const int64_t *pos, const int64_t *out_loc,
@@ -76,7 +77,9 @@ static void free_scratch(Scratch *s) {
     free(s->x), free(s->h), free(s->qkv), free(s->gu), free(s->parts), free(s->top_idx), free(s->top_val);
     free(s->lt), free(s->act), free(s->hn);
     free(s->top_n);
+    free(s->rl), free(s->pw), free(s->egu), free(s->ey), free(s->pick), free(s->pair_tok), free(s->grp);
     agentkv_qrows_free(&s->qa), agentkv_qrows_free(&s->qo), agentkv_qrows_free(&s->qd);
+    agentkv_qrows_free(&s->qe), agentkv_qrows_free(&s->qe2);
 }
 
 /* one decoding token's k and v heads into the caches, then its q and k heads normed (Qwen3) and rotated */
@@ -174,7 +177,8 @@ static void step_job(void *arg, int me, int nt) {
             if (part >= parts) continue;
             agentkv_attend_one(s->qkv + m * qkv_n, L->k_cache, L->v_cache, run->table + rows[m] * table_ld, pos[m] + 1,
                                (int)h, (int)g0, (int)(G - g0 < ng ? G - g0 : ng), (int)G, (int)KVH, (int)H, (int)D,
-                               md->scale, s->h + m * width, L->window, md->attn_softcap, (int)md->kv_bf16, generic,
+                               md->scale, s->h + m * width, L->window, md->attn_softcap, L->sinks, (int)md->kv_bf16,
+                               generic,
                                part, parts > 1 ? s->parts + task * run->part_stride : NULL);
         }
         agentkv_pool_barrier(nt);
@@ -185,7 +189,7 @@ static void step_job(void *arg, int me, int nt) {
                 if (parts > 1)
                     agentkv_attend_merge(s->parts + item * P * run->part_stride, parts, run->part_stride, (int)g0,
                                          (int)(G - g0 < ng ? G - g0 : ng), (int)G, (int)h, (int)H, (int)D,
-                                         s->h + m * width);
+                                         L->sinks, s->h + m * width);
             }
             agentkv_pool_barrier(nt);
         }
@@ -200,6 +204,10 @@ static void step_job(void *arg, int me, int nt) {
             norm_quant(s->x + m * hid, L->mlp_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
         lora_in_normed(run, l, L_GATE_UP, L->mlp_norm, me, nt);
         agentkv_pool_barrier(nt);
+        if (L->experts) {  /* (adapters do not target experts: the step is given none for such a model) */
+            moe_out(run, L, me, nt);
+            continue;
+        }
         mat_share(&L->gate_up, &s->qa, M, me, nt, NULL, 0, s->gu, 2 * inter, generic);
         lora_out(run, l, L_GATE_UP, &L->gate_up, s->gu, 2 * inter, me, nt);
         agentkv_pool_barrier(nt);
@@ -207,7 +215,7 @@ static void step_job(void *arg, int me, int nt) {
             const int64_t m = item / (inter / QK), b = item % (inter / QK);
             float act[QK];
             const float *gate = s->gu + m * 2 * inter + b * QK;
-            glu_row(gate, gate + inter, QK, act, 0, (int)md->gelu, generic);
+            glu_row(gate, gate + inter, QK, act, 0, (int)md->gelu, md->swiglu_limit, md->swiglu_alpha, generic);
             quantize_into(act, &s->qd, m, b);
             if (run->lora_down) memcpy(s->act + m * inter + b * QK, act, sizeof act);
         }
@@ -322,6 +330,27 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
         s->act = lora_down ? malloc((size_t)(M * inter) * sizeof(float)) : NULL;
         s->hn = malloc((size_t)(nthreads * width) * sizeof(float));
         if (!s->lt || (lora_down && !s->act) || !s->hn) {
+            free_scratch(s);
+            return 7;
+        }
+    }
+    int64_t E = 0, k = 0, einter = 0;  /* a mixture of experts' layers: the most experts, chosen and width */
+    for (int64_t l = 0; l < md->layers; l++)
+        if (md->layer[l].experts) {
+            const StepLayer *L = md->layer + l;
+            E = L->experts > E ? L->experts : E, k = L->top_k > k ? L->top_k : k;
+            einter = L->expert_gate_up[0].N / 2 > einter ? L->expert_gate_up[0].N / 2 : einter;
+        }
+    if (E) {
+        s->rl = malloc((size_t)(M * E) * sizeof(float));
+        s->pw = malloc((size_t)(M * k) * sizeof(float));
+        s->pick = malloc((size_t)(M * k) * sizeof(int64_t));
+        s->pair_tok = malloc((size_t)(M * k) * sizeof(int64_t));
+        s->grp = malloc((size_t)(3 * M * k) * sizeof(int64_t));
+        s->egu = malloc((size_t)(M * k * 2 * einter) * sizeof(float));
+        s->ey = malloc((size_t)(M * k * hid) * sizeof(float));
+        if (!s->rl || !s->pw || !s->pick || !s->pair_tok || !s->grp || !s->egu || !s->ey ||
+            agentkv_qrows_alloc(&s->qe, M * k, hid) || agentkv_qrows_alloc(&s->qe2, M * k, einter)) {
             free_scratch(s);
             return 7;
         }

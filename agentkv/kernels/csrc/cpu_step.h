@@ -36,6 +36,14 @@ typedef struct {
     /* Gemma's sandwich: attention's and the MLP's outputs normed before they join the residual (mlp_norm
        then the norm before the MLP); NULL for the other families */
     const float *post_attn_norm, *post_mlp_norm;
+    const float *sinks;                 /* [heads] or NULL: a learned logit per query head in its softmax (gpt-oss) */
+    /* a mixture of experts in the MLP's place where experts > 0: the router (fp32, packed for cpu_linear.c:
+       [experts / 16][hidden][16]) and its bias; each token's top_k experts by a softmax (cpu_moe.c), each
+       expert's gate_up and down ([experts] each, one shape and type) */
+    int64_t experts, top_k, norm_topk;
+    float routed_scaling;
+    const float *router, *router_bias;
+    const StepMat *expert_gate_up, *expert_down;
 } StepLayer;
 
 typedef struct {
@@ -51,9 +59,17 @@ typedef struct {
     int64_t kv_bf16;       /* the KV caches hold bf16 (rounded to nearest even), else fp32 */
     int64_t gelu;          /* the MLP's activation GELU's tanh form (Gemma), else silu */
     float residual_scale;  /* Granite's: each attention and MLP output times it before the residual; 0: none */
+    float swiglu_limit, swiglu_alpha;  /* gpt-oss's clamped SwiGLU where the limit > 0 (glu_row) */
 } StepModel;
 
 #define MAX_RESCORE 64
+
+/* cpu_moe.c: a token's experts from its router logits (the Python path's routing too) */
+void agentkv_moe_route_row(const float *logits, int64_t E, int64_t k, int norm, float scaling, int64_t *idx,
+                           float *w);
+/* cpu_linear.c: agentkv_linear's column blocks [nb0, nb1), fp32, on the calling thread */
+void agentkv_linear_blocks(const float *x, int64_t x_ld, int64_t M, int64_t K, const float *wp, int64_t N,
+                           const float *bias, int64_t nb0, int64_t nb1, float *out, int64_t out_ld);
 
 typedef struct {
     const int64_t *row_adapter; /* [M]: each token's index into adapters, -1: none */
@@ -70,6 +86,13 @@ typedef struct {
     float *hn;         /* [threads][width]: a thread's own copy of a normed row whose shrink it shares */
     float *parts;      /* [M][KVH x chunks][max_parts][part_stride]: attention's parts, before their merge */
     QRows qa, qo, qd;  /* quantized inputs of qkv and gate_up (hidden), o (heads x head_dim), down (inter) */
+    /* a mixture of experts' layer: router logits [M][experts]; each token's experts (ascending) and weights
+       [M][top_k]; the (token, expert) pairs grouped by expert: each pair's token, each group's expert, first pair
+       and count; the pairs' inputs (hidden) and activations (expert width) quantized, their gate_up and outputs */
+    float *rl, *pw, *egu, *ey;
+    int64_t *pick, *pair_tok, *grp;
+    int64_t groups;
+    QRows qe, qe2;
     int64_t *top_idx;  /* [threads][M][R]: each thread's best logits of its tiles */
     float *top_val;
     int *top_n;
@@ -93,12 +116,15 @@ INLINE int64_t share(int64_t n, int me, int nt) { return n * me / nt; }
 
 INLINE int64_t tiles_of(int64_t rows) { return (rows + TILE_ROWS - 1) / TILE_ROWS; }
 
-/* the tiles of W that thread `me` of `nt` multiplies: its share of all parts' tiles in order */
-INLINE void mat_share(const StepMat *w, const QRows *x, int64_t M, int me, int nt, const float *res, int64_t r_ld,
-                      float *out, int64_t out_ld, int generic) {
+INLINE int64_t mat_tiles(const StepMat *w) {
     int64_t total = 0;
     for (int64_t p = 0; p < w->parts; p++) total += tiles_of(w->part[p].N);
-    const int64_t t0 = share(total, me, nt), t1 = share(total, me + 1, nt);
+    return total;
+}
+
+/* tiles [t0, t1) of W (over all its parts, in order) times x's M rows */
+INLINE void mat_range(const StepMat *w, const QRows *x, int64_t M, int64_t t0, int64_t t1, const float *res,
+                      int64_t r_ld, float *out, int64_t out_ld, int generic) {
     for (int64_t p = 0, first = 0, row = 0; p < w->parts; p++) {
         const StepPart *part = w->part + p;
         const int64_t n = tiles_of(part->N), a = t0 > first ? t0 - first : 0, b = t1 - first < n ? t1 - first : n;
@@ -108,6 +134,13 @@ INLINE void mat_share(const StepMat *w, const QRows *x, int64_t M, int me, int n
                                 generic);
         first += n, row += part->N;
     }
+}
+
+/* the tiles of W that thread `me` of `nt` multiplies: its share of all parts' tiles in order */
+INLINE void mat_share(const StepMat *w, const QRows *x, int64_t M, int me, int nt, const float *res, int64_t r_ld,
+                      float *out, int64_t out_ld, int generic) {
+    const int64_t total = mat_tiles(w);
+    mat_range(w, x, M, share(total, me, nt), share(total, me + 1, nt), res, r_ld, out, out_ld, generic);
 }
 
 /* the output columns [c0, c1) that thread `me` of `nt` writes in mat_share (its tiles, in order over the parts) */
