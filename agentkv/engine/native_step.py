@@ -1,6 +1,7 @@
-"""The decode step in one native call (csrc/cpu_step.c) for dense Llama-family models (and Gemma 2 / 3:
+"""The decode step in one native call (csrc/cpu_step.c) for Llama-family models (and Gemma 2 / 3:
 norms around attention and the MLP, GeGLU, scaled embeddings, soft caps, their own rotation for
-windowed layers) on CPU whose linears are tiled quantized weights (a GGUF's matrices in any type the tiles
+windowed layers; mixtures of experts with a softmax router, gpt-oss's sinks and clamped experts
+included: csrc/cpu_step_moe.h) on CPU whose linears are tiled quantized weights (a GGUF's matrices in any type the tiles
 take: kernels/cpu_quant.py's QUANT_TYPES, on a CPU with AVX-512 VNNI or AVX2).
 
 A decode step of the Python path is ~270 kernel calls, each a parallel region woken from Python: for

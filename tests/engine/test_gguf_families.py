@@ -254,3 +254,32 @@ def test_gemma_hyperparameters_llama_cpp_fixes_by_family():
     g2 = config("gemma2", 46)
     assert g2.attention_scale == pytest.approx(168 ** -0.5) and g2.layer_windows[:2] == (1024, 0) and not g2.qk_norm
     assert config("gemma2", 42).attention_scale == pytest.approx(128 ** -0.5)
+
+
+@pytest.mark.skipif(cpu_native.load() is None or not cpu_native.load().qtile_fast,
+                    reason="the native step needs the C kernels' tiled bodies (AVX-512 VNNI or AVX2)")
+@pytest.mark.parametrize("batch", [1, 16])
+def test_the_native_step_takes_a_mixture_of_experts(tmp_path, monkeypatch, batch):
+    """Qwen3-MoE's experts (the top 2 of a softmax, renormalized as llama.cpp reads the arch; its router in F32
+    as llama.cpp's files keep it) in the step, its logits the Python path's bits; Qwen2-MoE's shared expert is
+    not taken, and the step says so."""
+    import torch
+
+    from agentkv.engine.native_step import unsupported
+    from tests.engine.test_native_step import PROMPTS, step_and_python
+
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_tiny_model(tmp_path / "src", "qwen3_moe", kv_heads=4)
+    write_gguf(src, tmp_path / "m.gguf", "qwen3_moe", "Q8_0", kinds={"ffn_gate_inp.weight": "F32"})
+    with ak.Engine(str(tmp_path / "m.gguf"), num_slots=2048) as engine:
+        assert engine.model_config.num_experts and engine._core.runner.native_step is not None
+        pairs = step_and_python(engine, PROMPTS[:batch], max_tokens=20)
+    assert len(pairs) >= 19
+    for got, ref, _ in pairs:
+        assert torch.equal(got, ref)
+    shared = make_tiny_model(tmp_path / "shared", "qwen2_moe", tie=False)
+    write_gguf(shared, tmp_path / "s.gguf", "qwen2_moe", "Q8_0", kinds={"ffn_gate_inp.weight": "F32"})
+    with ak.Engine(str(tmp_path / "s.gguf"), num_slots=256) as engine:
+        runner = engine._core.runner
+        assert runner.native_step is None
+        assert "shared expert" in unsupported(runner.model, cpu_native.load(), torch.float32)

@@ -78,6 +78,34 @@ def test_glu_mul_matches_torch(dtype, generic, n, gelu):
         assert (out == ref).float().mean() > (0.99 if gelu else 0.995)
 
 
+@pytest.mark.parametrize("generic", BODIES)
+@pytest.mark.parametrize("n", [1536, 40])
+def test_clamped_swiglu_matches_torch(generic, n):
+    """gpt-oss's clamped SwiGLU: gate clamped above, up on both sides, gate * sigmoid(alpha gate) * (up + 1),
+    against HF's torch ops (values wide enough that both clamps bite)."""
+    g = torch.Generator().manual_seed(n)
+    gate_up = torch.randn(17, 2 * n, generator=g) * 6
+    gate, up = gate_up.split(n, dim=-1)
+    out = kernels.glu_mul(gate_up, generic=generic, clamp=(7.0, 1.702))
+    gate, up = gate.clamp(max=7.0), up.clamp(min=-7.0, max=7.0)
+    torch.testing.assert_close(out, gate * torch.sigmoid(gate * 1.702) * (up + 1), rtol=1e-5, atol=1e-5)
+    assert (gate_up.abs() > 7).any()
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_moe_routing_matches_torch(norm):
+    """Each row's top k experts (in descending order) and their weights: the softmax's over all experts, or
+    renormalized over the k, as torch's softmax and topk give them; times a scaling factor."""
+    g = torch.Generator().manual_seed(int(norm))
+    logits = torch.randn(40, 32, generator=g) * 3
+    idx, w = kernels.moe_route(logits, 4, norm, scaling=2.5)
+    ref_w, ref_idx = torch.softmax(logits, dim=-1).topk(4, dim=-1)
+    if norm:
+        ref_w = ref_w / ref_w.sum(dim=-1, keepdim=True)
+    assert torch.equal(idx, ref_idx)
+    torch.testing.assert_close(w, ref_w * 2.5, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("generic", BODIES)
 @pytest.mark.parametrize("D", [64, 16, 12])
