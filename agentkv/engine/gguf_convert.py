@@ -27,7 +27,7 @@ from agentkv.engine.tokenizer import tokenizer_files_from_gguf
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
-CONVERSION_VERSION = "8"
+CONVERSION_VERSION = "9"
 # quantizations whose matrices are kept as they are (the CPU kernels multiply them in their blocks:
 # kernels/cpu_quant.py's QUANT_TYPES); every other tensor is dequantized to fp32 here
 KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16",

@@ -14,22 +14,46 @@ from typing import Any
 
 from agentkv.errors import ModelLoadError, RequestError
 
-# GGUF `tokenizer.ggml.pre` -> the pre-tokenizer regex llama.cpp uses for it (None: GPT-2's ByteLevel).
+# GGUF `tokenizer.ggml.pre` -> how llama.cpp splits text before BPE (llama-vocab.cpp): "bytelevel" (GPT-2's
+# regex), "digits" (each digit apart, then GPT-2's), or regexes applied one after another (each match its
+# own piece), the patterns verbatim from the models' own tokenizers (Oniguruma reads (?i:) and && as they do)
 _LLAMA3_PAT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"  # noqa: E501 - the pattern verbatim
 _QWEN2_PAT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_PRE_TOKENIZERS = {
-    "default": ("bytelevel", None),
-    "gpt-2": ("bytelevel", None),
-    "smollm": ("digits", None),
-    "starcoder": ("digits", None),
-    "refact": ("digits", None),
-    "llama-bpe": ("regex", _LLAMA3_PAT),
-    "llama3": ("regex", _LLAMA3_PAT),
-    "smaug-bpe": ("regex", _LLAMA3_PAT),
-    "qwen2": ("regex", _QWEN2_PAT),
+_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+# o200k (gpt-oss, Llama 4): a word is its capitals then its small letters, contractions kept with it
+_O200K_PAT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + _CONTRACTION +
+              r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _CONTRACTION +
+              r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Kimi K2: o200k's with Han characters runs of their own, out of the letter runs
+_NOT_HAN_UPPER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
+_NOT_HAN_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
+_KIMI_PAT = (r"[\p{Han}]+|[^\r\n\p{L}\p{N}]?" + _NOT_HAN_UPPER + "*" + _NOT_HAN_LOWER + "+" + _CONTRACTION +
+             r"|[^\r\n\p{L}\p{N}]?" + _NOT_HAN_UPPER + "+" + _NOT_HAN_LOWER + "*" + _CONTRACTION +
+             r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# DeepSeek V3: numbers of up to 3 digits, then CJK runs, then the rest
+_DEEPSEEK3_PATS = (r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
+                   r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                   r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama.cpp's for a file that names none (or "default"): punctuation runs, GPT-2's, numbers, then 3-digit runs
+_DEFAULT_PATS = (r"[\p{P}\$\+<=>\^~\|]+", r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+                 r"\p{N}+", r"[0-9][0-9][0-9]")
+_PRE_TOKENIZERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "default": ("regex", _DEFAULT_PATS),
+    "gpt-2": ("bytelevel", ()),
+    "smollm": ("digits", ()),
+    "starcoder": ("digits", ()),
+    "refact": ("digits", ()),
+    **{name: ("regex", (_LLAMA3_PAT,)) for name in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "lfm2", "glm4",
+                                                   "chatglm-bpe")},
+    **{name: ("regex", (_QWEN2_PAT,)) for name in ("qwen2", "deepseek-r1-qwen")},
+    **{name: ("regex", (_O200K_PAT,)) for name in ("gpt-4o", "llama4")},
+    "kimi-k2": ("regex", (_KIMI_PAT,)),
+    "deepseek-v3": ("regex", _DEEPSEEK3_PATS),
 }
+# llama.cpp takes a whole piece that is a token as that token, whatever the merges (HF's ignore_merges)
+_IGNORE_MERGES = ("llama-bpe", "llama3", "llama-v3", "lfm2", "glm4")
 TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 1, 2, 3, 4
 
 
@@ -230,8 +254,9 @@ def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], gguf_path: Path):
         )
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
     vocab = {t: i for i, t in enumerate(tokens)}
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    style, pattern = _PRE_TOKENIZERS[pre]
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False,
+                                 ignore_merges=pre in _IGNORE_MERGES))
+    style, patterns = _PRE_TOKENIZERS[pre]
     if style == "bytelevel":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     elif style == "digits":
@@ -241,11 +266,8 @@ def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], gguf_path: Path):
         )
     else:
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
+            [*(pre_tokenizers.Split(Regex(p), behavior="isolated", invert=False) for p in patterns),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     return tok
 
