@@ -69,19 +69,19 @@ Small = Annotated[int, Field(ge=0, le=99)]
 # models pick one name 40 times in 40), so a framework's run can both call a tool and then answer.
 WEIGHT_SEEDS = {"qwen2.5": 1, "llama3": 5, "mistral": 0, "pythonic": 1, "qwen3_coder": 2, "mistral_v11": 0, "glm45": 0,
                 "kimi_k2": 0, "deepseek_v31": 1, "deepseek_r1": 1, "granite33": 5, "phi4_mini": 0, "gemma4": 4,
-                "gemma3_pythonic": 3, "gemma3": 3, "functiongemma": 0,
+                "gemma3_pythonic": 3, "gemma3": 3, "functiongemma": 5,
                 "gpt_oss": 0}
 
 
 # Each family's tiny model of its own architecture: built from transformers' config (tests/tiny_families.py)...
 ARCHITECTURE = {"granite33": "granite", "glm45": "glm4_moe", "gpt_oss": "gpt_oss", "kimi_k2": "deepseek_v3",
                 "deepseek_v31": "deepseek_v3", "deepseek_r1": "deepseek_v3", "gemma4": "gemma4_text"}
-# ... or written by agentkv.testing (its family, and the ModelConfig family that reads it); the rest (Llama 3's,
-# pythonic Llama 3.2's) are Llamas, and FunctionGemma's template rides on one (on Gemma 3's architecture, its
-# random weights here never give pydantic-ai's run both a call and an answer within 8 seeds)
+# ... or written by agentkv.testing (its family, and the ModelConfig family that reads it; FunctionGemma is a
+# Gemma 3 270M); the rest (Llama 3's, pythonic Llama 3.2's) are Llamas
 TINY_ARCHITECTURE = {"qwen2.5": ("qwen2", "qwen2"), "qwen3_coder": ("qwen3_moe", "qwen3_moe"),
                      "mistral": ("mistral", "llama"), "mistral_v11": ("mistral", "llama"),
                      "phi4_mini": ("phi3", "phi3"), "gemma3": ("gemma3_text", "gemma3"),
+                     "functiongemma": ("gemma3_text", "gemma3"),
                      "gemma3_pythonic": ("gemma3_text", "gemma3")}
 
 
