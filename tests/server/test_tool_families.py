@@ -1,6 +1,6 @@
 """Tool calls in each family's own format, end to end: tiny random-weight models carrying the
-families' chat templates and special tokens (tests/chat_templates.py), each of its own architecture
-(Gemma 4's and FunctionGemma's on a Llama), driven through engine.chat,
+families' chat templates and special tokens (tests/chat_templates.py), each of its own architecture,
+driven through engine.chat,
 ak.Agent, the server with the official `openai` client, and the frameworks people point at it
 (pydantic-ai, the OpenAI Agents SDK, langchain-openai)."""
 
