@@ -3,8 +3,9 @@ with layers that do not rotate, Granite with its multipliers), its mixture-of-ex
 Qwen2-MoE with a shared expert, Mixtral, Granite-MoE, GLM-4.5 with DeepSeek-V3's router, gpt-oss with
 attention sinks and clamped experts), whose MLP is MoE (mlp.py), the sandwich layer of Gemma 2 and 3
 (norms around attention and MLP, GeGLU, scaled embeddings; Gemma 2's soft caps, Gemma 3's rope base per
-layer type) and GLM-4, and the layers whose operator is not this attention: DeepSeek-V3's latent
-attention (latent_attention.py) and LFM2's short convolutions (short_conv.py).
+layer type) and GLM-4, Gemma 4's layer (gemma4.py: per-layer inputs, layers reading earlier layers' KV),
+and the layers whose operator is not this attention: DeepSeek-V3's latent attention (latent_attention.py)
+and LFM2's short convolutions (short_conv.py).
 
 Tokens of all requests in a step are one flat run [T]; attention reads and writes the paged KV pool
 through the backend, so the model never sees requests or the scheduler. q/k/v and gate/up are fused
