@@ -99,6 +99,8 @@ def test_the_native_step_gives_the_python_paths_logits(tmp_path, monkeypatch, fa
     """Layers without rope, Granite's multipliers (embeddings, residuals, scores, logits), GLM-4's
     sandwich with half of each head rotating, and gpt-oss (sinks, biases, windows, its MXFP4 experts routed
     and run in the step, their clamped SwiGLU) in the step."""
+    if family == "gpt_oss" and torch.float32 not in cpu_native.load().linear_dtypes:
+        pytest.skip("the step's mixture of experts reads its F32 router through the fp32 linear kernel (AVX-512)")
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
     path, _ = _pair(tmp_path, family, "Q4_0")
     with ak.Engine(path, num_slots=2048) as engine:

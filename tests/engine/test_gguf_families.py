@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 import agentkv as ak
 from agentkv.engine import gguf_convert
@@ -211,7 +212,6 @@ def test_gemma_gguf_gives_hfs_greedy_tokens(tmp_path, monkeypatch, family, kwarg
     """A Gemma GGUF written from a tiny HF model gives HF's logits and greedy tokens (checked against a
     planted bug, the norms' 1 not taken off: it fails here; the tiny models' head size is hidden / heads,
     so the attention scale's rule is checked on metadata below)."""
-    import torch
     import transformers
 
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
@@ -256,15 +256,15 @@ def test_gemma_hyperparameters_llama_cpp_fixes_by_family():
     assert config("gemma2", 42).attention_scale == pytest.approx(128 ** -0.5)
 
 
-@pytest.mark.skipif(cpu_native.load() is None or not cpu_native.load().qtile_fast,
-                    reason="the native step needs the C kernels' tiled bodies (AVX-512 VNNI or AVX2)")
+@pytest.mark.skipif(cpu_native.load() is None or not cpu_native.load().qtile_fast
+                    or torch.float32 not in cpu_native.load().linear_dtypes,
+                    reason="the step's mixture of experts needs the tiled bodies and the fp32 linear kernel (AVX-512) "
+                           "its F32 router runs on")
 @pytest.mark.parametrize("batch", [1, 16])
 def test_the_native_step_takes_a_mixture_of_experts(tmp_path, monkeypatch, batch):
     """Qwen3-MoE's experts (the top 2 of a softmax, renormalized as llama.cpp reads the arch; its router in F32
     as llama.cpp's files keep it) in the step, its logits the Python path's bits; Qwen2-MoE's shared expert is
     not taken, and the step says so."""
-    import torch
-
     from agentkv.engine.native_step import unsupported
     from tests.engine.test_native_step import PROMPTS, step_and_python
 
