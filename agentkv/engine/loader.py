@@ -346,8 +346,11 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
             out[o + f"experts.{e}.down_proj.weight"] = down
     if cfg.shared_expert_intermediate_size:  # (Qwen2-MoE's one gated, DeepSeek-V3's and GLM-4.5's not)
         x = block + ("shared_expert." if cfg.shared_expert_gated else "shared_experts.")
-        out[o + "shared.gate_up_proj.weight"] = torch.cat([take(x + "gate_proj.weight"), take(x + "up_proj.weight")])
-        out[o + "shared.down_proj.weight"] = take(x + "down_proj.weight")
+        gate_up = kept([quant.get(x + "gate_proj.weight"), quant.get(x + "up_proj.weight")])  # (a GGUF's: its blocks)
+        down = kept([quant.get(x + "down_proj.weight")])
+        out[o + "shared.gate_up_proj.weight"] = _stack(gate_up) if gate_up is not None else torch.cat(
+            [take(x + "gate_proj.weight"), take(x + "up_proj.weight")])
+        out[o + "shared.down_proj.weight"] = _stack(down) if down is not None else take(x + "down_proj.weight")
         if cfg.shared_expert_gated:
             out[o + "shared_gate.weight"] = take(block + "shared_expert_gate.weight")
     return out

@@ -84,7 +84,7 @@ class MoE(nn.Module):
         self.shared = MLP(cfg, shared) if shared else None
         self.shared_gate = Linear(cfg.hidden_size, 1) if shared and cfg.shared_expert_gated else None
         self.all_reduce = False  # tensor parallelism: each rank's experts hold a slice of their width
-        self.native: NativeKernels | None = None  # set by CausalLM.finalize: a softmax router's routing in C
+        self.native: NativeKernels | None = None  # set by CausalLM.finalize: the routing in C
 
     @staticmethod
     def _grouped(experts: list[MLP], exact_rows: torch.Tensor | None) -> bool:
@@ -111,8 +111,11 @@ class MoE(nn.Module):
     def route(self, x: torch.Tensor, exact_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's chosen experts [T, k] and their weights [T, k] (fp32)."""
         logits = self.router(x, exact_rows=exact_rows).float()
-        if self.native is not None and not self.sigmoid_groups and self.expert_scale is None:
+        if self.native is not None and self.expert_scale is None:
             # the native step's routing (csrc/cpu_moe.c), so both choose the same experts with the same weights
+            if self.sigmoid_groups:
+                return self.native.moe_route_groups(logits, self.score_bias, self.top_k, self.groups,
+                                                    self.groups_chosen, self.norm_topk_prob, self.scaling)
             return self.native.moe_route(logits, self.top_k, self.norm_topk_prob, self.scaling)
         if not self.sigmoid_groups:
             weights, chosen = torch.softmax(logits, dim=-1).topk(self.top_k, dim=-1)

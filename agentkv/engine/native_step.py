@@ -1,8 +1,9 @@
 """The decode step in one native call (csrc/cpu_step.c) for Llama-family models (and Gemma 2 / 3:
 norms around attention and the MLP, GeGLU, scaled embeddings, soft caps, their own rotation for
-windowed layers; mixtures of experts with a softmax router, gpt-oss's sinks and clamped experts
-included: csrc/cpu_step_moe.h) on CPU whose linears are tiled quantized weights (a GGUF's matrices in any type the tiles
-take: kernels/cpu_quant.py's QUANT_TYPES, on a CPU with AVX-512 VNNI or AVX2).
+windowed layers; mixtures of experts (softmax or DeepSeek-V3's grouped routers, a shared expert),
+gpt-oss's sinks and clamped experts included: csrc/cpu_step_moe.h) on CPU whose linears are tiled
+quantized weights (a GGUF's matrices in any type the tiles take: kernels/cpu_quant.py's QUANT_TYPES, on a
+CPU with AVX-512 VNNI or AVX2; a mixture of experts' fp32 router needs AVX-512).
 
 A decode step of the Python path is ~270 kernel calls, each a parallel region woken from Python: for
 the embedded 135M model they cost more than its arithmetic. Here the model is described to C once
@@ -53,7 +54,8 @@ class _Layer(ctypes.Structure):
                 ("window", c_int64), ("post_attn_norm", c_void_p), ("post_mlp_norm", c_void_p), ("sinks", c_void_p),
                 ("experts", c_int64), ("top_k", c_int64), ("norm_topk", c_int64), ("routed_scaling", c_float),
                 ("router", c_void_p), ("router_bias", c_void_p), ("expert_gate_up", c_void_p),
-                ("expert_down", c_void_p)]
+                ("expert_down", c_void_p), ("score_bias", c_void_p), ("groups", c_int64), ("groups_chosen", c_int64),
+                ("shared_gate_up", _Mat), ("shared_down", _Mat)]
 
 
 class _Model(ctypes.Structure):
@@ -96,10 +98,11 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
             return "a layer is not a decoder layer the step takes"
         mlp = layer.mlp
         if isinstance(mlp, MoE):
-            why = _unsupported_moe(mlp, cfg)
+            why = _unsupported_moe(mlp)
             if why:
                 return why
-            linears = [p for e in mlp.experts for p in (e.gate_up_proj, e.down_proj)]
+            shared = [mlp.shared.gate_up_proj, mlp.shared.down_proj] if mlp.shared is not None else []
+            linears = [p for e in mlp.experts for p in (e.gate_up_proj, e.down_proj)] + shared
         else:
             linears = [mlp.gate_up_proj, mlp.down_proj]
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, *linears):
@@ -111,17 +114,20 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
     return None
 
 
-def _unsupported_moe(moe: MoE, cfg) -> str | None:
-    """Why a mixture of experts' layer is not in the step; None when it is (softmax routers, fp32 routers
-    on agentkv's linear kernel, experts of one width, no shared expert)."""
-    if moe.sigmoid_groups or moe.expert_scale is not None or moe.shared is not None:
-        return "the mixture of experts' router (sigmoid groups, per-expert scales) or shared expert is not in the step"
+def _unsupported_moe(moe: MoE) -> str | None:
+    """Why a mixture of experts' layer is not in the step; None when it is (softmax or sigmoid-group routers
+    in fp32 on agentkv's linear kernel, experts of one width, an ungated shared expert of tiles)."""
+    if moe.expert_scale is not None or moe.shared_gate is not None:
+        return "the mixture of experts' per-expert scales (Gemma 4) or gated shared expert (Qwen2-MoE) are not in " \
+               "the step"
     if moe.router.native_weight is None or moe.router.native_weight.data.dtype != torch.float32:
         return "the mixture of experts' router is not an fp32 matrix on agentkv's linear kernel"
-    if cfg.residual_multiplier != 1.0:
-        return "Granite-MoE's residual multiplier on the experts' output is not in the step"
     if moe.experts[0].intermediate % 32 or any(e.intermediate != moe.experts[0].intermediate for e in moe.experts):
         return "the experts' width is not whole blocks of 32, or not one width"
+    if moe.shared is not None and moe.shared.intermediate % 32:
+        return "the shared expert's width is not whole blocks of 32"
+    if moe.sigmoid_groups and (moe.groups > 256 or len(moe.experts) % moe.groups):
+        return "the router's expert groups are over 256 or do not divide the experts"
     return None
 
 
@@ -218,9 +224,11 @@ class NativeStep:
         gate_ups = (_Mat * len(moe.experts))(*(mat(e.gate_up_proj) for e in moe.experts))
         downs = (_Mat * len(moe.experts))(*(mat(e.down_proj) for e in moe.experts))
         self._arrays += [gate_ups, downs]
-        router = moe.router
+        router, shared = moe.router, moe.shared
         return (len(moe.experts), moe.top_k, int(moe.norm_topk_prob), moe.scaling, vec(router.native_weight.data),
-                vec(router.bias), ctypes.addressof(gate_ups), ctypes.addressof(downs))
+                vec(router.bias), ctypes.addressof(gate_ups), ctypes.addressof(downs),
+                vec(moe.score_bias.float()) if moe.sigmoid_groups else None, moe.groups, moe.groups_chosen,
+                *((mat(shared.gate_up_proj), mat(shared.down_proj)) if shared is not None else (_Mat(), _Mat())))
 
     def can_run(self, inputs) -> bool:
         """A pass of at most 16 tokens the model wrote (decodes, jump-forward's, drafts: no prompt's,

@@ -43,6 +43,7 @@ _SIGNATURES = {  # name: (argument types, result type)
     "agentkv_rms_norm": ([_INT, _P, _I64, _I64, _P, _I64, _I64, _F, _P, _INT, _INT], None),
     "agentkv_glu_mul": ([_INT, _INT, _F, _F, _P, _I64, _I64, _I64, _P, _INT, _INT], None),
     "agentkv_moe_route": ([_P, _I64, _I64, _I64, _INT, _F, _P, _P], None),
+    "agentkv_moe_route_groups": ([_P, _P, _I64, _I64, _I64, _I64, _I64, _INT, _F, _P, _P], _INT),
     "agentkv_rope": ([_INT, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _INT, _INT], None),
     "agentkv_linear": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64, _INT], None),
     "agentkv_linear_available": ([_INT], _INT),
@@ -153,6 +154,21 @@ class NativeKernels(QuantKernels):
         idx = torch.empty(T, k, dtype=torch.int64)
         w = torch.empty(T, k, dtype=torch.float32)
         self._lib.agentkv_moe_route(logits.data_ptr(), T, E, k, int(norm), scaling, idx.data_ptr(), w.data_ptr())
+        return idx, w
+
+    def moe_route_groups(self, logits: torch.Tensor, bias: torch.Tensor, k: int, groups: int, chosen: int,
+                         norm: bool, scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSeek-V3's routing (GLM-4.5's): sigmoid scores, experts chosen by score + `bias` among the
+        `chosen` best of `groups` groups (a group's worth: its two best), weighed by their scores
+        (renormalized where `norm`), times `scaling`: experts [T, k] and weights [T, k] (csrc/cpu_moe.c)."""
+        logits, bias = logits.float().contiguous(), bias.float().contiguous()
+        T, E = logits.shape
+        idx = torch.empty(T, k, dtype=torch.int64)
+        w = torch.empty(T, k, dtype=torch.float32)
+        if self._lib.agentkv_moe_route_groups(logits.data_ptr(), bias.data_ptr(), T, E, k, groups, chosen, int(norm),
+                                              scaling, idx.data_ptr(), w.data_ptr()):
+            raise ValueError(f"{groups} expert groups (of which {chosen} chosen) do not divide {E} experts in groups "
+                             "of two or more, or are over 256")
         return idx, w
 
     def rope_(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -93,13 +93,15 @@ def test_a_gguf_is_the_checkpoint_it_was_written_from(tmp_path, monkeypatch, fam
 
 @pytest.mark.skipif(cpu_native.load() is None or not cpu_native.load().qtile_fast,
                     reason="the native step needs the C kernels' tiled bodies (AVX-512 VNNI or AVX2)")
-@pytest.mark.parametrize("family", ["smollm3", "granite", "glm4", "gpt_oss"])
+@pytest.mark.parametrize("family", ["smollm3", "granite", "glm4", "gpt_oss", "glm4_moe", "granitemoe"])
 @pytest.mark.parametrize("batch", [1, 16])
 def test_the_native_step_gives_the_python_paths_logits(tmp_path, monkeypatch, family, batch):
     """Layers without rope, Granite's multipliers (embeddings, residuals, scores, logits), GLM-4's
-    sandwich with half of each head rotating, and gpt-oss (sinks, biases, windows, its MXFP4 experts routed
-    and run in the step, their clamped SwiGLU) in the step."""
-    if family == "gpt_oss" and torch.float32 not in cpu_native.load().linear_dtypes:
+    sandwich with half of each head rotating, gpt-oss (sinks, biases, windows, its MXFP4 experts routed
+    and run in the step, their clamped SwiGLU), GLM-4.5 (DeepSeek-V3's router: sigmoid scores, the
+    correction bias, two groups of which one is chosen; a shared expert; a dense first layer) and Granite-MoE
+    (the residual multiplier on the experts' sum) in the step."""
+    if family in ("gpt_oss", "glm4_moe", "granitemoe") and torch.float32 not in cpu_native.load().linear_dtypes:
         pytest.skip("the step's mixture of experts reads its F32 router through the fp32 linear kernel (AVX-512)")
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
     path, _ = _pair(tmp_path, family, "Q4_0")

@@ -263,8 +263,8 @@ def test_gemma_hyperparameters_llama_cpp_fixes_by_family():
 @pytest.mark.parametrize("batch", [1, 16])
 def test_the_native_step_takes_a_mixture_of_experts(tmp_path, monkeypatch, batch):
     """Qwen3-MoE's experts (the top 2 of a softmax, renormalized as llama.cpp reads the arch; its router in F32
-    as llama.cpp's files keep it) in the step, its logits the Python path's bits; Qwen2-MoE's shared expert is
-    not taken, and the step says so."""
+    as llama.cpp's files keep it) in the step, its logits the Python path's bits; Qwen2-MoE's gated shared expert
+    is not taken, and the step says so."""
     from agentkv.engine.native_step import unsupported
     from tests.engine.test_native_step import PROMPTS, step_and_python
 
@@ -282,4 +282,4 @@ def test_the_native_step_takes_a_mixture_of_experts(tmp_path, monkeypatch, batch
     with ak.Engine(str(tmp_path / "s.gguf"), num_slots=256) as engine:
         runner = engine._core.runner
         assert runner.native_step is None
-        assert "shared expert" in unsupported(runner.model, cpu_native.load(), torch.float32)
+        assert "gated shared expert" in unsupported(runner.model, cpu_native.load(), torch.float32)

@@ -106,6 +106,26 @@ def test_moe_routing_matches_torch(norm):
     torch.testing.assert_close(w, ref_w * 2.5, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("groups,chosen", [(1, 1), (4, 2), (8, 3)])
+def test_grouped_sigmoid_routing_matches_torch(groups, chosen):
+    """DeepSeek-V3's (GLM-4.5's) routing: sigmoid scores, chosen by score + bias among the best groups (a group's
+    worth its two best), weighed by the scores renormalized, times the routed scaling; against torch's ops."""
+    g = torch.Generator().manual_seed(groups)
+    logits, bias = torch.randn(40, 32, generator=g) * 2, torch.randn(32, generator=g) * 0.3
+    idx, w = kernels.moe_route_groups(logits, bias, 4, groups, chosen, True, scaling=2.5)
+    scores = logits.sigmoid()
+    choice = scores + bias
+    if groups > 1:
+        grouped = choice.view(40, groups, -1)
+        best = grouped.topk(2, dim=-1).values.sum(dim=-1).topk(chosen, dim=-1).indices
+        keep = torch.zeros(40, groups, dtype=torch.bool).scatter_(1, best, True)
+        choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(40, 32)
+    ref_idx = choice.topk(4, dim=-1).indices
+    ref_w = scores.gather(1, ref_idx)
+    assert torch.equal(idx, ref_idx)
+    torch.testing.assert_close(w, ref_w / ref_w.sum(dim=-1, keepdim=True) * 2.5, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("generic", BODIES)
 @pytest.mark.parametrize("D", [64, 16, 12])

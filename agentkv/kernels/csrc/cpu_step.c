@@ -78,8 +78,9 @@ static void free_scratch(Scratch *s) {
     free(s->lt), free(s->act), free(s->hn);
     free(s->top_n);
     free(s->rl), free(s->pw), free(s->egu), free(s->ey), free(s->pick), free(s->pair_tok), free(s->grp);
+    free(s->rs), free(s->sgu), free(s->sy);
     agentkv_qrows_free(&s->qa), agentkv_qrows_free(&s->qo), agentkv_qrows_free(&s->qd);
-    agentkv_qrows_free(&s->qe), agentkv_qrows_free(&s->qe2);
+    agentkv_qrows_free(&s->qe), agentkv_qrows_free(&s->qe2), agentkv_qrows_free(&s->qs2);
 }
 
 /* one decoding token's k and v heads into the caches, then its q and k heads normed (Qwen3) and rotated */
@@ -334,12 +335,14 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
             return 7;
         }
     }
-    int64_t E = 0, k = 0, einter = 0;  /* a mixture of experts' layers: the most experts, chosen and width */
+    /* a mixture of experts' layers: the most experts, chosen, width and shared expert's width */
+    int64_t E = 0, k = 0, einter = 0, sinter = 0;
     for (int64_t l = 0; l < md->layers; l++)
         if (md->layer[l].experts) {
             const StepLayer *L = md->layer + l;
             E = L->experts > E ? L->experts : E, k = L->top_k > k ? L->top_k : k;
             einter = L->expert_gate_up[0].N / 2 > einter ? L->expert_gate_up[0].N / 2 : einter;
+            sinter = L->shared_gate_up.N / 2 > sinter ? L->shared_gate_up.N / 2 : sinter;
         }
     if (E) {
         s->rl = malloc((size_t)(M * E) * sizeof(float));
@@ -349,8 +352,12 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
         s->grp = malloc((size_t)(3 * M * k) * sizeof(int64_t));
         s->egu = malloc((size_t)(M * k * 2 * einter) * sizeof(float));
         s->ey = malloc((size_t)(M * k * hid) * sizeof(float));
-        if (!s->rl || !s->pw || !s->pick || !s->pair_tok || !s->grp || !s->egu || !s->ey ||
-            agentkv_qrows_alloc(&s->qe, M * k, hid) || agentkv_qrows_alloc(&s->qe2, M * k, einter)) {
+        s->rs = malloc((size_t)(M * 2 * E) * sizeof(float));
+        s->sgu = malloc((size_t)(M * 2 * (sinter ? sinter : 1)) * sizeof(float));
+        s->sy = malloc((size_t)(M * hid) * sizeof(float));
+        if (!s->rl || !s->pw || !s->pick || !s->pair_tok || !s->grp || !s->egu || !s->ey || !s->rs || !s->sgu ||
+            !s->sy || agentkv_qrows_alloc(&s->qe, M * k, hid) || agentkv_qrows_alloc(&s->qe2, M * k, einter) ||
+            (sinter && agentkv_qrows_alloc(&s->qs2, M, sinter))) {
             free_scratch(s);
             return 7;
         }

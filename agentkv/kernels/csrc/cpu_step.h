@@ -38,12 +38,16 @@ typedef struct {
     const float *post_attn_norm, *post_mlp_norm;
     const float *sinks;                 /* [heads] or NULL: a learned logit per query head in its softmax (gpt-oss) */
     /* a mixture of experts in the MLP's place where experts > 0: the router (fp32, packed for cpu_linear.c:
-       [experts / 16][hidden][16]) and its bias; each token's top_k experts by a softmax (cpu_moe.c), each
-       expert's gate_up and down ([experts] each, one shape and type) */
+       [experts / 16][hidden][16]) and its bias; each token's top_k experts by a softmax, or where score_bias
+       is set by DeepSeek-V3's sigmoid scores within groups (cpu_moe.c); each expert's gate_up and down
+       ([experts] each, one shape and type); an ungated shared expert where shared_gate_up.N > 0 */
     int64_t experts, top_k, norm_topk;
     float routed_scaling;
     const float *router, *router_bias;
     const StepMat *expert_gate_up, *expert_down;
+    const float *score_bias;            /* [experts] or NULL: a softmax router */
+    int64_t groups, groups_chosen;
+    StepMat shared_gate_up, shared_down;
 } StepLayer;
 
 typedef struct {
@@ -67,6 +71,8 @@ typedef struct {
 /* cpu_moe.c: a token's experts from its router logits (the Python path's routing too) */
 void agentkv_moe_route_row(const float *logits, int64_t E, int64_t k, int norm, float scaling, int64_t *idx,
                            float *w);
+void agentkv_moe_route_groups_row(const float *logits, const float *bias, int64_t E, int64_t k, int64_t groups,
+                                  int64_t chosen, int norm, float scaling, int64_t *idx, float *w, float *scratch);
 /* cpu_linear.c: agentkv_linear's column blocks [nb0, nb1), fp32, on the calling thread */
 void agentkv_linear_blocks(const float *x, int64_t x_ld, int64_t M, int64_t K, const float *wp, int64_t N,
                            const float *bias, int64_t nb0, int64_t nb1, float *out, int64_t out_ld);
@@ -89,7 +95,9 @@ typedef struct {
     /* a mixture of experts' layer: router logits [M][experts]; each token's experts (ascending) and weights
        [M][top_k]; the (token, expert) pairs grouped by expert: each pair's token, each group's expert, first pair
        and count; the pairs' inputs (hidden) and activations (expert width) quantized, their gate_up and outputs */
-    float *rl, *pw, *egu, *ey;
+    float *rl, *pw, *egu, *ey, *rs;    /* rs [M][2 experts]: a sigmoid router's scratch */
+    float *sgu, *sy;                   /* a shared expert's gate_up [M][2 width] and output [M][hidden] */
+    QRows qs2;                         /* its activations quantized */
     int64_t *pick, *pair_tok, *grp;
     int64_t groups;
     QRows qe, qe2;

@@ -60,7 +60,11 @@ INLINE void moe_out(StepRun *run, const StepLayer *L, int me, int nt) {
     for (int64_t m = me; m < M; m += nt) {  /* each token's experts, then in ascending order with their weights */
         int64_t *idx = s->pick + m * k;
         float *w = s->pw + m * k;
-        agentkv_moe_route_row(s->rl + m * E, E, k, (int)L->norm_topk, L->routed_scaling, idx, w);
+        if (L->score_bias)
+            agentkv_moe_route_groups_row(s->rl + m * E, L->score_bias, E, k, L->groups, L->groups_chosen,
+                                         (int)L->norm_topk, L->routed_scaling, idx, w, s->rs + m * 2 * E);
+        else
+            agentkv_moe_route_row(s->rl + m * E, E, k, (int)L->norm_topk, L->routed_scaling, idx, w);
         for (int64_t i = 1; i < k; i++)
             for (int64_t j = i; j > 0 && idx[j - 1] > idx[j]; j--) {
                 const int64_t e = idx[j];
@@ -84,20 +88,26 @@ INLINE void moe_out(StepRun *run, const StepLayer *L, int me, int nt) {
     agentkv_pool_barrier(nt);
     for (int64_t p = me; p < P; p += nt) qrow_copy(&s->qa, s->pair_tok[p], &s->qe, p);
     agentkv_pool_barrier(nt);
+    const int64_t sinter = L->shared_gate_up.N / 2;  /* (the shared expert's products beside the experts') */
     experts_share(L->expert_gate_up, run, &s->qe, s->egu, 2 * inter, me, nt);
+    if (sinter) mat_share(&L->shared_gate_up, &s->qa, M, me, nt, NULL, 0, s->sgu, 2 * sinter, run->generic);
     agentkv_pool_barrier(nt);
-    for (int64_t item = me; item < P * (inter / QK); item += nt) {
-        const int64_t p = item / (inter / QK), b = item % (inter / QK);
+    for (int64_t item = me; item < P * (inter / QK) + M * (sinter / QK); item += nt) {
+        const int shared = item >= P * (inter / QK);
+        const int64_t at = shared ? item - P * (inter / QK) : item, width = shared ? sinter : inter;
+        const int64_t p = at / (width / QK), b = at % (width / QK);
         float act[QK];
-        const float *gate = s->egu + p * 2 * inter + b * QK;
-        glu_row(gate, gate + inter, QK, act, 0, (int)md->gelu, md->swiglu_limit, md->swiglu_alpha, run->generic);
-        quantize_into(act, &s->qe2, p, b);
+        const float *gate = (shared ? s->sgu : s->egu) + p * 2 * width + b * QK;
+        glu_row(gate, gate + width, QK, act, 0, (int)md->gelu, md->swiglu_limit, md->swiglu_alpha, run->generic);
+        quantize_into(act, shared ? &s->qs2 : &s->qe2, p, b);
     }
     agentkv_pool_barrier(nt);
     experts_share(L->expert_down, run, &s->qe2, s->ey, hid, me, nt);
+    if (sinter) mat_share(&L->shared_down, &s->qs2, M, me, nt, NULL, 0, s->sy, hid, run->generic);
     agentkv_pool_barrier(nt);
     /* blocks of a token's hidden: its experts' outputs (pairs found by expert, in ascending order) weighed and
-       summed from zero, then added to the residual */
+       summed from zero, the shared expert's added, scaled (Granite's residual multiplier), then added to the
+       residual */
     const int64_t blocks = hid / QK;
     for (int64_t item = me; item < M * blocks; item += nt) {
         const int64_t m = item / blocks, i0 = item % blocks * QK;
@@ -111,6 +121,9 @@ INLINE void moe_out(StepRun *run, const StepLayer *L, int me, int nt) {
             scaled(t, s->ey + p * hid + i0, s->pw[m * k + j], QK);
             for (int i = 0; i < QK; i++) acc[i] += t[i];
         }
+        if (sinter)
+            for (int i = 0; i < QK; i++) acc[i] += s->sy[m * hid + i0 + i];
+        if (md->residual_scale != 0.f) scaled(acc, acc, md->residual_scale, QK);
         float *x = s->x + m * hid + i0;
         for (int i = 0; i < QK; i++) x[i] += acc[i];
     }
