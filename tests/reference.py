@@ -60,3 +60,16 @@ def assert_matches_hf(path, hf, text: str, new_tokens: int, **engine_options) ->
     expected = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
                            eos_token_id=None)[0, len(ids):]
     assert out.token_ids == expected.tolist()
+
+
+def assert_restart_restores(path, text: str, kv_dir) -> None:
+    """The greedy tokens of `text` from a cold engine over the checkpoint at `path` equal those of an engine
+    restarted over `kv_dir` that an earlier one wrote, at least 64 of the prompt's tokens read from disk."""
+    with ak.Engine(str(path), num_slots=2048) as cold:
+        expected = cold.generate(text, max_tokens=8, temperature=0.0).completions[0].token_ids
+    tier = {"kv_dir": str(kv_dir), "kv_block_tokens": 16, "kv_warm_fraction": 0.0}
+    with ak.Engine(str(path), num_slots=2048, **tier) as e:
+        e.generate(text, max_tokens=8, temperature=0.0)
+    with ak.Engine(str(path), num_slots=2048, **tier) as e:
+        out = e.generate(text, max_tokens=8, temperature=0.0)
+    assert out.usage.disk_cached_tokens >= 64 and out.completions[0].token_ids == expected
