@@ -27,7 +27,7 @@ from agentkv.engine.tokenizer import tokenizer_files_from_gguf
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
-CONVERSION_VERSION = "9"
+CONVERSION_VERSION = "10"
 # quantizations whose matrices are kept as they are (the CPU kernels multiply them in their blocks:
 # kernels/cpu_quant.py's QUANT_TYPES); every other tensor is dequantized to fp32 here
 KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16",
@@ -179,13 +179,14 @@ def _convert(path: Path, out: Path) -> None:
             continue  # e.g. rope_freqs: recomputed from the config; GLM-4.5's multi-token-prediction layers
         kind = t.tensor_type.name
         if kind in KEPT_QUANTS and hf_name.endswith(
-            ("proj.weight", "lm_head.weight", "embed_tokens.weight", "_exps")):
+            ("proj.weight", "proj_with_mqa.weight", "lm_head.weight", "embed_tokens.weight", "_exps")):
             # uint8 [(experts,) out, blocks' bytes]: one output's row of blocks a row (F16's values as bytes)
             raw = np.asarray(t.data).view(np.uint8)
             raw = _rows_for_half_split(raw, t.name, arch, config)
             kept[hf_name], kinds[hf_name] = np.ascontiguousarray(raw), kind
             continue
-        if t.tensor_type.name not in ("F32", "F16", "BF16") and len(t.shape) > 1:
+        if t.tensor_type.name not in ("F32", "F16", "BF16") and len(t.shape) > 1 and not t.name.endswith(
+                ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")):  # (routers run in fp32 by design: no notice)
             dequantized.add(t.tensor_type.name)
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)

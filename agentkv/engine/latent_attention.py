@@ -67,22 +67,23 @@ class LatentAttention(nn.Module):
         return self.o_proj(attn, residual, exact_rows=ctx.exact_rows)
 
 
-def latent_attention_state(take, p: str, o: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def latent_attention_state(take, matrix, rows, p: str, o: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """One layer's attention tensors (HF names under `p`self_attn.) as LatentAttention's (under
     `o`self_attn.): kv_b_proj split per head into W_UK and W_UV; where the checkpoint rotates adjacent
     pairs (rope_interleave), the rotated rows of q's and of the latent's projection reordered evens
-    first (rope_config.half_split_order), for the half-split rotation."""
+    first (rope_config.half_split_order), for the half-split rotation. `take(name)` gives a tensor,
+    `matrix(name)` a linear's weight and `rows(name, order)` one with its rows reordered (a GGUF's kept in
+    their blocks, whose rows move whole)."""
     a, b = p + "self_attn.", o + "self_attn."
     heads, nope, rope, r = cfg.num_heads, cfg.qk_nope_head_dim, cfg.head_dim, cfg.kv_lora_rank
     order = torch.tensor(half_split_order(rope, rope)) if cfg.rope_interleaved else torch.arange(rope)
-    q = take(a + ("q_b_proj.weight" if cfg.q_lora_rank else "q_proj.weight")).view(heads, nope + rope, -1)
-    out = {b + "q_proj.weight": torch.cat([q[:, :nope], q[:, nope:][:, order]], dim=1).reshape(heads * (nope + rope),
-                                                                                                -1)}
+    per_head = torch.cat([torch.arange(nope), nope + order])
+    q_rows = (torch.arange(heads)[:, None] * (nope + rope) + per_head[None]).flatten()
+    out = {b + "q_proj.weight": rows(a + ("q_b_proj.weight" if cfg.q_lora_rank else "q_proj.weight"), q_rows)}
     if cfg.q_lora_rank:
-        out[b + "q_a_proj.weight"] = take(a + "q_a_proj.weight")
+        out[b + "q_a_proj.weight"] = matrix(a + "q_a_proj.weight")
         out[b + "q_a_layernorm.weight"] = take(a + "q_a_layernorm.weight")
-    kv_a = take(a + "kv_a_proj_with_mqa.weight")
-    out[b + "kv_a_proj.weight"] = torch.cat([kv_a[:r], kv_a[r:][order]])
+    out[b + "kv_a_proj.weight"] = rows(a + "kv_a_proj_with_mqa.weight", torch.cat([torch.arange(r), r + order]))
     out[b + "kv_a_layernorm.weight"] = take(a + "kv_a_layernorm.weight")
     if cfg.attention_bias:
         out[b + "q_a_proj.bias"] = take(a + "q_a_proj.bias")
@@ -94,5 +95,5 @@ def latent_attention_state(take, p: str, o: str, cfg: ModelConfig) -> dict[str, 
     except ModelLoadError:  # (a GGUF for MLA's absorption: k_b [heads, rank, nope] and v_b [heads, v, rank])
         kv_b = torch.cat([take(a + "k_b_proj.weight").transpose(1, 2), take(a + "v_b_proj.weight")], dim=1)
     out[b + "w_uk"], out[b + "w_uv"] = kv_b[:, :nope].contiguous(), kv_b[:, nope:].contiguous()
-    out[b + "o_proj.weight"] = take(a + "o_proj.weight")
+    out[b + "o_proj.weight"] = matrix(a + "o_proj.weight")
     return out
