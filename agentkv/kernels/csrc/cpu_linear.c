@@ -115,8 +115,9 @@ void agentkv_linear_blocks(const float *x, int64_t x_ld, int64_t M, int64_t K, c
                            const float *bias, int64_t nb0, int64_t nb1, float *out, int64_t out_ld) {
     for (int64_t nb = nb0; nb < nb1; nb++) {
         const int64_t cols = N - nb * 16 < 16 ? N - nb * 16 : 16;
-        rows_any((const char *)x, x_ld, (int)M, K, (const char *)(wp + nb * K * 16), bias ? (const char *)(bias + nb * 16)
-                 : NULL, NULL, 0, (char *)(out + nb * 16), out_ld, cols, 1, 0);
+        const char *b = bias ? (const char *)(bias + nb * 16) : NULL;
+        rows_any((const char *)x, x_ld, (int)M, K, (const char *)(wp + nb * K * 16), b, NULL, 0,
+                 (char *)(out + nb * 16), out_ld, cols, 1, 0);
     }
 }
 

@@ -77,7 +77,8 @@ static void free_scratch(Scratch *s) {
     free(s->x), free(s->h), free(s->qkv), free(s->gu), free(s->parts), free(s->top_idx), free(s->top_val);
     free(s->lt), free(s->act), free(s->hn);
     free(s->top_n);
-    free(s->rl), free(s->pw), free(s->egu), free(s->ey), free(s->pick), free(s->pair_tok), free(s->grp);
+    free(s->rl), free(s->pw), free(s->egu), free(s->ey), free(s->pick), free(s->pair_tok), free(s->pair_of);
+    free(s->grp);
     free(s->rs), free(s->sgu), free(s->sy);
     agentkv_qrows_free(&s->qa), agentkv_qrows_free(&s->qo), agentkv_qrows_free(&s->qd);
     agentkv_qrows_free(&s->qe), agentkv_qrows_free(&s->qe2), agentkv_qrows_free(&s->qs2);
@@ -349,14 +350,16 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
         s->pw = malloc((size_t)(M * k) * sizeof(float));
         s->pick = malloc((size_t)(M * k) * sizeof(int64_t));
         s->pair_tok = malloc((size_t)(M * k) * sizeof(int64_t));
+        s->pair_of = malloc((size_t)(M * k) * sizeof(int64_t));
         s->grp = malloc((size_t)(3 * M * k) * sizeof(int64_t));
         s->egu = malloc((size_t)(M * k * 2 * einter) * sizeof(float));
         s->ey = malloc((size_t)(M * k * hid) * sizeof(float));
         s->rs = malloc((size_t)(M * 2 * E) * sizeof(float));
         s->sgu = malloc((size_t)(M * 2 * (sinter ? sinter : 1)) * sizeof(float));
         s->sy = malloc((size_t)(M * hid) * sizeof(float));
-        if (!s->rl || !s->pw || !s->pick || !s->pair_tok || !s->grp || !s->egu || !s->ey || !s->rs || !s->sgu ||
-            !s->sy || agentkv_qrows_alloc(&s->qe, M * k, hid) || agentkv_qrows_alloc(&s->qe2, M * k, einter) ||
+        if (!s->rl || !s->pw || !s->pick || !s->pair_tok || !s->pair_of || !s->grp || !s->egu || !s->ey || !s->rs ||
+            !s->sgu || !s->sy || agentkv_qrows_alloc(&s->qe, M * k, hid) ||
+            agentkv_qrows_alloc(&s->qe2, M * k, einter) ||
             (sinter && agentkv_qrows_alloc(&s->qs2, M, sinter))) {
             free_scratch(s);
             return 7;

@@ -98,7 +98,7 @@ typedef struct {
     float *rl, *pw, *egu, *ey, *rs;    /* rs [M][2 experts]: a sigmoid router's scratch */
     float *sgu, *sy;                   /* a shared expert's gate_up [M][2 width] and output [M][hidden] */
     QRows qs2;                         /* its activations quantized */
-    int64_t *pick, *pair_tok, *grp;
+    int64_t *pick, *pair_tok, *pair_of, *grp;  /* (pair_of [M][top_k]: each choice's pair) */
     int64_t groups;
     QRows qe, qe2;
     int64_t *top_idx;  /* [threads][M][R]: each thread's best logits of its tiles */

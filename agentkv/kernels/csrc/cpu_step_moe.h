@@ -74,13 +74,13 @@ INLINE void moe_out(StepRun *run, const StepLayer *L, int me, int nt) {
             }
     }
     agentkv_pool_barrier(nt);
-    if (me == 0) {  /* the pairs by expert, a token's in token order */
+    if (me == 0) {  /* the pairs by expert, a token's in token order; each (token, choice)'s pair */
         int64_t p = 0, g = 0;
         for (int64_t e = 0; e < E; e++) {
             const int64_t first = p;
             for (int64_t m = 0; m < M; m++)
                 for (int64_t j = 0; j < k; j++)
-                    if (s->pick[m * k + j] == e) s->pair_tok[p++] = m;
+                    if (s->pick[m * k + j] == e) s->pair_of[m * k + j] = p, s->pair_tok[p++] = m;
             if (p > first) s->grp[3 * g] = e, s->grp[3 * g + 1] = first, s->grp[3 * g + 2] = p - first, g++;
         }
         s->groups = g;
@@ -105,7 +105,7 @@ INLINE void moe_out(StepRun *run, const StepLayer *L, int me, int nt) {
     experts_share(L->expert_down, run, &s->qe2, s->ey, hid, me, nt);
     if (sinter) mat_share(&L->shared_down, &s->qs2, M, me, nt, NULL, 0, s->sy, hid, run->generic);
     agentkv_pool_barrier(nt);
-    /* blocks of a token's hidden: its experts' outputs (pairs found by expert, in ascending order) weighed and
+    /* blocks of a token's hidden: its experts' outputs (its choices' pairs, in ascending expert order) weighed and
        summed from zero, the shared expert's added, scaled (Granite's residual multiplier), then added to the
        residual */
     const int64_t blocks = hid / QK;
@@ -113,12 +113,7 @@ INLINE void moe_out(StepRun *run, const StepLayer *L, int me, int nt) {
         const int64_t m = item / blocks, i0 = item % blocks * QK;
         float acc[QK] = {0}, t[QK];
         for (int64_t j = 0; j < k; j++) {
-            int64_t p = -1;
-            for (int64_t g = 0; g < s->groups && p < 0; g++)
-                if (s->grp[3 * g] == s->pick[m * k + j])
-                    for (int64_t q = s->grp[3 * g + 1]; q < s->grp[3 * g + 1] + s->grp[3 * g + 2]; q++)
-                        if (s->pair_tok[q] == m) p = q;
-            scaled(t, s->ey + p * hid + i0, s->pw[m * k + j], QK);
+            scaled(t, s->ey + s->pair_of[m * k + j] * hid + i0, s->pw[m * k + j], QK);
             for (int i = 0; i < QK; i++) acc[i] += t[i];
         }
         if (sinter)
