@@ -93,12 +93,12 @@ INLINE void moe_out(StepRun *run, const StepLayer *L, int me, int nt) {
     if (sinter) mat_share(&L->shared_gate_up, &s->qa, M, me, nt, NULL, 0, s->sgu, 2 * sinter, run->generic);
     agentkv_pool_barrier(nt);
     for (int64_t item = me; item < P * (inter / QK) + M * (sinter / QK); item += nt) {
-        const int shared = item >= P * (inter / QK);
-        const int64_t at = shared ? item - P * (inter / QK) : item, width = shared ? sinter : inter;
-        const int64_t p = at / (width / QK), b = at % (width / QK);
+        const int shared = item >= P * (inter / QK);  /* (a row p of the pairs', or of the shared expert's) */
+        const int64_t at = shared ? item - P * (inter / QK) : item, n = shared ? sinter : inter;
+        const int64_t p = at / (n / QK), b = at % (n / QK);
         float act[QK];
-        const float *gate = (shared ? s->sgu : s->egu) + p * 2 * width + b * QK;
-        glu_row(gate, gate + width, QK, act, 0, (int)md->gelu, md->swiglu_limit, md->swiglu_alpha, run->generic);
+        const float *gate = (shared ? s->sgu : s->egu) + p * 2 * n + b * QK;
+        glu_row(gate, gate + n, QK, act, 0, (int)md->gelu, md->swiglu_limit, md->swiglu_alpha, run->generic);
         quantize_into(act, shared ? &s->qs2 : &s->qe2, p, b);
     }
     agentkv_pool_barrier(nt);
