@@ -22,12 +22,12 @@ import numpy as np
 
 from agentkv.engine.gguf_families import gguf_family_fields
 from agentkv.engine.model_config import ModelConfig, RopeScaling
-from agentkv.engine.rope_config import half_split_order
+from agentkv.engine.rope_config import half_split_order, rotated_rows_in_half_split
 from agentkv.engine.tokenizer import tokenizer_files_from_gguf
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
-CONVERSION_VERSION = "10"
+CONVERSION_VERSION = "11"
 # quantizations whose matrices are kept as they are (the CPU kernels multiply them in their blocks:
 # kernels/cpu_quant.py's QUANT_TYPES); every other tensor is dequantized to fp32 here
 KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16",
@@ -232,8 +232,12 @@ def _hf_name(name: str, arch: str = "llama") -> str | None:
 
 def _rows_for_half_split(w: np.ndarray, name: str, arch: str, config: ModelConfig) -> np.ndarray:
     """q and k rows (and biases) in the order the half-split rotation reads: llama.cpp's permutation
-    undone, or GLM-4's adjacent pairs reordered (as the loader does for its checkpoints). Rows move
-    whole, so quantized rows are reordered as they are."""
+    undone, or GLM-4's and DeepSeek-V3's adjacent pairs reordered (as the loader does for their
+    checkpoints). Rows move whole, so quantized rows are reordered as they are."""
+    if arch == "deepseek2" and name.endswith(("attn_q.weight", "attn_q_b.weight", "attn_kv_a_mqa.weight")):
+        q = ".attn_kv_a_mqa." not in name  # (q's heads, or the latent then the shared rotated key part)
+        kept = config.qk_nope_head_dim if q else config.kv_lora_rank
+        return w[rotated_rows_in_half_split(config.num_heads if q else 1, kept, config.head_dim)]
     if not name.endswith(("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias")):
         return w
     heads = config.num_heads if ".attn_q." in name else config.num_kv_heads

@@ -82,7 +82,7 @@ def _latent_attention(get, common: dict[str, Any]) -> dict[str, Any]:
             "qk_nope_head_dim": key - rope, "v_head_dim": int(get("attention.value_length_mla",
                                                                   get("attention.value_length"))),
             "head_dim": rope, "rotary_dim": 0, "attention_scale": scale, "rope_scaling": scaling,
-            "rope_interleaved": True}
+            "rope_interleaved": False}  # (its rotated rows rotate adjacent pairs; the conversion reorders them)
 
 
 def _glm4_moe(get, names: set[str], common: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from torch import nn
 
 from agentkv.engine.linear import Linear
 from agentkv.engine.model_config import ModelConfig
-from agentkv.engine.rope_config import half_split_order
+from agentkv.engine.rope_config import rotated_rows_in_half_split
 from agentkv.errors import ModelLoadError
 
 __all__ = ["LatentAttention", "latent_attention_state"]
@@ -67,28 +67,32 @@ class LatentAttention(nn.Module):
         return self.o_proj(attn, residual, exact_rows=ctx.exact_rows)
 
 
-def latent_attention_state(take, matrix, rows, p: str, o: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def latent_attention_state(take, matrix, p: str, o: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """One layer's attention tensors (HF names under `p`self_attn.) as LatentAttention's (under
     `o`self_attn.): kv_b_proj split per head into W_UK and W_UV; where the checkpoint rotates adjacent
     pairs (rope_interleave), the rotated rows of q's and of the latent's projection reordered evens
-    first (rope_config.half_split_order), for the half-split rotation. `take(name)` gives a tensor,
-    `matrix(name)` a linear's weight and `rows(name, order)` one with its rows reordered (a GGUF's kept in
-    their blocks, whose rows move whole)."""
+    first (rope_config.rotated_rows_in_half_split), for the half-split rotation (a GGUF's are reordered in
+    its conversion, in their blocks). `take(name)` gives a tensor, `matrix(name)` a linear's weight (a GGUF's
+    kept in its blocks)."""
     a, b = p + "self_attn.", o + "self_attn."
     heads, nope, rope, r = cfg.num_heads, cfg.qk_nope_head_dim, cfg.head_dim, cfg.kv_lora_rank
-    order = torch.tensor(half_split_order(rope, rope)) if cfg.rope_interleaved else torch.arange(rope)
-    per_head = torch.cat([torch.arange(nope), nope + order])
-    q_rows = (torch.arange(heads)[:, None] * (nope + rope) + per_head[None]).flatten()
-    out = {b + "q_proj.weight": rows(a + ("q_b_proj.weight" if cfg.q_lora_rank else "q_proj.weight"), q_rows)}
+
+    def rotated(name: str, blocks: int, kept: int):
+        if not cfg.rope_interleaved:
+            return matrix(name)
+        return take(name)[torch.tensor(rotated_rows_in_half_split(blocks, kept, rope))]
+
+    out = {b + "q_proj.weight": rotated(a + ("q_b_proj.weight" if cfg.q_lora_rank else "q_proj.weight"), heads, nope)}
     if cfg.q_lora_rank:
         out[b + "q_a_proj.weight"] = matrix(a + "q_a_proj.weight")
         out[b + "q_a_layernorm.weight"] = take(a + "q_a_layernorm.weight")
-    out[b + "kv_a_proj.weight"] = rows(a + "kv_a_proj_with_mqa.weight", torch.cat([torch.arange(r), r + order]))
+    out[b + "kv_a_proj.weight"] = rotated(a + "kv_a_proj_with_mqa.weight", 1, r)
     out[b + "kv_a_layernorm.weight"] = take(a + "kv_a_layernorm.weight")
     if cfg.attention_bias:
         out[b + "q_a_proj.bias"] = take(a + "q_a_proj.bias")
         kv_bias = take(a + "kv_a_proj_with_mqa.bias")
-        out[b + "kv_a_proj.bias"] = torch.cat([kv_bias[:r], kv_bias[r:][order]])
+        out[b + "kv_a_proj.bias"] = kv_bias[torch.tensor(rotated_rows_in_half_split(1, r, rope))] \
+            if cfg.rope_interleaved else kv_bias
         out[b + "o_proj.bias"] = take(a + "o_proj.bias")
     try:
         kv_b = take(a + "kv_b_proj.weight").view(heads, nope + cfg.v_head_dim, r)

@@ -232,14 +232,6 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
             return _stack(parts)
         return torch.cat([take(n) for n in names]) if len(names) > 1 else take(names[0])
 
-    def rows(name: str, order: torch.Tensor):
-        """The weight `name` with its rows (out) in `order`: a quantized one's rows move whole, in their blocks."""
-        parts = kept([quant.get(name)])
-        if parts is not None and len(parts) == 1:
-            raw, kind = parts[0]
-            return _quant_weight(raw[order], kind)
-        return take(name)[order]
-
     if cfg.family == "gemma4":
         return gemma4_state(set(hf) | set(quant), take, matrix, cfg)
     out = {"embed_tokens.weight": matrix("model.embed_tokens.weight"), "norm.weight": norm("model.norm.weight")}
@@ -253,7 +245,7 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
         if cfg.family == "glm4":  # the sandwich's norms under GLM's names
             out.update({o + ours + ".weight": take(p + theirs + ".weight") for ours, theirs in GLM4_NORMS.items()})
         if cfg.kv_lora_rank:  # DeepSeek-V3's latent attention
-            out.update(latent_attention_state(take, matrix, rows, p, o, cfg))
+            out.update(latent_attention_state(take, matrix, p, o, cfg))
         elif cfg.is_conv_layer(i):  # LFM2's short convolution in attention's place
             out.update(short_conv_state(take, matrix, p, o, cfg))
         elif p + "self_attn.qkv_proj.weight" in hf or p + "self_attn.qkv_proj.weight" in quant:  # fused (Phi-3)

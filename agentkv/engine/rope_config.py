@@ -86,6 +86,15 @@ def half_split_order(head_dim: int, rotary_dim: int) -> list[int]:
     return [*range(0, rotary_dim, 2), *range(1, rotary_dim, 2), *range(rotary_dim, head_dim)]
 
 
+def rotated_rows_in_half_split(blocks: int, kept: int, rope: int) -> list[int]:
+    """Row order for `blocks` runs of `kept` rows that do not rotate then `rope` rows rotating adjacent pairs
+    (DeepSeek-V3's q heads; its latent then the shared rotated key part): each run's rotated rows in
+    half_split_order, the others kept."""
+    order = half_split_order(rope, rope)
+    width = kept + rope
+    return [b * width + i for b in range(blocks) for i in (*range(kept), *(kept + j for j in order))]
+
+
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     """YaRN's attention scale for a context `factor` times the pretrained one (eq. 21: 0.1 m ln s + 1)."""
     return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
