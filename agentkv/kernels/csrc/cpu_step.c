@@ -180,8 +180,7 @@ static void step_job(void *arg, int me, int nt) {
             agentkv_attend_one(s->qkv + m * qkv_n, L->k_cache, L->v_cache, run->table + rows[m] * table_ld, pos[m] + 1,
                                (int)h, (int)g0, (int)(G - g0 < ng ? G - g0 : ng), (int)G, (int)KVH, (int)H, (int)D,
                                md->scale, s->h + m * width, L->window, md->attn_softcap, L->sinks, (int)md->kv_bf16,
-                               generic,
-                               part, parts > 1 ? s->parts + task * run->part_stride : NULL);
+                               generic, part, parts > 1 ? s->parts + task * run->part_stride : NULL);
         }
         agentkv_pool_barrier(nt);
         if (P > 1) {

@@ -153,8 +153,7 @@ INLINE void mat_share(const StepMat *w, const QRows *x, int64_t M, int me, int n
 
 /* the output columns [c0, c1) that thread `me` of `nt` writes in mat_share (its tiles, in order over the parts) */
 INLINE void mat_cols(const StepMat *w, int me, int nt, int64_t *c0, int64_t *c1) {
-    int64_t total = 0;
-    for (int64_t p = 0; p < w->parts; p++) total += tiles_of(w->part[p].N);
+    const int64_t total = mat_tiles(w);
     const int64_t t0 = share(total, me, nt), t1 = share(total, me + 1, nt);
     int64_t first = 0, row = 0;
     *c0 = *c1 = 0;
