@@ -111,12 +111,20 @@ class MoE(nn.Module):
     def route(self, x: torch.Tensor, exact_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's chosen experts [T, k] and their weights [T, k] (fp32)."""
         logits = self.router(x, exact_rows=exact_rows).float()
-        if self.native is not None and self.expert_scale is None:
+        if self.native is not None:
             # the native step's routing (csrc/cpu_moe.c), so both choose the same experts with the same weights
-            if self.sigmoid_groups:
-                return self.native.moe_route_groups(logits, self.score_bias, self.top_k, self.groups,
-                                                    self.groups_chosen, self.norm_topk_prob, self.scaling)
-            return self.native.moe_route(logits, self.top_k, self.norm_topk_prob, self.scaling)
+            chosen, weights = (self.native.moe_route_groups(logits, self.score_bias, self.top_k, self.groups,
+                                                            self.groups_chosen, self.norm_topk_prob, self.scaling)
+                               if self.sigmoid_groups else
+                               self.native.moe_route(logits, self.top_k, self.norm_topk_prob, self.scaling))
+        else:
+            chosen, weights = self._route_torch(logits)
+        if self.expert_scale is not None:  # (Gemma 4's: after the renormalization; its routed scaling is 1)
+            weights = weights * self.expert_scale.float()[chosen]
+        return chosen, weights
+
+    def _route_torch(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """route's choice and weights in torch's ops (no native kernels: a GPU, no compiler)."""
         if not self.sigmoid_groups:
             weights, chosen = torch.softmax(logits, dim=-1).topk(self.top_k, dim=-1)
         else:  # sigmoid scores; the experts of the best groups (a group's score: its two best) compete
@@ -131,8 +139,6 @@ class MoE(nn.Module):
             weights = scores.gather(1, chosen)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if self.sigmoid_groups else 0.0))
-        if self.expert_scale is not None:
-            weights = weights * self.expert_scale.float()[chosen]
         return chosen, weights * self.scaling if self.scaling != 1.0 else weights
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, exact_rows: torch.Tensor | None = None,
