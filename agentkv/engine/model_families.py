@@ -52,7 +52,8 @@ MODEL_TYPES = {"llama": "llama", "mistral": "llama", "phi3": "phi3", "gemma3_tex
                "mixtral": "mixtral", "smollm3": "smollm3", "granite": "granite", "granitemoe": "granitemoe",
                "glm4": "glm4", "glm4_moe": "glm4_moe", "lfm2": "lfm2", "gpt_oss": "gpt_oss",
                "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3"}
-ARCHITECTURE_OF = {family: arch for arch, family in SUPPORTED_ARCHITECTURES.items() if arch != "MistralForCausalLM"}
+ARCHITECTURE_OF = {family: arch for arch, family in SUPPORTED_ARCHITECTURES.items()
+                   if arch not in ("MistralForCausalLM", "Gemma4ForConditionalGeneration")}
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "granitemoe", "glm4_moe", "gpt_oss", "deepseek_v3")
 # a norm after attention and after the MLP too (Gemma 4's layer is its own: engine/gemma4.py)
 SANDWICH_FAMILIES = ("gemma2", "gemma3", "glm4")
