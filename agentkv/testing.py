@@ -106,13 +106,15 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
                      kv_heads: int = 2, intermediate: int = 128, rope_scaling: dict | None = None,
                      max_positions: int = 512, tie: bool = True, seed: int = 0, tokenizer: dict | None = None,
                      experts: int = 4, top_k: int = 2, dense_layers: tuple[int, ...] = (),
-                     sliding_window: int | None = None, max_window_layers: int = 0, config: dict | None = None) -> Path:
+                     sliding_window: int | None = None, max_window_layers: int = 0, config: dict | None = None,
+                     weights: bool = True) -> Path:
     """Write config.json, model.safetensors and a byte tokenizer (`tokenizer`: write_byte_tokenizer's
     options) for a random model of `family` (llama, mistral, phi3, gemma3_text, qwen2, qwen3, or the mixtures of experts
     qwen3_moe, qwen2_moe with a shared expert, mixtral: `experts`, `top_k`, Qwen's `dense_layers`),
     its tensors named as the Hub's checkpoints name them; returns `out`. `sliding_window`: Mistral
     and Mixtral window every layer, Qwen the layers from `max_window_layers` on. `config`: more entries
-    of config.json (partial_rotary_factor, original_max_position_embeddings, ...)."""
+    of config.json (partial_rotary_factor, original_max_position_embeddings, ...). `weights=False`: the
+    config and tokenizer alone, for an engine with load_format="dummy" (a full-size shape in seconds)."""
     import torch
     from safetensors.torch import save_file
 
@@ -151,6 +153,9 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
                    norm_topk_prob=family == "qwen3_moe", mlp_only_layers=list(dense_layers), decoder_sparse_step=1)
         if family == "qwen2_moe":
             cfg.update(shared_expert_intermediate_size=intermediate, qkv_bias=True)
+    if not weights:
+        (out / "config.json").write_text(json.dumps(cfg, indent=1))
+        return out
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape: int, scale: float = 0.08) -> torch.Tensor:

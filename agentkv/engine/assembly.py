@@ -31,7 +31,7 @@ def build_components(cfg: EngineConfig, model: str | None, device: str, dtype: s
                                "run here (leave prompt_precision unset)")
         native = native.with_exact_bf16()
     loaded = load_model(model, dtype=dtype, device=device, shard=(0, tp) if tp > 1 else None, native=native,
-                        quantized=cfg.quantized_weights)
+                        quantized=cfg.quantized_weights, load_format=cfg.load_format)
     mc = loaded.config  # with tensor parallelism, this rank's share of the heads
     context = min(cfg.context_length or mc.max_position_embeddings, mc.max_position_embeddings)
     kv_dtype = DTYPES[cfg.kv_dtype or dtype]

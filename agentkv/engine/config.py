@@ -102,6 +102,9 @@ class EngineConfig:
     # a GGUF's quantized matrices kept in their blocks and multiplied there (CPU, native
     # kernels); False dequantizes them at load as other quantizations are
     quantized_weights: bool = True
+    # "auto": the checkpoint's weights; "dummy": random weights drawn on the device from config.json alone
+    # (engine/dummy_weights.py), for measuring a full-size model whose checkpoint is not at hand
+    load_format: str = "auto"
     # the KV pool's dtype ("float32", "bfloat16", "float16"); None: the model's dtype. bfloat16 under float32
     # activations on CPU halves the pool's memory and what each step's attention reads (docs/cpu.md)
     kv_dtype: str | None = None
@@ -152,6 +155,12 @@ class EngineConfig:
                                "KV); leave kv_dir unset or use one rank")
         if self.cuda_graph_max_batch < 1:
             raise RequestError(f"cuda_graph_max_batch must be at least 1, got {self.cuda_graph_max_batch}")
+        if self.load_format not in ("auto", "dummy"):
+            raise RequestError(f"load_format={self.load_format!r} is not one of 'auto', 'dummy'")
+        if self.load_format == "dummy" and (self.tensor_parallel > 1 or self.cache.kv_dir is not None):
+            # (a disk tier would file random weights' KV under the checkpoint's fingerprint)
+            raise RequestError("load_format='dummy' (random weights) runs on one rank and without kv_dir; "
+                               "leave tensor_parallel and kv_dir unset")
     context_length: int | None = None  # None: the model's max_position_embeddings
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

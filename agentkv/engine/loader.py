@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from agentkv.engine.dummy_weights import random_model
 from agentkv.engine.gemma4 import gemma4_state
 from agentkv.engine.gguf_convert import converted_dir
 from agentkv.engine.gguf_transcode import FLOATS, kept_parts
@@ -82,11 +83,13 @@ def resolve_model_dir(model: str | Path | None) -> Path:
 
 def load_model(model: str | Path | None, dtype: str = "float32", device: str = "cpu", max_positions: int | None = None,
                shard: tuple[int, int] | None = None, native: NativeKernels | None = None,
-               quantized: bool = True) -> LoadedModel:
+               quantized: bool = True, load_format: str = "auto") -> LoadedModel:
     """`shard` = (rank, world): keep that rank's tensor-parallel share (see engine/sharding.py); the
     returned config is then the shard's (its heads and MLP width). `native`: the CPU kernels the
     model's linears and element-wise steps run on (kernels/cpu_native.py), or None for torch ops.
-    `quantized`: keep a GGUF's quantized matrices in their blocks where `native` runs (gguf_transcode.py)."""
+    `quantized`: keep a GGUF's quantized matrices in their blocks where `native` runs (gguf_transcode.py).
+    `load_format`: "auto" reads the weights; "dummy" draws random ones on `device` from the config alone
+    (engine/dummy_weights.py: the benchmarks' full-size models)."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}")
     directory = resolve_model_dir(model)
@@ -96,6 +99,11 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
         raise ModelLoadError(f"{directory / 'config.json'} is not valid JSON: {e}") from None
     cfg = ModelConfig.from_hf(raw)
     tokenizer = Tokenizer(directory)
+    if load_format == "dummy":
+        if shard is not None:
+            raise ModelLoadError("load_format='dummy' builds one rank's model; use tensor_parallel=1")
+        net = random_model(cfg, max_positions or cfg.max_position_embeddings, device).to(dtype=DTYPES[dtype])
+        return _finished(net, native, tokenizer, cfg, directory)
     # quantized matrices stay in their blocks where the CPU kernels multiply them
     keep = quantized and native is not None and shard is None and device == "cpu" and dtype in ("float32", "bfloat16")
     dequantized: set[str] = set()
@@ -112,7 +120,12 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     if shard is not None:
 
         mark_reductions(net)
-    net = net.to(device=device, dtype=DTYPES[dtype])
+    return _finished(net.to(device=device, dtype=DTYPES[dtype]), native, tokenizer, cfg, directory)
+
+
+def _finished(net: CausalLM, native: NativeKernels | None, tokenizer: Tokenizer, cfg: ModelConfig,
+              directory: Path) -> LoadedModel:
+    """The model on its device and in its dtype, made ready to run: the rotation tables in fp32, packed."""
     for rope in (net.rope, net.local_rope):
         if rope is not None:
             rope.cos, rope.sin = rope.cos.float(), rope.sin.float()
