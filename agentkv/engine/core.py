@@ -23,6 +23,7 @@ from agentkv.engine.passes import Pass, PassRunner
 from agentkv.engine.request import Request
 from agentkv.engine.runner import ModelRunner
 from agentkv.engine.scheduler import Scheduler
+from agentkv.engine.trace import phase
 from agentkv.errors import EngineClosedError, EngineError, RequestError
 
 
@@ -164,17 +165,20 @@ class EngineCore:
 
     def step(self) -> None:
         """Schedule a pass and launch it; process the pass before it (overlap) or this one."""
-        batch = self.scheduler.schedule()
+        with phase("schedule"):
+            batch = self.scheduler.schedule()
         prev = self._in_flight
         if batch is None and prev is None:
             self._fail_unservable()
             return
-        launched = self.passes.launch(batch) if batch is not None else None
+        with phase("launch"):
+            launched = self.passes.launch(batch) if batch is not None else None
         self._in_flight = None
         if prev is not None:  # its tokens are taken while `launched` runs on the worker
             self._finish(prev, launched)
         if launched is not None:
-            self.passes.plan(launched)
+            with phase("plan"):
+                self.passes.plan(launched)
             if self.passes.overlap:
                 self._in_flight = launched
             else:
@@ -184,11 +188,13 @@ class EngineCore:
         # requests that finished before this pass was processed have been told already
         reqs = [r for r in p.batch.reqs if not r.finished]
         try:
-            result = self.passes.collect(p)
+            with phase("collect"):
+                result = self.passes.collect(p)
             for (r, _), lp in zip(p.batch.score_positions, result.scores):
                 r.token_scores.append(lp)
-            self.scheduler.process(p.batch, result.tokens, self.tokenizer, result.logprobs,
-                                   after.batch if after is not None else None, result.made)
+            with phase("process"):
+                self.scheduler.process(p.batch, result.tokens, self.tokenizer, result.logprobs,
+                                       after.batch if after is not None else None, result.made)
         except Exception as e:
             # A failed pass must not take the engine down: fail its requests, free their memory.
             err = EngineError(f"forward pass failed: {type(e).__name__}: {e}")

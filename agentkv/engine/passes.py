@@ -26,6 +26,7 @@ from agentkv.engine.outputs import TokenLogprob
 from agentkv.engine.runner import ForwardInputs, ModelRunner
 from agentkv.engine.sampler import sample
 from agentkv.engine.speculative import kept_prefix
+from agentkv.engine.trace import phase
 
 
 @dataclass
@@ -157,7 +158,8 @@ class PassRunner:
 
     def _compute(self, p: Pass) -> PassResult:
         try:
-            logits = self.runner.forward(p.inputs, self._prev_tokens)
+            with phase("forward"):
+                logits = self.runner.forward(p.inputs, self._prev_tokens)
             approx = self.runner.approx_rows  # (this pass's: the next forward runs after this returns)
         except BaseException:
             self._prev_tokens = None
@@ -165,16 +167,19 @@ class PassRunner:
             if plan.masks is not None:
                 plan.masks.exception()
             raise
-        plan: Plan = p.plan.result()
-        allowed = plan.masks.result() if plan.masks is not None else None
+        with phase("masks"):  # (waits for the host's plan and the grammar masks it started)
+            plan: Plan = p.plan.result()
+            allowed = plan.masks.result() if plan.masks is not None else None
         rows = [k for k, ok in enumerate(plan.live) if ok]
         reqs = p.batch.sampling_reqs
         n = len(plan.live)
         if any(p.drafts):
             return self._sample_drafts(p, logits, rows, allowed, approx)
         live = logits[: len(rows)] if len(rows) == n else logits[rows]  # no copy when all are
-        out = sample(live, [reqs[k] for k in rows], self.tokenizer, allowed, logits[n:], p.score_targets,
-                     [p.positions[k] for k in rows], rescore=self._rescore(approx, rows), kernels=self.runner.kernels)
+        with phase("sample"):
+            out = sample(live, [reqs[k] for k in rows], self.tokenizer, allowed, logits[n:], p.score_targets,
+                         [p.positions[k] for k in rows], rescore=self._rescore(approx, rows),
+                         kernels=self.runner.kernels)
         tokens = [0] * n
         logprobs: list[TokenLogprob | None] = [None] * n
         for k, t, e in zip(rows, out.tokens, out.logprobs):
