@@ -49,6 +49,9 @@ class TritonAttentionBackend(AttentionBackend):
 
         self._decode, self._extend, self._store = (triton_decode.decode_attention, triton_extend.extend_attention,
                                                    triton_small.store_kv)
+        # decode's stage 1 a program per KV head's group (None: where the model has GQA) or per query head
+        # (False): benchmarks/gpu_kernels.py times both
+        self.decode_grouped: bool | None = None
 
     def prepare(self, meta: AttentionMetadata) -> None:
         self.meta = meta
@@ -85,7 +88,8 @@ class TritonAttentionBackend(AttentionBackend):
         nd = meta.num_decodes
         if nd:
             self._decode(q[:nd], k_cache, v_cache, meta.req_to_token, self.decode_rows, self.decode_lens,
-                         self.max_decode_len, scale, out=out[:nd], window=window, softcap=softcap, sinks=sinks)
+                         self.max_decode_len, scale, out=out[:nd], window=window, softcap=softcap, sinks=sinks,
+                         grouped=self.decode_grouped)
         if self.max_ext:
             self._extend(q, k_cache, v_cache, out, meta.req_to_token, self.ext_rows, self.ext_seq_lens,
                          self.ext_lens, self.ext_starts, self.max_ext, scale, window=window, softcap=softcap,

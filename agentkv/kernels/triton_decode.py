@@ -5,13 +5,24 @@ sequence; it gathers that stretch's slots from `req_to_token`, runs an online so
 BLOCK_N keys and writes a partial output with its log-sum-exp. Stage 2 merges the splits of each
 (request, head). Long sequences thus spread over many programs even at batch 1. GQA: query head h
 reads KV head h // (H // KVH).
+
+Two stage-1 kernels. With grouped-query attention (H > KVH) a program takes a KV head's whole group of
+query heads (`_decode_grouped_kernel`): each tile of keys and values is read once for the group, and the
+group's scores and outputs are tensor-core products (tl.dot, the group padded to 16 rows). A program per
+query head (`_decode_split_kernel`) reads the tile once per head of the group: on an H200 it ran at half
+the torch route's speed at batch 64 and 8k context (benchmarks/results/2026-12-04-gpu-h200.md), where the
+4 heads of Llama-3's groups read the same KV 4 times. It remains for H == KVH.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -68,6 +79,64 @@ def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, 
 
 
 @triton.jit
+def _decode_grouped_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale,
+                           split_len, window, softcap, stride_qt, stride_qh, stride_ct, stride_ch, stride_r2t,
+                           stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+                           GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                           BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
+    """Stage 1 for a (request, KV head, split): the KV head's GROUP query heads as rows of one product."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    s = tl.program_id(2)
+    row = tl.load(req_rows + b)
+    seq_len = tl.load(seq_lens + b).to(tl.int32)
+    start = s * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    if window > 0:
+        start = tl.maximum(start, seq_len - window)
+    offs_h = tl.arange(0, BLOCK_H)
+    hmask = offs_h < GROUP
+    heads = kvh * GROUP + offs_h
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    qv = tl.load(q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                 mask=hmask[:, None] & dmask[None, :], other=0.0)
+    if FP32_DOT:
+        qv = qv.to(tl.float32)
+    m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        kv_off, kvmask = paged_kv_offsets(req_to_token, row, offs_n, nmask, kvh, offs_d, dmask, stride_r2t,
+                                          stride_ct, stride_ch)
+        kk = tl.load(k_cache + kv_off, mask=kvmask, other=0.0).to(qv.dtype)
+        if FP32_DOT:
+            scores = tl.dot(qv, tl.trans(kk), input_precision="ieee") * scale  # [BLOCK_H, BLOCK_N]
+        else:
+            scores = tl.dot(qv, tl.trans(kk)) * scale
+        if softcap > 0:
+            scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
+        scores = tl.where(nmask[None, :], scores, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))  # (every tile holds a key: m_new is finite)
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        vv = tl.load(v_cache + kv_off, mask=kvmask, other=0.0).to(qv.dtype)
+        if FP32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p, vv, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    lse = tl.where(l_i > 0, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), -float("inf"))
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(mid_o + b * stride_mb + heads[:, None] * stride_mh + s * stride_ms + offs_d[None, :], out,
+             mask=hmask[:, None] & dmask[None, :])
+    tl.store(mid_lse + b * stride_lb + heads * stride_lh + s, lse, mask=hmask)
+
+
+@triton.jit
 def _decode_merge_kernel(mid_o, mid_lse, out, sinks, num_splits, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
                          stride_ob, stride_oh, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
                          HAS_SINKS: tl.constexpr):
@@ -95,10 +164,11 @@ def _decode_merge_kernel(mid_o, mid_lse, out, sinks, num_splits, stride_mb, stri
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                      req_rows: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, scale: float,
                      out: torch.Tensor | None = None, split_len: int = 256, block_n: int = 32,
-                     window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                     grouped: bool | None = None) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; seq_lens [B] int64 on q's device;
     `window` > 0: each query sees its last `window` keys; `sinks` [H] fp32: each head's logit in its
-    softmax's sum (gpt-oss)."""
+    softmax's sum (gpt-oss). `grouped`: a program per KV head's group (None: where H > KVH)."""
     B, H, D = q.shape
     kvh = k_cache.shape[1]
     num_splits = max(1, triton.cdiv(max_seq_len, split_len))
@@ -108,11 +178,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if B == 0:
         return out
     block_d = triton.next_power_of_2(D)
-    _decode_split_kernel[(B, H, num_splits)](
-        q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale, split_len, window, float(softcap),
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        GROUP=H // kvh, D=D, BLOCK_D=block_d, BLOCK_N=block_n)
+    args = (q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale, split_len, window,
+            float(softcap), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
+            mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
+    if grouped if grouped is not None else H > kvh:
+        # (tl.dot takes 16 rows and columns at least; fp32 multiplies in full precision, not TF32, and so
+        # does the interpreter, which has no bf16 product: triton_extend.py)
+        _decode_grouped_kernel[(B, kvh, num_splits)](
+            *args, GROUP=H // kvh, BLOCK_H=max(16, triton.next_power_of_2(H // kvh)), D=D,
+            BLOCK_D=max(16, block_d), BLOCK_N=max(16, block_n),
+            FP32_DOT=q.dtype == torch.float32 or INTERPRETED)
+    else:
+        _decode_split_kernel[(B, H, num_splits)](*args, GROUP=H // kvh, D=D, BLOCK_D=block_d, BLOCK_N=block_n)
     _decode_merge_kernel[(B, H)](
         mid_o, mid_lse, out, mid_lse if sinks is None else sinks, num_splits, mid_o.stride(0), mid_o.stride(1),
         mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),

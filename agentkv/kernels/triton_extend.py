@@ -9,17 +9,14 @@ causal part costs half of the square, and a prefix hit costs only the reads.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from agentkv.kernels.triton_decode import paged_kv_offsets
+from agentkv.kernels.triton_decode import INTERPRETED, paged_kv_offsets
 
 # The interpreter has no bf16 matrix product (numpy): there the products run in fp32 on the
 # converted values, which still checks everything else; a GPU multiplies bf16 tiles natively.
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -108,6 +105,6 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         seq_lens if sinks is None else sinks,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         req_to_token.stride(0), GROUP=H // kvh, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
-        BLOCK_M=block_m, BLOCK_N=block_n, FP32_DOT=q.dtype == torch.float32 or _INTERPRETED,
+        BLOCK_M=block_m, BLOCK_N=block_n, FP32_DOT=q.dtype == torch.float32 or INTERPRETED,
         HAS_SINKS=sinks is not None)
     return out

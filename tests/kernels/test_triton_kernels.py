@@ -80,23 +80,31 @@ def test_triton_bitmask_apply_matches_reference(dtype):
 
 @pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1)])
-def test_triton_decode_matches_reference(dtype, heads, kv_heads, sinks):
-    """(With gpt-oss's sinks: added once, in the merge of the splits.)"""
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1), (32, 2)])
+def test_triton_decode_matches_reference(dtype, heads, kv_heads, sinks, grouped=None, split_len=16, block_n=8):
+    """(With gpt-oss's sinks: added once, in the merge of the splits.) GQA takes the grouped kernel, a
+    group padded to 16 rows (3, 8) or filling them (16)."""
     g = torch.Generator().manual_seed(heads + kv_heads)
     D = 24
-    lens = [45, 3, 70, 17]  # split_len 16: several splits each, and empty splits for the short ones
+    lens = [45, 3, 70, 17]  # several splits each, and empty splits for the short ones; or several tiles a split
     k_cache, v_cache, table, rows = random_batch(g, lens, kv_heads, D, dtype)
     q = torch.randn(len(lens), heads, D, generator=g).to(DEV, dtype)
     out = torch.full_like(q, float("nan"))
     sink = (torch.randn(heads, generator=g) * 2).to(DEV) if sinks else None
     decode_attention(q, k_cache, v_cache, table, rows, torch.tensor(lens, device=DEV), max(lens), D**-0.5, out=out,
-                     split_len=16, block_n=8, sinks=sink)
+                     split_len=split_len, block_n=block_n, sinks=sink, grouped=grouped)
     for i, n in enumerate(lens):
         slots = table[rows[i], :n]
         expected = reference(q[i:i + 1].float(), k_cache[slots].float(), v_cache[slots].float(), D**-0.5, n - 1,
                              sink)
         torch.testing.assert_close(out[i:i + 1].float(), expected, **tol(dtype))
+
+
+@pytest.mark.parametrize("grouped", [None, False], ids=["grouped", "per-head"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_decode_tiles_a_split(dtype, grouped):
+    """Several tiles of keys a split (the online softmax's rescaling), both stage-1 kernels on GQA."""
+    test_triton_decode_matches_reference(dtype, 6, 2, True, grouped=grouped, split_len=64, block_n=16)
 
 
 @pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
