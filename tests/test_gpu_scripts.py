@@ -1,0 +1,65 @@
+"""The GPU run's scripts in their `--smoke` modes on CPU, so a lent GPU's minutes are never lost to a script
+that does not run (benchmarks/gpu.sh runs them in full there), and the bounds their rows are read against."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+
+def _smoke(script: str, tmp_path: Path, env: dict | None = None) -> str:
+    out = tmp_path / f"{script}.md"
+    done = subprocess.run([sys.executable, str(BENCH / script), "--smoke", "--out", str(out)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env or {})}, cwd=BENCH.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out.read_text()
+
+
+def test_gpu_engine_smoke(tmp_path):
+    text = _smoke("gpu_engine.py", tmp_path)
+    rows = [line for line in text.splitlines() if line.startswith("tiny (smoke)")]
+    assert [r.split()[2] for r in rows] == ["decode", "decode", "prefill", "agent", "greedy"], text
+    assert "Error" not in text, text
+    assert "4/4 sequences the same" in text
+
+
+def test_gpu_profile_smoke(tmp_path):
+    text = _smoke("gpu_profile.py", tmp_path)
+    assert text.count("wall time a step") == 2, text
+    for name in ("schedule", "launch", "plan", "forward", "sample", "collect", "process"):
+        assert f" {name} " in text, (name, text)
+
+
+def test_gpu_kernels_smoke(tmp_path):
+    pytest.importorskip("triton")
+    text = _smoke("gpu_kernels.py", tmp_path, {"TRITON_INTERPRET": "1"})
+    assert "decode b2 ctx40" in text and "extend 2x8 after 16" in text, text
+
+
+def test_bounds_of_the_8b_shape():
+    """Llama-3-8B: 7.0 B linear weights; a batch-1 step reads them, the vocabulary projection and one
+    sequence's KV (131,072 bytes a token in bf16); 8k tokens of prefill are 2 FLOPs a weight a token plus the
+    causal attention's 2 T^2 d a head and layer."""
+    from gpu_models import SHAPES, published_peaks
+
+    s = SHAPES["llama3-8b"]
+    assert s.linear_params() == 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336)
+    assert s.kv_bytes_per_token() == 131072
+    step = s.decode_step_bytes(1, 1000)
+    assert step == 2 * (s.linear_params() + 128256 * 4096) + 2 * 4096 + 1000 * 131072
+    flops = s.prefill_flops(8192)
+    assert flops == pytest.approx(2 * s.linear_params() * 8192 + 2 * 128256 * 4096 + 2 * 32 * 32 * 128 * 8192**2)
+    # a prompt after a cached prefix: each new token attends to the prefix and the new tokens before it
+    assert s.prefill_flops(1, cached=100) == pytest.approx(
+        2 * s.linear_params() + 2 * 128256 * 4096 + 4 * 32 * 32 * 128 * 100.5)
+    assert published_peaks("NVIDIA H100 80GB HBM3") == (3350.0, 989.0)
+    assert published_peaks("NVIDIA H200") == (4800.0, 989.0)
+    assert published_peaks("NVIDIA H100 PCIe") == (2000.0, 756.0)
+    assert published_peaks("Some other GPU") is None
