@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Everything agentkv checks and times on a lent GPU, in one call and without network (< 8 minutes):
-#   1. the kernel tests (test_triton_kernels.py, test_attention.py, test_flashinfer_backend.py, test_triton_lora.py: the
-#      LoRA kernels; their slots test needs peft), not interpreted,
+#   1. the kernel tests (test_triton_kernels.py, test_attention.py, test_triton_fused.py: norms, activation and
+#      rotation fused, test_flashinfer_backend.py, test_triton_lora.py: the LoRA kernels; their slots test needs
+#      peft), not interpreted,
 #      and the engine on the GPU (test_gpu_engine.py: CUDA graphs + overlap vs eager, sampling, grammars);
 #   2. benchmarks/gpu_kernels.py: Triton (grouped and per-head decode) vs the torch backend vs FlashInfer;
 #   3. benchmarks/gpu_profile.py: one decode step of the Llama shape taken apart (host phases, device busy
-#      time, the gaps, the heaviest kernels, runtime calls), eager and with graphs + overlap;
+#      time, the gaps, the heaviest kernels, runtime calls), eager, with graphs + overlap, and with the fused ops;
 #   4. benchmarks/gpu_engine.py: the full Llama-3-8B and Qwen3-8B shapes (random weights drawn on the device),
 #      decode at batch 1 / 64 / 16 / 256, prefill of 8k and 512 tokens, agent sessions, eager-vs-graphs
 #      parity, each row beside its bound (HBM bandwidth for decode, dense bf16 peak for prefill).
@@ -39,9 +40,10 @@ step() {  # name, seconds, command...
 }
 
 step kernel-tests 100 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/kernels/test_attention.py \
-    tests/kernels/test_flashinfer_backend.py tests/kernels/test_triton_lora.py tests/engine/test_gpu_engine.py
+    tests/kernels/test_triton_fused.py tests/kernels/test_flashinfer_backend.py tests/kernels/test_triton_lora.py \
+    tests/engine/test_gpu_engine.py
 tail -3 "$OUT/kernel-tests.log" >> "$summary"
 step kernels 70 $PY benchmarks/gpu_kernels.py --out "$OUT/kernels.md"
-step profile 80 $PY benchmarks/gpu_profile.py --out "$OUT/profile.md"
-step engine 210 $PY benchmarks/gpu_engine.py --out "$OUT/engine.md"
+step profile 100 $PY benchmarks/gpu_profile.py --out "$OUT/profile.md"
+step engine 200 $PY benchmarks/gpu_engine.py --out "$OUT/engine.md"
 cat "$summary" "$OUT"/kernels.md "$OUT"/profile.md "$OUT"/engine.md 2>/dev/null

@@ -14,7 +14,7 @@ Rows, in this order for each model (each written to `--out` as it ends, so a tim
 "% of bound" = bound time / measured time against the part's published peaks; the copy and matmul rates
 measured on the device are printed above the table.
 
-    python benchmarks/gpu_engine.py --out $OUT/engine.md
+    python benchmarks/gpu_engine.py --out $OUT/engine.md [--fused-ops] [--models llama3-8b] [--layers 8]
     python benchmarks/gpu_engine.py --smoke          # the tiny shape on CPU: the script runs (in the suite)
 """
 
@@ -67,7 +67,7 @@ class Run:
     def engine(self, shape: str, mode: str = "graphs+overlap", **options) -> ak.Engine:
         path = write_shape(self.tmp / shape, shape, layers=self.args.layers)
         if self.device == "cuda":
-            options.update(cuda_graph_max_batch=256)
+            options.update(cuda_graph_max_batch=256, fused_ops=self.args.fused_ops)
             if mode == "eager":
                 options.update(cuda_graphs=False, overlap_schedule=False)
         return ak.Engine(str(path), device=self.device, dtype=self.dtype, load_format="dummy",
@@ -166,6 +166,7 @@ def main() -> None:
     ap.add_argument("--models", default="llama3-8b,qwen3-8b")
     ap.add_argument("--layers", type=int, help="fewer layers than the shape's (a quick look)")
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--fused-ops", action="store_true", help="norms, activation and rotation as fused Triton ops")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     run = Run(args)

@@ -2,7 +2,8 @@
 
 The model is a full-size shape of benchmarks/gpu_models.py (random weights drawn on the device), its prompts
 (128 tokens) prefilled and cached first, then `--steps` greedy decode steps recorded at each `--batches` size,
-eager (no CUDA graphs, no overlap) and with both (the default). Two recorders run together:
+eager (no CUDA graphs, no overlap), with both (the default), and with both and the fused Triton ops
+(fused_ops=True: norms, activation and rotation one kernel each). Two recorders run together:
 - the host: agentkv.engine.trace times each phase of a step on the thread that runs it (schedule, launch,
   plan, collect and process on the engine thread; forward, masks and sample on the forward worker with
   overlap, on the engine thread without);
@@ -126,7 +127,8 @@ def main() -> None:
     model = "smoke" if args.smoke else args.model
     batches = (1, 4) if args.smoke else tuple(int(b) for b in args.batches.split(","))
     path = write_shape(Path(tempfile.mkdtemp()) / model, model, layers=args.layers)
-    modes = {"eager": dict(cuda_graphs=False, overlap_schedule=False), "graphs+overlap": {}} if cuda else {"cpu": {}}
+    modes = ({"eager": dict(cuda_graphs=False, overlap_schedule=False), "graphs+overlap": {},
+              "graphs+overlap+fused ops": dict(fused_ops=True)} if cuda else {"cpu": {}})
     name = torch.cuda.get_device_name() if cuda else "CPU"
     text = [f"## One decode step, taken apart: {NAMES[model]}{f', {args.layers} layers' if args.layers else ''}, "
             f"on {name}\n"]

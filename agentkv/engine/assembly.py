@@ -18,6 +18,7 @@ from agentkv.engine.runner import ModelRunner
 from agentkv.engine.scheduler import Scheduler
 from agentkv.errors import RequestError
 from agentkv.kernels import cpu_native, get_backend
+from agentkv.kernels.triton_backend import fused_ops_for
 
 
 def build_components(cfg: EngineConfig, model: str | None, device: str, dtype: str, overlap: bool) -> Components:
@@ -31,7 +32,8 @@ def build_components(cfg: EngineConfig, model: str | None, device: str, dtype: s
                                "run here (leave prompt_precision unset)")
         native = native.with_exact_bf16()
     loaded = load_model(model, dtype=dtype, device=device, shard=(0, tp) if tp > 1 else None, native=native,
-                        quantized=cfg.quantized_weights, load_format=cfg.load_format)
+                        quantized=cfg.quantized_weights, load_format=cfg.load_format,
+                        fused=fused_ops_for(cfg.fused_ops, device))
     mc = loaded.config  # with tensor parallelism, this rank's share of the heads
     context = min(cfg.context_length or mc.max_position_embeddings, mc.max_position_embeddings)
     kv_dtype = DTYPES[cfg.kv_dtype or dtype]

@@ -102,6 +102,10 @@ class EngineConfig:
     # a GGUF's quantized matrices kept in their blocks and multiplied there (CPU, native
     # kernels); False dequantizes them at load as other quantizations are
     quantized_weights: bool = True
+    # the norms, the gated MLP's activation and the rotation as fused Triton kernels on a CUDA GPU
+    # (kernels/triton_fused.py: one kernel each where torch's eager ops take five or six; on CPU only
+    # interpreted, for the tests); off until a GPU run has checked them compiled
+    fused_ops: bool = False
     # "auto": the checkpoint's weights; "dummy": random weights drawn on the device from config.json alone
     # (engine/dummy_weights.py), for measuring a full-size model whose checkpoint is not at hand
     load_format: str = "auto"

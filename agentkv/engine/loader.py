@@ -83,13 +83,14 @@ def resolve_model_dir(model: str | Path | None) -> Path:
 
 def load_model(model: str | Path | None, dtype: str = "float32", device: str = "cpu", max_positions: int | None = None,
                shard: tuple[int, int] | None = None, native: NativeKernels | None = None,
-               quantized: bool = True, load_format: str = "auto") -> LoadedModel:
+               quantized: bool = True, load_format: str = "auto", fused=None) -> LoadedModel:
     """`shard` = (rank, world): keep that rank's tensor-parallel share (see engine/sharding.py); the
     returned config is then the shard's (its heads and MLP width). `native`: the CPU kernels the
     model's linears and element-wise steps run on (kernels/cpu_native.py), or None for torch ops.
     `quantized`: keep a GGUF's quantized matrices in their blocks where `native` runs (gguf_transcode.py).
     `load_format`: "auto" reads the weights; "dummy" draws random ones on `device` from the config alone
-    (engine/dummy_weights.py: the benchmarks' full-size models)."""
+    (engine/dummy_weights.py: the benchmarks' full-size models). `fused`: the fused Triton ops the norms,
+    activation and rotation run on (kernels/triton_backend.fused_ops_for), or None."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}")
     directory = resolve_model_dir(model)
@@ -105,7 +106,7 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
         net = random_model(cfg, max_positions or cfg.max_position_embeddings, device).to(dtype=DTYPES[dtype])
         if device.startswith("cuda"):  # the fp32 draws' blocks back to the device, for the KV pool
             torch.cuda.empty_cache()
-        return _finished(net, native, tokenizer, cfg, directory)
+        return _finished(net, native, fused, tokenizer, cfg, directory)
     # quantized matrices stay in their blocks where the CPU kernels multiply them
     keep = quantized and native is not None and shard is None and device == "cpu" and dtype in ("float32", "bfloat16")
     dequantized: set[str] = set()
@@ -122,17 +123,17 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     if shard is not None:
 
         mark_reductions(net)
-    return _finished(net.to(device=device, dtype=DTYPES[dtype]), native, tokenizer, cfg, directory)
+    return _finished(net.to(device=device, dtype=DTYPES[dtype]), native, fused, tokenizer, cfg, directory)
 
 
-def _finished(net: CausalLM, native: NativeKernels | None, tokenizer: Tokenizer, cfg: ModelConfig,
+def _finished(net: CausalLM, native: NativeKernels | None, fused, tokenizer: Tokenizer, cfg: ModelConfig,
               directory: Path) -> LoadedModel:
     """The model on its device and in its dtype, made ready to run: the rotation tables in fp32, packed."""
     for rope in (net.rope, net.local_rope):
         if rope is not None:
             rope.cos, rope.sin = rope.cos.float(), rope.sin.float()
     net.eval().requires_grad_(False)
-    net.finalize(native)
+    net.finalize(native, fused)
     return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, path=directory)
 
 

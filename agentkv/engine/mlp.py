@@ -27,6 +27,7 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.intermediate, bias=cfg.mlp_bias)
         self.down_proj = Linear(self.intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
         self.native: NativeKernels | None = None  # set by CausalLM.finalize
+        self.fused = None  # kernels/triton_fused.py on a GPU (fused_ops), set by CausalLM.finalize
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                 exact_rows: torch.Tensor | None = None, lora: LoraBatch | None = None) -> torch.Tensor:
@@ -52,6 +53,8 @@ class MLP(nn.Module):
             act = gate * torch.sigmoid(gate * alpha) * (up + 1)
         elif native:  # (the native step's own body)
             act = self.native.glu_mul(gate_up, self.gelu)
+        elif self.fused is not None and self.fused.takes(gate_up):  # one kernel, rounds as below
+            act = self.fused.glu(gate_up, self.gelu)
         else:
             gate, up = gate_up.split(self.intermediate, dim=-1)
             act = (F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up

@@ -72,10 +72,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
         self.native: NativeKernels | None = None  # set by CausalLM.finalize
+        self.fused = None  # kernels/triton_fused.py on a GPU (fused_ops), set by CausalLM.finalize
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None and self.native.handles(x):  # one call; rounds as below
             return self.native.rms_norm(x, self.weight, self.eps)
+        if self.fused is not None and self.fused.takes(x):  # one kernel; rounds as below
+            return self.fused.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op; same math as below
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # normalized in fp32 and cast back before the weight, as HF does, so bf16 outputs match it
@@ -235,12 +238,15 @@ class CausalLM(nn.Module):
         else:
             self.get_submodule(name.removesuffix(".weight")).set_quantized(weight)
 
-    def finalize(self, native: NativeKernels | None = None) -> None:
+    def finalize(self, native: NativeKernels | None = None, fused=None) -> None:
         """Pack weights for the CPU kernels; call once after loading and dtype casts. With `native`,
-        norms, the MLP's activation and the rotation run as its C kernels."""
+        norms, the MLP's activation and the rotation run as its C kernels; with `fused` (a GPU's
+        kernels/triton_fused.py), as its Triton kernels."""
         for module in self.modules():
             if isinstance(module, (RMSNorm, MLP, MoE, RotaryEmbedding, QuantEmbedding)):
                 module.native = native
+            if isinstance(module, (RMSNorm, MLP, RotaryEmbedding)):
+                module.fused = fused
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         # the batch-1 copy of the weights (see Linear) when it costs at most 1/8 of the machine's memory
         plain_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears if m.weight is not None)

@@ -92,6 +92,7 @@ class RopeTables:
     rotation: torch.Tensor | None = None
     native: NativeRotation | None = None  # the C kernel rotates in place; no per-pass tables
     rot: int | None = None  # the leading dims of a head that rotate (None: all)
+    fused: object | None = None  # kernels/triton_fused.py on a GPU (fused_ops): a rotation in one kernel
 
 
 @dataclass
@@ -131,6 +132,7 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         self.native: NativeKernels | None = None  # set by CausalLM.finalize
+        self.fused = None  # kernels/triton_fused.py on a GPU (fused_ops), set by CausalLM.finalize
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
         """The tables for `positions` [T]."""
@@ -149,7 +151,7 @@ class RotaryEmbedding(torch.nn.Module):
             rotation[:, j + half, j] = -sin32[:, :half]
             rotation[:, j, j + half] = sin32[:, half : self.rot]
         cos, sin = cos32.to(dtype), sin32.to(dtype)
-        return RopeTables(cos.unsqueeze(1), sin.unsqueeze(1), rotation, rot=self.rot)
+        return RopeTables(cos.unsqueeze(1), sin.unsqueeze(1), rotation, rot=self.rot, fused=self.fused)
 
     @staticmethod
     def apply_one(tables: RopeTables, x: torch.Tensor) -> torch.Tensor:
@@ -157,6 +159,8 @@ class RotaryEmbedding(torch.nn.Module):
         if tables.native is not None:
             n = tables.native
             return n.kernels.rope_(x, n.positions, n.cos, n.sin, rot=tables.rot)
+        if tables.fused is not None and tables.fused.takes(x):  # one kernel; rounds as below
+            return tables.fused.rope(x, tables.cos, tables.sin, tables.rot)
         if tables.rotation is not None:
             if x.dtype == tables.rotation.dtype:
                 return torch.bmm(x, tables.rotation)

@@ -36,6 +36,21 @@ def triton_usable(device: torch.device | str | None = None) -> tuple[bool, str]:
     return False, "the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1 to check the kernels on CPU)"
 
 
+def fused_ops_for(option: bool, device: str):
+    """The fused Triton ops (kernels/triton_fused.py) a model's norms, gated activation and rotation run on,
+    or None for torch's ops: `option` True asks for them (on a CUDA device where triton imports, or under
+    TRITON_INTERPRET=1 where the tests run them; elsewhere an error that says why). Off by default until a
+    GPU run has checked them compiled (benchmarks/gpu.sh)."""
+    if not option:
+        return None
+    ok, why = triton_usable(device)
+    if not ok:
+        raise RequestError(f"fused_ops=True, but the fused Triton ops cannot run: {why}; leave fused_ops unset")
+    from agentkv.kernels import triton_fused  # (imports triton: seconds, wanted only here)
+
+    return triton_fused
+
+
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     supports_cuda_graphs = True

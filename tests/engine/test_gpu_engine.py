@@ -31,6 +31,16 @@ def test_graphs_and_overlap_equal_eager(tiny_dir):
         assert st["running"] == 0 and st["free_slots"] + st["cached_tokens"] == st["total_slots"]
 
 
+def test_fused_ops_equal_torch_ops(tiny_dir):
+    """fused_ops=True (norms, activation and rotation as Triton kernels, compiled) gives the torch ops'
+    greedy tokens, in fp32 where neither rounds to bf16, with CUDA graphs and overlap on."""
+    with ak.Engine(str(tiny_dir), device="cuda", dtype="float32") as plain:
+        expected = greedy(plain)
+    with ak.Engine(str(tiny_dir), device="cuda", dtype="float32", fused_ops=True) as fused:
+        assert fused._core.runner.model.norm.fused is not None
+        assert greedy(fused) == expected
+
+
 def test_sampling_grammar_and_scores_on_cuda(tiny_dir):
     with ak.Engine(str(tiny_dir), device="cuda") as engine:
         params = ak.SamplingParams(temperature=1.0, top_p=0.9, seed=5, max_tokens=12, repetition_penalty=1.2,
