@@ -14,14 +14,26 @@
 # Run from the repository root:  bash benchmarks/gpu.sh   (results in $OUT, default /tmp/agentkv-gpu).
 # The device image has torch, triton, numpy, tokenizers, safetensors, jinja2 and pytest. The project is
 # used from the tree (PYTHONPATH); its other imports (pydantic and its parts, jsonschema and its parts,
-# lark, gguf, crc32c) must travel as wheels installed first (benchmarks/results/2026-12-04-gpu-h200.md
-# says how); no model travels: every model here is a config whose weights are drawn on the device.
+# lark, gguf, crc32c) travel as wheels: `bash benchmarks/gpu_wheels.sh` here fills .whl/, the device call
+# carries it (carry: [".whl"]) and this script installs it first. No model travels: every model here is
+# a config whose weights are drawn on the device.
+#   bash benchmarks/gpu.sh --smoke   (on CPU: every step in its smoke mode, the kernels interpreted; the suite
+#                                     runs it, tests/test_gpu_scripts.py)
 set -uo pipefail
 OUT=${OUT:-/tmp/agentkv-gpu}
 PY=${PYTHON:-python3}
+SMOKE=${1:-}
 mkdir -p "$OUT"
+if [[ -z "$SMOKE" ]] && compgen -G ".whl/*.whl" > /dev/null; then  # benchmarks/gpu_wheels.sh's, carried along
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/agentkv-site \
+        .whl/*.whl && export PYTHONPATH="/tmp/agentkv-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
+if [[ "$SMOKE" == "--smoke" ]]; then
+    export TRITON_INTERPRET=1
+else
+    unset TRITON_INTERPRET
+fi
 summary="$OUT/summary.md"
 {
     echo "# agentkv GPU run, $(date -u +%F)"
@@ -39,11 +51,15 @@ step() {  # name, seconds, command...
     echo "- $name: rc=$rc, $((SECONDS - t0)) s (log: $name.log)" >> "$summary"
 }
 
-step kernel-tests 100 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/kernels/test_attention.py \
-    tests/kernels/test_triton_fused.py tests/kernels/test_flashinfer_backend.py tests/kernels/test_triton_lora.py \
-    tests/engine/test_gpu_engine.py
+if [[ "$SMOKE" == "--smoke" ]]; then  # (the kernel tests run interpreted in the suite itself)
+    step kernel-tests 100 $PY -m pytest -q -p no:cacheprovider tests/engine/test_gpu_engine.py
+else
+    step kernel-tests 100 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py \
+        tests/kernels/test_attention.py tests/kernels/test_triton_fused.py tests/kernels/test_flashinfer_backend.py \
+        tests/kernels/test_triton_lora.py tests/engine/test_gpu_engine.py
+fi
 tail -3 "$OUT/kernel-tests.log" >> "$summary"
-step kernels 70 $PY benchmarks/gpu_kernels.py --out "$OUT/kernels.md"
-step profile 100 $PY benchmarks/gpu_profile.py --out "$OUT/profile.md"
-step engine 200 $PY benchmarks/gpu_engine.py --out "$OUT/engine.md"
+step kernels 70 $PY benchmarks/gpu_kernels.py $SMOKE --out "$OUT/kernels.md"
+step profile 100 $PY benchmarks/gpu_profile.py $SMOKE --out "$OUT/profile.md"
+step engine 200 $PY benchmarks/gpu_engine.py $SMOKE --out "$OUT/engine.md"
 cat "$summary" "$OUT"/kernels.md "$OUT"/profile.md "$OUT"/engine.md 2>/dev/null

@@ -1,5 +1,5 @@
-"""The GPU run's scripts in their `--smoke` modes on CPU, so a lent GPU's minutes are never lost to a script
-that does not run (benchmarks/gpu.sh runs them in full there), and the bounds their rows are read against."""
+"""The GPU run in its `--smoke` mode on CPU (benchmarks/gpu.sh and each script it runs), so a lent GPU's minutes
+are never lost to a script that does not run, and the bounds the rows are read against."""
 
 from __future__ import annotations
 
@@ -14,33 +14,42 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 
-def _smoke(script: str, tmp_path: Path, env: dict | None = None) -> str:
-    out = tmp_path / f"{script}.md"
-    done = subprocess.run([sys.executable, str(BENCH / script), "--smoke", "--out", str(out)], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **(env or {})}, cwd=BENCH.parent)
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> Path:
+    """`bash benchmarks/gpu.sh --smoke`: every step in its smoke mode, the kernels interpreted; its $OUT."""
+    pytest.importorskip("triton")
+    out = tmp_path_factory.mktemp("gpu-smoke")
+    done = subprocess.run(["bash", str(BENCH / "gpu.sh"), "--smoke"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OUT": str(out), "PYTHON": sys.executable}, cwd=BENCH.parent)
     assert done.returncode == 0, done.stderr[-3000:]
-    return out.read_text()
+    return out
 
 
-def test_gpu_engine_smoke(tmp_path):
-    text = _smoke("gpu_engine.py", tmp_path)
+def test_gpu_sh_runs_every_step(smoke_run):
+    summary = (smoke_run / "summary.md").read_text()
+    for step in ("kernel-tests", "kernels", "profile", "engine"):
+        assert f"- {step}: rc=0," in summary, summary
+
+
+def test_gpu_engine_smoke(smoke_run):
+    text = (smoke_run / "engine.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("tiny (smoke)")]
     assert [r.split()[2] for r in rows] == ["decode", "decode", "prefill", "agent", "greedy"], text
     assert "Error" not in text, text
     assert "4/4 sequences the same" in text
 
 
-def test_gpu_profile_smoke(tmp_path):
-    text = _smoke("gpu_profile.py", tmp_path)
+def test_gpu_profile_smoke(smoke_run):
+    text = (smoke_run / "profile.md").read_text()
     assert text.count("wall time a step") == 2, text
     for name in ("schedule", "launch", "plan", "forward", "sample", "collect", "process"):
         assert f" {name} " in text, (name, text)
 
 
-def test_gpu_kernels_smoke(tmp_path):
-    pytest.importorskip("triton")
-    text = _smoke("gpu_kernels.py", tmp_path, {"TRITON_INTERPRET": "1"})
+def test_gpu_kernels_smoke(smoke_run):
+    text = (smoke_run / "kernels.md").read_text()
     assert "decode b2 ctx40" in text and "extend 2x8 after 16" in text, text
+    assert "RequestError: the flashinfer backend needs a CUDA GPU" in text  # (and the other columns timed)
 
 
 def test_bounds_of_the_8b_shape():
