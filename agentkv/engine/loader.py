@@ -11,6 +11,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -83,7 +84,7 @@ def resolve_model_dir(model: str | Path | None) -> Path:
 
 def load_model(model: str | Path | None, dtype: str = "float32", device: str = "cpu", max_positions: int | None = None,
                shard: tuple[int, int] | None = None, native: NativeKernels | None = None,
-               quantized: bool = True, load_format: str = "auto", fused=None) -> LoadedModel:
+               quantized: bool = True, load_format: str = "auto", fused: ModuleType | None = None) -> LoadedModel:
     """`shard` = (rank, world): keep that rank's tensor-parallel share (see engine/sharding.py); the
     returned config is then the shard's (its heads and MLP width). `native`: the CPU kernels the
     model's linears and element-wise steps run on (kernels/cpu_native.py), or None for torch ops.
@@ -126,8 +127,8 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     return _finished(net.to(device=device, dtype=DTYPES[dtype]), native, fused, tokenizer, cfg, directory)
 
 
-def _finished(net: CausalLM, native: NativeKernels | None, fused, tokenizer: Tokenizer, cfg: ModelConfig,
-              directory: Path) -> LoadedModel:
+def _finished(net: CausalLM, native: NativeKernels | None, fused: ModuleType | None, tokenizer: Tokenizer,
+              cfg: ModelConfig, directory: Path) -> LoadedModel:
     """The model on its device and in its dtype, made ready to run: the rotation tables in fp32, packed."""
     for rope in (net.rope, net.local_rope):
         if rope is not None:

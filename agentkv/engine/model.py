@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -238,7 +239,7 @@ class CausalLM(nn.Module):
         else:
             self.get_submodule(name.removesuffix(".weight")).set_quantized(weight)
 
-    def finalize(self, native: NativeKernels | None = None, fused=None) -> None:
+    def finalize(self, native: NativeKernels | None = None, fused: ModuleType | None = None) -> None:
         """Pack weights for the CPU kernels; call once after loading and dtype casts. With `native`,
         norms, the MLP's activation and the rotation run as its C kernels; with `fused` (a GPU's
         kernels/triton_fused.py), as its Triton kernels."""
