@@ -88,9 +88,9 @@ class TritonAttentionBackend(AttentionBackend):
 
     def prepare_graph(self, meta: AttentionMetadata, rows: torch.Tensor, lens: torch.Tensor, max_context: int) -> None:
         """A decode-only pass whose index tensors are the static buffers `rows` and `lens` (filled
-        before each replay of a CUDA graph). The split count follows `max_context`, not the pass's
-        longest sequence, so the kernels' grid is the same at every replay; splits past a
-        sequence's end are empty and weigh 0 in the merge."""
+        before each replay of a CUDA graph). The split count follows `max_context` and the bucket's
+        size, not the pass's longest sequence, so the kernels' grid is the same at every replay; each
+        request's splits follow its own length (triton_decode.split_range)."""
         self.meta = meta
         self.decode_rows, self.decode_lens, self.max_decode_len = rows, lens, max_context
         self.max_ext = 0

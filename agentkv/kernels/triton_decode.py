@@ -16,6 +16,7 @@ the torch route's speed at batch 64 and 8k context (benchmarks/results/2026-12-0
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -34,8 +35,19 @@ def paged_kv_offsets(req_to_token, row, offs_n, nmask, kvh, offs_d, dmask, strid
 
 
 @triton.jit
+def split_range(seq_len, s, num_splits, window, BLOCK_N: tl.constexpr):
+    """Keys [start, end) of split `s` of a request: the keys its query sees (the last `window` of them with
+    a window) cut into `num_splits` runs of whole tiles, each request by its own length; runs past the
+    end are empty (they weigh 0 in the merge)."""
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    length = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
+    start = first + s * length
+    return start, tl.minimum(start + length, seq_len)
+
+
+@triton.jit
 def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale,
-                         split_len, window, softcap, stride_qt, stride_qh, stride_ct, stride_ch, stride_r2t,
+                         num_splits, window, softcap, stride_qt, stride_qh, stride_ct, stride_ch, stride_r2t,
                          stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
                          GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     b = tl.program_id(0)
@@ -44,10 +56,7 @@ def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, 
     kvh = h // GROUP
     row = tl.load(req_rows + b)
     seq_len = tl.load(seq_lens + b).to(tl.int32)  # (int32 like the split bounds: Triton's if-blocks keep types)
-    start = s * split_len
-    end = tl.minimum(start + split_len, seq_len)
-    if window > 0:  # a sliding window: the last `window` keys only (splits before them stay empty)
-        start = tl.maximum(start, seq_len - window)
+    start, end = split_range(seq_len, s, num_splits, window, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
     qv = tl.load(q + b * stride_qt + h * stride_qh + offs_d, mask=dmask, other=0.0).to(tl.float32)
@@ -80,7 +89,7 @@ def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, 
 
 @triton.jit
 def _decode_grouped_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale,
-                           split_len, window, softcap, stride_qt, stride_qh, stride_ct, stride_ch, stride_r2t,
+                           num_splits, window, softcap, stride_qt, stride_qh, stride_ct, stride_ch, stride_r2t,
                            stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
                            GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr):
@@ -90,10 +99,7 @@ def _decode_grouped_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens
     s = tl.program_id(2)
     row = tl.load(req_rows + b)
     seq_len = tl.load(seq_lens + b).to(tl.int32)
-    start = s * split_len
-    end = tl.minimum(start + split_len, seq_len)
-    if window > 0:
-        start = tl.maximum(start, seq_len - window)
+    start, end = split_range(seq_len, s, num_splits, window, BLOCK_N)
     offs_h = tl.arange(0, BLOCK_H)
     hmask = offs_h < GROUP
     heads = kvh * GROUP + offs_h
@@ -161,27 +167,43 @@ def _decode_merge_kernel(mid_o, mid_lse, out, sinks, num_splits, stride_mb, stri
     tl.store(out + b * stride_ob + h * stride_oh + offs_d, res.to(out.dtype.element_ty), mask=dmask)
 
 
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def split_count(rows: int, max_seq_len: int, block_n: int, device: torch.device) -> int:
+    """Splits of each request's keys when `rows` (request, head) pairs decode: enough that the stage-1 grid
+    fills the device's multiprocessors about four times over (a long context at batch 1 spreads over all of
+    them), and no more than the longest sequence has runs of two tiles. Each request's split length then
+    follows its own length (split_range), so with CUDA graphs, where `max_seq_len` is the context bound,
+    a bucket's grid is the same at every replay and every split still works."""
+    return max(1, min(triton.cdiv(4 * _multiprocessors(device), rows), triton.cdiv(max_seq_len, 2 * block_n)))
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                      req_rows: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, scale: float,
-                     out: torch.Tensor | None = None, split_len: int = 256, block_n: int = 32,
+                     out: torch.Tensor | None = None, num_splits: int | None = None, block_n: int = 32,
                      window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
                      grouped: bool | None = None) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; seq_lens [B] int64 on q's device;
     `window` > 0: each query sees its last `window` keys; `sinks` [H] fp32: each head's logit in its
-    softmax's sum (gpt-oss). `grouped`: a program per KV head's group (None: where H > KVH)."""
+    softmax's sum (gpt-oss). `grouped`: a program per KV head's group (None: where H > KVH). `num_splits`:
+    the stage-1 programs a (request, head) pair's keys are split over (None: split_count's)."""
     B, H, D = q.shape
     kvh = k_cache.shape[1]
-    num_splits = max(1, triton.cdiv(max_seq_len, split_len))
+    grouped = grouped if grouped is not None else H > kvh
+    num_splits = num_splits or split_count(B * (kvh if grouped else H), max_seq_len, block_n, q.device)
     mid_o = torch.empty(B, H, num_splits, D, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
     out = torch.empty_like(q) if out is None else out
     if B == 0:
         return out
     block_d = triton.next_power_of_2(D)
-    args = (q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale, split_len, window,
+    args = (q, k_cache, v_cache, req_to_token, req_rows, seq_lens, mid_o, mid_lse, scale, num_splits, window,
             float(softcap), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
             mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
-    if grouped if grouped is not None else H > kvh:
+    if grouped:
         # (tl.dot takes 16 rows and columns at least; fp32 multiplies in full precision, not TF32, and so
         # does the interpreter, which has no bf16 product: triton_extend.py)
         _decode_grouped_kernel[(B, kvh, num_splits)](

@@ -81,21 +81,25 @@ def test_triton_bitmask_apply_matches_reference(dtype):
 @pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1), (32, 2)])
-def test_triton_decode_matches_reference(dtype, heads, kv_heads, sinks, grouped=None, split_len=16, block_n=8):
+def test_triton_decode_matches_reference(dtype, heads, kv_heads, sinks, grouped=None, num_splits=5, block_n=8,
+                                         window=0):
     """(With gpt-oss's sinks: added once, in the merge of the splits.) GQA takes the grouped kernel, a
-    group padded to 16 rows (3, 8) or filling them (16)."""
+    group padded to 16 rows (3, 8) or filling them (16). Each request's keys are cut into `num_splits`
+    runs of whole tiles by its own length: 70 keys into 5 of 16, 3 keys into one run and 4 empty ones."""
     g = torch.Generator().manual_seed(heads + kv_heads)
     D = 24
-    lens = [45, 3, 70, 17]  # several splits each, and empty splits for the short ones; or several tiles a split
+    lens = [45, 3, 70, 17]
     k_cache, v_cache, table, rows = random_batch(g, lens, kv_heads, D, dtype)
     q = torch.randn(len(lens), heads, D, generator=g).to(DEV, dtype)
     out = torch.full_like(q, float("nan"))
     sink = (torch.randn(heads, generator=g) * 2).to(DEV) if sinks else None
-    decode_attention(q, k_cache, v_cache, table, rows, torch.tensor(lens, device=DEV), max(lens), D**-0.5, out=out,
-                     split_len=split_len, block_n=block_n, sinks=sink, grouped=grouped)
+    # (the bound a CUDA graph passes, past every length: the splits follow each request's own length)
+    decode_attention(q, k_cache, v_cache, table, rows, torch.tensor(lens, device=DEV), 200, D**-0.5, out=out,
+                     num_splits=num_splits, block_n=block_n, sinks=sink, grouped=grouped, window=window)
     for i, n in enumerate(lens):
-        slots = table[rows[i], :n]
-        expected = reference(q[i:i + 1].float(), k_cache[slots].float(), v_cache[slots].float(), D**-0.5, n - 1,
+        seen = min(n, window) if window else n  # a window: the query's last `window` keys
+        slots = table[rows[i], n - seen:n]
+        expected = reference(q[i:i + 1].float(), k_cache[slots].float(), v_cache[slots].float(), D**-0.5, seen - 1,
                              sink)
         torch.testing.assert_close(out[i:i + 1].float(), expected, **tol(dtype))
 
@@ -103,8 +107,15 @@ def test_triton_decode_matches_reference(dtype, heads, kv_heads, sinks, grouped=
 @pytest.mark.parametrize("grouped", [None, False], ids=["grouped", "per-head"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_decode_tiles_a_split(dtype, grouped):
-    """Several tiles of keys a split (the online softmax's rescaling), both stage-1 kernels on GQA."""
-    test_triton_decode_matches_reference(dtype, 6, 2, True, grouped=grouped, split_len=64, block_n=16)
+    """Several tiles of keys a split (the online softmax's rescaling), both stage-1 kernels on GQA: 70 keys
+    in 2 splits of 48 (3 tiles of 16)."""
+    test_triton_decode_matches_reference(dtype, 6, 2, True, grouped=grouped, num_splits=2, block_n=16)
+
+
+@pytest.mark.parametrize("grouped", [None, False], ids=["grouped", "per-head"])
+def test_triton_decode_window_splits(grouped):
+    """A sliding window's 20 keys cut into the splits (not the whole sequence: most splits would be empty)."""
+    test_triton_decode_matches_reference(torch.float32, 6, 2, False, grouped=grouped, num_splits=3, window=20)
 
 
 @pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
