@@ -3,6 +3,7 @@ are never lost to a script that does not run, and the bounds the rows are read a
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -11,7 +12,15 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
+
+
+def _gpu_models():
+    """benchmarks/gpu_models.py as a module (benchmarks/ is not put on sys.path: its agents.py would shadow
+    the openai-agents package for the rest of the run)."""
+    spec = importlib.util.spec_from_file_location("agentkv_bench_gpu_models", BENCH / "gpu_models.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (its dataclasses look it up)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +65,9 @@ def test_bounds_of_the_8b_shape():
     """Llama-3-8B: 7.0 B linear weights; a batch-1 step reads them, the vocabulary projection and one
     sequence's KV (131,072 bytes a token in bf16); 8k tokens of prefill are 2 FLOPs a weight a token plus the
     causal attention's 2 T^2 d a head and layer."""
-    from gpu_models import SHAPES, published_peaks
-
-    s = SHAPES["llama3-8b"]
+    models = _gpu_models()
+    published_peaks = models.published_peaks
+    s = models.SHAPES["llama3-8b"]
     assert s.linear_params() == 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336)
     assert s.kv_bytes_per_token() == 131072
     step = s.decode_step_bytes(1, 1000)

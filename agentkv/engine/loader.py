@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -111,15 +112,21 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
     # quantized matrices stay in their blocks where the CPU kernels multiply them
     keep = quantized and native is not None and shard is None and device == "cpu" and dtype in ("float32", "bfloat16")
     dequantized: set[str] = set()
-    state = _fused_state_dict(directory, cfg, keep, keep and native.qtile_fast, dequantized)
+    state = _fused_state_dict(directory, cfg, DTYPES[dtype], keep, keep and native.qtile_fast, dequantized)
     if quantized:  # (quantized_weights=False asks for the dequantization: nothing to tell)
         _notice_dequantized(directory, keep, dequantized)
     if shard is not None:
 
         state = shard_state(state, cfg, *shard)
         cfg = local_config(cfg, shard[1])
-    # built directly on CPU: a meta-device build pulls in torch._dynamo (2 s of imports here)
-    net = CausalLM(cfg, max_positions or cfg.max_position_embeddings)
+    # built directly on CPU (a meta-device build pulls in torch._dynamo: 2 s of imports here), its parameters
+    # uninitialized in the model's dtype: an 8B model in bf16 takes 16 GB here, not 32 in fp32 first
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPES[dtype])
+    try:
+        net = CausalLM(cfg, max_positions or cfg.max_position_embeddings)
+    finally:
+        torch.set_default_dtype(default)
     _load_state(net, state, directory)
     if shard is not None:
 
@@ -138,20 +145,38 @@ def _finished(net: CausalLM, native: NativeKernels | None, fused: ModuleType | N
     return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, path=directory)
 
 
-def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+class Checkpoint(Mapping):
+    """A checkpoint's tensors by name (`rename`d), each read from its file when asked: the loader holds the
+    tensors it has made, not a second copy of every file (an 8B model's 16 GB) beside them."""
 
-    files = sorted(f for f in directory.glob("*.safetensors") if f.name != "quant.safetensors")
-    if not files:
-        raise ModelLoadError(
-            f"{directory} has no *.safetensors weights; agentkv loads safetensors or GGUF, not .bin/.pt")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
+    def __init__(self, directory: Path, rename: Callable[[str], str] | None = None):
+        from safetensors import safe_open
+
+        files = sorted(f for f in directory.glob("*.safetensors") if f.name != "quant.safetensors")
+        if not files:
+            raise ModelLoadError(
+                f"{directory} has no *.safetensors weights; agentkv loads safetensors or GGUF, not .bin/.pt")
+        self._where: dict[str, tuple] = {}
+        for f in files:
+            try:
+                handle = safe_open(str(f), "pt")
+                names = list(handle.keys())
+            except Exception as e:  # safetensors raises its own error types for truncated/corrupt headers
+                raise ModelLoadError(f"weights file {f} is corrupt or truncated ({type(e).__name__}: {e})") from None
+            self._where.update({rename(n) if rename else n: (handle, n, f) for n in names})
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        handle, stored, f = self._where[name]
         try:
-            tensors.update(load_file(str(f)))
-        except Exception as e:  # safetensors raises its own error types for truncated/corrupt headers
+            return handle.get_tensor(stored)
+        except Exception as e:
             raise ModelLoadError(f"weights file {f} is corrupt or truncated ({type(e).__name__}: {e})") from None
-    return tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
 
 
 def _notice_dequantized(directory: Path, kept: bool, at_load: set[str]) -> None:
@@ -197,18 +222,17 @@ def _dequantized(raw: torch.Tensor, kind: str) -> torch.Tensor:
     return torch.from_numpy(values.astype("float32", copy=False))
 
 
-def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = False, tiles: bool = False,
+def _fused_state_dict(directory: Path, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+                      keep_quantized: bool = False, tiles: bool = False,
                       dequantized: set[str] | None = None) -> dict[str, torch.Tensor]:
-    """HF tensor names -> our parameter names, with q/k/v and gate/up concatenated. With
+    """HF tensor names -> our parameter names, with q/k/v and gate/up concatenated, in `dtype`. With
     `keep_quantized`, a GGUF's quantized matrices come as QuantWeights in types the kernels here take
     (`tiles`: the tiled ones run; gguf_transcode.kept_parts), a fused one's parts stacked where their types
     differ; otherwise, or where a part has no kernel, they are dequantized (their types added to
     `dequantized`)."""
     dequantized = set() if dequantized is None else dequantized
-    hf = _read_safetensors(directory)
+    hf = Checkpoint(directory, lfm2_name if cfg.family == "lfm2" else None)
     quant = _read_quantized(directory)
-    if cfg.family == "lfm2":
-        hf = {lfm2_name(n): t for n, t in hf.items()}
 
     def take(name: str) -> torch.Tensor:
         if name in quant:
@@ -217,10 +241,10 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, keep_quantized: bool = 
             t = hf[name]
         else:
             raise ModelLoadError(f"weights in {directory} lack tensor {name!r} that a {cfg.family} model needs")
-        if not torch.isfinite(t.float()).all():
+        if not torch.isfinite(t).all():
             raise ModelLoadError(
                 f"tensor {name!r} in {directory} holds NaN or infinite values; the weights are corrupt")
-        return t.float()
+        return t.to(dtype)  # (the model's dtype: what the checkpoint says in it, one rounding)
 
     gemma = cfg.family in ("gemma2", "gemma3")
 
@@ -374,6 +398,7 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
 
 
 def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path) -> None:
+    """`state` into the model's parameters, each tensor let go once copied."""
     for name, value in state.items():  # quantized matrices: their modules keep the blocks
         if isinstance(value, QuantWeight):
             module = net.get_submodule(name.removesuffix(".weight"))
@@ -390,7 +415,7 @@ def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path) 
             net.set_quantized(name, value)
     params = dict(net.named_parameters())
     for name, param in params.items():
-        t = state.get(name)
+        t = state.pop(name, None)
         assert not isinstance(t, QuantWeight)
         if t is None:
             raise ModelLoadError(f"weights in {directory} give no value for {name}")
