@@ -107,14 +107,15 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
                      max_positions: int = 512, tie: bool = True, seed: int = 0, tokenizer: dict | None = None,
                      experts: int = 4, top_k: int = 2, dense_layers: tuple[int, ...] = (),
                      sliding_window: int | None = None, max_window_layers: int = 0, config: dict | None = None,
-                     weights: bool = True) -> Path:
+                     weights: bool = True, dtype: str = "float32") -> Path:
     """Write config.json, model.safetensors and a byte tokenizer (`tokenizer`: write_byte_tokenizer's
     options) for a random model of `family` (llama, mistral, phi3, gemma3_text, qwen2, qwen3, or the mixtures of experts
     qwen3_moe, qwen2_moe with a shared expert, mixtral: `experts`, `top_k`, Qwen's `dense_layers`),
     its tensors named as the Hub's checkpoints name them; returns `out`. `sliding_window`: Mistral
     and Mixtral window every layer, Qwen the layers from `max_window_layers` on. `config`: more entries
     of config.json (partial_rotary_factor, original_max_position_embeddings, ...). `weights=False`: the
-    config and tokenizer alone, for an engine with load_format="dummy" (a full-size shape in seconds)."""
+    config and tokenizer alone, for an engine with load_format="dummy" (a full-size shape in seconds). `dtype`:
+    the stored tensors' ("bfloat16": as most checkpoints on the Hub are saved)."""
     import torch
     from safetensors.torch import save_file
 
@@ -127,7 +128,7 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
         "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
         "num_key_value_heads": kv_heads, "head_dim": head_dim, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
         "max_position_embeddings": max_positions, "tie_word_embeddings": tie, "hidden_act": "silu",
-        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": dtype,
     }
     if rope_scaling:
         cfg["rope_scaling"] = rope_scaling
@@ -194,7 +195,7 @@ def write_tiny_model(out: Path, family: str = "llama", *, hidden: int = 64, laye
         w[p + "mlp.gate_proj.weight"] = rnd(intermediate, hidden, scale=0.3)
         w[p + "mlp.up_proj.weight"] = rnd(intermediate, hidden, scale=0.3)
         w[p + "mlp.down_proj.weight"] = rnd(hidden, intermediate, scale=0.3)
-    save_file({k: v.contiguous() for k, v in w.items()}, str(out / "model.safetensors"))
+    save_file({k: v.to(getattr(torch, dtype)).contiguous() for k, v in w.items()}, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     return out
 

@@ -34,7 +34,7 @@ def inv_frequencies(cfg: ModelConfig, long: bool = False) -> tuple[torch.Tensor,
     if rs.rope_type == "proportional":  # (pairs i and i + D/2 of the whole head, as its default rope's)
         angles = int(rs.proportion * cfg.head_dim // 2)
         rotated = 1.0 / (base ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / cfg.head_dim))
-        return torch.cat([rotated, torch.zeros(cfg.head_dim // 2 - angles)]) / rs.factor, 1.0
+        return torch.cat([rotated, torch.zeros(cfg.head_dim // 2 - angles, dtype=torch.float32)]) / rs.factor, 1.0
     if rs.rope_type == "linear":
         return inv_freq / rs.factor, 1.0
     original = rs.original_max_position_embeddings or cfg.max_position_embeddings
@@ -127,8 +127,8 @@ class RotaryEmbedding(torch.nn.Module):
         cos, sin = emb.cos() * scale, emb.sin() * scale
         if self.rot < cfg.head_dim:
             rest = cfg.head_dim - self.rot
-            cos = torch.cat([cos, torch.ones(max_positions, rest)], dim=-1)
-            sin = torch.cat([sin, torch.zeros(max_positions, rest)], dim=-1)
+            cos = torch.cat([cos, torch.ones(max_positions, rest, dtype=torch.float32)], dim=-1)
+            sin = torch.cat([sin, torch.zeros(max_positions, rest, dtype=torch.float32)], dim=-1)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         self.native: NativeKernels | None = None  # set by CausalLM.finalize
