@@ -4,7 +4,8 @@
 #      rotation fused, test_flashinfer_backend.py, test_triton_lora.py: the LoRA kernels; their slots test needs
 #      peft), not interpreted,
 #      and the engine on the GPU (test_gpu_engine.py: CUDA graphs + overlap vs eager, sampling, grammars);
-#   2. benchmarks/gpu_kernels.py: Triton (grouped and per-head decode) vs the torch backend vs FlashInfer;
+#   2. benchmarks/gpu_kernels.py: Triton (grouped and per-head decode) vs the torch backend vs FlashInfer, and
+#      --sweep: the grouped decode's tile widths, warps, stages and split counts (data for its defaults);
 #   3. benchmarks/gpu_profile.py: one decode step of the Llama shape taken apart (host phases, device busy
 #      time, the gaps, the heaviest kernels, runtime calls), eager, with graphs + overlap, and with the fused ops;
 #   4. benchmarks/gpu_engine.py: the full Llama-3-8B and Qwen3-8B shapes (random weights drawn on the device),
@@ -42,24 +43,31 @@ summary="$OUT/summary.md"
     $PY -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1
 } > "$summary"
 
+# every step's output in one log (a device call brings back 8 files at most: summary, run.log, four tables)
+log="$OUT/run.log"
+: > "$log"
 step() {  # name, seconds, command...
     local name=$1 limit=$2
     shift 2
     local t0=$SECONDS
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    echo "## $name: $*" >> "$log"
+    timeout "$limit" "$@" > "$OUT/.step" 2>&1
     local rc=$?
-    echo "- $name: rc=$rc, $((SECONDS - t0)) s (log: $name.log)" >> "$summary"
+    cat "$OUT/.step" >> "$log"
+    echo "- $name: rc=$rc, $((SECONDS - t0)) s" >> "$summary"
 }
 
 if [[ "$SMOKE" == "--smoke" ]]; then  # (the kernel tests run interpreted in the suite itself)
-    step kernel-tests 100 $PY -m pytest -q -p no:cacheprovider tests/engine/test_gpu_engine.py
+    step kernel-tests 90 $PY -m pytest -q -p no:cacheprovider tests/engine/test_gpu_engine.py
 else
-    step kernel-tests 100 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py \
+    step kernel-tests 90 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py \
         tests/kernels/test_attention.py tests/kernels/test_triton_fused.py tests/kernels/test_flashinfer_backend.py \
         tests/kernels/test_triton_lora.py tests/engine/test_gpu_engine.py
 fi
-tail -3 "$OUT/kernel-tests.log" >> "$summary"
-step kernels 70 $PY benchmarks/gpu_kernels.py $SMOKE --out "$OUT/kernels.md"
+tail -3 "$OUT/.step" >> "$summary"
+step kernels 60 $PY benchmarks/gpu_kernels.py $SMOKE --out "$OUT/kernels.md"
+step sweep 40 $PY benchmarks/gpu_kernels.py --sweep $SMOKE --out "$OUT/sweep.md"
 step profile 100 $PY benchmarks/gpu_profile.py $SMOKE --out "$OUT/profile.md"
-step engine 200 $PY benchmarks/gpu_engine.py $SMOKE --out "$OUT/engine.md"
-cat "$summary" "$OUT"/kernels.md "$OUT"/profile.md "$OUT"/engine.md 2>/dev/null
+step engine 180 $PY benchmarks/gpu_engine.py $SMOKE --out "$OUT/engine.md"
+rm -f "$OUT/.step"
+cat "$summary" "$OUT"/kernels.md "$OUT"/sweep.md "$OUT"/profile.md "$OUT"/engine.md 2>/dev/null

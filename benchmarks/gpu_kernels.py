@@ -7,6 +7,7 @@ Shapes are Llama-3-8B's attention (32 query heads, 8 KV heads, head size 128), b
 after a 2k cached prefix each. Prints markdown tables (and writes them to --out).
 
     python benchmarks/gpu_kernels.py --out $OUT/kernels.md
+    python benchmarks/gpu_kernels.py --sweep --out $OUT/sweep.md    # the grouped decode's launch options
     TRITON_INTERPRET=1 python benchmarks/gpu_kernels.py --smoke    # tiny shapes on CPU: the script runs
 """
 
@@ -86,12 +87,56 @@ def run_case(name, lens, exts, H, KVH, D, dtype, device, iters):
     return [name, *errs, times["torch"], times["triton"], times["triton per-head"], times["flashinfer"]]
 
 
+def sweep(smoke: bool, device: str) -> str:
+    """Triton's grouped decode over a small space of tile widths, warps, pipeline stages and split counts (the
+    default's and 4x it), against the default: the data for choosing the defaults on the device."""
+    from agentkv.kernels.triton_decode import decode_attention, split_count
+
+    if smoke:
+        H, KVH, D, dtype, iters, cases = 4, 2, 32, torch.float32, 1, [("decode b2 ctx40", 2, 40)]
+        space = [(16, 4, 1), (32, 4, 1)]
+    else:
+        H, KVH, D, dtype, iters = 32, 8, 128, torch.bfloat16, 20
+        cases = [(f"decode b{b} ctx{c}", b, c) for c in (8192, 1024) for b in (1, 64)]
+        space = [(n, w, st) for n in (32, 64) for w in (4, 8) for st in (2, 3)]
+    rows = []
+    for name, b, c in cases:
+        meta, q, _, _, kc, vc = make_batch([c] * b, [1] * b, H, KVH, D, dtype, device)
+        lens = torch.tensor([c] * b, device=device)
+        base = split_count(b * KVH, c, 32, torch.device(device))
+        ref = decode_attention(q, kc, vc, meta.req_to_token, meta.req_rows, lens, c, D**-0.5).float()
+        timed = []
+        for block_n, warps, stages in space:
+            for splits in sorted({base, 4 * base}):
+                run = lambda: decode_attention(q, kc, vc, meta.req_to_token, meta.req_rows, lens, c,  # noqa: E731
+                                               D**-0.5, num_splits=splits, block_n=block_n,
+                                               launch=dict(num_warps=warps, num_stages=stages))
+                try:
+                    err = (run().float() - ref).abs().max().item()
+                    timed.append([name, block_n, warps, stages, splits, f"{clock(run, iters, device):.4f}",
+                                  f"{err:.1e}"])
+                except Exception as e:  # noqa: BLE001 - reported, the other points still run
+                    timed.append([name, block_n, warps, stages, splits, f"{type(e).__name__}: {e}"[:60], ""])
+        best = min((r for r in timed if r[6]), key=lambda r: float(r[5]), default=None)
+        rows += [r + (["best"] if r is best else [""]) for r in timed]
+    return ("grouped decode sweep, ms per layer call (default: block_n 32, num_warps 4, Triton's stages, "
+            "split_count's splits)\n\n```\n" + table(rows, ["case", "block_n", "warps", "stages", "splits", "ms",
+                                                            "max err vs default", ""]) + "\n```\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU, TRITON_INTERPRET=1)")
+    ap.add_argument("--sweep", action="store_true", help="the grouped decode's launch space instead")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.sweep:
+        text = sweep(args.smoke, device)
+        print(text)
+        if args.out:
+            args.out.write_text(text)
+        return
     if args.smoke:
         H, KVH, D, dtype, iters = 4, 2, 32, torch.float32, 1
         cases = [("decode b2 ctx40", [40, 23], [1, 1]), ("extend 1x24", [24], [24]),

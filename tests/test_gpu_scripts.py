@@ -36,8 +36,11 @@ def smoke_run(tmp_path_factory) -> Path:
 
 def test_gpu_sh_runs_every_step(smoke_run):
     summary = (smoke_run / "summary.md").read_text()
-    for step in ("kernel-tests", "kernels", "profile", "engine"):
+    for step in ("kernel-tests", "kernels", "sweep", "profile", "engine"):
         assert f"- {step}: rc=0," in summary, summary
+    # (a device call brings back 8 files at most)
+    assert sorted(f.name for f in smoke_run.iterdir()) == ["engine.md", "kernels.md", "profile.md", "run.log",
+                                                           "summary.md", "sweep.md"]
 
 
 def test_gpu_engine_smoke(smoke_run):
@@ -53,6 +56,11 @@ def test_gpu_profile_smoke(smoke_run):
     assert text.count("wall time a step") == 2, text
     for name in ("schedule", "launch", "plan", "forward", "sample", "collect", "process"):
         assert f" {name} " in text, (name, text)
+
+
+def test_gpu_kernels_sweep_smoke(smoke_run):
+    text = (smoke_run / "sweep.md").read_text()
+    assert text.count("decode b2 ctx40") == 4 and text.count("best") == 1, text
 
 
 def test_gpu_kernels_smoke(smoke_run):

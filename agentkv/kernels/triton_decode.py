@@ -185,11 +185,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      req_rows: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, scale: float,
                      out: torch.Tensor | None = None, num_splits: int | None = None, block_n: int = 32,
                      window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
-                     grouped: bool | None = None) -> torch.Tensor:
+                     grouped: bool | None = None, launch: dict | None = None) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; seq_lens [B] int64 on q's device;
     `window` > 0: each query sees its last `window` keys; `sinks` [H] fp32: each head's logit in its
     softmax's sum (gpt-oss). `grouped`: a program per KV head's group (None: where H > KVH). `num_splits`:
-    the stage-1 programs a (request, head) pair's keys are split over (None: split_count's)."""
+    the stage-1 programs a (request, head) pair's keys are split over (None: split_count's). `launch`:
+    Triton's launch options for stage 1 (num_warps, num_stages; benchmarks/gpu_kernels.py --sweep)."""
     B, H, D = q.shape
     kvh = k_cache.shape[1]
     grouped = grouped if grouped is not None else H > kvh
@@ -209,9 +210,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         _decode_grouped_kernel[(B, kvh, num_splits)](
             *args, GROUP=H // kvh, BLOCK_H=max(16, triton.next_power_of_2(H // kvh)), D=D,
             BLOCK_D=max(16, block_d), BLOCK_N=max(16, block_n),
-            FP32_DOT=q.dtype == torch.float32 or INTERPRETED)
+            FP32_DOT=q.dtype == torch.float32 or INTERPRETED, **(launch or {}))
     else:
-        _decode_split_kernel[(B, H, num_splits)](*args, GROUP=H // kvh, D=D, BLOCK_D=block_d, BLOCK_N=block_n)
+        _decode_split_kernel[(B, H, num_splits)](*args, GROUP=H // kvh, D=D, BLOCK_D=block_d, BLOCK_N=block_n,
+                                                 **(launch or {}))
     _decode_merge_kernel[(B, H)](
         mid_o, mid_lse, out, mid_lse if sinks is None else sinks, num_splits, mid_o.stride(0), mid_o.stride(1),
         mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),
