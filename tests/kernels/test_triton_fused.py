@@ -97,7 +97,8 @@ def test_takes():
 
 def test_engine_on_fused_ops_equals_torch_ops(tmp_path, monkeypatch):
     """fused_ops=True: a Qwen3 model's norms (q/k norms included), SiLU and rotation go through the kernels
-    (counted), and its greedy tokens and logprobs are the torch ops' (fp32, interpreted on CPU)."""
+    (counted), and its greedy tokens and logprobs are the torch ops' (fp32: interpreted on CPU, compiled on a
+    GPU)."""
     import agentkv as ak
     from tests.tiny import make_tiny_model
 
@@ -111,7 +112,8 @@ def test_engine_on_fused_ops_equals_torch_ops(tmp_path, monkeypatch):
     params = ak.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=True)
     outs = {}
     for fused in (False, True):
-        with ak.Engine(str(path), native_kernels=False, attention_backend="torch", fused_ops=fused) as engine:
+        with ak.Engine(str(path), device=DEV, dtype="float32", native_kernels=False, attention_backend="torch",
+                       fused_ops=fused) as engine:
             outs[fused] = engine.generate(["fused ops", "a longer prompt for the check"], params)
     # per forward: 2 layers x (2 norms + q and k norms), the final norm; a SiLU and a rotation a layer
     assert calls["rms_norm"] >= 9 and calls["glu"] >= 2 and calls["rope"] >= 4, calls
