@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from agentkv.engine.outputs import TokenLogprob
+from agentkv.engine.penalties import apply_penalties
 from agentkv.engine.request import Request
 from agentkv.kernels.cpu_quant import RESCORE_TOP
 from agentkv.kernels.token_mask import apply_token_bitmask
@@ -87,27 +88,6 @@ class Sampled:
     on_device: torch.Tensor  # the tokens [rows] where the logits are (what a pass in flight reads next)
     scores: list[float]  # logprob of each score target
     accepted: list[bool] = field(default_factory=list)  # per row, with drafts: its draft token is kept
-
-
-def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request], before: Sequence[list[int]] | None = None) -> None:
-    """In place: logit biases; repetition (prompt and output), frequency and presence (output) penalties.
-    `before` (speculation): per row, the draft tokens between its request's output and the row, which
-    count as output."""
-    for i, r in enumerate(reqs):
-        p = r.params
-        more = before[i] if before is not None else []
-        if p.logit_bias:
-            ids, biases = zip(*p.logit_bias)
-            logits[i, list(ids)] += torch.tensor(biases, dtype=logits.dtype, device=logits.device)
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(list(set(r.seen_ids()).union(more)) if more else r.seen_ids(), dtype=torch.int64,
-                                device=logits.device)
-            vals = logits[i, seen]
-            logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if (p.frequency_penalty or p.presence_penalty) and (r.output_ids or more):
-            ids = torch.tensor(r.output_ids + more, dtype=torch.int64, device=logits.device)
-            counts = torch.bincount(ids, minlength=logits.shape[1]).to(logits.dtype)
-            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
 def _draw(logits: torch.Tensor, reqs: Sequence[Request], rows: list[int], positions: Sequence[int]) -> torch.Tensor:

@@ -111,8 +111,8 @@ def test_n_completions_share_the_prompt(tiny_dir):
 def test_penalties_change_logits_exactly():
     import torch
 
+    from agentkv.engine.penalties import apply_penalties
     from agentkv.engine.request import Request
-    from agentkv.engine.sampler import apply_penalties
 
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
     r = Request([0, 1], ak.SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25), 0,
@@ -128,8 +128,8 @@ def test_logit_bias_moves_the_choice(tiny_engine):
     impossible for greedy decoding; ids outside the vocabulary are a RequestError."""
     import torch
 
+    from agentkv.engine.penalties import apply_penalties
     from agentkv.engine.request import Request
-    from agentkv.engine.sampler import apply_penalties
 
     logits = torch.zeros(1, 4)
     apply_penalties(logits, [Request([0], ak.SamplingParams(logit_bias={1: 5.0, 3: -2}), 0, frozenset(), 8)])
