@@ -97,31 +97,45 @@ def _draw(logits: torch.Tensor, reqs: Sequence[Request], rows: list[int], positi
     index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
     temps = torch.tensor([r.params.temperature for r in reqs], dtype=logits.dtype, device=logits.device)
     tempered = logits[index] / temps[:, None]
-    for k, r in enumerate(reqs):
-        p = r.params
-        if p.top_k or p.top_p < 1.0 or p.min_p > 0.0:
-            tempered[k] = _filter(tempered[k], p.top_k, p.top_p, p.min_p)
+    filtered = [k for k, r in enumerate(reqs) if r.params.top_k or r.params.top_p < 1.0 or r.params.min_p > 0.0]
+    if filtered:  # (every filtered row in one pass of batched ops: a loop made a sort and ~10 ops per row)
+        at = torch.tensor(filtered, dtype=torch.int64, device=logits.device)
+        tempered[at] = filter_rows(tempered[at], *zip(*((reqs[k].params.top_k, reqs[k].params.top_p,
+                                                          reqs[k].params.min_p) for k in filtered)))
     probs = tempered.softmax(-1)
     keys = torch.tensor([noise_key(r.seed, pos) for r, pos in zip(reqs, positions)], dtype=torch.int64,
                         device=logits.device)
     return (probs / exponential_noise(keys, probs.shape[1], probs.dtype)).argmax(-1)
 
 
-def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
-    """Logits [V] with -inf outside the top-k / nucleus / min-p set (of the tempered distribution)."""
-    if top_k and top_k < logits.shape[0]:
-        kth = torch.topk(logits, top_k).values[-1]
+def filter_rows(logits: torch.Tensor, top_k: Sequence[int], top_p: Sequence[float],
+                min_p: Sequence[float]) -> torch.Tensor:
+    """Logits [n, V] with -inf outside each row's top-k, then nucleus, then min-p set (of the tempered
+    distribution); a row's 0 / 1.0 / 0.0 turns its filter off. Row by row the same ops, so a row's set is
+    the same whatever rows are beside it."""
+    dev, vocab = logits.device, logits.shape[1]
+    if any(0 < k < vocab for k in top_k):  # the k-th largest value stays, and every value equal to it
+        ks = [k if 0 < k < vocab else vocab for k in top_k]
+        kth = torch.topk(logits, max(ks)).values.gather(1, torch.tensor(ks, device=dev)[:, None] - 1)
+        kth[torch.tensor([k == vocab for k in ks], device=dev)] = float("-inf")
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
+    if any(p < 1.0 for p in top_p):
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
         probs = sorted_logits.softmax(-1)
         # drop a token when the mass before it already reaches top_p (the top token always stays)
-        drop = (probs.cumsum(-1) - probs) >= top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter_(0, order, drop), float("-inf"))
-    if min_p > 0.0:
+        limit = torch.tensor([p if p < 1.0 else float("inf") for p in top_p], dtype=probs.dtype, device=dev)
+        drop = (probs.cumsum(-1) - probs) >= limit[:, None]
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter_(1, order, drop), float("-inf"))
+    if any(m > 0.0 for m in min_p):
         probs = logits.softmax(-1)
-        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+        floor = torch.tensor(min_p, dtype=probs.dtype, device=dev)[:, None] * probs.max(-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, float("-inf"))
     return logits
+
+
+def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """Logits [V] with -inf outside the top-k / nucleus / min-p set (filter_rows on one row)."""
+    return filter_rows(logits[None], [top_k], [top_p], [min_p])[0]
 
 
 def read_host(packed: torch.Tensor) -> list[float]:
