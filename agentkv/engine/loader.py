@@ -9,13 +9,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from agentkv.engine.checkpoint import Checkpoint, dequantize_blocks, quantized_kinds, read_quantized
 from agentkv.engine.dummy_weights import random_model
 from agentkv.engine.gemma4 import gemma4_state
 from agentkv.engine.gguf_convert import converted_dir
@@ -145,40 +145,6 @@ def _finished(net: CausalLM, native: NativeKernels | None, fused: ModuleType | N
     return LoadedModel(model=net, tokenizer=tokenizer, config=cfg, path=directory)
 
 
-class Checkpoint(Mapping):
-    """A checkpoint's tensors by name (`rename`d), each read from its file when asked: the loader holds the
-    tensors it has made, not a second copy of every file (an 8B model's 16 GB) beside them."""
-
-    def __init__(self, directory: Path, rename: Callable[[str], str] | None = None):
-        from safetensors import safe_open
-
-        files = sorted(f for f in directory.glob("*.safetensors") if f.name != "quant.safetensors")
-        if not files:
-            raise ModelLoadError(
-                f"{directory} has no *.safetensors weights; agentkv loads safetensors or GGUF, not .bin/.pt")
-        self._where: dict[str, tuple] = {}
-        for f in files:
-            try:
-                handle = safe_open(str(f), "pt")
-                names = list(handle.keys())
-            except Exception as e:  # safetensors raises its own error types for truncated/corrupt headers
-                raise ModelLoadError(f"weights file {f} is corrupt or truncated ({type(e).__name__}: {e})") from None
-            self._where.update({rename(n) if rename else n: (handle, n, f) for n in names})
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        handle, stored, f = self._where[name]
-        try:
-            return handle.get_tensor(stored)
-        except Exception as e:
-            raise ModelLoadError(f"weights file {f} is corrupt or truncated ({type(e).__name__}: {e})") from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._where)
-
-    def __len__(self) -> int:
-        return len(self._where)
-
-
 def _notice_dequantized(directory: Path, kept: bool, at_load: set[str]) -> None:
     """One line where a GGUF's matrices were dequantized (a quantization no kernel multiplies, kernels
     that do not run here, or a linear with such a part: `at_load`): they take their full-precision size
@@ -186,40 +152,12 @@ def _notice_dequantized(directory: Path, kept: bool, at_load: set[str]) -> None:
     listed = directory / "dequantized.json"
     types = {*(json.loads(listed.read_text()) if listed.exists() else []), *at_load}
     if not kept:
-        types |= set(_quantized_kinds(directory).values())
+        types |= set(quantized_kinds(directory).values())
     if types:
         logging.getLogger("agentkv").warning(
             "agentkv: %s matrices of %s are dequantized at load (no quantized kernel for them here: Q8_0, Q4_0, "
             "Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS, F16 and BF16 run in their blocks on CPU with "
             "agentkv's C kernels where the CPU has AVX2)", "/".join(sorted(types)), directory.name)
-
-
-def _quantized_kinds(directory: Path) -> dict[str, str]:
-    """A converted GGUF's matrices kept in their blocks: name -> quantization (the file's metadata)."""
-    path = directory / "quant.safetensors"
-    if not path.exists():
-        return {}
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        return json.loads((f.metadata() or {}).get("types", "{}"))
-
-
-def _read_quantized(directory: Path) -> dict[str, tuple[torch.Tensor, str]]:
-    """Those matrices: name -> (uint8 rows, quantization name)."""
-    kinds = _quantized_kinds(directory)
-    if not kinds:
-        return {}
-    from safetensors.torch import load_file
-
-    return {name: (t, kinds[name]) for name, t in load_file(str(directory / "quant.safetensors")).items()}
-
-
-def _dequantized(raw: torch.Tensor, kind: str) -> torch.Tensor:
-    import gguf
-
-    values = gguf.quants.dequantize(raw.numpy(), getattr(gguf.GGMLQuantizationType, kind))
-    return torch.from_numpy(values.astype("float32", copy=False))
 
 
 def _fused_state_dict(directory: Path, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
@@ -232,11 +170,11 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, dtype: torch.dtype = to
     `dequantized`)."""
     dequantized = set() if dequantized is None else dequantized
     hf = Checkpoint(directory, lfm2_name if cfg.family == "lfm2" else None)
-    quant = _read_quantized(directory)
+    quant = read_quantized(directory)
 
     def take(name: str) -> torch.Tensor:
         if name in quant:
-            t = _dequantized(*quant[name])
+            t = dequantize_blocks(*quant[name])
         elif name in hf:
             t = hf[name]
         else:
