@@ -21,7 +21,6 @@ measured on the device are printed above the table.
 from __future__ import annotations
 
 import argparse
-import gc
 import random
 import sys
 import tempfile
@@ -33,7 +32,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import table  # noqa: E402
-from gpu_models import NAMES, SHAPES, Shape, measured_peaks, published_peaks, write_shape  # noqa: E402
+from gpu_models import (  # noqa: E402
+    NAMES,
+    SHAPES,
+    Shape,
+    measured_peaks,
+    published_peaks,
+    random_prompts,
+    release,
+    write_shape,
+)
 
 import agentkv as ak  # noqa: E402
 
@@ -74,18 +82,6 @@ class Run:
                          max_running_requests=256, max_step_tokens=8192, **options)
 
 
-def _free(engine: ak.Engine) -> None:
-    engine.close()
-    del engine
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _prompts(rng: random.Random, n: int, length: int, vocab: int) -> list[list[int]]:
-    return [[rng.randrange(10, min(vocab, 30000)) for _ in range(length)] for _ in range(n)]
-
-
 def _greedy(n: int) -> ak.SamplingParams:
     return ak.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
@@ -99,7 +95,7 @@ def _timed(engine: ak.Engine, prompts, n: int):
 
 
 def decode_row(run: Run, engine: ak.Engine, model: str, s: Shape, batch: int, prompt: int, new: int) -> list:
-    prompts = _prompts(random.Random(batch), batch, prompt, s.vocab)
+    prompts = random_prompts(random.Random(batch), batch, prompt, s.vocab)
     engine.generate(prompts, _greedy(2))  # prefilled, cached, and this batch size's graph captured
     outs, dt = _timed(engine, prompts, new)
     made = sum(len(o.token_ids) for o in outs)
@@ -110,8 +106,8 @@ def decode_row(run: Run, engine: ak.Engine, model: str, s: Shape, batch: int, pr
 
 def prefill_row(run: Run, engine: ak.Engine, model: str, s: Shape, tokens: int) -> list:
     rng = random.Random(tokens)
-    engine.generate(_prompts(rng, 1, tokens, s.vocab), _greedy(1))  # warm: this length's kernels compiled
-    outs, dt = _timed(engine, _prompts(rng, 1, tokens, s.vocab), 1)
+    engine.generate(random_prompts(rng, 1, tokens, s.vocab), _greedy(1))  # warm: this length's kernels compiled
+    outs, dt = _timed(engine, random_prompts(rng, 1, tokens, s.vocab), 1)
     bound = s.prefill_flops(tokens) / (run.tflops * 1e12)
     return [NAMES[model], "prefill", 1, tokens, f"{dt:.3f}", f"{tokens / dt:.0f}", f"{tokens / bound:.0f}",
             f"{100 * bound / dt:.0f}", f"uncached: {outs[0].usage.prompt_tokens - outs[0].usage.cached_tokens}"]
@@ -120,13 +116,13 @@ def prefill_row(run: Run, engine: ak.Engine, model: str, s: Shape, tokens: int) 
 def agent_row(run: Run, engine: ak.Engine, model: str, s: Shape, system: int, sessions: int, turns: int,
               user: int, new: int) -> list:
     rng = random.Random(7)
-    head = _prompts(rng, 1, system, s.vocab)[0]
+    head = random_prompts(rng, 1, system, s.vocab)[0]
     engine.generate([head], _greedy(1))  # the system prompt prefilled: a server's steady state
-    history = [_prompts(rng, 1, 64, s.vocab)[0] for _ in range(sessions)]
+    history = [random_prompts(rng, 1, 64, s.vocab)[0] for _ in range(sessions)]
     made = prompt_tokens = cached = 0
     bound = dt = 0.0
     for _ in range(turns):
-        prompts = [head + h + _prompts(rng, 1, user, s.vocab)[0] for h in history]
+        prompts = [head + h + random_prompts(rng, 1, user, s.vocab)[0] for h in history]
         outs, t = _timed(engine, prompts, new)
         dt += t
         context = sum(len(p) for p in prompts) / sessions
@@ -145,16 +141,16 @@ def agent_row(run: Run, engine: ak.Engine, model: str, s: Shape, system: int, se
 
 def parity_row(run: Run, engine: ak.Engine, model: str, s: Shape, batch: int, new: int) -> list:
     """Graphs + overlap (`engine`) against a second engine, eager, drawing the same weights (seeded)."""
-    prompts = _prompts(random.Random(99), batch, 128, s.vocab)
+    prompts = random_prompts(random.Random(99), batch, 128, s.vocab)
     try:
         fast = [o.token_ids for o in engine.generate(prompts, _greedy(new))]
     finally:
-        _free(engine)  # (two 8B models do not fit beside each other's fp32 draws)
+        release(engine)  # (two 8B models do not fit beside each other's fp32 draws)
     eager = run.engine(model, "eager")
     try:
         slow = [o.token_ids for o in eager.generate(prompts, _greedy(new))]
     finally:
-        _free(eager)
+        release(eager)
     same = sum(a == b for a, b in zip(fast, slow))
     return [NAMES[model], "greedy parity", batch, batch * new, "", "", "", "",
             f"graphs+overlap against eager: {same}/{batch} sequences the same"]
@@ -204,7 +200,7 @@ def main() -> None:
                 row = [NAMES[model], kind, arg or "", "", "", "", "", "", f"{type(e).__name__}: {e}"[:120]]
             run.add(row)
         if engine is not None:
-            _free(engine)
+            release(engine)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ large matmul reach, printed beside them.
 
 from __future__ import annotations
 
+import gc
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +76,20 @@ def write_shape(out: Path, name: str, layers: int | None = None, max_positions: 
         out, s.family, hidden=s.hidden, layers=layers or s.layers, heads=s.heads, kv_heads=s.kv_heads,
         intermediate=s.intermediate, max_positions=max_positions, tie=False, weights=False,
         config={"vocab_size": s.vocab, "head_dim": s.head_dim, "rope_theta": s.rope_theta})
+
+
+def random_prompts(rng: random.Random, n: int, length: int, vocab: int) -> list[list[int]]:
+    """`n` prompts of `length` token ids (the byte tokenizer's specials and the vocabulary's far end left out)."""
+    return [[rng.randrange(10, min(vocab, 30000)) for _ in range(length)] for _ in range(n)]
+
+
+def release(engine) -> None:
+    """Close an engine and give its memory back to the device before the next one (two 8B models' draws do
+    not fit beside each other)."""
+    engine.close()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def published_peaks(device_name: str) -> tuple[float, float] | None:

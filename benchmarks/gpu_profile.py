@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import random
 import statistics
@@ -33,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_models import NAMES, SHAPES, write_shape  # noqa: E402
+from gpu_models import NAMES, SHAPES, random_prompts, release, write_shape  # noqa: E402
 
 import agentkv as ak  # noqa: E402
 from agentkv.engine.trace import Span, recording  # noqa: E402
@@ -100,7 +99,7 @@ def summarize(title: str, spans: list[Span], events: list[dict] | None) -> str:
 
 def profile_case(engine: ak.Engine, batch: int, prompt: int, steps: int, vocab: int, cuda: bool):
     rng = random.Random(batch)
-    prompts = [[rng.randrange(10, min(vocab, 30000)) for _ in range(prompt)] for _ in range(batch)]
+    prompts = random_prompts(rng, batch, prompt, vocab)
     greedy = lambda n: ak.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)  # noqa: E731
     engine.generate(prompts, greedy(3))  # prefilled, cached, this batch's graph captured, kernels compiled
     device = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if cuda
@@ -151,11 +150,7 @@ def main() -> None:
                 if args.out:
                     args.out.write_text("\n".join(text))
         finally:
-            engine.close()
-            del engine
-            gc.collect()
-            if cuda:
-                torch.cuda.empty_cache()
+            release(engine)
 
 
 if __name__ == "__main__":
