@@ -34,6 +34,17 @@ def walk_mode(request):
     clear_walk_caches()
 
 
+@pytest.fixture()
+def fixed_draft_cost(monkeypatch):
+    """A computed token's cost in the draft policy fixed at its default rather than measured: the
+    draft lengths, and so the pass counts a test bounds or the drafts it needs kept, then do not depend
+    on the machine's timings (where a computed token costs half a pass, drafts are shorter; where it
+    costs a whole one, there are none). The passes are still measured (PassCosts.decode, .extra)."""
+    from agentkv.engine.draft_policy import DEFAULT_TOKEN_COST, PassCosts
+
+    monkeypatch.setattr(PassCosts, "token_cost", property(lambda self: DEFAULT_TOKEN_COST))
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama")

@@ -158,7 +158,7 @@ def test_long_contexts_in_parts_are_the_python_paths(tmp_path, monkeypatch, batc
 
 
 @pytest.mark.parametrize("family,options", [("llama", {}), ("phi3", {"sliding_window": 12, "tie": False})])
-def test_extends_are_the_python_paths(tmp_path, monkeypatch, family, options):
+def test_extends_are_the_python_paths(tmp_path, monkeypatch, fixed_draft_cost, family, options):
     """Short extends go native too: jump-forward's forced tokens under a schema, and n-gram drafts
     being checked; their logits are the Python path's (whose tiles hold several of the extend's tokens,
     where the step attends token by token: under a sliding window too)."""

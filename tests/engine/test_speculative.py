@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 import agentkv as ak
-from agentkv.engine.draft_policy import PassCosts
 from agentkv.engine.speculative import grammar_takes
 from tests.test_structured import TOOL_CALL
 
@@ -22,6 +21,11 @@ TRAP = "QRSxQRSxQRSxP"
 def cycle(token: int) -> int:
     """The token the cycling model writes after `token` (cycles of CYCLE tokens)."""
     return token // CYCLE * CYCLE + (token % CYCLE + 1) % CYCLE
+
+
+@pytest.fixture(autouse=True)
+def _fixed_cost(fixed_draft_cost):
+    """Every test here bounds draft lengths or pass counts, or needs a draft kept: see fixed_draft_cost."""
 
 
 @pytest.fixture(scope="module")
@@ -51,27 +55,6 @@ def cycle_model(path, chat: str | None = None):
     w["lm_head.weight"] = head
     save_file(w, str(out / "model.safetensors"))
     return out
-
-
-class PinnedCosts(PassCosts):
-    """A computed token's cost fixed rather than measured: the draft lengths, and so the pass counts a
-    test bounds, then do not depend on the machine's timings (a machine where a computed token costs a
-    quarter of a pass drafts shorter than one where it costs nothing)."""
-
-    def __init__(self, token_cost: float):
-        super().__init__()
-        self._cost = token_cost
-
-    def observe(self, requests: int, tokens: int, seconds: float) -> None:
-        pass
-
-    @property
-    def token_cost(self) -> float:
-        return self._cost
-
-
-def pin_costs(engine: ak.Engine, token_cost: float = 0.1) -> None:
-    engine._core.scheduler.drafter.costs = PinnedCosts(token_cost)
 
 
 def workload() -> list[tuple[str, ak.SamplingParams]]:
@@ -187,7 +170,6 @@ def test_a_path_in_the_radix_tree_is_drafted(tiny_dir):
     with ak.Engine(str(tiny_dir)) as engine:
         reply = engine.generate(prompt, params)
     with ak.Engine(str(tiny_dir), speculative="ngram") as engine:
-        pin_costs(engine)
         engine.generate(engine._encode(prompt) + reply.token_ids, params.with_(max_tokens=1))
         out = engine.generate(prompt, params)
         st = engine.stats()
@@ -209,7 +191,6 @@ def test_a_forced_run_joins_the_draft_and_is_appended_as_without_it(cycle_dir, s
     with ak.Engine(str(cycle_dir)) as engine:
         expected = engine.generate("abcabcabcabc", params)
     with ak.Engine(str(cycle_dir), speculative="ngram") as engine:
-        pin_costs(engine)
         out = engine.generate("abcabcabcabc", params)
         st = engine.stats()
     assert (out.token_ids, out.text, out.finish_reason) == (expected.token_ids, expected.text, expected.finish_reason)
