@@ -129,16 +129,18 @@ class PerLayerInputs(nn.Module):
         return (context + tokens.view(T, self.layers, self.width)) * 2**-0.5
 
 
-def gemma4_state(names: set[str], take, matrix, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def gemma4_state(names: set[str], take, matrix, experts, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our tensors from a Gemma 4 checkpoint's: Gemma4ForCausalLM's `model.*`, or the multimodal
-    checkpoint's language model (`model.language_model.*`; its vision and audio towers are not read).
-    `take(name)` gives a tensor, `matrix(*names)` a linear's weight of those stacked."""
+    checkpoint's language model (`model.language_model.*`; its vision and audio towers are not read),
+    or a GGUF's converted to those names. `take(name)` gives a tensor, `matrix(*names)` a linear's weight
+    of those stacked (a GGUF's blocks where kept: the per-layer table's too, whose rows are read as an
+    embedding's), `experts(name)` each expert's weight of a tensor stacking them."""
     p = "model.language_model." if "model.language_model.embed_tokens.weight" in names else "model."
     out = {"embed_tokens.weight": matrix(p + "embed_tokens.weight"), "norm.weight": take(p + "norm.weight")}
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = matrix("lm_head.weight")
     if cfg.per_layer_input_size:
-        out.update({"per_layer_inputs.table.weight": take(p + "embed_tokens_per_layer.weight"),
+        out.update({"per_layer_inputs.table.weight": matrix(p + "embed_tokens_per_layer.weight"),
                     "per_layer_inputs.per_layer_model_proj.weight": matrix(p + "per_layer_model_projection.weight"),
                     "per_layer_inputs.norm.weight": take(p + "per_layer_projection_norm.weight")})
     for i in range(cfg.num_layers):
@@ -169,7 +171,7 @@ def gemma4_state(names: set[str], take, matrix, cfg: ModelConfig) -> dict[str, t
             out[o + "router_norm.weight"] = take(src + "router.scale") * cfg.hidden_size**-0.5
             out[o + "moe.router.weight"] = take(src + "router.proj.weight")
             out[o + "moe.expert_scale"] = take(src + "router.per_expert_scale")
-            gate_up, down = take(src + "experts.gate_up_proj"), take(src + "experts.down_proj")
+            gate_up, down = experts(src + "experts.gate_up_proj"), experts(src + "experts.down_proj")
             for e in range(cfg.num_experts):
                 out[o + f"moe.experts.{e}.gate_up_proj.weight"] = gate_up[e]
                 out[o + f"moe.experts.{e}.down_proj.weight"] = down[e]

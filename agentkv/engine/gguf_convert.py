@@ -27,7 +27,7 @@ from agentkv.engine.tokenizer import tokenizer_files_from_gguf
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
-CONVERSION_VERSION = "11"
+CONVERSION_VERSION = "12"
 # quantizations whose matrices are kept as they are (the CPU kernels multiply them in their blocks:
 # kernels/cpu_quant.py's QUANT_TYPES); every other tensor is dequantized to fp32 here
 KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16",
@@ -36,7 +36,7 @@ GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "q
                       "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",  # (Mixtral is "llama" with experts)
                       "gemma2": "gemma2", "gemma3": "gemma3", "smollm3": "smollm3", "granite": "granite",
                       "granitemoe": "granitemoe", "glm4": "glm4", "glm4moe": "glm4_moe", "lfm2": "lfm2",
-                      "gpt-oss": "gpt_oss", "deepseek2": "deepseek_v3"}
+                      "gpt-oss": "gpt_oss", "deepseek2": "deepseek_v3", "gemma4": "gemma4"}
 # llama.cpp's converter permutes these architectures' q/k rows for its adjacent-pair rotation (their
 # checkpoints rotate halves); the conversion puts them back
 PERMUTED_QK = ("llama", "smollm3", "granite", "granitemoe")
@@ -121,11 +121,36 @@ _DEEPSEEK2_NAMES = {
     "attn_k_b.weight": "self_attn.k_b_proj.weight",
     "attn_v_b.weight": "self_attn.v_b_proj.weight",
 }
+# Gemma 4's own: the layer's output scale, its per-layer input's gate, projection and norm, and the experts
+# beside its MLP (their norms, router, scales, and gate/up fused across experts as transformers 5 holds them),
+# as llama.cpp's converter names them (Gemma 3's sandwich names above apply too)
+_GEMMA4_NAMES = {
+    **_GEMMA_NAMES,
+    "layer_output_scale.weight": "layer_scalar",
+    "inp_gate.weight": "per_layer_input_gate.weight",
+    "proj.weight": "per_layer_projection.weight",
+    "post_norm.weight": "post_per_layer_input_norm.weight",
+    "pre_ffw_norm_2.weight": "pre_feedforward_layernorm_2.weight",
+    "post_ffw_norm_1.weight": "post_feedforward_layernorm_1.weight",
+    "post_ffw_norm_2.weight": "post_feedforward_layernorm_2.weight",
+    "ffn_gate_inp.weight": "router.proj.weight",
+    "ffn_gate_inp.scale": "router.scale",
+    "ffn_down_exps.scale": "router.per_expert_scale",
+    "ffn_gate_up_exps.weight": "experts.gate_up_proj",
+    "ffn_down_exps.weight": "experts.down_proj",
+}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    "per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",  # Gemma 4's per-layer inputs
+    "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
+    "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight",
 }
+# the matrices a GGUF's blocks are kept for (the kernels multiply them, or read an embedding's rows from them)
+_KEPT_ENDS = ("proj.weight", "proj_with_mqa.weight", "lm_head.weight", "embed_tokens.weight", "_exps",
+              "embed_tokens_per_layer.weight", "per_layer_model_projection.weight", "per_layer_input_gate.weight",
+              "per_layer_projection.weight", "experts.gate_up_proj", "experts.down_proj")
 
 
 def converted_dir(gguf_path: Path) -> Path:
@@ -164,10 +189,12 @@ def _convert(path: Path, out: Path) -> None:
             f"{path.name}: GGUF architecture {arch!r} is not supported; agentkv implements {sorted(GGUF_ARCHITECTURES)}"
         )
     names = {t.name for t in reader.tensors}
-    # LongRoPE's per-frequency factors (Phi-3 128k, Phi-4-mini) are tensors in a GGUF, not metadata
+    # LongRoPE's per-frequency factors (Phi-3 128k, Phi-4-mini) and Gemma 4's full layers' (which pairs rotate)
+    # are tensors in a GGUF, not metadata
     factors = {t.name: tuple(float(v) for v in np.asarray(t.data, dtype=np.float32).ravel())
-               for t in reader.tensors if t.name.startswith("rope_factors_")}
-    config = _model_config(meta, arch, names, rope_factors=factors)
+               for t in reader.tensors if t.name.startswith("rope_factors_") or t.name == "rope_freqs.weight"}
+    shapes = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
+    config = _model_config(meta, arch, names, rope_factors=factors, shapes=shapes)
 
     tensors: dict[str, np.ndarray] = {}
     kept: dict[str, np.ndarray] = {}
@@ -178,8 +205,7 @@ def _convert(path: Path, out: Path) -> None:
         if hf_name is None or t.name.startswith("blk.") and int(t.name.split(".")[1]) >= config.num_layers:
             continue  # e.g. rope_freqs: recomputed from the config; GLM-4.5's multi-token-prediction layers
         kind = t.tensor_type.name
-        if kind in KEPT_QUANTS and hf_name.endswith(
-            ("proj.weight", "proj_with_mqa.weight", "lm_head.weight", "embed_tokens.weight", "_exps")):
+        if kind in KEPT_QUANTS and hf_name.endswith(_KEPT_ENDS):
             # uint8 [(experts,) out, blocks' bytes]: one output's row of blocks a row (F16's values as bytes)
             raw = np.asarray(t.data).view(np.uint8)
             raw = _rows_for_half_split(raw, t.name, arch, config)
@@ -196,8 +222,9 @@ def _convert(path: Path, out: Path) -> None:
                 f"package cannot dequantize; upgrade `gguf` or use a Q4_0/Q4_1/Q8_0/K-quant/F16/BF16/F32 file"
             ) from None
         w = w.reshape([int(d) for d in reversed(t.shape)])
-        if arch.startswith("gemma") and t.name.endswith("norm.weight"):
-            w = w - np.float32(1.0)  # llama.cpp's converter stores Gemma's norms with their 1 added; the loader adds it
+        if arch in ("gemma2", "gemma3") and t.name.endswith("norm.weight"):
+            w = w - np.float32(1.0)  # llama.cpp's converter stores their norms with the 1 added; the loader adds it
+            # (Gemma 4's norms scale by their weight alone: stored as they are)
         w = _rows_for_half_split(w, t.name, arch, config)
         tensors[hf_name] = np.ascontiguousarray(w)
     save_file(tensors, str(out / "model.safetensors"))
@@ -217,7 +244,10 @@ def _hf_name(name: str, arch: str = "llama") -> str | None:
         return "model.norm.weight"
     if name.startswith("blk."):
         _, idx, rest = name.split(".", 2)
-        if arch.startswith("gemma") and rest in _GEMMA_NAMES:
+        if arch == "gemma4":  # (its attention and MLP names are the common ones)
+            if rest in _GEMMA4_NAMES:
+                return f"model.layers.{idx}.{_GEMMA4_NAMES[rest]}"
+        elif arch.startswith("gemma") and rest in _GEMMA_NAMES:
             return f"model.layers.{idx}.{_GEMMA_NAMES[rest]}"
         if arch == "phi3" and rest == "ffn_up.weight":  # Phi-3's gate and up, fused (gate first)
             return f"model.layers.{idx}.mlp.gate_up_proj.weight"
@@ -254,7 +284,8 @@ def _unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _model_config(meta: dict[str, Any], arch: str, names: set[str], rope_factors: dict | None = None) -> ModelConfig:
+def _model_config(meta: dict[str, Any], arch: str, names: set[str], rope_factors: dict | None = None,
+                  shapes: dict[str, tuple[int, ...]] | None = None) -> ModelConfig:
     def get(key: str, default: Any = None) -> Any:
         v = meta.get(f"{arch}.{key}", default)
         if v is None:
@@ -306,7 +337,8 @@ def _model_config(meta: dict[str, Any], arch: str, names: set[str], rope_factors
         family=family,
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
+        # (per layer where layers differ: Gemma 4's shared layers' twice as wide)
+        intermediate_size=int(ff[0] if isinstance(ff := get("feed_forward_length"), (list, tuple)) else ff),
         num_layers=layers,
         num_heads=heads,
         # (per layer where layers differ: LFM2's 0 for its convolution layers)
@@ -323,7 +355,7 @@ def _model_config(meta: dict[str, Any], arch: str, names: set[str], rope_factors
         layer_windows=(window,) * layers if window and family in ("phi3", "mixtral") else (),
         **moe,
     )
-    fields.update(gguf_family_fields(meta, arch, family, names, fields))
+    fields.update(gguf_family_fields(meta, arch, family, names, fields, shapes or {}, rope_factors))
     return ModelConfig(**fields)
 
 

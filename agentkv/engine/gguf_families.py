@@ -1,25 +1,30 @@
 """What a GGUF file says (or llama.cpp fixes by architecture) of each family beyond the common
-hyperparameters, as ModelConfig fields: Gemma's scale, windows and rope base, SmolLM3's layers
-without rope, Granite's multipliers, GLM-4's sandwich and GLM-4.5's router, shared expert and
-leading dense layers, LFM2's convolution layers."""
+hyperparameters, as ModelConfig fields: Gemma's scale, windows and rope base, Gemma 4's two head
+widths, shared KV and per-layer inputs, SmolLM3's layers without rope, Granite's multipliers, GLM-4's
+sandwich and GLM-4.5's router, shared expert and leading dense layers, LFM2's convolution layers."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from agentkv.engine.rope_config import yarn_mscale
+from agentkv.engine.rope_config import RopeScaling, yarn_mscale
+from agentkv.errors import ModelLoadError
 
 
-def gguf_family_fields(meta: dict[str, Any], arch: str, family: str, names: set[str],
-                       common: dict[str, Any]) -> dict[str, Any]:
-    """The fields `family` adds to (or changes in) `common`, the ones every architecture states."""
+def gguf_family_fields(meta: dict[str, Any], arch: str, family: str, names: set[str], common: dict[str, Any],
+                       shapes: dict[str, tuple[int, ...]] | None = None,
+                       factors: dict[str, tuple[float, ...]] | None = None) -> dict[str, Any]:
+    """The fields `family` adds to (or changes in) `common`, the ones every architecture states
+    (`shapes`: the file's tensors' shapes, HF's order; `factors`: its rope tensors' values)."""
     def get(key: str, default: Any = None) -> Any:
         value = meta.get(f"{arch}.{key}")
         return default if value is None else value
 
     if family in ("gemma2", "gemma3"):
         return _gemma(get, family, common)
+    if family == "gemma4":
+        return _gemma4(get, names, common, shapes or {}, (factors or {}).get("rope_freqs.weight"))
     if family == "smollm3":  # llama.cpp fixes it: every 4th layer attends without rope (no key says so)
         return {"nope_layers": tuple(i for i in range(common["num_layers"]) if (i + 1) % 4 == 0)}
     if family in ("granite", "granitemoe"):
@@ -62,6 +67,61 @@ def _gemma(get, family: str, common: dict[str, Any]) -> dict[str, Any]:
         local_rope_theta=float(get("rope.freq_base_swa", 10_000.0)) if family == "gemma3" else 0.0,
         attn_softcap=float(get("attn_logit_softcapping", 0.0)),
         final_softcap=float(get("final_logit_softcapping", 0.0)))
+
+
+def _gemma4(get, names: set[str], common: dict[str, Any], shapes: dict[str, tuple[int, ...]],
+            rope_freqs: tuple[float, ...] | None) -> dict[str, Any]:
+    """Gemma 4 as llama.cpp's converter writes it: which layers are windowed (`sliding_window_pattern`, a
+    bool a layer); the full layers' head width as `key_length` and the windowed ones' as
+    `key_length_swa`; KV heads a layer where they differ; the shared-KV layers' count; the MLP's width
+    a layer (the shared layers' twice as wide with use_double_wide_mlp); the per-layer inputs' width (the
+    table's rows: its shape); the full layers' proportional rope as `rope_freqs` (1 for a rotating
+    pair, 1e30 for one that stays); values the keys' projection where a full layer has no attn_v."""
+    layers = common["num_layers"]
+    pattern = get("attention.sliding_window_pattern")
+    window = int(get("attention.sliding_window", 0))
+    if isinstance(pattern, (list, tuple)) and len(pattern) == layers:
+        windows = tuple(window if bool(p) else 0 for p in pattern)
+    else:  # (no pattern: Gemma 3's, every 6th layer full)
+        windows = tuple(window if (i + 1) % 6 else 0 for i in range(layers))
+    full = [i for i in range(layers) if not windows[i]]
+    global_dim = int(get("attention.key_length", common["head_dim"]))
+    local_dim = int(get("attention.key_length_swa", global_dim))
+    kv = get("attention.head_count_kv", common["num_heads"])
+    kv = list(kv) if isinstance(kv, (list, tuple)) else [int(kv)] * layers
+    local_kv = next((int(kv[i]) for i in range(layers) if windows[i]), int(kv[0]))
+    global_kv = int(kv[full[0]]) if full else local_kv
+    ffn = get("feed_forward_length")
+    ffn = list(ffn) if isinstance(ffn, (list, tuple)) else [int(ffn)] * layers
+    shared = int(get("attention.shared_kv_layers", 0))
+    first_shared = layers - shared
+    rotated = int(get("rope.dimension_count_swa", local_dim))
+    scaling = RopeScaling()
+    if rope_freqs is not None:  # the full layers' rope: the first pairs rotate, the rest stay
+        turning = sum(1 for f in rope_freqs if f == 1.0)
+        if len(rope_freqs) != global_dim // 2 or any(f < 1e29 for f in rope_freqs[turning:]) \
+                or any(f != 1.0 for f in rope_freqs[:turning]):  # (1e30: float32's, not exactly 1e30)
+            raise ModelLoadError("this Gemma 4 GGUF's rope_freqs is not the proportional rope's (ones, then 1e30 for "
+                                 "the pairs that do not rotate); agentkv implements that one")
+        scaling = RopeScaling(rope_type="proportional", proportion=2 * turning / global_dim)
+    width = int(get("embedding_length_per_layer_input", 0))
+    table = shapes.get("per_layer_token_embd.weight")
+    out = {
+        "hidden_act": "gelu_tanh", "qk_norm": True, "attention_scale": 1.0, "attention_bias": False,
+        "tie_word_embeddings": "output.weight" not in names,
+        "final_softcap": float(get("final_logit_softcapping", 0.0)),
+        "rope_scaling": scaling, "local_rope_theta": float(get("rope.freq_base_swa", 10_000.0)),
+        "layer_windows": windows if any(windows) else (),
+        "head_dim": local_dim, "rotary_dim": rotated if rotated < local_dim else 0, "num_kv_heads": local_kv,
+        "global_head_dim": global_dim if full else 0, "global_kv_heads": global_kv if full else 0,
+        "k_eq_v": any(f"blk.{i}.attn_v.weight" not in names for i in full if i < first_shared),
+        "kv_shared_layers": shared, "intermediate_size": int(ffn[0]),
+        "double_wide_mlp": bool(shared) and int(ffn[-1]) == 2 * int(ffn[0]) != int(ffn[0]),
+        "per_layer_input_size": width, "per_layer_vocab": int(table[0]) if table else common["vocab_size"],
+    }
+    if common.get("num_experts"):
+        out["router"] = "gemma4"
+    return out
 
 
 def _latent_attention(get, common: dict[str, Any]) -> dict[str, Any]:

@@ -211,8 +211,16 @@ def _fused_state_dict(directory: Path, cfg: ModelConfig, dtype: torch.dtype = to
             return _stack(parts)
         return torch.cat([take(n) for n in names]) if len(names) > 1 else take(names[0])
 
+    def experts(name: str) -> list:
+        """Each expert's matrix of a tensor stacking them [experts, out, in]: in its blocks where kept."""
+        parts = kept([quant.get(name)])
+        if parts is not None and len(parts) == 1:
+            raw, kind = parts[0]
+            return [_quant_weight(raw[e], kind) for e in range(raw.shape[0])]
+        return list(take(name))
+
     if cfg.family == "gemma4":
-        return gemma4_state(set(hf) | set(quant), take, matrix, cfg)
+        return gemma4_state(set(hf) | set(quant), take, matrix, experts, cfg)
     out = {"embed_tokens.weight": matrix("model.embed_tokens.weight"), "norm.weight": norm("model.norm.weight")}
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = matrix("lm_head.weight")

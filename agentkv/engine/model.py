@@ -233,6 +233,8 @@ class CausalLM(nn.Module):
         """The weight `name` kept in its quantized blocks (the loader, for a GGUF's quantized matrices)."""
         if name == "embed_tokens.weight":
             self.embed_tokens = QuantEmbedding(weight)
+        elif name == "per_layer_inputs.table.weight":  # (Gemma 4's: a row a token, read as an embedding's)
+            self.per_layer_inputs.table = QuantEmbedding(weight)
         elif name == "lm_head.weight":
             self.lm_head.weight = None
             self.lm_head.quantized = weight

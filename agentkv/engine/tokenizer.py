@@ -207,11 +207,13 @@ def tokenizer_files_from_gguf(meta: dict[str, Any], gguf_path: Path, out: Path) 
         tok = _byte_level_bpe(meta, tokens, gguf_path)
     elif kind == "llama" and tokens:
         tok = _sentencepiece_bpe(meta, tokens)
+    elif kind == "gemma4" and tokens:
+        tok = _gemma4_bpe(meta, tokens)
     else:
         raise ModelLoadError(
             f"{gguf_path.name}: tokenizer model {kind!r} is not supported; agentkv reads byte-level BPE ('gpt2': "
-            "Llama 3, Qwen, SmolLM) and SentencePiece ('llama': Llama 2, Mistral v0.1, Phi-3, Gemma) GGUF tokenizers. "
-            "Use the model's HF directory instead."
+            "Llama 3, Qwen, SmolLM), SentencePiece ('llama': Llama 2, Mistral v0.1, Phi-3, Gemma) and Gemma 4's "
+            "('gemma4') GGUF tokenizers. Use the model's HF directory instead."
         )
     types = list(meta.get("tokenizer.ggml.token_type") or [])
     added = [
@@ -302,6 +304,29 @@ def _sentencepiece_bpe(meta: dict[str, Any], tokens: list[str]):
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), spaces]) if prefix else spaces
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return tok
+
+
+def _gemma4_bpe(meta: dict[str, Any], tokens: list[str]):
+    """llama.cpp's "gemma4" tokenizer (its pre-type gemma4) as a `tokenizers` BPE: spaces written as `▁`
+    (none prepended), the text cut into runs of newlines and runs of everything else, each run merged by
+    the file's ranked merges over its UTF-8 characters, a character outside the vocabulary its bytes'
+    `<0xNN>` tokens. (A merge's two pieces are split at its first space past the first character.)"""
+    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    merges = []
+    for m in meta.get("tokenizer.ggml.merges") or []:
+        cut = m.find(" ", 1)
+        if cut > 0:
+            merges.append((m[:cut], m[cut + 1:]))
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab[t if t not in vocab else f"<agentkv duplicate {i}>"] = i  # (ids are what the model knows)
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[^\\n]+|[\\n]+"), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     return tok
 
 
