@@ -237,11 +237,31 @@ def tokenizer_files_from_gguf(meta: dict[str, Any], gguf_path: Path, out: Path) 
         "chat_template": meta.get("tokenizer.chat_template"),
     }
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1, ensure_ascii=False))
-    # a turn also ends at the end-of-turn / end-of-message tokens the GGUF names (Gemma's <end_of_turn>)
-    ends = [int(meta[f"tokenizer.ggml.{k}_token_id"]) for k in ("eos", "eot", "eom")
-            if meta.get(f"tokenizer.ggml.{k}_token_id") is not None]
+    # a turn also ends at the end-of-turn / end-of-message tokens the GGUF names (Gemma's <end_of_turn>), and at
+    # those llama.cpp ends generation at by their text (Gemma 4's <turn|>, which its files do not name)
+    ends = {int(meta[f"tokenizer.ggml.{k}_token_id"]) for k in ("eos", "eot", "eom")
+            if meta.get(f"tokenizer.ggml.{k}_token_id") is not None} | _ends_by_text(tokens)
     if ends:
-        (out / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(set(ends))}))
+        (out / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(ends)}))
+
+
+# the tokens llama.cpp ends generation at by their text (llama-vocab.cpp's end-of-generation list)
+_END_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+              "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+              "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>")
+
+
+def _ends_by_text(tokens: list[str]) -> set[int]:
+    """llama.cpp's end-of-generation tokens found by text, with its exceptions: harmony's and Solar Open's
+    <|end|> ends a message, not the turn, where <|return|> and <|call|> (<|calls|> and <|flush|>) are there;
+    Gemma 4's </s> is text where <|tool_response> is there."""
+    found = {t: i for i, t in enumerate(tokens) if t in _END_TEXTS}
+    if "<|end|>" in found and "<|call|>" in found and "<|return|>" in found \
+            or "<|end|>" in found and "<|calls|>" in found and "<|flush|>" in found:
+        del found["<|end|>"]
+    if "<|tool_response>" in found:
+        found.pop("</s>", None)
+    return set(found.values())
 
 
 def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], gguf_path: Path):

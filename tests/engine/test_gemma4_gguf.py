@@ -219,3 +219,15 @@ def test_the_gemma4_tokenizer_is_gemmas_bpe(tmp_path, monkeypatch):
         assert got == want, text
         assert ours.decode(got) == text  # (the trainer's byte tokens are special to it: its decode drops them)
     assert any(i in range(3, 259) for i in ours.encode("日本語").ids)  # (characters it never saw: their bytes)
+
+
+def test_a_gguf_ends_where_llama_cpp_ends_by_the_tokens_text():
+    """llama.cpp ends generation at tokens by their text whatever the metadata names (Gemma 4's files name
+    <eos>, and its turns end at <turn|>), with its exceptions (harmony's <|end|>, Gemma 4's </s>)."""
+    from agentkv.engine.tokenizer import _ends_by_text
+
+    gemma4 = ["<pad>", "<eos>", "<bos>", "</s>", "<|turn>", "<turn|>", "<|tool_response>", "hello"]
+    assert _ends_by_text(gemma4) == {1, 5, 6}
+    harmony = ["<|start|>", "<|end|>", "<|message|>", "<|return|>", "<|call|>", "<|endoftext|>"]
+    assert _ends_by_text(harmony) == {3, 4, 5}
+    assert _ends_by_text(["<s>", "</s>", "<|end|>", "x"]) == {1, 2}  # (Phi-3's <|end|> ends its turns)

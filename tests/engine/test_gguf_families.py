@@ -223,7 +223,8 @@ def test_gemma_gguf_gives_hfs_greedy_tokens(tmp_path, monkeypatch, family, kwarg
     hf = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     with ak.Engine(str(tmp_path / "g.gguf"), num_slots=1024) as engine:
         mc = engine.model_config
-        assert engine.tokenizer.eos_ids == {1, 2}  # a turn ends at the end-of-turn token as at EOS
+        # a turn ends at the end-of-turn token as at EOS (and at <|endoftext|>, as llama.cpp ends at it by its text)
+        assert engine.tokenizer.eos_ids == {0, 1, 2}
         assert mc.family == family.removesuffix("_text") and mc.layer_windows == tuple(
             kwargs["sliding_window"] if t == "sliding_attention" else 0 for t in layer_types)
         ids = engine.tokenizer.encode("The quick brown fox jumps over the lazy dog, then naps in the sun.")
