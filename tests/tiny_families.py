@@ -149,7 +149,7 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
     import numpy as np
     from safetensors.numpy import load_file
 
-    from agentkv.engine import gguf_convert
+    from agentkv.engine import gguf_names
     from tests.engine.test_loading import gguf_writer
 
     cfg = json.loads((src / "config.json").read_text())
@@ -217,12 +217,12 @@ def write_family_gguf(src: Path, out: Path, quant: str = "Q8_0", nextn: int = 1)
         else:
             w.add_tensor(name, t.astype(np.float32))
 
-    names = {v: k for k, v in {**gguf_convert._LAYER_NAMES,
-                               **{"glm4": gguf_convert._GLM4_NAMES, "glm4moe": gguf_convert._GLM4_MOE_NAMES,
-                                  "gpt-oss": gguf_convert._GPT_OSS_NAMES,
-                                  "deepseek2": gguf_convert._DEEPSEEK2_NAMES}.get(arch, {})}.items()}
+    names = {v: k for k, v in {**gguf_names.LAYER_NAMES,
+                               **{"glm4": gguf_names.GLM4_NAMES, "glm4moe": gguf_names.GLM4_MOE_NAMES,
+                                  "gpt-oss": gguf_names.GPT_OSS_NAMES,
+                                  "deepseek2": gguf_names.DEEPSEEK2_NAMES}.get(arch, {})}.items()}
     deq_experts: dict[str, np.ndarray] = {}
-    globals_ = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
+    globals_ = {v: k for k, v in gguf_names.GLOBAL_NAMES.items()}
     stacks: dict[tuple[str, str], dict[int, np.ndarray]] = {}
     for name, t in hf.items():
         if family == "lfm2":  # its names for the common tensors, its short convolutions' own

@@ -186,7 +186,7 @@ def test_the_gemma4_tokenizer_is_gemmas_bpe(tmp_path, monkeypatch):
     and text back, unknown characters as their bytes' tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    from agentkv.engine.tokenizer import tokenizer_files_from_gguf
+    from agentkv.engine.gguf_tokenizer import tokenizer_files_from_gguf
 
     bytes_ = [f"<0x{b:02X}>" for b in range(256)]
     ref = Tokenizer(models.BPE(byte_fallback=True, fuse_unk=False))
@@ -224,7 +224,7 @@ def test_the_gemma4_tokenizer_is_gemmas_bpe(tmp_path, monkeypatch):
 def test_a_gguf_ends_where_llama_cpp_ends_by_the_tokens_text():
     """llama.cpp ends generation at tokens by their text whatever the metadata names (Gemma 4's files name
     <eos>, and its turns end at <turn|>), with its exceptions (harmony's <|end|>, Gemma 4's </s>)."""
-    from agentkv.engine.tokenizer import _ends_by_text
+    from agentkv.engine.gguf_tokenizer import _ends_by_text
 
     gemma4 = ["<pad>", "<eos>", "<bos>", "</s>", "<|turn>", "<turn|>", "<|tool_response>", "hello"]
     assert _ends_by_text(gemma4) == {1, 5, 6}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import agentkv as ak
-from agentkv.engine import gguf_convert
+from agentkv.engine import gguf_convert, gguf_names
 from agentkv.engine.gguf_transcode import ROW_MAJOR, TILED
 from agentkv.kernels import cpu_native
 from tests.engine.test_loading import gguf_writer
@@ -28,13 +28,13 @@ ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "phi3": "phi3", "qwen2
 
 
 def gguf_name(name: str, arch: str) -> str:
-    globals_ = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
+    globals_ = {v: k for k, v in gguf_names.GLOBAL_NAMES.items()}
     if name in globals_:
         return globals_[name]
     i, rest = name[len("model.layers."):].split(".", 1)
     if arch == "phi3" and rest == "mlp.gate_up_proj.weight":
         return f"blk.{i}.ffn_up.weight"
-    return f"blk.{i}." + {v: k for k, v in gguf_convert._LAYER_NAMES.items()}[rest]
+    return f"blk.{i}." + {v: k for k, v in gguf_names.LAYER_NAMES.items()}[rest]
 
 
 def write_gguf(src, out, family: str, quant: str, kinds: dict[str, str] | None = None) -> dict[str, np.ndarray]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agentkv.engine.tokenizer import tokenizer_files_from_gguf
+from agentkv.engine.gguf_tokenizer import tokenizer_files_from_gguf
 
 gguf = pytest.importorskip("gguf")
 

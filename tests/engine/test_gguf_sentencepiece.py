@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import agentkv as ak
-from agentkv.engine import gguf_convert
+from agentkv.engine import gguf_names
 from tests.engine.test_loading import gguf_writer
 from tests.tiny import make_tiny_model
 
@@ -68,8 +68,8 @@ def write_spm_gguf(tmp_path, sp, prefix: bool | None = True):
     if prefix is not None:
         w.add_add_space_prefix(prefix)
     w.add_chat_template(TEMPLATE)
-    names = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
-    layer_names = {v: k for k, v in gguf_convert._LAYER_NAMES.items()}
+    names = {v: k for k, v in gguf_names.GLOBAL_NAMES.items()}
+    layer_names = {v: k for k, v in gguf_names.LAYER_NAMES.items()}
     for name, t in hf.items():
         if name in names:
             gname = names[name]

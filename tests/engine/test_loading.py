@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import agentkv as ak
-from agentkv.engine import gguf_convert
+from agentkv.engine import gguf_convert, gguf_names
 from tests.conftest import requires_embedded
 from tests.reference import engine_logits, rel_error
 from tests.tiny import SPECIALS, make_tiny_model
@@ -57,14 +57,14 @@ def write_gguf(src_dir, out_path, quant=gguf.GGMLQuantizationType.Q8_0):
     w = gguf_writer(out_path, "llama", cfg)
     w.add_chat_template(
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
-    names = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
+    names = {v: k for k, v in gguf_names.GLOBAL_NAMES.items()}
     dequantized = {}
     for name, t in hf.items():
         if name in names:
             gname = names[name]
         else:
             i, rest = name[len("model.layers.") :].split(".", 1)
-            gname = f"blk.{i}." + {v: k for k, v in gguf_convert._LAYER_NAMES.items()}[rest]
+            gname = f"blk.{i}." + {v: k for k, v in gguf_names.LAYER_NAMES.items()}[rest]
         data = t.astype(np.float32)
         if gname.endswith("attn_q.weight"):
             data = _permute(data, cfg["num_attention_heads"])
