@@ -35,6 +35,25 @@ def paged_kv_offsets(req_to_token, row, offs_n, nmask, kvh, offs_d, dmask, strid
 
 
 @triton.jit
+def soft_cap(scores, softcap):
+    """Gemma 2's cap on scores, softcap * tanh(score / softcap) (tanh as 2 sigmoid(2x) - 1); none where 0."""
+    if softcap > 0:
+        scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
+    return scores
+
+
+@triton.jit
+def tile_scores(q, k, scale, softcap, FP32_DOT: tl.constexpr):
+    """A tile of queries' scores against a tile of keys [queries, keys], scaled and capped: the product
+    in fp32 where FP32_DOT (the interpreter's bf16 dot is wrong), else at the tensor cores' precision."""
+    if FP32_DOT:
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    else:
+        scores = tl.dot(q, tl.trans(k)) * scale
+    return soft_cap(scores, softcap)
+
+
+@triton.jit
 def split_range(seq_len, s, num_splits, window, BLOCK_N: tl.constexpr):
     """Keys [start, end) of split `s` of a request: the keys its query sees (the last `window` of them with
     a window) cut into `num_splits` runs of whole tiles, each request by its own length; runs past the
@@ -69,9 +88,7 @@ def _decode_split_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens, 
         kv_off, kvmask = paged_kv_offsets(req_to_token, row, offs_n, nmask, kvh, offs_d, dmask, stride_r2t,
                                           stride_ct, stride_ch)
         kk = tl.load(k_cache + kv_off, mask=kvmask, other=0.0).to(tl.float32)
-        scores = tl.sum(kk * qv[None, :], axis=1) * scale
-        if softcap > 0:  # Gemma 2: softcap * tanh(score / softcap), tanh as 2 sigmoid(2x) - 1
-            scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
+        scores = soft_cap(tl.sum(kk * qv[None, :], axis=1) * scale, softcap)
         scores = tl.where(nmask, scores, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
@@ -118,12 +135,7 @@ def _decode_grouped_kernel(q, k_cache, v_cache, req_to_token, req_rows, seq_lens
         kv_off, kvmask = paged_kv_offsets(req_to_token, row, offs_n, nmask, kvh, offs_d, dmask, stride_r2t,
                                           stride_ct, stride_ch)
         kk = tl.load(k_cache + kv_off, mask=kvmask, other=0.0).to(qv.dtype)
-        if FP32_DOT:
-            scores = tl.dot(qv, tl.trans(kk), input_precision="ieee") * scale  # [BLOCK_H, BLOCK_N]
-        else:
-            scores = tl.dot(qv, tl.trans(kk)) * scale
-        if softcap > 0:
-            scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
+        scores = tile_scores(qv, kk, scale, softcap, FP32_DOT)  # [BLOCK_H, BLOCK_N]
         scores = tl.where(nmask[None, :], scores, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))  # (every tile holds a key: m_new is finite)
         alpha = tl.exp(m_i - m_new)

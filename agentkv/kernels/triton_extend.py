@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from agentkv.kernels.triton_decode import INTERPRETED, paged_kv_offsets
+from agentkv.kernels.triton_decode import INTERPRETED, paged_kv_offsets, tile_scores
 
 # The interpreter has no bf16 matrix product (numpy): there the products run in fp32 on the
 # converted values, which still checks everything else; a GPU multiplies bf16 tiles natively.
@@ -57,12 +57,7 @@ def _extend_kernel(q, k_cache, v_cache, out, req_to_token, req_rows, seq_lens, e
         kv_off, kvmask = paged_kv_offsets(req_to_token, row, offs_n, nmask, kvh, offs_d, dmask, stride_r2t,
                                           stride_ct, stride_ch)
         kb = tl.load(k_cache + kv_off, mask=kvmask, other=0.0).to(qb.dtype)
-        if FP32_DOT:
-            scores = tl.dot(qb, tl.trans(kb), input_precision="ieee") * scale
-        else:
-            scores = tl.dot(qb, tl.trans(kb)) * scale
-        if softcap > 0:  # Gemma 2: softcap * tanh(score / softcap)
-            scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
+        scores = tile_scores(qb, kb, scale, softcap, FP32_DOT)
         visible = (offs_n[None, :] <= (prefix + offs_m)[:, None]) & nmask[None, :]
         if window > 0:
             visible = visible & (offs_n[None, :] > (prefix + offs_m)[:, None] - window)
