@@ -15,7 +15,7 @@ import torch
 
 import agentkv as ak
 from tests.engine.test_loading import gguf_writer
-from tests.reference import engine_logits, rel_error
+from tests.reference import assert_matches_hf, engine_logits, rel_error
 from tests.tiny_families import make_family_model
 
 gguf = pytest.importorskip("gguf")
@@ -130,15 +130,7 @@ def test_a_gemma4_gguf_gives_transformers_logits_and_tokens(e2b, tmp_path, monke
                       "rotary_dim", "tie_word_embeddings"):
             assert getattr(mc, field) == getattr(expected, field), field
         assert (mc.rope_scaling.rope_type, mc.rope_scaling.proportion) == ("proportional", 0.25)
-        ids = engine.tokenizer.encode(TEXT)
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0]
-        assert rel_error(engine_logits(engine, ids)[0], ref) < 1e-4
-        out = engine.generate(ids, max_tokens=12, temperature=0.0, ignore_eos=True)
-    x = torch.tensor([ids])
-    greedy = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
-                         eos_token_id=None)[0, len(ids):]
-    assert out.token_ids == greedy.tolist()
+    assert_matches_hf(tmp_path / "e2b.gguf", hf, TEXT, 12)
 
 
 @pytest.mark.parametrize("form", ["e2b", "moe"])

@@ -19,7 +19,7 @@ from agentkv.kernels import cpu_native
 from tests.engine.test_loading import gguf_writer
 from tests.engine.test_model_parity import PHI4_ROPE
 from tests.kernels.test_quant_kernels import K_QUANTS, k_blocks
-from tests.reference import engine_logits, rel_error
+from tests.reference import assert_matches_hf, engine_logits, rel_error
 from tests.tiny import make_tiny_model
 
 gguf = pytest.importorskip("gguf")
@@ -227,15 +227,7 @@ def test_gemma_gguf_gives_hfs_greedy_tokens(tmp_path, monkeypatch, family, kwarg
         assert engine.tokenizer.eos_ids == {0, 1, 2}
         assert mc.family == family.removesuffix("_text") and mc.layer_windows == tuple(
             kwargs["sliding_window"] if t == "sliding_attention" else 0 for t in layer_types)
-        ids = engine.tokenizer.encode("The quick brown fox jumps over the lazy dog, then naps in the sun.")
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0]
-        assert rel_error(engine_logits(engine, ids)[0], ref) < 1e-4
-        out = engine.generate(ids, max_tokens=12, temperature=0.0, ignore_eos=True)
-    x = torch.tensor([ids])
-    expected = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
-                           eos_token_id=None)[0, len(ids):]
-    assert out.token_ids == expected.tolist()
+    assert_matches_hf(tmp_path / "g.gguf", hf, "The quick brown fox jumps over the lazy dog, then naps in the sun.", 12)
 
 
 def test_gemma_hyperparameters_llama_cpp_fixes_by_family():
