@@ -10,16 +10,19 @@ start loads it like any HF checkpoint.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from agentkv.engine import gguf_families, gguf_names, gguf_tokenizer, model_config, rope_config
 from agentkv.engine.gguf_families import gguf_family_fields
 from agentkv.engine.gguf_names import KEPT_ENDS, hf_name
 from agentkv.engine.gguf_tokenizer import tokenizer_files_from_gguf
@@ -28,7 +31,6 @@ from agentkv.engine.rope_config import half_split_order, rotated_rows_in_half_sp
 from agentkv.env import cache_root
 from agentkv.errors import ModelLoadError
 
-CONVERSION_VERSION = "12"
 # quantizations whose matrices are kept as they are (the CPU kernels multiply them in their blocks:
 # kernels/cpu_quant.py's QUANT_TYPES); every other tensor is dequantized to fp32 here
 KEPT_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16",
@@ -42,10 +44,27 @@ GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "q
 # checkpoints rotate halves); the conversion puts them back
 PERMUTED_QK = ("llama", "smollm3", "granite", "granitemoe")
 
+
+# the modules whose code decides what a conversion writes: their sources name the cached directory, so a
+# change to any of them converts a file again (a version number to bump by hand was once forgotten, and a
+# stale directory kept serving the old end tokens)
+CONVERTER_MODULES = (sys.modules[__name__], gguf_families, gguf_names, gguf_tokenizer, model_config, rope_config)
+
+
+@functools.cache
+def conversion_version() -> str:
+    from importlib.metadata import version
+
+    h = hashlib.sha256(f"gguf {version('gguf')}".encode())  # (its dequantization, too, makes the directory)
+    for module in CONVERTER_MODULES:
+        h.update(Path(module.__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def converted_dir(gguf_path: Path) -> Path:
     """The cached HF-style directory for `gguf_path`, converting it on first use."""
     st = gguf_path.stat()
-    key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{CONVERSION_VERSION}"
+    key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{conversion_version()}"
     out = cache_root() / "gguf" / (gguf_path.stem + "-" + hashlib.sha256(key.encode()).hexdigest()[:16])
     if (out / "model.safetensors").exists() and (out / "config.json").exists():
         return out

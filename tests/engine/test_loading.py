@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,6 +165,31 @@ def test_conversion_is_cached(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gguf_convert, "_convert", boom)
     assert gguf_convert.converted_dir(tmp_path / "m.gguf") == first
+
+
+def test_a_change_to_the_converter_converts_again(tmp_path, monkeypatch):
+    """The cached directory is named by the sources of every module that decides what a conversion writes
+    (gguf_convert and each engine module it builds the directory with), so an upgrade never serves a
+    directory an older converter wrote."""
+    import agentkv.engine as engine_pkg
+
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    # (gguf_transcode runs at load, on the directory: not part of it)
+    helpers = {p.stem for p in Path(engine_pkg.__file__).parent.glob("gguf_*.py")} - {"gguf_transcode"}
+    assert helpers <= {m.__name__.rsplit(".", 1)[1] for m in gguf_convert.CONVERTER_MODULES}
+    names = set()
+    real = Path.read_bytes
+    for module in gguf_convert.CONVERTER_MODULES:
+        changed = Path(module.__file__)
+        monkeypatch.setattr(Path, "read_bytes", lambda p, c=changed: real(p) + b"#" if p == c else real(p))
+        gguf_convert.conversion_version.cache_clear()
+        monkeypatch.setattr(gguf_convert, "_convert", lambda path, out: (out / "model.safetensors").touch()
+                            or (out / "config.json").touch())
+        names.add(gguf_convert.converted_dir(tmp_path / "m.gguf").name)
+    monkeypatch.setattr(Path, "read_bytes", real)
+    gguf_convert.conversion_version.cache_clear()
+    assert len(names) == len(gguf_convert.CONVERTER_MODULES)
 
 
 def test_load_errors_name_the_problem(tmp_path, monkeypatch):
