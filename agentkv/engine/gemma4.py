@@ -19,11 +19,10 @@ Norm weights multiply as they are (Gemma 3's are 1 + weight).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from agentkv.engine.linear import Linear
-from agentkv.engine.mlp import MLP, MoE
+from agentkv.engine.mlp import MLP, MoE, gated
 from agentkv.engine.model_config import ModelConfig
 
 __all__ = ["Gemma4Layer", "PerLayerInputs", "gemma4_state"]
@@ -39,12 +38,12 @@ class Gemma4Attention(nn.Module):
         self.q_size, self.kv_size = own.num_heads * own.head_dim, own.num_kv_heads * own.head_dim
         self.window = cfg.window(layer_id)
         self.k_eq_v = cfg.k_eq_v and not self.window
-        self.eps = cfg.rms_norm_eps
         self.scale = cfg.attention_scale
         self.q_norm = norm(own.head_dim, cfg.rms_norm_eps)
         if self.source == layer_id:
             self.qkv_proj = Linear(cfg.hidden_size, self.q_size + self.kv_size * (1 if self.k_eq_v else 2))
             self.k_norm = norm(own.head_dim, cfg.rms_norm_eps)
+            self.v_norm = norm(own.head_dim, cfg.rms_norm_eps, weighted=False)
         else:  # (reads layer `source`'s K/V)
             self.q_proj = Linear(cfg.hidden_size, self.q_size)
         self.o_proj = Linear(self.q_size, cfg.hidden_size)
@@ -59,7 +58,7 @@ class Gemma4Attention(nn.Module):
             q = qkv[:, : self.q_size]
             k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim)
             v = k if self.k_eq_v else qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
-            v = F.rms_norm(v, (self.head_dim,), None, self.eps)  # (k_eq_v: the projection before k's norm)
+            v = self.v_norm(v)  # (k_eq_v: the projection before k's norm)
             k = rope.apply_one(ctx.rope, self.k_norm(k))
             ctx.layer_kv[self.layer_id] = (k, v)  # for the shared layers that read this one's
         q = rope.apply_one(ctx.rope, self.q_norm(q.reshape(T, self.num_heads, self.head_dim)))
@@ -93,6 +92,7 @@ class Gemma4Layer(nn.Module):
             self.per_layer_out_proj = Linear(self.per_layer, h)
             self.post_per_layer_input_norm = norm(h, eps)
         self.layer_scalar = nn.Parameter(torch.ones(1))
+        self.native = self.fused = None  # the activation's kernels (mlp.gated), set by CausalLM.finalize
 
     def forward(self, x: torch.Tensor, ctx, rope) -> torch.Tensor:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ctx, rope, residual=None))
@@ -103,8 +103,8 @@ class Gemma4Layer(nn.Module):
             mlp = self.post_feedforward_layernorm_1(mlp) + self.post_feedforward_layernorm_2(experts)
         x = x + self.post_feedforward_layernorm(mlp)
         if self.per_layer:
-            gate = F.gelu(self.per_layer_gate_proj(x, exact_rows=ctx.exact_rows), approximate="tanh")
-            gate = gate * ctx.per_layer_inputs[:, self.layer_id]
+            gate = self.per_layer_gate_proj(x, exact_rows=ctx.exact_rows)
+            gate = gated(torch.cat([gate, ctx.per_layer_inputs[:, self.layer_id]], 1), True, self.native, self.fused)
             x = x + self.post_per_layer_input_norm(self.per_layer_out_proj(gate, exact_rows=ctx.exact_rows))
         return x * self.layer_scalar
 

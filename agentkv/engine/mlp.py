@@ -13,7 +13,7 @@ from agentkv.engine.lora.apply import LoraBatch
 from agentkv.engine.model_config import ModelConfig
 from agentkv.kernels.cpu_native import NativeKernels
 
-__all__ = ["MLP", "MoE"]
+__all__ = ["MLP", "MoE", "gated"]
 
 
 class MLP(nn.Module):
@@ -43,22 +43,27 @@ class MLP(nn.Module):
 
     def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The gate's activation times up: what the down projection reads."""
-        native = self.native is not None and self.native.handles(gate_up)
-        if self.clamped is not None and native and gate_up.dtype == torch.float32:  # (the native step's own body)
-            act = self.native.glu_mul(gate_up, clamp=self.clamped)
-        elif self.clamped is not None:
-            limit, alpha = self.clamped
-            gate, up = gate_up.split(self.intermediate, dim=-1)
-            gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
-            act = gate * torch.sigmoid(gate * alpha) * (up + 1)
-        elif native:  # (the native step's own body)
-            act = self.native.glu_mul(gate_up, self.gelu)
-        elif self.fused is not None and self.fused.takes(gate_up):  # one kernel, rounds as below
-            act = self.fused.glu(gate_up, self.gelu)
-        else:
-            gate, up = gate_up.split(self.intermediate, dim=-1)
-            act = (F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up
-        return act
+        return gated(gate_up, self.gelu, self.native, self.fused, self.clamped)
+
+
+def gated(gate_up: torch.Tensor, gelu: bool, native: NativeKernels | None, fused,
+          clamped: tuple[float, float] | None = None) -> torch.Tensor:
+    """act(gate) * up of gate_up [T, 2n] (the halves side by side): silu, GELU's tanh form (`gelu`) or gpt-oss's
+    clamped SwiGLU (`clamped`: limit, alpha), on the native step's own body where `native` takes it, or one
+    fused kernel on a GPU."""
+    handled = native is not None and native.handles(gate_up)
+    if clamped is not None and handled and gate_up.dtype == torch.float32:
+        return native.glu_mul(gate_up, clamp=clamped)
+    gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+    if clamped is not None:
+        limit, alpha = clamped
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+        return gate * torch.sigmoid(gate * alpha) * (up + 1)
+    if handled:
+        return native.glu_mul(gate_up, gelu)
+    if fused is not None and fused.takes(gate_up):  # one kernel, rounds as below
+        return fused.glu(gate_up, gelu)
+    return (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
 
 
 class MoE(nn.Module):

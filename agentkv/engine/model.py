@@ -68,9 +68,13 @@ class ForwardContext:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, weighted: bool = True):
+        """`weighted` False: no weight of its own (Gemma 4's values'), its ones a buffer the kernels read."""
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        if weighted:
+            self.weight = nn.Parameter(torch.ones(dim))
+        else:
+            self.register_buffer("weight", torch.ones(dim), persistent=False)
         self.eps = eps
         self.native: NativeKernels | None = None  # set by CausalLM.finalize
         self.fused = None  # kernels/triton_fused.py on a GPU (fused_ops), set by CausalLM.finalize
@@ -246,9 +250,9 @@ class CausalLM(nn.Module):
         norms, the MLP's activation and the rotation run as its C kernels; with `fused` (a GPU's
         kernels/triton_fused.py), as its Triton kernels."""
         for module in self.modules():
-            if isinstance(module, (RMSNorm, MLP, MoE, RotaryEmbedding, QuantEmbedding)):
+            if isinstance(module, (RMSNorm, MLP, MoE, RotaryEmbedding, QuantEmbedding, Gemma4Layer)):
                 module.native = native
-            if isinstance(module, (RMSNorm, MLP, RotaryEmbedding)):
+            if isinstance(module, (RMSNorm, MLP, RotaryEmbedding, Gemma4Layer)):
                 module.fused = fused
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         # the batch-1 copy of the weights (see Linear) when it costs at most 1/8 of the machine's memory

@@ -27,6 +27,7 @@ from ctypes import c_float, c_int64, c_void_p
 
 import torch
 
+from agentkv.engine.gemma4 import Gemma4Layer
 from agentkv.engine.linear import Linear
 from agentkv.engine.model import CausalLM, DecoderLayer, MoE, QuantEmbedding, SandwichDecoderLayer, finish_logits
 from agentkv.errors import EngineError, RequestError
@@ -55,16 +56,21 @@ class _Layer(ctypes.Structure):
                 ("experts", c_int64), ("top_k", c_int64), ("norm_topk", c_int64), ("routed_scaling", c_float),
                 ("router", c_void_p), ("router_bias", c_void_p), ("expert_gate_up", c_void_p),
                 ("expert_down", c_void_p), ("score_bias", c_void_p), ("groups", c_int64), ("groups_chosen", c_int64),
-                ("shared_gate_up", _Mat), ("shared_down", _Mat)]
+                ("shared_gate_up", _Mat), ("shared_down", _Mat),
+                ("kv_heads", c_int64), ("head_dim", c_int64), ("rot", c_int64), ("inter", c_int64),
+                ("reads_kv", c_int64), ("k_eq_v", c_int64), ("v_norm", c_void_p),
+                ("pl_gate", _Mat), ("pl_out", _Mat), ("pl_norm", c_void_p), ("scalar", c_float)]
 
 
 class _Model(ctypes.Structure):
-    _fields_ = [(name, c_int64) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "rot", "inter",
-                                             "vocab", "num_slots", "positions")] + \
+    _fields_ = [(name, c_int64) for name in ("layers", "hidden", "heads", "vocab", "num_slots", "positions")] + \
                [(name, c_float) for name in ("eps", "scale", "attn_softcap", "embed_scale")] + \
                [("embed_qtype", c_int64), ("embed_tiled", c_int64), ("embed", c_void_p), ("final_norm", c_void_p),
                 ("lm_head", _Mat), ("rescore", c_int64), ("layer", c_void_p), ("kv_bf16", c_int64), ("gelu", c_int64),
-                ("residual_scale", c_float), ("swiglu_limit", c_float), ("swiglu_alpha", c_float)]
+                ("residual_scale", c_float), ("swiglu_limit", c_float), ("swiglu_alpha", c_float),
+                ("pl_width", c_int64), ("pl_qtype", c_int64), ("pl_vocab", c_int64), ("pl_table", c_void_p),
+                ("pl_proj", _Mat), ("pl_norm", c_void_p),
+                ("pl_table_scale", c_float), ("pl_proj_scale", c_float), ("pl_sum_scale", c_float)]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -76,27 +82,27 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
     cfg = model.config
     if kernels is None or not kernels.qtile_fast:
         return "the native kernels or their tiled bodies (AVX-512 VNNI or AVX2) are not on this CPU"
-    if cfg.family == "gemma4":
-        return "Gemma 4's layers (per-layer inputs, full layers of another width, layers reading others' KV) " \
-               "are not in the step"
-    if model.local_rope is not None and model.local_rope.rot != model.rope.rot:
-        return "the windowed layers rotate another number of dimensions"
+    if cfg.family == "gemma4" and cfg.num_experts:
+        return "Gemma 4's experts beside the MLP (a scale per expert, each branch normed) are not in the step"
     if model.norm.weight.dtype != torch.float32:
         return "the step computes in float32"
     if kv_dtype not in (torch.float32, torch.bfloat16):
         return f"the step keeps KV in float32 or bfloat16, not {kv_dtype}"
-    if cfg.head_dim > kernels.max_head_dim:
-        return f"head_dim {cfg.head_dim} is over the attention kernel's {kernels.max_head_dim}"
-    for width in (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size):
-        if width % 32:
-            return f"a width of {width} is not whole blocks of 32"
     if cfg.conv_layers or cfg.kv_lora_rank:
         return "the model has short convolution layers (LFM2) or latent attention (DeepSeek-V3), which the step " \
                "does not take"
+    why = _unsupported_per_layer_inputs(model)
+    if why:
+        return why
     for layer in model.layers:
-        if not isinstance(layer, (DecoderLayer, SandwichDecoderLayer)):
+        if not isinstance(layer, (DecoderLayer, SandwichDecoderLayer, Gemma4Layer)):
             return "a layer is not a decoder layer the step takes"
-        mlp = layer.mlp
+        attn, mlp = layer.self_attn, layer.mlp
+        if attn.head_dim > kernels.max_head_dim:
+            return f"head_dim {attn.head_dim} is over the attention kernel's {kernels.max_head_dim}"
+        for width in (cfg.hidden_size, attn.num_heads * attn.head_dim, getattr(mlp, "intermediate", 32)):
+            if width % 32:
+                return f"a width of {width} is not whole blocks of 32"
         if isinstance(mlp, MoE):
             why = _unsupported_moe(mlp)
             if why:
@@ -105,12 +111,38 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
             linears = [p for e in mlp.experts for p in (e.gate_up_proj, e.down_proj)] + shared
         else:
             linears = [mlp.gate_up_proj, mlp.down_proj]
-        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, *linears):
+        if isinstance(layer, Gemma4Layer):
+            linears += [layer.per_layer_gate_proj, layer.per_layer_out_proj] if layer.per_layer else []
+        qkv = attn.q_proj if _reads_kv(layer) else attn.qkv_proj
+        for lin in (qkv, attn.o_proj, *linears):
             if lin.all_reduce or lin.quantized is None or not lin.quantized.tiled:
                 return "a linear is not a tiled quantized weight (a GGUF's, in a type the tiles take)"
     head = model.logits_proj.weight if model.logits_proj is not None else None
     if not (isinstance(head, QuantWeight) and head.tiled):
         return "the vocabulary projection is not a tiled quantized weight"
+    return None
+
+
+def _reads_kv(layer) -> bool:
+    """A Gemma 4 layer that attends over an earlier layer's K/V (its projection is q's alone)."""
+    return isinstance(layer, Gemma4Layer) and layer.self_attn.source != layer.layer_id
+
+
+def _unsupported_per_layer_inputs(model: CausalLM) -> str | None:
+    """Why Gemma 4's per-layer inputs are not in the step; None where they are (or the model has none): a table
+    in fp32 or a GGUF's blocks, a projection of tiles, a width of whole blocks of 32."""
+    pli = model.per_layer_inputs
+    if pli is None:
+        return None
+    if pli.width % 32:
+        return f"the per-layer inputs' width {pli.width} is not whole blocks of 32"
+    table = pli.table
+    if isinstance(table, QuantEmbedding) and table.weight.tiled or \
+            not isinstance(table, QuantEmbedding) and table.weight.dtype != torch.float32:
+        return "the per-layer inputs' table is neither fp32 nor a GGUF's blocks"
+    proj = pli.per_layer_model_proj
+    if proj.all_reduce or proj.quantized is None or not proj.quantized.tiled:
+        return "a linear is not a tiled quantized weight (a GGUF's, in a type the tiles take)"
     return None
 
 
@@ -178,24 +210,37 @@ class NativeStep:
         layers = (_Layer * cfg.num_layers)()
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            k_cache, v_cache = runner.pool.kv_caches[i]
+            gemma4, reads = isinstance(layer, Gemma4Layer), _reads_kv(layer)
+            # (Gemma 4's layers that read an earlier layer's K/V attend over its caches; theirs are empty)
+            k_cache, v_cache = runner.pool.kv_caches[attn.source if gemma4 else i]
             # Gemma 3's windowed layers rotate by their own tables, as CausalLM.forward picks them
-            cos, sin = tables[id(model.local_rope if model.local_rope is not None and attn.window else rope)]
-            if not attn.rotates:  # (SmolLM3's layers without rope: the step skips the rotation)
+            own_rope = model.local_rope if model.local_rope is not None and attn.window else rope
+            cos, sin = tables[id(own_rope)]
+            if not getattr(attn, "rotates", True):  # (SmolLM3's layers without rope: the step skips the rotation)
                 cos = sin = None
-            sandwich = isinstance(layer, SandwichDecoderLayer)
+            sandwich = isinstance(layer, (SandwichDecoderLayer, Gemma4Layer))
             mlp_norm = layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
             moe = mlp if isinstance(mlp, MoE) else None
             dense = (mat(mlp.gate_up_proj), mat(mlp.down_proj)) if moe is None else (_Mat(), _Mat())
+            k_norm, sinks = getattr(attn, "k_norm", None), getattr(attn, "sinks", None)
+            per_layer = gemma4 and layer.per_layer
             layers[i] = _Layer(vec(layer.input_layernorm.weight), vec(mlp_norm.weight),
                                vec(attn.q_norm.weight if attn.q_norm else None),
-                               vec(attn.k_norm.weight if attn.k_norm else None),
-                               mat(attn.qkv_proj), mat(attn.o_proj), *dense,
+                               vec(k_norm.weight if k_norm is not None else None),
+                               mat(attn.q_proj if reads else attn.qkv_proj), mat(attn.o_proj), *dense,
                                k_cache.data_ptr(), v_cache.data_ptr(), cos, sin, attn.window,
                                vec(layer.post_attention_layernorm.weight) if sandwich else None,
                                vec(layer.post_feedforward_layernorm.weight) if sandwich else None,
-                               vec(attn.sinks.float() if attn.sinks is not None else None),
-                               *(self._experts(moe, mat, vec) if moe is not None else ()))
+                               vec(sinks.float() if sinks is not None else None),
+                               *(self._experts(moe, mat, vec) if moe is not None else (0,) * 11 + (_Mat(), _Mat())),
+                               attn.num_kv_heads, attn.head_dim, own_rope.rot,
+                               cfg.intermediate_size if moe is not None else mlp.intermediate,
+                               int(reads), int(gemma4 and attn.k_eq_v and not reads),
+                               vec(attn.v_norm.weight) if gemma4 and not reads else None,
+                               mat(layer.per_layer_gate_proj) if per_layer else _Mat(),
+                               mat(layer.per_layer_out_proj) if per_layer else _Mat(),
+                               vec(layer.post_per_layer_input_norm.weight) if per_layer else None,
+                               float(layer.layer_scalar) if gemma4 else 0.0)
         embed = model.embed_tokens
         if isinstance(embed, QuantEmbedding):
             self._keep.append(embed.weight.data)
@@ -204,16 +249,17 @@ class NativeStep:
             embed_args = (-1, 0, vec(embed.weight.float()))
         attn0 = model.layers[0].self_attn
         self._layers = layers
-        self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                             rope.rot, cfg.intermediate_size, cfg.vocab_size, runner.pool.kv_caches[0][0].shape[0],
-                             rope.cos.shape[0], cfg.rms_norm_eps, attn0.scale, attn0.softcap or 0.0,
+        self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.vocab_size,
+                             runner.pool.kv_caches[0][0].shape[0], rope.cos.shape[0], cfg.rms_norm_eps, attn0.scale,
+                             getattr(attn0, "softcap", None) or 0.0,
                              model.embed_scale or (cfg.embedding_multiplier if cfg.embedding_multiplier != 1.0
                                                    else 0.0), *embed_args,
                              vec(model.norm.weight), mat(model.logits_proj.weight), RESCORE_TOP,
                              ctypes.addressof(layers), int(runner.pool.kv_caches[0][0].dtype == torch.bfloat16),
                              int(cfg.hidden_act == "gelu_tanh"),
                              cfg.residual_multiplier if cfg.residual_multiplier != 1.0 else 0.0,
-                             cfg.swiglu_limit if cfg.hidden_act == "swiglu_clamped" else 0.0, cfg.swiglu_alpha)
+                             cfg.swiglu_limit if cfg.hidden_act == "swiglu_clamped" else 0.0, cfg.swiglu_alpha,
+                             *self._per_layer_inputs(model, mat, vec))
         self.config = cfg
         self.generic = False  # tests: the plain-C bodies on CPUs with AVX-512 too
         self.threads = torch.get_num_threads()  # the engine's (host.usable_cores); a step may run on fewer
@@ -229,6 +275,21 @@ class NativeStep:
                 vec(router.bias), ctypes.addressof(gate_ups), ctypes.addressof(downs),
                 vec(moe.score_bias.float()) if moe.sigmoid_groups else None, moe.groups, moe.groups_chosen,
                 *((mat(shared.gate_up_proj), mat(shared.down_proj)) if shared is not None else (_Mat(), _Mat())))
+
+    def _per_layer_inputs(self, model: CausalLM, mat, vec) -> tuple:
+        """Gemma 4's per-layer inputs' _Model fields (zeros where the model has none): the width, the table's type
+        (-1: fp32), rows and data, the projection, its norm, and the scales the Python path multiplies by."""
+        pli = model.per_layer_inputs
+        if pli is None:
+            return 0, -1, 0, None, _Mat(), None, 0.0, 0.0, 0.0
+        table = pli.table
+        if isinstance(table, QuantEmbedding):
+            self._keep.append(table.weight.data)
+            qtype, data = table.weight.qtype, table.weight.data.data_ptr()
+        else:
+            qtype, data = -1, vec(table.weight)
+        return (pli.width, qtype, model.config.per_layer_vocab, data, mat(pli.per_layer_model_proj),
+                vec(pli.norm.weight), pli.width**0.5, pli.hidden**-0.5, 2**-0.5)
 
     def can_run(self, inputs) -> bool:
         """A pass of at most 16 tokens the model wrote (decodes, jump-forward's, drafts: no prompt's,

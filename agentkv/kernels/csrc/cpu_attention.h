@@ -8,7 +8,7 @@ tokens, one KV head, some of its query heads, a range of its keys) and how a que
 #include "cpu_kernels.h"
 
 #define MAX_Q 16            /* query vectors in one task */
-#define MAX_D 256           /* head_dim */
+#define MAX_D 512           /* head_dim (Gemma 4's full layers') */
 #define BLOCK 16            /* keys a step */
 #define PART_KEYS 512       /* a written token's keys are attended in parts of this many, at fixed positions */
 #define PREFETCH_AHEAD 3    /* blocks between the one computed and the one prefetched */

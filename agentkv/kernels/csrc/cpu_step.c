@@ -21,6 +21,7 @@ the columns each thread's tiles wrote. */
 #include <stdlib.h>
 
 #include "cpu_step.h"
+#include "cpu_step_gemma4.h"
 #include "cpu_step_lora.h"
 #include "cpu_step_moe.h"
 
@@ -40,7 +41,7 @@ static int check(const StepModel *md, int64_t M, const int64_t *ids, const int64
     for (int64_t i = 0; i < S; i++)
         if (sel[i] < 0 || sel[i] >= M) return 6;
     for (int64_t m = 0; m < M; m++) {
-        if (ids[m] < 0 || ids[m] >= md->vocab) return 1;
+        if (ids[m] < 0 || ids[m] >= md->vocab || (md->pl_width && ids[m] >= md->pl_vocab)) return 1;
         if (pos[m] < 0 || pos[m] >= md->positions || pos[m] >= table_ld) return 2;
         if (out_loc[m] < 0 || out_loc[m] >= md->num_slots) return 3;
         if (rows[m] < 0 || rows[m] >= table_rows) return 4;
@@ -60,17 +61,8 @@ INLINE void norm_quant(const float *x, const float *w, int64_t n, float eps, flo
 }
 
 static void embed_row(const StepModel *md, int64_t id, float *out) {
-    const int64_t K = md->hidden;
-    if (md->embed_qtype < 0) {
-        memcpy(out, (const float *)md->embed + id * K, (size_t)K * sizeof(float));
-    } else if (md->embed_tiled) {
-        agentkv_qtile_row((int)md->embed_qtype, md->embed, K, id, out);
-    } else {
-        const int qt = (int)md->embed_qtype;
-        const int64_t bw = BLOCK_WEIGHTS[qt], nb = K / bw;
-        const uint8_t *row = (const uint8_t *)md->embed + id * nb * BLOCK_BYTES[qt];
-        for (int64_t b = 0; b < nb; b++) dequant_any(qt, row, b, out + b * bw);
-    }
+    if (md->embed_tiled) agentkv_qtile_row((int)md->embed_qtype, md->embed, md->hidden, id, out);
+    else table_row(md->embed_qtype, md->embed, md->hidden, id, out);
 }
 
 static void free_scratch(Scratch *s) {
@@ -80,21 +72,27 @@ static void free_scratch(Scratch *s) {
     free(s->rl), free(s->pw), free(s->egu), free(s->ey), free(s->pick), free(s->pair_tok), free(s->pair_of);
     free(s->grp);
     free(s->rs), free(s->sgu), free(s->sy);
-    agentkv_qrows_free(&s->qa), agentkv_qrows_free(&s->qo), agentkv_qrows_free(&s->qd);
+    free(s->pl), free(s->plt), free(s->plg);
+    agentkv_qrows_free(&s->qa), agentkv_qrows_free(&s->qo), agentkv_qrows_free(&s->qd), agentkv_qrows_free(&s->qp);
     agentkv_qrows_free(&s->qe), agentkv_qrows_free(&s->qe2), agentkv_qrows_free(&s->qs2);
 }
 
-/* one decoding token's k and v heads into the caches, then its q and k heads normed (Qwen3) and rotated */
+/* one decoding token's q head or k head (hh: q's, then k's) normed (Qwen3) and rotated, and a k head and its v
+   head (normed where the layer norms values; Gemma 4's full layers': the k head's projection) into the caches */
 INLINE void place_heads(const StepModel *md, const StepLayer *L, float *qkv, int64_t pos, int64_t slot, int64_t hh,
                         int generic) {
-    const int64_t H = md->heads, KVH = md->kv_heads, D = md->head_dim;
-    float *head = qkv + hh * D;
+    const int64_t H = md->heads, KVH = L->kv_heads, D = L->head_dim;
+    float *head = qkv + hh * D, vn[MAX_D];
+    const float *v = hh < H ? NULL : L->k_eq_v ? head : qkv + (H + KVH + hh - H) * D;
+    if (v && L->v_norm) {  /* (before k's own norm: k_eq_v's values are the projection) */
+        rms_row(v, L->v_norm, D, md->eps, vn, 0, generic);
+        v = vn;
+    }
     const float *norm = hh < H ? L->q_norm : L->k_norm;
     if (norm) rms_row(head, norm, D, md->eps, head, 0, generic);
-    if (L->cos) rope_head(head, md->rot, L->cos + pos * D, L->sin + pos * D, 0, generic);
-    if (hh >= H) {  /* a k head: it and its v head go to the token's slot */
+    if (L->cos) rope_head(head, L->rot, L->cos + pos * D, L->sin + pos * D, 0, generic);
+    if (v) {  /* a k head: it and its v head go to the token's slot */
         const int64_t kv = hh - H, at = (slot * KVH + kv) * D;
-        const float *v = qkv + (H + KVH + kv) * D;
         if (md->kv_bf16) {
             for (int64_t d = 0; d < D; d++) {
                 store1(L->k_cache, at + d, head[d], 1);
@@ -105,11 +103,6 @@ INLINE void place_heads(const StepModel *md, const StepLayer *L, float *qkv, int
             memcpy((float *)L->v_cache + at, v, (size_t)D * sizeof(float));
         }
     }
-}
-
-/* h *= scale, stored before any sum reads it (noinline: the compiler cannot fuse it into a multiply-add) */
-static __attribute__((noinline)) void scale_row(float *h, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) h[i] *= scale;
 }
 
 /* x += W q (the residual added in the tiles' stores), or for Gemma's sandwich x += norm(W q), or for
@@ -123,12 +116,12 @@ static void residual_out(const StepModel *md, const StepMat *w, const QRows *q, 
     const float scale = md->residual_scale;
     if (!post_norm && scale == 0.f) {
         mat_share(w, q, M, me, nt, s->x, hid, s->x, hid, run->generic);
-        lora_out(run, l, target, w, s->x, hid, me, nt);
+        if (target >= 0) lora_out(run, l, target, w, s->x, hid, me, nt);
         agentkv_pool_barrier(nt);
         return;
     }
     mat_share(w, q, M, me, nt, NULL, 0, s->h, width, run->generic);
-    lora_out(run, l, target, w, s->h, width, me, nt);
+    if (target >= 0) lora_out(run, l, target, w, s->h, width, me, nt);
     agentkv_pool_barrier(nt);
     for (int64_t m = me; m < M; m += nt) {
         float *h = s->h + m * width, *x = s->x + m * hid;
@@ -144,9 +137,8 @@ static void step_job(void *arg, int me, int nt) {
     StepRun *run = arg;
     const StepModel *md = run->md;
     Scratch *s = &run->s;
-    const int64_t M = run->M, S = run->S, H = md->heads, KVH = md->kv_heads, D = md->head_dim, hid = md->hidden;
-    const int64_t inter = md->inter, qkv_n = (H + 2 * KVH) * D, G = H / KVH, V = md->vocab, width = run->width;
-    const int64_t chunks = run->chunks, ng = run->ng, table_ld = run->table_ld;
+    const int64_t M = run->M, S = run->S, H = md->heads, hid = md->hidden, V = md->vocab, width = run->width;
+    const int64_t table_ld = run->table_ld;
     const int64_t *pos = run->pos, *rows = run->rows;
     const int R = run->R, generic = run->generic;
     float *logits = run->logits;
@@ -156,8 +148,15 @@ static void step_job(void *arg, int me, int nt) {
             for (int64_t i = 0; i < hid; i++) s->x[m * hid + i] *= md->embed_scale;
     }
     agentkv_pool_barrier(nt);
+    if (md->pl_width) per_layer_inputs(run, me, nt);
     for (int64_t l = 0; l < md->layers; l++) {
         const StepLayer *L = md->layer + l;
+        const int64_t KVH = L->kv_heads, D = L->head_dim, inter = L->inter, G = H / KVH;
+        const int64_t kv_n = L->reads_kv ? 0 : (L->k_eq_v ? 1 : 2) * KVH * D, qkv_n = H * D + kv_n;
+        const int64_t placed = H + (L->reads_kv ? 0 : KVH);  /* q heads, then the k heads the layer writes */
+        int64_t ng;
+        const int64_t chunks = head_chunks(run->threads, run->all_parts, KVH, G, &ng);
+        const QRows qo = qrows_view(&s->qo, H * D), qd = qrows_view(&s->qd, inter);
         for (int64_t m = me; m < M; m += nt)
             norm_quant(s->x + m * hid, L->attn_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
         lora_in_normed(run, l, L_QKV, L->attn_norm, me, nt);
@@ -165,14 +164,14 @@ static void step_job(void *arg, int me, int nt) {
         mat_share(&L->qkv, &s->qa, M, me, nt, NULL, 0, s->qkv, qkv_n, generic);
         lora_out(run, l, L_QKV, &L->qkv, s->qkv, qkv_n, me, nt);
         agentkv_pool_barrier(nt);
-        for (int64_t item = me; item < M * (H + KVH); item += nt) {
-            const int64_t m = item / (H + KVH);
-            place_heads(md, L, s->qkv + m * qkv_n, pos[m], run->out_loc[m], item % (H + KVH), generic);
+        for (int64_t item = me; item < M * placed; item += nt) {
+            const int64_t m = item / placed;
+            place_heads(md, L, s->qkv + m * qkv_n, pos[m], run->out_loc[m], item % placed, generic);
         }
         agentkv_pool_barrier(nt);
         /* tasks (token, KV head, query heads, part of its keys): a token's parts at its own place in
            s->parts, merged once all are done */
-        const int64_t P = run->max_parts, heads = KVH * chunks;
+        const int64_t P = run->max_parts, heads = KVH * chunks;  /* (this layer's) */
         for (int64_t task = me; task < M * heads * P; task += nt) {
             const int64_t m = task / (heads * P), h = task / P / chunks % KVH, g0 = task / P % chunks * ng;
             const int64_t part = task % P, parts = agentkv_attend_parts(pos[m] + 1, L->window);
@@ -196,11 +195,11 @@ static void step_job(void *arg, int me, int nt) {
         }
         for (int64_t item = me; item < M * (H * D / QK); item += nt) {
             const int64_t m = item / (H * D / QK), b = item % (H * D / QK);
-            quantize_blocks(s->h + m * width, &s->qo, m, b, b + 1);
+            quantize_blocks(s->h + m * width, &qo, m, b, b + 1);
         }
         lora_in_rows(run, l, L_O, s->h, width, H * D, me, nt);
         agentkv_pool_barrier(nt);
-        residual_out(md, &L->o, &s->qo, L->post_attn_norm, run, l, L_O, me, nt);
+        residual_out(md, &L->o, &qo, L->post_attn_norm, run, l, L_O, me, nt);
         for (int64_t m = me; m < M; m += nt)
             norm_quant(s->x + m * hid, L->mlp_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
         lora_in_normed(run, l, L_GATE_UP, L->mlp_norm, me, nt);
@@ -217,7 +216,7 @@ static void step_job(void *arg, int me, int nt) {
             float act[QK];
             const float *gate = s->gu + m * 2 * inter + b * QK;
             glu_row(gate, gate + inter, QK, act, 0, (int)md->gelu, md->swiglu_limit, md->swiglu_alpha, generic);
-            quantize_into(act, &s->qd, m, b);
+            quantize_into(act, &qd, m, b);
             if (run->lora_down) memcpy(s->act + m * inter + b * QK, act, sizeof act);
         }
         agentkv_pool_barrier(nt);
@@ -225,7 +224,8 @@ static void step_job(void *arg, int me, int nt) {
             lora_in_rows(run, l, L_DOWN, s->act, inter, inter, me, nt);
             agentkv_pool_barrier(nt);
         }
-        residual_out(md, &L->down, &s->qd, L->post_mlp_norm, run, l, L_DOWN, me, nt);
+        residual_out(md, &L->down, &qd, L->post_mlp_norm, run, l, L_DOWN, me, nt);
+        per_layer_out(run, L, l, me, nt);
     }
     for (int64_t i = me; i < S; i += nt)  /* the selected tokens only, in their order */
         norm_quant(s->x + run->sel[i] * hid, md->final_norm, hid, md->eps, s->h + i * width, &s->qa, i, generic);
@@ -291,8 +291,7 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
                 lora_down |= t == L_DOWN && mat->pieces > 0;
             }
     }
-    const int64_t H = md->heads, KVH = md->kv_heads, D = md->head_dim, hid = md->hidden, inter = md->inter;
-    const int64_t qkv_n = (H + 2 * KVH) * D, G = H / KVH;
+    const int64_t H = md->heads, hid = md->hidden;
     const int R = md->rescore < MAX_RESCORE ? (int)md->rescore : MAX_RESCORE;
     nthreads = nthreads < 1 ? 1 : nthreads > AGENTKV_POOL_MAX ? AGENTKV_POOL_MAX : nthreads;
     /* a token's keys in parts (cpu_attention_tasks.c's fixed ones: the most any layer's window leaves) */
@@ -306,18 +305,35 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
         max_parts = most > max_parts ? most : max_parts;
         all_parts += most;
     }
-    /* query heads a task takes: all G of a KV head (its K/V read once) unless that leaves threads idle */
-    int64_t chunks = (2 * nthreads + all_parts * KVH - 1) / (all_parts * KVH);
-    chunks = chunks < 1 ? 1 : chunks > G ? G : chunks;
-    const int64_t ng = (G + chunks - 1) / chunks;
-    chunks = (G + ng - 1) / ng;
-    const int64_t width = hid > H * D ? hid : H * D, part_stride = ng * (D + 2);
-    StepRun run = {md, M, S, chunks, ng, width, max_parts, part_stride, ids, pos, out_loc, table, rows, sel, table_ld,
-                   logits, hidden, R, generic, lora, lora_down, lora != NULL && M < nthreads, {0}};
+    /* the widest layer's shapes: its attention's output, q, k and v, MLP and parts' scratch */
+    int64_t HD = 0, qkv_n = 0, inter = 0, part_stride = 0, part_items = 0;
+    for (int64_t l = 0; l < md->layers; l++) {
+        const StepLayer *L = md->layer + l;
+        int64_t ng;
+        const int64_t chunks = head_chunks(nthreads, all_parts, L->kv_heads, H / L->kv_heads, &ng);
+        const int64_t qkv = (H + 2 * L->kv_heads) * L->head_dim;
+        HD = H * L->head_dim > HD ? H * L->head_dim : HD, qkv_n = qkv > qkv_n ? qkv : qkv_n;
+        inter = L->inter > inter ? L->inter : inter;
+        part_stride = ng * (L->head_dim + 2) > part_stride ? ng * (L->head_dim + 2) : part_stride;
+        part_items = L->kv_heads * chunks > part_items ? L->kv_heads * chunks : part_items;
+    }
+    const int64_t width = hid > HD ? hid : HD;
+    StepRun run = {md, M, S, nthreads, all_parts, width, max_parts, part_stride, ids, pos, out_loc, table, rows, sel,
+                   table_ld, logits, hidden, R, generic, lora, lora_down, lora != NULL && M < nthreads, {0}};
     Scratch *s = &run.s;
     if (max_parts > 1) {
-        s->parts = malloc((size_t)(M * KVH * chunks * max_parts * part_stride) * sizeof(float));
+        s->parts = malloc((size_t)(M * part_items * max_parts * part_stride) * sizeof(float));
         if (!s->parts) return 7;
+    }
+    if (md->pl_width) {
+        const int64_t all = md->layers * md->pl_width;
+        s->pl = malloc((size_t)(M * all) * sizeof(float));
+        s->plt = malloc((size_t)(M * all) * sizeof(float));
+        s->plg = malloc((size_t)(M * md->pl_width) * sizeof(float));
+        if (!s->pl || !s->plt || !s->plg || agentkv_qrows_alloc(&s->qp, M, md->pl_width)) {
+            free_scratch(s);
+            return 7;
+        }
     }
     s->x = malloc((size_t)(M * hid) * sizeof(float));
     s->h = malloc((size_t)(M * width) * sizeof(float));
@@ -365,7 +381,7 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
         }
     }
     if (!s->x || !s->h || !s->qkv || !s->gu || !s->top_idx || !s->top_val || !s->top_n ||
-        agentkv_qrows_alloc(&s->qa, M, hid) || agentkv_qrows_alloc(&s->qo, M, H * D) ||
+        agentkv_qrows_alloc(&s->qa, M, hid) || agentkv_qrows_alloc(&s->qo, M, HD) ||
         agentkv_qrows_alloc(&s->qd, M, inter)) {
         free_scratch(s);
         return 7;

@@ -4,6 +4,7 @@ LoRA adapters, a call's scratch and inputs, and how a matrix's tiles are shared 
 #ifndef AGENTKV_CPU_STEP_H
 #define AGENTKV_CPU_STEP_H
 
+#include "cpu_attention.h"
 #include "cpu_lora.h"
 #include "cpu_pool.h"
 #include "cpu_rows.h"
@@ -48,10 +49,22 @@ typedef struct {
     const float *score_bias;            /* [experts] or NULL: a softmax router */
     int64_t groups, groups_chosen;
     StepMat shared_gate_up, shared_down;
+    /* the layer's own shapes (Gemma 4's full layers: wider heads and other KV heads; its layers that read
+       others' KV: a wider MLP); every other family's are the model's in every layer */
+    int64_t kv_heads, head_dim, rot, inter;
+    int64_t reads_kv;      /* qkv is q alone: the layer attends over an earlier layer's K/V, written in this pass
+                              (k_cache and v_cache are that layer's) */
+    int64_t k_eq_v;        /* qkv is q and k: the values are the keys' projection, taken before k's norm */
+    const float *v_norm;   /* [head_dim] or NULL: the values RMS-normed (Gemma 4's: a weight of ones) */
+    /* Gemma 4's per-layer input (pl_gate.N > 0), after the MLP: x += pl_norm(pl_out(gelu(pl_gate(x)) * input));
+       then x *= scalar where scalar != 0 */
+    StepMat pl_gate, pl_out;
+    const float *pl_norm;
+    float scalar;
 } StepLayer;
 
 typedef struct {
-    int64_t layers, hidden, heads, kv_heads, head_dim, rot, inter, vocab, num_slots, positions;
+    int64_t layers, hidden, heads, vocab, num_slots, positions;  /* (each layer's other shapes: StepLayer) */
     float eps, scale, attn_softcap, embed_scale;  /* embed_scale: Gemma's sqrt(hidden) (fp32), else 0 */
     int64_t embed_qtype;   /* -1: an fp32 table [vocab, hidden]; else a quantized one */
     int64_t embed_tiled;   /* its blocks in tiles (a tied vocabulary projection's) */
@@ -64,6 +77,14 @@ typedef struct {
     int64_t gelu;          /* the MLP's activation GELU's tanh form (Gemma), else silu */
     float residual_scale;  /* Granite's: each attention and MLP output times it before the residual; 0: none */
     float swiglu_limit, swiglu_alpha;  /* gpt-oss's clamped SwiGLU where the limit > 0 (glu_row) */
+    /* Gemma 4's per-layer inputs (pl_width 0: none), each token's [layers][pl_width]: its row of pl_table (fp32
+       [pl_vocab, layers x pl_width] where pl_qtype < 0, else that type's blocks) times pl_table_scale, plus
+       pl_proj of the scaled embedding times pl_proj_scale and normed by pl_norm, the sum times pl_sum_scale */
+    int64_t pl_width, pl_qtype, pl_vocab;
+    const void *pl_table;
+    StepMat pl_proj;
+    const float *pl_norm;
+    float pl_table_scale, pl_proj_scale, pl_sum_scale;
 } StepModel;
 
 #define MAX_RESCORE 64
@@ -91,7 +112,11 @@ typedef struct {
     float *act;        /* [M][inter]: the MLP's activations, where an adapter updates the down projection */
     float *hn;         /* [threads][width]: a thread's own copy of a normed row whose shrink it shares */
     float *parts;      /* [M][KVH x chunks][max_parts][part_stride]: attention's parts, before their merge */
-    QRows qa, qo, qd;  /* quantized inputs of qkv and gate_up (hidden), o (heads x head_dim), down (inter) */
+    QRows qa, qo, qd;  /* quantized inputs of qkv and gate_up (hidden), o (heads x head_dim), down (inter): sized
+                          for the widest layer, a narrower one's read through a view (qrows_view) */
+    float *pl, *plt;   /* Gemma 4: each token's per-layer inputs and its table rows [M][layers x width] */
+    float *plg;        /* a layer's per-layer gate [M][width] */
+    QRows qp;          /* the gated per-layer input quantized (width) */
     /* a mixture of experts' layer: router logits [M][experts]; each token's experts (ascending) and weights
        [M][top_k]; the (token, expert) pairs grouped by expert: each pair's token, each group's expert, first pair
        and count; the pairs' inputs (hidden) and activations (expert width) quantized, their gate_up and outputs */
@@ -108,7 +133,7 @@ typedef struct {
 
 typedef struct {  /* one call's inputs and scratch, what every thread of its job reads */
     const StepModel *md;
-    int64_t M, S, chunks, ng, width;
+    int64_t M, S, threads, all_parts, width;  /* (threads, all_parts: what head_chunks reads) */
     int64_t max_parts, part_stride;  /* the most parts a token's keys are attended in (any layer), floats a part */
     const int64_t *ids, *pos, *out_loc, *table, *rows, *sel;
     int64_t table_ld;
@@ -121,6 +146,22 @@ typedef struct {  /* one call's inputs and scratch, what every thread of its job
 } StepRun;
 
 INLINE int64_t share(int64_t n, int me, int nt) { return n * me / nt; }
+
+/* q's buffers read as rows of K <= q->K (row m's blocks where quantize_into puts them for a q of K) */
+INLINE QRows qrows_view(const QRows *q, int64_t K) {
+    QRows v = *q;
+    v.K = K;
+    return v;
+}
+
+/* how many tasks a KV head's G query heads are split into, and the heads a task takes (ng): all G (the KV head's
+   keys and values read once) unless that leaves threads idle; `parts`: all tokens' most parts of their keys */
+INLINE int64_t head_chunks(int64_t threads, int64_t parts, int64_t KVH, int64_t G, int64_t *ng) {
+    int64_t chunks = (2 * threads + parts * KVH - 1) / (parts * KVH);
+    chunks = chunks < 1 ? 1 : chunks > G ? G : chunks;
+    *ng = (G + chunks - 1) / chunks;
+    return (G + *ng - 1) / *ng;
+}
 
 INLINE int64_t tiles_of(int64_t rows) { return (rows + TILE_ROWS - 1) / TILE_ROWS; }
 

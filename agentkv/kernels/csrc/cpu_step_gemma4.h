@@ -1,0 +1,83 @@
+/* The native step's Gemma 4 parts (cpu_step.c): each token's per-layer inputs, computed once a pass from its
+embedding, and the per-layer input each layer adds after its MLP, then the layer's scalar. Each op is the
+Python path's (engine/gemma4.py) on the same kernels, in its order: the scales each in a pass of their own
+(scale_row), so that no multiply-add joins one to the sum after it. */
+
+#ifndef AGENTKV_CPU_STEP_GEMMA4_H
+#define AGENTKV_CPU_STEP_GEMMA4_H
+
+#include "cpu_step.h"
+
+/* h *= scale, stored before any sum reads it (noinline: the compiler cannot fuse it into a multiply-add) */
+static __attribute__((noinline)) void scale_row(float *h, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) h[i] *= scale;
+}
+
+/* row `id` of a table of K columns, fp32 (qtype < 0) or in a quantized type's blocks (not tiled) */
+INLINE void table_row(int64_t qtype, const void *table, int64_t K, int64_t id, float *out) {
+    if (qtype < 0) {
+        memcpy(out, (const float *)table + id * K, (size_t)K * sizeof(float));
+        return;
+    }
+    const int qt = (int)qtype;
+    const int64_t bw = BLOCK_WEIGHTS[qt], nb = K / bw;
+    const uint8_t *row = (const uint8_t *)table + id * nb * BLOCK_BYTES[qt];
+    for (int64_t b = 0; b < nb; b++) dequant_any(qt, row, b, out + b * bw);
+}
+
+/* every token's per-layer inputs into s->pl [M][layers x width], from the scaled embeddings in s->x: the
+   projection's tiles shared by the threads, then a (token, layer) each: the projection scaled and normed, the
+   table's row (in s->plt) scaled, their sum scaled */
+static void per_layer_inputs(const StepRun *run, int me, int nt) {
+    const StepModel *md = run->md;
+    const Scratch *s = &run->s;
+    const int64_t M = run->M, hid = md->hidden, w = md->pl_width, all = md->layers * w;
+    for (int64_t m = me; m < M; m += nt) quantize_blocks(s->x + m * hid, &s->qa, m, 0, hid / QK);
+    agentkv_pool_barrier(nt);
+    mat_share(&md->pl_proj, &s->qa, M, me, nt, NULL, 0, s->pl, all, run->generic);
+    agentkv_pool_barrier(nt);
+    for (int64_t m = me; m < M; m += nt) table_row(md->pl_qtype, md->pl_table, all, run->ids[m], s->plt + m * all);
+    agentkv_pool_barrier(nt);
+    for (int64_t item = me; item < M * md->layers; item += nt) {
+        const int64_t m = item / md->layers, l = item % md->layers;
+        float *p = s->pl + m * all + l * w, *t = s->plt + m * all + l * w;
+        scale_row(p, w, md->pl_proj_scale);
+        rms_row(p, md->pl_norm, w, md->eps, p, 0, run->generic);
+        scale_row(t, w, md->pl_table_scale);
+        for (int64_t i = 0; i < w; i++) p[i] += t[i];
+        scale_row(p, w, md->pl_sum_scale);
+    }
+    agentkv_pool_barrier(nt);
+}
+
+static void residual_out(const StepModel *md, const StepMat *w, const QRows *q, const float *post_norm,
+                         const StepRun *run, int64_t l, int target, int me, int nt);
+
+/* layer l's per-layer input added after its MLP (x += norm(out(gelu(gate(x)) * its input))), then x times the
+   layer's scalar */
+static void per_layer_out(const StepRun *run, const StepLayer *L, int64_t l, int me, int nt) {
+    const StepModel *md = run->md;
+    const Scratch *s = &run->s;
+    const int64_t M = run->M, hid = md->hidden, w = md->pl_width;
+    if (L->pl_gate.N) {
+        for (int64_t m = me; m < M; m += nt) quantize_blocks(s->x + m * hid, &s->qa, m, 0, hid / QK);
+        agentkv_pool_barrier(nt);
+        mat_share(&L->pl_gate, &s->qa, M, me, nt, NULL, 0, s->plg, w, run->generic);
+        agentkv_pool_barrier(nt);
+        for (int64_t item = me; item < M * (w / QK); item += nt) {
+            const int64_t m = item / (w / QK), b = item % (w / QK);
+            float act[QK];
+            glu_row(s->plg + m * w + b * QK, s->pl + (m * md->layers + l) * w + b * QK, QK, act, 0, 1, 0.f, 0.f,
+                    run->generic);
+            quantize_into(act, &s->qp, m, b);
+        }
+        agentkv_pool_barrier(nt);
+        residual_out(md, &L->pl_out, &s->qp, L->pl_norm, run, l, -1, me, nt);
+    }
+    if (L->scalar != 0.f) {
+        for (int64_t m = me; m < M; m += nt) scale_row(s->x + m * hid, hid, L->scalar);
+        agentkv_pool_barrier(nt);
+    }
+}
+
+#endif

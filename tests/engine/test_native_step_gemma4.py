@@ -1,0 +1,73 @@
+"""The native decode step on Gemma 4 GGUFs (csrc/cpu_step_gemma4.h, and cpu_step.c's shapes a layer) against
+the Python path running the same kernels: the same logits and final states, bit for bit, at batch 1 and 16,
+over windows and over keys in parts, for E2B's form (full layers of wider heads and one KV head whose values
+are their keys' projection, layers reading earlier layers' KV with a wider MLP, per-layer inputs from a table
+in the file's blocks, a scalar a layer) and the dense form (no per-layer inputs, no shared KV)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import agentkv as ak
+from tests.engine.test_gemma4_gguf import write_gemma4_gguf
+from tests.engine.test_native_step import PROMPTS, kernels, step_and_python
+from tests.tiny_families import make_family_model
+
+pytestmark = pytest.mark.skipif(kernels is None or not kernels.qtile_fast,
+                                reason="the native step needs the C kernels' tiled bodies (AVX-512 VNNI or AVX2)")
+
+FORMS = {  # (tests/tiny_families.py's gemma4_text, its per-layer inputs whole blocks of 32 wide)
+    "e2b": {"hidden_size_per_layer_input": 32},
+    "dense": {"hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0, "use_double_wide_mlp": False},
+}
+
+
+def gemma4_gguf(tmp_path, form: str, quant: str, **config) -> str:
+    src = make_family_model(tmp_path / "src", "gemma4_text", config=FORMS[form] | config)
+    write_gemma4_gguf(src, tmp_path / "g.gguf", quant)
+    return str(tmp_path / "g.gguf")
+
+
+def assert_step_is_python(engine: ak.Engine, prompts: list[str], max_tokens: int) -> None:
+    runner = engine._core.runner
+    assert runner.native_step is not None, "the native step did not take the model"
+    pairs = step_and_python(engine, prompts, max_tokens=max_tokens)
+    assert len(pairs) >= max_tokens - 1  # every decode pass went native
+    for got, ref, _ in pairs:
+        assert got.shape == ref.shape
+        assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("form,quant", [("e2b", "Q8_0"), ("e2b", "Q4_0"), ("dense", "Q4_1")])
+@pytest.mark.parametrize("batch", [1, 16])
+def test_gemma4_step_logits_are_the_python_paths(tmp_path, monkeypatch, form, quant, batch):
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    with ak.Engine(gemma4_gguf(tmp_path, form, quant), num_slots=2048) as engine:
+        if form == "e2b":  # (what the step reads: the table in its blocks, a layer reading another's KV)
+            model = engine._core.runner.model
+            assert type(model.per_layer_inputs.table).__name__ == "QuantEmbedding"
+            assert model.layers[-1].self_attn.source != len(model.layers) - 1
+        assert_step_is_python(engine, PROMPTS[:batch], max_tokens=20)
+
+
+def test_gemma4_keys_in_parts_are_the_python_paths(tmp_path, monkeypatch):
+    """Past 512 keys a full layer's are attended in parts and merged (the windowed layers' stay one part)."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    long = " ".join(f"word{i}" for i in range(90))  # ~600 tokens of the byte tokenizer
+    with ak.Engine(gemma4_gguf(tmp_path, "e2b", "Q8_0", max_position_embeddings=2048), num_slots=4096) as engine:
+        assert len(engine.tokenizer.encode(long)) > 520
+        assert_step_is_python(engine, [long, long[:300]], max_tokens=6)
+
+
+def test_the_step_says_why_it_does_not_take_gemma4s_experts(tmp_path, monkeypatch):
+    from agentkv.engine.native_step import unsupported
+    from tests.engine.test_gemma4_gguf import MOE
+
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_family_model(tmp_path / "moe", "gemma4_text", config=MOE)
+    write_gemma4_gguf(src, tmp_path / "moe.gguf", "Q8_0")
+    with ak.Engine(str(tmp_path / "moe.gguf"), num_slots=256) as engine:
+        assert engine._core.runner.native_step is None
+        why = unsupported(engine._core.runner.model, kernels, torch.float32)
+    assert "Gemma 4's experts" in why
