@@ -13,8 +13,15 @@ windowed to 128, sinks and biases), its experts in MXFP4 as the published files 
 in Q8_0 (the router and vectors in F32), `--layers` of them (default 4: 1.9 GB) and the embedded model's
 vocabulary.
 
-    python benchmarks/random_gguf.py OUT.gguf [--type q4_0|q8_0|q4_k_m|mxfp4] [--layers 28] [--hidden 2048]
-                                    [--ffn 8192]
+`--type gemma4` writes a Gemma 4 of E2B's form (llama.cpp's `gemma4` architecture): every fifth layer full
+attention with heads of 512 and a quarter of their pairs rotating (`rope_freqs`), the others windowed to 512
+with heads of 256, one KV head, the last `--shared` layers reading earlier layers' KV with an MLP twice as
+wide, per-layer inputs 256 wide (their table in Q8_0, as wide as the vocabulary), a scalar a layer; matrices
+in Q8_0, `--layers` of them (default 35), `--hidden` 1536 and `--ffn` 6144 unless given, the embedded
+model's vocabulary.
+
+    python benchmarks/random_gguf.py OUT.gguf [--type q4_0|q8_0|q4_k_m|mxfp4|gemma4] [--layers 28] [--hidden 2048]
+                                    [--ffn 8192] [--shared 20]
     python benchmarks/quantized_decode.py --model OUT.gguf --batches 1 --prompt-tokens 32 --extend 0,0
 """
 
@@ -135,6 +142,72 @@ def write_gpt_oss(out: str, layers: int, seed: int = 0) -> None:
     w.close()
 
 
+def write_gemma4(out: str, layers: int, hidden: int, ffn: int, shared: int, seed: int = 0) -> None:
+    """Gemma 4 of E2B's form (see the top), its matrices in Q8_0."""
+    rng = np.random.default_rng(seed)
+    heads, local_dim, full_dim, width, window = 8, 256, 512, 256, 512
+    full = [(i + 1) % 5 == 0 for i in range(layers)]
+    w = gguf.GGUFWriter(out, "gemma4")
+    w.add_name(f"random gemma4 {layers}x{hidden} q8_0")
+    w.add_block_count(layers)
+    w.add_context_length(8192)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length([ffn * (2 if i >= layers - shared else 1) for i in range(layers)])
+    w.add_head_count(heads)
+    w.add_head_count_kv([1] * layers)
+    w.add_key_length(full_dim)
+    w.add_value_length(full_dim)
+    w.add_key_length_swa(local_dim)
+    w.add_value_length_swa(local_dim)
+    w.add_rope_dimension_count(full_dim)
+    w.add_rope_dimension_count_swa(local_dim)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_rope_freq_base_swa(10_000.0)
+    w.add_sliding_window(window)
+    w.add_sliding_window_pattern([not f for f in full])
+    w.add_shared_kv_layers(shared)
+    w.add_embedding_length_per_layer_input(width)
+    w.add_final_logit_softcapping(30.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    vocab = tokenizer(w)
+
+    def matrix(name, rows, cols):
+        data = random_blocks(rows, cols, Q.Q8_0, rng)
+        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=Q.Q8_0)
+
+    def ones(name, n):
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    matrix("token_embd.weight", vocab, hidden)
+    matrix("per_layer_token_embd.weight", vocab, layers * width)
+    matrix("per_layer_model_proj.weight", layers * width, hidden)
+    ones("per_layer_proj_norm.weight", width)
+    ones("output_norm.weight", hidden)
+    turning = full_dim // 8  # (a quarter of the pairs rotate; the rest are marked 1e30, as llama.cpp writes them)
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * turning + [1e30] * (full_dim // 2 - turning), np.float32))
+    for i in range(layers):
+        b, dim, wide = f"blk.{i}.", full_dim if full[i] else local_dim, ffn * (2 if i >= layers - shared else 1)
+        for name in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "post_norm"):
+            ones(b + name + ".weight", hidden)
+        ones(b + "attn_q_norm.weight", dim)
+        matrix(b + "attn_q.weight", heads * dim, hidden)
+        if i < layers - shared:  # (the shared layers read an earlier layer's K/V)
+            ones(b + "attn_k_norm.weight", dim)
+            matrix(b + "attn_k.weight", dim, hidden)
+            matrix(b + "attn_v.weight", dim, hidden)
+        matrix(b + "attn_output.weight", hidden, heads * dim)
+        matrix(b + "ffn_gate.weight", wide, hidden)
+        matrix(b + "ffn_up.weight", wide, hidden)
+        matrix(b + "ffn_down.weight", hidden, wide)
+        matrix(b + "inp_gate.weight", width, hidden)
+        matrix(b + "proj.weight", hidden, width)
+        ones(b + "layer_output_scale.weight", 1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write(out: str, qtype: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(out, "llama")
@@ -180,17 +253,21 @@ def write(out: str, qtype: str, layers: int, hidden: int, ffn: int, heads: int, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
-    ap.add_argument("--type", default="q4_0", choices=["q4_0", "q8_0", "q4_k_m", "mxfp4"])
-    ap.add_argument("--layers", type=int, default=None, help="28 (a gpt-oss: 4)")
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--ffn", type=int, default=8192)
+    ap.add_argument("--type", default="q4_0", choices=["q4_0", "q8_0", "q4_k_m", "mxfp4", "gemma4"])
+    ap.add_argument("--layers", type=int, default=None, help="28 (a gpt-oss: 4, a Gemma 4: 35)")
+    ap.add_argument("--hidden", type=int, default=None, help="2048 (a Gemma 4: 1536)")
+    ap.add_argument("--ffn", type=int, default=None, help="8192 (a Gemma 4: 6144)")
+    ap.add_argument("--shared", type=int, default=20, help="a Gemma 4's layers reading earlier layers' KV")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     args = ap.parse_args()
     if args.type == "mxfp4":
         write_gpt_oss(args.out, args.layers or 4)
+    elif args.type == "gemma4":
+        write_gemma4(args.out, args.layers or 35, args.hidden or 1536, args.ffn or 6144, args.shared)
     else:
-        write(args.out, args.type, args.layers or 28, args.hidden, args.ffn, args.heads, args.kv_heads)
+        write(args.out, args.type, args.layers or 28, args.hidden or 2048, args.ffn or 8192, args.heads,
+              args.kv_heads)
     print(f"{args.out}: {Path(args.out).stat().st_size / 2**30:.2f} GiB")
 
 

@@ -23,6 +23,7 @@ threads (flash-decoding) and the step does not.
 from __future__ import annotations
 
 import ctypes
+import logging
 from ctypes import c_float, c_int64, c_void_p
 
 import torch
@@ -59,7 +60,7 @@ class _Layer(ctypes.Structure):
                 ("shared_gate_up", _Mat), ("shared_down", _Mat),
                 ("kv_heads", c_int64), ("head_dim", c_int64), ("rot", c_int64), ("inter", c_int64),
                 ("reads_kv", c_int64), ("k_eq_v", c_int64), ("v_norm", c_void_p),
-                ("pl_gate", _Mat), ("pl_out", _Mat), ("pl_norm", c_void_p), ("scalar", c_float)]
+                ("pl_gate", _Mat), ("pl_out", _Mat), ("pl_norm", c_void_p), ("scaled", c_int64), ("scalar", c_float)]
 
 
 class _Model(ctypes.Structure):
@@ -176,6 +177,11 @@ def native_step_for(option: bool | None, runner, kernels: NativeKernels | None) 
         return NativeStep(runner, kernels)
     if option:
         raise RequestError(f"native_step=True, but {why}; leave native_step unset to use it where it applies")
+    if kernels is not None and kernels.qtile_fast and any(
+            isinstance(m, Linear) and m.quantized is not None and m.quantized.tiled for m in runner.model.modules()):
+        # (a file's blocks in tiles, as a fast decode has them: say why it is not the step's)
+        logging.getLogger("agentkv").warning(
+            "agentkv: this model decodes on the Python path, a few times slower than the native step: %s", why)
     return None
 
 
@@ -240,7 +246,7 @@ class NativeStep:
                                mat(layer.per_layer_gate_proj) if per_layer else _Mat(),
                                mat(layer.per_layer_out_proj) if per_layer else _Mat(),
                                vec(layer.post_per_layer_input_norm.weight) if per_layer else None,
-                               float(layer.layer_scalar) if gemma4 else 0.0)
+                               int(gemma4), float(layer.layer_scalar) if gemma4 else 0.0)
         embed = model.embed_tokens
         if isinstance(embed, QuantEmbedding):
             self._keep.append(embed.weight.data)

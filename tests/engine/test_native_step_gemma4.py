@@ -60,14 +60,19 @@ def test_gemma4_keys_in_parts_are_the_python_paths(tmp_path, monkeypatch):
         assert_step_is_python(engine, [long, long[:300]], max_tokens=6)
 
 
-def test_the_step_says_why_it_does_not_take_gemma4s_experts(tmp_path, monkeypatch):
-    from agentkv.engine.native_step import unsupported
+def test_the_step_says_why_it_does_not_take_gemma4s_experts(tmp_path, monkeypatch, caplog):
+    """The engine says so at start, once, where a file's blocks run in tiles but decode is not the step's; a
+    model the step takes starts without a word of it."""
     from tests.engine.test_gemma4_gguf import MOE
 
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
     src = make_family_model(tmp_path / "moe", "gemma4_text", config=MOE)
     write_gemma4_gguf(src, tmp_path / "moe.gguf", "Q8_0")
-    with ak.Engine(str(tmp_path / "moe.gguf"), num_slots=256) as engine:
-        assert engine._core.runner.native_step is None
-        why = unsupported(engine._core.runner.model, kernels, torch.float32)
-    assert "Gemma 4's experts" in why
+    with caplog.at_level("WARNING", logger="agentkv"), ak.Engine(str(tmp_path / "moe.gguf"), num_slots=256) as e:
+        assert e._core.runner.native_step is None
+    said = [r.getMessage() for r in caplog.records if "Python path" in r.getMessage()]
+    assert len(said) == 1 and "Gemma 4's experts" in said[0], said
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="agentkv"), ak.Engine(gemma4_gguf(tmp_path, "e2b", "Q8_0")) as e:
+        assert e._core.runner.native_step is not None
+    assert "Python path" not in caplog.text

@@ -57,9 +57,10 @@ typedef struct {
     int64_t k_eq_v;        /* qkv is q and k: the values are the keys' projection, taken before k's norm */
     const float *v_norm;   /* [head_dim] or NULL: the values RMS-normed (Gemma 4's: a weight of ones) */
     /* Gemma 4's per-layer input (pl_gate.N > 0), after the MLP: x += pl_norm(pl_out(gelu(pl_gate(x)) * input));
-       then x *= scalar where scalar != 0 */
+       then, where `scaled`, x *= scalar */
     StepMat pl_gate, pl_out;
     const float *pl_norm;
+    int64_t scaled;
     float scalar;
 } StepLayer;
 

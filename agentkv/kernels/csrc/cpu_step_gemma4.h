@@ -74,7 +74,7 @@ static void per_layer_out(const StepRun *run, const StepLayer *L, int64_t l, int
         agentkv_pool_barrier(nt);
         residual_out(md, &L->pl_out, &s->qp, L->pl_norm, run, l, -1, me, nt);
     }
-    if (L->scalar != 0.f) {
+    if (L->scaled) {
         for (int64_t m = me; m < M; m += nt) scale_row(s->x + m * hid, hid, L->scalar);
         agentkv_pool_barrier(nt);
     }
