@@ -62,18 +62,22 @@ def file_tensor_bytes(path) -> int:
     return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors)
 
 
-def experts_unread(path) -> float:
-    """The share of the file's tensor bytes a token does not read: a mixture of experts' unchosen
-    experts (0 for a dense model)."""
+def unread_share(path) -> float:
+    """The share of the file's tensor bytes a token does not read: a mixture of experts' unchosen experts, and
+    the tables a token reads one row of (an embedding beside its own output projection, Gemma 4's per-layer
+    table)."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
     arch = reader.fields["general.architecture"].contents()
+    names = {t.name for t in reader.tensors}
+    unread = sum(int(t.n_bytes) for t in reader.tensors if t.name == "per_layer_token_embd.weight" or
+                 t.name == "token_embd.weight" and "output.weight" in names)
     count, used = (reader.fields.get(f"{arch}.{k}") for k in ("expert_count", "expert_used_count"))
-    if count is None or used is None:
-        return 0.0
-    experts = sum(int(t.n_bytes) for t in reader.tensors if "_exps." in t.name)
-    return experts * (1 - used.contents() / count.contents()) / sum(int(t.n_bytes) for t in reader.tensors)
+    if count is not None and used is not None:
+        experts = sum(int(t.n_bytes) for t in reader.tensors if "_exps." in t.name)
+        unread += experts * (1 - used.contents() / count.contents())
+    return unread / sum(int(t.n_bytes) for t in reader.tensors)
 
 
 _engine = None  # the engine of a variant's process
@@ -232,8 +236,8 @@ def measure(args, path, engines, weight_bytes, tensor_bytes) -> None:
         row = "  ".join(f"{n} {r:7.1f}" for n, r in best.items())
         ratios = "  ".join(f"kept/{n} {best['kept'] / best[n]:.2f}x" for n in best if n != "kept")
         print(f"batch {batch:2}: tok/s {row}  {ratios}  {_peer(peer, best['kept'])}")
-        if batch == 1:  # (a mixture of experts: the weights a token reads, its chosen experts')
-            achieved = weight_bytes["kept"] * (1 - experts_unread(path)) * best["kept"]
+        if batch == 1:  # (the weights a token reads: a mixture's chosen experts, a table's row)
+            achieved = weight_bytes["kept"] * (1 - unread_share(path)) * best["kept"]
             print(
                 f"          kept reads the weights a token uses at {achieved / 1e9:.1f} GB/s; "
                 f"the host reads {read_bandwidth() / 1e9:.1f} "

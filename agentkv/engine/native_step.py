@@ -1,7 +1,8 @@
 """The decode step in one native call (csrc/cpu_step.c) for Llama-family models (and Gemma 2 / 3:
 norms around attention and the MLP, GeGLU, scaled embeddings, soft caps, their own rotation for
-windowed layers; mixtures of experts (softmax or DeepSeek-V3's grouped routers, a shared expert),
-gpt-oss's sinks and clamped experts included: csrc/cpu_step_moe.h) on CPU whose linears are tiled
+windowed layers; Gemma 4: shapes a layer, shared KV, per-layer inputs (csrc/cpu_step_gemma4.h);
+mixtures of experts (softmax or DeepSeek-V3's grouped routers, a shared expert), gpt-oss's sinks and
+clamped experts included: csrc/cpu_step_moe.h) on CPU whose linears are tiled
 quantized weights (a GGUF's matrices in any type the tiles take: kernels/cpu_quant.py's QUANT_TYPES, on a
 CPU with AVX-512 VNNI or AVX2; a mixture of experts' fp32 router needs AVX-512).
 
@@ -101,7 +102,8 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
         attn, mlp = layer.self_attn, layer.mlp
         if attn.head_dim > kernels.max_head_dim:
             return f"head_dim {attn.head_dim} is over the attention kernel's {kernels.max_head_dim}"
-        for width in (cfg.hidden_size, attn.num_heads * attn.head_dim, getattr(mlp, "intermediate", 32)):
+        for width in (cfg.hidden_size, attn.num_heads * attn.head_dim, *(() if isinstance(mlp, MoE) else
+                                                                           (mlp.intermediate,))):
             if width % 32:
                 return f"a width of {width} is not whole blocks of 32"
         if isinstance(mlp, MoE):

@@ -51,6 +51,13 @@ def test_gemma4_step_logits_are_the_python_paths(tmp_path, monkeypatch, form, qu
         assert_step_is_python(engine, PROMPTS[:batch], max_tokens=20)
 
 
+def test_gemma4_over_a_16_bit_kv_pool_is_the_python_paths(tmp_path, monkeypatch):
+    """The values normed, then rounded to bf16 as torch rounds them, by both paths."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    with ak.Engine(gemma4_gguf(tmp_path, "e2b", "Q8_0"), num_slots=2048, kv_dtype="bfloat16") as engine:
+        assert_step_is_python(engine, PROMPTS[:4], max_tokens=12)
+
+
 def test_gemma4_keys_in_parts_are_the_python_paths(tmp_path, monkeypatch):
     """Past 512 keys a full layer's are attended in parts and merged (the windowed layers' stay one part)."""
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
