@@ -61,7 +61,9 @@ class _Layer(ctypes.Structure):
                 ("shared_gate_up", _Mat), ("shared_down", _Mat),
                 ("kv_heads", c_int64), ("head_dim", c_int64), ("rot", c_int64), ("inter", c_int64),
                 ("reads_kv", c_int64), ("k_eq_v", c_int64), ("v_norm", c_void_p),
-                ("pl_gate", _Mat), ("pl_out", _Mat), ("pl_norm", c_void_p), ("scaled", c_int64), ("scalar", c_float)]
+                ("pl_gate", _Mat), ("pl_out", _Mat), ("pl_norm", c_void_p), ("scaled", c_int64), ("scalar", c_float),
+                ("moe_norm", c_void_p), ("router_norm", c_void_p), ("mlp_out_norm", c_void_p),
+                ("moe_out_norm", c_void_p), ("expert_scale", c_void_p)]
 
 
 class _Model(ctypes.Structure):
@@ -84,8 +86,6 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
     cfg = model.config
     if kernels is None or not kernels.qtile_fast:
         return "the native kernels or their tiled bodies (AVX-512 VNNI or AVX2) are not on this CPU"
-    if cfg.family == "gemma4" and cfg.num_experts:
-        return "Gemma 4's experts beside the MLP (a scale per expert, each branch normed) are not in the step"
     if model.norm.weight.dtype != torch.float32:
         return "the step computes in float32"
     if kv_dtype not in (torch.float32, torch.bfloat16):
@@ -106,14 +106,14 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
                                                                            (mlp.intermediate,))):
             if width % 32:
                 return f"a width of {width} is not whole blocks of 32"
-        if isinstance(mlp, MoE):
-            why = _unsupported_moe(mlp)
+        moe = _experts_of(layer)
+        linears = [] if isinstance(mlp, MoE) else [mlp.gate_up_proj, mlp.down_proj]
+        if moe is not None:
+            why = _unsupported_moe(moe)
             if why:
                 return why
-            shared = [mlp.shared.gate_up_proj, mlp.shared.down_proj] if mlp.shared is not None else []
-            linears = [p for e in mlp.experts for p in (e.gate_up_proj, e.down_proj)] + shared
-        else:
-            linears = [mlp.gate_up_proj, mlp.down_proj]
+            shared = [moe.shared.gate_up_proj, moe.shared.down_proj] if moe.shared is not None else []
+            linears += [p for e in moe.experts for p in (e.gate_up_proj, e.down_proj)] + shared
         if isinstance(layer, Gemma4Layer):
             linears += [layer.per_layer_gate_proj, layer.per_layer_out_proj] if layer.per_layer else []
         qkv = attn.q_proj if _reads_kv(layer) else attn.qkv_proj
@@ -124,6 +124,13 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
     if not (isinstance(head, QuantWeight) and head.tiled):
         return "the vocabulary projection is not a tiled quantized weight"
     return None
+
+
+def _experts_of(layer) -> MoE | None:
+    """A layer's mixture of experts: in the MLP's place, or beside it (Gemma 4's)."""
+    if isinstance(layer, Gemma4Layer):
+        return layer.moe
+    return layer.mlp if isinstance(layer.mlp, MoE) else None
 
 
 def _reads_kv(layer) -> bool:
@@ -152,9 +159,8 @@ def _unsupported_per_layer_inputs(model: CausalLM) -> str | None:
 def _unsupported_moe(moe: MoE) -> str | None:
     """Why a mixture of experts' layer is not in the step; None when it is (softmax or sigmoid-group routers
     in fp32 on agentkv's linear kernel, experts of one width, an ungated shared expert of tiles)."""
-    if moe.expert_scale is not None or moe.shared_gate is not None:
-        return "the mixture of experts' per-expert scales (Gemma 4) or gated shared expert (Qwen2-MoE) are not in " \
-               "the step"
+    if moe.shared_gate is not None:
+        return "the mixture of experts' gated shared expert (Qwen2-MoE) is not in the step"
     if moe.router.native_weight is None or moe.router.native_weight.data.dtype != torch.float32:
         return "the mixture of experts' router is not an fp32 matrix on agentkv's linear kernel"
     if moe.experts[0].intermediate % 32 or any(e.intermediate != moe.experts[0].intermediate for e in moe.experts):
@@ -228,8 +234,8 @@ class NativeStep:
                 cos = sin = None
             sandwich = isinstance(layer, (SandwichDecoderLayer, Gemma4Layer))
             mlp_norm = layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
-            moe = mlp if isinstance(mlp, MoE) else None
-            dense = (mat(mlp.gate_up_proj), mat(mlp.down_proj)) if moe is None else (_Mat(), _Mat())
+            moe = _experts_of(layer)
+            dense = (_Mat(), _Mat()) if isinstance(mlp, MoE) else (mat(mlp.gate_up_proj), mat(mlp.down_proj))
             k_norm, sinks = getattr(attn, "k_norm", None), getattr(attn, "sinks", None)
             per_layer = gemma4 and layer.per_layer
             layers[i] = _Layer(vec(layer.input_layernorm.weight), vec(mlp_norm.weight),
@@ -242,13 +248,14 @@ class NativeStep:
                                vec(sinks.float() if sinks is not None else None),
                                *(self._experts(moe, mat, vec) if moe is not None else (0,) * 11 + (_Mat(), _Mat())),
                                attn.num_kv_heads, attn.head_dim, own_rope.rot,
-                               cfg.intermediate_size if moe is not None else mlp.intermediate,
+                               cfg.intermediate_size if isinstance(mlp, MoE) else mlp.intermediate,
                                int(reads), int(gemma4 and attn.k_eq_v and not reads),
                                vec(attn.v_norm.weight) if gemma4 and not reads else None,
                                mat(layer.per_layer_gate_proj) if per_layer else _Mat(),
                                mat(layer.per_layer_out_proj) if per_layer else _Mat(),
                                vec(layer.post_per_layer_input_norm.weight) if per_layer else None,
-                               int(gemma4), float(layer.layer_scalar) if gemma4 else 0.0)
+                               int(gemma4), float(layer.layer_scalar) if gemma4 else 0.0,
+                               *(self._beside(layer, vec) if gemma4 and moe is not None else (None,) * 5))
         embed = model.embed_tokens
         if isinstance(embed, QuantEmbedding):
             self._keep.append(embed.weight.data)
@@ -283,6 +290,13 @@ class NativeStep:
                 vec(router.bias), ctypes.addressof(gate_ups), ctypes.addressof(downs),
                 vec(moe.score_bias.float()) if moe.sigmoid_groups else None, moe.groups, moe.groups_chosen,
                 *((mat(shared.gate_up_proj), mat(shared.down_proj)) if shared is not None else (_Mat(), _Mat())))
+
+    @staticmethod
+    def _beside(layer: Gemma4Layer, vec) -> tuple:
+        """Gemma 4's experts beside the MLP: their input's norm, the router's, the two outputs' and the scales."""
+        return (vec(layer.pre_feedforward_layernorm_2.weight), vec(layer.router_norm.weight),
+                vec(layer.post_feedforward_layernorm_1.weight), vec(layer.post_feedforward_layernorm_2.weight),
+                vec(layer.moe.expert_scale.float()))
 
     def _per_layer_inputs(self, model: CausalLM, mat, vec) -> tuple:
         """Gemma 4's per-layer inputs' _Model fields (zeros where the model has none): the width, the table's type

@@ -87,7 +87,9 @@ def write_gemma4_gguf(src, out, quant: str | None = None) -> dict[str, np.ndarra
     for name, t in load_file(str(src / "model.safetensors")).items():
         data = t.astype(np.float32)
         gname = gguf_tensor_name(name, layers)
-        matrix = data.ndim >= 2 and data.shape[-1] % 32 == 0 and not gname.endswith("norm.weight")
+        # (llama.cpp's quantize keeps the routers in F32)
+        matrix = data.ndim >= 2 and data.shape[-1] % 32 == 0 and not gname.endswith(("norm.weight",
+                                                                                      "ffn_gate_inp.weight"))
         if quant and matrix:
             kind = getattr(gguf.GGMLQuantizationType, quant)
             q = gguf.quants.quantize(data, kind)

@@ -2,7 +2,9 @@
 the Python path running the same kernels: the same logits and final states, bit for bit, at batch 1 and 16,
 over windows and over keys in parts, for E2B's form (full layers of wider heads and one KV head whose values
 are their keys' projection, layers reading earlier layers' KV with a wider MLP, per-layer inputs from a table
-in the file's blocks, a scalar a layer) and the dense form (no per-layer inputs, no shared KV)."""
+in the file's blocks, a scalar a layer), the dense form (no per-layer inputs, no shared KV) and 26B-A4B's
+(experts beside each layer's MLP, routed from the residual normed on its own, a scale per expert, each branch
+normed)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 import torch
 
 import agentkv as ak
-from tests.engine.test_gemma4_gguf import write_gemma4_gguf
+from tests.engine.test_gemma4_gguf import MOE, write_gemma4_gguf
 from tests.engine.test_native_step import PROMPTS, kernels, step_and_python
 from tests.tiny_families import make_family_model
 
@@ -20,6 +22,7 @@ pytestmark = pytest.mark.skipif(kernels is None or not kernels.qtile_fast,
 FORMS = {  # (tests/tiny_families.py's gemma4_text, its per-layer inputs whole blocks of 32 wide)
     "e2b": {"hidden_size_per_layer_input": 32},
     "dense": {"hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0, "use_double_wide_mlp": False},
+    "moe": MOE,
 }
 
 
@@ -39,15 +42,17 @@ def assert_step_is_python(engine: ak.Engine, prompts: list[str], max_tokens: int
         assert torch.equal(got, ref)
 
 
-@pytest.mark.parametrize("form,quant", [("e2b", "Q8_0"), ("e2b", "Q4_0"), ("dense", "Q4_1")])
+@pytest.mark.parametrize("form,quant", [("e2b", "Q8_0"), ("e2b", "Q4_0"), ("dense", "Q4_1"), ("moe", "Q8_0")])
 @pytest.mark.parametrize("batch", [1, 16])
 def test_gemma4_step_logits_are_the_python_paths(tmp_path, monkeypatch, form, quant, batch):
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
     with ak.Engine(gemma4_gguf(tmp_path, form, quant), num_slots=2048) as engine:
+        model = engine._core.runner.model
         if form == "e2b":  # (what the step reads: the table in its blocks, a layer reading another's KV)
-            model = engine._core.runner.model
             assert type(model.per_layer_inputs.table).__name__ == "QuantEmbedding"
             assert model.layers[-1].self_attn.source != len(model.layers) - 1
+        if form == "moe":  # (experts whose scales make a difference)
+            assert model.layers[0].moe is not None and not torch.all(model.layers[0].moe.expert_scale == 1)
         assert_step_is_python(engine, PROMPTS[:batch], max_tokens=20)
 
 
@@ -67,18 +72,16 @@ def test_gemma4_keys_in_parts_are_the_python_paths(tmp_path, monkeypatch):
         assert_step_is_python(engine, [long, long[:300]], max_tokens=6)
 
 
-def test_the_step_says_why_it_does_not_take_gemma4s_experts(tmp_path, monkeypatch, caplog):
-    """The engine says so at start, once, where a file's blocks run in tiles but decode is not the step's; a
-    model the step takes starts without a word of it."""
-    from tests.engine.test_gemma4_gguf import MOE
-
+def test_the_engine_says_why_a_gemma4_is_not_the_steps(tmp_path, monkeypatch, caplog):
+    """The engine says so at start, once, where a file's blocks run in tiles but decode is not the step's (here
+    per-layer inputs 16 wide, not whole blocks of 32); a model the step takes starts without a word of it."""
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
-    src = make_family_model(tmp_path / "moe", "gemma4_text", config=MOE)
-    write_gemma4_gguf(src, tmp_path / "moe.gguf", "Q8_0")
-    with caplog.at_level("WARNING", logger="agentkv"), ak.Engine(str(tmp_path / "moe.gguf"), num_slots=256) as e:
+    src = make_family_model(tmp_path / "narrow", "gemma4_text", config={"hidden_size_per_layer_input": 16})
+    write_gemma4_gguf(src, tmp_path / "narrow.gguf", "Q8_0")
+    with caplog.at_level("WARNING", logger="agentkv"), ak.Engine(str(tmp_path / "narrow.gguf")) as e:
         assert e._core.runner.native_step is None
     said = [r.getMessage() for r in caplog.records if "Python path" in r.getMessage()]
-    assert len(said) == 1 and "Gemma 4's experts" in said[0], said
+    assert len(said) == 1 and "per-layer inputs' width 16" in said[0], said
     caplog.clear()
     with caplog.at_level("WARNING", logger="agentkv"), ak.Engine(gemma4_gguf(tmp_path, "e2b", "Q8_0")) as e:
         assert e._core.runner.native_step is not None

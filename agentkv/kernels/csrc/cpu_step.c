@@ -72,8 +72,9 @@ static void free_scratch(Scratch *s) {
     free(s->rl), free(s->pw), free(s->egu), free(s->ey), free(s->pick), free(s->pair_tok), free(s->pair_of);
     free(s->grp);
     free(s->rs), free(s->sgu), free(s->sy);
-    free(s->pl), free(s->plt), free(s->plg);
+    free(s->pl), free(s->plt), free(s->plg), free(s->dn), free(s->mo);
     agentkv_qrows_free(&s->qa), agentkv_qrows_free(&s->qo), agentkv_qrows_free(&s->qd), agentkv_qrows_free(&s->qp);
+    agentkv_qrows_free(&s->qm);
     agentkv_qrows_free(&s->qe), agentkv_qrows_free(&s->qe2), agentkv_qrows_free(&s->qs2);
 }
 
@@ -204,8 +205,13 @@ static void step_job(void *arg, int me, int nt) {
             norm_quant(s->x + m * hid, L->mlp_norm, hid, md->eps, s->h + m * width, &s->qa, m, generic);
         lora_in_normed(run, l, L_GATE_UP, L->mlp_norm, me, nt);
         agentkv_pool_barrier(nt);
+        if (L->experts && L->moe_norm) {  /* Gemma 4's: the experts beside the MLP */
+            experts_beside_mlp(run, L, me, nt);
+            per_layer_out(run, L, l, me, nt);
+            continue;
+        }
         if (L->experts) {  /* (adapters do not target experts: the step is given none for such a model) */
-            moe_out(run, L, me, nt);
+            moe_out(run, L, &s->qa, NULL, me, nt);
             continue;
         }
         mat_share(&L->gate_up, &s->qa, M, me, nt, NULL, 0, s->gu, 2 * inter, generic);
@@ -372,8 +378,15 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
         s->rs = malloc((size_t)(M * 2 * E) * sizeof(float));
         s->sgu = malloc((size_t)(M * 2 * (sinter ? sinter : 1)) * sizeof(float));
         s->sy = malloc((size_t)(M * hid) * sizeof(float));
+        int beside = 0;  /* (Gemma 4's experts beside an MLP) */
+        for (int64_t l = 0; l < md->layers; l++) beside |= md->layer[l].moe_norm != NULL;
+        if (beside) {
+            s->dn = malloc((size_t)(M * hid) * sizeof(float));
+            s->mo = malloc((size_t)(M * hid) * sizeof(float));
+        }
         if (!s->rl || !s->pw || !s->pick || !s->pair_tok || !s->pair_of || !s->grp || !s->egu || !s->ey || !s->rs ||
-            !s->sgu || !s->sy || agentkv_qrows_alloc(&s->qe, M * k, hid) ||
+            !s->sgu || !s->sy || (beside && (!s->dn || !s->mo || agentkv_qrows_alloc(&s->qm, M, hid))) ||
+            agentkv_qrows_alloc(&s->qe, M * k, hid) ||
             agentkv_qrows_alloc(&s->qe2, M * k, einter) ||
             (sinter && agentkv_qrows_alloc(&s->qs2, M, sinter))) {
             free_scratch(s);

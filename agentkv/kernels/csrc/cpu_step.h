@@ -62,6 +62,10 @@ typedef struct {
     const float *pl_norm;
     int64_t scaled;
     float scalar;
+    /* Gemma 4's experts beside the MLP (experts > 0 and dense gate_up): the experts read the residual normed by
+       moe_norm, the router by router_norm; each chosen expert's weight times its expert_scale; the MLP's output
+       and the experts' normed by mlp_out_norm and moe_out_norm, summed, then normed by post_mlp_norm */
+    const float *moe_norm, *router_norm, *mlp_out_norm, *moe_out_norm, *expert_scale;
 } StepLayer;
 
 typedef struct {
@@ -118,6 +122,8 @@ typedef struct {
     float *pl, *plt;   /* Gemma 4: each token's per-layer inputs and its table rows [M][layers x width] */
     float *plg;        /* a layer's per-layer gate [M][width] */
     QRows qp;          /* the gated per-layer input quantized (width) */
+    float *dn, *mo;    /* Gemma 4's experts beside the MLP: the MLP's output and the experts' [M][hidden] */
+    QRows qm;          /* the experts' input quantized (hidden) */
     /* a mixture of experts' layer: router logits [M][experts]; each token's experts (ascending) and weights
        [M][top_k]; the (token, expert) pairs grouped by expert: each pair's token, each group's expert, first pair
        and count; the pairs' inputs (hidden) and activations (expert width) quantized, their gate_up and outputs */

@@ -1,5 +1,6 @@
 /* The native step's Gemma 4 parts (cpu_step.c): each token's per-layer inputs, computed once a pass from its
-embedding, and the per-layer input each layer adds after its MLP, then the layer's scalar. Each op is the
+embedding, the experts beside a layer's MLP (the 26B-A4B's), and the per-layer input each layer adds after its
+MLP, then the layer's scalar. Each op is the
 Python path's (engine/gemma4.py) on the same kernels, in its order: the scales each in a pass of their own
 (scale_row), so that no multiply-add joins one to the sum after it. */
 
@@ -7,6 +8,7 @@ Python path's (engine/gemma4.py) on the same kernels, in its order: the scales e
 #define AGENTKV_CPU_STEP_GEMMA4_H
 
 #include "cpu_step.h"
+#include "cpu_step_moe.h"
 
 /* h *= scale, stored before any sum reads it (noinline: the compiler cannot fuse it into a multiply-add) */
 static __attribute__((noinline)) void scale_row(float *h, int64_t n, float scale) {
@@ -78,6 +80,42 @@ static void per_layer_out(const StepRun *run, const StepLayer *L, int64_t l, int
         for (int64_t m = me; m < M; m += nt) scale_row(s->x + m * hid, hid, L->scalar);
         agentkv_pool_barrier(nt);
     }
+}
+
+/* x += norm(mlp_out_norm(mlp(h)) + moe_out_norm(experts(moe_norm(x)))), the experts routed from router_norm(x):
+   Gemma 4's layer with experts, after norm_quant put the MLP's input (mlp_norm(x)) in s->qa */
+static void experts_beside_mlp(StepRun *run, const StepLayer *L, int me, int nt) {
+    const StepModel *md = run->md;
+    Scratch *s = &run->s;
+    const int64_t M = run->M, hid = md->hidden, inter = L->inter, width = run->width;
+    const QRows qd = qrows_view(&s->qd, inter);
+    for (int64_t m = me; m < M; m += nt) {  /* (s->h: the router's input, as moe_out reads it) */
+        float *h = s->h + m * width;
+        rms_row(s->x + m * hid, L->moe_norm, hid, md->eps, h, 0, run->generic);
+        quantize_blocks(h, &s->qm, m, 0, hid / QK);
+        rms_row(s->x + m * hid, L->router_norm, hid, md->eps, h, 0, run->generic);
+    }
+    mat_share(&L->gate_up, &s->qa, M, me, nt, NULL, 0, s->gu, 2 * inter, run->generic);
+    agentkv_pool_barrier(nt);
+    for (int64_t item = me; item < M * (inter / QK); item += nt) {
+        const int64_t m = item / (inter / QK), b = item % (inter / QK);
+        float act[QK];
+        const float *gate = s->gu + m * 2 * inter + b * QK;
+        glu_row(gate, gate + inter, QK, act, 0, (int)md->gelu, 0.f, 0.f, run->generic);
+        quantize_into(act, &qd, m, b);
+    }
+    agentkv_pool_barrier(nt);
+    mat_share(&L->down, &qd, M, me, nt, NULL, 0, s->dn, hid, run->generic);
+    moe_out(run, L, &s->qm, s->mo, me, nt);  /* (its first barrier also ends the MLP's products) */
+    for (int64_t m = me; m < M; m += nt) {
+        float *d = s->dn + m * hid, *e = s->mo + m * hid, *x = s->x + m * hid;
+        rms_row(d, L->mlp_out_norm, hid, md->eps, d, 0, run->generic);
+        rms_row(e, L->moe_out_norm, hid, md->eps, e, 0, run->generic);
+        for (int64_t i = 0; i < hid; i++) d[i] += e[i];
+        rms_row(d, L->post_mlp_norm, hid, md->eps, d, 0, run->generic);
+        for (int64_t i = 0; i < hid; i++) x[i] += d[i];
+    }
+    agentkv_pool_barrier(nt);
 }
 
 #endif

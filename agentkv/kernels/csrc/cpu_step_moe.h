@@ -48,8 +48,9 @@ INLINE void experts_share(const StepMat *mats, const StepRun *run, const QRows *
     }
 }
 
-/* x += moe(h): layer L's experts over the M tokens' normed rows (s->h, quantized in s->qa) */
-INLINE void moe_out(StepRun *run, const StepLayer *L, int me, int nt) {
+/* x += moe(h), or where `out` is set out = moe(h): layer L's experts over the M tokens' quantized rows `in`,
+routed from the fp32 rows in s->h (the same rows normed, but for Gemma 4's, normed for the router alone) */
+INLINE void moe_out(StepRun *run, const StepLayer *L, const QRows *in, float *out, int me, int nt) {
     const StepModel *md = run->md;
     Scratch *s = &run->s;
     const int64_t M = run->M, E = L->experts, k = L->top_k, hid = md->hidden, width = run->width;
@@ -65,6 +66,8 @@ INLINE void moe_out(StepRun *run, const StepLayer *L, int me, int nt) {
                                          (int)L->norm_topk, L->routed_scaling, idx, w, s->rs + m * 2 * E);
         else
             agentkv_moe_route_row(s->rl + m * E, E, k, (int)L->norm_topk, L->routed_scaling, idx, w);
+        if (L->expert_scale)  /* (Gemma 4's, after the renormalization) */
+            for (int64_t j = 0; j < k; j++) w[j] *= L->expert_scale[idx[j]];
         for (int64_t i = 1; i < k; i++)
             for (int64_t j = i; j > 0 && idx[j - 1] > idx[j]; j--) {
                 const int64_t e = idx[j];
@@ -86,11 +89,11 @@ INLINE void moe_out(StepRun *run, const StepLayer *L, int me, int nt) {
         s->groups = g;
     }
     agentkv_pool_barrier(nt);
-    for (int64_t p = me; p < P; p += nt) qrow_copy(&s->qa, s->pair_tok[p], &s->qe, p);
+    for (int64_t p = me; p < P; p += nt) qrow_copy(in, s->pair_tok[p], &s->qe, p);
     agentkv_pool_barrier(nt);
     const int64_t sinter = L->shared_gate_up.N / 2;  /* (the shared expert's products beside the experts') */
     experts_share(L->expert_gate_up, run, &s->qe, s->egu, 2 * inter, me, nt);
-    if (sinter) mat_share(&L->shared_gate_up, &s->qa, M, me, nt, NULL, 0, s->sgu, 2 * sinter, run->generic);
+    if (sinter) mat_share(&L->shared_gate_up, in, M, me, nt, NULL, 0, s->sgu, 2 * sinter, run->generic);
     agentkv_pool_barrier(nt);
     for (int64_t item = me; item < P * (inter / QK) + M * (sinter / QK); item += nt) {
         const int shared = item >= P * (inter / QK);  /* (a row p of the pairs', or of the shared expert's) */
@@ -107,7 +110,7 @@ INLINE void moe_out(StepRun *run, const StepLayer *L, int me, int nt) {
     agentkv_pool_barrier(nt);
     /* blocks of a token's hidden: its experts' outputs (its choices' pairs, in ascending expert order) weighed and
        summed from zero, the shared expert's added, scaled (Granite's residual multiplier), then added to the
-       residual */
+       residual (or written to `out`) */
     const int64_t blocks = hid / QK;
     for (int64_t item = me; item < M * blocks; item += nt) {
         const int64_t m = item / blocks, i0 = item % blocks * QK;
@@ -119,6 +122,10 @@ INLINE void moe_out(StepRun *run, const StepLayer *L, int me, int nt) {
         if (sinter)
             for (int i = 0; i < QK; i++) acc[i] += s->sy[m * hid + i0 + i];
         if (md->residual_scale != 0.f) scaled(acc, acc, md->residual_scale, QK);
+        if (out) {
+            memcpy(out + m * hid + i0, acc, sizeof acc);
+            continue;
+        }
         float *x = s->x + m * hid + i0;
         for (int i = 0; i < QK; i++) x[i] += acc[i];
     }
