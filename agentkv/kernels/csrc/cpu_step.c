@@ -1,6 +1,7 @@
-/* A pass of a dense Llama-family model in one native call: embedding, every layer, the final norm and
-the vocabulary projection, for up to 16 tokens (decodes, and short extends: jump-forward, drafts
-being checked), as one parallel job (cpu_pool.c) with a barrier between ops (ggml's graph-compute
+/* A pass of a model in one native call (Llama-family, Gemma 2 / 3 / 4, GLM-4, mixtures of experts: the
+families' parts in cpu_step_moe.h and cpu_step_gemma4.h, the scratch in cpu_step_scratch.h): embedding,
+every layer, the final norm and the vocabulary projection, for up to 16 tokens (decodes, and short extends:
+jump-forward, drafts being checked), as one parallel job (cpu_pool.c) with a barrier between ops (ggml's graph-compute
 structure). The Python path makes ~270 kernel calls a decode step, each its own parallel region
 woken from Python; here the team is woken once and each op is split into per-thread shares (tiles
 of a matrix, tokens x heads, blocks of an activation).
@@ -24,6 +25,7 @@ the columns each thread's tiles wrote. */
 #include "cpu_step_gemma4.h"
 #include "cpu_step_lora.h"
 #include "cpu_step_moe.h"
+#include "cpu_step_scratch.h"
 
 /* cpu_attention_tasks.c: one decoding token's attention for some query heads of a KV head, whole or a part of
    its keys at a time, and the parts merged */
@@ -63,19 +65,6 @@ INLINE void norm_quant(const float *x, const float *w, int64_t n, float eps, flo
 static void embed_row(const StepModel *md, int64_t id, float *out) {
     if (md->embed_tiled) agentkv_qtile_row((int)md->embed_qtype, md->embed, md->hidden, id, out);
     else table_row(md->embed_qtype, md->embed, md->hidden, id, out);
-}
-
-static void free_scratch(Scratch *s) {
-    free(s->x), free(s->h), free(s->qkv), free(s->gu), free(s->parts), free(s->top_idx), free(s->top_val);
-    free(s->lt), free(s->act), free(s->hn);
-    free(s->top_n);
-    free(s->rl), free(s->pw), free(s->egu), free(s->ey), free(s->pick), free(s->pair_tok), free(s->pair_of);
-    free(s->grp);
-    free(s->rs), free(s->sgu), free(s->sy);
-    free(s->pl), free(s->plt), free(s->plg), free(s->dn), free(s->mo);
-    agentkv_qrows_free(&s->qa), agentkv_qrows_free(&s->qo), agentkv_qrows_free(&s->qd), agentkv_qrows_free(&s->qp);
-    agentkv_qrows_free(&s->qm);
-    agentkv_qrows_free(&s->qe), agentkv_qrows_free(&s->qe2), agentkv_qrows_free(&s->qs2);
 }
 
 /* one decoding token's q head or k head (hh: q's, then k's) normed (Qwen3) and rotated, and a k head and its v
@@ -297,7 +286,7 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
                 lora_down |= t == L_DOWN && mat->pieces > 0;
             }
     }
-    const int64_t H = md->heads, hid = md->hidden;
+    const int64_t hid = md->hidden;
     const int R = md->rescore < MAX_RESCORE ? (int)md->rescore : MAX_RESCORE;
     nthreads = nthreads < 1 ? 1 : nthreads > AGENTKV_POOL_MAX ? AGENTKV_POOL_MAX : nthreads;
     /* a token's keys in parts (cpu_attention_tasks.c's fixed ones: the most any layer's window leaves) */
@@ -311,95 +300,15 @@ int agentkv_decode_step(const StepModel *md, int64_t M, const int64_t *ids, cons
         max_parts = most > max_parts ? most : max_parts;
         all_parts += most;
     }
-    /* the widest layer's shapes: its attention's output, q, k and v, MLP and parts' scratch */
-    int64_t HD = 0, qkv_n = 0, inter = 0, part_stride = 0, part_items = 0;
-    for (int64_t l = 0; l < md->layers; l++) {
-        const StepLayer *L = md->layer + l;
-        int64_t ng;
-        const int64_t chunks = head_chunks(nthreads, all_parts, L->kv_heads, H / L->kv_heads, &ng);
-        const int64_t qkv = (H + 2 * L->kv_heads) * L->head_dim;
-        HD = H * L->head_dim > HD ? H * L->head_dim : HD, qkv_n = qkv > qkv_n ? qkv : qkv_n;
-        inter = L->inter > inter ? L->inter : inter;
-        part_stride = ng * (L->head_dim + 2) > part_stride ? ng * (L->head_dim + 2) : part_stride;
-        part_items = L->kv_heads * chunks > part_items ? L->kv_heads * chunks : part_items;
-    }
-    const int64_t width = hid > HD ? hid : HD;
-    StepRun run = {md, M, S, nthreads, all_parts, width, max_parts, part_stride, ids, pos, out_loc, table, rows, sel,
-                   table_ld, logits, hidden, R, generic, lora, lora_down, lora != NULL && M < nthreads, {0}};
-    Scratch *s = &run.s;
-    if (max_parts > 1) {
-        s->parts = malloc((size_t)(M * part_items * max_parts * part_stride) * sizeof(float));
-        if (!s->parts) return 7;
-    }
-    if (md->pl_width) {
-        const int64_t all = md->layers * md->pl_width;
-        s->pl = malloc((size_t)(M * all) * sizeof(float));
-        s->plt = malloc((size_t)(M * all) * sizeof(float));
-        s->plg = malloc((size_t)(M * md->pl_width) * sizeof(float));
-        if (!s->pl || !s->plt || !s->plg || agentkv_qrows_alloc(&s->qp, M, md->pl_width)) {
-            free_scratch(s);
-            return 7;
-        }
-    }
-    s->x = malloc((size_t)(M * hid) * sizeof(float));
-    s->h = malloc((size_t)(M * width) * sizeof(float));
-    s->qkv = malloc((size_t)(M * qkv_n) * sizeof(float));
-    s->gu = malloc((size_t)(M * 2 * inter) * sizeof(float));
-    s->top_idx = malloc((size_t)(nthreads * (S + 1) * (R + 1)) * sizeof(int64_t));
-    s->top_val = malloc((size_t)(nthreads * (S + 1) * (R + 1)) * sizeof(float));
-    s->top_n = calloc((size_t)(nthreads * (S + 1)), sizeof(int));
-    if (lora) {
-        s->lt = malloc((size_t)(M * LORA_TARGETS * LORA_MAX_RANK) * sizeof(float));
-        s->act = lora_down ? malloc((size_t)(M * inter) * sizeof(float)) : NULL;
-        s->hn = malloc((size_t)(nthreads * width) * sizeof(float));
-        if (!s->lt || (lora_down && !s->act) || !s->hn) {
-            free_scratch(s);
-            return 7;
-        }
-    }
-    /* a mixture of experts' layers: the most experts, chosen, width and shared expert's width */
-    int64_t E = 0, k = 0, einter = 0, sinter = 0;
-    for (int64_t l = 0; l < md->layers; l++)
-        if (md->layer[l].experts) {
-            const StepLayer *L = md->layer + l;
-            E = L->experts > E ? L->experts : E, k = L->top_k > k ? L->top_k : k;
-            einter = L->expert_gate_up[0].N / 2 > einter ? L->expert_gate_up[0].N / 2 : einter;
-            sinter = L->shared_gate_up.N / 2 > sinter ? L->shared_gate_up.N / 2 : sinter;
-        }
-    if (E) {
-        s->rl = malloc((size_t)(M * E) * sizeof(float));
-        s->pw = malloc((size_t)(M * k) * sizeof(float));
-        s->pick = malloc((size_t)(M * k) * sizeof(int64_t));
-        s->pair_tok = malloc((size_t)(M * k) * sizeof(int64_t));
-        s->pair_of = malloc((size_t)(M * k) * sizeof(int64_t));
-        s->grp = malloc((size_t)(3 * M * k) * sizeof(int64_t));
-        s->egu = malloc((size_t)(M * k * 2 * einter) * sizeof(float));
-        s->ey = malloc((size_t)(M * k * hid) * sizeof(float));
-        s->rs = malloc((size_t)(M * 2 * E) * sizeof(float));
-        s->sgu = malloc((size_t)(M * 2 * (sinter ? sinter : 1)) * sizeof(float));
-        s->sy = malloc((size_t)(M * hid) * sizeof(float));
-        int beside = 0;  /* (Gemma 4's experts beside an MLP) */
-        for (int64_t l = 0; l < md->layers; l++) beside |= md->layer[l].moe_norm != NULL;
-        if (beside) {
-            s->dn = malloc((size_t)(M * hid) * sizeof(float));
-            s->mo = malloc((size_t)(M * hid) * sizeof(float));
-        }
-        if (!s->rl || !s->pw || !s->pick || !s->pair_tok || !s->pair_of || !s->grp || !s->egu || !s->ey || !s->rs ||
-            !s->sgu || !s->sy || (beside && (!s->dn || !s->mo || agentkv_qrows_alloc(&s->qm, M, hid))) ||
-            agentkv_qrows_alloc(&s->qe, M * k, hid) ||
-            agentkv_qrows_alloc(&s->qe2, M * k, einter) ||
-            (sinter && agentkv_qrows_alloc(&s->qs2, M, sinter))) {
-            free_scratch(s);
-            return 7;
-        }
-    }
-    if (!s->x || !s->h || !s->qkv || !s->gu || !s->top_idx || !s->top_val || !s->top_n ||
-        agentkv_qrows_alloc(&s->qa, M, hid) || agentkv_qrows_alloc(&s->qo, M, HD) ||
-        agentkv_qrows_alloc(&s->qd, M, inter)) {
-        free_scratch(s);
+    const StepShapes shapes = widest(md, nthreads, all_parts);
+    StepRun run = {md, M, S, nthreads, all_parts, hid > shapes.HD ? hid : shapes.HD, max_parts, shapes.part_stride,
+                   ids, pos, out_loc, table, rows, sel, table_ld, logits, hidden, R, generic, lora, lora_down,
+                   lora != NULL && M < nthreads, {0}};
+    if (alloc_scratch(&run, &shapes)) {
+        free_scratch(&run.s);
         return 7;
     }
     agentkv_pool_run(step_job, &run, nthreads);
-    free_scratch(s);
+    free_scratch(&run.s);
     return 0;
 }
