@@ -18,10 +18,12 @@ attention with heads of 512 and a quarter of their pairs rotating (`rope_freqs`)
 with heads of 256, one KV head, the last `--shared` layers reading earlier layers' KV with an MLP twice as
 wide, per-layer inputs 256 wide (their table in Q8_0, as wide as the vocabulary), a scalar a layer; matrices
 in Q8_0, `--layers` of them (default 35), `--hidden` 1536 and `--ffn` 6144 unless given, the embedded
-model's vocabulary.
+model's vocabulary. With `--experts E` it takes 26B-A4B's form instead: `--top-k` of E experts `--expert-ffn`
+wide beside each layer's MLP (fused gate/up, the router in F32 with its scale, a scale per expert, the
+branches' norms), no per-layer inputs and no shared KV.
 
     python benchmarks/random_gguf.py OUT.gguf [--type q4_0|q8_0|q4_k_m|mxfp4|gemma4] [--layers 28] [--hidden 2048]
-                                    [--ffn 8192] [--shared 20]
+                                    [--ffn 8192] [--shared 20] [--experts 0 --top-k 4 --expert-ffn 512]
     python benchmarks/quantized_decode.py --model OUT.gguf --batches 1 --prompt-tokens 32 --extend 0,0
 """
 
@@ -142,10 +144,12 @@ def write_gpt_oss(out: str, layers: int, seed: int = 0) -> None:
     w.close()
 
 
-def write_gemma4(out: str, layers: int, hidden: int, ffn: int, shared: int, seed: int = 0) -> None:
-    """Gemma 4 of E2B's form (see the top), its matrices in Q8_0."""
+def write_gemma4(out: str, layers: int, hidden: int, ffn: int, shared: int, experts: int = 0, top_k: int = 4,
+                 expert_ffn: int = 512, seed: int = 0) -> None:
+    """Gemma 4 of E2B's form, or with `experts` 26B-A4B's (see the top), its matrices in Q8_0."""
     rng = np.random.default_rng(seed)
-    heads, local_dim, full_dim, width, window = 8, 256, 512, 256, 512
+    heads, local_dim, full_dim, width, window = 8, 256, 512, 0 if experts else 256, 512
+    shared = 0 if experts else shared
     full = [(i + 1) % 5 == 0 for i in range(layers)]
     w = gguf.GGUFWriter(out, "gemma4")
     w.add_name(f"random gemma4 {layers}x{hidden} q8_0")
@@ -169,19 +173,25 @@ def write_gemma4(out: str, layers: int, hidden: int, ffn: int, shared: int, seed
     w.add_embedding_length_per_layer_input(width)
     w.add_final_logit_softcapping(30.0)
     w.add_layer_norm_rms_eps(1e-6)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(top_k)
+        w.add_expert_feed_forward_length(expert_ffn)
     vocab = tokenizer(w)
 
-    def matrix(name, rows, cols):
-        data = random_blocks(rows, cols, Q.Q8_0, rng)
+    def matrix(name, rows, cols, stack=1):
+        data = random_blocks(stack * rows, cols, Q.Q8_0, rng)
+        data = data.reshape(stack, rows, -1) if stack > 1 else data
         w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=Q.Q8_0)
 
     def ones(name, n):
         w.add_tensor(name, np.ones(n, dtype=np.float32))
 
     matrix("token_embd.weight", vocab, hidden)
-    matrix("per_layer_token_embd.weight", vocab, layers * width)
-    matrix("per_layer_model_proj.weight", layers * width, hidden)
-    ones("per_layer_proj_norm.weight", width)
+    if width:
+        matrix("per_layer_token_embd.weight", vocab, layers * width)
+        matrix("per_layer_model_proj.weight", layers * width, hidden)
+        ones("per_layer_proj_norm.weight", width)
     ones("output_norm.weight", hidden)
     turning = full_dim // 8  # (a quarter of the pairs rotate; the rest are marked 1e30, as llama.cpp writes them)
     w.add_tensor("rope_freqs.weight", np.array([1.0] * turning + [1e30] * (full_dim // 2 - turning), np.float32))
@@ -199,8 +209,17 @@ def write_gemma4(out: str, layers: int, hidden: int, ffn: int, shared: int, seed
         matrix(b + "ffn_gate.weight", wide, hidden)
         matrix(b + "ffn_up.weight", wide, hidden)
         matrix(b + "ffn_down.weight", hidden, wide)
-        matrix(b + "inp_gate.weight", width, hidden)
-        matrix(b + "proj.weight", hidden, width)
+        if width:
+            matrix(b + "inp_gate.weight", width, hidden)
+            matrix(b + "proj.weight", hidden, width)
+        if experts:  # (the router in F32, as llama.cpp's quantize keeps it)
+            w.add_tensor(b + "ffn_gate_inp.weight", (rng.standard_normal((experts, hidden)) * 0.02).astype(np.float32))
+            ones(b + "ffn_gate_inp.scale", hidden)
+            ones(b + "ffn_down_exps.scale", experts)
+            matrix(b + "ffn_gate_up_exps.weight", 2 * expert_ffn, hidden, experts)
+            matrix(b + "ffn_down_exps.weight", hidden, expert_ffn, experts)
+            for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                ones(b + name + ".weight", hidden)
         ones(b + "layer_output_scale.weight", 1)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -258,13 +277,17 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=None, help="2048 (a Gemma 4: 1536)")
     ap.add_argument("--ffn", type=int, default=None, help="8192 (a Gemma 4: 6144)")
     ap.add_argument("--shared", type=int, default=20, help="a Gemma 4's layers reading earlier layers' KV")
+    ap.add_argument("--experts", type=int, default=0, help="a Gemma 4's experts beside each MLP (26B-A4B's form)")
+    ap.add_argument("--top-k", type=int, default=4)
+    ap.add_argument("--expert-ffn", type=int, default=512)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     args = ap.parse_args()
     if args.type == "mxfp4":
         write_gpt_oss(args.out, args.layers or 4)
     elif args.type == "gemma4":
-        write_gemma4(args.out, args.layers or 35, args.hidden or 1536, args.ffn or 6144, args.shared)
+        write_gemma4(args.out, args.layers or 35, args.hidden or 1536, args.ffn or 6144, args.shared, args.experts,
+                     args.top_k, args.expert_ffn)
     else:
         write(args.out, args.type, args.layers or 28, args.hidden or 2048, args.ffn or 8192, args.heads,
               args.kv_heads)
