@@ -140,11 +140,13 @@ def test_a_written_tokens_parts_do_not_depend_on_its_tile_or_the_threads(generic
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("generic", BODIES)
-@pytest.mark.parametrize("heads,kv_heads,D", [(9, 3, 64), (4, 4, 16), (8, 1, 32), (40, 2, 16), (2, 1, 24)])
+@pytest.mark.parametrize("heads,kv_heads,D", [(9, 3, 64), (4, 4, 16), (8, 1, 32), (40, 2, 16), (2, 1, 24),
+                                              (4, 1, 512)])
 def test_attention_mixed_batch_matches_reference(dtype, generic, heads, kv_heads, D):
     """Decodes sharing a prefix, an unrelated decode, a short extend after a cached prefix, a fresh
     prefill and a long extend after a long prefix, in one pass, all in the kernel's tiles. 40 query
-    heads of one KV head are more than a task takes (split across tasks); D = 24 has no AVX-512 body."""
+    heads of one KV head are more than a task takes (split across tasks); D = 24 has no AVX-512 body;
+    D = 512, the widest the kernel takes, is Gemma 4's full layers'."""
     g = torch.Generator().manual_seed(heads * D)
     pool = _prefix_pool(g)
     shared, long_prefix = pool[:40], pool[:276]
