@@ -72,14 +72,31 @@ def converted_dir(gguf_path: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
     try:
         _convert(gguf_path, tmp)
+        (tmp / SOURCE).write_text(str(gguf_path.resolve()))
         try:
             os.replace(tmp, out)
         except OSError:  # another process converted it first
             shutil.rmtree(tmp, ignore_errors=True)
+        _remove_older(out, gguf_path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+SOURCE = "source.txt"  # a converted directory's GGUF file (its resolved path)
+
+
+def _remove_older(out: Path, gguf_path: Path) -> None:
+    """The directories earlier conversions of the same file left (an older converter's, or the file's before it
+    changed): a conversion holds the file's bytes again, so each would be a copy left on the disk."""
+    source = str(gguf_path.resolve())
+    for d in out.parent.glob(f"{gguf_path.stem}-*"):
+        try:
+            if d != out and (d / SOURCE).read_text() == source:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:  # (a directory another process is writing or removing)
+            continue
 
 
 def _convert(path: Path, out: Path) -> None:

@@ -192,6 +192,23 @@ def test_a_change_to_the_converter_converts_again(tmp_path, monkeypatch):
     assert len(names) == len(gguf_convert.CONVERTER_MODULES)
 
 
+def test_a_new_conversion_removes_the_older_ones_of_its_file(tmp_path, monkeypatch):
+    """A file converted again (its converter changed, or the file did) leaves one directory, not a copy a
+    conversion; another file's stays."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_tiny_model(tmp_path / "src", "llama")
+    write_gguf(src, tmp_path / "m.gguf")
+    (tmp_path / "other").mkdir()
+    write_gguf(src, tmp_path / "other" / "m.gguf")
+    other = gguf_convert.converted_dir(tmp_path / "other" / "m.gguf")
+    first = gguf_convert.converted_dir(tmp_path / "m.gguf")
+    monkeypatch.setattr(gguf_convert, "conversion_version", lambda: "a newer converter")
+    second = gguf_convert.converted_dir(tmp_path / "m.gguf")
+    assert second != first and not first.exists() and (second / "model.safetensors").exists()
+    assert other.exists() and sorted(p.name for p in (tmp_path / "cache" / "gguf").iterdir()) == sorted(
+        [other.name, second.name])
+
+
 def test_load_errors_name_the_problem(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
     bad = tmp_path / "garbage.gguf"
