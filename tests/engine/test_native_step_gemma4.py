@@ -56,6 +56,18 @@ def test_gemma4_step_logits_are_the_python_paths(tmp_path, monkeypatch, form, qu
         assert_step_is_python(engine, PROMPTS[:batch], max_tokens=20)
 
 
+@pytest.mark.parametrize("form", ["e2b", "moe"])
+def test_gemma4_on_the_plain_c_bodies_stays_close(tmp_path, monkeypatch, form):
+    """The step's plain-C bodies (what a CPU without AVX-512 runs beside its tiles) near the Python path's."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    with ak.Engine(gemma4_gguf(tmp_path, form, "Q8_0"), num_slots=1024) as engine:
+        engine._core.runner.native_step.generic = True
+        pairs = step_and_python(engine, PROMPTS[:4], max_tokens=8)
+    assert len(pairs) >= 7
+    for got, ref, _ in pairs:  # (the generic bodies round their exps and sums their own way)
+        assert torch.allclose(got, ref, rtol=1e-3, atol=1e-3)
+
+
 def test_gemma4_over_a_16_bit_kv_pool_is_the_python_paths(tmp_path, monkeypatch):
     """The values normed, then rounded to bf16 as torch rounds them, by both paths."""
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
