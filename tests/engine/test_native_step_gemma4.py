@@ -56,6 +56,24 @@ def test_gemma4_step_logits_are_the_python_paths(tmp_path, monkeypatch, form, qu
         assert_step_is_python(engine, PROMPTS[:batch], max_tokens=20)
 
 
+def test_gemma4_extends_are_the_python_paths(tmp_path, monkeypatch, fixed_draft_cost):
+    """Jump-forward's forced runs and n-gram drafts in the step: a pass's tokens of one request, each seeing the
+    earlier ones through the KV its layer (or, for a shared layer, the layer it reads) wrote in the pass."""
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    path = gemma4_gguf(tmp_path, "e2b", "Q8_0")
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}, "b": {"enum": ["xy", "z"]}},
+              "required": ["a", "b"], "additionalProperties": False}
+    with ak.Engine(path, num_slots=2048) as engine:
+        forced = step_and_python(engine, ["zz top"], max_tokens=40, json_schema=schema, ignore_eos=False)
+    with ak.Engine(path, num_slots=2048, speculative="ngram") as engine:
+        engine.generate(["one two one two one two"], max_tokens=24, temperature=0.0, ignore_eos=True)
+        drafts = step_and_python(engine, ["one two one two one two"] * 2, max_tokens=24)
+    for pairs in (forced, drafts):
+        assert any(extra > 0 for _, _, extra in pairs)  # a pass with an extend in it
+        for got, ref, _ in pairs:
+            assert torch.equal(got, ref)
+
+
 @pytest.mark.parametrize("form", ["e2b", "moe"])
 def test_gemma4_on_the_plain_c_bodies_stays_close(tmp_path, monkeypatch, form):
     """The step's plain-C bodies (what a CPU without AVX-512 runs beside its tiles) near the Python path's."""
