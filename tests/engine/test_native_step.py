@@ -163,7 +163,12 @@ def test_extends_are_the_python_paths(tmp_path, monkeypatch, fixed_draft_cost, f
     being checked; their logits are the Python path's (whose tiles hold several of the extend's tokens,
     where the step attends token by token: under a sliding window too)."""
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
-    path = tiny_gguf(tmp_path, family, "Q8_0", **options)
+    assert_extends_are_the_python_paths(tiny_gguf(tmp_path, family, "Q8_0", **options))
+
+
+def assert_extends_are_the_python_paths(path: str) -> None:
+    """A forced run's and n-gram drafts' passes of the model at `path`: some with an extend in them, each the
+    Python path's bits."""
     # (keys short enough that each forced run, and the prompt with the first, fit a pass of 16 tokens)
     schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}, "b": {"enum": ["xy", "z"]}},
               "required": ["a", "b"], "additionalProperties": False}

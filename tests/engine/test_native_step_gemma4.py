@@ -13,7 +13,7 @@ import torch
 
 import agentkv as ak
 from tests.engine.test_gemma4_gguf import MOE, write_gemma4_gguf
-from tests.engine.test_native_step import PROMPTS, kernels, step_and_python
+from tests.engine.test_native_step import PROMPTS, assert_extends_are_the_python_paths, kernels, step_and_python
 from tests.tiny_families import make_family_model
 
 pytestmark = pytest.mark.skipif(kernels is None or not kernels.qtile_fast,
@@ -60,18 +60,7 @@ def test_gemma4_extends_are_the_python_paths(tmp_path, monkeypatch, fixed_draft_
     """Jump-forward's forced runs and n-gram drafts in the step: a pass's tokens of one request, each seeing the
     earlier ones through the KV its layer (or, for a shared layer, the layer it reads) wrote in the pass."""
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
-    path = gemma4_gguf(tmp_path, "e2b", "Q8_0")
-    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}, "b": {"enum": ["xy", "z"]}},
-              "required": ["a", "b"], "additionalProperties": False}
-    with ak.Engine(path, num_slots=2048) as engine:
-        forced = step_and_python(engine, ["zz top"], max_tokens=40, json_schema=schema, ignore_eos=False)
-    with ak.Engine(path, num_slots=2048, speculative="ngram") as engine:
-        engine.generate(["one two one two one two"], max_tokens=24, temperature=0.0, ignore_eos=True)
-        drafts = step_and_python(engine, ["one two one two one two"] * 2, max_tokens=24)
-    for pairs in (forced, drafts):
-        assert any(extra > 0 for _, _, extra in pairs)  # a pass with an extend in it
-        for got, ref, _ in pairs:
-            assert torch.equal(got, ref)
+    assert_extends_are_the_python_paths(gemma4_gguf(tmp_path, "e2b", "Q8_0"))
 
 
 @pytest.mark.parametrize("form", ["e2b", "moe"])
