@@ -6,6 +6,7 @@ or a .gguf file (converted once into a cached HF-style directory, see gguf_conve
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -22,6 +23,7 @@ from agentkv.engine.gguf_convert import converted_dir
 from agentkv.engine.gguf_transcode import FLOATS, kept_parts
 from agentkv.engine.gpt_oss_weights import gpt_oss_experts
 from agentkv.engine.latent_attention import latent_attention_state
+from agentkv.engine.linear import Linear, tiled
 from agentkv.engine.model import CausalLM
 from agentkv.engine.model_config import ModelConfig
 from agentkv.engine.rope import halves_from_pairs
@@ -127,7 +129,7 @@ def load_model(model: str | Path | None, dtype: str = "float32", device: str = "
         net = CausalLM(cfg, max_positions or cfg.max_position_embeddings)
     finally:
         torch.set_default_dtype(default)
-    _load_state(net, state, directory)
+    _load_state(net, state, directory, native if keep else None)
     if shard is not None:
 
         mark_reductions(net)
@@ -343,22 +345,34 @@ def _moe_state(hf: dict, take, p: str, o: str, cfg: ModelConfig, quant: dict, ke
     return out
 
 
-def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path) -> None:
-    """`state` into the model's parameters, each tensor let go once copied."""
-    for name, value in state.items():  # quantized matrices: their modules keep the blocks
-        if isinstance(value, QuantWeight):
-            module = net.get_submodule(name.removesuffix(".weight"))
-            expected = (
-                (module.weight.shape[1], module.weight.shape[0])
-                if name.endswith("proj.weight")
-                else tuple(module.weight.shape)
+def _owned(w: QuantWeight) -> QuantWeight:
+    """`w` in memory of its own, not a view of the file it was read from (see _load_state)."""
+    return w if w.parts else dataclasses.replace(w, data=w.data.clone())
+
+
+def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path,
+                native: NativeKernels | None = None) -> None:
+    """`state` into the model's parameters, each tensor let go once copied. With `native`, each linear's blocks
+    go into tiles as they go in, and every other matrix's blocks (embedding tables) are copied into memory of
+    their own: a tensor read from quant.safetensors is a view of the file's mapping, which stays mapped, its
+    pages counted as the process's, while any view of it lives."""
+    for name in [n for n, v in state.items() if isinstance(v, QuantWeight)]:  # their modules keep the blocks
+        value = state.pop(name)
+        module = net.get_submodule(name.removesuffix(".weight"))
+        expected = (
+            (module.weight.shape[1], module.weight.shape[0])
+            if name.endswith("proj.weight")
+            else tuple(module.weight.shape)
+        )
+        if (value.out_features, value.in_features) != expected:
+            raise ModelLoadError(
+                f"tensor for {name} in {directory} has shape ({value.out_features}, "
+                f"{value.in_features}), the config implies {expected}; config and weights disagree"
             )
-            if (value.out_features, value.in_features) != expected:
-                raise ModelLoadError(
-                    f"tensor for {name} in {directory} has shape ({value.out_features}, "
-                    f"{value.in_features}), the config implies {expected}; config and weights disagree"
-                )
-            net.set_quantized(name, value)
+        if native is not None:
+            value = tiled(native, value) if isinstance(module, Linear) else _owned(value)
+        net.set_quantized(name, value)
+        del value  # (the blocks as read, let go)
     params = dict(net.named_parameters())
     for name, param in params.items():
         t = state.pop(name, None)

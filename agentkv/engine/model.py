@@ -269,6 +269,8 @@ class CausalLM(nn.Module):
             weight = tiled(native, weight)  # its only copy: a tied embedding reads its rows from the tiles
             if self.lm_head is None:
                 self.embed_tokens.weight = weight
+            else:  # (the blocks as read let go)
+                self.lm_head.quantized = weight
         self.logits_proj = LogitsProjection(weight, native)
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext, logits_indices: torch.Tensor) -> torch.Tensor:

@@ -137,6 +137,28 @@ def test_quantized_weights_kept_in_their_blocks(tmp_path, monkeypatch, quant):
         assert rel_error(one, engine_logits(plain, ids, cached_prefix=len(ids) - 1)[0]) < 0.1
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_a_loaded_gguf_lets_its_converted_file_go(tmp_path, monkeypatch):
+    """Once loaded, no weight is a view of quant.safetensors (whose mapping would stay, its pages counted as the
+    process's): the linears are in tiles, the embedding in memory of its own, an untied vocabulary projection's
+    blocks as read not kept beside its tiles."""
+    from agentkv.kernels import cpu_native
+
+    kernels = cpu_native.load()
+    if kernels is None or not kernels.qtile_fast:
+        pytest.skip("the tiled kernels do not run here")
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_tiny_model(tmp_path / "src", "llama", hidden=64, heads=4, kv_heads=2, tie=False)
+    write_gguf(src, tmp_path / "tiny.gguf")
+    with ak.Engine(str(tmp_path / "tiny.gguf"), num_slots=512) as engine:
+        engine.generate(["hello"], max_tokens=2)
+        maps = Path("/proc/self/maps").read_text()
+        model = engine._core.runner.model
+        assert model.lm_head is not None and model.lm_head.quantized is model.logits_proj.weight
+    quant = gguf_convert.converted_dir(tmp_path / "tiny.gguf") / "quant.safetensors"
+    assert quant.exists() and str(quant) not in maps
+
+
 @pytest.mark.slow
 @requires_embedded
 def test_the_embedded_q4_1_file_stays_its_size_in_memory():
