@@ -116,7 +116,7 @@ static void residual_out(const StepModel *md, const StepMat *w, const QRows *q, 
     for (int64_t m = me; m < M; m += nt) {
         float *h = s->h + m * width, *x = s->x + m * hid;
         if (post_norm) rms_row(h, post_norm, hid, md->eps, h, 0, run->generic);
-        if (scale != 0.f) scale_row(h, hid, scale);
+        if (scale != 0.f) scaled(h, h, scale, hid);
         for (int64_t i = 0; i < hid; i++) x[i] += h[i];
     }
     agentkv_pool_barrier(nt);
@@ -206,14 +206,7 @@ static void step_job(void *arg, int me, int nt) {
         mat_share(&L->gate_up, &s->qa, M, me, nt, NULL, 0, s->gu, 2 * inter, generic);
         lora_out(run, l, L_GATE_UP, &L->gate_up, s->gu, 2 * inter, me, nt);
         agentkv_pool_barrier(nt);
-        for (int64_t item = me; item < M * (inter / QK); item += nt) {
-            const int64_t m = item / (inter / QK), b = item % (inter / QK);
-            float act[QK];
-            const float *gate = s->gu + m * 2 * inter + b * QK;
-            glu_row(gate, gate + inter, QK, act, 0, (int)md->gelu, md->swiglu_limit, md->swiglu_alpha, generic);
-            quantize_into(act, &qd, m, b);
-            if (run->lora_down) memcpy(s->act + m * inter + b * QK, act, sizeof act);
-        }
+        glu_blocks(run, inter, &qd, me, nt);
         agentkv_pool_barrier(nt);
         if (run->lora_down) {  /* a row's activations are whole only now: their shrink is a phase of its own */
             lora_in_rows(run, l, L_DOWN, s->act, inter, inter, me, nt);

@@ -154,6 +154,27 @@ typedef struct {  /* one call's inputs and scratch, what every thread of its job
 
 INLINE int64_t share(int64_t n, int me, int nt) { return n * me / nt; }
 
+/* dst = y * w, stored (noinline: the sum that reads it cannot fuse the product into a multiply-add, as the
+   Python path rounds the product before it adds) */
+static __attribute__((noinline)) void scaled(float *dst, const float *y, float w, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = y[i] * w;
+}
+
+/* every token's MLP activations (act(gate) * up of s->gu's rows, `inter` wide) quantized into qd, blocks of
+   them shared by the threads; kept in s->act too where an adapter updates the down projection */
+INLINE void glu_blocks(const StepRun *run, int64_t inter, const QRows *qd, int me, int nt) {
+    const StepModel *md = run->md;
+    const Scratch *s = &run->s;
+    for (int64_t item = me; item < run->M * (inter / QK); item += nt) {
+        const int64_t m = item / (inter / QK), b = item % (inter / QK);
+        float act[QK];
+        const float *gate = s->gu + m * 2 * inter + b * QK;
+        glu_row(gate, gate + inter, QK, act, 0, (int)md->gelu, md->swiglu_limit, md->swiglu_alpha, run->generic);
+        quantize_into(act, qd, m, b);
+        if (run->lora_down) memcpy(s->act + m * inter + b * QK, act, sizeof act);
+    }
+}
+
 /* q's buffers read as rows of K <= q->K (row m's blocks where quantize_into puts them for a q of K) */
 INLINE QRows qrows_view(const QRows *q, int64_t K) {
     QRows v = *q;

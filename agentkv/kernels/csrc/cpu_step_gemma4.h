@@ -2,18 +2,13 @@
 embedding, the experts beside a layer's MLP (the 26B-A4B's), and the per-layer input each layer adds after its
 MLP, then the layer's scalar. Each op is the
 Python path's (engine/gemma4.py) on the same kernels, in its order: the scales each in a pass of their own
-(scale_row), so that no multiply-add joins one to the sum after it. */
+(scaled), so that no multiply-add joins one to the sum after it. */
 
 #ifndef AGENTKV_CPU_STEP_GEMMA4_H
 #define AGENTKV_CPU_STEP_GEMMA4_H
 
 #include "cpu_step.h"
 #include "cpu_step_moe.h"
-
-/* h *= scale, stored before any sum reads it (noinline: the compiler cannot fuse it into a multiply-add) */
-static __attribute__((noinline)) void scale_row(float *h, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) h[i] *= scale;
-}
 
 /* row `id` of a table of K columns, fp32 (qtype < 0) or in a quantized type's blocks (not tiled) */
 INLINE void table_row(int64_t qtype, const void *table, int64_t K, int64_t id, float *out) {
@@ -43,11 +38,11 @@ static void per_layer_inputs(const StepRun *run, int me, int nt) {
     for (int64_t item = me; item < M * md->layers; item += nt) {
         const int64_t m = item / md->layers, l = item % md->layers;
         float *p = s->pl + m * all + l * w, *t = s->plt + m * all + l * w;
-        scale_row(p, w, md->pl_proj_scale);
+        scaled(p, p, md->pl_proj_scale, w);
         rms_row(p, md->pl_norm, w, md->eps, p, 0, run->generic);
-        scale_row(t, w, md->pl_table_scale);
+        scaled(t, t, md->pl_table_scale, w);
         for (int64_t i = 0; i < w; i++) p[i] += t[i];
-        scale_row(p, w, md->pl_sum_scale);
+        scaled(p, p, md->pl_sum_scale, w);
     }
     agentkv_pool_barrier(nt);
 }
@@ -77,7 +72,7 @@ static void per_layer_out(const StepRun *run, const StepLayer *L, int64_t l, int
         residual_out(md, &L->pl_out, &s->qp, L->pl_norm, run, l, -1, me, nt);
     }
     if (L->scaled) {
-        for (int64_t m = me; m < M; m += nt) scale_row(s->x + m * hid, hid, L->scalar);
+        for (int64_t m = me; m < M; m += nt) scaled(s->x + m * hid, s->x + m * hid, L->scalar, hid);
         agentkv_pool_barrier(nt);
     }
 }
@@ -97,13 +92,7 @@ static void experts_beside_mlp(StepRun *run, const StepLayer *L, int me, int nt)
     }
     mat_share(&L->gate_up, &s->qa, M, me, nt, NULL, 0, s->gu, 2 * inter, run->generic);
     agentkv_pool_barrier(nt);
-    for (int64_t item = me; item < M * (inter / QK); item += nt) {
-        const int64_t m = item / (inter / QK), b = item % (inter / QK);
-        float act[QK];
-        const float *gate = s->gu + m * 2 * inter + b * QK;
-        glu_row(gate, gate + inter, QK, act, 0, (int)md->gelu, 0.f, 0.f, run->generic);
-        quantize_into(act, &qd, m, b);
-    }
+    glu_blocks(run, inter, &qd, me, nt);  /* (no adapter: Gemma 4 takes none) */
     agentkv_pool_barrier(nt);
     mat_share(&L->down, &qd, M, me, nt, NULL, 0, s->dn, hid, run->generic);
     moe_out(run, L, &s->qm, s->mo, me, nt);  /* (its first barrier also ends the MLP's products) */

@@ -27,12 +27,6 @@ INLINE void qrow_copy(const QRows *src, int64_t m, const QRows *dst, int64_t p) 
     memcpy(dst->s16 + p * nb, src->s16 + m * nb, (size_t)nb * sizeof(int32_t));
 }
 
-/* dst = y * w, stored (noinline: the sum that reads it cannot fuse the product into a multiply-add, as the
-   Python path rounds the product before it adds) */
-static __attribute__((noinline)) void scaled(float *dst, const float *y, float w, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = y[i] * w;
-}
-
 /* the grouped products of every used expert: tiles dealt out over the threads as one run */
 INLINE void experts_share(const StepMat *mats, const StepRun *run, const QRows *x, float *out, int64_t out_ld, int me,
                           int nt) {
