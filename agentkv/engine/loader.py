@@ -353,9 +353,11 @@ def _owned(w: QuantWeight) -> QuantWeight:
 def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path,
                 native: NativeKernels | None = None) -> None:
     """`state` into the model's parameters, each tensor let go once copied. With `native`, each linear's blocks
-    go into tiles as they go in, and every other matrix's blocks (embedding tables) are copied into memory of
-    their own: a tensor read from quant.safetensors is a view of the file's mapping, which stays mapped, its
-    pages counted as the process's, while any view of it lives."""
+    (and the vocabulary projection's, a tied embedding's) go into tiles as they go in, and every other
+    matrix's blocks (embedding tables) are copied into memory of their own: a tensor read from
+    quant.safetensors is a view of the file's mapping, which stays mapped, its pages counted as the
+    process's, while any view of it lives."""
+    vocab = "embed_tokens.weight" if net.lm_head is None else "lm_head.weight"  # (what finalize would tile)
     for name in [n for n, v in state.items() if isinstance(v, QuantWeight)]:  # their modules keep the blocks
         value = state.pop(name)
         module = net.get_submodule(name.removesuffix(".weight"))
@@ -370,9 +372,8 @@ def _load_state(net: CausalLM, state: dict[str, torch.Tensor], directory: Path,
                 f"{value.in_features}), the config implies {expected}; config and weights disagree"
             )
         if native is not None:
-            value = tiled(native, value) if isinstance(module, Linear) else _owned(value)
+            value = tiled(native, value) if isinstance(module, Linear) or name == vocab else _owned(value)
         net.set_quantized(name, value)
-        del value  # (the blocks as read, let go)
     params = dict(net.named_parameters())
     for name, param in params.items():
         t = state.pop(name, None)
