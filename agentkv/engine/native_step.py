@@ -119,7 +119,7 @@ def unsupported(model: CausalLM, kernels: NativeKernels | None, kv_dtype: torch.
         qkv = attn.q_proj if _reads_kv(layer) else attn.qkv_proj
         for lin in (qkv, attn.o_proj, *linears):
             if lin.all_reduce or lin.quantized is None or not lin.quantized.tiled:
-                return "a linear is not a tiled quantized weight (a GGUF's, in a type the tiles take)"
+                return NOT_TILED
     head = model.logits_proj.weight if model.logits_proj is not None else None
     if not (isinstance(head, QuantWeight) and head.tiled):
         return "the vocabulary projection is not a tiled quantized weight"
@@ -131,6 +131,9 @@ def _experts_of(layer) -> MoE | None:
     if isinstance(layer, Gemma4Layer):
         return layer.moe
     return layer.mlp if isinstance(layer.mlp, MoE) else None
+
+
+NOT_TILED = "a linear is not a tiled quantized weight (a GGUF's, in a type the tiles take)"
 
 
 def _reads_kv(layer) -> bool:
@@ -152,7 +155,7 @@ def _unsupported_per_layer_inputs(model: CausalLM) -> str | None:
         return "the per-layer inputs' table is neither fp32 nor a GGUF's blocks"
     proj = pli.per_layer_model_proj
     if proj.all_reduce or proj.quantized is None or not proj.quantized.tiled:
-        return "a linear is not a tiled quantized weight (a GGUF's, in a type the tiles take)"
+        return NOT_TILED
     return None
 
 
@@ -256,12 +259,7 @@ class NativeStep:
                                vec(layer.post_per_layer_input_norm.weight) if per_layer else None,
                                int(gemma4), float(layer.layer_scalar) if gemma4 else 0.0,
                                *(self._beside(layer, vec) if gemma4 and moe is not None else (None,) * 5))
-        embed = model.embed_tokens
-        if isinstance(embed, QuantEmbedding):
-            self._keep.append(embed.weight.data)
-            embed_args = (embed.weight.qtype, int(embed.weight.tiled), embed.weight.data.data_ptr())
-        else:
-            embed_args = (-1, 0, vec(embed.weight.float()))
+        embed_args = self._table(model.embed_tokens, vec)
         attn0 = model.layers[0].self_attn
         self._layers = layers
         self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.vocab_size,
@@ -291,6 +289,13 @@ class NativeStep:
                 vec(moe.score_bias.float()) if moe.sigmoid_groups else None, moe.groups, moe.groups_chosen,
                 *((mat(shared.gate_up_proj), mat(shared.down_proj)) if shared is not None else (_Mat(), _Mat())))
 
+    def _table(self, table: QuantEmbedding | torch.nn.Embedding, vec) -> tuple[int, int, int]:
+        """An embedding table as the step reads it: its type (-1: fp32), whether its blocks are tiled, its data."""
+        if isinstance(table, QuantEmbedding):
+            self._keep.append(table.weight.data)
+            return table.weight.qtype, int(table.weight.tiled), table.weight.data.data_ptr()
+        return -1, 0, vec(table.weight.float())
+
     @staticmethod
     def _beside(layer: Gemma4Layer, vec) -> tuple:
         """Gemma 4's experts beside the MLP: their input's norm, the router's, the two outputs' and the scales."""
@@ -304,12 +309,7 @@ class NativeStep:
         pli = model.per_layer_inputs
         if pli is None:
             return 0, -1, 0, None, _Mat(), None, 0.0, 0.0, 0.0
-        table = pli.table
-        if isinstance(table, QuantEmbedding):
-            self._keep.append(table.weight.data)
-            qtype, data = table.weight.qtype, table.weight.data.data_ptr()
-        else:
-            qtype, data = -1, vec(table.weight)
+        qtype, _, data = self._table(pli.table, vec)  # (its blocks never tiled: unsupported)
         return (pli.width, qtype, model.config.per_layer_vocab, data, mat(pli.per_layer_model_proj),
                 vec(pli.norm.weight), pli.width**0.5, pli.hidden**-0.5, 2**-0.5)
 
