@@ -60,6 +60,12 @@ def random_blocks(rows: int, cols: int, qtype, rng) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
+def add_blocks(w: gguf.GGUFWriter, rng, name: str, shape: tuple[int, ...], kind) -> None:
+    """A matrix (or a stack of them: shape [experts, out, in]) of random blocks of `kind` into `w`."""
+    data = random_blocks(int(np.prod(shape[:-1])), shape[-1], kind, rng).reshape(*shape[:-1], -1)
+    w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)  # (the bytes' shape: gguf reads the weights')
+
+
 def tokenizer(w: gguf.GGUFWriter) -> int:
     """The embedded model's tokenizer and chat template into `w`; returns the vocabulary's size."""
     src = gguf.GGUFReader(str(embedded_model_path()))
@@ -107,12 +113,12 @@ def write_gpt_oss(out: str, layers: int, seed: int = 0) -> None:
     vocab = tokenizer(w)
 
     def matrix(name, shape, kind=Q.Q8_0):
-        if kind == Q.MXFP4:  # the exponent, then 16 bytes of random codes
-            data = rng.integers(0, 256, size=(*shape[:-1], shape[-1] // 32, 17), dtype=np.uint8)
-            data[..., 0] = MXFP4_EXPONENT
-            data = data.reshape(*shape[:-1], -1)
-        else:
-            data = random_blocks(int(np.prod(shape[:-1])), shape[-1], kind, rng).reshape(*shape[:-1], -1)
+        if kind != Q.MXFP4:
+            return add_blocks(w, rng, name, shape, kind)
+        # the exponent, then 16 bytes of random codes
+        data = rng.integers(0, 256, size=(*shape[:-1], shape[-1] // 32, 17), dtype=np.uint8)
+        data[..., 0] = MXFP4_EXPONENT
+        data = data.reshape(*shape[:-1], -1)
         w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
 
     def vector(name, shape, scale=0.02):
@@ -180,9 +186,7 @@ def write_gemma4(out: str, layers: int, hidden: int, ffn: int, shared: int, expe
     vocab = tokenizer(w)
 
     def matrix(name, rows, cols, stack=1):
-        data = random_blocks(stack * rows, cols, Q.Q8_0, rng)
-        data = data.reshape(stack, rows, -1) if stack > 1 else data
-        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=Q.Q8_0)
+        add_blocks(w, rng, name, (stack, rows, cols) if stack > 1 else (rows, cols), Q.Q8_0)
 
     def ones(name, n):
         w.add_tensor(name, np.ones(n, dtype=np.float32))
@@ -246,8 +250,7 @@ def write(out: str, qtype: str, layers: int, hidden: int, ffn: int, heads: int, 
     heavy = Q.Q6_K if qtype == "q4_k_m" else main  # Q4_K_M's attn_v and ffn_down
 
     def matrix(name, rows, cols, kind):
-        data = random_blocks(rows, cols, kind, rng)
-        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)  # (the bytes' shape: gguf reads the weights')
+        add_blocks(w, rng, name, (rows, cols), kind)
 
     matrix("token_embd.weight", vocab, hidden, Q.Q8_0 if qtype != "q4_0" else Q.Q4_0)
     w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
